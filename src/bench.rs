@@ -1,0 +1,407 @@
+//! `rmemfs bench-fabric`: throughput and latency of one-sided READ/WRITE over the TCP fabric on
+//! loopback, measured side by side with plain TCP moving the same bytes, so the fabric's
+//! efficiency is a ratio rather than an absolute figure on a noisy machine.
+//!
+//! The memory server and the plain-TCP peer both run as child processes of this binary
+//! (`rmemfs serve`, `rmemfs bench-peer`), so both sides cross process boundaries alike.
+
+use crate::client::control::ControlConn;
+use crate::client::{Pool, PoolConfig};
+use crate::fabric::tcp::{TcpConfig, TcpFabric};
+use crate::fabric::{
+    Access, AlignedBuf, CompletionQueue, Fabric, FabricError, Opcode, QueuePair, WcStatus, WorkRequest,
+};
+use crate::proto::Message;
+use crate::size::format_size;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Benchmark parameters.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    pub sizes: Vec<u64>,
+    pub depths: Vec<usize>,
+    /// Bytes moved per throughput measurement.
+    pub bytes: u64,
+    /// Round trips per latency measurement.
+    pub latency_iters: usize,
+    /// Clients for the server memory measurement.
+    pub clients: usize,
+}
+
+/// A child process killed on drop.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `rmemfs <args>` and reads the address from its "listening on ADDR" line.
+fn spawn_listener(args: &[&str]) -> io::Result<(ChildGuard, SocketAddr)> {
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let out = child.stdout.take().expect("piped");
+    let guard = ChildGuard(child);
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line)?;
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.parse::<SocketAddr>().ok())
+        .ok_or_else(|| io::Error::other(format!("no address in child output: {line:?}")))?;
+    Ok((guard, addr))
+}
+
+/// Connects a queue pair (with its own completion queue) over an existing control connection.
+fn connect_qp(
+    fabric: &Arc<TcpFabric>,
+    control: &ControlConn,
+) -> Result<(Arc<dyn QueuePair>, Arc<dyn CompletionQueue>), FabricError> {
+    let addr = control.addr;
+    let cq = fabric.create_cq();
+    let mut exchange = |blob: Vec<u8>| match control.request(|tag| Message::Connect { tag, blob })
+    {
+        Ok(Message::Connected { blob, .. }) => Ok(blob),
+        other => Err(FabricError::Handshake {
+            addr,
+            reason: format!("{other:?}"),
+        }),
+    };
+    let qp = fabric.connect(addr, &mut exchange, cq.clone())?;
+    Ok((qp, cq))
+}
+
+/// Runs `total_ops` operations of `size` bytes keeping `depth` in flight; returns seconds.
+#[allow(clippy::too_many_arguments)]
+fn run_window(
+    qp: &dyn QueuePair,
+    cq: &dyn CompletionQueue,
+    opcode: Opcode,
+    lkey_base: (u64, u32),
+    remote: (u64, u32),
+    size: u64,
+    depth: usize,
+    total_ops: u64,
+) -> io::Result<f64> {
+    let wr = |i: u64| WorkRequest {
+        wr_id: i,
+        opcode,
+        local: crate::fabric::Sge {
+            addr: lkey_base.0 + (i % depth as u64) * size,
+            len: size,
+            lkey: lkey_base.1,
+        },
+        remote_addr: remote.0 + (i % depth as u64) * size,
+        rkey: remote.1,
+    };
+    let start = Instant::now();
+    let mut posted = 0u64;
+    while posted < (depth as u64).min(total_ops) {
+        qp.post(&[wr(posted)]);
+        posted += 1;
+    }
+    let mut done = 0u64;
+    while done < total_ops {
+        let c = cq
+            .wait(Duration::from_secs(30))
+            .ok_or_else(|| io::Error::other("completion timed out"))?;
+        if c.status != WcStatus::Success {
+            return Err(io::Error::other(format!("op failed: {:?}", c.status)));
+        }
+        done += 1;
+        drop(c);
+        if posted < total_ops {
+            qp.post(&[wr(posted)]);
+            posted += 1;
+        }
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Plain-TCP peer modes (the first byte a bench client sends).
+const PEER_SINK: u8 = 1;
+const PEER_SOURCE: u8 = 2;
+const PEER_REQ_RESP: u8 = 3;
+
+/// `rmemfs bench-peer`: the plain-TCP side of the comparison. Serves one client at a time per
+/// thread: sink (read and discard N bytes, then ack), source (send N bytes), request/response
+/// (32-byte request, `size`-byte response).
+pub fn run_peer(listen: SocketAddr) -> io::Result<()> {
+    let listener = TcpListener::bind(listen)?;
+    println!("bench-peer listening on {}", listener.local_addr()?);
+    io::stdout().flush()?;
+    for conn in listener.incoming() {
+        let mut s = conn?;
+        thread::spawn(move || {
+            let _ = peer_session(&mut s);
+        });
+    }
+    Ok(())
+}
+
+fn peer_session(s: &mut TcpStream) -> io::Result<()> {
+    s.set_nodelay(true)?;
+    let mut cmd = [0u8; 17];
+    s.read_exact(&mut cmd)?;
+    let a = u64::from_le_bytes(cmd[1..9].try_into().unwrap());
+    let b = u64::from_le_bytes(cmd[9..17].try_into().unwrap());
+    let mut buf = vec![0u8; 4 << 20];
+    match cmd[0] {
+        PEER_SINK => {
+            let mut left = a;
+            while left > 0 {
+                let want = (left as usize).min(buf.len());
+                let n = s.read(&mut buf[..want])?;
+                if n == 0 {
+                    return Ok(());
+                }
+                left -= n as u64;
+            }
+            s.write_all(&[1])?;
+        }
+        PEER_SOURCE => {
+            let mut left = a;
+            while left > 0 {
+                let n = (left as usize).min(buf.len());
+                s.write_all(&buf[..n])?;
+                left -= n as u64;
+            }
+        }
+        PEER_REQ_RESP => {
+            let size = a as usize;
+            let mut req = [0u8; 32];
+            for _ in 0..b {
+                s.read_exact(&mut req)?;
+                s.write_all(&buf[..size])?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn peer_cmd(peer: SocketAddr, mode: u8, a: u64, b: u64) -> io::Result<TcpStream> {
+    let mut s = TcpStream::connect(peer)?;
+    s.set_nodelay(true)?;
+    let mut cmd = [0u8; 17];
+    cmd[0] = mode;
+    cmd[1..9].copy_from_slice(&a.to_le_bytes());
+    cmd[9..17].copy_from_slice(&b.to_le_bytes());
+    s.write_all(&cmd)?;
+    Ok(s)
+}
+
+/// Plain TCP: seconds to send `total` bytes in `chunk`-byte writes to a sink (and get its ack).
+fn tcp_send(peer: SocketAddr, total: u64, chunk: u64) -> io::Result<f64> {
+    let buf = vec![7u8; chunk as usize];
+    let start = Instant::now();
+    let mut s = peer_cmd(peer, PEER_SINK, total, 0)?;
+    let mut left = total;
+    while left > 0 {
+        let n = left.min(chunk) as usize;
+        s.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    let mut ack = [0u8; 1];
+    s.read_exact(&mut ack)?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// Plain TCP: seconds to receive `total` bytes from a source in `chunk`-byte reads.
+fn tcp_recv(peer: SocketAddr, total: u64, chunk: u64) -> io::Result<f64> {
+    let mut buf = vec![0u8; chunk as usize];
+    let start = Instant::now();
+    let mut s = peer_cmd(peer, PEER_SOURCE, total, 0)?;
+    let mut left = total;
+    while left > 0 {
+        let n = left.min(chunk) as usize;
+        s.read_exact(&mut buf[..n])?;
+        left -= n as u64;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// Plain TCP request/response latencies in microseconds (sorted).
+fn tcp_rr(peer: SocketAddr, size: u64, iters: usize) -> io::Result<Vec<f64>> {
+    let mut s = peer_cmd(peer, PEER_REQ_RESP, size, iters as u64)?;
+    let mut buf = vec![0u8; size as usize];
+    let req = [0u8; 32];
+    let mut lat = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        s.write_all(&req)?;
+        s.read_exact(&mut buf)?;
+        lat.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    lat.sort_by(f64::total_cmp);
+    Ok(lat)
+}
+
+fn mbps(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / secs / 1e6
+}
+
+fn rss_kib(pid: u32) -> io::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| io::Error::other("no VmRSS"))
+}
+
+/// Runs the whole benchmark and prints its tables.
+pub fn run(cfg: &BenchConfig) -> io::Result<()> {
+    let max_size = *cfg.sizes.iter().max().unwrap_or(&(1 << 20));
+    let max_depth = *cfg.depths.iter().max().unwrap_or(&1) as u64;
+    let window = max_size * max_depth;
+    let arena = (window + (64 << 20)).max(256 << 20);
+    let arena_arg = arena.to_string();
+    let (server, server_addr) = spawn_listener(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--size",
+        arena_arg.as_str(),
+    ])?;
+    let (_peer, peer_addr) = spawn_listener(&["bench-peer", "--listen", "127.0.0.1:0"])?;
+
+    let fabric = TcpFabric::new(TcpConfig::default());
+    let control = ControlConn::connect(server_addr, "bench", Duration::from_secs(10))
+        .map_err(io::Error::other)?;
+    let (qp, cq) = connect_qp(&fabric, &control).map_err(io::Error::other)?;
+    let (raddr, rkey) = match control.request(|tag| Message::Alloc { tag, len: window }) {
+        Ok(Message::Allocated { addr, rkey, .. }) => (addr, rkey),
+        other => return Err(io::Error::other(format!("alloc failed: {other:?}"))),
+    };
+    let buf = Arc::new(AlignedBuf::new(window as usize)?);
+    buf.fill(0x5a);
+    let mr = fabric
+        .register_buf(buf.clone(), Access::LOCAL)
+        .map_err(io::Error::other)?;
+    let local = (mr.addr(), mr.lkey());
+
+    println!(
+        "# rmemfs fabric benchmark: tcp fabric vs plain TCP on loopback, {} per point",
+        format_size(cfg.bytes)
+    );
+    println!(
+        "{:<6} {:>6} {:>6} {:>10} {:>10} {:>7}",
+        "op", "size", "depth", "fabric MB/s", "tcp MB/s", "ratio"
+    );
+    for &size in &cfg.sizes {
+        let ops = (cfg.bytes / size).max(1);
+        let bytes = ops * size;
+        // Plain TCP moves the same bytes in the same chunks, streaming (no depth limit).
+        let tcp_w = mbps(bytes, tcp_send(peer_addr, bytes, size)?);
+        let tcp_r = mbps(bytes, tcp_recv(peer_addr, bytes, size)?);
+        for &depth in &cfg.depths {
+            for (name, opcode, base) in [("WRITE", Opcode::Write, tcp_w), ("READ", Opcode::Read, tcp_r)] {
+                let secs = run_window(&*qp, &*cq, opcode, local, (raddr, rkey), size, depth, ops)?;
+                let f = mbps(bytes, secs);
+                println!(
+                    "{:<6} {:>6} {:>6} {:>10.0} {:>10.0} {:>6.0}%",
+                    name,
+                    format_size(size).replace(".0 ", "").replace(' ', ""),
+                    depth,
+                    f,
+                    base,
+                    100.0 * f / base
+                );
+            }
+        }
+    }
+
+    println!("\n# latency at depth 1, microseconds");
+    println!(
+        "{:<22} {:>8} {:>8} {:>8}",
+        "what", "p50", "p99", "vs tcp p50"
+    );
+    for &size in cfg.sizes.iter().filter(|&&s| s <= 64 << 10) {
+        let tcp = tcp_rr(peer_addr, size, cfg.latency_iters)?;
+        let tcp50 = percentile(&tcp, 0.5);
+        println!(
+            "{:<22} {:>8.1} {:>8.1} {:>8}",
+            format!("plain TCP req/resp {}", format_size(size)),
+            tcp50,
+            percentile(&tcp, 0.99),
+            "1.00x"
+        );
+        for (name, opcode) in [("READ", Opcode::Read), ("WRITE", Opcode::Write)] {
+            let mut lat = Vec::with_capacity(cfg.latency_iters);
+            for _ in 0..cfg.latency_iters {
+                let secs = run_window(&*qp, &*cq, opcode, local, (raddr, rkey), size, 1, 1)?;
+                lat.push(secs * 1e6);
+            }
+            lat.sort_by(f64::total_cmp);
+            let p50 = percentile(&lat, 0.5);
+            println!(
+                "{:<22} {:>8.1} {:>8.1} {:>7.2}x",
+                format!("fabric {name} {}", format_size(size)),
+                p50,
+                percentile(&lat, 0.99),
+                p50 / tcp50
+            );
+        }
+    }
+
+    // Server memory beyond its arena with many clients: each connects (control + data) and
+    // writes one extent, so the arena pages they use are accounted for separately.
+    let pid = server.0.id();
+    let before = rss_kib(pid)?;
+    let extent = 1u64 << 20;
+    let mut pools = Vec::new();
+    let client_fabric = TcpFabric::new(TcpConfig::default());
+    let cbuf = Arc::new(AlignedBuf::new(extent as usize)?);
+    cbuf.fill(1);
+    let cmr = client_fabric
+        .register_buf(cbuf, Access::LOCAL)
+        .map_err(io::Error::other)?;
+    for i in 0..cfg.clients {
+        let pool = Pool::connect(
+            client_fabric.clone(),
+            &[server_addr],
+            &PoolConfig {
+                client_name: format!("bench-client-{i}"),
+                ..PoolConfig::default()
+            },
+        )
+        .map_err(io::Error::other)?;
+        let region = pool.alloc(extent).map_err(io::Error::other)?;
+        pool.write(region, 0, cmr.sge(0, extent))
+            .map_err(io::Error::other)?;
+        pools.push(pool);
+    }
+    thread::sleep(Duration::from_millis(300));
+    let after = rss_kib(pid)?;
+    let used_kib = cfg.clients as u64 * extent / 1024;
+    println!(
+        "\n# server memory: RSS {} KiB before, {} KiB with {} clients connected, each holding a \
+         written {} extent; beyond the arena pages in use: {:.1} MiB",
+        before,
+        after,
+        cfg.clients,
+        format_size(extent),
+        (after.saturating_sub(used_kib)) as f64 / 1024.0
+    );
+    drop(pools);
+    drop(mr);
+    drop(qp);
+    Ok(())
+}

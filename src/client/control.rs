@@ -1,0 +1,200 @@
+//! The client end of one server's control connection.
+//!
+//! Requests carry tags and replies are routed back by tag by a reader thread, so several
+//! requests may be outstanding at once (FRRWP sends its tagged allocations up front). A reply
+//! that does not come within the request timeout, or a connection that breaks, is an error for
+//! every waiter: nothing blocks forever.
+
+use super::PoolError;
+use crate::proto::{self, Capacity, FrameError, Message, PROTOCOL_VERSION};
+use crossbeam_channel::{Receiver, Sender};
+use std::collections::HashMap;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+type Waiters = Arc<Mutex<HashMap<u64, Sender<Message>>>>;
+
+/// What the server said in its `Welcome`.
+#[derive(Debug, Clone)]
+pub struct ServerHello {
+    pub instance: u64,
+    pub fabric: String,
+    pub capacity: Capacity,
+}
+
+pub struct ControlConn {
+    pub addr: SocketAddr,
+    writer: Mutex<TcpStream>,
+    waiters: Waiters,
+    next_tag: AtomicU64,
+    dead: Arc<AtomicBool>,
+    timeout: Duration,
+    pub hello: ServerHello,
+}
+
+impl ControlConn {
+    /// Connects, says hello, and starts the reply router.
+    pub fn connect(
+        addr: SocketAddr,
+        client_name: &str,
+        timeout: Duration,
+    ) -> Result<ControlConn, PoolError> {
+        let unreachable = |e: std::io::Error| PoolError::Unreachable {
+            addr,
+            reason: e.to_string(),
+        };
+        let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(unreachable)?;
+        stream.set_nodelay(true).map_err(unreachable)?;
+        stream.set_read_timeout(Some(timeout)).map_err(unreachable)?;
+        stream.set_write_timeout(Some(timeout)).map_err(unreachable)?;
+        let handshake = |reason: String| PoolError::Handshake { addr, reason };
+        proto::write_frame(
+            &mut stream,
+            &Message::Hello {
+                version: PROTOCOL_VERSION,
+                client_name: client_name.into(),
+            },
+        )
+        .map_err(|e| handshake(e.to_string()))?;
+        let hello = match proto::read_frame(&mut stream) {
+            Ok(Message::Welcome {
+                version,
+                server_instance,
+                fabric,
+                capacity,
+            }) if version == PROTOCOL_VERSION => ServerHello {
+                instance: server_instance,
+                fabric,
+                capacity,
+            },
+            Ok(Message::Fatal { message }) => return Err(handshake(message)),
+            Ok(other) => return Err(handshake(format!("unexpected reply {other:?}"))),
+            Err(e) => return Err(handshake(e.to_string())),
+        };
+        stream.set_read_timeout(None).map_err(unreachable)?;
+        let reader = stream.try_clone().map_err(unreachable)?;
+        let waiters: Waiters = Arc::default();
+        let dead = Arc::new(AtomicBool::new(false));
+        let (w, d) = (waiters.clone(), dead.clone());
+        thread::Builder::new()
+            .name("control-rx".into())
+            .spawn(move || route_replies(reader, addr, w, d))
+            .map_err(unreachable)?;
+        Ok(ControlConn {
+            addr,
+            writer: Mutex::new(stream),
+            waiters,
+            next_tag: AtomicU64::new(1),
+            dead,
+            timeout,
+            hello,
+        })
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+
+    /// Sends a request built around a fresh tag; the reply arrives on the returned channel.
+    pub fn send(&self, build: impl FnOnce(u64) -> Message) -> Result<Receiver<Message>, PoolError> {
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.waiters.lock().unwrap().insert(tag, tx);
+        let msg = build(tag);
+        let res = {
+            let mut w = self.writer.lock().unwrap();
+            if self.is_dead() {
+                Err(std::io::Error::from(std::io::ErrorKind::NotConnected))
+            } else {
+                proto::write_frame(&mut *w, &msg)
+            }
+        };
+        if let Err(e) = res {
+            self.waiters.lock().unwrap().remove(&tag);
+            self.kill();
+            return Err(PoolError::ControlLost {
+                addr: self.addr,
+                reason: e.to_string(),
+            });
+        }
+        Ok(rx)
+    }
+
+    /// Waits for the reply on `rx` (from [`ControlConn::send`]).
+    pub fn wait(&self, rx: Receiver<Message>) -> Result<Message, PoolError> {
+        match rx.recv_timeout(self.timeout) {
+            Ok(Message::Fatal { message }) => Err(PoolError::ControlLost {
+                addr: self.addr,
+                reason: message,
+            }),
+            Ok(m) => Ok(m),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                // A server that stops answering control requests is treated as gone.
+                self.kill();
+                Err(PoolError::ControlLost {
+                    addr: self.addr,
+                    reason: format!("no reply within {:?}", self.timeout),
+                })
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                Err(PoolError::ControlLost {
+                    addr: self.addr,
+                    reason: "connection closed".into(),
+                })
+            }
+        }
+    }
+
+    /// Sends a request and waits for its reply.
+    pub fn request(&self, build: impl FnOnce(u64) -> Message) -> Result<Message, PoolError> {
+        let rx = self.send(build)?;
+        self.wait(rx)
+    }
+
+    /// Closes the connection (the server then releases this client's extents).
+    pub fn kill(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+        let _ = self.writer.lock().unwrap().shutdown(Shutdown::Both);
+    }
+}
+
+impl Drop for ControlConn {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn route_replies(mut stream: TcpStream, addr: SocketAddr, waiters: Waiters, dead: Arc<AtomicBool>) {
+    loop {
+        match proto::read_frame(&mut stream) {
+            Ok(msg) => {
+                let Some(tag) = msg.reply_tag() else {
+                    if let Message::Fatal { message } = &msg {
+                        log::error!("server {addr} closed the control connection: {message}");
+                    } else {
+                        log::error!("server {addr} sent an unsolicited {msg:?}");
+                    }
+                    break;
+                };
+                if let Some(tx) = waiters.lock().unwrap().remove(&tag) {
+                    let _ = tx.send(msg);
+                }
+            }
+            Err(FrameError::Closed) => {
+                log::warn!("server {addr} closed the control connection");
+                break;
+            }
+            Err(e) => {
+                log::warn!("control connection to {addr} failed: {e}");
+                break;
+            }
+        }
+    }
+    dead.store(true, Ordering::SeqCst);
+    // Dropping the senders wakes every waiter with "disconnected".
+    waiters.lock().unwrap().clear();
+    let _ = stream.shutdown(Shutdown::Both);
+}

@@ -1,0 +1,518 @@
+//! The client side of the memory pool: connections to a list of memory servers, placement of
+//! allocations across them by free capacity, and one-sided reads and writes of remote extents.
+//!
+//! Each server has a control connection (allocation, free, capacity) and a fabric queue pair
+//! (data). All queue pairs share one completion queue, reaped by a dispatcher thread that wakes
+//! the batch each completion belongs to. Failures name the server: a transport error marks that
+//! server failed, and later operations on its extents fail at once instead of waiting again.
+
+pub mod control;
+
+use crate::fabric::{
+    Completion, CompletionQueue, Fabric, FabricError, Opcode, QueuePair, RemoteRegion, ServerId,
+    Sge, WcStatus, WorkRequest,
+};
+use crate::proto::{Capacity, Message, RefusalCode};
+use control::ControlConn;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::Duration;
+
+/// Pool failures. Every variant that concerns one server names it.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("memory server {addr} is unreachable: {reason}")]
+    Unreachable { addr: SocketAddr, reason: String },
+    #[error("memory server {addr} refused the handshake: {reason}")]
+    Handshake { addr: SocketAddr, reason: String },
+    #[error("lost the control connection to memory server {addr}: {reason}")]
+    ControlLost { addr: SocketAddr, reason: String },
+    #[error("memory server {addr} ({server}) has failed")]
+    ServerFailed { server: ServerId, addr: SocketAddr },
+    #[error("{opcode:?} on memory server {addr} ({server}) failed: {status:?}")]
+    Op {
+        server: ServerId,
+        addr: SocketAddr,
+        opcode: Opcode,
+        status: WcStatus,
+    },
+    #[error("no memory server has {requested} contiguous bytes free")]
+    NoSpace { requested: u64 },
+    #[error("memory server {addr} refused: {message}")]
+    Refused {
+        addr: SocketAddr,
+        code: RefusalCode,
+        message: String,
+    },
+    #[error("{0}")]
+    Fabric(#[from] FabricError),
+    #[error("bad request: {0}")]
+    Invalid(String),
+}
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Shown in server logs.
+    pub client_name: String,
+    /// Connect and control-reply timeout.
+    pub timeout: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            client_name: format!("rmemfs-{}", std::process::id()),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the pool knows of one server.
+#[derive(Debug, Clone)]
+pub struct ServerStatus {
+    pub id: ServerId,
+    pub addr: SocketAddr,
+    pub capacity: Capacity,
+    pub failed: bool,
+}
+
+struct Server {
+    id: ServerId,
+    addr: SocketAddr,
+    control: ControlConn,
+    qp: Arc<dyn QueuePair>,
+    capacity: Mutex<Capacity>,
+    failed: AtomicBool,
+}
+
+impl Server {
+    fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst) || self.control.is_dead() || !self.qp.is_connected()
+    }
+    fn mark_failed(&self) {
+        if !self.failed.swap(true, Ordering::SeqCst) {
+            log::error!("memory server {} ({}) failed", self.addr, self.id);
+        }
+    }
+    fn failed_error(&self) -> PoolError {
+        PoolError::ServerFailed {
+            server: self.id,
+            addr: self.addr,
+        }
+    }
+}
+
+/// One one-sided operation on a remote extent: `local.len` bytes at `offset` into `remote`.
+#[derive(Debug, Clone, Copy)]
+pub struct RemoteOp {
+    pub opcode: Opcode,
+    pub local: Sge,
+    pub remote: RemoteRegion,
+    pub offset: u64,
+}
+
+/// Completions outstanding for one `execute` call.
+struct Batch {
+    state: Mutex<BatchState>,
+    done: Condvar,
+}
+
+struct BatchState {
+    remaining: usize,
+    /// The first failure, by op index.
+    failure: Option<(usize, WcStatus)>,
+}
+
+/// Bits of a work-request id that index the op within its batch; the rest is the batch id.
+const BATCH_INDEX_BITS: u32 = 24;
+
+struct Dispatch {
+    batches: Mutex<HashMap<u64, Arc<Batch>>>,
+    stop: AtomicBool,
+}
+
+impl Dispatch {
+    fn deliver(&self, c: Completion) {
+        let batch_id = c.wr_id >> BATCH_INDEX_BITS;
+        let index = (c.wr_id & ((1 << BATCH_INDEX_BITS) - 1)) as usize;
+        let batch = self.batches.lock().unwrap().get(&batch_id).cloned();
+        let Some(batch) = batch else {
+            log::error!("completion for unknown batch {batch_id}");
+            return;
+        };
+        let mut st = batch.state.lock().unwrap();
+        if c.status != WcStatus::Success && st.failure.is_none_or(|(i, _)| index < i) {
+            st.failure = Some((index, c.status));
+        }
+        // Release the local registration before the waiter wakes, so that when `execute`
+        // returns, none of its buffers is still counted as in use.
+        drop(c);
+        st.remaining -= 1;
+        if st.remaining == 0 {
+            batch.done.notify_all();
+        }
+    }
+}
+
+/// A connected pool of memory servers.
+pub struct Pool {
+    fabric: Arc<dyn Fabric>,
+    servers: Vec<Server>,
+    dispatch: Arc<Dispatch>,
+    next_batch: AtomicU64,
+}
+
+impl Pool {
+    /// Connects to every server (control connection and fabric queue pair). Any server that
+    /// cannot be reached fails the whole connect with an error naming it.
+    pub fn connect(
+        fabric: Arc<dyn Fabric>,
+        addrs: &[SocketAddr],
+        config: &PoolConfig,
+    ) -> Result<Pool, PoolError> {
+        if addrs.is_empty() {
+            return Err(PoolError::Invalid("no memory servers given".into()));
+        }
+        let cq = fabric.create_cq();
+        let mut servers = Vec::with_capacity(addrs.len());
+        for (i, &addr) in addrs.iter().enumerate() {
+            let control = ControlConn::connect(addr, &config.client_name, config.timeout)?;
+            if control.hello.fabric != fabric.name() {
+                return Err(PoolError::Handshake {
+                    addr,
+                    reason: format!(
+                        "server uses the '{}' fabric, this client '{}'",
+                        control.hello.fabric,
+                        fabric.name()
+                    ),
+                });
+            }
+            let mut exchange = |blob: Vec<u8>| -> Result<Vec<u8>, FabricError> {
+                let reply = control.request(|tag| Message::Connect { tag, blob });
+                match reply {
+                    Ok(Message::Connected { blob, .. }) => Ok(blob),
+                    Ok(other) => Err(FabricError::Handshake {
+                        addr,
+                        reason: format!("unexpected reply {other:?}"),
+                    }),
+                    Err(e) => Err(FabricError::Handshake {
+                        addr,
+                        reason: e.to_string(),
+                    }),
+                }
+            };
+            let qp = fabric.connect(addr, &mut exchange, cq.clone())?;
+            let capacity = control.hello.capacity;
+            servers.push(Server {
+                id: ServerId(i as u32),
+                addr,
+                control,
+                qp,
+                capacity: Mutex::new(capacity),
+                failed: AtomicBool::new(false),
+            });
+        }
+        let dispatch = Arc::new(Dispatch {
+            batches: Mutex::new(HashMap::new()),
+            stop: AtomicBool::new(false),
+        });
+        let d = dispatch.clone();
+        thread::Builder::new()
+            .name("pool-cq".into())
+            .spawn(move || reap(cq, d))
+            .map_err(|e| PoolError::Invalid(format!("cannot start the completion thread: {e}")))?;
+        Ok(Pool {
+            fabric,
+            servers,
+            dispatch,
+            next_batch: AtomicU64::new(1),
+        })
+    }
+
+    pub fn fabric(&self) -> &Arc<dyn Fabric> {
+        &self.fabric
+    }
+
+    fn server(&self, id: ServerId) -> Result<&Server, PoolError> {
+        self.servers
+            .get(id.0 as usize)
+            .ok_or_else(|| PoolError::Invalid(format!("no {id} in this pool")))
+    }
+
+    /// The pool's view of every server.
+    pub fn status(&self) -> Vec<ServerStatus> {
+        self.servers
+            .iter()
+            .map(|s| ServerStatus {
+                id: s.id,
+                addr: s.addr,
+                capacity: *s.capacity.lock().unwrap(),
+                failed: s.is_failed(),
+            })
+            .collect()
+    }
+
+    /// Asks every live server for its current capacity.
+    pub fn refresh(&self) -> Vec<ServerStatus> {
+        for s in &self.servers {
+            if s.is_failed() {
+                continue;
+            }
+            match s.control.request(|tag| Message::Stat { tag }) {
+                Ok(Message::Stats { capacity, .. }) => *s.capacity.lock().unwrap() = capacity,
+                Ok(_) => {}
+                Err(_) => s.mark_failed(),
+            }
+        }
+        self.status()
+    }
+
+    /// Total and free bytes over live servers.
+    pub fn capacity(&self) -> Capacity {
+        let mut c = Capacity::default();
+        for s in self.status().into_iter().filter(|s| !s.failed) {
+            c.total += s.capacity.total;
+            c.free += s.capacity.free;
+            c.largest_free = c.largest_free.max(s.capacity.largest_free);
+        }
+        c
+    }
+
+    /// Allocates `len` bytes on the live server with the most free memory that can hold it,
+    /// falling back to the others when one refuses for lack of space.
+    pub fn alloc(&self, len: u64) -> Result<RemoteRegion, PoolError> {
+        let mut order: Vec<(u64, u64, usize)> = self
+            .servers
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.is_failed())
+            .map(|(i, s)| {
+                let c = *s.capacity.lock().unwrap();
+                (c.largest_free, c.free, i)
+            })
+            .collect();
+        // Servers that (as last heard) can hold it first, then by free bytes.
+        order.sort_by(|a, b| {
+            let fits = |x: &(u64, u64, usize)| x.0 >= len;
+            fits(b).cmp(&fits(a)).then(b.1.cmp(&a.1))
+        });
+        for (_, _, i) in order {
+            match self.alloc_on(ServerId(i as u32), len) {
+                Ok(r) => return Ok(r),
+                Err(PoolError::Refused {
+                    code: RefusalCode::NoSpace,
+                    ..
+                })
+                | Err(PoolError::ServerFailed { .. })
+                | Err(PoolError::ControlLost { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(PoolError::NoSpace { requested: len })
+    }
+
+    /// Allocates on one given server.
+    pub fn alloc_on(&self, id: ServerId, len: u64) -> Result<RemoteRegion, PoolError> {
+        let s = self.server(id)?;
+        if s.is_failed() {
+            return Err(s.failed_error());
+        }
+        let reply = s.control.request(|tag| Message::Alloc { tag, len });
+        match reply {
+            Ok(Message::Allocated {
+                addr,
+                len,
+                rkey,
+                capacity,
+                ..
+            }) => {
+                *s.capacity.lock().unwrap() = capacity;
+                Ok(RemoteRegion {
+                    server: id,
+                    addr,
+                    len,
+                    rkey,
+                })
+            }
+            Ok(Message::Refused { code, message, .. }) => {
+                if code == RefusalCode::NoSpace {
+                    // Keep placement honest until the next reply refreshes it.
+                    let mut c = s.capacity.lock().unwrap();
+                    c.largest_free = c.largest_free.min(len.saturating_sub(1));
+                }
+                Err(PoolError::Refused {
+                    addr: s.addr,
+                    code,
+                    message,
+                })
+            }
+            Ok(other) => Err(PoolError::Invalid(format!("unexpected reply {other:?}"))),
+            Err(e) => {
+                s.mark_failed();
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives an extent back to its server.
+    pub fn free(&self, region: RemoteRegion) -> Result<(), PoolError> {
+        let s = self.server(region.server)?;
+        if s.is_failed() {
+            return Err(s.failed_error());
+        }
+        let reply = s.control.request(|tag| Message::Free {
+            tag,
+            addr: region.addr,
+            rkey: region.rkey,
+        });
+        match reply {
+            Ok(Message::Freed { capacity, .. }) => {
+                *s.capacity.lock().unwrap() = capacity;
+                Ok(())
+            }
+            Ok(Message::Refused { code, message, .. }) => Err(PoolError::Refused {
+                addr: s.addr,
+                code,
+                message,
+            }),
+            Ok(other) => Err(PoolError::Invalid(format!("unexpected reply {other:?}"))),
+            Err(e) => {
+                s.mark_failed();
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs a batch of one-sided operations (on any mix of servers, all posted before any is
+    /// waited for) and returns when every one has completed. The first failure, in op order,
+    /// is the error; a transport failure marks its server failed.
+    pub fn execute(&self, ops: &[RemoteOp]) -> Result<(), PoolError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        if ops.len() >= 1 << BATCH_INDEX_BITS {
+            return Err(PoolError::Invalid("batch too large".into()));
+        }
+        for op in ops {
+            let s = self.server(op.remote.server)?;
+            if op
+                .offset
+                .checked_add(op.local.len)
+                .is_none_or(|end| end > op.remote.len)
+            {
+                return Err(PoolError::Invalid(format!(
+                    "{} bytes at offset {} exceed a {}-byte extent",
+                    op.local.len, op.offset, op.remote.len
+                )));
+            }
+            if s.is_failed() {
+                return Err(s.failed_error());
+            }
+        }
+        let batch_id = self.next_batch.fetch_add(1, Ordering::Relaxed);
+        let batch = Arc::new(Batch {
+            state: Mutex::new(BatchState {
+                remaining: ops.len(),
+                failure: None,
+            }),
+            done: Condvar::new(),
+        });
+        self.dispatch
+            .batches
+            .lock()
+            .unwrap()
+            .insert(batch_id, batch.clone());
+        // Post per server, each server's ops in one call.
+        let mut per_server: Vec<Vec<WorkRequest>> = vec![Vec::new(); self.servers.len()];
+        for (i, op) in ops.iter().enumerate() {
+            per_server[op.remote.server.0 as usize].push(WorkRequest {
+                wr_id: (batch_id << BATCH_INDEX_BITS) | i as u64,
+                opcode: op.opcode,
+                local: op.local,
+                remote_addr: op.remote.addr + op.offset,
+                rkey: op.remote.rkey,
+            });
+        }
+        for (s, wrs) in self.servers.iter().zip(&per_server) {
+            if !wrs.is_empty() {
+                s.qp.post(wrs);
+            }
+        }
+        // Every posted request completes (queue pairs guarantee it, with bounded timeouts),
+        // so this wait ends.
+        let failure = {
+            let mut st = batch.state.lock().unwrap();
+            while st.remaining > 0 {
+                st = batch.done.wait(st).unwrap();
+            }
+            st.failure
+        };
+        self.dispatch.batches.lock().unwrap().remove(&batch_id);
+        match failure {
+            None => Ok(()),
+            Some((i, status)) => {
+                let s = self.server(ops[i].remote.server)?;
+                if status == WcStatus::TransportError {
+                    s.mark_failed();
+                }
+                Err(PoolError::Op {
+                    server: s.id,
+                    addr: s.addr,
+                    opcode: ops[i].opcode,
+                    status,
+                })
+            }
+        }
+    }
+
+    /// Reads `local.len` bytes at `offset` of `remote` into `local`.
+    pub fn read(&self, remote: RemoteRegion, offset: u64, local: Sge) -> Result<(), PoolError> {
+        self.execute(&[RemoteOp {
+            opcode: Opcode::Read,
+            local,
+            remote,
+            offset,
+        }])
+    }
+
+    /// Writes `local` to `offset` of `remote`.
+    pub fn write(&self, remote: RemoteRegion, offset: u64, local: Sge) -> Result<(), PoolError> {
+        self.execute(&[RemoteOp {
+            opcode: Opcode::Write,
+            local,
+            remote,
+            offset,
+        }])
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.dispatch.stop.store(true, Ordering::SeqCst);
+        for s in &self.servers {
+            s.qp.disconnect();
+            s.control.kill();
+        }
+    }
+}
+
+/// How long the completion thread sleeps between checks for shutdown.
+const REAP_TICK: Duration = Duration::from_millis(100);
+
+fn reap(cq: Arc<dyn CompletionQueue>, dispatch: Arc<Dispatch>) {
+    let mut ready = Vec::with_capacity(64);
+    while !dispatch.stop.load(Ordering::SeqCst) {
+        if let Some(c) = cq.wait(REAP_TICK) {
+            dispatch.deliver(c);
+            while cq.poll(&mut ready, 64) > 0 {
+                for c in ready.drain(..) {
+                    dispatch.deliver(c);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! The in-process fabric, for tests: same semantics as the others (keys, bounds and access
+//! checks, asynchronous completions), plus what tests need and a real network cannot give on
+//! demand: op counters, and fault injection (fail the Nth operation a node serves, delay every
+//! operation, drop the peer).
+//!
+//! A [`LocalNetwork`] joins nodes; each node is a [`LocalFabric`] with its own key table. A
+//! server's node answers the control-channel `Connect` with its node id, and a client's queue
+//! pair then executes operations by copying between the two nodes' registered memory on a
+//! worker thread (so completions arrive asynchronously, as from a NIC).
+
+use super::mem::{AlignedBuf, InFlight, KeyTable};
+use super::{
+    Access, Completion, CompletionQueue, DeregisterError, Exchange, Fabric, FabricError, LocalMr,
+    OpCounters, Opcode, PeerGuard, QueuePair, SoftCq, WcStatus, WorkRequest, MAX_OP_LEN,
+};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread;
+use std::time::Duration;
+
+/// Nodes that can reach each other.
+#[derive(Default)]
+pub struct LocalNetwork {
+    nodes: Mutex<HashMap<u64, Weak<Node>>>,
+    next_id: AtomicU64,
+}
+
+/// Faults a node injects into the operations it serves.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// 1-based index of the served operation that fails (0: none).
+    fail_nth: AtomicU64,
+    fail_status_remote: AtomicBool,
+    /// Delay before executing each operation, in microseconds.
+    delay_us: AtomicU64,
+    /// The node is gone: every operation against it is a transport error.
+    dead: AtomicBool,
+    served: AtomicU64,
+}
+
+struct Node {
+    id: u64,
+    table: Arc<KeyTable>,
+    faults: Faults,
+}
+
+/// One node of a [`LocalNetwork`]: a fabric instance with its own protection domain.
+pub struct LocalFabric {
+    node: Arc<Node>,
+    network: Arc<LocalNetwork>,
+}
+
+impl LocalNetwork {
+    pub fn new() -> Arc<LocalNetwork> {
+        Arc::new(LocalNetwork::default())
+    }
+
+    /// Adds a node.
+    pub fn node(self: &Arc<Self>) -> Arc<LocalFabric> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let node = Arc::new(Node {
+            id,
+            table: Arc::new(KeyTable::new()),
+            faults: Faults::default(),
+        });
+        self.nodes
+            .lock()
+            .unwrap()
+            .insert(id, Arc::downgrade(&node));
+        Arc::new(LocalFabric {
+            node,
+            network: self.clone(),
+        })
+    }
+
+    fn find(&self, id: u64) -> Option<Arc<Node>> {
+        self.nodes.lock().unwrap().get(&id).and_then(Weak::upgrade)
+    }
+}
+
+impl LocalFabric {
+    /// Counters of operations this node executed as the *initiator* (client side), plus its
+    /// registrations.
+    pub fn counters(&self) -> OpCounters {
+        self.node.table.counters.snapshot()
+    }
+
+    /// Operations this node has served as a target.
+    pub fn served(&self) -> u64 {
+        self.node.faults.served.load(Ordering::SeqCst)
+    }
+
+    /// Makes the `n`th operation served from now on fail (remote access or transport error).
+    pub fn fail_nth(&self, n: u64, remote_access: bool) {
+        let base = self.node.faults.served.load(Ordering::SeqCst);
+        self.node
+            .faults
+            .fail_status_remote
+            .store(remote_access, Ordering::SeqCst);
+        self.node.faults.fail_nth.store(base + n, Ordering::SeqCst);
+    }
+
+    /// Delays every operation this node serves.
+    pub fn set_delay(&self, delay: Duration) {
+        self.node
+            .faults
+            .delay_us
+            .store(delay.as_micros() as u64, Ordering::SeqCst);
+    }
+
+    /// Drops the node off the network (a crashed server): every operation against it fails with
+    /// a transport error from now on.
+    pub fn kill(&self) {
+        self.node.faults.dead.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.node.faults.dead.load(Ordering::SeqCst)
+    }
+}
+
+impl Fabric for LocalFabric {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<LocalMr, FabricError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.node.table.register(addr, len, access, None) }
+    }
+
+    fn register_buf(&self, buf: Arc<AlignedBuf>, access: Access) -> Result<LocalMr, FabricError> {
+        self.node.table.clone().register_owned(buf, access)
+    }
+
+    fn deregister(&self, mrs: Vec<LocalMr>) -> Result<(), DeregisterError> {
+        self.node.table.deregister_batch(mrs)
+    }
+
+    fn create_cq(&self) -> Arc<dyn CompletionQueue> {
+        Arc::new(SoftCq::default())
+    }
+
+    fn connect(
+        &self,
+        server: SocketAddr,
+        exchange: &mut Exchange<'_>,
+        cq: Arc<dyn CompletionQueue>,
+    ) -> Result<Arc<dyn QueuePair>, FabricError> {
+        let cq = SoftCq::downcast(cq)?;
+        let blob = exchange(Vec::new())?;
+        let id = <[u8; 8]>::try_from(blob.as_slice())
+            .map(u64::from_le_bytes)
+            .map_err(|_| FabricError::Handshake {
+                addr: server,
+                reason: "expected an 8-byte node id".into(),
+            })?;
+        let target = self
+            .network
+            .find(id)
+            .ok_or_else(|| FabricError::Handshake {
+                addr: server,
+                reason: format!("node {id} is not on this local network"),
+            })?;
+        let (tx, rx) = crossbeam_channel::unbounded::<(WorkRequest, InFlight)>();
+        let shared = Arc::new(LocalQpShared {
+            initiator: self.node.clone(),
+            target,
+            cq,
+            disconnected: AtomicBool::new(false),
+        });
+        let s = shared.clone();
+        thread::Builder::new()
+            .name("local-qp".into())
+            .spawn(move || {
+                while let Ok((wr, hold)) = rx.recv() {
+                    s.execute(wr, hold);
+                }
+            })
+            .map_err(|e| FabricError::Register(format!("spawn QP thread: {e}")))?;
+        Ok(Arc::new(LocalQp {
+            shared,
+            tx: Mutex::new(Some(tx)),
+        }))
+    }
+
+    fn accept(&self, _blob: &[u8], _local: SocketAddr) -> Result<(Vec<u8>, PeerGuard), FabricError> {
+        Ok((self.node.id.to_le_bytes().to_vec(), Box::new(())))
+    }
+
+    fn pinned_bytes(&self) -> u64 {
+        self.node.table.pinned.load(Ordering::Relaxed)
+    }
+}
+
+struct LocalQpShared {
+    initiator: Arc<Node>,
+    target: Arc<Node>,
+    cq: Arc<SoftCq>,
+    disconnected: AtomicBool,
+}
+
+impl LocalQpShared {
+    fn complete(&self, wr: &WorkRequest, status: WcStatus, hold: Option<InFlight>) {
+        self.initiator
+            .table
+            .counters
+            .count(wr.opcode, status, wr.local.len);
+        self.cq.push(Completion::new(wr, status, hold));
+    }
+
+    fn execute(&self, wr: WorkRequest, hold: InFlight) {
+        let faults = &self.target.faults;
+        let delay = faults.delay_us.load(Ordering::SeqCst);
+        if delay > 0 {
+            thread::sleep(Duration::from_micros(delay));
+        }
+        if faults.dead.load(Ordering::SeqCst) || self.disconnected.load(Ordering::SeqCst) {
+            self.complete(&wr, WcStatus::TransportError, Some(hold));
+            return;
+        }
+        let n = faults.served.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == faults.fail_nth.load(Ordering::SeqCst) {
+            let status = if faults.fail_status_remote.load(Ordering::SeqCst) {
+                WcStatus::RemoteAccessError
+            } else {
+                WcStatus::TransportError
+            };
+            self.complete(&wr, status, Some(hold));
+            return;
+        }
+        let need = match wr.opcode {
+            Opcode::Read => Access::REMOTE_READ,
+            Opcode::Write => Access::REMOTE_WRITE,
+        };
+        let Some(remote) = self
+            .target
+            .table
+            .acquire(wr.rkey, wr.remote_addr, wr.local.len, need)
+        else {
+            self.complete(&wr, WcStatus::RemoteAccessError, Some(hold));
+            return;
+        };
+        let (src, dst) = match wr.opcode {
+            Opcode::Read => (wr.remote_addr, wr.local.addr),
+            Opcode::Write => (wr.local.addr, wr.remote_addr),
+        };
+        // SAFETY: both ranges were checked against live registrations (`hold` locally with the
+        // access the opcode needs, `remote` on the target), and both holds keep them registered
+        // and their memory alive during the copy. `ptr::copy` tolerates overlap (a node may
+        // target its own memory).
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, wr.local.len as usize) };
+        drop(remote);
+        self.complete(&wr, WcStatus::Success, Some(hold));
+    }
+}
+
+/// A queue pair of the in-process fabric.
+pub struct LocalQp {
+    shared: Arc<LocalQpShared>,
+    tx: Mutex<Option<crossbeam_channel::Sender<(WorkRequest, InFlight)>>>,
+}
+
+impl QueuePair for LocalQp {
+    fn post(&self, wrs: &[WorkRequest]) {
+        let tx = self.tx.lock().unwrap().clone();
+        for wr in wrs {
+            let need = match wr.opcode {
+                Opcode::Read => Access::LOCAL_WRITE,
+                Opcode::Write => Access::NONE,
+            };
+            let hold = (wr.local.len <= MAX_OP_LEN)
+                .then(|| {
+                    self.shared.initiator.table.acquire(
+                        wr.local.lkey,
+                        wr.local.addr,
+                        wr.local.len,
+                        need,
+                    )
+                })
+                .flatten();
+            let Some(hold) = hold else {
+                self.shared
+                    .complete(wr, WcStatus::LocalProtectionError, None);
+                continue;
+            };
+            match &tx {
+                Some(tx) => {
+                    if let Err(crossbeam_channel::SendError((wr, hold))) = tx.send((*wr, hold)) {
+                        self.shared
+                            .complete(&wr, WcStatus::TransportError, Some(hold));
+                    }
+                }
+                None => self
+                    .shared
+                    .complete(wr, WcStatus::TransportError, Some(hold)),
+            }
+        }
+    }
+
+    fn is_connected(&self) -> bool {
+        !self.shared.disconnected.load(Ordering::SeqCst)
+            && !self.shared.target.faults.dead.load(Ordering::SeqCst)
+    }
+
+    fn disconnect(&self) {
+        self.shared.disconnected.store(true, Ordering::SeqCst);
+        self.tx.lock().unwrap().take();
+    }
+}
+
+impl Drop for LocalQp {
+    fn drop(&mut self) {
+        self.disconnect();
+    }
+}

@@ -1,0 +1,634 @@
+//! Registered memory for the software fabrics: pinning, key tables, in-use counts, and raw
+//! copies in and out of memory that remote peers write.
+//!
+//! Memory that a peer may write at any moment is never turned into a long-lived `&[u8]` or
+//! `&mut [u8]`: it stays a raw `(ptr, len)` range, checked against its registration on every
+//! operation and moved with `ptr::copy_nonoverlapping` or `recv`/`sendmsg` straight from and to
+//! the raw pointer (no bounce buffer, no reference to shared memory).
+
+use super::{Access, DeregisterError, FabricError, LocalMr, OpCounters};
+use std::any::Any;
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+/// The page size everything is aligned to (pinning works on whole pages).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if v > 0 {
+        v as usize
+    } else {
+        4096
+    }
+}
+
+/// Rounds `v` up to a multiple of `align` (a power of two).
+pub fn round_up(v: u64, align: u64) -> u64 {
+    (v + align - 1) & !(align - 1)
+}
+
+/// An owned, page-aligned, anonymous mapping: the buffers rmemfs registers.
+///
+/// It hands out no references to its bytes; all access is through copies, because the fabric
+/// may be writing into it concurrently.
+#[derive(Debug)]
+pub struct AlignedBuf {
+    ptr: *mut u8,
+    len: usize,
+    map_len: usize,
+}
+
+// SAFETY: the buffer is plain memory owned by this value; all access goes through raw copies,
+// and concurrent writers to the same bytes (as with a NIC) race only on data, never on the
+// mapping itself, which lives until drop.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: see `Send`; shared access only performs raw copies.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// Maps `len` zeroed bytes (at least one page).
+    pub fn new(len: usize) -> io::Result<AlignedBuf> {
+        let map_len = round_up(len.max(1) as u64, page_size() as u64) as usize;
+        // SAFETY: anonymous private mapping with no address hint; the result is checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(AlignedBuf {
+            ptr: ptr as *mut u8,
+            len,
+            map_len,
+        })
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `data` into the buffer at `offset`. Panics if out of bounds (a caller bug).
+    pub fn write_at(&self, offset: usize, data: &[u8]) {
+        assert!(offset.checked_add(data.len()).is_some_and(|e| e <= self.len));
+        // SAFETY: bounds checked above; source is a distinct Rust slice.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) }
+    }
+
+    /// Copies bytes out of the buffer at `offset`. Panics if out of bounds (a caller bug).
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) {
+        assert!(offset.checked_add(out.len()).is_some_and(|e| e <= self.len));
+        // SAFETY: bounds checked above; destination is a distinct Rust slice.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), out.as_mut_ptr(), out.len()) }
+    }
+
+    /// Returns a copy of `len` bytes at `offset`.
+    pub fn to_vec(&self, offset: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0; len];
+        self.read_at(offset, &mut v);
+        v
+    }
+
+    /// Sets every byte to `byte`.
+    pub fn fill(&self, byte: u8) {
+        // SAFETY: the whole mapping of `len` bytes is ours.
+        unsafe { std::ptr::write_bytes(self.ptr, byte, self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping created in `new`; no references into it exist.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.map_len) };
+    }
+}
+
+/// Pages locked with `mlock`, unlocked on drop: what registration costs on a software fabric.
+///
+/// `munlock` is not reference-counted by the kernel, so two registrations sharing a page unpin
+/// it when the first goes; the software NIC reaches memory by virtual address, so this only
+/// affects the cost model, never correctness.
+#[derive(Debug)]
+pub struct Pin {
+    start: usize,
+    len: usize,
+    pinned: Arc<AtomicU64>,
+}
+
+impl Pin {
+    pub fn new(addr: *mut u8, len: usize, pinned: Arc<AtomicU64>) -> Result<Pin, FabricError> {
+        let page = page_size();
+        let start = (addr as usize) & !(page - 1);
+        let end = round_up(addr as u64 + len as u64, page as u64) as usize;
+        let span = end - start;
+        // SAFETY: mlock only changes residency of pages in our own address space; a bad range
+        // gives ENOMEM rather than undefined behaviour.
+        let rc = unsafe { libc::mlock(start as *const libc::c_void, span) };
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            return Err(match err.raw_os_error() {
+                Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN) => {
+                    FabricError::PinLimit {
+                        len: span as u64,
+                        limit: memlock_limit_text(),
+                    }
+                }
+                _ => FabricError::Register(format!("mlock of {span} bytes: {err}")),
+            });
+        }
+        pinned.fetch_add(span as u64, Ordering::Relaxed);
+        Ok(Pin {
+            start,
+            len: span,
+            pinned,
+        })
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        // SAFETY: unlocking a range we locked; harmless if it was unmapped meanwhile.
+        unsafe { libc::munlock(self.start as *const libc::c_void, self.len) };
+        self.pinned.fetch_sub(self.len as u64, Ordering::Relaxed);
+    }
+}
+
+/// The soft RLIMIT_MEMLOCK, for error messages.
+pub fn memlock_limit_text() -> String {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return "unknown".into();
+    }
+    if lim.rlim_cur == libc::RLIM_INFINITY {
+        "unlimited".into()
+    } else {
+        format!("{} KiB", lim.rlim_cur / 1024)
+    }
+}
+
+/// One registration as the fabric's "NIC" sees it.
+pub struct RegionEntry {
+    pub addr: u64,
+    pub len: u64,
+    pub lkey: u32,
+    pub rkey: u32,
+    pub access: Access,
+    in_flight: AtomicU32,
+    /// The pin (or device registration); released when the last holder goes.
+    _resource: Option<Box<dyn Any + Send + Sync>>,
+    /// Keeps an owned buffer alive as long as the registration or any op using it.
+    _owner: Option<Arc<AlignedBuf>>,
+}
+
+impl std::fmt::Debug for RegionEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionEntry")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .field("lkey", &self.lkey)
+            .field("access", &self.access)
+            .field("in_flight", &self.in_flight())
+            .finish()
+    }
+}
+
+impl RegionEntry {
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+    /// True if `[addr, addr+len)` lies inside this region.
+    pub fn covers(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.addr + self.len)
+    }
+}
+
+/// Proof that an operation is using a region: the region stays registered and its memory
+/// alive until this is dropped (which happens when the completion is reaped).
+#[derive(Debug)]
+pub struct InFlight(Arc<RegionEntry>);
+
+impl InFlight {
+    /// Another hold on the same region, for a second party (a sender thread) that touches the
+    /// memory independently of when the completion is reaped.
+    pub fn another(&self) -> InFlight {
+        self.0.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(self.0.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Atomic counters behind [`OpCounters`].
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub failed: AtomicU64,
+    pub registrations: AtomicU64,
+    pub deregistrations: AtomicU64,
+    pub deregistration_batches: AtomicU64,
+}
+
+impl Counters {
+    pub fn snapshot(&self) -> OpCounters {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        OpCounters {
+            reads: l(&self.reads),
+            writes: l(&self.writes),
+            bytes_read: l(&self.bytes_read),
+            bytes_written: l(&self.bytes_written),
+            failed: l(&self.failed),
+            registrations: l(&self.registrations),
+            deregistrations: l(&self.deregistrations),
+            deregistration_batches: l(&self.deregistration_batches),
+        }
+    }
+    /// Counts one finished operation.
+    pub fn count(&self, opcode: super::Opcode, status: super::WcStatus, len: u64) {
+        use super::{Opcode, WcStatus};
+        if status != WcStatus::Success {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let (ops, bytes) = match opcode {
+            Opcode::Read => (&self.reads, &self.bytes_read),
+            Opcode::Write => (&self.writes, &self.bytes_written),
+        };
+        ops.fetch_add(1, Ordering::Relaxed);
+        bytes.fetch_add(len, Ordering::Relaxed);
+    }
+}
+
+/// The protection domain of a software fabric: keys to registrations.
+#[derive(Debug)]
+pub struct KeyTable {
+    map: RwLock<HashMap<u32, Arc<RegionEntry>>>,
+    next: AtomicU32,
+    salt: u32,
+    pub pinned: Arc<AtomicU64>,
+    pub counters: Counters,
+}
+
+impl Default for KeyTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl KeyTable {
+    pub fn new() -> KeyTable {
+        // Keys are not secrets (as in RDMA), but making them hard to guess stops a stray client
+        // from hitting another's memory by counting.
+        let salt = (std::process::id() ^ (now_nanos() as u32)).rotate_left(13) | 1;
+        KeyTable {
+            map: RwLock::new(HashMap::new()),
+            next: AtomicU32::new(1),
+            salt,
+            pinned: Arc::new(AtomicU64::new(0)),
+            counters: Counters::default(),
+        }
+    }
+
+    fn fresh_key(&self) -> u32 {
+        loop {
+            let n = self.next.fetch_add(1, Ordering::Relaxed);
+            // Multiplying by an odd constant is a bijection on u32, so keys do not repeat for
+            // 2^32 registrations; xor with the salt so they differ between runs.
+            let key = n.wrapping_mul(0x9E37_79B1) ^ self.salt;
+            if key != 0 {
+                return key;
+            }
+        }
+    }
+
+    /// Registers a range with pinning (software fabrics).
+    ///
+    /// # Safety
+    /// As [`super::Fabric::register`].
+    pub unsafe fn register(
+        self: &Arc<Self>,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+        owner: Option<Arc<AlignedBuf>>,
+    ) -> Result<LocalMr, FabricError> {
+        if addr.is_null() || len == 0 {
+            return Err(FabricError::InvalidRegion("null or empty range"));
+        }
+        if (addr as u64).checked_add(len as u64).is_none() {
+            return Err(FabricError::InvalidRegion("range wraps the address space"));
+        }
+        let pin = Pin::new(addr, len, self.pinned.clone())?;
+        Ok(self.insert(addr as u64, len as u64, access, Some(Box::new(pin)), owner))
+    }
+
+    /// Registers an owned buffer (safe: the registration keeps it alive).
+    pub fn register_owned(
+        self: Arc<Self>,
+        buf: Arc<AlignedBuf>,
+        access: Access,
+    ) -> Result<LocalMr, FabricError> {
+        let (ptr, len) = (buf.as_ptr(), buf.len());
+        // SAFETY: the buffer is kept alive by the registration entry itself.
+        unsafe { self.register(ptr, len, access, Some(buf)) }
+    }
+
+    /// Adds a registration whose resource (pin or device MR) the caller created.
+    pub fn insert(
+        self: &Arc<Self>,
+        addr: u64,
+        len: u64,
+        access: Access,
+        resource: Option<Box<dyn Any + Send + Sync>>,
+        owner: Option<Arc<AlignedBuf>>,
+    ) -> LocalMr {
+        let key = self.fresh_key();
+        let entry = Arc::new(RegionEntry {
+            addr,
+            len,
+            lkey: key,
+            rkey: key,
+            access,
+            in_flight: AtomicU32::new(0),
+            _resource: resource,
+            _owner: owner,
+        });
+        self.map.write().unwrap().insert(key, entry.clone());
+        self.counters.registrations.fetch_add(1, Ordering::Relaxed);
+        LocalMr {
+            entry,
+            table: self.clone(),
+        }
+    }
+
+    /// Checks `[addr, addr+len)` against the registration named by `key` and marks it in use.
+    /// `None` if the key is unknown, the range is out of bounds, or access is missing.
+    pub fn acquire(&self, key: u32, addr: u64, len: u64, need: Access) -> Option<InFlight> {
+        let map = self.map.read().unwrap();
+        let entry = map.get(&key)?;
+        if !entry.access.contains(need) || !entry.covers(addr, len) {
+            return None;
+        }
+        entry.in_flight.fetch_add(1, Ordering::AcqRel);
+        Some(InFlight(entry.clone()))
+    }
+
+    /// Unconditional removal (a dropped `LocalMr`).
+    pub fn remove(&self, key: u32) {
+        if self.map.write().unwrap().remove(&key).is_some() {
+            self.counters.deregistrations.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Deregisters a batch under one lock; regions in use are returned, still registered.
+    pub fn deregister_batch(&self, mrs: Vec<LocalMr>) -> Result<(), DeregisterError> {
+        let mut busy = Vec::new();
+        let mut idle = Vec::with_capacity(mrs.len());
+        {
+            let mut map = self.map.write().unwrap();
+            for mr in mrs {
+                // Checked under the write lock: `acquire` increments under the read lock, so no
+                // operation can start between this check and the removal.
+                if mr.entry.in_flight() > 0 {
+                    busy.push(mr);
+                } else {
+                    map.remove(&mr.entry.lkey);
+                    idle.push(mr);
+                }
+            }
+        }
+        if !idle.is_empty() {
+            self.counters
+                .deregistrations
+                .fetch_add(idle.len() as u64, Ordering::Relaxed);
+            self.counters
+                .deregistration_batches
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        drop(idle); // unpins; their keys are already gone, so `LocalMr::drop` is a no-op
+        if busy.is_empty() {
+            Ok(())
+        } else {
+            Err(DeregisterError::Busy(busy))
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.read().unwrap().len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn now_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// A raw byte range for scatter/gather socket I/O.
+#[derive(Clone, Copy)]
+pub struct RawSlice {
+    pub ptr: *const u8,
+    pub len: usize,
+}
+
+/// Sends all of `parts` with `sendmsg` (one syscall for header plus payload where the socket
+/// takes it), straight from the raw pointers. `EAGAIN` (send timeout) calls `keep_waiting`;
+/// with the bytes sent so far; when that says no the send fails with `TimedOut`.
+///
+/// # Safety
+/// Every part must be readable for its length for the duration of the call.
+pub unsafe fn send_all_raw(
+    fd: RawFd,
+    parts: &[RawSlice],
+    keep_waiting: &mut dyn FnMut(usize) -> bool,
+) -> io::Result<()> {
+    let mut sent = 0;
+    let mut iov: [libc::iovec; 2] = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; 2];
+    assert!(parts.len() <= iov.len());
+    let mut idx = 0;
+    let mut off = 0;
+    while idx < parts.len() {
+        if parts[idx].len == off {
+            idx += 1;
+            off = 0;
+            continue;
+        }
+        let mut n_iov = 0;
+        for (k, p) in parts[idx..].iter().enumerate() {
+            let skip = if k == 0 { off } else { 0 };
+            iov[n_iov] = libc::iovec {
+                // SAFETY: `skip` is within the part (it is bytes of it already sent).
+                iov_base: unsafe { p.ptr.add(skip) } as *mut libc::c_void,
+                iov_len: p.len - skip,
+            };
+            n_iov += 1;
+        }
+        // SAFETY: an all-zero msghdr is a valid "no name, no control" header.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = n_iov;
+        // SAFETY: the iovecs point into the caller's parts, readable per this fn's contract.
+        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    if keep_waiting(sent) {
+                        continue;
+                    }
+                    return Err(io::ErrorKind::TimedOut.into());
+                }
+                _ => return Err(err),
+            }
+        }
+        let mut n = n as usize;
+        sent += n;
+        while n > 0 && idx < parts.len() {
+            let left = parts[idx].len - off;
+            if n >= left {
+                n -= left;
+                idx += 1;
+                off = 0;
+            } else {
+                off += n;
+                n = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Receives exactly `len` bytes into `ptr` with `recv`, straight into the destination.
+/// EOF is `UnexpectedEof`; receive timeouts consult `keep_waiting` as in [`send_all_raw`].
+///
+/// # Safety
+/// `ptr` must be writable for `len` bytes for the duration of the call.
+pub unsafe fn recv_exact_raw(
+    fd: RawFd,
+    ptr: *mut u8,
+    len: usize,
+    keep_waiting: &mut dyn FnMut(usize) -> bool,
+) -> io::Result<()> {
+    let mut got = 0;
+    while got < len {
+        // SAFETY: `ptr..ptr+len` is writable per this fn's contract and `got < len`.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                ptr.add(got) as *mut libc::c_void,
+                len - got,
+                libc::MSG_WAITALL,
+            )
+        };
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    if keep_waiting(got) {
+                        continue;
+                    }
+                    return Err(io::ErrorKind::TimedOut.into());
+                }
+                _ => return Err(err),
+            }
+        }
+        got += n as usize;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acquire_checks_bounds_access_and_counts_use() {
+        let table = Arc::new(KeyTable::new());
+        let buf = Arc::new(AlignedBuf::new(8192).unwrap());
+        let addr = buf.addr();
+        // SAFETY: the buffer outlives the registration (it is also kept as owner).
+        let mr = unsafe {
+            table
+                .register(buf.as_ptr(), 8192, Access::LOCAL, Some(buf.clone()))
+                .unwrap()
+        };
+        assert!(table
+            .acquire(mr.lkey(), addr + 8000, 193, Access::LOCAL_WRITE)
+            .is_none());
+        assert!(table
+            .acquire(mr.lkey(), addr, 16, Access::REMOTE_READ)
+            .is_none());
+        assert!(table
+            .acquire(mr.lkey() ^ 1, addr, 16, Access::LOCAL_WRITE)
+            .is_none());
+        let hold = table
+            .acquire(mr.lkey(), addr + 100, 8092, Access::LOCAL_WRITE)
+            .unwrap();
+        assert_eq!(mr.in_flight(), 1);
+        let mr = match table.deregister_batch(vec![mr]) {
+            Err(DeregisterError::Busy(mut v)) => v.pop().unwrap(),
+            Ok(()) => panic!("deregistered a region in use"),
+        };
+        drop(hold);
+        assert_eq!(mr.in_flight(), 0);
+        table.deregister_batch(vec![mr]).unwrap();
+        assert!(table.is_empty());
+        assert_eq!(table.counters.snapshot().deregistration_batches, 1);
+    }
+
+    #[test]
+    fn pinning_is_accounted_and_released() {
+        let table = Arc::new(KeyTable::new());
+        let buf = Arc::new(AlignedBuf::new(3 * 4096).unwrap());
+        let mr = table
+            .clone()
+            .register_owned(buf, Access::LOCAL)
+            .expect("register");
+        assert!(table.pinned.load(Ordering::Relaxed) >= 3 * 4096);
+        drop(mr);
+        assert_eq!(table.pinned.load(Ordering::Relaxed), 0);
+    }
+}

@@ -1,0 +1,386 @@
+//! The transport: what the rest of rmemfs sees of RDMA.
+//!
+//! The model is the verbs model, cut down to what a memory pool needs: local memory is
+//! *registered* (pinned, given an lkey, and an rkey if remote peers may touch it); a client
+//! *connects* a queue pair to a server; it *posts* batches of one-sided READ and WRITE work
+//! requests naming a local scatter entry `{addr, len, lkey}` and a remote `{addr, rkey}`; and it
+//! *reaps* completions, each with a status, from a completion queue. The remote CPU takes no
+//! part in data operations.
+//!
+//! Three implementations sit behind these traits: [`tcp`] (software RDMA over TCP, the default
+//! on machines without an RDMA NIC), [`local`] (in-process, for tests, with fault injection and
+//! op counters), and `verbs` (real RDMA, behind the `verbs` cargo feature). Nothing outside this
+//! module tree knows which one is in use.
+//!
+//! Lifetime rule: a work request keeps its local registration alive and counted as *in use*
+//! until its completion is reaped (dropped). Deregistering a region that is in use fails with
+//! [`DeregisterError::Busy`] and leaves it registered, so a cache above can only evict idle
+//! regions, and no operation ever lands in memory that was handed back.
+
+use std::any::Any;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub mod local;
+pub mod mem;
+pub mod tcp;
+
+pub use mem::{AlignedBuf, InFlight, RegionEntry};
+
+/// Access rights of a registration, as in `ibv_access_flags`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access(u8);
+
+impl Access {
+    /// No rights beyond reading the region locally (the source of a WRITE).
+    pub const NONE: Access = Access(0);
+    /// The fabric may write into the region (needed as the target of a READ).
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// Remote peers may READ from the region.
+    pub const REMOTE_READ: Access = Access(2);
+    /// Remote peers may WRITE into the region.
+    pub const REMOTE_WRITE: Access = Access(4);
+    /// What a client's I/O buffer needs.
+    pub const LOCAL: Access = Access(1);
+    /// What a server's extent needs.
+    pub const REMOTE: Access = Access(1 | 2 | 4);
+
+    pub fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+    pub fn union(self, other: Access) -> Access {
+        Access(self.0 | other.0)
+    }
+    pub fn bits(self) -> u8 {
+        self.0
+    }
+}
+
+/// Identifies a memory server within one client's pool (its index in the server list).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServerId(pub u32);
+
+impl fmt::Display for ServerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "server#{}", self.0)
+    }
+}
+
+/// A region of a server's memory that a client may READ and WRITE: a copyable token, the
+/// counterpart of what crosses the wire in `Allocated`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteRegion {
+    pub server: ServerId,
+    pub addr: u64,
+    pub len: u64,
+    pub rkey: u32,
+}
+
+/// One-sided operation kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opcode {
+    /// Remote memory to the local buffer.
+    Read,
+    /// Local buffer to remote memory.
+    Write,
+}
+
+/// A local scatter/gather entry: a byte range inside a registered region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    pub addr: u64,
+    pub len: u64,
+    pub lkey: u32,
+}
+
+/// A one-sided work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkRequest {
+    /// Returned in the completion; chosen by the poster.
+    pub wr_id: u64,
+    pub opcode: Opcode,
+    pub local: Sge,
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+/// Largest single operation, as with RDMA's 2^31 message limit (kept lower: a software peer
+/// must never be asked to stream more than this in one go).
+pub const MAX_OP_LEN: u64 = 1 << 30;
+
+/// Completion status, mirroring the verbs work-completion statuses that matter here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WcStatus {
+    Success,
+    /// Bad rkey, out of the remote region's bounds, or no permission (`IBV_WC_REM_ACCESS_ERR`).
+    RemoteAccessError,
+    /// The local SGE is not inside a registered region with the right access
+    /// (`IBV_WC_LOC_PROT_ERR`).
+    LocalProtectionError,
+    /// The peer is gone, timed out, or the connection was closed (`IBV_WC_RETRY_EXC_ERR` and
+    /// flushes after it).
+    TransportError,
+}
+
+/// A reaped completion. Holding it keeps the local region counted as in use; drop it when done.
+#[derive(Debug)]
+pub struct Completion {
+    pub wr_id: u64,
+    pub opcode: Opcode,
+    pub status: WcStatus,
+    /// Bytes transferred (0 on failure).
+    pub byte_len: u64,
+    pub(crate) _hold: Option<InFlight>,
+}
+
+impl Completion {
+    pub(crate) fn new(wr: &WorkRequest, status: WcStatus, hold: Option<InFlight>) -> Self {
+        Completion {
+            wr_id: wr.wr_id,
+            opcode: wr.opcode,
+            status,
+            byte_len: if status == WcStatus::Success {
+                wr.local.len
+            } else {
+                0
+            },
+            _hold: hold,
+        }
+    }
+}
+
+/// Registration and connection failures (not per-operation failures: those are completions).
+#[derive(Debug, thiserror::Error)]
+pub enum FabricError {
+    #[error(
+        "cannot pin {len} bytes: the locked-memory limit (ulimit -l, RLIMIT_MEMLOCK) is {limit}; \
+         raise it (ulimit -l unlimited, or LimitMEMLOCK= in a systemd unit) or run as root"
+    )]
+    PinLimit { len: u64, limit: String },
+    #[error("cannot register memory: {0}")]
+    Register(String),
+    #[error("invalid registration: {0}")]
+    InvalidRegion(&'static str),
+    #[error("cannot reach {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("fabric handshake with {addr} failed: {reason}")]
+    Handshake { addr: SocketAddr, reason: String },
+    #[error("the {fabric} fabric is not available: {reason}")]
+    Unavailable {
+        fabric: &'static str,
+        reason: String,
+    },
+}
+
+/// Deregistration of a batch left some regions registered.
+#[derive(Debug)]
+pub enum DeregisterError {
+    /// These regions have operations in flight and stay registered.
+    Busy(Vec<LocalMr>),
+}
+
+/// A registration of local memory. Owns the registration: dropping it deregisters (immediately
+/// for new operations; the pin is released once in-flight operations are reaped).
+#[derive(Debug)]
+pub struct LocalMr {
+    pub(crate) entry: Arc<RegionEntry>,
+    pub(crate) table: Arc<mem::KeyTable>,
+}
+
+impl LocalMr {
+    pub fn addr(&self) -> u64 {
+        self.entry.addr
+    }
+    pub fn len(&self) -> u64 {
+        self.entry.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.entry.len == 0
+    }
+    pub fn lkey(&self) -> u32 {
+        self.entry.lkey
+    }
+    pub fn rkey(&self) -> u32 {
+        self.entry.rkey
+    }
+    pub fn access(&self) -> Access {
+        self.entry.access
+    }
+    /// Operations posted with this region whose completions have not been reaped yet.
+    pub fn in_flight(&self) -> u32 {
+        self.entry.in_flight()
+    }
+    /// The scatter entry for `len` bytes at `offset` into this region.
+    pub fn sge(&self, offset: u64, len: u64) -> Sge {
+        Sge {
+            addr: self.entry.addr + offset,
+            len,
+            lkey: self.entry.lkey,
+        }
+    }
+}
+
+impl Drop for LocalMr {
+    fn drop(&mut self) {
+        self.table.remove(self.entry.lkey);
+    }
+}
+
+/// Reaps completions. Implementations deliver every posted work request's completion exactly
+/// once, in posting order per queue pair.
+pub trait CompletionQueue: Send + Sync {
+    /// Moves up to `max` ready completions into `out` without blocking; returns how many.
+    fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize;
+    /// Waits up to `timeout` for one completion.
+    fn wait(&self, timeout: Duration) -> Option<Completion>;
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A connection to one server's memory.
+pub trait QueuePair: Send + Sync {
+    /// Posts a batch. Never blocks on the network for long and never fails as a call: every
+    /// request gets a completion, failures included.
+    fn post(&self, wrs: &[WorkRequest]);
+    /// False once the connection has failed; every later request completes with
+    /// [`WcStatus::TransportError`].
+    fn is_connected(&self) -> bool;
+    /// Breaks the connection: outstanding requests complete with transport errors.
+    fn disconnect(&self);
+}
+
+/// The control-channel exchange a fabric uses to set up its data path: sends the client's blob
+/// in a `Connect` message and returns the server's `Connected` blob.
+pub type Exchange<'a> = dyn FnMut(Vec<u8>) -> Result<Vec<u8>, FabricError> + 'a;
+
+/// Keeps a server-side data path alive for as long as the client's control session lasts.
+pub type PeerGuard = Box<dyn Any + Send>;
+
+/// A fabric: one "NIC" with its protection domain (key table), used by clients and servers.
+pub trait Fabric: Send + Sync {
+    /// Short name, as shown in logs and in the server's `Welcome`.
+    fn name(&self) -> &'static str;
+
+    /// Registers `len` bytes at `addr` (pins them and gives them keys).
+    ///
+    /// # Safety
+    /// The memory must stay valid (mapped, not freed) until the returned region is dropped or
+    /// deregistered *and* every operation posted with it has been reaped.
+    unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<LocalMr, FabricError>;
+
+    /// Registers an owned buffer; the registration keeps the buffer alive.
+    fn register_buf(&self, buf: Arc<AlignedBuf>, access: Access) -> Result<LocalMr, FabricError>;
+
+    /// Deregisters a batch in one go (one trip to the device, one lock). Regions with
+    /// operations in flight are returned, still registered.
+    fn deregister(&self, mrs: Vec<LocalMr>) -> Result<(), DeregisterError>;
+
+    fn create_cq(&self) -> Arc<dyn CompletionQueue>;
+
+    /// Client side: connects a queue pair to the server whose control connection reaches
+    /// `server`, using `exchange` for any handshake the data path needs.
+    fn connect(
+        &self,
+        server: SocketAddr,
+        exchange: &mut Exchange<'_>,
+        cq: Arc<dyn CompletionQueue>,
+    ) -> Result<Arc<dyn QueuePair>, FabricError>;
+
+    /// Server side: answers a client's `Connect` blob. `local` is the control connection's local
+    /// address (a software fabric listens for data beside it).
+    fn accept(&self, blob: &[u8], local: SocketAddr) -> Result<(Vec<u8>, PeerGuard), FabricError>;
+
+    /// Bytes currently pinned by registrations of this fabric.
+    fn pinned_bytes(&self) -> u64;
+}
+
+/// Fabric-wide operation counters (every fabric keeps them; tests and `stats` read them).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct OpCounters {
+    pub reads: u64,
+    pub writes: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub failed: u64,
+    pub registrations: u64,
+    pub deregistrations: u64,
+    pub deregistration_batches: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_flags_compose() {
+        assert!(Access::REMOTE.contains(Access::LOCAL_WRITE));
+        assert!(Access::REMOTE.contains(Access::REMOTE_READ.union(Access::REMOTE_WRITE)));
+        assert!(!Access::LOCAL.contains(Access::REMOTE_READ));
+    }
+}
+
+/// The completion queue of the software fabrics: a channel the "NIC" threads push into.
+pub struct SoftCq {
+    tx: crossbeam_channel::Sender<Completion>,
+    rx: crossbeam_channel::Receiver<Completion>,
+}
+
+impl Default for SoftCq {
+    fn default() -> Self {
+        // Unbounded: a NIC thread must never block on a consumer that is itself blocked posting.
+        let (tx, rx) = crossbeam_channel::unbounded();
+        SoftCq { tx, rx }
+    }
+}
+
+impl SoftCq {
+    pub(crate) fn push(&self, c: Completion) {
+        // The receiver lives in `self`, so the channel cannot be disconnected.
+        let _ = self.tx.send(c);
+    }
+
+    /// Finds the software CQ behind a trait object (a QP can only post to its own fabric's CQ).
+    pub(crate) fn downcast(cq: Arc<dyn CompletionQueue>) -> Result<Arc<SoftCq>, FabricError> {
+        if cq.as_any().is::<SoftCq>() {
+            let raw = Arc::into_raw(cq) as *const SoftCq;
+            // SAFETY: the concrete type behind the trait object was checked to be `SoftCq`, and
+            // the pointer came from `Arc::into_raw` of that same allocation.
+            Ok(unsafe { Arc::from_raw(raw) })
+        } else {
+            Err(FabricError::InvalidRegion(
+                "completion queue belongs to another fabric",
+            ))
+        }
+    }
+}
+
+impl CompletionQueue for SoftCq {
+    fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
+        let mut n = 0;
+        while n < max {
+            match self.rx.try_recv() {
+                Ok(c) => {
+                    out.push(c);
+                    n += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        n
+    }
+    fn wait(&self, timeout: Duration) -> Option<Completion> {
+        self.rx.recv_timeout(timeout).ok()
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,14 @@
+//! rmemfs: a POSIX file system over the spare DRAM of a rack's memory servers.
+//!
+//! Layers, bottom up: [`fabric`] (one-sided RDMA READ/WRITE behind a trait: TCP software RDMA,
+//! in-process, and verbs), [`proto`] (the control protocol), [`server`] (the memory server),
+//! [`client`] (the pool of servers as a client sees it).
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod bench;
+pub mod client;
+pub mod error;
+pub mod fabric;
+pub mod proto;
+pub mod server;
+pub mod size;

@@ -1,0 +1,679 @@
+//! The control protocol between a client (the mount daemon) and a memory server.
+//!
+//! Only control traffic travels here (hello, allocation, free, capacity, fabric connection
+//! setup); file data never does: it moves by one-sided READ/WRITE on the fabric. Client and
+//! server share this one module so the two ends cannot drift apart.
+//!
+//! Framing: every frame is a little-endian `u32` body length followed by the body; the body is a
+//! one-byte message type and its fields, little-endian, strings and blobs prefixed by a `u16`
+//! length. The first frame on a connection is `Hello`, which carries the protocol version.
+//! Decoding validates every field and never panics: a malformed, truncated, oversized or
+//! trailing-garbage frame is a [`ProtoError`], and the server closes such a connection.
+
+use std::io::{self, Read, Write};
+
+/// Wire protocol version; bumped on any incompatible change.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Magic at the start of `Hello`, so a stray client (HTTP, a port scanner) is rejected at once.
+pub const HELLO_MAGIC: u32 = 0x524d_4653; // "RMFS"
+
+/// Largest frame body either side accepts. Control messages are tiny; the largest is a fabric
+/// connection blob (verbs QP attributes, well under 1 KiB). 64 KiB leaves room without letting a
+/// hostile peer make us buffer much.
+pub const MAX_FRAME_LEN: usize = 64 * 1024;
+
+/// Longest string field (names, error messages).
+pub const MAX_STRING_LEN: usize = 1024;
+
+/// Largest opaque fabric blob.
+pub const MAX_BLOB_LEN: usize = 4096;
+
+/// Why an allocation or free was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalCode {
+    /// Not enough contiguous free memory.
+    NoSpace = 1,
+    /// Length zero or larger than the server will ever hand out.
+    BadLength = 2,
+    /// The server could not register (pin) the extent.
+    RegistrationFailed = 3,
+    /// The extent named in a free does not exist or belongs to someone else.
+    NotFound = 4,
+    /// The server is shutting down.
+    ShuttingDown = 5,
+}
+
+impl RefusalCode {
+    fn from_u16(v: u16) -> Result<Self, ProtoError> {
+        Ok(match v {
+            1 => Self::NoSpace,
+            2 => Self::BadLength,
+            3 => Self::RegistrationFailed,
+            4 => Self::NotFound,
+            5 => Self::ShuttingDown,
+            other => return Err(ProtoError::BadField("refusal code", other as u64)),
+        })
+    }
+}
+
+/// Capacity of one memory server, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capacity {
+    pub total: u64,
+    pub free: u64,
+    pub largest_free: u64,
+}
+
+/// Every control message. Requests carry a `tag` chosen by the client; the reply echoes it so
+/// a client may have many requests outstanding on one connection (FRRWP relies on this).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// Client to server, first frame.
+    Hello { version: u16, client_name: String },
+    /// Server to client, reply to `Hello`.
+    Welcome {
+        version: u16,
+        server_instance: u64,
+        fabric: String,
+        capacity: Capacity,
+    },
+    /// Client to server: set up the fabric data path; `blob` is fabric-specific.
+    Connect { tag: u64, blob: Vec<u8> },
+    /// Server to client: the server's half of the data path setup.
+    Connected { tag: u64, blob: Vec<u8> },
+    /// Allocate (and register for remote access) `len` bytes.
+    Alloc { tag: u64, len: u64 },
+    /// Reply to `Alloc`: a remote region the client may READ and WRITE.
+    Allocated {
+        tag: u64,
+        addr: u64,
+        len: u64,
+        rkey: u32,
+        capacity: Capacity,
+    },
+    /// Free an extent this connection allocated.
+    Free { tag: u64, addr: u64, rkey: u32 },
+    /// Reply to `Free`.
+    Freed { tag: u64, capacity: Capacity },
+    /// Ask for the current capacity.
+    Stat { tag: u64 },
+    /// Reply to `Stat`.
+    Stats {
+        tag: u64,
+        capacity: Capacity,
+        extents: u64,
+        clients: u32,
+    },
+    /// A request was refused; the connection stays usable.
+    Refused {
+        tag: u64,
+        code: RefusalCode,
+        message: String,
+    },
+    /// The peer broke the protocol; the sender closes the connection after this.
+    Fatal { message: String },
+}
+
+/// Why bytes could not be decoded into a [`Message`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProtoError {
+    #[error("frame truncated")]
+    Truncated,
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME_LEN}-byte limit")]
+    Oversized(usize),
+    #[error("unknown message type {0}")]
+    UnknownType(u8),
+    #[error("{0} trailing bytes after the message")]
+    TrailingBytes(usize),
+    #[error("invalid {0}: {1}")]
+    BadField(&'static str, u64),
+    #[error("string is not UTF-8")]
+    BadString,
+    #[error("bad magic {0:#x}: not an rmemfs peer")]
+    BadMagic(u32),
+}
+
+/// Errors reading or writing frames on a stream.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("connection closed by peer")]
+    Closed,
+    #[error("i/o error: {0}")]
+    Io(#[from] io::Error),
+    #[error("protocol error: {0}")]
+    Proto(#[from] ProtoError),
+}
+
+mod tag {
+    pub const HELLO: u8 = 1;
+    pub const WELCOME: u8 = 2;
+    pub const CONNECT: u8 = 3;
+    pub const CONNECTED: u8 = 4;
+    pub const ALLOC: u8 = 5;
+    pub const ALLOCATED: u8 = 6;
+    pub const FREE: u8 = 7;
+    pub const FREED: u8 = 8;
+    pub const STAT: u8 = 9;
+    pub const STATS: u8 = 10;
+    pub const REFUSED: u8 = 11;
+    pub const FATAL: u8 = 12;
+}
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn bytes(&mut self, v: &[u8], max: usize) {
+        // Encoding is under our control: clamp rather than emit something the peer rejects.
+        let v = &v[..v.len().min(max)];
+        self.u16(v.len() as u16);
+        self.0.extend_from_slice(v);
+    }
+    fn string(&mut self, s: &str) {
+        let mut end = s.len().min(MAX_STRING_LEN);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.bytes(&s.as_bytes()[..end], MAX_STRING_LEN);
+    }
+    fn capacity(&mut self, c: &Capacity) {
+        self.u64(c.total);
+        self.u64(c.free);
+        self.u64(c.largest_free);
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ProtoError> {
+        if self.buf.len() < n {
+            return Err(ProtoError::Truncated);
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, ProtoError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, ProtoError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
+    }
+    fn u32(&mut self) -> Result<u32, ProtoError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64, ProtoError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    fn bytes(&mut self, max: usize, what: &'static str) -> Result<&'a [u8], ProtoError> {
+        let n = self.u16()? as usize;
+        if n > max {
+            return Err(ProtoError::BadField(what, n as u64));
+        }
+        self.take(n)
+    }
+    fn string(&mut self, what: &'static str) -> Result<String, ProtoError> {
+        let b = self.bytes(MAX_STRING_LEN, what)?;
+        std::str::from_utf8(b)
+            .map(str::to_owned)
+            .map_err(|_| ProtoError::BadString)
+    }
+    fn capacity(&mut self) -> Result<Capacity, ProtoError> {
+        let c = Capacity {
+            total: self.u64()?,
+            free: self.u64()?,
+            largest_free: self.u64()?,
+        };
+        if c.free > c.total {
+            return Err(ProtoError::BadField("free capacity", c.free));
+        }
+        if c.largest_free > c.free {
+            return Err(ProtoError::BadField("largest free extent", c.largest_free));
+        }
+        Ok(c)
+    }
+}
+
+impl Message {
+    /// Encodes the message body (without the length prefix).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer(Vec::with_capacity(64));
+        match self {
+            Message::Hello {
+                version,
+                client_name,
+            } => {
+                w.u8(tag::HELLO);
+                w.u32(HELLO_MAGIC);
+                w.u16(*version);
+                w.string(client_name);
+            }
+            Message::Welcome {
+                version,
+                server_instance,
+                fabric,
+                capacity,
+            } => {
+                w.u8(tag::WELCOME);
+                w.u16(*version);
+                w.u64(*server_instance);
+                w.string(fabric);
+                w.capacity(capacity);
+            }
+            Message::Connect { tag: t, blob } => {
+                w.u8(tag::CONNECT);
+                w.u64(*t);
+                w.bytes(blob, MAX_BLOB_LEN);
+            }
+            Message::Connected { tag: t, blob } => {
+                w.u8(tag::CONNECTED);
+                w.u64(*t);
+                w.bytes(blob, MAX_BLOB_LEN);
+            }
+            Message::Alloc { tag: t, len } => {
+                w.u8(tag::ALLOC);
+                w.u64(*t);
+                w.u64(*len);
+            }
+            Message::Allocated {
+                tag: t,
+                addr,
+                len,
+                rkey,
+                capacity,
+            } => {
+                w.u8(tag::ALLOCATED);
+                w.u64(*t);
+                w.u64(*addr);
+                w.u64(*len);
+                w.u32(*rkey);
+                w.capacity(capacity);
+            }
+            Message::Free { tag: t, addr, rkey } => {
+                w.u8(tag::FREE);
+                w.u64(*t);
+                w.u64(*addr);
+                w.u32(*rkey);
+            }
+            Message::Freed { tag: t, capacity } => {
+                w.u8(tag::FREED);
+                w.u64(*t);
+                w.capacity(capacity);
+            }
+            Message::Stat { tag: t } => {
+                w.u8(tag::STAT);
+                w.u64(*t);
+            }
+            Message::Stats {
+                tag: t,
+                capacity,
+                extents,
+                clients,
+            } => {
+                w.u8(tag::STATS);
+                w.u64(*t);
+                w.capacity(capacity);
+                w.u64(*extents);
+                w.u32(*clients);
+            }
+            Message::Refused {
+                tag: t,
+                code,
+                message,
+            } => {
+                w.u8(tag::REFUSED);
+                w.u64(*t);
+                w.u16(*code as u16);
+                w.string(message);
+            }
+            Message::Fatal { message } => {
+                w.u8(tag::FATAL);
+                w.string(message);
+            }
+        }
+        w.0
+    }
+
+    /// Decodes one frame body. Never panics; any defect is a [`ProtoError`].
+    pub fn decode(body: &[u8]) -> Result<Message, ProtoError> {
+        if body.len() > MAX_FRAME_LEN {
+            return Err(ProtoError::Oversized(body.len()));
+        }
+        let mut r = Reader { buf: body };
+        let msg = match r.u8()? {
+            tag::HELLO => {
+                let magic = r.u32()?;
+                if magic != HELLO_MAGIC {
+                    return Err(ProtoError::BadMagic(magic));
+                }
+                Message::Hello {
+                    version: r.u16()?,
+                    client_name: r.string("client name")?,
+                }
+            }
+            tag::WELCOME => Message::Welcome {
+                version: r.u16()?,
+                server_instance: r.u64()?,
+                fabric: r.string("fabric name")?,
+                capacity: r.capacity()?,
+            },
+            tag::CONNECT => Message::Connect {
+                tag: r.u64()?,
+                blob: r.bytes(MAX_BLOB_LEN, "connect blob")?.to_vec(),
+            },
+            tag::CONNECTED => Message::Connected {
+                tag: r.u64()?,
+                blob: r.bytes(MAX_BLOB_LEN, "connect blob")?.to_vec(),
+            },
+            tag::ALLOC => {
+                let t = r.u64()?;
+                let len = r.u64()?;
+                if len == 0 {
+                    return Err(ProtoError::BadField("allocation length", 0));
+                }
+                Message::Alloc { tag: t, len }
+            }
+            tag::ALLOCATED => {
+                let t = r.u64()?;
+                let addr = r.u64()?;
+                let len = r.u64()?;
+                if len == 0 || addr.checked_add(len).is_none() {
+                    return Err(ProtoError::BadField("extent length", len));
+                }
+                Message::Allocated {
+                    tag: t,
+                    addr,
+                    len,
+                    rkey: r.u32()?,
+                    capacity: r.capacity()?,
+                }
+            }
+            tag::FREE => Message::Free {
+                tag: r.u64()?,
+                addr: r.u64()?,
+                rkey: r.u32()?,
+            },
+            tag::FREED => Message::Freed {
+                tag: r.u64()?,
+                capacity: r.capacity()?,
+            },
+            tag::STAT => Message::Stat { tag: r.u64()? },
+            tag::STATS => Message::Stats {
+                tag: r.u64()?,
+                capacity: r.capacity()?,
+                extents: r.u64()?,
+                clients: r.u32()?,
+            },
+            tag::REFUSED => Message::Refused {
+                tag: r.u64()?,
+                code: RefusalCode::from_u16(r.u16()?)?,
+                message: r.string("refusal message")?,
+            },
+            tag::FATAL => Message::Fatal {
+                message: r.string("fatal message")?,
+            },
+            other => return Err(ProtoError::UnknownType(other)),
+        };
+        if !r.buf.is_empty() {
+            return Err(ProtoError::TrailingBytes(r.buf.len()));
+        }
+        Ok(msg)
+    }
+
+    /// The request tag of a reply, if it has one (used to route replies to waiters).
+    pub fn reply_tag(&self) -> Option<u64> {
+        match self {
+            Message::Connected { tag, .. }
+            | Message::Allocated { tag, .. }
+            | Message::Freed { tag, .. }
+            | Message::Stats { tag, .. }
+            | Message::Refused { tag, .. } => Some(*tag),
+            _ => None,
+        }
+    }
+}
+
+/// Writes one length-prefixed frame.
+pub fn write_frame(w: &mut impl Write, msg: &Message) -> io::Result<()> {
+    let body = msg.encode();
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&body);
+    w.write_all(&frame)
+}
+
+/// Reads one length-prefixed frame and decodes it. A clean EOF before the first byte of the
+/// frame is [`FrameError::Closed`]; an EOF inside it is a truncation.
+pub fn read_frame(r: &mut impl Read) -> Result<Message, FrameError> {
+    let mut len = [0u8; 4];
+    let mut got = 0;
+    while got < len.len() {
+        match r.read(&mut len[got..]) {
+            Ok(0) if got == 0 => return Err(FrameError::Closed),
+            Ok(0) => return Err(ProtoError::Truncated.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME_LEN {
+        return Err(ProtoError::Oversized(len).into());
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            FrameError::Proto(ProtoError::Truncated)
+        } else {
+            FrameError::Io(e)
+        }
+    })?;
+    Ok(Message::decode(&body)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    pub(crate) fn every_message() -> Vec<Message> {
+        let cap = Capacity {
+            total: 1 << 30,
+            free: 1 << 29,
+            largest_free: 1 << 28,
+        };
+        vec![
+            Message::Hello {
+                version: PROTOCOL_VERSION,
+                client_name: "mount@host".into(),
+            },
+            Message::Welcome {
+                version: PROTOCOL_VERSION,
+                server_instance: 0xdead_beef,
+                fabric: "tcp".into(),
+                capacity: cap,
+            },
+            Message::Connect {
+                tag: 1,
+                blob: vec![1, 2, 3],
+            },
+            Message::Connected {
+                tag: 1,
+                blob: vec![],
+            },
+            Message::Alloc { tag: 7, len: 4096 },
+            Message::Allocated {
+                tag: 7,
+                addr: 0x1000,
+                len: 4096,
+                rkey: 42,
+                capacity: cap,
+            },
+            Message::Free {
+                tag: 8,
+                addr: 0x1000,
+                rkey: 42,
+            },
+            Message::Freed {
+                tag: 8,
+                capacity: cap,
+            },
+            Message::Stat { tag: 9 },
+            Message::Stats {
+                tag: 9,
+                capacity: cap,
+                extents: 3,
+                clients: 2,
+            },
+            Message::Refused {
+                tag: 10,
+                code: RefusalCode::NoSpace,
+                message: "pool is full: largest free extent 0 bytes".into(),
+            },
+            Message::Fatal {
+                message: "bad magic".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        for msg in every_message() {
+            let mut buf = Vec::new();
+            write_frame(&mut buf, &msg).unwrap();
+            let back = read_frame(&mut buf.as_slice()).unwrap();
+            assert_eq!(back, msg);
+        }
+    }
+
+    #[test]
+    fn every_refusal_code_round_trips() {
+        for code in [
+            RefusalCode::NoSpace,
+            RefusalCode::BadLength,
+            RefusalCode::RegistrationFailed,
+            RefusalCode::NotFound,
+            RefusalCode::ShuttingDown,
+        ] {
+            let msg = Message::Refused {
+                tag: 1,
+                code,
+                message: String::new(),
+            };
+            assert_eq!(Message::decode(&msg.encode()).unwrap(), msg);
+        }
+    }
+
+    #[test]
+    fn truncations_of_every_message_are_errors() {
+        for msg in every_message() {
+            let body = msg.encode();
+            for cut in 0..body.len() {
+                assert!(
+                    Message::decode(&body[..cut]).is_err(),
+                    "{msg:?} cut at {cut} decoded"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn oversized_frame_is_rejected_before_reading_its_body() {
+        let mut frame = ((MAX_FRAME_LEN + 1) as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(&[0; 16]);
+        match read_frame(&mut frame.as_slice()) {
+            Err(FrameError::Proto(ProtoError::Oversized(_))) => {}
+            other => panic!("expected oversized, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn trailing_bytes_and_bad_fields_are_rejected() {
+        let mut body = Message::Stat { tag: 1 }.encode();
+        body.push(0);
+        assert_eq!(Message::decode(&body), Err(ProtoError::TrailingBytes(1)));
+        let mut alloc0 = vec![tag::ALLOC];
+        alloc0.extend_from_slice(&1u64.to_le_bytes());
+        alloc0.extend_from_slice(&0u64.to_le_bytes());
+        assert!(matches!(
+            Message::decode(&alloc0),
+            Err(ProtoError::BadField(..))
+        ));
+        let mut hello = Message::Hello {
+            version: 1,
+            client_name: "x".into(),
+        }
+        .encode();
+        hello[1] ^= 0xff;
+        assert!(matches!(
+            Message::decode(&hello),
+            Err(ProtoError::BadMagic(_))
+        ));
+        assert_eq!(Message::decode(&[200]), Err(ProtoError::UnknownType(200)));
+    }
+
+    #[test]
+    fn long_strings_are_clamped_on_a_char_boundary() {
+        let msg = Message::Fatal {
+            message: "é".repeat(MAX_STRING_LEN),
+        };
+        match Message::decode(&msg.encode()).unwrap() {
+            Message::Fatal { message } => {
+                assert!(message.len() <= MAX_STRING_LEN);
+                assert!(message.chars().all(|c| c == 'é'));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        /// Random bytes: never a panic, and anything accepted re-encodes to the same bytes.
+        #[test]
+        fn random_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..200)) {
+            if let Ok(msg) = Message::decode(&body) {
+                prop_assert_eq!(msg.encode(), body);
+            }
+        }
+
+        /// Valid frames with random mutations (flip, insert, delete, truncate): never a panic.
+        #[test]
+        fn mutated_messages_never_panic(
+            which in 0usize..12,
+            edits in proptest::collection::vec((0usize..4, any::<usize>(), any::<u8>()), 1..6),
+        ) {
+            let mut body = every_message()[which].encode();
+            for (kind, pos, byte) in edits {
+                let at = if body.is_empty() { 0 } else { pos % body.len() };
+                match kind {
+                    0 if !body.is_empty() => body[at] ^= byte | 1,
+                    1 => body.insert(at, byte),
+                    2 if !body.is_empty() => { body.remove(at); }
+                    _ => body.truncate(at),
+                }
+            }
+            if let Ok(msg) = Message::decode(&body) {
+                prop_assert_eq!(msg.encode(), body);
+            }
+            let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+            frame.extend_from_slice(&body);
+            let _ = read_frame(&mut frame.as_slice());
+        }
+    }
+}

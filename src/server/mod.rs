@@ -1,0 +1,505 @@
+//! The memory server (`rmemfs serve`): lends a slab of its RAM to clients.
+//!
+//! It maps its arena once at start and hands out extents of it. Each extent is registered with
+//! the fabric (pinned, given an rkey with remote read/write access) when it is allocated and
+//! deregistered when freed, so the arena costs pinned memory only where clients use it, and
+//! registration really happens per allocation (FRRWP overlaps with exactly that cost).
+//!
+//! The server's own logic only runs the control protocol (`proto`): hello, fabric connection
+//! setup, allocation, free, capacity. File data never passes through it; the fabric's "NIC"
+//! serves one-sided READ and WRITE against registered extents. A client's extents are released
+//! when its control connection closes. A peer that breaks the protocol has its connection
+//! closed with a logged reason; everyone else keeps being served.
+
+pub mod alloc;
+
+use crate::fabric::{mem::page_size, Access, DeregisterError, Fabric, LocalMr, PeerGuard};
+use crate::proto::{self, Capacity, FrameError, Message, RefusalCode, PROTOCOL_VERSION};
+use alloc::ExtentAllocator;
+use std::collections::HashMap;
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// The default control port (`rmemfs serve` and `--servers host` without a port).
+pub const DEFAULT_PORT: u16 = 7471;
+
+/// A client has this long to say `Hello` after connecting.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a free waits for one-sided operations still running on the extent (they are
+/// bounded by the fabric's op timeout) before dropping the registration regardless.
+const FREE_DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Control threads need little stack: frames are at most 64 KiB and live on the heap.
+const SESSION_STACK: usize = 256 * 1024;
+
+/// The server's memory: one anonymous mapping, never exposed as a Rust slice (remote peers
+/// write it through the fabric at any time).
+struct Arena {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the arena is a raw mapping owned by the server; it is only accessed through raw
+// pointers by the fabric after bounds checks against registrations.
+unsafe impl Send for Arena {}
+// SAFETY: as above; no references to its bytes are ever created.
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    fn map(len: usize) -> io::Result<Arena> {
+        // SAFETY: a fresh anonymous private mapping; the result is checked. NORESERVE: the
+        // arena only costs RAM where clients write (and where extents are pinned).
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Arena {
+            ptr: ptr as *mut u8,
+            len,
+        })
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping. The server (and with it every session holding
+        // registrations into the arena) is gone by the time the arena drops.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Settings of a memory server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// Arena size in bytes.
+    pub size: u64,
+}
+
+struct Extent {
+    mr: LocalMr,
+    offset: u64,
+    len: u64,
+}
+
+struct Shared {
+    fabric: Arc<dyn Fabric>,
+    alloc: Mutex<ExtentAllocator>,
+    instance: u64,
+    stop: AtomicBool,
+    clients: AtomicU32,
+    extents: AtomicU64,
+    /// Control connections, so shutdown can close them.
+    sessions: Mutex<HashMap<u64, TcpStream>>,
+    next_session: AtomicU64,
+    // Declared last: dropped after everything that may hold registrations into it.
+    arena: Arena,
+}
+
+/// A running memory server.
+pub struct MemoryServer {
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl MemoryServer {
+    /// Maps the arena, binds the listener and starts serving in background threads.
+    pub fn start(config: &ServerConfig, fabric: Arc<dyn Fabric>) -> io::Result<MemoryServer> {
+        let page = page_size() as u64;
+        if config.size < page {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("arena size {} is smaller than a page", config.size),
+            ));
+        }
+        let size = config.size & !(page - 1);
+        let arena = Arena::map(size as usize).map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot map a {size}-byte arena: {e}"))
+        })?;
+        let listener = TcpListener::bind(config.listen).map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen))
+        })?;
+        let local_addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            fabric,
+            alloc: Mutex::new(ExtentAllocator::new(size, page)),
+            instance: instance_id(),
+            stop: AtomicBool::new(false),
+            clients: AtomicU32::new(0),
+            extents: AtomicU64::new(0),
+            sessions: Mutex::new(HashMap::new()),
+            next_session: AtomicU64::new(1),
+            arena,
+        });
+        let s = shared.clone();
+        let accept = thread::Builder::new()
+            .name("serve-accept".into())
+            .spawn(move || accept_loop(listener, s))?;
+        Ok(MemoryServer {
+            shared,
+            local_addr,
+            accept: Some(accept),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn capacity(&self) -> Capacity {
+        self.shared.capacity()
+    }
+
+    pub fn clients(&self) -> u32 {
+        self.shared.clients.load(Ordering::SeqCst)
+    }
+
+    /// Stops accepting, closes every control connection (their extents are freed) and waits
+    /// for the accept loop.
+    pub fn shutdown(&mut self) {
+        if self.shared.stop.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for (_, s) in self.shared.sessions.lock().unwrap().drain() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        // Wake the accept loop.
+        let wake = if self.local_addr.ip().is_unspecified() {
+            SocketAddr::from(([127, 0, 0, 1], self.local_addr.port()))
+        } else {
+            self.local_addr
+        };
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(500));
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for MemoryServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn instance_id() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    t ^ ((std::process::id() as u64) << 32)
+}
+
+impl Shared {
+    fn capacity(&self) -> Capacity {
+        let a = self.alloc.lock().unwrap();
+        Capacity {
+            total: a.total(),
+            free: a.free_bytes(),
+            largest_free: a.largest_free(),
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    for conn in listener.incoming() {
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let stream = match conn {
+            Ok(s) => s,
+            Err(e) => {
+                log::warn!("accept: {e}");
+                // Out of file descriptors and the like: back off instead of spinning.
+                thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        let id = shared.next_session.fetch_add(1, Ordering::Relaxed);
+        if let Ok(clone) = stream.try_clone() {
+            shared.sessions.lock().unwrap().insert(id, clone);
+        }
+        let s = shared.clone();
+        let spawned = thread::Builder::new()
+            .name(format!("session-{id}"))
+            .stack_size(SESSION_STACK)
+            .spawn(move || {
+                let peer = stream.peer_addr().ok();
+                let mut session = Session {
+                    shared: s.clone(),
+                    extents: HashMap::new(),
+                    guards: Vec::new(),
+                    welcomed: false,
+                };
+                match session.run(stream) {
+                    Ok(()) => log::info!("client {peer:?} disconnected"),
+                    Err(e) => log::warn!("client {peer:?}: closing connection: {e}"),
+                }
+                session.release_all();
+                s.sessions.lock().unwrap().remove(&id);
+            });
+        if let Err(e) = spawned {
+            log::error!("cannot start a session thread: {e}");
+            shared.sessions.lock().unwrap().remove(&id);
+        }
+    }
+}
+
+struct Session {
+    shared: Arc<Shared>,
+    /// This client's extents, by remote address.
+    extents: HashMap<u64, Extent>,
+    /// Server-side halves of the client's data paths.
+    guards: Vec<PeerGuard>,
+    welcomed: bool,
+}
+
+/// Why a session ended early.
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+    #[error("i/o: {0}")]
+    Io(#[from] io::Error),
+    #[error("protocol violation: {0}")]
+    Violation(String),
+}
+
+impl Session {
+    fn run(&mut self, mut stream: TcpStream) -> Result<(), SessionError> {
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
+        let local = stream.local_addr()?;
+        loop {
+            let msg = match proto::read_frame(&mut stream) {
+                Ok(m) => m,
+                Err(FrameError::Closed) => return Ok(()),
+                Err(e @ FrameError::Proto(_)) => {
+                    let _ = proto::write_frame(
+                        &mut stream,
+                        &Message::Fatal {
+                            message: e.to_string(),
+                        },
+                    );
+                    return Err(e.into());
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let reply = match self.handle(msg, local) {
+                Ok(r) => r,
+                Err(why) => {
+                    let _ = proto::write_frame(
+                        &mut stream,
+                        &Message::Fatal {
+                            message: why.clone(),
+                        },
+                    );
+                    return Err(SessionError::Violation(why));
+                }
+            };
+            if self.welcomed {
+                stream.set_read_timeout(None)?;
+            }
+            proto::write_frame(&mut stream, &reply)?;
+        }
+    }
+
+    /// Answers one message; `Err` is a protocol violation that ends the session.
+    fn handle(&mut self, msg: Message, local: SocketAddr) -> Result<Message, String> {
+        if !self.welcomed {
+            return match msg {
+                Message::Hello {
+                    version,
+                    client_name,
+                } if version == PROTOCOL_VERSION => {
+                    self.welcomed = true;
+                    self.shared.clients.fetch_add(1, Ordering::SeqCst);
+                    log::info!("client '{client_name}' connected");
+                    Ok(Message::Welcome {
+                        version: PROTOCOL_VERSION,
+                        server_instance: self.shared.instance,
+                        fabric: self.shared.fabric.name().into(),
+                        capacity: self.shared.capacity(),
+                    })
+                }
+                Message::Hello { version, .. } => Err(format!(
+                    "protocol version {version} not supported (server speaks {PROTOCOL_VERSION})"
+                )),
+                other => Err(format!("expected Hello first, got {}", kind(&other))),
+            };
+        }
+        Ok(match msg {
+            Message::Connect { tag, blob } => match self.shared.fabric.accept(&blob, local) {
+                Ok((blob, guard)) => {
+                    self.guards.push(guard);
+                    Message::Connected { tag, blob }
+                }
+                Err(e) => Message::Refused {
+                    tag,
+                    code: RefusalCode::RegistrationFailed,
+                    message: format!("data path setup failed: {e}"),
+                },
+            },
+            Message::Alloc { tag, len } => self.alloc(tag, len),
+            Message::Free { tag, addr, rkey } => self.free(tag, addr, rkey),
+            Message::Stat { tag } => Message::Stats {
+                tag,
+                capacity: self.shared.capacity(),
+                extents: self.shared.extents.load(Ordering::SeqCst),
+                clients: self.shared.clients.load(Ordering::SeqCst),
+            },
+            other => return Err(format!("unexpected {} from a client", kind(&other))),
+        })
+    }
+
+    fn alloc(&mut self, tag: u64, len: u64) -> Message {
+        let refuse = |code, message: String| Message::Refused { tag, code, message };
+        if self.shared.stop.load(Ordering::SeqCst) {
+            return refuse(RefusalCode::ShuttingDown, "server is shutting down".into());
+        }
+        let total = self.shared.arena.len as u64;
+        if len > total {
+            return refuse(
+                RefusalCode::BadLength,
+                format!("{len} bytes is more than the whole arena ({total} bytes)"),
+            );
+        }
+        let Some((offset, rlen)) = self.shared.alloc.lock().unwrap().alloc(len) else {
+            let cap = self.shared.capacity();
+            return refuse(
+                RefusalCode::NoSpace,
+                format!(
+                    "no free extent of {len} bytes (free {}, largest free extent {})",
+                    cap.free, cap.largest_free
+                ),
+            );
+        };
+        // SAFETY: `offset + rlen <= arena.len` by the allocator's construction, so the range
+        // lies inside the arena mapping, which outlives every registration (it is dropped
+        // last, after all sessions have released their extents).
+        let registered = unsafe {
+            let ptr = self.shared.arena.ptr.add(offset as usize);
+            self.shared
+                .fabric
+                .register(ptr, rlen as usize, Access::REMOTE)
+        };
+        let mr = match registered {
+            Ok(mr) => mr,
+            Err(e) => {
+                self.shared.alloc.lock().unwrap().free(offset, rlen);
+                log::warn!("registration of a {rlen}-byte extent failed: {e}");
+                return refuse(RefusalCode::RegistrationFailed, e.to_string());
+            }
+        };
+        let (addr, rkey) = (mr.addr(), mr.rkey());
+        self.extents.insert(
+            addr,
+            Extent {
+                mr,
+                offset,
+                len: rlen,
+            },
+        );
+        self.shared.extents.fetch_add(1, Ordering::SeqCst);
+        Message::Allocated {
+            tag,
+            addr,
+            len: rlen,
+            rkey,
+            capacity: self.shared.capacity(),
+        }
+    }
+
+    fn free(&mut self, tag: u64, addr: u64, rkey: u32) -> Message {
+        match self.extents.get(&addr) {
+            Some(e) if e.mr.rkey() == rkey => {}
+            _ => {
+                return Message::Refused {
+                    tag,
+                    code: RefusalCode::NotFound,
+                    message: format!("no extent at {addr:#x} with that rkey on this connection"),
+                }
+            }
+        }
+        let extent = self.extents.remove(&addr).expect("checked above");
+        self.release(extent);
+        Message::Freed {
+            tag,
+            capacity: self.shared.capacity(),
+        }
+    }
+
+    /// Deregisters an extent, waiting (bounded) for in-flight one-sided operations so the
+    /// space is not handed to someone else while an old write may still land in it.
+    fn release(&self, extent: Extent) {
+        let mut mr = extent.mr;
+        let start = std::time::Instant::now();
+        loop {
+            match self.shared.fabric.deregister(vec![mr]) {
+                Ok(()) => break,
+                Err(DeregisterError::Busy(mut v)) => {
+                    mr = v.pop().expect("one region was passed");
+                    if start.elapsed() > FREE_DRAIN_TIMEOUT {
+                        log::warn!("extent at {:#x} still busy; dropping it", mr.addr());
+                        drop(mr);
+                        break;
+                    }
+                    thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        self.shared
+            .alloc
+            .lock()
+            .unwrap()
+            .free(extent.offset, extent.len);
+        self.shared.extents.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn release_all(&mut self) {
+        let n = self.extents.len();
+        for (_, e) in std::mem::take(&mut self.extents) {
+            self.release(e);
+        }
+        if n > 0 {
+            log::info!("released {n} extents of a departed client");
+        }
+        self.guards.clear();
+        if self.welcomed {
+            self.shared.clients.fetch_sub(1, Ordering::SeqCst);
+            self.welcomed = false;
+        }
+    }
+}
+
+fn kind(m: &Message) -> &'static str {
+    match m {
+        Message::Hello { .. } => "Hello",
+        Message::Welcome { .. } => "Welcome",
+        Message::Connect { .. } => "Connect",
+        Message::Connected { .. } => "Connected",
+        Message::Alloc { .. } => "Alloc",
+        Message::Allocated { .. } => "Allocated",
+        Message::Free { .. } => "Free",
+        Message::Freed { .. } => "Freed",
+        Message::Stat { .. } => "Stat",
+        Message::Stats { .. } => "Stats",
+        Message::Refused { .. } => "Refused",
+        Message::Fatal { .. } => "Fatal",
+    }
+}
