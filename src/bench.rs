@@ -9,7 +9,8 @@ use crate::client::control::ControlConn;
 use crate::client::{Pool, PoolConfig};
 use crate::fabric::tcp::{TcpConfig, TcpFabric};
 use crate::fabric::{
-    Access, AlignedBuf, CompletionQueue, Fabric, FabricError, Opcode, QueuePair, WcStatus, WorkRequest,
+    Access, AlignedBuf, CompletionQueue, Fabric, FabricError, Opcode, QueuePair, WcStatus,
+    WorkRequest,
 };
 use crate::proto::Message;
 use crate::size::format_size;
@@ -63,15 +64,13 @@ fn spawn_listener(args: &[&str]) -> io::Result<(ChildGuard, SocketAddr)> {
     Ok((guard, addr))
 }
 
+type QpAndCq = (Arc<dyn QueuePair>, Arc<dyn CompletionQueue>);
+
 /// Connects a queue pair (with its own completion queue) over an existing control connection.
-fn connect_qp(
-    fabric: &Arc<TcpFabric>,
-    control: &ControlConn,
-) -> Result<(Arc<dyn QueuePair>, Arc<dyn CompletionQueue>), FabricError> {
+fn connect_qp(fabric: &Arc<TcpFabric>, control: &ControlConn) -> Result<QpAndCq, FabricError> {
     let addr = control.addr;
     let cq = fabric.create_cq();
-    let mut exchange = |blob: Vec<u8>| match control.request(|tag| Message::Connect { tag, blob })
-    {
+    let mut exchange = |blob: Vec<u8>| match control.request(|tag| Message::Connect { tag, blob }) {
         Ok(Message::Connected { blob, .. }) => Ok(blob),
         other => Err(FabricError::Handshake {
             addr,
@@ -312,7 +311,10 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
         let tcp_w = mbps(bytes, tcp_send(peer_addr, bytes, size)?);
         let tcp_r = mbps(bytes, tcp_recv(peer_addr, bytes, size)?);
         for &depth in &cfg.depths {
-            for (name, opcode, base) in [("WRITE", Opcode::Write, tcp_w), ("READ", Opcode::Read, tcp_r)] {
+            for (name, opcode, base) in [
+                ("WRITE", Opcode::Write, tcp_w),
+                ("READ", Opcode::Read, tcp_r),
+            ] {
                 let secs = run_window(&*qp, &*cq, opcode, local, (raddr, rkey), size, depth, ops)?;
                 let f = mbps(bytes, secs);
                 println!(

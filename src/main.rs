@@ -114,7 +114,9 @@ fn make_fabric(name: &str, op_timeout: Duration) -> Result<Arc<dyn Fabric>, Stri
             op_timeout,
             ..TcpConfig::default()
         })),
-        "verbs" => Err("the verbs fabric is not built into this binary yet; use --fabric tcp".into()),
+        "verbs" => {
+            Err("the verbs fabric is not built into this binary yet; use --fabric tcp".into())
+        }
         other => Err(format!("unknown fabric '{other}' (expected tcp or verbs)")),
     }
 }
@@ -127,8 +129,8 @@ fn serve(listen: SocketAddr, size: u64, fabric: &str, op_timeout: Duration) -> R
     // the "listening" line is never missed.
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
-    let mut server = MemoryServer::start(&ServerConfig { listen, size }, fabric)
-        .map_err(|e| e.to_string())?;
+    let mut server =
+        MemoryServer::start(&ServerConfig { listen, size }, fabric).map_err(|e| e.to_string())?;
     println!(
         "rmemfs serve: listening on {} (arena {}, fabric {fabric_name}, memlock limit {})",
         server.local_addr(),

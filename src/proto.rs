@@ -669,7 +669,7 @@ mod tests {
                 }
             }
             if let Ok(msg) = Message::decode(&body) {
-                prop_assert_eq!(msg.encode(), body);
+                prop_assert_eq!(&msg.encode(), &body);
             }
             let mut frame = (body.len() as u32).to_le_bytes().to_vec();
             frame.extend_from_slice(&body);

@@ -4,9 +4,7 @@
 /// Parses a size; the error says what was wrong.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, suffix) = t.split_at(split);
     if num.is_empty() {
         return Err(format!("'{s}' is not a size (try 512M or 8G)"));
@@ -20,7 +18,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "M" | "MB" | "MIB" => 20,
         "G" | "GB" | "GIB" => 30,
         "T" | "TB" | "TIB" => 40,
-        other => return Err(format!("unknown size suffix '{other}' in '{s}' (use K, M, G or T)")),
+        other => {
+            return Err(format!(
+                "unknown size suffix '{other}' in '{s}' (use K, M, G or T)"
+            ))
+        }
     };
     n.checked_mul(1u64 << shift)
         .ok_or_else(|| format!("'{s}' does not fit in 64 bits"))

@@ -48,8 +48,12 @@ impl ControlConn {
         };
         let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(unreachable)?;
         stream.set_nodelay(true).map_err(unreachable)?;
-        stream.set_read_timeout(Some(timeout)).map_err(unreachable)?;
-        stream.set_write_timeout(Some(timeout)).map_err(unreachable)?;
+        stream
+            .set_read_timeout(Some(timeout))
+            .map_err(unreachable)?;
+        stream
+            .set_write_timeout(Some(timeout))
+            .map_err(unreachable)?;
         let handshake = |reason: String| PoolError::Handshake { addr, reason };
         proto::write_frame(
             &mut stream,
@@ -139,12 +143,10 @@ impl ControlConn {
                     reason: format!("no reply within {:?}", self.timeout),
                 })
             }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                Err(PoolError::ControlLost {
-                    addr: self.addr,
-                    reason: "connection closed".into(),
-                })
-            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(PoolError::ControlLost {
+                addr: self.addr,
+                reason: "connection closed".into(),
+            }),
         }
     }
 

@@ -65,10 +65,7 @@ impl LocalNetwork {
             table: Arc::new(KeyTable::new()),
             faults: Faults::default(),
         });
-        self.nodes
-            .lock()
-            .unwrap()
-            .insert(id, Arc::downgrade(&node));
+        self.nodes.lock().unwrap().insert(id, Arc::downgrade(&node));
         Arc::new(LocalFabric {
             node,
             network: self.clone(),
@@ -191,7 +188,11 @@ impl Fabric for LocalFabric {
         }))
     }
 
-    fn accept(&self, _blob: &[u8], _local: SocketAddr) -> Result<(Vec<u8>, PeerGuard), FabricError> {
+    fn accept(
+        &self,
+        _blob: &[u8],
+        _local: SocketAddr,
+    ) -> Result<(Vec<u8>, PeerGuard), FabricError> {
         Ok((self.node.id.to_le_bytes().to_vec(), Box::new(())))
     }
 

@@ -88,7 +88,9 @@ impl AlignedBuf {
 
     /// Copies `data` into the buffer at `offset`. Panics if out of bounds (a caller bug).
     pub fn write_at(&self, offset: usize, data: &[u8]) {
-        assert!(offset.checked_add(data.len()).is_some_and(|e| e <= self.len));
+        assert!(offset
+            .checked_add(data.len())
+            .is_some_and(|e| e <= self.len));
         // SAFETY: bounds checked above; source is a distinct Rust slice.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) }
     }
@@ -407,7 +409,9 @@ impl KeyTable {
     /// Unconditional removal (a dropped `LocalMr`).
     pub fn remove(&self, key: u32) {
         if self.map.write().unwrap().remove(&key).is_some() {
-            self.counters.deregistrations.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .deregistrations
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -493,6 +497,11 @@ pub unsafe fn send_all_raw(
         }
         let mut n_iov = 0;
         for (k, p) in parts[idx..].iter().enumerate() {
+            if p.len == 0 {
+                // Never hand the kernel an empty part: its pointer may be anything (a refused
+                // READ's remote address), and some kernels reject such an iovec with EFAULT.
+                continue;
+            }
             let skip = if k == 0 { off } else { 0 };
             iov[n_iov] = libc::iovec {
                 // SAFETY: `skip` is within the part (it is bytes of it already sent).

@@ -316,18 +316,6 @@ pub struct OpCounters {
     pub deregistration_batches: u64,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn access_flags_compose() {
-        assert!(Access::REMOTE.contains(Access::LOCAL_WRITE));
-        assert!(Access::REMOTE.contains(Access::REMOTE_READ.union(Access::REMOTE_WRITE)));
-        assert!(!Access::LOCAL.contains(Access::REMOTE_READ));
-    }
-}
-
 /// The completion queue of the software fabrics: a channel the "NIC" threads push into.
 pub struct SoftCq {
     tx: crossbeam_channel::Sender<Completion>,
@@ -382,5 +370,17 @@ impl CompletionQueue for SoftCq {
     }
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_flags_compose() {
+        assert!(Access::REMOTE.contains(Access::LOCAL_WRITE));
+        assert!(Access::REMOTE.contains(Access::REMOTE_READ.union(Access::REMOTE_WRITE)));
+        assert!(!Access::LOCAL.contains(Access::REMOTE_READ));
     }
 }

@@ -19,7 +19,7 @@ use super::{
     Opcode, PeerGuard, QueuePair, SoftCq, WcStatus, WorkRequest, MAX_OP_LEN,
 };
 use crate::fabric::Completion;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -80,7 +80,8 @@ struct NicShared {
     op_timeout: Duration,
     stop: AtomicBool,
     /// Live data connections, so a shutdown (or a test "killing" the server) can cut them.
-    conns: Mutex<Vec<TcpStream>>,
+    conns: Mutex<HashMap<u64, TcpStream>>,
+    next_conn: AtomicU64,
 }
 
 impl TcpFabric {
@@ -101,7 +102,7 @@ impl TcpFabric {
     pub fn shutdown_nic(&self) {
         if let Some(nic) = self.nic.lock().unwrap().take() {
             nic.shared.stop.store(true, Ordering::SeqCst);
-            for c in nic.shared.conns.lock().unwrap().drain(..) {
+            for (_, c) in nic.shared.conns.lock().unwrap().drain() {
                 let _ = c.shutdown(Shutdown::Both);
             }
             // Wake the accept loop so it sees `stop`.
@@ -117,17 +118,19 @@ impl TcpFabric {
         if let Some(n) = nic.as_ref() {
             return Ok(n.port);
         }
-        let listener =
-            TcpListener::bind(SocketAddr::new(local.ip(), 0)).map_err(|e| FabricError::Connect {
+        let listener = TcpListener::bind(SocketAddr::new(local.ip(), 0)).map_err(|e| {
+            FabricError::Connect {
                 addr: local,
                 source: e,
-            })?;
+            }
+        })?;
         let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
         let shared = Arc::new(NicShared {
             table: self.table.clone(),
             op_timeout: self.config.op_timeout,
             stop: AtomicBool::new(false),
-            conns: Mutex::new(Vec::new()),
+            conns: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(0),
         });
         let s = shared.clone();
         thread::Builder::new()
@@ -457,7 +460,8 @@ fn qp_receiver(s: Arc<QpShared>) {
             !s.stalled()
         };
         // SAFETY: the destination is a local array of exactly RESP_HEADER bytes.
-        let res = unsafe { recv_exact_raw(fd, header.as_mut_ptr(), RESP_HEADER, &mut keep_waiting) };
+        let res =
+            unsafe { recv_exact_raw(fd, header.as_mut_ptr(), RESP_HEADER, &mut keep_waiting) };
         if let Err(e) = res {
             s.fail_all(&format_args!("receive: {e}"));
             return;
@@ -479,7 +483,9 @@ fn qp_receiver(s: Arc<QpShared>) {
         };
         if seq != expect_seq || (status == WcStatus::Success && len != posted.wr.local.len) {
             s.pending.lock().unwrap().push_front(posted);
-            s.fail_all(&format_args!("response {seq} out of order (expected {expect_seq})"));
+            s.fail_all(&format_args!(
+                "response {seq} out of order (expected {expect_seq})"
+            ));
             return;
         }
         expect_seq += 1;
@@ -521,15 +527,24 @@ fn nic_accept_loop(listener: TcpListener, nic: Arc<NicShared>) {
             return;
         }
         let Ok(stream) = conn else { continue };
+        let id = nic.next_conn.fetch_add(1, Ordering::Relaxed);
+        match stream.try_clone() {
+            Ok(c) => nic.conns.lock().unwrap().insert(id, c),
+            Err(_) => continue,
+        };
         let n = nic.clone();
         let spawned = thread::Builder::new()
             .name("nic".into())
             .stack_size(NIC_STACK)
             .spawn(move || {
                 let peer = stream.peer_addr().ok();
-                if let Err(e) = nic_serve(&n, stream) {
+                if let Err(e) = nic_serve(&n, &stream) {
                     log::info!("tcp fabric: data connection from {peer:?} closed: {e}");
                 }
+                // The clone in `conns` keeps the socket open: shut it down so the peer sees
+                // the end at once rather than after its timeout.
+                let _ = stream.shutdown(Shutdown::Both);
+                n.conns.lock().unwrap().remove(&id);
             });
         if let Err(e) = spawned {
             log::error!("tcp fabric: cannot spawn a NIC thread: {e}");
@@ -537,15 +552,10 @@ fn nic_accept_loop(listener: TcpListener, nic: Arc<NicShared>) {
     }
 }
 
-fn nic_serve(nic: &NicShared, mut stream: TcpStream) -> io::Result<()> {
+fn nic_serve(nic: &NicShared, stream: &TcpStream) -> io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(TICK))?;
     stream.set_write_timeout(Some(TICK))?;
-    {
-        let mut conns = nic.conns.lock().unwrap();
-        conns.retain(|c| c.peer_addr().is_ok());
-        conns.push(stream.try_clone()?);
-    }
     let fd = stream.as_raw_fd();
     let stalled = |since: &mut Instant, moved: bool| {
         if moved {
@@ -562,7 +572,10 @@ fn nic_serve(nic: &NicShared, mut stream: TcpStream) -> io::Result<()> {
         })?
     };
     if magic != DATA_MAGIC {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "bad data-connection magic"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "bad data-connection magic",
+        ));
     }
     let table = &nic.table;
     loop {
@@ -626,7 +639,7 @@ fn nic_serve(nic: &NicShared, mut stream: TcpStream) -> io::Result<()> {
                 Some(_) => unsafe {
                     recv_exact_raw(fd, raddr as *mut u8, len as usize, &mut progress)?
                 },
-                None => drain(&mut stream, len)?,
+                None => drain(stream, len)?,
             }
         }
         let payload_len = if opcode == Opcode::Read && hold.is_some() {
@@ -653,7 +666,7 @@ fn nic_serve(nic: &NicShared, mut stream: TcpStream) -> io::Result<()> {
 }
 
 /// Reads and discards `len` payload bytes of a refused WRITE, keeping the stream in step.
-fn drain(stream: &mut TcpStream, mut len: u64) -> io::Result<()> {
+fn drain(mut stream: &TcpStream, mut len: u64) -> io::Result<()> {
     let mut scratch = [0u8; 16 * 1024];
     let deadline = Instant::now();
     while len > 0 {
@@ -661,7 +674,12 @@ fn drain(stream: &mut TcpStream, mut len: u64) -> io::Result<()> {
         match stream.read(&mut scratch[..want]) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => len -= n as u64,
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
                 // A refused payload gets a generous but bounded time to arrive.
                 if deadline.elapsed() > Duration::from_secs(60) {
                     return Err(e);

@@ -34,7 +34,8 @@ impl ExtentAllocator {
 
     /// The length actually reserved for a request of `len` bytes.
     pub fn rounded(&self, len: u64) -> Option<u64> {
-        len.checked_add(self.align - 1).map(|v| v & !(self.align - 1))
+        len.checked_add(self.align - 1)
+            .map(|v| v & !(self.align - 1))
     }
 
     fn insert_free(&mut self, off: u64, len: u64) {

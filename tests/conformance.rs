@@ -1,0 +1,609 @@
+//! Fabric conformance: one suite, run against every fabric (`tcp` and `local` here; `verbs`
+//! inside the rxe VM). Each fabric gets a real memory server (in-process) whose extents are
+//! the remote memory, and a client fabric instance that connects to it.
+
+use rmemfs::client::control::ControlConn;
+use rmemfs::fabric::local::{LocalFabric, LocalNetwork};
+use rmemfs::fabric::tcp::{TcpConfig, TcpFabric};
+use rmemfs::fabric::{
+    Access, AlignedBuf, Completion, CompletionQueue, DeregisterError, Fabric, FabricError, LocalMr,
+    Opcode, QueuePair, Sge, WcStatus, WorkRequest,
+};
+use rmemfs::proto::Message;
+use rmemfs::server::{MemoryServer, ServerConfig};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a test needs from a fabric: a client side, a server, and a way to kill the server.
+struct Harness {
+    client: Arc<dyn Fabric>,
+    server: MemoryServer,
+    control: ControlConn,
+    kill: Box<dyn Fn() + Send + Sync>,
+}
+
+/// A remote extent allocated from the harness's server.
+#[derive(Clone, Copy, Debug)]
+struct Remote {
+    addr: u64,
+    len: u64,
+    rkey: u32,
+}
+
+const OP_TIMEOUT: Duration = Duration::from_secs(3);
+
+impl Harness {
+    fn tcp() -> Harness {
+        let config = TcpConfig {
+            op_timeout: OP_TIMEOUT,
+            ..TcpConfig::default()
+        };
+        let server_fabric = TcpFabric::new(config.clone());
+        let sf = server_fabric.clone();
+        Self::with(
+            TcpFabric::new(config),
+            server_fabric,
+            Box::new(move || sf.shutdown_nic()),
+        )
+    }
+
+    /// The harness, its server's node and its client's node.
+    fn local() -> (Harness, Arc<LocalFabric>, Arc<LocalFabric>) {
+        let net = LocalNetwork::new();
+        let server_node = net.node();
+        let client_node = net.node();
+        let node = server_node.clone();
+        (
+            Self::with(
+                client_node.clone(),
+                server_node.clone(),
+                Box::new(move || node.kill()),
+            ),
+            server_node,
+            client_node,
+        )
+    }
+
+    fn with(
+        client: Arc<dyn Fabric>,
+        server_fabric: Arc<dyn Fabric>,
+        kill: Box<dyn Fn() + Send + Sync>,
+    ) -> Harness {
+        let server = MemoryServer::start(
+            &ServerConfig {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                size: 128 << 20,
+            },
+            server_fabric,
+        )
+        .expect("start server");
+        let control = ControlConn::connect(server.local_addr(), "conformance", OP_TIMEOUT * 2)
+            .expect("control connection");
+        Harness {
+            client,
+            server,
+            control,
+            kill,
+        }
+    }
+
+    fn qp(&self) -> (Arc<dyn QueuePair>, Arc<dyn CompletionQueue>) {
+        let cq = self.client.create_cq();
+        let control = &self.control;
+        let addr = self.server.local_addr();
+        let mut exchange =
+            |blob: Vec<u8>| match control.request(|tag| Message::Connect { tag, blob }) {
+                Ok(Message::Connected { blob, .. }) => Ok(blob),
+                other => Err(FabricError::Handshake {
+                    addr,
+                    reason: format!("{other:?}"),
+                }),
+            };
+        let qp = self
+            .client
+            .connect(addr, &mut exchange, cq.clone())
+            .expect("connect");
+        (qp, cq)
+    }
+
+    fn remote(&self, len: u64) -> Remote {
+        match self.control.request(|tag| Message::Alloc { tag, len }) {
+            Ok(Message::Allocated {
+                addr, len, rkey, ..
+            }) => Remote { addr, len, rkey },
+            other => panic!("alloc failed: {other:?}"),
+        }
+    }
+
+    fn free(&self, r: Remote) {
+        match self.control.request(|tag| Message::Free {
+            tag,
+            addr: r.addr,
+            rkey: r.rkey,
+        }) {
+            Ok(Message::Freed { .. }) => {}
+            other => panic!("free failed: {other:?}"),
+        }
+    }
+
+    /// A registered local buffer.
+    fn buf(&self, len: usize, access: Access) -> (Arc<AlignedBuf>, LocalMr) {
+        let buf = Arc::new(AlignedBuf::new(len).unwrap());
+        let mr = self
+            .client
+            .register_buf(buf.clone(), access)
+            .expect("register");
+        (buf, mr)
+    }
+}
+
+fn wr(id: u64, opcode: Opcode, local: Sge, remote: Remote, offset: u64) -> WorkRequest {
+    WorkRequest {
+        wr_id: id,
+        opcode,
+        local,
+        remote_addr: remote.addr + offset,
+        rkey: remote.rkey,
+    }
+}
+
+/// Waits for `n` completions (bounded: a hang fails the test instead of blocking it).
+fn reap(cq: &dyn CompletionQueue, n: usize) -> Vec<Completion> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "only {} of {n} completions arrived",
+            out.len()
+        );
+        if let Some(c) = cq.wait(left) {
+            out.push(c);
+        }
+    }
+    assert!(
+        cq.wait(Duration::from_millis(20)).is_none(),
+        "extra completion"
+    );
+    out
+}
+
+fn run_one(qp: &dyn QueuePair, cq: &dyn CompletionQueue, w: WorkRequest) -> WcStatus {
+    qp.post(&[w]);
+    let c = reap(cq, 1).pop().unwrap();
+    assert_eq!(c.wr_id, w.wr_id);
+    c.status
+}
+
+/// Deterministic test data that differs per seed and per position.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn read_back(
+    h: &Harness,
+    qp: &dyn QueuePair,
+    cq: &dyn CompletionQueue,
+    r: Remote,
+    off: u64,
+    len: usize,
+) -> Vec<u8> {
+    let (buf, mr) = h.buf(len, Access::LOCAL);
+    let st = run_one(
+        qp,
+        cq,
+        wr(9999, Opcode::Read, mr.sge(0, len as u64), r, off),
+    );
+    assert_eq!(st, WcStatus::Success);
+    buf.to_vec(0, len)
+}
+
+fn read_after_write_at_every_size(h: &Harness) {
+    let (qp, cq) = h.qp();
+    let r = h.remote(17 << 20);
+    for (i, &len) in [1usize, 7, 4095, 4096, 4097, 65536, (1 << 20) + 3, 16 << 20]
+        .iter()
+        .enumerate()
+    {
+        let data = pattern(i as u64 + 1, len);
+        let (src, smr) = h.buf(len, Access::LOCAL);
+        src.write_at(0, &data);
+        let off = (i as u64 * 13) % 4096; // unaligned remote offsets too
+        let st = run_one(
+            &*qp,
+            &*cq,
+            wr(i as u64, Opcode::Write, smr.sge(0, len as u64), r, off),
+        );
+        assert_eq!(st, WcStatus::Success, "write of {len}");
+        assert_eq!(
+            read_back(h, &*qp, &*cq, r, off, len),
+            data,
+            "read back {len} bytes"
+        );
+    }
+}
+
+fn batches_with_many_ops_in_flight(h: &Harness) {
+    let (qp, cq) = h.qp();
+    const N: usize = 512;
+    const SZ: usize = 4096 + 512;
+    let r = h.remote((N * SZ) as u64);
+    let (src, smr) = h.buf(N * SZ, Access::LOCAL);
+    let data = pattern(77, N * SZ);
+    src.write_at(0, &data);
+    let writes: Vec<_> = (0..N)
+        .map(|i| {
+            let o = (i * SZ) as u64;
+            wr(i as u64, Opcode::Write, smr.sge(o, SZ as u64), r, o)
+        })
+        .collect();
+    qp.post(&writes);
+    let done = reap(&*cq, N);
+    let ids: HashSet<u64> = done.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids.len(), N, "every op completes exactly once");
+    assert!(done
+        .iter()
+        .all(|c| c.status == WcStatus::Success && c.byte_len == SZ as u64));
+    drop(done);
+    let (dst, dmr) = h.buf(N * SZ, Access::LOCAL);
+    // Read back in reverse order, all in flight at once.
+    let reads: Vec<_> = (0..N)
+        .rev()
+        .map(|i| {
+            let o = (i * SZ) as u64;
+            wr(1000 + i as u64, Opcode::Read, dmr.sge(o, SZ as u64), r, o)
+        })
+        .collect();
+    qp.post(&reads);
+    assert!(reap(&*cq, N).iter().all(|c| c.status == WcStatus::Success));
+    assert_eq!(dst.to_vec(0, N * SZ), data);
+}
+
+fn concurrent_threads(h: &Harness) {
+    const THREADS: usize = 4;
+    const LEN: usize = 256 << 10;
+    let r = h.remote((THREADS * LEN) as u64);
+    // Two threads share a queue pair; the others have their own.
+    let shared = h.qp();
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (qp, cq) = if t < 2 {
+                (shared.0.clone(), h.client.create_cq())
+            } else {
+                h.qp()
+            };
+            let qp = if t < 2 { shared.0.clone() } else { qp };
+            let cq = if t < 2 { shared.1.clone() } else { cq };
+            s.spawn(move || {
+                let (src, smr) = h.buf(LEN, Access::LOCAL);
+                let (dst, dmr) = h.buf(LEN, Access::LOCAL);
+                for round in 0..8u64 {
+                    let data = pattern(t as u64 * 100 + round, LEN);
+                    src.write_at(0, &data);
+                    let off = (t * LEN) as u64;
+                    let id = (t as u64) << 32 | round;
+                    qp.post(&[wr(id, Opcode::Write, smr.sge(0, LEN as u64), r, off)]);
+                    qp.post(&[wr(
+                        id | 1 << 31,
+                        Opcode::Read,
+                        dmr.sge(0, LEN as u64),
+                        r,
+                        off,
+                    )]);
+                    // Completions of a shared QP may be reaped by either thread: count both.
+                    let mut mine = 0;
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    while mine < 2 {
+                        assert!(Instant::now() < deadline, "thread {t} hung");
+                        if let Some(c) = cq.wait(Duration::from_millis(50)) {
+                            assert_eq!(c.status, WcStatus::Success);
+                            mine += 1;
+                        }
+                    }
+                    if t >= 2 {
+                        assert_eq!(dst.to_vec(0, LEN), data);
+                    }
+                }
+            });
+        }
+    });
+    // Threads sharing a QP reap each other's completions, so check their data at the end.
+    let (qp, cq) = h.qp();
+    for t in 0..2 {
+        let got = read_back(h, &*qp, &*cq, r, (t * LEN) as u64, LEN);
+        assert_eq!(
+            got,
+            pattern(t as u64 * 100 + 7, LEN),
+            "thread {t}'s last round"
+        );
+    }
+}
+
+fn remote_access_errors_change_nothing(h: &Harness) {
+    let (qp, cq) = h.qp();
+    let r = h.remote(8192);
+    let before = pattern(5, 8192);
+    let (src, smr) = h.buf(8192, Access::LOCAL);
+    src.write_at(0, &before);
+    assert_eq!(
+        run_one(&*qp, &*cq, wr(1, Opcode::Write, smr.sge(0, 8192), r, 0)),
+        WcStatus::Success
+    );
+    let (junk, jmr) = h.buf(16384, Access::LOCAL);
+    junk.fill(0xee);
+    let cases = [
+        // One byte past the end.
+        wr(2, Opcode::Write, jmr.sge(0, 8193), r, 0),
+        wr(3, Opcode::Write, jmr.sge(0, 2), r, r.len - 1),
+        // Wrong rkey.
+        WorkRequest {
+            rkey: r.rkey ^ 0x5555,
+            ..wr(4, Opcode::Write, jmr.sge(0, 16), r, 0)
+        },
+        // Below the region.
+        WorkRequest {
+            remote_addr: r.addr - 4096,
+            ..wr(5, Opcode::Write, jmr.sge(0, 16), r, 0)
+        },
+        // Address wrap-around.
+        WorkRequest {
+            remote_addr: u64::MAX - 8,
+            ..wr(6, Opcode::Write, jmr.sge(0, 16), r, 0)
+        },
+    ];
+    for c in cases {
+        assert_eq!(run_one(&*qp, &*cq, c), WcStatus::RemoteAccessError, "{c:?}");
+        let rd = WorkRequest {
+            opcode: Opcode::Read,
+            wr_id: c.wr_id + 100,
+            ..c
+        };
+        assert_eq!(
+            run_one(&*qp, &*cq, rd),
+            WcStatus::RemoteAccessError,
+            "{rd:?}"
+        );
+    }
+    // The failed reads did not touch the local buffer, and the region is unchanged.
+    assert!(junk.to_vec(0, 16384).iter().all(|&b| b == 0xee));
+    assert_eq!(read_back(h, &*qp, &*cq, r, 0, 8192), before);
+    // The connection is still usable after the errors.
+    assert!(qp.is_connected());
+}
+
+fn unregistered_local_buffer_fails_locally(h: &Harness) {
+    let (qp, cq) = h.qp();
+    let r = h.remote(4096);
+    let (_buf, mr) = h.buf(4096, Access::LOCAL);
+    let bad = [
+        Sge {
+            addr: mr.addr(),
+            len: 16,
+            lkey: mr.lkey() ^ 0x77,
+        },
+        Sge {
+            addr: mr.addr() + 4000,
+            len: 200,
+            lkey: mr.lkey(),
+        },
+        Sge {
+            addr: mr.addr() - 1,
+            len: 16,
+            lkey: mr.lkey(),
+        },
+    ];
+    for (i, sge) in bad.into_iter().enumerate() {
+        for op in [Opcode::Read, Opcode::Write] {
+            assert_eq!(
+                run_one(&*qp, &*cq, wr(i as u64, op, sge, r, 0)),
+                WcStatus::LocalProtectionError,
+                "{op:?} {sge:?}"
+            );
+        }
+    }
+    // A region without local write access cannot be the target of a READ.
+    let (_ro, ro_mr) = h.buf(4096, Access::NONE);
+    assert_eq!(
+        run_one(&*qp, &*cq, wr(9, Opcode::Read, ro_mr.sge(0, 64), r, 0)),
+        WcStatus::LocalProtectionError
+    );
+    assert_eq!(
+        run_one(&*qp, &*cq, wr(10, Opcode::Write, ro_mr.sge(0, 64), r, 0)),
+        WcStatus::Success
+    );
+}
+
+fn deregistered_regions_stop_working(h: &Harness) {
+    let (qp, cq) = h.qp();
+    let r = h.remote(4096);
+    let (_buf, mr) = h.buf(4096, Access::LOCAL);
+    let sge = mr.sge(0, 64);
+    assert_eq!(
+        run_one(&*qp, &*cq, wr(1, Opcode::Write, sge, r, 0)),
+        WcStatus::Success
+    );
+    h.client
+        .deregister(vec![mr])
+        .expect("idle region deregisters");
+    assert_eq!(
+        run_one(&*qp, &*cq, wr(2, Opcode::Write, sge, r, 0)),
+        WcStatus::LocalProtectionError
+    );
+    // A freed remote extent stops working too.
+    let (_b2, mr2) = h.buf(4096, Access::LOCAL);
+    h.free(r);
+    assert_eq!(
+        run_one(&*qp, &*cq, wr(3, Opcode::Write, mr2.sge(0, 64), r, 0)),
+        WcStatus::RemoteAccessError
+    );
+    assert_eq!(
+        run_one(&*qp, &*cq, wr(4, Opcode::Read, mr2.sge(0, 64), r, 0)),
+        WcStatus::RemoteAccessError
+    );
+}
+
+fn region_in_use_is_not_deregistered(h: &Harness) {
+    let (qp, cq) = h.qp();
+    let r = h.remote(1 << 20);
+    let (_buf, mr) = h.buf(1 << 20, Access::LOCAL);
+    let (_buf2, mr2) = h.buf(4096, Access::LOCAL);
+    qp.post(&[wr(1, Opcode::Read, mr.sge(0, 1 << 20), r, 0)]);
+    // Until the completion is reaped *and dropped*, the region is in use.
+    let c = reap(&*cq, 1).pop().unwrap();
+    assert_eq!(c.status, WcStatus::Success);
+    assert_eq!(mr.in_flight(), 1);
+    let mr = match h.client.deregister(vec![mr, mr2]) {
+        Err(DeregisterError::Busy(mut v)) => {
+            assert_eq!(v.len(), 1, "only the busy region is returned");
+            v.pop().unwrap()
+        }
+        Ok(()) => panic!("a region in use was deregistered"),
+    };
+    drop(c);
+    assert_eq!(mr.in_flight(), 0);
+    h.client.deregister(vec![mr]).expect("now idle");
+}
+
+fn server_killed_mid_batch_gives_transport_errors(h: &Harness) {
+    let (qp, cq) = h.qp();
+    const N: usize = 64;
+    const SZ: usize = 1 << 20;
+    let r = h.remote((N * SZ) as u64);
+    let (_buf, mr) = h.buf(N * SZ, Access::LOCAL);
+    let wrs: Vec<_> = (0..N)
+        .map(|i| {
+            wr(
+                i as u64,
+                Opcode::Write,
+                mr.sge((i * SZ) as u64, SZ as u64),
+                r,
+                (i * SZ) as u64,
+            )
+        })
+        .collect();
+    let start = Instant::now();
+    qp.post(&wrs);
+    let first = cq.wait(Duration::from_secs(10)).expect("first completion");
+    (h.kill)();
+    let mut all = vec![first];
+    all.extend(reap(&*cq, N - 1));
+    assert!(
+        start.elapsed() < OP_TIMEOUT * 4,
+        "failure took {:?}",
+        start.elapsed()
+    );
+    let failed = all
+        .iter()
+        .filter(|c| c.status == WcStatus::TransportError)
+        .count();
+    assert!(
+        all.iter()
+            .all(|c| matches!(c.status, WcStatus::Success | WcStatus::TransportError)),
+        "{:?}",
+        all.iter().map(|c| c.status).collect::<Vec<_>>()
+    );
+    assert!(failed > 0, "killing the server mid-batch failed nothing");
+    drop(all);
+    // Later operations fail at once, and nothing is left in use.
+    assert_eq!(run_one(&*qp, &*cq, wrs[0]), WcStatus::TransportError);
+    assert!(!qp.is_connected());
+    assert_eq!(mr.in_flight(), 0);
+}
+
+macro_rules! conformance {
+    ($module:ident, $make:expr) => {
+        mod $module {
+            use super::*;
+            #[test]
+            fn read_after_write() {
+                read_after_write_at_every_size(&$make);
+            }
+            #[test]
+            fn batches() {
+                batches_with_many_ops_in_flight(&$make);
+            }
+            #[test]
+            fn concurrency() {
+                concurrent_threads(&$make);
+            }
+            #[test]
+            fn remote_access_errors() {
+                remote_access_errors_change_nothing(&$make);
+            }
+            #[test]
+            fn local_protection_errors() {
+                unregistered_local_buffer_fails_locally(&$make);
+            }
+            #[test]
+            fn deregistration() {
+                deregistered_regions_stop_working(&$make);
+            }
+            #[test]
+            fn in_use_regions_stay_registered() {
+                region_in_use_is_not_deregistered(&$make);
+            }
+            #[test]
+            fn server_killed_mid_batch() {
+                server_killed_mid_batch_gives_transport_errors(&$make);
+            }
+        }
+    };
+}
+
+conformance!(tcp, Harness::tcp());
+conformance!(local, Harness::local().0);
+
+/// Things only the in-process fabric can do on demand.
+mod local_faults {
+    use super::*;
+
+    #[test]
+    fn fail_nth_delay_and_counters() {
+        let (h, server, client) = Harness::local();
+        let (qp, cq) = h.qp();
+        let r = h.remote(4096);
+        let (_b, mr) = h.buf(4096, Access::LOCAL);
+        let served = server.served();
+        server.fail_nth(2, true);
+        let sts: Vec<_> = (0..3)
+            .map(|i| run_one(&*qp, &*cq, wr(i, Opcode::Write, mr.sge(0, 64), r, 0)))
+            .collect();
+        assert_eq!(
+            sts,
+            [
+                WcStatus::Success,
+                WcStatus::RemoteAccessError,
+                WcStatus::Success
+            ]
+        );
+        assert_eq!(server.served(), served + 3);
+        server.set_delay(Duration::from_millis(50));
+        let t = Instant::now();
+        assert_eq!(
+            run_one(&*qp, &*cq, wr(9, Opcode::Read, mr.sge(0, 64), r, 0)),
+            WcStatus::Success
+        );
+        assert!(t.elapsed() >= Duration::from_millis(50));
+        server.set_delay(Duration::ZERO);
+        server.fail_nth(1, false);
+        assert_eq!(
+            run_one(&*qp, &*cq, wr(10, Opcode::Read, mr.sge(0, 64), r, 0)),
+            WcStatus::TransportError
+        );
+        // Initiator-side counters: 4 successful operations (3 writes... of which one failed).
+        let n = client.counters();
+        assert_eq!((n.writes, n.reads, n.failed), (2, 1, 2));
+        assert_eq!(n.bytes_written, 128);
+        assert!(n.registrations >= 1);
+    }
+}

@@ -1,0 +1,420 @@
+//! The memory server through the real binary: several clients, allocation until full, memory
+//! returned on disconnect, hostile peers, failure of a server mid-write, clean shutdown.
+
+use rmemfs::client::{Pool, PoolConfig, PoolError, RemoteOp};
+use rmemfs::fabric::tcp::{TcpConfig, TcpFabric};
+use rmemfs::fabric::{Access, AlignedBuf, Opcode, ServerId, WcStatus};
+use rmemfs::proto::{self, Message, RefusalCode, PROTOCOL_VERSION};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start(size: &str) -> Server {
+        Self::start_with(Command::new(env!("CARGO_BIN_EXE_rmemfs")), size)
+    }
+
+    fn start_with(mut cmd: Command, size: &str) -> Server {
+        let mut child = cmd
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--size",
+                size,
+                "--op-timeout",
+                "3",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn rmemfs serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .split_whitespace()
+            .find_map(|w| w.parse().ok())
+            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        Server { child, addr }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: sending a signal to our own child process.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// Waits (bounded) for the process to exit.
+    fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "server did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn fabric() -> Arc<TcpFabric> {
+    TcpFabric::new(TcpConfig {
+        op_timeout: Duration::from_secs(3),
+        ..TcpConfig::default()
+    })
+}
+
+fn pool(addrs: &[SocketAddr]) -> Pool {
+    Pool::connect(
+        fabric(),
+        addrs,
+        &PoolConfig {
+            timeout: Duration::from_secs(5),
+            ..PoolConfig::default()
+        },
+    )
+    .expect("connect pool")
+}
+
+#[test]
+fn two_clients_fill_the_server_and_get_memory_back_on_disconnect() {
+    let server = Server::start("16M");
+    let a = pool(&[server.addr]);
+    let b = pool(&[server.addr]);
+    let total = a.refresh()[0].capacity.total;
+    assert_eq!(total, 16 << 20);
+
+    // Both clients write and read their own data.
+    for (p, byte) in [(&a, 0xaa), (&b, 0xbb)] {
+        let r = p.alloc(1 << 20).unwrap();
+        let buf = Arc::new(AlignedBuf::new(1 << 20).unwrap());
+        buf.fill(byte);
+        let mr = p.fabric().register_buf(buf.clone(), Access::LOCAL).unwrap();
+        p.write(r, 0, mr.sge(0, 1 << 20)).unwrap();
+        buf.fill(0);
+        p.read(r, 0, mr.sge(0, 1 << 20)).unwrap();
+        assert!(buf.to_vec(0, 1 << 20).iter().all(|&x| x == byte));
+    }
+
+    // Client a allocates until the server is full: a clean out-of-space answer.
+    let mut held = 0;
+    let err = loop {
+        match a.alloc(1 << 20) {
+            Ok(_) => held += 1,
+            Err(e) => break e,
+        }
+        assert!(held < 64, "never ran out");
+    };
+    assert!(matches!(err, PoolError::NoSpace { .. }), "{err}");
+    assert_eq!(held, 14, "16 MiB minus one extent each for a and b");
+    let full = b.refresh()[0].capacity;
+    assert_eq!(full.free, 0);
+    // Too large for the whole arena: refused as such, not as "full".
+    match b.alloc_on(ServerId(0), 1 << 30) {
+        Err(PoolError::Refused {
+            code: RefusalCode::BadLength,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+
+    // a disconnects: its 15 MiB come back.
+    drop(a);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let cap = b.refresh()[0].capacity;
+        if cap.free == total - (1 << 20) {
+            // b's extent sits at 1 MiB (a allocated first), splitting the free space.
+            assert_eq!(cap.largest_free, total - (2 << 20));
+            break;
+        }
+        assert!(Instant::now() < deadline, "memory not returned: {cap:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends raw bytes on a fresh control connection and checks the server closes it.
+fn expect_closed(addr: SocketAddr, bytes: &[u8]) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut rest = Vec::new();
+    // A Welcome if the hello was good, then a Fatal frame or nothing, then EOF; never a hang.
+    let _ = s.read_to_end(&mut rest);
+    let mut r = rest.as_slice();
+    while !r.is_empty() {
+        match proto::read_frame(&mut r).expect("a frame") {
+            Message::Welcome { .. } => {}
+            Message::Fatal { .. } => assert!(r.is_empty(), "frames after Fatal"),
+            other => panic!("server answered hostile input with {other:?}"),
+        }
+    }
+}
+
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut f = (body.len() as u32).to_le_bytes().to_vec();
+    f.extend_from_slice(body);
+    f
+}
+
+#[test]
+fn hostile_messages_close_only_their_connection() {
+    let server = Server::start("8M");
+    let good = pool(&[server.addr]);
+    let r = good.alloc(4096).unwrap();
+
+    let hello = Message::Hello {
+        version: PROTOCOL_VERSION,
+        client_name: "x".into(),
+    }
+    .encode();
+    let mut bad_magic = hello.clone();
+    bad_magic[2] ^= 0x40;
+    let mut wrong_version = hello.clone();
+    wrong_version[5] = 0x7f;
+    let cases: Vec<Vec<u8>> = vec![
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        (u32::MAX).to_le_bytes().to_vec(), // oversized length
+        frame(&hello)[..7].to_vec(),       // truncated
+        frame(&bad_magic),                 // not an rmemfs peer
+        frame(&wrong_version),             // unsupported version
+        frame(&Message::Alloc { tag: 1, len: 4096 }.encode()), // no hello first
+        [frame(&hello), frame(&[0xff, 1, 2, 3])].concat(), // unknown type after hello
+        [
+            frame(&hello),
+            frame(
+                &Message::Stats {
+                    tag: 1,
+                    capacity: Default::default(),
+                    extents: 0,
+                    clients: 0,
+                }
+                .encode(),
+            ),
+        ]
+        .concat(), // a reply sent as request
+        [frame(&hello), frame(&[5, 0, 0])].concat(), // truncated alloc
+    ];
+    for bytes in &cases {
+        expect_closed(server.addr, bytes);
+    }
+    // Garbage on the data port (the NIC) is closed too.
+    let port_blob = {
+        let mut s = TcpStream::connect(server.addr).unwrap();
+        proto::write_frame(
+            &mut s,
+            &Message::Hello {
+                version: PROTOCOL_VERSION,
+                client_name: "p".into(),
+            },
+        )
+        .unwrap();
+        proto::read_frame(&mut s).unwrap();
+        proto::write_frame(
+            &mut s,
+            &Message::Connect {
+                tag: 1,
+                blob: vec![],
+            },
+        )
+        .unwrap();
+        match proto::read_frame(&mut s).unwrap() {
+            Message::Connected { blob, .. } => blob,
+            other => panic!("{other:?}"),
+        }
+    };
+    let data_port = u16::from_le_bytes([port_blob[0], port_blob[1]]);
+    let data_addr = SocketAddr::new(server.addr.ip(), data_port);
+    let mut junk_header = b"RMFSDAT1".to_vec();
+    junk_header.extend_from_slice(&[9u8; 32]); // op 9: not READ or WRITE
+    for bytes in [b"hello there, NIC".to_vec(), junk_header] {
+        let mut s = TcpStream::connect(data_addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        s.write_all(&bytes).unwrap();
+        let mut rest = Vec::new();
+        let n = s.read_to_end(&mut rest).unwrap_or(0);
+        assert_eq!(n, 0, "the NIC answered garbage");
+    }
+
+    // The well-behaved client is still served, data path included.
+    let buf = Arc::new(AlignedBuf::new(4096).unwrap());
+    buf.fill(3);
+    let mr = good
+        .fabric()
+        .register_buf(buf.clone(), Access::LOCAL)
+        .unwrap();
+    good.write(r, 0, mr.sge(0, 4096)).unwrap();
+    buf.fill(0);
+    good.read(r, 0, mr.sge(0, 4096)).unwrap();
+    assert_eq!(buf.to_vec(0, 4096), vec![3; 4096]);
+    assert!(good.alloc(4096).is_ok());
+    // Freeing someone else's (or a made-up) extent is refused, not obeyed.
+    let other = pool(&[server.addr]);
+    match other.free(r) {
+        Err(PoolError::Refused {
+            code: RefusalCode::NotFound,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn unreachable_server_is_a_clear_error() {
+    // Bind then drop a listener, so the port is (very likely) closed.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let err = Pool::connect(fabric(), &[addr], &PoolConfig::default())
+        .err()
+        .expect("must fail");
+    assert!(matches!(err, PoolError::Unreachable { .. }), "{err}");
+    assert!(err.to_string().contains(&addr.to_string()), "{err}");
+}
+
+#[test]
+fn server_killed_mid_write_fails_its_ops_and_spares_the_other() {
+    let s0 = Server::start("64M");
+    let mut s1 = Server::start("64M");
+    let p = pool(&[s0.addr, s1.addr]);
+    let r0 = p.alloc_on(ServerId(0), 8 << 20).unwrap();
+    let r1 = p.alloc_on(ServerId(1), 8 << 20).unwrap();
+    let buf = Arc::new(AlignedBuf::new(8 << 20).unwrap());
+    buf.fill(0x11);
+    let mr = p.fabric().register_buf(buf.clone(), Access::LOCAL).unwrap();
+    p.write(r0, 0, mr.sge(0, 8 << 20)).unwrap();
+
+    // Kill server 1 while a long batch of writes to it is in flight.
+    let ops: Vec<RemoteOp> = (0..64)
+        .map(|_| RemoteOp {
+            opcode: Opcode::Write,
+            local: mr.sge(0, 8 << 20),
+            remote: r1,
+            offset: 0,
+        })
+        .take(64)
+        .collect();
+    let pid = s1.child.id();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        // SAFETY: signalling our child.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    });
+    let start = Instant::now();
+    let err = p
+        .execute(&ops)
+        .expect_err("writes to a killed server must fail");
+    killer.join().unwrap();
+    s1.wait_exit();
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        start.elapsed()
+    );
+    match &err {
+        PoolError::Op {
+            server,
+            status,
+            addr,
+            ..
+        } => {
+            assert_eq!(*server, ServerId(1));
+            assert_eq!(*addr, s1.addr);
+            assert_eq!(*status, WcStatus::TransportError);
+        }
+        other => panic!("{other}"),
+    }
+    // Later operations on the dead server fail at once, naming it; the other server's data is
+    // intact and it keeps serving.
+    match p.read(r1, 0, mr.sge(0, 4096)) {
+        Err(PoolError::ServerFailed { server, .. }) => assert_eq!(server, ServerId(1)),
+        other => panic!("{other:?}"),
+    }
+    buf.fill(0);
+    p.read(r0, 0, mr.sge(0, 8 << 20)).unwrap();
+    assert!(buf.to_vec(0, 8 << 20).iter().all(|&x| x == 0x11));
+    let status = p.status();
+    assert!(!status[0].failed && status[1].failed);
+    assert!(p.alloc(1 << 20).unwrap().server == ServerId(0));
+}
+
+#[test]
+fn sigterm_and_sigint_stop_the_server_cleanly() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let mut server = Server::start("8M");
+        let p = pool(&[server.addr]);
+        p.alloc(4096).unwrap();
+        server.signal(sig);
+        let st = server.wait_exit();
+        assert!(st.success(), "exit status {st:?} after signal {sig}");
+        // The client notices: its server is gone.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !p.status()[0].failed {
+            assert!(
+                Instant::now() < deadline,
+                "client did not notice the shutdown"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn hitting_the_memlock_limit_is_a_clear_refusal() {
+    // Run the server as an unprivileged user (no CAP_IPC_LOCK) with a 256 KiB memlock limit.
+    let have_tools = ["setpriv", "prlimit"].iter().all(|t| {
+        Command::new(t)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    assert!(
+        have_tools,
+        "setpriv and prlimit (util-linux) are needed for this test"
+    );
+    let mut cmd = Command::new("prlimit");
+    cmd.args([
+        "--memlock=262144",
+        "--",
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        env!("CARGO_BIN_EXE_rmemfs"),
+    ]);
+    let server = Server::start_with(cmd, "64M");
+    let p = pool(&[server.addr]);
+    // A small extent fits under the limit; a large one cannot be pinned.
+    p.alloc(64 << 10)
+        .expect("64 KiB fits under a 256 KiB memlock limit");
+    match p.alloc_on(ServerId(0), 8 << 20) {
+        Err(PoolError::Refused {
+            code: RefusalCode::RegistrationFailed,
+            message,
+            ..
+        }) => assert!(message.contains("ulimit -l"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    // The refused space was given back: the server still has it all but the small extent.
+    let cap = p.refresh()[0].capacity;
+    assert_eq!(cap.free, cap.total - (64 << 10));
+}
