@@ -156,38 +156,44 @@ pub fn run_peer(listen: SocketAddr) -> io::Result<()> {
 
 fn peer_session(s: &mut TcpStream) -> io::Result<()> {
     s.set_nodelay(true)?;
-    let mut cmd = [0u8; 17];
+    let mut cmd = [0u8; PEER_CMD_LEN];
     s.read_exact(&mut cmd)?;
-    let a = u64::from_le_bytes(cmd[1..9].try_into().unwrap());
-    let b = u64::from_le_bytes(cmd[9..17].try_into().unwrap());
-    let mut buf = vec![0u8; 4 << 20];
+    let word = |i: usize| u64::from_le_bytes(cmd[1 + 8 * i..9 + 8 * i].try_into().unwrap());
+    let (total, chunk, window) = (word(0), word(1) as usize, word(2) as usize);
+    // The same working set as the fabric: `window` bytes, used `chunk` by `chunk` in turn.
+    let mut buf = vec![0x33u8; window.max(chunk)];
+    let span = (buf.len() - chunk + 1).max(1);
+    let mut at = 0;
+    let next = |at: &mut usize| {
+        let o = *at;
+        *at = (*at + chunk) % span;
+        o
+    };
     match cmd[0] {
         PEER_SINK => {
-            let mut left = a;
+            let mut left = total;
             while left > 0 {
-                let want = (left as usize).min(buf.len());
-                let n = s.read(&mut buf[..want])?;
-                if n == 0 {
-                    return Ok(());
-                }
+                let n = (left as usize).min(chunk);
+                let o = next(&mut at);
+                s.read_exact(&mut buf[o..o + n])?;
                 left -= n as u64;
             }
             s.write_all(&[1])?;
         }
         PEER_SOURCE => {
-            let mut left = a;
+            let mut left = total;
             while left > 0 {
-                let n = (left as usize).min(buf.len());
-                s.write_all(&buf[..n])?;
+                let n = (left as usize).min(chunk);
+                let o = next(&mut at);
+                s.write_all(&buf[o..o + n])?;
                 left -= n as u64;
             }
         }
         PEER_REQ_RESP => {
-            let size = a as usize;
             let mut req = [0u8; 32];
-            for _ in 0..b {
+            for _ in 0..total {
                 s.read_exact(&mut req)?;
-                s.write_all(&buf[..size])?;
+                s.write_all(&buf[..chunk])?;
             }
         }
         _ => {}
@@ -195,50 +201,54 @@ fn peer_session(s: &mut TcpStream) -> io::Result<()> {
     Ok(())
 }
 
-fn peer_cmd(peer: SocketAddr, mode: u8, a: u64, b: u64) -> io::Result<TcpStream> {
+fn buf_len(window: usize, chunk: usize) -> usize {
+    window.max(chunk)
+}
+
+const PEER_CMD_LEN: usize = 25;
+
+fn peer_cmd(peer: SocketAddr, mode: u8, total: u64, chunk: u64, window: u64) -> io::Result<TcpStream> {
     let mut s = TcpStream::connect(peer)?;
     s.set_nodelay(true)?;
-    let mut cmd = [0u8; 17];
+    let mut cmd = [0u8; PEER_CMD_LEN];
     cmd[0] = mode;
-    cmd[1..9].copy_from_slice(&a.to_le_bytes());
-    cmd[9..17].copy_from_slice(&b.to_le_bytes());
+    for (i, v) in [total, chunk, window].into_iter().enumerate() {
+        cmd[1 + 8 * i..9 + 8 * i].copy_from_slice(&v.to_le_bytes());
+    }
     s.write_all(&cmd)?;
     Ok(s)
 }
 
-/// Plain TCP: seconds to send `total` bytes in `chunk`-byte writes to a sink (and get its ack).
-fn tcp_send(peer: SocketAddr, total: u64, chunk: u64) -> io::Result<f64> {
-    let buf = vec![7u8; chunk as usize];
+/// Plain TCP moving `total` bytes in `chunk`-byte pieces cycling over a `window`-byte buffer on
+/// both ends (the fabric's working set at this depth); `send` or receive. Returns seconds.
+fn tcp_stream(peer: SocketAddr, send: bool, total: u64, chunk: u64, window: u64) -> io::Result<f64> {
+    let (chunk_u, window_u) = (chunk as usize, window as usize);
+    let mut buf = vec![7u8; buf_len(window_u, chunk_u)];
+    let span = (buf.len() - chunk_u + 1).max(1);
     let start = Instant::now();
-    let mut s = peer_cmd(peer, PEER_SINK, total, 0)?;
-    let mut left = total;
+    let mode = if send { PEER_SINK } else { PEER_SOURCE };
+    let mut s = peer_cmd(peer, mode, total, chunk, window)?;
+    let (mut left, mut at) = (total, 0usize);
     while left > 0 {
         let n = left.min(chunk) as usize;
-        s.write_all(&buf[..n])?;
+        if send {
+            s.write_all(&buf[at..at + n])?;
+        } else {
+            s.read_exact(&mut buf[at..at + n])?;
+        }
+        at = (at + chunk_u) % span;
         left -= n as u64;
     }
-    let mut ack = [0u8; 1];
-    s.read_exact(&mut ack)?;
-    Ok(start.elapsed().as_secs_f64())
-}
-
-/// Plain TCP: seconds to receive `total` bytes from a source in `chunk`-byte reads.
-fn tcp_recv(peer: SocketAddr, total: u64, chunk: u64) -> io::Result<f64> {
-    let mut buf = vec![0u8; chunk as usize];
-    let start = Instant::now();
-    let mut s = peer_cmd(peer, PEER_SOURCE, total, 0)?;
-    let mut left = total;
-    while left > 0 {
-        let n = left.min(chunk) as usize;
-        s.read_exact(&mut buf[..n])?;
-        left -= n as u64;
+    if send {
+        let mut ack = [0u8; 1];
+        s.read_exact(&mut ack)?;
     }
     Ok(start.elapsed().as_secs_f64())
 }
 
 /// Plain TCP request/response latencies in microseconds (sorted).
 fn tcp_rr(peer: SocketAddr, size: u64, iters: usize) -> io::Result<Vec<f64>> {
-    let mut s = peer_cmd(peer, PEER_REQ_RESP, size, iters as u64)?;
+    let mut s = peer_cmd(peer, PEER_REQ_RESP, iters as u64, size, size)?;
     let mut buf = vec![0u8; size as usize];
     let req = [0u8; 32];
     let mut lat = Vec::with_capacity(iters);
@@ -250,6 +260,18 @@ fn tcp_rr(peer: SocketAddr, size: u64, iters: usize) -> io::Result<Vec<f64>> {
     }
     lat.sort_by(f64::total_cmp);
     Ok(lat)
+}
+
+/// Rounds per throughput point; the median damps this machine's noise.
+const ROUNDS: usize = 3;
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn short_size(n: u64) -> String {
+    format_size(n).replace(".0 ", "").replace(' ', "")
 }
 
 fn mbps(bytes: u64, secs: f64) -> f64 {
@@ -297,50 +319,50 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
     let local = (mr.addr(), mr.lkey());
 
     println!(
-        "# rmemfs fabric benchmark: tcp fabric vs plain TCP on loopback, {} per point",
+        "# rmemfs fabric benchmark: tcp fabric vs plain TCP on loopback, {} per point, \
+         median of {ROUNDS} alternating rounds; plain TCP uses the same working set \
+         (depth x size bytes) on both ends",
         format_size(cfg.bytes)
     );
     println!(
-        "{:<6} {:>6} {:>6} {:>10} {:>10} {:>7}",
+        "{:<6} {:>6} {:>6} {:>12} {:>10} {:>7}",
         "op", "size", "depth", "fabric MB/s", "tcp MB/s", "ratio"
     );
     for &size in &cfg.sizes {
         let ops = (cfg.bytes / size).max(1);
         let bytes = ops * size;
-        // Plain TCP moves the same bytes in the same chunks, streaming (no depth limit).
-        let tcp_w = mbps(bytes, tcp_send(peer_addr, bytes, size)?);
-        let tcp_r = mbps(bytes, tcp_recv(peer_addr, bytes, size)?);
         for &depth in &cfg.depths {
-            for (name, opcode, base) in [
-                ("WRITE", Opcode::Write, tcp_w),
-                ("READ", Opcode::Read, tcp_r),
-            ] {
-                let secs = run_window(&*qp, &*cq, opcode, local, (raddr, rkey), size, depth, ops)?;
-                let f = mbps(bytes, secs);
+            let window = size * depth as u64;
+            for (name, opcode) in [("WRITE", Opcode::Write), ("READ", Opcode::Read)] {
+                let (mut fab, mut tcp) = (Vec::new(), Vec::new());
+                for _ in 0..ROUNDS {
+                    let send = opcode == Opcode::Write;
+                    tcp.push(mbps(bytes, tcp_stream(peer_addr, send, bytes, size, window)?));
+                    let secs = run_window(&*qp, &*cq, opcode, local, (raddr, rkey), size, depth, ops)?;
+                    fab.push(mbps(bytes, secs));
+                }
+                let (f, t) = (median(&mut fab), median(&mut tcp));
                 println!(
-                    "{:<6} {:>6} {:>6} {:>10.0} {:>10.0} {:>6.0}%",
+                    "{:<6} {:>6} {:>6} {:>12.0} {:>10.0} {:>6.0}%",
                     name,
-                    format_size(size).replace(".0 ", "").replace(' ', ""),
+                    short_size(size),
                     depth,
                     f,
-                    base,
-                    100.0 * f / base
+                    t,
+                    100.0 * f / t
                 );
             }
         }
     }
 
     println!("\n# latency at depth 1, microseconds");
-    println!(
-        "{:<22} {:>8} {:>8} {:>8}",
-        "what", "p50", "p99", "vs tcp p50"
-    );
+    println!("{:<28} {:>8} {:>8} {:>10}", "what", "p50", "p99", "vs tcp p50");
     for &size in cfg.sizes.iter().filter(|&&s| s <= 64 << 10) {
         let tcp = tcp_rr(peer_addr, size, cfg.latency_iters)?;
         let tcp50 = percentile(&tcp, 0.5);
         println!(
-            "{:<22} {:>8.1} {:>8.1} {:>8}",
-            format!("plain TCP req/resp {}", format_size(size)),
+            "{:<28} {:>8.1} {:>8.1} {:>10}",
+            format!("plain TCP req/resp {}", short_size(size)),
             tcp50,
             percentile(&tcp, 0.99),
             "1.00x"
@@ -354,8 +376,8 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
             lat.sort_by(f64::total_cmp);
             let p50 = percentile(&lat, 0.5);
             println!(
-                "{:<22} {:>8.1} {:>8.1} {:>7.2}x",
-                format!("fabric {name} {}", format_size(size)),
+                "{:<28} {:>8.1} {:>8.1} {:>9.2}x",
+                format!("fabric {name} {}", short_size(size)),
                 p50,
                 percentile(&lat, 0.99),
                 p50 / tcp50
@@ -392,15 +414,22 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
     }
     thread::sleep(Duration::from_millis(300));
     let after = rss_kib(pid)?;
-    let used_kib = cfg.clients as u64 * extent / 1024;
+    // Arena pages in use are the extents clients hold (pinned, so resident), this benchmark's
+    // own window included: the server's capacity report says how many bytes that is.
+    let cap = pools
+        .first()
+        .map(|p| p.refresh()[0].capacity)
+        .unwrap_or_default();
+    let arena_kib = (cap.total - cap.free) / 1024;
     println!(
-        "\n# server memory: RSS {} KiB before, {} KiB with {} clients connected, each holding a \
-         written {} extent; beyond the arena pages in use: {:.1} MiB",
-        before,
-        after,
+        "\n# server memory: RSS {} MiB before, {} MiB with {} clients connected (each holding a \
+         written {} extent); arena in use {} MiB; beyond the arena: {:.1} MiB",
+        before / 1024,
+        after / 1024,
         cfg.clients,
         format_size(extent),
-        (after.saturating_sub(used_kib)) as f64 / 1024.0
+        arena_kib / 1024,
+        after.saturating_sub(arena_kib) as f64 / 1024.0
     );
     drop(pools);
     drop(mr);

@@ -185,6 +185,8 @@ fn route_replies(mut stream: TcpStream, addr: SocketAddr, waiters: Waiters, dead
                     let _ = tx.send(msg);
                 }
             }
+            // After our own `kill` the read fails too: only an unexpected end is news.
+            Err(_) if dead.load(Ordering::SeqCst) => break,
             Err(FrameError::Closed) => {
                 log::warn!("server {addr} closed the control connection");
                 break;

@@ -260,11 +260,17 @@ impl QpShared {
 
     /// Marks the connection dead and fails everything outstanding.
     fn fail_all(&self, why: &dyn std::fmt::Display) {
+        self.fail_all_as(why, false)
+    }
+
+    /// As `fail_all`; `deliberate` (the client hung up itself) logs quietly.
+    fn fail_all_as(&self, why: &dyn std::fmt::Display, deliberate: bool) {
         let drained: Vec<Posted> = {
             let mut pending = self.pending.lock().unwrap();
             if !self.dead.swap(true, Ordering::SeqCst) {
-                log::warn!(
-                    "tcp fabric: connection to {:?} failed: {why}",
+                log::log!(
+                    if deliberate { log::Level::Debug } else { log::Level::Warn },
+                    "tcp fabric: connection to {:?} closed: {why}",
                     self.stream.peer_addr().ok()
                 );
             }
@@ -360,7 +366,7 @@ impl QueuePair for TcpQp {
 
     fn disconnect(&self) {
         self.tx.lock().unwrap().take();
-        self.shared.fail_all(&"disconnected by the client");
+        self.shared.fail_all_as(&"disconnected by the client", true);
     }
 }
 

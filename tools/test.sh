@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs every test tier that this machine can run: formatting and lints, unit and property tests,
+# the fabric conformance suite (tcp and in-process fabrics), and the memory-server tests through
+# the release-profile binary. Installs what the tests need when it is missing (Debian).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
+command -v prlimit >/dev/null 2>&1 || need_apt+=(util-linux)
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "== installing ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "rmemfs needs a Rust toolchain (1.85 or newer): install it with rustup (https://rustup.rs)" >&2
+  exit 1
+fi
+for component in rustfmt clippy; do
+  if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    rustup component add "$component" >/dev/null 2>&1 || true
+  fi
+done
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --all-targets -- -D warnings
+echo "== cargo test (unit, property, conformance, server)"
+cargo test --all-targets
