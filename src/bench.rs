@@ -207,7 +207,13 @@ fn buf_len(window: usize, chunk: usize) -> usize {
 
 const PEER_CMD_LEN: usize = 25;
 
-fn peer_cmd(peer: SocketAddr, mode: u8, total: u64, chunk: u64, window: u64) -> io::Result<TcpStream> {
+fn peer_cmd(
+    peer: SocketAddr,
+    mode: u8,
+    total: u64,
+    chunk: u64,
+    window: u64,
+) -> io::Result<TcpStream> {
     let mut s = TcpStream::connect(peer)?;
     s.set_nodelay(true)?;
     let mut cmd = [0u8; PEER_CMD_LEN];
@@ -221,7 +227,13 @@ fn peer_cmd(peer: SocketAddr, mode: u8, total: u64, chunk: u64, window: u64) -> 
 
 /// Plain TCP moving `total` bytes in `chunk`-byte pieces cycling over a `window`-byte buffer on
 /// both ends (the fabric's working set at this depth); `send` or receive. Returns seconds.
-fn tcp_stream(peer: SocketAddr, send: bool, total: u64, chunk: u64, window: u64) -> io::Result<f64> {
+fn tcp_stream(
+    peer: SocketAddr,
+    send: bool,
+    total: u64,
+    chunk: u64,
+    window: u64,
+) -> io::Result<f64> {
     let (chunk_u, window_u) = (chunk as usize, window as usize);
     let mut buf = vec![7u8; buf_len(window_u, chunk_u)];
     let span = (buf.len() - chunk_u + 1).max(1);
@@ -337,8 +349,12 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
                 let (mut fab, mut tcp) = (Vec::new(), Vec::new());
                 for _ in 0..ROUNDS {
                     let send = opcode == Opcode::Write;
-                    tcp.push(mbps(bytes, tcp_stream(peer_addr, send, bytes, size, window)?));
-                    let secs = run_window(&*qp, &*cq, opcode, local, (raddr, rkey), size, depth, ops)?;
+                    tcp.push(mbps(
+                        bytes,
+                        tcp_stream(peer_addr, send, bytes, size, window)?,
+                    ));
+                    let secs =
+                        run_window(&*qp, &*cq, opcode, local, (raddr, rkey), size, depth, ops)?;
                     fab.push(mbps(bytes, secs));
                 }
                 let (f, t) = (median(&mut fab), median(&mut tcp));
@@ -356,7 +372,10 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
     }
 
     println!("\n# latency at depth 1, microseconds");
-    println!("{:<28} {:>8} {:>8} {:>10}", "what", "p50", "p99", "vs tcp p50");
+    println!(
+        "{:<28} {:>8} {:>8} {:>10}",
+        "what", "p50", "p99", "vs tcp p50"
+    );
     for &size in cfg.sizes.iter().filter(|&&s| s <= 64 << 10) {
         let tcp = tcp_rr(peer_addr, size, cfg.latency_iters)?;
         let tcp50 = percentile(&tcp, 0.5);

@@ -24,7 +24,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -230,8 +230,22 @@ struct Posted {
     hold: InFlight,
 }
 
+/// Requests waiting to go on the wire, and whose turn it is to send. Exactly one party sends
+/// at a time (`sending`), popping in order, so wire order is post order.
+struct SendQueue {
+    queue: VecDeque<Posted>,
+    sending: bool,
+    closed: bool,
+    next_seq: u64,
+}
+
 struct QpShared {
     stream: TcpStream,
+    send: Mutex<SendQueue>,
+    /// Signalled when there is work for the sender thread.
+    work: Condvar,
+    /// Signalled when the queue has room again.
+    space: Condvar,
     table: Arc<KeyTable>,
     cq: Arc<SoftCq>,
     /// Requests sent (or being sent) whose responses have not arrived, in order.
@@ -269,7 +283,11 @@ impl QpShared {
             let mut pending = self.pending.lock().unwrap();
             if !self.dead.swap(true, Ordering::SeqCst) {
                 log::log!(
-                    if deliberate { log::Level::Debug } else { log::Level::Warn },
+                    if deliberate {
+                        log::Level::Debug
+                    } else {
+                        log::Level::Warn
+                    },
                     "tcp fabric: connection to {:?} closed: {why}",
                     self.stream.peer_addr().ok()
                 );
@@ -286,7 +304,6 @@ impl QpShared {
 /// A client queue pair of the TCP fabric.
 pub struct TcpQp {
     shared: Arc<QpShared>,
-    tx: Mutex<Option<crossbeam_channel::Sender<Posted>>>,
 }
 
 impl TcpQp {
@@ -298,6 +315,14 @@ impl TcpQp {
     ) -> Result<Arc<TcpQp>, FabricError> {
         let shared = Arc::new(QpShared {
             stream,
+            send: Mutex::new(SendQueue {
+                queue: VecDeque::with_capacity(SEND_QUEUE_DEPTH),
+                sending: false,
+                closed: false,
+                next_seq: 0,
+            }),
+            work: Condvar::new(),
+            space: Condvar::new(),
             table,
             cq,
             pending: Mutex::new(VecDeque::with_capacity(SEND_QUEUE_DEPTH)),
@@ -306,13 +331,12 @@ impl TcpQp {
             epoch: Instant::now(),
             last_progress: AtomicU64::new(0),
         });
-        let (tx, rx) = crossbeam_channel::bounded::<Posted>(SEND_QUEUE_DEPTH);
         let spawn_err = |e: io::Error| FabricError::Register(format!("spawn QP thread: {e}"));
         let s = shared.clone();
         thread::Builder::new()
             .name("qp-send".into())
             .stack_size(NIC_STACK)
-            .spawn(move || qp_sender(s, rx))
+            .spawn(move || qp_sender(s))
             .map_err(spawn_err)?;
         let s = shared.clone();
         thread::Builder::new()
@@ -320,16 +344,14 @@ impl TcpQp {
             .stack_size(NIC_STACK)
             .spawn(move || qp_receiver(s))
             .map_err(spawn_err)?;
-        Ok(Arc::new(TcpQp {
-            shared,
-            tx: Mutex::new(Some(tx)),
-        }))
+        Ok(Arc::new(TcpQp { shared }))
     }
 }
 
 impl QueuePair for TcpQp {
     fn post(&self, wrs: &[WorkRequest]) {
-        let tx = self.tx.lock().unwrap().clone();
+        let s = &*self.shared;
+        let mut q = s.send.lock().unwrap();
         for wr in wrs {
             // The local side is checked here, as a NIC checks the lkey when it fetches the WQE.
             let need = match wr.opcode {
@@ -337,26 +359,36 @@ impl QueuePair for TcpQp {
                 Opcode::Write => Access::NONE,
             };
             let hold = if wr.local.len <= MAX_OP_LEN {
-                self.shared
-                    .table
+                s.table
                     .acquire(wr.local.lkey, wr.local.addr, wr.local.len, need)
             } else {
                 None
             };
             let Some(hold) = hold else {
-                self.shared
-                    .complete(wr, WcStatus::LocalProtectionError, None);
+                s.complete(wr, WcStatus::LocalProtectionError, None);
                 continue;
             };
-            let posted = Posted { wr: *wr, hold };
-            let rejected = match &tx {
-                Some(tx) if !self.shared.dead.load(Ordering::SeqCst) => tx.send(posted).err(),
-                _ => Some(crossbeam_channel::SendError(posted)),
-            };
-            if let Some(crossbeam_channel::SendError(p)) = rejected {
-                self.shared
-                    .complete(&p.wr, WcStatus::TransportError, Some(p.hold));
+            // Back-pressure: a full send queue waits for the sender to make room.
+            while q.queue.len() >= SEND_QUEUE_DEPTH && !q.closed && !s.dead.load(Ordering::SeqCst) {
+                s.work.notify_one();
+                q = s.space.wait(q).unwrap();
             }
+            if q.closed || s.dead.load(Ordering::SeqCst) {
+                s.complete(wr, WcStatus::TransportError, Some(hold));
+                continue;
+            }
+            q.queue.push_back(Posted { wr: *wr, hold });
+        }
+        if q.sending {
+            return; // whoever is sending will get to these
+        }
+        match q.queue.front() {
+            Some(head) if inline_ok(&head.wr) => {
+                q.sending = true;
+                send_inline(s, q);
+            }
+            Some(_) => s.work.notify_one(),
+            None => {}
         }
     }
 
@@ -365,7 +397,12 @@ impl QueuePair for TcpQp {
     }
 
     fn disconnect(&self) {
-        self.tx.lock().unwrap().take();
+        {
+            let mut q = self.shared.send.lock().unwrap();
+            q.closed = true;
+            self.shared.work.notify_all();
+            self.shared.space.notify_all();
+        }
         self.shared.fail_all_as(&"disconnected by the client", true);
     }
 }
@@ -389,58 +426,106 @@ fn encode_request(wr: &WorkRequest, seq: u64) -> [u8; REQ_HEADER] {
     h
 }
 
-fn qp_sender(s: Arc<QpShared>, rx: crossbeam_channel::Receiver<Posted>) {
-    let fd = s.stream.as_raw_fd();
-    let mut seq: u64 = 0;
-    while let Ok(posted) = rx.recv() {
-        let wr = posted.wr;
-        // The sender reads the payload independently of when the completion is reaped (the
-        // connection may fail mid-send and the completion go out first): its own hold keeps
-        // the buffer registered and alive until the bytes are handed to the kernel.
-        let send_hold = (wr.opcode == Opcode::Write).then(|| posted.hold.another());
-        {
-            let mut pending = s.pending.lock().unwrap();
-            if s.dead.load(Ordering::SeqCst) {
-                drop(pending);
-                s.complete(&wr, WcStatus::TransportError, Some(posted.hold));
-                continue;
-            }
-            pending.push_back(posted);
+/// Sends one request (header, and payload for a WRITE) on the wire. Called by whoever holds
+/// the send turn: a poster sending inline, or the sender thread.
+fn send_one(s: &QpShared, posted: Posted, seq: u64) {
+    let wr = posted.wr;
+    // The sender reads the payload independently of when the completion is reaped (the
+    // connection may fail mid-send and the completion go out first): its own hold keeps the
+    // buffer registered and alive until the bytes are handed to the kernel.
+    let send_hold = (wr.opcode == Opcode::Write).then(|| posted.hold.another());
+    {
+        let mut pending = s.pending.lock().unwrap();
+        if s.dead.load(Ordering::SeqCst) {
+            drop(pending);
+            s.complete(&wr, WcStatus::TransportError, Some(posted.hold));
+            return;
         }
-        let header = encode_request(&wr, seq);
-        seq += 1;
-        let mut parts = [
-            RawSlice {
-                ptr: header.as_ptr(),
-                len: REQ_HEADER,
-            },
-            RawSlice {
-                ptr: wr.local.addr as *const u8,
-                len: 0,
-            },
-        ];
-        if send_hold.is_some() {
-            parts[1].len = wr.local.len as usize;
-        }
-        let mut last_sent = 0;
-        let mut keep_waiting = |sent: usize| {
-            if sent != last_sent {
-                last_sent = sent;
-                s.touch();
-            }
-            !s.dead.load(Ordering::SeqCst) && !s.stalled()
-        };
-        s.touch();
-        // SAFETY: the header is on our stack; the payload range was checked against a live
-        // registration by `acquire`, and `send_hold` keeps that registration (and an owned
-        // buffer) alive until this call returns.
-        let res = unsafe { send_all_raw(fd, &parts, &mut keep_waiting) };
-        drop(send_hold);
-        if let Err(e) = res {
-            s.fail_all(&format_args!("send: {e}"));
-        } else {
+        pending.push_back(posted);
+    }
+    let header = encode_request(&wr, seq);
+    let mut parts = [
+        RawSlice {
+            ptr: header.as_ptr(),
+            len: REQ_HEADER,
+        },
+        RawSlice {
+            ptr: wr.local.addr as *const u8,
+            len: 0,
+        },
+    ];
+    if send_hold.is_some() {
+        parts[1].len = wr.local.len as usize;
+    }
+    let mut last_sent = 0;
+    let mut keep_waiting = |sent: usize| {
+        if sent != last_sent {
+            last_sent = sent;
             s.touch();
         }
+        !s.dead.load(Ordering::SeqCst) && !s.stalled()
+    };
+    s.touch();
+    // SAFETY: the header is on our stack; the payload range was checked against a live
+    // registration by `acquire`, and `send_hold` keeps that registration (and an owned buffer)
+    // alive until this call returns.
+    let res = unsafe { send_all_raw(s.stream.as_raw_fd(), &parts, &mut keep_waiting) };
+    drop(send_hold);
+    match res {
+        Err(e) => s.fail_all(&format_args!("send: {e}")),
+        Ok(()) => s.touch(),
+    }
+}
+
+/// Requests worth sending on the poster's own thread: no payload, or a small one. Saves a
+/// thread hand-off (two context switches) per small operation; large payloads go to the
+/// sender thread so `post` never blocks for long.
+const INLINE_MAX: u64 = 64 * 1024;
+
+fn inline_ok(wr: &WorkRequest) -> bool {
+    wr.opcode == Opcode::Read || wr.local.len <= INLINE_MAX
+}
+
+/// Takes send turns while the queue's head is small; returns with the turn released, handing
+/// any remaining work to the sender thread.
+fn send_inline<'a>(s: &'a QpShared, mut q: std::sync::MutexGuard<'a, SendQueue>) {
+    while let Some(head) = q.queue.front() {
+        if !inline_ok(&head.wr) {
+            break;
+        }
+        let posted = q.queue.pop_front().expect("non-empty");
+        let seq = q.next_seq;
+        q.next_seq += 1;
+        s.space.notify_one();
+        drop(q);
+        send_one(s, posted, seq);
+        q = s.send.lock().unwrap();
+    }
+    q.sending = false;
+    if !q.queue.is_empty() {
+        s.work.notify_one();
+    }
+}
+
+fn qp_sender(s: Arc<QpShared>) {
+    let mut q = s.send.lock().unwrap();
+    loop {
+        if !q.sending && !q.queue.is_empty() {
+            let posted = q.queue.pop_front().expect("non-empty");
+            let seq = q.next_seq;
+            q.next_seq += 1;
+            q.sending = true;
+            s.space.notify_one();
+            drop(q);
+            send_one(&s, posted, seq);
+            q = s.send.lock().unwrap();
+            q.sending = false;
+            continue;
+        }
+        if q.closed && q.queue.is_empty() {
+            return;
+        }
+        q = s.work.wait(q).unwrap();
     }
 }
 
