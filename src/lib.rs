@@ -2,13 +2,20 @@
 //!
 //! Layers, bottom up: [`fabric`] (one-sided RDMA READ/WRITE behind a trait: TCP software RDMA,
 //! in-process, and verbs), [`proto`] (the control protocol), [`server`] (the memory server),
-//! [`client`] (the pool of servers as a client sees it).
+//! [`client`] (the pool of servers as a client sees it), [`data`] (file bytes as remote
+//! chunks), [`meta`] (local inodes and directories), [`fs`] (POSIX semantics, no FUSE),
+//! [`fuse`] (the fuser adapter) and [`mount`] (putting it together).
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod bench;
 pub mod client;
+pub mod data;
 pub mod error;
 pub mod fabric;
+pub mod fs;
+pub mod fuse;
+pub mod meta;
+pub mod mount;
 pub mod proto;
 pub mod server;
 pub mod size;

@@ -4,11 +4,15 @@ use clap::{Parser, Subcommand};
 use rmemfs::bench::{self, BenchConfig};
 use rmemfs::fabric::tcp::{TcpConfig, TcpFabric};
 use rmemfs::fabric::Fabric;
+use rmemfs::mount::{self, MountConfig};
 use rmemfs::server::{MemoryServer, ServerConfig, DEFAULT_PORT};
 use rmemfs::size::{format_size, parse_size};
+use std::io::BufRead;
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,6 +50,43 @@ enum Cmd {
         /// Seconds without progress after which a one-sided operation fails.
         #[arg(long, default_value_t = 10)]
         op_timeout: u64,
+    },
+    /// Mount the pool of memory servers as a file system at MOUNTPOINT.
+    ///
+    /// Without --servers, an embedded memory server is started in this process. By default
+    /// the command returns once the mount is ready and the file system keeps running in the
+    /// background; `umount MOUNTPOINT` (or SIGINT/SIGTERM to the daemon) unmounts it and gives
+    /// the remote memory back.
+    Mount {
+        /// Where to mount (an existing, empty directory that is not a mount point).
+        mountpoint: PathBuf,
+        /// Memory servers, `host[:port]` separated by commas (port 7471 when omitted).
+        #[arg(long, value_delimiter = ',')]
+        servers: Vec<String>,
+        /// Arena of the embedded memory server (only without --servers); default a quarter of
+        /// the available RAM, 64M to 8G.
+        #[arg(long, value_parser = parse_size)]
+        size: Option<u64>,
+        /// Stay in the foreground (logs go to stderr).
+        #[arg(short, long)]
+        foreground: bool,
+        /// Mount options, comma separated: allow_other, allow_root, ro, rw, auto_unmount,
+        /// noatime, nodev, nosuid, noexec, fsname=NAME, subtype=NAME.
+        #[arg(short = 'o', value_delimiter = ',')]
+        options: Vec<String>,
+        /// Size of the chunks files are cut into (a power of two); each chunk lives on one
+        /// server, chosen by free memory.
+        #[arg(long, default_value = "1M", value_parser = parse_size)]
+        chunk_size: u64,
+        /// FUSE worker threads.
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+        /// Seconds without progress after which an operation on a server fails (EIO).
+        #[arg(long, default_value_t = 10)]
+        op_timeout: u64,
+        /// In the background, write logs here (default: discarded).
+        #[arg(long)]
+        log_file: Option<PathBuf>,
     },
     /// Measure the TCP fabric against plain TCP on loopback (throughput and latency ratios).
     BenchFabric {
@@ -98,6 +139,34 @@ fn main() -> ExitCode {
         })
         .map_err(|e| format!("benchmark failed: {e}")),
         Cmd::BenchPeer { listen } => bench::run_peer(listen).map_err(|e| e.to_string()),
+        Cmd::Mount {
+            mountpoint,
+            servers,
+            size,
+            foreground,
+            options,
+            chunk_size,
+            threads,
+            op_timeout,
+            log_file,
+        } => {
+            let config = MountConfig {
+                mountpoint,
+                servers,
+                size,
+                options,
+                chunk_size,
+                threads,
+                op_timeout: Duration::from_secs(op_timeout),
+            };
+            if foreground {
+                mount::run(&config, &mut || {})
+            } else if std::env::var_os(DAEMON_ENV).is_some() {
+                daemon_child(&config)
+            } else {
+                daemon_parent(log_file.as_deref())
+            }
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -144,4 +213,72 @@ fn serve(listen: SocketAddr, size: u64, fabric: &str, op_timeout: Duration) -> R
     server.shutdown();
     eprintln!("rmemfs serve: stopped");
     Ok(())
+}
+
+/// Set in the environment of the background mount process.
+const DAEMON_ENV: &str = "RMEMFS_DAEMON_CHILD";
+
+/// Starts this same command again as a detached background process and waits until it says
+/// the mount is ready (or why it failed) on its stdout.
+fn daemon_parent(log_file: Option<&Path>) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own binary: {e}"))?;
+    let stderr = match log_file {
+        Some(p) => Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|e| format!("cannot open log file {}: {e}", p.display()))?,
+        ),
+        None => Stdio::null(),
+    };
+    let mut child = Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env(DAEMON_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .map_err(|e| format!("cannot start the mount daemon: {e}"))?;
+    let mut line = String::new();
+    let out = child.stdout.take().expect("piped");
+    let _ = std::io::BufReader::new(out).read_line(&mut line);
+    match line.trim_end().split_once(' ') {
+        Some(("ready", _)) => Ok(()),
+        Some(("error", msg)) => {
+            let _ = child.wait();
+            Err(msg.to_string())
+        }
+        _ => {
+            let status = child.wait().map_err(|e| e.to_string())?;
+            Err(format!(
+                "the mount daemon exited before the mount was ready ({status})"
+            ))
+        }
+    }
+}
+
+/// The background mount process: detaches, mounts, reports readiness to the parent through
+/// stdout, then serves until unmounted.
+fn daemon_child(config: &MountConfig) -> Result<(), String> {
+    // SAFETY: setsid has no memory-safety preconditions; it fails harmlessly if we already
+    // lead a session.
+    unsafe { libc::setsid() };
+    let mut ready = || {
+        println!("ready {}", std::process::id());
+        let _ = std::io::stdout().flush();
+        // Let the parent see end-of-file: point our stdout at /dev/null.
+        if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+            use std::os::fd::AsRawFd;
+            // SAFETY: dup2 onto fd 1 replaces our stdout; both descriptors are valid.
+            unsafe { libc::dup2(null.as_raw_fd(), 1) };
+        }
+    };
+    let result = mount::run(config, &mut ready);
+    if let Err(msg) = &result {
+        // Before `ready`, stdout is still the parent's pipe: it reports this.
+        println!("error {msg}");
+        let _ = std::io::stdout().flush();
+    }
+    result
 }

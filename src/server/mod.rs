@@ -391,9 +391,13 @@ impl Session {
         };
         // SAFETY: `offset + rlen <= arena.len` by the allocator's construction, so the range
         // lies inside the arena mapping, which outlives every registration (it is dropped
-        // last, after all sessions have released their extents).
+        // last, after all sessions have released their extents). The range is free, so no
+        // registration covers it and no remote peer can be writing it while it is zeroed.
         let registered = unsafe {
             let ptr = self.shared.arena.ptr.add(offset as usize);
+            // Extents are handed out zeroed: a client never sees another client's old bytes,
+            // and file holes inside a chunk read as zeros.
+            std::ptr::write_bytes(ptr, 0, rlen as usize);
             self.shared
                 .fabric
                 .register(ptr, rlen as usize, Access::REMOTE)

@@ -1,0 +1,337 @@
+//! File data on the pool: turns byte ranges of a file into one-sided READs and WRITEs of its
+//! remote chunks.
+//!
+//! A file is cut into chunks of `chunk_size` bytes; chunk `i` holds file bytes
+//! `[i*chunk_size, (i+1)*chunk_size)`. Chunks are allocated on first write, each on the server
+//! with the most free memory, so a file can outgrow any one server and large I/O reaches
+//! several servers at once (all ops of one request are posted before any is waited for).
+//! A file's *first* chunk starts page-sized and doubles as the file grows, so small files cost
+//! pages, not whole chunks; later chunks are allocated whole. Servers zero extents they hand
+//! out, so unwritten parts of a chunk read as zeros, like holes.
+//!
+//! Data moves through registered bounce buffers from a small pool (registration is costly, so
+//! buffers are registered once and reused).
+
+use crate::client::{Pool, RemoteOp};
+use crate::error::{Error, Result};
+use crate::fabric::mem::page_size;
+use crate::fabric::{Access, AlignedBuf, LocalMr, Opcode, RemoteRegion, ServerId};
+use crate::meta::Chunk;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Bytes moved per round of remote operations: the largest FUSE request (1 MiB on current
+/// kernels), so a request needs one bounce buffer and one round.
+pub const IO_SIZE: usize = 1 << 20;
+
+/// A registered bounce buffer.
+struct Bounce {
+    buf: Arc<AlignedBuf>,
+    mr: LocalMr,
+}
+
+/// Chunk I/O over a pool of memory servers.
+pub struct DataStore {
+    pool: Arc<Pool>,
+    chunk_size: u64,
+    free_bufs: Mutex<Vec<Bounce>>,
+    buf_returned: Condvar,
+    bufs_made: Mutex<usize>,
+    max_bufs: usize,
+    /// Zeros, for clearing the tail of a chunk on truncate.
+    zeros: Bounce,
+}
+
+/// A bounce buffer on loan; goes back to the pool on drop.
+struct Loan<'a> {
+    store: &'a DataStore,
+    bounce: Option<Bounce>,
+}
+
+impl Loan<'_> {
+    fn b(&self) -> &Bounce {
+        self.bounce.as_ref().expect("present until drop")
+    }
+}
+
+impl Drop for Loan<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.bounce.take() {
+            self.store.free_bufs.lock().unwrap().push(b);
+            self.store.buf_returned.notify_one();
+        }
+    }
+}
+
+fn region(c: &Chunk) -> RemoteRegion {
+    RemoteRegion {
+        server: ServerId(c.server),
+        addr: c.addr,
+        len: c.len,
+        rkey: c.rkey,
+    }
+}
+
+impl DataStore {
+    /// `max_bufs` bounds the bounce buffers (and so the concurrent I/O rounds).
+    pub fn new(pool: Arc<Pool>, chunk_size: u64, max_bufs: usize) -> Result<DataStore> {
+        let page = page_size() as u64;
+        if chunk_size < page || !chunk_size.is_power_of_two() {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!("chunk size {chunk_size} must be a power of two of at least {page}"),
+            ));
+        }
+        let zeros = Self::make_bounce(&pool)?;
+        Ok(DataStore {
+            pool,
+            chunk_size,
+            free_bufs: Mutex::new(Vec::new()),
+            buf_returned: Condvar::new(),
+            bufs_made: Mutex::new(0),
+            max_bufs: max_bufs.max(1),
+            zeros,
+        })
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+    pub fn chunk_size(&self) -> u64 {
+        self.chunk_size
+    }
+
+    fn make_bounce(pool: &Pool) -> Result<Bounce> {
+        let buf = Arc::new(AlignedBuf::new(IO_SIZE)?);
+        let mr = pool.fabric().register_buf(buf.clone(), Access::LOCAL)?;
+        Ok(Bounce { buf, mr })
+    }
+
+    fn loan(&self) -> Result<Loan<'_>> {
+        let mut free = self.free_bufs.lock().unwrap();
+        loop {
+            if let Some(b) = free.pop() {
+                return Ok(Loan {
+                    store: self,
+                    bounce: Some(b),
+                });
+            }
+            {
+                let mut made = self.bufs_made.lock().unwrap();
+                if *made < self.max_bufs {
+                    *made += 1;
+                    drop(made);
+                    drop(free);
+                    return match Self::make_bounce(&self.pool) {
+                        Ok(b) => Ok(Loan {
+                            store: self,
+                            bounce: Some(b),
+                        }),
+                        Err(e) => {
+                            *self.bufs_made.lock().unwrap() -= 1;
+                            Err(e)
+                        }
+                    };
+                }
+            }
+            free = self.buf_returned.wait(free).unwrap();
+        }
+    }
+
+    /// Splits `[offset, offset+len)` into per-chunk pieces: `(chunk index, offset in chunk,
+    /// length, offset in the range)`.
+    fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64, u64, u64)> + '_ {
+        let cs = self.chunk_size;
+        let mut pos = offset;
+        let end = offset + len;
+        std::iter::from_fn(move || {
+            if pos >= end {
+                return None;
+            }
+            let idx = pos / cs;
+            let in_chunk = pos % cs;
+            let n = (cs - in_chunk).min(end - pos);
+            let piece = (idx, in_chunk, n, pos - offset);
+            pos += n;
+            Some(piece)
+        })
+    }
+
+    /// Reads file bytes at `offset` into `out` (which the caller zeroed: holes stay zero).
+    pub fn read(&self, chunks: &BTreeMap<u64, Chunk>, offset: u64, out: &mut [u8]) -> Result<()> {
+        let loan = self.loan()?;
+        let b = loan.b();
+        for (w, window) in out.chunks_mut(IO_SIZE).enumerate() {
+            let woff = offset + (w * IO_SIZE) as u64;
+            let mut ops = Vec::new();
+            let mut copies = Vec::new();
+            for (idx, in_chunk, n, at) in self.pieces(woff, window.len() as u64) {
+                let Some(c) = chunks.get(&idx) else { continue };
+                // Only the part of the piece the chunk actually covers; the rest is a hole.
+                let covered = c.len.saturating_sub(in_chunk).min(n);
+                if covered == 0 {
+                    continue;
+                }
+                ops.push(RemoteOp {
+                    opcode: Opcode::Read,
+                    local: b.mr.sge(at, covered),
+                    remote: region(c),
+                    offset: in_chunk,
+                });
+                copies.push((at as usize, covered as usize));
+            }
+            self.pool.execute(&ops)?;
+            for (at, n) in copies {
+                b.buf.read_at(at, &mut window[at..at + n]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at file `offset`, allocating or growing chunks as needed. Returns once the
+    /// bytes are in remote memory.
+    pub fn write(&self, chunks: &mut BTreeMap<u64, Chunk>, offset: u64, data: &[u8]) -> Result<()> {
+        let loan = self.loan()?;
+        let b = loan.b();
+        for (w, window) in data.chunks(IO_SIZE).enumerate() {
+            let woff = offset + (w * IO_SIZE) as u64;
+            // Make room first (growing a chunk borrows the bounce buffer for its copy).
+            for (idx, in_chunk, n, _) in self.pieces(woff, window.len() as u64) {
+                self.ensure(chunks, idx, in_chunk + n, b)?;
+            }
+            b.buf.write_at(0, window);
+            let ops: Vec<RemoteOp> = self
+                .pieces(woff, window.len() as u64)
+                .map(|(idx, in_chunk, n, at)| RemoteOp {
+                    opcode: Opcode::Write,
+                    local: b.mr.sge(at, n),
+                    remote: region(&chunks[&idx]),
+                    offset: in_chunk,
+                })
+                .collect();
+            self.pool.execute(&ops)?;
+        }
+        Ok(())
+    }
+
+    /// The length to give chunk `idx` so it covers `needed` bytes, growing from `current`.
+    fn target_len(&self, idx: u64, current: u64, needed: u64) -> u64 {
+        if idx > 0 {
+            return self.chunk_size;
+        }
+        let page = page_size() as u64;
+        let needed = needed.div_ceil(page) * page;
+        needed.max(current * 2).min(self.chunk_size)
+    }
+
+    /// Makes chunk `idx` at least `needed` bytes long: allocates it, or moves a short first
+    /// chunk into a larger extent (copying its bytes through `b`).
+    fn ensure(
+        &self,
+        chunks: &mut BTreeMap<u64, Chunk>,
+        idx: u64,
+        needed: u64,
+        b: &Bounce,
+    ) -> Result<()> {
+        let current = chunks.get(&idx).copied();
+        if current.is_some_and(|c| c.len >= needed) {
+            return Ok(());
+        }
+        let len = self.target_len(idx, current.map_or(0, |c| c.len), needed);
+        let r = self.pool.alloc(len)?;
+        let new = Chunk {
+            server: r.server.0,
+            addr: r.addr,
+            len: r.len,
+            rkey: r.rkey,
+        };
+        if let Some(old) = current {
+            let mut copied = 0;
+            while copied < old.len {
+                let n = (old.len - copied).min(IO_SIZE as u64);
+                let copy = [
+                    RemoteOp {
+                        opcode: Opcode::Read,
+                        local: b.mr.sge(0, n),
+                        remote: region(&old),
+                        offset: copied,
+                    },
+                    RemoteOp {
+                        opcode: Opcode::Write,
+                        local: b.mr.sge(0, n),
+                        remote: r,
+                        offset: copied,
+                    },
+                ];
+                // Two batches: the write must not start before the read has landed.
+                let res = self
+                    .pool
+                    .execute(&copy[..1])
+                    .and_then(|()| self.pool.execute(&copy[1..]));
+                if let Err(e) = res {
+                    let _ = self.pool.free(r);
+                    return Err(e.into());
+                }
+                copied += n;
+            }
+            self.free_chunk(&old);
+        }
+        chunks.insert(idx, new);
+        Ok(())
+    }
+
+    /// Allocates every chunk covering `[offset, offset+len)` (fallocate).
+    pub fn allocate(&self, chunks: &mut BTreeMap<u64, Chunk>, offset: u64, len: u64) -> Result<()> {
+        let loan = self.loan()?;
+        let pieces: Vec<_> = self.pieces(offset, len).collect();
+        for (idx, in_chunk, n, _) in pieces {
+            self.ensure(chunks, idx, in_chunk + n, loan.b())?;
+        }
+        Ok(())
+    }
+
+    /// Cuts the data to `size` bytes: frees whole chunks past it and zeroes the rest of the
+    /// chunk it ends in, so a later extension reads zeros there.
+    pub fn truncate(&self, chunks: &mut BTreeMap<u64, Chunk>, size: u64) -> Result<()> {
+        let cs = self.chunk_size;
+        let keep = size.div_ceil(cs);
+        let gone: Vec<u64> = chunks.range(keep..).map(|(i, _)| *i).collect();
+        for i in gone {
+            let c = chunks.remove(&i).expect("listed");
+            self.free_chunk(&c);
+        }
+        if size % cs != 0 {
+            if let Some(c) = chunks.get(&(size / cs)) {
+                let from = size % cs;
+                let mut ops = Vec::new();
+                let mut at = from;
+                while at < c.len {
+                    let n = (c.len - at).min(IO_SIZE as u64);
+                    ops.push(RemoteOp {
+                        opcode: Opcode::Write,
+                        local: self.zeros.mr.sge(0, n),
+                        remote: region(c),
+                        offset: at,
+                    });
+                    at += n;
+                }
+                self.pool.execute(&ops)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn free_chunk(&self, c: &Chunk) {
+        if let Err(e) = self.pool.free(region(c)) {
+            // The server is gone (and its memory with it) or refused: nothing to give back.
+            log::debug!("freeing a chunk on server {}: {e}", c.server);
+        }
+    }
+
+    /// Gives every chunk back (unlinked file, last close).
+    pub fn release(&self, chunks: BTreeMap<u64, Chunk>) {
+        for c in chunks.values() {
+            self.free_chunk(c);
+        }
+    }
+}

@@ -1,0 +1,909 @@
+//! The POSIX core: file system semantics over local metadata (`meta`) and remote data (`data`).
+//!
+//! Testable without FUSE: every operation takes plain arguments and returns plain structs or an
+//! errno-carrying [`Error`]; `fuse.rs` is a thin adapter. Locking: one mutex guards the
+//! metadata and is only held for in-memory work; a file's extent map has its own lock, held
+//! across the remote I/O that uses it, so no network round trip ever happens under the metadata
+//! lock and I/O on different files runs in parallel.
+//!
+//! Permission checks are the kernel's (the mount uses `default_permissions`); [`Fs::access`]
+//! answers explicit `access(2)` calls from the same rules.
+
+use crate::data::DataStore;
+use crate::error::{Error, Result};
+use crate::meta::{Body, Dir, FileData, Ino, Inode, Kind, Meta, NAME_MAX};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+/// Attributes of an inode, as `stat` shows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: Kind,
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub size: u64,
+    /// 512-byte blocks (from the size: holes are not told apart).
+    pub blocks: u64,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+}
+
+/// The caller of an operation (owner of what it creates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// A time to set with `setattr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetTime {
+    Now,
+    At(SystemTime),
+}
+
+/// The changes of a `setattr` call.
+#[derive(Debug, Clone, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+}
+
+/// One `readdir` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: Ino,
+    /// The offset to resume after this entry.
+    pub offset: u64,
+    pub kind: Kind,
+    pub name: Vec<u8>,
+}
+
+/// File system capacity for `statfs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatFs {
+    pub block_size: u32,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub files: u64,
+    pub files_free: u64,
+    pub name_max: u32,
+}
+
+/// Open flags that matter here.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenMode {
+    pub read: bool,
+    pub write: bool,
+    pub append: bool,
+    pub truncate: bool,
+}
+
+impl OpenMode {
+    /// From `open(2)` flags.
+    pub fn from_flags(flags: i32) -> OpenMode {
+        let acc = flags & libc::O_ACCMODE;
+        OpenMode {
+            read: acc == libc::O_RDONLY || acc == libc::O_RDWR,
+            write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
+            append: flags & libc::O_APPEND != 0,
+            truncate: flags & libc::O_TRUNC != 0,
+        }
+    }
+}
+
+/// `rename` flags.
+pub const RENAME_NOREPLACE: u32 = 1;
+pub const RENAME_EXCHANGE: u32 = 2;
+
+/// `fallocate` mode bits understood here.
+const FALLOC_FL_KEEP_SIZE: i32 = 1;
+
+struct Handle {
+    ino: Ino,
+    mode: OpenMode,
+}
+
+/// Settings of a file system instance.
+#[derive(Debug, Clone)]
+pub struct FsConfig {
+    pub root_uid: u32,
+    pub root_gid: u32,
+    pub read_only: bool,
+}
+
+/// The file system.
+pub struct Fs {
+    meta: Mutex<Meta>,
+    data: DataStore,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    config: FsConfig,
+}
+
+fn err(errno: i32) -> Error {
+    Error::new(errno, std::io::Error::from_raw_os_error(errno).to_string())
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+        return Err(err(libc::EINVAL));
+    }
+    if name.len() > NAME_MAX {
+        return Err(err(libc::ENAMETOOLONG));
+    }
+    Ok(())
+}
+
+fn attr_of(ino: Ino, i: &Inode) -> Attr {
+    // Derived from the size rather than the extent map: the map's lock is taken before the
+    // metadata lock elsewhere, so it must not be taken under it.
+    let blocks = i.size.div_ceil(512);
+    Attr {
+        ino,
+        kind: i.kind,
+        perm: i.perm,
+        nlink: i.nlink,
+        uid: i.uid,
+        gid: i.gid,
+        rdev: i.rdev,
+        size: i.size,
+        blocks,
+        atime: i.atime,
+        mtime: i.mtime,
+        ctime: i.ctime,
+    }
+}
+
+fn new_inode(kind: Kind, perm: u16, caller: Caller, body: Body) -> Inode {
+    let now = SystemTime::now();
+    Inode {
+        kind,
+        perm,
+        uid: caller.uid,
+        gid: caller.gid,
+        nlink: if kind == Kind::Dir { 2 } else { 1 },
+        rdev: 0,
+        size: 0,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        lookups: 0,
+        opens: 0,
+        body,
+        xattrs: None,
+    }
+}
+
+impl Fs {
+    pub fn new(data: DataStore, config: FsConfig) -> Fs {
+        Fs {
+            meta: Mutex::new(Meta::new(0o755, config.root_uid, config.root_gid)),
+            data,
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            config,
+        }
+    }
+
+    pub fn data(&self) -> &DataStore {
+        &self.data
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.config.read_only {
+            Err(err(libc::EROFS))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Number of inodes (files, directories...) in the table.
+    pub fn inode_count(&self) -> usize {
+        self.meta.lock().unwrap().len()
+    }
+
+    fn inode(meta: &Meta, ino: Ino) -> Result<&Inode> {
+        meta.get(ino).ok_or_else(|| err(libc::ENOENT))
+    }
+    fn inode_mut(meta: &mut Meta, ino: Ino) -> Result<&mut Inode> {
+        meta.get_mut(ino).ok_or_else(|| err(libc::ENOENT))
+    }
+    fn dir(meta: &Meta, ino: Ino) -> Result<&Dir> {
+        Self::inode(meta, ino)?
+            .dir()
+            .ok_or_else(|| err(libc::ENOTDIR))
+    }
+    fn dir_mut(meta: &mut Meta, ino: Ino) -> Result<&mut Dir> {
+        Self::inode_mut(meta, ino)?
+            .dir_mut()
+            .ok_or_else(|| err(libc::ENOTDIR))
+    }
+
+    fn touch_dir(meta: &mut Meta, ino: Ino) {
+        if let Some(i) = meta.get_mut(ino) {
+            let now = SystemTime::now();
+            i.mtime = now;
+            i.ctime = now;
+        }
+    }
+
+    /// Releases an inode's data if it became an orphan, and drops it from the table once the
+    /// kernel has forgotten it too. Data is freed outside the metadata lock.
+    fn settle(&self, mut meta: std::sync::MutexGuard<'_, Meta>, ino: Ino) {
+        let orphan_file = match meta.get(ino) {
+            Some(i) if i.is_orphan() => i.file().cloned(),
+            _ => None,
+        };
+        meta.reap(ino);
+        drop(meta);
+        if let Some(f) = orphan_file {
+            let chunks = std::mem::take(&mut *f.chunks.write().unwrap());
+            self.data.release(chunks);
+        }
+    }
+
+    // ---- lookups -------------------------------------------------------------------------
+
+    /// Looks `name` up in `parent`; counts a kernel reference on success.
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        let mut meta = self.meta.lock().unwrap();
+        if name.len() > NAME_MAX {
+            return Err(err(libc::ENAMETOOLONG));
+        }
+        let dir = Self::dir(&meta, parent)?;
+        let ino = match name {
+            b"." => parent,
+            b".." => dir.parent,
+            _ => dir.get(name).ok_or_else(|| err(libc::ENOENT))?,
+        };
+        let inode = Self::inode_mut(&mut meta, ino)?;
+        inode.lookups += 1;
+        Ok(attr_of(ino, inode))
+    }
+
+    /// The kernel dropped `n` references.
+    pub fn forget(&self, ino: Ino, n: u64) {
+        let mut meta = self.meta.lock().unwrap();
+        if let Some(i) = meta.get_mut(ino) {
+            i.lookups = i.lookups.saturating_sub(n);
+        }
+        self.settle(meta, ino);
+    }
+
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        let meta = self.meta.lock().unwrap();
+        Ok(attr_of(ino, Self::inode(&meta, ino)?))
+    }
+
+    pub fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr> {
+        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
+            self.writable()?;
+        }
+        if let Some(size) = set.size {
+            self.resize(ino, size)?;
+        }
+        let mut meta = self.meta.lock().unwrap();
+        let i = Self::inode_mut(&mut meta, ino)?;
+        let now = SystemTime::now();
+        if let Some(mode) = set.mode {
+            i.perm = (mode & 0o7777) as u16;
+        }
+        if let Some(uid) = set.uid {
+            i.uid = uid;
+        }
+        if let Some(gid) = set.gid {
+            i.gid = gid;
+        }
+        let pick = |t: SetTime| match t {
+            SetTime::Now => now,
+            SetTime::At(t) => t,
+        };
+        if let Some(t) = set.atime {
+            i.atime = pick(t);
+        }
+        if let Some(t) = set.mtime {
+            i.mtime = pick(t);
+        }
+        i.ctime = now;
+        Ok(attr_of(ino, i))
+    }
+
+    /// Sets a regular file's size (truncate or extend with a hole).
+    fn resize(&self, ino: Ino, size: u64) -> Result<()> {
+        let file = {
+            let meta = self.meta.lock().unwrap();
+            let i = Self::inode(&meta, ino)?;
+            match i.kind {
+                Kind::File => i.file().cloned().expect("files have data"),
+                Kind::Dir => return Err(err(libc::EISDIR)),
+                _ => return Err(err(libc::EINVAL)),
+            }
+        };
+        let mut chunks = file.chunks.write().unwrap();
+        let old = Self::inode(&self.meta.lock().unwrap(), ino)?.size;
+        if size < old {
+            self.data.truncate(&mut chunks, size)?;
+        }
+        let mut meta = self.meta.lock().unwrap();
+        let i = Self::inode_mut(&mut meta, ino)?;
+        i.size = size;
+        let now = SystemTime::now();
+        i.mtime = now;
+        i.ctime = now;
+        Ok(())
+    }
+
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        let meta = self.meta.lock().unwrap();
+        match &Self::inode(&meta, ino)?.body {
+            Body::Symlink(t) => Ok(t.to_vec()),
+            _ => Err(err(libc::EINVAL)),
+        }
+    }
+
+    // ---- creating and removing names -----------------------------------------------------
+
+    /// Adds a fresh inode under `parent/name` and counts a kernel reference to it.
+    fn make(&self, parent: Ino, name: &[u8], inode: Inode) -> Result<Attr> {
+        self.writable()?;
+        check_name(name)?;
+        let mut meta = self.meta.lock().unwrap();
+        let dir = Self::dir(&meta, parent)?;
+        if dir.get(name).is_some() {
+            return Err(err(libc::EEXIST));
+        }
+        let is_dir = inode.kind == Kind::Dir;
+        let ino = meta.insert(inode);
+        if is_dir {
+            if let Some(d) = meta.get_mut(ino).and_then(Inode::dir_mut) {
+                d.parent = parent;
+            }
+            Self::inode_mut(&mut meta, parent)?.nlink += 1;
+        }
+        Self::dir_mut(&mut meta, parent)?.insert(name, ino);
+        Self::touch_dir(&mut meta, parent);
+        let i = Self::inode_mut(&mut meta, ino)?;
+        i.lookups += 1;
+        Ok(attr_of(ino, i))
+    }
+
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> Result<Attr> {
+        let kind = Kind::from_mode(mode).ok_or_else(|| err(libc::EINVAL))?;
+        let body = match kind {
+            Kind::File => Body::File(Arc::default()),
+            Kind::Dir | Kind::Symlink => return Err(err(libc::EINVAL)),
+            _ => Body::Special,
+        };
+        let mut inode = new_inode(kind, (mode & 0o7777) as u16, caller, body);
+        inode.rdev = rdev;
+        self.make(parent, name, inode)
+    }
+
+    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> Result<Attr> {
+        let body = Body::Dir(Box::new(Dir::new(parent)));
+        self.make(
+            parent,
+            name,
+            new_inode(Kind::Dir, (mode & 0o7777) as u16, caller, body),
+        )
+    }
+
+    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], caller: Caller) -> Result<Attr> {
+        if target.is_empty() {
+            return Err(err(libc::ENOENT));
+        }
+        if target.len() > libc::PATH_MAX as usize {
+            return Err(err(libc::ENAMETOOLONG));
+        }
+        let mut inode = new_inode(Kind::Symlink, 0o777, caller, Body::Symlink(target.into()));
+        inode.size = target.len() as u64;
+        self.make(parent, name, inode)
+    }
+
+    pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
+        self.writable()?;
+        check_name(newname)?;
+        let mut meta = self.meta.lock().unwrap();
+        if Self::inode(&meta, ino)?.kind == Kind::Dir {
+            return Err(err(libc::EPERM));
+        }
+        if Self::dir(&meta, newparent)?.get(newname).is_some() {
+            return Err(err(libc::EEXIST));
+        }
+        Self::dir_mut(&mut meta, newparent)?.insert(newname, ino);
+        Self::touch_dir(&mut meta, newparent);
+        let i = Self::inode_mut(&mut meta, ino)?;
+        i.nlink += 1;
+        i.lookups += 1;
+        i.ctime = SystemTime::now();
+        Ok(attr_of(ino, i))
+    }
+
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, true)
+    }
+
+    fn remove(&self, parent: Ino, name: &[u8], want_dir: bool) -> Result<()> {
+        self.writable()?;
+        if name == b"." {
+            return Err(err(libc::EINVAL));
+        }
+        if name == b".." {
+            return Err(err(libc::ENOTEMPTY));
+        }
+        let mut meta = self.meta.lock().unwrap();
+        let ino = Self::dir(&meta, parent)?
+            .get(name)
+            .ok_or_else(|| err(libc::ENOENT))?;
+        let victim = Self::inode(&meta, ino)?;
+        match (want_dir, victim.kind == Kind::Dir) {
+            (true, false) => return Err(err(libc::ENOTDIR)),
+            (false, true) => return Err(err(libc::EISDIR)),
+            (true, true) if !victim.dir().expect("dir").is_empty() => {
+                return Err(err(libc::ENOTEMPTY))
+            }
+            _ => {}
+        }
+        Self::dir_mut(&mut meta, parent)?.remove(name);
+        Self::touch_dir(&mut meta, parent);
+        if want_dir {
+            Self::inode_mut(&mut meta, parent)?.nlink -= 1;
+        }
+        let i = Self::inode_mut(&mut meta, ino)?;
+        i.nlink = if want_dir { 0 } else { i.nlink - 1 };
+        i.ctime = SystemTime::now();
+        self.settle(meta, ino);
+        Ok(())
+    }
+
+    /// True if `ino` is `ancestor` or lies below it.
+    fn is_within(meta: &Meta, mut ino: Ino, ancestor: Ino) -> bool {
+        loop {
+            if ino == ancestor {
+                return true;
+            }
+            match meta.get(ino).and_then(Inode::dir) {
+                Some(d) if d.parent != ino => ino = d.parent,
+                _ => return false,
+            }
+        }
+    }
+
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        self.writable()?;
+        check_name(name)?;
+        check_name(newname)?;
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        {
+            return Err(err(libc::EINVAL));
+        }
+        let mut meta = self.meta.lock().unwrap();
+        let src = Self::dir(&meta, parent)?
+            .get(name)
+            .ok_or_else(|| err(libc::ENOENT))?;
+        let dst = Self::dir(&meta, newparent)?.get(newname);
+        let src_is_dir = Self::inode(&meta, src)?.kind == Kind::Dir;
+        // A directory cannot move below itself.
+        if src_is_dir && Self::is_within(&meta, newparent, src) {
+            return Err(err(libc::EINVAL));
+        }
+        if flags & RENAME_EXCHANGE != 0 {
+            let dst = dst.ok_or_else(|| err(libc::ENOENT))?;
+            let dst_is_dir = Self::inode(&meta, dst)?.kind == Kind::Dir;
+            if dst_is_dir && Self::is_within(&meta, parent, dst) {
+                return Err(err(libc::EINVAL));
+            }
+            Self::dir_mut(&mut meta, parent)?.replace(name, dst);
+            Self::dir_mut(&mut meta, newparent)?.replace(newname, src);
+            if parent != newparent {
+                for (moved, is_dir, to, from) in [
+                    (src, src_is_dir, newparent, parent),
+                    (dst, dst_is_dir, parent, newparent),
+                ] {
+                    if is_dir {
+                        Self::dir_mut(&mut meta, moved)?.parent = to;
+                        Self::inode_mut(&mut meta, to)?.nlink += 1;
+                        Self::inode_mut(&mut meta, from)?.nlink -= 1;
+                    }
+                }
+            }
+            let now = SystemTime::now();
+            for ino in [src, dst] {
+                Self::inode_mut(&mut meta, ino)?.ctime = now;
+            }
+            Self::touch_dir(&mut meta, parent);
+            Self::touch_dir(&mut meta, newparent);
+            return Ok(());
+        }
+        if let Some(dst) = dst {
+            if flags & RENAME_NOREPLACE != 0 {
+                return Err(err(libc::EEXIST));
+            }
+            if dst == src {
+                return Ok(()); // two names of one file: nothing to do
+            }
+            let d = Self::inode(&meta, dst)?;
+            match (src_is_dir, d.kind == Kind::Dir) {
+                (true, false) => return Err(err(libc::ENOTDIR)),
+                (false, true) => return Err(err(libc::EISDIR)),
+                (true, true) if !d.dir().expect("dir").is_empty() => {
+                    return Err(err(libc::ENOTEMPTY))
+                }
+                _ => {}
+            }
+        }
+        // Detach the source, then put it in place of (or beside) the target.
+        Self::dir_mut(&mut meta, parent)?.remove(name);
+        let replaced = Self::dir_mut(&mut meta, newparent)?.remove(newname);
+        Self::dir_mut(&mut meta, newparent)?.insert(newname, src);
+        if src_is_dir && parent != newparent {
+            Self::dir_mut(&mut meta, src)?.parent = newparent;
+            Self::inode_mut(&mut meta, parent)?.nlink -= 1;
+            Self::inode_mut(&mut meta, newparent)?.nlink += 1;
+        }
+        let now = SystemTime::now();
+        Self::inode_mut(&mut meta, src)?.ctime = now;
+        Self::touch_dir(&mut meta, parent);
+        Self::touch_dir(&mut meta, newparent);
+        if let Some(old) = replaced {
+            let o = Self::inode_mut(&mut meta, old)?;
+            let was_dir = o.kind == Kind::Dir;
+            o.nlink = if was_dir { 0 } else { o.nlink - 1 };
+            o.ctime = now;
+            if was_dir {
+                Self::inode_mut(&mut meta, newparent)?.nlink -= 1;
+            }
+            self.settle(meta, old);
+        }
+        Ok(())
+    }
+
+    // ---- files ---------------------------------------------------------------------------
+
+    fn new_handle(&self, ino: Ino, mode: OpenMode) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles
+            .lock()
+            .unwrap()
+            .insert(fh, Handle { ino, mode });
+        fh
+    }
+
+    /// Opens `ino`; returns a file handle.
+    pub fn open(&self, ino: Ino, flags: i32) -> Result<u64> {
+        let mode = OpenMode::from_flags(flags);
+        if mode.write || mode.truncate {
+            self.writable()?;
+        }
+        {
+            let mut meta = self.meta.lock().unwrap();
+            let i = Self::inode_mut(&mut meta, ino)?;
+            if i.kind == Kind::Dir && mode.write {
+                return Err(err(libc::EISDIR));
+            }
+            i.opens += 1;
+        }
+        let fh = self.new_handle(ino, mode);
+        if mode.truncate && mode.write {
+            if let Err(e) = self.resize(ino, 0) {
+                self.release(fh);
+                return Err(e);
+            }
+        }
+        Ok(fh)
+    }
+
+    /// Creates and opens a regular file (`O_CREAT`); with `O_EXCL` an existing name fails.
+    pub fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> Result<(Attr, u64)> {
+        let made = self.mknod(parent, name, libc::S_IFREG | (mode & 0o7777), 0, caller);
+        let attr = match made {
+            Ok(a) => a,
+            Err(e) if e.errno == libc::EEXIST && flags & libc::O_EXCL == 0 => {
+                self.lookup(parent, name)?
+            }
+            Err(e) => return Err(e),
+        };
+        match self.open(attr.ino, flags) {
+            Ok(fh) => Ok((self.getattr(attr.ino)?, fh)),
+            Err(e) => {
+                self.forget(attr.ino, 1);
+                Err(e)
+            }
+        }
+    }
+
+    fn handle(&self, fh: u64, ino: Ino) -> Result<OpenMode> {
+        match self.handles.lock().unwrap().get(&fh) {
+            Some(h) if h.ino == ino => Ok(h.mode),
+            _ => Err(err(libc::EBADF)),
+        }
+    }
+
+    fn file_data(&self, ino: Ino) -> Result<Arc<FileData>> {
+        let meta = self.meta.lock().unwrap();
+        let i = Self::inode(&meta, ino)?;
+        match (&i.body, i.kind) {
+            (Body::File(f), _) => Ok(f.clone()),
+            (_, Kind::Dir) => Err(err(libc::EISDIR)),
+            _ => Err(err(libc::EINVAL)),
+        }
+    }
+
+    /// Reads up to `size` bytes at `offset` (short at end of file).
+    pub fn read(&self, ino: Ino, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        if !self.handle(fh, ino)?.read {
+            return Err(err(libc::EBADF));
+        }
+        let file = self.file_data(ino)?;
+        let chunks = file.chunks.read().unwrap();
+        let file_size = Self::inode(&self.meta.lock().unwrap(), ino)?.size;
+        if offset >= file_size {
+            return Ok(Vec::new());
+        }
+        let len = (size as u64).min(file_size - offset) as usize;
+        let mut out = vec![0u8; len];
+        self.data.read(&chunks, offset, &mut out)?;
+        Ok(out)
+    }
+
+    /// Writes `data` at `offset` (at the end with `O_APPEND`); returns once the bytes are in
+    /// remote memory.
+    pub fn write(&self, ino: Ino, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let mode = self.handle(fh, ino)?;
+        if !mode.write {
+            return Err(err(libc::EBADF));
+        }
+        let file = self.file_data(ino)?;
+        let mut chunks = file.chunks.write().unwrap();
+        // Under the file's lock, so appends from several handles do not interleave.
+        let offset = if mode.append {
+            Self::inode(&self.meta.lock().unwrap(), ino)?.size
+        } else {
+            offset
+        };
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= i64::MAX as u64)
+            .ok_or_else(|| err(libc::EFBIG))?;
+        self.data.write(&mut chunks, offset, data)?;
+        let mut meta = self.meta.lock().unwrap();
+        let i = Self::inode_mut(&mut meta, ino)?;
+        i.size = i.size.max(end);
+        let now = SystemTime::now();
+        i.mtime = now;
+        i.ctime = now;
+        Ok(data.len() as u32)
+    }
+
+    /// Writes are synchronous (they return once the data is in remote memory), so there is
+    /// nothing left to flush; the handle is still checked.
+    pub fn fsync(&self, ino: Ino, fh: u64) -> Result<()> {
+        self.handle(fh, ino).map(|_| ())
+    }
+
+    pub fn release(&self, fh: u64) {
+        let Some(h) = self.handles.lock().unwrap().remove(&fh) else {
+            return;
+        };
+        let mut meta = self.meta.lock().unwrap();
+        if let Some(i) = meta.get_mut(h.ino) {
+            i.opens = i.opens.saturating_sub(1);
+        }
+        self.settle(meta, h.ino);
+    }
+
+    /// `fallocate`: mode 0 reserves remote memory and extends the size; `FALLOC_FL_KEEP_SIZE`
+    /// only reserves. Punching holes and the rest are not supported.
+    pub fn fallocate(&self, ino: Ino, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+        if mode & !FALLOC_FL_KEEP_SIZE != 0 {
+            return Err(err(libc::EOPNOTSUPP));
+        }
+        if !self.handle(fh, ino)?.write {
+            return Err(err(libc::EBADF));
+        }
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= i64::MAX as u64)
+            .ok_or_else(|| err(libc::EFBIG))?;
+        let file = self.file_data(ino)?;
+        let mut chunks = file.chunks.write().unwrap();
+        self.data.allocate(&mut chunks, offset, len)?;
+        if mode & FALLOC_FL_KEEP_SIZE == 0 {
+            let mut meta = self.meta.lock().unwrap();
+            let i = Self::inode_mut(&mut meta, ino)?;
+            if end > i.size {
+                i.size = end;
+                i.ctime = SystemTime::now();
+            }
+        }
+        Ok(())
+    }
+
+    // ---- directories ---------------------------------------------------------------------
+
+    pub fn opendir(&self, ino: Ino) -> Result<u64> {
+        Self::dir(&self.meta.lock().unwrap(), ino)?;
+        Ok(0)
+    }
+
+    /// Lists entries after `offset`, calling `add` until it returns `false` (reply full).
+    pub fn readdir(
+        &self,
+        ino: Ino,
+        offset: u64,
+        add: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
+        let meta = self.meta.lock().unwrap();
+        let dir = Self::dir(&meta, ino)?;
+        let dots = [(1u64, &b"."[..], ino), (2, &b".."[..], dir.parent)];
+        let dot_entries = dots.into_iter().filter(|(c, _, _)| *c > offset);
+        for (cookie, name, child) in dot_entries.chain(dir.entries_after(offset.max(2))) {
+            let kind = meta.get(child).map_or(Kind::File, |i| i.kind);
+            let entry = DirEntry {
+                ino: child,
+                offset: cookie,
+                kind,
+                name: name.to_vec(),
+            };
+            if !add(entry) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    // ---- the rest ------------------------------------------------------------------------
+
+    pub fn statfs(&self) -> StatFs {
+        let cap = self.data.pool().capacity();
+        const BLOCK: u64 = 4096;
+        let files = self.inode_count() as u64;
+        StatFs {
+            block_size: BLOCK as u32,
+            blocks: cap.total / BLOCK,
+            blocks_free: cap.free / BLOCK,
+            // Metadata is local and bounded only by the daemon's memory.
+            files: files + (1 << 32),
+            files_free: 1 << 32,
+            name_max: NAME_MAX as u32,
+        }
+    }
+
+    /// `access(2)` by the usual owner/group/other rules (root may do anything but execute a
+    /// file nobody may execute).
+    pub fn access(&self, ino: Ino, mask: i32, caller: Caller) -> Result<()> {
+        let meta = self.meta.lock().unwrap();
+        let i = Self::inode(&meta, ino)?;
+        if mask == libc::F_OK {
+            return Ok(());
+        }
+        if mask & libc::W_OK != 0 && self.config.read_only {
+            return Err(err(libc::EROFS));
+        }
+        let perm = i.perm as i32;
+        let granted = if caller.uid == 0 {
+            let any_x = perm & 0o111 != 0 || i.kind == Kind::Dir;
+            libc::R_OK | libc::W_OK | if any_x { libc::X_OK } else { 0 }
+        } else if caller.uid == i.uid {
+            (perm >> 6) & 7
+        } else if caller.gid == i.gid {
+            (perm >> 3) & 7
+        } else {
+            perm & 7
+        };
+        if mask & !granted == 0 {
+            Ok(())
+        } else {
+            Err(err(libc::EACCES))
+        }
+    }
+
+    fn check_xattr_name(name: &[u8]) -> Result<()> {
+        if name.len() > 255 || name.is_empty() {
+            return Err(err(libc::ERANGE));
+        }
+        if !name.starts_with(b"user.") {
+            return Err(err(libc::EOPNOTSUPP));
+        }
+        Ok(())
+    }
+
+    /// Sets a `user.*` extended attribute (`XATTR_CREATE` / `XATTR_REPLACE` honoured).
+    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        self.writable()?;
+        Self::check_xattr_name(name)?;
+        if value.len() > 64 * 1024 {
+            return Err(err(libc::E2BIG));
+        }
+        let mut meta = self.meta.lock().unwrap();
+        let i = Self::inode_mut(&mut meta, ino)?;
+        let map = i.xattrs.get_or_insert_with(Default::default);
+        let exists = map.contains_key(name);
+        if flags & libc::XATTR_CREATE != 0 && exists {
+            return Err(err(libc::EEXIST));
+        }
+        if flags & libc::XATTR_REPLACE != 0 && !exists {
+            return Err(err(libc::ENODATA));
+        }
+        map.insert(name.into(), value.into());
+        i.ctime = SystemTime::now();
+        Ok(())
+    }
+
+    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        let meta = self.meta.lock().unwrap();
+        let i = Self::inode(&meta, ino)?;
+        i.xattrs
+            .as_ref()
+            .and_then(|m| m.get(name))
+            .map(|v| v.to_vec())
+            .ok_or_else(|| err(libc::ENODATA))
+    }
+
+    /// All attribute names, each followed by a NUL (the `listxattr` format).
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<u8>> {
+        let meta = self.meta.lock().unwrap();
+        let i = Self::inode(&meta, ino)?;
+        let mut out = Vec::new();
+        for k in i.xattrs.iter().flat_map(|m| m.keys()) {
+            out.extend_from_slice(k);
+            out.push(0);
+        }
+        Ok(out)
+    }
+
+    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        self.writable()?;
+        let mut meta = self.meta.lock().unwrap();
+        let i = Self::inode_mut(&mut meta, ino)?;
+        let removed = i.xattrs.as_mut().and_then(|m| m.remove(name));
+        if i.xattrs.as_ref().is_some_and(|m| m.is_empty()) {
+            i.xattrs = None;
+        }
+        match removed {
+            Some(_) => {
+                i.ctime = SystemTime::now();
+                Ok(())
+            }
+            None => Err(err(libc::ENODATA)),
+        }
+    }
+}

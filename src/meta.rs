@@ -1,0 +1,307 @@
+//! Local metadata: inodes, directories, symlinks, extended attributes and the per-file extent
+//! map from file offset to remote chunks.
+//!
+//! All metadata lives in the mount daemon's memory; only file *data* lives on memory servers.
+//! So `ls -l` of a large directory or `cp -a` of a tree of small files costs no network round
+//! trip for metadata. Nothing here knows about the fabric or FUSE: chunks are plain
+//! `{server, addr, len, rkey}` records, and the file system core (`fs`) decides what they mean.
+//!
+//! Memory per inode is kept small (a few hundred bytes with its directory entry) so that a
+//! million files fit comfortably: optional parts (extended attributes, directory tables, symlink
+//! targets) are boxed and absent when unused.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+
+pub type Ino = u64;
+
+/// The root directory's inode number (FUSE's `FUSE_ROOT_ID`).
+pub const ROOT_INO: Ino = 1;
+
+/// Longest name in a directory (as in most Linux file systems).
+pub const NAME_MAX: usize = 255;
+
+/// What an inode is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+impl Kind {
+    /// The `S_IFMT` bits.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            Kind::File => libc::S_IFREG,
+            Kind::Dir => libc::S_IFDIR,
+            Kind::Symlink => libc::S_IFLNK,
+            Kind::Fifo => libc::S_IFIFO,
+            Kind::Socket => libc::S_IFSOCK,
+            Kind::CharDevice => libc::S_IFCHR,
+            Kind::BlockDevice => libc::S_IFBLK,
+        }
+    }
+
+    /// The kind named by a mode's `S_IFMT` bits (0 means a regular file, as `mknod` allows).
+    pub fn from_mode(mode: u32) -> Option<Kind> {
+        Some(match mode & libc::S_IFMT {
+            0 | libc::S_IFREG => Kind::File,
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            libc::S_IFCHR => Kind::CharDevice,
+            libc::S_IFBLK => Kind::BlockDevice,
+            _ => return None,
+        })
+    }
+}
+
+/// One remote chunk of a file: `len` bytes of server memory holding the file bytes from the
+/// chunk's start offset. `len` may be less than the chunk size (a small file's only chunk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    pub server: u32,
+    pub addr: u64,
+    pub len: u64,
+    pub rkey: u32,
+}
+
+/// A regular file's extent map: chunk index to chunk. Guarded by its own lock so that data I/O
+/// never holds the metadata lock; the lock is held across the remote I/O that uses the chunks,
+/// so a truncate cannot free a chunk while a read or write is using it.
+#[derive(Debug, Default)]
+pub struct FileData {
+    pub chunks: RwLock<BTreeMap<u64, Chunk>>,
+}
+
+/// A directory's entries. Each entry gets a cookie, increasing and never reused within the
+/// directory, which serves as its `readdir` offset: offsets stay valid while entries come and
+/// go (cookies 1 and 2 are "." and "..").
+#[derive(Debug)]
+pub struct Dir {
+    pub parent: Ino,
+    by_cookie: BTreeMap<u64, (Box<[u8]>, Ino)>,
+    by_name: HashMap<Box<[u8]>, u64>,
+    next_cookie: u64,
+}
+
+/// The first cookie given to a real entry.
+pub const FIRST_ENTRY_COOKIE: u64 = 3;
+
+impl Dir {
+    pub fn new(parent: Ino) -> Dir {
+        Dir {
+            parent,
+            by_cookie: BTreeMap::new(),
+            by_name: HashMap::new(),
+            next_cookie: FIRST_ENTRY_COOKIE,
+        }
+    }
+    pub fn get(&self, name: &[u8]) -> Option<Ino> {
+        self.by_name.get(name).map(|c| self.by_cookie[c].1)
+    }
+    pub fn insert(&mut self, name: &[u8], ino: Ino) {
+        debug_assert!(!self.by_name.contains_key(name));
+        let c = self.next_cookie;
+        self.next_cookie += 1;
+        self.by_cookie.insert(c, (name.into(), ino));
+        self.by_name.insert(name.into(), c);
+    }
+    /// Points an existing name at another inode, keeping its cookie.
+    pub fn replace(&mut self, name: &[u8], ino: Ino) {
+        let c = self.by_name[name];
+        self.by_cookie.get_mut(&c).expect("consistent").1 = ino;
+    }
+    pub fn remove(&mut self, name: &[u8]) -> Option<Ino> {
+        let c = self.by_name.remove(name)?;
+        self.by_cookie.remove(&c).map(|(_, ino)| ino)
+    }
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+    /// Entries with a cookie greater than `after`, in cookie order.
+    pub fn entries_after(&self, after: u64) -> impl Iterator<Item = (u64, &[u8], Ino)> {
+        self.by_cookie
+            .range(after.saturating_add(1)..)
+            .map(|(c, (n, i))| (*c, &n[..], *i))
+    }
+}
+
+/// Extended attributes: name to value.
+pub type Xattrs = BTreeMap<Box<[u8]>, Box<[u8]>>;
+
+/// What an inode holds besides its attributes.
+#[derive(Debug)]
+pub enum Body {
+    File(Arc<FileData>),
+    Dir(Box<Dir>),
+    Symlink(Box<[u8]>),
+    /// FIFOs, sockets and device nodes: the kernel handles their I/O.
+    Special,
+}
+
+#[derive(Debug)]
+pub struct Inode {
+    pub kind: Kind,
+    /// Permission bits (`0o7777`).
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub rdev: u32,
+    pub size: u64,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+    /// References the kernel holds (FUSE lookup count).
+    pub lookups: u64,
+    /// Open file handles.
+    pub opens: u32,
+    pub body: Body,
+    pub xattrs: Option<Box<Xattrs>>,
+}
+
+impl Inode {
+    pub fn dir(&self) -> Option<&Dir> {
+        match &self.body {
+            Body::Dir(d) => Some(d),
+            _ => None,
+        }
+    }
+    pub fn dir_mut(&mut self) -> Option<&mut Dir> {
+        match &mut self.body {
+            Body::Dir(d) => Some(d),
+            _ => None,
+        }
+    }
+    pub fn file(&self) -> Option<&Arc<FileData>> {
+        match &self.body {
+            Body::File(f) => Some(f),
+            _ => None,
+        }
+    }
+    /// No name, no open handle: the data can go.
+    pub fn is_orphan(&self) -> bool {
+        self.nlink == 0 && self.opens == 0
+    }
+}
+
+/// The inode table.
+#[derive(Debug)]
+pub struct Meta {
+    inodes: HashMap<Ino, Inode>,
+    next_ino: Ino,
+}
+
+impl Meta {
+    /// A table holding just the root directory.
+    pub fn new(root_perm: u16, uid: u32, gid: u32) -> Meta {
+        let now = SystemTime::now();
+        let mut inodes = HashMap::new();
+        inodes.insert(
+            ROOT_INO,
+            Inode {
+                kind: Kind::Dir,
+                perm: root_perm,
+                uid,
+                gid,
+                nlink: 2,
+                rdev: 0,
+                size: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                lookups: 1, // the kernel's permanent reference to the root
+                opens: 0,
+                body: Body::Dir(Box::new(Dir::new(ROOT_INO))),
+                xattrs: None,
+            },
+        );
+        Meta {
+            inodes,
+            next_ino: ROOT_INO + 1,
+        }
+    }
+
+    pub fn get(&self, ino: Ino) -> Option<&Inode> {
+        self.inodes.get(&ino)
+    }
+    pub fn get_mut(&mut self, ino: Ino) -> Option<&mut Inode> {
+        self.inodes.get_mut(&ino)
+    }
+
+    /// Adds a new inode (numbers are never reused, so the FUSE generation can stay 0).
+    pub fn insert(&mut self, inode: Inode) -> Ino {
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        self.inodes.insert(ino, inode);
+        ino
+    }
+
+    /// Drops an inode from the table once nothing refers to it any more (no name, no open
+    /// handle, no kernel reference). Returns it so the caller can release its data.
+    pub fn reap(&mut self, ino: Ino) -> Option<Inode> {
+        match self.inodes.get(&ino) {
+            Some(i) if i.is_orphan() && i.lookups == 0 && ino != ROOT_INO => {
+                self.inodes.remove(&ino)
+            }
+            _ => None,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.inodes.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.inodes.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dir_cookies_are_stable_and_never_reused() {
+        let mut d = Dir::new(ROOT_INO);
+        d.insert(b"a", 10);
+        d.insert(b"b", 11);
+        d.insert(b"c", 12);
+        let first: Vec<_> = d
+            .entries_after(0)
+            .map(|(c, n, _)| (c, n.to_vec()))
+            .collect();
+        assert_eq!(first[0], (3, b"a".to_vec()));
+        // Resume after "a" while "b" is removed and "d" added: "c" keeps its offset.
+        d.remove(b"b");
+        d.insert(b"d", 13);
+        let rest: Vec<_> = d
+            .entries_after(3)
+            .map(|(c, n, _)| (c, n.to_vec()))
+            .collect();
+        assert_eq!(rest, vec![(5, b"c".to_vec()), (6, b"d".to_vec())]);
+        d.replace(b"c", 99);
+        assert_eq!(d.get(b"c"), Some(99));
+        assert_eq!(d.len(), 3);
+    }
+
+    #[test]
+    fn inode_stays_small() {
+        // A million files must fit: keep the fixed part of an inode compact.
+        assert!(
+            std::mem::size_of::<Inode>() <= 160,
+            "{}",
+            std::mem::size_of::<Inode>()
+        );
+    }
+}

@@ -1,0 +1,306 @@
+//! `rmemfs mount`: checks the mount point, connects to the memory servers (or starts an
+//! embedded one), builds the file system and serves it through FUSE until it is unmounted
+//! (`umount`, or SIGINT/SIGTERM, which unmount cleanly). Closing the connections gives every
+//! server its memory back.
+
+use crate::client::{Pool, PoolConfig};
+use crate::data::DataStore;
+use crate::fabric::tcp::{TcpConfig, TcpFabric};
+use crate::fabric::Fabric;
+use crate::fs::{Fs, FsConfig};
+use crate::fuse::FuseFs;
+use crate::server::{MemoryServer, ServerConfig, DEFAULT_PORT};
+use crate::size::format_size;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Everything `rmemfs mount` was asked for.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    pub mountpoint: PathBuf,
+    /// `host[:port]` of each memory server; empty means an embedded server.
+    pub servers: Vec<String>,
+    /// Embedded server arena size (default: a quarter of available RAM).
+    pub size: Option<u64>,
+    /// `-o` options.
+    pub options: Vec<String>,
+    pub chunk_size: u64,
+    pub threads: usize,
+    pub op_timeout: Duration,
+}
+
+/// Resolves `host[:port]` (port defaults to [`DEFAULT_PORT`]).
+pub fn resolve_server(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, DEFAULT_PORT));
+    }
+    let has_port = s
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok());
+    let with_port = if has_port {
+        s.to_string()
+    } else {
+        format!("{s}:{DEFAULT_PORT}")
+    };
+    with_port
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve memory server '{s}': {e}"))?
+        .next()
+        .ok_or_else(|| format!("memory server '{s}' resolves to no address"))
+}
+
+/// Checks that `path` can be mounted on: exists, is a directory, is not already a mount of
+/// ours or anyone's. Returns the canonical path.
+pub fn check_mountpoint(path: &Path) -> Result<PathBuf, String> {
+    let canon = std::fs::canonicalize(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            format!("mount point {} does not exist", path.display())
+        } else {
+            format!("mount point {}: {e}", path.display())
+        }
+    })?;
+    let meta =
+        std::fs::metadata(&canon).map_err(|e| format!("mount point {}: {e}", path.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("mount point {} is not a directory", path.display()));
+    }
+    if let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") {
+        let target = canon.to_string_lossy();
+        let mounted = info.lines().any(|l| {
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|m| unescape_mountinfo(m) == target)
+        });
+        if mounted {
+            return Err(format!(
+                "{} is already a mount point (unmount it first)",
+                path.display()
+            ));
+        }
+    }
+    Ok(canon)
+}
+
+/// `/proc/self/mountinfo` escapes spaces and the like as `\040`.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A default embedded arena: a quarter of the memory available now, between 64 MiB and 8 GiB
+/// (1 GiB when that cannot be read). Pages cost RAM only when files use them.
+pub fn default_embedded_size() -> u64 {
+    let avail = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+    });
+    match avail {
+        Some(b) => (b / 4).clamp(64 << 20, 8 << 30),
+        None => 1 << 30,
+    }
+}
+
+/// Parses `-o` options into fuser's configuration; returns it and whether the mount is
+/// read-only.
+fn fuser_config(options: &[String], threads: usize) -> Result<(fuser::Config, bool), String> {
+    use fuser::{MountOption as O, SessionACL};
+    let mut cfg = fuser::Config::default();
+    let mut fsname = "rmemfs".to_string();
+    let mut read_only = false;
+    let mut opts = vec![O::DefaultPermissions, O::Subtype("rmemfs".into())];
+    for o in options
+        .iter()
+        .flat_map(|s| s.split(','))
+        .filter(|s| !s.is_empty())
+    {
+        match o {
+            "allow_other" => cfg.acl = SessionACL::All,
+            "allow_root" => cfg.acl = SessionACL::RootAndOwner,
+            "ro" => {
+                read_only = true;
+                opts.push(O::RO);
+            }
+            "rw" => read_only = false,
+            "auto_unmount" => opts.push(O::AutoUnmount),
+            "default_permissions" => {}
+            "noatime" => opts.push(O::NoAtime),
+            "nodev" => opts.push(O::NoDev),
+            "nosuid" => opts.push(O::NoSuid),
+            "noexec" => opts.push(O::NoExec),
+            "exec" => opts.push(O::Exec),
+            "dev" => opts.push(O::Dev),
+            "suid" => opts.push(O::Suid),
+            o if o.starts_with("fsname=") => fsname = o["fsname=".len()..].to_string(),
+            o if o.starts_with("subtype=") => {
+                opts.retain(|x| !matches!(x, O::Subtype(_)));
+                opts.push(O::Subtype(o["subtype=".len()..].to_string()));
+            }
+            other => return Err(format!("unknown mount option '{other}'")),
+        }
+    }
+    opts.push(O::FSName(fsname));
+    cfg.mount_options = opts;
+    cfg.n_threads = Some(threads.max(1));
+    cfg.clone_fd = threads > 1;
+    Ok((cfg, read_only))
+}
+
+/// Mounts and serves until unmounted. `ready` is called once the mount is live (the daemon's
+/// parent returns then); errors before that are returned as text for the user.
+pub fn run(config: &MountConfig, ready: &mut dyn FnMut()) -> Result<(), String> {
+    let mountpoint = check_mountpoint(&config.mountpoint)?;
+    let (fuse_config, read_only) = fuser_config(&config.options, config.threads)?;
+    let fabric_config = TcpConfig {
+        op_timeout: config.op_timeout,
+        ..TcpConfig::default()
+    };
+    // Without --servers, an embedded memory server on loopback.
+    let mut embedded = None;
+    let addrs: Vec<SocketAddr> = if config.servers.is_empty() {
+        let size = config.size.unwrap_or_else(default_embedded_size);
+        let server = MemoryServer::start(
+            &ServerConfig {
+                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                size,
+            },
+            TcpFabric::new(fabric_config.clone()),
+        )
+        .map_err(|e| format!("cannot start the embedded memory server: {e}"))?;
+        log::info!(
+            "embedded memory server on {} ({})",
+            server.local_addr(),
+            format_size(size)
+        );
+        let addr = server.local_addr();
+        embedded = Some(server);
+        vec![addr]
+    } else {
+        config
+            .servers
+            .iter()
+            .map(|s| resolve_server(s))
+            .collect::<Result<_, _>>()?
+    };
+    let fabric: Arc<dyn Fabric> = TcpFabric::new(fabric_config);
+    let pool = Pool::connect(
+        fabric,
+        &addrs,
+        &PoolConfig {
+            client_name: format!("rmemfs-mount@{}", mountpoint.display()),
+            timeout: config.op_timeout,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let data = DataStore::new(Arc::new(pool), config.chunk_size, config.threads * 2)
+        .map_err(|e| e.message)?;
+    // SAFETY: geteuid/getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let fs = Arc::new(Fs::new(
+        data,
+        FsConfig {
+            root_uid: uid,
+            root_gid: gid,
+            read_only,
+        },
+    ));
+    let mut session = fuser::Session::new(FuseFs::new(fs.clone()), &mountpoint, &fuse_config)
+        .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
+
+    // SIGINT/SIGTERM unmount; the session then ends as with `umount`.
+    let mut unmounter = session.unmount_callable();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let signal_handle = signals.handle();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                log::info!("signal {sig}: unmounting");
+                if let Err(e) = unmounter.unmount() {
+                    log::error!("unmount failed: {e}");
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?;
+
+    ready();
+    let result = session.run();
+    signal_handle.close();
+    let pool = fs.data().pool();
+    log::info!(
+        "unmounted {}; returning remote memory of {} servers",
+        mountpoint.display(),
+        pool.status().len()
+    );
+    drop(fs);
+    drop(embedded);
+    result.map_err(|e| format!("FUSE session failed: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_addresses_get_the_default_port() {
+        assert_eq!(
+            resolve_server("127.0.0.1").unwrap(),
+            SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))
+        );
+        assert_eq!(
+            resolve_server("127.0.0.1:9").unwrap(),
+            SocketAddr::from(([127, 0, 0, 1], 9))
+        );
+        assert_eq!(resolve_server("::1").unwrap().port(), DEFAULT_PORT);
+        assert_eq!(resolve_server("[::1]:10").unwrap().port(), 10);
+        assert!(resolve_server("localhost").is_ok());
+        assert!(resolve_server("no.such.host.invalid").is_err());
+    }
+
+    #[test]
+    fn bad_mount_points_are_named() {
+        let e = check_mountpoint(Path::new("/no/such/dir")).unwrap_err();
+        assert!(e.contains("does not exist"), "{e}");
+        let e = check_mountpoint(Path::new("/etc/hostname")).unwrap_err();
+        assert!(e.contains("not a directory"), "{e}");
+        let e = check_mountpoint(Path::new("/proc")).unwrap_err();
+        assert!(e.contains("already a mount point"), "{e}");
+        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+    }
+
+    #[test]
+    fn mount_options_parse() {
+        let (cfg, ro) = fuser_config(&["allow_other,ro".into(), "fsname=pool".into()], 4).unwrap();
+        assert!(ro);
+        assert_eq!(cfg.n_threads, Some(4));
+        assert!(cfg
+            .mount_options
+            .contains(&fuser::MountOption::FSName("pool".into())));
+        assert!(fuser_config(&["bogus".into()], 1).is_err());
+    }
+}

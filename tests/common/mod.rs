@@ -1,0 +1,145 @@
+//! Builds a file system over in-process memory servers and the in-process fabric.
+#![allow(dead_code)]
+
+use rmemfs::client::{Pool, PoolConfig};
+use rmemfs::data::DataStore;
+use rmemfs::fabric::local::{LocalFabric, LocalNetwork};
+use rmemfs::fs::{Caller, Fs, FsConfig};
+use rmemfs::meta::{Ino, ROOT_INO};
+use rmemfs::server::{MemoryServer, ServerConfig};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct TestFs {
+    pub fs: Fs,
+    pub servers: Vec<MemoryServer>,
+    pub nodes: Vec<Arc<LocalFabric>>,
+}
+
+pub const ME: Caller = Caller { uid: 0, gid: 0 };
+
+impl TestFs {
+    /// `servers` memory servers of `size` bytes each; files cut into `chunk`-byte chunks.
+    pub fn new(servers: usize, size: u64, chunk: u64) -> TestFs {
+        let net = LocalNetwork::new();
+        let mut srv = Vec::new();
+        let mut nodes = Vec::new();
+        for _ in 0..servers {
+            let node = net.node();
+            srv.push(
+                MemoryServer::start(
+                    &ServerConfig {
+                        listen: "127.0.0.1:0".parse().unwrap(),
+                        size,
+                    },
+                    node.clone(),
+                )
+                .unwrap(),
+            );
+            nodes.push(node);
+        }
+        let addrs: Vec<_> = srv.iter().map(|s| s.local_addr()).collect();
+        let pool = Pool::connect(
+            net.node(),
+            &addrs,
+            &PoolConfig {
+                timeout: Duration::from_secs(5),
+                ..PoolConfig::default()
+            },
+        )
+        .unwrap();
+        let data = DataStore::new(Arc::new(pool), chunk, 4).unwrap();
+        let fs = Fs::new(
+            data,
+            FsConfig {
+                root_uid: 0,
+                root_gid: 0,
+                read_only: false,
+            },
+        );
+        TestFs {
+            fs,
+            servers: srv,
+            nodes,
+        }
+    }
+
+    /// Resolves a '/'-separated path from the root.
+    pub fn resolve(&self, path: &str) -> Result<Ino, i32> {
+        let mut ino = ROOT_INO;
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            ino = self
+                .fs
+                .lookup(ino, part.as_bytes())
+                .map_err(|e| e.errno)?
+                .ino;
+        }
+        Ok(ino)
+    }
+
+    /// Parent inode and last component.
+    pub fn parent<'p>(&self, path: &'p str) -> Result<(Ino, &'p str), i32> {
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        Ok((self.resolve(dir)?, name))
+    }
+
+    pub fn write_file(&self, path: &str, offset: u64, data: &[u8]) -> Result<(), i32> {
+        let ino = self.resolve(path)?;
+        let fh = self.fs.open(ino, libc::O_WRONLY).map_err(|e| e.errno)?;
+        let r = self.fs.write(ino, fh, offset, data).map_err(|e| e.errno);
+        self.fs.release(fh);
+        r.map(|_| ())
+    }
+
+    pub fn read_file(&self, path: &str) -> Result<Vec<u8>, i32> {
+        let ino = self.resolve(path)?;
+        let fh = self.fs.open(ino, libc::O_RDONLY).map_err(|e| e.errno)?;
+        let mut out = Vec::new();
+        let r = loop {
+            match self.fs.read(ino, fh, out.len() as u64, 1 << 20) {
+                Ok(d) if d.is_empty() => break Ok(out),
+                Ok(d) => out.extend_from_slice(&d),
+                Err(e) => break Err(e.errno),
+            }
+        };
+        self.fs.release(fh);
+        r
+    }
+
+    pub fn create(&self, path: &str) -> Result<(), i32> {
+        let (p, name) = self.parent(path)?;
+        let (_, fh) = self
+            .fs
+            .create(p, name.as_bytes(), 0o644, libc::O_WRONLY | libc::O_EXCL, ME)
+            .map_err(|e| e.errno)?;
+        self.fs.release(fh);
+        Ok(())
+    }
+
+    pub fn list(&self, path: &str) -> Result<Vec<String>, i32> {
+        let ino = self.resolve(path)?;
+        let mut names = Vec::new();
+        self.fs
+            .readdir(ino, 0, &mut |e| {
+                names.push(String::from_utf8(e.name).unwrap());
+                true
+            })
+            .map_err(|e| e.errno)?;
+        names.retain(|n| n != "." && n != "..");
+        names.sort();
+        Ok(names)
+    }
+}
+
+/// Deterministic bytes for a seed.
+pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
