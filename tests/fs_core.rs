@@ -1,0 +1,297 @@
+//! Behaviours of the file system core beyond the model test: open-file lifetimes, rename flags,
+//! extended attributes, readdir offsets, placement over servers, failures (ENOSPC, a dead
+//! server giving EIO), and memory given back.
+
+mod common;
+
+use common::{bytes, TestFs, ME};
+use rmemfs::fs::{SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE};
+use rmemfs::meta::{Kind, ROOT_INO};
+use std::time::{Duration, Instant};
+
+fn used(t: &TestFs) -> u64 {
+    t.fs.data()
+        .pool()
+        .refresh()
+        .iter()
+        .map(|s| s.capacity.total - s.capacity.free)
+        .sum()
+}
+
+#[test]
+fn unlinked_open_file_keeps_its_data_until_last_close() {
+    let t = TestFs::new(1, 16 << 20, 1 << 20);
+    t.create("f").unwrap();
+    let data = bytes(1, 3 << 20);
+    t.write_file("f", 0, &data).unwrap();
+    let ino = t.resolve("f").unwrap();
+    let fh = t.fs.open(ino, libc::O_RDONLY).unwrap();
+    t.fs.unlink(ROOT_INO, b"f").unwrap();
+    assert_eq!(t.resolve("f"), Err(libc::ENOENT));
+    assert_eq!(t.fs.read(ino, fh, 0, 1 << 20).unwrap(), &data[..1 << 20]);
+    assert!(used(&t) >= 3 << 20);
+    t.fs.release(fh);
+    assert_eq!(used(&t), 0, "last close frees the remote chunks");
+}
+
+#[test]
+fn truncate_and_unlink_free_remote_memory() {
+    let t = TestFs::new(2, 16 << 20, 1 << 20);
+    t.create("f").unwrap();
+    t.write_file("f", 0, &bytes(2, 5 << 20)).unwrap();
+    assert_eq!(used(&t), 5 << 20);
+    let ino = t.resolve("f").unwrap();
+    let set = SetAttr {
+        size: Some((1 << 20) + 10),
+        ..Default::default()
+    };
+    t.fs.setattr(ino, &set).unwrap();
+    assert_eq!(used(&t), 2 << 20, "chunks past the new end are freed");
+    let back = t.read_file("f").unwrap();
+    assert_eq!(back, bytes(2, 5 << 20)[..(1 << 20) + 10]);
+    t.fs.unlink(ROOT_INO, b"f").unwrap();
+    assert_eq!(used(&t), 0);
+}
+
+#[test]
+fn chunks_spread_over_servers_and_a_file_outgrows_one_server() {
+    let t = TestFs::new(2, 8 << 20, 1 << 20);
+    t.create("big").unwrap();
+    let data = bytes(3, 12 << 20); // more than either server holds
+    t.write_file("big", 0, &data).unwrap();
+    let status = t.fs.data().pool().refresh();
+    assert!(
+        status.iter().all(|s| s.capacity.free < 4 << 20),
+        "{status:?}"
+    );
+    assert_eq!(t.read_file("big").unwrap(), data);
+}
+
+#[test]
+fn small_files_cost_pages_not_chunks() {
+    let t = TestFs::new(1, 64 << 20, 1 << 20);
+    for i in 0..20 {
+        let p = format!("s{i}");
+        t.create(&p).unwrap();
+        t.write_file(&p, 0, b"tiny").unwrap();
+    }
+    assert_eq!(used(&t), 20 * 4096);
+    // Appends grow the first chunk; contents survive the moves.
+    let mut want = Vec::new();
+    for i in 0..40u64 {
+        let piece = bytes(i, 3000);
+        t.write_file("s0", want.len() as u64 + 4, &piece).unwrap();
+        want.extend_from_slice(&piece);
+    }
+    assert_eq!(&t.read_file("s0").unwrap()[4..], &want[..]);
+}
+
+#[test]
+fn full_pool_gives_enospc_and_keeps_existing_files() {
+    let t = TestFs::new(2, 4 << 20, 1 << 20);
+    t.create("keep").unwrap();
+    let keep = bytes(4, 1 << 20);
+    t.write_file("keep", 0, &keep).unwrap();
+    t.create("fill").unwrap();
+    let err = t.write_file("fill", 0, &bytes(5, 16 << 20)).unwrap_err();
+    assert_eq!(err, libc::ENOSPC);
+    assert_eq!(t.read_file("keep").unwrap(), keep);
+    t.fs.unlink(ROOT_INO, b"fill").unwrap();
+    t.create("again").unwrap();
+    t.write_file("again", 0, &bytes(6, 2 << 20)).unwrap();
+    let stat = t.fs.statfs();
+    assert_eq!(stat.blocks, (8 << 20) / 4096);
+    assert!(stat.blocks_free < stat.blocks);
+}
+
+#[test]
+fn dead_server_gives_eio_for_its_files_only() {
+    let t = TestFs::new(2, 16 << 20, 1 << 20);
+    // One chunk each: placement alternates between the two (equally free) servers.
+    for i in 0..6 {
+        let p = format!("f{i}");
+        t.create(&p).unwrap();
+        t.write_file(&p, 0, &bytes(i, 1 << 20)).unwrap();
+    }
+    t.nodes[1].kill();
+    let start = Instant::now();
+    let (mut ok, mut eio) = (0, 0);
+    for i in 0..6 {
+        match t.read_file(&format!("f{i}")) {
+            Ok(d) => {
+                assert_eq!(d, bytes(i, 1 << 20));
+                ok += 1;
+            }
+            Err(e) => {
+                assert_eq!(e, libc::EIO);
+                eio += 1;
+            }
+        }
+    }
+    assert!(ok > 0 && eio > 0, "ok {ok}, eio {eio}");
+    assert!(start.elapsed() < Duration::from_secs(10));
+    // New data goes to the live server.
+    t.create("new").unwrap();
+    t.write_file("new", 0, &bytes(9, 2 << 20)).unwrap();
+    assert_eq!(t.read_file("new").unwrap(), bytes(9, 2 << 20));
+}
+
+#[test]
+fn rename_flags() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    t.create("a").unwrap();
+    t.write_file("a", 0, b"AAA").unwrap();
+    t.create("b").unwrap();
+    t.write_file("b", 0, b"B").unwrap();
+    let e =
+        t.fs.rename(ROOT_INO, b"a", ROOT_INO, b"b", RENAME_NOREPLACE)
+            .unwrap_err();
+    assert_eq!(e.errno, libc::EEXIST);
+    t.fs.rename(ROOT_INO, b"a", ROOT_INO, b"b", RENAME_EXCHANGE)
+        .unwrap();
+    assert_eq!(t.read_file("a").unwrap(), b"B");
+    assert_eq!(t.read_file("b").unwrap(), b"AAA");
+    // Exchange a file and a directory across directories: parents and link counts follow.
+    let d = t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap();
+    t.fs.mkdir(ROOT_INO, b"e", 0o755, ME).unwrap();
+    let e_ino = t.resolve("e").unwrap();
+    t.create("e/x").unwrap();
+    t.fs.rename(e_ino, b"x", ROOT_INO, b"d", RENAME_EXCHANGE)
+        .unwrap();
+    assert_eq!(
+        t.fs.getattr(t.resolve("e/x").unwrap()).unwrap().kind,
+        Kind::Dir
+    );
+    assert_eq!(
+        t.fs.lookup(t.resolve("e/x").unwrap(), b"..").unwrap().ino,
+        e_ino
+    );
+    assert_eq!(t.fs.getattr(e_ino).unwrap().nlink, 3);
+    assert_eq!(t.fs.getattr(d.ino).unwrap().nlink, 2);
+    let e =
+        t.fs.rename(ROOT_INO, b"nothere", ROOT_INO, b"a", RENAME_EXCHANGE)
+            .unwrap_err();
+    assert_eq!(e.errno, libc::ENOENT);
+}
+
+#[test]
+fn readdir_offsets_survive_changes() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    for i in 0..10 {
+        t.create(&format!("n{i}")).unwrap();
+    }
+    let mut first = Vec::new();
+    t.fs.readdir(ROOT_INO, 0, &mut |e| {
+        first.push(e);
+        first.len() < 5
+    })
+    .unwrap();
+    assert_eq!(first[0].name, b".");
+    assert_eq!(first[1].name, b"..");
+    // Remove an entry already listed and one not yet listed, then resume.
+    t.fs.unlink(ROOT_INO, b"n0").unwrap();
+    t.fs.unlink(ROOT_INO, b"n9").unwrap();
+    let mut rest = Vec::new();
+    t.fs.readdir(ROOT_INO, first.last().unwrap().offset, &mut |e| {
+        rest.push(String::from_utf8(e.name).unwrap());
+        true
+    })
+    .unwrap();
+    assert_eq!(rest, ["n3", "n4", "n5", "n6", "n7", "n8"]);
+}
+
+#[test]
+fn append_xattrs_fallocate_links_symlinks_fifos() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    t.create("f").unwrap();
+    let ino = t.resolve("f").unwrap();
+    let fh = t.fs.open(ino, libc::O_WRONLY | libc::O_APPEND).unwrap();
+    t.fs.write(ino, fh, 0, b"one").unwrap();
+    t.fs.write(ino, fh, 0, b"two").unwrap();
+    t.fs.fallocate(ino, fh, 0, 10 << 10, 0).unwrap();
+    t.fs.release(fh);
+    let mut want = b"onetwo".to_vec();
+    want.resize(10 << 10, 0);
+    assert_eq!(t.read_file("f").unwrap(), want);
+
+    t.fs.setxattr(ino, b"user.k", b"v", 0).unwrap();
+    assert_eq!(t.fs.getxattr(ino, b"user.k").unwrap(), b"v");
+    assert_eq!(
+        t.fs.setxattr(ino, b"user.k", b"w", libc::XATTR_CREATE)
+            .unwrap_err()
+            .errno,
+        libc::EEXIST
+    );
+    assert_eq!(
+        t.fs.setxattr(ino, b"user.z", b"w", libc::XATTR_REPLACE)
+            .unwrap_err()
+            .errno,
+        libc::ENODATA
+    );
+    assert_eq!(
+        t.fs.setxattr(ino, b"trusted.k", b"w", 0).unwrap_err().errno,
+        libc::EOPNOTSUPP
+    );
+    assert_eq!(t.fs.listxattr(ino).unwrap(), b"user.k\0");
+    t.fs.removexattr(ino, b"user.k").unwrap();
+    assert_eq!(
+        t.fs.getxattr(ino, b"user.k").unwrap_err().errno,
+        libc::ENODATA
+    );
+
+    let l = t.fs.link(ino, ROOT_INO, b"g").unwrap();
+    assert_eq!(l.nlink, 2);
+    t.write_file("g", 0, b"ONE").unwrap();
+    assert_eq!(&t.read_file("f").unwrap()[..6], b"ONEtwo");
+
+    let s = t.fs.symlink(ROOT_INO, b"s", b"f", ME).unwrap();
+    assert_eq!(t.fs.readlink(s.ino).unwrap(), b"f");
+    assert_eq!(s.size, 1);
+    let p =
+        t.fs.mknod(ROOT_INO, b"p", libc::S_IFIFO | 0o600, 0, ME)
+            .unwrap();
+    assert_eq!(p.kind, Kind::Fifo);
+
+    // O_EXCL, O_TRUNC, rmdir of a non-empty directory, names too long.
+    assert_eq!(
+        t.fs.create(ROOT_INO, b"f", 0o644, libc::O_WRONLY | libc::O_EXCL, ME)
+            .unwrap_err()
+            .errno,
+        libc::EEXIST
+    );
+    let fh = t.fs.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap();
+    t.fs.release(fh);
+    assert_eq!(t.fs.getattr(ino).unwrap().size, 0);
+    let d = t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap();
+    t.fs.mknod(d.ino, b"x", libc::S_IFREG | 0o644, 0, ME)
+        .unwrap();
+    assert_eq!(
+        t.fs.rmdir(ROOT_INO, b"d").unwrap_err().errno,
+        libc::ENOTEMPTY
+    );
+    assert_eq!(
+        t.fs.mkdir(ROOT_INO, &[b'x'; 256], 0o755, ME)
+            .unwrap_err()
+            .errno,
+        libc::ENAMETOOLONG
+    );
+}
+
+#[test]
+fn parallel_writers_on_different_files() {
+    let t = TestFs::new(2, 64 << 20, 1 << 20);
+    std::thread::scope(|s| {
+        for w in 0..4u64 {
+            let t = &t;
+            s.spawn(move || {
+                let p = format!("w{w}");
+                t.create(&p).unwrap();
+                let data = bytes(w + 100, 3 << 20);
+                for (i, piece) in data.chunks(256 << 10).enumerate() {
+                    t.write_file(&p, (i * (256 << 10)) as u64, piece).unwrap();
+                }
+                assert_eq!(t.read_file(&p).unwrap(), data);
+            });
+        }
+    });
+}
