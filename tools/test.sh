@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs every test tier that this machine can run: formatting and lints, unit and property tests,
-# the fabric conformance suite (tcp and in-process fabrics), and the memory-server tests through
-# the release-profile binary. Installs what the tests need when it is missing (Debian).
+# Runs every test tier that this machine can run: formatting and lints, unit and property tests
+# (the file system against a reference model), the fabric conformance suite (tcp and in-process
+# fabrics), the memory-server tests through the binary, and real mounts of the release binary
+# (mount-tests/). Installs what the tests need when it is missing (Debian).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,3 +34,6 @@ echo "== cargo clippy -D warnings"
 cargo clippy --all-targets -- -D warnings
 echo "== cargo test (unit, property, conformance, server)"
 cargo test --all-targets
+echo "== real mounts (mount-tests/run.sh)"
+cargo build --release
+mount-tests/run.sh

@@ -1,0 +1,374 @@
+# shellcheck shell=bash disable=SC2016 # '$1' in bash -c scripts is meant literally
+# Helpers for the real-mount tests (mount-tests/run.sh) and the fio benchmark
+# (tools/bench-fio.sh): installing tools, starting memory servers, mounting and unmounting,
+# cleanup, and assertions. Sourced from the repository root; defines functions and settings only.
+# Call lib_init before anything else.
+
+BIN=${RMEMFS_BIN:-target/release/rmemfs}
+BIN_NAME=${BIN##*/}
+# Default limit (seconds) for any command that touches the mount: a hang becomes a failure.
+TMO=${RMEMFS_TEST_TIMEOUT:-120}
+# Extra arguments for every `rmemfs mount` (e.g. "--chunk-size 1M").
+read -ra MOUNT_ARGS <<<"${RMEMFS_MOUNT_ARGS:-}"
+# Error messages (strerror) must be English for the ENOSPC / EIO checks, and sorting bytewise.
+export LC_ALL=C
+
+BASE=""             # the mktemp -d base; everything this run creates lives under it
+ALL_SERVER_PIDS=()  # every memory server started, for cleanup
+SERVER_SEQ=0
+SERVER_ADDR=""      # set by start_server
+SERVER_PID=""       # set by start_server
+REASON=/dev/null    # where fail() writes the reason (run.sh points it at a per-test file)
+
+# lib_init NAME: creates the base directory and installs the cleanup traps.
+lib_init() {
+  # Resolved, so that paths match the kernel's mount table.
+  BASE=$(realpath "$(mktemp -d "${TMPDIR:-/tmp}/rmemfs-$1.XXXXXX")")
+  mkdir -p "$BASE/logs"
+  trap cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+}
+
+log() { printf '# %s\n' "$*" >&2; }
+
+# ensure_packages CMD:PACKAGE...: installs (apt, Debian) the packages whose command is missing.
+ensure_packages() {
+  local pair cmd pkg need=()
+  for pair in "$@"; do
+    cmd=${pair%%:*} pkg=${pair#*:}
+    if ! command -v "$cmd" >/dev/null 2>&1; then
+      case " ${need[*]} " in *" $pkg "*) ;; *) need+=("$pkg") ;; esac
+    fi
+  done
+  [ ${#need[@]} -eq 0 ] && return 0
+  log "installing: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  timeout 600 apt-get update -qq
+  timeout 1200 apt-get install -y -qq "${need[@]}" >/dev/null
+}
+
+# check_prereqs: root, /dev/fuse, and a binary that has the subcommands we need.
+check_prereqs() {
+  local sub
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "error: these tests mount file systems and must run as root" >&2
+    return 1
+  fi
+  if [ ! -c /dev/fuse ]; then
+    echo "error: /dev/fuse is missing (load the fuse module or run the container with it)" >&2
+    return 1
+  fi
+  if [ ! -x "$BIN" ]; then
+    echo "error: $BIN not found: build it with 'cargo build --release' (or set RMEMFS_BIN)" >&2
+    return 1
+  fi
+  for sub in "$@"; do
+    if ! timeout 30 "$BIN" "$sub" --help >/dev/null 2>&1; then
+      echo "error: $BIN has no '$sub' subcommand" >&2
+      return 1
+    fi
+  done
+}
+
+# --- memory servers --------------------------------------------------------------------------
+
+# parse_addr LINE: prints the first whitespace-separated word that looks like IPv4:PORT.
+parse_addr() {
+  local w words
+  read -ra words <<<"$1"
+  for w in "${words[@]}"; do
+    if [[ $w =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}:[0-9]{1,5}$ ]]; then
+      printf '%s\n' "$w"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# start_server SIZE: starts `rmemfs serve` on an ephemeral loopback port in the background and
+# waits (10 s at most) for its "listening on ADDR" line. Sets SERVER_ADDR and SERVER_PID.
+start_server() {
+  local size=$1 out err line i
+  SERVER_SEQ=$((SERVER_SEQ + 1))
+  out=$BASE/logs/server-$SERVER_SEQ.out
+  err=$BASE/logs/server-$SERVER_SEQ.err
+  "$BIN" serve --listen 127.0.0.1:0 --size "$size" >"$out" 2>"$err" </dev/null &
+  SERVER_PID=$!
+  # Out of the job table: bash then reports nothing when a test kills it with SIGKILL.
+  disown "$SERVER_PID"
+  ALL_SERVER_PIDS+=("$SERVER_PID")
+  SERVER_ADDR=""
+  for ((i = 0; i < 100; i++)); do
+    # `read` fails on a partial line (no newline yet): only parse a complete first line.
+    # shellcheck disable=SC2034 # SERVER_ADDR is read by the callers
+    if [ -s "$out" ] && IFS= read -r line <"$out" && SERVER_ADDR=$(parse_addr "$line"); then
+      return 0
+    fi
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+      echo "memory server ($size) exited at startup: $(tail -n 3 "$err" | tr '\n' ' ')" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
+  echo "memory server ($size) printed no 'listening on ADDR' line within 10 s" >&2
+  kill_servers "$SERVER_PID"
+  return 1
+}
+
+# is_our_server PID: the process is alive and is an `rmemfs serve` we started.
+is_our_server() {
+  { tr '\0' ' ' <"/proc/$1/cmdline"; } 2>/dev/null | grep -q " serve --listen 127.0.0.1:0 "
+}
+
+# kill_servers PID...: stops the given memory servers (TERM, then KILL after 5 s).
+kill_servers() {
+  local pid i
+  for pid in "$@"; do
+    is_our_server "$pid" && kill -TERM "$pid" 2>/dev/null
+  done
+  for pid in "$@"; do
+    for ((i = 0; i < 50; i++)); do
+      is_our_server "$pid" || break
+      sleep 0.1
+    done
+    is_our_server "$pid" && kill -KILL "$pid" 2>/dev/null
+  done
+  return 0
+}
+
+# --- mounts ----------------------------------------------------------------------------------
+
+# is_mounted DIR: DIR is in the mount table (reads /proc, never touches the mount itself).
+is_mounted() {
+  awk -v m="$1" '$2 == m { found = 1 } END { exit !found }' /proc/self/mounts
+}
+
+re_escape() { printf '%s' "$1" | sed 's/[][\.*^$+?(){}|/]/\\&/g'; }
+
+# daemon_pids MNT: PIDs of processes whose command line contains "rmemfs mount MNT".
+daemon_pids() {
+  pgrep -f "${BIN_NAME} mount $(re_escape "$1")( |\$)" || true
+}
+
+# wait_daemon_gone MNT SECONDS: waits until no daemon for MNT remains.
+wait_daemon_gone() {
+  local i
+  for ((i = 0; i < $2 * 5; i++)); do
+    [ -z "$(daemon_pids "$1")" ] && return 0
+    sleep 0.2
+  done
+  [ -z "$(daemon_pids "$1")" ]
+}
+
+# mount_fs MNT ADDRS [ARGS...]: `rmemfs mount MNT --servers ADDRS` (daemonizes). Its output
+# goes to logs/mount-*.log; on failure the last lines are printed on stderr.
+mount_fs() {
+  local mnt=$1 addrs=$2 rc=0 mlog
+  shift 2
+  mkdir -p "$mnt"
+  mlog=$BASE/logs/mount-${mnt##*/}.log
+  timeout -k 10 60 "$BIN" mount "$mnt" --servers "$addrs" "${MOUNT_ARGS[@]}" "$@" \
+    >"$mlog" 2>&1 </dev/null || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "rmemfs mount $mnt failed (exit $rc): $(tail -n 3 "$mlog" | tr '\n' ' ')" >&2
+    return 1
+  fi
+  if ! is_mounted "$mnt"; then
+    echo "rmemfs mount returned 0 but $mnt is not in the mount table" >&2
+    return 1
+  fi
+}
+
+# unmount_fs MNT: umount (30 s), then the daemon must exit within 10 s. Falls back to
+# `umount -l` and returns 1 when the clean unmount fails.
+unmount_fs() {
+  local mnt=$1
+  if is_mounted "$mnt"; then
+    if ! timeout -k 5 30 umount "$mnt"; then
+      echo "umount $mnt failed; detaching it lazily" >&2
+      timeout -k 5 10 umount -l "$mnt" || true
+      return 1
+    fi
+  fi
+  if ! wait_daemon_gone "$mnt" 10; then
+    echo "the daemon for $mnt is still running 10 s after umount: $(daemon_pids "$mnt" | tr '\n' ' ')" >&2
+    return 1
+  fi
+}
+
+# drop_caches MNT: flushes MNT's dirty pages and drops the kernel's clean caches, so the next
+# read goes to the daemon (and so to the memory servers) instead of the page cache.
+# RMEMFS_TEST_DROP_CACHES=0 turns the drop off.
+drop_caches() {
+  timeout -k 5 60 sync -f "$1" || return 1
+  [ "${RMEMFS_TEST_DROP_CACHES:-1}" = 1 ] || return 0
+  if ! timeout -k 5 60 sh -c 'echo 3 >/proc/sys/vm/drop_caches' 2>/dev/null; then
+    log "cannot write /proc/sys/vm/drop_caches: reads may come from the page cache"
+  fi
+  return 0
+}
+
+# cleanup: unmounts everything under BASE, stops the daemons and servers, removes BASE.
+# RMEMFS_TEST_KEEP=1 keeps BASE (logs) for inspection.
+cleanup() {
+  local m pid i
+  set +e
+  [ -n "$BASE" ] && [ -d "$BASE" ] || return 0
+  while IFS= read -r m; do
+    timeout -k 5 30 umount "$m" 2>/dev/null || timeout -k 5 10 umount -l "$m" 2>/dev/null
+  done < <(awk -v b="$BASE/" 'index($2, b) == 1 { print $2 }' /proc/self/mounts | sort -r)
+  for pid in $(pgrep -f "${BIN_NAME} mount $(re_escape "$BASE")/"); do
+    kill -TERM "$pid" 2>/dev/null
+  done
+  for ((i = 0; i < 25; i++)); do
+    [ -z "$(pgrep -f "${BIN_NAME} mount $(re_escape "$BASE")/")" ] && break
+    sleep 0.2
+  done
+  for pid in $(pgrep -f "${BIN_NAME} mount $(re_escape "$BASE")/"); do
+    kill -KILL "$pid" 2>/dev/null
+  done
+  kill_servers "${ALL_SERVER_PIDS[@]}"
+  if [ "${RMEMFS_TEST_KEEP:-0}" = 1 ]; then
+    log "kept $BASE"
+  else
+    rm -rf --one-file-system "$BASE"
+  fi
+  BASE=""
+  return 0
+}
+
+# --- assertions (for test functions, which run in a subshell) -------------------------------
+
+is_timeout() { [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; }
+
+# fail MSG: records the reason (the first one wins) and ends the test.
+fail() {
+  [ -s "$REASON" ] || printf '%s\n' "$*" >"$REASON"
+  echo "FAILED: $*" >&2
+  exit 1
+}
+
+# on_err RC WHERE CMD: ERR trap of a test: an unchecked command failed. When it failed inside a
+# helper, WHERE becomes the line of the test function that called the helper.
+on_err() {
+  local i where=$2
+  for ((i = 2; i < ${#FUNCNAME[@]}; i++)); do
+    if [[ ${FUNCNAME[i]} == test_* ]]; then
+      where="${BASH_SOURCE[i]##*/}:${BASH_LINENO[i - 1]} in ${FUNCNAME[1]}"
+      break
+    fi
+  done
+  if is_timeout "$1"; then
+    [ -s "$REASON" ] || printf 'timed out (%s): %s\n' "$where" "$3" >"$REASON"
+  else
+    [ -s "$REASON" ] || printf '%s: `%s` exited %s\n' "$where" "$3" "$1" >"$REASON"
+  fi
+}
+
+# t CMD...: CMD under the default timeout.
+t() { timeout -k 10 "$TMO" "$@"; }
+
+# must_within SECS DESC CMD...: CMD must succeed within SECS seconds.
+must_within() {
+  local secs=$1 desc=$2 rc=0
+  shift 2
+  timeout -k 10 "$secs" "$@" || rc=$?
+  if is_timeout "$rc"; then
+    fail "$desc: timed out after ${secs}s ($*)"
+  elif [ "$rc" -ne 0 ]; then
+    fail "$desc: exit $rc ($*)"
+  fi
+}
+
+# must DESC CMD...: CMD must succeed within the default timeout.
+must() { must_within "$TMO" "$@"; }
+
+# must_fail DESC PATTERN CMD...: CMD must fail (not time out), with PATTERN (grep -E) in its
+# stderr unless PATTERN is empty.
+must_fail() {
+  local desc=$1 pattern=$2 rc=0 err
+  shift 2
+  err=$(mktemp "$BASE/logs/err.XXXXXX")
+  timeout -k 10 "$TMO" "$@" 2>"$err" || rc=$?
+  cat "$err" >&2
+  if [ "$rc" -eq 0 ]; then
+    fail "$desc: succeeded but should have failed ($*)"
+  elif is_timeout "$rc"; then
+    fail "$desc: timed out after ${TMO}s ($*)"
+  elif [ -n "$pattern" ] && ! grep -Eq "$pattern" "$err"; then
+    fail "$desc: stderr lacks '$pattern': $(head -c 200 "$err" | tr '\n' ' ')"
+  fi
+}
+
+# assert_eq DESC ACTUAL EXPECTED
+assert_eq() {
+  [ "$2" = "$3" ] || fail "$1: got '$(printf '%s' "$2" | head -c 200)', expected '$(printf '%s' "$3" | head -c 200)'"
+}
+
+# exists PATH: true/false; a hang or an unexpected error fails the test.
+exists() {
+  local rc=0
+  timeout -k 5 30 test -e "$1" || rc=$?
+  case $rc in
+    0) return 0 ;;
+    1) return 1 ;;
+    *) fail "test -e $1: exit $rc" ;;
+  esac
+}
+
+# put FILE TEXT: writes TEXT and a newline to FILE (truncating).
+put() { must "write $1" bash -c 'printf "%s\n" "$2" >"$1"' _ "$1" "$2"; }
+
+# get FILE: prints FILE's content.
+get() { t cat "$1"; }
+
+# stat_listing DIR: "path mode size type" for DIR and everything in it, sorted, plus the mtime
+# of regular files; directories without size (it differs between file systems).
+stat_listing() {
+  timeout -k 10 "$TMO" bash -c \
+    'set -o pipefail; cd "$1" && find . -print0 | sort -z | xargs -0 stat -c "%F|%a|%s|%Y|%n"' _ "$1" |
+    awk -F'|' '$1 == "directory" { print $5, $2, $1; next }
+               $1 == "regular file" || $1 == "regular empty file" { print $5, $2, $3, $4, $1; next }
+               { print $5, $2, $3, $1 }'
+}
+
+# compare_trees A B WHAT: diff -r, cmp of every regular file, and equal stat listings.
+compare_trees() {
+  local a=$1 b=$2 what=$3 f n=0 scratch
+  must "$what: diff -r $a $b" diff -r "$a" "$b"
+  while IFS= read -r -d '' f; do
+    must "$what: cmp $f" cmp "$a/$f" "$b/$f"
+    n=$((n + 1))
+  done < <(cd "$a" && find . -type f -print0)
+  [ "$n" -gt 0 ] || fail "$what: no regular files to compare in $a"
+  scratch=$(mktemp -d "$BASE/logs/ls.XXXXXX")
+  stat_listing "$a" >"$scratch/a" || fail "$what: stat listing of $a failed"
+  stat_listing "$b" >"$scratch/b" || fail "$what: stat listing of $b failed"
+  if ! diff "$scratch/a" "$scratch/b" >"$scratch/diff"; then
+    cat "$scratch/diff" >&2
+    fail "$what: stat listings differ: $(grep '^[<>]' "$scratch/diff" | head -n 2 | tr '\n' ' ')"
+  fi
+}
+
+# make_src_tree DIR: a tree on local disk: nested directories, 200 files of random sizes
+# (0..300 KiB), a 5 MiB file, an empty file, an empty directory, a symlink, names with spaces,
+# and a few different modes.
+make_src_tree() {
+  local d=$1 i size sub
+  local dirs=(. a a/b a/b/c a/d e e/f e/f/g e/f/g/h "dir with space")
+  for sub in "${dirs[@]}" empty_dir; do mkdir -p "$d/$sub"; done
+  for ((i = 0; i < 200; i++)); do
+    size=$(((RANDOM * 32768 + RANDOM) % (300 * 1024 + 1)))
+    sub=${dirs[i % ${#dirs[@]}]}
+    head -c "$size" /dev/urandom >"$d/$sub/file$i.bin"
+  done
+  : >"$d/empty"
+  echo "a file with spaces in its name" >"$d/a/file with spaces.txt"
+  head -c $((5 << 20)) /dev/urandom >"$d/e/big-5MiB.bin"
+  ln -s a/b/file2.bin "$d/link-to-file2"
+  chmod 600 "$d/file0.bin"
+  chmod 755 "$d/a/file1.bin"
+  chmod 444 "$d/a/b/file2.bin"
+  chmod 700 "$d/a/d"
+}

@@ -1,0 +1,534 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2016 # '$1' in bash -c scripts is meant literally
+# Real-mount tests: the release binary mounts rmemfs over memory servers started as local
+# processes (loopback only), and ordinary programs (cp, rsync, tar, git, sqlite3, fio) run on it.
+#
+#   mount-tests/run.sh              # every test
+#   mount-tests/run.sh git sqlite   # only the named tests
+#
+# Needs root and /dev/fuse; installs missing tools with apt (Debian). Settings (environment):
+#   RMEMFS_BIN              binary (default target/release/rmemfs)
+#   RMEMFS_TEST_TIMEOUT     limit in seconds for each command on the mount (default 120)
+#   RMEMFS_MOUNT_ARGS       extra arguments for every `rmemfs mount`, e.g. "--chunk-size 1M"
+#   RMEMFS_TEST_DROP_CACHES 0: don't drop the kernel's caches before verifying reads
+#   RMEMFS_TEST_KEEP        1: keep the temporary directory (logs) after the run
+#
+# Each test gets a fresh mount (and fresh servers where it kills or fills them), runs in a
+# subshell under `set -e` with its output in a log, and prints `ok NAME` or `FAIL NAME: reason`
+# (then the end of its log). The last line is `N passed, M failed`; the exit status is non-zero
+# when a test failed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=mount-tests/lib.sh
+. mount-tests/lib.sh
+
+SHARED_SIZE=${RMEMFS_TEST_SERVER_SIZE:-256M}
+
+# --- tests -----------------------------------------------------------------------------------
+# Variables every test sees: MNT (the mount point, mounted unless the test says otherwise),
+# WORK (scratch on local disk), SRC (the source tree on local disk), ADDRS (the servers, comma
+# separated) and TEST_PIDS (their PIDs, in the same order).
+
+# cp -a and rsync -a put a mixed tree into rmemfs with every byte, mode, size, mtime, type and
+# symlink intact, and cp -a brings it back out unchanged.
+test_cp_tree() {
+  must "cp -a into the mount" cp -a "$SRC" "$MNT/tree"
+  drop_caches "$MNT" || fail "drop caches failed"
+  compare_trees "$SRC" "$MNT/tree" "after cp -a into the mount"
+  must "rsync -a into the mount" rsync -a "$SRC/" "$MNT/rsync/"
+  drop_caches "$MNT" || fail "drop caches failed"
+  compare_trees "$SRC" "$MNT/rsync" "after rsync -a into the mount"
+  must "cp -a back out" cp -a "$MNT/tree" "$WORK/back"
+  compare_trees "$SRC" "$WORK/back" "after cp -a back out"
+}
+
+# A tar archive streamed into rmemfs is byte-identical to one made on local disk, extracts
+# inside the mount into an identical tree, and a tree in the mount tars back out intact.
+test_tar_roundtrip() {
+  must "tar create into the mount" tar -C "$SRC" -cf "$MNT/t.tar" .
+  must "tar create on local disk" tar -C "$SRC" -cf "$WORK/ref.tar" .
+  drop_caches "$MNT" || fail "drop caches failed"
+  must "archive in the mount equals the local one" cmp "$WORK/ref.tar" "$MNT/t.tar"
+  must "mkdir x" mkdir "$MNT/x"
+  must "tar extract inside the mount" tar -C "$MNT/x" -xf "$MNT/t.tar"
+  drop_caches "$MNT" || fail "drop caches failed"
+  compare_trees "$SRC" "$MNT/x" "tree extracted in the mount"
+  must "tar create from the mount to local disk" tar -C "$MNT/x" -cf "$WORK/out.tar" .
+  mkdir "$WORK/out"
+  must "tar extract on local disk" tar -C "$WORK/out" -xf "$WORK/out.tar"
+  compare_trees "$SRC" "$WORK/out" "tree tarred out of the mount"
+}
+
+# git's object store, index and ref updates (lock files, renames, fsync) work: two commits,
+# a clean fsck before and after gc, a clean status, and a clone that matches the work tree.
+test_git() {
+  local r=$MNT/repo out n
+  export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
+  must "git init" git init -q "$r"
+  must "git config user.name" git -C "$r" config user.name "rmemfs test"
+  must "git config user.email" git -C "$r" config user.email "test@example.invalid"
+  must "copy files into the repo" cp -a "$SRC/a" "$r/a"
+  put "$r/README" "first"
+  must "git add (1)" git -C "$r" add -A
+  must "git commit (1)" git -C "$r" commit -q -m first
+  must "append to README" bash -c 'echo second >>"$1"' _ "$r/README"
+  must "git rm" git -C "$r" rm -q "a/file1.bin"
+  must "add a file" cp "$SRC/e/big-5MiB.bin" "$r/big.bin"
+  must "git add (2)" git -C "$r" add -A
+  must "git commit (2)" git -C "$r" commit -q -m second
+  out=$(t git -C "$r" log --oneline) || fail "git log failed"
+  n=$(printf '%s\n' "$out" | grep -c .)
+  assert_eq "commits in git log --oneline" "$n" 2
+  must "git fsck --full" git -C "$r" fsck --full
+  out=$(t git -C "$r" status --porcelain) || fail "git status failed"
+  assert_eq "git status --porcelain" "$out" ""
+  must "git gc" git -C "$r" gc -q
+  must "git fsck --full after gc" git -C "$r" fsck --full
+  must "git clone to local disk" git clone -q "$r" "$WORK/clone"
+  must "clone matches the work tree" diff -r -x .git "$r" "$WORK/clone"
+}
+
+# sqlite's rollback journal and page writes work: 5000 rows inserted in one transaction pass
+# integrity_check, the content equals a database built the same way on local disk, a rolled-back
+# delete leaves all rows, and VACUUM keeps the database intact.
+test_sqlite() {
+  local db=$MNT/test.db ref=$WORK/ref.db sql=$WORK/insert.sql out
+  {
+    echo "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT NOT NULL);"
+    echo "BEGIN;"
+    seq 1 5000 | awk '{ printf "INSERT INTO t(v) VALUES (\x27row %d %s\x27);\n", $1, substr("abcdefghijklmnopqrstuvwxyz0123456789", 1 + $1 % 36) }'
+    echo "COMMIT;"
+  } >"$sql"
+  must "build the reference db on local disk" sqlite3 "$ref" ".read $sql"
+  must "create table + insert 5000 rows in a transaction" sqlite3 "$db" ".read $sql"
+  drop_caches "$MNT" || fail "drop caches failed"
+  out=$(t sqlite3 "$db" "PRAGMA integrity_check;") || fail "integrity_check failed to run"
+  assert_eq "PRAGMA integrity_check" "$out" ok
+  out=$(t sqlite3 "$db" "SELECT count(*) FROM t;") || fail "count failed to run"
+  assert_eq "row count" "$out" 5000
+  t sqlite3 "$ref" .dump >"$WORK/ref.dump" || fail "dump of the reference db failed"
+  t sqlite3 "$db" .dump >"$WORK/db.dump" || fail "dump of the db in the mount failed"
+  must "db content equals the reference" cmp "$WORK/ref.dump" "$WORK/db.dump"
+  must "rolled-back delete" sqlite3 "$db" "BEGIN; DELETE FROM t; ROLLBACK;"
+  out=$(t sqlite3 "$db" "SELECT count(*) FROM t;") || fail "count failed to run"
+  assert_eq "row count after a rolled-back delete" "$out" 5000
+  must "VACUUM" sqlite3 "$db" "VACUUM;"
+  drop_caches "$MNT" || fail "drop caches failed"
+  out=$(t sqlite3 "$db" "PRAGMA integrity_check;") || fail "integrity_check failed to run"
+  assert_eq "PRAGMA integrity_check after VACUUM" "$out" ok
+  must "exists: test.db-journal removed" bash -c '! test -e "$1-journal"' _ "$db"
+}
+
+# The POSIX corner cases programs rely on: rename over a file and across directories, directory
+# rename, hard links sharing data, symlinks, truncate shrink/grow (grown part reads as zeros),
+# append, unlink while open, rmdir of a non-empty dir, chmod, utimes, and user xattrs.
+test_posix_cases() {
+  local m=$MNT out
+
+  # rename over an existing file replaces its content; the old name is gone
+  put "$m/a" "content-a"
+  put "$m/b" "content-b"
+  must "rename a over b" mv -f "$m/a" "$m/b"
+  assert_eq "b after rename over it" "$(get "$m/b")" "content-a"
+  ! exists "$m/a" || fail "a still exists after rename"
+
+  # rename into another directory
+  must "mkdir d1 d2" mkdir "$m/d1" "$m/d2"
+  put "$m/d1/f" "moved"
+  must "rename into another dir" mv "$m/d1/f" "$m/d2/g"
+  assert_eq "d2/g after rename" "$(get "$m/d2/g")" "moved"
+  ! exists "$m/d1/f" || fail "d1/f still exists after rename"
+
+  # mv of a directory (with content) to a new name inside another directory
+  must "mkdir -p dir/sub" mkdir -p "$m/dir/sub"
+  put "$m/dir/sub/f" "deep"
+  must "mv of a directory" mv "$m/dir" "$m/d2/dir-moved"
+  assert_eq "file inside a moved directory" "$(get "$m/d2/dir-moved/sub/f")" "deep"
+  ! exists "$m/dir" || fail "dir still exists after mv"
+
+  # hard link: two names, one inode, shared data
+  put "$m/h1" "one"
+  must "ln" ln "$m/h1" "$m/h2"
+  assert_eq "link count after ln" "$(t stat -c %h "$m/h1")" 2
+  put "$m/h2" "two"
+  assert_eq "h1 after writing through h2" "$(get "$m/h1")" "two"
+  must "append through h1" bash -c 'echo three >>"$1"' _ "$m/h1"
+  assert_eq "h2 after appending through h1" "$(get "$m/h2")" $'two\nthree'
+  must "rm h2" rm "$m/h2"
+  assert_eq "link count after rm of the other name" "$(t stat -c %h "$m/h1")" 1
+  assert_eq "h1 after rm h2" "$(get "$m/h1")" $'two\nthree'
+
+  # symlink + readlink
+  must "ln -s" ln -s h1 "$m/s1"
+  assert_eq "readlink" "$(t readlink "$m/s1")" "h1"
+  assert_eq "file type of a symlink" "$(t stat -c %F "$m/s1")" "symbolic link"
+  assert_eq "read through a symlink" "$(get "$m/s1")" $'two\nthree'
+
+  # truncate shrink and grow: compare with a local file that went through the same steps
+  head -c 3000000 /dev/urandom >"$WORK/tr"
+  must "copy tr" cp "$WORK/tr" "$m/tr"
+  truncate -s 10000 "$WORK/tr"
+  must "truncate shrink" truncate -s 10000 "$m/tr"
+  assert_eq "size after shrink" "$(t stat -c %s "$m/tr")" 10000
+  drop_caches "$m" || fail "drop caches failed"
+  must "content after shrink" cmp "$WORK/tr" "$m/tr"
+  truncate -s 2500000 "$WORK/tr"
+  must "truncate grow" truncate -s 2500000 "$m/tr"
+  assert_eq "size after grow" "$(t stat -c %s "$m/tr")" 2500000
+  drop_caches "$m" || fail "drop caches failed"
+  must "content after grow (zeros past the old end)" cmp "$WORK/tr" "$m/tr"
+
+  # append with >> twice
+  put "$m/ap" "l1"
+  must "append l2" bash -c 'echo l2 >>"$1"' _ "$m/ap"
+  must "append l3" bash -c 'echo l3 >>"$1"' _ "$m/ap"
+  assert_eq "appended file" "$(get "$m/ap")" $'l1\nl2\nl3'
+
+  # an unlinked file stays readable through an fd opened before the rm
+  head -c 2000000 /dev/urandom >"$WORK/open"
+  must "copy open" cp "$WORK/open" "$m/open"
+  must "read an unlinked file through an open fd" bash -c '
+    exec 3<"$1" && rm "$1" && ! test -e "$1" || exit 1
+    echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
+    cmp "$2" - <&3' _ "$m/open" "$WORK/open"
+  ! exists "$m/open" || fail "open still exists after rm"
+
+  # rmdir of a non-empty directory fails; after emptying it, it works
+  must "mkdir ne" mkdir "$m/ne"
+  put "$m/ne/f" "x"
+  must_fail "rmdir of a non-empty directory" "Directory not empty" rmdir "$m/ne"
+  exists "$m/ne/f" || fail "ne/f vanished after a failed rmdir"
+  must "rm ne/f" rm "$m/ne/f"
+  must "rmdir of the emptied directory" rmdir "$m/ne"
+  ! exists "$m/ne" || fail "ne still exists after rmdir"
+
+  # ls -la lists the entries
+  out=$(t ls -la "$m") || fail "ls -la failed"
+  grep -q ' h1$' <<<"$out" || fail "ls -la does not list h1"
+  grep -q ' s1 -> h1$' <<<"$out" || fail "ls -la does not show the symlink s1 -> h1"
+
+  # chmod and utimes are stored (checked again after dropping the kernel's caches)
+  must "chmod 640" chmod 640 "$m/ap"
+  must "touch -d @1000000000" touch -d @1000000000 "$m/ap"
+  assert_eq "mode after chmod" "$(t stat -c %a "$m/ap")" 640
+  assert_eq "mtime after touch -d" "$(t stat -c %Y "$m/ap")" 1000000000
+  drop_caches "$m" || fail "drop caches failed"
+  assert_eq "mode after chmod (uncached)" "$(t stat -c %a "$m/ap")" 640
+  assert_eq "mtime after touch -d (uncached)" "$(t stat -c %Y "$m/ap")" 1000000000
+
+  # user xattrs: set, get, list, remove
+  if command -v setfattr >/dev/null 2>&1; then
+    must "setfattr user.test" setfattr -n user.test -v hello "$m/ap"
+    assert_eq "getfattr user.test" "$(t getfattr --only-values -n user.test "$m/ap")" "hello"
+    out=$(t getfattr -d "$m/ap") || fail "getfattr -d failed"
+    grep -q '^user.test="hello"$' <<<"$out" || fail "getfattr -d does not list user.test"
+    must "setfattr -x user.test" setfattr -x user.test "$m/ap"
+    must_fail "getfattr of a removed xattr" "" getfattr -n user.test "$m/ap"
+  else
+    echo "setfattr missing: xattr checks skipped" >&2
+  fi
+}
+
+# Eight writers copying 8 MiB each at the same time don't corrupt each other's data.
+test_concurrent_writers() {
+  local i rc pids=()
+  for ((i = 0; i < 8; i++)); do
+    dd if=/dev/urandom of="$WORK/w$i" bs=1M count=8 status=none
+  done
+  for ((i = 0; i < 8; i++)); do
+    timeout -k 10 "$TMO" cp "$WORK/w$i" "$MNT/w$i" &
+    pids+=($!)
+  done
+  for ((i = 0; i < 8; i++)); do
+    rc=0
+    wait "${pids[i]}" || rc=$?
+    [ "$rc" -eq 0 ] || fail "writer $i: cp exited $rc"
+  done
+  drop_caches "$MNT" || fail "drop caches failed"
+  for ((i = 0; i < 8; i++)); do
+    must "cmp w$i" cmp "$WORK/w$i" "$MNT/w$i"
+  done
+}
+
+# fio writes with per-block checksums and verifies them: 4 KiB random writes by two jobs, then
+# 1 MiB sequential writes; any verify error fails fio.
+test_fio_verify() {
+  must_within 300 "fio 4k randwrite + crc32c verify" \
+    fio --name=v --directory="$MNT" --size=64M --bs=4k --rw=randwrite --ioengine=psync \
+    --verify=crc32c --do_verify=1 --verify_fatal=1 --numjobs=2 --group_reporting
+  must_within 300 "fio 1M sequential write + crc32c verify" \
+    fio --name=s --directory="$MNT" --size=64M --bs=1M --rw=write --ioengine=psync \
+    --verify=crc32c --do_verify=1 --verify_fatal=1 --numjobs=2 --group_reporting
+}
+
+# (servers 64M + 64M) A 96 MiB file fits only because its chunks spread over both servers, and
+# reads back intact.
+test_larger_than_one_server() {
+  dd if=/dev/urandom of="$WORK/big" bs=1M count=96 status=none
+  must "write 96 MiB" cp "$WORK/big" "$MNT/big"
+  drop_caches "$MNT" || fail "drop caches failed"
+  assert_eq "size" "$(t stat -c %s "$MNT/big")" $((96 << 20))
+  must "cmp 96 MiB" cmp "$WORK/big" "$MNT/big"
+}
+
+# (servers 32M + 32M) Filling the pool gives ENOSPC, not a hang or corruption: earlier data
+# stays intact, and removing the big file frees its memory for new writes.
+test_enospc() {
+  local rc=0 sum got i
+  head -c 1M /dev/urandom >"$WORK/small"
+  must "write 1 MiB" cp "$WORK/small" "$MNT/small"
+  sum=$(sha256sum <"$WORK/small")
+  timeout -k 10 "$TMO" dd if=/dev/zero of="$MNT/big" bs=1M count=200 conv=fsync 2>"$WORK/dd.err" || rc=$?
+  cat "$WORK/dd.err" >&2
+  [ "$rc" -ne 0 ] || fail "dd of 200 MiB into a 64 MiB pool succeeded"
+  is_timeout "$rc" && fail "dd into a full pool timed out after ${TMO}s"
+  grep -q "No space left on device" "$WORK/dd.err" ||
+    fail "dd failed (exit $rc) without 'No space left on device': $(head -c 200 "$WORK/dd.err" | tr '\n' ' ')"
+  must "df on a full pool" df "$MNT"
+  drop_caches "$MNT" || fail "drop caches failed"
+  got=$(t cat "$MNT/small" | sha256sum) || fail "reading the 1 MiB file after ENOSPC failed"
+  assert_eq "sha256 of the file written before the pool filled" "$got" "$sum"
+  must "rm big" rm "$MNT/big"
+  # Memory comes back when the kernel releases the file (asynchronously): retry for 10 s.
+  dd if=/dev/urandom of="$WORK/new" bs=1M count=8 status=none
+  for ((i = 0; ; i++)); do
+    rc=0
+    timeout -k 10 "$TMO" cp "$WORK/new" "$MNT/new" || rc=$?
+    [ "$rc" -eq 0 ] && break
+    is_timeout "$rc" && fail "writing 8 MiB after rm timed out"
+    [ "$i" -lt 10 ] || fail "writing 8 MiB still fails 10 s after rm of the big file (exit $rc)"
+    t rm -f "$MNT/new" || true
+    sleep 1
+  done
+  drop_caches "$MNT" || fail "drop caches failed"
+  must "cmp the 8 MiB file written after rm" cmp "$WORK/new" "$MNT/new"
+}
+
+# (servers 128M + 128M) Killing one server fails reads of the data it held with EIO, quickly and
+# without hanging; files on the surviving server still read back intact; metadata, new writes
+# and unmount still work. File sizes alternate 1 and 2 MiB: with chunks placed on the server
+# with the most free memory they alternate between the two equal servers, so every 2 MiB file
+# touches both servers while the 1 MiB files land on one or the other; the test thus sees both
+# lost and surviving files whichever way placement breaks ties.
+test_server_death() {
+  local i rc ok=0 eio=0 out n
+  for ((i = 0; i < 20; i++)); do
+    dd if=/dev/urandom of="$WORK/f$i" bs=1M count=$((1 + i % 2)) status=none
+    must "write f$i" cp "$WORK/f$i" "$MNT/f$i"
+  done
+  must "sync" sync -f "$MNT"
+  is_our_server "${TEST_PIDS[1]}" || fail "the second server is not running before the kill"
+  kill -KILL "${TEST_PIDS[1]}"
+  drop_caches "$MNT" || fail "drop caches failed"
+  for ((i = 0; i < 20; i++)); do
+    rc=0
+    timeout -k 5 60 cat "$MNT/f$i" >/dev/null 2>"$WORK/err$i" || rc=$?
+    if [ "$rc" -eq 0 ]; then
+      must "cmp surviving f$i" cmp "$WORK/f$i" "$MNT/f$i"
+      ok=$((ok + 1))
+    elif is_timeout "$rc"; then
+      fail "reading f$i hung for 60 s after the server died"
+    elif grep -q "Input/output error" "$WORK/err$i"; then
+      eio=$((eio + 1))
+    else
+      fail "reading f$i failed with an unexpected error (exit $rc): $(head -c 200 "$WORK/err$i")"
+    fi
+  done
+  echo "after the kill: $ok files readable, $eio failed with EIO" >&2
+  [ "$eio" -ge 1 ] || fail "no read failed with EIO after a server died ($ok of 20 readable)"
+  [ "$ok" -ge 1 ] || fail "no file stayed readable after one of two servers died ($eio EIO)"
+  out=$(t ls -l "$MNT") || fail "ls -l after the server died failed"
+  n=$(grep -c ' f[0-9]*$' <<<"$out" || true)
+  assert_eq "files listed by ls -l after the server died" "$n" 20
+  head -c 1M /dev/urandom >"$WORK/after"
+  must "write a new file after the server died" cp "$WORK/after" "$MNT/after"
+  drop_caches "$MNT" || fail "drop caches failed"
+  must "cmp the new file" cmp "$WORK/after" "$MNT/after"
+  unmount_fs "$MNT" || fail "unmount after the server died failed"
+}
+
+# Unmount stops the daemon and leaves nothing mounted; mounting on a missing directory or over
+# an unreachable server fails with a message instead of hanging or leaving a mount behind.
+test_unmount_cleanup() {
+  local rc m2=$BASE/mnt/unreachable missing=$WORK/does-not-exist
+  mount_fs "$MNT" "$ADDRS" || fail "mount failed"
+  put "$MNT/f" "hello"
+  [ -n "$(daemon_pids "$MNT")" ] ||
+    fail "no process has '$BIN_NAME mount $MNT' in its command line while mounted"
+  must "umount" umount "$MNT"
+  wait_daemon_gone "$MNT" 10 ||
+    fail "daemon still running 10 s after umount: $(daemon_pids "$MNT" | tr '\n' ' ')"
+  rc=0
+  timeout -k 5 10 mountpoint -q "$MNT" || rc=$?
+  [ "$rc" -ne 0 ] || fail "$MNT is still a mount point after umount"
+  is_timeout "$rc" && fail "mountpoint on $MNT hung after umount"
+
+  rc=0
+  timeout -k 5 30 "$BIN" mount "$missing" --servers "$ADDRS" "${MOUNT_ARGS[@]}" \
+    >"$WORK/missing.out" 2>"$WORK/missing.err" </dev/null || rc=$?
+  cat "$WORK/missing.err" >&2
+  if [ "$rc" -eq 0 ]; then
+    fail "mount on a missing directory succeeded"
+  fi
+  is_timeout "$rc" && fail "mount on a missing directory did not return within 30 s"
+  [ -s "$WORK/missing.err" ] || fail "mount on a missing directory failed (exit $rc) without a message on stderr"
+  wait_daemon_gone "$missing" 5 || fail "a daemon for the missing directory is left running"
+
+  mkdir -p "$m2"
+  rc=0
+  timeout -k 5 30 "$BIN" mount "$m2" --servers 127.0.0.1:1 "${MOUNT_ARGS[@]}" \
+    >"$WORK/unreach.out" 2>"$WORK/unreach.err" </dev/null || rc=$?
+  cat "$WORK/unreach.err" >&2
+  [ "$rc" -ne 0 ] || fail "mount with an unreachable server (127.0.0.1:1) succeeded"
+  is_timeout "$rc" && fail "mount with an unreachable server did not fail within 30 s"
+  [ -s "$WORK/unreach.err" ] || fail "mount with an unreachable server failed (exit $rc) without a message on stderr"
+  ! is_mounted "$m2" || fail "mount with an unreachable server left $m2 mounted"
+  wait_daemon_gone "$m2" 5 || fail "mount with an unreachable server left a daemon running"
+}
+
+# --- runner ----------------------------------------------------------------------------------
+
+# name, servers ("shared": two long-lived ${SHARED_SIZE} servers; else fresh ones of these
+# sizes), and whether the runner mounts before the test.
+ALL_TESTS=(
+  "cp_tree shared mount"
+  "tar_roundtrip shared mount"
+  "git shared mount"
+  "sqlite shared mount"
+  "posix_cases shared mount"
+  "concurrent_writers shared mount"
+  "fio_verify shared mount"
+  "larger_than_one_server 64M,64M mount"
+  "enospc 32M,32M mount"
+  "server_death 128M,128M mount"
+  "unmount_cleanup shared nomount"
+)
+
+SHARED_PIDS=()
+SHARED_ADDRS=""
+PASSED=0
+FAILED=0
+
+# ensure_shared_servers: (re)starts the two shared servers unless both are running.
+ensure_shared_servers() {
+  local p alive=1
+  for p in "${SHARED_PIDS[@]}"; do is_our_server "$p" || alive=0; done
+  if [ ${#SHARED_PIDS[@]} -eq 2 ] && [ "$alive" -eq 1 ]; then return 0; fi
+  kill_servers "${SHARED_PIDS[@]}"
+  SHARED_PIDS=()
+  SHARED_ADDRS=""
+  for p in 1 2; do
+    start_server "$SHARED_SIZE" || return 1
+    SHARED_PIDS+=("$SERVER_PID")
+    SHARED_ADDRS+=${SHARED_ADDRS:+,}$SERVER_ADDR
+  done
+}
+
+# run_test NAME SERVERS MODE: sets up, runs test_NAME in a subshell, tears down, reports.
+run_test() {
+  local name=$1 servers=$2 mode=$3 reason="" rc=0 size sizes tlog fresh=0
+  tlog=$BASE/logs/$name.log
+  MNT=$BASE/mnt/$name
+  WORK=$BASE/work/$name
+  REASON=$BASE/logs/$name.reason
+  mkdir -p "$MNT" "$WORK"
+  : >"$REASON"
+  : >"$tlog"
+  TEST_PIDS=()
+  ADDRS=""
+
+  if [ "$servers" = shared ]; then
+    if ensure_shared_servers 2>>"$tlog"; then
+      TEST_PIDS=("${SHARED_PIDS[@]}")
+      ADDRS=$SHARED_ADDRS
+    else
+      reason="could not start the memory servers: $(tail -n 1 "$tlog")"
+    fi
+  else
+    fresh=1
+    IFS=, read -ra sizes <<<"$servers"
+    for size in "${sizes[@]}"; do
+      if ! start_server "$size" 2>>"$tlog"; then
+        reason="could not start a $size memory server: $(tail -n 1 "$tlog")"
+        break
+      fi
+      TEST_PIDS+=("$SERVER_PID")
+      ADDRS+=${ADDRS:+,}$SERVER_ADDR
+    done
+  fi
+  echo "servers: $ADDRS" >>"$tlog"
+
+  if [ -z "$reason" ] && [ "$mode" = mount ] && ! mount_fs "$MNT" "$ADDRS" 2>>"$tlog"; then
+    reason="mount failed: $(tail -n 1 "$tlog")"
+  fi
+
+  if [ -z "$reason" ]; then
+    set +e
+    (
+      trap - EXIT INT TERM
+      set -eE
+      trap 'on_err "$?" "${BASH_SOURCE[0]##*/}:$LINENO" "$BASH_COMMAND"' ERR
+      "test_$name"
+    ) >>"$tlog" 2>&1 </dev/null
+    rc=$?
+    set -e
+    if [ "$rc" -ne 0 ]; then
+      reason=$(head -n 1 "$REASON")
+      [ -n "$reason" ] || reason="the test exited $rc"
+    fi
+  fi
+
+  if is_mounted "$MNT" && ! unmount_fs "$MNT" 2>>"$tlog"; then
+    [ -n "$reason" ] || reason="unmount after the test failed: $(tail -n 1 "$tlog")"
+  fi
+  if [ "$fresh" -eq 1 ]; then kill_servers "${TEST_PIDS[@]}"; fi
+
+  if [ -z "$reason" ]; then
+    echo "ok $name"
+    PASSED=$((PASSED + 1))
+  else
+    echo "FAIL $name: $reason"
+    tail -n 15 "$tlog" | sed 's/^/    | /'
+    FAILED=$((FAILED + 1))
+  fi
+}
+
+main() {
+  local spec name found selected=()
+  if [ $# -gt 0 ]; then
+    for name in "$@"; do
+      found=0
+      for spec in "${ALL_TESTS[@]}"; do
+        if [ "${spec%% *}" = "$name" ]; then
+          selected+=("$spec")
+          found=1
+        fi
+      done
+      if [ "$found" -eq 0 ]; then
+        echo "unknown test '$name'; tests: $(printf '%s\n' "${ALL_TESTS[@]}" | cut -d' ' -f1 | tr '\n' ' ')" >&2
+        exit 2
+      fi
+    done
+  else
+    selected=("${ALL_TESTS[@]}")
+  fi
+
+  ensure_packages fio:fio sqlite3:sqlite3 git:git fusermount3:fuse3 rsync:rsync tar:tar \
+    pgrep:procps mountpoint:util-linux fuser:psmisc setfattr:attr cmp:diffutils
+  check_prereqs mount serve || exit 2
+  lib_init mt
+
+  SRC=$BASE/src
+  make_src_tree "$SRC"
+
+  for spec in "${selected[@]}"; do
+    # shellcheck disable=SC2086 # the spec is three words
+    run_test $spec
+  done
+
+  cleanup
+  echo "$PASSED passed, $FAILED failed"
+  [ "$FAILED" -eq 0 ] || exit 1
+}
+
+main "$@"
