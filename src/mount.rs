@@ -167,6 +167,29 @@ fn fuser_config(options: &[String], threads: usize) -> Result<(fuser::Config, bo
     Ok((cfg, read_only))
 }
 
+/// Buffered reads reach the daemon in pieces of the mount's readahead window (128 KiB by
+/// default); each piece costs a round trip to a server. Raising it to the FUSE request limit
+/// (1 MiB) lets sequential reads arrive whole. Best effort: needs root and sysfs.
+fn raise_readahead(mountpoint: &Path) {
+    // The device number comes from mountinfo: a stat of the mount point would be a FUSE
+    // request to this very daemon, which is not serving yet.
+    let target = mountpoint.to_string_lossy();
+    let dev = std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines().find_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                (f.len() > 4 && unescape_mountinfo(f[4]) == target).then(|| f[2].to_string())
+            })
+        });
+    let Some(dev) = dev else { return };
+    let knob = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+    match std::fs::write(&knob, "1024") {
+        Ok(()) => log::info!("readahead raised to 1 MiB ({knob})"),
+        Err(e) => log::info!("could not raise readahead via {knob}: {e}"),
+    }
+}
+
 /// Mounts and serves until unmounted. `ready` is called once the mount is live (the daemon's
 /// parent returns then); errors before that are returned as text for the user.
 pub fn run(config: &MountConfig, ready: &mut dyn FnMut()) -> Result<(), String> {
@@ -227,6 +250,8 @@ pub fn run(config: &MountConfig, ready: &mut dyn FnMut()) -> Result<(), String> 
     ));
     let mut session = fuser::Session::new(FuseFs::new(fs.clone()), &mountpoint, &fuse_config)
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
+
+    raise_readahead(&mountpoint);
 
     // SIGINT/SIGTERM unmount; the session then ends as with `umount`.
     let mut unmounter = session.unmount_callable();

@@ -2,15 +2,16 @@
 //! allocations across them by free capacity, and one-sided reads and writes of remote extents.
 //!
 //! Each server has a control connection (allocation, free, capacity) and a fabric queue pair
-//! (data). All queue pairs share one completion queue, reaped by a dispatcher thread that wakes
-//! the batch each completion belongs to. Failures name the server: a transport error marks that
+//! (data). All queue pairs share one completion queue whose completions are handed, in the
+//! fabric's completion context, to the batch they belong to, which wakes its waiter: no
+//! reaping thread sits between the network and the caller. Failures name the server: a transport error marks that
 //! server failed, and later operations on its extents fail at once instead of waiting again.
 
 pub mod control;
 
 use crate::fabric::{
-    Completion, CompletionQueue, Fabric, FabricError, Opcode, QueuePair, RemoteRegion, ServerId,
-    Sge, WcStatus, WorkRequest,
+    Completion, Fabric, FabricError, Opcode, QueuePair, RemoteRegion, ServerId, Sge, WcStatus,
+    WorkRequest,
 };
 use crate::proto::{Capacity, Message, RefusalCode};
 use control::ControlConn;
@@ -18,7 +19,6 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread;
 use std::time::Duration;
 
 /// Pool failures. Every variant that concerns one server names it.
@@ -132,7 +132,6 @@ const BATCH_INDEX_BITS: u32 = 24;
 
 struct Dispatch {
     batches: Mutex<HashMap<u64, Arc<Batch>>>,
-    stop: AtomicBool,
 }
 
 impl Dispatch {
@@ -177,7 +176,11 @@ impl Pool {
         if addrs.is_empty() {
             return Err(PoolError::Invalid("no memory servers given".into()));
         }
-        let cq = fabric.create_cq();
+        let dispatch = Arc::new(Dispatch {
+            batches: Mutex::new(HashMap::new()),
+        });
+        let d = dispatch.clone();
+        let cq = fabric.create_cq_with_handler(Arc::new(move |c| d.deliver(c)));
         let mut servers = Vec::with_capacity(addrs.len());
         for (i, &addr) in addrs.iter().enumerate() {
             let control = ControlConn::connect(addr, &config.client_name, config.timeout)?;
@@ -216,15 +219,6 @@ impl Pool {
                 failed: AtomicBool::new(false),
             });
         }
-        let dispatch = Arc::new(Dispatch {
-            batches: Mutex::new(HashMap::new()),
-            stop: AtomicBool::new(false),
-        });
-        let d = dispatch.clone();
-        thread::Builder::new()
-            .name("pool-cq".into())
-            .spawn(move || reap(cq, d))
-            .map_err(|e| PoolError::Invalid(format!("cannot start the completion thread: {e}")))?;
         Ok(Pool {
             fabric,
             servers,
@@ -492,27 +486,9 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        self.dispatch.stop.store(true, Ordering::SeqCst);
         for s in &self.servers {
             s.qp.disconnect();
             s.control.kill();
-        }
-    }
-}
-
-/// How long the completion thread sleeps between checks for shutdown.
-const REAP_TICK: Duration = Duration::from_millis(100);
-
-fn reap(cq: Arc<dyn CompletionQueue>, dispatch: Arc<Dispatch>) {
-    let mut ready = Vec::with_capacity(64);
-    while !dispatch.stop.load(Ordering::SeqCst) {
-        if let Some(c) = cq.wait(REAP_TICK) {
-            dispatch.deliver(c);
-            while cq.poll(&mut ready, 64) > 0 {
-                for c in ready.drain(..) {
-                    dispatch.deliver(c);
-                }
-            }
         }
     }
 }

@@ -10,8 +10,9 @@
 
 use super::mem::{AlignedBuf, InFlight, KeyTable};
 use super::{
-    Access, Completion, CompletionQueue, DeregisterError, Exchange, Fabric, FabricError, LocalMr,
-    OpCounters, Opcode, PeerGuard, QueuePair, SoftCq, WcStatus, WorkRequest, MAX_OP_LEN,
+    Access, Completion, CompletionHandler, CompletionQueue, DeregisterError, Exchange, Fabric,
+    FabricError, LocalMr, OpCounters, Opcode, PeerGuard, QueuePair, SoftCq, WcStatus, WorkRequest,
+    MAX_OP_LEN,
 };
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -143,6 +144,10 @@ impl Fabric for LocalFabric {
 
     fn create_cq(&self) -> Arc<dyn CompletionQueue> {
         Arc::new(SoftCq::default())
+    }
+
+    fn create_cq_with_handler(&self, handler: CompletionHandler) -> Arc<dyn CompletionQueue> {
+        Arc::new(SoftCq::with_handler(handler))
     }
 
     fn connect(

@@ -257,6 +257,9 @@ pub trait QueuePair: Send + Sync {
 /// in a `Connect` message and returns the server's `Connected` blob.
 pub type Exchange<'a> = dyn FnMut(Vec<u8>) -> Result<Vec<u8>, FabricError> + 'a;
 
+/// Receives completions from a queue made by [`Fabric::create_cq_with_handler`].
+pub type CompletionHandler = Arc<dyn Fn(Completion) + Send + Sync>;
+
 /// Keeps a server-side data path alive for as long as the client's control session lasts.
 pub type PeerGuard = Box<dyn Any + Send>;
 
@@ -285,6 +288,11 @@ pub trait Fabric: Send + Sync {
     fn deregister(&self, mrs: Vec<LocalMr>) -> Result<(), DeregisterError>;
 
     fn create_cq(&self) -> Arc<dyn CompletionQueue>;
+
+    /// A completion queue whose completions are handed to `handler` as they arrive, in the
+    /// fabric's completion context (a NIC or poller thread), instead of waiting to be reaped.
+    /// Saves the hand-off to a reaping thread; the handler must be quick and must not block.
+    fn create_cq_with_handler(&self, handler: CompletionHandler) -> Arc<dyn CompletionQueue>;
 
     /// Client side: connects a queue pair to the server whose control connection reaches
     /// `server`, using `exchange` for any handshake the data path needs.
@@ -320,20 +328,38 @@ pub struct OpCounters {
 pub struct SoftCq {
     tx: crossbeam_channel::Sender<Completion>,
     rx: crossbeam_channel::Receiver<Completion>,
+    handler: Option<CompletionHandler>,
 }
 
 impl Default for SoftCq {
     fn default() -> Self {
         // Unbounded: a NIC thread must never block on a consumer that is itself blocked posting.
         let (tx, rx) = crossbeam_channel::unbounded();
-        SoftCq { tx, rx }
+        SoftCq {
+            tx,
+            rx,
+            handler: None,
+        }
     }
 }
 
 impl SoftCq {
+    /// Completions go straight to `handler`, called by the thread that completes them.
+    pub fn with_handler(handler: CompletionHandler) -> SoftCq {
+        SoftCq {
+            handler: Some(handler),
+            ..SoftCq::default()
+        }
+    }
+
     pub(crate) fn push(&self, c: Completion) {
-        // The receiver lives in `self`, so the channel cannot be disconnected.
-        let _ = self.tx.send(c);
+        match &self.handler {
+            Some(h) => h(c),
+            // The receiver lives in `self`, so the channel cannot be disconnected.
+            None => {
+                let _ = self.tx.send(c);
+            }
+        }
     }
 
     /// Finds the software CQ behind a trait object (a QP can only post to its own fabric's CQ).

@@ -15,8 +15,8 @@
 
 use super::mem::{recv_exact_raw, send_all_raw, AlignedBuf, InFlight, KeyTable, RawSlice};
 use super::{
-    Access, CompletionQueue, DeregisterError, Exchange, Fabric, FabricError, LocalMr, OpCounters,
-    Opcode, PeerGuard, QueuePair, SoftCq, WcStatus, WorkRequest, MAX_OP_LEN,
+    Access, CompletionHandler, CompletionQueue, DeregisterError, Exchange, Fabric, FabricError,
+    LocalMr, OpCounters, Opcode, PeerGuard, QueuePair, SoftCq, WcStatus, WorkRequest, MAX_OP_LEN,
 };
 use crate::fabric::Completion;
 use std::collections::{HashMap, VecDeque};
@@ -167,6 +167,10 @@ impl Fabric for TcpFabric {
 
     fn create_cq(&self) -> Arc<dyn CompletionQueue> {
         Arc::new(SoftCq::default())
+    }
+
+    fn create_cq_with_handler(&self, handler: CompletionHandler) -> Arc<dyn CompletionQueue> {
+        Arc::new(SoftCq::with_handler(handler))
     }
 
     fn connect(
@@ -382,10 +386,11 @@ impl QueuePair for TcpQp {
         if q.sending {
             return; // whoever is sending will get to these
         }
+        let single = wrs.len() == 1 && q.queue.len() == 1;
         match q.queue.front() {
-            Some(head) if inline_ok(&head.wr) => {
+            Some(head) if single || inline_ok(&head.wr) => {
                 q.sending = true;
-                send_inline(s, q);
+                send_inline(s, q, single);
             }
             Some(_) => s.work.notify_one(),
             None => {}
@@ -478,8 +483,10 @@ fn send_one(s: &QpShared, posted: Posted, seq: u64) {
 }
 
 /// Requests worth sending on the poster's own thread: no payload, or a small one. Saves a
-/// thread hand-off (two context switches) per small operation; large payloads go to the
-/// sender thread so `post` never blocks for long.
+/// thread hand-off (two context switches) per operation; large payloads of a multi-request
+/// batch go to the sender thread, so one request's payload does not hold up the posting of the
+/// rest (which may be bound for other servers). A post of a single request is sent inline
+/// whatever its size: its poster is about to wait for it anyway.
 const INLINE_MAX: u64 = 64 * 1024;
 
 fn inline_ok(wr: &WorkRequest) -> bool {
@@ -488,11 +495,16 @@ fn inline_ok(wr: &WorkRequest) -> bool {
 
 /// Takes send turns while the queue's head is small; returns with the turn released, handing
 /// any remaining work to the sender thread.
-fn send_inline<'a>(s: &'a QpShared, mut q: std::sync::MutexGuard<'a, SendQueue>) {
+fn send_inline<'a>(
+    s: &'a QpShared,
+    mut q: std::sync::MutexGuard<'a, SendQueue>,
+    mut allow_large: bool,
+) {
     while let Some(head) = q.queue.front() {
-        if !inline_ok(&head.wr) {
+        if !inline_ok(&head.wr) && !allow_large {
             break;
         }
+        allow_large = false;
         let posted = q.queue.pop_front().expect("non-empty");
         let seq = q.next_seq;
         q.next_seq += 1;

@@ -391,13 +391,9 @@ impl Session {
         };
         // SAFETY: `offset + rlen <= arena.len` by the allocator's construction, so the range
         // lies inside the arena mapping, which outlives every registration (it is dropped
-        // last, after all sessions have released their extents). The range is free, so no
-        // registration covers it and no remote peer can be writing it while it is zeroed.
+        // last, after all sessions have released their extents).
         let registered = unsafe {
             let ptr = self.shared.arena.ptr.add(offset as usize);
-            // Extents are handed out zeroed: a client never sees another client's old bytes,
-            // and file holes inside a chunk read as zeros.
-            std::ptr::write_bytes(ptr, 0, rlen as usize);
             self.shared
                 .fabric
                 .register(ptr, rlen as usize, Access::REMOTE)
@@ -467,6 +463,18 @@ impl Session {
                 }
             }
         }
+        // Free space is kept zeroed (a fresh mapping is zero already), so extents are handed
+        // out zeroed without work on the allocation path: a client never sees another
+        // client's old bytes, and file holes inside a chunk read as zeros.
+        // SAFETY: the extent lies inside the arena (it was allocated from it) and is no longer
+        // registered, so no remote peer can reach it while it is cleared.
+        unsafe {
+            std::ptr::write_bytes(
+                self.shared.arena.ptr.add(extent.offset as usize),
+                0,
+                extent.len as usize,
+            )
+        };
         self.shared
             .alloc
             .lock()
