@@ -9,14 +9,18 @@
 //! pages, not whole chunks; later chunks are allocated whole. Servers zero extents they hand
 //! out, so unwritten parts of a chunk read as zeros, like holes.
 //!
-//! Data moves through registered bounce buffers from a small pool (registration is costly, so
-//! buffers are registered once and reused).
+//! Every local buffer handed to the fabric is registered through the registration cache
+//! (`mrrc`): write payloads go straight from the caller's buffer when the caller vouches that
+//! it lives as long as the mount (FUSE's request buffers), otherwise through a bounce buffer;
+//! reads land in bounce buffers from a small pool. The cache turns repeated use of the same
+//! buffers into hits, so registration (pinning) is paid once, not per operation.
 
 use crate::client::{Pool, RemoteOp};
 use crate::error::{Error, Result};
 use crate::fabric::mem::page_size;
-use crate::fabric::{Access, AlignedBuf, LocalMr, Opcode, RemoteRegion, ServerId};
+use crate::fabric::{AlignedBuf, Opcode, RemoteRegion, ServerId, Sge};
 use crate::meta::Chunk;
+use crate::mrrc::{CacheConfig, CacheStats, FabricRegistrar, Pinned, Policy, RegCache};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -24,14 +28,15 @@ use std::sync::{Arc, Condvar, Mutex};
 /// kernels), so a request needs one bounce buffer and one round.
 pub const IO_SIZE: usize = 1 << 20;
 
-/// A registered bounce buffer.
+/// A bounce buffer (registered through the cache when used).
 struct Bounce {
     buf: Arc<AlignedBuf>,
-    mr: LocalMr,
 }
 
 /// Chunk I/O over a pool of memory servers.
 pub struct DataStore {
+    // Declared first so it is dropped first: registrations go before the buffers they cover.
+    cache: RegCache<FabricRegistrar>,
     pool: Arc<Pool>,
     chunk_size: u64,
     free_bufs: Mutex<Vec<Bounce>>,
@@ -74,7 +79,13 @@ fn region(c: &Chunk) -> RemoteRegion {
 
 impl DataStore {
     /// `max_bufs` bounds the bounce buffers (and so the concurrent I/O rounds).
-    pub fn new(pool: Arc<Pool>, chunk_size: u64, max_bufs: usize) -> Result<DataStore> {
+    pub fn new(
+        pool: Arc<Pool>,
+        chunk_size: u64,
+        max_bufs: usize,
+        policy: Policy,
+        cache: CacheConfig,
+    ) -> Result<DataStore> {
         let page = page_size() as u64;
         if chunk_size < page || !chunk_size.is_power_of_two() {
             return Err(Error::new(
@@ -82,8 +93,9 @@ impl DataStore {
                 format!("chunk size {chunk_size} must be a power of two of at least {page}"),
             ));
         }
-        let zeros = Self::make_bounce(&pool)?;
+        let zeros = Self::make_bounce()?;
         Ok(DataStore {
+            cache: RegCache::new(FabricRegistrar(pool.fabric().clone()), policy, cache),
             pool,
             chunk_size,
             free_bufs: Mutex::new(Vec::new()),
@@ -101,10 +113,60 @@ impl DataStore {
         self.chunk_size
     }
 
-    fn make_bounce(pool: &Pool) -> Result<Bounce> {
-        let buf = Arc::new(AlignedBuf::new(IO_SIZE)?);
-        let mr = pool.fabric().register_buf(buf.clone(), Access::LOCAL)?;
-        Ok(Bounce { buf, mr })
+    /// Registration cache counters.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+    pub fn cache_policy(&self) -> Policy {
+        self.cache.policy()
+    }
+
+    fn make_bounce() -> Result<Bounce> {
+        Ok(Bounce {
+            buf: Arc::new(AlignedBuf::new(IO_SIZE)?),
+        })
+    }
+
+    /// Registrations covering `[addr, addr+len)`, from the cache.
+    fn pin(&self, addr: u64, len: u64) -> Result<Pinned> {
+        Ok(self.cache.acquire(addr, len)?)
+    }
+
+    /// Runs `ops` (whose local ranges lie inside `pinned`'s pieces), splitting any op whose
+    /// local range crosses from one registration into the next, then gives the registrations
+    /// back to the cache. On an overlap lookup the ops on already-registered pieces go first.
+    fn run(&self, pinned: Pinned, ops: &[RemoteOp]) -> Result<()> {
+        let mut split = Vec::with_capacity(ops.len());
+        for op in ops {
+            let mut at = op.local.addr;
+            let end = at + op.local.len;
+            while at < end {
+                let piece = pinned
+                    .pieces
+                    .iter()
+                    .find(|p| p.addr <= at && at < p.addr + p.len)
+                    .expect("ops lie inside the pinned range");
+                let n = (piece.addr + piece.len).min(end) - at;
+                split.push((
+                    piece.cached,
+                    RemoteOp {
+                        local: Sge {
+                            addr: at,
+                            len: n,
+                            lkey: piece.lkey,
+                        },
+                        offset: op.offset + (at - op.local.addr),
+                        ..*op
+                    },
+                ));
+                at += n;
+            }
+        }
+        split.sort_by_key(|(cached, _)| !*cached); // stable: cached pieces first
+        let ops: Vec<RemoteOp> = split.into_iter().map(|(_, op)| op).collect();
+        let res = self.pool.execute(&ops);
+        self.cache.release(pinned);
+        Ok(res?)
     }
 
     fn loan(&self) -> Result<Loan<'_>> {
@@ -122,7 +184,7 @@ impl DataStore {
                     *made += 1;
                     drop(made);
                     drop(free);
-                    return match Self::make_bounce(&self.pool) {
+                    return match Self::make_bounce() {
                         Ok(b) => Ok(Loan {
                             store: self,
                             bounce: Some(b),
@@ -161,6 +223,7 @@ impl DataStore {
     pub fn read(&self, chunks: &BTreeMap<u64, Chunk>, offset: u64, out: &mut [u8]) -> Result<()> {
         let loan = self.loan()?;
         let b = loan.b();
+        let base = b.buf.addr();
         for (w, window) in out.chunks_mut(IO_SIZE).enumerate() {
             let woff = offset + (w * IO_SIZE) as u64;
             let mut ops = Vec::new();
@@ -174,13 +237,19 @@ impl DataStore {
                 }
                 ops.push(RemoteOp {
                     opcode: Opcode::Read,
-                    local: b.mr.sge(at, covered),
+                    local: Sge {
+                        addr: base + at,
+                        len: covered,
+                        lkey: 0,
+                    },
                     remote: region(c),
                     offset: in_chunk,
                 });
                 copies.push((at as usize, covered as usize));
             }
-            self.pool.execute(&ops)?;
+            if !ops.is_empty() {
+                self.run(self.pin(base, window.len() as u64)?, &ops)?;
+            }
             for (at, n) in copies {
                 b.buf.read_at(at, &mut window[at..at + n]);
             }
@@ -189,8 +258,16 @@ impl DataStore {
     }
 
     /// Writes `data` at file `offset`, allocating or growing chunks as needed. Returns once the
-    /// bytes are in remote memory.
-    pub fn write(&self, chunks: &mut BTreeMap<u64, Chunk>, offset: u64, data: &[u8]) -> Result<()> {
+    /// bytes are in remote memory. With `stable`, the caller vouches that `data` lies in memory
+    /// that stays mapped for the life of this store (FUSE's request buffers): it is then
+    /// registered through the cache and sent as it is, without a bounce copy.
+    pub fn write(
+        &self,
+        chunks: &mut BTreeMap<u64, Chunk>,
+        offset: u64,
+        data: &[u8],
+        stable: bool,
+    ) -> Result<()> {
         let loan = self.loan()?;
         let b = loan.b();
         for (w, window) in data.chunks(IO_SIZE).enumerate() {
@@ -199,17 +276,26 @@ impl DataStore {
             for (idx, in_chunk, n, _) in self.pieces(woff, window.len() as u64) {
                 self.ensure(chunks, idx, in_chunk + n, b)?;
             }
-            b.buf.write_at(0, window);
+            let base = if stable {
+                window.as_ptr() as u64
+            } else {
+                b.buf.write_at(0, window);
+                b.buf.addr()
+            };
             let ops: Vec<RemoteOp> = self
                 .pieces(woff, window.len() as u64)
                 .map(|(idx, in_chunk, n, at)| RemoteOp {
                     opcode: Opcode::Write,
-                    local: b.mr.sge(at, n),
+                    local: Sge {
+                        addr: base + at,
+                        len: n,
+                        lkey: 0,
+                    },
                     remote: region(&chunks[&idx]),
                     offset: in_chunk,
                 })
                 .collect();
-            self.pool.execute(&ops)?;
+            self.run(self.pin(base, window.len() as u64)?, &ops)?;
         }
         Ok(())
     }
@@ -246,31 +332,35 @@ impl DataStore {
             rkey: r.rkey,
         };
         if let Some(old) = current {
+            let base = b.buf.addr();
             let mut copied = 0;
             while copied < old.len {
                 let n = (old.len - copied).min(IO_SIZE as u64);
-                let copy = [
-                    RemoteOp {
-                        opcode: Opcode::Read,
-                        local: b.mr.sge(0, n),
-                        remote: region(&old),
-                        offset: copied,
-                    },
-                    RemoteOp {
-                        opcode: Opcode::Write,
-                        local: b.mr.sge(0, n),
-                        remote: r,
-                        offset: copied,
-                    },
-                ];
-                // Two batches: the write must not start before the read has landed.
+                let local = Sge {
+                    addr: base,
+                    len: n,
+                    lkey: 0,
+                };
+                let read = RemoteOp {
+                    opcode: Opcode::Read,
+                    local,
+                    remote: region(&old),
+                    offset: copied,
+                };
+                let write = RemoteOp {
+                    opcode: Opcode::Write,
+                    remote: r,
+                    ..read
+                };
+                // Two rounds: the write must not start before the read has landed.
                 let res = self
-                    .pool
-                    .execute(&copy[..1])
-                    .and_then(|()| self.pool.execute(&copy[1..]));
+                    .pin(base, n)
+                    .and_then(|p| self.run(p, &[read]))
+                    .and_then(|()| self.pin(base, n))
+                    .and_then(|p| self.run(p, &[write]));
                 if let Err(e) = res {
                     let _ = self.pool.free(r);
-                    return Err(e.into());
+                    return Err(e);
                 }
                 copied += n;
             }
@@ -303,19 +393,26 @@ impl DataStore {
         if size % cs != 0 {
             if let Some(c) = chunks.get(&(size / cs)) {
                 let from = size % cs;
+                let zeros = self.zeros.buf.addr();
                 let mut ops = Vec::new();
                 let mut at = from;
                 while at < c.len {
                     let n = (c.len - at).min(IO_SIZE as u64);
                     ops.push(RemoteOp {
                         opcode: Opcode::Write,
-                        local: self.zeros.mr.sge(0, n),
+                        local: Sge {
+                            addr: zeros,
+                            len: n,
+                            lkey: 0,
+                        },
                         remote: region(c),
                         offset: at,
                     });
                     at += n;
                 }
-                self.pool.execute(&ops)?;
+                if !ops.is_empty() {
+                    self.run(self.pin(zeros, IO_SIZE as u64)?, &ops)?;
+                }
             }
         }
         Ok(())

@@ -11,7 +11,7 @@
 
 use crate::data::DataStore;
 use crate::error::{Error, Result};
-use crate::meta::{Body, Dir, FileData, Ino, Inode, Kind, Meta, NAME_MAX};
+use crate::meta::{Body, Dir, FileData, Ino, Inode, Kind, Meta, NAME_MAX, ROOT_INO};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -106,6 +106,10 @@ impl OpenMode {
 /// `rename` flags.
 pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
+
+/// A virtual attribute of the root directory: reading it returns the live counters
+/// (`rmemfs stats MOUNTPOINT` does). Not listed by `listxattr`.
+pub const STATS_XATTR: &[u8] = b"user.rmemfs.stats";
 
 /// `fallocate` mode bits understood here.
 const FALLOC_FL_KEEP_SIZE: i32 = 1;
@@ -687,6 +691,22 @@ impl Fs {
     /// Writes `data` at `offset` (at the end with `O_APPEND`); returns once the bytes are in
     /// remote memory.
     pub fn write(&self, ino: Ino, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        self.write_impl(ino, fh, offset, data, false)
+    }
+
+    /// As [`Fs::write`], for data inside a FUSE request buffer: such buffers live as long as
+    /// the session, so the payload is registered (through the cache) and sent without a copy.
+    pub fn write_from_request_buffer(
+        &self,
+        ino: Ino,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<u32> {
+        self.write_impl(ino, fh, offset, data, true)
+    }
+
+    fn write_impl(&self, ino: Ino, fh: u64, offset: u64, data: &[u8], stable: bool) -> Result<u32> {
         let mode = self.handle(fh, ino)?;
         if !mode.write {
             return Err(err(libc::EBADF));
@@ -703,7 +723,7 @@ impl Fs {
             .checked_add(data.len() as u64)
             .filter(|&e| e <= i64::MAX as u64)
             .ok_or_else(|| err(libc::EFBIG))?;
-        self.data.write(&mut chunks, offset, data)?;
+        self.data.write(&mut chunks, offset, data, stable)?;
         let mut meta = self.meta.lock().unwrap();
         let i = Self::inode_mut(&mut meta, ino)?;
         i.size = i.size.max(end);
@@ -869,6 +889,9 @@ impl Fs {
     }
 
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        if ino == ROOT_INO && name == STATS_XATTR {
+            return Ok(self.stats_text().into_bytes());
+        }
         let meta = self.meta.lock().unwrap();
         let i = Self::inode(&meta, ino)?;
         i.xattrs
@@ -905,5 +928,68 @@ impl Fs {
             }
             None => Err(err(libc::ENODATA)),
         }
+    }
+
+    /// The counters of this mount, as text: registration cache, fabric, servers, inodes.
+    pub fn stats_text(&self) -> String {
+        use std::fmt::Write;
+        let c = self.data.cache_stats();
+        let pool = self.data.pool();
+        let f = pool.fabric().counters();
+        let mut out = String::new();
+        let _ = writeln!(out, "registration cache: {:?}", self.data.cache_policy());
+        let _ = writeln!(
+            out,
+            "  lookups {} (hits {}, subset hits {}, overlaps {}, misses {}), hit ratio {:.1}%",
+            c.lookups(),
+            c.hits,
+            c.subset_hits,
+            c.overlaps,
+            c.misses,
+            100.0 * c.hit_ratio()
+        );
+        let _ = writeln!(
+            out,
+            "  registrations {} ({} pages), deregistrations {} in {} batches ({} pages), \
+             full-cache events {}",
+            c.registrations,
+            c.registered_pages,
+            c.deregistrations,
+            c.deregistration_batches,
+            c.deregistered_pages,
+            c.full_events
+        );
+        let _ = writeln!(
+            out,
+            "  cached regions {}, pinned {} pages",
+            c.regions, c.pinned_pages
+        );
+        let _ = writeln!(out, "fabric: {}", pool.fabric().name());
+        let _ = writeln!(
+            out,
+            "  reads {} ({} bytes), writes {} ({} bytes), failed {}",
+            f.reads, f.bytes_read, f.writes, f.bytes_written, f.failed
+        );
+        let _ = writeln!(
+            out,
+            "  registrations {}, deregistrations {} in {} batches, pinned {} bytes",
+            f.registrations,
+            f.deregistrations,
+            f.deregistration_batches,
+            pool.fabric().pinned_bytes()
+        );
+        for s in pool.status() {
+            let _ = writeln!(
+                out,
+                "server {} {}: {} of {} bytes free{}",
+                s.id,
+                s.addr,
+                s.capacity.free,
+                s.capacity.total,
+                if s.failed { " (FAILED)" } else { "" }
+            );
+        }
+        let _ = writeln!(out, "inodes: {}", self.inode_count());
+        out
     }
 }

@@ -304,7 +304,9 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(ino.0, fh.0, offset, data) {
+        // `data` lies in this event loop's request buffer, which lives as long as the session:
+        // it can be registered and sent as it is.
+        match self.fs.write_from_request_buffer(ino.0, fh.0, offset, data) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(&e)),
         }

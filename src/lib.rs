@@ -16,6 +16,7 @@ pub mod fs;
 pub mod fuse;
 pub mod meta;
 pub mod mount;
+pub mod mrrc;
 pub mod proto;
 pub mod server;
 pub mod size;

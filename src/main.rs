@@ -5,6 +5,7 @@ use rmemfs::bench::{self, BenchConfig};
 use rmemfs::fabric::tcp::{TcpConfig, TcpFabric};
 use rmemfs::fabric::Fabric;
 use rmemfs::mount::{self, MountConfig};
+use rmemfs::mrrc;
 use rmemfs::server::{MemoryServer, ServerConfig, DEFAULT_PORT};
 use rmemfs::size::{format_size, parse_size};
 use std::io::BufRead;
@@ -87,6 +88,19 @@ enum Cmd {
         /// In the background, write logs here (default: discarded).
         #[arg(long)]
         log_file: Option<PathBuf>,
+        /// Registration cache for the buffers handed to the fabric: mrrc (the region cache
+        /// with MRE replacement), lru (a pin-down cache) or none (register per operation).
+        #[arg(long, default_value = "mrrc")]
+        reg_cache: mrrc::Policy,
+        /// Most memory the registration cache keeps pinned (default: what the memlock limit
+        /// allows, at most 1G).
+        #[arg(long, value_parser = parse_size)]
+        reg_cache_size: Option<u64>,
+    },
+    /// Print the counters of a live mount: registration cache and fabric operations.
+    Stats {
+        /// The mount point of a running `rmemfs mount`.
+        mountpoint: PathBuf,
     },
     /// Measure the TCP fabric against plain TCP on loopback (throughput and latency ratios).
     BenchFabric {
@@ -139,6 +153,7 @@ fn main() -> ExitCode {
         })
         .map_err(|e| format!("benchmark failed: {e}")),
         Cmd::BenchPeer { listen } => bench::run_peer(listen).map_err(|e| e.to_string()),
+        Cmd::Stats { mountpoint } => mount::print_stats(&mountpoint),
         Cmd::Mount {
             mountpoint,
             servers,
@@ -149,8 +164,12 @@ fn main() -> ExitCode {
             threads,
             op_timeout,
             log_file,
+            reg_cache,
+            reg_cache_size,
         } => {
             let config = MountConfig {
+                reg_cache,
+                reg_cache_size,
                 mountpoint,
                 servers,
                 size,

@@ -5,10 +5,12 @@
 
 use crate::client::{Pool, PoolConfig};
 use crate::data::DataStore;
+use crate::fabric::mem::page_size;
 use crate::fabric::tcp::{TcpConfig, TcpFabric};
 use crate::fabric::Fabric;
 use crate::fs::{Fs, FsConfig};
 use crate::fuse::FuseFs;
+use crate::mrrc::CacheConfig;
 use crate::server::{MemoryServer, ServerConfig, DEFAULT_PORT};
 use crate::size::format_size;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -29,6 +31,9 @@ pub struct MountConfig {
     pub chunk_size: u64,
     pub threads: usize,
     pub op_timeout: Duration,
+    /// Registration cache policy and its size in bytes (default from the memlock limit).
+    pub reg_cache: crate::mrrc::Policy,
+    pub reg_cache_size: Option<u64>,
 }
 
 /// Resolves `host[:port]` (port defaults to [`DEFAULT_PORT`]).
@@ -120,6 +125,58 @@ pub fn default_embedded_size() -> u64 {
         Some(b) => (b / 4).clamp(64 << 20, 8 << 30),
         None => 1 << 30,
     }
+}
+
+/// What the registration cache may pin by default: what the locked-memory limit allows (less
+/// room for the bounce buffers), or 1 GiB where pinning is not limited (root, or unlimited).
+fn default_cache_bytes() -> u64 {
+    const CAP: u64 = 1 << 30;
+    const HEADROOM: u64 = 32 << 20;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return CAP;
+    }
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0
+        || lim.rlim_cur == libc::RLIM_INFINITY
+    {
+        return CAP;
+    }
+    (lim.rlim_cur as u64)
+        .saturating_sub(HEADROOM)
+        .clamp(1 << 20, CAP)
+}
+
+/// `rmemfs stats MOUNTPOINT`: reads the live counters from the mount's virtual attribute.
+pub fn print_stats(mountpoint: &Path) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| "mount point contains a NUL byte".to_string())?;
+    let name = std::ffi::CString::new(crate::fs::STATS_XATTR).expect("no NUL");
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: both strings are NUL-terminated and `buf` is writable for its length.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!(
+            "{} is not a live rmemfs mount ({e})",
+            mountpoint.display()
+        ));
+    }
+    buf.truncate(n as usize);
+    print!("{}", String::from_utf8_lossy(&buf));
+    Ok(())
 }
 
 /// Parses `-o` options into fuser's configuration; returns it and whether the mount is
@@ -236,8 +293,19 @@ pub fn run(config: &MountConfig, ready: &mut dyn FnMut()) -> Result<(), String> 
         },
     )
     .map_err(|e| e.to_string())?;
-    let data = DataStore::new(Arc::new(pool), config.chunk_size, config.threads * 2)
-        .map_err(|e| e.message)?;
+    let cache = CacheConfig {
+        capacity_pages: config.reg_cache_size.unwrap_or_else(default_cache_bytes)
+            / page_size() as u64,
+        ..CacheConfig::default()
+    };
+    let data = DataStore::new(
+        Arc::new(pool),
+        config.chunk_size,
+        config.threads * 2,
+        config.reg_cache,
+        cache,
+    )
+    .map_err(|e| e.message)?;
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let fs = Arc::new(Fs::new(
@@ -276,11 +344,10 @@ pub fn run(config: &MountConfig, ready: &mut dyn FnMut()) -> Result<(), String> 
     ready();
     let result = session.run();
     signal_handle.close();
-    let pool = fs.data().pool();
     log::info!(
-        "unmounted {}; returning remote memory of {} servers",
+        "unmounted {}; returning remote memory. Counters at unmount:\n{}",
         mountpoint.display(),
-        pool.status().len()
+        fs.stats_text()
     );
     drop(fs);
     drop(embedded);

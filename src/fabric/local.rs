@@ -79,12 +79,6 @@ impl LocalNetwork {
 }
 
 impl LocalFabric {
-    /// Counters of operations this node executed as the *initiator* (client side), plus its
-    /// registrations.
-    pub fn counters(&self) -> OpCounters {
-        self.node.table.counters.snapshot()
-    }
-
     /// Operations this node has served as a target.
     pub fn served(&self) -> u64 {
         self.node.faults.served.load(Ordering::SeqCst)
@@ -199,6 +193,10 @@ impl Fabric for LocalFabric {
         _local: SocketAddr,
     ) -> Result<(Vec<u8>, PeerGuard), FabricError> {
         Ok((self.node.id.to_le_bytes().to_vec(), Box::new(())))
+    }
+
+    fn counters(&self) -> OpCounters {
+        self.node.table.counters.snapshot()
     }
 
     fn pinned_bytes(&self) -> u64 {

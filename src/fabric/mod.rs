@@ -309,6 +309,9 @@ pub trait Fabric: Send + Sync {
 
     /// Bytes currently pinned by registrations of this fabric.
     fn pinned_bytes(&self) -> u64;
+
+    /// Operation and registration counters (operations this side initiated).
+    fn counters(&self) -> OpCounters;
 }
 
 /// Fabric-wide operation counters (every fabric keeps them; tests and `stats` read them).

@@ -93,10 +93,6 @@ impl TcpFabric {
         })
     }
 
-    pub fn counters(&self) -> OpCounters {
-        self.table.counters.snapshot()
-    }
-
     /// Stops serving data: closes the NIC listener and every data connection, as if the
     /// server's NIC went dark. Clients see transport errors.
     pub fn shutdown_nic(&self) {
@@ -213,6 +209,10 @@ impl Fabric for TcpFabric {
     fn accept(&self, _blob: &[u8], local: SocketAddr) -> Result<(Vec<u8>, PeerGuard), FabricError> {
         let port = self.nic_port(local)?;
         Ok((port.to_le_bytes().to_vec(), Box::new(())))
+    }
+
+    fn counters(&self) -> OpCounters {
+        self.table.counters.snapshot()
     }
 
     fn pinned_bytes(&self) -> u64 {

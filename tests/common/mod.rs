@@ -6,6 +6,7 @@ use rmemfs::data::DataStore;
 use rmemfs::fabric::local::{LocalFabric, LocalNetwork};
 use rmemfs::fs::{Caller, Fs, FsConfig};
 use rmemfs::meta::{Ino, ROOT_INO};
+use rmemfs::mrrc::{CacheConfig, Policy};
 use rmemfs::server::{MemoryServer, ServerConfig};
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +49,14 @@ impl TestFs {
             },
         )
         .unwrap();
-        let data = DataStore::new(Arc::new(pool), chunk, 4).unwrap();
+        let data = DataStore::new(
+            Arc::new(pool),
+            chunk,
+            4,
+            Policy::Mrrc,
+            CacheConfig::default(),
+        )
+        .unwrap();
         let fs = Fs::new(
             data,
             FsConfig {

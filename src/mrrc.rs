@@ -1,0 +1,817 @@
+//! Registration caches: MRRC (Memory Registration Region Cache, Ou/He/Han, JNCA 2009, §5),
+//! and the baselines it is measured against: an LRU pin-down cache and no cache at all.
+//!
+//! Registering memory is expensive (pinning plus a trip to the device), so rmemfs keeps
+//! registrations of the buffers it hands to the fabric and reuses them. MRRC caches *regions*
+//! (page ranges), not pages. A lookup is an exact hit, a subset of a cached region (also a hit),
+//! an overlap (the cached part is reused at once, only the uncovered part is registered), or a
+//! miss. Regions sit in an LRU stack: a *frequent-reference* section on top and a *resorting*
+//! section below, whose bottom part is the *eviction segment*. When the cache is full, the MRE
+//! replacement runs: the global recency `r` becomes the eviction factor of the bottom region;
+//! each resorting region whose factor is zero gets `r + 1/s` (s = size in pages); the section
+//! is sorted by factor (smallest at the bottom, so large and old regions go first); and the
+//! whole eviction segment is deregistered in **one batch**. A region referenced again goes to
+//! the top with its factor reset to zero. Regions in use by an operation are never evicted.
+//!
+//! The caches are generic over a [`Registrar`], so the same code runs against a fabric and
+//! against the cost model of the trace simulator (`rmemfs mrrc-sim`).
+
+use crate::fabric::mem::page_size;
+use crate::fabric::{Access, Fabric, FabricError, LocalMr};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Registers and deregisters page-aligned ranges.
+pub trait Registrar: Send + Sync {
+    type Reg: Send + Sync;
+    /// Registers `[addr, addr+len)`; returns the registration and its lkey.
+    fn register(&self, addr: u64, len: u64) -> Result<(Self::Reg, u32), FabricError>;
+    /// Deregisters a batch in one operation.
+    fn deregister(&self, regs: Vec<Self::Reg>);
+}
+
+/// Registers through a fabric.
+///
+/// Only memory rmemfs owns for as long as the cache lives is ever given to the cache (its
+/// bounce and read buffers, and FUSE's per-thread request buffers, which live for the whole
+/// session): so a cached registration can never point at memory that was freed and reused,
+/// and no malloc/munmap hooks are needed.
+pub struct FabricRegistrar(pub Arc<dyn Fabric>);
+
+impl Registrar for FabricRegistrar {
+    type Reg = LocalMr;
+    fn register(&self, addr: u64, len: u64) -> Result<(LocalMr, u32), FabricError> {
+        // SAFETY: see the type's documentation: callers only hand the cache memory that stays
+        // mapped until the cache (and with it every registration) is dropped, and the cache
+        // never drops a registration while an operation uses it (in-use counts).
+        let mr = unsafe {
+            self.0
+                .register(addr as *mut u8, len as usize, Access::LOCAL)
+        }?;
+        let lkey = mr.lkey();
+        Ok((mr, lkey))
+    }
+    fn deregister(&self, regs: Vec<LocalMr>) {
+        if let Err(crate::fabric::DeregisterError::Busy(busy)) = self.0.deregister(regs) {
+            // The cache only evicts regions it counts idle; a busy one means an operation
+            // outlived its release. Dropping it still removes the key; the fabric keeps the
+            // pin until that operation is reaped.
+            log::warn!("{} evicted registrations were still in flight", busy.len());
+        }
+    }
+}
+
+/// Which cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    Mrrc,
+    Lru,
+    None,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Policy, String> {
+        match s {
+            "mrrc" => Ok(Policy::Mrrc),
+            "lru" => Ok(Policy::Lru),
+            "none" => Ok(Policy::None),
+            other => Err(format!(
+                "unknown registration cache '{other}' (mrrc, lru, none)"
+            )),
+        }
+    }
+}
+
+/// Sizes and section proportions.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheConfig {
+    /// Most pages pinned by cached registrations (the memlock limit or the device's).
+    pub capacity_pages: u64,
+    /// Most regions (the device's `max_mr`).
+    pub max_regions: usize,
+    /// Share of the stack (in regions) that is the frequent-reference section. Half: regions
+    /// touched recently are protected, while half the stack still competes on size.
+    pub frequent_share: f64,
+    /// Share of the resorting section that is the eviction segment. A quarter: large enough
+    /// that one batched deregistration frees room for several misses, small enough not to
+    /// throw away registrations still worth keeping.
+    pub eviction_share: f64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            capacity_pages: 65536, // 256 MiB of 4 KiB pages
+            max_regions: 2048,     // rxe's max_mr on older kernels; libfabric's default is 1024
+            frequent_share: 0.5,
+            eviction_share: 0.25,
+        }
+    }
+}
+
+/// Cache counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CacheStats {
+    pub hits: u64,
+    pub subset_hits: u64,
+    pub overlaps: u64,
+    pub misses: u64,
+    pub registrations: u64,
+    pub registered_pages: u64,
+    pub deregistrations: u64,
+    pub deregistration_batches: u64,
+    pub deregistered_pages: u64,
+    pub full_events: u64,
+    pub pinned_pages: u64,
+    pub regions: u64,
+}
+
+impl CacheStats {
+    pub fn lookups(&self) -> u64 {
+        self.hits + self.subset_hits + self.overlaps + self.misses
+    }
+    /// Hits (exact and subset) over lookups.
+    pub fn hit_ratio(&self) -> f64 {
+        let n = self.lookups();
+        if n == 0 {
+            0.0
+        } else {
+            (self.hits + self.subset_hits) as f64 / n as f64
+        }
+    }
+}
+
+/// How a lookup was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    Hit,
+    Subset,
+    Overlap,
+    Miss,
+}
+
+/// A piece of a requested range and the registration that covers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    pub addr: u64,
+    pub len: u64,
+    pub lkey: u32,
+    /// The piece was already registered (it can be used before the rest is registered).
+    pub cached: bool,
+    entry: u64,
+}
+
+struct Entry<R> {
+    start: u64,
+    end: u64,
+    reg: Option<R>,
+    evictfact: f64,
+    in_use: u32,
+    lkey: u32,
+}
+
+impl<R> Entry<R> {
+    fn pages(&self, page: u64) -> u64 {
+        (self.end - self.start) / page
+    }
+}
+
+struct State<R> {
+    entries: BTreeMap<u64, Entry<R>>, // by id
+    by_start: BTreeMap<u64, u64>,     // start -> id (regions are disjoint)
+    /// The LRU stack, top first.
+    stack: Vec<u64>,
+    /// Global recency value of MRE.
+    r: f64,
+    next_id: u64,
+    pinned_pages: u64,
+    stats: CacheStats,
+}
+
+/// A registration cache over a [`Registrar`].
+pub struct RegCache<G: Registrar> {
+    registrar: G,
+    policy: Policy,
+    config: CacheConfig,
+    page: u64,
+    state: Mutex<State<G::Reg>>,
+    lru_clock: AtomicU64,
+}
+
+/// Registrations lent for one operation; give them back with [`RegCache::release`].
+#[derive(Debug)]
+#[must_use = "release the pieces when the operation has completed"]
+pub struct Pinned {
+    pub pieces: Vec<Piece>,
+    pub lookup: Lookup,
+}
+
+impl<G: Registrar> RegCache<G> {
+    pub fn new(registrar: G, policy: Policy, config: CacheConfig) -> RegCache<G> {
+        RegCache {
+            registrar,
+            policy,
+            config,
+            page: page_size() as u64,
+            state: Mutex::new(State {
+                entries: BTreeMap::new(),
+                by_start: BTreeMap::new(),
+                stack: Vec::new(),
+                r: 0.0,
+                next_id: 1,
+                pinned_pages: 0,
+                stats: CacheStats::default(),
+            }),
+            lru_clock: AtomicU64::new(0),
+        }
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let st = self.state.lock().unwrap();
+        let mut s = st.stats;
+        s.pinned_pages = st.pinned_pages;
+        s.regions = st.entries.len() as u64;
+        s
+    }
+
+    /// The stack from top to bottom, as `(start, end)` (for tests and inspection).
+    pub fn stack(&self) -> Vec<(u64, u64)> {
+        let st = self.state.lock().unwrap();
+        st.stack
+            .iter()
+            .map(|id| (st.entries[id].start, st.entries[id].end))
+            .collect()
+    }
+
+    /// Lends registrations covering `[addr, addr+len)` (rounded out to pages); they stay
+    /// registered, and are never evicted, until released.
+    pub fn acquire(&self, addr: u64, len: u64) -> Result<Pinned, FabricError> {
+        let start = addr & !(self.page - 1);
+        let end = (addr + len.max(1)).div_ceil(self.page) * self.page;
+        let mut st = self.state.lock().unwrap();
+        let (lookup, mut pieces, gaps) = match self.policy {
+            Policy::Mrrc => self.find_mrrc(&mut st, start, end),
+            Policy::Lru => self.find_lru(&mut st, start, end),
+            Policy::None => (Lookup::Miss, Vec::new(), vec![(start, end)]),
+        };
+        match lookup {
+            Lookup::Hit => st.stats.hits += 1,
+            Lookup::Subset => st.stats.subset_hits += 1,
+            Lookup::Overlap => st.stats.overlaps += 1,
+            Lookup::Miss => st.stats.misses += 1,
+        }
+        for (gs, ge) in gaps {
+            match self.insert(&mut st, gs, ge) {
+                Ok(p) => pieces.push(p),
+                Err(e) => {
+                    for p in &pieces {
+                        Self::unuse(&mut st, p.entry);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        pieces.sort_by_key(|p| p.addr);
+        // Clip the pieces to the bytes asked for.
+        let want_end = addr + len;
+        let pieces = pieces
+            .into_iter()
+            .filter_map(|mut p| {
+                let s = p.addr.max(addr);
+                let e = (p.addr + p.len).min(want_end);
+                (s < e || len == 0).then(|| {
+                    p.addr = s;
+                    p.len = e.saturating_sub(s);
+                    p
+                })
+            })
+            .collect();
+        Ok(Pinned { pieces, lookup })
+    }
+
+    /// Gives back what [`RegCache::acquire`] lent. Without a cache, deregisters at once.
+    pub fn release(&self, pinned: Pinned) {
+        let mut st = self.state.lock().unwrap();
+        let mut gone = Vec::new();
+        for p in pinned.pieces {
+            Self::unuse(&mut st, p.entry);
+            if self.policy == Policy::None {
+                if let Some(reg) = self.remove(&mut st, p.entry) {
+                    gone.push(reg);
+                }
+            }
+        }
+        if !gone.is_empty() {
+            st.stats.deregistrations += gone.len() as u64;
+            st.stats.deregistration_batches += gone.len() as u64; // one call each
+            drop(st);
+            for reg in gone {
+                self.registrar.deregister(vec![reg]);
+            }
+        }
+    }
+
+    fn unuse(st: &mut State<G::Reg>, id: u64) {
+        if let Some(e) = st.entries.get_mut(&id) {
+            e.in_use = e.in_use.saturating_sub(1);
+        }
+    }
+
+    fn piece(e: &Entry<G::Reg>, id: u64, cached: bool) -> Piece {
+        Piece {
+            addr: e.start,
+            len: e.end - e.start,
+            lkey: e.lkey,
+            cached,
+            entry: id,
+        }
+    }
+
+    fn to_top(st: &mut State<G::Reg>, id: u64) {
+        if let Some(pos) = st.stack.iter().position(|&x| x == id) {
+            st.stack.remove(pos);
+        }
+        st.stack.insert(0, id);
+        if let Some(e) = st.entries.get_mut(&id) {
+            e.evictfact = 0.0;
+        }
+    }
+
+    /// MRRC lookup: exact, subset, overlap (cached parts reused, gaps to register) or miss.
+    fn find_mrrc(
+        &self,
+        st: &mut State<G::Reg>,
+        start: u64,
+        end: u64,
+    ) -> (Lookup, Vec<Piece>, Vec<(u64, u64)>) {
+        // Cached regions intersecting [start, end): disjoint, so walk from the last one that
+        // starts before `end`.
+        let mut hits: Vec<u64> = Vec::new();
+        for (_, &id) in st.by_start.range(..end).rev() {
+            let e = &st.entries[&id];
+            if e.end <= start {
+                break;
+            }
+            hits.push(id);
+        }
+        hits.reverse();
+        if hits.is_empty() {
+            return (Lookup::Miss, Vec::new(), vec![(start, end)]);
+        }
+        let mut pieces = Vec::new();
+        let mut gaps = Vec::new();
+        let mut at = start;
+        for &id in &hits {
+            let e = st.entries.get_mut(&id).expect("indexed");
+            if e.start > at {
+                gaps.push((at, e.start));
+            }
+            at = at.max(e.end);
+            e.in_use += 1;
+            pieces.push(Self::piece(e, id, true));
+        }
+        if at < end {
+            gaps.push((at, end));
+        }
+        let lookup = if gaps.is_empty() && hits.len() == 1 {
+            let e = &st.entries[&hits[0]];
+            if e.start == start && e.end == end {
+                Lookup::Hit
+            } else {
+                Lookup::Subset
+            }
+        } else {
+            Lookup::Overlap
+        };
+        for &id in &hits {
+            Self::to_top(st, id);
+        }
+        (lookup, pieces, gaps)
+    }
+
+    /// Pin-down cache lookup: a cached region that covers the whole request is a hit;
+    /// anything else registers the whole request as a new region.
+    fn find_lru(
+        &self,
+        st: &mut State<G::Reg>,
+        start: u64,
+        end: u64,
+    ) -> (Lookup, Vec<Piece>, Vec<(u64, u64)>) {
+        // Regions may overlap here, so look at every region starting at or before `start`
+        // that reaches `end` (few in practice; a linear scan keeps the baseline simple).
+        let found = st
+            .entries
+            .iter()
+            .find(|(_, e)| e.start <= start && e.end >= end)
+            .map(|(&id, e)| (id, e.start == start && e.end == end));
+        match found {
+            Some((id, exact)) => {
+                let clock = self.lru_clock.fetch_add(1, Ordering::Relaxed) as f64;
+                let e = st.entries.get_mut(&id).expect("found");
+                e.in_use += 1;
+                e.evictfact = clock; // last use
+                let p = Self::piece(e, id, true);
+                Self::to_top(st, id);
+                st.entries.get_mut(&id).expect("found").evictfact = clock;
+                let how = if exact { Lookup::Hit } else { Lookup::Subset };
+                (how, vec![p], Vec::new())
+            }
+            None => (Lookup::Miss, Vec::new(), vec![(start, end)]),
+        }
+    }
+
+    /// Registers `[start, end)` as a new region on top of the stack, making room first.
+    fn insert(&self, st: &mut State<G::Reg>, start: u64, end: u64) -> Result<Piece, FabricError> {
+        let pages = (end - start) / self.page;
+        if self.policy != Policy::None {
+            self.make_room(st, pages);
+        }
+        let (reg, lkey) = self.registrar.register(start, end - start)?;
+        st.stats.registrations += 1;
+        st.stats.registered_pages += pages;
+        let id = st.next_id;
+        st.next_id += 1;
+        let e = Entry {
+            start,
+            end,
+            reg: Some(reg),
+            evictfact: 0.0,
+            in_use: 1,
+            lkey,
+        };
+        let p = Self::piece(&e, id, false);
+        st.entries.insert(id, e);
+        if self.policy == Policy::Mrrc {
+            st.by_start.insert(start, id);
+        }
+        st.stack.insert(0, id);
+        st.pinned_pages += pages;
+        Ok(p)
+    }
+
+    fn full(&self, st: &State<G::Reg>, extra_pages: u64) -> bool {
+        st.pinned_pages + extra_pages > self.config.capacity_pages
+            || st.entries.len() + 1 > self.config.max_regions
+    }
+
+    fn make_room(&self, st: &mut State<G::Reg>, pages: u64) {
+        // Each pass is one full-cache event; stop when nothing idle is left to evict.
+        while self.full(st, pages) {
+            let freed = match self.policy {
+                Policy::Mrrc => self.mre(st),
+                Policy::Lru => self.evict_lru(st),
+                Policy::None => 0,
+            };
+            if freed == 0 {
+                log::debug!("registration cache over capacity: every region is in use");
+                break;
+            }
+        }
+    }
+
+    /// MRE replacement (Fig. 4): resort the resorting section by eviction factor and
+    /// deregister the eviction segment in one batch. Returns the number of regions evicted.
+    fn mre(&self, st: &mut State<G::Reg>) -> usize {
+        st.stats.full_events += 1;
+        let n = st.stack.len();
+        if n == 0 {
+            return 0;
+        }
+        let frequent = ((n as f64 * self.config.frequent_share).floor() as usize).min(n - 1);
+        let resort_len = n - frequent;
+        let bottom = *st.stack.last().expect("non-empty");
+        st.r = st.entries[&bottom].evictfact;
+        let r = st.r;
+        let page = self.page;
+        for &id in &st.stack[frequent..] {
+            let e = st.entries.get_mut(&id).expect("stacked");
+            if e.evictfact == 0.0 {
+                e.evictfact = r + 1.0 / e.pages(page) as f64;
+            }
+        }
+        // Largest factor nearest the top, smallest at the bottom; ties keep stack order.
+        let mut section: Vec<u64> = st.stack[frequent..].to_vec();
+        section.sort_by(|a, b| {
+            let (fa, fb) = (st.entries[a].evictfact, st.entries[b].evictfact);
+            fb.total_cmp(&fa)
+        });
+        st.stack.truncate(frequent);
+        st.stack.extend_from_slice(&section);
+        let segment =
+            ((resort_len as f64 * self.config.eviction_share).ceil() as usize).clamp(1, resort_len);
+        let victims: Vec<u64> = st.stack[n - segment..]
+            .iter()
+            .copied()
+            .filter(|id| st.entries[id].in_use == 0)
+            .collect();
+        let mut regs = Vec::with_capacity(victims.len());
+        let mut pages = 0;
+        for id in &victims {
+            pages += st.entries[id].pages(page);
+            if let Some(reg) = self.remove(st, *id) {
+                regs.push(reg);
+            }
+        }
+        if !regs.is_empty() {
+            st.stats.deregistrations += regs.len() as u64;
+            st.stats.deregistration_batches += 1;
+            st.stats.deregistered_pages += pages;
+            self.registrar.deregister(regs);
+        }
+        victims.len()
+    }
+
+    /// Pin-down cache eviction: the least recently used idle region, deregistered alone.
+    fn evict_lru(&self, st: &mut State<G::Reg>) -> usize {
+        st.stats.full_events += 1;
+        let victim = st
+            .stack
+            .iter()
+            .rev()
+            .copied()
+            .find(|id| st.entries[id].in_use == 0);
+        let Some(id) = victim else { return 0 };
+        let pages = st.entries[&id].pages(self.page);
+        if let Some(reg) = self.remove(st, id) {
+            st.stats.deregistrations += 1;
+            st.stats.deregistration_batches += 1;
+            st.stats.deregistered_pages += pages;
+            self.registrar.deregister(vec![reg]);
+        }
+        1
+    }
+
+    fn remove(&self, st: &mut State<G::Reg>, id: u64) -> Option<G::Reg> {
+        let mut e = st.entries.remove(&id)?;
+        if st.by_start.get(&e.start) == Some(&id) {
+            st.by_start.remove(&e.start);
+        }
+        if let Some(pos) = st.stack.iter().position(|&x| x == id) {
+            st.stack.remove(pos);
+        }
+        st.pinned_pages -= e.pages(self.page);
+        e.reg.take()
+    }
+}
+
+impl<G: Registrar> Drop for RegCache<G> {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap();
+        let regs: Vec<G::Reg> = std::mem::take(&mut st.entries)
+            .into_values()
+            .filter_map(|mut e| e.reg.take())
+            .collect();
+        if !regs.is_empty() {
+            self.registrar.deregister(regs);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashSet;
+
+    const P: u64 = 4096;
+
+    /// Records registrations; panics on a double or unknown deregistration.
+    #[derive(Default)]
+    struct Mock {
+        live: Mutex<HashSet<(u64, u64)>>,
+        batches: Mutex<Vec<Vec<(u64, u64)>>>,
+    }
+
+    impl Registrar for Arc<Mock> {
+        type Reg = (u64, u64);
+        fn register(&self, addr: u64, len: u64) -> Result<((u64, u64), u32), FabricError> {
+            assert!(
+                self.live.lock().unwrap().insert((addr, len)),
+                "registered twice"
+            );
+            Ok(((addr, len), (addr / P) as u32))
+        }
+        fn deregister(&self, regs: Vec<(u64, u64)>) {
+            let mut live = self.live.lock().unwrap();
+            for r in &regs {
+                assert!(
+                    live.remove(r),
+                    "deregistered {r:?} twice or never registered"
+                );
+            }
+            self.batches.lock().unwrap().push(regs);
+        }
+    }
+
+    fn cache(
+        policy: Policy,
+        capacity_pages: u64,
+        eviction_share: f64,
+    ) -> (RegCache<Arc<Mock>>, Arc<Mock>) {
+        let mock = Arc::new(Mock::default());
+        let config = CacheConfig {
+            capacity_pages,
+            max_regions: 1000,
+            frequent_share: 0.5,
+            eviction_share,
+        };
+        (RegCache::new(mock.clone(), policy, config), mock)
+    }
+
+    fn use_once<G: Registrar>(c: &RegCache<G>, addr: u64, len: u64) -> Lookup {
+        let p = c.acquire(addr, len).unwrap();
+        let how = p.lookup;
+        c.release(p);
+        how
+    }
+
+    #[test]
+    fn the_four_lookup_cases() {
+        let (c, mock) = cache(Policy::Mrrc, 1000, 0.25);
+        assert_eq!(use_once(&c, 0x10000, 4 * P), Lookup::Miss);
+        assert_eq!(use_once(&c, 0x10000, 4 * P), Lookup::Hit);
+        let p = c.acquire(0x10000 + P + 10, 100).unwrap();
+        assert_eq!(p.lookup, Lookup::Subset);
+        assert_eq!(p.pieces.len(), 1);
+        assert_eq!((p.pieces[0].addr, p.pieces[0].len), (0x10000 + P + 10, 100));
+        c.release(p);
+        // Overlap: the cached part is reused, only the rest is registered.
+        let p = c.acquire(0x10000 + 2 * P, 6 * P).unwrap();
+        assert_eq!(p.lookup, Lookup::Overlap);
+        let parts: Vec<_> = p.pieces.iter().map(|x| (x.addr, x.len, x.cached)).collect();
+        assert_eq!(
+            parts,
+            [
+                (0x10000 + 2 * P, 2 * P, true),
+                (0x10000 + 4 * P, 4 * P, false)
+            ]
+        );
+        c.release(p);
+        assert!(mock
+            .live
+            .lock()
+            .unwrap()
+            .contains(&(0x10000 + 4 * P, 4 * P)));
+        // A request spanning both cached regions and a hole between... is a hit on both.
+        let p = c.acquire(0x10000, 8 * P).unwrap();
+        assert_eq!(p.lookup, Lookup::Overlap);
+        assert!(p.pieces.iter().all(|x| x.cached));
+        c.release(p);
+        let s = c.stats();
+        assert_eq!((s.misses, s.hits, s.subset_hits, s.overlaps), (1, 1, 1, 2));
+        assert_eq!(s.lookups(), 5);
+        assert_eq!(s.registrations, 2);
+        assert_eq!(s.pinned_pages, 8);
+    }
+
+    #[test]
+    fn mre_evicts_large_then_old_regions_in_one_batch() {
+        let (c, mock) = cache(Policy::Mrrc, 10, 0.5);
+        let (a, b, cc, d) = (0x0, 0x10000, 0x20000, 0x30000);
+        use_once(&c, a, P);
+        use_once(&c, b, 4 * P);
+        use_once(&c, cc, 2 * P);
+        use_once(&c, d, 3 * P);
+        assert_eq!(
+            c.stack(),
+            [(d, d + 3 * P), (cc, cc + 2 * P), (b, b + 4 * P), (a, a + P)]
+        );
+        // Full: r = 0 (A's factor); B gets 1/4, A gets 1: B, the large one, goes.
+        use_once(&c, 0x40000, P);
+        assert_eq!(mock.batches.lock().unwrap().as_slice(), [vec![(b, 4 * P)]]);
+        // Full again: r = A's factor, 1; C gets 1 + 1/2, A keeps 1: A, the older, goes.
+        use_once(&c, 0x50000, 4 * P);
+        assert_eq!(
+            mock.batches.lock().unwrap().as_slice(),
+            [vec![(b, 4 * P)], vec![(a, P)]]
+        );
+        let s = c.stats();
+        assert_eq!(s.full_events, 2);
+        assert_eq!(s.deregistration_batches, 2);
+        assert_eq!(s.pinned_pages, 10);
+    }
+
+    #[test]
+    fn a_referenced_region_goes_to_the_top_and_survives() {
+        let (c, mock) = cache(Policy::Mrrc, 10, 0.5);
+        use_once(&c, 0x0, P);
+        use_once(&c, 0x10000, 4 * P);
+        use_once(&c, 0x20000, 2 * P);
+        use_once(&c, 0x30000, 3 * P);
+        assert_eq!(use_once(&c, 0x10000, 4 * P), Lookup::Hit); // B to the top
+        use_once(&c, 0x40000, P);
+        // Resorting section is now C, A (bottom): A (1/1) stays above C (1/2): C goes.
+        assert_eq!(mock.batches.lock().unwrap()[0], vec![(0x20000, 2 * P)]);
+    }
+
+    #[test]
+    fn regions_in_use_are_never_evicted() {
+        let (c, mock) = cache(Policy::Mrrc, 4, 1.0);
+        let held = c.acquire(0x0, 4 * P).unwrap();
+        // The cache is full of a region in use: a new one is registered over capacity, and
+        // nothing is deregistered.
+        let other = c.acquire(0x10000, 2 * P).unwrap();
+        assert!(mock.batches.lock().unwrap().iter().all(|b| b.is_empty()));
+        assert!(mock.live.lock().unwrap().contains(&(0x0, 4 * P)));
+        c.release(other);
+        c.release(held);
+        use_once(&c, 0x20000, P);
+        assert!(c.stats().pinned_pages <= 4);
+    }
+
+    #[test]
+    fn lru_baseline_deregisters_one_at_a_time_and_none_every_time() {
+        let (c, mock) = cache(Policy::Lru, 4, 0.25);
+        for i in 0..6 {
+            use_once(&c, i * 0x10000, 2 * P);
+        }
+        let batches = mock.batches.lock().unwrap().clone();
+        assert_eq!(batches.len(), 4);
+        assert!(batches.iter().all(|b| b.len() == 1));
+        assert_eq!(batches[0], vec![(0, 2 * P)], "least recently used first");
+        // A partial overlap is a miss that registers the whole request (pages twice).
+        assert_eq!(use_once(&c, 5 * 0x10000 + P, 2 * P), Lookup::Miss);
+
+        let (n, mock) = cache(Policy::None, 4, 0.25);
+        for _ in 0..3 {
+            assert_eq!(use_once(&n, 0, P), Lookup::Miss);
+        }
+        assert_eq!(n.stats().registrations, 3);
+        assert_eq!(mock.batches.lock().unwrap().len(), 3);
+        assert!(mock.live.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn many_threads_no_lost_or_double_deregistration() {
+        let (c, mock) = cache(Policy::Mrrc, 64, 0.25);
+        std::thread::scope(|s| {
+            for t in 0..8u64 {
+                let c = &c;
+                s.spawn(move || {
+                    let mut x = t + 1;
+                    for _ in 0..500 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let addr = (x % 64) * P + (x >> 40) % P;
+                        let len = 1 + (x >> 20) % (6 * P);
+                        let p = c.acquire(addr, len).unwrap();
+                        let covered: u64 = p.pieces.iter().map(|p| p.len).sum();
+                        assert_eq!(covered, len);
+                        c.release(p);
+                    }
+                });
+            }
+        });
+        let s = c.stats();
+        assert_eq!(s.lookups(), 4000);
+        assert_eq!(s.registrations - s.deregistrations, s.regions);
+        assert_eq!(mock.live.lock().unwrap().len() as u64, s.regions);
+        drop(c);
+        assert!(
+            mock.live.lock().unwrap().is_empty(),
+            "drop deregisters everything"
+        );
+    }
+
+    proptest! {
+        /// Pieces tile the request exactly; MRRC regions stay disjoint; capacity holds
+        /// whenever nothing is in use; counters add up.
+        #[test]
+        fn invariants(reqs in proptest::collection::vec((0u64..40, 1u64..5 * P), 1..200),
+                      policy in prop_oneof![Just(Policy::Mrrc), Just(Policy::Lru), Just(Policy::None)]) {
+            let (c, mock) = cache(policy, 24, 0.25);
+            for (page, len) in reqs {
+                let addr = page * P + len % 97;
+                let p = c.acquire(addr, len).unwrap();
+                let mut at = addr;
+                for piece in &p.pieces {
+                    prop_assert_eq!(piece.addr, at);
+                    at += piece.len;
+                }
+                prop_assert_eq!(at, addr + len);
+                c.release(p);
+                let s = c.stats();
+                if policy != Policy::None {
+                    // Over capacity only by what one request pinned while its cached pieces
+                    // were in use (at most 6 pages here).
+                    prop_assert!(s.pinned_pages <= 24 + 6, "{} pages pinned", s.pinned_pages);
+                }
+                prop_assert_eq!(mock.live.lock().unwrap().len() as u64, s.regions);
+                if policy == Policy::Mrrc {
+                    let mut stack = c.stack();
+                    stack.sort();
+                    for w in stack.windows(2) {
+                        prop_assert!(w[0].1 <= w[1].0, "overlapping regions {:?}", w);
+                    }
+                }
+            }
+        }
+    }
+}
