@@ -146,9 +146,7 @@ fn default_cache_bytes() -> u64 {
     {
         return CAP;
     }
-    (lim.rlim_cur as u64)
-        .saturating_sub(HEADROOM)
-        .clamp(1 << 20, CAP)
+    lim.rlim_cur.saturating_sub(HEADROOM).clamp(1 << 20, CAP)
 }
 
 /// `rmemfs stats MOUNTPOINT`: reads the live counters from the mount's virtual attribute.
