@@ -302,7 +302,9 @@ impl<G: Registrar> RegCache<G> {
         for p in pinned.pieces {
             Self::unuse(&mut st, p.entry);
             if self.policy == Policy::None {
+                let pages = st.entries.get(&p.entry).map_or(0, |e| e.pages(self.page));
                 if let Some(reg) = self.remove(&mut st, p.entry) {
+                    st.stats.deregistered_pages += pages;
                     gone.push(reg);
                 }
             }
