@@ -15,6 +15,7 @@
 //! reads land in bounce buffers from a small pool. The cache turns repeated use of the same
 //! buffers into hits, so registration (pinning) is paid once, not per operation.
 
+use crate::client::frrwp::Ticket;
 use crate::client::{Pool, RemoteOp};
 use crate::error::{Error, Result};
 use crate::fabric::mem::page_size;
@@ -28,6 +29,26 @@ use std::sync::{Arc, Condvar, Mutex};
 /// kernels), so a request needs one bounce buffer and one round.
 pub const IO_SIZE: usize = 1 << 20;
 
+/// How writes to fresh remote memory proceed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WritePath {
+    /// Allocate (and wait for the rkey), register locally, then write (the paper's Fig. 5).
+    Serial,
+    /// FRRWP: tagged allocation first, local registration meanwhile, conditional writes.
+    Frrwp,
+}
+
+impl std::str::FromStr for WritePath {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<WritePath, String> {
+        match s {
+            "serial" => Ok(WritePath::Serial),
+            "frrwp" => Ok(WritePath::Frrwp),
+            other => Err(format!("unknown write path '{other}' (serial, frrwp)")),
+        }
+    }
+}
+
 /// A bounce buffer (registered through the cache when used).
 struct Bounce {
     buf: Arc<AlignedBuf>,
@@ -39,6 +60,7 @@ pub struct DataStore {
     cache: RegCache<FabricRegistrar>,
     pool: Arc<Pool>,
     chunk_size: u64,
+    write_path: WritePath,
     free_bufs: Mutex<Vec<Bounce>>,
     buf_returned: Condvar,
     bufs_made: Mutex<usize>,
@@ -85,6 +107,7 @@ impl DataStore {
         max_bufs: usize,
         policy: Policy,
         cache: CacheConfig,
+        write_path: WritePath,
     ) -> Result<DataStore> {
         let page = page_size() as u64;
         if chunk_size < page || !chunk_size.is_power_of_two() {
@@ -98,6 +121,7 @@ impl DataStore {
             cache: RegCache::new(FabricRegistrar(pool.fabric().clone()), policy, cache),
             pool,
             chunk_size,
+            write_path,
             free_bufs: Mutex::new(Vec::new()),
             buf_returned: Condvar::new(),
             bufs_made: Mutex::new(0),
@@ -132,34 +156,42 @@ impl DataStore {
         Ok(self.cache.acquire(addr, len)?)
     }
 
+    /// Splits the local range `[addr, addr+len)` at the boundaries of `pinned`'s
+    /// registrations: `(sge, offset into the range, already registered)` for each part.
+    fn split(pinned: &Pinned, addr: u64, len: u64) -> Vec<(Sge, u64, bool)> {
+        let mut out = Vec::new();
+        let (mut at, end) = (addr, addr + len);
+        while at < end {
+            let piece = pinned
+                .pieces
+                .iter()
+                .find(|p| p.addr <= at && at < p.addr + p.len)
+                .expect("local ranges lie inside the pinned range");
+            let n = (piece.addr + piece.len).min(end) - at;
+            let sge = Sge {
+                addr: at,
+                len: n,
+                lkey: piece.lkey,
+            };
+            out.push((sge, at - addr, piece.cached));
+            at += n;
+        }
+        out
+    }
+
     /// Runs `ops` (whose local ranges lie inside `pinned`'s pieces), splitting any op whose
     /// local range crosses from one registration into the next, then gives the registrations
     /// back to the cache. On an overlap lookup the ops on already-registered pieces go first.
     fn run(&self, pinned: Pinned, ops: &[RemoteOp]) -> Result<()> {
         let mut split = Vec::with_capacity(ops.len());
         for op in ops {
-            let mut at = op.local.addr;
-            let end = at + op.local.len;
-            while at < end {
-                let piece = pinned
-                    .pieces
-                    .iter()
-                    .find(|p| p.addr <= at && at < p.addr + p.len)
-                    .expect("ops lie inside the pinned range");
-                let n = (piece.addr + piece.len).min(end) - at;
-                split.push((
-                    piece.cached,
-                    RemoteOp {
-                        local: Sge {
-                            addr: at,
-                            len: n,
-                            lkey: piece.lkey,
-                        },
-                        offset: op.offset + (at - op.local.addr),
-                        ..*op
-                    },
-                ));
-                at += n;
+            for (local, delta, cached) in Self::split(&pinned, op.local.addr, op.local.len) {
+                let part = RemoteOp {
+                    local,
+                    offset: op.offset + delta,
+                    ..*op
+                };
+                split.push((cached, part));
             }
         }
         split.sort_by_key(|(cached, _)| !*cached); // stable: cached pieces first
@@ -272,9 +304,15 @@ impl DataStore {
         let b = loan.b();
         for (w, window) in data.chunks(IO_SIZE).enumerate() {
             let woff = offset + (w * IO_SIZE) as u64;
-            // Make room first (growing a chunk borrows the bounce buffer for its copy).
-            for (idx, in_chunk, n, _) in self.pieces(woff, window.len() as u64) {
-                self.ensure(chunks, idx, in_chunk + n, b)?;
+            let wlen = window.len() as u64;
+            // Chunks are made room for before the payload goes into the bounce buffer: growing
+            // a short first chunk copies its old bytes through that same buffer. With FRRWP
+            // only growth happens here; new chunks are allocated by the conditional path.
+            for (idx, in_chunk, n, _) in self.pieces(woff, wlen) {
+                let grow = chunks.get(&idx).is_some_and(|c| c.len < in_chunk + n);
+                if grow || self.write_path == WritePath::Serial {
+                    self.ensure(chunks, idx, in_chunk + n, b)?;
+                }
             }
             let base = if stable {
                 window.as_ptr() as u64
@@ -282,22 +320,112 @@ impl DataStore {
                 b.buf.write_at(0, window);
                 b.buf.addr()
             };
-            let ops: Vec<RemoteOp> = self
-                .pieces(woff, window.len() as u64)
-                .map(|(idx, in_chunk, n, at)| RemoteOp {
-                    opcode: Opcode::Write,
-                    local: Sge {
-                        addr: base + at,
-                        len: n,
-                        lkey: 0,
-                    },
-                    remote: region(&chunks[&idx]),
-                    offset: in_chunk,
-                })
-                .collect();
-            self.run(self.pin(base, window.len() as u64)?, &ops)?;
+            if self.write_path == WritePath::Frrwp {
+                self.write_window_frrwp(chunks, woff, base, wlen, b)?;
+                continue;
+            }
+            // Serial (Fig. 5): allocations were answered (above) before the buffer is
+            // registered and the writes are posted.
+            let ops = self.window_ops(chunks, woff, base, wlen);
+            self.run(self.pin(base, wlen)?, &ops)?;
         }
         Ok(())
+    }
+
+    /// Write ops for a window whose chunks all exist.
+    fn window_ops(
+        &self,
+        chunks: &BTreeMap<u64, Chunk>,
+        woff: u64,
+        base: u64,
+        wlen: u64,
+    ) -> Vec<RemoteOp> {
+        self.pieces(woff, wlen)
+            .map(|(idx, in_chunk, n, at)| RemoteOp {
+                opcode: Opcode::Write,
+                local: Sge {
+                    addr: base + at,
+                    len: n,
+                    lkey: 0,
+                },
+                remote: region(&chunks[&idx]),
+                offset: in_chunk,
+            })
+            .collect()
+    }
+
+    /// One window of a write with FRRWP: tagged allocations for missing chunks go out first,
+    /// the local buffer is registered meanwhile, and the writes to new chunks are submitted as
+    /// conditional writes that the reply thread posts when each rkey arrives.
+    fn write_window_frrwp(
+        &self,
+        chunks: &mut BTreeMap<u64, Chunk>,
+        woff: u64,
+        base: u64,
+        wlen: u64,
+        b: &Bounce,
+    ) -> Result<()> {
+        // 1. Tagged requests for chunks that do not exist yet (one per chunk index).
+        let mut tickets: Vec<(u64, Ticket)> = Vec::new();
+        for (idx, in_chunk, n, _) in self.pieces(woff, wlen) {
+            // (Short chunks were grown by the caller.)
+            if !chunks.contains_key(&idx) && !tickets.iter().any(|(i, _)| *i == idx) {
+                let len = self.target_len(idx, 0, in_chunk + n);
+                tickets.push((idx, self.pool.begin_alloc(len)?));
+            }
+        }
+        // 2. Local registration, overlapping the servers' allocation and registration.
+        let pinned = self.pin(base, wlen)?;
+        // 3. Writes to existing chunks go out now; writes to new ones are conditional.
+        let mut ops = Vec::new();
+        let mut crws: Vec<(&Ticket, Vec<(Sge, u64)>)> =
+            tickets.iter().map(|(_, t)| (t, Vec::new())).collect();
+        for (idx, in_chunk, n, at) in self.pieces(woff, wlen) {
+            let parts = Self::split(&pinned, base + at, n);
+            match tickets.iter().position(|(i, _)| *i == idx) {
+                Some(k) => crws[k]
+                    .1
+                    .extend(parts.into_iter().map(|(sge, d, _)| (sge, in_chunk + d))),
+                None => ops.extend(parts.into_iter().map(|(sge, d, _)| RemoteOp {
+                    opcode: Opcode::Write,
+                    local: sge,
+                    remote: region(&chunks[&idx]),
+                    offset: in_chunk + d,
+                })),
+            }
+        }
+        let res = self.pool.execute_frrwp(&ops, &crws);
+        self.cache.release(pinned);
+        // Extents that were allocated belong to the file whatever happened to the writes.
+        let mut out_of_space = false;
+        for (idx, t) in &tickets {
+            match t.region() {
+                Some(r) => {
+                    chunks.insert(
+                        *idx,
+                        Chunk {
+                            server: r.server.0,
+                            addr: r.addr,
+                            len: r.len,
+                            rkey: r.rkey,
+                        },
+                    );
+                }
+                None => out_of_space |= t.refused_for_space(),
+            }
+        }
+        match res {
+            Ok(()) => Ok(()),
+            // The chosen server was full: the serial path tries the others.
+            Err(_) if out_of_space => {
+                for (idx, in_chunk, n, _) in self.pieces(woff, wlen) {
+                    self.ensure(chunks, idx, in_chunk + n, b)?;
+                }
+                let ops = self.window_ops(chunks, woff, base, wlen);
+                self.run(self.pin(base, wlen)?, &ops)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The length to give chunk `idx` so it covers `needed` bytes, growing from `current`.

@@ -17,6 +17,7 @@ pub mod fuse;
 pub mod meta;
 pub mod mount;
 pub mod mrrc;
+pub mod mrrc_sim;
 pub mod proto;
 pub mod server;
 pub mod size;

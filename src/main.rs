@@ -96,6 +96,11 @@ enum Cmd {
         /// allows, at most 1G).
         #[arg(long, value_parser = parse_size)]
         reg_cache_size: Option<u64>,
+        /// How writes reach fresh remote memory: frrwp (tagged allocation first, local
+        /// registration meanwhile, conditional writes posted when the rkey arrives) or serial
+        /// (allocate, wait, register, write).
+        #[arg(long, default_value = "frrwp")]
+        write_path: rmemfs::data::WritePath,
     },
     /// Print the counters of a live mount: registration cache and fabric operations.
     Stats {
@@ -120,16 +125,62 @@ enum Cmd {
         #[arg(long, default_value_t = 64)]
         clients: usize,
     },
+    /// Measure write latency to fresh remote memory: serial allocation-then-write against
+    /// FRRWP, over the TCP fabric, beside the paper's model of the saving.
+    BenchFrrwp {
+        /// Write sizes.
+        #[arg(long, value_delimiter = ',', default_value = "64K,256K,1M,4M,16M", value_parser = parse_size)]
+        sizes: Vec<u64>,
+        /// Writes per size and path.
+        #[arg(long, default_value_t = 100)]
+        iters: usize,
+    },
     /// (benchmark helper) the plain-TCP peer that bench-fabric compares against.
     #[command(hide = true)]
     BenchPeer {
         #[arg(long)]
         listen: SocketAddr,
     },
+    /// Replay a trace of registration requests through the registration caches (MRRC, LRU
+    /// pin-down, none) over a range of cache sizes, with the cost model of the MRRC paper.
+    ///
+    /// Prints a table and writes OUT/<workload>.csv and OUT/<workload>.svg (hit ratio and
+    /// total registration cost against cache size). Each request is registered (looked up)
+    /// and released at once; the cost is formula (1) of the paper: a_r*pages + b_r per
+    /// registration plus a_d*pages + b_d per deregistration call (batch).
+    MrrcSim {
+        /// cello (Cello92-like: 1-2 page requests, ~80% 2 pages, strong locality), httpd
+        /// (HTTPD-like: files of 1-32 pages, Zipf popularity) or file:PATH (a trace: one
+        /// `ADDRESS LENGTH` in bytes a line, decimal or 0x-hex, `#` comments).
+        #[arg(long)]
+        workload: rmemfs::mrrc_sim::Workload,
+        /// Requests to generate (default 100000); with file:PATH, the most to replay (default
+        /// all).
+        #[arg(long)]
+        requests: Option<usize>,
+        /// Seed of the generated workloads.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Cache sizes in pages (4 KiB), comma separated (default 32,64,...,16384).
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<u64>,
+        /// Registration cost PER_PAGE,PER_CALL in microseconds.
+        #[arg(long, default_value = "0.77,7.42")]
+        reg_cost: rmemfs::mrrc_sim::LinearCost,
+        /// Deregistration cost PER_PAGE,PER_CALL in microseconds (one call per batch).
+        #[arg(long, default_value = "0.22,1.1")]
+        dereg_cost: rmemfs::mrrc_sim::LinearCost,
+        /// Directory for the CSV and SVG files.
+        #[arg(long, default_value = "target/mrrc-sim")]
+        out: PathBuf,
+        /// Also write the replayed trace to this file (the file:PATH format).
+        #[arg(long)]
+        dump_trace: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,rmemfs=info")).init();
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Serve {
@@ -153,6 +204,30 @@ fn main() -> ExitCode {
         })
         .map_err(|e| format!("benchmark failed: {e}")),
         Cmd::BenchPeer { listen } => bench::run_peer(listen).map_err(|e| e.to_string()),
+        Cmd::BenchFrrwp { sizes, iters } => {
+            bench::run_frrwp(&sizes, iters).map_err(|e| format!("benchmark failed: {e}"))
+        }
+        Cmd::MrrcSim {
+            workload,
+            requests,
+            seed,
+            sizes,
+            reg_cost,
+            dereg_cost,
+            out,
+            dump_trace,
+        } => rmemfs::mrrc_sim::run(&rmemfs::mrrc_sim::SimConfig {
+            workload,
+            requests,
+            seed,
+            sizes,
+            cost: rmemfs::mrrc_sim::CostModel {
+                reg: reg_cost,
+                dereg: dereg_cost,
+            },
+            out,
+            dump_trace,
+        }),
         Cmd::Stats { mountpoint } => mount::print_stats(&mountpoint),
         Cmd::Mount {
             mountpoint,
@@ -166,8 +241,10 @@ fn main() -> ExitCode {
             log_file,
             reg_cache,
             reg_cache_size,
+            write_path,
         } => {
             let config = MountConfig {
+                write_path,
                 reg_cache,
                 reg_cache_size,
                 mountpoint,

@@ -34,6 +34,7 @@ pub struct MountConfig {
     /// Registration cache policy and its size in bytes (default from the memlock limit).
     pub reg_cache: crate::mrrc::Policy,
     pub reg_cache_size: Option<u64>,
+    pub write_path: crate::data::WritePath,
 }
 
 /// Resolves `host[:port]` (port defaults to [`DEFAULT_PORT`]).
@@ -302,6 +303,7 @@ pub fn run(config: &MountConfig, ready: &mut dyn FnMut()) -> Result<(), String> 
         config.threads * 2,
         config.reg_cache,
         cache,
+        config.write_path,
     )
     .map_err(|e| e.message)?;
     // SAFETY: geteuid/getegid have no preconditions.

@@ -7,6 +7,7 @@ mod common;
 
 use common::{bytes, TestFs};
 use proptest::prelude::*;
+use rmemfs::data::WritePath;
 use std::collections::{BTreeMap, HashMap};
 
 /// The model: inodes are files (bytes) or directories (names to inodes, and a parent).
@@ -318,9 +319,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
-    fn fs_matches_the_model(ops in proptest::collection::vec(op(), 1..60)) {
-        // Two servers, 8 KiB chunks: files cross chunks and servers.
-        let t = TestFs::new(2, 16 << 20, 8192);
+    fn fs_matches_the_model(ops in proptest::collection::vec(op(), 1..60), frrwp in any::<bool>()) {
+        // Two servers, 8 KiB chunks: files cross chunks and servers. Both write paths.
+        let path = if frrwp { WritePath::Frrwp } else { WritePath::Serial };
+        let t = TestFs::with_write_path(2, 16 << 20, 8192, path);
         let mut m = Model::new();
         let mut ok = 0;
         for (i, op) in ops.iter().enumerate() {

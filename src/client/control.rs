@@ -15,7 +15,14 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-type Waiters = Arc<Mutex<HashMap<u64, Sender<Message>>>>;
+/// Who is waiting for the reply to a tag: a thread (on a channel), or a handler run by the
+/// reply thread itself the moment the reply arrives (`None` if the connection died first).
+pub enum Waiter {
+    Channel(Sender<Message>),
+    Handler(Box<dyn FnOnce(Option<Message>) + Send>),
+}
+
+type Waiters = Arc<Mutex<HashMap<u64, Waiter>>>;
 
 /// What the server said in its `Welcome`.
 #[derive(Debug, Clone)]
@@ -104,9 +111,29 @@ impl ControlConn {
 
     /// Sends a request built around a fresh tag; the reply arrives on the returned channel.
     pub fn send(&self, build: impl FnOnce(u64) -> Message) -> Result<Receiver<Message>, PoolError> {
-        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.waiters.lock().unwrap().insert(tag, tx);
+        self.send_to(build, Waiter::Channel(tx))?;
+        Ok(rx)
+    }
+
+    /// Sends a request whose reply goes to `handler`, called on the reply thread as soon as
+    /// the reply arrives (with `None` if the connection dies first). Returns the tag. If the
+    /// send itself fails, the handler is not called.
+    pub fn send_with_handler(
+        &self,
+        build: impl FnOnce(u64) -> Message,
+        handler: Box<dyn FnOnce(Option<Message>) + Send>,
+    ) -> Result<u64, PoolError> {
+        self.send_to(build, Waiter::Handler(handler))
+    }
+
+    fn send_to(
+        &self,
+        build: impl FnOnce(u64) -> Message,
+        waiter: Waiter,
+    ) -> Result<u64, PoolError> {
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        self.waiters.lock().unwrap().insert(tag, waiter);
         let msg = build(tag);
         let res = {
             let mut w = self.writer.lock().unwrap();
@@ -117,14 +144,17 @@ impl ControlConn {
             }
         };
         if let Err(e) = res {
-            self.waiters.lock().unwrap().remove(&tag);
+            if self.waiters.lock().unwrap().remove(&tag).is_none() {
+                // The reply thread saw the connection die first and already told the waiter.
+                return Ok(tag);
+            }
             self.kill();
             return Err(PoolError::ControlLost {
                 addr: self.addr,
                 reason: e.to_string(),
             });
         }
-        Ok(rx)
+        Ok(tag)
     }
 
     /// Waits for the reply on `rx` (from [`ControlConn::send`]).
@@ -181,8 +211,13 @@ fn route_replies(mut stream: TcpStream, addr: SocketAddr, waiters: Waiters, dead
                     }
                     break;
                 };
-                if let Some(tx) = waiters.lock().unwrap().remove(&tag) {
-                    let _ = tx.send(msg);
+                let waiter = waiters.lock().unwrap().remove(&tag);
+                match waiter {
+                    Some(Waiter::Channel(tx)) => {
+                        let _ = tx.send(msg);
+                    }
+                    Some(Waiter::Handler(h)) => h(Some(msg)),
+                    None => {}
                 }
             }
             // After our own `kill` the read fails too: only an unexpected end is news.
@@ -198,7 +233,12 @@ fn route_replies(mut stream: TcpStream, addr: SocketAddr, waiters: Waiters, dead
         }
     }
     dead.store(true, Ordering::SeqCst);
-    // Dropping the senders wakes every waiter with "disconnected".
-    waiters.lock().unwrap().clear();
+    // Dropping the senders wakes every waiting thread with "disconnected"; handlers hear None.
+    let left: Vec<Waiter> = waiters.lock().unwrap().drain().map(|(_, w)| w).collect();
+    for w in left {
+        if let Waiter::Handler(h) = w {
+            h(None);
+        }
+    }
     let _ = stream.shutdown(Shutdown::Both);
 }

@@ -8,6 +8,7 @@
 //! server failed, and later operations on its extents fail at once instead of waiting again.
 
 pub mod control;
+pub mod frrwp;
 
 use crate::fabric::{
     Completion, Fabric, FabricError, Opcode, QueuePair, RemoteRegion, ServerId, Sge, WcStatus,
@@ -85,7 +86,7 @@ struct Server {
     addr: SocketAddr,
     control: ControlConn,
     qp: Arc<dyn QueuePair>,
-    capacity: Mutex<Capacity>,
+    capacity: Arc<Mutex<Capacity>>,
     failed: AtomicBool,
 }
 
@@ -125,6 +126,9 @@ struct BatchState {
     remaining: usize,
     /// The first failure, by op index.
     failure: Option<(usize, WcStatus)>,
+    /// A conditional write that could not be posted (its allocation was refused, or the
+    /// server went away before answering).
+    refused: Option<PoolError>,
 }
 
 /// Bits of a work-request id that index the op within its batch; the rest is the batch id.
@@ -151,6 +155,18 @@ impl Dispatch {
         // returns, none of its buffers is still counted as in use.
         drop(c);
         st.remaining -= 1;
+        if st.remaining == 0 {
+            batch.done.notify_all();
+        }
+    }
+
+    /// Completes `count` ops of a batch that will never be posted.
+    fn fail(&self, batch_id: u64, count: usize, why: PoolError) {
+        let batch = self.batches.lock().unwrap().get(&batch_id).cloned();
+        let Some(batch) = batch else { return };
+        let mut st = batch.state.lock().unwrap();
+        st.refused.get_or_insert(why);
+        st.remaining -= count;
         if st.remaining == 0 {
             batch.done.notify_all();
         }
@@ -215,7 +231,7 @@ impl Pool {
                 addr,
                 control,
                 qp,
-                capacity: Mutex::new(capacity),
+                capacity: Arc::new(Mutex::new(capacity)),
                 failed: AtomicBool::new(false),
             });
         }
@@ -276,9 +292,9 @@ impl Pool {
         c
     }
 
-    /// Allocates `len` bytes on the live server with the most free memory that can hold it,
-    /// falling back to the others when one refuses for lack of space.
-    pub fn alloc(&self, len: u64) -> Result<RemoteRegion, PoolError> {
+    /// Live servers in placement order for `len` bytes: those that (as last heard) can hold
+    /// it first, then by free memory.
+    fn placement(&self, len: u64) -> Vec<usize> {
         let mut order: Vec<(u64, u64, usize)> = self
             .servers
             .iter()
@@ -294,7 +310,13 @@ impl Pool {
             let fits = |x: &(u64, u64, usize)| x.0 >= len;
             fits(b).cmp(&fits(a)).then(b.1.cmp(&a.1))
         });
-        for (_, _, i) in order {
+        order.into_iter().map(|(_, _, i)| i).collect()
+    }
+
+    /// Allocates `len` bytes on the live server with the most free memory that can hold it,
+    /// falling back to the others when one refuses for lack of space.
+    pub fn alloc(&self, len: u64) -> Result<RemoteRegion, PoolError> {
+        for i in self.placement(len) {
             match self.alloc_on(ServerId(i as u32), len) {
                 Ok(r) => return Ok(r),
                 Err(PoolError::Refused {
@@ -388,9 +410,13 @@ impl Pool {
         if ops.is_empty() {
             return Ok(());
         }
-        if ops.len() >= 1 << BATCH_INDEX_BITS {
-            return Err(PoolError::Invalid("batch too large".into()));
-        }
+        self.check_ops(ops)?;
+        let (batch_id, batch) = self.begin_batch(ops.len())?;
+        self.post_ops(batch_id, 0, ops);
+        self.finish_batch(batch_id, batch, |i| (ops[i].remote.server, ops[i].opcode))
+    }
+
+    fn check_ops(&self, ops: &[RemoteOp]) -> Result<(), PoolError> {
         for op in ops {
             let s = self.server(op.remote.server)?;
             if op
@@ -407,11 +433,19 @@ impl Pool {
                 return Err(s.failed_error());
             }
         }
+        Ok(())
+    }
+
+    fn begin_batch(&self, n: usize) -> Result<(u64, Arc<Batch>), PoolError> {
+        if n >= 1 << BATCH_INDEX_BITS {
+            return Err(PoolError::Invalid("batch too large".into()));
+        }
         let batch_id = self.next_batch.fetch_add(1, Ordering::Relaxed);
         let batch = Arc::new(Batch {
             state: Mutex::new(BatchState {
-                remaining: ops.len(),
+                remaining: n,
                 failure: None,
+                refused: None,
             }),
             done: Condvar::new(),
         });
@@ -420,11 +454,15 @@ impl Pool {
             .lock()
             .unwrap()
             .insert(batch_id, batch.clone());
-        // Post per server, each server's ops in one call.
+        Ok((batch_id, batch))
+    }
+
+    /// Posts `ops` as batch members `base..`, each server's ops in one call.
+    fn post_ops(&self, batch_id: u64, base: usize, ops: &[RemoteOp]) {
         let mut per_server: Vec<Vec<WorkRequest>> = vec![Vec::new(); self.servers.len()];
         for (i, op) in ops.iter().enumerate() {
             per_server[op.remote.server.0 as usize].push(WorkRequest {
-                wr_id: (batch_id << BATCH_INDEX_BITS) | i as u64,
+                wr_id: (batch_id << BATCH_INDEX_BITS) | (base + i) as u64,
                 opcode: op.opcode,
                 local: op.local,
                 remote_addr: op.remote.addr + op.offset,
@@ -436,27 +474,42 @@ impl Pool {
                 s.qp.post(wrs);
             }
         }
+    }
+
+    /// Waits for every member of a batch; `who(i)` names the server and opcode of member `i`
+    /// for the error.
+    fn finish_batch(
+        &self,
+        batch_id: u64,
+        batch: Arc<Batch>,
+        who: impl Fn(usize) -> (ServerId, Opcode),
+    ) -> Result<(), PoolError> {
         // Every posted request completes (queue pairs guarantee it, with bounded timeouts),
-        // so this wait ends.
-        let failure = {
+        // and every conditional write is either posted or failed by its reply handler, so
+        // this wait ends.
+        let (failure, refused) = {
             let mut st = batch.state.lock().unwrap();
             while st.remaining > 0 {
                 st = batch.done.wait(st).unwrap();
             }
-            st.failure
+            (st.failure, st.refused.take())
         };
         self.dispatch.batches.lock().unwrap().remove(&batch_id);
+        if let Some(e) = refused {
+            return Err(e);
+        }
         match failure {
             None => Ok(()),
             Some((i, status)) => {
-                let s = self.server(ops[i].remote.server)?;
+                let (server, opcode) = who(i);
+                let s = self.server(server)?;
                 if status == WcStatus::TransportError {
                     s.mark_failed();
                 }
                 Err(PoolError::Op {
                     server: s.id,
                     addr: s.addr,
-                    opcode: ops[i].opcode,
+                    opcode,
                     status,
                 })
             }

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use rmemfs::client::{Pool, PoolConfig};
-use rmemfs::data::DataStore;
+use rmemfs::data::{DataStore, WritePath};
 use rmemfs::fabric::local::{LocalFabric, LocalNetwork};
 use rmemfs::fs::{Caller, Fs, FsConfig};
 use rmemfs::meta::{Ino, ROOT_INO};
@@ -22,6 +22,10 @@ pub const ME: Caller = Caller { uid: 0, gid: 0 };
 impl TestFs {
     /// `servers` memory servers of `size` bytes each; files cut into `chunk`-byte chunks.
     pub fn new(servers: usize, size: u64, chunk: u64) -> TestFs {
+        Self::with_write_path(servers, size, chunk, WritePath::Frrwp)
+    }
+
+    pub fn with_write_path(servers: usize, size: u64, chunk: u64, path: WritePath) -> TestFs {
         let net = LocalNetwork::new();
         let mut srv = Vec::new();
         let mut nodes = Vec::new();
@@ -55,6 +59,7 @@ impl TestFs {
             4,
             Policy::Mrrc,
             CacheConfig::default(),
+            path,
         )
         .unwrap();
         let fs = Fs::new(

@@ -1,0 +1,236 @@
+//! FRRWP (Fast RDMA Read and Write Process, Ou/He/Han JNCA 2009, §6): writes to fresh remote
+//! memory without the serial sequence of Fig. 5.
+//!
+//! Serially, a client asks for space, waits while the server allocates and registers it, gets
+//! the rkey back, registers its own buffer, and only then posts the write. With FRRWP the
+//! tagged allocation request goes out first ([`Pool::begin_alloc`]); the client registers its
+//! buffer while the server allocates and registers the extent; the client then submits a
+//! *Conditional RDMA Write* (CRW) keyed by the tag ([`Pool::execute_frrwp`]) and only waits for
+//! the write's completion. When the server's reply carrying the tag and rkey arrives (the
+//! STCRW), the reply thread posts the real write at once, without a trip through the caller.
+//! Whichever comes second, the CRW or the reply, fires the write; a refusal or a lost server
+//! completes the CRW with an error.
+
+use super::{Dispatch, Pool, PoolError, RemoteOp, Server, BATCH_INDEX_BITS};
+use crate::fabric::{Opcode, QueuePair, RemoteRegion, ServerId, Sge, WorkRequest};
+use crate::proto::{Capacity, Message};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+/// An allocation requested with [`Pool::begin_alloc`] whose reply may not have arrived yet.
+pub struct Ticket {
+    crw: Arc<Crw>,
+}
+
+struct Crw {
+    server: ServerId,
+    addr: SocketAddr,
+    len: u64,
+    state: Mutex<CrwState>,
+}
+
+#[derive(Default)]
+struct CrwState {
+    /// The server's answer: the extent, or why not.
+    reply: Option<Result<RemoteRegion, PoolError>>,
+    /// The conditional writes, once submitted.
+    submitted: Option<Submitted>,
+    fired: bool,
+}
+
+struct Submitted {
+    batch: u64,
+    base: usize,
+    writes: Vec<(Sge, u64)>,
+    qp: Arc<dyn QueuePair>,
+    dispatch: Arc<Dispatch>,
+}
+
+impl Crw {
+    /// Posts the writes (or fails them) once both the reply and the submission are in.
+    fn fire_if_ready(&self, st: &mut CrwState) {
+        if st.fired {
+            return;
+        }
+        let (Some(reply), Some(sub)) = (&st.reply, &st.submitted) else {
+            return;
+        };
+        st.fired = true;
+        match reply {
+            Ok(region) => {
+                let wrs: Vec<WorkRequest> = sub
+                    .writes
+                    .iter()
+                    .enumerate()
+                    .map(|(k, (local, offset))| WorkRequest {
+                        wr_id: (sub.batch << BATCH_INDEX_BITS) | (sub.base + k) as u64,
+                        opcode: Opcode::Write,
+                        local: *local,
+                        remote_addr: region.addr + offset,
+                        rkey: region.rkey,
+                    })
+                    .collect();
+                sub.qp.post(&wrs);
+            }
+            Err(e) => {
+                let why = match e {
+                    PoolError::Refused {
+                        addr,
+                        code,
+                        message,
+                    } => PoolError::Refused {
+                        addr: *addr,
+                        code: *code,
+                        message: message.clone(),
+                    },
+                    other => PoolError::ControlLost {
+                        addr: self.addr,
+                        reason: other.to_string(),
+                    },
+                };
+                sub.dispatch.fail(sub.batch, sub.writes.len(), why);
+            }
+        }
+    }
+
+    /// The STCRW side: the server's reply to the tagged allocation (None: connection lost).
+    fn on_reply(&self, msg: Option<Message>, capacity: &Mutex<Capacity>) {
+        let reply = match msg {
+            Some(Message::Allocated {
+                addr,
+                len,
+                rkey,
+                capacity: cap,
+                ..
+            }) => {
+                *capacity.lock().unwrap() = cap;
+                Ok(RemoteRegion {
+                    server: self.server,
+                    addr,
+                    len,
+                    rkey,
+                })
+            }
+            Some(Message::Refused { code, message, .. }) => Err(PoolError::Refused {
+                addr: self.addr,
+                code,
+                message,
+            }),
+            Some(other) => Err(PoolError::Invalid(format!("unexpected reply {other:?}"))),
+            None => Err(PoolError::ControlLost {
+                addr: self.addr,
+                reason: "connection lost before the allocation was answered".into(),
+            }),
+        };
+        let mut st = self.state.lock().unwrap();
+        st.reply = Some(reply);
+        self.fire_if_ready(&mut st);
+    }
+}
+
+impl Ticket {
+    /// The server the extent was asked of.
+    pub fn server(&self) -> ServerId {
+        self.crw.server
+    }
+    /// The requested length.
+    pub fn len(&self) -> u64 {
+        self.crw.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.crw.len == 0
+    }
+    /// The allocated extent, once the server has answered yes.
+    pub fn region(&self) -> Option<RemoteRegion> {
+        match &self.crw.state.lock().unwrap().reply {
+            Some(Ok(r)) => Some(*r),
+            _ => None,
+        }
+    }
+    /// Whether the server refused for lack of space.
+    pub fn refused_for_space(&self) -> bool {
+        matches!(
+            &self.crw.state.lock().unwrap().reply,
+            Some(Err(PoolError::Refused {
+                code: crate::proto::RefusalCode::NoSpace,
+                ..
+            }))
+        )
+    }
+}
+
+impl Pool {
+    /// Sends a tagged allocation of `len` bytes to the server placement picks, without waiting
+    /// for the answer.
+    pub fn begin_alloc(&self, len: u64) -> Result<Ticket, PoolError> {
+        let i = *self
+            .placement(len)
+            .first()
+            .ok_or(PoolError::NoSpace { requested: len })?;
+        self.begin_alloc_on(ServerId(i as u32), len)
+    }
+
+    /// As [`Pool::begin_alloc`], on a given server.
+    pub fn begin_alloc_on(&self, id: ServerId, len: u64) -> Result<Ticket, PoolError> {
+        let s: &Server = self.server(id)?;
+        if s.is_failed() {
+            return Err(s.failed_error());
+        }
+        let crw = Arc::new(Crw {
+            server: id,
+            addr: s.addr,
+            len,
+            state: Mutex::new(CrwState::default()),
+        });
+        let (c, capacity) = (crw.clone(), s.capacity.clone());
+        s.control
+            .send_with_handler(
+                |tag| Message::Alloc { tag, len },
+                Box::new(move |msg| c.on_reply(msg, &capacity)),
+            )
+            .inspect_err(|_| s.mark_failed())?;
+        Ok(Ticket { crw })
+    }
+
+    /// Runs `ops` on existing extents plus, for each ticket, conditional writes of
+    /// `(local, offset in the new extent)` that go out as soon as that extent's rkey is known;
+    /// waits for all of them. The tickets then tell which extents were allocated (also when
+    /// the writes failed: the caller owns those extents either way).
+    pub fn execute_frrwp(
+        &self,
+        ops: &[RemoteOp],
+        crws: &[(&Ticket, Vec<(Sge, u64)>)],
+    ) -> Result<(), PoolError> {
+        self.check_ops(ops)?;
+        let total = ops.len() + crws.iter().map(|(_, w)| w.len()).sum::<usize>();
+        if total == 0 {
+            return Ok(());
+        }
+        let (batch_id, batch) = self.begin_batch(total)?;
+        self.post_ops(batch_id, 0, ops);
+        let mut base = ops.len();
+        let mut owners = Vec::with_capacity(total);
+        owners.extend(ops.iter().map(|op| (op.remote.server, op.opcode)));
+        for (ticket, writes) in crws {
+            let crw = &ticket.crw;
+            for (local, offset) in writes {
+                if offset + local.len > crw.len {
+                    log::error!("conditional write past its extent");
+                }
+            }
+            owners.extend(writes.iter().map(|_| (crw.server, Opcode::Write)));
+            let sub = Submitted {
+                batch: batch_id,
+                base,
+                writes: writes.clone(),
+                qp: self.server(crw.server)?.qp.clone(),
+                dispatch: self.dispatch.clone(),
+            };
+            base += writes.len();
+            let mut st = crw.state.lock().unwrap();
+            st.submitted = Some(sub);
+            crw.fire_if_ready(&mut st);
+        }
+        self.finish_batch(batch_id, batch, |i| owners[i])
+    }
+}
