@@ -180,7 +180,8 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,rmemfs=info")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,rmemfs=info"))
+        .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Serve {
