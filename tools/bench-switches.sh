@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The mount's switches side by side, in one run against one memory server (a separate
+# process): --reg-cache mrrc|lru|none and --write-path frrwp|serial. For each setting: write
+# new files (fresh remote memory: allocation on every chunk), overwrite them (chunks exist),
+# and read them back with cold caches; MB/s from dd, plus the registration cache counters.
+#
+#   tools/bench-switches.sh            # 8 files of 32 MiB per setting
+#   FILES=4 MB=64 tools/bench-switches.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${RMEMFS_BIN:-target/release/rmemfs}
+FILES=${FILES:-8}
+MB=${MB:-32}
+BASE=$(mktemp -d /tmp/rmemfs-switch.XXXXXX)
+SERVER_PID=
+cleanup() {
+  umount "$BASE/mnt" 2>/dev/null || umount -l "$BASE/mnt" 2>/dev/null || true
+  [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null || true
+  rm -rf "$BASE"
+}
+trap cleanup EXIT
+[ -x "$BIN" ] || cargo build --release
+mkdir -p "$BASE/mnt"
+"$BIN" serve --listen 127.0.0.1:0 --size "$((FILES * MB * 2 + 256))M" >"$BASE/server.out" 2>/dev/null &
+SERVER_PID=$!
+for _ in $(seq 100); do grep -q listening "$BASE/server.out" && break; sleep 0.1; done
+ADDR=$(grep -o '127.0.0.1:[0-9]*' "$BASE/server.out" | head -1)
+
+rate() { # dd's MB/s figure from its last line
+  sed -n 's/.*, \([0-9.]*\) \([MG]\)B\/s$/\1 \2/p' | awk '{ if ($2 == "G") print $1 * 1000; else print $1 }'
+}
+run() {
+  local label=$1 w_new=0 w_over=0 r=0 i
+  shift
+  "$BIN" mount "$BASE/mnt" --servers "$ADDR" "$@"
+  for ((i = 0; i < FILES; i++)); do
+    w_new=$(echo "$w_new + $(dd if=/dev/zero of="$BASE/mnt/f$i" bs=1M count="$MB" 2>&1 | rate)" | bc)
+  done
+  for ((i = 0; i < FILES; i++)); do
+    w_over=$(echo "$w_over + $(dd if=/dev/zero of="$BASE/mnt/f$i" bs=1M count="$MB" conv=notrunc 2>&1 | rate)" | bc)
+  done
+  sync; echo 3 >/proc/sys/vm/drop_caches
+  for ((i = 0; i < FILES; i++)); do
+    r=$(echo "$r + $(dd if="$BASE/mnt/f$i" of=/dev/null bs=1M 2>&1 | rate)" | bc)
+  done
+  local hits
+  hits=$("$BIN" stats "$BASE/mnt" | sed -n 's/.*hit ratio \([0-9.]*%\).*/\1/p')
+  local regs
+  regs=$("$BIN" stats "$BASE/mnt" | sed -n '3s/ *registrations \([0-9]*\).*batches.*/\1/p')
+  printf "%-22s %12.0f %12.0f %10.0f %10s %8s\n" "$label" "$(echo "$w_new / $FILES" | bc -l)" \
+    "$(echo "$w_over / $FILES" | bc -l)" "$(echo "$r / $FILES" | bc -l)" "$hits" "$regs"
+  rm -f "$BASE"/mnt/f*
+  umount "$BASE/mnt"
+  sleep 0.5
+}
+echo "# $FILES files x $MB MiB per setting, dd bs=1M, one memory server process on loopback"
+printf "%-22s %12s %12s %10s %10s %8s\n" "setting" "new MB/s" "overwr MB/s" "read MB/s" "cache hit" "regs"
+run "(warm-up: server pages)" --reg-cache mrrc
+run "reg-cache mrrc" --reg-cache mrrc
+run "reg-cache lru" --reg-cache lru
+run "reg-cache none" --reg-cache none
+run "write-path frrwp" --write-path frrwp
+run "write-path serial" --write-path serial
