@@ -2,6 +2,9 @@
 //! inside the rxe VM). Each fabric gets a real memory server (in-process) whose extents are
 //! the remote memory, and a client fabric instance that connects to it.
 
+mod common;
+
+use common::bytes;
 use rmemfs::client::control::ControlConn;
 use rmemfs::fabric::local::{LocalFabric, LocalNetwork};
 use rmemfs::fabric::tcp::{TcpConfig, TcpFabric};
@@ -177,19 +180,6 @@ fn run_one(qp: &dyn QueuePair, cq: &dyn CompletionQueue, w: WorkRequest) -> WcSt
     c.status
 }
 
-/// Deterministic test data that differs per seed and per position.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn read_back(
     h: &Harness,
     qp: &dyn QueuePair,
@@ -215,7 +205,7 @@ fn read_after_write_at_every_size(h: &Harness) {
         .iter()
         .enumerate()
     {
-        let data = pattern(i as u64 + 1, len);
+        let data = bytes(i as u64 + 1, len);
         let (src, smr) = h.buf(len, Access::LOCAL);
         src.write_at(0, &data);
         let off = (i as u64 * 13) % 4096; // unaligned remote offsets too
@@ -239,7 +229,7 @@ fn batches_with_many_ops_in_flight(h: &Harness) {
     const SZ: usize = 4096 + 512;
     let r = h.remote((N * SZ) as u64);
     let (src, smr) = h.buf(N * SZ, Access::LOCAL);
-    let data = pattern(77, N * SZ);
+    let data = bytes(77, N * SZ);
     src.write_at(0, &data);
     let writes: Vec<_> = (0..N)
         .map(|i| {
@@ -288,7 +278,7 @@ fn concurrent_threads(h: &Harness) {
                 let (src, smr) = h.buf(LEN, Access::LOCAL);
                 let (dst, dmr) = h.buf(LEN, Access::LOCAL);
                 for round in 0..8u64 {
-                    let data = pattern(t as u64 * 100 + round, LEN);
+                    let data = bytes(t as u64 * 100 + round, LEN);
                     src.write_at(0, &data);
                     let off = (t * LEN) as u64;
                     let id = (t as u64) << 32 | round;
@@ -323,7 +313,7 @@ fn concurrent_threads(h: &Harness) {
         let got = read_back(h, &*qp, &*cq, r, (t * LEN) as u64, LEN);
         assert_eq!(
             got,
-            pattern(t as u64 * 100 + 7, LEN),
+            bytes(t as u64 * 100 + 7, LEN),
             "thread {t}'s last round"
         );
     }
@@ -332,7 +322,7 @@ fn concurrent_threads(h: &Harness) {
 fn remote_access_errors_change_nothing(h: &Harness) {
     let (qp, cq) = h.qp();
     let r = h.remote(8192);
-    let before = pattern(5, 8192);
+    let before = bytes(5, 8192);
     let (src, smr) = h.buf(8192, Access::LOCAL);
     src.write_at(0, &before);
     assert_eq!(

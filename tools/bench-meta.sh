@@ -11,23 +11,14 @@
 # not include the server's arena).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=${RMEMFS_BIN:-target/release/rmemfs}
+# shellcheck source=mount-tests/lib.sh
+. mount-tests/lib.sh
 FILES=${FILES:-100000}
-BASE=$(mktemp -d /tmp/rmemfs-meta.XXXXXX)
-SERVER_PID=
-cleanup() {
-  umount "$BASE/mnt" 2>/dev/null || umount -l "$BASE/mnt" 2>/dev/null || true
-  [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null || true
-  rm -rf "$BASE"
-}
-trap cleanup EXIT
-mkdir -p "$BASE/mnt"
-"$BIN" serve --listen 127.0.0.1:0 --size 2G >"$BASE/server.out" 2>/dev/null &
-SERVER_PID=$!
-for _ in $(seq 100); do grep -q listening "$BASE/server.out" && break; sleep 0.1; done
-ADDR=$(grep -o '127.0.0.1:[0-9]*' "$BASE/server.out" | head -1)
-"$BIN" mount "$BASE/mnt" --servers "$ADDR"
-PID=$(pgrep -f "rmemfs mount $BASE/mnt" | head -1)
+check_prereqs mount serve || exit 2
+lib_init meta
+start_server 2G
+mount_fs "$BASE/mnt" "$SERVER_ADDR"
+PID=$(daemon_pids "$BASE/mnt" | head -1)
 rss() { awk '/VmRSS/ {print $2}' "/proc/$PID/status"; }
 base_kib=$(rss)
 start=$(date +%s.%N)

@@ -8,23 +8,14 @@
 #   FILES=4 MB=64 tools/bench-switches.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=${RMEMFS_BIN:-target/release/rmemfs}
+# shellcheck source=mount-tests/lib.sh
+. mount-tests/lib.sh
 FILES=${FILES:-8}
 MB=${MB:-32}
-BASE=$(mktemp -d /tmp/rmemfs-switch.XXXXXX)
-SERVER_PID=
-cleanup() {
-  umount "$BASE/mnt" 2>/dev/null || umount -l "$BASE/mnt" 2>/dev/null || true
-  [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null || true
-  rm -rf "$BASE"
-}
-trap cleanup EXIT
-[ -x "$BIN" ] || cargo build --release
-mkdir -p "$BASE/mnt"
-"$BIN" serve --listen 127.0.0.1:0 --size "$((FILES * MB * 2 + 256))M" >"$BASE/server.out" 2>/dev/null &
-SERVER_PID=$!
-for _ in $(seq 100); do grep -q listening "$BASE/server.out" && break; sleep 0.1; done
-ADDR=$(grep -o '127.0.0.1:[0-9]*' "$BASE/server.out" | head -1)
+check_prereqs mount serve stats || exit 2
+lib_init switches
+start_server "$((FILES * MB * 2 + 256))M"
+ADDR=$SERVER_ADDR
 
 rate() { # dd's MB/s figure from its last line
   sed -n 's/.*, \([0-9.]*\) \([MG]\)B\/s$/\1 \2/p' | awk '{ if ($2 == "G") print $1 * 1000; else print $1 }'
@@ -32,7 +23,7 @@ rate() { # dd's MB/s figure from its last line
 run() {
   local label=$1 w_new=0 w_over=0 r=0 i
   shift
-  "$BIN" mount "$BASE/mnt" --servers "$ADDR" "$@"
+  mount_fs "$BASE/mnt" "$ADDR" "$@"
   for ((i = 0; i < FILES; i++)); do
     w_new=$(echo "$w_new + $(dd if=/dev/zero of="$BASE/mnt/f$i" bs=1M count="$MB" 2>&1 | rate)" | bc)
   done
@@ -50,8 +41,7 @@ run() {
   printf "%-22s %12.0f %12.0f %10.0f %10s %8s\n" "$label" "$(echo "$w_new / $FILES" | bc -l)" \
     "$(echo "$w_over / $FILES" | bc -l)" "$(echo "$r / $FILES" | bc -l)" "$hits" "$regs"
   rm -f "$BASE"/mnt/f*
-  umount "$BASE/mnt"
-  sleep 0.5
+  unmount_fs "$BASE/mnt"
 }
 echo "# $FILES files x $MB MiB per setting, dd bs=1M, one memory server process on loopback"
 printf "%-22s %12s %12s %10s %10s %8s\n" "setting" "new MB/s" "overwr MB/s" "read MB/s" "cache hit" "regs"
