@@ -13,6 +13,10 @@
 //! whole eviction segment is deregistered in **one batch**. A region referenced again goes to
 //! the top with its factor reset to zero. Regions in use by an operation are never evicted.
 //!
+//! The pin-down baseline keeps its recency order in an `lru::LruCache`, looks a request up as a
+//! region that covers it entirely, and deregisters one least-recently-used idle region per
+//! eviction.
+//!
 //! The caches are generic over a [`Registrar`], so the same code runs against a fabric and
 //! against the cost model of the trace simulator (`rmemfs mrrc-sim`).
 
@@ -182,6 +186,8 @@ struct State<R> {
     by_start: BTreeMap<u64, u64>,     // start -> id (regions are disjoint)
     /// The LRU stack, top first.
     stack: Vec<u64>,
+    /// Recency order of the pin-down baseline (the `lru` crate: most recent first).
+    recency: lru::LruCache<u64, ()>,
     /// Global recency value of MRE.
     r: f64,
     next_id: u64,
@@ -217,6 +223,7 @@ impl<G: Registrar> RegCache<G> {
                 entries: BTreeMap::new(),
                 by_start: BTreeMap::new(),
                 stack: Vec::new(),
+                recency: lru::LruCache::unbounded(),
                 r: 0.0,
                 next_id: 1,
                 pinned_pages: 0,
@@ -237,11 +244,15 @@ impl<G: Registrar> RegCache<G> {
         s
     }
 
-    /// The stack from top to bottom, as `(start, end)` (for tests and inspection).
+    /// The regions from most to least recently placed first, as `(start, end)`: MRRC's
+    /// stack, or the pin-down cache's LRU order (for tests and inspection).
     pub fn stack(&self) -> Vec<(u64, u64)> {
         let st = self.state.lock().unwrap();
-        st.stack
-            .iter()
+        let ids: Vec<u64> = match self.policy {
+            Policy::Lru => st.recency.iter().map(|(id, _)| *id).collect(),
+            _ => st.stack.clone(),
+        };
+        ids.iter()
             .map(|id| (st.entries[id].start, st.entries[id].end))
             .collect()
     }
@@ -416,7 +427,7 @@ impl<G: Registrar> RegCache<G> {
                 let e = st.entries.get_mut(&id).expect("found");
                 e.in_use += 1;
                 let p = Self::piece(e, id, true);
-                Self::to_top(st, id); // the stack order is the LRU order
+                st.recency.promote(&id);
                 let how = if exact { Lookup::Hit } else { Lookup::Subset };
                 (how, vec![p], Vec::new())
             }
@@ -448,7 +459,12 @@ impl<G: Registrar> RegCache<G> {
         if self.policy == Policy::Mrrc {
             st.by_start.insert(start, id);
         }
-        st.stack.insert(0, id);
+        match self.policy {
+            Policy::Lru => {
+                st.recency.put(id, ());
+            }
+            _ => st.stack.insert(0, id),
+        }
         st.pinned_pages += pages;
         Ok(p)
     }
@@ -529,10 +545,10 @@ impl<G: Registrar> RegCache<G> {
     fn evict_lru(&self, st: &mut State<G::Reg>) -> usize {
         st.stats.full_events += 1;
         let victim = st
-            .stack
+            .recency
             .iter()
-            .rev()
-            .copied()
+            .rev() // least recently used first
+            .map(|(id, _)| *id)
             .find(|id| st.entries[id].in_use == 0);
         let Some(id) = victim else { return 0 };
         let pages = st.entries[&id].pages(self.page);
@@ -553,6 +569,7 @@ impl<G: Registrar> RegCache<G> {
         if let Some(pos) = st.stack.iter().position(|&x| x == id) {
             st.stack.remove(pos);
         }
+        st.recency.pop(&id);
         st.pinned_pages -= e.pages(self.page);
         e.reg.take()
     }
@@ -735,6 +752,18 @@ mod tests {
         assert_eq!(batches[0], vec![(0, 2 * P)], "least recently used first");
         // A partial overlap is a miss that registers the whole request (pages twice).
         assert_eq!(use_once(&c, 5 * 0x10000 + P, 2 * P), Lookup::Miss);
+
+        // A hit makes a region the most recent: the next eviction takes the other one.
+        let (c, mock) = cache(Policy::Lru, 4, 0.25);
+        use_once(&c, 0, 2 * P);
+        use_once(&c, 0x10000, 2 * P);
+        assert_eq!(use_once(&c, 0, 2 * P), Lookup::Hit);
+        use_once(&c, 0x20000, 2 * P);
+        assert_eq!(
+            mock.batches.lock().unwrap().as_slice(),
+            [vec![(0x10000, 2 * P)]]
+        );
+        assert_eq!(c.stack(), [(0x20000, 0x20000 + 2 * P), (0, 2 * P)]);
 
         let (n, mock) = cache(Policy::None, 4, 0.25);
         for _ in 0..3 {
