@@ -456,6 +456,11 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
     Ok(())
 }
 
+/// FRRWP registers and submits a large write in parts of this size, so that registering one
+/// part overlaps sending the one before: small enough to pipeline a 1 MiB write in four
+/// steps, large enough that the per-registration overhead stays small.
+const FRRWP_PART: u64 = 256 << 10;
+
 /// `rmemfs bench-frrwp`: latency of a write to fresh remote memory, the traditional serial
 /// sequence (allocate and wait for the rkey, register the local buffer, write) against FRRWP
 /// (tagged allocation first, local registration meanwhile, conditional write), on the TCP
@@ -525,13 +530,31 @@ pub fn run_frrwp(sizes: &[u64], iters: usize) -> io::Result<()> {
             let region = if use_frrwp {
                 let ticket = pool.begin_alloc(size).map_err(io::Error::other)?;
                 let t_sent = t.elapsed().as_secs_f64() * 1e6;
-                // SAFETY: `buf` outlives the registration, dropped at the end of the round.
-                let mr = unsafe { fabric.register(buf.as_ptr(), size as usize, Access::LOCAL) }
+                // Register and submit part by part: registering one part overlaps the
+                // transfer of the one before (and the first the server's allocation).
+                let mut mrs = Vec::new();
+                let mut subs = Vec::new();
+                let mut at = 0;
+                while at < size {
+                    let n = (size - at).min(FRRWP_PART);
+                    // SAFETY: `buf` outlives the registration, dropped at the end of the
+                    // round; `at + n <= size`.
+                    let mr = unsafe {
+                        fabric.register(buf.as_ptr().add(at as usize), n as usize, Access::LOCAL)
+                    }
                     .map_err(io::Error::other)?;
+                    subs.push(
+                        pool.submit_crw(&ticket, vec![(mr.sge(0, n), at)])
+                            .map_err(io::Error::other)?,
+                    );
+                    mrs.push(mr);
+                    at += n;
+                }
                 let t_reg = t.elapsed().as_secs_f64() * 1e6;
                 let replied_first = ticket.region().is_some();
-                pool.execute_frrwp(&[], &[(&ticket, vec![(mr.sge(0, size), 0)])])
-                    .map_err(io::Error::other)?;
+                for sub in subs {
+                    pool.wait_crw(sub).map_err(io::Error::other)?;
+                }
                 if std::env::var_os("RMEMFS_BENCH_TRACE").is_some() {
                     eprintln!(
                         "frrwp {size}: sent {t_sent:.0} registered {t_reg:.0} done {:.0} \

@@ -324,3 +324,31 @@ fn many_concurrent_large_writes() {
         .sum();
     assert_eq!(used, 0, "every extent was given back");
 }
+
+#[test]
+fn parts_submitted_one_by_one_all_fire_once() {
+    let net = LocalNetwork::new();
+    let (p, node) = pool(
+        &net,
+        &[scripted(&net, Mode::Delay(Duration::from_millis(100)))],
+    );
+    let t = p.begin_alloc(1 << 20).unwrap();
+    let (_b, mr) = filled(&*node, 1 << 20, 0xc3);
+    // Four parts, each submitted before the reply; then wait for all.
+    let subs: Vec<_> = (0..4u64)
+        .map(|k| {
+            p.submit_crw(&t, vec![(mr.sge(k << 18, 1 << 18), k << 18)])
+                .unwrap()
+        })
+        .collect();
+    for s in subs {
+        p.wait_crw(s).unwrap();
+    }
+    assert!(read_back(&p, &t, 1 << 20).iter().all(|&x| x == 0xc3));
+    assert_eq!(node.counters().writes, 4, "each part posted exactly once");
+    // A part past the extent is refused up front.
+    let s = p
+        .submit_crw(&t, vec![(mr.sge(0, 4096), (1 << 20) - 100)])
+        .unwrap();
+    assert!(matches!(p.wait_crw(s), Err(PoolError::Invalid(_))));
+}

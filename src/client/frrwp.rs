@@ -33,9 +33,9 @@ struct Crw {
 struct CrwState {
     /// The server's answer: the extent, or why not.
     reply: Option<Result<RemoteRegion, PoolError>>,
-    /// The conditional writes, once submitted.
-    submitted: Option<Submitted>,
-    fired: bool,
+    /// Conditional writes submitted and not yet posted (a large write may submit its parts
+    /// one by one, as each part's local registration completes).
+    waiting: Vec<Submitted>,
 }
 
 struct Submitted {
@@ -47,48 +47,44 @@ struct Submitted {
 }
 
 impl Crw {
-    /// Posts the writes (or fails them) once both the reply and the submission are in.
+    /// Posts the submitted writes (or fails them) once the reply is in.
     fn fire_if_ready(&self, st: &mut CrwState) {
-        if st.fired {
-            return;
-        }
-        let (Some(reply), Some(sub)) = (&st.reply, &st.submitted) else {
-            return;
-        };
-        st.fired = true;
-        match reply {
-            Ok(region) => {
-                let wrs: Vec<WorkRequest> = sub
-                    .writes
-                    .iter()
-                    .enumerate()
-                    .map(|(k, (local, offset))| WorkRequest {
-                        wr_id: (sub.batch << BATCH_INDEX_BITS) | (sub.base + k) as u64,
-                        opcode: Opcode::Write,
-                        local: *local,
-                        remote_addr: region.addr + offset,
-                        rkey: region.rkey,
-                    })
-                    .collect();
-                sub.qp.post(&wrs);
-            }
-            Err(e) => {
-                let why = match e {
-                    PoolError::Refused {
-                        addr,
-                        code,
-                        message,
-                    } => PoolError::Refused {
-                        addr: *addr,
-                        code: *code,
-                        message: message.clone(),
-                    },
-                    other => PoolError::ControlLost {
-                        addr: self.addr,
-                        reason: other.to_string(),
-                    },
-                };
-                sub.dispatch.fail(sub.batch, sub.writes.len(), why);
+        let Some(reply) = &st.reply else { return };
+        for sub in st.waiting.drain(..) {
+            match reply {
+                Ok(region) => {
+                    let wrs: Vec<WorkRequest> = sub
+                        .writes
+                        .iter()
+                        .enumerate()
+                        .map(|(k, (local, offset))| WorkRequest {
+                            wr_id: (sub.batch << BATCH_INDEX_BITS) | (sub.base + k) as u64,
+                            opcode: Opcode::Write,
+                            local: *local,
+                            remote_addr: region.addr + offset,
+                            rkey: region.rkey,
+                        })
+                        .collect();
+                    sub.qp.post(&wrs);
+                }
+                Err(e) => {
+                    let why = match e {
+                        PoolError::Refused {
+                            addr,
+                            code,
+                            message,
+                        } => PoolError::Refused {
+                            addr: *addr,
+                            code: *code,
+                            message: message.clone(),
+                        },
+                        other => PoolError::ControlLost {
+                            addr: self.addr,
+                            reason: other.to_string(),
+                        },
+                    };
+                    sub.dispatch.fail(sub.batch, sub.writes.len(), why);
+                }
             }
         }
     }
@@ -212,25 +208,75 @@ impl Pool {
         let mut owners = Vec::with_capacity(total);
         owners.extend(ops.iter().map(|op| (op.remote.server, op.opcode)));
         for (ticket, writes) in crws {
-            let crw = &ticket.crw;
-            for (local, offset) in writes {
-                if offset + local.len > crw.len {
-                    log::error!("conditional write past its extent");
-                }
-            }
-            owners.extend(writes.iter().map(|_| (crw.server, Opcode::Write)));
-            let sub = Submitted {
-                batch: batch_id,
-                base,
-                writes: writes.clone(),
-                qp: self.server(crw.server)?.qp.clone(),
-                dispatch: self.dispatch.clone(),
-            };
+            owners.extend(writes.iter().map(|_| (ticket.crw.server, Opcode::Write)));
+            self.queue_crw(ticket, batch_id, base, writes.clone())?;
             base += writes.len();
-            let mut st = crw.state.lock().unwrap();
-            st.submitted = Some(sub);
-            crw.fire_if_ready(&mut st);
         }
         self.finish_batch(batch_id, batch, |i| owners[i])
     }
+
+    /// Queues conditional writes on a ticket: posted at once if the rkey is known, else by
+    /// the reply thread when it arrives.
+    fn queue_crw(
+        &self,
+        ticket: &Ticket,
+        batch: u64,
+        base: usize,
+        writes: Vec<(Sge, u64)>,
+    ) -> Result<(), PoolError> {
+        let crw = &ticket.crw;
+        if writes.iter().any(|(l, off)| off + l.len > crw.len) {
+            return Err(PoolError::Invalid(
+                "conditional write past its extent".into(),
+            ));
+        }
+        let sub = Submitted {
+            batch,
+            base,
+            writes,
+            qp: self.server(crw.server)?.qp.clone(),
+            dispatch: self.dispatch.clone(),
+        };
+        let mut st = crw.state.lock().unwrap();
+        st.waiting.push(sub);
+        crw.fire_if_ready(&mut st);
+        Ok(())
+    }
+
+    /// Submits conditional writes into a ticket's extent without waiting: a large write
+    /// submits part after part as each part's local registration completes, so registering
+    /// one part overlaps the transfer of the one before. Wait with [`Pool::wait_crw`].
+    pub fn submit_crw(
+        &self,
+        ticket: &Ticket,
+        writes: Vec<(Sge, u64)>,
+    ) -> Result<CrwSubmission, PoolError> {
+        let n = writes.len();
+        let (batch_id, batch) = self.begin_batch(n.max(1))?;
+        if n == 0 {
+            self.dispatch
+                .fail(batch_id, 1, PoolError::Invalid("empty submission".into()));
+        } else if let Err(e) = self.queue_crw(ticket, batch_id, 0, writes) {
+            self.dispatch.fail(batch_id, n, e);
+        }
+        Ok(CrwSubmission {
+            batch_id,
+            batch,
+            server: ticket.crw.server,
+        })
+    }
+
+    /// Waits for a submission from [`Pool::submit_crw`].
+    pub fn wait_crw(&self, s: CrwSubmission) -> Result<(), PoolError> {
+        let server = s.server;
+        self.finish_batch(s.batch_id, s.batch, |_| (server, Opcode::Write))
+    }
+}
+
+/// Conditional writes in flight (see [`Pool::submit_crw`]).
+#[must_use = "wait for the writes with Pool::wait_crw"]
+pub struct CrwSubmission {
+    batch_id: u64,
+    batch: Arc<super::Batch>,
+    server: ServerId,
 }
