@@ -553,7 +553,7 @@ pub fn run_frrwp(sizes: &[u64], iters: usize) -> io::Result<()> {
                 let t_reg = t.elapsed().as_secs_f64() * 1e6;
                 let replied_first = ticket.region().is_some();
                 for sub in subs {
-                    pool.wait_crw(sub).map_err(io::Error::other)?;
+                    pool.wait_crw(&ticket, sub).map_err(io::Error::other)?;
                 }
                 if std::env::var_os("RMEMFS_BENCH_TRACE").is_some() {
                     eprintln!(

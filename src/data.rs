@@ -371,11 +371,23 @@ impl DataStore {
             // (Short chunks were grown by the caller.)
             if !chunks.contains_key(&idx) && !tickets.iter().any(|(i, _)| *i == idx) {
                 let len = self.target_len(idx, 0, in_chunk + n);
-                tickets.push((idx, self.pool.begin_alloc(len)?));
+                match self.pool.begin_alloc(len) {
+                    Ok(t) => tickets.push((idx, t)),
+                    Err(e) => {
+                        self.adopt(chunks, &tickets);
+                        return Err(e.into());
+                    }
+                }
             }
         }
         // 2. Local registration, overlapping the servers' allocation and registration.
-        let pinned = self.pin(base, wlen)?;
+        let pinned = match self.pin(base, wlen) {
+            Ok(p) => p,
+            Err(e) => {
+                self.adopt(chunks, &tickets);
+                return Err(e);
+            }
+        };
         // 3. Writes to existing chunks go out now; writes to new ones are conditional.
         let mut ops = Vec::new();
         let mut crws: Vec<(&Ticket, Vec<(Sge, u64)>)> =
@@ -396,24 +408,8 @@ impl DataStore {
         }
         let res = self.pool.execute_frrwp(&ops, &crws);
         self.cache.release(pinned);
-        // Extents that were allocated belong to the file whatever happened to the writes.
-        let mut out_of_space = false;
-        for (idx, t) in &tickets {
-            match t.region() {
-                Some(r) => {
-                    chunks.insert(
-                        *idx,
-                        Chunk {
-                            server: r.server.0,
-                            addr: r.addr,
-                            len: r.len,
-                            rkey: r.rkey,
-                        },
-                    );
-                }
-                None => out_of_space |= t.refused_for_space(),
-            }
-        }
+        let out_of_space = tickets.iter().any(|(_, t)| t.refused_for_space());
+        self.adopt(chunks, &tickets);
         match res {
             Ok(()) => Ok(()),
             // The chosen server was full: the serial path tries the others.
@@ -425,6 +421,25 @@ impl DataStore {
                 self.run(self.pin(base, wlen)?, &ops)
             }
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Records every extent the tickets were granted as the file's chunks, whatever happened
+    /// to the writes (they are the file's now, zeroed, and freed with it): waits, bounded by
+    /// the control timeout, for answers still on their way, so nothing granted is leaked.
+    fn adopt(&self, chunks: &mut BTreeMap<u64, Chunk>, tickets: &[(u64, Ticket)]) {
+        for (idx, t) in tickets {
+            if let Some(r) = t.wait_region(self.pool.timeout()) {
+                chunks.insert(
+                    *idx,
+                    Chunk {
+                        server: r.server.0,
+                        addr: r.addr,
+                        len: r.len,
+                        rkey: r.rkey,
+                    },
+                );
+            }
         }
     }
 

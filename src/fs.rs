@@ -616,6 +616,11 @@ impl Fs {
             if i.kind == Kind::Dir && mode.write {
                 return Err(err(libc::EISDIR));
             }
+            // Unlinked and closed: its data is gone (the kernel may still know the inode
+            // from a lookup that raced with the unlink).
+            if i.is_orphan() {
+                return Err(err(libc::ENOENT));
+            }
             i.opens += 1;
         }
         let fh = self.new_handle(ino, mode);

@@ -519,11 +519,22 @@ impl<G: Registrar> RegCache<G> {
         st.stack.extend_from_slice(&section);
         let segment =
             ((resort_len as f64 * self.config.eviction_share).ceil() as usize).clamp(1, resort_len);
-        let victims: Vec<u64> = st.stack[n - segment..]
+        let mut victims: Vec<u64> = st.stack[n - segment..]
             .iter()
             .copied()
             .filter(|id| st.entries[id].in_use == 0)
             .collect();
+        if victims.is_empty() {
+            // Every region of the eviction segment is in use: take the lowest idle ones of
+            // the resorting section instead, as many as the segment holds.
+            victims = st.stack[frequent..]
+                .iter()
+                .rev()
+                .copied()
+                .filter(|id| st.entries[id].in_use == 0)
+                .take(segment)
+                .collect();
+        }
         let mut regs = Vec::with_capacity(victims.len());
         let mut pages = 0;
         for id in &victims {
@@ -738,6 +749,23 @@ mod tests {
         c.release(held);
         use_once(&c, 0x20000, P);
         assert!(c.stats().pinned_pages <= 4);
+    }
+
+    #[test]
+    fn a_busy_eviction_segment_falls_back_to_idle_regions_above_it() {
+        let (c, mock) = cache(Policy::Mrrc, 4, 0.25);
+        let a = c.acquire(0x0, P).unwrap(); // held: the bottom region stays in use
+        for addr in [0x10000, 0x20000, 0x30000] {
+            use_once(&c, addr, P);
+        }
+        use_once(&c, 0x40000, P);
+        assert_eq!(
+            mock.batches.lock().unwrap().as_slice(),
+            [vec![(0x10000, P)]]
+        );
+        assert!(mock.live.lock().unwrap().contains(&(0x0, P)));
+        c.release(a);
+        assert_eq!(c.stats().pinned_pages, 4);
     }
 
     #[test]

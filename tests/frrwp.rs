@@ -24,6 +24,8 @@ enum Mode {
     Refuse,
     /// Close the connection instead of answering an allocation.
     Die,
+    /// Never answer an allocation, but keep the connection open (a frozen server).
+    Silent,
 }
 
 /// A memory server whose allocation replies follow a script.
@@ -62,6 +64,7 @@ fn scripted(net: &Arc<LocalNetwork>, mode: Mode) -> SocketAddr {
                     match mode {
                         Mode::Refuse => refuse,
                         Mode::Die => return,
+                        Mode::Silent => continue,
                         _ => {
                             let buf = Arc::new(AlignedBuf::new(len as usize).unwrap());
                             let mr = node.register_buf(buf, Access::REMOTE).unwrap();
@@ -108,12 +111,20 @@ fn scripted(net: &Arc<LocalNetwork>, mode: Mode) -> SocketAddr {
 }
 
 fn pool(net: &Arc<LocalNetwork>, addrs: &[SocketAddr]) -> (Pool, Arc<LocalFabric>) {
+    pool_with_timeout(net, addrs, Duration::from_secs(5))
+}
+
+fn pool_with_timeout(
+    net: &Arc<LocalNetwork>,
+    addrs: &[SocketAddr],
+    timeout: Duration,
+) -> (Pool, Arc<LocalFabric>) {
     let node = net.node();
     let p = Pool::connect(
         node.clone(),
         addrs,
         &PoolConfig {
-            timeout: Duration::from_secs(5),
+            timeout,
             ..PoolConfig::default()
         },
     )
@@ -342,7 +353,7 @@ fn parts_submitted_one_by_one_all_fire_once() {
         })
         .collect();
     for s in subs {
-        p.wait_crw(s).unwrap();
+        p.wait_crw(&t, s).unwrap();
     }
     assert!(read_back(&p, &t, 1 << 20).iter().all(|&x| x == 0xc3));
     assert_eq!(node.counters().writes, 4, "each part posted exactly once");
@@ -350,5 +361,22 @@ fn parts_submitted_one_by_one_all_fire_once() {
     let s = p
         .submit_crw(&t, vec![(mr.sge(0, 4096), (1 << 20) - 100)])
         .unwrap();
-    assert!(matches!(p.wait_crw(s), Err(PoolError::Invalid(_))));
+    assert!(matches!(p.wait_crw(&t, s), Err(PoolError::Invalid(_))));
+}
+
+#[test]
+fn a_server_that_never_answers_fails_the_write_after_the_timeout() {
+    let net = LocalNetwork::new();
+    let timeout = Duration::from_millis(500);
+    let (p, node) = pool_with_timeout(&net, &[scripted(&net, Mode::Silent)], timeout);
+    let t = p.begin_alloc(4096).unwrap();
+    let (_b, mr) = filled(&*node, 4096, 1);
+    let start = Instant::now();
+    let err = p
+        .execute_frrwp(&[], &[(&t, vec![(mr.sge(0, 4096), 0)])])
+        .unwrap_err();
+    assert!(matches!(err, PoolError::ControlLost { .. }), "{err}");
+    assert!(start.elapsed() >= timeout && start.elapsed() < timeout * 6);
+    assert!(p.status()[0].failed, "the silent server is marked failed");
+    assert_eq!(node.counters().writes, 0);
 }

@@ -35,6 +35,20 @@ fn unlinked_open_file_keeps_its_data_until_last_close() {
 }
 
 #[test]
+fn an_unlinked_closed_inode_cannot_be_opened_again() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    t.create("f").unwrap();
+    t.write_file("f", 0, b"data").unwrap();
+    // The kernel may still hold the inode from a lookup that raced with the unlink.
+    let ino = t.resolve("f").unwrap();
+    t.fs.unlink(ROOT_INO, b"f").unwrap();
+    assert_eq!(
+        t.fs.open(ino, libc::O_RDONLY).unwrap_err().errno,
+        libc::ENOENT
+    );
+}
+
+#[test]
 fn truncate_and_unlink_free_remote_memory() {
     let t = TestFs::new(2, 16 << 20, 1 << 20);
     t.create("f").unwrap();

@@ -47,8 +47,10 @@ struct Submitted {
 }
 
 impl Crw {
-    /// Posts the submitted writes (or fails them) once the reply is in.
-    fn fire_if_ready(&self, st: &mut CrwState) {
+    /// Posts the submitted writes (or fails them) once the reply is in. `deferred` (on the
+    /// reply thread) leaves the sending to the queue pair's sender thread, so a slow data
+    /// path never holds up the routing of control replies.
+    fn fire_if_ready(&self, st: &mut CrwState, deferred: bool) {
         let Some(reply) = &st.reply else { return };
         for sub in st.waiting.drain(..) {
             match reply {
@@ -65,7 +67,11 @@ impl Crw {
                             rkey: region.rkey,
                         })
                         .collect();
-                    sub.qp.post(&wrs);
+                    if deferred {
+                        sub.qp.post_deferred(&wrs);
+                    } else {
+                        sub.qp.post(&wrs);
+                    }
                 }
                 Err(e) => {
                     let why = match e {
@@ -120,7 +126,7 @@ impl Crw {
         };
         let mut st = self.state.lock().unwrap();
         st.reply = Some(reply);
-        self.fire_if_ready(&mut st);
+        self.fire_if_ready(&mut st, true);
     }
 }
 
@@ -143,6 +149,21 @@ impl Ticket {
             _ => None,
         }
     }
+    /// Waits (up to `timeout`) for the server's answer; returns the extent if granted. Used on
+    /// error paths, so an extent granted after its write was abandoned is still accounted.
+    pub fn wait_region(&self, timeout: std::time::Duration) -> Option<RemoteRegion> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(reply) = &self.crw.state.lock().unwrap().reply {
+                return reply.as_ref().ok().copied();
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Whether the server refused for lack of space.
     pub fn refused_for_space(&self) -> bool {
         matches!(
@@ -209,10 +230,35 @@ impl Pool {
         owners.extend(ops.iter().map(|op| (op.remote.server, op.opcode)));
         for (ticket, writes) in crws {
             owners.extend(writes.iter().map(|_| (ticket.crw.server, Opcode::Write)));
-            self.queue_crw(ticket, batch_id, base, writes.clone())?;
+            if let Err(e) = self.queue_crw(ticket, batch_id, base, writes.clone()) {
+                // Never leave the batch unfinished: its plain ops may be in flight.
+                self.dispatch.fail(batch_id, writes.len(), e);
+            }
             base += writes.len();
         }
-        self.finish_batch(batch_id, batch, |i| owners[i])
+        let tickets: Vec<&Ticket> = crws.iter().map(|(t, _)| *t).collect();
+        self.finish_batch(batch_id, batch, |i| owners[i], &|| {
+            self.give_up_unanswered(&tickets)
+        })
+    }
+
+    /// A server that keeps its connection open but does not answer an allocation would hold
+    /// its conditional writes forever: drop its control connection, which fails them (and
+    /// marks the server failed, as a dead one would be).
+    fn give_up_unanswered(&self, tickets: &[&Ticket]) {
+        for t in tickets {
+            if t.crw.state.lock().unwrap().reply.is_none() {
+                if let Ok(s) = self.server(t.crw.server) {
+                    log::error!(
+                        "memory server {} did not answer an allocation within {:?}",
+                        s.addr,
+                        self.timeout
+                    );
+                    s.mark_failed();
+                    s.control.kill();
+                }
+            }
+        }
     }
 
     /// Queues conditional writes on a ticket: posted at once if the rkey is known, else by
@@ -239,7 +285,7 @@ impl Pool {
         };
         let mut st = crw.state.lock().unwrap();
         st.waiting.push(sub);
-        crw.fire_if_ready(&mut st);
+        crw.fire_if_ready(&mut st, false);
         Ok(())
     }
 
@@ -267,9 +313,11 @@ impl Pool {
     }
 
     /// Waits for a submission from [`Pool::submit_crw`].
-    pub fn wait_crw(&self, s: CrwSubmission) -> Result<(), PoolError> {
+    pub fn wait_crw(&self, ticket: &Ticket, s: CrwSubmission) -> Result<(), PoolError> {
         let server = s.server;
-        self.finish_batch(s.batch_id, s.batch, |_| (server, Opcode::Write))
+        self.finish_batch(s.batch_id, s.batch, |_| (server, Opcode::Write), &|| {
+            self.give_up_unanswered(&[ticket])
+        })
     }
 }
 

@@ -179,6 +179,8 @@ pub struct Pool {
     servers: Vec<Server>,
     dispatch: Arc<Dispatch>,
     next_batch: AtomicU64,
+    /// How long a batch may make no progress before its unanswered allocations are given up.
+    timeout: Duration,
 }
 
 impl Pool {
@@ -240,11 +242,17 @@ impl Pool {
             servers,
             dispatch,
             next_batch: AtomicU64::new(1),
+            timeout: config.timeout,
         })
     }
 
     pub fn fabric(&self) -> &Arc<dyn Fabric> {
         &self.fabric
+    }
+
+    /// The control timeout (connects, replies, stalled conditional writes).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     fn server(&self, id: ServerId) -> Result<&Server, PoolError> {
@@ -413,7 +421,12 @@ impl Pool {
         self.check_ops(ops)?;
         let (batch_id, batch) = self.begin_batch(ops.len())?;
         self.post_ops(batch_id, 0, ops);
-        self.finish_batch(batch_id, batch, |i| (ops[i].remote.server, ops[i].opcode))
+        self.finish_batch(
+            batch_id,
+            batch,
+            |i| (ops[i].remote.server, ops[i].opcode),
+            &|| {},
+        )
     }
 
     fn check_ops(&self, ops: &[RemoteOp]) -> Result<(), PoolError> {
@@ -483,14 +496,24 @@ impl Pool {
         batch_id: u64,
         batch: Arc<Batch>,
         who: impl Fn(usize) -> (ServerId, Opcode),
+        on_stall: &dyn Fn(),
     ) -> Result<(), PoolError> {
-        // Every posted request completes (queue pairs guarantee it, with bounded timeouts),
-        // and every conditional write is either posted or failed by its reply handler, so
-        // this wait ends.
+        // Every posted request completes (queue pairs guarantee it, with bounded timeouts).
+        // A conditional write completes when its allocation is answered; if a batch makes no
+        // progress for the timeout, `on_stall` gives up on the servers that have not answered
+        // (their reply handlers then fail the writes), so this wait ends.
         let (failure, refused) = {
             let mut st = batch.state.lock().unwrap();
+            let mut seen = st.remaining;
             while st.remaining > 0 {
-                st = batch.done.wait(st).unwrap();
+                let (g, res) = batch.done.wait_timeout(st, self.timeout).unwrap();
+                st = g;
+                if res.timed_out() && st.remaining == seen {
+                    drop(st);
+                    on_stall();
+                    st = batch.state.lock().unwrap();
+                }
+                seen = st.remaining;
             }
             (st.failure, st.refused.take())
         };

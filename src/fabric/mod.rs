@@ -246,6 +246,11 @@ pub trait QueuePair: Send + Sync {
     /// Posts a batch. Never blocks on the network for long and never fails as a call: every
     /// request gets a completion, failures included.
     fn post(&self, wrs: &[WorkRequest]);
+    /// As `post`, but never does the sending on the caller's thread (for callers that must
+    /// not block, such as a thread that routes control replies).
+    fn post_deferred(&self, wrs: &[WorkRequest]) {
+        self.post(wrs)
+    }
     /// False once the connection has failed; every later request completes with
     /// [`WcStatus::TransportError`].
     fn is_connected(&self) -> bool;

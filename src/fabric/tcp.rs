@@ -354,6 +354,31 @@ impl TcpQp {
 
 impl QueuePair for TcpQp {
     fn post(&self, wrs: &[WorkRequest]) {
+        self.post_impl(wrs, true)
+    }
+
+    fn post_deferred(&self, wrs: &[WorkRequest]) {
+        self.post_impl(wrs, false)
+    }
+
+    fn is_connected(&self) -> bool {
+        !self.shared.dead.load(Ordering::SeqCst)
+    }
+
+    fn disconnect(&self) {
+        {
+            let mut q = self.shared.send.lock().unwrap();
+            q.closed = true;
+            self.shared.work.notify_all();
+            self.shared.space.notify_all();
+        }
+        self.shared.fail_all_as(&"disconnected by the client", true);
+    }
+}
+
+impl TcpQp {
+    /// Queues `wrs`; with `allow_inline`, the poster sends them itself when nobody else is.
+    fn post_impl(&self, wrs: &[WorkRequest], allow_inline: bool) {
         let s = &*self.shared;
         let mut q = s.send.lock().unwrap();
         for wr in wrs {
@@ -388,27 +413,13 @@ impl QueuePair for TcpQp {
         }
         let single = wrs.len() == 1 && q.queue.len() == 1;
         match q.queue.front() {
-            Some(head) if single || inline_ok(&head.wr) => {
+            Some(head) if allow_inline && (single || inline_ok(&head.wr)) => {
                 q.sending = true;
                 send_inline(s, q, single);
             }
             Some(_) => s.work.notify_one(),
             None => {}
         }
-    }
-
-    fn is_connected(&self) -> bool {
-        !self.shared.dead.load(Ordering::SeqCst)
-    }
-
-    fn disconnect(&self) {
-        {
-            let mut q = self.shared.send.lock().unwrap();
-            q.closed = true;
-            self.shared.work.notify_all();
-            self.shared.space.notify_all();
-        }
-        self.shared.fail_all_as(&"disconnected by the client", true);
     }
 }
 

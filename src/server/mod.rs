@@ -455,9 +455,19 @@ impl Session {
                 Err(DeregisterError::Busy(mut v)) => {
                     mr = v.pop().expect("one region was passed");
                     if start.elapsed() > FREE_DRAIN_TIMEOUT {
-                        log::warn!("extent at {:#x} still busy; dropping it", mr.addr());
+                        // An operation on it is still running (a peer trickling a payload).
+                        // Handing the range to someone else could let that operation land in
+                        // their data: quarantine it instead (its key is gone, its memory is
+                        // never reused by this server).
+                        log::warn!(
+                            "extent at {:#x} ({} bytes) still busy after {FREE_DRAIN_TIMEOUT:?}; \
+                             quarantined",
+                            mr.addr(),
+                            extent.len
+                        );
                         drop(mr);
-                        break;
+                        self.shared.extents.fetch_sub(1, Ordering::SeqCst);
+                        return;
                     }
                     thread::sleep(Duration::from_millis(1));
                 }
