@@ -456,6 +456,13 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
     Ok(())
 }
 
+/// Registers all of `buf` afresh (the client's registration cost, paid on every write in the
+/// FRRWP benchmark; no cache on purpose).
+fn register_whole(fabric: &TcpFabric, buf: &AlignedBuf) -> io::Result<crate::fabric::LocalMr> {
+    // SAFETY: callers drop the registration before `buf`, within the same round.
+    unsafe { fabric.register(buf.as_ptr(), buf.len(), Access::LOCAL) }.map_err(io::Error::other)
+}
+
 /// FRRWP registers and submits a large write in parts of this size, so that registering one
 /// part overlaps sending the one before: small enough to pipeline a 1 MiB write in four
 /// steps, large enough that the per-registration overhead stays small.
@@ -482,9 +489,7 @@ pub fn run_frrwp(sizes: &[u64], iters: usize) -> io::Result<()> {
         let mut lat = Vec::new();
         for _ in 0..iters.clamp(5, 50) {
             let t = Instant::now();
-            // SAFETY: `buf` outlives the registration, which is dropped right away.
-            let mr = unsafe { fabric.register(buf.as_ptr(), size as usize, Access::LOCAL) }
-                .map_err(io::Error::other)?;
+            let mr = register_whole(&fabric, &buf)?;
             lat.push(t.elapsed().as_secs_f64() * 1e6);
             drop(mr);
         }
@@ -565,9 +570,7 @@ pub fn run_frrwp(sizes: &[u64], iters: usize) -> io::Result<()> {
                 ticket.region().expect("allocated")
             } else {
                 let region = pool.alloc(size).map_err(io::Error::other)?;
-                // SAFETY: as above.
-                let mr = unsafe { fabric.register(buf.as_ptr(), size as usize, Access::LOCAL) }
-                    .map_err(io::Error::other)?;
+                let mr = register_whole(&fabric, &buf)?;
                 pool.write(region, 0, mr.sge(0, size))
                     .map_err(io::Error::other)?;
                 region
@@ -587,9 +590,7 @@ pub fn run_frrwp(sizes: &[u64], iters: usize) -> io::Result<()> {
             let region = pool.alloc(size).map_err(io::Error::other)?;
             t_alloc.push(t.elapsed().as_secs_f64() * 1e6);
             let t = Instant::now();
-            // SAFETY: as above.
-            let mr = unsafe { fabric.register(buf.as_ptr(), size as usize, Access::LOCAL) }
-                .map_err(io::Error::other)?;
+            let mr = register_whole(&fabric, &buf)?;
             t_reg.push(t.elapsed().as_secs_f64() * 1e6);
             let t = Instant::now();
             pool.write(region, 0, mr.sge(0, size))

@@ -462,15 +462,7 @@ impl Fs {
         let ino = Self::dir(&meta, parent)?
             .get(name)
             .ok_or_else(|| err(libc::ENOENT))?;
-        let victim = Self::inode(&meta, ino)?;
-        match (want_dir, victim.kind == Kind::Dir) {
-            (true, false) => return Err(err(libc::ENOTDIR)),
-            (false, true) => return Err(err(libc::EISDIR)),
-            (true, true) if !victim.dir().expect("dir").is_empty() => {
-                return Err(err(libc::ENOTEMPTY))
-            }
-            _ => {}
-        }
+        Self::check_removable(Self::inode(&meta, ino)?, want_dir)?;
         Self::dir_mut(&mut meta, parent)?.remove(name);
         Self::touch_dir(&mut meta, parent);
         if want_dir {
@@ -481,6 +473,17 @@ impl Fs {
         i.ctime = SystemTime::now();
         self.settle(meta, ino);
         Ok(())
+    }
+
+    /// Whether `victim` may go away in favour of (or as) a directory (`as_dir`) or not: the
+    /// one rule `unlink`, `rmdir` and a replacing `rename` share.
+    fn check_removable(victim: &Inode, as_dir: bool) -> Result<()> {
+        match (as_dir, victim.dir()) {
+            (true, None) => Err(err(libc::ENOTDIR)),
+            (false, Some(_)) => Err(err(libc::EISDIR)),
+            (true, Some(d)) if !d.is_empty() => Err(err(libc::ENOTEMPTY)),
+            _ => Ok(()),
+        }
     }
 
     /// True if `ino` is `ancestor` or lies below it.
@@ -557,15 +560,7 @@ impl Fs {
             if dst == src {
                 return Ok(()); // two names of one file: nothing to do
             }
-            let d = Self::inode(&meta, dst)?;
-            match (src_is_dir, d.kind == Kind::Dir) {
-                (true, false) => return Err(err(libc::ENOTDIR)),
-                (false, true) => return Err(err(libc::EISDIR)),
-                (true, true) if !d.dir().expect("dir").is_empty() => {
-                    return Err(err(libc::ENOTEMPTY))
-                }
-                _ => {}
-            }
+            Self::check_removable(Self::inode(&meta, dst)?, src_is_dir)?;
         }
         // Detach the source, then put it in place of (or beside) the target.
         Self::dir_mut(&mut meta, parent)?.remove(name);
