@@ -1,9 +1,8 @@
 //! The `rmemfs` command line: parses arguments, picks the fabric, and calls the library.
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use rmemfs::bench::{self, BenchConfig};
-use rmemfs::fabric::tcp::{TcpConfig, TcpFabric};
-use rmemfs::fabric::Fabric;
+use rmemfs::fabric::FabricOptions;
 use rmemfs::mount::{self, MountConfig};
 use rmemfs::mrrc;
 use rmemfs::server::{MemoryServer, ServerConfig, DEFAULT_PORT};
@@ -14,7 +13,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser)]
@@ -32,6 +30,32 @@ struct Cli {
     command: Cmd,
 }
 
+/// Which data fabric to use, and the RDMA device for `verbs`.
+#[derive(Args, Clone)]
+struct FabricArgs {
+    /// Data fabric: `tcp` (software RDMA over TCP, works everywhere) or `verbs` (real RDMA
+    /// through libibverbs: RoCE, InfiniBand, soft-RoCE). `serve` defaults to tcp; `mount` uses
+    /// what the first server announces (tcp for the embedded server).
+    #[arg(long)]
+    fabric: Option<String>,
+    /// RDMA device for the verbs fabric (e.g. rxe0, mlx5_0); default: the first active one.
+    #[arg(long)]
+    device: Option<String>,
+    /// GID table index for the verbs fabric; default: a RoCE v2 GID (IPv4-mapped first).
+    #[arg(long)]
+    gid_index: Option<u32>,
+}
+
+impl FabricArgs {
+    fn options(&self, op_timeout: Duration) -> FabricOptions {
+        FabricOptions {
+            op_timeout,
+            device: self.device.clone(),
+            gid_index: self.gid_index,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a memory server: lend SIZE bytes of this machine's RAM to rmemfs clients.
@@ -45,9 +69,8 @@ enum Cmd {
         /// where clients allocate.
         #[arg(long, default_value = "1G", value_parser = parse_size)]
         size: u64,
-        /// Data fabric: `tcp` (software RDMA over TCP). `verbs` arrives with the verbs fabric.
-        #[arg(long, default_value = "tcp")]
-        fabric: String,
+        #[command(flatten)]
+        fabric: FabricArgs,
         /// Seconds without progress after which a one-sided operation fails.
         #[arg(long, default_value_t = 10)]
         op_timeout: u64,
@@ -61,6 +84,8 @@ enum Cmd {
     Mount {
         /// Where to mount (an existing, empty directory that is not a mount point).
         mountpoint: PathBuf,
+        #[command(flatten)]
+        fabric: FabricArgs,
         /// Memory servers, `host[:port]` separated by commas (port 7471 when omitted).
         #[arg(long, value_delimiter = ',')]
         servers: Vec<String>,
@@ -189,7 +214,15 @@ fn main() -> ExitCode {
             size,
             fabric,
             op_timeout,
-        } => serve(listen, size, &fabric, Duration::from_secs(op_timeout)),
+        } => {
+            let op_timeout = Duration::from_secs(op_timeout);
+            serve(
+                listen,
+                size,
+                fabric.fabric.as_deref().unwrap_or("tcp"),
+                &fabric.options(op_timeout),
+            )
+        }
         Cmd::BenchFabric {
             sizes,
             depths,
@@ -232,6 +265,7 @@ fn main() -> ExitCode {
         Cmd::Stats { mountpoint } => mount::print_stats(&mountpoint),
         Cmd::Mount {
             mountpoint,
+            fabric,
             servers,
             size,
             foreground,
@@ -245,6 +279,8 @@ fn main() -> ExitCode {
             write_path,
         } => {
             let config = MountConfig {
+                fabric: fabric.fabric.clone(),
+                fabric_options: fabric.options(Duration::from_secs(op_timeout)),
                 write_path,
                 reg_cache,
                 reg_cache_size,
@@ -274,22 +310,14 @@ fn main() -> ExitCode {
     }
 }
 
-fn make_fabric(name: &str, op_timeout: Duration) -> Result<Arc<dyn Fabric>, String> {
-    match name {
-        "tcp" => Ok(TcpFabric::new(TcpConfig {
-            op_timeout,
-            ..TcpConfig::default()
-        })),
-        "verbs" => {
-            Err("the verbs fabric is not built into this binary yet; use --fabric tcp".into())
-        }
-        other => Err(format!("unknown fabric '{other}' (expected tcp or verbs)")),
-    }
-}
-
-fn serve(listen: SocketAddr, size: u64, fabric: &str, op_timeout: Duration) -> Result<(), String> {
+fn serve(
+    listen: SocketAddr,
+    size: u64,
+    fabric: &str,
+    options: &FabricOptions,
+) -> Result<(), String> {
     use signal_hook::consts::{SIGINT, SIGTERM};
-    let fabric = make_fabric(fabric, op_timeout)?;
+    let fabric = rmemfs::fabric::open(fabric, options).map_err(|e| e.to_string())?;
     let fabric_name = fabric.name();
     // Register the signal handlers before announcing readiness, so a signal sent right after
     // the "listening" line is never missed.

@@ -3,11 +3,11 @@
 //! (`umount`, or SIGINT/SIGTERM, which unmount cleanly). Closing the connections gives every
 //! server its memory back.
 
+use crate::client::control::ControlConn;
 use crate::client::{Pool, PoolConfig};
 use crate::data::DataStore;
 use crate::fabric::mem::page_size;
-use crate::fabric::tcp::{TcpConfig, TcpFabric};
-use crate::fabric::Fabric;
+use crate::fabric::{Fabric, FabricOptions};
 use crate::fs::{Fs, FsConfig};
 use crate::fuse::FuseFs;
 use crate::mrrc::CacheConfig;
@@ -22,6 +22,10 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct MountConfig {
     pub mountpoint: PathBuf,
+    /// `tcp` or `verbs`; `None` takes what the first server announces (tcp when embedded).
+    pub fabric: Option<String>,
+    /// Device and GID for verbs (the op timeout is `op_timeout`).
+    pub fabric_options: FabricOptions,
     /// `host[:port]` of each memory server; empty means an embedded server.
     pub servers: Vec<String>,
     /// Embedded server arena size (default: a quarter of available RAM).
@@ -251,38 +255,52 @@ fn raise_readahead(mountpoint: &Path) {
 pub fn run(config: &MountConfig, ready: &mut dyn FnMut()) -> Result<(), String> {
     let mountpoint = check_mountpoint(&config.mountpoint)?;
     let (fuse_config, read_only) = fuser_config(&config.options, config.threads)?;
-    let fabric_config = TcpConfig {
+    let fabric_options = FabricOptions {
         op_timeout: config.op_timeout,
-        ..TcpConfig::default()
+        ..config.fabric_options.clone()
+    };
+    let open_fabric = |name: &str| -> Result<Arc<dyn Fabric>, String> {
+        crate::fabric::open(name, &fabric_options).map_err(|e| e.to_string())
     };
     // Without --servers, an embedded memory server on loopback.
     let mut embedded = None;
-    let addrs: Vec<SocketAddr> = if config.servers.is_empty() {
+    let (addrs, fabric_name): (Vec<SocketAddr>, String) = if config.servers.is_empty() {
+        let fabric_name = config.fabric.clone().unwrap_or_else(|| "tcp".into());
         let size = config.size.unwrap_or_else(default_embedded_size);
         let server = MemoryServer::start(
             &ServerConfig {
                 listen: SocketAddr::from(([127, 0, 0, 1], 0)),
                 size,
             },
-            TcpFabric::new(fabric_config.clone()),
+            open_fabric(&fabric_name)?,
         )
         .map_err(|e| format!("cannot start the embedded memory server: {e}"))?;
         log::info!(
-            "embedded memory server on {} ({})",
+            "embedded memory server on {} ({}, {fabric_name} fabric)",
             server.local_addr(),
             format_size(size)
         );
         let addr = server.local_addr();
         embedded = Some(server);
-        vec![addr]
+        (vec![addr], fabric_name)
     } else {
-        config
+        let addrs: Vec<SocketAddr> = config
             .servers
             .iter()
             .map(|s| resolve_server(s))
-            .collect::<Result<_, _>>()?
+            .collect::<Result<_, _>>()?;
+        let fabric_name = match &config.fabric {
+            Some(name) => name.clone(),
+            // The first server's hello names its fabric; every server must match it.
+            None => ControlConn::connect(addrs[0], "rmemfs-mount (probe)", config.op_timeout)
+                .map_err(|e| e.to_string())?
+                .hello
+                .fabric
+                .clone(),
+        };
+        (addrs, fabric_name)
     };
-    let fabric: Arc<dyn Fabric> = TcpFabric::new(fabric_config);
+    let fabric = open_fabric(&fabric_name)?;
     let pool = Pool::connect(
         fabric,
         &addrs,

@@ -376,11 +376,28 @@ impl KeyTable {
         owner: Option<Arc<AlignedBuf>>,
     ) -> LocalMr {
         let key = self.fresh_key();
+        self.insert_keyed(key, key, addr, len, access, resource, owner)
+    }
+
+    /// Adds a registration whose keys a device chose (the verbs fabric). The device never
+    /// hands out a live key twice, so `lkey` is unique in the table.
+    #[allow(clippy::too_many_arguments)]
+    pub fn insert_keyed(
+        self: &Arc<Self>,
+        lkey: u32,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        access: Access,
+        resource: Option<Box<dyn Any + Send + Sync>>,
+        owner: Option<Arc<AlignedBuf>>,
+    ) -> LocalMr {
+        let key = lkey;
         let entry = Arc::new(RegionEntry {
             addr,
             len,
-            lkey: key,
-            rkey: key,
+            lkey,
+            rkey,
             access,
             in_flight: AtomicU32::new(0),
             _resource: resource,
@@ -406,9 +423,12 @@ impl KeyTable {
         Some(InFlight(entry.clone()))
     }
 
-    /// Unconditional removal (a dropped `LocalMr`).
-    pub fn remove(&self, key: u32) {
-        if self.map.write().unwrap().remove(&key).is_some() {
+    /// Removal of a dropped `LocalMr`'s entry. Only that very entry goes: a device may reuse
+    /// a key once its registration is gone, and the key may name a newer region by now.
+    pub fn remove(&self, entry: &Arc<RegionEntry>) {
+        let mut map = self.map.write().unwrap();
+        let ours = map.get(&entry.lkey).is_some_and(|e| Arc::ptr_eq(e, entry));
+        if ours && map.remove(&entry.lkey).is_some() {
             self.counters
                 .deregistrations
                 .fetch_add(1, Ordering::Relaxed);

@@ -26,6 +26,8 @@ use std::time::Duration;
 pub mod local;
 pub mod mem;
 pub mod tcp;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 pub use mem::{AlignedBuf, InFlight, RegionEntry};
 
@@ -227,7 +229,7 @@ impl LocalMr {
 
 impl Drop for LocalMr {
     fn drop(&mut self) {
-        self.table.remove(self.entry.lkey);
+        self.table.remove(&self.entry);
     }
 }
 
@@ -317,6 +319,74 @@ pub trait Fabric: Send + Sync {
 
     /// Operation and registration counters (operations this side initiated).
     fn counters(&self) -> OpCounters;
+
+    /// True if an error completion breaks the queue pair for good, as on an RC QP in verbs
+    /// (every later request fails with a transport error); false if the QP goes on serving.
+    fn errors_break_qp(&self) -> bool {
+        false
+    }
+}
+
+/// The fabric names `serve` and `mount` accept.
+pub const FABRIC_NAMES: &[&str] = &["tcp", "verbs"];
+
+/// How to open a fabric by name (`--fabric`, `--device`, `--gid-index`, `--op-timeout`).
+#[derive(Debug, Clone)]
+pub struct FabricOptions {
+    pub op_timeout: Duration,
+    /// RDMA device (verbs only); `None` takes the first active one.
+    pub device: Option<String>,
+    /// GID index (verbs only); `None` picks a RoCE v2 GID.
+    pub gid_index: Option<u32>,
+}
+
+impl Default for FabricOptions {
+    fn default() -> Self {
+        FabricOptions {
+            op_timeout: Duration::from_secs(10),
+            device: None,
+            gid_index: None,
+        }
+    }
+}
+
+/// Opens the fabric called `name` (`tcp` or `verbs`).
+pub fn open(name: &str, options: &FabricOptions) -> Result<Arc<dyn Fabric>, FabricError> {
+    match name {
+        "tcp" => Ok(tcp::TcpFabric::new(tcp::TcpConfig {
+            op_timeout: options.op_timeout,
+            ..tcp::TcpConfig::default()
+        })),
+        "verbs" => open_verbs(options),
+        other => Err(FabricError::Unavailable {
+            fabric: "requested",
+            reason: format!(
+                "unknown fabric '{other}' (expected one of: {})",
+                FABRIC_NAMES.join(", ")
+            ),
+        }),
+    }
+}
+
+#[cfg(feature = "verbs")]
+fn open_verbs(options: &FabricOptions) -> Result<Arc<dyn Fabric>, FabricError> {
+    let fabric = verbs::VerbsFabric::open(&verbs::VerbsConfig {
+        device: options.device.clone(),
+        gid_index: options.gid_index,
+        op_timeout: options.op_timeout,
+    })?;
+    Ok(fabric)
+}
+
+#[cfg(not(feature = "verbs"))]
+fn open_verbs(_options: &FabricOptions) -> Result<Arc<dyn Fabric>, FabricError> {
+    Err(FabricError::Unavailable {
+        fabric: "verbs",
+        reason: "this rmemfs was built without it: rebuild with `cargo build --release \
+                 --features verbs` (needs cmake, libclang-dev and libibverbs-dev), or use \
+                 --fabric tcp"
+            .into(),
+    })
 }
 
 /// Fabric-wide operation counters (every fabric keeps them; tests and `stats` read them).
