@@ -10,6 +10,11 @@ BIN_NAME=${BIN##*/}
 TMO=${RMEMFS_TEST_TIMEOUT:-120}
 # Extra arguments for every `rmemfs mount` (e.g. "--chunk-size 1M").
 read -ra MOUNT_ARGS <<<"${RMEMFS_MOUNT_ARGS:-}"
+# Extra arguments for every `rmemfs serve` (e.g. "--fabric verbs" in the rxe VM).
+read -ra SERVE_ARGS <<<"${RMEMFS_SERVE_ARGS:-}"
+# When set, every mount must report this fabric in `rmemfs stats` (mounts take the fabric the
+# servers announce, so this proves the run used it).
+EXPECT_FABRIC=${RMEMFS_EXPECT_FABRIC:-}
 # Error messages (strerror) must be English for the ENOSPC / EIO checks, and sorting bytewise.
 export LC_ALL=C
 
@@ -93,7 +98,7 @@ start_server() {
   SERVER_SEQ=$((SERVER_SEQ + 1))
   out=$BASE/logs/server-$SERVER_SEQ.out
   err=$BASE/logs/server-$SERVER_SEQ.err
-  "$BIN" serve --listen 127.0.0.1:0 --size "$size" >"$out" 2>"$err" </dev/null &
+  "$BIN" serve --listen 127.0.0.1:0 --size "$size" "${SERVE_ARGS[@]}" >"$out" 2>"$err" </dev/null &
   SERVER_PID=$!
   # Out of the job table: bash then reports nothing when a test kills it with SIGKILL.
   disown "$SERVER_PID"
@@ -176,6 +181,11 @@ mount_fs() {
   fi
   if ! is_mounted "$mnt"; then
     echo "rmemfs mount returned 0 but $mnt is not in the mount table" >&2
+    return 1
+  fi
+  if [ -n "$EXPECT_FABRIC" ] &&
+    ! timeout -k 5 30 "$BIN" stats "$mnt" 2>&1 | grep -qx "fabric: $EXPECT_FABRIC"; then
+    echo "$mnt does not run on the $EXPECT_FABRIC fabric: $("$BIN" stats "$mnt" 2>&1 | grep fabric)" >&2
     return 1
   fi
 }

@@ -10,6 +10,10 @@
 #   RMEMFS_BIN              binary (default target/release/rmemfs)
 #   RMEMFS_TEST_TIMEOUT     limit in seconds for each command on the mount (default 120)
 #   RMEMFS_MOUNT_ARGS       extra arguments for every `rmemfs mount`, e.g. "--chunk-size 1M"
+#   RMEMFS_SERVE_ARGS       extra arguments for every `rmemfs serve`, e.g. "--fabric verbs"
+#   RMEMFS_EXPECT_FABRIC    every mount must report this fabric (tcp, verbs) in `rmemfs stats`
+#   RMEMFS_TEST_SERVER_SIZE arena of each shared memory server (default 256M)
+#   RMEMFS_TEST_FIO_SIZE    file size per fio job in fio_verify (default 64M)
 #   RMEMFS_TEST_DROP_CACHES 0: don't drop the kernel's caches before verifying reads
 #   RMEMFS_TEST_KEEP        1: keep the temporary directory (logs) after the run
 #
@@ -253,11 +257,12 @@ test_concurrent_writers() {
 # fio writes with per-block checksums and verifies them: 4 KiB random writes by two jobs, then
 # 1 MiB sequential writes; any verify error fails fio.
 test_fio_verify() {
+  local size=${RMEMFS_TEST_FIO_SIZE:-64M}
   must_within 300 "fio 4k randwrite + crc32c verify" \
-    fio --name=v --directory="$MNT" --size=64M --bs=4k --rw=randwrite --ioengine=psync \
+    fio --name=v --directory="$MNT" --size="$size" --bs=4k --rw=randwrite --ioengine=psync \
     --verify=crc32c --do_verify=1 --verify_fatal=1 --numjobs=2 --group_reporting
   must_within 300 "fio 1M sequential write + crc32c verify" \
-    fio --name=s --directory="$MNT" --size=64M --bs=1M --rw=write --ioengine=psync \
+    fio --name=s --directory="$MNT" --size="$size" --bs=1M --rw=write --ioengine=psync \
     --verify=crc32c --do_verify=1 --verify_fatal=1 --numjobs=2 --group_reporting
 }
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test tier that this machine can run: formatting and lints, unit and property tests
 # (the file system against a reference model), the fabric conformance suite (tcp and in-process
-# fabrics), the memory-server tests through the binary, and real mounts of the release binary
-# (mount-tests/). Installs what the tests need when it is missing (Debian).
+# fabrics), the memory-server tests through the binary, real mounts of the release binary
+# (mount-tests/), and the rxe tier (tools/test-rxe.sh: the verbs fabric on real soft-RoCE in a
+# qemu VM; RMEMFS_SKIP_RXE=1 leaves it out for a quick local run). Installs what the tests need
+# when it is missing (Debian).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,3 +39,9 @@ cargo test --all-targets
 echo "== real mounts (mount-tests/run.sh)"
 cargo build --release
 mount-tests/run.sh
+if [ "${RMEMFS_SKIP_RXE:-0}" = 1 ]; then
+  echo "== rxe tier skipped (RMEMFS_SKIP_RXE=1)"
+else
+  echo "== rxe tier (tools/test-rxe.sh)"
+  tools/test-rxe.sh
+fi
