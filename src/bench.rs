@@ -458,7 +458,7 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
 
 /// Registers all of `buf` afresh (the client's registration cost, paid on every write in the
 /// FRRWP benchmark; no cache on purpose).
-fn register_whole(fabric: &TcpFabric, buf: &AlignedBuf) -> io::Result<crate::fabric::LocalMr> {
+fn register_whole(fabric: &dyn Fabric, buf: &AlignedBuf) -> io::Result<crate::fabric::LocalMr> {
     // SAFETY: callers drop the registration before `buf`, within the same round.
     unsafe { fabric.register(buf.as_ptr(), buf.len(), Access::LOCAL) }.map_err(io::Error::other)
 }
@@ -472,11 +472,21 @@ const FRRWP_PART: u64 = 256 << 10;
 /// sequence (allocate and wait for the rkey, register the local buffer, write) against FRRWP
 /// (tagged allocation first, local registration meanwhile, conditional write), on the TCP
 /// fabric against a memory server in another process; beside the paper's model of the saving.
-pub fn run_frrwp(sizes: &[u64], iters: usize) -> io::Result<()> {
+pub fn run_frrwp(
+    sizes: &[u64],
+    iters: usize,
+    fabric_name: &str,
+    options: &crate::fabric::FabricOptions,
+) -> io::Result<()> {
     let max = *sizes.iter().max().unwrap_or(&(1 << 20));
     let arena = (max * 4).max(256 << 20).to_string();
-    let (_server, addr) = spawn_listener(&["serve", "--listen", "127.0.0.1:0", "--size", &arena])?;
-    let fabric = TcpFabric::new(TcpConfig::default());
+    let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--size", &arena];
+    args.extend(["--fabric", fabric_name]);
+    if let Some(device) = &options.device {
+        args.extend(["--device", device]);
+    }
+    let (_server, addr) = spawn_listener(&args)?;
+    let fabric = crate::fabric::open(fabric_name, options).map_err(io::Error::other)?;
     let pool =
         Pool::connect(fabric.clone(), &[addr], &PoolConfig::default()).map_err(io::Error::other)?;
     let page = crate::fabric::mem::page_size() as f64;
@@ -489,7 +499,7 @@ pub fn run_frrwp(sizes: &[u64], iters: usize) -> io::Result<()> {
         let mut lat = Vec::new();
         for _ in 0..iters.clamp(5, 50) {
             let t = Instant::now();
-            let mr = register_whole(&fabric, &buf)?;
+            let mr = register_whole(&*fabric, &buf)?;
             lat.push(t.elapsed().as_secs_f64() * 1e6);
             drop(mr);
         }
@@ -505,8 +515,9 @@ pub fn run_frrwp(sizes: &[u64], iters: usize) -> io::Result<()> {
     let a = (n * sxy - sx * sy) / (n * sxx - sx * sx).max(f64::MIN_POSITIVE);
     let b = (sy - a * sx) / n;
     println!(
-        "# registration on this fabric (mlock + key table), fitted: T_r = {a:.3} us/page + {b:.2} us \
-         (paper: 0.77 us/page + 7.42 us)"
+        "# registration on the {} fabric, fitted: T_r = {a:.3} us/page + {b:.2} us \
+         (paper: 0.77 us/page + 7.42 us)",
+        fabric.name()
     );
     println!(
         "# write latency to fresh remote memory, {iters} writes per point, microseconds; \
@@ -570,7 +581,7 @@ pub fn run_frrwp(sizes: &[u64], iters: usize) -> io::Result<()> {
                 ticket.region().expect("allocated")
             } else {
                 let region = pool.alloc(size).map_err(io::Error::other)?;
-                let mr = register_whole(&fabric, &buf)?;
+                let mr = register_whole(&*fabric, &buf)?;
                 pool.write(region, 0, mr.sge(0, size))
                     .map_err(io::Error::other)?;
                 region
@@ -590,7 +601,7 @@ pub fn run_frrwp(sizes: &[u64], iters: usize) -> io::Result<()> {
             let region = pool.alloc(size).map_err(io::Error::other)?;
             t_alloc.push(t.elapsed().as_secs_f64() * 1e6);
             let t = Instant::now();
-            let mr = register_whole(&fabric, &buf)?;
+            let mr = register_whole(&*fabric, &buf)?;
             t_reg.push(t.elapsed().as_secs_f64() * 1e6);
             let t = Instant::now();
             pool.write(region, 0, mr.sge(0, size))

@@ -159,6 +159,8 @@ enum Cmd {
         /// Writes per size and path.
         #[arg(long, default_value_t = 100)]
         iters: usize,
+        #[command(flatten)]
+        fabric: FabricArgs,
     },
     /// (benchmark helper) the plain-TCP peer that bench-fabric compares against.
     #[command(hide = true)]
@@ -238,9 +240,17 @@ fn main() -> ExitCode {
         })
         .map_err(|e| format!("benchmark failed: {e}")),
         Cmd::BenchPeer { listen } => bench::run_peer(listen).map_err(|e| e.to_string()),
-        Cmd::BenchFrrwp { sizes, iters } => {
-            bench::run_frrwp(&sizes, iters).map_err(|e| format!("benchmark failed: {e}"))
-        }
+        Cmd::BenchFrrwp {
+            sizes,
+            iters,
+            fabric,
+        } => bench::run_frrwp(
+            &sizes,
+            iters,
+            fabric.fabric.as_deref().unwrap_or("tcp"),
+            &fabric.options(Duration::from_secs(10)),
+        )
+        .map_err(|e| format!("benchmark failed: {e}")),
         Cmd::MrrcSim {
             workload,
             requests,

@@ -356,6 +356,42 @@ fn server_killed_mid_write_fails_its_ops_and_spares_the_other() {
     assert!(p.alloc(1 << 20).unwrap().server == ServerId(0));
 }
 
+/// Asking for verbs where it cannot work fails at once, naming what is missing: in a build
+/// without the feature, the feature; with it, on a machine without RDMA (this test then runs
+/// outside the rxe VM), the missing device or library. Both `serve` and `mount` say so.
+#[test]
+fn verbs_where_unavailable_is_a_clear_error() {
+    let rdma_here = std::path::Path::new("/dev/infiniband/uverbs0").exists();
+    if cfg!(feature = "verbs") && rdma_here {
+        return; // a machine with RDMA: nothing is missing (the rxe tier tests verbs itself)
+    }
+    let mnt = std::env::temp_dir().join(format!("rmemfs-verbs-missing-{}", std::process::id()));
+    std::fs::create_dir_all(&mnt).unwrap();
+    for args in [
+        vec!["serve", "--fabric", "verbs", "--listen", "127.0.0.1:0"],
+        vec!["mount", "-f", mnt.to_str().unwrap(), "--fabric", "verbs"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rmemfs"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            err.contains("verbs fabric is not available"),
+            "{args:?}: {err}"
+        );
+        let names_cause = if cfg!(feature = "verbs") {
+            err.contains("RDMA device") || err.contains("libibverbs")
+        } else {
+            err.contains("--features verbs")
+        };
+        assert!(names_cause, "{args:?}: {err}");
+    }
+    std::fs::remove_dir(&mnt).unwrap();
+}
+
 #[test]
 fn sigterm_and_sigint_stop_the_server_cleanly() {
     for sig in [libc::SIGTERM, libc::SIGINT] {

@@ -29,6 +29,8 @@ fi
 echo "== building the verbs fabric (cargo --features verbs)"
 cargo build --release --features verbs
 cp target/release/rmemfs target/release/rmemfs-verbs
+echo "== verbs unit tests (host: no device needed)"
+cargo test --release --features verbs --lib fabric::verbs
 conformance=$(cargo test --release --features verbs --test conformance --no-run 2>&1 |
   sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
 [ -x "$conformance" ] || { echo "could not find the conformance test binary" >&2; exit 1; }

@@ -112,6 +112,18 @@ struct Shared {
     stop: AtomicBool,
 }
 
+/// An error and its causes, `outer: inner: ...` (sideway's errors keep the errno in a cause).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 fn unavailable(reason: impl Into<String>) -> FabricError {
     FabricError::Unavailable {
         fabric: "verbs",
@@ -124,9 +136,10 @@ impl VerbsFabric {
     pub fn open(config: &VerbsConfig) -> Result<Arc<VerbsFabric>, FabricError> {
         let list = DeviceList::new().map_err(|e| {
             unavailable(format!(
-                "cannot list RDMA devices ({e}): libibverbs1 and ibverbs-providers must be \
+                "cannot list RDMA devices ({}): libibverbs1 and ibverbs-providers must be \
                  installed and the kernel must have RDMA support (this one may not); use \
-                 --fabric tcp on machines without RDMA"
+                 --fabric tcp on machines without RDMA",
+                with_causes(&e)
             ))
         })?;
         if list.is_empty() {
@@ -151,7 +164,10 @@ impl VerbsFabric {
             let ctx = match dev.open() {
                 Ok(ctx) => ctx,
                 Err(e) if config.device.is_some() => {
-                    return Err(unavailable(format!("cannot open {name}: {e}")))
+                    return Err(unavailable(format!(
+                        "cannot open {name}: {}",
+                        with_causes(&e)
+                    )))
                 }
                 Err(_) => continue,
             };
@@ -338,14 +354,18 @@ impl VerbsFabric {
         // registration and every operation using it are gone; `register_buf` keeps its buffer
         // alive through the table entry.
         let mr = unsafe { self.shared.pd.reg_mr(addr as usize, len, flags) }.map_err(|e| {
-            let os = std::error::Error::source(&e).map(|s| s.to_string());
-            match os {
-                Some(msg) if msg.contains("Cannot allocate memory") => FabricError::PinLimit {
-                    len: len as u64,
-                    limit: super::mem::memlock_limit_text(),
-                },
-                Some(msg) => FabricError::Register(format!("ibv_reg_mr of {len} bytes: {msg}")),
-                None => FabricError::Register(format!("ibv_reg_mr of {len} bytes: {e}")),
+            use sideway::ibverbs::memory_region::RegisterMemoryRegionErrorKind as Kind;
+            match &e.0 {
+                // The pinning limit (RLIMIT_MEMLOCK) is the usual reason for ENOMEM here.
+                Kind::Ibverbs(io) if io.raw_os_error() == Some(libc::ENOMEM) => {
+                    FabricError::PinLimit {
+                        len: len as u64,
+                        limit: super::mem::memlock_limit_text(),
+                    }
+                }
+                _ => {
+                    FabricError::Register(format!("ibv_reg_mr of {len} bytes: {}", with_causes(&e)))
+                }
             }
         })?;
         let (lkey, rkey) = (mr.lkey(), mr.rkey());
