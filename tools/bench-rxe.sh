@@ -17,7 +17,9 @@
 # and logs in target/bench-rxe/.
 #
 # Settings: SIZE (fio file size, default 128M), RUNTIME (cap per fio job, default 30 s),
-# SWITCH_FILES and SWITCH_MB (bench-switches, default 2 files of 16 MiB), FRRWP_ITERS (20).
+# SWITCH_FILES and SWITCH_MB (bench-switches, default 2 files of 16 MiB), FRRWP_ITERS (20),
+# PARTS (default "tcp switches frrwp": the optional parts after perftest and fio; tcp is
+# 4 KiB random reads over the TCP fabric in the same guest, for what FUSE costs there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=target/bench-rxe
@@ -40,7 +42,8 @@ if [ "${1:-}" != --in-vm ]; then
   rm -rf "$OUT" && mkdir -p "$OUT"
   exec tools/rxe-vm.sh --timeout "${RMEMFS_RXE_TIMEOUT:-1500}" -- \
     env SIZE="${SIZE:-128M}" RUNTIME="${RUNTIME:-30}" SWITCH_FILES="${SWITCH_FILES:-2}" \
-    SWITCH_MB="${SWITCH_MB:-16}" FRRWP_ITERS="${FRRWP_ITERS:-20}" tools/bench-rxe.sh --in-vm
+    SWITCH_MB="${SWITCH_MB:-16}" FRRWP_ITERS="${FRRWP_ITERS:-20}" \
+    PARTS="${PARTS-tcp switches frrwp}" tools/bench-rxe.sh --in-vm
 fi
 
 # --- inside the VM ---------------------------------------------------------------------------
@@ -85,12 +88,29 @@ done
 unmount_fs "$BASE/mnt"
 kill_servers "${ALL_SERVER_PIDS[@]}"
 
-echo "== the mount's switches on verbs"
-FILES=$SWITCH_FILES MB=$SWITCH_MB tools/bench-switches.sh | tee "$OUT/switches.txt"
+if [[ " $PARTS " == *" tcp "* ]]; then
+  # The same 4 KiB random reads over the TCP fabric in the same guest: what FUSE and the
+  # daemon cost here without RDMA in the path.
+  echo "== fio rand-read on rmemfs over the tcp fabric (reference)"
+  SERVE_ARGS=(--fabric tcp)
+  EXPECT_FABRIC=tcp
+  start_server 256M
+  mount_fs "$BASE/mnt-tcp" "$SERVER_ADDR"
+  DIR=$BASE/mnt-tcp BS=4k SIZE=$SIZE RUNTIME=$RUNTIME timeout -k 10 600 \
+    fio --output-format=json --output="$OUT/fio-tcp-rand-read.json" tools/fio/rand-read.fio
+  unmount_fs "$BASE/mnt-tcp"
+  kill_servers "${ALL_SERVER_PIDS[@]}"
+fi
 
-echo "== bench-frrwp on verbs"
-timeout -k 10 900 "$BIN" bench-frrwp --fabric verbs --device "$DEV" --iters "$FRRWP_ITERS" |
-  tee "$OUT/frrwp.txt"
+if [[ " $PARTS " == *" switches "* ]]; then
+  echo "== the mount's switches on verbs"
+  FILES=$SWITCH_FILES MB=$SWITCH_MB tools/bench-switches.sh | tee "$OUT/switches.txt"
+fi
+if [[ " $PARTS " == *" frrwp "* ]]; then
+  echo "== bench-frrwp on verbs"
+  timeout -k 10 900 "$BIN" bench-frrwp --fabric verbs --device "$DEV" --iters "$FRRWP_ITERS" |
+    tee "$OUT/frrwp.txt"
+fi
 
 python3 - "$OUT" "$SIZE" <<'PY'
 import json, os, sys
@@ -130,5 +150,9 @@ print(f"{'1 MiB seq read, MiB/s':<34} {r_bw:>12.1f} {read_bw:>12.1f} {r_bw / rea
 print(f"{'1 MiB seq write, MiB/s':<34} {w_bw:>12.1f} {write_bw:>12.1f} {w_bw / write_bw:>7.2f} {'>= 0.50':>8}")
 print(f"{'4 KiB rand read p50 / read_lat, us':<34} {rr_p50:>12.1f} {read_lat:>12.1f} {rr_p50 / read_lat:>7.2f} {'<= 3.00':>8}")
 print(f"(4 KiB random read: {rr_iops:.0f} IOPS)")
+tcp = os.path.join(out, "fio-tcp-rand-read.json")
+if os.path.exists(tcp):
+    _, t_p50, t_iops = fio("tcp-rand-read")
+    print(f"(the same over the tcp fabric in this guest: p50 {t_p50:.1f} us, {t_iops:.0f} IOPS)")
 PY
 cleanup

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Pool failures. Every variant that concerns one server names it.
 #[derive(Debug, thiserror::Error)]
@@ -130,6 +130,15 @@ struct BatchState {
     /// server went away before answering).
     refused: Option<PoolError>,
 }
+
+/// Batches of at most this many bytes are small: their waiter polls the fabric for a while
+/// before sleeping (a 4 KiB read should cost one RDMA round trip, not two thread wake-ups).
+const SPIN_MAX_BYTES: u64 = 64 << 10;
+/// How long a small batch's waiter polls before it sleeps: a hundred RDMA round trips on
+/// hardware (µs each), one or two on soft-RoCE under emulation (a 4 KiB read takes 0.2 to
+/// 0.3 ms there); bounded so that a dead or slow server costs at most this much CPU per small
+/// op. (Under emulation 2 ms measured no better than 0.5 ms: 2113 against 1810 µs p50.)
+const SPIN_WAIT: Duration = Duration::from_micros(500);
 
 /// Bits of a work-request id that index the op within its batch; the rest is the batch id.
 const BATCH_INDEX_BITS: u32 = 24;
@@ -421,12 +430,31 @@ impl Pool {
         self.check_ops(ops)?;
         let (batch_id, batch) = self.begin_batch(ops.len())?;
         self.post_ops(batch_id, 0, ops);
+        let small = ops.iter().map(|op| op.local.len).sum::<u64>() <= SPIN_MAX_BYTES;
+        if small {
+            self.poll_briefly(&batch);
+        }
         self.finish_batch(
             batch_id,
             batch,
             |i| (ops[i].remote.server, ops[i].opcode),
             &|| {},
         )
+    }
+
+    /// On a fabric whose completions can be polled from here (verbs), polls for up to
+    /// [`SPIN_WAIT`] before the batch waiter goes to sleep: a small op's completion then never
+    /// waits for the poller thread to wake and wake this thread in turn.
+    fn poll_briefly(&self, batch: &Batch) {
+        let deadline = Instant::now() + SPIN_WAIT;
+        while batch.state.lock().unwrap().remaining > 0 {
+            match self.fabric.progress() {
+                None => return,
+                Some(0) if Instant::now() >= deadline => return,
+                Some(0) => std::hint::spin_loop(),
+                Some(_) => {}
+            }
+        }
     }
 
     fn check_ops(&self, ops: &[RemoteOp]) -> Result<(), PoolError> {

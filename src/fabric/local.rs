@@ -10,9 +10,8 @@
 
 use super::mem::{AlignedBuf, InFlight, KeyTable};
 use super::{
-    Access, Completion, CompletionHandler, CompletionQueue, DeregisterError, Exchange, Fabric,
-    FabricError, LocalMr, OpCounters, Opcode, PeerGuard, QueuePair, SoftCq, WcStatus, WorkRequest,
-    MAX_OP_LEN,
+    Access, Completion, CompletionQueue, DeregisterError, Exchange, Fabric, FabricError, LocalMr,
+    OpCounters, Opcode, PeerGuard, QueuePair, SoftCq, WcStatus, WorkRequest, MAX_OP_LEN,
 };
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -134,14 +133,6 @@ impl Fabric for LocalFabric {
 
     fn deregister(&self, mrs: Vec<LocalMr>) -> Result<(), DeregisterError> {
         self.node.table.deregister_batch(mrs)
-    }
-
-    fn create_cq(&self) -> Arc<dyn CompletionQueue> {
-        Arc::new(SoftCq::default())
-    }
-
-    fn create_cq_with_handler(&self, handler: CompletionHandler) -> Arc<dyn CompletionQueue> {
-        Arc::new(SoftCq::with_handler(handler))
     }
 
     fn connect(

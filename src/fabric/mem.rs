@@ -173,6 +173,17 @@ impl Drop for Pin {
     }
 }
 
+/// Refuses a null, empty or wrapping range before anything is registered.
+pub fn check_range(addr: *mut u8, len: usize) -> Result<(), FabricError> {
+    if addr.is_null() || len == 0 {
+        return Err(FabricError::InvalidRegion("null or empty range"));
+    }
+    if (addr as u64).checked_add(len as u64).is_none() {
+        return Err(FabricError::InvalidRegion("range wraps the address space"));
+    }
+    Ok(())
+}
+
 /// The soft RLIMIT_MEMLOCK, for error messages.
 pub fn memlock_limit_text() -> String {
     let mut lim = libc::rlimit {
@@ -345,12 +356,7 @@ impl KeyTable {
         access: Access,
         owner: Option<Arc<AlignedBuf>>,
     ) -> Result<LocalMr, FabricError> {
-        if addr.is_null() || len == 0 {
-            return Err(FabricError::InvalidRegion("null or empty range"));
-        }
-        if (addr as u64).checked_add(len as u64).is_none() {
-            return Err(FabricError::InvalidRegion("range wraps the address space"));
-        }
+        check_range(addr, len)?;
         let pin = Pin::new(addr, len, self.pinned.clone())?;
         Ok(self.insert(addr as u64, len as u64, access, Some(Box::new(pin)), owner))
     }

@@ -294,12 +294,18 @@ pub trait Fabric: Send + Sync {
     /// operations in flight are returned, still registered.
     fn deregister(&self, mrs: Vec<LocalMr>) -> Result<(), DeregisterError>;
 
-    fn create_cq(&self) -> Arc<dyn CompletionQueue>;
+    /// A completion queue to reap from. Every fabric here delivers into a [`SoftCq`] (the
+    /// verbs fabric's poller moves device completions into it), so this is the default.
+    fn create_cq(&self) -> Arc<dyn CompletionQueue> {
+        Arc::new(SoftCq::default())
+    }
 
     /// A completion queue whose completions are handed to `handler` as they arrive, in the
     /// fabric's completion context (a NIC or poller thread), instead of waiting to be reaped.
     /// Saves the hand-off to a reaping thread; the handler must be quick and must not block.
-    fn create_cq_with_handler(&self, handler: CompletionHandler) -> Arc<dyn CompletionQueue>;
+    fn create_cq_with_handler(&self, handler: CompletionHandler) -> Arc<dyn CompletionQueue> {
+        Arc::new(SoftCq::with_handler(handler))
+    }
 
     /// Client side: connects a queue pair to the server whose control connection reaches
     /// `server`, using `exchange` for any handshake the data path needs.
@@ -319,6 +325,16 @@ pub trait Fabric: Send + Sync {
 
     /// Operation and registration counters (operations this side initiated).
     fn counters(&self) -> OpCounters;
+
+    /// Delivers completions that are ready, on the caller's thread, without blocking; true if
+    /// it delivered any. A fabric whose completions wait in a device queue (verbs) lets a
+    /// waiter that expects a quick answer poll instead of sleeping until a poller thread wakes
+    /// it: two thread wake-ups fewer on the path of a small read. The software fabrics deliver
+    /// from their own threads and have nothing to drive here.
+    /// Returns how many it delivered, or `None` if this fabric has nothing to drive.
+    fn progress(&self) -> Option<usize> {
+        None
+    }
 
     /// True if an error completion breaks the queue pair for good, as on an RC QP in verbs
     /// (every later request fails with a transport error); false if the QP goes on serving.

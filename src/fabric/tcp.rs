@@ -15,8 +15,8 @@
 
 use super::mem::{recv_exact_raw, send_all_raw, AlignedBuf, InFlight, KeyTable, RawSlice};
 use super::{
-    Access, CompletionHandler, CompletionQueue, DeregisterError, Exchange, Fabric, FabricError,
-    LocalMr, OpCounters, Opcode, PeerGuard, QueuePair, SoftCq, WcStatus, WorkRequest, MAX_OP_LEN,
+    Access, CompletionQueue, DeregisterError, Exchange, Fabric, FabricError, LocalMr, OpCounters,
+    Opcode, PeerGuard, QueuePair, SoftCq, WcStatus, WorkRequest, MAX_OP_LEN,
 };
 use crate::fabric::Completion;
 use std::collections::{HashMap, VecDeque};
@@ -159,14 +159,6 @@ impl Fabric for TcpFabric {
 
     fn deregister(&self, mrs: Vec<LocalMr>) -> Result<(), DeregisterError> {
         self.table.deregister_batch(mrs)
-    }
-
-    fn create_cq(&self) -> Arc<dyn CompletionQueue> {
-        Arc::new(SoftCq::default())
-    }
-
-    fn create_cq_with_handler(&self, handler: CompletionHandler) -> Arc<dyn CompletionQueue> {
-        Arc::new(SoftCq::with_handler(handler))
     }
 
     fn connect(

@@ -23,9 +23,9 @@
 
 use super::mem::KeyTable;
 use super::{
-    Access, AlignedBuf, Completion, CompletionHandler, CompletionQueue, DeregisterError, Exchange,
-    Fabric, FabricError, InFlight, LocalMr, OpCounters, Opcode, PeerGuard, QueuePair, SoftCq,
-    WcStatus, WorkRequest, MAX_OP_LEN,
+    Access, AlignedBuf, Completion, CompletionQueue, DeregisterError, Exchange, Fabric,
+    FabricError, InFlight, LocalMr, OpCounters, Opcode, PeerGuard, QueuePair, SoftCq, WcStatus,
+    WorkRequest, MAX_OP_LEN,
 };
 use rdma_mummy_sys as sys;
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid, GidType};
@@ -109,6 +109,8 @@ struct Shared {
     mtu: Mtu,
     /// Client QPs by slot, for routing completions.
     slots: Mutex<Vec<Option<Weak<VerbsQp>>>>,
+    /// Held while draining the CQ, by the poller or by a caller in `progress`.
+    drain_lock: Mutex<()>,
     stop: AtomicBool,
 }
 
@@ -226,6 +228,7 @@ impl VerbsFabric {
             lid,
             mtu,
             slots: Mutex::new(Vec::new()),
+            drain_lock: Mutex::new(()),
             stop: AtomicBool::new(false),
         });
         let s = shared.clone();
@@ -337,12 +340,7 @@ impl VerbsFabric {
         access: Access,
         owner: Option<Arc<AlignedBuf>>,
     ) -> Result<LocalMr, FabricError> {
-        if addr.is_null() || len == 0 {
-            return Err(FabricError::InvalidRegion("null or empty range"));
-        }
-        if (addr as u64).checked_add(len as u64).is_none() {
-            return Err(FabricError::InvalidRegion("range wraps the address space"));
-        }
+        super::mem::check_range(addr, len)?;
         let mut flags = AccessFlags::LocalWrite;
         if access.contains(Access::REMOTE_READ) {
             flags |= AccessFlags::RemoteRead;
@@ -542,14 +540,6 @@ impl Fabric for VerbsFabric {
         self.table.deregister_batch(mrs)
     }
 
-    fn create_cq(&self) -> Arc<dyn CompletionQueue> {
-        Arc::new(SoftCq::default())
-    }
-
-    fn create_cq_with_handler(&self, handler: CompletionHandler) -> Arc<dyn CompletionQueue> {
-        Arc::new(SoftCq::with_handler(handler))
-    }
-
     fn connect(
         &self,
         server: SocketAddr,
@@ -628,6 +618,14 @@ impl Fabric for VerbsFabric {
 
     fn errors_break_qp(&self) -> bool {
         true
+    }
+
+    fn progress(&self) -> Option<usize> {
+        // Whoever holds the lock is draining already; the caller will see its completions.
+        Some(match self.shared.drain_lock.try_lock() {
+            Ok(_guard) => drain(&self.shared),
+            Err(_) => 0,
+        })
     }
 }
 
@@ -939,14 +937,17 @@ impl Drop for VerbsQp {
 fn poll_loop(shared: &Shared) {
     // SAFETY: the raw CQ pointer is only used while `shared`, which owns the CQ, is alive.
     let cq_ptr = unsafe { sideway::ibverbs::completion::CompletionQueue::cq(&*shared.cq) };
-    let mut batch: Vec<(u64, u32)> = Vec::with_capacity(64);
     let mut last_watch = Instant::now();
+    let drain_locked = || {
+        let _guard = shared.drain_lock.lock().unwrap();
+        drain(shared)
+    };
     while !shared.stop.load(Ordering::Acquire) {
-        drain(shared, &mut batch);
+        drain_locked();
         // SAFETY: the CQ is live; arming it asks for one event on the next completion.
         unsafe { sys::ibv_req_notify_cq(cq_ptr.as_ptr(), 0) };
         // A completion may have arrived between the drain and the arming.
-        if drain(shared, &mut batch) > 0 {
+        if drain_locked() > 0 {
             continue;
         }
         let mut pfd = libc::pollfd {
@@ -982,25 +983,30 @@ fn poll_loop(shared: &Shared) {
     }
 }
 
-/// Polls the shared CQ dry and delivers; returns how many completions it handled.
-fn drain(shared: &Shared, batch: &mut Vec<(u64, u32)>) -> usize {
+/// Polls the shared CQ dry and delivers; returns how many completions it handled. Callers hold
+/// `drain_lock`, so completions of one QP are delivered in order.
+fn drain(shared: &Shared) -> usize {
+    /// Completions taken from the device per round (one `ibv_poll_cq` batch).
+    const ROUND: usize = 32;
     let mut total = 0;
     loop {
-        batch.clear();
+        let mut batch = [(0u64, 0u32); ROUND];
+        let mut n = 0;
         if let Ok(poller) = shared.cq.start_poll() {
             for wc in poller {
-                batch.push((wc.wr_id(), wc.status()));
-                if batch.len() == batch.capacity() {
+                batch[n] = (wc.wr_id(), wc.status());
+                n += 1;
+                if n == ROUND {
                     break;
                 }
             }
         }
-        if batch.is_empty() {
+        if n == 0 {
             return total;
         }
-        total += batch.len();
+        total += n;
         let slots = shared.slots.lock().unwrap().clone();
-        for &(wr_id, status) in batch.iter() {
+        for &(wr_id, status) in &batch[..n] {
             let slot = (wr_id >> SEQ_BITS) as usize;
             match slots
                 .get(slot)
