@@ -450,7 +450,9 @@ impl Pool {
         while batch.state.lock().unwrap().remaining > 0 {
             match self.fabric.progress() {
                 None => return,
-                Some(0) if Instant::now() >= deadline => return,
+                // Other threads' completions count as progress too: the deadline holds
+                // whatever this thread delivers.
+                Some(_) if Instant::now() >= deadline => return,
                 Some(0) => std::hint::spin_loop(),
                 Some(_) => {}
             }

@@ -234,7 +234,9 @@ impl Drop for LocalMr {
 }
 
 /// Reaps completions. Implementations deliver every posted work request's completion exactly
-/// once, in posting order per queue pair.
+/// once. Requests a queue pair carries out complete in posting order; a request refused
+/// before it reaches the wire (a bad local SGE, a QP already broken) may complete ahead of
+/// earlier ones still in flight.
 pub trait CompletionQueue: Send + Sync {
     /// Moves up to `max` ready completions into `out` without blocking; returns how many.
     fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize;

@@ -51,11 +51,11 @@ const PORT: u8 = 1;
 /// Requests one QP keeps on the device; deep enough for the file system's batches (it posts
 /// at most a few dozen 1 MiB requests at once), small enough that 64 QPs fit the shared CQ.
 const QP_DEPTH: usize = 128;
-/// Entries of the shared CQ; every request on the device has one reserved.
+/// Entries of the shared CQ (fewer if the device allows fewer); every request on the device
+/// has one reserved, so the CQ bounds the number of QPs (slots in the top bits of a wr_id).
 const CQ_DEPTH: u32 = 8192;
-/// QP slots (the top bits of a wr_id), bounded by what the shared CQ can hold.
-const MAX_QPS: usize = CQ_DEPTH as usize / QP_DEPTH;
-/// RDMA READs a QP keeps outstanding (initiator) and accepts (responder); rxe allows 128.
+/// RDMA READs a QP keeps outstanding (initiator) and accepts (responder), or the device's
+/// limit if lower; rxe allows 128.
 const MAX_RD_ATOMIC: u8 = 16;
 const PSN_MASK: u32 = 0x00ff_ffff;
 /// wr_id layout: QP slot in the top 16 bits, sequence number below.
@@ -107,10 +107,16 @@ struct Shared {
     gid: Gid,
     lid: u16,
     mtu: Mtu,
+    /// Outstanding RDMA READs per QP, within the device's limits.
+    rd_atomic: u8,
+    /// QPs the shared CQ has room for.
+    max_qps: usize,
     /// Client QPs by slot, for routing completions.
     slots: Mutex<Vec<Option<Weak<VerbsQp>>>>,
     /// Held while draining the CQ, by the poller or by a caller in `progress`.
     drain_lock: Mutex<()>,
+    /// Source of work-request sequence numbers for every QP of this fabric.
+    seqs: Arc<AtomicU64>,
     stop: AtomicBool,
 }
 
@@ -200,6 +206,14 @@ impl VerbsFabric {
         };
         let (gid_index, gid) = choose_gid(&ctx, config.gid_index)
             .map_err(|e| unavailable(format!("{device}: {e}")))?;
+        let dev = ctx
+            .query_device()
+            .map_err(|e| unavailable(format!("{device}: cannot query the device: {e}")))?;
+        let rd_atomic = i64::from(MAX_RD_ATOMIC)
+            .min(i64::from(dev.max_qp_rd_atom()))
+            .min(i64::from(dev.max_qp_init_rd_atom()))
+            .max(1) as u8;
+        let cq_depth = CQ_DEPTH.min(dev.max_cqe().max(QP_DEPTH as i32) as u32);
         let pd = ctx.alloc_pd().map_err(|e| {
             unavailable(format!(
                 "{device}: cannot allocate a protection domain: {e}"
@@ -213,7 +227,7 @@ impl VerbsFabric {
             .map_err(|e| unavailable(format!("{device}: completion channel: {e}")))?;
         let cq = ctx
             .create_cq_builder()
-            .setup_cqe(CQ_DEPTH)
+            .setup_cqe(cq_depth)
             .setup_comp_channel(&channel, 0)
             .build()
             .map_err(|e| unavailable(format!("{device}: cannot create a completion queue: {e}")))?;
@@ -227,8 +241,11 @@ impl VerbsFabric {
             gid,
             lid,
             mtu,
+            rd_atomic,
+            max_qps: cq_depth as usize / QP_DEPTH,
             slots: Mutex::new(Vec::new()),
             drain_lock: Mutex::new(()),
+            seqs: Arc::new(AtomicU64::new(0)),
             stop: AtomicBool::new(false),
         });
         let s = shared.clone();
@@ -312,7 +329,7 @@ impl VerbsFabric {
             .setup_path_mtu(mtu)
             .setup_dest_qp_num(remote.qpn)
             .setup_rq_psn(remote.psn)
-            .setup_max_dest_read_atomic(MAX_RD_ATOMIC)
+            .setup_max_dest_read_atomic(self.shared.rd_atomic)
             .setup_min_rnr_timer(12);
         let mut ah = AddressHandleAttribute::new();
         ah.setup_dest_lid(remote.lid)
@@ -329,7 +346,7 @@ impl VerbsFabric {
             .setup_timeout(self.ack_timeout)
             .setup_retry_cnt(RETRY_COUNT)
             .setup_rnr_retry(RETRY_COUNT)
-            .setup_max_read_atomic(MAX_RD_ATOMIC);
+            .setup_max_read_atomic(self.shared.rd_atomic);
         qp.modify(&attr).map_err(|e| format!("RTS: {e}"))
     }
 
@@ -341,7 +358,12 @@ impl VerbsFabric {
         owner: Option<Arc<AlignedBuf>>,
     ) -> Result<LocalMr, FabricError> {
         super::mem::check_range(addr, len)?;
-        let mut flags = AccessFlags::LocalWrite;
+        // Local write only where the device writes (READ targets) or remote peers do (verbs
+        // requires it with remote write); a WRITE source may be read-only memory.
+        let mut flags = AccessFlags::none();
+        if access.contains(Access::LOCAL_WRITE) || access.contains(Access::REMOTE_WRITE) {
+            flags |= AccessFlags::LocalWrite;
+        }
         if access.contains(Access::REMOTE_READ) {
             flags |= AccessFlags::RemoteRead;
         }
@@ -562,13 +584,14 @@ impl Fabric for VerbsFabric {
             .position(|s| s.as_ref().is_none_or(|w| w.strong_count() == 0))
         {
             Some(i) => i,
-            None if slots.len() < MAX_QPS => {
+            None if slots.len() < self.shared.max_qps => {
                 slots.push(None);
                 slots.len() - 1
             }
             None => {
                 return Err(unavailable(format!(
-                    "too many queue pairs ({MAX_QPS}) on one fabric"
+                    "too many queue pairs ({}) on one fabric",
+                    self.shared.max_qps
                 )))
             }
         };
@@ -580,7 +603,7 @@ impl Fabric for VerbsFabric {
             connected: AtomicBool::new(true),
             state: Mutex::new(QpState {
                 qp,
-                next_seq: 0,
+                seqs: self.shared.seqs.clone(),
                 on_device: VecDeque::new(),
                 backlog: VecDeque::new(),
                 broken: false,
@@ -624,7 +647,11 @@ impl Fabric for VerbsFabric {
         // Whoever holds the lock is draining already; the caller will see its completions.
         Some(match self.shared.drain_lock.try_lock() {
             Ok(_guard) => drain(&self.shared),
-            Err(_) => 0,
+            Err(std::sync::TryLockError::Poisoned(e)) => {
+                let _guard = e.into_inner();
+                drain(&self.shared)
+            }
+            Err(std::sync::TryLockError::WouldBlock) => 0,
         })
     }
 }
@@ -647,7 +674,10 @@ struct Pending {
 
 struct QpState {
     qp: BasicQueuePair,
-    next_seq: u64,
+    /// Sequence numbers come from one fabric-wide counter, not per QP: a slot is reused once
+    /// its QP is gone, and a stale completion of the old QP must never match a request of the
+    /// new one.
+    seqs: Arc<AtomicU64>,
     /// Posted to the device, in posting order (RC completes in that order).
     on_device: VecDeque<Pending>,
     /// Waiting for room on the device.
@@ -690,8 +720,9 @@ impl QpState {
             // SAFETY: ibv_send_wr is a plain C struct for which all-zero is a valid value.
             .map(|_| unsafe { std::mem::zeroed() })
             .collect();
+        let first_seq = self.seqs.fetch_add(n as u64, Ordering::Relaxed);
         for (i, p) in self.backlog.iter_mut().take(n).enumerate() {
-            p.seq = self.next_seq + i as u64;
+            p.seq = (first_seq + i as u64) & SEQ_MASK;
             sges.push(sys::ibv_sge {
                 addr: p.wr.local.addr,
                 // MAX_OP_LEN (checked in `post`) fits in 32 bits.
@@ -699,9 +730,10 @@ impl QpState {
                 lkey: p.wr.local.lkey,
             });
         }
+        let sge_base = sges.as_mut_ptr();
         for (i, p) in self.backlog.iter().take(n).enumerate() {
             let wr = &mut wrs[i];
-            wr.wr_id = (slot << SEQ_BITS) | (p.seq & SEQ_MASK);
+            wr.wr_id = (slot << SEQ_BITS) | p.seq;
             wr.opcode = match p.wr.opcode {
                 Opcode::Read => sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
                 Opcode::Write => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
@@ -712,7 +744,8 @@ impl QpState {
                 rkey: p.wr.rkey,
             };
             if p.wr.local.len > 0 {
-                wr.sg_list = &mut sges[i];
+                // SAFETY: `i < n == sges.len()`; `sges` is not touched again before the post.
+                wr.sg_list = unsafe { sge_base.add(i) };
                 wr.num_sge = 1;
             }
         }
@@ -745,7 +778,6 @@ impl QpState {
             self.broken = true;
             k
         };
-        self.next_seq += posted as u64;
         if self.on_device.is_empty() {
             self.last_progress = Instant::now();
         }
@@ -788,7 +820,7 @@ impl VerbsQp {
         let mut failed = Vec::new();
         let done = {
             let mut st = self.state.lock().unwrap();
-            let pos = st.on_device.iter().position(|p| p.seq & SEQ_MASK == seq);
+            let pos = st.on_device.iter().position(|p| p.seq == seq);
             let Some(pos) = pos else {
                 log::warn!("completion for an unknown request {seq} (status {status})");
                 return;
@@ -842,6 +874,11 @@ impl VerbsQp {
                     st.on_device.len()
                 );
                 st.broken = true;
+                st.last_progress = Instant::now();
+                st.move_to_error();
+            } else if st.qp.state() != QueuePairState::Error {
+                // The move to the error state failed: the device may still own the requests,
+                // so their memory stays held. Try again on the next tick.
                 st.last_progress = Instant::now();
                 st.move_to_error();
             } else {
@@ -939,13 +976,27 @@ fn poll_loop(shared: &Shared) {
     let cq_ptr = unsafe { sideway::ibverbs::completion::CompletionQueue::cq(&*shared.cq) };
     let mut last_watch = Instant::now();
     let drain_locked = || {
-        let _guard = shared.drain_lock.lock().unwrap();
+        // A panicking handler must not stop the poller for good: the lock guards no data.
+        let _guard = shared.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
         drain(shared)
     };
     while !shared.stop.load(Ordering::Acquire) {
+        if last_watch.elapsed() >= Duration::from_millis(POLL_TICK_MS as u64) {
+            last_watch = Instant::now();
+            let slots = shared.slots.lock().unwrap().clone();
+            for qp in slots.iter().flatten().filter_map(Weak::upgrade) {
+                qp.watchdog();
+            }
+        }
         drain_locked();
         // SAFETY: the CQ is live; arming it asks for one event on the next completion.
-        unsafe { sys::ibv_req_notify_cq(cq_ptr.as_ptr(), 0) };
+        let rc = unsafe { sys::ibv_req_notify_cq(cq_ptr.as_ptr(), 0) };
+        if rc != 0 {
+            log::warn!(
+                "ibv_req_notify_cq failed ({}); polling every {POLL_TICK_MS} ms",
+                std::io::Error::from_raw_os_error(rc)
+            );
+        }
         // A completion may have arrived between the drain and the arming.
         if drain_locked() > 0 {
             continue;
@@ -957,13 +1008,6 @@ fn poll_loop(shared: &Shared) {
         };
         // SAFETY: one valid pollfd.
         let n = unsafe { libc::poll(&mut pfd, 1, POLL_TICK_MS) };
-        if last_watch.elapsed() >= Duration::from_millis(POLL_TICK_MS as u64) {
-            last_watch = Instant::now();
-            let slots = shared.slots.lock().unwrap().clone();
-            for qp in slots.iter().flatten().filter_map(Weak::upgrade) {
-                qp.watchdog();
-            }
-        }
         if n > 0 {
             let mut ev_cq: *mut sys::ibv_cq = std::ptr::null_mut();
             let mut ev_ctx: *mut libc::c_void = std::ptr::null_mut();
@@ -986,27 +1030,24 @@ fn poll_loop(shared: &Shared) {
 /// Polls the shared CQ dry and delivers; returns how many completions it handled. Callers hold
 /// `drain_lock`, so completions of one QP are delivered in order.
 fn drain(shared: &Shared) -> usize {
-    /// Completions taken from the device per round (one `ibv_poll_cq` batch).
-    const ROUND: usize = 32;
+    use sideway::ibverbs::completion::PollCompletionQueueError;
     let mut total = 0;
+    let mut batch: Vec<(u64, u32)> = Vec::new();
     loop {
-        let mut batch = [(0u64, 0u32); ROUND];
-        let mut n = 0;
-        if let Ok(poller) = shared.cq.start_poll() {
-            for wc in poller {
-                batch[n] = (wc.wr_id(), wc.status());
-                n += 1;
-                if n == ROUND {
-                    break;
-                }
-            }
+        batch.clear();
+        match shared.cq.start_poll() {
+            // The poller yields what one ibv_poll_cq returned and polls again until the CQ
+            // is empty; every entry it yields is taken.
+            Ok(poller) => batch.extend(poller.map(|wc| (wc.wr_id(), wc.status()))),
+            Err(PollCompletionQueueError::CompletionQueueEmpty) => {}
+            Err(e) => log::error!("polling the completion queue failed: {}", with_causes(&e)),
         }
-        if n == 0 {
+        if batch.is_empty() {
             return total;
         }
-        total += n;
+        total += batch.len();
         let slots = shared.slots.lock().unwrap().clone();
-        for &(wr_id, status) in &batch[..n] {
+        for &(wr_id, status) in &batch {
             let slot = (wr_id >> SEQ_BITS) as usize;
             match slots
                 .get(slot)
