@@ -27,18 +27,13 @@ OUT=target/bench-rxe
 if [ "${1:-}" != --in-vm ]; then
   # Host side: build with the verbs feature, then run this script inside the VM.
   need=()
-  command -v cmake >/dev/null 2>&1 || need+=(cmake)
-  command -v cc >/dev/null 2>&1 || need+=(gcc)
-  [ -e /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
-  ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || need+=(libclang-dev)
   command -v bc >/dev/null 2>&1 || need+=(bc)
   command -v python3 >/dev/null 2>&1 || need+=(python3)
   if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
   fi
-  cargo build --release --features verbs
-  cp target/release/rmemfs target/release/rmemfs-verbs
+  tools/build-verbs.sh
   rm -rf "$OUT" && mkdir -p "$OUT"
   exec tools/rxe-vm.sh --timeout "${RMEMFS_RXE_TIMEOUT:-1500}" -- \
     env SIZE="${SIZE:-128M}" RUNTIME="${RUNTIME:-30}" SWITCH_FILES="${SWITCH_FILES:-2}" \
@@ -92,7 +87,9 @@ if [[ " $PARTS " == *" tcp "* ]]; then
   # The same 4 KiB random reads over the TCP fabric in the same guest: what FUSE and the
   # daemon cost here without RDMA in the path.
   echo "== fio rand-read on rmemfs over the tcp fabric (reference)"
+  # shellcheck disable=SC2034 # read by start_server and mount_fs (mount-tests/lib.sh)
   SERVE_ARGS=(--fabric tcp)
+  # shellcheck disable=SC2034
   EXPECT_FABRIC=tcp
   start_server 256M
   mount_fs "$BASE/mnt-tcp" "$SERVER_ADDR"

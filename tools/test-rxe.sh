@@ -3,8 +3,8 @@
 #
 #   tools/test-rxe.sh
 #
-# Builds the verbs-enabled binary and the conformance test binary on the host (the `verbs`
-# feature needs cmake, libclang and libibverbs headers: installed here when missing), then boots
+# Builds the verbs-enabled binary (tools/build-verbs.sh) and the conformance test binary on the
+# host, then boots
 # the rxe VM (tools/rxe-vm.sh) once and runs inside it:
 #   1. the fabric conformance suite on the verbs fabric (rxe0);
 #   2. mount tests over verbs: memory servers started with `serve --fabric verbs` in the guest,
@@ -15,27 +15,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need=()
-command -v cmake >/dev/null 2>&1 || need+=(cmake)
-command -v cc >/dev/null 2>&1 || need+=(gcc)
-ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
-[ -e /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "== installing ${need[*]} (to build the verbs fabric)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-
-echo "== building the verbs fabric (cargo --features verbs)"
-cargo build --release --features verbs
-cp target/release/rmemfs target/release/rmemfs-verbs
+tools/build-verbs.sh
 echo "== verbs unit tests (host: no device needed)"
 cargo test --release --features verbs --lib fabric::verbs
 conformance=$(cargo test --release --features verbs --test conformance --no-run 2>&1 |
   sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
 [ -x "$conformance" ] || { echo "could not find the conformance test binary" >&2; exit 1; }
-# Leave target/release/rmemfs as the default build expects it (the next `cargo build --release`
-# relinks it anyway).
 
 tests=${RMEMFS_RXE_MOUNT_TESTS:-cp_tree fio_verify server_death}
 guest_script="set -e

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds rmemfs with the verbs fabric (`--features verbs`) and leaves the binary at
+# target/release/rmemfs-verbs. The feature's binding (sideway) needs cmake, a C compiler,
+# libclang and the libibverbs headers: installed here (Debian) when missing. Used by
+# tools/test-rxe.sh and tools/bench-rxe.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+need=()
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v cc >/dev/null 2>&1 || need+=(gcc)
+ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 ||
+  ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+[ -e /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "== installing ${need[*]} (to build the verbs fabric)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+echo "== building the verbs fabric (cargo --features verbs)"
+cargo build --release --features verbs
+cp target/release/rmemfs target/release/rmemfs-verbs
