@@ -309,6 +309,36 @@ test_enospc() {
   must "cmp the 8 MiB file written after rm" cmp "$WORK/new" "$MNT/new"
 }
 
+# Sizes no pool could hold are refused at once, before anything is allocated:
+# fallocate of 1 PiB (ENOSPC), a size past the largest file (EFBIG, also for truncate -s 8E,
+# which coreutils itself refuses), and a write at offset 2^62 (EFBIG). The daemon's memory does
+# not grow (it used to collect one entry per chunk and be OOM-killed), the file keeps its
+# bytes, and the mount keeps serving.
+test_absurd_sizes() {
+  local pid rss0 rss1 sum got
+  pid=$(daemon_pids "$MNT" | head -n 1)
+  [ -n "$pid" ] || fail "no daemon process for $MNT"
+  head -c 100000 /dev/urandom >"$WORK/f"
+  must "write a file" cp "$WORK/f" "$MNT/f"
+  sum=$(sha256sum <"$WORK/f")
+  rss0=$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status")
+  must_fail "fallocate -l 1P" "No space left on device" fallocate -l 1P "$MNT/f"
+  must_fail "fallocate past the largest file" "File too large" fallocate -o 7E -l 1M "$MNT/f"
+  must_fail "truncate -s 8E" "" truncate -s 8E "$MNT/f"
+  must_fail "truncate -s 7E" "File too large" truncate -s 7E "$MNT/f"
+  must_fail "write at offset 2^62" "File too large" \
+    dd if=/dev/zero of="$MNT/f" bs=4096 count=1 seek=$((1 << 50)) conv=notrunc status=none
+  rss1=$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status")
+  log "daemon RSS ${rss0} KiB before, ${rss1} KiB after"
+  [ "$rss1" -lt $((rss0 + 16384)) ] || fail "the daemon grew from ${rss0} to ${rss1} KiB"
+  drop_caches "$MNT" || fail "drop caches failed"
+  got=$(t cat "$MNT/f" | sha256sum) || fail "reading the file back failed"
+  assert_eq "sha256 of the file after the refusals" "$got" "$sum"
+  assert_eq "size after the refusals" "$(stat -c %s "$MNT/f")" 100000
+  must "a 1 MiB fallocate still works" fallocate -l 1M "$MNT/g"
+  assert_eq "size after fallocate" "$(stat -c %s "$MNT/g")" 1048576
+}
+
 # (servers 128M + 128M) Killing one server fails reads of the data it held with EIO, quickly and
 # without hanging; files on the surviving server still read back intact; metadata, new writes
 # and unmount still work. File sizes alternate 1 and 2 MiB: with chunks placed on the server
@@ -405,6 +435,7 @@ ALL_TESTS=(
   "fio_verify shared mount"
   "larger_than_one_server 64M,64M mount"
   "enospc 32M,32M mount"
+  "absurd_sizes 32M,32M mount"
   "server_death 128M,128M mount"
   "unmount_cleanup shared nomount"
 )

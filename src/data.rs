@@ -20,14 +20,15 @@ use crate::client::{Pool, RemoteOp};
 use crate::error::{Error, Result};
 use crate::fabric::mem::page_size;
 use crate::fabric::{AlignedBuf, Opcode, RemoteRegion, ServerId, Sge};
+use crate::fuse::RequestBuffer;
 use crate::meta::Chunk;
 use crate::mrrc::{CacheConfig, CacheStats, FabricRegistrar, Pinned, Policy, RegCache};
+use crate::sync::{Arc, Condvar, Mutex};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Condvar, Mutex};
 
 /// Bytes moved per round of remote operations: the largest FUSE request (1 MiB on current
 /// kernels), so a request needs one bounce buffer and one round.
-pub const IO_SIZE: usize = 1 << 20;
+pub use crate::config::IO_SIZE;
 
 /// How writes to fresh remote memory proceed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +85,7 @@ impl Loan<'_> {
 impl Drop for Loan<'_> {
     fn drop(&mut self) {
         if let Some(b) = self.bounce.take() {
-            self.store.free_bufs.lock().unwrap().push(b);
+            self.store.free_bufs.lock().push(b);
             self.store.buf_returned.notify_one();
         }
     }
@@ -96,6 +97,23 @@ fn region(c: &Chunk) -> RemoteRegion {
         addr: c.addr,
         len: c.len,
         rkey: c.rkey,
+    }
+}
+
+/// The bytes of a write, and whether they may be registered where they lie.
+pub enum Payload<'a> {
+    /// Copied into a pooled bounce buffer before it is sent.
+    Copy(&'a [u8]),
+    /// Registered and sent in place: only the FUSE adapter can vouch for such memory.
+    InPlace(RequestBuffer<'a>),
+}
+
+impl<'a> Payload<'a> {
+    pub fn bytes(&self) -> &'a [u8] {
+        match self {
+            Payload::Copy(b) => b,
+            Payload::InPlace(r) => r.bytes(),
+        }
     }
 }
 
@@ -132,6 +150,31 @@ impl DataStore {
 
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
+    }
+
+    /// The largest file size (EFBIG beyond it): 2^32 chunks, 4 PiB with 1 MiB chunks. Far
+    /// more than a rack's memory can hold, and it keeps a file's chunk index within 32 bits,
+    /// so no size a caller can name makes the extent map or a loop over it unbounded.
+    pub fn max_file_size(&self) -> u64 {
+        self.chunk_size
+            .saturating_mul(1 << 32)
+            .min(crate::config::MAX_FILE_SIZE)
+    }
+
+    /// The end of `[offset, offset+len)`, or EFBIG if it passes [`Self::max_file_size`].
+    pub fn check_end(&self, offset: u64, len: u64) -> Result<u64> {
+        offset
+            .checked_add(len)
+            .filter(|&end| end <= self.max_file_size())
+            .ok_or_else(|| {
+                Error::new(
+                    libc::EFBIG,
+                    format!(
+                        "{len} bytes at offset {offset} pass the largest file size ({})",
+                        self.max_file_size()
+                    ),
+                )
+            })
     }
     pub fn chunk_size(&self) -> u64 {
         self.chunk_size
@@ -202,7 +245,7 @@ impl DataStore {
     }
 
     fn loan(&self) -> Result<Loan<'_>> {
-        let mut free = self.free_bufs.lock().unwrap();
+        let mut free = self.free_bufs.lock();
         loop {
             if let Some(b) = free.pop() {
                 return Ok(Loan {
@@ -211,7 +254,7 @@ impl DataStore {
                 });
             }
             {
-                let mut made = self.bufs_made.lock().unwrap();
+                let mut made = self.bufs_made.lock();
                 if *made < self.max_bufs {
                     *made += 1;
                     drop(made);
@@ -222,13 +265,13 @@ impl DataStore {
                             bounce: Some(b),
                         }),
                         Err(e) => {
-                            *self.bufs_made.lock().unwrap() -= 1;
+                            *self.bufs_made.lock() -= 1;
                             Err(e)
                         }
                     };
                 }
             }
-            free = self.buf_returned.wait(free).unwrap();
+            free = self.buf_returned.wait(free);
         }
     }
 
@@ -289,17 +332,18 @@ impl DataStore {
         Ok(())
     }
 
-    /// Writes `data` at file `offset`, allocating or growing chunks as needed. Returns once the
-    /// bytes are in remote memory. With `stable`, the caller vouches that `data` lies in memory
-    /// that stays mapped for the life of this store (FUSE's request buffers): it is then
-    /// registered through the cache and sent as it is, without a bounce copy.
+    /// Writes `payload` at file `offset`, allocating or growing chunks as needed. Returns once
+    /// the bytes are in remote memory. A [`Payload::InPlace`] lies in memory that stays mapped
+    /// for the life of this store (FUSE's request buffers): it is registered through the cache
+    /// and sent as it is, without a bounce copy.
     pub fn write(
         &self,
         chunks: &mut BTreeMap<u64, Chunk>,
         offset: u64,
-        data: &[u8],
-        stable: bool,
+        payload: Payload<'_>,
     ) -> Result<()> {
+        let stable = matches!(payload, Payload::InPlace(_));
+        let data = payload.bytes();
         let loan = self.loan()?;
         let b = loan.b();
         for (w, window) in data.chunks(IO_SIZE).enumerate() {
@@ -514,10 +558,38 @@ impl DataStore {
     }
 
     /// Allocates every chunk covering `[offset, offset+len)` (fallocate).
+    ///
+    /// A range whose missing chunks the pool cannot hold (as its servers last reported, and
+    /// again after asking them) is refused with ENOSPC before anything is allocated: the cost
+    /// of the check is bounded by the chunks the file already has, never by the range.
     pub fn allocate(&self, chunks: &mut BTreeMap<u64, Chunk>, offset: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let cs = self.chunk_size;
+        let (first, last) = (offset / cs, (offset + len - 1) / cs);
+        let present = chunks.range(first..=last).count() as u64;
+        let missing_bytes = (last - first + 1 - present).saturating_mul(cs);
+        let no_room = |free: u64| {
+            Error::new(
+                libc::ENOSPC,
+                format!(
+                    "fallocate needs up to {missing_bytes} bytes of remote memory; the pool has                      {free} free"
+                ),
+            )
+        };
+        if missing_bytes > self.pool.capacity().total {
+            return Err(no_room(self.pool.capacity().free));
+        }
+        if missing_bytes > self.pool.capacity().free {
+            self.pool.refresh();
+            let free = self.pool.capacity().free;
+            if missing_bytes > free {
+                return Err(no_room(free));
+            }
+        }
         let loan = self.loan()?;
-        let pieces: Vec<_> = self.pieces(offset, len).collect();
-        for (idx, in_chunk, n, _) in pieces {
+        for (idx, in_chunk, n, _) in self.pieces(offset, len) {
             self.ensure(chunks, idx, in_chunk + n, loan.b())?;
         }
         Ok(())

@@ -9,12 +9,13 @@
 //! Permission checks are the kernel's (the mount uses `default_permissions`); [`Fs::access`]
 //! answers explicit `access(2)` calls from the same rules.
 
-use crate::data::DataStore;
+use crate::data::{DataStore, Payload};
 use crate::error::{Error, Result};
+use crate::fuse::RequestBuffer;
 use crate::meta::{Body, Dir, FileData, Ino, Inode, Kind, Meta, NAME_MAX, ROOT_INO};
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{Arc, Mutex};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 /// Attributes of an inode, as `stat` shows them.
@@ -134,7 +135,18 @@ pub struct Fs {
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
     config: FsConfig,
+    /// Requests whose handler panicked (answered EIO by the FUSE adapter).
+    contained_panics: AtomicU64,
+    /// The operation whose next call panics on purpose (tests of fault containment).
+    #[cfg(feature = "testing")]
+    armed_panic: Mutex<Option<String>>,
 }
+
+/// Setting this extended attribute (any file, value = an operation: `read` or `write`) makes
+/// the next such call panic inside the file system, holding the file's lock. Compiled only
+/// with the `testing` feature.
+#[cfg(feature = "testing")]
+pub const INJECT_PANIC_XATTR: &[u8] = b"user.rmemfs.inject-panic";
 
 fn err(errno: i32) -> Error {
     Error::new(errno, std::io::Error::from_raw_os_error(errno).to_string())
@@ -198,8 +210,35 @@ impl Fs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             config,
+            contained_panics: AtomicU64::new(0),
+            #[cfg(feature = "testing")]
+            armed_panic: Mutex::new(None),
         }
     }
+
+    /// Counts a request whose handler panicked and was answered with EIO.
+    pub fn count_contained_panic(&self) {
+        self.contained_panics.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests whose handler panicked so far.
+    pub fn contained_panics(&self) -> u64 {
+        self.contained_panics.load(Ordering::Relaxed)
+    }
+
+    /// Panics here if a test armed a panic for `op` (see [`INJECT_PANIC_XATTR`]).
+    #[cfg(feature = "testing")]
+    fn fault_point(&self, op: &str) {
+        let mut armed = self.armed_panic.lock();
+        if armed.as_deref() == Some(op) {
+            *armed = None;
+            drop(armed);
+            panic!("fault injected into {op}");
+        }
+    }
+
+    #[cfg(not(feature = "testing"))]
+    fn fault_point(&self, _op: &str) {}
 
     pub fn data(&self) -> &DataStore {
         &self.data
@@ -215,7 +254,7 @@ impl Fs {
 
     /// Number of inodes (files, directories...) in the table.
     pub fn inode_count(&self) -> usize {
-        self.meta.lock().unwrap().len()
+        self.meta.lock().len()
     }
 
     fn inode(meta: &Meta, ino: Ino) -> Result<&Inode> {
@@ -245,7 +284,7 @@ impl Fs {
 
     /// Releases an inode's data if it became an orphan, and drops it from the table once the
     /// kernel has forgotten it too. Data is freed outside the metadata lock.
-    fn settle(&self, mut meta: std::sync::MutexGuard<'_, Meta>, ino: Ino) {
+    fn settle(&self, mut meta: crate::sync::MutexGuard<'_, Meta>, ino: Ino) {
         let orphan_file = match meta.get(ino) {
             Some(i) if i.is_orphan() => i.file().cloned(),
             _ => None,
@@ -253,7 +292,7 @@ impl Fs {
         meta.reap(ino);
         drop(meta);
         if let Some(f) = orphan_file {
-            let chunks = std::mem::take(&mut *f.chunks.write().unwrap());
+            let chunks = std::mem::take(&mut *f.chunks.write());
             self.data.release(chunks);
         }
     }
@@ -262,7 +301,7 @@ impl Fs {
 
     /// Looks `name` up in `parent`; counts a kernel reference on success.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
-        let mut meta = self.meta.lock().unwrap();
+        let mut meta = self.meta.lock();
         if name.len() > NAME_MAX {
             return Err(err(libc::ENAMETOOLONG));
         }
@@ -279,7 +318,7 @@ impl Fs {
 
     /// The kernel dropped `n` references.
     pub fn forget(&self, ino: Ino, n: u64) {
-        let mut meta = self.meta.lock().unwrap();
+        let mut meta = self.meta.lock();
         if let Some(i) = meta.get_mut(ino) {
             i.lookups = i.lookups.saturating_sub(n);
         }
@@ -287,7 +326,7 @@ impl Fs {
     }
 
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        let meta = self.meta.lock().unwrap();
+        let meta = self.meta.lock();
         Ok(attr_of(ino, Self::inode(&meta, ino)?))
     }
 
@@ -298,7 +337,7 @@ impl Fs {
         if let Some(size) = set.size {
             self.resize(ino, size)?;
         }
-        let mut meta = self.meta.lock().unwrap();
+        let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
         let now = SystemTime::now();
         if let Some(mode) = set.mode {
@@ -326,8 +365,9 @@ impl Fs {
 
     /// Sets a regular file's size (truncate or extend with a hole).
     fn resize(&self, ino: Ino, size: u64) -> Result<()> {
+        self.data.check_end(size, 0)?;
         let file = {
-            let meta = self.meta.lock().unwrap();
+            let meta = self.meta.lock();
             let i = Self::inode(&meta, ino)?;
             match i.kind {
                 Kind::File => i.file().cloned().expect("files have data"),
@@ -335,12 +375,12 @@ impl Fs {
                 _ => return Err(err(libc::EINVAL)),
             }
         };
-        let mut chunks = file.chunks.write().unwrap();
-        let old = Self::inode(&self.meta.lock().unwrap(), ino)?.size;
+        let mut chunks = file.chunks.write();
+        let old = Self::inode(&self.meta.lock(), ino)?.size;
         if size < old {
             self.data.truncate(&mut chunks, size)?;
         }
-        let mut meta = self.meta.lock().unwrap();
+        let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
         i.size = size;
         let now = SystemTime::now();
@@ -350,7 +390,7 @@ impl Fs {
     }
 
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        let meta = self.meta.lock().unwrap();
+        let meta = self.meta.lock();
         match &Self::inode(&meta, ino)?.body {
             Body::Symlink(t) => Ok(t.to_vec()),
             _ => Err(err(libc::EINVAL)),
@@ -363,7 +403,7 @@ impl Fs {
     fn make(&self, parent: Ino, name: &[u8], inode: Inode) -> Result<Attr> {
         self.writable()?;
         check_name(name)?;
-        let mut meta = self.meta.lock().unwrap();
+        let mut meta = self.meta.lock();
         let dir = Self::dir(&meta, parent)?;
         if dir.get(name).is_some() {
             return Err(err(libc::EEXIST));
@@ -426,7 +466,7 @@ impl Fs {
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
         self.writable()?;
         check_name(newname)?;
-        let mut meta = self.meta.lock().unwrap();
+        let mut meta = self.meta.lock();
         if Self::inode(&meta, ino)?.kind == Kind::Dir {
             return Err(err(libc::EPERM));
         }
@@ -458,7 +498,7 @@ impl Fs {
         if name == b".." {
             return Err(err(libc::ENOTEMPTY));
         }
-        let mut meta = self.meta.lock().unwrap();
+        let mut meta = self.meta.lock();
         let ino = Self::dir(&meta, parent)?
             .get(name)
             .ok_or_else(|| err(libc::ENOENT))?;
@@ -515,7 +555,7 @@ impl Fs {
         {
             return Err(err(libc::EINVAL));
         }
-        let mut meta = self.meta.lock().unwrap();
+        let mut meta = self.meta.lock();
         let src = Self::dir(&meta, parent)?
             .get(name)
             .ok_or_else(|| err(libc::ENOENT))?;
@@ -592,10 +632,7 @@ impl Fs {
 
     fn new_handle(&self, ino: Ino, mode: OpenMode) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles
-            .lock()
-            .unwrap()
-            .insert(fh, Handle { ino, mode });
+        self.handles.lock().insert(fh, Handle { ino, mode });
         fh
     }
 
@@ -606,7 +643,7 @@ impl Fs {
             self.writable()?;
         }
         {
-            let mut meta = self.meta.lock().unwrap();
+            let mut meta = self.meta.lock();
             let i = Self::inode_mut(&mut meta, ino)?;
             if i.kind == Kind::Dir && mode.write {
                 return Err(err(libc::EISDIR));
@@ -655,14 +692,14 @@ impl Fs {
     }
 
     fn handle(&self, fh: u64, ino: Ino) -> Result<OpenMode> {
-        match self.handles.lock().unwrap().get(&fh) {
+        match self.handles.lock().get(&fh) {
             Some(h) if h.ino == ino => Ok(h.mode),
             _ => Err(err(libc::EBADF)),
         }
     }
 
     fn file_data(&self, ino: Ino) -> Result<Arc<FileData>> {
-        let meta = self.meta.lock().unwrap();
+        let meta = self.meta.lock();
         let i = Self::inode(&meta, ino)?;
         match (&i.body, i.kind) {
             (Body::File(f), _) => Ok(f.clone()),
@@ -677,13 +714,14 @@ impl Fs {
             return Err(err(libc::EBADF));
         }
         let file = self.file_data(ino)?;
-        let chunks = file.chunks.read().unwrap();
-        let file_size = Self::inode(&self.meta.lock().unwrap(), ino)?.size;
+        let chunks = file.chunks.read();
+        let file_size = Self::inode(&self.meta.lock(), ino)?.size;
         if offset >= file_size {
             return Ok(Vec::new());
         }
         let len = (size as u64).min(file_size - offset) as usize;
         let mut out = vec![0u8; len];
+        self.fault_point("read");
         self.data.read(&chunks, offset, &mut out)?;
         Ok(out)
     }
@@ -691,40 +729,39 @@ impl Fs {
     /// Writes `data` at `offset` (at the end with `O_APPEND`); returns once the bytes are in
     /// remote memory.
     pub fn write(&self, ino: Ino, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
-        self.write_impl(ino, fh, offset, data, false)
+        self.write_impl(ino, fh, offset, Payload::Copy(data))
     }
 
     /// As [`Fs::write`], for data inside a FUSE request buffer: such buffers live as long as
     /// the session, so the payload is registered (through the cache) and sent without a copy.
-    pub fn write_from_request_buffer(
+    pub fn write_in_place(
         &self,
         ino: Ino,
         fh: u64,
         offset: u64,
-        data: &[u8],
+        data: RequestBuffer<'_>,
     ) -> Result<u32> {
-        self.write_impl(ino, fh, offset, data, true)
+        self.write_impl(ino, fh, offset, Payload::InPlace(data))
     }
 
-    fn write_impl(&self, ino: Ino, fh: u64, offset: u64, data: &[u8], stable: bool) -> Result<u32> {
+    fn write_impl(&self, ino: Ino, fh: u64, offset: u64, payload: Payload<'_>) -> Result<u32> {
+        let data = payload.bytes();
         let mode = self.handle(fh, ino)?;
         if !mode.write {
             return Err(err(libc::EBADF));
         }
         let file = self.file_data(ino)?;
-        let mut chunks = file.chunks.write().unwrap();
+        let mut chunks = file.chunks.write();
         // Under the file's lock, so appends from several handles do not interleave.
         let offset = if mode.append {
-            Self::inode(&self.meta.lock().unwrap(), ino)?.size
+            Self::inode(&self.meta.lock(), ino)?.size
         } else {
             offset
         };
-        let end = offset
-            .checked_add(data.len() as u64)
-            .filter(|&e| e <= i64::MAX as u64)
-            .ok_or_else(|| err(libc::EFBIG))?;
-        self.data.write(&mut chunks, offset, data, stable)?;
-        let mut meta = self.meta.lock().unwrap();
+        let end = self.data.check_end(offset, data.len() as u64)?;
+        self.fault_point("write");
+        self.data.write(&mut chunks, offset, payload)?;
+        let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
         i.size = i.size.max(end);
         let now = SystemTime::now();
@@ -740,10 +777,10 @@ impl Fs {
     }
 
     pub fn release(&self, fh: u64) {
-        let Some(h) = self.handles.lock().unwrap().remove(&fh) else {
+        let Some(h) = self.handles.lock().remove(&fh) else {
             return;
         };
-        let mut meta = self.meta.lock().unwrap();
+        let mut meta = self.meta.lock();
         if let Some(i) = meta.get_mut(h.ino) {
             i.opens = i.opens.saturating_sub(1);
         }
@@ -759,15 +796,12 @@ impl Fs {
         if !self.handle(fh, ino)?.write {
             return Err(err(libc::EBADF));
         }
-        let end = offset
-            .checked_add(len)
-            .filter(|&e| e <= i64::MAX as u64)
-            .ok_or_else(|| err(libc::EFBIG))?;
+        let end = self.data.check_end(offset, len)?;
         let file = self.file_data(ino)?;
-        let mut chunks = file.chunks.write().unwrap();
+        let mut chunks = file.chunks.write();
         self.data.allocate(&mut chunks, offset, len)?;
         if mode & FALLOC_FL_KEEP_SIZE == 0 {
-            let mut meta = self.meta.lock().unwrap();
+            let mut meta = self.meta.lock();
             let i = Self::inode_mut(&mut meta, ino)?;
             if end > i.size {
                 i.size = end;
@@ -780,7 +814,7 @@ impl Fs {
     // ---- directories ---------------------------------------------------------------------
 
     pub fn opendir(&self, ino: Ino) -> Result<u64> {
-        Self::dir(&self.meta.lock().unwrap(), ino)?;
+        Self::dir(&self.meta.lock(), ino)?;
         Ok(0)
     }
 
@@ -791,7 +825,7 @@ impl Fs {
         offset: u64,
         add: &mut dyn FnMut(DirEntry) -> bool,
     ) -> Result<()> {
-        let meta = self.meta.lock().unwrap();
+        let meta = self.meta.lock();
         let dir = Self::dir(&meta, ino)?;
         let dots = [(1u64, &b"."[..], ino), (2, &b".."[..], dir.parent)];
         let dot_entries = dots.into_iter().filter(|(c, _, _)| *c > offset);
@@ -830,7 +864,7 @@ impl Fs {
     /// `access(2)` by the usual owner/group/other rules (root may do anything but execute a
     /// file nobody may execute).
     pub fn access(&self, ino: Ino, mask: i32, caller: Caller) -> Result<()> {
-        let meta = self.meta.lock().unwrap();
+        let meta = self.meta.lock();
         let i = Self::inode(&meta, ino)?;
         if mask == libc::F_OK {
             return Ok(());
@@ -873,7 +907,12 @@ impl Fs {
         if value.len() > 64 * 1024 {
             return Err(err(libc::E2BIG));
         }
-        let mut meta = self.meta.lock().unwrap();
+        #[cfg(feature = "testing")]
+        if name == INJECT_PANIC_XATTR {
+            *self.armed_panic.lock() = Some(String::from_utf8_lossy(value).into_owned());
+            return Ok(());
+        }
+        let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
         let map = i.xattrs.get_or_insert_with(Default::default);
         let exists = map.contains_key(name);
@@ -892,7 +931,7 @@ impl Fs {
         if ino == ROOT_INO && name == STATS_XATTR {
             return Ok(self.stats_text().into_bytes());
         }
-        let meta = self.meta.lock().unwrap();
+        let meta = self.meta.lock();
         let i = Self::inode(&meta, ino)?;
         i.xattrs
             .as_ref()
@@ -903,7 +942,7 @@ impl Fs {
 
     /// All attribute names, each followed by a NUL (the `listxattr` format).
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<u8>> {
-        let meta = self.meta.lock().unwrap();
+        let meta = self.meta.lock();
         let i = Self::inode(&meta, ino)?;
         let mut out = Vec::new();
         for k in i.xattrs.iter().flat_map(|m| m.keys()) {
@@ -915,7 +954,7 @@ impl Fs {
 
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
         self.writable()?;
-        let mut meta = self.meta.lock().unwrap();
+        let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
         let removed = i.xattrs.as_mut().and_then(|m| m.remove(name));
         if i.xattrs.as_ref().is_some_and(|m| m.is_empty()) {
@@ -990,6 +1029,11 @@ impl Fs {
             );
         }
         let _ = writeln!(out, "inodes: {}", self.inode_count());
+        let _ = writeln!(
+            out,
+            "requests failed by a contained panic: {}",
+            self.contained_panics()
+        );
         out
     }
 }

@@ -1,5 +1,10 @@
 //! The FUSE adapter: the only module that touches fuser. Every handler calls `fs` and replies
 //! exactly once, with the result or its errno.
+//!
+//! Every handler runs inside [`FuseFs::contain`]: a panic (a bug) fails that one request with
+//! EIO (fuser answers EIO for a reply dropped unsent, and the unwinding drops it), is logged
+//! with the request, and the worker goes on serving. Without it one bug ended the session and
+//! took every file of the mount with it.
 
 use crate::error::Error;
 use crate::fs::{Attr, Caller, Fs, SetAttr, SetTime};
@@ -14,15 +19,12 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-/// How long the kernel may cache attributes and names. All changes go through this mount
-/// (metadata is local to the daemon), so the kernel's view only goes stale through our own
-/// replies, which carry fresh attributes; a short TTL still bounds any surprise.
-const TTL: Duration = Duration::from_secs(1);
+use crate::config::ATTR_TTL as TTL;
 
 /// Largest write request we ask the kernel for (its cap on current kernels is 1 MiB).
-const MAX_WRITE: u32 = 1 << 20;
+const MAX_WRITE: u32 = crate::config::IO_SIZE as u32;
 
 /// The fuser file system: a thin shell around [`Fs`].
 pub struct FuseFs {
@@ -32,6 +34,46 @@ pub struct FuseFs {
 impl FuseFs {
     pub fn new(fs: Arc<Fs>) -> FuseFs {
         FuseFs { fs }
+    }
+
+    /// Runs one handler; a panic inside it becomes EIO for this request only.
+    fn contain(&self, op: &'static str, req: &Request, handler: impl FnOnce()) {
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(handler)) {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(no message)".into());
+            self.fs.count_contained_panic();
+            log::error!(
+                "bug: {op} (request {}, pid {}, uid {}) panicked: {why}; answered EIO, the mount \
+                 goes on",
+                req.unique().0,
+                req.pid(),
+                req.uid()
+            );
+        }
+    }
+}
+
+/// A write payload that lies in one of fuser's request buffers. Those buffers stay mapped for
+/// the whole session, so the payload may be registered in place (through the registration
+/// cache, which keeps registrations after the write returns) and sent without a copy. Only
+/// this module can make one (its field is private), so no other caller can hand the cache
+/// memory that does not live long enough.
+pub struct RequestBuffer<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> RequestBuffer<'a> {
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// For tests of the in-place path: leaks `data`, so it lives (and stays mapped) forever.
+    #[cfg(feature = "testing")]
+    pub fn leaked(data: Vec<u8>) -> RequestBuffer<'static> {
+        RequestBuffer { bytes: data.leak() }
     }
 }
 
@@ -120,24 +162,28 @@ impl Filesystem for FuseFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.fs.lookup(parent.0, name.as_bytes()));
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.contain("lookup", req, || {
+            entry(reply, self.fs.lookup(parent.0, name.as_bytes()));
+        });
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.fs.forget(ino.0, nlookup);
+    fn forget(&self, req: &Request, ino: INodeNo, nlookup: u64) {
+        self.contain("forget", req, || {
+            self.fs.forget(ino.0, nlookup);
+        });
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.contain("getattr", req, || match self.fs.getattr(ino.0) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
-        }
+        });
     }
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -153,25 +199,27 @@ impl Filesystem for FuseFs {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let set = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime: atime.map(set_time),
-            mtime: mtime.map(set_time),
-        };
-        match self.fs.setattr(ino.0, &set) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.contain("setattr", req, || {
+            let set = SetAttr {
+                mode,
+                uid,
+                gid,
+                size,
+                atime: atime.map(set_time),
+                mtime: mtime.map(set_time),
+            };
+            match self.fs.setattr(ino.0, &set) {
+                Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.contain("readlink", req, || match self.fs.readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(&e)),
-        }
+        });
     }
 
     fn mknod(
@@ -184,12 +232,14 @@ impl Filesystem for FuseFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let mode = mode & !umask | (mode & libc::S_IFMT);
-        entry(
-            reply,
-            self.fs
-                .mknod(parent.0, name.as_bytes(), mode, rdev, caller(req)),
-        );
+        self.contain("mknod", req, || {
+            let mode = mode & !umask | (mode & libc::S_IFMT);
+            entry(
+                reply,
+                self.fs
+                    .mknod(parent.0, name.as_bytes(), mode, rdev, caller(req)),
+            );
+        });
     }
 
     fn mkdir(
@@ -201,19 +251,25 @@ impl Filesystem for FuseFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        entry(
-            reply,
-            self.fs
-                .mkdir(parent.0, name.as_bytes(), mode & !umask, caller(req)),
-        );
+        self.contain("mkdir", req, || {
+            entry(
+                reply,
+                self.fs
+                    .mkdir(parent.0, name.as_bytes(), mode & !umask, caller(req)),
+            );
+        });
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.unlink(parent.0, name.as_bytes()));
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.contain("unlink", req, || {
+            empty(reply, self.fs.unlink(parent.0, name.as_bytes()));
+        });
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.rmdir(parent.0, name.as_bytes()));
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.contain("rmdir", req, || {
+            empty(reply, self.fs.rmdir(parent.0, name.as_bytes()));
+        });
     }
 
     fn symlink(
@@ -224,20 +280,22 @@ impl Filesystem for FuseFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        entry(
-            reply,
-            self.fs.symlink(
-                parent.0,
-                link_name.as_bytes(),
-                target.as_os_str().as_bytes(),
-                caller(req),
-            ),
-        );
+        self.contain("symlink", req, || {
+            entry(
+                reply,
+                self.fs.symlink(
+                    parent.0,
+                    link_name.as_bytes(),
+                    target.as_os_str().as_bytes(),
+                    caller(req),
+                ),
+            );
+        });
     }
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -245,39 +303,43 @@ impl Filesystem for FuseFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        empty(
-            reply,
-            self.fs.rename(
-                parent.0,
-                name.as_bytes(),
-                newparent.0,
-                newname.as_bytes(),
-                flags.bits(),
-            ),
-        );
+        self.contain("rename", req, || {
+            empty(
+                reply,
+                self.fs.rename(
+                    parent.0,
+                    name.as_bytes(),
+                    newparent.0,
+                    newname.as_bytes(),
+                    flags.bits(),
+                ),
+            );
+        });
     }
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()));
+        self.contain("link", req, || {
+            entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()));
+        });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open(ino.0, flags.0) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.contain("open", req, || match self.fs.open(ino.0, flags.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(&e)),
-        }
+        });
     }
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -286,15 +348,17 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(ino.0, fh.0, offset, size) {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.contain("read", req, || {
+            match self.fs.read(ino.0, fh.0, offset, size) {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -304,28 +368,33 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        // `data` lies in this event loop's request buffer, which lives as long as the session:
-        // it can be registered and sent as it is.
-        match self.fs.write_from_request_buffer(ino.0, fh.0, offset, data) {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.contain("write", req, || {
+            // `data` lies in this event loop's request buffer, which lives as long as the
+            // session: it can be registered and sent as it is.
+            let payload = RequestBuffer { bytes: data };
+            match self.fs.write_in_place(ino.0, fh.0, offset, payload) {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.fs.fsync(ino.0, fh.0));
+        self.contain("flush", req, || {
+            empty(reply, self.fs.fsync(ino.0, fh.0));
+        });
     }
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
@@ -333,89 +402,101 @@ impl Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.release(fh.0);
-        reply.ok();
+        self.contain("release", req, || {
+            self.fs.release(fh.0);
+            reply.ok();
+        });
     }
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.fs.fsync(ino.0, fh.0));
+        self.contain("fsync", req, || {
+            empty(reply, self.fs.fsync(ino.0, fh.0));
+        });
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(ino.0) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.contain("opendir", req, || match self.fs.opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(&e)),
-        }
+        });
     }
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let res = self.fs.readdir(ino.0, offset, &mut |e| {
-            !reply.add(
-                INodeNo(e.ino),
-                e.offset,
-                file_type(e.kind),
-                OsStr::from_bytes(&e.name),
-            )
+        self.contain("readdir", req, || {
+            let res = self.fs.readdir(ino.0, offset, &mut |e| {
+                !reply.add(
+                    INodeNo(e.ino),
+                    e.offset,
+                    file_type(e.kind),
+                    OsStr::from_bytes(&e.name),
+                )
+            });
+            match res {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
         });
-        match res {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
     }
 
     fn releasedir(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         _fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        self.contain("releasedir", req, || {
+            reply.ok();
+        });
     }
 
     fn fsyncdir(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        self.contain("fsyncdir", req, || {
+            reply.ok();
+        });
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = self.fs.statfs();
-        reply.statfs(
-            s.blocks,
-            s.blocks_free,
-            s.blocks_free,
-            s.files,
-            s.files_free,
-            s.block_size,
-            s.name_max,
-            s.block_size,
-        );
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.contain("statfs", req, || {
+            let s = self.fs.statfs();
+            reply.statfs(
+                s.blocks,
+                s.blocks_free,
+                s.blocks_free,
+                s.files,
+                s.files_free,
+                s.block_size,
+                s.name_max,
+                s.block_size,
+            );
+        });
     }
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -423,26 +504,36 @@ impl Filesystem for FuseFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        empty(
-            reply,
-            self.fs.setxattr(ino.0, name.as_bytes(), value, flags),
-        );
+        self.contain("setxattr", req, || {
+            empty(
+                reply,
+                self.fs.setxattr(ino.0, name.as_bytes(), value, flags),
+            );
+        });
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        xattr(reply, self.fs.getxattr(ino.0, name.as_bytes()), size);
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.contain("getxattr", req, || {
+            xattr(reply, self.fs.getxattr(ino.0, name.as_bytes()), size);
+        });
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        xattr(reply, self.fs.listxattr(ino.0), size);
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.contain("listxattr", req, || {
+            xattr(reply, self.fs.listxattr(ino.0), size);
+        });
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.removexattr(ino.0, name.as_bytes()));
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.contain("removexattr", req, || {
+            empty(reply, self.fs.removexattr(ino.0, name.as_bytes()));
+        });
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        empty(reply, self.fs.access(ino.0, mask.bits(), caller(req)));
+        self.contain("access", req, || {
+            empty(reply, self.fs.access(ino.0, mask.bits(), caller(req)));
+        });
     }
 
     fn create(
@@ -455,24 +546,26 @@ impl Filesystem for FuseFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        match self
-            .fs
-            .create(parent.0, name.as_bytes(), mode & !umask, flags, caller(req))
-        {
-            Ok((a, fh)) => reply.created(
-                &TTL,
-                &file_attr(&a),
-                Generation(0),
-                FileHandle(fh),
-                FopenFlags::empty(),
-            ),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.contain("create", req, || {
+            match self
+                .fs
+                .create(parent.0, name.as_bytes(), mode & !umask, flags, caller(req))
+            {
+                Ok((a, fh)) => reply.created(
+                    &TTL,
+                    &file_attr(&a),
+                    Generation(0),
+                    FileHandle(fh),
+                    FopenFlags::empty(),
+                ),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -480,6 +573,8 @@ impl Filesystem for FuseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.fs.fallocate(ino.0, fh.0, offset, length, mode));
+        self.contain("fallocate", req, || {
+            empty(reply, self.fs.fallocate(ino.0, fh.0, offset, length, mode));
+        });
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod bench;
 pub mod client;
+pub mod config;
 pub mod data;
 pub mod error;
 pub mod fabric;
@@ -21,3 +22,4 @@ pub mod mrrc_sim;
 pub mod proto;
 pub mod server;
 pub mod size;
+pub mod sync;

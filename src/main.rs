@@ -71,8 +71,10 @@ enum Cmd {
         size: u64,
         #[command(flatten)]
         fabric: FabricArgs,
-        /// Seconds without progress after which a one-sided operation fails.
-        #[arg(long, default_value_t = 10)]
+        /// The op timeout of this server's clients, in seconds: the server's own timeouts
+        /// (a stalled one-sided operation, a client's handshake) are derived from it and
+        /// shorter, so the server gives up first and clients see a clean error.
+        #[arg(long, default_value_t = rmemfs::config::OP_TIMEOUT_SECS)]
         op_timeout: u64,
     },
     /// Mount the pool of memory servers as a file system at MOUNTPOINT.
@@ -102,13 +104,13 @@ enum Cmd {
         options: Vec<String>,
         /// Size of the chunks files are cut into (a power of two); each chunk lives on one
         /// server, chosen by free memory.
-        #[arg(long, default_value = "1M", value_parser = parse_size)]
+        #[arg(long, default_value_t = rmemfs::config::CHUNK_SIZE, value_parser = parse_size)]
         chunk_size: u64,
         /// FUSE worker threads.
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = rmemfs::config::FUSE_THREADS)]
         threads: usize,
         /// Seconds without progress after which an operation on a server fails (EIO).
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = rmemfs::config::OP_TIMEOUT_SECS)]
         op_timeout: u64,
         /// In the background, write logs here (default: discarded).
         #[arg(long)]
@@ -219,10 +221,12 @@ fn main() -> ExitCode {
         } => {
             let op_timeout = Duration::from_secs(op_timeout);
             serve(
-                listen,
-                size,
+                ServerConfig {
+                    client_op_timeout: op_timeout,
+                    ..ServerConfig::new(listen, size)
+                },
                 fabric.fabric.as_deref().unwrap_or("tcp"),
-                &fabric.options(op_timeout),
+                &fabric.options(rmemfs::config::server_op_timeout(op_timeout)),
             )
         }
         Cmd::BenchFabric {
@@ -320,12 +324,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(
-    listen: SocketAddr,
-    size: u64,
-    fabric: &str,
-    options: &FabricOptions,
-) -> Result<(), String> {
+fn serve(config: ServerConfig, fabric: &str, options: &FabricOptions) -> Result<(), String> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let fabric = rmemfs::fabric::open(fabric, options).map_err(|e| e.to_string())?;
     let fabric_name = fabric.name();
@@ -333,8 +332,7 @@ fn serve(
     // the "listening" line is never missed.
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
-    let mut server =
-        MemoryServer::start(&ServerConfig { listen, size }, fabric).map_err(|e| e.to_string())?;
+    let mut server = MemoryServer::start(&config, fabric).map_err(|e| e.to_string())?;
     println!(
         "rmemfs serve: listening on {} (arena {}, fabric {fabric_name}, memlock limit {})",
         server.local_addr(),

@@ -10,8 +10,8 @@
 //! million files fit comfortably: optional parts (extended attributes, directory tables, symlink
 //! targets) are boxed and absent when unused.
 
+use crate::sync::{Arc, RwLock};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
 pub type Ino = u64;

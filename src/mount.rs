@@ -5,6 +5,7 @@
 
 use crate::client::control::ControlConn;
 use crate::client::{Pool, PoolConfig};
+use crate::config;
 use crate::data::DataStore;
 use crate::fabric::mem::page_size;
 use crate::fabric::{Fabric, FabricOptions};
@@ -39,6 +40,26 @@ pub struct MountConfig {
     pub reg_cache: crate::mrrc::Policy,
     pub reg_cache_size: Option<u64>,
     pub write_path: crate::data::WritePath,
+}
+
+impl MountConfig {
+    /// A mount at `mountpoint` with every setting at its default (an embedded server).
+    pub fn new(mountpoint: PathBuf) -> MountConfig {
+        MountConfig {
+            mountpoint,
+            fabric: None,
+            fabric_options: FabricOptions::default(),
+            servers: Vec::new(),
+            size: None,
+            options: Vec::new(),
+            chunk_size: config::CHUNK_SIZE,
+            threads: config::FUSE_THREADS,
+            op_timeout: config::OP_TIMEOUT,
+            reg_cache: crate::mrrc::Policy::Mrrc,
+            reg_cache_size: None,
+            write_path: crate::data::WritePath::Frrwp,
+        }
+    }
 }
 
 /// Resolves `host[:port]` (port defaults to [`DEFAULT_PORT`]).
@@ -127,7 +148,7 @@ pub fn default_embedded_size() -> u64 {
             .map(|kib| kib * 1024)
     });
     match avail {
-        Some(b) => (b / 4).clamp(64 << 20, 8 << 30),
+        Some(b) => (b / 4).clamp(config::EMBEDDED_MIN_BYTES, config::EMBEDDED_MAX_BYTES),
         None => 1 << 30,
     }
 }
@@ -135,8 +156,8 @@ pub fn default_embedded_size() -> u64 {
 /// What the registration cache may pin by default: what the locked-memory limit allows (less
 /// room for the bounce buffers), or 1 GiB where pinning is not limited (root, or unlimited).
 fn default_cache_bytes() -> u64 {
-    const CAP: u64 = 1 << 30;
-    const HEADROOM: u64 = 32 << 20;
+    const CAP: u64 = config::REG_CACHE_MAX_BYTES;
+    const HEADROOM: u64 = config::REG_CACHE_MEMLOCK_HEADROOM;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         return CAP;
@@ -250,29 +271,92 @@ fn raise_readahead(mountpoint: &Path) {
     }
 }
 
-/// Mounts and serves until unmounted. `ready` is called once the mount is live (the daemon's
-/// parent returns then); errors before that are returned as text for the user.
+/// Mounts and serves until unmounted, over the fabric `config` names. `ready` is called once
+/// the mount is live (the daemon's parent returns then); errors before that are returned as
+/// text for the user.
 pub fn run(config: &MountConfig, ready: &mut dyn FnMut()) -> Result<(), String> {
+    Mount::new(config.clone()).run(ready)
+}
+
+/// A mount being set up: [`MountConfig`] plus, optionally, the fabrics to use instead of
+/// opening the one the configuration names. Tests and benchmarks mount over the in-process
+/// fabric this way (`fabrics(net.node(), net.node())`): no data crosses a network, so such a
+/// mount measures rmemfs's own code plus FUSE.
+pub struct Mount {
+    config: MountConfig,
+    /// (client side, embedded server side)
+    fabrics: Option<(Arc<dyn Fabric>, Arc<dyn Fabric>)>,
+    on_mounted: Option<Box<dyn FnOnce(Arc<Fs>) + Send>>,
+}
+
+impl Mount {
+    pub fn new(config: MountConfig) -> Mount {
+        Mount {
+            config,
+            fabrics: None,
+            on_mounted: None,
+        }
+    }
+
+    /// Uses these fabrics: `client` for the mount's queue pairs, `server` for the embedded
+    /// memory server (without `--servers`).
+    pub fn fabrics(mut self, client: Arc<dyn Fabric>, server: Arc<dyn Fabric>) -> Mount {
+        self.fabrics = Some((client, server));
+        self
+    }
+
+    /// Hands the live file system to `f` once mounted (tests read its counters).
+    pub fn on_mounted(mut self, f: impl FnOnce(Arc<Fs>) + Send + 'static) -> Mount {
+        self.on_mounted = Some(Box::new(f));
+        self
+    }
+
+    /// Mounts and serves until unmounted (see [`run`]).
+    pub fn run(self, ready: &mut dyn FnMut()) -> Result<(), String> {
+        run_mount(self, ready)
+    }
+}
+
+fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
+    let config = &mount.config;
     let mountpoint = check_mountpoint(&config.mountpoint)?;
     let (fuse_config, read_only) = fuser_config(&config.options, config.threads)?;
     let fabric_options = FabricOptions {
         op_timeout: config.op_timeout,
         ..config.fabric_options.clone()
     };
+    let (given_client, given_server) = match mount.fabrics {
+        Some((c, s)) => (Some(c), Some(s)),
+        None => (None, None),
+    };
     let open_fabric = |name: &str| -> Result<Arc<dyn Fabric>, String> {
-        crate::fabric::open(name, &fabric_options).map_err(|e| e.to_string())
+        match &given_client {
+            Some(f) => Ok(f.clone()),
+            None => crate::fabric::open(name, &fabric_options).map_err(|e| e.to_string()),
+        }
     };
     // Without --servers, an embedded memory server on loopback.
     let mut embedded = None;
     let (addrs, fabric_name): (Vec<SocketAddr>, String) = if config.servers.is_empty() {
         let fabric_name = config.fabric.clone().unwrap_or_else(|| "tcp".into());
         let size = config.size.unwrap_or_else(default_embedded_size);
+        let server_fabric = match &given_server {
+            Some(f) => f.clone(),
+            None => crate::fabric::open(
+                &fabric_name,
+                &FabricOptions {
+                    op_timeout: crate::config::server_op_timeout(config.op_timeout),
+                    ..fabric_options.clone()
+                },
+            )
+            .map_err(|e| e.to_string())?,
+        };
         let server = MemoryServer::start(
             &ServerConfig {
-                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-                size,
+                client_op_timeout: config.op_timeout,
+                ..ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), size)
             },
-            open_fabric(&fabric_name)?,
+            server_fabric,
         )
         .map_err(|e| format!("cannot start the embedded memory server: {e}"))?;
         log::info!(
@@ -318,7 +402,7 @@ pub fn run(config: &MountConfig, ready: &mut dyn FnMut()) -> Result<(), String> 
     let data = DataStore::new(
         Arc::new(pool),
         config.chunk_size,
-        config.threads * 2,
+        config.threads * crate::config::READ_BUFFERS_PER_THREAD,
         config.reg_cache,
         cache,
         config.write_path,
@@ -338,6 +422,9 @@ pub fn run(config: &MountConfig, ready: &mut dyn FnMut()) -> Result<(), String> 
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
 
     raise_readahead(&mountpoint);
+    if let Some(f) = mount.on_mounted {
+        f(fs.clone());
+    }
 
     // SIGINT/SIGTERM unmount; the session then ends as with `umount`.
     let mut unmounter = session.unmount_callable();

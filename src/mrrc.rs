@@ -22,8 +22,8 @@
 
 use crate::fabric::mem::page_size;
 use crate::fabric::{Access, Fabric, FabricError, LocalMr};
+use crate::sync::{Arc, Mutex};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 
 /// Registers and deregisters page-aligned ranges.
 pub trait Registrar: Send + Sync {
@@ -237,7 +237,7 @@ impl<G: Registrar> RegCache<G> {
     }
 
     pub fn stats(&self) -> CacheStats {
-        let st = self.state.lock().unwrap();
+        let st = self.state.lock();
         let mut s = st.stats;
         s.pinned_pages = st.pinned_pages;
         s.regions = st.entries.len() as u64;
@@ -247,7 +247,7 @@ impl<G: Registrar> RegCache<G> {
     /// The regions from most to least recently placed first, as `(start, end)`: MRRC's
     /// stack, or the pin-down cache's LRU order (for tests and inspection).
     pub fn stack(&self) -> Vec<(u64, u64)> {
-        let st = self.state.lock().unwrap();
+        let st = self.state.lock();
         let ids: Vec<u64> = match self.policy {
             Policy::Lru => st.recency.iter().map(|(id, _)| *id).collect(),
             _ => st.stack.clone(),
@@ -262,7 +262,7 @@ impl<G: Registrar> RegCache<G> {
     pub fn acquire(&self, addr: u64, len: u64) -> Result<Pinned, FabricError> {
         let start = addr & !(self.page - 1);
         let end = (addr + len.max(1)).div_ceil(self.page) * self.page;
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state.lock();
         let (lookup, mut pieces, gaps) = match self.policy {
             Policy::Mrrc => self.find_mrrc(&mut st, start, end),
             Policy::Lru => self.find_lru(&mut st, start, end),
@@ -305,7 +305,7 @@ impl<G: Registrar> RegCache<G> {
 
     /// Gives back what [`RegCache::acquire`] lent. Without a cache, deregisters at once.
     pub fn release(&self, pinned: Pinned) {
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state.lock();
         let mut gone = Vec::new();
         for p in pinned.pieces {
             Self::unuse(&mut st, p.entry);
@@ -588,7 +588,7 @@ impl<G: Registrar> RegCache<G> {
 
 impl<G: Registrar> Drop for RegCache<G> {
     fn drop(&mut self) {
-        let st = self.state.get_mut().unwrap();
+        let st = self.state.get_mut();
         let regs: Vec<G::Reg> = std::mem::take(&mut st.entries)
             .into_values()
             .filter_map(|mut e| e.reg.take())
@@ -617,21 +617,18 @@ mod tests {
     impl Registrar for Arc<Mock> {
         type Reg = (u64, u64);
         fn register(&self, addr: u64, len: u64) -> Result<((u64, u64), u32), FabricError> {
-            assert!(
-                self.live.lock().unwrap().insert((addr, len)),
-                "registered twice"
-            );
+            assert!(self.live.lock().insert((addr, len)), "registered twice");
             Ok(((addr, len), (addr / P) as u32))
         }
         fn deregister(&self, regs: Vec<(u64, u64)>) {
-            let mut live = self.live.lock().unwrap();
+            let mut live = self.live.lock();
             for r in &regs {
                 assert!(
                     live.remove(r),
                     "deregistered {r:?} twice or never registered"
                 );
             }
-            self.batches.lock().unwrap().push(regs);
+            self.batches.lock().push(regs);
         }
     }
 
@@ -679,11 +676,7 @@ mod tests {
             ]
         );
         c.release(p);
-        assert!(mock
-            .live
-            .lock()
-            .unwrap()
-            .contains(&(0x10000 + 4 * P, 4 * P)));
+        assert!(mock.live.lock().contains(&(0x10000 + 4 * P, 4 * P)));
         // A request covered by the two adjacent cached regions needs no registration: a hit.
         let p = c.acquire(0x10000, 8 * P).unwrap();
         assert_eq!(p.lookup, Lookup::Subset);
@@ -710,11 +703,11 @@ mod tests {
         );
         // Full: r = 0 (A's factor); B gets 1/4, A gets 1: B, the large one, goes.
         use_once(&c, 0x40000, P);
-        assert_eq!(mock.batches.lock().unwrap().as_slice(), [vec![(b, 4 * P)]]);
+        assert_eq!(mock.batches.lock().as_slice(), [vec![(b, 4 * P)]]);
         // Full again: r = A's factor, 1; C gets 1 + 1/2, A keeps 1: A, the older, goes.
         use_once(&c, 0x50000, 4 * P);
         assert_eq!(
-            mock.batches.lock().unwrap().as_slice(),
+            mock.batches.lock().as_slice(),
             [vec![(b, 4 * P)], vec![(a, P)]]
         );
         let s = c.stats();
@@ -733,7 +726,7 @@ mod tests {
         assert_eq!(use_once(&c, 0x10000, 4 * P), Lookup::Hit); // B to the top
         use_once(&c, 0x40000, P);
         // Resorting section is now C, A (bottom): A (1/1) stays above C (1/2): C goes.
-        assert_eq!(mock.batches.lock().unwrap()[0], vec![(0x20000, 2 * P)]);
+        assert_eq!(mock.batches.lock()[0], vec![(0x20000, 2 * P)]);
     }
 
     #[test]
@@ -743,8 +736,8 @@ mod tests {
         // The cache is full of a region in use: a new one is registered over capacity, and
         // nothing is deregistered.
         let other = c.acquire(0x10000, 2 * P).unwrap();
-        assert!(mock.batches.lock().unwrap().iter().all(|b| b.is_empty()));
-        assert!(mock.live.lock().unwrap().contains(&(0x0, 4 * P)));
+        assert!(mock.batches.lock().iter().all(|b| b.is_empty()));
+        assert!(mock.live.lock().contains(&(0x0, 4 * P)));
         c.release(other);
         c.release(held);
         use_once(&c, 0x20000, P);
@@ -759,11 +752,8 @@ mod tests {
             use_once(&c, addr, P);
         }
         use_once(&c, 0x40000, P);
-        assert_eq!(
-            mock.batches.lock().unwrap().as_slice(),
-            [vec![(0x10000, P)]]
-        );
-        assert!(mock.live.lock().unwrap().contains(&(0x0, P)));
+        assert_eq!(mock.batches.lock().as_slice(), [vec![(0x10000, P)]]);
+        assert!(mock.live.lock().contains(&(0x0, P)));
         c.release(a);
         assert_eq!(c.stats().pinned_pages, 4);
     }
@@ -774,7 +764,7 @@ mod tests {
         for i in 0..6 {
             use_once(&c, i * 0x10000, 2 * P);
         }
-        let batches = mock.batches.lock().unwrap().clone();
+        let batches = mock.batches.lock().clone();
         assert_eq!(batches.len(), 4);
         assert!(batches.iter().all(|b| b.len() == 1));
         assert_eq!(batches[0], vec![(0, 2 * P)], "least recently used first");
@@ -787,10 +777,7 @@ mod tests {
         use_once(&c, 0x10000, 2 * P);
         assert_eq!(use_once(&c, 0, 2 * P), Lookup::Hit);
         use_once(&c, 0x20000, 2 * P);
-        assert_eq!(
-            mock.batches.lock().unwrap().as_slice(),
-            [vec![(0x10000, 2 * P)]]
-        );
+        assert_eq!(mock.batches.lock().as_slice(), [vec![(0x10000, 2 * P)]]);
         assert_eq!(c.stack(), [(0x20000, 0x20000 + 2 * P), (0, 2 * P)]);
 
         let (n, mock) = cache(Policy::None, 4, 0.25);
@@ -798,8 +785,8 @@ mod tests {
             assert_eq!(use_once(&n, 0, P), Lookup::Miss);
         }
         assert_eq!(n.stats().registrations, 3);
-        assert_eq!(mock.batches.lock().unwrap().len(), 3);
-        assert!(mock.live.lock().unwrap().is_empty());
+        assert_eq!(mock.batches.lock().len(), 3);
+        assert!(mock.live.lock().is_empty());
     }
 
     #[test]
@@ -827,12 +814,9 @@ mod tests {
         let s = c.stats();
         assert_eq!(s.lookups(), 4000);
         assert_eq!(s.registrations - s.deregistrations, s.regions);
-        assert_eq!(mock.live.lock().unwrap().len() as u64, s.regions);
+        assert_eq!(mock.live.lock().len() as u64, s.regions);
         drop(c);
-        assert!(
-            mock.live.lock().unwrap().is_empty(),
-            "drop deregisters everything"
-        );
+        assert!(mock.live.lock().is_empty(), "drop deregisters everything");
     }
 
     proptest! {
@@ -858,7 +842,7 @@ mod tests {
                     // were in use (at most 6 pages here).
                     prop_assert!(s.pinned_pages <= 24 + 6, "{} pages pinned", s.pinned_pages);
                 }
-                prop_assert_eq!(mock.live.lock().unwrap().len() as u64, s.regions);
+                prop_assert_eq!(mock.live.lock().len() as u64, s.regions);
                 if policy == Policy::Mrrc {
                     let mut stack = c.stack();
                     stack.sort();

@@ -95,10 +95,7 @@ impl Harness {
         kill: Box<dyn Fn() + Send + Sync>,
     ) -> Harness {
         let server = MemoryServer::start(
-            &ServerConfig {
-                listen: "127.0.0.1:0".parse().unwrap(),
-                size: 128 << 20,
-            },
+            &ServerConfig::new("127.0.0.1:0".parse().unwrap(), 128 << 20),
             server_fabric,
         )
         .expect("start server");

@@ -207,10 +207,7 @@ fn replies_out_of_order_across_tags() {
 fn refused_allocation_fails_the_write_without_hanging() {
     let net = LocalNetwork::new();
     let good = MemoryServer::start(
-        &ServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            size: 16 << 20,
-        },
+        &ServerConfig::new("127.0.0.1:0".parse().unwrap(), 16 << 20),
         net.node(),
     )
     .unwrap();
@@ -297,10 +294,7 @@ fn many_concurrent_large_writes() {
     let servers: Vec<MemoryServer> = (0..2)
         .map(|_| {
             MemoryServer::start(
-                &ServerConfig {
-                    listen: "127.0.0.1:0".parse().unwrap(),
-                    size: 256 << 20,
-                },
+                &ServerConfig::new("127.0.0.1:0".parse().unwrap(), 256 << 20),
                 net.node(),
             )
             .unwrap()

@@ -21,12 +21,16 @@ impl Server {
         Self::start_with(Command::new(env!("CARGO_BIN_EXE_rmemfs")), size)
     }
 
-    fn start_with(mut cmd: Command, size: &str) -> Server {
+    fn start_with(cmd: Command, size: &str) -> Server {
+        Self::start_on(cmd, "127.0.0.1:0", size)
+    }
+
+    fn start_on(mut cmd: Command, listen: &str, size: &str) -> Server {
         let mut child = cmd
             .args([
                 "serve",
                 "--listen",
-                "127.0.0.1:0",
+                listen,
                 "--size",
                 size,
                 "--op-timeout",
@@ -147,6 +151,35 @@ fn two_clients_fill_the_server_and_get_memory_back_on_disconnect() {
         assert!(Instant::now() < deadline, "memory not returned: {cap:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Writes a pattern through `p` and reads it back.
+fn round_trip(p: &Pool, byte: u8) {
+    let r = p.alloc(1 << 20).unwrap();
+    let buf = Arc::new(AlignedBuf::new(1 << 20).unwrap());
+    buf.fill(byte);
+    let mr = p.fabric().register_buf(buf.clone(), Access::LOCAL).unwrap();
+    p.write(r, 0, mr.sge(0, 1 << 20)).unwrap();
+    buf.fill(0);
+    p.read(r, 0, mr.sge(0, 1 << 20)).unwrap();
+    assert!(buf.to_vec(0, 1 << 20).iter().all(|&x| x == byte));
+}
+
+#[test]
+fn a_wildcard_listen_serves_data_on_every_interface() {
+    // The first client's interface used to fix the data listener: a second client that came
+    // in over another address was sent to a port nobody listened on there.
+    let server = Server::start_on(
+        Command::new(env!("CARGO_BIN_EXE_rmemfs")),
+        "0.0.0.0:0",
+        "16M",
+    );
+    let port = server.addr.port();
+    let first = pool(&[SocketAddr::from(([127, 0, 0, 1], port))]);
+    round_trip(&first, 0x11);
+    let second = pool(&[SocketAddr::from(([127, 0, 0, 2], port))]);
+    round_trip(&second, 0x22);
+    round_trip(&first, 0x33);
 }
 
 /// Sends raw bytes on a fresh control connection and checks the server closes it.

@@ -33,9 +33,9 @@ done
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
-cargo clippy --all-targets -- -D warnings
+cargo clippy --all-targets --features testing -- -D warnings
 echo "== cargo test (unit, property, conformance, server)"
-cargo test --all-targets
+cargo test --all-targets --features testing
 echo "== real mounts (mount-tests/run.sh)"
 cargo build --release
 mount-tests/run.sh

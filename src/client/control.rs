@@ -7,11 +7,11 @@
 
 use super::PoolError;
 use crate::proto::{self, Capacity, FrameError, Message, PROTOCOL_VERSION};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{Arc, Mutex};
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::HashMap;
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -133,10 +133,10 @@ impl ControlConn {
         waiter: Waiter,
     ) -> Result<u64, PoolError> {
         let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-        self.waiters.lock().unwrap().insert(tag, waiter);
+        self.waiters.lock().insert(tag, waiter);
         let msg = build(tag);
         let res = {
-            let mut w = self.writer.lock().unwrap();
+            let mut w = self.writer.lock();
             if self.is_dead() {
                 Err(std::io::Error::from(std::io::ErrorKind::NotConnected))
             } else {
@@ -144,7 +144,7 @@ impl ControlConn {
             }
         };
         if let Err(e) = res {
-            if self.waiters.lock().unwrap().remove(&tag).is_none() {
+            if self.waiters.lock().remove(&tag).is_none() {
                 // The reply thread saw the connection die first and already told the waiter.
                 return Ok(tag);
             }
@@ -189,7 +189,7 @@ impl ControlConn {
     /// Closes the connection (the server then releases this client's extents).
     pub fn kill(&self) {
         self.dead.store(true, Ordering::SeqCst);
-        let _ = self.writer.lock().unwrap().shutdown(Shutdown::Both);
+        let _ = self.writer.lock().shutdown(Shutdown::Both);
     }
 }
 
@@ -211,7 +211,7 @@ fn route_replies(mut stream: TcpStream, addr: SocketAddr, waiters: Waiters, dead
                     }
                     break;
                 };
-                let waiter = waiters.lock().unwrap().remove(&tag);
+                let waiter = waiters.lock().remove(&tag);
                 match waiter {
                     Some(Waiter::Channel(tx)) => {
                         let _ = tx.send(msg);
@@ -234,7 +234,7 @@ fn route_replies(mut stream: TcpStream, addr: SocketAddr, waiters: Waiters, dead
     }
     dead.store(true, Ordering::SeqCst);
     // Dropping the senders wakes every waiting thread with "disconnected"; handlers hear None.
-    let left: Vec<Waiter> = waiters.lock().unwrap().drain().map(|(_, w)| w).collect();
+    let left: Vec<Waiter> = waiters.lock().drain().map(|(_, w)| w).collect();
     for w in left {
         if let Waiter::Handler(h) = w {
             h(None);

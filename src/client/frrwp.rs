@@ -14,8 +14,8 @@
 use super::{Dispatch, Pool, PoolError, RemoteOp, Server, BATCH_INDEX_BITS};
 use crate::fabric::{Opcode, QueuePair, RemoteRegion, ServerId, Sge, WorkRequest};
 use crate::proto::{Capacity, Message};
+use crate::sync::{Arc, Mutex};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 
 /// An allocation requested with [`Pool::begin_alloc`] whose reply may not have arrived yet.
 pub struct Ticket {
@@ -105,7 +105,7 @@ impl Crw {
                 capacity: cap,
                 ..
             }) => {
-                *capacity.lock().unwrap() = cap;
+                *capacity.lock() = cap;
                 Ok(RemoteRegion {
                     server: self.server,
                     addr,
@@ -124,7 +124,7 @@ impl Crw {
                 reason: "connection lost before the allocation was answered".into(),
             }),
         };
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state.lock();
         st.reply = Some(reply);
         self.fire_if_ready(&mut st, true);
     }
@@ -144,7 +144,7 @@ impl Ticket {
     }
     /// The allocated extent, once the server has answered yes.
     pub fn region(&self) -> Option<RemoteRegion> {
-        match &self.crw.state.lock().unwrap().reply {
+        match &self.crw.state.lock().reply {
             Some(Ok(r)) => Some(*r),
             _ => None,
         }
@@ -154,7 +154,7 @@ impl Ticket {
     pub fn wait_region(&self, timeout: std::time::Duration) -> Option<RemoteRegion> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            if let Some(reply) = &self.crw.state.lock().unwrap().reply {
+            if let Some(reply) = &self.crw.state.lock().reply {
                 return reply.as_ref().ok().copied();
             }
             if std::time::Instant::now() >= deadline {
@@ -167,7 +167,7 @@ impl Ticket {
     /// Whether the server refused for lack of space.
     pub fn refused_for_space(&self) -> bool {
         matches!(
-            &self.crw.state.lock().unwrap().reply,
+            &self.crw.state.lock().reply,
             Some(Err(PoolError::Refused {
                 code: crate::proto::RefusalCode::NoSpace,
                 ..
@@ -247,7 +247,7 @@ impl Pool {
     /// marks the server failed, as a dead one would be).
     fn give_up_unanswered(&self, tickets: &[&Ticket]) {
         for t in tickets {
-            if t.crw.state.lock().unwrap().reply.is_none() {
+            if t.crw.state.lock().reply.is_none() {
                 if let Ok(s) = self.server(t.crw.server) {
                     log::error!(
                         "memory server {} did not answer an allocation within {:?}",
@@ -283,7 +283,7 @@ impl Pool {
             qp: self.server(crw.server)?.qp.clone(),
             dispatch: self.dispatch.clone(),
         };
-        let mut st = crw.state.lock().unwrap();
+        let mut st = crw.state.lock();
         st.waiting.push(sub);
         crw.fire_if_ready(&mut st, false);
         Ok(())

@@ -15,11 +15,11 @@ use crate::fabric::{
     WorkRequest,
 };
 use crate::proto::{Capacity, Message, RefusalCode};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{Arc, Condvar, Mutex};
 use control::ControlConn;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Pool failures. Every variant that concerns one server names it.
@@ -67,7 +67,7 @@ impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
             client_name: format!("rmemfs-{}", std::process::id()),
-            timeout: Duration::from_secs(10),
+            timeout: crate::config::OP_TIMEOUT,
         }
     }
 }
@@ -133,7 +133,7 @@ struct BatchState {
 
 /// Batches of at most this many bytes are small: their waiter polls the fabric for a while
 /// before sleeping (a 4 KiB read should cost one RDMA round trip, not two thread wake-ups).
-const SPIN_MAX_BYTES: u64 = 64 << 10;
+const SPIN_MAX_BYTES: u64 = crate::config::SMALL_OP_BYTES;
 /// How long a small batch's waiter polls before it sleeps: a hundred RDMA round trips on
 /// hardware (µs each), one or two on soft-RoCE under emulation (a 4 KiB read takes 0.2 to
 /// 0.3 ms there); bounded so that a dead or slow server costs at most this much CPU per small
@@ -151,12 +151,12 @@ impl Dispatch {
     fn deliver(&self, c: Completion) {
         let batch_id = c.wr_id >> BATCH_INDEX_BITS;
         let index = (c.wr_id & ((1 << BATCH_INDEX_BITS) - 1)) as usize;
-        let batch = self.batches.lock().unwrap().get(&batch_id).cloned();
+        let batch = self.batches.lock().get(&batch_id).cloned();
         let Some(batch) = batch else {
             log::error!("completion for unknown batch {batch_id}");
             return;
         };
-        let mut st = batch.state.lock().unwrap();
+        let mut st = batch.state.lock();
         if c.status != WcStatus::Success && st.failure.is_none_or(|(i, _)| index < i) {
             st.failure = Some((index, c.status));
         }
@@ -171,9 +171,9 @@ impl Dispatch {
 
     /// Completes `count` ops of a batch that will never be posted.
     fn fail(&self, batch_id: u64, count: usize, why: PoolError) {
-        let batch = self.batches.lock().unwrap().get(&batch_id).cloned();
+        let batch = self.batches.lock().get(&batch_id).cloned();
         let Some(batch) = batch else { return };
-        let mut st = batch.state.lock().unwrap();
+        let mut st = batch.state.lock();
         st.refused.get_or_insert(why);
         st.remaining -= count;
         if st.remaining == 0 {
@@ -277,7 +277,7 @@ impl Pool {
             .map(|s| ServerStatus {
                 id: s.id,
                 addr: s.addr,
-                capacity: *s.capacity.lock().unwrap(),
+                capacity: *s.capacity.lock(),
                 failed: s.is_failed(),
             })
             .collect()
@@ -290,7 +290,7 @@ impl Pool {
                 continue;
             }
             match s.control.request(|tag| Message::Stat { tag }) {
-                Ok(Message::Stats { capacity, .. }) => *s.capacity.lock().unwrap() = capacity,
+                Ok(Message::Stats { capacity, .. }) => *s.capacity.lock() = capacity,
                 Ok(_) => {}
                 Err(_) => s.mark_failed(),
             }
@@ -318,7 +318,7 @@ impl Pool {
             .enumerate()
             .filter(|(_, s)| !s.is_failed())
             .map(|(i, s)| {
-                let c = *s.capacity.lock().unwrap();
+                let c = *s.capacity.lock();
                 (c.largest_free, c.free, i)
             })
             .collect();
@@ -363,7 +363,7 @@ impl Pool {
                 capacity,
                 ..
             }) => {
-                *s.capacity.lock().unwrap() = capacity;
+                *s.capacity.lock() = capacity;
                 Ok(RemoteRegion {
                     server: id,
                     addr,
@@ -374,7 +374,7 @@ impl Pool {
             Ok(Message::Refused { code, message, .. }) => {
                 if code == RefusalCode::NoSpace {
                     // Keep placement honest until the next reply refreshes it.
-                    let mut c = s.capacity.lock().unwrap();
+                    let mut c = s.capacity.lock();
                     c.largest_free = c.largest_free.min(len.saturating_sub(1));
                 }
                 Err(PoolError::Refused {
@@ -404,7 +404,7 @@ impl Pool {
         });
         match reply {
             Ok(Message::Freed { capacity, .. }) => {
-                *s.capacity.lock().unwrap() = capacity;
+                *s.capacity.lock() = capacity;
                 Ok(())
             }
             Ok(Message::Refused { code, message, .. }) => Err(PoolError::Refused {
@@ -447,7 +447,7 @@ impl Pool {
     /// waits for the poller thread to wake and wake this thread in turn.
     fn poll_briefly(&self, batch: &Batch) {
         let deadline = Instant::now() + SPIN_WAIT;
-        while batch.state.lock().unwrap().remaining > 0 {
+        while batch.state.lock().remaining > 0 {
             match self.fabric.progress() {
                 None => return,
                 // Other threads' completions count as progress too: the deadline holds
@@ -492,11 +492,7 @@ impl Pool {
             }),
             done: Condvar::new(),
         });
-        self.dispatch
-            .batches
-            .lock()
-            .unwrap()
-            .insert(batch_id, batch.clone());
+        self.dispatch.batches.lock().insert(batch_id, batch.clone());
         Ok((batch_id, batch))
     }
 
@@ -533,21 +529,21 @@ impl Pool {
         // progress for the timeout, `on_stall` gives up on the servers that have not answered
         // (their reply handlers then fail the writes), so this wait ends.
         let (failure, refused) = {
-            let mut st = batch.state.lock().unwrap();
+            let mut st = batch.state.lock();
             let mut seen = st.remaining;
             while st.remaining > 0 {
-                let (g, res) = batch.done.wait_timeout(st, self.timeout).unwrap();
+                let (g, timed_out) = batch.done.wait_timeout(st, self.timeout);
                 st = g;
-                if res.timed_out() && st.remaining == seen {
+                if timed_out && st.remaining == seen {
                     drop(st);
                     on_stall();
-                    st = batch.state.lock().unwrap();
+                    st = batch.state.lock();
                 }
                 seen = st.remaining;
             }
             (st.failure, st.refused.take())
         };
-        self.dispatch.batches.lock().unwrap().remove(&batch_id);
+        self.dispatch.batches.lock().remove(&batch_id);
         if let Some(e) = refused {
             return Err(e);
         }

@@ -13,10 +13,10 @@ use super::{
     Access, Completion, CompletionQueue, DeregisterError, Exchange, Fabric, FabricError, LocalMr,
     OpCounters, Opcode, PeerGuard, QueuePair, SoftCq, WcStatus, WorkRequest, MAX_OP_LEN,
 };
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{Arc, Mutex, Weak};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
 use std::thread;
 use std::time::Duration;
 
@@ -65,7 +65,7 @@ impl LocalNetwork {
             table: Arc::new(KeyTable::new()),
             faults: Faults::default(),
         });
-        self.nodes.lock().unwrap().insert(id, Arc::downgrade(&node));
+        self.nodes.lock().insert(id, Arc::downgrade(&node));
         Arc::new(LocalFabric {
             node,
             network: self.clone(),
@@ -73,7 +73,7 @@ impl LocalNetwork {
     }
 
     fn find(&self, id: u64) -> Option<Arc<Node>> {
-        self.nodes.lock().unwrap().get(&id).and_then(Weak::upgrade)
+        self.nodes.lock().get(&id).and_then(Weak::upgrade)
     }
 }
 
@@ -265,7 +265,7 @@ pub struct LocalQp {
 
 impl QueuePair for LocalQp {
     fn post(&self, wrs: &[WorkRequest]) {
-        let tx = self.tx.lock().unwrap().clone();
+        let tx = self.tx.lock().clone();
         for wr in wrs {
             let need = match wr.opcode {
                 Opcode::Read => Access::LOCAL_WRITE,
@@ -307,7 +307,7 @@ impl QueuePair for LocalQp {
 
     fn disconnect(&self) {
         self.shared.disconnected.store(true, Ordering::SeqCst);
-        self.tx.lock().unwrap().take();
+        self.tx.lock().take();
     }
 }
 

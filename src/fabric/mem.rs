@@ -7,12 +7,12 @@
 //! the raw pointer (no bounce buffer, no reference to shared memory).
 
 use super::{Access, DeregisterError, FabricError, LocalMr, OpCounters};
+use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::{Arc, RwLock};
 use std::any::Any;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
 
 /// The page size everything is aligned to (pinning works on whole pages).
 pub fn page_size() -> usize {
@@ -409,7 +409,7 @@ impl KeyTable {
             _resource: resource,
             _owner: owner,
         });
-        self.map.write().unwrap().insert(key, entry.clone());
+        self.map.write().insert(key, entry.clone());
         self.counters.registrations.fetch_add(1, Ordering::Relaxed);
         LocalMr {
             entry,
@@ -420,7 +420,7 @@ impl KeyTable {
     /// Checks `[addr, addr+len)` against the registration named by `key` and marks it in use.
     /// `None` if the key is unknown, the range is out of bounds, or access is missing.
     pub fn acquire(&self, key: u32, addr: u64, len: u64, need: Access) -> Option<InFlight> {
-        let map = self.map.read().unwrap();
+        let map = self.map.read();
         let entry = map.get(&key)?;
         if !entry.access.contains(need) || !entry.covers(addr, len) {
             return None;
@@ -432,7 +432,7 @@ impl KeyTable {
     /// Removal of a dropped `LocalMr`'s entry. Only that very entry goes: a device may reuse
     /// a key once its registration is gone, and the key may name a newer region by now.
     pub fn remove(&self, entry: &Arc<RegionEntry>) {
-        let mut map = self.map.write().unwrap();
+        let mut map = self.map.write();
         let ours = map.get(&entry.lkey).is_some_and(|e| Arc::ptr_eq(e, entry));
         if ours && map.remove(&entry.lkey).is_some() {
             self.counters
@@ -446,7 +446,7 @@ impl KeyTable {
         let mut busy = Vec::new();
         let mut idle = Vec::with_capacity(mrs.len());
         {
-            let mut map = self.map.write().unwrap();
+            let mut map = self.map.write();
             for mr in mrs {
                 // Checked under the write lock: `acquire` increments under the read lock, so no
                 // operation can start between this check and the removal.
@@ -475,7 +475,7 @@ impl KeyTable {
     }
 
     pub fn len(&self) -> usize {
-        self.map.read().unwrap().len()
+        self.map.read().len()
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0

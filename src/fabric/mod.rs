@@ -23,6 +23,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(any(test, feature = "testing"))]
 pub mod local;
 pub mod mem;
 pub mod tcp;
@@ -318,9 +319,10 @@ pub trait Fabric: Send + Sync {
         cq: Arc<dyn CompletionQueue>,
     ) -> Result<Arc<dyn QueuePair>, FabricError>;
 
-    /// Server side: answers a client's `Connect` blob. `local` is the control connection's local
-    /// address (a software fabric listens for data beside it).
-    fn accept(&self, blob: &[u8], local: SocketAddr) -> Result<(Vec<u8>, PeerGuard), FabricError>;
+    /// Server side: answers a client's `Connect` blob. `listen` is the address the server's
+    /// control listener is bound to, wildcard included: a software fabric serves data on the
+    /// same interfaces, so every client that reached the control port reaches the data port.
+    fn accept(&self, blob: &[u8], listen: SocketAddr) -> Result<(Vec<u8>, PeerGuard), FabricError>;
 
     /// Bytes currently pinned by registrations of this fabric.
     fn pinned_bytes(&self) -> u64;
@@ -345,6 +347,20 @@ pub trait Fabric: Send + Sync {
     }
 }
 
+/// An address this host can connect to that reaches a listener bound to `bound`: loopback
+/// for a wildcard bind (a listener on all interfaces is on loopback too).
+pub fn reachable(bound: SocketAddr) -> SocketAddr {
+    match bound.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::from(([127, 0, 0, 1], bound.port()))
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, bound.port()))
+        }
+        _ => bound,
+    }
+}
+
 /// The fabric names `serve` and `mount` accept.
 pub const FABRIC_NAMES: &[&str] = &["tcp", "verbs"];
 
@@ -361,7 +377,7 @@ pub struct FabricOptions {
 impl Default for FabricOptions {
     fn default() -> Self {
         FabricOptions {
-            op_timeout: Duration::from_secs(10),
+            op_timeout: crate::config::OP_TIMEOUT,
             device: None,
             gid_index: None,
         }

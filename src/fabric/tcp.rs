@@ -19,12 +19,12 @@ use super::{
     Opcode, PeerGuard, QueuePair, SoftCq, WcStatus, WorkRequest, MAX_OP_LEN,
 };
 use crate::fabric::Completion;
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{Arc, Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -40,7 +40,7 @@ const TICK: Duration = Duration::from_millis(200);
 
 /// Posted requests buffered ahead of the sender thread before `post` applies back-pressure
 /// (verbs QPs have a send queue depth of the same order).
-const SEND_QUEUE_DEPTH: usize = 4096;
+const SEND_QUEUE_DEPTH: usize = crate::config::TCP_SEND_QUEUE_DEPTH;
 
 /// NIC threads only need a little stack: a header and a drain buffer.
 const NIC_STACK: usize = 256 * 1024;
@@ -57,7 +57,7 @@ pub struct TcpConfig {
 impl Default for TcpConfig {
     fn default() -> Self {
         TcpConfig {
-            op_timeout: Duration::from_secs(10),
+            op_timeout: crate::config::OP_TIMEOUT,
             connect_timeout: Duration::from_secs(5),
         }
     }
@@ -71,7 +71,8 @@ pub struct TcpFabric {
 }
 
 struct Nic {
-    port: u16,
+    /// Where the NIC's listener is bound (the server's listen address with port 0).
+    bound: SocketAddr,
     shared: Arc<NicShared>,
 }
 
@@ -96,31 +97,38 @@ impl TcpFabric {
     /// Stops serving data: closes the NIC listener and every data connection, as if the
     /// server's NIC went dark. Clients see transport errors.
     pub fn shutdown_nic(&self) {
-        if let Some(nic) = self.nic.lock().unwrap().take() {
+        if let Some(nic) = self.nic.lock().take() {
             nic.shared.stop.store(true, Ordering::SeqCst);
-            for (_, c) in nic.shared.conns.lock().unwrap().drain() {
+            for (_, c) in nic.shared.conns.lock().drain() {
                 let _ = c.shutdown(Shutdown::Both);
             }
             // Wake the accept loop so it sees `stop`.
             let _ = TcpStream::connect_timeout(
-                &SocketAddr::from(([127, 0, 0, 1], nic.port)),
+                &super::reachable(nic.bound),
                 Duration::from_millis(200),
             );
         }
     }
 
-    fn nic_port(&self, local: SocketAddr) -> Result<u16, FabricError> {
-        let mut nic = self.nic.lock().unwrap();
+    /// The NIC's data port, starting the NIC on first use. It listens on the same address as
+    /// the server's control listener (`listen`), so a wildcard listen serves every interface
+    /// and every client that reached the control port can reach the data port.
+    fn nic_port(&self, listen: SocketAddr) -> Result<u16, FabricError> {
+        let mut nic = self.nic.lock();
         if let Some(n) = nic.as_ref() {
-            return Ok(n.port);
+            return Ok(n.bound.port());
         }
-        let listener = TcpListener::bind(SocketAddr::new(local.ip(), 0)).map_err(|e| {
+        let listener = TcpListener::bind(SocketAddr::new(listen.ip(), 0)).map_err(|e| {
             FabricError::Connect {
-                addr: local,
+                addr: listen,
                 source: e,
             }
         })?;
-        let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+        let bound = listener.local_addr().map_err(|e| FabricError::Connect {
+            addr: listen,
+            source: e,
+        })?;
+        let port = bound.port();
         let shared = Arc::new(NicShared {
             table: self.table.clone(),
             op_timeout: self.config.op_timeout,
@@ -133,7 +141,7 @@ impl TcpFabric {
             .name("nic-accept".into())
             .spawn(move || nic_accept_loop(listener, s))
             .map_err(|e| FabricError::Register(format!("spawn NIC thread: {e}")))?;
-        *nic = Some(Nic { port, shared });
+        *nic = Some(Nic { bound, shared });
         Ok(port)
     }
 }
@@ -198,8 +206,12 @@ impl Fabric for TcpFabric {
             .map(|qp| qp as Arc<dyn QueuePair>)
     }
 
-    fn accept(&self, _blob: &[u8], local: SocketAddr) -> Result<(Vec<u8>, PeerGuard), FabricError> {
-        let port = self.nic_port(local)?;
+    fn accept(
+        &self,
+        _blob: &[u8],
+        listen: SocketAddr,
+    ) -> Result<(Vec<u8>, PeerGuard), FabricError> {
+        let port = self.nic_port(listen)?;
         Ok((port.to_le_bytes().to_vec(), Box::new(())))
     }
 
@@ -276,7 +288,7 @@ impl QpShared {
     /// As `fail_all`; `deliberate` (the client hung up itself) logs quietly.
     fn fail_all_as(&self, why: &dyn std::fmt::Display, deliberate: bool) {
         let drained: Vec<Posted> = {
-            let mut pending = self.pending.lock().unwrap();
+            let mut pending = self.pending.lock();
             if !self.dead.swap(true, Ordering::SeqCst) {
                 log::log!(
                     if deliberate {
@@ -359,7 +371,7 @@ impl QueuePair for TcpQp {
 
     fn disconnect(&self) {
         {
-            let mut q = self.shared.send.lock().unwrap();
+            let mut q = self.shared.send.lock();
             q.closed = true;
             self.shared.work.notify_all();
             self.shared.space.notify_all();
@@ -372,7 +384,7 @@ impl TcpQp {
     /// Queues `wrs`; with `allow_inline`, the poster sends them itself when nobody else is.
     fn post_impl(&self, wrs: &[WorkRequest], allow_inline: bool) {
         let s = &*self.shared;
-        let mut q = s.send.lock().unwrap();
+        let mut q = s.send.lock();
         for wr in wrs {
             // The local side is checked here, as a NIC checks the lkey when it fetches the WQE.
             let need = match wr.opcode {
@@ -392,7 +404,7 @@ impl TcpQp {
             // Back-pressure: a full send queue waits for the sender to make room.
             while q.queue.len() >= SEND_QUEUE_DEPTH && !q.closed && !s.dead.load(Ordering::SeqCst) {
                 s.work.notify_one();
-                q = s.space.wait(q).unwrap();
+                q = s.space.wait(q);
             }
             if q.closed || s.dead.load(Ordering::SeqCst) {
                 s.complete(wr, WcStatus::TransportError, Some(hold));
@@ -443,7 +455,7 @@ fn send_one(s: &QpShared, posted: Posted, seq: u64) {
     // buffer registered and alive until the bytes are handed to the kernel.
     let send_hold = (wr.opcode == Opcode::Write).then(|| posted.hold.another());
     {
-        let mut pending = s.pending.lock().unwrap();
+        let mut pending = s.pending.lock();
         if s.dead.load(Ordering::SeqCst) {
             drop(pending);
             s.complete(&wr, WcStatus::TransportError, Some(posted.hold));
@@ -490,7 +502,7 @@ fn send_one(s: &QpShared, posted: Posted, seq: u64) {
 /// batch go to the sender thread, so one request's payload does not hold up the posting of the
 /// rest (which may be bound for other servers). A post of a single request is sent inline
 /// whatever its size: its poster is about to wait for it anyway.
-const INLINE_MAX: u64 = 64 * 1024;
+const INLINE_MAX: u64 = crate::config::SMALL_OP_BYTES;
 
 fn inline_ok(wr: &WorkRequest) -> bool {
     wr.opcode == Opcode::Read || wr.local.len <= INLINE_MAX
@@ -500,7 +512,7 @@ fn inline_ok(wr: &WorkRequest) -> bool {
 /// any remaining work to the sender thread.
 fn send_inline<'a>(
     s: &'a QpShared,
-    mut q: std::sync::MutexGuard<'a, SendQueue>,
+    mut q: crate::sync::MutexGuard<'a, SendQueue>,
     mut allow_large: bool,
 ) {
     while let Some(head) = q.queue.front() {
@@ -514,7 +526,7 @@ fn send_inline<'a>(
         s.space.notify_one();
         drop(q);
         send_one(s, posted, seq);
-        q = s.send.lock().unwrap();
+        q = s.send.lock();
     }
     q.sending = false;
     if !q.queue.is_empty() {
@@ -523,7 +535,7 @@ fn send_inline<'a>(
 }
 
 fn qp_sender(s: Arc<QpShared>) {
-    let mut q = s.send.lock().unwrap();
+    let mut q = s.send.lock();
     loop {
         if !q.sending && !q.queue.is_empty() {
             let posted = q.queue.pop_front().expect("non-empty");
@@ -533,14 +545,14 @@ fn qp_sender(s: Arc<QpShared>) {
             s.space.notify_one();
             drop(q);
             send_one(&s, posted, seq);
-            q = s.send.lock().unwrap();
+            q = s.send.lock();
             q.sending = false;
             continue;
         }
         if q.closed && q.queue.is_empty() {
             return;
         }
-        q = s.work.wait(q).unwrap();
+        q = s.work.wait(q);
     }
 }
 
@@ -558,7 +570,7 @@ fn qp_receiver(s: Arc<QpShared>) {
                 last_got = got;
                 s.touch();
             }
-            if got == 0 && s.pending.lock().unwrap().is_empty() {
+            if got == 0 && s.pending.lock().is_empty() {
                 // Idle connection: nothing is owed to us, so silence is fine.
                 s.touch();
                 return true;
@@ -583,12 +595,12 @@ fn qp_receiver(s: Arc<QpShared>) {
         };
         let seq = u64::from_le_bytes(header[8..16].try_into().unwrap());
         let len = u64::from_le_bytes(header[16..24].try_into().unwrap());
-        let Some(posted) = s.pending.lock().unwrap().pop_front() else {
+        let Some(posted) = s.pending.lock().pop_front() else {
             s.fail_all(&"response with no request outstanding");
             return;
         };
         if seq != expect_seq || (status == WcStatus::Success && len != posted.wr.local.len) {
-            s.pending.lock().unwrap().push_front(posted);
+            s.pending.lock().push_front(posted);
             s.fail_all(&format_args!(
                 "response {seq} out of order (expected {expect_seq})"
             ));
@@ -635,7 +647,7 @@ fn nic_accept_loop(listener: TcpListener, nic: Arc<NicShared>) {
         let Ok(stream) = conn else { continue };
         let id = nic.next_conn.fetch_add(1, Ordering::Relaxed);
         match stream.try_clone() {
-            Ok(c) => nic.conns.lock().unwrap().insert(id, c),
+            Ok(c) => nic.conns.lock().insert(id, c),
             Err(_) => continue,
         };
         let n = nic.clone();
@@ -650,7 +662,7 @@ fn nic_accept_loop(listener: TcpListener, nic: Arc<NicShared>) {
                 // The clone in `conns` keeps the socket open: shut it down so the peer sees
                 // the end at once rather than after its timeout.
                 let _ = stream.shutdown(Shutdown::Both);
-                n.conns.lock().unwrap().remove(&id);
+                n.conns.lock().remove(&id);
             });
         if let Err(e) = spawned {
             log::error!("tcp fabric: cannot spawn a NIC thread: {e}");

@@ -27,6 +27,8 @@ use super::{
     FabricError, InFlight, LocalMr, OpCounters, Opcode, PeerGuard, QueuePair, SoftCq, WcStatus,
     WorkRequest, MAX_OP_LEN,
 };
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{Arc, Mutex, Weak};
 use rdma_mummy_sys as sys;
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid, GidType};
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel};
@@ -41,8 +43,6 @@ use sideway::ibverbs::AccessFlags;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 const PORT: u8 = 1;
 /// Requests one QP keeps on the device; deep enough for the file system's batches (it posts
 /// at most a few dozen 1 MiB requests at once), small enough that 64 QPs fit the shared CQ.
-const QP_DEPTH: usize = 128;
+const QP_DEPTH: usize = crate::config::VERBS_QP_DEPTH;
 /// Entries of the shared CQ (fewer if the device allows fewer); every request on the device
 /// has one reserved, so the CQ bounds the number of QPs (slots in the top bits of a wr_id).
 const CQ_DEPTH: u32 = 8192;
@@ -81,7 +81,7 @@ impl Default for VerbsConfig {
         VerbsConfig {
             device: None,
             gid_index: None,
-            op_timeout: Duration::from_secs(10),
+            op_timeout: crate::config::OP_TIMEOUT,
         }
     }
 }
@@ -267,9 +267,9 @@ impl VerbsFabric {
     /// Server side: destroys every accepted QP, as if this server had died. Clients see their
     /// requests fail with transport errors once their retries or their op timeout run out.
     pub fn shutdown_peers(&self) {
-        for peer in self.peers.lock().unwrap().drain(..) {
+        for peer in self.peers.lock().drain(..) {
             if let Some(qp) = peer.upgrade() {
-                drop(qp.lock().unwrap().take());
+                drop(qp.lock().take());
             }
         }
     }
@@ -571,7 +571,7 @@ impl Fabric for VerbsFabric {
         };
         let remote = Endpoint::decode(&reply).map_err(handshake)?;
         self.connect_qp(&mut qp, psn, &remote).map_err(handshake)?;
-        let mut slots = self.shared.slots.lock().unwrap();
+        let mut slots = self.shared.slots.lock();
         let index = match slots
             .iter()
             .position(|s| s.as_ref().is_none_or(|w| w.strong_count() == 0))
@@ -618,7 +618,7 @@ impl Fabric for VerbsFabric {
         self.connect_qp(&mut qp, psn, &remote).map_err(bad)?;
         let reply = self.endpoint(&qp, psn).encode();
         let qp = Arc::new(Mutex::new(Some(qp)));
-        let mut peers = self.peers.lock().unwrap();
+        let mut peers = self.peers.lock();
         peers.retain(|w| w.strong_count() > 0);
         peers.push(Arc::downgrade(&qp));
         Ok((reply, Box::new(qp)))
@@ -639,12 +639,8 @@ impl Fabric for VerbsFabric {
     fn progress(&self) -> Option<usize> {
         // Whoever holds the lock is draining already; the caller will see its completions.
         Some(match self.shared.drain_lock.try_lock() {
-            Ok(_guard) => drain(&self.shared),
-            Err(std::sync::TryLockError::Poisoned(e)) => {
-                let _guard = e.into_inner();
-                drain(&self.shared)
-            }
-            Err(std::sync::TryLockError::WouldBlock) => 0,
+            Some(_guard) => drain(&self.shared),
+            None => 0,
         })
     }
 }
@@ -652,7 +648,7 @@ impl Fabric for VerbsFabric {
 impl Drop for VerbsFabric {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        if let Some(t) = self.poller.lock().unwrap().take() {
+        if let Some(t) = self.poller.lock().take() {
             let _ = t.join();
         }
     }
@@ -812,7 +808,7 @@ impl VerbsQp {
     fn complete(&self, seq: u64, status: u32) {
         let mut failed = Vec::new();
         let done = {
-            let mut st = self.state.lock().unwrap();
+            let mut st = self.state.lock();
             let pos = st.on_device.iter().position(|p| p.seq == seq);
             let Some(pos) = pos else {
                 log::warn!("completion for an unknown request {seq} (status {status})");
@@ -856,7 +852,7 @@ impl VerbsQp {
     fn watchdog(&self) {
         let mut failed = Vec::new();
         {
-            let mut st = self.state.lock().unwrap();
+            let mut st = self.state.lock();
             if st.on_device.is_empty() || st.last_progress.elapsed() < self.op_timeout {
                 return;
             }
@@ -893,7 +889,7 @@ impl QueuePair for VerbsQp {
         let mut refused = Vec::new();
         let mut failed = Vec::new();
         {
-            let mut st = self.state.lock().unwrap();
+            let mut st = self.state.lock();
             for wr in wrs {
                 let need = match wr.opcode {
                     Opcode::Read => Access::LOCAL_WRITE,
@@ -937,7 +933,7 @@ impl QueuePair for VerbsQp {
         self.connected.store(false, Ordering::Release);
         let mut failed = Vec::new();
         {
-            let mut st = self.state.lock().unwrap();
+            let mut st = self.state.lock();
             if !st.broken {
                 st.broken = true;
                 st.move_to_error();
@@ -976,7 +972,7 @@ fn poll_loop(shared: &Shared) {
     while !shared.stop.load(Ordering::Acquire) {
         if last_watch.elapsed() >= Duration::from_millis(POLL_TICK_MS as u64) {
             last_watch = Instant::now();
-            let slots = shared.slots.lock().unwrap().clone();
+            let slots = shared.slots.lock().clone();
             for qp in slots.iter().flatten().filter_map(Weak::upgrade) {
                 qp.watchdog();
             }
@@ -1046,7 +1042,7 @@ fn drain(shared: &Shared) -> usize {
         }
         let polled = &wcs[..n as usize];
         total += polled.len();
-        let slots = shared.slots.lock().unwrap().clone();
+        let slots = shared.slots.lock().clone();
         for wc in polled {
             let slot = (wc.wr_id >> SEQ_BITS) as usize;
             match slots

@@ -15,24 +15,17 @@ pub mod alloc;
 
 use crate::fabric::{mem::page_size, Access, DeregisterError, Fabric, LocalMr, PeerGuard};
 use crate::proto::{self, Capacity, FrameError, Message, RefusalCode, PROTOCOL_VERSION};
+use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{Arc, Mutex};
 use alloc::ExtentAllocator;
 use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 /// The default control port (`rmemfs serve` and `--servers host` without a port).
 pub const DEFAULT_PORT: u16 = 7471;
-
-/// A client has this long to say `Hello` after connecting.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long a free waits for one-sided operations still running on the extent (they are
-/// bounded by the fabric's op timeout) before dropping the registration regardless.
-const FREE_DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Control threads need little stack: frames are at most 64 KiB and live on the heap.
 const SESSION_STACK: usize = 256 * 1024;
@@ -88,6 +81,21 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Arena size in bytes.
     pub size: u64,
+    /// The op timeout its clients use: the server's own timeouts (a client's `Hello`, the
+    /// drain of operations on a freed extent) are derived from it and shorter
+    /// ([`crate::config::server_control_timeout`]).
+    pub client_op_timeout: Duration,
+}
+
+impl ServerConfig {
+    /// A server on `listen` lending `size` bytes, for clients with the default op timeout.
+    pub fn new(listen: SocketAddr, size: u64) -> ServerConfig {
+        ServerConfig {
+            listen,
+            size,
+            client_op_timeout: crate::config::OP_TIMEOUT,
+        }
+    }
 }
 
 struct Extent {
@@ -98,6 +106,11 @@ struct Extent {
 
 struct Shared {
     fabric: Arc<dyn Fabric>,
+    /// The address the control listener is bound to (possibly a wildcard): the fabric serves
+    /// data on the same interfaces.
+    listen: SocketAddr,
+    /// A client's time to say `Hello`, and a freed extent's time to drain.
+    control_timeout: Duration,
     alloc: Mutex<ExtentAllocator>,
     instance: u64,
     stop: AtomicBool,
@@ -137,6 +150,8 @@ impl MemoryServer {
         let local_addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             fabric,
+            listen: local_addr,
+            control_timeout: crate::config::server_control_timeout(config.client_op_timeout),
             alloc: Mutex::new(ExtentAllocator::new(size, page)),
             instance: instance_id(),
             stop: AtomicBool::new(false),
@@ -175,15 +190,11 @@ impl MemoryServer {
         if self.shared.stop.swap(true, Ordering::SeqCst) {
             return;
         }
-        for (_, s) in self.shared.sessions.lock().unwrap().drain() {
+        for (_, s) in self.shared.sessions.lock().drain() {
             let _ = s.shutdown(Shutdown::Both);
         }
         // Wake the accept loop.
-        let wake = if self.local_addr.ip().is_unspecified() {
-            SocketAddr::from(([127, 0, 0, 1], self.local_addr.port()))
-        } else {
-            self.local_addr
-        };
+        let wake = crate::fabric::reachable(self.local_addr);
         let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(500));
         if let Some(h) = self.accept.take() {
             let _ = h.join();
@@ -207,7 +218,7 @@ fn instance_id() -> u64 {
 
 impl Shared {
     fn capacity(&self) -> Capacity {
-        let a = self.alloc.lock().unwrap();
+        let a = self.alloc.lock();
         Capacity {
             total: a.total(),
             free: a.free_bytes(),
@@ -232,7 +243,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         };
         let id = shared.next_session.fetch_add(1, Ordering::Relaxed);
         if let Ok(clone) = stream.try_clone() {
-            shared.sessions.lock().unwrap().insert(id, clone);
+            shared.sessions.lock().insert(id, clone);
         }
         let s = shared.clone();
         let spawned = thread::Builder::new()
@@ -251,11 +262,11 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     Err(e) => log::warn!("client {peer:?}: closing connection: {e}"),
                 }
                 session.release_all();
-                s.sessions.lock().unwrap().remove(&id);
+                s.sessions.lock().remove(&id);
             });
         if let Err(e) = spawned {
             log::error!("cannot start a session thread: {e}");
-            shared.sessions.lock().unwrap().remove(&id);
+            shared.sessions.lock().remove(&id);
         }
     }
 }
@@ -283,8 +294,7 @@ enum SessionError {
 impl Session {
     fn run(&mut self, mut stream: TcpStream) -> Result<(), SessionError> {
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
-        let local = stream.local_addr()?;
+        stream.set_read_timeout(Some(self.shared.control_timeout))?;
         loop {
             let msg = match proto::read_frame(&mut stream) {
                 Ok(m) => m,
@@ -300,7 +310,7 @@ impl Session {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let reply = match self.handle(msg, local) {
+            let reply = match self.handle(msg) {
                 Ok(r) => r,
                 Err(why) => {
                     let _ = proto::write_frame(
@@ -320,7 +330,7 @@ impl Session {
     }
 
     /// Answers one message; `Err` is a protocol violation that ends the session.
-    fn handle(&mut self, msg: Message, local: SocketAddr) -> Result<Message, String> {
+    fn handle(&mut self, msg: Message) -> Result<Message, String> {
         if !self.welcomed {
             return match msg {
                 Message::Hello {
@@ -344,17 +354,19 @@ impl Session {
             };
         }
         Ok(match msg {
-            Message::Connect { tag, blob } => match self.shared.fabric.accept(&blob, local) {
-                Ok((blob, guard)) => {
-                    self.guards.push(guard);
-                    Message::Connected { tag, blob }
+            Message::Connect { tag, blob } => {
+                match self.shared.fabric.accept(&blob, self.shared.listen) {
+                    Ok((blob, guard)) => {
+                        self.guards.push(guard);
+                        Message::Connected { tag, blob }
+                    }
+                    Err(e) => Message::Refused {
+                        tag,
+                        code: RefusalCode::RegistrationFailed,
+                        message: format!("data path setup failed: {e}"),
+                    },
                 }
-                Err(e) => Message::Refused {
-                    tag,
-                    code: RefusalCode::RegistrationFailed,
-                    message: format!("data path setup failed: {e}"),
-                },
-            },
+            }
             Message::Alloc { tag, len } => self.alloc(tag, len),
             Message::Free { tag, addr, rkey } => self.free(tag, addr, rkey),
             Message::Stat { tag } => Message::Stats {
@@ -379,7 +391,7 @@ impl Session {
                 format!("{len} bytes is more than the whole arena ({total} bytes)"),
             );
         }
-        let Some((offset, rlen)) = self.shared.alloc.lock().unwrap().alloc(len) else {
+        let Some((offset, rlen)) = self.shared.alloc.lock().alloc(len) else {
             let cap = self.shared.capacity();
             return refuse(
                 RefusalCode::NoSpace,
@@ -401,7 +413,7 @@ impl Session {
         let mr = match registered {
             Ok(mr) => mr,
             Err(e) => {
-                self.shared.alloc.lock().unwrap().free(offset, rlen);
+                self.shared.alloc.lock().free(offset, rlen);
                 log::warn!("registration of a {rlen}-byte extent failed: {e}");
                 return refuse(RefusalCode::RegistrationFailed, e.to_string());
             }
@@ -454,16 +466,16 @@ impl Session {
                 Ok(()) => break,
                 Err(DeregisterError::Busy(mut v)) => {
                     mr = v.pop().expect("one region was passed");
-                    if start.elapsed() > FREE_DRAIN_TIMEOUT {
+                    if start.elapsed() > self.shared.control_timeout {
                         // An operation on it is still running (a peer trickling a payload).
                         // Handing the range to someone else could let that operation land in
                         // their data: quarantine it instead (its key is gone, its memory is
                         // never reused by this server).
                         log::warn!(
-                            "extent at {:#x} ({} bytes) still busy after {FREE_DRAIN_TIMEOUT:?}; \
-                             quarantined",
+                            "extent at {:#x} ({} bytes) still busy after {:?}; quarantined",
                             mr.addr(),
-                            extent.len
+                            extent.len,
+                            self.shared.control_timeout
                         );
                         drop(mr);
                         self.shared.extents.fetch_sub(1, Ordering::SeqCst);
@@ -485,11 +497,7 @@ impl Session {
                 extent.len as usize,
             )
         };
-        self.shared
-            .alloc
-            .lock()
-            .unwrap()
-            .free(extent.offset, extent.len);
+        self.shared.alloc.lock().free(extent.offset, extent.len);
         self.shared.extents.fetch_sub(1, Ordering::SeqCst);
     }
 

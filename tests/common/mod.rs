@@ -33,10 +33,7 @@ impl TestFs {
             let node = net.node();
             srv.push(
                 MemoryServer::start(
-                    &ServerConfig {
-                        listen: "127.0.0.1:0".parse().unwrap(),
-                        size,
-                    },
+                    &ServerConfig::new("127.0.0.1:0".parse().unwrap(), size),
                     node.clone(),
                 )
                 .unwrap(),

@@ -1,0 +1,93 @@
+//! Every tunable of rmemfs, once, with the reason for its value. Modules take them from here
+//! (or from the structs built from them) and never write the number again.
+
+use std::time::Duration;
+
+/// How long an operation on a memory server may make no progress before it fails (EIO for
+/// the program). Long enough for a loaded server or a congested link to catch up, short
+/// enough that a dead server is noticed before users give up on a hung `cp`. `--op-timeout`.
+pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The same in seconds, for command-line defaults.
+pub const OP_TIMEOUT_SECS: u64 = OP_TIMEOUT.as_secs();
+
+/// What a memory server allows a one-sided operation on its side (the TCP fabric's NIC) to
+/// stall. Half the client's: the server gives up first and closes the connection, so the
+/// client sees a clean transport error rather than a timeout racing a late answer.
+pub fn server_op_timeout(client_op_timeout: Duration) -> Duration {
+    client_op_timeout / 2
+}
+
+/// How long a memory server waits for a control step of a client (its `Hello`), and for
+/// one-sided operations still running on an extent being freed (bounded by
+/// [`server_op_timeout`]) before it drops the registration anyway. Shorter than the
+/// client's op timeout, so the client's `Free` is answered before the client gives up.
+pub fn server_control_timeout(client_op_timeout: Duration) -> Duration {
+    client_op_timeout * 3 / 4
+}
+
+/// A file's data is cut into chunks of this size, each on one server (`--chunk-size`): large
+/// enough that a 1 MiB FUSE request is one remote operation, small enough that files spread
+/// over servers and a nearly full server still takes some.
+pub const CHUNK_SIZE: u64 = 1 << 20;
+
+/// Largest read or write FUSE hands the daemon in one request (the kernel's cap is 1 MiB with
+/// `max_pages` 256), and so the size of the pooled I/O buffers and the readahead window.
+pub const IO_SIZE: usize = 1 << 20;
+
+/// Operations (and batches) of at most this many bytes are small: the TCP fabric sends them
+/// on the poster's thread (saving a thread hand-off), and their waiter polls a verbs CQ
+/// before sleeping. Above it, a payload's copy time dwarfs a wake-up.
+pub const SMALL_OP_BYTES: u64 = 64 << 10;
+
+/// FUSE worker threads (`--threads`): two cores here, and most time is spent waiting on the
+/// network, so a few more threads than cores keep requests in flight.
+pub const FUSE_THREADS: usize = 4;
+
+/// Pooled read buffers per FUSE thread: one for the request being served and one being
+/// filled by readahead.
+pub const READ_BUFFERS_PER_THREAD: usize = 2;
+
+/// The most the registration cache keeps pinned by default where pinning is not limited
+/// (root, or an unlimited memlock): enough for every FUSE thread's working set many times over.
+pub const REG_CACHE_MAX_BYTES: u64 = 1 << 30;
+
+/// Memlock room the registration cache leaves for the read buffers and one-off
+/// registrations when it sizes itself from the memlock limit.
+pub const REG_CACHE_MEMLOCK_HEADROOM: u64 = 32 << 20;
+
+/// The embedded memory server's arena by default: a quarter of available RAM, within these
+/// bounds (pages cost RAM only once files use them).
+pub const EMBEDDED_MIN_BYTES: u64 = 64 << 20;
+pub const EMBEDDED_MAX_BYTES: u64 = 8 << 30;
+
+/// Requests a TCP queue pair buffers ahead of its sender before `post` applies back-pressure
+/// (a verbs send queue is of the same order).
+pub const TCP_SEND_QUEUE_DEPTH: usize = 4096;
+
+/// Requests a verbs queue pair keeps on the device; the rest wait in a FIFO backlog. rxe and
+/// most NICs allow far more, but 128 already covers a 1 MiB batch of 4 KiB pieces twice over.
+pub const VERBS_QP_DEPTH: usize = 128;
+
+/// How long the kernel may cache attributes and names. All changes go through this mount
+/// (metadata is local to the daemon), so the kernel's view only goes stale through our own
+/// replies, which carry fresh attributes; a short TTL still bounds any surprise.
+pub const ATTR_TTL: Duration = Duration::from_secs(1);
+
+/// Largest file size rmemfs accepts (what `statfs` and `EFBIG` are measured against): the
+/// kernel's own limit for a file offset, `i64::MAX`.
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_server_gives_up_before_the_client() {
+        for secs in [1, 2, 10, 60] {
+            let op = Duration::from_secs(secs);
+            assert!(server_op_timeout(op) < server_control_timeout(op));
+            assert!(server_control_timeout(op) < op);
+        }
+    }
+}
