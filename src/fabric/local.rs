@@ -3,15 +3,14 @@
 //! demand: op counters, and fault injection (fail the Nth operation a node serves, delay every
 //! operation, drop the peer).
 //!
-//! A [`LocalNetwork`] joins nodes; each node is a [`LocalFabric`] with its own key table. A
+//! A [`LocalNetwork`] joins nodes; each node is a [`LocalFabric`] with its own key registry. A
 //! server's node answers the control-channel `Connect` with its node id, and a client's queue
 //! pair then executes operations by copying between the two nodes' registered memory on a
 //! worker thread (so completions arrive asynchronously, as from a NIC).
 
-use super::mem::{AlignedBuf, InFlight, KeyTable};
 use super::{
-    Access, Completion, CompletionQueue, DeregisterError, Exchange, Fabric, FabricError, LocalMr,
-    OpCounters, Opcode, PeerGuard, QueuePair, SoftCq, WcStatus, WorkRequest, MAX_OP_LEN,
+    Access, AlignedBuf, CompletionQueue, DeregisterError, Exchange, Fabric, FabricError, InFlight,
+    LocalMr, OpCounters, PeerGuard, QueuePair, Registry, WcStatus, WorkRequest,
 };
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex, Weak};
@@ -42,7 +41,7 @@ pub struct Faults {
 
 struct Node {
     id: u64,
-    table: Arc<KeyTable>,
+    registry: Arc<Registry>,
     faults: Faults,
 }
 
@@ -62,7 +61,7 @@ impl LocalNetwork {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let node = Arc::new(Node {
             id,
-            table: Arc::new(KeyTable::new()),
+            registry: Arc::new(Registry::new()),
             faults: Faults::default(),
         });
         self.nodes.lock().insert(id, Arc::downgrade(&node));
@@ -124,24 +123,23 @@ impl Fabric for LocalFabric {
         access: Access,
     ) -> Result<LocalMr, FabricError> {
         // SAFETY: forwarded contract.
-        unsafe { self.node.table.register(addr, len, access, None) }
+        unsafe { self.node.registry.register(addr, len, access, None) }
     }
 
     fn register_buf(&self, buf: Arc<AlignedBuf>, access: Access) -> Result<LocalMr, FabricError> {
-        self.node.table.clone().register_owned(buf, access)
+        self.node.registry.clone().register_owned(buf, access)
     }
 
     fn deregister(&self, mrs: Vec<LocalMr>) -> Result<(), DeregisterError> {
-        self.node.table.deregister_batch(mrs)
+        self.node.registry.deregister_batch(mrs)
     }
 
     fn connect(
         &self,
         server: SocketAddr,
         exchange: &mut Exchange<'_>,
-        cq: Arc<dyn CompletionQueue>,
+        cq: Arc<CompletionQueue>,
     ) -> Result<Arc<dyn QueuePair>, FabricError> {
-        let cq = SoftCq::downcast(cq)?;
         let blob = exchange(Vec::new())?;
         let id = <[u8; 8]>::try_from(blob.as_slice())
             .map(u64::from_le_bytes)
@@ -187,28 +185,24 @@ impl Fabric for LocalFabric {
     }
 
     fn counters(&self) -> OpCounters {
-        self.node.table.counters.snapshot()
+        self.node.registry.counters.snapshot()
     }
 
     fn pinned_bytes(&self) -> u64 {
-        self.node.table.pinned.load(Ordering::Relaxed)
+        self.node.registry.pinned.load(Ordering::Relaxed)
     }
 }
 
 struct LocalQpShared {
     initiator: Arc<Node>,
     target: Arc<Node>,
-    cq: Arc<SoftCq>,
+    cq: Arc<CompletionQueue>,
     disconnected: AtomicBool,
 }
 
 impl LocalQpShared {
     fn complete(&self, wr: &WorkRequest, status: WcStatus, hold: Option<InFlight>) {
-        self.initiator
-            .table
-            .counters
-            .count(wr.opcode, status, wr.local.len);
-        self.cq.push(Completion::new(wr, status, hold));
+        self.initiator.registry.complete(&self.cq, wr, status, hold);
     }
 
     fn execute(&self, wr: WorkRequest, hold: InFlight) {
@@ -231,21 +225,17 @@ impl LocalQpShared {
             self.complete(&wr, status, Some(hold));
             return;
         }
-        let need = match wr.opcode {
-            Opcode::Read => Access::REMOTE_READ,
-            Opcode::Write => Access::REMOTE_WRITE,
-        };
-        let Some(remote) = self
-            .target
-            .table
-            .acquire(wr.rkey, wr.remote_addr, wr.local.len, need)
+        let Some(remote) =
+            self.target
+                .registry
+                .admit_remote(wr.opcode, wr.rkey, wr.remote_addr, wr.local.len)
         else {
             self.complete(&wr, WcStatus::RemoteAccessError, Some(hold));
             return;
         };
         let (src, dst) = match wr.opcode {
-            Opcode::Read => (wr.remote_addr, wr.local.addr),
-            Opcode::Write => (wr.local.addr, wr.remote_addr),
+            super::Opcode::Read => (wr.remote_addr, wr.local.addr),
+            super::Opcode::Write => (wr.local.addr, wr.remote_addr),
         };
         // SAFETY: both ranges were checked against live registrations (`hold` locally with the
         // access the opcode needs, `remote` on the target), and both holds keep them registered
@@ -267,23 +257,8 @@ impl QueuePair for LocalQp {
     fn post(&self, wrs: &[WorkRequest]) {
         let tx = self.tx.lock().clone();
         for wr in wrs {
-            let need = match wr.opcode {
-                Opcode::Read => Access::LOCAL_WRITE,
-                Opcode::Write => Access::NONE,
-            };
-            let hold = (wr.local.len <= MAX_OP_LEN)
-                .then(|| {
-                    self.shared.initiator.table.acquire(
-                        wr.local.lkey,
-                        wr.local.addr,
-                        wr.local.len,
-                        need,
-                    )
-                })
-                .flatten();
-            let Some(hold) = hold else {
-                self.shared
-                    .complete(wr, WcStatus::LocalProtectionError, None);
+            let s = &self.shared;
+            let Some(hold) = s.initiator.registry.admit(&s.cq, wr) else {
                 continue;
             };
             match &tx {

@@ -17,7 +17,6 @@
 //! [`DeregisterError::Busy`] and leaves it registered, so a cache above can only evict idle
 //! regions, and no operation ever lands in memory that was handed back.
 
-use std::any::Any;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,11 +25,13 @@ use std::time::Duration;
 #[cfg(any(test, feature = "testing"))]
 pub mod local;
 pub mod mem;
+pub mod registry;
 pub mod tcp;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use mem::{AlignedBuf, InFlight, RegionEntry};
+pub use mem::AlignedBuf;
+pub use registry::{InFlight, RegionEntry, Registry};
 
 /// Access rights of a registration, as in `ibv_access_flags`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,7 +193,7 @@ pub enum DeregisterError {
 #[derive(Debug)]
 pub struct LocalMr {
     pub(crate) entry: Arc<RegionEntry>,
-    pub(crate) table: Arc<mem::KeyTable>,
+    pub(crate) table: Arc<Registry>,
 }
 
 impl LocalMr {
@@ -234,18 +235,6 @@ impl Drop for LocalMr {
     }
 }
 
-/// Reaps completions. Implementations deliver every posted work request's completion exactly
-/// once. Requests a queue pair carries out complete in posting order; a request refused
-/// before it reaches the wire (a bad local SGE, a QP already broken) may complete ahead of
-/// earlier ones still in flight.
-pub trait CompletionQueue: Send + Sync {
-    /// Moves up to `max` ready completions into `out` without blocking; returns how many.
-    fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize;
-    /// Waits up to `timeout` for one completion.
-    fn wait(&self, timeout: Duration) -> Option<Completion>;
-    fn as_any(&self) -> &dyn Any;
-}
-
 /// A connection to one server's memory.
 pub trait QueuePair: Send + Sync {
     /// Posts a batch. Never blocks on the network for long and never fails as a call: every
@@ -271,7 +260,7 @@ pub type Exchange<'a> = dyn FnMut(Vec<u8>) -> Result<Vec<u8>, FabricError> + 'a;
 pub type CompletionHandler = Arc<dyn Fn(Completion) + Send + Sync>;
 
 /// Keeps a server-side data path alive for as long as the client's control session lasts.
-pub type PeerGuard = Box<dyn Any + Send>;
+pub type PeerGuard = Box<dyn std::any::Any + Send>;
 
 /// A fabric: one "NIC" with its protection domain (key table), used by clients and servers.
 pub trait Fabric: Send + Sync {
@@ -297,17 +286,15 @@ pub trait Fabric: Send + Sync {
     /// operations in flight are returned, still registered.
     fn deregister(&self, mrs: Vec<LocalMr>) -> Result<(), DeregisterError>;
 
-    /// A completion queue to reap from. Every fabric here delivers into a [`SoftCq`] (the
-    /// verbs fabric's poller moves device completions into it), so this is the default.
-    fn create_cq(&self) -> Arc<dyn CompletionQueue> {
-        Arc::new(SoftCq::default())
+    /// A completion queue to reap from (the same type on every fabric).
+    fn create_cq(&self) -> Arc<CompletionQueue> {
+        CompletionQueue::new()
     }
 
-    /// A completion queue whose completions are handed to `handler` as they arrive, in the
-    /// fabric's completion context (a NIC or poller thread), instead of waiting to be reaped.
-    /// Saves the hand-off to a reaping thread; the handler must be quick and must not block.
-    fn create_cq_with_handler(&self, handler: CompletionHandler) -> Arc<dyn CompletionQueue> {
-        Arc::new(SoftCq::with_handler(handler))
+    /// A completion queue whose completions go to `handler` as they arrive
+    /// ([`CompletionQueue::with_handler`]).
+    fn create_cq_with_handler(&self, handler: CompletionHandler) -> Arc<CompletionQueue> {
+        CompletionQueue::with_handler(handler)
     }
 
     /// Client side: connects a queue pair to the server whose control connection reaches
@@ -316,7 +303,7 @@ pub trait Fabric: Send + Sync {
         &self,
         server: SocketAddr,
         exchange: &mut Exchange<'_>,
-        cq: Arc<dyn CompletionQueue>,
+        cq: Arc<CompletionQueue>,
     ) -> Result<Arc<dyn QueuePair>, FabricError>;
 
     /// Server side: answers a client's `Connect` blob. `listen` is the address the server's
@@ -436,18 +423,22 @@ pub struct OpCounters {
     pub deregistration_batches: u64,
 }
 
-/// The completion queue of the software fabrics: a channel the "NIC" threads push into.
-pub struct SoftCq {
+/// The completion queue every fabric delivers into (the verbs fabric's poller moves device
+/// completions here). Every posted work request's completion arrives exactly once. Requests
+/// a queue pair carries out complete in posting order; a request refused before it reaches
+/// the wire (a bad local SGE, a QP already broken) may complete ahead of earlier ones still in
+/// flight.
+pub struct CompletionQueue {
     tx: crossbeam_channel::Sender<Completion>,
     rx: crossbeam_channel::Receiver<Completion>,
     handler: Option<CompletionHandler>,
 }
 
-impl Default for SoftCq {
+impl Default for CompletionQueue {
     fn default() -> Self {
         // Unbounded: a NIC thread must never block on a consumer that is itself blocked posting.
         let (tx, rx) = crossbeam_channel::unbounded();
-        SoftCq {
+        CompletionQueue {
             tx,
             rx,
             handler: None,
@@ -455,13 +446,20 @@ impl Default for SoftCq {
     }
 }
 
-impl SoftCq {
-    /// Completions go straight to `handler`, called by the thread that completes them.
-    pub fn with_handler(handler: CompletionHandler) -> SoftCq {
-        SoftCq {
+impl CompletionQueue {
+    /// A queue to reap from with [`CompletionQueue::poll`] and [`CompletionQueue::wait`].
+    pub fn new() -> Arc<CompletionQueue> {
+        Arc::new(CompletionQueue::default())
+    }
+
+    /// Completions go straight to `handler`, called by the thread that completes them (a NIC
+    /// or poller thread), instead of waiting to be reaped. Saves the hand-off to a reaping
+    /// thread; the handler must be quick and must not block.
+    pub fn with_handler(handler: CompletionHandler) -> Arc<CompletionQueue> {
+        Arc::new(CompletionQueue {
             handler: Some(handler),
-            ..SoftCq::default()
-        }
+            ..CompletionQueue::default()
+        })
     }
 
     pub(crate) fn push(&self, c: Completion) {
@@ -474,23 +472,8 @@ impl SoftCq {
         }
     }
 
-    /// Finds the software CQ behind a trait object (a QP can only post to its own fabric's CQ).
-    pub(crate) fn downcast(cq: Arc<dyn CompletionQueue>) -> Result<Arc<SoftCq>, FabricError> {
-        if cq.as_any().is::<SoftCq>() {
-            let raw = Arc::into_raw(cq) as *const SoftCq;
-            // SAFETY: the concrete type behind the trait object was checked to be `SoftCq`, and
-            // the pointer came from `Arc::into_raw` of that same allocation.
-            Ok(unsafe { Arc::from_raw(raw) })
-        } else {
-            Err(FabricError::InvalidRegion(
-                "completion queue belongs to another fabric",
-            ))
-        }
-    }
-}
-
-impl CompletionQueue for SoftCq {
-    fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
+    /// Moves up to `max` ready completions into `out` without blocking; returns how many.
+    pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
         let mut n = 0;
         while n < max {
             match self.rx.try_recv() {
@@ -503,11 +486,10 @@ impl CompletionQueue for SoftCq {
         }
         n
     }
-    fn wait(&self, timeout: Duration) -> Option<Completion> {
+
+    /// Waits up to `timeout` for one completion.
+    pub fn wait(&self, timeout: Duration) -> Option<Completion> {
         self.rx.recv_timeout(timeout).ok()
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -7,7 +7,7 @@
 //! - One RC queue pair per server connection. Its handshake (QP number, PSN, LID, GID, MTU)
 //!   rides the existing control connection as the `Connect`/`Connected` blobs, so no rdma_cm
 //!   is needed (rdma_cm cannot resolve routes over rxe on `lo`).
-//! - Registrations are real `ibv_reg_mr`s, kept in the same [`KeyTable`] as the software
+//! - Registrations are real `ibv_reg_mr`s, kept in the same [`Registry`] as the software
 //!   fabrics under the device's lkey: the table gives the in-use counts that stop a cache from
 //!   deregistering memory an operation still uses, and refuses bad local SGEs before they reach
 //!   the device (with the same `LocalProtectionError` the other fabrics give).
@@ -21,11 +21,9 @@
 //!   complete with transport errors (unlike the TCP fabric, which survives access errors;
 //!   [`Fabric::errors_break_qp`] tells callers which rule holds).
 
-use super::mem::KeyTable;
 use super::{
-    Access, AlignedBuf, Completion, CompletionQueue, DeregisterError, Exchange, Fabric,
-    FabricError, InFlight, LocalMr, OpCounters, Opcode, PeerGuard, QueuePair, SoftCq, WcStatus,
-    WorkRequest, MAX_OP_LEN,
+    Access, AlignedBuf, CompletionQueue, DeregisterError, Exchange, Fabric, FabricError, InFlight,
+    LocalMr, OpCounters, Opcode, PeerGuard, QueuePair, Registry, WcStatus, WorkRequest,
 };
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex, Weak};
@@ -89,7 +87,7 @@ impl Default for VerbsConfig {
 /// The verbs fabric: one device, one protection domain, one completion poller.
 pub struct VerbsFabric {
     shared: Arc<Shared>,
-    table: Arc<KeyTable>,
+    table: Arc<Registry>,
     poller: Mutex<Option<JoinHandle<()>>>,
     /// Server side: the QPs accepted for clients, so a test can break them all at once.
     peers: Mutex<Vec<Weak<Mutex<Option<BasicQueuePair>>>>>,
@@ -230,7 +228,7 @@ impl VerbsFabric {
             .setup_comp_channel(&channel, 0)
             .build()
             .map_err(|e| unavailable(format!("{device}: cannot create a completion queue: {e}")))?;
-        let table = Arc::new(KeyTable::new());
+        let table = Arc::new(Registry::new());
         let shared = Arc::new(Shared {
             pd,
             channel,
@@ -350,7 +348,7 @@ impl VerbsFabric {
         access: Access,
         owner: Option<Arc<AlignedBuf>>,
     ) -> Result<LocalMr, FabricError> {
-        super::mem::check_range(addr, len)?;
+        super::registry::check_range(addr, len)?;
         // Local write only where the device writes (READ targets) or remote peers do (verbs
         // requires it with remote write); a WRITE source may be read-only memory.
         let mut flags = AccessFlags::none();
@@ -559,9 +557,8 @@ impl Fabric for VerbsFabric {
         &self,
         server: SocketAddr,
         exchange: &mut Exchange<'_>,
-        cq: Arc<dyn CompletionQueue>,
+        cq: Arc<CompletionQueue>,
     ) -> Result<Arc<dyn QueuePair>, FabricError> {
-        let cq = SoftCq::downcast(cq)?;
         let mut qp = self.create_qp()?;
         let psn = random_psn();
         let reply = exchange(self.endpoint(&qp, psn).encode())?;
@@ -681,8 +678,8 @@ struct QpState {
 pub struct VerbsQp {
     slot: u64,
     op_timeout: Duration,
-    table: Arc<KeyTable>,
-    cq: Arc<SoftCq>,
+    table: Arc<Registry>,
+    cq: Arc<CompletionQueue>,
     connected: AtomicBool,
     state: Mutex<QpState>,
 }
@@ -798,10 +795,7 @@ impl VerbsQp {
     }
 
     fn finish(&self, p: Pending, status: WcStatus) {
-        self.table
-            .counters
-            .count(p.wr.opcode, status, p.wr.local.len);
-        self.cq.push(Completion::new(&p.wr, status, Some(p.hold)));
+        self.table.complete(&self.cq, &p.wr, status, Some(p.hold));
     }
 
     /// The poller's entry: the device completed request `seq`.
@@ -886,38 +880,23 @@ impl VerbsQp {
 
 impl QueuePair for VerbsQp {
     fn post(&self, wrs: &[WorkRequest]) {
-        let mut refused = Vec::new();
+        // The local check (and the completion of a refused request) happens before the QP's
+        // lock is taken: no completion is delivered while holding it.
+        let admitted: Vec<Pending> = wrs
+            .iter()
+            .filter_map(|wr| {
+                self.table.admit(&self.cq, wr).map(|hold| Pending {
+                    wr: *wr,
+                    hold,
+                    seq: 0,
+                })
+            })
+            .collect();
         let mut failed = Vec::new();
         {
             let mut st = self.state.lock();
-            for wr in wrs {
-                let need = match wr.opcode {
-                    Opcode::Read => Access::LOCAL_WRITE,
-                    Opcode::Write => Access::NONE,
-                };
-                let hold = (wr.local.len <= MAX_OP_LEN)
-                    .then(|| {
-                        self.table
-                            .acquire(wr.local.lkey, wr.local.addr, wr.local.len, need)
-                    })
-                    .flatten();
-                match hold {
-                    Some(hold) => st.backlog.push_back(Pending {
-                        wr: *wr,
-                        hold,
-                        seq: 0,
-                    }),
-                    None => refused.push(*wr),
-                }
-            }
+            st.backlog.extend(admitted);
             st.pump(self.slot, &mut failed);
-        }
-        for wr in refused {
-            self.table
-                .counters
-                .count(wr.opcode, WcStatus::LocalProtectionError, 0);
-            self.cq
-                .push(Completion::new(&wr, WcStatus::LocalProtectionError, None));
         }
         if !failed.is_empty() {
             self.connected.store(false, Ordering::Release);

@@ -1,0 +1,467 @@
+//! The registry every fabric shares: the protection domain of one "NIC" (keys to
+//! registrations, their pins and in-use counts), the checks every posted work request goes
+//! through (the local SGE when it is posted, the remote key, bounds and access where it is
+//! served), and the delivery of completions with the counters `stats` reports.
+//!
+//! The TCP, in-process and verbs fabrics all call these, so a refused request behaves the
+//! same on every fabric and the lifetime rule lives in one place: a work request holds an
+//! [`InFlight`] on its region until its completion is dropped, and a region in use is never
+//! deregistered.
+
+use super::mem::{memlock_limit_text, page_size, round_up, AlignedBuf};
+use super::{
+    Access, Completion, CompletionQueue, DeregisterError, FabricError, LocalMr, OpCounters,
+    Opcode, WcStatus, WorkRequest, MAX_OP_LEN,
+};
+use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::{Arc, RwLock};
+use std::any::Any;
+use std::collections::HashMap;
+use std::io;
+
+/// Pages locked with `mlock`, unlocked on drop: what registration costs on a software fabric.
+///
+/// `munlock` is not reference-counted by the kernel, so two registrations sharing a page unpin
+/// it when the first goes; the software NIC reaches memory by virtual address, so this only
+/// affects the cost model, never correctness.
+#[derive(Debug)]
+pub struct Pin {
+    start: usize,
+    len: usize,
+    pinned: Arc<AtomicU64>,
+}
+
+impl Pin {
+    pub fn new(addr: *mut u8, len: usize, pinned: Arc<AtomicU64>) -> Result<Pin, FabricError> {
+        let page = page_size();
+        let start = (addr as usize) & !(page - 1);
+        let end = round_up(addr as u64 + len as u64, page as u64) as usize;
+        let span = end - start;
+        // SAFETY: mlock only changes residency of pages in our own address space; a bad range
+        // gives ENOMEM rather than undefined behaviour.
+        let rc = unsafe { libc::mlock(start as *const libc::c_void, span) };
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            return Err(match err.raw_os_error() {
+                Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN) => {
+                    FabricError::PinLimit {
+                        len: span as u64,
+                        limit: memlock_limit_text(),
+                    }
+                }
+                _ => FabricError::Register(format!("mlock of {span} bytes: {err}")),
+            });
+        }
+        pinned.fetch_add(span as u64, Ordering::Relaxed);
+        Ok(Pin {
+            start,
+            len: span,
+            pinned,
+        })
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        // SAFETY: unlocking a range we locked; harmless if it was unmapped meanwhile.
+        unsafe { libc::munlock(self.start as *const libc::c_void, self.len) };
+        self.pinned.fetch_sub(self.len as u64, Ordering::Relaxed);
+    }
+}
+
+/// Refuses a null, empty or wrapping range before anything is registered.
+pub fn check_range(addr: *mut u8, len: usize) -> Result<(), FabricError> {
+    if addr.is_null() || len == 0 {
+        return Err(FabricError::InvalidRegion("null or empty range"));
+    }
+    if (addr as u64).checked_add(len as u64).is_none() {
+        return Err(FabricError::InvalidRegion("range wraps the address space"));
+    }
+    Ok(())
+}
+
+/// One registration as the fabric's "NIC" sees it.
+pub struct RegionEntry {
+    pub addr: u64,
+    pub len: u64,
+    pub lkey: u32,
+    pub rkey: u32,
+    pub access: Access,
+    in_flight: AtomicU32,
+    /// The pin (or device registration); released when the last holder goes.
+    _resource: Option<Box<dyn Any + Send + Sync>>,
+    /// Keeps an owned buffer alive as long as the registration or any op using it.
+    _owner: Option<Arc<AlignedBuf>>,
+}
+
+impl std::fmt::Debug for RegionEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionEntry")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .field("lkey", &self.lkey)
+            .field("access", &self.access)
+            .field("in_flight", &self.in_flight())
+            .finish()
+    }
+}
+
+impl RegionEntry {
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+    /// True if `[addr, addr+len)` lies inside this region.
+    pub fn covers(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.addr + self.len)
+    }
+}
+
+/// Proof that an operation is using a region: the region stays registered and its memory
+/// alive until this is dropped (which happens when the completion is reaped).
+#[derive(Debug)]
+pub struct InFlight(Arc<RegionEntry>);
+
+impl InFlight {
+    /// Another hold on the same region, for a second party (a sender thread) that touches the
+    /// memory independently of when the completion is reaped.
+    pub fn another(&self) -> InFlight {
+        self.0.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(self.0.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Atomic counters behind [`OpCounters`].
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub failed: AtomicU64,
+    pub registrations: AtomicU64,
+    pub deregistrations: AtomicU64,
+    pub deregistration_batches: AtomicU64,
+}
+
+impl Counters {
+    pub fn snapshot(&self) -> OpCounters {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        OpCounters {
+            reads: l(&self.reads),
+            writes: l(&self.writes),
+            bytes_read: l(&self.bytes_read),
+            bytes_written: l(&self.bytes_written),
+            failed: l(&self.failed),
+            registrations: l(&self.registrations),
+            deregistrations: l(&self.deregistrations),
+            deregistration_batches: l(&self.deregistration_batches),
+        }
+    }
+    /// Counts one finished operation.
+    pub fn count(&self, opcode: super::Opcode, status: super::WcStatus, len: u64) {
+        use super::{Opcode, WcStatus};
+        if status != WcStatus::Success {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let (ops, bytes) = match opcode {
+            Opcode::Read => (&self.reads, &self.bytes_read),
+            Opcode::Write => (&self.writes, &self.bytes_written),
+        };
+        ops.fetch_add(1, Ordering::Relaxed);
+        bytes.fetch_add(len, Ordering::Relaxed);
+    }
+}
+
+/// The protection domain of a software fabric: keys to registrations.
+#[derive(Debug)]
+pub struct Registry {
+    map: RwLock<HashMap<u32, Arc<RegionEntry>>>,
+    next: AtomicU32,
+    salt: u32,
+    pub pinned: Arc<AtomicU64>,
+    pub counters: Counters,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Registry {
+    pub fn new() -> Registry {
+        // Keys are not secrets (as in RDMA), but making them hard to guess stops a stray client
+        // from hitting another's memory by counting.
+        let salt = (std::process::id() ^ (now_nanos() as u32)).rotate_left(13) | 1;
+        Registry {
+            map: RwLock::new(HashMap::new()),
+            next: AtomicU32::new(1),
+            salt,
+            pinned: Arc::new(AtomicU64::new(0)),
+            counters: Counters::default(),
+        }
+    }
+
+    fn fresh_key(&self) -> u32 {
+        loop {
+            let n = self.next.fetch_add(1, Ordering::Relaxed);
+            // Multiplying by an odd constant is a bijection on u32, so keys do not repeat for
+            // 2^32 registrations; xor with the salt so they differ between runs.
+            let key = n.wrapping_mul(0x9E37_79B1) ^ self.salt;
+            if key != 0 {
+                return key;
+            }
+        }
+    }
+
+    /// Registers a range with pinning (software fabrics).
+    ///
+    /// # Safety
+    /// As [`super::Fabric::register`].
+    pub unsafe fn register(
+        self: &Arc<Self>,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+        owner: Option<Arc<AlignedBuf>>,
+    ) -> Result<LocalMr, FabricError> {
+        check_range(addr, len)?;
+        let pin = Pin::new(addr, len, self.pinned.clone())?;
+        Ok(self.insert(addr as u64, len as u64, access, Some(Box::new(pin)), owner))
+    }
+
+    /// Registers an owned buffer (safe: the registration keeps it alive).
+    pub fn register_owned(
+        self: Arc<Self>,
+        buf: Arc<AlignedBuf>,
+        access: Access,
+    ) -> Result<LocalMr, FabricError> {
+        let (ptr, len) = (buf.as_ptr(), buf.len());
+        // SAFETY: the buffer is kept alive by the registration entry itself.
+        unsafe { self.register(ptr, len, access, Some(buf)) }
+    }
+
+    /// Adds a registration whose resource (pin or device MR) the caller created.
+    pub fn insert(
+        self: &Arc<Self>,
+        addr: u64,
+        len: u64,
+        access: Access,
+        resource: Option<Box<dyn Any + Send + Sync>>,
+        owner: Option<Arc<AlignedBuf>>,
+    ) -> LocalMr {
+        let key = self.fresh_key();
+        self.insert_keyed(key, key, addr, len, access, resource, owner)
+    }
+
+    /// Adds a registration whose keys a device chose (the verbs fabric). The device never
+    /// hands out a live key twice, so `lkey` is unique in the table.
+    #[allow(clippy::too_many_arguments)]
+    pub fn insert_keyed(
+        self: &Arc<Self>,
+        lkey: u32,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        access: Access,
+        resource: Option<Box<dyn Any + Send + Sync>>,
+        owner: Option<Arc<AlignedBuf>>,
+    ) -> LocalMr {
+        let key = lkey;
+        let entry = Arc::new(RegionEntry {
+            addr,
+            len,
+            lkey,
+            rkey,
+            access,
+            in_flight: AtomicU32::new(0),
+            _resource: resource,
+            _owner: owner,
+        });
+        self.map.write().insert(key, entry.clone());
+        self.counters.registrations.fetch_add(1, Ordering::Relaxed);
+        LocalMr {
+            entry,
+            table: self.clone(),
+        }
+    }
+
+    /// Checks `[addr, addr+len)` against the registration named by `key` and marks it in use.
+    /// `None` if the key is unknown, the range is out of bounds, or access is missing.
+    pub fn acquire(&self, key: u32, addr: u64, len: u64, need: Access) -> Option<InFlight> {
+        let map = self.map.read();
+        let entry = map.get(&key)?;
+        if !entry.access.contains(need) || !entry.covers(addr, len) {
+            return None;
+        }
+        entry.in_flight.fetch_add(1, Ordering::AcqRel);
+        Some(InFlight(entry.clone()))
+    }
+
+    /// Removal of a dropped `LocalMr`'s entry. Only that very entry goes: a device may reuse
+    /// a key once its registration is gone, and the key may name a newer region by now.
+    pub fn remove(&self, entry: &Arc<RegionEntry>) {
+        let mut map = self.map.write();
+        let ours = map.get(&entry.lkey).is_some_and(|e| Arc::ptr_eq(e, entry));
+        if ours && map.remove(&entry.lkey).is_some() {
+            self.counters
+                .deregistrations
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Deregisters a batch under one lock; regions in use are returned, still registered.
+    pub fn deregister_batch(&self, mrs: Vec<LocalMr>) -> Result<(), DeregisterError> {
+        let mut busy = Vec::new();
+        let mut idle = Vec::with_capacity(mrs.len());
+        {
+            let mut map = self.map.write();
+            for mr in mrs {
+                // Checked under the write lock: `acquire` increments under the read lock, so no
+                // operation can start between this check and the removal.
+                if mr.entry.in_flight() > 0 {
+                    busy.push(mr);
+                } else {
+                    map.remove(&mr.entry.lkey);
+                    idle.push(mr);
+                }
+            }
+        }
+        if !idle.is_empty() {
+            self.counters
+                .deregistrations
+                .fetch_add(idle.len() as u64, Ordering::Relaxed);
+            self.counters
+                .deregistration_batches
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        drop(idle); // unpins; their keys are already gone, so `LocalMr::drop` is a no-op
+        if busy.is_empty() {
+            Ok(())
+        } else {
+            Err(DeregisterError::Busy(busy))
+        }
+    }
+
+    /// The check a NIC makes when it takes a work request off the send queue: the local SGE
+    /// lies inside a registration of this registry with the access the opcode needs (a READ
+    /// writes into it), and the length is one a single operation may have. On success the
+    /// region is held in use until the completion goes; on failure the request completes at
+    /// once with [`WcStatus::LocalProtectionError`] and `None` is returned.
+    pub fn admit(&self, cq: &CompletionQueue, wr: &WorkRequest) -> Option<InFlight> {
+        let need = match wr.opcode {
+            Opcode::Read => Access::LOCAL_WRITE,
+            Opcode::Write => Access::NONE,
+        };
+        let hold = (wr.local.len <= MAX_OP_LEN)
+            .then(|| self.acquire(wr.local.lkey, wr.local.addr, wr.local.len, need))
+            .flatten();
+        if hold.is_none() {
+            self.complete(cq, wr, WcStatus::LocalProtectionError, None);
+        }
+        hold
+    }
+
+    /// The check the target's NIC makes: `rkey` names a registration that covers
+    /// `[addr, addr+len)` and lets remote peers do `opcode` there. The hold keeps the region
+    /// registered while the operation touches it.
+    pub fn admit_remote(&self, opcode: Opcode, rkey: u32, addr: u64, len: u64) -> Option<InFlight> {
+        let need = match opcode {
+            Opcode::Read => Access::REMOTE_READ,
+            Opcode::Write => Access::REMOTE_WRITE,
+        };
+        if len > MAX_OP_LEN {
+            return None;
+        }
+        self.acquire(rkey, addr, len, need)
+    }
+
+    /// Delivers the completion of `wr` (posted through this registry) and counts it.
+    pub fn complete(
+        &self,
+        cq: &CompletionQueue,
+        wr: &WorkRequest,
+        status: WcStatus,
+        hold: Option<InFlight>,
+    ) {
+        self.counters.count(wr.opcode, status, wr.local.len);
+        cq.push(Completion::new(wr, status, hold));
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.read().len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn now_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acquire_checks_bounds_access_and_counts_use() {
+        let table = Arc::new(Registry::new());
+        let buf = Arc::new(AlignedBuf::new(8192).unwrap());
+        let addr = buf.addr();
+        // SAFETY: the buffer outlives the registration (it is also kept as owner).
+        let mr = unsafe {
+            table
+                .register(buf.as_ptr(), 8192, Access::LOCAL, Some(buf.clone()))
+                .unwrap()
+        };
+        assert!(table
+            .acquire(mr.lkey(), addr + 8000, 193, Access::LOCAL_WRITE)
+            .is_none());
+        assert!(table
+            .acquire(mr.lkey(), addr, 16, Access::REMOTE_READ)
+            .is_none());
+        assert!(table
+            .acquire(mr.lkey() ^ 1, addr, 16, Access::LOCAL_WRITE)
+            .is_none());
+        let hold = table
+            .acquire(mr.lkey(), addr + 100, 8092, Access::LOCAL_WRITE)
+            .unwrap();
+        assert_eq!(mr.in_flight(), 1);
+        let mr = match table.deregister_batch(vec![mr]) {
+            Err(DeregisterError::Busy(mut v)) => v.pop().unwrap(),
+            Ok(()) => panic!("deregistered a region in use"),
+        };
+        drop(hold);
+        assert_eq!(mr.in_flight(), 0);
+        table.deregister_batch(vec![mr]).unwrap();
+        assert!(table.is_empty());
+        assert_eq!(table.counters.snapshot().deregistration_batches, 1);
+    }
+
+    #[test]
+    fn pinning_is_accounted_and_released() {
+        let table = Arc::new(Registry::new());
+        let buf = Arc::new(AlignedBuf::new(3 * 4096).unwrap());
+        let mr = table
+            .clone()
+            .register_owned(buf, Access::LOCAL)
+            .expect("register");
+        assert!(table.pinned.load(Ordering::Relaxed) >= 3 * 4096);
+        drop(mr);
+        assert_eq!(table.pinned.load(Ordering::Relaxed), 0);
+    }
+}
