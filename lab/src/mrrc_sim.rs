@@ -1,9 +1,9 @@
-//! Trace-driven simulation of the registration caches (`rmemfs mrrc-sim`), after §7 of the
+//! Trace-driven simulation of the registration caches (`rmemfs-mrrc-sim`), after §7 of the
 //! MRRC paper (Ou/He/Han, JNCA 2009).
 //!
 //! A trace is a list of registration requests `(address, length)` in bytes. Each request is
 //! replayed as [`RegCache::acquire`] immediately followed by [`RegCache::release`], through the
-//! three caches of [`crate::mrrc`]: MRRC, the LRU pin-down cache and no cache at all, for a
+//! three caches of [`rmemfs::mrrc`]: MRRC, the LRU pin-down cache and no cache at all, for a
 //! range of cache sizes (in pages). The registrar is simulated ([`SimRegistrar`]): it only
 //! accumulates the paper's cost model (§5): registering p pages costs `a_r * p + b_r` µs
 //! (0.77, 7.42 by default), one deregistration call costs `a_d * (pages in the batch) + b_d` µs
@@ -40,9 +40,9 @@
 //!   or `0x` hexadecimal, separated by white space; blank lines and `#` comments (to the end of
 //!   the line) are ignored; the length must be positive. `--dump-trace` writes this format.
 
-use crate::fabric::mem::page_size;
-use crate::fabric::FabricError;
-use crate::mrrc::{CacheConfig, CacheStats, Policy, RegCache, Registrar};
+use rmemfs::fabric::mem::page_size;
+use rmemfs::fabric::FabricError;
+use rmemfs::mrrc::{CacheConfig, CacheStats, Policy, RegCache, Registrar};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -604,7 +604,7 @@ pub fn format_trace(trace: &[Request], comment: &str) -> String {
 // ---------------------------------------------------------------------------------------------
 // The command.
 
-/// `rmemfs mrrc-sim` options.
+/// `rmemfs-mrrc-sim` options.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub workload: Workload,
@@ -649,8 +649,8 @@ pub fn run(cfg: &SimConfig) -> Result<(), String> {
     let mut stdout = std::io::stdout().lock();
     if let Some(path) = &cfg.dump_trace {
         let comment = match &cfg.workload {
-            Workload::File(p) => format!("rmemfs mrrc-sim: trace {}", p.display()),
-            _ => format!("rmemfs mrrc-sim: workload {name}, seed {}", cfg.seed),
+            Workload::File(p) => format!("rmemfs-mrrc-sim: trace {}", p.display()),
+            _ => format!("rmemfs-mrrc-sim: workload {name}, seed {}", cfg.seed),
         };
         let comment = format!("{comment}, {} requests", trace.len());
         std::fs::write(path, format_trace(&trace, &comment))
@@ -670,7 +670,7 @@ pub fn run(cfg: &SimConfig) -> Result<(), String> {
     let page = page_size() as u64;
     if page != TRACE_PAGE {
         eprintln!(
-            "rmemfs mrrc-sim: warning: this machine's pages are {page} bytes; the caches round \
+            "rmemfs-mrrc-sim: warning: this machine's pages are {page} bytes; the caches round \
              to them, so cache sizes are in pages of {page} bytes"
         );
     }
