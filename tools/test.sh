@@ -33,9 +33,9 @@ done
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
-cargo clippy --all-targets -- -D warnings
-echo "== cargo test (unit, property, conformance, server)"
-cargo test --all-targets
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test (unit, property, conformance, server; the lab's simulator)"
+cargo test --workspace --all-targets
 echo "== real mounts (mount-tests/run.sh)"
 cargo build --release
 mount-tests/run.sh
