@@ -62,8 +62,12 @@ pub fn find_rmemfs(explicit: Option<&Path>) -> Result<PathBuf, String> {
     } else if let Some(p) = std::env::var_os(RMEMFS_BIN_ENV).filter(|p| !p.is_empty()) {
         (PathBuf::from(p), format!("${RMEMFS_BIN_ENV}"))
     } else {
-        let exe = std::env::current_exe()
-            .map_err(|e| format!("cannot find the rmemfs binary: no --rmemfs, no ${RMEMFS_BIN_ENV}, and this executable's path is unknown ({e})"))?;
+        let exe = std::env::current_exe().map_err(|e| {
+            format!(
+                "cannot find the rmemfs binary: no --rmemfs, no ${RMEMFS_BIN_ENV}, and the path \
+                 of this executable is unknown ({e})"
+            )
+        })?;
         let dir = exe.parent().unwrap_or(Path::new("."));
         (
             dir.join("rmemfs"),
