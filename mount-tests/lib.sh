@@ -6,6 +6,9 @@
 
 BIN=${RMEMFS_BIN:-target/release/rmemfs}
 BIN_NAME=${BIN##*/}
+# The lab's benchmark binary (lab/, `cargo build --release --workspace`), next to BIN unless
+# RMEMFS_BENCH_BIN says otherwise. The benchmark scripts run it with `--rmemfs "$BIN"`.
+BENCH_BIN=${RMEMFS_BENCH_BIN:-$(dirname "$BIN")/rmemfs-bench}
 # Default limit (seconds) for any command that touches the mount: a hang becomes a failure.
 TMO=${RMEMFS_TEST_TIMEOUT:-120}
 # Extra arguments for every `rmemfs mount` (e.g. "--chunk-size 1M").
@@ -71,6 +74,22 @@ check_prereqs() {
   for sub in "$@"; do
     if ! timeout 30 "$BIN" "$sub" --help >/dev/null 2>&1; then
       echo "error: $BIN has no '$sub' subcommand" >&2
+      return 1
+    fi
+  done
+}
+
+# check_bench SUBCOMMAND...: BENCH_BIN exists and has the subcommands (after check_prereqs).
+check_bench() {
+  local sub
+  if [ ! -x "$BENCH_BIN" ]; then
+    echo "error: $BENCH_BIN not found: build the lab with 'cargo build --release --workspace'" \
+      "(or set RMEMFS_BENCH_BIN)" >&2
+    return 1
+  fi
+  for sub in "$@"; do
+    if ! timeout 30 "$BENCH_BIN" "$sub" --help >/dev/null 2>&1; then
+      echo "error: $BENCH_BIN has no '$sub' subcommand" >&2
       return 1
     fi
   done

@@ -4,10 +4,11 @@
 //! in-process, and verbs), [`proto`] (the control protocol), [`server`] (the memory server),
 //! [`client`] (the pool of servers as a client sees it), [`data`] (file bytes as remote
 //! chunks), [`meta`] (local inodes and directories), [`fs`] (POSIX semantics, no FUSE),
-//! [`fuse`] (the fuser adapter) and [`mount`] (putting it together).
+//! [`fuse`] (the fuser adapter) and [`mount`] (putting it together), with [`mrrc`] (the
+//! registration caches). The benchmarks and the cache simulator are in the `rmemfs-lab` crate
+//! (lab/), so neither this API nor the `rmemfs` binary carries them.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod bench;
 pub mod client;
 pub mod config;
 pub mod data;
@@ -18,7 +19,6 @@ pub mod fuse;
 pub mod meta;
 pub mod mount;
 pub mod mrrc;
-pub mod mrrc_sim;
 pub mod proto;
 pub mod server;
 pub mod size;

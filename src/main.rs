@@ -1,7 +1,6 @@
 //! The `rmemfs` command line: parses arguments, picks the fabric, and calls the library.
 
 use clap::{Args, Parser, Subcommand};
-use rmemfs::bench::{self, BenchConfig};
 use rmemfs::fabric::FabricOptions;
 use rmemfs::mount::{self, MountConfig};
 use rmemfs::mrrc;
@@ -134,78 +133,6 @@ enum Cmd {
         /// The mount point of a running `rmemfs mount`.
         mountpoint: PathBuf,
     },
-    /// Measure the TCP fabric against plain TCP on loopback (throughput and latency ratios).
-    BenchFabric {
-        /// Operation sizes.
-        #[arg(long, value_delimiter = ',', default_value = "4K,64K,1M,4M", value_parser = parse_size)]
-        sizes: Vec<u64>,
-        /// Operations kept in flight.
-        #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
-        depths: Vec<usize>,
-        /// Bytes moved per throughput point.
-        #[arg(long, default_value = "256M", value_parser = parse_size)]
-        bytes: u64,
-        /// Round trips per latency point.
-        #[arg(long, default_value_t = 2000)]
-        latency_iters: usize,
-        /// Clients connected for the server-memory measurement.
-        #[arg(long, default_value_t = 64)]
-        clients: usize,
-    },
-    /// Measure write latency to fresh remote memory: serial allocation-then-write against
-    /// FRRWP, over the TCP fabric, beside the paper's model of the saving.
-    BenchFrrwp {
-        /// Write sizes.
-        #[arg(long, value_delimiter = ',', default_value = "64K,256K,1M,4M,16M", value_parser = parse_size)]
-        sizes: Vec<u64>,
-        /// Writes per size and path.
-        #[arg(long, default_value_t = 100)]
-        iters: usize,
-        #[command(flatten)]
-        fabric: FabricArgs,
-    },
-    /// (benchmark helper) the plain-TCP peer that bench-fabric compares against.
-    #[command(hide = true)]
-    BenchPeer {
-        #[arg(long)]
-        listen: SocketAddr,
-    },
-    /// Replay a trace of registration requests through the registration caches (MRRC, LRU
-    /// pin-down, none) over a range of cache sizes, with the cost model of the MRRC paper.
-    ///
-    /// Prints a table and writes OUT/<workload>.csv and OUT/<workload>.svg (hit ratio and
-    /// total registration cost against cache size). Each request is registered (looked up)
-    /// and released at once; the cost is formula (1) of the paper: a_r*pages + b_r per
-    /// registration plus a_d*pages + b_d per deregistration call (batch).
-    MrrcSim {
-        /// cello (Cello92-like: 1-2 page requests, ~80% 2 pages, strong locality), httpd
-        /// (HTTPD-like: files of 1-32 pages, Zipf popularity) or file:PATH (a trace: one
-        /// `ADDRESS LENGTH` in bytes a line, decimal or 0x-hex, `#` comments).
-        #[arg(long)]
-        workload: rmemfs::mrrc_sim::Workload,
-        /// Requests to generate (default 100000); with file:PATH, the most to replay (default
-        /// all).
-        #[arg(long)]
-        requests: Option<usize>,
-        /// Seed of the generated workloads.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Cache sizes in pages (4 KiB), comma separated (default 32,64,...,16384).
-        #[arg(long, value_delimiter = ',')]
-        sizes: Vec<u64>,
-        /// Registration cost PER_PAGE,PER_CALL in microseconds.
-        #[arg(long, default_value = "0.77,7.42")]
-        reg_cost: rmemfs::mrrc_sim::LinearCost,
-        /// Deregistration cost PER_PAGE,PER_CALL in microseconds (one call per batch).
-        #[arg(long, default_value = "0.22,1.1")]
-        dereg_cost: rmemfs::mrrc_sim::LinearCost,
-        /// Directory for the CSV and SVG files.
-        #[arg(long, default_value = "target/mrrc-sim")]
-        out: PathBuf,
-        /// Also write the replayed trace to this file (the file:PATH format).
-        #[arg(long)]
-        dump_trace: Option<PathBuf>,
-    },
 }
 
 fn main() -> ExitCode {
@@ -229,53 +156,6 @@ fn main() -> ExitCode {
                 &fabric.options(rmemfs::config::server_op_timeout(op_timeout)),
             )
         }
-        Cmd::BenchFabric {
-            sizes,
-            depths,
-            bytes,
-            latency_iters,
-            clients,
-        } => bench::run(&BenchConfig {
-            sizes,
-            depths,
-            bytes,
-            latency_iters,
-            clients,
-        })
-        .map_err(|e| format!("benchmark failed: {e}")),
-        Cmd::BenchPeer { listen } => bench::run_peer(listen).map_err(|e| e.to_string()),
-        Cmd::BenchFrrwp {
-            sizes,
-            iters,
-            fabric,
-        } => bench::run_frrwp(
-            &sizes,
-            iters,
-            fabric.fabric.as_deref().unwrap_or("tcp"),
-            &fabric.options(Duration::from_secs(10)),
-        )
-        .map_err(|e| format!("benchmark failed: {e}")),
-        Cmd::MrrcSim {
-            workload,
-            requests,
-            seed,
-            sizes,
-            reg_cost,
-            dereg_cost,
-            out,
-            dump_trace,
-        } => rmemfs::mrrc_sim::run(&rmemfs::mrrc_sim::SimConfig {
-            workload,
-            requests,
-            seed,
-            sizes,
-            cost: rmemfs::mrrc_sim::CostModel {
-                reg: reg_cost,
-                dereg: dereg_cost,
-            },
-            out,
-            dump_trace,
-        }),
         Cmd::Stats { mountpoint } => mount::print_stats(&mountpoint),
         Cmd::Mount {
             mountpoint,

@@ -18,7 +18,7 @@
 //! eviction.
 //!
 //! The caches are generic over a [`Registrar`], so the same code runs against a fabric and
-//! against the cost model of the trace simulator (`rmemfs mrrc-sim`).
+//! against the cost model of the trace simulator (`rmemfs-mrrc-sim`, in the lab crate).
 
 use crate::fabric::mem::page_size;
 use crate::fabric::{Access, Fabric, FabricError, LocalMr};

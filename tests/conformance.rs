@@ -109,7 +109,7 @@ impl Harness {
         }
     }
 
-    fn qp(&self) -> (Arc<dyn QueuePair>, Arc<dyn CompletionQueue>) {
+    fn qp(&self) -> (Arc<dyn QueuePair>, Arc<CompletionQueue>) {
         let cq = self.client.create_cq();
         let control = &self.control;
         let addr = self.server.local_addr();
@@ -170,7 +170,7 @@ fn wr(id: u64, opcode: Opcode, local: Sge, remote: Remote, offset: u64) -> WorkR
 }
 
 /// Waits for `n` completions (bounded: a hang fails the test instead of blocking it).
-fn reap(cq: &dyn CompletionQueue, n: usize) -> Vec<Completion> {
+fn reap(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
@@ -191,7 +191,7 @@ fn reap(cq: &dyn CompletionQueue, n: usize) -> Vec<Completion> {
     out
 }
 
-fn run_one(qp: &dyn QueuePair, cq: &dyn CompletionQueue, w: WorkRequest) -> WcStatus {
+fn run_one(qp: &dyn QueuePair, cq: &CompletionQueue, w: WorkRequest) -> WcStatus {
     qp.post(&[w]);
     let c = reap(cq, 1).pop().unwrap();
     assert_eq!(c.wr_id, w.wr_id);
@@ -201,7 +201,7 @@ fn run_one(qp: &dyn QueuePair, cq: &dyn CompletionQueue, w: WorkRequest) -> WcSt
 fn read_back(
     h: &Harness,
     qp: &dyn QueuePair,
-    cq: &dyn CompletionQueue,
+    cq: &CompletionQueue,
     r: Remote,
     off: u64,
     len: usize,
@@ -229,12 +229,12 @@ fn read_after_write_at_every_size(h: &Harness) {
         let off = (i as u64 * 13) % 4096; // unaligned remote offsets too
         let st = run_one(
             &*qp,
-            &*cq,
+            &cq,
             wr(i as u64, Opcode::Write, smr.sge(0, len as u64), r, off),
         );
         assert_eq!(st, WcStatus::Success, "write of {len}");
         assert_eq!(
-            read_back(h, &*qp, &*cq, r, off, len),
+            read_back(h, &*qp, &cq, r, off, len),
             data,
             "read back {len} bytes"
         );
@@ -256,7 +256,7 @@ fn batches_with_many_ops_in_flight(h: &Harness) {
         })
         .collect();
     qp.post(&writes);
-    let done = reap(&*cq, N);
+    let done = reap(&cq, N);
     let ids: HashSet<u64> = done.iter().map(|c| c.wr_id).collect();
     assert_eq!(ids.len(), N, "every op completes exactly once");
     assert!(done
@@ -273,7 +273,7 @@ fn batches_with_many_ops_in_flight(h: &Harness) {
         })
         .collect();
     qp.post(&reads);
-    assert!(reap(&*cq, N).iter().all(|c| c.status == WcStatus::Success));
+    assert!(reap(&cq, N).iter().all(|c| c.status == WcStatus::Success));
     assert_eq!(dst.to_vec(0, N * SZ), data);
 }
 
@@ -328,7 +328,7 @@ fn concurrent_threads(h: &Harness) {
     // Threads sharing a QP reap each other's completions, so check their data at the end.
     let (qp, cq) = h.qp();
     for t in 0..2 {
-        let got = read_back(h, &*qp, &*cq, r, (t * LEN) as u64, LEN);
+        let got = read_back(h, &*qp, &cq, r, (t * LEN) as u64, LEN);
         assert_eq!(
             got,
             bytes(t as u64 * 100 + 7, LEN),
@@ -344,7 +344,7 @@ fn remote_access_errors_change_nothing(h: &Harness) {
     let (src, smr) = h.buf(8192, Access::LOCAL);
     src.write_at(0, &before);
     assert_eq!(
-        run_one(&*qp, &*cq, wr(1, Opcode::Write, smr.sge(0, 8192), r, 0)),
+        run_one(&*qp, &cq, wr(1, Opcode::Write, smr.sge(0, 8192), r, 0)),
         WcStatus::Success
     );
     let (junk, jmr) = h.buf(16384, Access::LOCAL);
@@ -387,18 +387,18 @@ fn remote_access_errors_change_nothing(h: &Harness) {
         };
         for w in [c, rd] {
             let (q, cq) = fresh();
-            assert_eq!(run_one(&*q, &*cq, w), WcStatus::RemoteAccessError, "{w:?}");
+            assert_eq!(run_one(&*q, &cq, w), WcStatus::RemoteAccessError, "{w:?}");
             assert_eq!(q.is_connected(), !breaks, "{w:?}");
             if breaks {
                 let ok = wr(7, Opcode::Write, smr.sge(0, 16), r, 0);
-                assert_eq!(run_one(&*q, &*cq, ok), WcStatus::TransportError);
+                assert_eq!(run_one(&*q, &cq, ok), WcStatus::TransportError);
             }
         }
     }
     // The failed reads did not touch the local buffer, and the region is unchanged.
     assert!(junk.to_vec(0, 16384).iter().all(|&b| b == 0xee));
     let (q, cq) = fresh();
-    assert_eq!(read_back(h, &*q, &*cq, r, 0, 8192), before);
+    assert_eq!(read_back(h, &*q, &cq, r, 0, 8192), before);
     // The first connection saw no error (on verbs) or survived them all.
     assert!(qp.is_connected());
 }
@@ -427,7 +427,7 @@ fn unregistered_local_buffer_fails_locally(h: &Harness) {
     for (i, sge) in bad.into_iter().enumerate() {
         for op in [Opcode::Read, Opcode::Write] {
             assert_eq!(
-                run_one(&*qp, &*cq, wr(i as u64, op, sge, r, 0)),
+                run_one(&*qp, &cq, wr(i as u64, op, sge, r, 0)),
                 WcStatus::LocalProtectionError,
                 "{op:?} {sge:?}"
             );
@@ -436,11 +436,11 @@ fn unregistered_local_buffer_fails_locally(h: &Harness) {
     // A region without local write access cannot be the target of a READ.
     let (_ro, ro_mr) = h.buf(4096, Access::NONE);
     assert_eq!(
-        run_one(&*qp, &*cq, wr(9, Opcode::Read, ro_mr.sge(0, 64), r, 0)),
+        run_one(&*qp, &cq, wr(9, Opcode::Read, ro_mr.sge(0, 64), r, 0)),
         WcStatus::LocalProtectionError
     );
     assert_eq!(
-        run_one(&*qp, &*cq, wr(10, Opcode::Write, ro_mr.sge(0, 64), r, 0)),
+        run_one(&*qp, &cq, wr(10, Opcode::Write, ro_mr.sge(0, 64), r, 0)),
         WcStatus::Success
     );
 }
@@ -451,21 +451,21 @@ fn deregistered_regions_stop_working(h: &Harness) {
     let (_buf, mr) = h.buf(4096, Access::LOCAL);
     let sge = mr.sge(0, 64);
     assert_eq!(
-        run_one(&*qp, &*cq, wr(1, Opcode::Write, sge, r, 0)),
+        run_one(&*qp, &cq, wr(1, Opcode::Write, sge, r, 0)),
         WcStatus::Success
     );
     h.client
         .deregister(vec![mr])
         .expect("idle region deregisters");
     assert_eq!(
-        run_one(&*qp, &*cq, wr(2, Opcode::Write, sge, r, 0)),
+        run_one(&*qp, &cq, wr(2, Opcode::Write, sge, r, 0)),
         WcStatus::LocalProtectionError
     );
     // A freed remote extent stops working too.
     let (_b2, mr2) = h.buf(4096, Access::LOCAL);
     h.free(r);
     assert_eq!(
-        run_one(&*qp, &*cq, wr(3, Opcode::Write, mr2.sge(0, 64), r, 0)),
+        run_one(&*qp, &cq, wr(3, Opcode::Write, mr2.sge(0, 64), r, 0)),
         WcStatus::RemoteAccessError
     );
     let (qp, cq) = if h.client.errors_break_qp() {
@@ -474,7 +474,7 @@ fn deregistered_regions_stop_working(h: &Harness) {
         (qp, cq)
     };
     assert_eq!(
-        run_one(&*qp, &*cq, wr(4, Opcode::Read, mr2.sge(0, 64), r, 0)),
+        run_one(&*qp, &cq, wr(4, Opcode::Read, mr2.sge(0, 64), r, 0)),
         WcStatus::RemoteAccessError
     );
 }
@@ -486,7 +486,7 @@ fn region_in_use_is_not_deregistered(h: &Harness) {
     let (_buf2, mr2) = h.buf(4096, Access::LOCAL);
     qp.post(&[wr(1, Opcode::Read, mr.sge(0, 1 << 20), r, 0)]);
     // Until the completion is reaped *and dropped*, the region is in use.
-    let c = reap(&*cq, 1).pop().unwrap();
+    let c = reap(&cq, 1).pop().unwrap();
     assert_eq!(c.status, WcStatus::Success);
     assert_eq!(mr.in_flight(), 1);
     let mr = match h.client.deregister(vec![mr, mr2]) {
@@ -523,7 +523,7 @@ fn server_killed_mid_batch_gives_transport_errors(h: &Harness) {
     let first = cq.wait(Duration::from_secs(10)).expect("first completion");
     (h.kill)();
     let mut all = vec![first];
-    all.extend(reap(&*cq, N - 1));
+    all.extend(reap(&cq, N - 1));
     assert!(
         start.elapsed() < OP_TIMEOUT * 4,
         "failure took {:?}",
@@ -542,7 +542,7 @@ fn server_killed_mid_batch_gives_transport_errors(h: &Harness) {
     assert!(failed > 0, "killing the server mid-batch failed nothing");
     drop(all);
     // Later operations fail at once, and nothing is left in use.
-    assert_eq!(run_one(&*qp, &*cq, wrs[0]), WcStatus::TransportError);
+    assert_eq!(run_one(&*qp, &cq, wrs[0]), WcStatus::TransportError);
     assert!(!qp.is_connected());
     assert_eq!(mr.in_flight(), 0);
 }
@@ -605,7 +605,7 @@ mod local_faults {
         let served = server.served();
         server.fail_nth(2, true);
         let sts: Vec<_> = (0..3)
-            .map(|i| run_one(&*qp, &*cq, wr(i, Opcode::Write, mr.sge(0, 64), r, 0)))
+            .map(|i| run_one(&*qp, &cq, wr(i, Opcode::Write, mr.sge(0, 64), r, 0)))
             .collect();
         assert_eq!(
             sts,
@@ -619,14 +619,14 @@ mod local_faults {
         server.set_delay(Duration::from_millis(50));
         let t = Instant::now();
         assert_eq!(
-            run_one(&*qp, &*cq, wr(9, Opcode::Read, mr.sge(0, 64), r, 0)),
+            run_one(&*qp, &cq, wr(9, Opcode::Read, mr.sge(0, 64), r, 0)),
             WcStatus::Success
         );
         assert!(t.elapsed() >= Duration::from_millis(50));
         server.set_delay(Duration::ZERO);
         server.fail_nth(1, false);
         assert_eq!(
-            run_one(&*qp, &*cq, wr(10, Opcode::Read, mr.sge(0, 64), r, 0)),
+            run_one(&*qp, &cq, wr(10, Opcode::Read, mr.sge(0, 64), r, 0)),
             WcStatus::TransportError
         );
         // Initiator-side counters: 4 successful operations (3 writes... of which one failed).

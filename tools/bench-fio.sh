@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # fio throughput and latency of rmemfs over one and over two memory servers (loopback) against
-# tmpfs, next to the raw fabric numbers of `rmemfs bench-fabric`.
+# tmpfs, next to the raw fabric numbers of `rmemfs-bench fabric` (the lab crate: build with
+# `cargo build --release --workspace`).
 #
 #   tools/bench-fio.sh
 #   SIZE=1G RUNTIME=30 OUT=/tmp/bench tools/bench-fio.sh
@@ -12,6 +13,7 @@
 #                and job, bench-fabric.txt, summary.json
 #   SERVER_SIZE  arena of each memory server (default 2 x SIZE + 64M)
 #   RMEMFS_BIN, RMEMFS_MOUNT_ARGS as for mount-tests/run.sh
+#   RMEMFS_BENCH_BIN  the rmemfs-bench binary (default: next to RMEMFS_BIN)
 #
 # Jobs (tools/fio/*.fio, psync, direct=0, time based): seq-write and seq-read with 1 MiB blocks,
 # rand-write and rand-read with 4 KiB blocks. direct=0 means the page cache is in the path, as
@@ -29,7 +31,8 @@ export SIZE RUNTIME
 JOBS=(seq-write seq-read rand-write rand-read)
 
 ensure_packages fio:fio python3:python3 fusermount3:fuse3 pgrep:procps numfmt:coreutils
-check_prereqs mount serve bench-fabric || exit 2
+check_prereqs mount serve || exit 2
+check_bench fabric || exit 2
 if ! size_bytes=$(numfmt --from=iec "$SIZE" 2>/dev/null); then
   echo "SIZE=$SIZE is not a size like 256M or 1G" >&2
   exit 2
@@ -40,8 +43,8 @@ OUT=$(cd "$OUT" && pwd)
 rm -f "$OUT"/*.json "$OUT/bench-fabric.txt"
 lib_init bench
 
-echo "== rmemfs bench-fabric --sizes 1M --depths 1,4 --bytes 256M --latency-iters 200 --clients 1"
-timeout -k 10 1200 "$BIN" bench-fabric --sizes 1M --depths 1,4 --bytes 256M \
+echo "== rmemfs-bench fabric --sizes 1M --depths 1,4 --bytes 256M --latency-iters 200 --clients 1"
+timeout -k 10 1200 "$BENCH_BIN" fabric --rmemfs "$BIN" --sizes 1M --depths 1,4 --bytes 256M \
   --latency-iters 200 --clients 1 | tee "$OUT/bench-fabric.txt"
 
 # run_jobs TARGET DIR: the four jobs on DIR; results in $OUT/TARGET-JOB.json. Each job's file is

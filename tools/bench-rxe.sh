@@ -12,7 +12,7 @@
 #      (tools/fio/*.fio: psync, one job, page cache in the path, caches invalidated first);
 #   3. the mount's switches on verbs (tools/bench-switches.sh): --reg-cache mrrc|lru|none and
 #      --write-path frrwp|serial;
-#   4. `rmemfs bench-frrwp --fabric verbs`: serial against FRRWP writes to fresh memory.
+#   4. `rmemfs-bench frrwp --fabric verbs`: serial against FRRWP writes to fresh memory.
 # Prints the ratios rmemfs/ib_read_bw, rmemfs/ib_write_bw and rmemfs p50/ib_read_lat; results
 # and logs in target/bench-rxe/.
 #
@@ -43,6 +43,7 @@ fi
 
 # --- inside the VM ---------------------------------------------------------------------------
 export RMEMFS_BIN=target/release/rmemfs-verbs RMEMFS_SERVE_ARGS="--fabric verbs --device rxe0"
+export RMEMFS_BENCH_BIN=target/release/rmemfs-bench-verbs
 export RMEMFS_EXPECT_FABRIC=verbs
 # shellcheck source=mount-tests/lib.sh
 . mount-tests/lib.sh
@@ -104,8 +105,9 @@ if [[ " $PARTS " == *" switches "* ]]; then
   FILES=$SWITCH_FILES MB=$SWITCH_MB tools/bench-switches.sh | tee "$OUT/switches.txt"
 fi
 if [[ " $PARTS " == *" frrwp "* ]]; then
-  echo "== bench-frrwp on verbs"
-  timeout -k 10 900 "$BIN" bench-frrwp --fabric verbs --device "$DEV" --iters "$FRRWP_ITERS" |
+  echo "== rmemfs-bench frrwp on verbs"
+  timeout -k 10 900 "$BENCH_BIN" frrwp --rmemfs "$BIN" --fabric verbs --device "$DEV" \
+    --iters "$FRRWP_ITERS" |
     tee "$OUT/frrwp.txt"
 fi
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds rmemfs with the verbs fabric (`--features verbs`) and leaves the binary at
-# target/release/rmemfs-verbs. The feature's binding (sideway) needs cmake, a C compiler,
+# Builds rmemfs and the lab with the verbs fabric (`--workspace --features verbs`; the lab's
+# `verbs` feature forwards to rmemfs's) and leaves the binaries at target/release/rmemfs-verbs
+# and target/release/rmemfs-bench-verbs. The feature's binding (sideway) needs cmake, a C compiler,
 # libclang and the libibverbs headers: installed here (Debian) when missing. Used by
 # tools/test-rxe.sh and tools/bench-rxe.sh.
 set -euo pipefail
@@ -16,6 +17,7 @@ if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-echo "== building the verbs fabric (cargo --features verbs)"
-cargo build --release --features verbs
+echo "== building the verbs fabric (cargo --workspace --features verbs)"
+cargo build --release --workspace --features verbs
 cp target/release/rmemfs target/release/rmemfs-verbs
+cp target/release/rmemfs-bench target/release/rmemfs-bench-verbs

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Trace-driven simulation of the registration caches (MRRC, LRU pin-down, no cache), after §7
-# of the MRRC paper: runs `rmemfs mrrc-sim` on the Cello92-like and HTTPD-like workloads with a
+# of the MRRC paper: runs `rmemfs-mrrc-sim` (the lab crate) on the Cello92-like and HTTPD-like workloads with a
 # fixed seed, writes target/mrrc-sim/{cello,httpd}.{csv,svg}, and prints, per cache size, MRRC's
 # hit ratio against LRU's and MRRC's total registration cost (formula 1) against LRU and no
 # cache.
@@ -13,11 +13,11 @@ cd "$(dirname "$0")/.."
 SEED=${SEED:-42}
 REQUESTS=${REQUESTS:-100000}
 OUT=target/mrrc-sim
-BIN="${CARGO_TARGET_DIR:-target}/release/rmemfs"
+BIN="${CARGO_TARGET_DIR:-target}/release/rmemfs-mrrc-sim"
 
-if [ ! -x "$BIN" ] || ! "$BIN" mrrc-sim --help >/dev/null 2>&1; then
-  echo "== cargo build --release"
-  cargo build --release
+if [ ! -x "$BIN" ] || ! "$BIN" --help >/dev/null 2>&1; then
+  echo "== cargo build --release -p rmemfs-lab --bin rmemfs-mrrc-sim"
+  cargo build --release -p rmemfs-lab --bin rmemfs-mrrc-sim
 fi
 
 size_args=()
@@ -26,8 +26,8 @@ if [ -n "${SIZES:-}" ]; then
 fi
 
 for w in cello httpd; do
-  echo "== rmemfs mrrc-sim --workload $w --seed $SEED --requests $REQUESTS"
-  "$BIN" mrrc-sim --workload "$w" --seed "$SEED" --requests "$REQUESTS" --out "$OUT" \
+  echo "== rmemfs-mrrc-sim --workload $w --seed $SEED --requests $REQUESTS"
+  "$BIN" --workload "$w" --seed "$SEED" --requests "$REQUESTS" --out "$OUT" \
     ${size_args[@]+"${size_args[@]}"}
   echo
 done

@@ -33,9 +33,9 @@ done
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
-cargo clippy --all-targets --features testing -- -D warnings
-echo "== cargo test (unit, property, conformance, server)"
-cargo test --all-targets --features testing
+cargo clippy --workspace --all-targets --features rmemfs/testing -- -D warnings
+echo "== cargo test (unit, property, conformance, server, in-process mounts; the lab's simulator)"
+cargo test --workspace --all-targets --features rmemfs/testing
 echo "== real mounts (mount-tests/run.sh)"
 cargo build --release
 mount-tests/run.sh

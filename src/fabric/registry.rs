@@ -10,8 +10,8 @@
 
 use super::mem::{memlock_limit_text, page_size, round_up, AlignedBuf};
 use super::{
-    Access, Completion, CompletionQueue, DeregisterError, FabricError, LocalMr, OpCounters,
-    Opcode, WcStatus, WorkRequest, MAX_OP_LEN,
+    Access, Completion, CompletionQueue, DeregisterError, FabricError, LocalMr, OpCounters, Opcode,
+    WcStatus, WorkRequest, MAX_OP_LEN,
 };
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::sync::{Arc, RwLock};

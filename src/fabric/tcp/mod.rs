@@ -87,10 +87,12 @@ impl TcpFabric {
         if let Some(n) = nic.as_ref() {
             return Ok(n.bound.port());
         }
-        let started = Nic::start(listen, self.registry.clone(), self.config.op_timeout)
-            .map_err(|e| FabricError::Connect {
-                addr: listen,
-                source: e,
+        let started =
+            Nic::start(listen, self.registry.clone(), self.config.op_timeout).map_err(|e| {
+                FabricError::Connect {
+                    addr: listen,
+                    source: e,
+                }
             })?;
         let port = started.bound.port();
         *nic = Some(started);

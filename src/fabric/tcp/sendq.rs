@@ -199,7 +199,10 @@ mod model_tests {
                         .collect();
                     assert_eq!(mine, vec![0, 1, 2], "poster {p}'s order");
                 }
-                assert!(q.push((9, 9), &|| false).is_err(), "closed queue took an item");
+                assert!(
+                    q.push((9, 9), &|| false).is_err(),
+                    "closed queue took an item"
+                );
             },
             3000,
         );

@@ -1,9 +1,9 @@
-//! Trace-driven simulation of the registration caches (`rmemfs mrrc-sim`), after §7 of the
+//! Trace-driven simulation of the registration caches (`rmemfs-mrrc-sim`), after §7 of the
 //! MRRC paper (Ou/He/Han, JNCA 2009).
 //!
 //! A trace is a list of registration requests `(address, length)` in bytes. Each request is
 //! replayed as [`RegCache::acquire`] immediately followed by [`RegCache::release`], through the
-//! three caches of [`crate::mrrc`]: MRRC, the LRU pin-down cache and no cache at all, for a
+//! three caches of [`rmemfs::mrrc`]: MRRC, the LRU pin-down cache and no cache at all, for a
 //! range of cache sizes (in pages). The registrar is simulated ([`SimRegistrar`]): it only
 //! accumulates the paper's cost model (§5): registering p pages costs `a_r * p + b_r` µs
 //! (0.77, 7.42 by default), one deregistration call costs `a_d * (pages in the batch) + b_d` µs
@@ -40,9 +40,11 @@
 //!   or `0x` hexadecimal, separated by white space; blank lines and `#` comments (to the end of
 //!   the line) are ignored; the length must be positive. `--dump-trace` writes this format.
 
-use crate::fabric::mem::page_size;
-use crate::fabric::FabricError;
-use crate::mrrc::{CacheConfig, CacheStats, Policy, RegCache, Registrar};
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use rmemfs::fabric::mem::page_size;
+use rmemfs::fabric::FabricError;
+use rmemfs::mrrc::{CacheConfig, CacheStats, Policy, RegCache, Registrar};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -604,7 +606,7 @@ pub fn format_trace(trace: &[Request], comment: &str) -> String {
 // ---------------------------------------------------------------------------------------------
 // The command.
 
-/// `rmemfs mrrc-sim` options.
+/// `rmemfs-mrrc-sim` options.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub workload: Workload,
@@ -649,8 +651,8 @@ pub fn run(cfg: &SimConfig) -> Result<(), String> {
     let mut stdout = std::io::stdout().lock();
     if let Some(path) = &cfg.dump_trace {
         let comment = match &cfg.workload {
-            Workload::File(p) => format!("rmemfs mrrc-sim: trace {}", p.display()),
-            _ => format!("rmemfs mrrc-sim: workload {name}, seed {}", cfg.seed),
+            Workload::File(p) => format!("rmemfs-mrrc-sim: trace {}", p.display()),
+            _ => format!("rmemfs-mrrc-sim: workload {name}, seed {}", cfg.seed),
         };
         let comment = format!("{comment}, {} requests", trace.len());
         std::fs::write(path, format_trace(&trace, &comment))
@@ -670,7 +672,7 @@ pub fn run(cfg: &SimConfig) -> Result<(), String> {
     let page = page_size() as u64;
     if page != TRACE_PAGE {
         eprintln!(
-            "rmemfs mrrc-sim: warning: this machine's pages are {page} bytes; the caches round \
+            "rmemfs-mrrc-sim: warning: this machine's pages are {page} bytes; the caches round \
              to them, so cache sizes are in pages of {page} bytes"
         );
     }
@@ -696,7 +698,7 @@ pub fn run(cfg: &SimConfig) -> Result<(), String> {
         Workload::File(p) => format!("trace {}, {} requests", p.display(), trace.len()),
         _ => format!("{name}, seed {}, {} requests", cfg.seed, trace.len()),
     };
-    std::fs::write(&svg_path, svg(&title, &results))
+    std::fs::write(&svg_path, svg(&title, &results)?)
         .map_err(|e| format!("cannot write {}: {e}", svg_path.display()))?;
     let _ = writeln!(
         stdout,
@@ -832,23 +834,8 @@ pub fn csv(name: &str, results: &[SimResult]) -> String {
 
 // ---------------------------------------------------------------------------------------------
 // The figure: two panels, hit ratio and total cost against cache size (log2), one line per
-// policy, like Figs. 10-12 of the paper.
-
-fn xml_escape(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            '\'' => o.push_str("&apos;"),
-            c if (c as u32) < 0x20 && c != '\t' => o.push(' '),
-            c => o.push(c),
-        }
-    }
-    o
-}
+// policy, like Figs. 10-12 of the paper. Drawn with plotters' SVG backend, which writes text as
+// SVG <text> elements: no font library is needed.
 
 /// A y axis from 0 with about five "nice" steps up to at least `max`: (top, step).
 fn nice_axis(max: f64) -> (f64, f64) {
@@ -865,242 +852,234 @@ fn nice_axis(max: f64) -> (f64, f64) {
     ((max / step - 1e-9).ceil().max(1.0) * step, step)
 }
 
-fn style(p: Policy) -> (&'static str, &'static str) {
-    // (colour, dash pattern)
+/// The colour of a policy's line and markers.
+fn colour(p: Policy) -> RGBColor {
     match p {
-        Policy::Mrrc => ("#d62728", "none"),
-        Policy::Lru => ("#1f77b4", "none"),
-        Policy::None => ("#555555", "6 4"),
+        Policy::Mrrc => RGBColor(0xd6, 0x27, 0x28),
+        Policy::Lru => RGBColor(0x1f, 0x77, 0xb4),
+        Policy::None => RGBColor(0x55, 0x55, 0x55),
     }
 }
 
-fn marker(s: &mut String, p: Policy, x: f64, y: f64, tip: &str) {
-    let (colour, _) = style(p);
-    let tip = xml_escape(tip);
-    match p {
-        Policy::Lru => {
-            let _ = writeln!(
-                s,
-                r#"<rect x="{:.1}" y="{:.1}" width="7" height="7" fill="{colour}"><title>{tip}</title></rect>"#,
-                x - 3.5,
-                y - 3.5
-            );
+/// Draws each policy's markers with its own shape: a circle for MRRC, a square for LRU, a
+/// triangle for no cache (so the lines stay apart in grey print). A macro, because plotters
+/// elements of different shapes have different types (and its boxed `DynElement` cannot borrow
+/// the SVG backend's buffer).
+macro_rules! markers {
+    ($policy:expr, |$shape:ident| $draw:expr) => {{
+        let style = colour($policy).filled();
+        match $policy {
+            Policy::Mrrc => {
+                let $shape = |at| EmptyElement::at(at) + Circle::new((0, 0), 4, style);
+                $draw
+            }
+            Policy::Lru => {
+                let $shape = |at| EmptyElement::at(at) + Rectangle::new([(-4, -4), (4, 4)], style);
+                $draw
+            }
+            Policy::None => {
+                let $shape = |at| EmptyElement::at(at) + TriangleMarker::new((0, 0), 5, style);
+                $draw
+            }
         }
-        _ => {
-            let _ = writeln!(
-                s,
-                r#"<circle cx="{x:.1}" cy="{y:.1}" r="3.5" fill="{colour}"><title>{tip}</title></circle>"#
-            );
+    }};
+}
+
+/// A linear f64 axis whose ticks (and grid lines) are exactly `ticks`: the simulated cache
+/// sizes on the x axis, the [`nice_axis`] steps on the y axis. (plotters' own `WithKeyPoints`
+/// has no default label formatting, which its mesh needs.)
+struct TickAxis {
+    range: std::ops::Range<f64>,
+    ticks: Vec<f64>,
+}
+
+impl Ranged for TickAxis {
+    type FormatOption = plotters::coord::ranged1d::DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
+        let span = self.range.end - self.range.start;
+        if span <= 0.0 {
+            return (limit.0 + limit.1) / 2;
         }
+        let t = (v - self.range.start) / span;
+        limit.0 + (t * f64::from(limit.1 - limit.0)).round() as i32
+    }
+
+    fn key_points<Hint: plotters::coord::ranged1d::KeyPointHint>(&self, hint: Hint) -> Vec<f64> {
+        if hint.weight().allow_light_points() {
+            Vec::new()
+        } else {
+            self.ticks.clone()
+        }
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        self.range.clone()
     }
 }
 
+/// One panel: what it plots and how its y axis is labelled.
 struct Panel<'a> {
-    x0: f64,
     heading: &'a str,
     y_label: &'a str,
-    unit: &'a str,
     y_top: f64,
     y_step: f64,
     value: fn(&SimResult) -> f64,
 }
 
-const SVG_W: f64 = 1080.0;
-const SVG_H: f64 = 450.0;
-const PLOT_TOP: f64 = 70.0;
-const PLOT_BOTTOM: f64 = 350.0;
+/// plotters' errors borrow the backend (its output buffer), hence the lifetime.
+type DrawResult<'a> = Result<(), Box<dyn std::error::Error + 'a>>;
 
-fn panel(s: &mut String, p: &Panel, sizes: &[u64], results: &[SimResult]) {
-    let (left, right) = (p.x0 + 80.0, p.x0 + SVG_W / 2.0 - 30.0);
-    let (top, bottom) = (PLOT_TOP, PLOT_BOTTOM);
-    let lmin = (sizes[0] as f64).log2();
-    let lmax = (sizes[sizes.len() - 1] as f64).log2();
-    let pad = 14.0;
-    let xpos = |size: u64| {
-        if lmax > lmin {
-            left + pad + ((size as f64).log2() - lmin) / (lmax - lmin) * (right - left - 2.0 * pad)
-        } else {
-            (left + right) / 2.0
-        }
-    };
-    let ypos = |v: f64| bottom - (v / p.y_top).clamp(0.0, 1.05) * (bottom - top);
+fn panel<'a>(
+    area: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
+    p: &Panel,
+    sizes: &[u64],
+    results: &[SimResult],
+) -> DrawResult<'a> {
+    let log = |size: u64| (size as f64).log2();
+    let (lmin, lmax) = (log(sizes[0]), log(sizes[sizes.len() - 1]));
+    let pad = ((lmax - lmin) * 0.04).max(0.5);
+    // X ticks at the simulated sizes; thinned when crowded.
+    let every = sizes.len().div_ceil(12).max(1);
+    let x_ticks: Vec<f64> = sizes
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i % every == 0 || i == sizes.len() - 1)
+        .map(|(_, &s)| log(s))
+        .collect();
+    let steps = (p.y_top / p.y_step).round() as usize;
+    let y_ticks: Vec<f64> = (0..=steps).map(|i| i as f64 * p.y_step).collect();
     let decimals = if p.y_step >= 1.0 {
         0
     } else {
         (-p.y_step.log10()).ceil() as usize + 1
     };
-
-    let _ = writeln!(
-        s,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="14" font-weight="bold">{}</text>"#,
-        (left + right) / 2.0,
-        top - 14.0,
-        xml_escape(p.heading)
-    );
-    // Grid and y ticks.
-    let steps = (p.y_top / p.y_step).round() as usize;
-    for i in 0..=steps {
-        let v = i as f64 * p.y_step;
-        let y = ypos(v);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{left:.1}" y1="{y:.1}" x2="{right:.1}" y2="{y:.1}" stroke="#dddddd" stroke-width="1"/>"##
-        );
-        let _ = writeln!(
-            s,
-            r##"<line x1="{:.1}" y1="{y:.1}" x2="{left:.1}" y2="{y:.1}" stroke="#000000"/>"##,
-            left - 5.0
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{v:.decimals$}</text>"#,
-            left - 8.0,
-            y + 4.0
-        );
-    }
-    // X ticks, one per size; labels thinned when crowded.
-    let every = sizes.len().div_ceil(12).max(1);
-    for (i, &size) in sizes.iter().enumerate() {
-        let x = xpos(size);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{x:.1}" y1="{bottom:.1}" x2="{x:.1}" y2="{:.1}" stroke="#000000"/>"##,
-            bottom + 5.0
-        );
-        if i % every == 0 || i == sizes.len() - 1 {
-            let _ = writeln!(
-                s,
-                r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle" font-size="10">{size}</text>"#,
-                bottom + 18.0
-            );
-        }
-    }
-    // Axes.
-    let _ = writeln!(
-        s,
-        r##"<rect x="{left:.1}" y="{top:.1}" width="{:.1}" height="{:.1}" fill="none" stroke="#000000"/>"##,
-        right - left,
-        bottom - top
-    );
-    let _ = writeln!(
-        s,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">cache size (pages of 4 KiB, log2 scale)</text>"#,
-        (left + right) / 2.0,
-        bottom + 38.0
-    );
-    let _ = writeln!(
-        s,
-        r#"<text transform="translate({:.1},{:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
-        p.x0 + 22.0,
-        (top + bottom) / 2.0,
-        xml_escape(p.y_label)
-    );
-    // One line per policy.
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            p.heading,
+            ("sans-serif", 18).into_font().style(FontStyle::Bold),
+        )
+        .margin(12)
+        .x_label_area_size(42)
+        .y_label_area_size(62)
+        .build_cartesian_2d(
+            TickAxis {
+                range: lmin - pad..lmax + pad,
+                ticks: x_ticks,
+            },
+            TickAxis {
+                range: 0.0..p.y_top * 1.03,
+                ticks: y_ticks,
+            },
+        )?;
+    chart
+        .configure_mesh()
+        .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
+        .x_desc("cache size (pages of 4 KiB, log2 scale)")
+        .y_desc(p.y_label)
+        .x_label_formatter(&|v| format!("{}", v.exp2().round()))
+        .y_label_formatter(&|v| format!("{v:.decimals$}"))
+        .label_style(("sans-serif", 14))
+        .axis_desc_style(("sans-serif", 15))
+        .draw()?;
     for pol in POLICIES {
-        let pts: Vec<&SimResult> = results.iter().filter(|r| r.policy == pol).collect();
-        if pts.is_empty() {
-            continue;
-        }
-        let (colour, dash) = style(pol);
-        let coords: Vec<String> = pts
+        let pts: Vec<(f64, f64)> = results
             .iter()
-            .map(|r| format!("{:.1},{:.1}", xpos(r.cache_pages), ypos((p.value)(r))))
+            .filter(|r| r.policy == pol)
+            .map(|r| (log(r.cache_pages), (p.value)(r)))
             .collect();
-        let _ = writeln!(
-            s,
-            r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="{dash}"/>"#,
-            coords.join(" ")
-        );
-        for r in pts {
-            let v = (p.value)(r);
-            let tip = format!(
-                "{} at {} pages: {v:.2} {}",
-                policy_label(pol),
-                r.cache_pages,
-                p.unit
-            );
-            marker(s, pol, xpos(r.cache_pages), ypos(v), &tip);
-        }
+        chart.draw_series(LineSeries::new(
+            pts.iter().copied(),
+            colour(pol).stroke_width(2),
+        ))?;
+        markers!(pol, |shape| chart
+            .draw_series(pts.iter().map(|&at| shape(at))))?;
     }
-    // Legend under the axis label.
-    let y = bottom + 68.0;
-    let mut x = left;
-    for pol in POLICIES {
-        let (colour, dash) = style(pol);
-        let _ = writeln!(
-            s,
-            r#"<line x1="{x:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{colour}" stroke-width="2" stroke-dasharray="{dash}"/>"#,
-            x + 28.0
-        );
-        marker(s, pol, x + 14.0, y, policy_label(pol));
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{:.1}">{}</text>"#,
-            x + 34.0,
-            y + 4.0,
-            policy_label(pol)
-        );
-        x += 130.0;
-    }
+    Ok(())
 }
 
-/// The figure as an SVG document.
-pub fn svg(title: &str, results: &[SimResult]) -> String {
+/// The legend, one entry per policy, across `area` (pixel coordinates).
+fn legend<'a>(area: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>) -> DrawResult<'a> {
+    let (w, h) = area.dim_in_pixel();
+    let entry = 170;
+    let mut x = (w as i32 - entry * POLICIES.len() as i32) / 2;
+    let y = h as i32 / 2;
+    for pol in POLICIES {
+        area.draw(&PathElement::new(
+            vec![(x, y), (x + 32, y)],
+            colour(pol).stroke_width(2),
+        ))?;
+        markers!(pol, |shape| area.draw(&shape((x + 16, y))))?;
+        area.draw(&Text::new(
+            policy_label(pol),
+            (x + 40, y),
+            TextStyle::from(("sans-serif", 16)).pos(Pos::new(HPos::Left, VPos::Center)),
+        ))?;
+        x += entry;
+    }
+    Ok(())
+}
+
+const SVG_W: u32 = 1080;
+const SVG_H: u32 = 480;
+
+fn draw<'a>(buf: &'a mut String, title: &str, results: &[SimResult]) -> DrawResult<'a> {
     let mut sizes: Vec<u64> = results.iter().map(|r| r.cache_pages).collect();
     sizes.sort_unstable();
     sizes.dedup();
-    let mut s = String::new();
-    let _ = writeln!(s, r#"<?xml version="1.0" encoding="UTF-8"?>"#);
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{SVG_W}" height="{SVG_H}" viewBox="0 0 {SVG_W} {SVG_H}" font-family="Helvetica, Arial, sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(
-        s,
-        r##"<rect x="0" y="0" width="{SVG_W}" height="{SVG_H}" fill="#ffffff"/>"##
-    );
-    let _ = writeln!(
-        s,
-        r#"<text x="{:.1}" y="24" text-anchor="middle" font-size="16">Registration caches: {}</text>"#,
-        SVG_W / 2.0,
-        xml_escape(title)
-    );
+    let root = SVGBackend::with_string(buf, (SVG_W, SVG_H)).into_drawing_area();
+    root.fill(&WHITE)?;
+    // Control characters are not allowed in XML text; plotters escapes the rest.
+    let title: String = title
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let root = root.titled(&format!("Registration caches: {title}"), ("sans-serif", 24))?;
     if sizes.is_empty() {
-        s.push_str("</svg>\n");
-        return s;
+        root.present()?;
+        return Ok(());
     }
+    let (charts, legend_area) = root.split_vertically(SVG_H as i32 - 70);
+    let halves = charts.split_evenly((1, 2));
     panel(
-        &mut s,
+        &halves[0],
         &Panel {
-            x0: 0.0,
             heading: "Hit ratio (requests needing no registration)",
             y_label: "hit ratio (%)",
-            unit: "%",
             y_top: 100.0,
             y_step: 20.0,
             value: SimResult::hit_pct,
         },
         &sizes,
         results,
-    );
+    )?;
     let max_ms = results.iter().map(|r| r.total_ms()).fold(0.0, f64::max);
     let (y_top, y_step) = nice_axis(max_ms);
     panel(
-        &mut s,
+        &halves[1],
         &Panel {
-            x0: SVG_W / 2.0,
             heading: "Total registration + deregistration cost (formula 1)",
             y_label: "total cost (ms)",
-            unit: "ms",
             y_top,
             y_step,
             value: SimResult::total_ms,
         },
         &sizes,
         results,
-    );
-    s.push_str("</svg>\n");
-    s
+    )?;
+    legend(&legend_area)?;
+    root.present()?;
+    Ok(())
+}
+
+/// The figure as an SVG document.
+pub fn svg(title: &str, results: &[SimResult]) -> Result<String, String> {
+    let mut buf = String::new();
+    if let Err(e) = draw(&mut buf, title, results) {
+        return Err(format!("cannot draw the figure: {e}"));
+    }
+    Ok(buf)
 }
 
 #[cfg(test)]
@@ -1345,6 +1324,101 @@ mod tests {
         compare(&httpd(20_000, 11), &[512, 2048], 0.0);
     }
 
+    /// Checks that `svg` is one `<svg>` element whose tags nest and close, with only entity
+    /// references after `&` and no control characters (a small XML well-formedness check).
+    fn assert_well_formed(svg: &str) {
+        assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(80)]);
+        assert!(svg.trim_end().ends_with("</svg>"));
+        let mut open: Vec<&str> = Vec::new();
+        let mut rest = svg;
+        while let Some(i) = rest.find('<') {
+            let text = &rest[..i];
+            for (j, _) in text.match_indices('&') {
+                let entity = &text[j..text[j..].find(';').map_or(text.len(), |e| j + e + 1)];
+                assert!(
+                    ["&lt;", "&gt;", "&amp;", "&quot;", "&apos;"].contains(&entity),
+                    "bare & in {text:?}"
+                );
+            }
+            assert!(
+                !text
+                    .chars()
+                    .any(|c| c.is_control() && c != '\n' && c != '\t'),
+                "control character in {text:?}"
+            );
+            let end = rest[i..].find('>').expect("unclosed tag") + i;
+            let tag = &rest[i + 1..end];
+            assert!(!tag.contains('<'), "'<' inside tag {tag:?}");
+            if let Some(closing) = tag.strip_prefix('/') {
+                assert_eq!(open.pop(), Some(closing.trim()), "mismatched </{closing}>");
+            } else if !tag.ends_with('/') {
+                open.push(tag.split_whitespace().next().unwrap_or(""));
+            }
+            rest = &rest[end + 1..];
+            if open.is_empty() {
+                assert!(rest.trim().is_empty(), "content after the root element");
+            }
+        }
+        assert!(open.is_empty(), "unclosed elements: {open:?}");
+    }
+
+    /// The `<polyline>` elements stroked in `colour`: their point counts.
+    fn polylines(svg: &str, colour: RGBColor) -> Vec<usize> {
+        let stroke = format!(
+            "stroke=\"#{:02X}{:02X}{:02X}\"",
+            colour.0, colour.1, colour.2
+        );
+        svg.split("<polyline")
+            .skip(1)
+            .map(|p| &p[..p.find('>').unwrap()])
+            .filter(|p| p.contains(&stroke))
+            .map(|p| {
+                let points = p.split("points=\"").nth(1).unwrap();
+                points[..points.find('"').unwrap()]
+                    .split_whitespace()
+                    .count()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_figure_has_one_series_per_policy_in_each_panel() {
+        let trace = cello(3000, 2);
+        let sizes = [32, 128, 512, 2048];
+        let results = simulate_all(&trace, &sizes, CostModel::default()).unwrap();
+        let s = svg("cello", &results).unwrap();
+        assert_well_formed(&s);
+        for pol in POLICIES {
+            // Two panels with a point per size, and the legend's two-point sample line.
+            let mut lines = polylines(&s, colour(pol));
+            lines.sort_unstable();
+            assert_eq!(lines, [2, sizes.len(), sizes.len()], "{pol:?}");
+            assert_eq!(
+                s.matches(&format!(">\n{}\n</text>", policy_label(pol)))
+                    .count(),
+                1
+            );
+        }
+        // MRRC's markers are circles: one per point, and one in the legend.
+        let red = format!("fill=\"#{:02X}{:02X}{:02X}\"", 0xd6, 0x27, 0x28);
+        let circles = s
+            .split("<circle")
+            .skip(1)
+            .filter(|c| c[..c.find('>').unwrap()].contains(&red))
+            .count();
+        assert_eq!(circles, 2 * sizes.len() + 1);
+        for size in sizes {
+            assert!(
+                s.contains(&format!(">\n{size}\n</text>")),
+                "no tick label {size}"
+            );
+        }
+        // Without results: still a document, with the title.
+        let empty = svg("nothing", &[]).unwrap();
+        assert_well_formed(&empty);
+        assert!(empty.contains("nothing"));
+    }
+
     #[test]
     fn outputs_are_well_formed() {
         let trace = httpd(2000, 5);
@@ -1368,11 +1442,9 @@ mod tests {
         assert_eq!(c.lines().count(), 7);
         let cols = c.lines().next().unwrap().split(',').count();
         assert!(c.lines().all(|l| l.split(',').count() == cols));
-        let s = svg("a <b> & \"c\"", &results);
-        assert!(s.starts_with("<?xml"));
-        assert!(s.trim_end().ends_with("</svg>"));
+        let s = svg("a <b> & \"c\"\u{7}", &results).unwrap();
+        assert_well_formed(&s);
         assert!(s.contains("a &lt;b&gt; &amp; &quot;c&quot;"));
-        assert_eq!(s.matches("<polyline").count(), 6);
         assert!(table("httpd", &results).contains("mrrc"));
         assert_eq!(nice_axis(93.0), (100.0, 20.0));
         assert_eq!(nice_axis(0.0), (1.0, 0.2));

@@ -1,21 +1,24 @@
-//! `rmemfs bench-fabric`: throughput and latency of one-sided READ/WRITE over the TCP fabric on
+//! `rmemfs-bench fabric`: throughput and latency of one-sided READ/WRITE over the TCP fabric on
 //! loopback, measured side by side with plain TCP moving the same bytes, so the fabric's
 //! efficiency is a ratio rather than an absolute figure on a noisy machine.
 //!
-//! The memory server and the plain-TCP peer both run as child processes of this binary
-//! (`rmemfs serve`, `rmemfs bench-peer`), so both sides cross process boundaries alike.
+//! The memory server and the plain-TCP peer both run as child processes (`rmemfs serve` of the
+//! product binary, found by [`find_rmemfs`], and `rmemfs-bench peer`), so both sides cross
+//! process boundaries alike. Children run with `RUST_LOG=error`: the output is the results, not
+//! the server's logs.
 
-use crate::client::control::ControlConn;
-use crate::client::{Pool, PoolConfig};
-use crate::fabric::tcp::{TcpConfig, TcpFabric};
-use crate::fabric::{
+use rmemfs::client::control::ControlConn;
+use rmemfs::client::{Pool, PoolConfig};
+use rmemfs::fabric::tcp::{TcpConfig, TcpFabric};
+use rmemfs::fabric::{
     Access, AlignedBuf, CompletionQueue, Fabric, FabricError, Opcode, QueuePair, WcStatus,
     WorkRequest,
 };
-use crate::proto::Message;
-use crate::size::format_size;
+use rmemfs::proto::Message;
+use rmemfs::size::format_size;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::thread;
@@ -24,6 +27,8 @@ use std::time::{Duration, Instant};
 /// Benchmark parameters.
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
+    /// The `rmemfs` binary that runs the memory server.
+    pub rmemfs: PathBuf,
     pub sizes: Vec<u64>,
     pub depths: Vec<usize>,
     /// Bytes moved per throughput measurement.
@@ -44,15 +49,59 @@ impl Drop for ChildGuard {
     }
 }
 
-/// Starts `rmemfs <args>` and reads the address from its "listening on ADDR" line.
-fn spawn_listener(args: &[&str]) -> io::Result<(ChildGuard, SocketAddr)> {
-    let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
+/// Environment variable naming the `rmemfs` binary, when `--rmemfs` is not given (the same
+/// variable mount-tests/lib.sh uses).
+pub const RMEMFS_BIN_ENV: &str = "RMEMFS_BIN";
+
+/// The product binary that runs the memory server: `explicit` (`--rmemfs`), else
+/// `$RMEMFS_BIN`, else `rmemfs` in the directory of this executable (the same cargo target
+/// directory). An error names what was looked for.
+pub fn find_rmemfs(explicit: Option<&Path>) -> Result<PathBuf, String> {
+    let (path, from) = if let Some(p) = explicit {
+        (p.to_path_buf(), "--rmemfs".to_string())
+    } else if let Some(p) = std::env::var_os(RMEMFS_BIN_ENV).filter(|p| !p.is_empty()) {
+        (PathBuf::from(p), format!("${RMEMFS_BIN_ENV}"))
+    } else {
+        let exe = std::env::current_exe().map_err(|e| {
+            format!(
+                "cannot find the rmemfs binary: no --rmemfs, no ${RMEMFS_BIN_ENV}, and the path \
+                 of this executable is unknown ({e})"
+            )
+        })?;
+        let dir = exe.parent().unwrap_or(Path::new("."));
+        (
+            dir.join("rmemfs"),
+            format!(
+                "no --rmemfs or ${RMEMFS_BIN_ENV}, so next to {}",
+                exe.display()
+            ),
+        )
+    };
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "cannot find the rmemfs binary that runs the memory server: {} ({from}) is not a \
+             file; build it (`cargo build --release --workspace`) or give its path with \
+             --rmemfs PATH or ${RMEMFS_BIN_ENV}",
+            path.display()
+        ))
+    }
+}
+
+/// Starts `program <args>` with `RUST_LOG=error` (its logs must not land between the results)
+/// and reads the address from its "listening on ADDR" line.
+fn spawn_listener(program: &Path, args: &[&str]) -> io::Result<(ChildGuard, SocketAddr)> {
+    let mut child = Command::new(program)
         .args(args)
+        .env("RUST_LOG", "error")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .spawn()?;
+        .spawn()
+        .map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot start {}: {e}", program.display()))
+        })?;
     let out = child.stdout.take().expect("piped");
     let guard = ChildGuard(child);
     let mut line = String::new();
@@ -64,7 +113,7 @@ fn spawn_listener(args: &[&str]) -> io::Result<(ChildGuard, SocketAddr)> {
     Ok((guard, addr))
 }
 
-type QpAndCq = (Arc<dyn QueuePair>, Arc<dyn CompletionQueue>);
+type QpAndCq = (Arc<dyn QueuePair>, Arc<CompletionQueue>);
 
 /// Connects a queue pair (with its own completion queue) over an existing control connection.
 fn connect_qp(fabric: &Arc<TcpFabric>, control: &ControlConn) -> Result<QpAndCq, FabricError> {
@@ -85,7 +134,7 @@ fn connect_qp(fabric: &Arc<TcpFabric>, control: &ControlConn) -> Result<QpAndCq,
 #[allow(clippy::too_many_arguments)]
 fn run_window(
     qp: &dyn QueuePair,
-    cq: &dyn CompletionQueue,
+    cq: &CompletionQueue,
     opcode: Opcode,
     lkey_base: (u64, u32),
     remote: (u64, u32),
@@ -96,7 +145,7 @@ fn run_window(
     let wr = |i: u64| WorkRequest {
         wr_id: i,
         opcode,
-        local: crate::fabric::Sge {
+        local: rmemfs::fabric::Sge {
             addr: lkey_base.0 + (i % depth as u64) * size,
             len: size,
             lkey: lkey_base.1,
@@ -138,12 +187,12 @@ const PEER_SINK: u8 = 1;
 const PEER_SOURCE: u8 = 2;
 const PEER_REQ_RESP: u8 = 3;
 
-/// `rmemfs bench-peer`: the plain-TCP side of the comparison. Serves one client at a time per
+/// `rmemfs-bench peer`: the plain-TCP side of the comparison. Serves one client at a time per
 /// thread: sink (read and discard N bytes, then ack), source (send N bytes), request/response
 /// (32-byte request, `size`-byte response).
 pub fn run_peer(listen: SocketAddr) -> io::Result<()> {
     let listener = TcpListener::bind(listen)?;
-    println!("bench-peer listening on {}", listener.local_addr()?);
+    println!("rmemfs-bench peer: listening on {}", listener.local_addr()?);
     io::stdout().flush()?;
     for conn in listener.incoming() {
         let mut s = conn?;
@@ -306,14 +355,20 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
     let window = max_size * max_depth;
     let arena = (window + (64 << 20)).max(256 << 20);
     let arena_arg = arena.to_string();
-    let (server, server_addr) = spawn_listener(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--size",
-        arena_arg.as_str(),
-    ])?;
-    let (_peer, peer_addr) = spawn_listener(&["bench-peer", "--listen", "127.0.0.1:0"])?;
+    let (server, server_addr) = spawn_listener(
+        &cfg.rmemfs,
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--size",
+            arena_arg.as_str(),
+        ],
+    )?;
+    let (_peer, peer_addr) = spawn_listener(
+        &std::env::current_exe()?,
+        &["peer", "--listen", "127.0.0.1:0"],
+    )?;
 
     let fabric = TcpFabric::new(TcpConfig::default());
     let control = ControlConn::connect(server_addr, "bench", Duration::from_secs(10))
@@ -354,7 +409,7 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
                         tcp_stream(peer_addr, send, bytes, size, window)?,
                     ));
                     let secs =
-                        run_window(&*qp, &*cq, opcode, local, (raddr, rkey), size, depth, ops)?;
+                        run_window(&*qp, &cq, opcode, local, (raddr, rkey), size, depth, ops)?;
                     fab.push(mbps(bytes, secs));
                 }
                 let (f, t) = (median(&mut fab), median(&mut tcp));
@@ -389,7 +444,7 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
         for (name, opcode) in [("READ", Opcode::Read), ("WRITE", Opcode::Write)] {
             let mut lat = Vec::with_capacity(cfg.latency_iters);
             for _ in 0..cfg.latency_iters {
-                let secs = run_window(&*qp, &*cq, opcode, local, (raddr, rkey), size, 1, 1)?;
+                let secs = run_window(&*qp, &cq, opcode, local, (raddr, rkey), size, 1, 1)?;
                 lat.push(secs * 1e6);
             }
             lat.sort_by(f64::total_cmp);
@@ -458,7 +513,7 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
 
 /// Registers all of `buf` afresh (the client's registration cost, paid on every write in the
 /// FRRWP benchmark; no cache on purpose).
-fn register_whole(fabric: &dyn Fabric, buf: &AlignedBuf) -> io::Result<crate::fabric::LocalMr> {
+fn register_whole(fabric: &dyn Fabric, buf: &AlignedBuf) -> io::Result<rmemfs::fabric::LocalMr> {
     // SAFETY: callers drop the registration before `buf`, within the same round.
     unsafe { fabric.register(buf.as_ptr(), buf.len(), Access::LOCAL) }.map_err(io::Error::other)
 }
@@ -468,15 +523,16 @@ fn register_whole(fabric: &dyn Fabric, buf: &AlignedBuf) -> io::Result<crate::fa
 /// steps, large enough that the per-registration overhead stays small.
 const FRRWP_PART: u64 = 256 << 10;
 
-/// `rmemfs bench-frrwp`: latency of a write to fresh remote memory, the traditional serial
+/// `rmemfs-bench frrwp`: latency of a write to fresh remote memory, the traditional serial
 /// sequence (allocate and wait for the rkey, register the local buffer, write) against FRRWP
 /// (tagged allocation first, local registration meanwhile, conditional write), on the TCP
 /// fabric against a memory server in another process; beside the paper's model of the saving.
 pub fn run_frrwp(
+    rmemfs: &Path,
     sizes: &[u64],
     iters: usize,
     fabric_name: &str,
-    options: &crate::fabric::FabricOptions,
+    options: &rmemfs::fabric::FabricOptions,
 ) -> io::Result<()> {
     let max = *sizes.iter().max().unwrap_or(&(1 << 20));
     let arena = (max * 4).max(256 << 20).to_string();
@@ -485,11 +541,11 @@ pub fn run_frrwp(
     if let Some(device) = &options.device {
         args.extend(["--device", device]);
     }
-    let (_server, addr) = spawn_listener(&args)?;
-    let fabric = crate::fabric::open(fabric_name, options).map_err(io::Error::other)?;
+    let (_server, addr) = spawn_listener(rmemfs, &args)?;
+    let fabric = rmemfs::fabric::open(fabric_name, options).map_err(io::Error::other)?;
     let pool =
         Pool::connect(fabric.clone(), &[addr], &PoolConfig::default()).map_err(io::Error::other)?;
-    let page = crate::fabric::mem::page_size() as f64;
+    let page = rmemfs::fabric::mem::page_size() as f64;
 
     // The client's registration cost on this fabric: register/deregister a touched buffer.
     let mut reg_points = Vec::new();

@@ -1,0 +1,134 @@
+//! `rmemfs-bench`: the fabric and FRRWP benchmarks (see [`rmemfs_lab::bench`]).
+//!
+//! A separate binary from `rmemfs` so the product's command line holds only product commands;
+//! the memory server it measures is still the product binary, started as a child process.
+
+use clap::{Args, Parser, Subcommand};
+use rmemfs::fabric::FabricOptions;
+use rmemfs::size::parse_size;
+use rmemfs_lab::bench::{self, BenchConfig};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "rmemfs-bench",
+    version,
+    about = "rmemfs benchmarks: the TCP fabric against plain TCP, serial writes against FRRWP",
+    long_about = "rmemfs benchmarks: the TCP fabric against plain TCP, serial writes against \
+                  FRRWP. The memory server runs as a child process of the product binary \
+                  (`rmemfs serve`): --rmemfs PATH, else $RMEMFS_BIN, else the `rmemfs` next to \
+                  this executable. Set RUST_LOG for this process's logs; the server's are \
+                  limited to errors."
+)]
+struct Cli {
+    /// The rmemfs binary that runs the memory server (default: $RMEMFS_BIN, else `rmemfs` in
+    /// the directory of this executable).
+    #[arg(long, global = true, value_name = "PATH")]
+    rmemfs: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+/// Which data fabric to use, and the RDMA device for `verbs`.
+#[derive(Args, Clone)]
+struct FabricArgs {
+    /// Data fabric: `tcp` (software RDMA over TCP, works everywhere) or `verbs` (real RDMA
+    /// through libibverbs; needs a build with the `verbs` feature, on both binaries).
+    #[arg(long, default_value = "tcp")]
+    fabric: String,
+    /// RDMA device for the verbs fabric (e.g. rxe0, mlx5_0); default: the first active one.
+    #[arg(long)]
+    device: Option<String>,
+    /// GID table index for the verbs fabric; default: a RoCE v2 GID (IPv4-mapped first).
+    #[arg(long)]
+    gid_index: Option<u32>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Measure the TCP fabric against plain TCP on loopback (throughput and latency ratios).
+    Fabric {
+        /// Operation sizes.
+        #[arg(long, value_delimiter = ',', default_value = "4K,64K,1M,4M", value_parser = parse_size)]
+        sizes: Vec<u64>,
+        /// Operations kept in flight.
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+        depths: Vec<usize>,
+        /// Bytes moved per throughput point.
+        #[arg(long, default_value = "256M", value_parser = parse_size)]
+        bytes: u64,
+        /// Round trips per latency point.
+        #[arg(long, default_value_t = 2000)]
+        latency_iters: usize,
+        /// Clients connected for the server-memory measurement.
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+    },
+    /// Measure write latency to fresh remote memory: serial allocation-then-write against
+    /// FRRWP, over the TCP fabric, beside the paper's model of the saving.
+    Frrwp {
+        /// Write sizes.
+        #[arg(long, value_delimiter = ',', default_value = "64K,256K,1M,4M,16M", value_parser = parse_size)]
+        sizes: Vec<u64>,
+        /// Writes per size and path.
+        #[arg(long, default_value_t = 100)]
+        iters: usize,
+        #[command(flatten)]
+        fabric: FabricArgs,
+    },
+    /// (benchmark helper) the plain-TCP peer that `fabric` compares against.
+    #[command(hide = true)]
+    Peer {
+        #[arg(long)]
+        listen: SocketAddr,
+    },
+}
+
+fn main() -> ExitCode {
+    // Warnings only by default: the tables are the output.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Peer { listen } => bench::run_peer(listen).map_err(|e| e.to_string()),
+        Cmd::Fabric {
+            sizes,
+            depths,
+            bytes,
+            latency_iters,
+            clients,
+        } => bench::find_rmemfs(cli.rmemfs.as_deref()).and_then(|rmemfs| {
+            bench::run(&BenchConfig {
+                rmemfs,
+                sizes,
+                depths,
+                bytes,
+                latency_iters,
+                clients,
+            })
+            .map_err(|e| format!("benchmark failed: {e}"))
+        }),
+        Cmd::Frrwp {
+            sizes,
+            iters,
+            fabric,
+        } => bench::find_rmemfs(cli.rmemfs.as_deref()).and_then(|rmemfs| {
+            let options = FabricOptions {
+                op_timeout: Duration::from_secs(10),
+                device: fabric.device,
+                gid_index: fabric.gid_index,
+            };
+            bench::run_frrwp(&rmemfs, &sizes, iters, &fabric.fabric, &options)
+                .map_err(|e| format!("benchmark failed: {e}"))
+        }),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("rmemfs-bench: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,487 @@
+//! Queue pairs: creation and the INIT → RTR → RTS handshake (the endpoint blob that rides the
+//! control connection), posting with a backlog beyond the device's depth, completion of
+//! requests, and the watchdog that breaks a QP which makes no progress.
+
+use super::device::unavailable;
+use super::*;
+
+/// ACK retries before a request fails with a transport error (the verbs maximum).
+pub(super) const RETRY_COUNT: u8 = 7;
+
+/// The QP's local ACK timeout exponent (4.096 µs × 2^t) so that all retries together take
+/// about `op_timeout`.
+pub(super) fn ack_timeout_for(op_timeout: Duration) -> u8 {
+    let per_try_us = op_timeout.as_micros() as f64 / f64::from(RETRY_COUNT + 1);
+    let t = (per_try_us / 4.096).max(1.0).log2().floor() as i64;
+    // 14 (67 ms) keeps rxe under TCG, where one 1 MiB transfer takes 30 ms, from retrying
+    // spuriously; 24 (69 s) is far beyond any timeout anyone sets.
+    t.clamp(14, 24) as u8
+}
+
+/// The data-path address of one side of a QP, as exchanged in the `Connect` blobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Endpoint {
+    qpn: u32,
+    psn: u32,
+    lid: u16,
+    mtu: u8,
+    gid: [u8; 16],
+}
+
+const BLOB_MAGIC: &[u8; 4] = b"RMVB";
+const BLOB_VERSION: u8 = 1;
+const BLOB_LEN: usize = 4 + 1 + 1 + 2 + 4 + 4 + 16;
+
+impl Endpoint {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(BLOB_LEN);
+        v.extend_from_slice(BLOB_MAGIC);
+        v.push(BLOB_VERSION);
+        v.push(self.mtu);
+        v.extend_from_slice(&self.lid.to_le_bytes());
+        v.extend_from_slice(&self.qpn.to_le_bytes());
+        v.extend_from_slice(&self.psn.to_le_bytes());
+        v.extend_from_slice(&self.gid);
+        v
+    }
+
+    pub(super) fn decode(b: &[u8]) -> Result<Endpoint, String> {
+        if b.len() != BLOB_LEN || &b[..4] != BLOB_MAGIC {
+            return Err(format!(
+                "not a verbs endpoint ({} bytes; is the peer on another fabric?)",
+                b.len()
+            ));
+        }
+        if b[4] != BLOB_VERSION {
+            return Err(format!(
+                "verbs endpoint version {} (expected {BLOB_VERSION})",
+                b[4]
+            ));
+        }
+        let mtu = b[5];
+        if !(1..=5).contains(&mtu) {
+            return Err(format!("invalid path MTU code {mtu}"));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        let mut gid = [0; 16];
+        gid.copy_from_slice(&b[16..32]);
+        Ok(Endpoint {
+            mtu,
+            lid: u16::from_le_bytes([b[6], b[7]]),
+            qpn: u32_at(8) & PSN_MASK,
+            psn: u32_at(12) & PSN_MASK,
+            gid,
+        })
+    }
+}
+
+/// A random 24-bit starting PSN (stale packets of an earlier QP must not fit in).
+pub(super) fn random_psn() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, b.len(), 0) };
+    if n != b.len() as isize {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(1);
+        return t & PSN_MASK;
+    }
+    u32::from_le_bytes(b) & PSN_MASK
+}
+
+impl VerbsFabric {
+    pub(super) fn create_qp(&self) -> Result<BasicQueuePair, FabricError> {
+        let mut builder = self.shared.pd.create_qp_builder();
+        builder
+            .setup_max_send_wr(QP_DEPTH as u32)
+            // No receives are ever posted: the data path is one-sided.
+            .setup_max_recv_wr(1)
+            .setup_max_send_sge(1)
+            .setup_max_recv_sge(1)
+            .setup_send_cq(self.shared.cq.clone())
+            .setup_recv_cq(self.shared.cq.clone());
+        let mut qp = builder
+            .build()
+            .map_err(|e| unavailable(format!("cannot create a queue pair: {e}")))?;
+        let mut attr = QueuePairAttribute::new();
+        attr.setup_state(QueuePairState::Init)
+            .setup_pkey_index(0)
+            .setup_port(PORT)
+            .setup_access_flags(
+                AccessFlags::LocalWrite | AccessFlags::RemoteRead | AccessFlags::RemoteWrite,
+            );
+        qp.modify(&attr)
+            .map_err(|e| unavailable(format!("cannot move a queue pair to INIT: {e}")))?;
+        Ok(qp)
+    }
+
+    pub(super) fn endpoint(&self, qp: &BasicQueuePair, psn: u32) -> Endpoint {
+        Endpoint {
+            qpn: qp.qp_number(),
+            psn,
+            lid: self.shared.lid,
+            mtu: self.shared.mtu as u8,
+            gid: self.shared.gid.raw,
+        }
+    }
+
+    /// INIT → RTR → RTS towards `remote`.
+    pub(super) fn connect_qp(
+        &self,
+        qp: &mut BasicQueuePair,
+        local_psn: u32,
+        remote: &Endpoint,
+    ) -> Result<(), String> {
+        let mtu = Mtu::from((self.shared.mtu as u32).min(remote.mtu as u32));
+        let mut attr = QueuePairAttribute::new();
+        attr.setup_state(QueuePairState::ReadyToReceive)
+            .setup_path_mtu(mtu)
+            .setup_dest_qp_num(remote.qpn)
+            .setup_rq_psn(remote.psn)
+            .setup_max_dest_read_atomic(self.shared.rd_atomic)
+            .setup_min_rnr_timer(12);
+        let mut ah = AddressHandleAttribute::new();
+        ah.setup_dest_lid(remote.lid)
+            .setup_port(PORT)
+            .setup_service_level(0)
+            .setup_grh_src_gid_index(self.shared.gid_index as u8)
+            .setup_grh_dest_gid(&Gid { raw: remote.gid })
+            .setup_grh_hop_limit(64);
+        attr.setup_address_vector(&ah);
+        qp.modify(&attr).map_err(|e| format!("RTR: {e}"))?;
+        let mut attr = QueuePairAttribute::new();
+        attr.setup_state(QueuePairState::ReadyToSend)
+            .setup_sq_psn(local_psn)
+            .setup_timeout(self.ack_timeout)
+            .setup_retry_cnt(RETRY_COUNT)
+            .setup_rnr_retry(RETRY_COUNT)
+            .setup_max_read_atomic(self.shared.rd_atomic);
+        qp.modify(&attr).map_err(|e| format!("RTS: {e}"))
+    }
+}
+
+/// A request the QP owns until its completion: the request and its hold on the local region.
+pub(super) struct Pending {
+    pub(super) wr: WorkRequest,
+    pub(super) hold: InFlight,
+    pub(super) seq: u64,
+}
+
+pub(super) struct QpState {
+    pub(super) qp: BasicQueuePair,
+    /// Sequence numbers come from one fabric-wide counter, not per QP: a slot is reused once
+    /// its QP is gone, and a stale completion of the old QP must never match a request of the
+    /// new one.
+    pub(super) seqs: Arc<AtomicU64>,
+    /// Posted to the device, in posting order (RC completes in that order).
+    pub(super) on_device: VecDeque<Pending>,
+    /// Waiting for room on the device.
+    pub(super) backlog: VecDeque<Pending>,
+    /// An error completion moved the QP to the error state, or it was disconnected.
+    pub(super) broken: bool,
+    /// When a request last completed, or was posted to an idle device queue.
+    pub(super) last_progress: Instant,
+}
+
+/// A client QP.
+pub struct VerbsQp {
+    pub(super) slot: u64,
+    pub(super) op_timeout: Duration,
+    pub(super) table: Arc<Registry>,
+    pub(super) cq: Arc<CompletionQueue>,
+    pub(super) connected: AtomicBool,
+    pub(super) state: Mutex<QpState>,
+}
+
+impl QpState {
+    /// Moves backlog requests onto the device while there is room. Requests the device
+    /// refuses, and every request once the QP is broken and drained, come back as failed.
+    pub(super) fn pump(&mut self, slot: u64, failed: &mut Vec<Pending>) {
+        if self.broken {
+            if self.on_device.is_empty() {
+                failed.extend(self.backlog.drain(..));
+            }
+            return;
+        }
+        let n = self
+            .backlog
+            .len()
+            .min(QP_DEPTH.saturating_sub(self.on_device.len()));
+        if n == 0 {
+            return;
+        }
+        let mut sges: Vec<sys::ibv_sge> = Vec::with_capacity(n);
+        let mut wrs: Vec<sys::ibv_send_wr> = (0..n)
+            // SAFETY: ibv_send_wr is a plain C struct for which all-zero is a valid value.
+            .map(|_| unsafe { std::mem::zeroed() })
+            .collect();
+        let first_seq = self.seqs.fetch_add(n as u64, Ordering::Relaxed);
+        for (i, p) in self.backlog.iter_mut().take(n).enumerate() {
+            p.seq = (first_seq + i as u64) & SEQ_MASK;
+            sges.push(sys::ibv_sge {
+                addr: p.wr.local.addr,
+                // MAX_OP_LEN (checked in `post`) fits in 32 bits.
+                length: p.wr.local.len as u32,
+                lkey: p.wr.local.lkey,
+            });
+        }
+        let sge_base = sges.as_mut_ptr();
+        for (i, p) in self.backlog.iter().take(n).enumerate() {
+            let wr = &mut wrs[i];
+            wr.wr_id = (slot << SEQ_BITS) | p.seq;
+            wr.opcode = match p.wr.opcode {
+                Opcode::Read => sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
+                Opcode::Write => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            };
+            wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            wr.wr.rdma = sys::rdma_t {
+                remote_addr: p.wr.remote_addr,
+                rkey: p.wr.rkey,
+            };
+            if p.wr.local.len > 0 {
+                // SAFETY: `i < n == sges.len()`; `sges` is not touched again before the post.
+                wr.sg_list = unsafe { sge_base.add(i) };
+                wr.num_sge = 1;
+            }
+        }
+        let base = wrs.as_mut_ptr();
+        for i in 1..n {
+            // SAFETY: `i < n`, inside the vector, which is not touched except through `base`
+            // from here until the post returns.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the QP is live (owned by `self`); the WR list and its SGEs live in `wrs` and
+        // `sges` until the call returns (the provider copies them); every SGE names a region
+        // held in use by its `Pending` until the completion is reaped.
+        let rc = unsafe { sys::ibv_post_send(self.qp.qp().as_ptr(), base, &mut bad) };
+        let posted = if rc == 0 {
+            n
+        } else {
+            // Requests before `bad` were posted; it and the rest were not.
+            let k = if bad.is_null() {
+                0
+            } else {
+                // SAFETY: the provider sets `bad` to an element of the list it was given.
+                (unsafe { bad.offset_from(base) }).clamp(0, n as isize) as usize
+            };
+            log::warn!(
+                "ibv_post_send failed ({}); {} of {n} requests not posted",
+                std::io::Error::from_raw_os_error(rc),
+                n - k
+            );
+            self.broken = true;
+            k
+        };
+        if self.on_device.is_empty() {
+            self.last_progress = Instant::now();
+        }
+        self.on_device.extend(self.backlog.drain(..posted));
+        if self.broken {
+            self.move_to_error();
+            if self.on_device.is_empty() {
+                failed.extend(self.backlog.drain(..));
+            }
+        }
+    }
+
+    /// Moves the QP to the error state: the device flushes what it holds, with completions.
+    pub(super) fn move_to_error(&mut self) {
+        let mut attr = QueuePairAttribute::new();
+        attr.setup_state(QueuePairState::Error);
+        if let Err(e) = self.qp.modify(&attr) {
+            log::warn!("cannot move a queue pair to the error state: {e}");
+        }
+    }
+}
+
+impl VerbsQp {
+    /// Delivers failed requests as transport errors.
+    pub(super) fn fail(&self, failed: Vec<Pending>) {
+        for p in failed {
+            self.finish(p, WcStatus::TransportError);
+        }
+    }
+
+    pub(super) fn finish(&self, p: Pending, status: WcStatus) {
+        self.table.complete(&self.cq, &p.wr, status, Some(p.hold));
+    }
+
+    /// The poller's entry: the device completed request `seq`.
+    pub(super) fn complete(&self, seq: u64, status: u32) {
+        let mut failed = Vec::new();
+        let done = {
+            let mut st = self.state.lock();
+            let pos = st.on_device.iter().position(|p| p.seq == seq);
+            let Some(pos) = pos else {
+                log::warn!("completion for an unknown request {seq} (status {status})");
+                return;
+            };
+            let p = st.on_device.remove(pos).expect("position is in range");
+            st.last_progress = Instant::now();
+            let status = map_status(status);
+            if status != WcStatus::Success && !st.broken {
+                // RC: the device has moved the QP to the error state and flushes the rest.
+                st.broken = true;
+                self.connected.store(false, Ordering::Release);
+            }
+            st.pump(self.slot, &mut failed);
+            (p, status)
+        };
+        self.finish(done.0, done.1);
+        self.fail(failed);
+    }
+}
+
+/// The fabric's status for a raw `ibv_wc_status`.
+pub(super) fn map_status(status: u32) -> WcStatus {
+    use sys::ibv_wc_status as s;
+    match status {
+        s::IBV_WC_SUCCESS => WcStatus::Success,
+        s::IBV_WC_REM_ACCESS_ERR | s::IBV_WC_REM_INV_REQ_ERR => WcStatus::RemoteAccessError,
+        s::IBV_WC_LOC_PROT_ERR | s::IBV_WC_LOC_LEN_ERR | s::IBV_WC_LOC_ACCESS_ERR => {
+            WcStatus::LocalProtectionError
+        }
+        _ => WcStatus::TransportError,
+    }
+}
+
+impl VerbsQp {
+    /// The poller's periodic check. A request with no progress for the op timeout breaks the
+    /// QP (the device then flushes everything with errors): the transport's own retry timer is
+    /// the first line, but rxe's has been seen never to fire when the peer QP vanished. If even
+    /// the flush does not come within another op timeout, the requests are failed here; the QP
+    /// is in the error state by then, so the device no longer touches their memory.
+    pub(super) fn watchdog(&self) {
+        let mut failed = Vec::new();
+        {
+            let mut st = self.state.lock();
+            if st.on_device.is_empty() || st.last_progress.elapsed() < self.op_timeout {
+                return;
+            }
+            if !st.broken {
+                log::warn!(
+                    "no completion for {:?} with {} requests on the device: failing the queue pair",
+                    self.op_timeout,
+                    st.on_device.len()
+                );
+                st.broken = true;
+                st.last_progress = Instant::now();
+                st.move_to_error();
+            } else if st.qp.state() != QueuePairState::Error {
+                // The move to the error state failed: the device may still own the requests,
+                // so their memory stays held. Try again on the next tick.
+                st.last_progress = Instant::now();
+                st.move_to_error();
+            } else {
+                log::warn!(
+                    "the device never flushed {} requests; failing them",
+                    st.on_device.len()
+                );
+                failed.extend(st.on_device.drain(..));
+                st.pump(self.slot, &mut failed);
+            }
+        }
+        self.connected.store(false, Ordering::Release);
+        self.fail(failed);
+    }
+}
+
+impl QueuePair for VerbsQp {
+    fn post(&self, wrs: &[WorkRequest]) {
+        // The local check (and the completion of a refused request) happens before the QP's
+        // lock is taken: no completion is delivered while holding it.
+        let admitted: Vec<Pending> = wrs
+            .iter()
+            .filter_map(|wr| {
+                self.table.admit(&self.cq, wr).map(|hold| Pending {
+                    wr: *wr,
+                    hold,
+                    seq: 0,
+                })
+            })
+            .collect();
+        let mut failed = Vec::new();
+        {
+            let mut st = self.state.lock();
+            st.backlog.extend(admitted);
+            st.pump(self.slot, &mut failed);
+        }
+        if !failed.is_empty() {
+            self.connected.store(false, Ordering::Release);
+        }
+        self.fail(failed);
+    }
+
+    fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+    }
+
+    fn disconnect(&self) {
+        self.connected.store(false, Ordering::Release);
+        let mut failed = Vec::new();
+        {
+            let mut st = self.state.lock();
+            if !st.broken {
+                st.broken = true;
+                st.move_to_error();
+            }
+            st.pump(self.slot, &mut failed);
+        }
+        self.fail(failed);
+    }
+}
+
+impl Drop for VerbsQp {
+    fn drop(&mut self) {
+        // Requests still on the device die with the QP (ibv_destroy_qp, in BasicQueuePair's
+        // drop, stops the device touching their memory before their holds are released).
+        let st = self.state.get_mut();
+        if !st.on_device.is_empty() {
+            log::debug!(
+                "queue pair dropped with {} requests on the device",
+                st.on_device.len()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_blob_round_trips_and_rejects_junk() {
+        let e = Endpoint {
+            qpn: 0x12_3456,
+            psn: 0xab_cdef,
+            lid: 7,
+            mtu: 3,
+            gid: [9; 16],
+        };
+        assert_eq!(Endpoint::decode(&e.encode()).unwrap(), e);
+        assert!(Endpoint::decode(&[]).is_err());
+        assert!(Endpoint::decode(&[0u8; 2]).is_err());
+        let mut bad = e.encode();
+        bad[4] = 99;
+        assert!(Endpoint::decode(&bad).is_err());
+        let mut bad = e.encode();
+        bad[5] = 0;
+        assert!(Endpoint::decode(&bad).is_err());
+    }
+
+    #[test]
+    fn ack_timeout_tracks_the_op_timeout() {
+        // 4.096 µs × 2^t × 8 tries ≈ the op timeout, within a factor of two.
+        for secs in [1u64, 3, 10, 60] {
+            let t = ack_timeout_for(Duration::from_secs(secs));
+            let total = 4.096e-6 * f64::from(1u32 << t) * f64::from(RETRY_COUNT + 1);
+            assert!(
+                total <= secs as f64 && total * 2.0 > secs as f64,
+                "{secs}s: t={t}"
+            );
+        }
+        assert_eq!(ack_timeout_for(Duration::from_millis(1)), 14);
+    }
+}
