@@ -259,48 +259,98 @@ impl<G: Registrar> RegCache<G> {
 
     /// Lends registrations covering `[addr, addr+len)` (rounded out to pages); they stay
     /// registered, and are never evicted, until released.
+    ///
+    /// The fabric is called (to register the gaps, to deregister evicted regions) with the
+    /// cache's lock released, so one thread's registration never stalls another's lookup.
+    /// If another thread cached part of a gap meanwhile (MRRC keeps its regions disjoint), the
+    /// fresh registration is given back and the lookup runs again: that part is now a hit.
     pub fn acquire(&self, addr: u64, len: u64) -> Result<Pinned, FabricError> {
         let start = addr & !(self.page - 1);
         let end = (addr + len.max(1)).div_ceil(self.page) * self.page;
-        let mut st = self.state.lock();
-        let (lookup, mut pieces, gaps) = match self.policy {
-            Policy::Mrrc => self.find_mrrc(&mut st, start, end),
-            Policy::Lru => self.find_lru(&mut st, start, end),
-            Policy::None => (Lookup::Miss, Vec::new(), vec![(start, end)]),
-        };
-        match lookup {
-            Lookup::Hit => st.stats.hits += 1,
-            Lookup::Subset => st.stats.subset_hits += 1,
-            Lookup::Overlap => st.stats.overlaps += 1,
-            Lookup::Miss => st.stats.misses += 1,
-        }
-        for (gs, ge) in gaps {
-            match self.insert(&mut st, gs, ge) {
-                Ok(p) => pieces.push(p),
-                Err(e) => {
-                    for p in &pieces {
-                        Self::unuse(&mut st, p.entry);
+        loop {
+            let mut evicted = Vec::new();
+            let (lookup, mut pieces, gaps) = {
+                let mut st = self.state.lock();
+                let found = match self.policy {
+                    Policy::Mrrc => self.find_mrrc(&mut st, start, end),
+                    Policy::Lru => self.find_lru(&mut st, start, end),
+                    Policy::None => (Lookup::Miss, Vec::new(), vec![(start, end)]),
+                };
+                if self.policy != Policy::None && !found.2.is_empty() {
+                    let pages = found.2.iter().map(|(s, e)| (e - s) / self.page).sum();
+                    self.make_room(&mut st, pages, &mut evicted);
+                }
+                found
+            };
+            for batch in evicted {
+                self.registrar.deregister(batch);
+            }
+            let mut fresh = Vec::with_capacity(gaps.len());
+            let mut failure = None;
+            for &(gs, ge) in &gaps {
+                match self.registrar.register(gs, ge - gs) {
+                    Ok((reg, lkey)) => fresh.push((gs, ge, reg, lkey)),
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
                     }
-                    return Err(e);
                 }
             }
-        }
-        pieces.sort_by_key(|p| p.addr);
-        // Clip the pieces to the bytes asked for.
-        let want_end = addr + len;
-        let pieces = pieces
-            .into_iter()
-            .filter_map(|mut p| {
-                let s = p.addr.max(addr);
-                let e = (p.addr + p.len).min(want_end);
-                (s < e || len == 0).then(|| {
-                    p.addr = s;
-                    p.len = e.saturating_sub(s);
-                    p
+            let mut st = self.state.lock();
+            let raced = self.policy == Policy::Mrrc
+                && fresh
+                    .iter()
+                    .any(|(gs, ge, _, _)| Self::overlaps(&st, *gs, *ge));
+            if failure.is_some() || raced {
+                for p in &pieces {
+                    Self::unuse(&mut st, p.entry);
+                }
+                drop(st);
+                let regs: Vec<G::Reg> = fresh.into_iter().map(|(_, _, reg, _)| reg).collect();
+                if !regs.is_empty() {
+                    self.registrar.deregister(regs);
+                }
+                match failure {
+                    Some(e) => return Err(e),
+                    None => continue,
+                }
+            }
+            match lookup {
+                Lookup::Hit => st.stats.hits += 1,
+                Lookup::Subset => st.stats.subset_hits += 1,
+                Lookup::Overlap => st.stats.overlaps += 1,
+                Lookup::Miss => st.stats.misses += 1,
+            }
+            for (gs, ge, reg, lkey) in fresh {
+                pieces.push(self.insert(&mut st, gs, ge, reg, lkey));
+            }
+            drop(st);
+            pieces.sort_by_key(|p| p.addr);
+            // Clip the pieces to the bytes asked for.
+            let want_end = addr + len;
+            let pieces = pieces
+                .into_iter()
+                .filter_map(|mut p| {
+                    let s = p.addr.max(addr);
+                    let e = (p.addr + p.len).min(want_end);
+                    (s < e || len == 0).then(|| {
+                        p.addr = s;
+                        p.len = e.saturating_sub(s);
+                        p
+                    })
                 })
-            })
-            .collect();
-        Ok(Pinned { pieces, lookup })
+                .collect();
+            return Ok(Pinned { pieces, lookup });
+        }
+    }
+
+    /// True if a cached MRRC region intersects `[start, end)`. Regions are disjoint, so the
+    /// last one starting before `end` has the largest end of those and is the only candidate.
+    fn overlaps(st: &State<G::Reg>, start: u64, end: u64) -> bool {
+        st.by_start
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, id)| st.entries[id].end > start)
     }
 
     /// Gives back what [`RegCache::acquire`] lent. Without a cache, deregisters at once.
@@ -435,13 +485,17 @@ impl<G: Registrar> RegCache<G> {
         }
     }
 
-    /// Registers `[start, end)` as a new region on top of the stack, making room first.
-    fn insert(&self, st: &mut State<G::Reg>, start: u64, end: u64) -> Result<Piece, FabricError> {
+    /// Adds a fresh registration of `[start, end)` as a new region on top of the stack, in use
+    /// once (room was made before it was registered).
+    fn insert(
+        &self,
+        st: &mut State<G::Reg>,
+        start: u64,
+        end: u64,
+        reg: G::Reg,
+        lkey: u32,
+    ) -> Piece {
         let pages = (end - start) / self.page;
-        if self.policy != Policy::None {
-            self.make_room(st, pages);
-        }
-        let (reg, lkey) = self.registrar.register(start, end - start)?;
         st.stats.registrations += 1;
         st.stats.registered_pages += pages;
         let id = st.next_id;
@@ -466,7 +520,7 @@ impl<G: Registrar> RegCache<G> {
             _ => st.stack.insert(0, id),
         }
         st.pinned_pages += pages;
-        Ok(p)
+        p
     }
 
     fn full(&self, st: &State<G::Reg>, extra_pages: u64) -> bool {
@@ -474,12 +528,14 @@ impl<G: Registrar> RegCache<G> {
             || st.entries.len() + 1 > self.config.max_regions
     }
 
-    fn make_room(&self, st: &mut State<G::Reg>, pages: u64) {
+    /// Evicts idle regions until `pages` more fit; the evicted registrations go to `out`, one
+    /// batch per deregistration call, for the caller to hand back once the lock is released.
+    fn make_room(&self, st: &mut State<G::Reg>, pages: u64, out: &mut Vec<Vec<G::Reg>>) {
         // Each pass is one full-cache event; stop when nothing idle is left to evict.
         while self.full(st, pages) {
             let freed = match self.policy {
-                Policy::Mrrc => self.mre(st),
-                Policy::Lru => self.evict_lru(st),
+                Policy::Mrrc => self.mre(st, out),
+                Policy::Lru => self.evict_lru(st, out),
                 Policy::None => 0,
             };
             if freed == 0 {
@@ -491,7 +547,7 @@ impl<G: Registrar> RegCache<G> {
 
     /// MRE replacement (Fig. 4): resort the resorting section by eviction factor and
     /// deregister the eviction segment in one batch. Returns the number of regions evicted.
-    fn mre(&self, st: &mut State<G::Reg>) -> usize {
+    fn mre(&self, st: &mut State<G::Reg>, out: &mut Vec<Vec<G::Reg>>) -> usize {
         st.stats.full_events += 1;
         let n = st.stack.len();
         if n == 0 {
@@ -547,13 +603,13 @@ impl<G: Registrar> RegCache<G> {
             st.stats.deregistrations += regs.len() as u64;
             st.stats.deregistration_batches += 1;
             st.stats.deregistered_pages += pages;
-            self.registrar.deregister(regs);
+            out.push(regs);
         }
         victims.len()
     }
 
     /// Pin-down cache eviction: the least recently used idle region, deregistered alone.
-    fn evict_lru(&self, st: &mut State<G::Reg>) -> usize {
+    fn evict_lru(&self, st: &mut State<G::Reg>, out: &mut Vec<Vec<G::Reg>>) -> usize {
         st.stats.full_events += 1;
         let victim = st
             .recency
@@ -567,7 +623,7 @@ impl<G: Registrar> RegCache<G> {
             st.stats.deregistrations += 1;
             st.stats.deregistration_batches += 1;
             st.stats.deregistered_pages += pages;
-            self.registrar.deregister(vec![reg]);
+            out.push(vec![reg]);
         }
         1
     }
@@ -603,30 +659,35 @@ impl<G: Registrar> Drop for RegCache<G> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::collections::HashSet;
+    use std::collections::HashMap;
 
     const P: u64 = 4096;
 
     /// Records registrations; panics on a double or unknown deregistration.
     #[derive(Default)]
     struct Mock {
-        live: Mutex<HashSet<(u64, u64)>>,
+        /// Live registrations (a range may be registered twice when two threads race for
+        /// it; each registration must be deregistered exactly once).
+        live: Mutex<HashMap<(u64, u64), u32>>,
         batches: Mutex<Vec<Vec<(u64, u64)>>>,
     }
 
     impl Registrar for Arc<Mock> {
         type Reg = (u64, u64);
         fn register(&self, addr: u64, len: u64) -> Result<((u64, u64), u32), FabricError> {
-            assert!(self.live.lock().insert((addr, len)), "registered twice");
+            *self.live.lock().entry((addr, len)).or_default() += 1;
             Ok(((addr, len), (addr / P) as u32))
         }
         fn deregister(&self, regs: Vec<(u64, u64)>) {
             let mut live = self.live.lock();
             for r in &regs {
-                assert!(
-                    live.remove(r),
-                    "deregistered {r:?} twice or never registered"
-                );
+                let n = live
+                    .get_mut(r)
+                    .unwrap_or_else(|| panic!("deregistered {r:?} twice or never registered"));
+                *n -= 1;
+                if *n == 0 {
+                    live.remove(r);
+                }
             }
             self.batches.lock().push(regs);
         }
@@ -676,7 +737,7 @@ mod tests {
             ]
         );
         c.release(p);
-        assert!(mock.live.lock().contains(&(0x10000 + 4 * P, 4 * P)));
+        assert!(mock.live.lock().contains_key(&(0x10000 + 4 * P, 4 * P)));
         // A request covered by the two adjacent cached regions needs no registration: a hit.
         let p = c.acquire(0x10000, 8 * P).unwrap();
         assert_eq!(p.lookup, Lookup::Subset);
@@ -737,7 +798,7 @@ mod tests {
         // nothing is deregistered.
         let other = c.acquire(0x10000, 2 * P).unwrap();
         assert!(mock.batches.lock().iter().all(|b| b.is_empty()));
-        assert!(mock.live.lock().contains(&(0x0, 4 * P)));
+        assert!(mock.live.lock().contains_key(&(0x0, 4 * P)));
         c.release(other);
         c.release(held);
         use_once(&c, 0x20000, P);
@@ -753,7 +814,7 @@ mod tests {
         }
         use_once(&c, 0x40000, P);
         assert_eq!(mock.batches.lock().as_slice(), [vec![(0x10000, P)]]);
-        assert!(mock.live.lock().contains(&(0x0, P)));
+        assert!(mock.live.lock().contains_key(&(0x0, P)));
         c.release(a);
         assert_eq!(c.stats().pinned_pages, 4);
     }
@@ -814,7 +875,14 @@ mod tests {
         let s = c.stats();
         assert_eq!(s.lookups(), 4000);
         assert_eq!(s.registrations - s.deregistrations, s.regions);
-        assert_eq!(mock.live.lock().len() as u64, s.regions);
+        assert_eq!(
+            mock.live
+                .lock()
+                .values()
+                .map(|&n| u64::from(n))
+                .sum::<u64>(),
+            s.regions
+        );
         drop(c);
         assert!(mock.live.lock().is_empty(), "drop deregisters everything");
     }
@@ -842,7 +910,7 @@ mod tests {
                     // were in use (at most 6 pages here).
                     prop_assert!(s.pinned_pages <= 24 + 6, "{} pages pinned", s.pinned_pages);
                 }
-                prop_assert_eq!(mock.live.lock().len() as u64, s.regions);
+                prop_assert_eq!(mock.live.lock().values().map(|&n| u64::from(n)).sum::<u64>(), s.regions);
                 if policy == Policy::Mrrc {
                     let mut stack = c.stack();
                     stack.sort();
@@ -852,5 +920,53 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Two threads look up overlapping ranges in a cache of 6 pages, so lookups race
+    /// registrations (made outside the lock) and evictions. In every interleaving: each
+    /// lookup's pieces tile its range, a region in use is never deregistered (the mock panics
+    /// on a double or unknown deregistration, and an evicted piece would be one), MRRC's
+    /// regions stay disjoint, and what the cache holds is exactly what is registered.
+    #[cfg(feature = "shuttle")]
+    #[test]
+    fn model_cache_lookups_race_evictions() {
+        shuttle::check_random(
+            || {
+                let (c, mock) = cache(Policy::Mrrc, 6, 0.5);
+                let c = Arc::new(c);
+                let threads: Vec<_> = [(0u64, 3u64), (2, 4)]
+                    .into_iter()
+                    .map(|(page, pages)| {
+                        let c = c.clone();
+                        crate::sync::thread::spawn(move || {
+                            for round in 0..2 {
+                                let addr = (page + round * 3) * P;
+                                let p = c.acquire(addr, pages * P).unwrap();
+                                let mut at = addr;
+                                for piece in &p.pieces {
+                                    assert_eq!(piece.addr, at, "pieces do not tile the range");
+                                    at += piece.len;
+                                }
+                                assert_eq!(at, addr + pages * P);
+                                c.release(p);
+                            }
+                        })
+                    })
+                    .collect();
+                for t in threads {
+                    t.join().unwrap();
+                }
+                let mut stack = c.stack();
+                stack.sort();
+                for w in stack.windows(2) {
+                    assert!(w[0].1 <= w[1].0, "overlapping regions {w:?}");
+                }
+                let s = c.stats();
+                assert_eq!(s.lookups(), 4);
+                let live: u64 = mock.live.lock().values().map(|&n| u64::from(n)).sum();
+                assert_eq!(live, s.regions);
+            },
+            3000,
+        );
     }
 }

@@ -65,11 +65,11 @@ impl<T: ?Sized> Mutex<T> {
     pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
         match self.0.try_lock() {
             Ok(g) => Some(g),
-            Err(imp::TryLockError::Poisoned(p)) => {
+            Err(std::sync::TryLockError::Poisoned(p)) => {
                 taken_over("mutex");
                 Some(p.into_inner())
             }
-            Err(imp::TryLockError::WouldBlock) => None,
+            Err(std::sync::TryLockError::WouldBlock) => None,
         }
     }
     pub fn get_mut(&mut self) -> &mut T {

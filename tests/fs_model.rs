@@ -240,8 +240,33 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// How writes reach the file system: copied (`Fs::write`) or in place (the FUSE adapter's
+/// zero-copy path, `Fs::write_in_place`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Writes {
+    Copied,
+    InPlace,
+}
+
+/// The op with every path under `dir/` (each thread of the concurrent test has its own tree).
+fn under(dir: &str, op: &Op) -> Op {
+    let p = |x: &String| format!("{dir}/{x}");
+    match op {
+        Op::Create(a) => Op::Create(p(a)),
+        Op::Mkdir(a) => Op::Mkdir(p(a)),
+        Op::Write(a, o, l, s) => Op::Write(p(a), *o, *l, *s),
+        Op::Truncate(a, s) => Op::Truncate(p(a), *s),
+        Op::Read(a) => Op::Read(p(a)),
+        Op::Unlink(a) => Op::Unlink(p(a)),
+        Op::Rmdir(a) => Op::Rmdir(p(a)),
+        Op::Link(a, b) => Op::Link(p(a), p(b)),
+        Op::Rename(a, b) => Op::Rename(p(a), p(b)),
+        Op::List(a) => Op::List(p(a)),
+    }
+}
+
 /// Applies one op to the real file system.
-fn apply_fs(t: &TestFs, op: &Op) -> Result<Vec<u8>, i32> {
+fn apply_fs(t: &TestFs, op: &Op, writes: Writes) -> Result<Vec<u8>, i32> {
     let e = |e: rmemfs::error::Error| e.errno;
     let none = |r: Result<(), i32>| r.map(|()| Vec::new());
     match op {
@@ -251,7 +276,13 @@ fn apply_fs(t: &TestFs, op: &Op) -> Result<Vec<u8>, i32> {
             t.fs.mkdir(d, n.as_bytes(), 0o755, common::ME).map_err(e)?;
             Ok(Vec::new())
         }
-        Op::Write(p, off, len, seed) => none(t.write_file(p, *off as u64, &bytes(*seed, *len))),
+        Op::Write(p, off, len, seed) => {
+            let data = bytes(*seed, *len);
+            none(match writes {
+                Writes::Copied => t.write_file(p, *off as u64, &data),
+                Writes::InPlace => t.write_file_in_place(p, *off as u64, &data),
+            })
+        }
         Op::Truncate(p, size) => {
             let ino = t.resolve(p)?;
             let set = rmemfs::fs::SetAttr {
@@ -319,14 +350,17 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
-    fn fs_matches_the_model(ops in proptest::collection::vec(op(), 1..60), frrwp in any::<bool>()) {
-        // Two servers, 8 KiB chunks: files cross chunks and servers. Both write paths.
+    fn fs_matches_the_model(ops in proptest::collection::vec(op(), 1..60), frrwp in any::<bool>(),
+                            in_place in any::<bool>()) {
+        // Two servers, 8 KiB chunks: files cross chunks and servers. Both write paths, and
+        // writes copied or registered in place (the FUSE adapter's zero-copy path).
         let path = if frrwp { WritePath::Frrwp } else { WritePath::Serial };
+        let writes = if in_place { Writes::InPlace } else { Writes::Copied };
         let t = TestFs::with_write_path(2, 16 << 20, 8192, path);
         let mut m = Model::new();
         let mut ok = 0;
         for (i, op) in ops.iter().enumerate() {
-            let got = apply_fs(&t, op);
+            let got = apply_fs(&t, op, writes);
             ok += got.is_ok() as usize;
             let want = apply_model(&mut m, op);
             prop_assert_eq!(
@@ -349,5 +383,110 @@ proptest! {
             }
         }
         prop_assert_eq!(t.list(""), m.list(""));
+    }
+}
+
+/// What one thread of the concurrent test does: its own op sequence, under its own directory,
+/// checked step by step against its own model, plus writes into its own part of a file both
+/// threads share.
+fn run_thread(
+    t: &TestFs,
+    dir: &str,
+    ops: &[Op],
+    shared_writes: &[(usize, usize, u64)],
+    writes: Writes,
+    start: &std::sync::Barrier,
+) -> Result<(Model, Vec<u8>), String> {
+    let mut m = Model::new();
+    let mut region = vec![0u8; SHARED_REGION];
+    start.wait();
+    for i in 0..ops.len().max(shared_writes.len()) {
+        if let Some(op) = ops.get(i) {
+            let got = apply_fs(t, &under(dir, op), writes);
+            let want = apply_model(&mut m, op);
+            if got != want {
+                return Err(format!(
+                    "{dir} step {i} {op:?}: got {:?}, model {:?}",
+                    got.as_ref().map(|v| v.len()),
+                    want.as_ref().map(|v| v.len())
+                ));
+            }
+        }
+        if let Some(&(off, len, seed)) = shared_writes.get(i) {
+            let base = if dir == "t0" { 0 } else { SHARED_REGION };
+            let data = bytes(seed, len);
+            let put = match writes {
+                Writes::Copied => t.write_file("shared", (base + off) as u64, &data),
+                Writes::InPlace => t.write_file_in_place("shared", (base + off) as u64, &data),
+            };
+            put.map_err(|e| format!("{dir}: shared write failed: errno {e}"))?;
+            region[off..off + len].copy_from_slice(&data);
+        }
+    }
+    Ok((m, region))
+}
+
+/// Each thread's part of the shared file (chunks are 8 KiB: the parts share chunks at the
+/// border and both allocate chunks of the same file at once).
+const SHARED_REGION: usize = 20_000;
+
+fn shared_write() -> impl Strategy<Value = (usize, usize, u64)> {
+    (0usize..SHARED_REGION, 1usize..6000, any::<u64>())
+        .prop_map(|(off, len, seed)| (off.min(SHARED_REGION - len), len, seed))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Two threads use one file system at once: each its own tree (so its results are
+    /// deterministic and checked against its own model at every step) and its own part of
+    /// one shared file. Afterwards each tree matches its model and the shared file holds
+    /// both threads' bytes.
+    #[test]
+    fn fs_matches_the_model_from_two_threads(
+        ops in proptest::collection::vec((op(), op()), 1..40),
+        shared in proptest::collection::vec((shared_write(), shared_write()), 0..20),
+        frrwp in any::<bool>(),
+        in_place in any::<bool>(),
+    ) {
+        let path = if frrwp { WritePath::Frrwp } else { WritePath::Serial };
+        let writes = if in_place { Writes::InPlace } else { Writes::Copied };
+        let t = TestFs::with_write_path(2, 16 << 20, 8192, path);
+        for d in ["t0", "t1"] {
+            t.fs.mkdir(ROOT, d.as_bytes(), 0o755, common::ME).unwrap();
+        }
+        t.create("shared").unwrap();
+        let start = std::sync::Barrier::new(2);
+        let (ops0, ops1): (Vec<Op>, Vec<Op>) = ops.into_iter().unzip();
+        let (sh0, sh1): (Vec<_>, Vec<_>) = shared.into_iter().unzip();
+        let (r0, r1) = std::thread::scope(|s| {
+            let a = s.spawn(|| run_thread(&t, "t0", &ops0, &sh0, writes, &start));
+            let b = s.spawn(|| run_thread(&t, "t1", &ops1, &sh1, writes, &start));
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        let (m0, region0) = r0.map_err(TestCaseError::fail)?;
+        let (m1, region1) = r1.map_err(TestCaseError::fail)?;
+        for (dir, m) in [("t0", &m0), ("t1", &m1)] {
+            let mut all = Vec::new();
+            walk(m, ROOT, "", &mut all);
+            for (p, is_dir) in all {
+                let full = format!("{dir}/{p}");
+                if is_dir {
+                    prop_assert_eq!(t.list(&full), m.list(&p), "listing {}", full);
+                } else {
+                    prop_assert!(t.read_file(&full) == m.read(&p), "final contents of {}", full);
+                }
+            }
+            prop_assert_eq!(t.list(dir), m.list(""));
+        }
+        let got = t.read_file("shared").unwrap();
+        let mut want = region0;
+        want.extend_from_slice(&region1);
+        // The file ends at the last byte written; unwritten parts read as zeros.
+        let wrote0 = sh0.iter().map(|(o, l, _)| o + l).max();
+        let wrote1 = sh1.iter().map(|(o, l, _)| SHARED_REGION + o + l).max();
+        let end = wrote1.or(wrote0).unwrap_or(0);
+        want.truncate(end);
+        prop_assert!(got == want, "shared file: {} bytes, expected {}", got.len(), want.len());
     }
 }

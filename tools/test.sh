@@ -36,6 +36,9 @@ echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --features rmemfs/testing -- -D warnings
 echo "== cargo test (unit, property, conformance, server, in-process mounts; the lab's simulator)"
 cargo test --workspace --all-targets --features rmemfs/testing
+echo "== model-checked races (shuttle: batch completion, FRRWP, registration cache, send queue)"
+cargo clippy --lib --tests --features shuttle -- -D warnings
+cargo test --lib --features shuttle model_
 echo "== real mounts (mount-tests/run.sh)"
 cargo build --release
 mount-tests/run.sh

@@ -47,13 +47,43 @@ struct Submitted {
 }
 
 impl Crw {
-    /// Posts the submitted writes (or fails them) once the reply is in. `deferred` (on the
-    /// reply thread) leaves the sending to the queue pair's sender thread, so a slow data
-    /// path never holds up the routing of control replies.
-    fn fire_if_ready(&self, st: &mut CrwState, deferred: bool) {
-        let Some(reply) = &st.reply else { return };
-        for sub in st.waiting.drain(..) {
-            match reply {
+    /// Once the reply is in, takes every submitted write out with what to do about it: the
+    /// extent to write into, or the error to fail it with. Called under the state lock; the
+    /// posting happens in [`Crw::fire`], after the lock is released.
+    fn take_ready(&self, st: &mut CrwState) -> Vec<(Submitted, Result<RemoteRegion, PoolError>)> {
+        let Some(reply) = &st.reply else {
+            return Vec::new();
+        };
+        st.waiting
+            .drain(..)
+            .map(|sub| {
+                let what = match reply {
+                    Ok(region) => Ok(*region),
+                    Err(PoolError::Refused {
+                        addr,
+                        code,
+                        message,
+                    }) => Err(PoolError::Refused {
+                        addr: *addr,
+                        code: *code,
+                        message: message.clone(),
+                    }),
+                    Err(other) => Err(PoolError::ControlLost {
+                        addr: self.addr,
+                        reason: other.to_string(),
+                    }),
+                };
+                (sub, what)
+            })
+            .collect()
+    }
+
+    /// Posts (or fails) what [`Crw::take_ready`] took out. `deferred` (on the reply thread)
+    /// leaves the sending to the queue pair's sender thread, so a slow data path never holds
+    /// up the routing of control replies.
+    fn fire(ready: Vec<(Submitted, Result<RemoteRegion, PoolError>)>, deferred: bool) {
+        for (sub, what) in ready {
+            match what {
                 Ok(region) => {
                     let wrs: Vec<WorkRequest> = sub
                         .writes
@@ -73,26 +103,20 @@ impl Crw {
                         sub.qp.post(&wrs);
                     }
                 }
-                Err(e) => {
-                    let why = match e {
-                        PoolError::Refused {
-                            addr,
-                            code,
-                            message,
-                        } => PoolError::Refused {
-                            addr: *addr,
-                            code: *code,
-                            message: message.clone(),
-                        },
-                        other => PoolError::ControlLost {
-                            addr: self.addr,
-                            reason: other.to_string(),
-                        },
-                    };
-                    sub.dispatch.fail(sub.batch, sub.writes.len(), why);
-                }
+                Err(why) => sub.dispatch.fail(sub.batch, sub.writes.len(), why),
             }
         }
+    }
+
+    /// The CRW side: queues conditional writes, posted at once if the reply is in, else by
+    /// the reply thread when it arrives. Whichever of the two comes second fires the writes.
+    fn submit(&self, sub: Submitted) {
+        let ready = {
+            let mut st = self.state.lock();
+            st.waiting.push(sub);
+            self.take_ready(&mut st)
+        };
+        Self::fire(ready, false);
     }
 
     /// The STCRW side: the server's reply to the tagged allocation (None: connection lost).
@@ -124,9 +148,12 @@ impl Crw {
                 reason: "connection lost before the allocation was answered".into(),
             }),
         };
-        let mut st = self.state.lock();
-        st.reply = Some(reply);
-        self.fire_if_ready(&mut st, true);
+        let ready = {
+            let mut st = self.state.lock();
+            st.reply = Some(reply);
+            self.take_ready(&mut st)
+        };
+        Self::fire(ready, true);
     }
 }
 
@@ -283,9 +310,7 @@ impl Pool {
             qp: self.server(crw.server)?.qp.clone(),
             dispatch: self.dispatch.clone(),
         };
-        let mut st = crw.state.lock();
-        st.waiting.push(sub);
-        crw.fire_if_ready(&mut st, false);
+        crw.submit(sub);
         Ok(())
     }
 
@@ -327,4 +352,157 @@ pub struct CrwSubmission {
     batch_id: u64,
     batch: Arc<super::Batch>,
     server: ServerId,
+}
+
+#[cfg(all(test, feature = "shuttle"))]
+mod model_tests {
+    use super::*;
+    use crate::client::Batch;
+    use crate::fabric::WcStatus;
+    use crate::proto::RefusalCode;
+    use crate::sync::thread;
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    /// A queue pair that records what is posted to it.
+    #[derive(Default)]
+    struct RecordingQp {
+        posted: Mutex<Vec<WorkRequest>>,
+    }
+
+    impl QueuePair for RecordingQp {
+        fn post(&self, wrs: &[WorkRequest]) {
+            self.posted.lock().extend_from_slice(wrs);
+        }
+        fn is_connected(&self) -> bool {
+            true
+        }
+        fn disconnect(&self) {}
+    }
+
+    fn part(k: u64) -> (Sge, u64) {
+        let local = Sge {
+            addr: 0x10_0000 + k * 4096,
+            len: 4096,
+            lkey: 9,
+        };
+        (local, k * 4096)
+    }
+
+    struct Setup {
+        crw: Arc<Crw>,
+        qp: Arc<RecordingQp>,
+        dispatch: Arc<Dispatch>,
+        batch: Arc<Batch>,
+    }
+
+    fn setup() -> Setup {
+        let dispatch = Arc::new(Dispatch {
+            batches: Mutex::new(HashMap::new()),
+        });
+        let batch = Arc::new(Batch::new(2));
+        dispatch.batches.lock().insert(5, batch.clone());
+        Setup {
+            crw: Arc::new(Crw {
+                server: ServerId(0),
+                addr: "127.0.0.1:7471".parse().unwrap(),
+                len: 2 * 4096,
+                state: Mutex::new(CrwState::default()),
+            }),
+            qp: Arc::new(RecordingQp::default()),
+            dispatch,
+            batch,
+        }
+    }
+
+    /// Runs the server's reply and two parts of a large write submitted one by one, in
+    /// three threads.
+    fn race(s: &Setup, reply: Message) {
+        let capacity = Arc::new(Mutex::new(Capacity::default()));
+        let replier = {
+            let crw = s.crw.clone();
+            thread::spawn(move || crw.on_reply(Some(reply), &capacity))
+        };
+        let submitters: Vec<_> = (0..2u64)
+            .map(|k| {
+                let (crw, qp, dispatch) = (s.crw.clone(), s.qp.clone(), s.dispatch.clone());
+                thread::spawn(move || {
+                    crw.submit(Submitted {
+                        batch: 5,
+                        base: k as usize,
+                        writes: vec![part(k)],
+                        qp,
+                        dispatch,
+                    })
+                })
+            })
+            .collect();
+        replier.join().unwrap();
+        for t in submitters {
+            t.join().unwrap();
+        }
+    }
+
+    /// Whichever comes second, the reply (STCRW) or a part's submission (CRW), fires that
+    /// part: every part is posted exactly once, to the granted extent with its rkey, and none
+    /// is left waiting.
+    #[test]
+    fn model_frrwp_reply_versus_submit() {
+        shuttle::check_random(
+            || {
+                let s = setup();
+                race(
+                    &s,
+                    Message::Allocated {
+                        tag: 1,
+                        addr: 0x4000,
+                        len: 2 * 4096,
+                        rkey: 42,
+                        capacity: Capacity::default(),
+                    },
+                );
+                let mut posted = s.qp.posted.lock().clone();
+                posted.sort_by_key(|w| w.wr_id);
+                assert_eq!(posted.len(), 2, "{posted:?}");
+                for (k, w) in posted.iter().enumerate() {
+                    assert_eq!(w.wr_id, (5 << BATCH_INDEX_BITS) | k as u64);
+                    assert_eq!(w.rkey, 42);
+                    assert_eq!(w.remote_addr, 0x4000 + k as u64 * 4096);
+                    assert_eq!(w.local, part(k as u64).0);
+                }
+                assert!(s.crw.state.lock().waiting.is_empty());
+            },
+            3000,
+        );
+    }
+
+    /// A refused allocation fails every part exactly once (the batch ends, nothing posted).
+    #[test]
+    fn model_frrwp_refusal_versus_submit() {
+        shuttle::check_random(
+            || {
+                let s = setup();
+                race(
+                    &s,
+                    Message::Refused {
+                        tag: 1,
+                        code: RefusalCode::NoSpace,
+                        message: "full".into(),
+                    },
+                );
+                assert!(s.qp.posted.lock().is_empty());
+                let (failure, refused) = s.batch.wait(Duration::from_secs(3600), &|| {});
+                assert_eq!(failure, None::<(usize, WcStatus)>);
+                assert!(matches!(
+                    refused,
+                    Some(PoolError::Refused {
+                        code: RefusalCode::NoSpace,
+                        ..
+                    })
+                ));
+                assert!(s.crw.state.lock().waiting.is_empty());
+            },
+            3000,
+        );
+    }
 }

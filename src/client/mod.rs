@@ -122,6 +122,44 @@ struct Batch {
     done: Condvar,
 }
 
+impl Batch {
+    fn new(n: usize) -> Batch {
+        Batch {
+            state: Mutex::new(BatchState {
+                remaining: n,
+                failure: None,
+                refused: None,
+            }),
+            done: Condvar::new(),
+        }
+    }
+
+    /// Waits for every member; returns the first failure by op index and a refusal, if any.
+    /// Every posted request completes (queue pairs guarantee it, with bounded timeouts). A
+    /// conditional write completes when its allocation is answered; if a batch makes no
+    /// progress for `stall`, `on_stall` gives up on the servers that have not answered (their
+    /// reply handlers then fail the writes), so this wait ends.
+    fn wait(
+        &self,
+        stall: Duration,
+        on_stall: &dyn Fn(),
+    ) -> (Option<(usize, WcStatus)>, Option<PoolError>) {
+        let mut st = self.state.lock();
+        let mut seen = st.remaining;
+        while st.remaining > 0 {
+            let (g, timed_out) = self.done.wait_timeout(st, stall);
+            st = g;
+            if timed_out && st.remaining == seen {
+                drop(st);
+                on_stall();
+                st = self.state.lock();
+            }
+            seen = st.remaining;
+        }
+        (st.failure, st.refused.take())
+    }
+}
+
 struct BatchState {
     remaining: usize,
     /// The first failure, by op index.
@@ -484,14 +522,7 @@ impl Pool {
             return Err(PoolError::Invalid("batch too large".into()));
         }
         let batch_id = self.next_batch.fetch_add(1, Ordering::Relaxed);
-        let batch = Arc::new(Batch {
-            state: Mutex::new(BatchState {
-                remaining: n,
-                failure: None,
-                refused: None,
-            }),
-            done: Condvar::new(),
-        });
+        let batch = Arc::new(Batch::new(n));
         self.dispatch.batches.lock().insert(batch_id, batch.clone());
         Ok((batch_id, batch))
     }
@@ -524,25 +555,7 @@ impl Pool {
         who: impl Fn(usize) -> (ServerId, Opcode),
         on_stall: &dyn Fn(),
     ) -> Result<(), PoolError> {
-        // Every posted request completes (queue pairs guarantee it, with bounded timeouts).
-        // A conditional write completes when its allocation is answered; if a batch makes no
-        // progress for the timeout, `on_stall` gives up on the servers that have not answered
-        // (their reply handlers then fail the writes), so this wait ends.
-        let (failure, refused) = {
-            let mut st = batch.state.lock();
-            let mut seen = st.remaining;
-            while st.remaining > 0 {
-                let (g, timed_out) = batch.done.wait_timeout(st, self.timeout);
-                st = g;
-                if timed_out && st.remaining == seen {
-                    drop(st);
-                    on_stall();
-                    st = batch.state.lock();
-                }
-                seen = st.remaining;
-            }
-            (st.failure, st.refused.take())
-        };
+        let (failure, refused) = batch.wait(self.timeout, on_stall);
         self.dispatch.batches.lock().remove(&batch_id);
         if let Some(e) = refused {
             return Err(e);
@@ -592,5 +605,68 @@ impl Drop for Pool {
             s.qp.disconnect();
             s.control.kill();
         }
+    }
+}
+
+#[cfg(all(test, feature = "shuttle"))]
+mod model_tests {
+    use super::*;
+    use crate::sync::thread;
+
+    pub(super) fn completion(batch: u64, index: usize, status: WcStatus) -> Completion {
+        let wr = WorkRequest {
+            wr_id: (batch << BATCH_INDEX_BITS) | index as u64,
+            opcode: Opcode::Read,
+            local: Sge {
+                addr: 0,
+                len: 8,
+                lkey: 1,
+            },
+            remote_addr: 0,
+            rkey: 1,
+        };
+        Completion::new(&wr, status, None)
+    }
+
+    /// A batch spread over two servers: each server's completion context delivers its
+    /// members (one of them a refusal) while the waiter waits. The waiter wakes exactly when
+    /// the last member is in, never before (no lost or early wake-up in any interleaving), and
+    /// sees the first failure by op index whatever order they arrived in.
+    #[test]
+    fn model_batch_completion_across_servers() {
+        shuttle::check_random(
+            || {
+                let dispatch = Arc::new(Dispatch {
+                    batches: Mutex::new(HashMap::new()),
+                });
+                let batch = Arc::new(Batch::new(4));
+                dispatch.batches.lock().insert(7, batch.clone());
+                let server_a = {
+                    let d = dispatch.clone();
+                    thread::spawn(move || {
+                        d.deliver(completion(7, 0, WcStatus::Success));
+                        d.deliver(completion(7, 3, WcStatus::RemoteAccessError));
+                    })
+                };
+                let server_b = {
+                    let d = dispatch.clone();
+                    thread::spawn(move || {
+                        d.deliver(completion(7, 2, WcStatus::TransportError));
+                        d.fail(7, 1, PoolError::Invalid("allocation refused".into()));
+                    })
+                };
+                let (failure, refused) = batch.wait(Duration::from_secs(3600), &|| {});
+                assert_eq!(
+                    batch.state.lock().remaining,
+                    0,
+                    "woke before the last member"
+                );
+                assert_eq!(failure, Some((2, WcStatus::TransportError)));
+                assert!(matches!(refused, Some(PoolError::Invalid(_))));
+                server_a.join().unwrap();
+                server_b.join().unwrap();
+            },
+            3000,
+        );
     }
 }

@@ -101,6 +101,20 @@ impl TestFs {
         r.map(|_| ())
     }
 
+    /// As `write_file`, through the in-place (zero-copy) path the FUSE adapter uses: the
+    /// payload is registered where it lies, so it must live for good (it is leaked).
+    pub fn write_file_in_place(&self, path: &str, offset: u64, data: &[u8]) -> Result<(), i32> {
+        let ino = self.resolve(path)?;
+        let fh = self.fs.open(ino, libc::O_WRONLY).map_err(|e| e.errno)?;
+        let payload = rmemfs::fuse::RequestBuffer::leaked(data.to_vec());
+        let r = self
+            .fs
+            .write_in_place(ino, fh, offset, payload)
+            .map_err(|e| e.errno);
+        self.fs.release(fh);
+        r.map(|_| ())
+    }
+
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>, i32> {
         let ino = self.resolve(path)?;
         let fh = self.fs.open(ino, libc::O_RDONLY).map_err(|e| e.errno)?;

@@ -143,26 +143,34 @@ mod model_tests {
     use crate::sync::thread;
     use crate::sync::Arc;
 
-    /// Two posters (sending inline when they get the turn) race the sender thread over a
-    /// queue of depth 2: every item goes on the "wire" exactly once, in sequence order with no
-    /// gap, each poster's items in its own order, and nobody is left waiting (shuttle reports
-    /// a deadlock if a wake-up is lost).
+    type Wire = (Mutex<Vec<((u32, u32), u64)>>, Condvar);
+
+    fn put_on_wire(wire: &Wire, x: ((u32, u32), u64)) {
+        wire.0.lock().push(x);
+        wire.1.notify_all();
+    }
+
+    /// Two posters race the sender thread over a queue of depth 2. Poster 0 sends one item
+    /// inline whenever it gets the turn, poster 1 leaves its items to the sender thread.
+    /// Every item goes on the "wire" exactly once, in sequence order with no gap, each
+    /// poster's items in its own order, and all of them get there before the queue is closed:
+    /// a lost wake-up leaves an item queued with the sender asleep and the main thread waiting
+    /// for it, which shuttle reports as a deadlock.
     #[test]
     fn model_send_queue_keeps_post_order_and_loses_no_wakeup() {
         shuttle::check_random(
             || {
                 let q = Arc::new(SendQueue::<(u32, u32)>::new(2));
-                let wire = Arc::new(Mutex::new(Vec::new()));
-                let send = |q: &SendQueue<(u32, u32)>, wire: &Mutex<Vec<((u32, u32), u64)>>| {
-                    while let Some(mut turn) = q.wait_turn() {
-                        if let Some(x) = turn.next(|_| true) {
-                            wire.lock().push(x);
-                        }
-                    }
-                };
+                let wire: Arc<Wire> = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
                 let sender = {
                     let (q, wire) = (q.clone(), wire.clone());
-                    thread::spawn(move || send(&q, &wire))
+                    thread::spawn(move || {
+                        while let Some(mut turn) = q.wait_turn() {
+                            if let Some(x) = turn.next(|_| true) {
+                                put_on_wire(&wire, x);
+                            }
+                        }
+                    })
                 };
                 let posters: Vec<_> = (0..2u32)
                     .map(|p| {
@@ -170,11 +178,9 @@ mod model_tests {
                         thread::spawn(move || {
                             for i in 0..3u32 {
                                 q.push((p, i), &|| false).unwrap();
-                                // Poster 0 sends small items inline, poster 1 leaves them to
-                                // the sender thread.
                                 if let Some(mut turn) = q.take_turn(|_, _| p == 0) {
-                                    while let Some(x) = turn.next(|_| true) {
-                                        wire.lock().push(x);
+                                    if let Some(x) = turn.next(|_| true) {
+                                        put_on_wire(&wire, x);
                                     }
                                 }
                             }
@@ -184,15 +190,21 @@ mod model_tests {
                 for p in posters {
                     p.join().unwrap();
                 }
+                {
+                    let mut sent = wire.0.lock();
+                    while sent.len() < 6 {
+                        sent = wire.1.wait(sent);
+                    }
+                }
                 q.close();
                 sender.join().unwrap();
-                let wire = wire.lock();
-                assert_eq!(wire.len(), 6);
-                for (k, (_, seq)) in wire.iter().enumerate() {
+                let sent = wire.0.lock();
+                assert_eq!(sent.len(), 6);
+                for (k, (_, seq)) in sent.iter().enumerate() {
                     assert_eq!(*seq, k as u64, "wire order is not sequence order");
                 }
                 for p in 0..2 {
-                    let mine: Vec<u32> = wire
+                    let mine: Vec<u32> = sent
                         .iter()
                         .filter(|((q, _), _)| *q == p)
                         .map(|((_, i), _)| *i)
