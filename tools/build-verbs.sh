@@ -18,6 +18,6 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 echo "== building the verbs fabric (cargo --workspace --features verbs)"
-cargo build --release --workspace --features verbs
+cargo build --release --workspace --features rmemfs/verbs
 cp target/release/rmemfs target/release/rmemfs-verbs
 cp target/release/rmemfs-bench target/release/rmemfs-bench-verbs

@@ -16,9 +16,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tools/build-verbs.sh
+echo "== cargo clippy -D warnings with the verbs fabric"
+cargo clippy --workspace --all-targets --features rmemfs/verbs,rmemfs/testing -- -D warnings
 echo "== verbs unit tests (host: no device needed)"
 cargo test --release --features verbs --lib fabric::verbs
-conformance=$(cargo test --release --features verbs --test conformance --no-run 2>&1 |
+conformance=$(cargo test --release --features verbs,testing --test conformance --no-run 2>&1 |
   sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
 [ -x "$conformance" ] || { echo "could not find the conformance test binary" >&2; exit 1; }
 
