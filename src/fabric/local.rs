@@ -9,8 +9,8 @@
 //! worker thread (so completions arrive asynchronously, as from a NIC).
 
 use super::{
-    Access, AlignedBuf, CompletionQueue, DeregisterError, Exchange, Fabric, FabricError, InFlight,
-    LocalMr, OpCounters, PeerGuard, QueuePair, Registry, WcStatus, WorkRequest,
+    CompletionQueue, Exchange, Fabric, FabricError, InFlight, PeerGuard, QueuePair, Registry,
+    WcStatus, WorkRequest,
 };
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex, Weak};
@@ -112,26 +112,12 @@ impl LocalFabric {
 }
 
 impl Fabric for LocalFabric {
+    fn registry(&self) -> &Arc<Registry> {
+        &self.node.registry
+    }
+
     fn name(&self) -> &'static str {
         "local"
-    }
-
-    unsafe fn register(
-        &self,
-        addr: *mut u8,
-        len: usize,
-        access: Access,
-    ) -> Result<LocalMr, FabricError> {
-        // SAFETY: forwarded contract.
-        unsafe { self.node.registry.register(addr, len, access, None) }
-    }
-
-    fn register_buf(&self, buf: Arc<AlignedBuf>, access: Access) -> Result<LocalMr, FabricError> {
-        self.node.registry.clone().register_owned(buf, access)
-    }
-
-    fn deregister(&self, mrs: Vec<LocalMr>) -> Result<(), DeregisterError> {
-        self.node.registry.deregister_batch(mrs)
     }
 
     fn connect(
@@ -182,14 +168,6 @@ impl Fabric for LocalFabric {
         _local: SocketAddr,
     ) -> Result<(Vec<u8>, PeerGuard), FabricError> {
         Ok((self.node.id.to_le_bytes().to_vec(), Box::new(())))
-    }
-
-    fn counters(&self) -> OpCounters {
-        self.node.registry.counters.snapshot()
-    }
-
-    fn pinned_bytes(&self) -> u64 {
-        self.node.registry.pinned.load(Ordering::Relaxed)
     }
 }
 

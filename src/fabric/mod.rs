@@ -267,7 +267,12 @@ pub trait Fabric: Send + Sync {
     /// Short name, as shown in logs and in the server's `Welcome`.
     fn name(&self) -> &'static str;
 
-    /// Registers `len` bytes at `addr` (pins them and gives them keys).
+    /// The fabric's registry (its protection domain): every registration, check and
+    /// completion goes through it.
+    fn registry(&self) -> &Arc<Registry>;
+
+    /// Registers `len` bytes at `addr` (pins them and gives them keys). The software fabrics
+    /// pin with `mlock` (this default); verbs registers with the device.
     ///
     /// # Safety
     /// The memory must stay valid (mapped, not freed) until the returned region is dropped or
@@ -277,14 +282,21 @@ pub trait Fabric: Send + Sync {
         addr: *mut u8,
         len: usize,
         access: Access,
-    ) -> Result<LocalMr, FabricError>;
+    ) -> Result<LocalMr, FabricError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.registry().register(addr, len, access, None) }
+    }
 
     /// Registers an owned buffer; the registration keeps the buffer alive.
-    fn register_buf(&self, buf: Arc<AlignedBuf>, access: Access) -> Result<LocalMr, FabricError>;
+    fn register_buf(&self, buf: Arc<AlignedBuf>, access: Access) -> Result<LocalMr, FabricError> {
+        self.registry().clone().register_owned(buf, access)
+    }
 
     /// Deregisters a batch in one go (one trip to the device, one lock). Regions with
     /// operations in flight are returned, still registered.
-    fn deregister(&self, mrs: Vec<LocalMr>) -> Result<(), DeregisterError>;
+    fn deregister(&self, mrs: Vec<LocalMr>) -> Result<(), DeregisterError> {
+        self.registry().deregister_batch(mrs)
+    }
 
     /// A completion queue to reap from (the same type on every fabric).
     fn create_cq(&self) -> Arc<CompletionQueue> {
@@ -312,10 +324,16 @@ pub trait Fabric: Send + Sync {
     fn accept(&self, blob: &[u8], listen: SocketAddr) -> Result<(Vec<u8>, PeerGuard), FabricError>;
 
     /// Bytes currently pinned by registrations of this fabric.
-    fn pinned_bytes(&self) -> u64;
+    fn pinned_bytes(&self) -> u64 {
+        self.registry()
+            .pinned
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
 
     /// Operation and registration counters (operations this side initiated).
-    fn counters(&self) -> OpCounters;
+    fn counters(&self) -> OpCounters {
+        self.registry().counters.snapshot()
+    }
 
     /// Delivers completions that are ready, on the caller's thread, without blocking; true if
     /// it delivered any. A fabric whose completions wait in a device queue (verbs) lets a

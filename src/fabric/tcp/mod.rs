@@ -22,11 +22,7 @@ pub mod wire;
 
 pub use client::TcpQp;
 
-use super::{
-    Access, AlignedBuf, CompletionQueue, DeregisterError, Exchange, Fabric, FabricError, LocalMr,
-    OpCounters, PeerGuard, QueuePair, Registry,
-};
-use crate::sync::atomic::Ordering;
+use super::{CompletionQueue, Exchange, Fabric, FabricError, PeerGuard, QueuePair, Registry};
 use crate::sync::{Arc, Mutex};
 use nic::Nic;
 use std::io::{self, Write};
@@ -101,26 +97,12 @@ impl TcpFabric {
 }
 
 impl Fabric for TcpFabric {
+    fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
     fn name(&self) -> &'static str {
         "tcp"
-    }
-
-    unsafe fn register(
-        &self,
-        addr: *mut u8,
-        len: usize,
-        access: Access,
-    ) -> Result<LocalMr, FabricError> {
-        // SAFETY: forwarded contract.
-        unsafe { self.registry.register(addr, len, access, None) }
-    }
-
-    fn register_buf(&self, buf: Arc<AlignedBuf>, access: Access) -> Result<LocalMr, FabricError> {
-        self.registry.clone().register_owned(buf, access)
-    }
-
-    fn deregister(&self, mrs: Vec<LocalMr>) -> Result<(), DeregisterError> {
-        self.registry.deregister_batch(mrs)
     }
 
     fn connect(
@@ -166,14 +148,6 @@ impl Fabric for TcpFabric {
     ) -> Result<(Vec<u8>, PeerGuard), FabricError> {
         let port = self.nic_port(listen)?;
         Ok((port.to_le_bytes().to_vec(), Box::new(())))
-    }
-
-    fn counters(&self) -> OpCounters {
-        self.registry.counters.snapshot()
-    }
-
-    fn pinned_bytes(&self) -> u64 {
-        self.registry.pinned.load(Ordering::Relaxed)
     }
 }
 

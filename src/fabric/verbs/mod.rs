@@ -23,8 +23,8 @@
 //!   [`Fabric::errors_break_qp`] tells callers which rule holds).
 
 use super::{
-    Access, AlignedBuf, CompletionQueue, DeregisterError, Exchange, Fabric, FabricError, InFlight,
-    LocalMr, OpCounters, Opcode, PeerGuard, QueuePair, Registry, WcStatus, WorkRequest,
+    Access, AlignedBuf, CompletionQueue, Exchange, Fabric, FabricError, InFlight, LocalMr, Opcode,
+    PeerGuard, QueuePair, Registry, WcStatus, WorkRequest,
 };
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex, Weak};
@@ -277,6 +277,12 @@ impl VerbsFabric {
 }
 
 impl Fabric for VerbsFabric {
+    /// Verbs has no batched deregistration call; a batch still takes the registry's lock once
+    /// and leaves busy regions registered (the default `deregister`).
+    fn registry(&self) -> &Arc<Registry> {
+        &self.table
+    }
+
     fn name(&self) -> &'static str {
         "verbs"
     }
@@ -293,12 +299,6 @@ impl Fabric for VerbsFabric {
     fn register_buf(&self, buf: Arc<AlignedBuf>, access: Access) -> Result<LocalMr, FabricError> {
         let (ptr, len) = (buf.as_ptr(), buf.len());
         self.register_raw(ptr, len, access, Some(buf))
-    }
-
-    fn deregister(&self, mrs: Vec<LocalMr>) -> Result<(), DeregisterError> {
-        // Verbs has no batched deregistration call; the batch still takes the table lock once
-        // and leaves busy regions registered.
-        self.table.deregister_batch(mrs)
     }
 
     fn connect(
@@ -367,14 +367,6 @@ impl Fabric for VerbsFabric {
         peers.retain(|w| w.strong_count() > 0);
         peers.push(Arc::downgrade(&qp));
         Ok((reply, Box::new(qp)))
-    }
-
-    fn pinned_bytes(&self) -> u64 {
-        self.table.pinned.load(Ordering::Relaxed)
-    }
-
-    fn counters(&self) -> OpCounters {
-        self.table.counters.snapshot()
     }
 
     fn errors_break_qp(&self) -> bool {
