@@ -276,7 +276,13 @@ impl<G: Registrar> RegCache<G> {
                     Policy::Lru => self.find_lru(&mut st, start, end),
                     Policy::None => (Lookup::Miss, Vec::new(), vec![(start, end)]),
                 };
-                if self.policy != Policy::None && !found.2.is_empty() {
+                if found.2.is_empty() {
+                    // All cached: nothing to register, done under this one lock.
+                    Self::count(&mut st, found.0);
+                    drop(st);
+                    return Ok(Self::clipped(found.0, found.1, addr, len));
+                }
+                if self.policy != Policy::None {
                     let pages = found.2.iter().map(|(s, e)| (e - s) / self.page).sum();
                     self.make_room(&mut st, pages, &mut evicted);
                 }
@@ -315,33 +321,41 @@ impl<G: Registrar> RegCache<G> {
                     None => continue,
                 }
             }
-            match lookup {
-                Lookup::Hit => st.stats.hits += 1,
-                Lookup::Subset => st.stats.subset_hits += 1,
-                Lookup::Overlap => st.stats.overlaps += 1,
-                Lookup::Miss => st.stats.misses += 1,
-            }
+            Self::count(&mut st, lookup);
             for (gs, ge, reg, lkey) in fresh {
                 pieces.push(self.insert(&mut st, gs, ge, reg, lkey));
             }
             drop(st);
-            pieces.sort_by_key(|p| p.addr);
-            // Clip the pieces to the bytes asked for.
-            let want_end = addr + len;
-            let pieces = pieces
-                .into_iter()
-                .filter_map(|mut p| {
-                    let s = p.addr.max(addr);
-                    let e = (p.addr + p.len).min(want_end);
-                    (s < e || len == 0).then(|| {
-                        p.addr = s;
-                        p.len = e.saturating_sub(s);
-                        p
-                    })
-                })
-                .collect();
-            return Ok(Pinned { pieces, lookup });
+            return Ok(Self::clipped(lookup, pieces, addr, len));
         }
+    }
+
+    fn count(st: &mut State<G::Reg>, lookup: Lookup) {
+        match lookup {
+            Lookup::Hit => st.stats.hits += 1,
+            Lookup::Subset => st.stats.subset_hits += 1,
+            Lookup::Overlap => st.stats.overlaps += 1,
+            Lookup::Miss => st.stats.misses += 1,
+        }
+    }
+
+    /// The pieces in address order, clipped to the bytes asked for.
+    fn clipped(lookup: Lookup, mut pieces: Vec<Piece>, addr: u64, len: u64) -> Pinned {
+        pieces.sort_by_key(|p| p.addr);
+        let want_end = addr + len;
+        let pieces = pieces
+            .into_iter()
+            .filter_map(|mut p| {
+                let s = p.addr.max(addr);
+                let e = (p.addr + p.len).min(want_end);
+                (s < e || len == 0).then(|| {
+                    p.addr = s;
+                    p.len = e.saturating_sub(s);
+                    p
+                })
+            })
+            .collect();
+        Pinned { pieces, lookup }
     }
 
     /// True if a cached MRRC region intersects `[start, end)`. Regions are disjoint, so the
