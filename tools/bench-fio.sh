@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# fio throughput and latency of rmemfs over one and over two memory servers (loopback) against
-# tmpfs, next to the raw fabric numbers of `rmemfs-bench fabric` (the lab crate: build with
+# fio throughput and latency of rmemfs over the in-process fabric (no network: the ceiling of
+# rmemfs's own code plus FUSE), over one and over two memory servers (loopback), against tmpfs,
+# next to the raw fabric numbers of `rmemfs-bench fabric` (the lab crate: build with
 # `cargo build --release --workspace`).
 #
 #   tools/bench-fio.sh
@@ -32,7 +33,7 @@ JOBS=(seq-write seq-read rand-write rand-read)
 
 ensure_packages fio:fio python3:python3 fusermount3:fuse3 pgrep:procps numfmt:coreutils
 check_prereqs mount serve || exit 2
-check_bench fabric || exit 2
+check_bench fabric mount || exit 2
 if ! size_bytes=$(numfmt --from=iec "$SIZE" 2>/dev/null); then
   echo "SIZE=$SIZE is not a size like 256M or 1G" >&2
   exit 2
@@ -67,6 +68,25 @@ mount -t tmpfs -o "size=$SERVER_SIZE" tmpfs "$BASE/tmpfs"
 run_jobs tmpfs "$BASE/tmpfs"
 timeout -k 10 60 umount "$BASE/tmpfs"
 
+echo "== rmemfs over the in-process fabric ($SERVER_SIZE; no network on the data path)"
+# The ceiling of rmemfs's own code plus FUSE: the product's mount with an embedded server and
+# the in-process fabric (`rmemfs-bench mount`), in the foreground of a background job.
+mkdir -p "$BASE/mnt-0"
+"$BENCH_BIN" mount "$BASE/mnt-0" --size "$SERVER_SIZE" >"$BASE/logs/mount-inproc.log" 2>&1 &
+inproc_pid=$!
+for ((i = 0; i < 150; i++)); do
+  is_mounted "$BASE/mnt-0" && break
+  kill -0 "$inproc_pid" 2>/dev/null || break
+  sleep 0.2
+done
+if ! is_mounted "$BASE/mnt-0"; then
+  echo "rmemfs-bench mount failed: $(tail -n 3 "$BASE/logs/mount-inproc.log")" >&2
+  exit 1
+fi
+run_jobs rmemfs-inproc "$BASE/mnt-0"
+timeout -k 10 60 umount "$BASE/mnt-0"
+wait "$inproc_pid"
+
 echo "== rmemfs over one server ($SERVER_SIZE)"
 start_server "$SERVER_SIZE"
 pids=("$SERVER_PID")
@@ -92,7 +112,7 @@ python3 - "$OUT" "$SIZE" "$RUNTIME" "$SERVER_SIZE" <<'PY'
 import json, os, re, sys
 
 out, size, runtime, server_size = sys.argv[1:5]
-targets = ["tmpfs", "rmemfs-1", "rmemfs-2"]
+targets = ["tmpfs", "rmemfs-inproc", "rmemfs-1", "rmemfs-2"]
 jobs = ["seq-read", "seq-write", "rand-read", "rand-write"]
 
 
@@ -119,12 +139,12 @@ for target in targets:
 
 print(f"# fio: size {size}, {runtime} s per job, psync, direct=0; MB/s = 10^6 bytes/s; "
       "completion latency")
-print(f"{'target':<10} {'job':<11} {'MB/s':>9} {'IOPS':>10} {'p50 us':>9} {'p99 us':>9}")
+print(f"{'target':<13} {'job':<11} {'MB/s':>9} {'IOPS':>10} {'p50 us':>9} {'p99 us':>9}")
 for target in targets:
     for job in jobs:
         r = results.get(target, {}).get(job)
         if r:
-            print(f"{target:<10} {job:<11} {r['mb_s']:>9.1f} {r['iops']:>10.0f} "
+            print(f"{target:<13} {job:<11} {r['mb_s']:>9.1f} {r['iops']:>10.0f} "
                   f"{r['p50_us']:>9.1f} {r['p99_us']:>9.1f}")
 
 
@@ -138,13 +158,18 @@ def fmt(x):
 
 ratios = {}
 print()
-print(f"{'job':<11} {'rmemfs-1/tmpfs':>15} {'rmemfs-2/rmemfs-1':>18}   (MB/s)")
+print(f"{'job':<11} {'inproc/tmpfs':>13} {'rmemfs-1/inproc':>16} {'rmemfs-1/tmpfs':>15} "
+      f"{'rmemfs-2/rmemfs-1':>18}   (MB/s)")
 for job in jobs:
     t = results.get("tmpfs", {}).get(job, {}).get("mb_s", 0)
+    r0 = results.get("rmemfs-inproc", {}).get(job, {}).get("mb_s", 0)
     r1 = results.get("rmemfs-1", {}).get(job, {}).get("mb_s", 0)
     r2 = results.get("rmemfs-2", {}).get(job, {}).get("mb_s", 0)
-    ratios[job] = {"rmemfs1_vs_tmpfs": ratio(r1, t), "rmemfs2_vs_rmemfs1": ratio(r2, r1)}
-    print(f"{job:<11} {fmt(ratios[job]['rmemfs1_vs_tmpfs']):>15} "
+    ratios[job] = {"inproc_vs_tmpfs": ratio(r0, t), "rmemfs1_vs_inproc": ratio(r1, r0),
+                   "rmemfs1_vs_tmpfs": ratio(r1, t), "rmemfs2_vs_rmemfs1": ratio(r2, r1)}
+    print(f"{job:<11} {fmt(ratios[job]['inproc_vs_tmpfs']):>13} "
+          f"{fmt(ratios[job]['rmemfs1_vs_inproc']):>16} "
+          f"{fmt(ratios[job]['rmemfs1_vs_tmpfs']):>15} "
           f"{fmt(ratios[job]['rmemfs2_vs_rmemfs1']):>18}")
 
 # Lines like "WRITE    1MiB      4         2176       2778     78%":

@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-#[cfg(any(test, feature = "testing"))]
+#[cfg(any(test, feature = "inprocess-fabric"))]
 pub mod local;
 pub mod mem;
 pub mod registry;

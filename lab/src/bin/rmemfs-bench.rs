@@ -79,6 +79,20 @@ enum Cmd {
         #[command(flatten)]
         fabric: FabricArgs,
     },
+    /// Mount rmemfs over the in-process fabric: an embedded memory server in this process and
+    /// no network on the data path, so the mount measures rmemfs's own code plus FUSE (the
+    /// ceiling for the real fabrics). Stays in the foreground and prints `ready` once
+    /// mounted; `umount MOUNTPOINT` (or SIGINT/SIGTERM) ends it.
+    Mount {
+        /// Where to mount (an existing, empty directory).
+        mountpoint: PathBuf,
+        /// The embedded server's arena.
+        #[arg(long, default_value = "1G", value_parser = parse_size)]
+        size: u64,
+        /// Mount options, as for `rmemfs mount -o`.
+        #[arg(short = 'o', value_delimiter = ',')]
+        options: Vec<String>,
+    },
     /// (benchmark helper) the plain-TCP peer that `fabric` compares against.
     #[command(hide = true)]
     Peer {
@@ -87,12 +101,33 @@ enum Cmd {
     },
 }
 
+/// `rmemfs-bench mount`: the product's mount over two nodes of one in-process network.
+fn mount_inprocess(mountpoint: PathBuf, size: u64, options: Vec<String>) -> Result<(), String> {
+    use rmemfs::fabric::local::LocalNetwork;
+    use std::io::Write;
+    let net = LocalNetwork::new();
+    let mut config = rmemfs::mount::MountConfig::new(mountpoint);
+    config.size = Some(size);
+    config.options = options;
+    rmemfs::mount::Mount::new(config)
+        .fabrics(net.node(), net.node())
+        .run(&mut || {
+            println!("ready");
+            let _ = std::io::stdout().flush();
+        })
+}
+
 fn main() -> ExitCode {
     // Warnings only by default: the tables are the output.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Peer { listen } => bench::run_peer(listen).map_err(|e| e.to_string()),
+        Cmd::Mount {
+            mountpoint,
+            size,
+            options,
+        } => mount_inprocess(mountpoint, size, options),
         Cmd::Fabric {
             sizes,
             depths,
