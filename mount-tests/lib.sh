@@ -114,10 +114,16 @@ parse_addr() {
 # waits (10 s at most) for its "listening on ADDR" line. Sets SERVER_ADDR and SERVER_PID.
 start_server() {
   local size=$1 out err line i
+  shift
   SERVER_SEQ=$((SERVER_SEQ + 1))
-  out=$BASE/logs/server-$SERVER_SEQ.out
-  err=$BASE/logs/server-$SERVER_SEQ.err
-  "$BIN" serve --listen 127.0.0.1:0 --size "$size" "${SERVE_ARGS[@]}" >"$out" 2>"$err" </dev/null &
+  # The shell's PID too: a test's subshell counts from the parent's number, and a stale
+  # file's first line must never pass for this server's address.
+  out=$BASE/logs/server-$SERVER_SEQ-$BASHPID.out
+  err=$BASE/logs/server-$SERVER_SEQ-$BASHPID.err
+  rm -f "$out" "$err"
+  SERVER_LOG=$err
+  "$BIN" serve --listen 127.0.0.1:0 --size "$size" "${SERVE_ARGS[@]}" "$@" >"$out" 2>"$err" \
+    </dev/null &
   SERVER_PID=$!
   # Out of the job table: bash then reports nothing when a test kills it with SIGKILL.
   disown "$SERVER_PID"

@@ -339,6 +339,33 @@ test_absurd_sizes() {
   assert_eq "size after fallocate" "$(stat -c %s "$MNT/g")" 1048576
 }
 
+# A memory server started with a shared secret (`rmemfs keygen`, mode 0600) lets a mount in
+# only with the same secret: without one, or with another, the mount fails at once with a
+# message naming the server and the cause, leaves nothing mounted, and the server logs the
+# refusal with the peer's address; with it, the mount works.
+test_secret() {
+  local addr pid
+  must "rmemfs keygen" "$BIN" keygen "$WORK/secret"
+  must "rmemfs keygen (another)" "$BIN" keygen "$WORK/other"
+  assert_eq "mode of the secret file" "$(stat -c %a "$WORK/secret")" 600
+  must_fail "keygen over an existing file" "exists" "$BIN" keygen "$WORK/secret"
+  start_server 64M --secret-file "$WORK/secret" || fail "a server with a secret did not start"
+  addr=$SERVER_ADDR
+  pid=$SERVER_PID
+  must_fail "mount without the secret" "$addr requires a shared secret" \
+    env -u RMEMFS_SECRET_FILE "$BIN" mount "$MNT" --servers "$addr"
+  must_fail "mount with another secret" "$addr does not hold this mount's secret" \
+    "$BIN" mount "$MNT" --servers "$addr" --secret-file "$WORK/other"
+  ! is_mounted "$MNT" || fail "a refused mount is mounted"
+  grep -q "127.0.0.1.*gave up" "$SERVER_LOG" || fail "the server did not log the refusals"
+  mount_fs "$MNT" "$addr" --secret-file "$WORK/secret" || fail "mount with the secret failed"
+  put "$MNT/f" "hello"
+  drop_caches "$MNT" || fail "drop caches failed"
+  assert_eq "read back" "$(get "$MNT/f")" "hello"
+  unmount_fs "$MNT" || fail "unmount failed"
+  kill_servers "$pid"
+}
+
 # (servers 128M + 128M) Killing one server fails reads of the data it held with EIO, quickly and
 # without hanging; files on the surviving server still read back intact; metadata, new writes
 # and unmount still work. File sizes alternate 1 and 2 MiB: with chunks placed on the server
@@ -438,6 +465,7 @@ ALL_TESTS=(
   "absurd_sizes 32M,32M mount"
   "server_death 128M,128M mount"
   "unmount_cleanup shared nomount"
+  "secret shared nomount"
 )
 
 SHARED_PIDS=()

@@ -69,6 +69,15 @@ pub const TCP_SEND_QUEUE_DEPTH: usize = 4096;
 /// most NICs allow far more, but 128 already covers a 1 MiB batch of 4 KiB pieces twice over.
 pub const VERBS_QP_DEPTH: usize = 128;
 
+/// Most authenticated clients a memory server serves at once (`--max-clients`): each costs a
+/// control thread and data connections; a rack's mounts number in the tens.
+pub const MAX_CLIENTS: u32 = 256;
+
+/// Most control connections one peer address may hold open at once: a mount holds one per
+/// server (plus a short-lived probe), so 16 leaves room for several mounts on one host while
+/// a single misbehaving host cannot take every session slot.
+pub const MAX_CONNECTIONS_PER_PEER: u32 = 16;
+
 /// How long the kernel may cache attributes and names. All changes go through this mount
 /// (metadata is local to the daemon), so the kernel's view only goes stale through our own
 /// replies, which carry fresh attributes; a short TTL still bounds any surprise.

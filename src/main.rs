@@ -1,6 +1,7 @@
 //! The `rmemfs` command line: parses arguments, picks the fabric, and calls the library.
 
 use clap::{Args, Parser, Subcommand};
+use rmemfs::auth::Secret;
 use rmemfs::fabric::FabricOptions;
 use rmemfs::mount::{self, MountConfig};
 use rmemfs::mrrc;
@@ -70,6 +71,25 @@ enum Cmd {
         size: u64,
         #[command(flatten)]
         fabric: FabricArgs,
+        /// File with the shared secret clients must prove they hold (`rmemfs keygen`); also
+        /// from $RMEMFS_SECRET_FILE. Required to listen on anything but loopback, unless
+        /// --insecure.
+        #[arg(long, value_name = "PATH")]
+        secret_file: Option<PathBuf>,
+        /// Serve a non-loopback address without a secret: anyone who reaches the port may
+        /// allocate this server's memory. Only on a network where every host is trusted.
+        #[arg(long)]
+        insecure: bool,
+        /// Most memory one client may hold, e.g. 4G (beyond it, its allocations are refused
+        /// and its writes get ENOSPC while other clients go on).
+        #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+        max_client_memory: Option<u64>,
+        /// Most clients served at once.
+        #[arg(long, default_value_t = rmemfs::config::MAX_CLIENTS)]
+        max_clients: u32,
+        /// Most control connections from one peer address at once.
+        #[arg(long, default_value_t = rmemfs::config::MAX_CONNECTIONS_PER_PEER)]
+        max_connections_per_peer: u32,
         /// The op timeout of this server's clients, in seconds: the server's own timeouts
         /// (a stalled one-sided operation, a client's handshake) are derived from it and
         /// shorter, so the server gives up first and clients see a clean error.
@@ -127,6 +147,19 @@ enum Cmd {
         /// (allocate, wait, register, write).
         #[arg(long, default_value = "frrwp")]
         write_path: rmemfs::data::WritePath,
+        /// File with the memory servers' shared secret (`rmemfs keygen`); also from
+        /// $RMEMFS_SECRET_FILE. The embedded server uses it too.
+        #[arg(long, value_name = "PATH")]
+        secret_file: Option<PathBuf>,
+    },
+    /// Write a fresh random shared secret to PATH (mode 0600), for `serve --secret-file` on
+    /// every memory server and `mount --secret-file` on every client.
+    Keygen {
+        /// The file to create.
+        path: PathBuf,
+        /// Replace PATH if it exists.
+        #[arg(long)]
+        force: bool,
     },
     /// Print the counters of a live mount: registration cache and fabric operations.
     Stats {
@@ -145,17 +178,36 @@ fn main() -> ExitCode {
             size,
             fabric,
             op_timeout,
+            secret_file,
+            insecure,
+            max_client_memory,
+            max_clients,
+            max_connections_per_peer,
         } => {
             let op_timeout = Duration::from_secs(op_timeout);
-            serve(
-                ServerConfig {
-                    client_op_timeout: op_timeout,
-                    ..ServerConfig::new(listen, size)
-                },
-                fabric.fabric.as_deref().unwrap_or("tcp"),
-                &fabric.options(rmemfs::config::server_op_timeout(op_timeout)),
-            )
+            Secret::from_option(secret_file.as_deref()).and_then(|secret| {
+                serve(
+                    ServerConfig {
+                        client_op_timeout: op_timeout,
+                        secret,
+                        max_client_memory,
+                        max_clients,
+                        max_connections_per_peer,
+                        ..ServerConfig::new(listen, size)
+                    },
+                    insecure,
+                    fabric.fabric.as_deref().unwrap_or("tcp"),
+                    &fabric.options(rmemfs::config::server_op_timeout(op_timeout)),
+                )
+            })
         }
+        Cmd::Keygen { path, force } => rmemfs::auth::keygen(&path, force).map(|()| {
+            println!(
+                "wrote a new secret to {}: give it to every memory server and mount \
+                 (--secret-file {0})",
+                path.display()
+            )
+        }),
         Cmd::Stats { mountpoint } => mount::print_stats(&mountpoint),
         Cmd::Mount {
             mountpoint,
@@ -171,8 +223,17 @@ fn main() -> ExitCode {
             reg_cache,
             reg_cache_size,
             write_path,
+            secret_file,
         } => {
+            let secret = match Secret::from_option(secret_file.as_deref()) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("rmemfs: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
             let config = MountConfig {
+                secret,
                 fabric: fabric.fabric.clone(),
                 fabric_options: fabric.options(Duration::from_secs(op_timeout)),
                 write_path,
@@ -204,8 +265,29 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(config: ServerConfig, fabric: &str, options: &FabricOptions) -> Result<(), String> {
+fn serve(
+    config: ServerConfig,
+    insecure: bool,
+    fabric: &str,
+    options: &FabricOptions,
+) -> Result<(), String> {
     use signal_hook::consts::{SIGINT, SIGTERM};
+    if !config.secret.is_set() && !config.listen.ip().is_loopback() {
+        if !insecure {
+            return Err(format!(
+                "refusing to serve {} without a secret: anyone who reaches it could take this \
+                 machine's memory. Create one with `rmemfs keygen FILE`, pass --secret-file FILE \
+                 here and on every mount, or pass --insecure on a network where every host is \
+                 trusted",
+                config.listen
+            ));
+        }
+        log::warn!(
+            "serving {} WITHOUT a secret (--insecure): any host that reaches it can allocate \
+             and read this server's memory",
+            config.listen
+        );
+    }
     let fabric = rmemfs::fabric::open(fabric, options).map_err(|e| e.to_string())?;
     let fabric_name = fabric.name();
     // Register the signal handlers before announcing readiness, so a signal sent right after

@@ -40,6 +40,8 @@ pub struct MountConfig {
     pub reg_cache: crate::mrrc::Policy,
     pub reg_cache_size: Option<u64>,
     pub write_path: crate::data::WritePath,
+    /// The shared secret of the memory servers (also given to the embedded server).
+    pub secret: crate::auth::Secret,
 }
 
 impl MountConfig {
@@ -58,6 +60,7 @@ impl MountConfig {
             reg_cache: crate::mrrc::Policy::Mrrc,
             reg_cache_size: None,
             write_path: crate::data::WritePath::Frrwp,
+            secret: crate::auth::Secret::none(),
         }
     }
 }
@@ -354,6 +357,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         let server = MemoryServer::start(
             &ServerConfig {
                 client_op_timeout: config.op_timeout,
+                secret: config.secret.clone(),
                 ..ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), size)
             },
             server_fabric,
@@ -376,11 +380,16 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         let fabric_name = match &config.fabric {
             Some(name) => name.clone(),
             // The first server's hello names its fabric; every server must match it.
-            None => ControlConn::connect(addrs[0], "rmemfs-mount (probe)", config.op_timeout)
-                .map_err(|e| e.to_string())?
-                .hello
-                .fabric
-                .clone(),
+            None => ControlConn::connect(
+                addrs[0],
+                "rmemfs-mount (probe)",
+                config.op_timeout,
+                &config.secret,
+            )
+            .map_err(|e| e.to_string())?
+            .hello
+            .fabric
+            .clone(),
         };
         (addrs, fabric_name)
     };
@@ -391,6 +400,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         &PoolConfig {
             client_name: format!("rmemfs-mount@{}", mountpoint.display()),
             timeout: config.op_timeout,
+            secret: config.secret.clone(),
         },
     )
     .map_err(|e| e.to_string())?;

@@ -13,7 +13,7 @@
 use std::io::{self, Read, Write};
 
 /// Wire protocol version; bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Magic at the start of `Hello`, so a stray client (HTTP, a port scanner) is rejected at once.
 pub const HELLO_MAGIC: u32 = 0x524d_4653; // "RMFS"
@@ -69,9 +69,23 @@ pub struct Capacity {
 /// a client may have many requests outstanding on one connection (FRRWP relies on this).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
-    /// Client to server, first frame.
-    Hello { version: u16, client_name: String },
-    /// Server to client, reply to `Hello`.
+    /// Client to server, first frame: who, and the client's half of the challenge.
+    Hello {
+        version: u16,
+        client_name: String,
+        nonce: [u8; 32],
+    },
+    /// Server to client, reply to `Hello`: the server's nonce and its proof that it holds the
+    /// secret (`authenticated` false: the server has none and proves nothing).
+    Challenge {
+        version: u16,
+        nonce: [u8; 32],
+        authenticated: bool,
+        proof: [u8; 32],
+    },
+    /// Client to server, reply to `Challenge`: the client's proof.
+    Proof { proof: [u8; 32] },
+    /// Server to client, reply to an accepted `Proof`.
     Welcome {
         version: u16,
         server_instance: u64,
@@ -158,6 +172,8 @@ mod tag {
     pub const STATS: u8 = 10;
     pub const REFUSED: u8 = 11;
     pub const FATAL: u8 = 12;
+    pub const CHALLENGE: u8 = 13;
+    pub const PROOF: u8 = 14;
 }
 
 struct Writer(Vec<u8>);
@@ -187,6 +203,9 @@ impl Writer {
             end -= 1;
         }
         self.bytes(&s.as_bytes()[..end], MAX_STRING_LEN);
+    }
+    fn array(&mut self, v: &[u8; 32]) {
+        self.0.extend_from_slice(v);
     }
     fn capacity(&mut self, c: &Capacity) {
         self.u64(c.total);
@@ -233,6 +252,16 @@ impl<'a> Reader<'a> {
             .map(str::to_owned)
             .map_err(|_| ProtoError::BadString)
     }
+    fn array(&mut self) -> Result<[u8; 32], ProtoError> {
+        Ok(self.take(32)?.try_into().expect("32 bytes"))
+    }
+    fn bool(&mut self, what: &'static str) -> Result<bool, ProtoError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(ProtoError::BadField(what, other as u64)),
+        }
+    }
     fn capacity(&mut self) -> Result<Capacity, ProtoError> {
         let c = Capacity {
             total: self.u64()?,
@@ -257,11 +286,29 @@ impl Message {
             Message::Hello {
                 version,
                 client_name,
+                nonce,
             } => {
                 w.u8(tag::HELLO);
                 w.u32(HELLO_MAGIC);
                 w.u16(*version);
                 w.string(client_name);
+                w.array(nonce);
+            }
+            Message::Challenge {
+                version,
+                nonce,
+                authenticated,
+                proof,
+            } => {
+                w.u8(tag::CHALLENGE);
+                w.u16(*version);
+                w.array(nonce);
+                w.u8(*authenticated as u8);
+                w.array(proof);
+            }
+            Message::Proof { proof } => {
+                w.u8(tag::PROOF);
+                w.array(proof);
             }
             Message::Welcome {
                 version,
@@ -364,8 +411,16 @@ impl Message {
                 Message::Hello {
                     version: r.u16()?,
                     client_name: r.string("client name")?,
+                    nonce: r.array()?,
                 }
             }
+            tag::CHALLENGE => Message::Challenge {
+                version: r.u16()?,
+                nonce: r.array()?,
+                authenticated: r.bool("authenticated flag")?,
+                proof: r.array()?,
+            },
+            tag::PROOF => Message::Proof { proof: r.array()? },
             tag::WELCOME => Message::Welcome {
                 version: r.u16()?,
                 server_instance: r.u64()?,
@@ -501,7 +556,15 @@ mod tests {
             Message::Hello {
                 version: PROTOCOL_VERSION,
                 client_name: "mount@host".into(),
+                nonce: [7; 32],
             },
+            Message::Challenge {
+                version: PROTOCOL_VERSION,
+                nonce: [8; 32],
+                authenticated: true,
+                proof: [9; 32],
+            },
+            Message::Proof { proof: [10; 32] },
             Message::Welcome {
                 version: PROTOCOL_VERSION,
                 server_instance: 0xdead_beef,
@@ -617,6 +680,7 @@ mod tests {
         let mut hello = Message::Hello {
             version: 1,
             client_name: "x".into(),
+            nonce: [0; 32],
         }
         .encode();
         hello[1] ^= 0xff;

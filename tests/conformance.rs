@@ -99,8 +99,13 @@ impl Harness {
             server_fabric,
         )
         .expect("start server");
-        let control = ControlConn::connect(server.local_addr(), "conformance", OP_TIMEOUT * 2)
-            .expect("control connection");
+        let control = ControlConn::connect(
+            server.local_addr(),
+            "conformance",
+            OP_TIMEOUT * 2,
+            &rmemfs::auth::Secret::none(),
+        )
+        .expect("control connection");
         Harness {
             client,
             server,
@@ -123,7 +128,7 @@ impl Harness {
             };
         let qp = self
             .client
-            .connect(addr, &mut exchange, cq.clone())
+            .connect(addr, &mut exchange, cq.clone(), &control.token)
             .expect("connect");
         (qp, cq)
     }

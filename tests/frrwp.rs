@@ -42,19 +42,42 @@ fn scripted(net: &Arc<LocalNetwork>, mode: Mode) -> SocketAddr {
             largest_free: 1 << 30,
         };
         let mut extents: Vec<LocalMr> = Vec::new();
+        let mut token = [0u8; 32];
+        let mut guards = Vec::new();
         let mut held: Vec<Message> = Vec::new();
         while let Ok(msg) = proto::read_frame(&mut s) {
             let reply = match msg {
-                Message::Hello { .. } => Message::Welcome {
+                // The handshake of a server without a secret.
+                Message::Hello {
+                    client_name, nonce, ..
+                } => {
+                    let server_nonce = rmemfs::auth::random_bytes::<32>();
+                    let t = rmemfs::auth::Transcript {
+                        client_nonce: &nonce,
+                        server_nonce: &server_nonce,
+                        client_name: &client_name,
+                    };
+                    let none = rmemfs::auth::Secret::none();
+                    token = none.session_token(&t);
+                    Message::Challenge {
+                        version: PROTOCOL_VERSION,
+                        nonce: server_nonce,
+                        authenticated: false,
+                        proof: none.server_proof(&t),
+                    }
+                }
+                Message::Proof { .. } => Message::Welcome {
                     version: PROTOCOL_VERSION,
                     server_instance: 1,
                     fabric: "local".into(),
                     capacity: cap,
                 },
-                Message::Connect { tag, blob } => Message::Connected {
-                    tag,
-                    blob: node.accept(&blob, local).unwrap().0,
-                },
+                Message::Connect { tag, blob } => {
+                    let session = rmemfs::fabric::SessionKey { id: 1, token };
+                    let (blob, guard) = node.accept(&blob, local, session).unwrap();
+                    guards.push(guard);
+                    Message::Connected { tag, blob }
+                }
                 Message::Alloc { tag, len } => {
                     let refuse = Message::Refused {
                         tag,
@@ -68,6 +91,7 @@ fn scripted(net: &Arc<LocalNetwork>, mode: Mode) -> SocketAddr {
                         _ => {
                             let buf = Arc::new(AlignedBuf::new(len as usize).unwrap());
                             let mr = node.register_buf(buf, Access::REMOTE).unwrap();
+                            mr.restrict_to(1);
                             let m = Message::Allocated {
                                 tag,
                                 addr: mr.addr(),

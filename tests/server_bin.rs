@@ -1,6 +1,8 @@
 //! The memory server through the real binary: several clients, allocation until full, memory
 //! returned on disconnect, hostile peers, failure of a server mid-write, clean shutdown.
 
+use rmemfs::auth::Secret;
+use rmemfs::client::control::ControlConn;
 use rmemfs::client::{Pool, PoolConfig, PoolError, RemoteOp};
 use rmemfs::fabric::tcp::{TcpConfig, TcpFabric};
 use rmemfs::fabric::{Access, AlignedBuf, Opcode, ServerId, WcStatus};
@@ -25,7 +27,11 @@ impl Server {
         Self::start_on(cmd, "127.0.0.1:0", size)
     }
 
-    fn start_on(mut cmd: Command, listen: &str, size: &str) -> Server {
+    fn start_on(cmd: Command, listen: &str, size: &str) -> Server {
+        Self::start_args(cmd, listen, size, &[])
+    }
+
+    fn start_args(mut cmd: Command, listen: &str, size: &str, extra: &[&str]) -> Server {
         let mut child = cmd
             .args([
                 "serve",
@@ -36,6 +42,7 @@ impl Server {
                 "--op-timeout",
                 "3",
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -85,15 +92,19 @@ fn fabric() -> Arc<TcpFabric> {
 }
 
 fn pool(addrs: &[SocketAddr]) -> Pool {
+    pool_with(addrs, Secret::none()).expect("connect pool")
+}
+
+fn pool_with(addrs: &[SocketAddr], secret: Secret) -> Result<Pool, PoolError> {
     Pool::connect(
         fabric(),
         addrs,
         &PoolConfig {
             timeout: Duration::from_secs(5),
+            secret,
             ..PoolConfig::default()
         },
     )
-    .expect("connect pool")
 }
 
 #[test]
@@ -162,15 +173,18 @@ fn round_trip(p: &Pool, byte: u8) {
 fn a_wildcard_listen_serves_data_on_every_interface() {
     // The first client's interface used to fix the data listener: a second client that came
     // in over another address was sent to a port nobody listened on there.
-    let server = Server::start_on(
+    // (A network address needs a secret.)
+    let (path, secret) = keygen("wildcard");
+    let server = Server::start_args(
         Command::new(env!("CARGO_BIN_EXE_rmemfs")),
         "0.0.0.0:0",
         "16M",
+        &["--secret-file", path.to_str().unwrap()],
     );
     let port = server.addr.port();
-    let first = pool(&[SocketAddr::from(([127, 0, 0, 1], port))]);
+    let first = pool_with(&[SocketAddr::from(([127, 0, 0, 1], port))], secret.clone()).unwrap();
     round_trip(&first, 0x11);
-    let second = pool(&[SocketAddr::from(([127, 0, 0, 2], port))]);
+    let second = pool_with(&[SocketAddr::from(([127, 0, 0, 2], port))], secret).unwrap();
     round_trip(&second, 0x22);
     round_trip(&first, 0x33);
 }
@@ -187,7 +201,7 @@ fn expect_closed(addr: SocketAddr, bytes: &[u8]) {
     let mut r = rest.as_slice();
     while !r.is_empty() {
         match proto::read_frame(&mut r).expect("a frame") {
-            Message::Welcome { .. } => {}
+            Message::Welcome { .. } | Message::Challenge { .. } => {}
             Message::Fatal { .. } => assert!(r.is_empty(), "frames after Fatal"),
             other => panic!("server answered hostile input with {other:?}"),
         }
@@ -209,6 +223,7 @@ fn hostile_messages_close_only_their_connection() {
     let hello = Message::Hello {
         version: PROTOCOL_VERSION,
         client_name: "x".into(),
+        nonce: [1; 32],
     }
     .encode();
     let mut bad_magic = hello.clone();
@@ -237,40 +252,41 @@ fn hostile_messages_close_only_their_connection() {
         ]
         .concat(), // a reply sent as request
         [frame(&hello), frame(&[5, 0, 0])].concat(), // truncated alloc
+        // An alloc instead of the proof: no request is served before authentication.
+        [
+            frame(&hello),
+            frame(&Message::Alloc { tag: 1, len: 4096 }.encode()),
+        ]
+        .concat(),
+        // A made-up proof (the server has no secret, but the proof must still be right).
+        [
+            frame(&hello),
+            frame(&Message::Proof { proof: [0; 32] }.encode()),
+        ]
+        .concat(),
     ];
     for bytes in &cases {
         expect_closed(server.addr, bytes);
     }
     // Garbage on the data port (the NIC) is closed too.
-    let port_blob = {
-        let mut s = TcpStream::connect(server.addr).unwrap();
-        proto::write_frame(
-            &mut s,
-            &Message::Hello {
-                version: PROTOCOL_VERSION,
-                client_name: "p".into(),
-            },
-        )
-        .unwrap();
-        proto::read_frame(&mut s).unwrap();
-        proto::write_frame(
-            &mut s,
-            &Message::Connect {
-                tag: 1,
-                blob: vec![],
-            },
-        )
-        .unwrap();
-        match proto::read_frame(&mut s).unwrap() {
-            Message::Connected { blob, .. } => blob,
-            other => panic!("{other:?}"),
-        }
+    let control =
+        ControlConn::connect(server.addr, "p", Duration::from_secs(5), &Secret::none()).unwrap();
+    let port_blob = match control.request(|tag| Message::Connect { tag, blob: vec![] }) {
+        Ok(Message::Connected { blob, .. }) => blob,
+        other => panic!("{other:?}"),
     };
     let data_port = u16::from_le_bytes([port_blob[0], port_blob[1]]);
     let data_addr = SocketAddr::new(server.addr.ip(), data_port);
+    // A data connection that did not come through a control session (a made-up token) is
+    // closed before it can send a request; so is one with this session's token and a
+    // malformed request.
+    let mut no_session = b"RMFSDAT1".to_vec();
+    no_session.extend_from_slice(&[7u8; 32]); // a token no session has
+    no_session.extend_from_slice(&[1u8; 32]); // a READ header
     let mut junk_header = b"RMFSDAT1".to_vec();
+    junk_header.extend_from_slice(&control.token);
     junk_header.extend_from_slice(&[9u8; 32]); // op 9: not READ or WRITE
-    for bytes in [b"hello there, NIC".to_vec(), junk_header] {
+    for bytes in [b"hello there, NIC".to_vec(), no_session, junk_header] {
         let mut s = TcpStream::connect(data_addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
         s.write_all(&bytes).unwrap();
@@ -479,4 +495,190 @@ fn hitting_the_memlock_limit_is_a_clear_refusal() {
     // The refused space was given back: the server still has it all but the small extent.
     let cap = p.refresh()[0].capacity;
     assert_eq!(cap.free, cap.total - (64 << 10));
+}
+
+/// Writes a fresh secret with `rmemfs keygen` into a temporary directory.
+fn keygen(name: &str) -> (std::path::PathBuf, Secret) {
+    let dir = std::env::temp_dir().join(format!("rmemfs-secrets-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    let _ = std::fs::remove_file(&path);
+    let out = Command::new(env!("CARGO_BIN_EXE_rmemfs"))
+        .args(["keygen"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let secret = Secret::from_file(&path).unwrap();
+    (path, secret)
+}
+
+#[test]
+fn only_clients_holding_the_secret_are_let_in() {
+    let (path, secret) = keygen("server");
+    let (_, wrong) = keygen("other");
+    let server = Server::start_args(
+        Command::new(env!("CARGO_BIN_EXE_rmemfs")),
+        "127.0.0.1:0",
+        "16M",
+        &["--secret-file", path.to_str().unwrap()],
+    );
+    let good = pool_with(&[server.addr], secret.clone()).expect("the right secret is let in");
+    round_trip(&good, 0x5a);
+    let msg = |r: Result<Pool, PoolError>| match r {
+        Ok(_) => panic!("let in"),
+        Err(e) => e.to_string(),
+    };
+    let none = msg(pool_with(&[server.addr], Secret::none()));
+    assert!(none.contains("requires a shared secret"), "{none}");
+    assert!(
+        none.contains(&server.addr.to_string()),
+        "names the server: {none}"
+    );
+    let bad = msg(pool_with(&[server.addr], wrong));
+    assert!(bad.contains("does not hold this mount's secret"), "{bad}");
+    // A client with a secret refuses a server without one.
+    let open = Server::start("8M");
+    let unproven = msg(pool_with(&[open.addr], secret));
+    assert!(unproven.contains("has no secret"), "{unproven}");
+    // The authenticated client goes on working.
+    round_trip(&good, 0xa5);
+}
+
+#[test]
+fn a_session_cannot_reach_another_sessions_memory() {
+    let server = Server::start("16M");
+    let owner = pool(&[server.addr]);
+    let r = owner.alloc(1 << 20).unwrap();
+    let buf = Arc::new(AlignedBuf::new(1 << 20).unwrap());
+    buf.fill(0x77);
+    let mr = owner
+        .fabric()
+        .register_buf(buf.clone(), Access::LOCAL)
+        .unwrap();
+    owner.write(r, 0, mr.sge(0, 1 << 20)).unwrap();
+
+    // Another authenticated client handed the owner's address and key: refused on the first
+    // try, and its data connection is closed (as an RC queue pair would be).
+    let thief = pool(&[server.addr]);
+    let loot = Arc::new(AlignedBuf::new(1 << 20).unwrap());
+    let lmr = thief
+        .fabric()
+        .register_buf(loot.clone(), Access::LOCAL)
+        .unwrap();
+    let err = thief.read(r, 0, lmr.sge(0, 1 << 20)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PoolError::Op {
+                status: WcStatus::RemoteAccessError,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        loot.to_vec(0, 1 << 20).iter().all(|&b| b == 0),
+        "no byte leaked"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !thief.status()[0].failed {
+        assert!(
+            Instant::now() < deadline,
+            "the thief's data path stayed open"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let err = thief.write(r, 0, lmr.sge(0, 1 << 20)).unwrap_err();
+    assert!(!matches!(err, PoolError::Invalid(_)), "{err}");
+    // The owner's data is untouched and still served.
+    buf.fill(0);
+    owner.read(r, 0, mr.sge(0, 1 << 20)).unwrap();
+    assert!(buf.to_vec(0, 1 << 20).iter().all(|&b| b == 0x77));
+}
+
+#[test]
+fn a_client_over_its_quota_gets_no_space_and_others_go_on() {
+    let server = Server::start_args(
+        Command::new(env!("CARGO_BIN_EXE_rmemfs")),
+        "127.0.0.1:0",
+        "16M",
+        &["--max-client-memory", "2M", "--max-clients", "2"],
+    );
+    let a = pool(&[server.addr]);
+    a.alloc(1 << 20).unwrap();
+    a.alloc(1 << 20).unwrap();
+    match a.alloc(1 << 20) {
+        Err(PoolError::NoSpace { .. }) => {}
+        other => panic!("over quota: {other:?}"),
+    }
+    let b = pool(&[server.addr]);
+    round_trip(&b, 0x42);
+    // A third client is over --max-clients: refused with the reason.
+    let err = pool_with(&[server.addr], Secret::none())
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("max-clients"), "{err}");
+    drop(a);
+    // a's memory and slot come back; a new client fits again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let c = loop {
+        if let Ok(c) = pool_with(&[server.addr], Secret::none()) {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "the slot never came back");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    round_trip(&c, 0x24);
+}
+
+#[test]
+fn serving_a_network_address_needs_a_secret_or_insecure() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rmemfs"))
+        .args(["serve", "--listen", "0.0.0.0:0", "--size", "8M"])
+        .env_remove("RMEMFS_SECRET_FILE")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("refusing to serve") && err.contains("keygen"),
+        "{err}"
+    );
+    // With --insecure it starts, and says so.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rmemfs"))
+        .args([
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            "--size",
+            "8M",
+            "--insecure",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("listening on"), "{line}");
+    let _ = child.kill();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let _ = child.wait();
+    assert!(err.contains("WITHOUT a secret"), "{err}");
 }

@@ -126,7 +126,7 @@ fn connect_qp(fabric: &Arc<TcpFabric>, control: &ControlConn) -> Result<QpAndCq,
             reason: format!("{other:?}"),
         }),
     };
-    let qp = fabric.connect(addr, &mut exchange, cq.clone())?;
+    let qp = fabric.connect(addr, &mut exchange, cq.clone(), &control.token)?;
     Ok((qp, cq))
 }
 
@@ -371,8 +371,14 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
     )?;
 
     let fabric = TcpFabric::new(TcpConfig::default());
-    let control = ControlConn::connect(server_addr, "bench", Duration::from_secs(10))
-        .map_err(io::Error::other)?;
+    // The benchmark's server listens on loopback without a secret.
+    let control = ControlConn::connect(
+        server_addr,
+        "bench",
+        Duration::from_secs(10),
+        &rmemfs::auth::Secret::none(),
+    )
+    .map_err(io::Error::other)?;
     let (qp, cq) = connect_qp(&fabric, &control).map_err(io::Error::other)?;
     let (raddr, rkey) = match control.request(|tag| Message::Alloc { tag, len: window }) {
         Ok(Message::Allocated { addr, rkey, .. }) => (addr, rkey),

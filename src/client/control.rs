@@ -6,6 +6,7 @@
 //! every waiter: nothing blocks forever.
 
 use super::PoolError;
+use crate::auth::{self, Secret, Token};
 use crate::proto::{self, Capacity, FrameError, Message, PROTOCOL_VERSION};
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex};
@@ -40,14 +41,18 @@ pub struct ControlConn {
     dead: Arc<AtomicBool>,
     timeout: Duration,
     pub hello: ServerHello,
+    /// The session token both ends derived in the handshake; the data path presents it.
+    pub token: Token,
 }
 
 impl ControlConn {
-    /// Connects, says hello, and starts the reply router.
+    /// Connects, runs the mutual authentication ([`crate::auth`]) under `secret`, and
+    /// starts the reply router.
     pub fn connect(
         addr: SocketAddr,
         client_name: &str,
         timeout: Duration,
+        secret: &Secret,
     ) -> Result<ControlConn, PoolError> {
         let unreachable = |e: std::io::Error| PoolError::Unreachable {
             addr,
@@ -62,15 +67,8 @@ impl ControlConn {
             .set_write_timeout(Some(timeout))
             .map_err(unreachable)?;
         let handshake = |reason: String| PoolError::Handshake { addr, reason };
-        proto::write_frame(
-            &mut stream,
-            &Message::Hello {
-                version: PROTOCOL_VERSION,
-                client_name: client_name.into(),
-            },
-        )
-        .map_err(|e| handshake(e.to_string()))?;
-        let hello = match proto::read_frame(&mut stream) {
+        let (token, hello) = authenticate(&mut stream, addr, client_name, secret)?;
+        let hello = match hello {
             Ok(Message::Welcome {
                 version,
                 server_instance,
@@ -102,6 +100,7 @@ impl ControlConn {
             dead,
             timeout,
             hello,
+            token,
         })
     }
 
@@ -197,6 +196,101 @@ impl Drop for ControlConn {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The client's side of the handshake: `Hello` with our nonce; check the server's proof in
+/// the `Challenge` (in constant time) before sending ours; then read what follows (`Welcome`,
+/// or `Fatal` if the server refused us). Returns the session token and that reply.
+fn authenticate(
+    stream: &mut TcpStream,
+    addr: SocketAddr,
+    client_name: &str,
+    secret: &Secret,
+) -> Result<(Token, Result<Message, FrameError>), PoolError> {
+    let handshake = |reason: String| PoolError::Handshake { addr, reason };
+    let client_nonce = auth::random_bytes::<{ auth::NONCE_LEN }>();
+    proto::write_frame(
+        stream,
+        &Message::Hello {
+            version: PROTOCOL_VERSION,
+            client_name: client_name.into(),
+            nonce: client_nonce,
+        },
+    )
+    .map_err(|e| handshake(e.to_string()))?;
+    let (server_nonce, authenticated, server_proof) = match proto::read_frame(stream) {
+        Ok(Message::Challenge {
+            version,
+            nonce,
+            authenticated,
+            proof,
+        }) if version == PROTOCOL_VERSION => (nonce, authenticated, proof),
+        Ok(Message::Fatal { message }) => return Err(handshake(message)),
+        Ok(other) => return Err(handshake(format!("unexpected reply {other:?}"))),
+        Err(e) => return Err(handshake(e.to_string())),
+    };
+    let t = auth::Transcript {
+        client_nonce: &client_nonce,
+        server_nonce: &server_nonce,
+        client_name,
+    };
+    let refuse = |stream: &mut TcpStream, why: String| {
+        let _ = proto::write_frame(
+            stream,
+            &Message::Fatal {
+                message: why.clone(),
+            },
+        );
+        Err(PoolError::Auth { addr, reason: why })
+    };
+    match (authenticated, secret.is_set()) {
+        (true, false) => {
+            return refuse(
+                stream,
+                format!(
+                    "memory server {addr} requires a shared secret: give the mount \
+                     --secret-file (or ${})",
+                    auth::SECRET_FILE_ENV
+                ),
+            )
+        }
+        (false, true) => {
+            return refuse(
+                stream,
+                format!(
+                    "memory server {addr} has no secret (started with --insecure?) and cannot \
+                     prove it is the server this mount's secret is for"
+                ),
+            )
+        }
+        _ => {}
+    }
+    if !auth::proofs_match(&server_proof, &secret.server_proof(&t)) {
+        return refuse(
+            stream,
+            format!(
+                "memory server {addr} does not hold this mount's secret (a different \
+                 --secret-file?)"
+            ),
+        );
+    }
+    proto::write_frame(
+        stream,
+        &Message::Proof {
+            proof: secret.client_proof(&t),
+        },
+    )
+    .map_err(|e| handshake(e.to_string()))?;
+    let reply = match proto::read_frame(stream) {
+        Ok(Message::Fatal { message }) if message.starts_with("authentication failed") => {
+            return Err(PoolError::Auth {
+                addr,
+                reason: format!("memory server {addr} refused this mount's secret: {message}"),
+            })
+        }
+        other => other,
+    };
+    Ok((secret.session_token(&t), reply))
 }
 
 fn route_replies(mut stream: TcpStream, addr: SocketAddr, waiters: Waiters, dead: Arc<AtomicBool>) {

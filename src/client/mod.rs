@@ -10,6 +10,7 @@
 pub mod control;
 pub mod frrwp;
 
+use crate::auth::Secret;
 use crate::fabric::{
     Completion, Fabric, FabricError, Opcode, QueuePair, RemoteRegion, ServerId, Sge, WcStatus,
     WorkRequest,
@@ -29,6 +30,8 @@ pub enum PoolError {
     Unreachable { addr: SocketAddr, reason: String },
     #[error("memory server {addr} refused the handshake: {reason}")]
     Handshake { addr: SocketAddr, reason: String },
+    #[error("{reason}")]
+    Auth { addr: SocketAddr, reason: String },
     #[error("lost the control connection to memory server {addr}: {reason}")]
     ControlLost { addr: SocketAddr, reason: String },
     #[error("memory server {addr} ({server}) has failed")]
@@ -61,6 +64,8 @@ pub struct PoolConfig {
     pub client_name: String,
     /// Connect and control-reply timeout.
     pub timeout: Duration,
+    /// The shared secret the servers hold (none: servers without one).
+    pub secret: Secret,
 }
 
 impl Default for PoolConfig {
@@ -68,6 +73,7 @@ impl Default for PoolConfig {
         PoolConfig {
             client_name: format!("rmemfs-{}", std::process::id()),
             timeout: crate::config::OP_TIMEOUT,
+            secret: Secret::none(),
         }
     }
 }
@@ -248,7 +254,8 @@ impl Pool {
         let cq = fabric.create_cq_with_handler(Arc::new(move |c| d.deliver(c)));
         let mut servers = Vec::with_capacity(addrs.len());
         for (i, &addr) in addrs.iter().enumerate() {
-            let control = ControlConn::connect(addr, &config.client_name, config.timeout)?;
+            let control =
+                ControlConn::connect(addr, &config.client_name, config.timeout, &config.secret)?;
             if control.hello.fabric != fabric.name() {
                 return Err(PoolError::Handshake {
                     addr,
@@ -273,7 +280,7 @@ impl Pool {
                     }),
                 }
             };
-            let qp = fabric.connect(addr, &mut exchange, cq.clone())?;
+            let qp = fabric.connect(addr, &mut exchange, cq.clone(), &control.token)?;
             let capacity = control.hello.capacity;
             servers.push(Server {
                 id: ServerId(i as u32),

@@ -10,7 +10,7 @@
 
 use super::{
     CompletionQueue, Exchange, Fabric, FabricError, InFlight, PeerGuard, QueuePair, Registry,
-    WcStatus, WorkRequest,
+    SessionKey, Token, WcStatus, WorkRequest,
 };
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex, Weak};
@@ -125,6 +125,7 @@ impl Fabric for LocalFabric {
         server: SocketAddr,
         exchange: &mut Exchange<'_>,
         cq: Arc<CompletionQueue>,
+        token: &Token,
     ) -> Result<Arc<dyn QueuePair>, FabricError> {
         let blob = exchange(Vec::new())?;
         let id = <[u8; 8]>::try_from(blob.as_slice())
@@ -140,10 +141,24 @@ impl Fabric for LocalFabric {
                 addr: server,
                 reason: format!("node {id} is not on this local network"),
             })?;
+        // All zeros: no session (tests that skip the control handshake); anything else must be
+        // a live session of the target.
+        let session = if token.iter().all(|&b| b == 0) {
+            0
+        } else {
+            target
+                .registry
+                .session_for(token)
+                .ok_or_else(|| FabricError::Handshake {
+                    addr: server,
+                    reason: "no live session has this token".into(),
+                })?
+        };
         let (tx, rx) = crossbeam_channel::unbounded::<(WorkRequest, InFlight)>();
         let shared = Arc::new(LocalQpShared {
             initiator: self.node.clone(),
             target,
+            session,
             cq,
             disconnected: AtomicBool::new(false),
         });
@@ -165,15 +180,19 @@ impl Fabric for LocalFabric {
     fn accept(
         &self,
         _blob: &[u8],
-        _local: SocketAddr,
+        _listen: SocketAddr,
+        session: SessionKey,
     ) -> Result<(Vec<u8>, PeerGuard), FabricError> {
-        Ok((self.node.id.to_le_bytes().to_vec(), Box::new(())))
+        let guard = self.node.registry.open_session(session.id, session.token);
+        Ok((self.node.id.to_le_bytes().to_vec(), Box::new(guard)))
     }
 }
 
 struct LocalQpShared {
     initiator: Arc<Node>,
     target: Arc<Node>,
+    /// The session this QP's requests are served as on the target.
+    session: u64,
     cq: Arc<CompletionQueue>,
     disconnected: AtomicBool,
 }
@@ -203,11 +222,13 @@ impl LocalQpShared {
             self.complete(&wr, status, Some(hold));
             return;
         }
-        let Some(remote) =
-            self.target
-                .registry
-                .admit_remote(wr.opcode, wr.rkey, wr.remote_addr, wr.local.len)
-        else {
+        let Some(remote) = self.target.registry.admit_remote(
+            self.session,
+            wr.opcode,
+            wr.rkey,
+            wr.remote_addr,
+            wr.local.len,
+        ) else {
             self.complete(&wr, WcStatus::RemoteAccessError, Some(hold));
             return;
         };

@@ -30,6 +30,7 @@ pub mod tcp;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
+pub use crate::auth::Token;
 pub use mem::AlignedBuf;
 pub use registry::{InFlight, RegionEntry, Registry};
 
@@ -70,6 +71,14 @@ impl fmt::Display for ServerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "server#{}", self.0)
     }
+}
+
+/// An authenticated client session as a server's fabric sees it: its id (what extents are
+/// restricted to) and the token its data connections present.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionKey {
+    pub id: u64,
+    pub token: Token,
 }
 
 /// A region of a server's memory that a client may READ and WRITE: a copyable token, the
@@ -215,6 +224,11 @@ impl LocalMr {
     pub fn access(&self) -> Access {
         self.entry.access
     }
+    /// Lets only the client session `session` reach this region remotely (a memory server
+    /// restricts each extent to the session it was allocated for).
+    pub fn restrict_to(&self, session: u64) {
+        self.entry.restrict_to(session);
+    }
     /// Operations posted with this region whose completions have not been reaped yet.
     pub fn in_flight(&self) -> u32 {
         self.entry.in_flight()
@@ -310,18 +324,29 @@ pub trait Fabric: Send + Sync {
     }
 
     /// Client side: connects a queue pair to the server whose control connection reaches
-    /// `server`, using `exchange` for any handshake the data path needs.
+    /// `server`, using `exchange` for any handshake the data path needs. `token` is the
+    /// control session's token ([`crate::auth`]): the data connection presents it, and the
+    /// server serves it as that session (all zeros: no session, for tests that skip the
+    /// control handshake on the in-process fabric).
     fn connect(
         &self,
         server: SocketAddr,
         exchange: &mut Exchange<'_>,
         cq: Arc<CompletionQueue>,
+        token: &Token,
     ) -> Result<Arc<dyn QueuePair>, FabricError>;
 
     /// Server side: answers a client's `Connect` blob. `listen` is the address the server's
     /// control listener is bound to, wildcard included: a software fabric serves data on the
     /// same interfaces, so every client that reached the control port reaches the data port.
-    fn accept(&self, blob: &[u8], listen: SocketAddr) -> Result<(Vec<u8>, PeerGuard), FabricError>;
+    /// `session` is the authenticated control session asking: its data connections are
+    /// served as that session, and only while the returned guard lives.
+    fn accept(
+        &self,
+        blob: &[u8],
+        listen: SocketAddr,
+        session: SessionKey,
+    ) -> Result<(Vec<u8>, PeerGuard), FabricError>;
 
     /// Bytes currently pinned by registrations of this fabric.
     fn pinned_bytes(&self) -> u64 {
@@ -439,6 +464,8 @@ pub struct OpCounters {
     pub registrations: u64,
     pub deregistrations: u64,
     pub deregistration_batches: u64,
+    /// Remote requests this side's NIC refused (each one closes its data connection).
+    pub remote_refused: u64,
 }
 
 /// The completion queue every fabric delivers into (the verbs fabric's poller moves device

@@ -13,8 +13,9 @@ use super::{
     Access, Completion, CompletionQueue, DeregisterError, FabricError, LocalMr, OpCounters, Opcode,
     WcStatus, WorkRequest, MAX_OP_LEN,
 };
+use crate::auth::Token;
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use crate::sync::{Arc, RwLock};
+use crate::sync::{Arc, Mutex, RwLock};
 use std::any::Any;
 use std::collections::HashMap;
 use std::io;
@@ -88,6 +89,10 @@ pub struct RegionEntry {
     pub rkey: u32,
     pub access: Access,
     in_flight: AtomicU32,
+    /// The session allowed to reach this region remotely (0: only peers without a session,
+    /// i.e. tests that skip the control handshake). A memory server restricts each extent to
+    /// the client session it was allocated for.
+    session: AtomicU64,
     /// The pin (or device registration); released when the last holder goes.
     _resource: Option<Box<dyn Any + Send + Sync>>,
     /// Keeps an owned buffer alive as long as the registration or any op using it.
@@ -107,6 +112,11 @@ impl std::fmt::Debug for RegionEntry {
 }
 
 impl RegionEntry {
+    /// Lets only `session` reach this region remotely.
+    pub fn restrict_to(&self, session: u64) {
+        self.session.store(session, Ordering::Release);
+    }
+
     pub fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Acquire)
     }
@@ -150,6 +160,8 @@ pub struct Counters {
     pub registrations: AtomicU64,
     pub deregistrations: AtomicU64,
     pub deregistration_batches: AtomicU64,
+    /// Remote requests refused (bad key, bounds, access or session) by this side's NIC.
+    pub remote_refused: AtomicU64,
 }
 
 impl Counters {
@@ -164,6 +176,7 @@ impl Counters {
             registrations: l(&self.registrations),
             deregistrations: l(&self.deregistrations),
             deregistration_batches: l(&self.deregistration_batches),
+            remote_refused: l(&self.remote_refused),
         }
     }
     /// Counts one finished operation.
@@ -186,10 +199,23 @@ impl Counters {
 #[derive(Debug)]
 pub struct Registry {
     map: RwLock<HashMap<u32, Arc<RegionEntry>>>,
-    next: AtomicU32,
-    salt: u32,
+    /// Authenticated client sessions by token: a data connection presents the token and is
+    /// served as that session (and only that session's regions are reachable through it).
+    sessions: Mutex<HashMap<Token, u64>>,
     pub pinned: Arc<AtomicU64>,
     pub counters: Counters,
+}
+
+/// Keeps a session's token registered; dropped when the control session ends.
+pub struct SessionGuard {
+    registry: Arc<Registry>,
+    token: Token,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.registry.sessions.lock().remove(&self.token);
+    }
 }
 
 impl Default for Registry {
@@ -200,28 +226,38 @@ impl Default for Registry {
 
 impl Registry {
     pub fn new() -> Registry {
-        // Keys are not secrets (as in RDMA), but making them hard to guess stops a stray client
-        // from hitting another's memory by counting.
-        let salt = (std::process::id() ^ (now_nanos() as u32)).rotate_left(13) | 1;
         Registry {
             map: RwLock::new(HashMap::new()),
-            next: AtomicU32::new(1),
-            salt,
+            sessions: Mutex::new(HashMap::new()),
             pinned: Arc::new(AtomicU64::new(0)),
             counters: Counters::default(),
         }
     }
 
+    /// A key from the CSPRNG: knowing earlier keys tells nothing of the next one (a counter
+    /// let a client that registered twice compute every key). Unique in the table.
     fn fresh_key(&self) -> u32 {
         loop {
-            let n = self.next.fetch_add(1, Ordering::Relaxed);
-            // Multiplying by an odd constant is a bijection on u32, so keys do not repeat for
-            // 2^32 registrations; xor with the salt so they differ between runs.
-            let key = n.wrapping_mul(0x9E37_79B1) ^ self.salt;
-            if key != 0 {
+            let key = crate::auth::random_u64() as u32;
+            if key != 0 && !self.map.read().contains_key(&key) {
                 return key;
             }
         }
+    }
+
+    /// Registers an authenticated session's token (server side, when the session sets up its
+    /// data path); the guard removes it when the session ends.
+    pub fn open_session(self: &Arc<Self>, id: u64, token: Token) -> SessionGuard {
+        self.sessions.lock().insert(token, id);
+        SessionGuard {
+            registry: self.clone(),
+            token,
+        }
+    }
+
+    /// The session a data connection's token names, if it is live.
+    pub fn session_for(&self, token: &Token) -> Option<u64> {
+        self.sessions.lock().get(token).copied()
     }
 
     /// Registers a range with pinning (software fabrics).
@@ -285,6 +321,7 @@ impl Registry {
             rkey,
             access,
             in_flight: AtomicU32::new(0),
+            session: AtomicU64::new(0),
             _resource: resource,
             _owner: owner,
         });
@@ -375,7 +412,16 @@ impl Registry {
     /// The check the target's NIC makes: `rkey` names a registration that covers
     /// `[addr, addr+len)` and lets remote peers do `opcode` there. The hold keeps the region
     /// registered while the operation touches it.
-    pub fn admit_remote(&self, opcode: Opcode, rkey: u32, addr: u64, len: u64) -> Option<InFlight> {
+    /// `session` is the session the request came in on: a region restricted to another
+    /// session is refused as if the key did not exist.
+    pub fn admit_remote(
+        &self,
+        session: u64,
+        opcode: Opcode,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+    ) -> Option<InFlight> {
         let need = match opcode {
             Opcode::Read => Access::REMOTE_READ,
             Opcode::Write => Access::REMOTE_WRITE,
@@ -383,7 +429,8 @@ impl Registry {
         if len > MAX_OP_LEN {
             return None;
         }
-        self.acquire(rkey, addr, len, need)
+        let hold = self.acquire(rkey, addr, len, need)?;
+        (hold.0.session.load(Ordering::Acquire) == session).then_some(hold)
     }
 
     /// Delivers the completion of `wr` (posted through this registry) and counts it.
@@ -404,13 +451,6 @@ impl Registry {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-fn now_nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

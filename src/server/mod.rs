@@ -5,15 +5,21 @@
 //! deregistered when freed, so the arena costs pinned memory only where clients use it, and
 //! registration really happens per allocation (FRRWP overlaps with exactly that cost).
 //!
-//! The server's own logic only runs the control protocol (`proto`): hello, fabric connection
-//! setup, allocation, free, capacity. File data never passes through it; the fabric's "NIC"
+//! The server's own logic only runs the control protocol (`proto`): hello and mutual
+//! authentication ([`crate::auth`]), fabric connection setup, allocation, free, capacity.
+//! Each extent is restricted to the session that allocated it; per-client quotas, a cap on
+//! clients and on connections per peer address, and a deadline on the handshake keep one
+//! client (or a stranger) from taking the server. File data never passes through it; the fabric's "NIC"
 //! serves one-sided READ and WRITE against registered extents. A client's extents are released
 //! when its control connection closes. A peer that breaks the protocol has its connection
 //! closed with a logged reason; everyone else keeps being served.
 
 pub mod alloc;
 
-use crate::fabric::{mem::page_size, Access, DeregisterError, Fabric, LocalMr, PeerGuard};
+use crate::auth::{self, Nonce, Secret, Token};
+use crate::fabric::{
+    mem::page_size, Access, DeregisterError, Fabric, LocalMr, PeerGuard, SessionKey,
+};
 use crate::proto::{self, Capacity, FrameError, Message, RefusalCode, PROTOCOL_VERSION};
 use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex};
@@ -85,15 +91,28 @@ pub struct ServerConfig {
     /// drain of operations on a freed extent) are derived from it and shorter
     /// ([`crate::config::server_control_timeout`]).
     pub client_op_timeout: Duration,
+    /// The shared secret clients must prove they hold (none: anyone who reaches the port).
+    pub secret: Secret,
+    /// Most bytes one client session may hold (`--max-client-memory`); none: the arena.
+    pub max_client_memory: Option<u64>,
+    /// Most authenticated clients at once (`--max-clients`).
+    pub max_clients: u32,
+    /// Most control connections from one peer address at once.
+    pub max_connections_per_peer: u32,
 }
 
 impl ServerConfig {
-    /// A server on `listen` lending `size` bytes, for clients with the default op timeout.
+    /// A server on `listen` lending `size` bytes, for clients with the default op timeout,
+    /// without a secret and with the default limits.
     pub fn new(listen: SocketAddr, size: u64) -> ServerConfig {
         ServerConfig {
             listen,
             size,
             client_op_timeout: crate::config::OP_TIMEOUT,
+            secret: Secret::none(),
+            max_client_memory: None,
+            max_clients: crate::config::MAX_CLIENTS,
+            max_connections_per_peer: crate::config::MAX_CONNECTIONS_PER_PEER,
         }
     }
 }
@@ -109,8 +128,14 @@ struct Shared {
     /// The address the control listener is bound to (possibly a wildcard): the fabric serves
     /// data on the same interfaces.
     listen: SocketAddr,
-    /// A client's time to say `Hello`, and a freed extent's time to drain.
+    /// A client's time to complete its handshake, and a freed extent's time to drain.
     control_timeout: Duration,
+    secret: Secret,
+    max_client_memory: u64,
+    max_clients: u32,
+    max_connections_per_peer: u32,
+    /// Control connections per peer address.
+    per_peer: Mutex<HashMap<std::net::IpAddr, u32>>,
     alloc: Mutex<ExtentAllocator>,
     instance: u64,
     stop: AtomicBool,
@@ -152,6 +177,11 @@ impl MemoryServer {
             fabric,
             listen: local_addr,
             control_timeout: crate::config::server_control_timeout(config.client_op_timeout),
+            secret: config.secret.clone(),
+            max_client_memory: config.max_client_memory.unwrap_or(u64::MAX),
+            max_clients: config.max_clients,
+            max_connections_per_peer: config.max_connections_per_peer,
+            per_peer: Mutex::new(HashMap::new()),
             alloc: Mutex::new(ExtentAllocator::new(size, page)),
             instance: instance_id(),
             stop: AtomicBool::new(false),
@@ -241,6 +271,27 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
+        let peer_ip = stream.peer_addr().map(|a| a.ip()).ok();
+        if let Some(ip) = peer_ip {
+            let mut per_peer = shared.per_peer.lock();
+            let n = per_peer.entry(ip).or_insert(0);
+            if *n >= shared.max_connections_per_peer {
+                drop(per_peer);
+                log::warn!(
+                    "refused a connection from {ip}: it already has {} (the limit per peer)",
+                    shared.max_connections_per_peer
+                );
+                let mut s = stream;
+                let _ = proto::write_frame(
+                    &mut s,
+                    &Message::Fatal {
+                        message: format!("too many connections from {ip}"),
+                    },
+                );
+                continue;
+            }
+            *n += 1;
+        }
         let id = shared.next_session.fetch_add(1, Ordering::Relaxed);
         if let Ok(clone) = stream.try_clone() {
             shared.sessions.lock().insert(id, clone);
@@ -253,9 +304,12 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 let peer = stream.peer_addr().ok();
                 let mut session = Session {
                     shared: s.clone(),
+                    id,
+                    peer,
                     extents: HashMap::new(),
+                    held: 0,
                     guards: Vec::new(),
-                    welcomed: false,
+                    state: Handshake::New,
                 };
                 match session.run(stream) {
                     Ok(()) => log::info!("client {peer:?} disconnected"),
@@ -263,6 +317,15 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 }
                 session.release_all();
                 s.sessions.lock().remove(&id);
+                if let Some(ip) = peer_ip {
+                    let mut per_peer = s.per_peer.lock();
+                    if let Some(n) = per_peer.get_mut(&ip) {
+                        *n -= 1;
+                        if *n == 0 {
+                            per_peer.remove(&ip);
+                        }
+                    }
+                }
             });
         if let Err(e) = spawned {
             log::error!("cannot start a session thread: {e}");
@@ -273,11 +336,31 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 
 struct Session {
     shared: Arc<Shared>,
+    /// Unique in this server's life, never 0 (0 is "no session" to the fabric).
+    id: u64,
+    peer: Option<SocketAddr>,
     /// This client's extents, by remote address.
     extents: HashMap<u64, Extent>,
+    /// Bytes those extents hold (against the quota).
+    held: u64,
     /// Server-side halves of the client's data paths.
     guards: Vec<PeerGuard>,
-    welcomed: bool,
+    state: Handshake,
+}
+
+/// Where a control session is in its handshake.
+enum Handshake {
+    /// Nothing received yet.
+    New,
+    /// `Challenge` sent; waiting for the client's proof.
+    Challenged {
+        client_nonce: Nonce,
+        server_nonce: Nonce,
+        client_name: String,
+    },
+    /// Authenticated: serving requests as this session, whose data connections present
+    /// `token`.
+    Welcomed { token: Token },
 }
 
 /// Why a session ended early.
@@ -294,8 +377,19 @@ enum SessionError {
 impl Session {
     fn run(&mut self, mut stream: TcpStream) -> Result<(), SessionError> {
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(self.shared.control_timeout))?;
+        // The whole handshake must finish within the control timeout, however the peer
+        // trickles it.
+        let deadline = std::time::Instant::now() + self.shared.control_timeout;
         loop {
+            if !self.welcomed() {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return Err(SessionError::Violation(
+                        "handshake not completed in time".into(),
+                    ));
+                }
+                stream.set_read_timeout(Some(left))?;
+            }
             let msg = match proto::read_frame(&mut stream) {
                 Ok(m) => m,
                 Err(FrameError::Closed) => return Ok(()),
@@ -310,8 +404,12 @@ impl Session {
                 }
                 Err(e) => return Err(e.into()),
             };
+            if let Message::Fatal { message } = &msg {
+                log::warn!("client {:?} gave up: {message}", self.peer);
+                return Ok(());
+            }
             let reply = match self.handle(msg) {
-                Ok(r) => r,
+                Ok(r) => Some(r),
                 Err(why) => {
                     let _ = proto::write_frame(
                         &mut stream,
@@ -322,40 +420,131 @@ impl Session {
                     return Err(SessionError::Violation(why));
                 }
             };
-            if self.welcomed {
+            if self.welcomed() {
                 stream.set_read_timeout(None)?;
             }
-            proto::write_frame(&mut stream, &reply)?;
+            match reply {
+                Some(reply) => proto::write_frame(&mut stream, &reply)?,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    fn welcomed(&self) -> bool {
+        matches!(self.state, Handshake::Welcomed { .. })
+    }
+
+    /// The handshake: `Hello` → `Challenge` (the server's proof) → `Proof` (the client's) →
+    /// `Welcome`. `Err` ends the session with a `Fatal` saying why.
+    fn handshake(&mut self, msg: Message) -> Result<Message, String> {
+        let shared = self.shared.clone();
+        match (std::mem::replace(&mut self.state, Handshake::New), msg) {
+            (
+                Handshake::New,
+                Message::Hello {
+                    version,
+                    client_name,
+                    nonce,
+                },
+            ) => {
+                if version != PROTOCOL_VERSION {
+                    return Err(format!(
+                        "protocol version {version} not supported (server speaks \
+                         {PROTOCOL_VERSION})"
+                    ));
+                }
+                if shared.clients.load(Ordering::SeqCst) >= shared.max_clients {
+                    log::warn!(
+                        "refused client {:?} ('{client_name}'): {} clients already (--max-clients)",
+                        self.peer,
+                        shared.max_clients
+                    );
+                    return Err(format!(
+                        "the server already serves {} clients (its --max-clients)",
+                        shared.max_clients
+                    ));
+                }
+                let server_nonce = auth::random_bytes::<{ auth::NONCE_LEN }>();
+                let proof = shared.secret.server_proof(&auth::Transcript {
+                    client_nonce: &nonce,
+                    server_nonce: &server_nonce,
+                    client_name: &client_name,
+                });
+                self.state = Handshake::Challenged {
+                    client_nonce: nonce,
+                    server_nonce,
+                    client_name,
+                };
+                Ok(Message::Challenge {
+                    version: PROTOCOL_VERSION,
+                    nonce: server_nonce,
+                    authenticated: shared.secret.is_set(),
+                    proof,
+                })
+            }
+            (
+                Handshake::Challenged {
+                    client_nonce,
+                    server_nonce,
+                    client_name,
+                },
+                Message::Proof { proof },
+            ) => {
+                let t = auth::Transcript {
+                    client_nonce: &client_nonce,
+                    server_nonce: &server_nonce,
+                    client_name: &client_name,
+                };
+                if !auth::proofs_match(&proof, &shared.secret.client_proof(&t)) {
+                    log::warn!(
+                        "refused client {:?} ('{client_name}'): it does not hold this server's \
+                         secret",
+                        self.peer
+                    );
+                    return Err(
+                        "authentication failed: wrong secret (check --secret-file on \
+                                the mount and on the server)"
+                            .into(),
+                    );
+                }
+                let token = shared.secret.session_token(&t);
+                self.state = Handshake::Welcomed { token };
+                shared.clients.fetch_add(1, Ordering::SeqCst);
+                log::info!(
+                    "client '{client_name}' connected from {:?}{}",
+                    self.peer,
+                    if shared.secret.is_set() {
+                        " (authenticated)"
+                    } else {
+                        ""
+                    }
+                );
+                Ok(Message::Welcome {
+                    version: PROTOCOL_VERSION,
+                    server_instance: shared.instance,
+                    fabric: shared.fabric.name().into(),
+                    capacity: shared.capacity(),
+                })
+            }
+            (Handshake::New, other) => Err(format!("expected Hello first, got {}", kind(&other))),
+            (_, other) => Err(format!("expected Proof, got {}", kind(&other))),
         }
     }
 
     /// Answers one message; `Err` is a protocol violation that ends the session.
     fn handle(&mut self, msg: Message) -> Result<Message, String> {
-        if !self.welcomed {
-            return match msg {
-                Message::Hello {
-                    version,
-                    client_name,
-                } if version == PROTOCOL_VERSION => {
-                    self.welcomed = true;
-                    self.shared.clients.fetch_add(1, Ordering::SeqCst);
-                    log::info!("client '{client_name}' connected");
-                    Ok(Message::Welcome {
-                        version: PROTOCOL_VERSION,
-                        server_instance: self.shared.instance,
-                        fabric: self.shared.fabric.name().into(),
-                        capacity: self.shared.capacity(),
-                    })
-                }
-                Message::Hello { version, .. } => Err(format!(
-                    "protocol version {version} not supported (server speaks {PROTOCOL_VERSION})"
-                )),
-                other => Err(format!("expected Hello first, got {}", kind(&other))),
-            };
-        }
+        let token = match &self.state {
+            Handshake::Welcomed { token } => *token,
+            _ => return self.handshake(msg),
+        };
         Ok(match msg {
             Message::Connect { tag, blob } => {
-                match self.shared.fabric.accept(&blob, self.shared.listen) {
+                let session = SessionKey { id: self.id, token };
+                match self
+                    .shared
+                    .fabric
+                    .accept(&blob, self.shared.listen, session)
+                {
                     Ok((blob, guard)) => {
                         self.guards.push(guard);
                         Message::Connected { tag, blob }
@@ -385,6 +574,17 @@ impl Session {
             return refuse(RefusalCode::ShuttingDown, "server is shutting down".into());
         }
         let total = self.shared.arena.len as u64;
+        let quota = self.shared.max_client_memory;
+        if self.held.saturating_add(len) > quota {
+            return refuse(
+                RefusalCode::NoSpace,
+                format!(
+                    "this client holds {} bytes; {len} more would pass its quota of {quota} \
+                     bytes (--max-client-memory)",
+                    self.held
+                ),
+            );
+        }
         if len > total {
             return refuse(
                 RefusalCode::BadLength,
@@ -418,6 +618,9 @@ impl Session {
                 return refuse(RefusalCode::RegistrationFailed, e.to_string());
             }
         };
+        // Only this session's data connections may reach it.
+        mr.restrict_to(self.id);
+        self.held += rlen;
         let (addr, rkey) = (mr.addr(), mr.rkey());
         self.extents.insert(
             addr,
@@ -449,6 +652,7 @@ impl Session {
             }
         }
         let extent = self.extents.remove(&addr).expect("checked above");
+        self.held -= extent.len;
         self.release(extent);
         Message::Freed {
             tag,
@@ -510,9 +714,10 @@ impl Session {
             log::info!("released {n} extents of a departed client");
         }
         self.guards.clear();
-        if self.welcomed {
+        self.held = 0;
+        if self.welcomed() {
             self.shared.clients.fetch_sub(1, Ordering::SeqCst);
-            self.welcomed = false;
+            self.state = Handshake::New;
         }
     }
 }
@@ -520,6 +725,8 @@ impl Session {
 fn kind(m: &Message) -> &'static str {
     match m {
         Message::Hello { .. } => "Hello",
+        Message::Challenge { .. } => "Challenge",
+        Message::Proof { .. } => "Proof",
         Message::Welcome { .. } => "Welcome",
         Message::Connect { .. } => "Connect",
         Message::Connected { .. } => "Connected",

@@ -22,7 +22,10 @@ pub mod wire;
 
 pub use client::TcpQp;
 
-use super::{CompletionQueue, Exchange, Fabric, FabricError, PeerGuard, QueuePair, Registry};
+use super::{
+    CompletionQueue, Exchange, Fabric, FabricError, PeerGuard, QueuePair, Registry, SessionKey,
+    Token,
+};
 use crate::sync::{Arc, Mutex};
 use nic::Nic;
 use std::io::{self, Write};
@@ -105,11 +108,18 @@ impl Fabric for TcpFabric {
         "tcp"
     }
 
+    /// As on an RC queue pair: the NIC closes a data connection on its first remote access
+    /// error, so a client cannot probe keys one after another.
+    fn errors_break_qp(&self) -> bool {
+        true
+    }
+
     fn connect(
         &self,
         server: SocketAddr,
         exchange: &mut Exchange<'_>,
         cq: Arc<CompletionQueue>,
+        token: &Token,
     ) -> Result<Arc<dyn QueuePair>, FabricError> {
         let reply = exchange(Vec::new())?;
         let port = match reply.as_slice() {
@@ -131,7 +141,8 @@ impl Fabric for TcpFabric {
             s.set_nodelay(true)?;
             s.set_read_timeout(Some(TICK))?;
             s.set_write_timeout(Some(TICK))?;
-            s.write_all(&DATA_MAGIC)
+            // The session's token binds this connection to the authenticated session.
+            s.write_all(&[&DATA_MAGIC[..], &token[..]].concat())
         };
         setup(&mut stream).map_err(|e| FabricError::Handshake {
             addr: data_addr,
@@ -145,9 +156,11 @@ impl Fabric for TcpFabric {
         &self,
         _blob: &[u8],
         listen: SocketAddr,
+        session: SessionKey,
     ) -> Result<(Vec<u8>, PeerGuard), FabricError> {
         let port = self.nic_port(listen)?;
-        Ok((port.to_le_bytes().to_vec(), Box::new(())))
+        let guard = self.registry.open_session(session.id, session.token);
+        Ok((port.to_le_bytes().to_vec(), Box::new(guard)))
     }
 }
 

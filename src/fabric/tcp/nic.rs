@@ -6,7 +6,8 @@
 use super::wire::{
     recv_exact_raw, send_all_raw, RawSlice, Request, Response, DATA_MAGIC, REQ_HEADER, TICK,
 };
-use crate::fabric::{Opcode, Registry, WcStatus};
+use crate::auth::TOKEN_LEN;
+use crate::fabric::{Opcode, Registry, Token, WcStatus};
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex};
 use std::collections::HashMap;
@@ -116,21 +117,38 @@ fn nic_serve(nic: &NicShared, stream: &TcpStream) -> io::Result<()> {
         }
         !nic.stop.load(Ordering::SeqCst) && since.elapsed() <= nic.op_timeout
     };
-    let mut magic = [0u8; 8];
+    // Magic, then the session token: a connection that did not come through an
+    // authenticated control session is closed here.
+    let mut hello = [0u8; DATA_MAGIC.len() + TOKEN_LEN];
     let mut since = Instant::now();
+    let mut last = 0;
     // SAFETY: local array of the right size.
     unsafe {
-        recv_exact_raw(fd, magic.as_mut_ptr(), 8, &mut |g| {
-            stalled(&mut since, g > 0)
+        recv_exact_raw(fd, hello.as_mut_ptr(), hello.len(), &mut |got| {
+            let moved = got != last;
+            last = got;
+            stalled(&mut since, moved)
         })?
     };
-    if magic != DATA_MAGIC {
+    if hello[..DATA_MAGIC.len()] != DATA_MAGIC {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "bad data-connection magic",
         ));
     }
+    let token: Token = hello[DATA_MAGIC.len()..].try_into().expect("token length");
     let registry = &nic.registry;
+    let Some(session) = registry.session_for(&token) else {
+        registry
+            .counters
+            .remote_refused
+            .fetch_add(1, Ordering::Relaxed);
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "no live session has this token (the control handshake was skipped or the \
+             session ended)",
+        ));
+    };
     loop {
         let mut h = [0u8; REQ_HEADER];
         let mut last = 0;
@@ -153,7 +171,7 @@ fn nic_serve(nic: &NicShared, stream: &TcpStream) -> io::Result<()> {
         }
         // Something a well-behaved QP never sends: the stream cannot be trusted any more.
         let req = Request::decode(&h).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let hold = registry.admit_remote(req.opcode, req.rkey, req.addr, req.len);
+        let hold = registry.admit_remote(session, req.opcode, req.rkey, req.addr, req.len);
         let status = if hold.is_some() {
             WcStatus::Success
         } else {
@@ -202,6 +220,22 @@ fn nic_serve(nic: &NicShared, stream: &TcpStream) -> io::Result<()> {
         // send.
         unsafe { send_all_raw(fd, &parts, &mut progress)? };
         registry.counters.count(req.opcode, status, req.len);
+        if hold.is_none() {
+            // As an RC queue pair does: the first access error ends the connection, so a
+            // peer gets one guess per authenticated connection, not a free oracle.
+            registry
+                .counters
+                .remote_refused
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "remote access refused ({:?} of {} bytes at {:#x}, key {:#x}, session \
+                     {session}): closing the connection",
+                    req.opcode, req.len, req.addr, req.rkey
+                ),
+            ));
+        }
         drop(hold);
     }
 }

@@ -24,7 +24,7 @@
 
 use super::{
     Access, AlignedBuf, CompletionQueue, Exchange, Fabric, FabricError, InFlight, LocalMr, Opcode,
-    PeerGuard, QueuePair, Registry, WcStatus, WorkRequest,
+    PeerGuard, QueuePair, Registry, SessionKey, Token, WcStatus, WorkRequest,
 };
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex, Weak};
@@ -306,6 +306,7 @@ impl Fabric for VerbsFabric {
         server: SocketAddr,
         exchange: &mut Exchange<'_>,
         cq: Arc<CompletionQueue>,
+        _token: &Token,
     ) -> Result<Arc<dyn QueuePair>, FabricError> {
         let mut qp = self.create_qp()?;
         let psn = random_psn();
@@ -352,7 +353,14 @@ impl Fabric for VerbsFabric {
         Ok(qp)
     }
 
-    fn accept(&self, blob: &[u8], _local: SocketAddr) -> Result<(Vec<u8>, PeerGuard), FabricError> {
+    /// The QP is reachable only through this handshake, which rides the authenticated control
+    /// session; keys stay the device's (one protection domain per fabric).
+    fn accept(
+        &self,
+        blob: &[u8],
+        _listen: SocketAddr,
+        _session: SessionKey,
+    ) -> Result<(Vec<u8>, PeerGuard), FabricError> {
         let bad = |reason: String| FabricError::Handshake {
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
             reason,
