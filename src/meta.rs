@@ -70,7 +70,7 @@ pub struct Chunk {
     pub server: u32,
     pub addr: u64,
     pub len: u64,
-    pub rkey: u32,
+    pub rkey: u64,
 }
 
 /// A regular file's extent map: chunk index to chunk. Guarded by its own lock so that data I/O

@@ -103,11 +103,11 @@ pub enum Message {
         tag: u64,
         addr: u64,
         len: u64,
-        rkey: u32,
+        rkey: u64,
         capacity: Capacity,
     },
     /// Free an extent this connection allocated.
-    Free { tag: u64, addr: u64, rkey: u32 },
+    Free { tag: u64, addr: u64, rkey: u64 },
     /// Reply to `Free`.
     Freed { tag: u64, capacity: Capacity },
     /// Ask for the current capacity.
@@ -348,14 +348,14 @@ impl Message {
                 w.u64(*t);
                 w.u64(*addr);
                 w.u64(*len);
-                w.u32(*rkey);
+                w.u64(*rkey);
                 w.capacity(capacity);
             }
             Message::Free { tag: t, addr, rkey } => {
                 w.u8(tag::FREE);
                 w.u64(*t);
                 w.u64(*addr);
-                w.u32(*rkey);
+                w.u64(*rkey);
             }
             Message::Freed { tag: t, capacity } => {
                 w.u8(tag::FREED);
@@ -454,14 +454,14 @@ impl Message {
                     tag: t,
                     addr,
                     len,
-                    rkey: r.u32()?,
+                    rkey: r.u64()?,
                     capacity: r.capacity()?,
                 }
             }
             tag::FREE => Message::Free {
                 tag: r.u64()?,
                 addr: r.u64()?,
-                rkey: r.u32()?,
+                rkey: r.u64()?,
             },
             tag::FREED => Message::Freed {
                 tag: r.u64()?,

@@ -32,7 +32,7 @@ struct Harness {
 struct Remote {
     addr: u64,
     len: u64,
-    rkey: u32,
+    rkey: u64,
 }
 
 const OP_TIMEOUT: Duration = Duration::from_secs(3);

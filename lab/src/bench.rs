@@ -137,7 +137,7 @@ fn run_window(
     cq: &CompletionQueue,
     opcode: Opcode,
     lkey_base: (u64, u32),
-    remote: (u64, u32),
+    remote: (u64, u64),
     size: u64,
     depth: usize,
     total_ops: u64,

@@ -61,6 +61,10 @@ impl Access {
     pub fn bits(self) -> u8 {
         self.0
     }
+    /// Whether peers may reach the region at all.
+    pub fn remote(self) -> bool {
+        self.0 & (Access::REMOTE_READ.0 | Access::REMOTE_WRITE.0) != 0
+    }
 }
 
 /// Identifies a memory server within one client's pool (its index in the server list).
@@ -88,7 +92,9 @@ pub struct RemoteRegion {
     pub server: ServerId,
     pub addr: u64,
     pub len: u64,
-    pub rkey: u32,
+    /// 64 bits: on the software fabrics a CSPRNG value (not guessable); a device's 32-bit
+    /// rkey fits.
+    pub rkey: u64,
 }
 
 /// One-sided operation kinds.
@@ -116,7 +122,7 @@ pub struct WorkRequest {
     pub opcode: Opcode,
     pub local: Sge,
     pub remote_addr: u64,
-    pub rkey: u32,
+    pub rkey: u64,
 }
 
 /// Largest single operation, as with RDMA's 2^31 message limit (kept lower: a software peer
@@ -218,7 +224,7 @@ impl LocalMr {
     pub fn lkey(&self) -> u32 {
         self.entry.lkey
     }
-    pub fn rkey(&self) -> u32 {
+    pub fn rkey(&self) -> u64 {
         self.entry.rkey
     }
     pub fn access(&self) -> Access {

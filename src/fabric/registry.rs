@@ -86,7 +86,7 @@ pub struct RegionEntry {
     pub addr: u64,
     pub len: u64,
     pub lkey: u32,
-    pub rkey: u32,
+    pub rkey: u64,
     pub access: Access,
     in_flight: AtomicU32,
     /// The session allowed to reach this region remotely (0: only peers without a session,
@@ -198,7 +198,10 @@ impl Counters {
 /// The protection domain of a software fabric: keys to registrations.
 #[derive(Debug)]
 pub struct Registry {
+    /// Registrations by lkey (what local scatter entries name).
     map: RwLock<HashMap<u32, Arc<RegionEntry>>>,
+    /// Registrations that peers may reach, by rkey (what remote requests name).
+    remote: RwLock<HashMap<u64, Arc<RegionEntry>>>,
     /// Authenticated client sessions by token: a data connection presents the token and is
     /// served as that session (and only that session's regions are reachable through it).
     sessions: Mutex<HashMap<Token, u64>>,
@@ -228,21 +231,30 @@ impl Registry {
     pub fn new() -> Registry {
         Registry {
             map: RwLock::new(HashMap::new()),
+            remote: RwLock::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             pinned: Arc::new(AtomicU64::new(0)),
             counters: Counters::default(),
         }
     }
 
-    /// A key from the CSPRNG: knowing earlier keys tells nothing of the next one (a counter
-    /// let a client that registered twice compute every key). Unique in the table.
-    fn fresh_key(&self) -> u32 {
-        loop {
+    /// Keys from the CSPRNG: knowing earlier keys tells nothing of the next one (a counter
+    /// let a client that registered twice compute every key). The rkey, which peers name, has
+    /// 64 bits; both are unique in their tables.
+    fn fresh_keys(&self) -> (u32, u64) {
+        let lkey = loop {
             let key = crate::auth::random_u64() as u32;
             if key != 0 && !self.map.read().contains_key(&key) {
-                return key;
+                break key;
             }
-        }
+        };
+        let rkey = loop {
+            let key = crate::auth::random_u64();
+            if key != 0 && !self.remote.read().contains_key(&key) {
+                break key;
+            }
+        };
+        (lkey, rkey)
     }
 
     /// Registers an authenticated session's token (server side, when the session sets up its
@@ -296,8 +308,8 @@ impl Registry {
         resource: Option<Box<dyn Any + Send + Sync>>,
         owner: Option<Arc<AlignedBuf>>,
     ) -> LocalMr {
-        let key = self.fresh_key();
-        self.insert_keyed(key, key, addr, len, access, resource, owner)
+        let (lkey, rkey) = self.fresh_keys();
+        self.insert_keyed(lkey, rkey, addr, len, access, resource, owner)
     }
 
     /// Adds a registration whose keys a device chose (the verbs fabric). The device never
@@ -306,7 +318,7 @@ impl Registry {
     pub fn insert_keyed(
         self: &Arc<Self>,
         lkey: u32,
-        rkey: u32,
+        rkey: u64,
         addr: u64,
         len: u64,
         access: Access,
@@ -326,6 +338,9 @@ impl Registry {
             _owner: owner,
         });
         self.map.write().insert(key, entry.clone());
+        if access.remote() {
+            self.remote.write().insert(rkey, entry.clone());
+        }
         self.counters.registrations.fetch_add(1, Ordering::Relaxed);
         LocalMr {
             entry,
@@ -348,7 +363,15 @@ impl Registry {
     /// Removal of a dropped `LocalMr`'s entry. Only that very entry goes: a device may reuse
     /// a key once its registration is gone, and the key may name a newer region by now.
     pub fn remove(&self, entry: &Arc<RegionEntry>) {
+        // Lock order everywhere: `map`, then `remote`.
         let mut map = self.map.write();
+        let mut remote = self.remote.write();
+        if remote
+            .get(&entry.rkey)
+            .is_some_and(|e| Arc::ptr_eq(e, entry))
+        {
+            remote.remove(&entry.rkey);
+        }
         let ours = map.get(&entry.lkey).is_some_and(|e| Arc::ptr_eq(e, entry));
         if ours && map.remove(&entry.lkey).is_some() {
             self.counters
@@ -363,13 +386,20 @@ impl Registry {
         let mut idle = Vec::with_capacity(mrs.len());
         {
             let mut map = self.map.write();
+            let mut remote = self.remote.write();
             for mr in mrs {
-                // Checked under the write lock: `acquire` increments under the read lock, so no
-                // operation can start between this check and the removal.
+                // Checked under both write locks: `acquire` and `admit_remote` increment under
+                // a read lock, so no operation can start between this check and the removal.
                 if mr.entry.in_flight() > 0 {
                     busy.push(mr);
                 } else {
                     map.remove(&mr.entry.lkey);
+                    if remote
+                        .get(&mr.entry.rkey)
+                        .is_some_and(|e| Arc::ptr_eq(e, &mr.entry))
+                    {
+                        remote.remove(&mr.entry.rkey);
+                    }
                     idle.push(mr);
                 }
             }
@@ -418,7 +448,7 @@ impl Registry {
         &self,
         session: u64,
         opcode: Opcode,
-        rkey: u32,
+        rkey: u64,
         addr: u64,
         len: u64,
     ) -> Option<InFlight> {
@@ -429,8 +459,16 @@ impl Registry {
         if len > MAX_OP_LEN {
             return None;
         }
-        let hold = self.acquire(rkey, addr, len, need)?;
-        (hold.0.session.load(Ordering::Acquire) == session).then_some(hold)
+        let remote = self.remote.read();
+        let entry = remote.get(&rkey)?;
+        if !entry.access.contains(need)
+            || !entry.covers(addr, len)
+            || entry.session.load(Ordering::Acquire) != session
+        {
+            return None;
+        }
+        entry.in_flight.fetch_add(1, Ordering::AcqRel);
+        Some(InFlight(entry.clone()))
     }
 
     /// Delivers the completion of `wr` (posted through this registry) and counts it.
@@ -456,6 +494,44 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn remote_keys_are_random_64_bit_and_scoped_to_their_session() {
+        let table = Arc::new(Registry::new());
+        let mrs: Vec<LocalMr> = (0..64)
+            .map(|_| {
+                let buf = Arc::new(AlignedBuf::new(4096).unwrap());
+                table.clone().register_owned(buf, Access::REMOTE).unwrap()
+            })
+            .collect();
+        let keys: std::collections::HashSet<u64> = mrs.iter().map(|m| m.rkey()).collect();
+        assert_eq!(keys.len(), 64);
+        assert!(
+            keys.iter().any(|k| *k > u64::from(u32::MAX)),
+            "64-bit keys use their high half"
+        );
+        let mr = &mrs[0];
+        mr.restrict_to(7);
+        let (addr, key) = (mr.addr(), mr.rkey());
+        assert!(table
+            .admit_remote(7, Opcode::Read, key, addr, 4096)
+            .is_some());
+        assert!(table
+            .admit_remote(8, Opcode::Read, key, addr, 4096)
+            .is_none());
+        assert!(table
+            .admit_remote(7, Opcode::Read, key ^ 1, addr, 4096)
+            .is_none());
+        assert!(table
+            .admit_remote(7, Opcode::Write, key, addr + 1, 4096)
+            .is_none());
+        // A local key is not a remote key.
+        assert!(table
+            .admit_remote(7, Opcode::Read, u64::from(mr.lkey()), addr, 16)
+            .is_none());
+        drop(mrs);
+        assert!(table.is_empty());
+    }
 
     #[test]
     fn acquire_checks_bounds_access_and_counts_use() {

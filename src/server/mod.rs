@@ -640,7 +640,7 @@ impl Session {
         }
     }
 
-    fn free(&mut self, tag: u64, addr: u64, rkey: u32) -> Message {
+    fn free(&mut self, tag: u64, addr: u64, rkey: u64) -> Message {
         match self.extents.get(&addr) {
             Some(e) if e.mr.rkey() == rkey => {}
             _ => {

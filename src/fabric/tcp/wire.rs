@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// First bytes of a data connection, so a control client or a stray peer is told apart.
 pub const DATA_MAGIC: [u8; 8] = *b"RMFSDAT1";
-pub const REQ_HEADER: usize = 32;
+pub const REQ_HEADER: usize = 40;
 pub const RESP_HEADER: usize = 24;
 const OP_READ: u8 = 1;
 const OP_WRITE: u8 = 2;
@@ -20,11 +20,11 @@ const OP_WRITE: u8 = 2;
 /// How often a blocked socket call wakes up to check for timeouts and shutdown.
 pub const TICK: Duration = Duration::from_millis(200);
 
-/// A request header: `op u8, 0 0 0, rkey u32, remote addr u64, len u64, seq u64` (LE).
+/// A request header: `op u8, 7 bytes 0, rkey u64, remote addr u64, len u64, seq u64` (LE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
     pub opcode: Opcode,
-    pub rkey: u32,
+    pub rkey: u64,
     pub addr: u64,
     pub len: u64,
     pub seq: u64,
@@ -37,10 +37,10 @@ impl Request {
             Opcode::Read => OP_READ,
             Opcode::Write => OP_WRITE,
         };
-        h[4..8].copy_from_slice(&self.rkey.to_le_bytes());
-        h[8..16].copy_from_slice(&self.addr.to_le_bytes());
-        h[16..24].copy_from_slice(&self.len.to_le_bytes());
-        h[24..32].copy_from_slice(&self.seq.to_le_bytes());
+        h[8..16].copy_from_slice(&self.rkey.to_le_bytes());
+        h[16..24].copy_from_slice(&self.addr.to_le_bytes());
+        h[24..32].copy_from_slice(&self.len.to_le_bytes());
+        h[32..40].copy_from_slice(&self.seq.to_le_bytes());
         h
     }
 
@@ -52,16 +52,16 @@ impl Request {
             OP_WRITE => Opcode::Write,
             other => return Err(format!("unknown opcode {other}")),
         };
-        let len = u64_at(h, 16);
-        if h[1..4] != [0, 0, 0] || len > MAX_OP_LEN {
+        let len = u64_at(h, 24);
+        if h[1..8] != [0; 7] || len > MAX_OP_LEN {
             return Err(format!("malformed request ({opcode:?}, len {len})"));
         }
         Ok(Request {
             opcode,
-            rkey: u32::from_le_bytes(h[4..8].try_into().expect("4 bytes")),
-            addr: u64_at(h, 8),
+            rkey: u64_at(h, 8),
+            addr: u64_at(h, 16),
             len,
-            seq: u64_at(h, 24),
+            seq: u64_at(h, 32),
         })
     }
 }

@@ -266,7 +266,7 @@ impl VerbsFabric {
         // (LocalWrite is always set), but the local rule must match the other fabrics.
         Ok(self.table.insert_keyed(
             lkey,
-            rkey,
+            u64::from(rkey),
             addr as u64,
             len as u64,
             access,

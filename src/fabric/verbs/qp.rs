@@ -237,7 +237,8 @@ impl QpState {
             wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
             wr.wr.rdma = sys::rdma_t {
                 remote_addr: p.wr.remote_addr,
-                rkey: p.wr.rkey,
+                // Checked to fit when posted (a device rkey has 32 bits).
+                rkey: p.wr.rkey as u32,
             };
             if p.wr.local.len > 0 {
                 // SAFETY: `i < n == sges.len()`; `sges` is not touched again before the post.
@@ -395,6 +396,13 @@ impl QueuePair for VerbsQp {
         let admitted: Vec<Pending> = wrs
             .iter()
             .filter_map(|wr| {
+                if u32::try_from(wr.rkey).is_err() {
+                    // No device key has more than 32 bits: cut short, it could name another
+                    // region. Refused as the responder would refuse a bad key.
+                    self.table
+                        .complete(&self.cq, wr, WcStatus::RemoteAccessError, None);
+                    return None;
+                }
                 self.table.admit(&self.cq, wr).map(|hold| Pending {
                     wr: *wr,
                     hold,
