@@ -93,6 +93,13 @@ enum Cmd {
         #[arg(short = 'o', value_delimiter = ',')]
         options: Vec<String>,
     },
+    /// What the authenticated handshake costs: control connections to a server with a
+    /// secret against one without, side by side.
+    Handshake {
+        /// Connections to each server.
+        #[arg(long, default_value_t = 200)]
+        iters: usize,
+    },
     /// (benchmark helper) the plain-TCP peer that `fabric` compares against.
     #[command(hide = true)]
     Peer {
@@ -123,6 +130,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Peer { listen } => bench::run_peer(listen).map_err(|e| e.to_string()),
+        Cmd::Handshake { iters } => bench::find_rmemfs(cli.rmemfs.as_deref()).and_then(|rmemfs| {
+            bench::run_handshake(&rmemfs, iters).map_err(|e| format!("benchmark failed: {e}"))
+        }),
         Cmd::Mount {
             mountpoint,
             size,
