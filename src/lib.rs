@@ -17,6 +17,8 @@ pub mod error;
 pub mod fabric;
 pub mod fs;
 pub mod fuse;
+#[cfg(feature = "testing")]
+pub mod fuzz_checks;
 pub mod meta;
 pub mod mount;
 pub mod mrrc;
