@@ -6,7 +6,7 @@
 //! here (tools/fuzz.sh prints the artifact's path). The seed corpus is written by
 //! `cargo test --features testing --test fuzz_regressions -- --ignored write_seed_corpus`.
 
-use rmemfs::fabric::tcp::wire::{Request, Response, DATA_MAGIC};
+use rmemfs::fabric::tcp::wire::{Request, Response, DATA_MAGIC, REQ_HEADER, RESP_HEADER};
 use rmemfs::fabric::{Opcode, WcStatus};
 use rmemfs::fuzz_checks;
 use rmemfs::proto::{
@@ -88,19 +88,17 @@ fn hand_made_inputs_are_refused() {
         Err(ProtoError::UnknownType(0xc8))
     );
     let op = regression("tcp_request", "unknown-opcode");
-    assert!(Request::decode(op[..32].try_into().unwrap()).is_err());
+    assert!(Request::decode(op[..REQ_HEADER].try_into().unwrap()).is_err());
     let len = regression("tcp_request", "length-over-max-op");
-    assert!(Request::decode(len[..32].try_into().unwrap()).is_err());
+    assert!(Request::decode(len[..REQ_HEADER].try_into().unwrap()).is_err());
 }
 
-/// KNOWN, found by `tcp_request`: `Response::decode` ignores the padding (bytes 1..8) that
-/// `Request::decode` refuses when nonzero, so junk there decodes and re-encodes to other bytes.
-/// `fuzz_checks::tcp_request` skips the padding until this passes.
+/// Found by `tcp_request`: `Response::decode` ignored the padding (bytes 1..8) that
+/// `Request::decode` refuses when nonzero, so junk there decoded and re-encoded to other bytes.
 #[test]
-#[ignore = "known: Response::decode accepts nonzero padding"]
 fn response_with_junk_padding_is_refused() {
     let h = regression("tcp_request", "response-junk-padding");
-    assert!(Response::decode(h[..24].try_into().unwrap()).is_err());
+    assert!(Response::decode(h[..RESP_HEADER].try_into().unwrap()).is_err());
 }
 
 fn every_message() -> Vec<Message> {
@@ -113,7 +111,15 @@ fn every_message() -> Vec<Message> {
         Message::Hello {
             version: PROTOCOL_VERSION,
             client_name: "mount@host".into(),
+            nonce: [3; 32],
         },
+        Message::Challenge {
+            version: PROTOCOL_VERSION,
+            nonce: [4; 32],
+            authenticated: true,
+            proof: [5; 32],
+        },
+        Message::Proof { proof: [6; 32] },
         Message::Welcome {
             version: PROTOCOL_VERSION,
             server_instance: 0xdead_beef,
@@ -217,7 +223,9 @@ fn write_seed_corpus() {
         ],
     );
 
-    let mut conn = DATA_MAGIC.to_vec();
+    // `nic_stream`: an even first byte has the target send the magic and a live session's
+    // token first; an odd one sends the input as it is.
+    let mut conn = vec![0u8];
     conn.extend_from_slice(&read.encode());
     let mut with_write = conn.clone();
     with_write.extend_from_slice(&write.encode());
@@ -226,7 +234,7 @@ fn write_seed_corpus() {
     write_seeds(
         "nic_stream",
         vec![
-            ("magic-only".into(), DATA_MAGIC.to_vec()),
+            ("magic-only".into(), [&[1u8][..], &DATA_MAGIC[..]].concat()),
             ("read".into(), conn),
             ("read-write-read".into(), with_write),
         ],

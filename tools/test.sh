@@ -39,6 +39,8 @@ cargo test --workspace --all-targets --features rmemfs/testing
 echo "== model-checked races (shuttle: batch completion, FRRWP, registration cache, send queue)"
 cargo clippy --lib --tests --features shuttle -- -D warnings
 cargo test --lib --features shuttle model_
+echo "== short fuzz run (tools/fuzz.sh 45: the control-message decoder, the TCP headers, the NIC)"
+tools/fuzz.sh 45
 echo "== real mounts (mount-tests/run.sh)"
 cargo build --release
 mount-tests/run.sh

@@ -747,8 +747,8 @@ pub fn run_handshake(rmemfs: &Path, iters: usize) -> io::Result<()> {
             .enumerate()
         {
             let start = Instant::now();
-            let c = ControlConn::connect(addr, "bench", timeout, &secret)
-                .map_err(io::Error::other)?;
+            let c =
+                ControlConn::connect(addr, "bench", timeout, &secret).map_err(io::Error::other)?;
             times[k].push(start.elapsed().as_secs_f64() * 1e3);
             drop(c);
         }

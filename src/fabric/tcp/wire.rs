@@ -87,6 +87,9 @@ impl Response {
     }
 
     pub fn decode(h: &[u8; RESP_HEADER]) -> Result<Response, String> {
+        if h[1..8] != [0; 7] {
+            return Err("nonzero padding in a response header".into());
+        }
         let status = match h[0] {
             0 => WcStatus::Success,
             1 => WcStatus::RemoteAccessError,
