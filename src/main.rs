@@ -290,6 +290,7 @@ fn serve(
     }
     let fabric = rmemfs::fabric::open(fabric, options).map_err(|e| e.to_string())?;
     let fabric_name = fabric.name();
+    let server_fabric = fabric.clone();
     // Register the signal handlers before announcing readiness, so a signal sent right after
     // the "listening" line is never missed.
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
@@ -306,7 +307,8 @@ fn serve(
         log::warn!("signal {sig}: shutting down");
     }
     server.shutdown();
-    eprintln!("rmemfs serve: stopped");
+    let refused = server_fabric.counters().remote_refused;
+    eprintln!("rmemfs serve: stopped ({refused} remote accesses refused)");
     Ok(())
 }
 

@@ -11,7 +11,7 @@
 #      mounts that pick verbs from the servers' hello (checked in `rmemfs stats`), then copy and
 #      compare, fio with crc32c verify, and a memory server killed mid-use (EIO, no hang).
 # Settings: RMEMFS_RXE_TIMEOUT (seconds for the VM, default 840: the tier must stay under 15
-# minutes), RMEMFS_RXE_MOUNT_TESTS (default "cp_tree fio_verify server_death").
+# minutes), RMEMFS_RXE_MOUNT_TESTS (default "cp_tree fio_verify server_death secret").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +24,7 @@ conformance=$(cargo test --release --features verbs,testing --test conformance -
   sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
 [ -x "$conformance" ] || { echo "could not find the conformance test binary" >&2; exit 1; }
 
-tests=${RMEMFS_RXE_MOUNT_TESTS:-cp_tree fio_verify server_death}
+tests=${RMEMFS_RXE_MOUNT_TESTS:-cp_tree fio_verify server_death secret}
 guest_script="set -e
 echo '== [rxe] fabric conformance on verbs (rxe0)'
 $conformance verbs --test-threads=1

@@ -93,7 +93,16 @@ fn nic_accept_loop(listener: TcpListener, nic: Arc<NicShared>) {
             .spawn(move || {
                 let peer = stream.peer_addr().ok();
                 if let Err(e) = nic_serve(&n, &stream) {
-                    log::info!("tcp fabric: data connection from {peer:?} closed: {e}");
+                    // Refusals (no session, a bad key) are what an operator should see.
+                    let level = if e.kind() == io::ErrorKind::PermissionDenied {
+                        log::Level::Warn
+                    } else {
+                        log::Level::Info
+                    };
+                    log::log!(
+                        level,
+                        "tcp fabric: data connection from {peer:?} closed: {e}"
+                    );
                 }
                 // The clone in `conns` keeps the socket open: shut it down so the peer sees
                 // the end at once rather than after its timeout.
