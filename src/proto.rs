@@ -541,82 +541,85 @@ pub fn read_frame(r: &mut impl Read) -> Result<Message, FrameError> {
     Ok(Message::decode(&body)?)
 }
 
+/// One message of every kind, with plausible fields: the protocol tests' round trips, and the
+/// fuzzers' seed corpus.
+#[cfg(any(test, feature = "testing"))]
+pub fn sample_messages() -> Vec<Message> {
+    let cap = Capacity {
+        total: 1 << 30,
+        free: 1 << 29,
+        largest_free: 1 << 28,
+    };
+    vec![
+        Message::Hello {
+            version: PROTOCOL_VERSION,
+            client_name: "mount@host".into(),
+            nonce: [7; 32],
+        },
+        Message::Challenge {
+            version: PROTOCOL_VERSION,
+            nonce: [8; 32],
+            authenticated: true,
+            proof: [9; 32],
+        },
+        Message::Proof { proof: [10; 32] },
+        Message::Welcome {
+            version: PROTOCOL_VERSION,
+            server_instance: 0xdead_beef,
+            fabric: "tcp".into(),
+            capacity: cap,
+        },
+        Message::Connect {
+            tag: 1,
+            blob: vec![1, 2, 3],
+        },
+        Message::Connected {
+            tag: 1,
+            blob: vec![],
+        },
+        Message::Alloc { tag: 7, len: 4096 },
+        Message::Allocated {
+            tag: 7,
+            addr: 0x1000,
+            len: 4096,
+            rkey: 42,
+            capacity: cap,
+        },
+        Message::Free {
+            tag: 8,
+            addr: 0x1000,
+            rkey: 42,
+        },
+        Message::Freed {
+            tag: 8,
+            capacity: cap,
+        },
+        Message::Stat { tag: 9 },
+        Message::Stats {
+            tag: 9,
+            capacity: cap,
+            extents: 3,
+            clients: 2,
+        },
+        Message::Refused {
+            tag: 10,
+            code: RefusalCode::NoSpace,
+            message: "pool is full: largest free extent 0 bytes".into(),
+        },
+        Message::Fatal {
+            message: "bad magic".into(),
+        },
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    pub(crate) fn every_message() -> Vec<Message> {
-        let cap = Capacity {
-            total: 1 << 30,
-            free: 1 << 29,
-            largest_free: 1 << 28,
-        };
-        vec![
-            Message::Hello {
-                version: PROTOCOL_VERSION,
-                client_name: "mount@host".into(),
-                nonce: [7; 32],
-            },
-            Message::Challenge {
-                version: PROTOCOL_VERSION,
-                nonce: [8; 32],
-                authenticated: true,
-                proof: [9; 32],
-            },
-            Message::Proof { proof: [10; 32] },
-            Message::Welcome {
-                version: PROTOCOL_VERSION,
-                server_instance: 0xdead_beef,
-                fabric: "tcp".into(),
-                capacity: cap,
-            },
-            Message::Connect {
-                tag: 1,
-                blob: vec![1, 2, 3],
-            },
-            Message::Connected {
-                tag: 1,
-                blob: vec![],
-            },
-            Message::Alloc { tag: 7, len: 4096 },
-            Message::Allocated {
-                tag: 7,
-                addr: 0x1000,
-                len: 4096,
-                rkey: 42,
-                capacity: cap,
-            },
-            Message::Free {
-                tag: 8,
-                addr: 0x1000,
-                rkey: 42,
-            },
-            Message::Freed {
-                tag: 8,
-                capacity: cap,
-            },
-            Message::Stat { tag: 9 },
-            Message::Stats {
-                tag: 9,
-                capacity: cap,
-                extents: 3,
-                clients: 2,
-            },
-            Message::Refused {
-                tag: 10,
-                code: RefusalCode::NoSpace,
-                message: "pool is full: largest free extent 0 bytes".into(),
-            },
-            Message::Fatal {
-                message: "bad magic".into(),
-            },
-        ]
-    }
-
     #[test]
     fn every_message_round_trips() {
-        for msg in every_message() {
+        for msg in sample_messages() {
             let mut buf = Vec::new();
             write_frame(&mut buf, &msg).unwrap();
             let back = read_frame(&mut buf.as_slice()).unwrap();
@@ -644,7 +647,7 @@ mod tests {
 
     #[test]
     fn truncations_of_every_message_are_errors() {
-        for msg in every_message() {
+        for msg in sample_messages() {
             let body = msg.encode();
             for cut in 0..body.len() {
                 assert!(
@@ -722,7 +725,7 @@ mod tests {
             which in 0usize..12,
             edits in proptest::collection::vec((0usize..4, any::<usize>(), any::<u8>()), 1..6),
         ) {
-            let mut body = every_message()[which].encode();
+            let mut body = sample_messages()[which].encode();
             for (kind, pos, byte) in edits {
                 let at = if body.is_empty() { 0 } else { pos % body.len() };
                 match kind {

@@ -9,10 +9,7 @@
 use rmemfs::fabric::tcp::wire::{Request, Response, DATA_MAGIC, REQ_HEADER, RESP_HEADER};
 use rmemfs::fabric::{Opcode, WcStatus};
 use rmemfs::fuzz_checks;
-use rmemfs::proto::{
-    read_frame, write_frame, Capacity, FrameError, Message, ProtoError, RefusalCode,
-    PROTOCOL_VERSION,
-};
+use rmemfs::proto::{read_frame, write_frame, FrameError, Message, ProtoError};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
@@ -101,74 +98,6 @@ fn response_with_junk_padding_is_refused() {
     assert!(Response::decode(h[..RESP_HEADER].try_into().unwrap()).is_err());
 }
 
-fn every_message() -> Vec<Message> {
-    let cap = Capacity {
-        total: 1 << 30,
-        free: 1 << 29,
-        largest_free: 1 << 28,
-    };
-    vec![
-        Message::Hello {
-            version: PROTOCOL_VERSION,
-            client_name: "mount@host".into(),
-            nonce: [3; 32],
-        },
-        Message::Challenge {
-            version: PROTOCOL_VERSION,
-            nonce: [4; 32],
-            authenticated: true,
-            proof: [5; 32],
-        },
-        Message::Proof { proof: [6; 32] },
-        Message::Welcome {
-            version: PROTOCOL_VERSION,
-            server_instance: 0xdead_beef,
-            fabric: "tcp".into(),
-            capacity: cap,
-        },
-        Message::Connect {
-            tag: 1,
-            blob: vec![1, 2, 3],
-        },
-        Message::Connected {
-            tag: 1,
-            blob: vec![],
-        },
-        Message::Alloc { tag: 7, len: 4096 },
-        Message::Allocated {
-            tag: 7,
-            addr: 0x1000,
-            len: 4096,
-            rkey: 42,
-            capacity: cap,
-        },
-        Message::Free {
-            tag: 8,
-            addr: 0x1000,
-            rkey: 42,
-        },
-        Message::Freed {
-            tag: 8,
-            capacity: cap,
-        },
-        Message::Stat { tag: 9 },
-        Message::Stats {
-            tag: 9,
-            capacity: cap,
-            extents: 3,
-            clients: 2,
-        },
-        Message::Refused {
-            tag: 10,
-            code: RefusalCode::NoSpace,
-            message: "pool is full".into(),
-        },
-        Message::Fatal {
-            message: "bad magic".into(),
-        },
-    ]
-}
-
 fn write_seeds(target: &str, seeds: Vec<(String, Vec<u8>)>) {
     let dir = fuzz_dir().join("corpus").join(target);
     std::fs::create_dir_all(&dir).expect("creating the corpus directory");
@@ -183,7 +112,7 @@ fn write_seeds(target: &str, seeds: Vec<(String, Vec<u8>)>) {
 fn write_seed_corpus() {
     let mut seeds = Vec::new();
     let mut stream = Vec::new();
-    for (i, msg) in every_message().into_iter().enumerate() {
+    for (i, msg) in rmemfs::proto::sample_messages().into_iter().enumerate() {
         seeds.push((format!("body-{i:02}"), msg.encode()));
         write_frame(&mut stream, &msg).unwrap();
     }

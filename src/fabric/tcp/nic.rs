@@ -115,6 +115,15 @@ fn nic_accept_loop(listener: TcpListener, nic: Arc<NicShared>) {
     }
 }
 
+/// Counts a refused remote access; the error closes its data connection.
+fn refused(registry: &Registry, why: String) -> io::Error {
+    registry
+        .counters
+        .remote_refused
+        .fetch_add(1, Ordering::Relaxed);
+    io::Error::new(io::ErrorKind::PermissionDenied, why)
+}
+
 fn nic_serve(nic: &NicShared, stream: &TcpStream) -> io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(TICK))?;
@@ -148,14 +157,11 @@ fn nic_serve(nic: &NicShared, stream: &TcpStream) -> io::Result<()> {
     let token: Token = hello[DATA_MAGIC.len()..].try_into().expect("token length");
     let registry = &nic.registry;
     let Some(session) = registry.session_for(&token) else {
-        registry
-            .counters
-            .remote_refused
-            .fetch_add(1, Ordering::Relaxed);
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            "no live session has this token (the control handshake was skipped or the \
-             session ended)",
+        return Err(refused(
+            registry,
+            "no live session has this token (the control handshake was skipped or the session \
+             ended)"
+                .into(),
         ));
     };
     loop {
@@ -232,12 +238,8 @@ fn nic_serve(nic: &NicShared, stream: &TcpStream) -> io::Result<()> {
         if hold.is_none() {
             // As an RC queue pair does: the first access error ends the connection, so a
             // peer gets one guess per authenticated connection, not a free oracle.
-            registry
-                .counters
-                .remote_refused
-                .fetch_add(1, Ordering::Relaxed);
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
+            return Err(refused(
+                registry,
                 format!(
                     "remote access refused ({:?} of {} bytes at {:#x}, key {:#x}, session \
                      {session}): closing the connection",
