@@ -99,13 +99,7 @@ impl Harness {
             server_fabric,
         )
         .expect("start server");
-        let control = ControlConn::connect(
-            server.local_addr(),
-            "conformance",
-            OP_TIMEOUT * 2,
-            &rmemfs::auth::Secret::none(),
-        )
-        .expect("control connection");
+        let control = Self::session(&server);
         Harness {
             client,
             server,
@@ -114,9 +108,24 @@ impl Harness {
         }
     }
 
+    /// A new client session with `server` (its own control connection).
+    fn session(server: &MemoryServer) -> ControlConn {
+        ControlConn::connect(
+            server.local_addr(),
+            "conformance",
+            OP_TIMEOUT * 2,
+            &rmemfs::auth::Secret::none(),
+        )
+        .expect("control connection")
+    }
+
     fn qp(&self) -> (Arc<dyn QueuePair>, Arc<CompletionQueue>) {
+        self.qp_in(&self.control)
+    }
+
+    /// A queue pair of the session `control`.
+    fn qp_in(&self, control: &ControlConn) -> (Arc<dyn QueuePair>, Arc<CompletionQueue>) {
         let cq = self.client.create_cq();
-        let control = &self.control;
         let addr = self.server.local_addr();
         let mut exchange =
             |blob: Vec<u8>| match control.request(|tag| Message::Connect { tag, blob }) {
@@ -134,12 +143,7 @@ impl Harness {
     }
 
     fn remote(&self, len: u64) -> Remote {
-        match self.control.request(|tag| Message::Alloc { tag, len }) {
-            Ok(Message::Allocated {
-                addr, len, rkey, ..
-            }) => Remote { addr, len, rkey },
-            other => panic!("alloc failed: {other:?}"),
-        }
+        remote_in(&self.control, len)
     }
 
     fn free(&self, r: Remote) {
@@ -408,6 +412,50 @@ fn remote_access_errors_change_nothing(h: &Harness) {
     assert!(qp.is_connected());
 }
 
+/// A second session handed the first one's address and key reaches nothing: the request fails
+/// as a bad key would, its queue pair breaks on the fabrics where errors break one (verbs:
+/// the extent lives in the owner's protection domain), and the owner's data stays as it was.
+fn another_sessions_extent_is_out_of_reach(h: &Harness) {
+    let (qp, cq) = h.qp();
+    let r = h.remote(8192);
+    let (src, smr) = h.buf(8192, Access::LOCAL);
+    src.write_at(0, &bytes(11, 8192));
+    assert_eq!(
+        run_one(&*qp, &cq, wr(1, Opcode::Write, smr.sge(0, 8192), r, 0)),
+        WcStatus::Success
+    );
+    let thief = Harness::session(&h.server);
+    let (loot, lmr) = h.buf(8192, Access::LOCAL);
+    let breaks = h.client.errors_break_qp();
+    for opcode in [Opcode::Read, Opcode::Write] {
+        let (tq, tcq) = h.qp_in(&thief);
+        let w = wr(2, opcode, lmr.sge(0, 8192), r, 0);
+        assert_eq!(run_one(&*tq, &tcq, w), WcStatus::RemoteAccessError, "{w:?}");
+        assert_eq!(tq.is_connected(), !breaks);
+    }
+    assert!(
+        loot.to_vec(0, 8192).iter().all(|&b| b == 0),
+        "no byte leaked"
+    );
+    assert_eq!(read_back(h, &*qp, &cq, r, 0, 8192), bytes(11, 8192));
+    // The thief's own memory works as usual.
+    let own = remote_in(&thief, 4096);
+    let (tq, tcq) = h.qp_in(&thief);
+    assert_eq!(
+        run_one(&*tq, &tcq, wr(3, Opcode::Write, smr.sge(0, 4096), own, 0)),
+        WcStatus::Success
+    );
+}
+
+fn remote_in(control: &ControlConn, len: u64) -> Remote {
+    match control.request(|tag| Message::Alloc { tag, len }) {
+        Ok(Message::Allocated {
+            addr, len, rkey, ..
+        }) => Remote { addr, len, rkey },
+        other => panic!("alloc failed: {other:?}"),
+    }
+}
+
 fn unregistered_local_buffer_fails_locally(h: &Harness) {
     let (qp, cq) = h.qp();
     let r = h.remote(4096);
@@ -566,6 +614,10 @@ macro_rules! conformance {
             #[test]
             fn remote_access_errors() {
                 remote_access_errors_change_nothing(&$make);
+            }
+            #[test]
+            fn other_sessions_extents() {
+                another_sessions_extent_is_out_of_reach(&$make);
             }
             #[test]
             fn local_protection_errors() {

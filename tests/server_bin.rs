@@ -1,11 +1,14 @@
 //! The memory server through the real binary: several clients, allocation until full, memory
 //! returned on disconnect, hostile peers, failure of a server mid-write, clean shutdown.
+//!
+//! The tests run on the tcp fabric. The rxe tier (tools/test-rxe.sh) runs the security ones
+//! again on verbs: RMEMFS_TEST_FABRIC names the fabric for both sides and RMEMFS_BIN the
+//! server binary (one built with the verbs feature).
 
 use rmemfs::auth::Secret;
 use rmemfs::client::control::ControlConn;
 use rmemfs::client::{Pool, PoolConfig, PoolError, RemoteOp};
-use rmemfs::fabric::tcp::{TcpConfig, TcpFabric};
-use rmemfs::fabric::{Access, AlignedBuf, Opcode, ServerId, WcStatus};
+use rmemfs::fabric::{Access, AlignedBuf, Fabric, FabricOptions, Opcode, ServerId, WcStatus};
 use rmemfs::proto::{self, Message, RefusalCode, PROTOCOL_VERSION};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -20,7 +23,7 @@ struct Server {
 
 impl Server {
     fn start(size: &str) -> Server {
-        Self::start_with(Command::new(env!("CARGO_BIN_EXE_rmemfs")), size)
+        Self::start_with(rmemfs_cmd(), size)
     }
 
     fn start_with(cmd: Command, size: &str) -> Server {
@@ -41,6 +44,8 @@ impl Server {
                 size,
                 "--op-timeout",
                 "3",
+                "--fabric",
+                &fabric_name(),
             ])
             .args(extra)
             .stdin(Stdio::null())
@@ -84,11 +89,29 @@ impl Drop for Server {
     }
 }
 
-fn fabric() -> Arc<TcpFabric> {
-    TcpFabric::new(TcpConfig {
-        op_timeout: Duration::from_secs(3),
-        ..TcpConfig::default()
-    })
+/// The fabric under test: tcp unless RMEMFS_TEST_FABRIC says otherwise.
+fn fabric_name() -> String {
+    std::env::var("RMEMFS_TEST_FABRIC").unwrap_or_else(|_| "tcp".into())
+}
+
+/// The `rmemfs` binary: this build's, or RMEMFS_BIN's.
+fn rmemfs_cmd() -> Command {
+    match std::env::var_os("RMEMFS_BIN") {
+        Some(bin) => Command::new(bin),
+        None => Command::new(env!("CARGO_BIN_EXE_rmemfs")),
+    }
+}
+
+fn fabric() -> Arc<dyn Fabric> {
+    rmemfs::fabric::open(
+        &fabric_name(),
+        &FabricOptions {
+            op_timeout: Duration::from_secs(3),
+            device: std::env::var("RMEMFS_RXE_DEVICE").ok(),
+            ..FabricOptions::default()
+        },
+    )
+    .expect("open the fabric under test")
 }
 
 fn pool(addrs: &[SocketAddr]) -> Pool {
@@ -176,7 +199,7 @@ fn a_wildcard_listen_serves_data_on_every_interface() {
     // (A network address needs a secret.)
     let (path, secret) = keygen("wildcard");
     let server = Server::start_args(
-        Command::new(env!("CARGO_BIN_EXE_rmemfs")),
+        rmemfs_cmd(),
         "0.0.0.0:0",
         "16M",
         &["--secret-file", path.to_str().unwrap()],
@@ -413,7 +436,7 @@ fn verbs_where_unavailable_is_a_clear_error() {
         vec!["serve", "--fabric", "verbs", "--listen", "127.0.0.1:0"],
         vec!["mount", "-f", mnt.to_str().unwrap(), "--fabric", "verbs"],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_rmemfs"))
+        let out = rmemfs_cmd()
             .args(&args)
             .stdin(Stdio::null())
             .output()
@@ -503,11 +526,7 @@ fn keygen(name: &str) -> (std::path::PathBuf, Secret) {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     let _ = std::fs::remove_file(&path);
-    let out = Command::new(env!("CARGO_BIN_EXE_rmemfs"))
-        .args(["keygen"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = rmemfs_cmd().args(["keygen"]).arg(&path).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -522,7 +541,7 @@ fn only_clients_holding_the_secret_are_let_in() {
     let (path, secret) = keygen("server");
     let (_, wrong) = keygen("other");
     let server = Server::start_args(
-        Command::new(env!("CARGO_BIN_EXE_rmemfs")),
+        rmemfs_cmd(),
         "127.0.0.1:0",
         "16M",
         &["--secret-file", path.to_str().unwrap()],
@@ -604,7 +623,7 @@ fn a_session_cannot_reach_another_sessions_memory() {
 #[test]
 fn a_client_over_its_quota_gets_no_space_and_others_go_on() {
     let server = Server::start_args(
-        Command::new(env!("CARGO_BIN_EXE_rmemfs")),
+        rmemfs_cmd(),
         "127.0.0.1:0",
         "16M",
         &["--max-client-memory", "2M", "--max-clients", "2"],
@@ -638,7 +657,7 @@ fn a_client_over_its_quota_gets_no_space_and_others_go_on() {
 
 #[test]
 fn serving_a_network_address_needs_a_secret_or_insecure() {
-    let out = Command::new(env!("CARGO_BIN_EXE_rmemfs"))
+    let out = rmemfs_cmd()
         .args(["serve", "--listen", "0.0.0.0:0", "--size", "8M"])
         .env_remove("RMEMFS_SECRET_FILE")
         .stdin(Stdio::null())
@@ -651,7 +670,7 @@ fn serving_a_network_address_needs_a_secret_or_insecure() {
         "{err}"
     );
     // With --insecure it starts, and says so.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rmemfs"))
+    let mut child = rmemfs_cmd()
         .args([
             "serve",
             "--listen",

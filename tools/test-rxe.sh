@@ -6,7 +6,8 @@
 # Builds the verbs-enabled binary (tools/build-verbs.sh) and the conformance test binary on the
 # host, then boots
 # the rxe VM (tools/rxe-vm.sh) once and runs inside it:
-#   1. the fabric conformance suite on the verbs fabric (rxe0);
+#   1. the fabric conformance suite on the verbs fabric (rxe0), and the memory server's
+#      security tests (secret, another session's extent, quotas) with `serve --fabric verbs`;
 #   2. mount tests over verbs: memory servers started with `serve --fabric verbs` in the guest,
 #      mounts that pick verbs from the servers' hello (checked in `rmemfs stats`), then copy and
 #      compare, fio with crc32c verify, and a memory server killed mid-use (EIO, no hang).
@@ -23,11 +24,17 @@ cargo test --release --features verbs --lib fabric::verbs
 conformance=$(cargo test --release --features verbs,testing --test conformance --no-run 2>&1 |
   sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
 [ -x "$conformance" ] || { echo "could not find the conformance test binary" >&2; exit 1; }
+server_tests=$(cargo test --release --features verbs,testing --test server_bin --no-run 2>&1 |
+  sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
+[ -x "$server_tests" ] || { echo "could not find the server test binary" >&2; exit 1; }
 
 tests=${RMEMFS_RXE_MOUNT_TESTS:-cp_tree fio_verify server_death secret}
 guest_script="set -e
 echo '== [rxe] fabric conformance on verbs (rxe0)'
 $conformance verbs --test-threads=1
+echo '== [rxe] memory server security tests on verbs'
+RMEMFS_TEST_FABRIC=verbs RMEMFS_BIN=target/release/rmemfs-verbs $server_tests --test-threads=1 \
+  only_clients_holding_the_secret a_session_cannot_reach_another a_client_over_its_quota
 echo '== [rxe] mount tests over verbs'
 RMEMFS_BIN=target/release/rmemfs-verbs RMEMFS_SERVE_ARGS='--fabric verbs' \
 RMEMFS_EXPECT_FABRIC=verbs RMEMFS_TEST_SERVER_SIZE=128M RMEMFS_TEST_FIO_SIZE=16M \

@@ -307,6 +307,25 @@ pub trait Fabric: Send + Sync {
         unsafe { self.registry().register(addr, len, access, None) }
     }
 
+    /// Server side: registers an extent that only the client session `session` may reach
+    /// remotely. The software fabrics check the session on every remote request (this
+    /// default); verbs registers it in that session's own protection domain, so the device
+    /// refuses every other session's queue pairs.
+    ///
+    /// # Safety
+    /// As for [`Fabric::register`].
+    unsafe fn register_extent(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        session: u64,
+    ) -> Result<LocalMr, FabricError> {
+        // SAFETY: forwarded contract.
+        let mr = unsafe { self.register(addr, len, Access::REMOTE) }?;
+        mr.restrict_to(session);
+        Ok(mr)
+    }
+
     /// Registers an owned buffer; the registration keeps the buffer alive.
     fn register_buf(&self, buf: Arc<AlignedBuf>, access: Access) -> Result<LocalMr, FabricError> {
         self.registry().clone().register_owned(buf, access)

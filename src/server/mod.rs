@@ -17,9 +17,7 @@
 pub mod alloc;
 
 use crate::auth::{self, Nonce, Secret, Token};
-use crate::fabric::{
-    mem::page_size, Access, DeregisterError, Fabric, LocalMr, PeerGuard, SessionKey,
-};
+use crate::fabric::{mem::page_size, DeregisterError, Fabric, LocalMr, PeerGuard, SessionKey};
 use crate::proto::{self, Capacity, FrameError, Message, RefusalCode, PROTOCOL_VERSION};
 use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex};
@@ -604,11 +602,12 @@ impl Session {
         // SAFETY: `offset + rlen <= arena.len` by the allocator's construction, so the range
         // lies inside the arena mapping, which outlives every registration (it is dropped
         // last, after all sessions have released their extents).
+        // Only this session's data connections may reach it.
         let registered = unsafe {
             let ptr = self.shared.arena.ptr.add(offset as usize);
             self.shared
                 .fabric
-                .register(ptr, rlen as usize, Access::REMOTE)
+                .register_extent(ptr, rlen as usize, self.id)
         };
         let mr = match registered {
             Ok(mr) => mr,
@@ -618,8 +617,6 @@ impl Session {
                 return refuse(RefusalCode::RegistrationFailed, e.to_string());
             }
         };
-        // Only this session's data connections may reach it.
-        mr.restrict_to(self.id);
         self.held += rlen;
         let (addr, rkey) = (mr.addr(), mr.rkey());
         self.extents.insert(

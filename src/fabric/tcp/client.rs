@@ -339,6 +339,21 @@ fn qp_receiver(s: Arc<QpShared>) {
                 return;
             }
         }
+        if resp.status != WcStatus::Success {
+            // The NIC closes the connection after an error, as an RC queue pair breaks: mark
+            // it dead before anyone sees this completion, so whoever reaps it sees a broken QP
+            // (not one that breaks a moment later, when the close arrives).
+            s.dead.store(true, Ordering::SeqCst);
+            log::warn!(
+                "tcp fabric: {:?} on {:?} refused ({:?}); the connection is closed",
+                posted.wr.opcode,
+                s.stream.peer_addr().ok(),
+                resp.status
+            );
+            s.complete(&posted.wr, resp.status, Some(posted.hold));
+            s.fail_all(&"remote error");
+            return;
+        }
         s.complete(&posted.wr, resp.status, Some(posted.hold));
     }
 }

@@ -2,12 +2,16 @@
 //! cargo feature). Nothing outside this directory touches verbs: [`device`] picks the device
 //! and GID, [`qp`] holds the queue pairs, [`poller`] routes completions.
 //!
-//! - One device context and protection domain per fabric; the device is named (`rxe0`) or the
-//!   first one with an active port is taken. The GID is named or chosen as RoCE v2 (an
+//! - One device context per fabric; the device is named (`rxe0`) or the first one with an
+//!   active port is taken. The GID is named or chosen as RoCE v2 (an
 //!   IPv4-mapped address first, because RoCE v2 routes by IP).
 //! - One RC queue pair per server connection. Its handshake (QP number, PSN, LID, GID, MTU)
 //!   rides the existing control connection as the `Connect`/`Connected` blobs, so no rdma_cm
 //!   is needed (rdma_cm cannot resolve routes over rxe on `lo`).
+//! - Isolation is the device's: a server gives every client session its own protection domain
+//!   (its QP and its extents live there), so a key handed to another session is refused by the
+//!   NIC with a remote access error, whatever the key's value. The client side and local
+//!   buffers use the fabric's own protection domain.
 //! - Registrations are real `ibv_reg_mr`s, kept in the same [`Registry`] as the software
 //!   fabrics under the device's lkey: the table gives the in-use counts that stop a cache from
 //!   deregistering memory an operation still uses, and refuses bad local SGEs before they reach
@@ -32,13 +36,13 @@ use rdma_mummy_sys as sys;
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel};
 use sideway::ibverbs::device::DeviceList;
-use sideway::ibverbs::device_context::Mtu;
+use sideway::ibverbs::device_context::{DeviceContext, Mtu};
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{
     BasicQueuePair, QueuePair as _, QueuePairAttribute, QueuePairState,
 };
 use sideway::ibverbs::AccessFlags;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::thread::JoinHandle;
@@ -93,7 +97,8 @@ impl Default for VerbsConfig {
     }
 }
 
-/// The verbs fabric: one device, one protection domain, one completion poller.
+/// The verbs fabric: one device, one completion poller, a protection domain for local use and
+/// one per client session served.
 pub struct VerbsFabric {
     shared: Arc<Shared>,
     table: Arc<Registry>,
@@ -106,7 +111,12 @@ pub struct VerbsFabric {
 
 /// What the poller thread and every QP share.
 struct Shared {
+    ctx: Arc<DeviceContext>,
+    /// The fabric's own protection domain: a client's QPs and local buffers.
     pd: Arc<ProtectionDomain>,
+    /// Server side: each client session's protection domain, alive while its QP or one of its
+    /// extents is (both hold it).
+    session_pds: Mutex<HashMap<u64, Weak<ProtectionDomain>>>,
     channel: Arc<CompletionChannel>,
     cq: Arc<BasicCompletionQueue>,
     gid_index: u32,
@@ -174,7 +184,9 @@ impl VerbsFabric {
             .map_err(|e| unavailable(format!("{device}: cannot create a completion queue: {e}")))?;
         let table = Arc::new(Registry::new());
         let shared = Arc::new(Shared {
+            ctx,
             pd,
+            session_pds: Mutex::new(HashMap::new()),
             channel,
             cq,
             gid_index,
@@ -216,8 +228,38 @@ impl VerbsFabric {
         }
     }
 
+    /// The protection domain of client session `session` (made on first use). The device call
+    /// runs outside the map's lock; of two threads racing for one session, the first to
+    /// insert wins and the other's domain is dropped unused.
+    fn session_pd(&self, session: u64) -> Result<Arc<ProtectionDomain>, FabricError> {
+        let live =
+            |pds: &HashMap<u64, Weak<ProtectionDomain>>| pds.get(&session).and_then(Weak::upgrade);
+        if let Some(pd) = live(&self.shared.session_pds.lock()) {
+            return Ok(pd);
+        }
+        let fresh = self.shared.ctx.alloc_pd().map_err(|e| {
+            unavailable(format!(
+                "cannot allocate a protection domain for a client session: {e}"
+            ))
+        })?;
+        let mut pds = self.shared.session_pds.lock();
+        if let Some(pd) = live(&pds) {
+            return Ok(pd);
+        }
+        pds.retain(|_, w| w.strong_count() > 0);
+        pds.insert(session, Arc::downgrade(&fresh));
+        Ok(fresh)
+    }
+
+    /// Protection domains in use for client sessions (server side).
+    pub fn session_domains(&self) -> usize {
+        let pds = self.shared.session_pds.lock();
+        pds.values().filter(|w| w.strong_count() > 0).count()
+    }
+
     fn register_raw(
         &self,
+        pd: &Arc<ProtectionDomain>,
         addr: *mut u8,
         len: usize,
         access: Access,
@@ -239,7 +281,7 @@ impl VerbsFabric {
         // SAFETY: the caller of `Fabric::register` guarantees the range stays valid until the
         // registration and every operation using it are gone; `register_buf` keeps its buffer
         // alive through the table entry.
-        let mr = unsafe { self.shared.pd.reg_mr(addr as usize, len, flags) }.map_err(|e| {
+        let mr = unsafe { pd.reg_mr(addr as usize, len, flags) }.map_err(|e| {
             use sideway::ibverbs::memory_region::RegisterMemoryRegionErrorKind as Kind;
             match &e.0 {
                 // The pinning limit (RLIMIT_MEMLOCK) is the usual reason for ENOMEM here.
@@ -293,12 +335,26 @@ impl Fabric for VerbsFabric {
         len: usize,
         access: Access,
     ) -> Result<LocalMr, FabricError> {
-        self.register_raw(addr, len, access, None)
+        self.register_raw(&self.shared.pd, addr, len, access, None)
+    }
+
+    /// The extent goes into the session's protection domain: only that session's QP can
+    /// reach it.
+    unsafe fn register_extent(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        session: u64,
+    ) -> Result<LocalMr, FabricError> {
+        let pd = self.session_pd(session)?;
+        let mr = self.register_raw(&pd, addr, len, Access::REMOTE, None)?;
+        mr.restrict_to(session);
+        Ok(mr)
     }
 
     fn register_buf(&self, buf: Arc<AlignedBuf>, access: Access) -> Result<LocalMr, FabricError> {
         let (ptr, len) = (buf.as_ptr(), buf.len());
-        self.register_raw(ptr, len, access, Some(buf))
+        self.register_raw(&self.shared.pd, ptr, len, access, Some(buf))
     }
 
     fn connect(
@@ -308,7 +364,7 @@ impl Fabric for VerbsFabric {
         cq: Arc<CompletionQueue>,
         _token: &Token,
     ) -> Result<Arc<dyn QueuePair>, FabricError> {
-        let mut qp = self.create_qp()?;
+        let mut qp = self.create_qp(&self.shared.pd)?;
         let psn = random_psn();
         let reply = exchange(self.endpoint(&qp, psn).encode())?;
         let handshake = |reason: String| FabricError::Handshake {
@@ -354,19 +410,20 @@ impl Fabric for VerbsFabric {
     }
 
     /// The QP is reachable only through this handshake, which rides the authenticated control
-    /// session; keys stay the device's (one protection domain per fabric).
+    /// session, and lives in that session's protection domain with its extents.
     fn accept(
         &self,
         blob: &[u8],
         _listen: SocketAddr,
-        _session: SessionKey,
+        session: SessionKey,
     ) -> Result<(Vec<u8>, PeerGuard), FabricError> {
         let bad = |reason: String| FabricError::Handshake {
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
             reason,
         };
         let remote = Endpoint::decode(blob).map_err(bad)?;
-        let mut qp = self.create_qp()?;
+        let pd = self.session_pd(session.id)?;
+        let mut qp = self.create_qp(&pd)?;
         let psn = random_psn();
         self.connect_qp(&mut qp, psn, &remote).map_err(bad)?;
         let reply = self.endpoint(&qp, psn).encode();

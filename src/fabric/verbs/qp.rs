@@ -91,8 +91,11 @@ pub(super) fn random_psn() -> u32 {
 }
 
 impl VerbsFabric {
-    pub(super) fn create_qp(&self) -> Result<BasicQueuePair, FabricError> {
-        let mut builder = self.shared.pd.create_qp_builder();
+    pub(super) fn create_qp(
+        &self,
+        pd: &Arc<ProtectionDomain>,
+    ) -> Result<BasicQueuePair, FabricError> {
+        let mut builder = pd.create_qp_builder();
         builder
             .setup_max_send_wr(QP_DEPTH as u32)
             // No receives are ever posted: the data path is one-sided.
