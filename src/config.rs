@@ -100,3 +100,8 @@ mod tests {
         }
     }
 }
+
+/// Copies of every chunk when a mount names two or more servers and no `--replicas`: one
+/// server may die with no byte lost, at twice the memory (a third copy would cost a third
+/// write on every write for a second simultaneous failure, rarer by far).
+pub const DEFAULT_REPLICAS: usize = 2;

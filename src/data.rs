@@ -9,6 +9,15 @@
 //! pages, not whole chunks; later chunks are allocated whole. Servers zero extents they hand
 //! out, so unwritten parts of a chunk read as zeros, like holes.
 //!
+//! **Replicas.** With `--replicas N` every chunk lives on N distinct servers (placed by free
+//! memory, like single chunks). A write goes to every copy and returns once all of them hold
+//! it; a copy whose write fails is taken out of the chunk's list before the write returns, so
+//! a listed copy never holds older bytes than the others (a chunk whose only copy fails keeps
+//! it, and the write fails: nothing silently turns into a hole). Before writing, a chunk short
+//! of copies gets replacements on other servers with room, copied from a live copy under the
+//! file's lock (so no write races the copy). Reads go to one live copy, spread by chunk
+//! index, and move to another when one fails; EIO only when no copy is left.
+//!
 //! Every local buffer handed to the fabric is registered through the registration cache
 //! (`mrrc`): write payloads go straight from the caller's buffer when the caller vouches that
 //! it lives as long as the mount (FUSE's request buffers), otherwise through a bounce buffer;
@@ -21,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::fabric::mem::page_size;
 use crate::fabric::{AlignedBuf, Opcode, RemoteRegion, ServerId, Sge};
 use crate::fuse::RequestBuffer;
-use crate::meta::Chunk;
+use crate::meta::{Chunk, Replica, MAX_REPLICAS};
 use crate::mrrc::{CacheConfig, CacheStats, FabricRegistrar, Pinned, Policy, RegCache};
 use crate::sync::{Arc, Condvar, Mutex};
 use std::collections::BTreeMap;
@@ -68,6 +77,24 @@ pub struct DataStore {
     max_bufs: usize,
     /// Zeros, for clearing the tail of a chunk on truncate.
     zeros: Bounce,
+    /// Copies kept of every chunk (`--replicas`).
+    replicas: usize,
+    /// Fewest copies a write may land on (`--min-replicas`); fewer is EIO.
+    min_replicas: usize,
+    /// What chunk copies (replacing a lost replica) go through: one at a time, and only after
+    /// a failure, so one buffer is enough and stays registered in the cache.
+    repair_buf: Mutex<Bounce>,
+}
+
+/// How many copies of each chunk there are, as `stats` counts them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaHealth {
+    /// Chunks with every copy on a live server.
+    pub healthy: u64,
+    /// Chunks with fewer live copies than `--replicas`, but at least one.
+    pub degraded: u64,
+    /// Chunks with no copy on a live server.
+    pub lost: u64,
 }
 
 /// A bounce buffer on loan; goes back to the pool on drop.
@@ -91,13 +118,36 @@ impl Drop for Loan<'_> {
     }
 }
 
-fn region(c: &Chunk) -> RemoteRegion {
+/// The copy `r` of chunk `c`, as the pool addresses it.
+fn region(c: &Chunk, r: &Replica) -> RemoteRegion {
     RemoteRegion {
-        server: ServerId(c.server),
-        addr: c.addr,
+        server: ServerId(r.server),
+        addr: r.addr,
         len: c.len,
-        rkey: c.rkey,
+        rkey: r.rkey,
     }
+}
+
+fn replica(r: &RemoteRegion) -> Replica {
+    Replica {
+        server: r.server.0,
+        addr: r.addr,
+        rkey: r.rkey,
+    }
+}
+
+/// A chunk held by freshly allocated `regions` (as long as the shortest of them).
+fn chunk_of(regions: &[RemoteRegion]) -> Chunk {
+    let len = regions.iter().map(|r| r.len).min().unwrap_or(0);
+    let copies: Vec<Replica> = regions.iter().map(replica).collect();
+    Chunk::with_replicas(len, &copies)
+}
+
+fn lost(idx: u64) -> Error {
+    Error::new(
+        libc::EIO,
+        format!("chunk {idx}: no copy is left on a live memory server"),
+    )
 }
 
 /// The bytes of a write, and whether they may be registered where they lie.
@@ -145,7 +195,68 @@ impl DataStore {
             bufs_made: Mutex::new(0),
             max_bufs: max_bufs.max(1),
             zeros,
+            replicas: 1,
+            min_replicas: 1,
+            repair_buf: Mutex::new(Self::make_bounce()?),
         })
+    }
+
+    /// Keeps `replicas` copies of every chunk (1 to [`MAX_REPLICAS`]) and fails writes that
+    /// would land on fewer than `min_replicas` of them.
+    pub fn replicated(mut self, replicas: usize, min_replicas: usize) -> Result<DataStore> {
+        if !(1..=MAX_REPLICAS).contains(&replicas) {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!("--replicas {replicas}: between 1 and {MAX_REPLICAS}"),
+            ));
+        }
+        if !(1..=replicas).contains(&min_replicas) {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!("--min-replicas {min_replicas}: between 1 and --replicas ({replicas})"),
+            ));
+        }
+        self.replicas = replicas;
+        self.min_replicas = min_replicas;
+        Ok(self)
+    }
+
+    /// Copies kept of every chunk.
+    pub fn replicas(&self) -> usize {
+        self.replicas
+    }
+
+    /// Counts `chunks` by how many of their copies are on live servers.
+    pub fn health(&self, chunks: &BTreeMap<u64, Chunk>, into: &mut ReplicaHealth) {
+        for c in chunks.values() {
+            let live = self.live_copies(c).count();
+            if live == 0 {
+                into.lost += 1;
+            } else if live < self.replicas {
+                into.degraded += 1;
+            } else {
+                into.healthy += 1;
+            }
+        }
+    }
+
+    fn live_copies<'c>(&'c self, c: &'c Chunk) -> impl Iterator<Item = &'c Replica> + 'c {
+        c.replicas()
+            .iter()
+            .filter(|r| self.pool.is_live(ServerId(r.server)))
+    }
+
+    /// The copy of chunk `idx` to read: a live one not in `avoid`, spread over the copies by
+    /// chunk index (so a large read of several chunks uses every server holding them).
+    fn pick(&self, c: &Chunk, idx: u64, avoid: &[u32]) -> Option<Replica> {
+        let live: Vec<&Replica> = self
+            .live_copies(c)
+            .filter(|r| !avoid.contains(&r.server))
+            .collect();
+        if live.is_empty() {
+            return None;
+        }
+        Some(*live[(idx % live.len() as u64) as usize])
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -225,7 +336,12 @@ impl DataStore {
     /// Runs `ops` (whose local ranges lie inside `pinned`'s pieces), splitting any op whose
     /// local range crosses from one registration into the next, then gives the registrations
     /// back to the cache. On an overlap lookup the ops on already-registered pieces go first.
-    fn run(&self, pinned: Pinned, ops: &[RemoteOp]) -> Result<()> {
+    /// The pool's error names the server that failed.
+    fn run_ops(
+        &self,
+        pinned: Pinned,
+        ops: &[RemoteOp],
+    ) -> std::result::Result<(), crate::client::PoolError> {
         let mut split = Vec::with_capacity(ops.len());
         for op in ops {
             for (local, delta, cached) in Self::split(&pinned, op.local.addr, op.local.len) {
@@ -241,7 +357,7 @@ impl DataStore {
         let ops: Vec<RemoteOp> = split.into_iter().map(|(_, op)| op).collect();
         let res = self.pool.execute(&ops);
         self.cache.release(pinned);
-        Ok(res?)
+        res
     }
 
     fn loan(&self) -> Result<Loan<'_>> {
@@ -295,36 +411,51 @@ impl DataStore {
     }
 
     /// Reads file bytes at `offset` into `out` (which the caller zeroed: holes stay zero).
+    /// A copy that fails is avoided and the window read again from the others.
     pub fn read(&self, chunks: &BTreeMap<u64, Chunk>, offset: u64, out: &mut [u8]) -> Result<()> {
         let loan = self.loan()?;
         let b = loan.b();
         let base = b.buf.addr();
         for (w, window) in out.chunks_mut(IO_SIZE).enumerate() {
             let woff = offset + (w * IO_SIZE) as u64;
-            let mut ops = Vec::new();
-            let mut copies = Vec::new();
-            for (idx, in_chunk, n, at) in self.pieces(woff, window.len() as u64) {
-                let Some(c) = chunks.get(&idx) else { continue };
-                // Only the part of the piece the chunk actually covers; the rest is a hole.
-                let covered = c.len.saturating_sub(in_chunk).min(n);
-                if covered == 0 {
-                    continue;
+            let mut avoid: Vec<u32> = Vec::new();
+            let copies = loop {
+                let mut ops = Vec::new();
+                let mut copies = Vec::new();
+                for (idx, in_chunk, n, at) in self.pieces(woff, window.len() as u64) {
+                    let Some(c) = chunks.get(&idx) else { continue };
+                    // Only the part of the piece the chunk actually covers; the rest is a hole.
+                    let covered = c.len.saturating_sub(in_chunk).min(n);
+                    if covered == 0 {
+                        continue;
+                    }
+                    let copy = self.pick(c, idx, &avoid).ok_or_else(|| lost(idx))?;
+                    ops.push(RemoteOp {
+                        opcode: Opcode::Read,
+                        local: Sge {
+                            addr: base + at,
+                            len: covered,
+                            lkey: 0,
+                        },
+                        remote: region(c, &copy),
+                        offset: in_chunk,
+                    });
+                    copies.push((at as usize, covered as usize));
                 }
-                ops.push(RemoteOp {
-                    opcode: Opcode::Read,
-                    local: Sge {
-                        addr: base + at,
-                        len: covered,
-                        lkey: 0,
+                if ops.is_empty() {
+                    break copies;
+                }
+                match self.run_ops(self.pin(base, window.len() as u64)?, &ops) {
+                    Ok(()) => break copies,
+                    Err(e) => match e.failed_server() {
+                        Some(s) if !avoid.contains(&s.0) => {
+                            log::warn!("read from {s} failed ({e}); reading another copy");
+                            avoid.push(s.0);
+                        }
+                        _ => return Err(e.into()),
                     },
-                    remote: region(c),
-                    offset: in_chunk,
-                });
-                copies.push((at as usize, covered as usize));
-            }
-            if !ops.is_empty() {
-                self.run(self.pin(base, window.len() as u64)?, &ops)?;
-            }
+                }
+            };
             for (at, n) in copies {
                 b.buf.read_at(at, &mut window[at..at + n]);
             }
@@ -370,13 +501,229 @@ impl DataStore {
             }
             // Serial (Fig. 5): allocations were answered (above) before the buffer is
             // registered and the writes are posted.
-            let ops = self.window_ops(chunks, woff, base, wlen);
-            self.run(self.pin(base, wlen)?, &ops)?;
+            self.write_window(chunks, woff, base, wlen)?;
         }
         Ok(())
     }
 
-    /// Write ops for a window whose chunks all exist.
+    /// Writes one window (local bytes at `base`) to every copy of its chunks, which exist.
+    fn write_window(
+        &self,
+        chunks: &mut BTreeMap<u64, Chunk>,
+        woff: u64,
+        base: u64,
+        wlen: u64,
+    ) -> Result<()> {
+        let idxs: Vec<u64> = self.pieces(woff, wlen).map(|p| p.0).collect();
+        self.write_replicated(chunks, &idxs, (base, wlen), |chunks| {
+            self.window_ops(chunks, woff, base, wlen)
+        })
+    }
+
+    /// Writes to every copy of the chunks `idxs`: `ops` builds the writes from the current
+    /// metadata, from local memory `local` (address, length). First each chunk is healed
+    /// ([`Self::heal`]); a copy whose write fails is then taken out of its chunk (while
+    /// another copy remains) and the writes are run again on what is left, which is
+    /// harmless (the same bytes to the same places). Returns once every listed copy holds
+    /// the bytes; EIO if a chunk is left with fewer than `--min-replicas` copies, or a
+    /// chunk's last copy fails.
+    fn write_replicated(
+        &self,
+        chunks: &mut BTreeMap<u64, Chunk>,
+        idxs: &[u64],
+        local: (u64, u64),
+        ops: impl Fn(&BTreeMap<u64, Chunk>) -> Vec<RemoteOp>,
+    ) -> Result<()> {
+        let mut idxs = idxs.to_vec();
+        idxs.dedup();
+        // Every failed round takes one server's copies out, so this ends.
+        for _round in 0..=MAX_REPLICAS * idxs.len().max(1) {
+            for &idx in &idxs {
+                self.heal(chunks, idx)?;
+            }
+            let ops = ops(chunks);
+            if ops.is_empty() {
+                return Ok(());
+            }
+            let e = match self.run_ops(self.pin(local.0, local.1)?, &ops) {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            let Some(server) = e.failed_server() else {
+                return Err(e.into());
+            };
+            log::warn!("a write to {server} failed ({e}); its copies leave the chunks written");
+            for &idx in &idxs {
+                let Some(c) = chunks.get_mut(&idx) else {
+                    continue;
+                };
+                if c.on(server.0).is_none() {
+                    continue;
+                }
+                if c.replicas().len() == 1 {
+                    // The last copy: keep it listed (a read must fail, not see a hole).
+                    return Err(e.into());
+                }
+                let gone = c.remove(server.0).expect("checked");
+                if self.pool.is_live(server) {
+                    // Refused on a live server: give the extent back.
+                    let _ = self.pool.free(region(c, &gone));
+                }
+            }
+        }
+        Err(Error::new(libc::EIO, "a write kept failing on every copy"))
+    }
+
+    /// Before chunk `idx` is written: copies on servers that went down leave it (they would
+    /// miss this write), missing copies are placed again where there is room (best effort),
+    /// and a chunk left with fewer than `--min-replicas` copies is refused with EIO.
+    fn heal(&self, chunks: &mut BTreeMap<u64, Chunk>, idx: u64) -> Result<()> {
+        let Some(c) = chunks.get_mut(&idx) else {
+            return Ok(());
+        };
+        let dead: Vec<u32> = c
+            .replicas()
+            .iter()
+            .filter(|r| !self.pool.is_live(ServerId(r.server)))
+            .map(|r| r.server)
+            .collect();
+        if dead.len() == c.replicas().len() {
+            return Err(lost(idx));
+        }
+        for server in dead {
+            c.remove(server);
+        }
+        if c.replicas().len() < self.replicas {
+            self.repair(idx, c);
+        }
+        if c.replicas().len() < self.min_replicas {
+            return Err(Error::new(
+                libc::EIO,
+                format!(
+                    "chunk {idx} has {} live copies and no server with room for more; \
+                     --min-replicas is {}",
+                    c.replicas().len(),
+                    self.min_replicas
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Places the missing copies of chunk `idx` on live servers that hold none of it and
+    /// copies its bytes there from a live copy. Best effort: without room or another live
+    /// server the chunk stays degraded (and counted so in `stats`).
+    fn repair(&self, idx: u64, c: &mut Chunk) {
+        let missing = self.replicas - c.replicas().len();
+        let holders: Vec<ServerId> = c.replicas().iter().map(|r| ServerId(r.server)).collect();
+        if self.pool.live_servers() <= holders.len() {
+            return;
+        }
+        let mut new = match self.pool.alloc_replicas(c.len, missing, &holders) {
+            Ok(v) => v,
+            Err(e) => {
+                log::debug!("chunk {idx} stays degraded: {e}");
+                return;
+            }
+        };
+        let buf = self.repair_buf.lock();
+        match self.copy_chunk(c, &mut new, &buf) {
+            Ok(()) => {
+                for r in &new {
+                    c.add(replica(r));
+                }
+                log::info!(
+                    "chunk {idx}: {} new copies ({} bytes each)",
+                    new.len(),
+                    c.len
+                );
+            }
+            Err(e) => {
+                self.pool.free_all(&new);
+                log::warn!("chunk {idx} stays degraded: copying it failed: {e}");
+            }
+        }
+    }
+
+    /// Copies the `from.len` bytes of chunk `from` (read from any live copy) to every region
+    /// of `to`, through `buf`. A target that fails is dropped from `to` (and freed) while
+    /// another remains.
+    fn copy_chunk(&self, from: &Chunk, to: &mut Vec<RemoteRegion>, buf: &Bounce) -> Result<()> {
+        let base = buf.buf.addr();
+        let mut copied = 0;
+        while copied < from.len {
+            let n = (from.len - copied).min(IO_SIZE as u64);
+            let local = Sge {
+                addr: base,
+                len: n,
+                lkey: 0,
+            };
+            let mut avoid = Vec::new();
+            loop {
+                let copy = self.pick(from, 0, &avoid).ok_or_else(|| lost(0))?;
+                let read = RemoteOp {
+                    opcode: Opcode::Read,
+                    local,
+                    remote: region(from, &copy),
+                    offset: copied,
+                };
+                match self.run_ops(self.pin(base, n)?, &[read]) {
+                    Ok(()) => break,
+                    Err(e) => match e.failed_server() {
+                        Some(s) => avoid.push(s.0),
+                        None => return Err(e.into()),
+                    },
+                }
+            }
+            // The writes start only once the read has landed (two rounds).
+            loop {
+                let writes: Vec<RemoteOp> = to
+                    .iter()
+                    .map(|r| RemoteOp {
+                        opcode: Opcode::Write,
+                        local,
+                        remote: *r,
+                        offset: copied,
+                    })
+                    .collect();
+                let e = match self.run_ops(self.pin(base, n)?, &writes) {
+                    Ok(()) => break,
+                    Err(e) => e,
+                };
+                match e.failed_server() {
+                    Some(s) if to.len() > 1 => {
+                        let i = to.iter().position(|r| r.server == s).expect("one of ours");
+                        let gone = to.remove(i);
+                        self.pool.free_all(&[gone]);
+                    }
+                    _ => return Err(e.into()),
+                }
+            }
+            copied += n;
+        }
+        Ok(())
+    }
+
+    /// New copies of a chunk of `len` bytes: `--replicas` of them, or one per live server if
+    /// fewer are up; ENOSPC if the live servers cannot hold that many, EIO if that is fewer
+    /// than `--min-replicas`.
+    fn place(&self, len: u64) -> Result<Vec<RemoteRegion>> {
+        let regions = self.pool.alloc_replicas(len, self.replicas, &[])?;
+        if regions.len() < self.min_replicas {
+            self.pool.free_all(&regions);
+            return Err(Error::new(
+                libc::EIO,
+                format!(
+                    "only {} memory servers are up; --min-replicas is {}",
+                    regions.len(),
+                    self.min_replicas
+                ),
+            ));
+        }
+        Ok(regions)
+    }
+
+    /// Write ops for a window whose chunks all exist: one per piece and copy.
     fn window_ops(
         &self,
         chunks: &BTreeMap<u64, Chunk>,
@@ -384,23 +731,30 @@ impl DataStore {
         base: u64,
         wlen: u64,
     ) -> Vec<RemoteOp> {
-        self.pieces(woff, wlen)
-            .map(|(idx, in_chunk, n, at)| RemoteOp {
-                opcode: Opcode::Write,
-                local: Sge {
-                    addr: base + at,
-                    len: n,
-                    lkey: 0,
-                },
-                remote: region(&chunks[&idx]),
-                offset: in_chunk,
-            })
-            .collect()
+        let mut ops = Vec::new();
+        for (idx, in_chunk, n, at) in self.pieces(woff, wlen) {
+            let c = &chunks[&idx];
+            for copy in c.replicas() {
+                ops.push(RemoteOp {
+                    opcode: Opcode::Write,
+                    local: Sge {
+                        addr: base + at,
+                        len: n,
+                        lkey: 0,
+                    },
+                    remote: region(c, copy),
+                    offset: in_chunk,
+                });
+            }
+        }
+        ops
     }
 
-    /// One window of a write with FRRWP: tagged allocations for missing chunks go out first,
-    /// the local buffer is registered meanwhile, and the writes to new chunks are submitted as
-    /// conditional writes that the reply thread posts when each rkey arrives.
+    /// One window of a write with FRRWP: tagged allocations for missing chunks go out first
+    /// (one per copy), the local buffer is registered meanwhile, and the writes to new chunks
+    /// are submitted as conditional writes that the reply thread posts when each rkey
+    /// arrives. Anything short of full success (a server full or failing) goes on through
+    /// the serial path, which places and heals copies and writes again.
     fn write_window_frrwp(
         &self,
         chunks: &mut BTreeMap<u64, Chunk>,
@@ -409,14 +763,18 @@ impl DataStore {
         wlen: u64,
         b: &Bounce,
     ) -> Result<()> {
-        // 1. Tagged requests for chunks that do not exist yet (one per chunk index).
+        // Existing chunks first lose copies on servers that went down (or get new ones).
+        for (idx, _, _, _) in self.pieces(woff, wlen) {
+            self.heal(chunks, idx)?;
+        }
+        // 1. Tagged requests for chunks that do not exist yet (one per chunk index and copy).
         let mut tickets: Vec<(u64, Ticket)> = Vec::new();
         for (idx, in_chunk, n, _) in self.pieces(woff, wlen) {
             // (Short chunks were grown by the caller.)
             if !chunks.contains_key(&idx) && !tickets.iter().any(|(i, _)| *i == idx) {
                 let len = self.target_len(idx, 0, in_chunk + n);
-                match self.pool.begin_alloc(len) {
-                    Ok(t) => tickets.push((idx, t)),
+                match self.pool.begin_alloc_replicas(len, self.replicas) {
+                    Ok(ts) => tickets.extend(ts.into_iter().map(|t| (idx, t))),
                     Err(e) => {
                         self.adopt(chunks, &tickets);
                         return Err(e.into());
@@ -438,52 +796,64 @@ impl DataStore {
             tickets.iter().map(|(_, t)| (t, Vec::new())).collect();
         for (idx, in_chunk, n, at) in self.pieces(woff, wlen) {
             let parts = Self::split(&pinned, base + at, n);
-            match tickets.iter().position(|(i, _)| *i == idx) {
-                Some(k) => crws[k]
+            let mine: Vec<usize> = (0..tickets.len())
+                .filter(|&k| tickets[k].0 == idx)
+                .collect();
+            if mine.is_empty() {
+                let c = &chunks[&idx];
+                for copy in c.replicas() {
+                    ops.extend(parts.iter().map(|&(sge, d, _)| RemoteOp {
+                        opcode: Opcode::Write,
+                        local: sge,
+                        remote: region(c, copy),
+                        offset: in_chunk + d,
+                    }));
+                }
+            }
+            for k in mine {
+                crws[k]
                     .1
-                    .extend(parts.into_iter().map(|(sge, d, _)| (sge, in_chunk + d))),
-                None => ops.extend(parts.into_iter().map(|(sge, d, _)| RemoteOp {
-                    opcode: Opcode::Write,
-                    local: sge,
-                    remote: region(&chunks[&idx]),
-                    offset: in_chunk + d,
-                })),
+                    .extend(parts.iter().map(|&(sge, d, _)| (sge, in_chunk + d)));
             }
         }
         let res = self.pool.execute_frrwp(&ops, &crws);
         self.cache.release(pinned);
-        let out_of_space = tickets.iter().any(|(_, t)| t.refused_for_space());
+        // A chunk one of whose servers was full is given back whole: the serial path places
+        // it again on servers with room for every copy, or answers ENOSPC.
+        let full: Vec<u64> = tickets
+            .iter()
+            .filter(|(_, t)| t.refused_for_space())
+            .map(|(i, _)| *i)
+            .collect();
         self.adopt(chunks, &tickets);
-        match res {
-            Ok(()) => Ok(()),
-            // The chosen server was full: the serial path tries the others.
-            Err(_) if out_of_space => {
-                for (idx, in_chunk, n, _) in self.pieces(woff, wlen) {
-                    self.ensure(chunks, idx, in_chunk + n, b)?;
-                }
-                let ops = self.window_ops(chunks, woff, base, wlen);
-                self.run(self.pin(base, wlen)?, &ops)
-            }
-            Err(e) => Err(e.into()),
+        if res.is_ok() && full.is_empty() {
+            return Ok(());
         }
+        for idx in full {
+            if let Some(c) = chunks.remove(&idx) {
+                self.free_chunk(&c);
+            }
+        }
+        for (idx, in_chunk, n, _) in self.pieces(woff, wlen) {
+            self.ensure(chunks, idx, in_chunk + n, b)?;
+        }
+        self.write_window(chunks, woff, base, wlen)
     }
 
-    /// Records every extent the tickets were granted as the file's chunks, whatever happened
-    /// to the writes (they are the file's now, zeroed, and freed with it): waits, bounded by
-    /// the control timeout, for answers still on their way, so nothing granted is leaked.
+    /// Records every extent the tickets were granted as the file's chunks (the copies of
+    /// one chunk index together), whatever happened to the writes (they are the file's now,
+    /// zeroed, and freed with it): waits, bounded by the control timeout, for answers still on
+    /// their way, so nothing granted is leaked. A copy whose write did not land is rewritten
+    /// by the caller before the write returns.
     fn adopt(&self, chunks: &mut BTreeMap<u64, Chunk>, tickets: &[(u64, Ticket)]) {
+        let mut granted: BTreeMap<u64, Vec<RemoteRegion>> = BTreeMap::new();
         for (idx, t) in tickets {
             if let Some(r) = t.wait_region(self.pool.timeout()) {
-                chunks.insert(
-                    *idx,
-                    Chunk {
-                        server: r.server.0,
-                        addr: r.addr,
-                        len: r.len,
-                        rkey: r.rkey,
-                    },
-                );
+                granted.entry(*idx).or_default().push(r);
             }
+        }
+        for (idx, regions) in granted {
+            chunks.insert(idx, chunk_of(&regions));
         }
     }
 
@@ -497,8 +867,8 @@ impl DataStore {
         needed.max(current * 2).min(self.chunk_size)
     }
 
-    /// Makes chunk `idx` at least `needed` bytes long: allocates it, or moves a short first
-    /// chunk into a larger extent (copying its bytes through `b`).
+    /// Makes chunk `idx` at least `needed` bytes long: allocates it (every copy), or moves a
+    /// short first chunk into larger extents (copying its bytes through `b`).
     fn ensure(
         &self,
         chunks: &mut BTreeMap<u64, Chunk>,
@@ -511,49 +881,15 @@ impl DataStore {
             return Ok(());
         }
         let len = self.target_len(idx, current.map_or(0, |c| c.len), needed);
-        let r = self.pool.alloc(len)?;
-        let new = Chunk {
-            server: r.server.0,
-            addr: r.addr,
-            len: r.len,
-            rkey: r.rkey,
-        };
+        let mut regions = self.place(len)?;
         if let Some(old) = current {
-            let base = b.buf.addr();
-            let mut copied = 0;
-            while copied < old.len {
-                let n = (old.len - copied).min(IO_SIZE as u64);
-                let local = Sge {
-                    addr: base,
-                    len: n,
-                    lkey: 0,
-                };
-                let read = RemoteOp {
-                    opcode: Opcode::Read,
-                    local,
-                    remote: region(&old),
-                    offset: copied,
-                };
-                let write = RemoteOp {
-                    opcode: Opcode::Write,
-                    remote: r,
-                    ..read
-                };
-                // Two rounds: the write must not start before the read has landed.
-                let res = self
-                    .pin(base, n)
-                    .and_then(|p| self.run(p, &[read]))
-                    .and_then(|()| self.pin(base, n))
-                    .and_then(|p| self.run(p, &[write]));
-                if let Err(e) = res {
-                    let _ = self.pool.free(r);
-                    return Err(e);
-                }
-                copied += n;
+            if let Err(e) = self.copy_chunk(&old, &mut regions, b) {
+                self.pool.free_all(&regions);
+                return Err(e);
             }
             self.free_chunk(&old);
         }
-        chunks.insert(idx, new);
+        chunks.insert(idx, chunk_of(&regions));
         Ok(())
     }
 
@@ -569,7 +905,10 @@ impl DataStore {
         let cs = self.chunk_size;
         let (first, last) = (offset / cs, (offset + len - 1) / cs);
         let present = chunks.range(first..=last).count() as u64;
-        let missing_bytes = (last - first + 1 - present).saturating_mul(cs);
+        // Every copy takes room on some server.
+        let missing_bytes = (last - first + 1 - present)
+            .saturating_mul(cs)
+            .saturating_mul(self.replicas as u64);
         let no_room = |free: u64| {
             Error::new(
                 libc::ENOSPC,
@@ -605,38 +944,42 @@ impl DataStore {
             let c = chunks.remove(&i).expect("listed");
             self.free_chunk(&c);
         }
-        if size % cs != 0 {
-            if let Some(c) = chunks.get(&(size / cs)) {
-                let from = size % cs;
-                let zeros = self.zeros.buf.addr();
+        if size % cs != 0 && chunks.contains_key(&(size / cs)) {
+            let idx = size / cs;
+            let from = size % cs;
+            let zeros = self.zeros.buf.addr();
+            self.write_replicated(chunks, &[idx], (zeros, IO_SIZE as u64), |chunks| {
+                let c = &chunks[&idx];
                 let mut ops = Vec::new();
                 let mut at = from;
                 while at < c.len {
                     let n = (c.len - at).min(IO_SIZE as u64);
-                    ops.push(RemoteOp {
-                        opcode: Opcode::Write,
-                        local: Sge {
-                            addr: zeros,
-                            len: n,
-                            lkey: 0,
-                        },
-                        remote: region(c),
-                        offset: at,
-                    });
+                    for copy in c.replicas() {
+                        ops.push(RemoteOp {
+                            opcode: Opcode::Write,
+                            local: Sge {
+                                addr: zeros,
+                                len: n,
+                                lkey: 0,
+                            },
+                            remote: region(c, copy),
+                            offset: at,
+                        });
+                    }
                     at += n;
                 }
-                if !ops.is_empty() {
-                    self.run(self.pin(zeros, IO_SIZE as u64)?, &ops)?;
-                }
-            }
+                ops
+            })?;
         }
         Ok(())
     }
 
+    /// Gives every copy of a chunk back (a server that is gone took its memory with it).
     fn free_chunk(&self, c: &Chunk) {
-        if let Err(e) = self.pool.free(region(c)) {
-            // The server is gone (and its memory with it) or refused: nothing to give back.
-            log::debug!("freeing a chunk on server {}: {e}", c.server);
+        for copy in c.replicas() {
+            if let Err(e) = self.pool.free(region(c, copy)) {
+                log::debug!("freeing a chunk on server {}: {e}", copy.server);
+            }
         }
     }
 

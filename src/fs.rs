@@ -847,13 +847,15 @@ impl Fs {
     // ---- the rest ------------------------------------------------------------------------
 
     pub fn statfs(&self) -> StatFs {
+        // Every byte a file holds takes room for each copy.
         let cap = self.data.pool().capacity();
+        let copies = self.data.replicas() as u64;
         const BLOCK: u64 = 4096;
         let files = self.inode_count() as u64;
         StatFs {
             block_size: BLOCK as u32,
-            blocks: cap.total / BLOCK,
-            blocks_free: cap.free / BLOCK,
+            blocks: cap.total / copies / BLOCK,
+            blocks_free: cap.free / copies / BLOCK,
             // Metadata is local and bounded only by the daemon's memory.
             files: files + (1 << 32),
             files_free: 1 << 32,
@@ -970,6 +972,17 @@ impl Fs {
     }
 
     /// The counters of this mount, as text: registration cache, fabric, servers, inodes.
+    /// Chunks by how many of their copies are on live servers. Taken file by file (the
+    /// table's lock is not held while a file's chunk map is read).
+    pub fn replica_health(&self) -> crate::data::ReplicaHealth {
+        let files: Vec<Arc<FileData>> = self.meta.lock().files().cloned().collect();
+        let mut health = crate::data::ReplicaHealth::default();
+        for f in files {
+            self.data.health(&f.chunks.read(), &mut health);
+        }
+        health
+    }
+
     pub fn stats_text(&self) -> String {
         use std::fmt::Write;
         let c = self.data.cache_stats();
@@ -1028,6 +1041,15 @@ impl Fs {
                 if s.failed { " (FAILED)" } else { "" }
             );
         }
+        let h = self.replica_health();
+        let _ = writeln!(
+            out,
+            "chunks: {} copies each; healthy {}, degraded {}, lost {}",
+            self.data.replicas(),
+            h.healthy,
+            h.degraded,
+            h.lost
+        );
         let _ = writeln!(out, "inodes: {}", self.inode_count());
         let _ = writeln!(
             out,

@@ -151,6 +151,13 @@ enum Cmd {
         /// $RMEMFS_SECRET_FILE. The embedded server uses it too.
         #[arg(long, value_name = "PATH")]
         secret_file: Option<PathBuf>,
+        /// Copies of every chunk, each on a different memory server (1 to 3): a file survives
+        /// the loss of all but one. Default: 2 with two or more servers, else 1.
+        #[arg(long, value_parser = clap::value_parser!(u8).range(1..=3))]
+        replicas: Option<u8>,
+        /// Fewest copies a write may land on when servers are down or full (fewer: EIO).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
+        min_replicas: u8,
     },
     /// Write a fresh random shared secret to PATH (mode 0600), for `serve --secret-file` on
     /// every memory server and `mount --secret-file` on every client.
@@ -224,6 +231,8 @@ fn main() -> ExitCode {
             reg_cache_size,
             write_path,
             secret_file,
+            replicas,
+            min_replicas,
         } => {
             let secret = match Secret::from_option(secret_file.as_deref()) {
                 Ok(s) => s,
@@ -246,6 +255,8 @@ fn main() -> ExitCode {
                 chunk_size,
                 threads,
                 op_timeout: Duration::from_secs(op_timeout),
+                replicas: replicas.map(usize::from),
+                min_replicas: usize::from(min_replicas),
             };
             if foreground {
                 mount::run(&config, &mut || {})

@@ -4,7 +4,7 @@
 //! All metadata lives in the mount daemon's memory; only file *data* lives on memory servers.
 //! So `ls -l` of a large directory or `cp -a` of a tree of small files costs no network round
 //! trip for metadata. Nothing here knows about the fabric or FUSE: chunks are plain
-//! `{server, addr, len, rkey}` records, and the file system core (`fs`) decides what they mean.
+//! records (a length and the `{server, addr, rkey}` of each replica), and the file system core (`fs`) decides what they mean.
 //!
 //! Memory per inode is kept small (a few hundred bytes with its directory entry) so that a
 //! million files fit comfortably: optional parts (extended attributes, directory tables, symlink
@@ -63,14 +63,75 @@ impl Kind {
     }
 }
 
-/// One remote chunk of a file: `len` bytes of server memory holding the file bytes from the
-/// chunk's start offset. `len` may be less than the chunk size (a small file's only chunk).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Chunk {
+/// Most copies of a chunk a mount keeps (`--replicas`): three survive any two failures, and
+/// every further copy costs a full write to one more server.
+pub const MAX_REPLICAS: usize = 3;
+
+/// One copy of a chunk: an extent on one memory server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Replica {
     pub server: u32,
     pub addr: u64,
-    pub len: u64,
     pub rkey: u64,
+}
+
+/// One remote chunk of a file: `len` bytes of server memory, on every replica, holding the
+/// file bytes from the chunk's start offset. `len` may be less than the chunk size (a small
+/// file's only chunk). Every listed replica holds the chunk's current bytes: a replica that
+/// misses a write is taken out of the list before that write is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    pub len: u64,
+    count: u8,
+    replicas: [Replica; MAX_REPLICAS],
+}
+
+impl Chunk {
+    /// A chunk of `len` bytes with no replica yet.
+    pub fn new(len: u64) -> Chunk {
+        Chunk {
+            len,
+            count: 0,
+            replicas: [Replica::default(); MAX_REPLICAS],
+        }
+    }
+
+    /// A chunk of `len` bytes held by `replicas` (at most [`MAX_REPLICAS`] are kept).
+    pub fn with_replicas(len: u64, replicas: &[Replica]) -> Chunk {
+        let mut c = Chunk::new(len);
+        for r in replicas {
+            c.add(*r);
+        }
+        c
+    }
+
+    pub fn replicas(&self) -> &[Replica] {
+        &self.replicas[..self.count as usize]
+    }
+
+    /// Adds a replica; false if the chunk has [`MAX_REPLICAS`] already or one on that server.
+    pub fn add(&mut self, r: Replica) -> bool {
+        if self.count as usize == MAX_REPLICAS || self.on(r.server).is_some() {
+            return false;
+        }
+        self.replicas[self.count as usize] = r;
+        self.count += 1;
+        true
+    }
+
+    /// The replica on `server`, if any.
+    pub fn on(&self, server: u32) -> Option<Replica> {
+        self.replicas().iter().find(|r| r.server == server).copied()
+    }
+
+    /// Takes the replica on `server` out (it missed a write or its server is gone).
+    pub fn remove(&mut self, server: u32) -> Option<Replica> {
+        let i = self.replicas().iter().position(|r| r.server == server)?;
+        let r = self.replicas[i];
+        self.replicas.copy_within(i + 1..self.count as usize, i);
+        self.count -= 1;
+        Some(r)
+    }
 }
 
 /// A regular file's extent map: chunk index to chunk. Guarded by its own lock so that data I/O
@@ -231,6 +292,11 @@ impl Meta {
             inodes,
             next_ino: ROOT_INO + 1,
         }
+    }
+
+    /// Every regular file's data.
+    pub fn files(&self) -> impl Iterator<Item = &Arc<FileData>> {
+        self.inodes.values().filter_map(|i| i.file())
     }
 
     pub fn get(&self, ino: Ino) -> Option<&Inode> {

@@ -42,6 +42,10 @@ pub struct MountConfig {
     pub write_path: crate::data::WritePath,
     /// The shared secret of the memory servers (also given to the embedded server).
     pub secret: crate::auth::Secret,
+    /// Copies of every chunk; `None`: 2 with two or more servers, else 1.
+    pub replicas: Option<usize>,
+    /// Fewest copies a write may land on (fewer is EIO).
+    pub min_replicas: usize,
 }
 
 impl MountConfig {
@@ -61,7 +65,18 @@ impl MountConfig {
             reg_cache_size: None,
             write_path: crate::data::WritePath::Frrwp,
             secret: crate::auth::Secret::none(),
+            replicas: None,
+            min_replicas: 1,
         }
+    }
+
+    /// The copies each chunk gets over `servers` memory servers.
+    pub fn replicas_for(&self, servers: usize) -> usize {
+        self.replicas.unwrap_or(if servers >= 2 {
+            config::DEFAULT_REPLICAS
+        } else {
+            1
+        })
     }
 }
 
@@ -393,6 +408,13 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         };
         (addrs, fabric_name)
     };
+    let replicas = config.replicas_for(addrs.len());
+    if replicas > addrs.len() {
+        return Err(format!(
+            "--replicas {replicas} needs at least {replicas} memory servers ({} given)",
+            addrs.len()
+        ));
+    }
     let fabric = open_fabric(&fabric_name)?;
     let pool = Pool::connect(
         fabric,
@@ -417,6 +439,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         cache,
         config.write_path,
     )
+    .and_then(|d| d.replicated(replicas, config.min_replicas))
     .map_err(|e| e.message)?;
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };

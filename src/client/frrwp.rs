@@ -214,6 +214,26 @@ impl Pool {
         self.begin_alloc_on(ServerId(i as u32), len)
     }
 
+    /// Tagged allocations of `len` bytes on `n` distinct servers (fewer if fewer are up), in
+    /// placement order: one ticket per copy of a replicated chunk.
+    pub fn begin_alloc_replicas(&self, len: u64, n: usize) -> Result<Vec<Ticket>, PoolError> {
+        let mut tickets = Vec::with_capacity(n);
+        let mut last_error = None;
+        for i in self.placement(len) {
+            if tickets.len() == n {
+                break;
+            }
+            match self.begin_alloc_on(ServerId(i as u32), len) {
+                Ok(t) => tickets.push(t),
+                Err(e) => last_error = Some(e),
+            }
+        }
+        if tickets.is_empty() {
+            return Err(last_error.unwrap_or(PoolError::NoSpace { requested: len }));
+        }
+        Ok(tickets)
+    }
+
     /// As [`Pool::begin_alloc`], on a given server.
     pub fn begin_alloc_on(&self, id: ServerId, len: u64) -> Result<Ticket, PoolError> {
         let s: &Server = self.server(id)?;

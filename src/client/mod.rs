@@ -57,6 +57,22 @@ pub enum PoolError {
     Invalid(String),
 }
 
+impl PoolError {
+    /// The server an operation failed on, or that failed, if the error is about one server's
+    /// data path (what a replicated write drops that server's copy for).
+    pub fn failed_server(&self) -> Option<ServerId> {
+        match self {
+            PoolError::ServerFailed { server, .. } => Some(*server),
+            PoolError::Op {
+                server,
+                status: WcStatus::TransportError | WcStatus::RemoteAccessError,
+                ..
+            } => Some(*server),
+            _ => None,
+        }
+    }
+}
+
 /// Client settings.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
@@ -352,6 +368,72 @@ impl Pool {
             c.largest_free = c.largest_free.max(s.capacity.largest_free);
         }
         c
+    }
+
+    /// Whether `id` is up (its connections work, as far as the pool knows).
+    pub fn is_live(&self, id: ServerId) -> bool {
+        self.server(id).is_ok_and(|s| !s.is_failed())
+    }
+
+    /// Servers that are up.
+    pub fn live_servers(&self) -> usize {
+        self.servers.iter().filter(|s| !s.is_failed()).count()
+    }
+
+    /// Allocates `len` bytes on each of `n` distinct live servers, none of them in `exclude`,
+    /// in placement order (room first, then most free memory). If fewer servers are up than
+    /// that, one copy on each live one; if the live servers cannot hold as many copies as
+    /// there are of them, nothing is kept and the answer is `NoSpace` (so a pool of two
+    /// servers keeping two copies is full when one of them is).
+    pub fn alloc_replicas(
+        &self,
+        len: u64,
+        n: usize,
+        exclude: &[ServerId],
+    ) -> Result<Vec<RemoteRegion>, PoolError> {
+        let candidates: Vec<usize> = self
+            .placement(len)
+            .into_iter()
+            .filter(|i| !exclude.contains(&ServerId(*i as u32)))
+            .collect();
+        let want = n.min(candidates.len());
+        let mut got = Vec::with_capacity(want);
+        let mut full = false;
+        for i in candidates {
+            if got.len() == want {
+                break;
+            }
+            match self.alloc_on(ServerId(i as u32), len) {
+                Ok(r) => got.push(r),
+                Err(PoolError::Refused {
+                    code: RefusalCode::NoSpace,
+                    ..
+                }) => full = true,
+                Err(PoolError::ServerFailed { .. }) | Err(PoolError::ControlLost { .. }) => {
+                    continue
+                }
+                Err(e) => {
+                    self.free_all(&got);
+                    return Err(e);
+                }
+            }
+        }
+        // Short because a live server had no room: full. Short because servers failed on
+        // the way: fewer copies (the caller decides whether that is enough).
+        if got.is_empty() || (got.len() < want && full) {
+            self.free_all(&got);
+            return Err(PoolError::NoSpace { requested: len });
+        }
+        Ok(got)
+    }
+
+    /// Gives extents back, ignoring servers that cannot take them (gone, or refusing).
+    pub fn free_all(&self, regions: &[RemoteRegion]) {
+        for r in regions {
+            if let Err(e) = self.free(*r) {
+                log::debug!("freeing an extent on {}: {e}", r.server);
+            }
+        }
     }
 
     /// Live servers in placement order for `len` bytes: those that (as last heard) can hold
