@@ -87,6 +87,11 @@ pub const ATTR_TTL: Duration = Duration::from_secs(1);
 /// kernel's own limit for a file offset, `i64::MAX`.
 pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 
+/// Copies of every chunk when a mount names two or more servers and no `--replicas`: one
+/// server may die with no byte lost, at twice the memory (a third copy would cost a third
+/// write on every write for a second simultaneous failure, rarer by far).
+pub const DEFAULT_REPLICAS: usize = 2;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,8 +105,3 @@ mod tests {
         }
     }
 }
-
-/// Copies of every chunk when a mount names two or more servers and no `--replicas`: one
-/// server may die with no byte lost, at twice the memory (a third copy would cost a third
-/// write on every write for a second simultaneous failure, rarer by far).
-pub const DEFAULT_REPLICAS: usize = 2;

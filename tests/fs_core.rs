@@ -118,6 +118,58 @@ fn full_pool_gives_enospc_and_keeps_existing_files() {
 }
 
 #[test]
+fn two_copies_on_two_servers_fill_at_half_the_raw_capacity() {
+    // 2 × 4 MiB raw, two copies of everything: 4 MiB of files at most.
+    let t = TestFs::replicated(2, 4 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 2);
+    assert_eq!(t.fs.statfs().blocks, (4 << 20) / 4096);
+    t.create("keep").unwrap();
+    let keep = bytes(4, 1 << 20);
+    t.write_file("keep", 0, &keep).unwrap();
+    t.create("fill").unwrap();
+    let err = t.write_file("fill", 0, &bytes(5, 8 << 20)).unwrap_err();
+    assert_eq!(err, libc::ENOSPC);
+    assert_eq!(t.read_file("keep").unwrap(), keep);
+    let fill = t.fs.getattr(t.resolve("fill").unwrap()).unwrap().size;
+    assert!(
+        fill <= 3 << 20,
+        "{fill} bytes written next to a 1 MiB file in 4 MiB"
+    );
+    let h = t.fs.replica_health();
+    assert_eq!((h.degraded, h.lost), (0, 0), "{h:?}");
+    assert!(h.healthy >= 1);
+}
+
+#[test]
+fn a_dead_server_costs_no_byte_with_two_copies_and_writes_restore_them() {
+    let mut t = TestFs::replicated(3, 16 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 2);
+    for i in 0..6 {
+        let p = format!("f{i}");
+        t.create(&p).unwrap();
+        t.write_file(&p, 0, &bytes(i, 1 << 20)).unwrap();
+    }
+    assert_eq!(t.fs.replica_health().healthy, 6);
+    t.kill_server(1);
+    for i in 0..6 {
+        assert_eq!(t.read_file(&format!("f{i}")).unwrap(), bytes(i, 1 << 20));
+    }
+    let h = t.fs.replica_health();
+    assert!(h.degraded > 0 && h.lost == 0, "{h:?}");
+    // A write to a chunk that lost a copy first places a new one on the third server.
+    for i in 0..6 {
+        t.write_file(&format!("f{i}"), 100, b"again").unwrap();
+    }
+    let h = t.fs.replica_health();
+    assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
+    // The other live server dies too: every chunk still has a copy (on the third one).
+    t.kill_server(0);
+    for i in 0..6 {
+        let mut want = bytes(i, 1 << 20);
+        want[100..105].copy_from_slice(b"again");
+        assert_eq!(t.read_file(&format!("f{i}")).unwrap(), want);
+    }
+}
+
+#[test]
 fn dead_server_gives_eio_for_its_files_only() {
     let t = TestFs::new(2, 16 << 20, 1 << 20);
     // One chunk each: placement alternates between the two (equally free) servers.

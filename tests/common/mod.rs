@@ -26,6 +26,17 @@ impl TestFs {
     }
 
     pub fn with_write_path(servers: usize, size: u64, chunk: u64, path: WritePath) -> TestFs {
+        Self::replicated(servers, size, chunk, path, 1)
+    }
+
+    /// As [`TestFs::with_write_path`], keeping `replicas` copies of every chunk.
+    pub fn replicated(
+        servers: usize,
+        size: u64,
+        chunk: u64,
+        path: WritePath,
+        replicas: usize,
+    ) -> TestFs {
         let net = LocalNetwork::new();
         let mut srv = Vec::new();
         let mut nodes = Vec::new();
@@ -58,6 +69,7 @@ impl TestFs {
             CacheConfig::default(),
             path,
         )
+        .and_then(|d| d.replicated(replicas, 1))
         .unwrap();
         let fs = Fs::new(
             data,
@@ -72,6 +84,13 @@ impl TestFs {
             servers: srv,
             nodes,
         }
+    }
+
+    /// Memory server `i` dies: its data path stops answering and its control connections
+    /// close, as when its process is killed.
+    pub fn kill_server(&mut self, i: usize) {
+        self.nodes[i].kill();
+        self.servers[i].shutdown();
     }
 
     /// Resolves a '/'-separated path from the root.
