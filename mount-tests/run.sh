@@ -366,7 +366,7 @@ test_secret() {
   kill_servers "$pid"
 }
 
-# (servers 128M + 128M) Killing one server fails reads of the data it held with EIO, quickly and
+# (servers 128M + 128M, one copy of each chunk) Killing one server fails reads of the data it held with EIO, quickly and
 # without hanging; files on the surviving server still read back intact; metadata, new writes
 # and unmount still work. File sizes alternate 1 and 2 MiB: with chunks placed on the server
 # with the most free memory they alternate between the two equal servers, so every 2 MiB file
@@ -407,6 +407,50 @@ test_server_death() {
   drop_caches "$MNT" || fail "drop caches failed"
   must "cmp the new file" cmp "$WORK/after" "$MNT/after"
   unmount_fs "$MNT" || fail "unmount after the server died failed"
+}
+
+# (servers 3 × 256M, two copies of every chunk) A memory server killed (-9) while fio writes
+# and verifies costs nothing: fio finishes with zero verify errors and zero EIO, every file
+# written before reads back intact, `stats` shows the server down and no chunk lost, and new
+# files get both copies on the servers left.
+test_replica_failover() {
+  local size=${RMEMFS_TEST_FIO_SIZE:-64M} i fio_pid rc=0 st
+  for ((i = 0; i < 12; i++)); do
+    dd if=/dev/urandom of="$WORK/f$i" bs=1M count=$((1 + i % 3)) status=none
+    must "write f$i" cp "$WORK/f$i" "$MNT/f$i"
+  done
+  must "sync" sync -f "$MNT"
+  timeout -k 10 300 fio --name=v --directory="$MNT" --size="$size" --bs=64k --rw=randwrite \
+    --ioengine=psync --verify=crc32c --do_verify=1 --verify_fatal=1 --numjobs=2 \
+    --group_reporting >"$WORK/fio.out" 2>&1 &
+  fio_pid=$!
+  # The kill lands while fio is writing: once its files have some data.
+  for ((i = 0; i < 600; i++)); do
+    [ "$(du -skc "$MNT"/v.* 2>/dev/null | tail -n 1 | cut -f1)" -ge 4096 ] && break
+    sleep 0.1
+  done
+  is_our_server "${TEST_PIDS[1]}" || fail "the second server is not running before the kill"
+  kill -KILL "${TEST_PIDS[1]}"
+  log "killed server 2 of 3 while fio was writing"
+  wait "$fio_pid" || rc=$?
+  cat "$WORK/fio.out" >&2
+  is_timeout "$rc" && fail "fio did not finish within 300 s after the kill"
+  [ "$rc" -eq 0 ] || fail "fio failed (exit $rc) after one of three servers died"
+  ! grep -qiE "verify.*(bad|fail)|Input/output error" "$WORK/fio.out" ||
+    fail "fio reported errors after one of three servers died"
+  drop_caches "$MNT" || fail "drop caches failed"
+  for ((i = 0; i < 12; i++)); do
+    must "cmp f$i after the kill" cmp "$WORK/f$i" "$MNT/f$i"
+  done
+  head -c 3M /dev/urandom >"$WORK/after"
+  must "write a new file after the kill" cp "$WORK/after" "$MNT/after"
+  drop_caches "$MNT" || fail "drop caches failed"
+  must "cmp the new file" cmp "$WORK/after" "$MNT/after"
+  st=$(t "$BIN" stats "$MNT") || fail "rmemfs stats failed"
+  log "$(grep -E '^(server|chunks)' <<<"$st")"
+  grep -q "FAILED" <<<"$st" || fail "stats does not show the killed server down"
+  grep -qE "^chunks: 2 copies each; .* lost 0$" <<<"$st" ||
+    fail "stats: $(grep '^chunks' <<<"$st")"
 }
 
 # Unmount stops the daemon and leaves nothing mounted; mounting on a missing directory or over
@@ -451,7 +495,8 @@ test_unmount_cleanup() {
 # --- runner ----------------------------------------------------------------------------------
 
 # name, servers ("shared": two long-lived ${SHARED_SIZE} servers; else fresh ones of these
-# sizes), and whether the runner mounts before the test.
+# sizes), whether the runner mounts before the test, and further mount options. Two or more
+# servers mean two copies of every chunk unless the test says otherwise.
 ALL_TESTS=(
   "cp_tree shared mount"
   "tar_roundtrip shared mount"
@@ -460,10 +505,11 @@ ALL_TESTS=(
   "posix_cases shared mount"
   "concurrent_writers shared mount"
   "fio_verify shared mount"
-  "larger_than_one_server 64M,64M mount"
+  "larger_than_one_server 64M,64M mount --replicas=1"
   "enospc 32M,32M mount"
   "absurd_sizes 32M,32M mount"
-  "server_death 128M,128M mount"
+  "server_death 128M,128M mount --replicas=1"
+  "replica_failover 256M,256M,256M mount"
   "unmount_cleanup shared nomount"
   "secret shared nomount"
 )
@@ -491,6 +537,8 @@ ensure_shared_servers() {
 # run_test NAME SERVERS MODE: sets up, runs test_NAME in a subshell, tears down, reports.
 run_test() {
   local name=$1 servers=$2 mode=$3 reason="" rc=0 size sizes tlog fresh=0
+  shift 3
+  local extra=("$@")
   tlog=$BASE/logs/$name.log
   MNT=$BASE/mnt/$name
   WORK=$BASE/work/$name
@@ -522,7 +570,7 @@ run_test() {
   fi
   echo "servers: $ADDRS" >>"$tlog"
 
-  if [ -z "$reason" ] && [ "$mode" = mount ] && ! mount_fs "$MNT" "$ADDRS" 2>>"$tlog"; then
+  if [ -z "$reason" ] && [ "$mode" = mount ] && ! mount_fs "$MNT" "$ADDRS" "${extra[@]}" 2>>"$tlog"; then
     reason="mount failed: $(tail -n 1 "$tlog")"
   fi
 
