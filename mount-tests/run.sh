@@ -412,7 +412,8 @@ test_server_death() {
 # (servers 3 × 256M, two copies of every chunk) A memory server killed (-9) while fio writes
 # and verifies costs nothing: fio finishes with zero verify errors and zero EIO, every file
 # written before reads back intact, `stats` shows the server down and no chunk lost, and new
-# files get both copies on the servers left.
+# files get both copies on the servers left. The rebuild then restores every second copy
+# (`stats`: nothing degraded), after which a second server may die with every file intact.
 test_replica_failover() {
   local size=${RMEMFS_TEST_FIO_SIZE:-64M} i fio_pid rc=0 st
   for ((i = 0; i < 12; i++)); do
@@ -451,6 +452,22 @@ test_replica_failover() {
   grep -q "FAILED" <<<"$st" || fail "stats does not show the killed server down"
   grep -qE "^chunks: 2 copies each; .* lost 0$" <<<"$st" ||
     fail "stats: $(grep '^chunks' <<<"$st")"
+  # The background rebuild restores the second copy of everything on the two servers left.
+  for ((i = 0; ; i++)); do
+    st=$(t "$BIN" stats "$MNT") || fail "rmemfs stats failed"
+    grep -qE "^chunks: 2 copies each; .* degraded 0, lost 0$" <<<"$st" && break
+    [ "$i" -lt 120 ] || fail "still degraded 60 s after the kill: $(grep -E '^(chunks|rebuild)' <<<"$st")"
+    sleep 0.5
+  done
+  log "$(grep -E '^(chunks|rebuild)' <<<"$st")"
+  # So a second server may die too: every chunk still has a copy on the third.
+  is_our_server "${TEST_PIDS[2]}" || fail "the third server is not running"
+  kill -KILL "${TEST_PIDS[2]}"
+  drop_caches "$MNT" || fail "drop caches failed"
+  for ((i = 0; i < 12; i++)); do
+    must "cmp f$i after a second kill" cmp "$WORK/f$i" "$MNT/f$i"
+  done
+  must "cmp the new file after a second kill" cmp "$WORK/after" "$MNT/after"
 }
 
 # Unmount stops the daemon and leaves nothing mounted; mounting on a missing directory or over

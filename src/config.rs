@@ -92,6 +92,11 @@ pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 /// write on every write for a second simultaneous failure, rarer by far).
 pub const DEFAULT_REPLICAS: usize = 2;
 
+/// Bytes per second the background rebuild copies at most (`--rebuild-rate`; 0: no limit):
+/// about half of a 10 Gb/s link, so programs keep the other half while a lost server's
+/// copies are restored (1 GiB back at full strength in 2 s).
+pub const REBUILD_RATE: u64 = 512 << 20;
+
 #[cfg(test)]
 mod tests {
     use super::*;

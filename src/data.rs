@@ -610,20 +610,56 @@ impl DataStore {
         Ok(())
     }
 
+    /// Chunk indexes of `chunks` with fewer live copies than `--replicas` (what a rebuild
+    /// pass visits).
+    pub fn degraded(&self, chunks: &BTreeMap<u64, Chunk>) -> Vec<u64> {
+        chunks
+            .iter()
+            .filter(|(_, c)| self.live_copies(c).count() < self.replicas)
+            .map(|(i, _)| *i)
+            .collect()
+    }
+
+    /// Rebuild of one chunk (called with the file's chunk map locked, so no write races the
+    /// copy): copies on dead servers leave it while a live copy remains, and missing copies
+    /// are placed and copied. Returns the bytes copied (0: nothing to do, or no room).
+    pub fn rebuild_chunk(&self, chunks: &mut BTreeMap<u64, Chunk>, idx: u64) -> u64 {
+        let Some(c) = chunks.get_mut(&idx) else {
+            return 0;
+        };
+        let dead: Vec<u32> = c
+            .replicas()
+            .iter()
+            .filter(|r| !self.pool.is_live(ServerId(r.server)))
+            .map(|r| r.server)
+            .collect();
+        if dead.len() == c.replicas().len() {
+            return 0; // lost: nothing to copy from
+        }
+        for server in dead {
+            c.remove(server);
+        }
+        if c.replicas().len() >= self.replicas {
+            return 0;
+        }
+        self.repair(idx, c) as u64 * c.len
+    }
+
     /// Places the missing copies of chunk `idx` on live servers that hold none of it and
-    /// copies its bytes there from a live copy. Best effort: without room or another live
-    /// server the chunk stays degraded (and counted so in `stats`).
-    fn repair(&self, idx: u64, c: &mut Chunk) {
+    /// copies its bytes there from a live copy; returns how many it added. Best effort:
+    /// without room or another live server the chunk stays degraded (and counted so in
+    /// `stats`).
+    fn repair(&self, idx: u64, c: &mut Chunk) -> usize {
         let missing = self.replicas - c.replicas().len();
         let holders: Vec<ServerId> = c.replicas().iter().map(|r| ServerId(r.server)).collect();
         if self.pool.live_servers() <= holders.len() {
-            return;
+            return 0;
         }
         let mut new = match self.pool.alloc_replicas(c.len, missing, &holders) {
             Ok(v) => v,
             Err(e) => {
                 log::debug!("chunk {idx} stays degraded: {e}");
-                return;
+                return 0;
             }
         };
         let buf = self.repair_buf.lock();
@@ -632,15 +668,17 @@ impl DataStore {
                 for r in &new {
                     c.add(replica(r));
                 }
-                log::info!(
+                log::debug!(
                     "chunk {idx}: {} new copies ({} bytes each)",
                     new.len(),
                     c.len
                 );
+                new.len()
             }
             Err(e) => {
                 self.pool.free_all(&new);
                 log::warn!("chunk {idx} stays degraded: copying it failed: {e}");
+                0
             }
         }
     }

@@ -137,6 +137,8 @@ pub struct Fs {
     config: FsConfig,
     /// Requests whose handler panicked (answered EIO by the FUSE adapter).
     contained_panics: AtomicU64,
+    /// What the background rebuild has done.
+    rebuild: crate::rebuild::RebuildStats,
     /// The operation whose next call panics on purpose (tests of fault containment).
     #[cfg(feature = "testing")]
     armed_panic: Mutex<Option<String>>,
@@ -211,6 +213,7 @@ impl Fs {
             next_fh: AtomicU64::new(1),
             config,
             contained_panics: AtomicU64::new(0),
+            rebuild: Default::default(),
             #[cfg(feature = "testing")]
             armed_panic: Mutex::new(None),
         }
@@ -972,12 +975,20 @@ impl Fs {
     }
 
     /// The counters of this mount, as text: registration cache, fabric, servers, inodes.
+    /// Every regular file's data, taken under the table's lock (released on return).
+    pub fn files(&self) -> Vec<Arc<FileData>> {
+        self.meta.lock().files().cloned().collect()
+    }
+
+    pub fn rebuild_stats(&self) -> &crate::rebuild::RebuildStats {
+        &self.rebuild
+    }
+
     /// Chunks by how many of their copies are on live servers. Taken file by file (the
     /// table's lock is not held while a file's chunk map is read).
     pub fn replica_health(&self) -> crate::data::ReplicaHealth {
-        let files: Vec<Arc<FileData>> = self.meta.lock().files().cloned().collect();
         let mut health = crate::data::ReplicaHealth::default();
-        for f in files {
+        for f in self.files() {
             self.data.health(&f.chunks.read(), &mut health);
         }
         health
@@ -1049,6 +1060,22 @@ impl Fs {
             h.healthy,
             h.degraded,
             h.lost
+        );
+        let r = &self.rebuild;
+        let _ = writeln!(
+            out,
+            "rebuild: {}; {} passes, {} chunks ({} bytes) copied, last rate {} bytes/s, {} \
+             chunks left short of copies",
+            if r.running.load(Ordering::Relaxed) {
+                "running"
+            } else {
+                "idle"
+            },
+            r.passes.load(Ordering::Relaxed),
+            r.chunks_rebuilt.load(Ordering::Relaxed),
+            r.bytes_copied.load(Ordering::Relaxed),
+            r.last_rate.load(Ordering::Relaxed),
+            r.left_degraded.load(Ordering::Relaxed)
         );
         let _ = writeln!(out, "inodes: {}", self.inode_count());
         let _ = writeln!(

@@ -5,7 +5,7 @@
 //! [`client`] (the pool of servers as a client sees it), [`data`] (file bytes as remote
 //! chunks), [`meta`] (local inodes and directories), [`fs`] (POSIX semantics, no FUSE),
 //! [`fuse`] (the fuser adapter) and [`mount`] (putting it together), with [`mrrc`] (the
-//! registration caches). The benchmarks and the cache simulator are in the `rmemfs-lab` crate
+//! registration caches) and [`rebuild`] (copies restored after a server dies). The benchmarks and the cache simulator are in the `rmemfs-lab` crate
 //! (lab/), so neither this API nor the `rmemfs` binary carries them.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -23,6 +23,7 @@ pub mod meta;
 pub mod mount;
 pub mod mrrc;
 pub mod proto;
+pub mod rebuild;
 pub mod server;
 pub mod size;
 pub mod sync;

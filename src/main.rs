@@ -158,6 +158,10 @@ enum Cmd {
         /// Fewest copies a write may land on when servers are down or full (fewer: EIO).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
         min_replicas: u8,
+        /// Bytes per second (K, M, G suffixes) the background rebuild copies at most while it
+        /// restores the copies a dead server held; 0: no limit.
+        #[arg(long, default_value_t = rmemfs::config::REBUILD_RATE, value_parser = parse_size)]
+        rebuild_rate: u64,
     },
     /// Write a fresh random shared secret to PATH (mode 0600), for `serve --secret-file` on
     /// every memory server and `mount --secret-file` on every client.
@@ -233,6 +237,7 @@ fn main() -> ExitCode {
             secret_file,
             replicas,
             min_replicas,
+            rebuild_rate,
         } => {
             let secret = match Secret::from_option(secret_file.as_deref()) {
                 Ok(s) => s,
@@ -257,6 +262,7 @@ fn main() -> ExitCode {
                 op_timeout: Duration::from_secs(op_timeout),
                 replicas: replicas.map(usize::from),
                 min_replicas: usize::from(min_replicas),
+                rebuild_rate,
             };
             if foreground {
                 mount::run(&config, &mut || {})

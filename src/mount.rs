@@ -46,6 +46,8 @@ pub struct MountConfig {
     pub replicas: Option<usize>,
     /// Fewest copies a write may land on (fewer is EIO).
     pub min_replicas: usize,
+    /// Bytes per second the background rebuild copies at most (0: no limit).
+    pub rebuild_rate: u64,
 }
 
 impl MountConfig {
@@ -67,6 +69,7 @@ impl MountConfig {
             secret: crate::auth::Secret::none(),
             replicas: None,
             min_replicas: 1,
+            rebuild_rate: config::REBUILD_RATE,
         }
     }
 
@@ -454,6 +457,8 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     let mut session = fuser::Session::new(FuseFs::new(fs.clone()), &mountpoint, &fuse_config)
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
 
+    let rebuilder = crate::rebuild::Rebuilder::start(fs.clone(), config.rebuild_rate)
+        .map_err(|e| format!("cannot start the rebuild thread: {e}"))?;
     raise_readahead(&mountpoint);
     if let Some(f) = mount.on_mounted {
         f(fs.clone());
@@ -487,6 +492,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         mountpoint.display(),
         fs.stats_text()
     );
+    drop(rebuilder);
     drop(fs);
     drop(embedded);
     result.map_err(|e| format!("FUSE session failed: {e}"))

@@ -170,6 +170,56 @@ fn a_dead_server_costs_no_byte_with_two_copies_and_writes_restore_them() {
 }
 
 #[test]
+fn rebuild_restores_every_copy_while_files_are_written() {
+    use rmemfs::rebuild::{pass, Stop};
+    let mut t = TestFs::replicated(3, 32 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 2);
+    let mut want = Vec::new();
+    for i in 0..8 {
+        let p = format!("f{i}");
+        t.create(&p).unwrap();
+        let data = bytes(i, 2 << 20);
+        t.write_file(&p, 0, &data).unwrap();
+        want.push(data);
+    }
+    t.kill_server(1);
+    assert!(t.fs.replica_health().degraded > 0);
+    // A writer rewrites parts of every file while the rebuild copies their chunks.
+    let start = std::sync::Barrier::new(2);
+    let stop = Stop::default();
+    let outcome = std::thread::scope(|s| {
+        s.spawn(|| {
+            start.wait();
+            for round in 0..4u64 {
+                for (i, w) in want.iter_mut().enumerate() {
+                    let off = ((round * 300_000 + i as u64 * 7919) % (2 << 20)) as usize;
+                    let patch = bytes(100 + round * 10 + i as u64, 200_000.min(w.len() - off));
+                    t.write_file(&format!("f{i}"), off as u64, &patch).unwrap();
+                    w[off..off + patch.len()].copy_from_slice(&patch);
+                }
+            }
+        });
+        start.wait();
+        pass(&t.fs, 0, &stop)
+    });
+    let h = t.fs.replica_health();
+    assert_eq!((h.degraded, h.lost), (0, 0), "{h:?} after {outcome:?}");
+    assert_eq!(
+        t.fs.rebuild_stats()
+            .left_degraded
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    // Every copy holds the latest bytes: lose another server and read from what is left.
+    t.kill_server(0);
+    for (i, w) in want.iter().enumerate() {
+        assert!(
+            t.read_file(&format!("f{i}")).unwrap() == *w,
+            "f{i} after two deaths"
+        );
+    }
+}
+
+#[test]
 fn dead_server_gives_eio_for_its_files_only() {
     let t = TestFs::new(2, 16 << 20, 1 << 20);
     // One chunk each: placement alternates between the two (equally free) servers.
