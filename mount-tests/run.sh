@@ -470,6 +470,53 @@ test_replica_failover() {
   must "cmp the new file after a second kill" cmp "$WORK/after" "$MNT/after"
 }
 
+# (servers 3 × 256M, two copies, --op-timeout=2) A memory server frozen (SIGSTOP) for longer
+# than failure detection while fio writes and verifies: operations waiting on it move to the
+# other copies once detection gives it up, fio finishes with zero errors, and after the thaw
+# the mount still works, nothing is lost and the rebuild restores every second copy.
+test_replica_freeze() {
+  local size=${RMEMFS_TEST_FIO_SIZE:-64M} i fio_pid rc=0 st
+  for ((i = 0; i < 6; i++)); do
+    dd if=/dev/urandom of="$WORK/f$i" bs=1M count=$((1 + i % 3)) status=none
+    must "write f$i" cp "$WORK/f$i" "$MNT/f$i"
+  done
+  must "sync" sync -f "$MNT"
+  timeout -k 10 300 fio --name=v --directory="$MNT" --size="$size" --bs=64k --rw=randwrite \
+    --ioengine=psync --verify=crc32c --do_verify=1 --verify_fatal=1 --numjobs=2 \
+    --group_reporting >"$WORK/fio.out" 2>&1 &
+  fio_pid=$!
+  for ((i = 0; i < 600; i++)); do
+    [ "$(du -skc "$MNT"/v.* 2>/dev/null | tail -n 1 | cut -f1)" -ge 4096 ] && break
+    sleep 0.1
+  done
+  is_our_server "${TEST_PIDS[1]}" || fail "the second server is not running before the freeze"
+  kill -STOP "${TEST_PIDS[1]}"
+  log "froze server 2 of 3 while fio was writing"
+  # Frozen for twice the detection time (2 s), as a paused VM or a stuck host would be.
+  sleep 4
+  drop_caches "$MNT" || fail "drop caches failed while a server was frozen"
+  for ((i = 0; i < 6; i++)); do
+    must "cmp f$i while a server is frozen" cmp "$WORK/f$i" "$MNT/f$i"
+  done
+  kill -CONT "${TEST_PIDS[1]}"
+  wait "$fio_pid" || rc=$?
+  cat "$WORK/fio.out" >&2
+  is_timeout "$rc" && fail "fio did not finish within 300 s of a freeze"
+  [ "$rc" -eq 0 ] || fail "fio failed (exit $rc) across a server freeze"
+  for ((i = 0; ; i++)); do
+    st=$(t "$BIN" stats "$MNT") || fail "rmemfs stats failed"
+    grep -qE "^chunks: 2 copies each; .* degraded 0, lost 0$" <<<"$st" && break
+    [ "$i" -lt 120 ] || fail "still degraded 60 s after the freeze: $(grep -E '^(chunks|rebuild)' <<<"$st")"
+    sleep 0.5
+  done
+  log "$(grep -E '^(server|chunks|rebuild)' <<<"$st")"
+  grep -q "FAILED" <<<"$st" || fail "stats does not show the frozen server given up on"
+  drop_caches "$MNT" || fail "drop caches failed"
+  for ((i = 0; i < 6; i++)); do
+    must "cmp f$i after the thaw" cmp "$WORK/f$i" "$MNT/f$i"
+  done
+}
+
 # Unmount stops the daemon and leaves nothing mounted; mounting on a missing directory or over
 # an unreachable server fails with a message instead of hanging or leaving a mount behind.
 test_unmount_cleanup() {
@@ -527,6 +574,7 @@ ALL_TESTS=(
   "absurd_sizes 32M,32M mount"
   "server_death 128M,128M mount --replicas=1"
   "replica_failover 256M,256M,256M mount"
+  "replica_freeze 256M,256M,256M mount --op-timeout=2"
   "unmount_cleanup shared nomount"
   "secret shared nomount"
 )

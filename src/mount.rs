@@ -457,8 +457,9 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     let mut session = fuser::Session::new(FuseFs::new(fs.clone()), &mountpoint, &fuse_config)
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
 
-    let rebuilder = crate::rebuild::Rebuilder::start(fs.clone(), config.rebuild_rate)
-        .map_err(|e| format!("cannot start the rebuild thread: {e}"))?;
+    let rebuilder =
+        crate::rebuild::Rebuilder::start(fs.clone(), config.rebuild_rate, config.op_timeout)
+            .map_err(|e| format!("cannot start the rebuild thread: {e}"))?;
     raise_readahead(&mountpoint);
     if let Some(f) = mount.on_mounted {
         f(fs.clone());

@@ -124,19 +124,33 @@ pub fn pass(fs: &Fs, rate: u64, stop: &Stop) -> PassOutcome {
     out
 }
 
-/// The rebuild thread of a mount; stops (and is joined) on drop.
+/// The upkeep threads of a mount: heartbeats to every server (a dead, frozen or cut-off one
+/// is marked failed within the detection time, the op timeout, even while idle) and the
+/// rebuild. Both stop (and are joined) on drop.
 pub struct Rebuilder {
     stop: Arc<Stop>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
+
+/// Heartbeats per detection time: a server is given up on between 3/4 and 1 of it after it
+/// stops answering.
+const BEATS_PER_DETECTION: u32 = 4;
 
 impl Rebuilder {
     /// Starts rebuilding `fs` in the background at most `rate` bytes per second (0: no limit).
     /// Nothing runs with one copy per chunk.
-    pub fn start(fs: Arc<Fs>, rate: u64) -> std::io::Result<Rebuilder> {
+    pub fn start(fs: Arc<Fs>, rate: u64, detection: Duration) -> std::io::Result<Rebuilder> {
         let stop = Arc::new(Stop::default());
+        let (s, pool) = (stop.clone(), fs.data().pool().clone());
+        let heartbeat = std::thread::Builder::new()
+            .name("heartbeat".into())
+            .spawn(move || {
+                while !s.wait(detection / BEATS_PER_DETECTION) {
+                    pool.heartbeat(detection);
+                }
+            })?;
         let s = stop.clone();
-        let thread = std::thread::Builder::new()
+        let rebuild = std::thread::Builder::new()
             .name("rebuild".into())
             .spawn(move || {
                 if fs.data().replicas() < 2 {
@@ -156,7 +170,7 @@ impl Rebuilder {
             })?;
         Ok(Rebuilder {
             stop,
-            thread: Some(thread),
+            threads: vec![heartbeat, rebuild],
         })
     }
 }
@@ -164,7 +178,7 @@ impl Rebuilder {
 impl Drop for Rebuilder {
     fn drop(&mut self) {
         self.stop.stop();
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }

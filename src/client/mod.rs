@@ -110,15 +110,22 @@ struct Server {
     qp: Arc<dyn QueuePair>,
     capacity: Arc<Mutex<Capacity>>,
     failed: AtomicBool,
+    /// When the heartbeat now unanswered was sent (none outstanding: `None`).
+    beat_sent: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Server {
     fn is_failed(&self) -> bool {
         self.failed.load(Ordering::SeqCst) || self.control.is_dead() || !self.qp.is_connected()
     }
+    /// The server is given up on: both connections are closed, so operations still queued
+    /// on it fail at once (and are retried on other copies) instead of waiting out a frozen
+    /// server, and a server that was only slow learns that this client is gone.
     fn mark_failed(&self) {
         if !self.failed.swap(true, Ordering::SeqCst) {
             log::error!("memory server {} ({}) failed", self.addr, self.id);
+            self.control.kill();
+            self.qp.disconnect();
         }
     }
     fn failed_error(&self) -> PoolError {
@@ -305,6 +312,7 @@ impl Pool {
                 qp,
                 capacity: Arc::new(Mutex::new(capacity)),
                 failed: AtomicBool::new(false),
+                beat_sent: Arc::new(Mutex::new(None)),
             });
         }
         Ok(Pool {
@@ -357,6 +365,47 @@ impl Pool {
             }
         }
         self.status()
+    }
+
+    /// One heartbeat round (call it a few times per `detection`): a live server whose last
+    /// heartbeat has gone unanswered for `detection` is marked failed (a frozen or cut-off
+    /// server is noticed even while no operation is waiting on it); the others get a new
+    /// one, whose answer also refreshes what placement knows of their free memory.
+    pub fn heartbeat(&self, detection: Duration) {
+        for s in &self.servers {
+            if s.is_failed() {
+                continue;
+            }
+            let sent = *s.beat_sent.lock();
+            match sent {
+                Some(t) if t.elapsed() >= detection => {
+                    log::error!(
+                        "memory server {} ({}) missed its heartbeats for {:?}",
+                        s.addr,
+                        s.id,
+                        t.elapsed()
+                    );
+                    s.mark_failed();
+                }
+                Some(_) => {}
+                None => {
+                    *s.beat_sent.lock() = Some(Instant::now());
+                    let (beat, capacity) = (s.beat_sent.clone(), s.capacity.clone());
+                    let sent = s.control.send_with_handler(
+                        |tag| Message::Stat { tag },
+                        Box::new(move |reply| {
+                            if let Some(Message::Stats { capacity: c, .. }) = reply {
+                                *capacity.lock() = c;
+                                *beat.lock() = None;
+                            }
+                        }),
+                    );
+                    if sent.is_err() {
+                        s.mark_failed();
+                    }
+                }
+            }
+        }
     }
 
     /// Total and free bytes over live servers.
