@@ -97,6 +97,26 @@ pub const DEFAULT_REPLICAS: usize = 2;
 /// copies are restored (1 GiB back at full strength in 2 s).
 pub const REBUILD_RATE: u64 = 512 << 20;
 
+/// How long a memory server keeps the extents of a client whose control connection dropped
+/// without a goodbye (`serve --lease`): long enough for a client to notice, reconnect with
+/// backoff and resume after a link flap or a paused VM, short enough that a client host
+/// that is really gone gives its memory back soon.
+pub const LEASE: Duration = Duration::from_secs(30);
+pub const LEASE_SECS: u64 = LEASE.as_secs();
+
+/// How long a mount waits after the set of live servers changes before it re-replicates
+/// (`mount --rebuild-delay`): a server back within it (a short link loss, a paused VM)
+/// resumes its session with its copies intact and only chunks written meanwhile are copied;
+/// a server still gone is rebuilt around. Short next to the lease and to the odds of a
+/// second failure in the window.
+pub const REBUILD_DELAY: Duration = Duration::from_secs(5);
+
+/// First and longest pause between a mount's attempts to reconnect to a failed memory
+/// server: the first retry is quick (a restarted server is back in a second), later ones
+/// back off so a host that is down for good costs a connect attempt every few seconds.
+pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(250);
+pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(4);
+
 #[cfg(test)]
 mod tests {
     use super::*;

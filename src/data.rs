@@ -564,11 +564,7 @@ impl DataStore {
                     // The last copy: keep it listed (a read must fail, not see a hole).
                     return Err(e.into());
                 }
-                let gone = c.remove(server.0).expect("checked");
-                if self.pool.is_live(server) {
-                    // Refused on a live server: give the extent back.
-                    let _ = self.pool.free(region(c, &gone));
-                }
+                self.let_go(c, server.0);
             }
         }
         Err(Error::new(libc::EIO, "a write kept failing on every copy"))
@@ -591,7 +587,7 @@ impl DataStore {
             return Err(lost(idx));
         }
         for server in dead {
-            c.remove(server);
+            self.let_go(c, server);
         }
         if c.replicas().len() < self.replicas {
             self.repair(idx, c);
@@ -608,6 +604,28 @@ impl DataStore {
             ));
         }
         Ok(())
+    }
+
+    /// Takes chunk `c`'s copy on `server` out of it (it missed, or may miss, a write) and
+    /// gives the extent back: at once to a live server, or once a down server resumes this
+    /// mount's session ([`Pool::free`] remembers it).
+    fn let_go(&self, c: &mut Chunk, server: u32) {
+        if let Some(gone) = c.remove(server) {
+            let _ = self.pool.free(region(c, &gone));
+        }
+    }
+
+    /// Takes every copy on `server` out of `chunks` (that server came back without them);
+    /// returns how many. A chunk left with no copy is lost: it stays listed, so reads of it
+    /// fail with EIO instead of reading a hole.
+    pub fn forget_copies(&self, chunks: &mut BTreeMap<u64, Chunk>, server: ServerId) -> u64 {
+        let mut n = 0;
+        for c in chunks.values_mut() {
+            if c.remove(server.0).is_some() {
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Chunk indexes of `chunks` with fewer live copies than `--replicas` (what a rebuild
@@ -637,7 +655,7 @@ impl DataStore {
             return 0; // lost: nothing to copy from
         }
         for server in dead {
-            c.remove(server);
+            self.let_go(c, server);
         }
         if c.replicas().len() >= self.replicas {
             return 0;

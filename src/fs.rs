@@ -1042,14 +1042,21 @@ impl Fs {
             pool.fabric().pinned_bytes()
         );
         for s in pool.status() {
+            let age = s.since.elapsed().unwrap_or_default().as_secs();
             let _ = writeln!(
                 out,
-                "server {} {}: {} of {} bytes free{}",
+                "server {} {}: {}, since {} ({age} s); {} of {} bytes free; down {} times",
                 s.id,
                 s.addr,
+                match s.state {
+                    crate::client::ServerState::Up => "up",
+                    crate::client::ServerState::Down => "DOWN",
+                    crate::client::ServerState::Rejoining => "REJOINING",
+                },
+                utc(s.since),
                 s.capacity.free,
                 s.capacity.total,
-                if s.failed { " (FAILED)" } else { "" }
+                s.downs
             );
         }
         let h = self.replica_health();
@@ -1085,4 +1092,28 @@ impl Fs {
         );
         out
     }
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` (days to a civil date: H. Hinnant's algorithm), for `stats`.
+fn utc(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }

@@ -95,6 +95,11 @@ enum Cmd {
         /// shorter, so the server gives up first and clients see a clean error.
         #[arg(long, default_value_t = rmemfs::config::OP_TIMEOUT_SECS)]
         op_timeout: u64,
+        /// Seconds a client's extents are kept after its connection drops without a goodbye
+        /// (a cut link, a paused client), so it can reconnect and resume with its data
+        /// intact; 0 frees them at once.
+        #[arg(long, default_value_t = rmemfs::config::LEASE_SECS)]
+        lease: u64,
     },
     /// Mount the pool of memory servers as a file system at MOUNTPOINT.
     ///
@@ -162,6 +167,10 @@ enum Cmd {
         /// restores the copies a dead server held; 0: no limit.
         #[arg(long, default_value_t = rmemfs::config::REBUILD_RATE, value_parser = parse_size)]
         rebuild_rate: u64,
+        /// Seconds the rebuild waits after a server goes down or comes back before it copies:
+        /// a server back within it resumes with its copies intact.
+        #[arg(long, default_value_t = rmemfs::config::REBUILD_DELAY.as_secs_f64())]
+        rebuild_delay: f64,
     },
     /// Write a fresh random shared secret to PATH (mode 0600), for `serve --secret-file` on
     /// every memory server and `mount --secret-file` on every client.
@@ -194,6 +203,7 @@ fn main() -> ExitCode {
             max_client_memory,
             max_clients,
             max_connections_per_peer,
+            lease,
         } => {
             let op_timeout = Duration::from_secs(op_timeout);
             Secret::from_option(secret_file.as_deref()).and_then(|secret| {
@@ -204,6 +214,7 @@ fn main() -> ExitCode {
                         max_client_memory,
                         max_clients,
                         max_connections_per_peer,
+                        lease: Duration::from_secs(lease),
                         ..ServerConfig::new(listen, size)
                     },
                     insecure,
@@ -238,6 +249,7 @@ fn main() -> ExitCode {
             replicas,
             min_replicas,
             rebuild_rate,
+            rebuild_delay,
         } => {
             let secret = match Secret::from_option(secret_file.as_deref()) {
                 Ok(s) => s,
@@ -263,6 +275,8 @@ fn main() -> ExitCode {
                 replicas: replicas.map(usize::from),
                 min_replicas: usize::from(min_replicas),
                 rebuild_rate,
+                rebuild_delay: Duration::try_from_secs_f64(rebuild_delay)
+                    .unwrap_or(rmemfs::config::REBUILD_DELAY),
             };
             if foreground {
                 mount::run(&config, &mut || {})

@@ -48,6 +48,8 @@ pub struct MountConfig {
     pub min_replicas: usize,
     /// Bytes per second the background rebuild copies at most (0: no limit).
     pub rebuild_rate: u64,
+    /// How long the rebuild waits after the live servers change ([`config::REBUILD_DELAY`]).
+    pub rebuild_delay: Duration,
 }
 
 impl MountConfig {
@@ -70,6 +72,7 @@ impl MountConfig {
             replicas: None,
             min_replicas: 1,
             rebuild_rate: config::REBUILD_RATE,
+            rebuild_delay: config::REBUILD_DELAY,
         }
     }
 
@@ -457,9 +460,15 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     let mut session = fuser::Session::new(FuseFs::new(fs.clone()), &mountpoint, &fuse_config)
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
 
-    let rebuilder =
-        crate::rebuild::Rebuilder::start(fs.clone(), config.rebuild_rate, config.op_timeout)
-            .map_err(|e| format!("cannot start the rebuild thread: {e}"))?;
+    let rebuilder = crate::rebuild::Rebuilder::start(
+        fs.clone(),
+        crate::rebuild::Upkeep {
+            rate: config.rebuild_rate,
+            delay: config.rebuild_delay,
+            detection: config.op_timeout,
+        },
+    )
+    .map_err(|e| format!("cannot start the rebuild thread: {e}"))?;
     raise_readahead(&mountpoint);
     if let Some(f) = mount.on_mounted {
         f(fs.clone());

@@ -13,7 +13,7 @@
 use std::io::{self, Read, Write};
 
 /// Wire protocol version; bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Magic at the start of `Hello`, so a stray client (HTTP, a port scanner) is rejected at once.
 pub const HELLO_MAGIC: u32 = 0x524d_4653; // "RMFS"
@@ -127,6 +127,15 @@ pub enum Message {
     },
     /// The peer broke the protocol; the sender closes the connection after this.
     Fatal { message: String },
+    /// Client to server, right after `Welcome` and before `Connect`: take over the extents of
+    /// the earlier session whose token was `token` (a connection that dropped, within the
+    /// server's lease), so they survive a lost link.
+    Resume { tag: u64, token: [u8; 32] },
+    /// Reply to `Resume`: the session's `extents` (`bytes` in all) are this session's now.
+    Resumed { tag: u64, extents: u64, bytes: u64 },
+    /// Client to server: this client is leaving for good (an unmount); its extents are freed
+    /// at once instead of being kept for a lease.
+    Goodbye,
 }
 
 /// Why bytes could not be decoded into a [`Message`].
@@ -174,6 +183,9 @@ mod tag {
     pub const FATAL: u8 = 12;
     pub const CHALLENGE: u8 = 13;
     pub const PROOF: u8 = 14;
+    pub const RESUME: u8 = 15;
+    pub const RESUMED: u8 = 16;
+    pub const GOODBYE: u8 = 17;
 }
 
 struct Writer(Vec<u8>);
@@ -392,6 +404,22 @@ impl Message {
                 w.u8(tag::FATAL);
                 w.string(message);
             }
+            Message::Resume { tag: t, token } => {
+                w.u8(tag::RESUME);
+                w.u64(*t);
+                w.array(token);
+            }
+            Message::Resumed {
+                tag: t,
+                extents,
+                bytes,
+            } => {
+                w.u8(tag::RESUMED);
+                w.u64(*t);
+                w.u64(*extents);
+                w.u64(*bytes);
+            }
+            Message::Goodbye => w.u8(tag::GOODBYE),
         }
         w.0
     }
@@ -482,6 +510,16 @@ impl Message {
             tag::FATAL => Message::Fatal {
                 message: r.string("fatal message")?,
             },
+            tag::RESUME => Message::Resume {
+                tag: r.u64()?,
+                token: r.array()?,
+            },
+            tag::RESUMED => Message::Resumed {
+                tag: r.u64()?,
+                extents: r.u64()?,
+                bytes: r.u64()?,
+            },
+            tag::GOODBYE => Message::Goodbye,
             other => return Err(ProtoError::UnknownType(other)),
         };
         if !r.buf.is_empty() {
@@ -497,6 +535,7 @@ impl Message {
             | Message::Allocated { tag, .. }
             | Message::Freed { tag, .. }
             | Message::Stats { tag, .. }
+            | Message::Resumed { tag, .. }
             | Message::Refused { tag, .. } => Some(*tag),
             _ => None,
         }
@@ -609,6 +648,16 @@ pub fn sample_messages() -> Vec<Message> {
         Message::Fatal {
             message: "bad magic".into(),
         },
+        Message::Resume {
+            tag: 11,
+            token: [12; 32],
+        },
+        Message::Resumed {
+            tag: 11,
+            extents: 4,
+            bytes: 1 << 22,
+        },
+        Message::Goodbye,
     ]
 }
 

@@ -9,13 +9,17 @@
 //! after [`RETRY`] while a pass left chunks degraded (no room anywhere). The copy rate is
 //! held to `--rebuild-rate` so foreground traffic keeps the rest of the link.
 
+use crate::client::Rejoin;
+use crate::fabric::ServerId;
 use crate::fs::Fs;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// How often the rebuild thread looks at the live servers.
+/// How often the rebuild thread looks at the live servers (more often when the rebuild
+/// delay is shorter, but never busier than [`SCAN_MIN`]).
 const SCAN_INTERVAL: Duration = Duration::from_secs(1);
+const SCAN_MIN: Duration = Duration::from_millis(100);
 /// A pass that left chunks degraded (no server with room) is tried again this often: room
 /// comes back when files are removed, without any server changing state.
 const RETRY: Duration = Duration::from_secs(30);
@@ -124,9 +128,23 @@ pub fn pass(fs: &Fs, rate: u64, stop: &Stop) -> PassOutcome {
     out
 }
 
+/// The upkeep of a mount's connections and copies.
+#[derive(Debug, Clone, Copy)]
+pub struct Upkeep {
+    /// Most bytes per second a rebuild copies (0: no limit).
+    pub rate: u64,
+    /// How long the live servers must stay unchanged before a rebuild pass.
+    pub delay: Duration,
+    /// How long a server may leave a heartbeat unanswered before it is marked down.
+    pub detection: Duration,
+}
+
 /// The upkeep threads of a mount: heartbeats to every server (a dead, frozen or cut-off one
-/// is marked failed within the detection time, the op timeout, even while idle) and the
-/// rebuild. Both stop (and are joined) on drop.
+/// is marked down within the detection time, the op timeout, even while idle); reconnects to
+/// servers that are down, with backoff (one that resumes this mount's session is up again
+/// with its copies; one that comes back empty has every copy listed on it forgotten first);
+/// and the rebuild, once the live servers have held still for the rebuild delay. All stop
+/// (and are joined) on drop.
 pub struct Rebuilder {
     stop: Arc<Stop>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -136,17 +154,49 @@ pub struct Rebuilder {
 /// stops answering.
 const BEATS_PER_DETECTION: u32 = 4;
 
+/// How often the reconnect thread looks for servers due for an attempt (attempts themselves
+/// back off from [`crate::config::RECONNECT_BACKOFF_MIN`]).
+const RECONNECT_TICK: Duration = Duration::from_millis(100);
+
+/// Forgets every copy listed on `server` (it came back empty): chunks keep their other
+/// copies, and a chunk that had none elsewhere is lost (reads of it fail with EIO, never
+/// see the empty server's zeros). Returns the copies forgotten.
+pub fn forget_server(fs: &Fs, server: ServerId) -> u64 {
+    fs.files()
+        .iter()
+        .map(|f| fs.data().forget_copies(&mut f.chunks.write(), server))
+        .sum()
+}
+
 impl Rebuilder {
-    /// Starts rebuilding `fs` in the background at most `rate` bytes per second (0: no limit).
-    /// Nothing runs with one copy per chunk.
-    pub fn start(fs: Arc<Fs>, rate: u64, detection: Duration) -> std::io::Result<Rebuilder> {
+    /// Starts the upkeep of `fs`. Nothing is rebuilt with one copy per chunk.
+    pub fn start(fs: Arc<Fs>, upkeep: Upkeep) -> std::io::Result<Rebuilder> {
         let stop = Arc::new(Stop::default());
         let (s, pool) = (stop.clone(), fs.data().pool().clone());
+        let detection = upkeep.detection;
         let heartbeat = std::thread::Builder::new()
             .name("heartbeat".into())
             .spawn(move || {
                 while !s.wait(detection / BEATS_PER_DETECTION) {
                     pool.heartbeat(detection);
+                }
+            })?;
+        let (s, f) = (stop.clone(), fs.clone());
+        let reconnect = std::thread::Builder::new()
+            .name("reconnect".into())
+            .spawn(move || {
+                while !s.wait(RECONNECT_TICK) {
+                    let pool = f.data().pool();
+                    for id in pool.due_for_reconnect() {
+                        if s.is_stopped() {
+                            return;
+                        }
+                        if pool.try_reconnect(id) == Some(Rejoin::Empty) {
+                            let n = forget_server(&f, id);
+                            log::warn!("forgot {n} chunk copies the restarted {id} held");
+                            pool.admit(id);
+                        }
+                    }
                 }
             })?;
         let s = stop.clone();
@@ -156,21 +206,27 @@ impl Rebuilder {
                 if fs.data().replicas() < 2 {
                     return;
                 }
-                let mut live = fs.data().pool().live_servers();
+                let mut seen = fs.data().pool().generation();
+                // When the live servers last changed, while a pass for that is owed.
+                let mut changed_at: Option<Instant> = None;
                 let mut retry_at: Option<Instant> = None;
-                while !s.wait(SCAN_INTERVAL) {
-                    let now_live = fs.data().pool().live_servers();
-                    let changed = now_live != live;
-                    live = now_live;
-                    if changed || retry_at.is_some_and(|t| Instant::now() >= t) {
-                        let out = pass(&fs, rate, &s);
+                while !s.wait(SCAN_INTERVAL.min(upkeep.delay.max(SCAN_MIN))) {
+                    let now_gen = fs.data().pool().generation();
+                    if now_gen != seen {
+                        seen = now_gen;
+                        changed_at = Some(Instant::now());
+                    }
+                    let settled = changed_at.is_some_and(|t| t.elapsed() >= upkeep.delay);
+                    if settled || retry_at.is_some_and(|t| Instant::now() >= t) {
+                        changed_at = None;
+                        let out = pass(&fs, upkeep.rate, &s);
                         retry_at = (out.left_degraded > 0).then(|| Instant::now() + RETRY);
                     }
                 }
             })?;
         Ok(Rebuilder {
             stop,
-            threads: vec![heartbeat, rebuild],
+            threads: vec![heartbeat, reconnect, rebuild],
         })
     }
 }

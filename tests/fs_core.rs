@@ -408,3 +408,159 @@ fn parallel_writers_on_different_files() {
         }
     });
 }
+
+/// Bytes of server `server`'s memory the file system's chunk maps list.
+fn listed_on(t: &TestFs, server: u32) -> u64 {
+    t.fs.files()
+        .iter()
+        .map(|f| {
+            f.chunks
+                .read()
+                .values()
+                .filter(|c| c.on(server).is_some())
+                .map(|c| c.len)
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+#[test]
+fn a_cut_off_server_resumes_its_session_with_every_copy_intact() {
+    use rmemfs::client::Rejoin;
+    use rmemfs::fabric::ServerId;
+    let mut t = TestFs::replicated(3, 16 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 2);
+    for i in 0..6 {
+        let p = format!("f{i}");
+        t.create(&p).unwrap();
+        t.write_file(&p, 0, &bytes(i, 1 << 20)).unwrap();
+    }
+    let pool = t.fs.data().pool().clone();
+    let held = listed_on(&t, 1);
+    assert!(held > 0);
+    pool.cut(ServerId(1));
+    assert!(!pool.is_live(ServerId(1)));
+    // Written while server 1 is unreachable: chunks it held a copy of lose that copy (it
+    // misses the write) and get one elsewhere.
+    for i in 0..6 {
+        t.write_file(&format!("f{i}"), 100, b"again").unwrap();
+    }
+    let during = listed_on(&t, 1);
+    assert_eq!(during, 0, "a copy that missed a write is still listed");
+    // The server kept the session (its lease): the pool resumes it, and the copies it let
+    // go of meanwhile are freed there.
+    let rejoin = pool.try_reconnect(ServerId(1));
+    assert!(
+        matches!(rejoin, Some(Rejoin::Resumed { bytes, .. }) if bytes >= held),
+        "{rejoin:?}"
+    );
+    assert!(pool.is_live(ServerId(1)));
+    let cap = t.servers[1].capacity();
+    assert_eq!(
+        cap.total - cap.free,
+        listed_on(&t, 1),
+        "stale copies not freed"
+    );
+    // New copies land on it again, and what it holds is read back exactly.
+    for i in 6..12 {
+        let p = format!("f{i}");
+        t.create(&p).unwrap();
+        t.write_file(&p, 0, &bytes(i, 1 << 20)).unwrap();
+    }
+    assert!(listed_on(&t, 1) > 0);
+    t.kill_server(0);
+    for i in 0..12 {
+        let mut want = bytes(i, 1 << 20);
+        if i < 6 {
+            want[100..105].copy_from_slice(b"again");
+        }
+        assert!(t.read_file(&format!("f{i}")).unwrap() == want, "f{i}");
+    }
+}
+
+#[test]
+fn a_session_untouched_while_cut_off_needs_no_rebuild() {
+    use rmemfs::fabric::ServerId;
+    let t = TestFs::replicated(3, 16 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 2);
+    for i in 0..6 {
+        let p = format!("f{i}");
+        t.create(&p).unwrap();
+        t.write_file(&p, 0, &bytes(i, 1 << 20)).unwrap();
+    }
+    let pool = t.fs.data().pool().clone();
+    pool.cut(ServerId(2));
+    assert!(t.fs.replica_health().degraded > 0);
+    assert!(pool.try_reconnect(ServerId(2)).is_some());
+    let h = t.fs.replica_health();
+    assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
+    let out = rmemfs::rebuild::pass(&t.fs, 0, &rmemfs::rebuild::Stop::default());
+    assert_eq!(out.bytes_copied, 0, "{out:?}");
+}
+
+#[test]
+fn a_restarted_server_is_admitted_empty_and_rebuilt_onto() {
+    use rmemfs::client::Rejoin;
+    use rmemfs::fabric::ServerId;
+    let mut t = TestFs::replicated(3, 16 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 2);
+    for i in 0..6 {
+        let p = format!("f{i}");
+        t.create(&p).unwrap();
+        t.write_file(&p, 0, &bytes(i, 1 << 20)).unwrap();
+    }
+    let pool = t.fs.data().pool().clone();
+    t.kill_server(1);
+    assert!(!pool.is_live(ServerId(1)));
+    t.restart_server(1);
+    assert_eq!(pool.try_reconnect(ServerId(1)), Some(Rejoin::Empty));
+    // Not in service until every copy it listed is forgotten.
+    assert!(!pool.is_live(ServerId(1)));
+    let forgot = rmemfs::rebuild::forget_server(&t.fs, ServerId(1));
+    assert!(forgot > 0);
+    pool.admit(ServerId(1));
+    assert!(pool.is_live(ServerId(1)));
+    let h = t.fs.replica_health();
+    assert_eq!(h.degraded, forgot, "{h:?}");
+    let out = rmemfs::rebuild::pass(&t.fs, 0, &rmemfs::rebuild::Stop::default());
+    assert_eq!(out.chunks_rebuilt, forgot, "{out:?}");
+    let h = t.fs.replica_health();
+    assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
+    // The copies on the restarted server are real: lose another server and read.
+    t.kill_server(2);
+    for i in 0..6 {
+        assert!(
+            t.read_file(&format!("f{i}")).unwrap() == bytes(i, 1 << 20),
+            "f{i}"
+        );
+    }
+}
+
+#[test]
+fn an_expired_lease_gives_the_memory_back_and_the_server_returns_empty() {
+    use rmemfs::client::Rejoin;
+    use rmemfs::fabric::ServerId;
+    let t = TestFs::with_lease(
+        2,
+        16 << 20,
+        1 << 20,
+        rmemfs::data::WritePath::Frrwp,
+        2,
+        std::time::Duration::from_secs(1),
+    );
+    t.create("f").unwrap();
+    t.write_file("f", 0, &bytes(1, 2 << 20)).unwrap();
+    let pool = t.fs.data().pool().clone();
+    let cap = t.servers[0].capacity();
+    assert!(cap.free < cap.total);
+    pool.cut(ServerId(0));
+    // Held for the lease, then freed: wait for the server to say so (bounded).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let cap = t.servers[0].capacity();
+        if t.servers[0].departed_sessions() == 0 && cap.free == cap.total {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "lease never expired");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(pool.try_reconnect(ServerId(0)), Some(Rejoin::Empty));
+    assert!(t.read_file("f").unwrap() == bytes(1, 2 << 20));
+}

@@ -185,7 +185,17 @@ impl ControlConn {
         self.wait(rx)
     }
 
-    /// Closes the connection (the server then releases this client's extents).
+    /// Tells the server this client is leaving for good, so it frees this session's extents
+    /// at once (no lease). Best effort: the connection is closed next anyway.
+    pub fn goodbye(&self) {
+        let mut w = self.writer.lock();
+        if !self.is_dead() {
+            let _ = proto::write_frame(&mut *w, &Message::Goodbye);
+        }
+    }
+
+    /// Closes the connection (the server keeps this session's extents for its lease, unless
+    /// [`ControlConn::goodbye`] came first).
     pub fn kill(&self) {
         self.dead.store(true, Ordering::SeqCst);
         let _ = self.writer.lock().shutdown(Shutdown::Both);

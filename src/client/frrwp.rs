@@ -247,7 +247,8 @@ impl Pool {
             state: Mutex::new(CrwState::default()),
         });
         let (c, capacity) = (crw.clone(), s.capacity.clone());
-        s.control
+        s.link()
+            .control
             .send_with_handler(
                 |tag| Message::Alloc { tag, len },
                 Box::new(move |msg| c.on_reply(msg, &capacity)),
@@ -302,7 +303,7 @@ impl Pool {
                         self.timeout
                     );
                     s.mark_failed();
-                    s.control.kill();
+                    s.link().control.kill();
                 }
             }
         }
@@ -327,7 +328,7 @@ impl Pool {
             batch,
             base,
             writes,
-            qp: self.server(crw.server)?.qp.clone(),
+            qp: self.server(crw.server)?.link().qp.clone(),
             dispatch: self.dispatch.clone(),
         };
         crw.submit(sub);

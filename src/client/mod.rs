@@ -6,14 +6,21 @@
 //! fabric's completion context, to the batch they belong to, which wakes its waiter: no
 //! reaping thread sits between the network and the caller. Failures name the server: a transport error marks that
 //! server failed, and later operations on its extents fail at once instead of waiting again.
+//!
+//! A failed server is not given up for good: [`Pool::try_reconnect`] (called with backoff by
+//! the mount's upkeep thread) opens new connections and asks the server to resume the old
+//! session. A server that still holds it (a link flap, a pause, within its lease) is up again
+//! with every extent intact, and the extents this pool let go of meanwhile are freed there;
+//! a server that does not (a new process, an expired lease) comes back empty and is only
+//! admitted once the caller has forgotten every copy it listed on it ([`Pool::admit`]).
 
 pub mod control;
 pub mod frrwp;
 
 use crate::auth::Secret;
 use crate::fabric::{
-    Completion, Fabric, FabricError, Opcode, QueuePair, RemoteRegion, ServerId, Sge, WcStatus,
-    WorkRequest,
+    Completion, CompletionQueue, Fabric, FabricError, Opcode, QueuePair, RemoteRegion, ServerId,
+    Sge, WcStatus, WorkRequest,
 };
 use crate::proto::{Capacity, Message, RefusalCode};
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,7 +28,7 @@ use crate::sync::{Arc, Condvar, Mutex};
 use control::ControlConn;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Pool failures. Every variant that concerns one server names it.
 #[derive(Debug, thiserror::Error)]
@@ -94,38 +101,112 @@ impl Default for PoolConfig {
     }
 }
 
+/// Where a server stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerState {
+    /// Serving.
+    Up,
+    /// Failed (dead, frozen, cut off, or it broke a connection); the pool keeps trying to
+    /// reconnect.
+    Down,
+    /// Reconnected, but it did not hold this pool's session any more (a new process, or the
+    /// lease ran out): not used until every copy listed on it is forgotten ([`Pool::admit`]).
+    Rejoining,
+}
+
 /// What the pool knows of one server.
 #[derive(Debug, Clone)]
 pub struct ServerStatus {
     pub id: ServerId,
     pub addr: SocketAddr,
     pub capacity: Capacity,
+    /// Not up (down or rejoining).
     pub failed: bool,
+    pub state: ServerState,
+    /// When it entered that state.
+    pub since: SystemTime,
+    /// Times it went down since the pool connected.
+    pub downs: u64,
+}
+
+/// How a failed server came back ([`Pool::try_reconnect`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejoin {
+    /// It still held this pool's session: up again, every extent intact.
+    Resumed { extents: u64, bytes: u64 },
+    /// It holds nothing of ours: the caller forgets every copy on it, then [`Pool::admit`]s it.
+    Empty,
+}
+
+/// One server's connections, replaced as a whole when the pool reconnects.
+struct Link {
+    control: ControlConn,
+    qp: Arc<dyn QueuePair>,
+}
+
+struct Health {
+    state: ServerState,
+    since: SystemTime,
+    /// The next reconnect attempt is not before this, and the wait after a failed one.
+    next_attempt: Instant,
+    backoff: Duration,
+    /// It came back empty and was not admitted yet: even a resumed session on it holds
+    /// nothing this pool's files still list.
+    needs_admit: bool,
 }
 
 struct Server {
     id: ServerId,
     addr: SocketAddr,
-    control: ControlConn,
-    qp: Arc<dyn QueuePair>,
+    link: Mutex<Arc<Link>>,
     capacity: Arc<Mutex<Capacity>>,
+    /// Not up: operations refuse it at once (a fast check on the data path).
     failed: AtomicBool,
+    health: Mutex<Health>,
     /// When the heartbeat now unanswered was sent (none outstanding: `None`).
     beat_sent: Arc<Mutex<Option<Instant>>>,
+    /// Extents let go of (address, key) while the server was down: freed there when it
+    /// resumes this pool's session, forgotten if it comes back empty.
+    unfreed: Mutex<Vec<(u64, u64)>>,
+    /// Times it went down or came back up.
+    transitions: AtomicU64,
 }
 
 impl Server {
+    fn link(&self) -> Arc<Link> {
+        self.link.lock().clone()
+    }
     fn is_failed(&self) -> bool {
-        self.failed.load(Ordering::SeqCst) || self.control.is_dead() || !self.qp.is_connected()
+        if self.failed.load(Ordering::SeqCst) {
+            return true;
+        }
+        let broken = {
+            let l = self.link.lock();
+            l.control.is_dead() || !l.qp.is_connected()
+        };
+        if broken {
+            self.mark_failed();
+        }
+        broken
     }
     /// The server is given up on: both connections are closed, so operations still queued
     /// on it fail at once (and are retried on other copies) instead of waiting out a frozen
     /// server, and a server that was only slow learns that this client is gone.
     fn mark_failed(&self) {
         if !self.failed.swap(true, Ordering::SeqCst) {
-            log::error!("memory server {} ({}) failed", self.addr, self.id);
-            self.control.kill();
-            self.qp.disconnect();
+            log::error!("memory server {} ({}) is down", self.addr, self.id);
+            {
+                let mut h = self.health.lock();
+                h.state = ServerState::Down;
+                h.since = SystemTime::now();
+                h.backoff = crate::config::RECONNECT_BACKOFF_MIN;
+                h.next_attempt = Instant::now() + h.backoff;
+            }
+            *self.beat_sent.lock() = None;
+            self.transitions.fetch_add(1, Ordering::SeqCst);
+            let link = self.link();
+            link.control.kill();
+            link.qp.disconnect();
         }
     }
     fn failed_error(&self) -> PoolError {
@@ -253,10 +334,60 @@ impl Dispatch {
 pub struct Pool {
     fabric: Arc<dyn Fabric>,
     servers: Vec<Server>,
+    /// Shared by every queue pair, reconnected ones included.
+    cq: Arc<CompletionQueue>,
+    config: PoolConfig,
     dispatch: Arc<Dispatch>,
     next_batch: AtomicU64,
     /// How long a batch may make no progress before its unanswered allocations are given up.
     timeout: Duration,
+}
+
+/// Opens one server's connections: the control session (authenticated), then, when
+/// `resume` names an earlier session's token, the request to resume it (`Some((extents,
+/// bytes))` if the server still held it), then the data path.
+fn open_link(
+    fabric: &Arc<dyn Fabric>,
+    cq: &Arc<CompletionQueue>,
+    config: &PoolConfig,
+    addr: SocketAddr,
+    resume: Option<crate::auth::Token>,
+) -> Result<(Link, Option<(u64, u64)>), PoolError> {
+    let control = ControlConn::connect(addr, &config.client_name, config.timeout, &config.secret)?;
+    if control.hello.fabric != fabric.name() {
+        return Err(PoolError::Handshake {
+            addr,
+            reason: format!(
+                "server uses the '{}' fabric, this client '{}'",
+                control.hello.fabric,
+                fabric.name()
+            ),
+        });
+    }
+    let resumed = match resume {
+        None => None,
+        Some(token) => match control.request(|tag| Message::Resume { tag, token })? {
+            Message::Resumed { extents, bytes, .. } => Some((extents, bytes)),
+            Message::Refused { .. } => None,
+            other => return Err(PoolError::Invalid(format!("unexpected reply {other:?}"))),
+        },
+    };
+    let mut exchange = |blob: Vec<u8>| -> Result<Vec<u8>, FabricError> {
+        let reply = control.request(|tag| Message::Connect { tag, blob });
+        match reply {
+            Ok(Message::Connected { blob, .. }) => Ok(blob),
+            Ok(other) => Err(FabricError::Handshake {
+                addr,
+                reason: format!("unexpected reply {other:?}"),
+            }),
+            Err(e) => Err(FabricError::Handshake {
+                addr,
+                reason: e.to_string(),
+            }),
+        }
+    };
+    let qp = fabric.connect(addr, &mut exchange, cq.clone(), &control.token)?;
+    Ok((Link { control, qp }, resumed))
 }
 
 impl Pool {
@@ -277,51 +408,147 @@ impl Pool {
         let cq = fabric.create_cq_with_handler(Arc::new(move |c| d.deliver(c)));
         let mut servers = Vec::with_capacity(addrs.len());
         for (i, &addr) in addrs.iter().enumerate() {
-            let control =
-                ControlConn::connect(addr, &config.client_name, config.timeout, &config.secret)?;
-            if control.hello.fabric != fabric.name() {
-                return Err(PoolError::Handshake {
-                    addr,
-                    reason: format!(
-                        "server uses the '{}' fabric, this client '{}'",
-                        control.hello.fabric,
-                        fabric.name()
-                    ),
-                });
-            }
-            let mut exchange = |blob: Vec<u8>| -> Result<Vec<u8>, FabricError> {
-                let reply = control.request(|tag| Message::Connect { tag, blob });
-                match reply {
-                    Ok(Message::Connected { blob, .. }) => Ok(blob),
-                    Ok(other) => Err(FabricError::Handshake {
-                        addr,
-                        reason: format!("unexpected reply {other:?}"),
-                    }),
-                    Err(e) => Err(FabricError::Handshake {
-                        addr,
-                        reason: e.to_string(),
-                    }),
-                }
-            };
-            let qp = fabric.connect(addr, &mut exchange, cq.clone(), &control.token)?;
-            let capacity = control.hello.capacity;
+            let (link, _) = open_link(&fabric, &cq, config, addr, None)?;
+            let capacity = link.control.hello.capacity;
             servers.push(Server {
                 id: ServerId(i as u32),
                 addr,
-                control,
-                qp,
+                link: Mutex::new(Arc::new(link)),
                 capacity: Arc::new(Mutex::new(capacity)),
                 failed: AtomicBool::new(false),
+                health: Mutex::new(Health {
+                    state: ServerState::Up,
+                    since: SystemTime::now(),
+                    next_attempt: Instant::now(),
+                    backoff: crate::config::RECONNECT_BACKOFF_MIN,
+                    needs_admit: false,
+                }),
                 beat_sent: Arc::new(Mutex::new(None)),
+                unfreed: Mutex::new(Vec::new()),
+                transitions: AtomicU64::new(0),
             });
         }
         Ok(Pool {
             fabric,
             servers,
+            cq,
+            config: config.clone(),
             dispatch,
             next_batch: AtomicU64::new(1),
             timeout: config.timeout,
         })
+    }
+
+    /// Changes whenever a server goes down or comes back up.
+    pub fn generation(&self) -> u64 {
+        self.servers
+            .iter()
+            .map(|s| s.transitions.load(Ordering::SeqCst))
+            .sum()
+    }
+
+    /// Failed servers due for a reconnect attempt (their backoff has passed).
+    pub fn due_for_reconnect(&self) -> Vec<ServerId> {
+        let now = Instant::now();
+        self.servers
+            .iter()
+            .filter(|s| s.is_failed())
+            .filter(|s| {
+                let h = s.health.lock();
+                h.state == ServerState::Down && h.next_attempt <= now
+            })
+            .map(|s| s.id)
+            .collect()
+    }
+
+    /// One attempt to reconnect to failed server `id` and resume this pool's session there.
+    /// `None`: not down, or not reachable yet (the next attempt backs off). A resumed
+    /// server is up again at once; one that came back empty waits for [`Pool::admit`].
+    pub fn try_reconnect(&self, id: ServerId) -> Option<Rejoin> {
+        let s = self.server(id).ok()?;
+        if s.health.lock().state != ServerState::Down {
+            return None;
+        }
+        let old = s.link().control.token;
+        let (link, resumed) =
+            match open_link(&self.fabric, &self.cq, &self.config, s.addr, Some(old)) {
+                Ok(l) => l,
+                Err(e) => {
+                    let mut h = s.health.lock();
+                    log::debug!("memory server {} ({id}) still unreachable: {e}", s.addr);
+                    h.backoff = (h.backoff * 2).min(crate::config::RECONNECT_BACKOFF_MAX);
+                    h.next_attempt = Instant::now() + h.backoff;
+                    return None;
+                }
+            };
+        *s.capacity.lock() = link.control.hello.capacity;
+        let link = Arc::new(link);
+        *s.link.lock() = link.clone();
+        let mut h = s.health.lock();
+        let rejoin = match resumed {
+            Some((extents, bytes)) if !h.needs_admit => {
+                let unfreed = std::mem::take(&mut *s.unfreed.lock());
+                drop(h);
+                let n = unfreed.len();
+                for (addr, rkey) in unfreed {
+                    let _ = link
+                        .control
+                        .request(|tag| Message::Free { tag, addr, rkey });
+                }
+                log::warn!(
+                    "memory server {} ({id}) is back: session resumed with {extents} extents \
+                     ({bytes} bytes); {n} extents let go of meanwhile freed",
+                    s.addr
+                );
+                h = s.health.lock();
+                h.state = ServerState::Up;
+                Rejoin::Resumed { extents, bytes }
+            }
+            _ => {
+                s.unfreed.lock().clear();
+                log::warn!(
+                    "memory server {} ({id}) is back without this mount's session (restarted, \
+                     or its lease ran out): its copies are gone; admitting it empty",
+                    s.addr
+                );
+                h.state = ServerState::Rejoining;
+                h.needs_admit = true;
+                Rejoin::Empty
+            }
+        };
+        h.since = SystemTime::now();
+        if h.state == ServerState::Up {
+            s.transitions.fetch_add(1, Ordering::SeqCst);
+            s.failed.store(false, Ordering::SeqCst);
+        }
+        Some(rejoin)
+    }
+
+    /// Test hook: cuts this pool off server `id` as a lost link would (both connections
+    /// closed from this side, no goodbye), so the server keeps the session for its lease.
+    #[cfg(feature = "testing")]
+    pub fn cut(&self, id: ServerId) {
+        if let Ok(s) = self.server(id) {
+            s.mark_failed();
+            s.health.lock().next_attempt = Instant::now();
+        }
+    }
+
+    /// Puts a server that came back empty ([`Rejoin::Empty`]) into service, once the caller
+    /// has forgotten every copy it listed on it.
+    pub fn admit(&self, id: ServerId) {
+        let Ok(s) = self.server(id) else { return };
+        let mut h = s.health.lock();
+        if h.state != ServerState::Rejoining {
+            return;
+        }
+        h.state = ServerState::Up;
+        h.since = SystemTime::now();
+        h.needs_admit = false;
+        drop(h);
+        log::warn!("memory server {} ({id}) is up again (empty)", s.addr);
+        s.transitions.fetch_add(1, Ordering::SeqCst);
+        s.failed.store(false, Ordering::SeqCst);
     }
 
     pub fn fabric(&self) -> &Arc<dyn Fabric> {
@@ -343,11 +570,21 @@ impl Pool {
     pub fn status(&self) -> Vec<ServerStatus> {
         self.servers
             .iter()
-            .map(|s| ServerStatus {
-                id: s.id,
-                addr: s.addr,
-                capacity: *s.capacity.lock(),
-                failed: s.is_failed(),
+            .map(|s| {
+                let failed = s.is_failed();
+                let (state, since) = {
+                    let h = s.health.lock();
+                    (h.state, h.since)
+                };
+                ServerStatus {
+                    id: s.id,
+                    addr: s.addr,
+                    capacity: *s.capacity.lock(),
+                    failed,
+                    state,
+                    since,
+                    downs: s.transitions.load(Ordering::SeqCst).div_ceil(2),
+                }
             })
             .collect()
     }
@@ -358,7 +595,7 @@ impl Pool {
             if s.is_failed() {
                 continue;
             }
-            match s.control.request(|tag| Message::Stat { tag }) {
+            match s.link().control.request(|tag| Message::Stat { tag }) {
                 Ok(Message::Stats { capacity, .. }) => *s.capacity.lock() = capacity,
                 Ok(_) => {}
                 Err(_) => s.mark_failed(),
@@ -391,7 +628,7 @@ impl Pool {
                 None => {
                     *s.beat_sent.lock() = Some(Instant::now());
                     let (beat, capacity) = (s.beat_sent.clone(), s.capacity.clone());
-                    let sent = s.control.send_with_handler(
+                    let sent = s.link().control.send_with_handler(
                         |tag| Message::Stat { tag },
                         Box::new(move |reply| {
                             if let Some(Message::Stats { capacity: c, .. }) = reply {
@@ -530,7 +767,7 @@ impl Pool {
         if s.is_failed() {
             return Err(s.failed_error());
         }
-        let reply = s.control.request(|tag| Message::Alloc { tag, len });
+        let reply = s.link().control.request(|tag| Message::Alloc { tag, len });
         match reply {
             Ok(Message::Allocated {
                 addr,
@@ -571,9 +808,13 @@ impl Pool {
     pub fn free(&self, region: RemoteRegion) -> Result<(), PoolError> {
         let s = self.server(region.server)?;
         if s.is_failed() {
+            // Freed there if the server comes back holding this session.
+            if s.health.lock().state == ServerState::Down {
+                s.unfreed.lock().push((region.addr, region.rkey));
+            }
             return Err(s.failed_error());
         }
-        let reply = s.control.request(|tag| Message::Free {
+        let reply = s.link().control.request(|tag| Message::Free {
             tag,
             addr: region.addr,
             rkey: region.rkey,
@@ -679,7 +920,7 @@ impl Pool {
         }
         for (s, wrs) in self.servers.iter().zip(&per_server) {
             if !wrs.is_empty() {
-                s.qp.post(wrs);
+                s.link().qp.post(wrs);
             }
         }
     }
@@ -740,8 +981,14 @@ impl Pool {
 impl Drop for Pool {
     fn drop(&mut self) {
         for s in &self.servers {
-            s.qp.disconnect();
-            s.control.kill();
+            let link = s.link();
+            // An unmount: the server frees this pool's extents now rather than keep them
+            // for a lease.
+            if !s.failed.load(Ordering::SeqCst) {
+                link.control.goodbye();
+            }
+            link.qp.disconnect();
+            link.control.kill();
         }
     }
 }

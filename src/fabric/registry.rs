@@ -15,7 +15,7 @@ use super::{
 };
 use crate::auth::Token;
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use crate::sync::{Arc, Mutex, RwLock};
+use crate::sync::{Arc, RwLock};
 use std::any::Any;
 use std::collections::HashMap;
 use std::io;
@@ -204,7 +204,7 @@ pub struct Registry {
     remote: RwLock<HashMap<u64, Arc<RegionEntry>>>,
     /// Authenticated client sessions by token: a data connection presents the token and is
     /// served as that session (and only that session's regions are reachable through it).
-    sessions: Mutex<HashMap<Token, u64>>,
+    sessions: RwLock<HashMap<Token, u64>>,
     pub pinned: Arc<AtomicU64>,
     pub counters: Counters,
 }
@@ -217,7 +217,7 @@ pub struct SessionGuard {
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
-        self.registry.sessions.lock().remove(&self.token);
+        self.registry.sessions.write().remove(&self.token);
     }
 }
 
@@ -232,7 +232,7 @@ impl Registry {
         Registry {
             map: RwLock::new(HashMap::new()),
             remote: RwLock::new(HashMap::new()),
-            sessions: Mutex::new(HashMap::new()),
+            sessions: RwLock::new(HashMap::new()),
             pinned: Arc::new(AtomicU64::new(0)),
             counters: Counters::default(),
         }
@@ -260,7 +260,7 @@ impl Registry {
     /// Registers an authenticated session's token (server side, when the session sets up its
     /// data path); the guard removes it when the session ends.
     pub fn open_session(self: &Arc<Self>, id: u64, token: Token) -> SessionGuard {
-        self.sessions.lock().insert(token, id);
+        self.sessions.write().insert(token, id);
         SessionGuard {
             registry: self.clone(),
             token,
@@ -269,7 +269,7 @@ impl Registry {
 
     /// The session a data connection's token names, if it is live.
     pub fn session_for(&self, token: &Token) -> Option<u64> {
-        self.sessions.lock().get(token).copied()
+        self.sessions.read().get(token).copied()
     }
 
     /// Registers a range with pinning (software fabrics).

@@ -10,9 +10,15 @@
 //! Each extent is restricted to the session that allocated it; per-client quotas, a cap on
 //! clients and on connections per peer address, and a deadline on the handshake keep one
 //! client (or a stranger) from taking the server. File data never passes through it; the fabric's "NIC"
-//! serves one-sided READ and WRITE against registered extents. A client's extents are released
-//! when its control connection closes. A peer that breaks the protocol has its connection
-//! closed with a logged reason; everyone else keeps being served.
+//! serves one-sided READ and WRITE against registered extents.
+//!
+//! A client that says `Goodbye` (an unmount) gets its extents freed at once. A control
+//! connection that merely drops (a cut link, a client that gave up on a slow reply) keeps its
+//! extents for a lease (`--lease`): the client reconnects, authenticates anew and `Resume`s
+//! with its old session token, and finds its data intact; only an expired lease frees the
+//! memory. TCP keepalive on control connections notices a vanished client host within the
+//! server's control timeout (shorter than the client's op timeout). A peer that breaks the
+//! protocol has its connection closed with a logged reason; everyone else keeps being served.
 
 pub mod alloc;
 
@@ -20,13 +26,13 @@ use crate::auth::{self, Nonce, Secret, Token};
 use crate::fabric::{mem::page_size, DeregisterError, Fabric, LocalMr, PeerGuard, SessionKey};
 use crate::proto::{self, Capacity, FrameError, Message, RefusalCode, PROTOCOL_VERSION};
 use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Condvar, Mutex};
 use alloc::ExtentAllocator;
 use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The default control port (`rmemfs serve` and `--servers host` without a port).
 pub const DEFAULT_PORT: u16 = 7471;
@@ -97,6 +103,9 @@ pub struct ServerConfig {
     pub max_clients: u32,
     /// Most control connections from one peer address at once.
     pub max_connections_per_peer: u32,
+    /// How long a dropped session's extents are kept for its client to resume (`--lease`;
+    /// zero: freed at once).
+    pub lease: Duration,
 }
 
 impl ServerConfig {
@@ -111,6 +120,7 @@ impl ServerConfig {
             max_client_memory: None,
             max_clients: crate::config::MAX_CLIENTS,
             max_connections_per_peer: crate::config::MAX_CONNECTIONS_PER_PEER,
+            lease: crate::config::LEASE,
         }
     }
 }
@@ -119,6 +129,26 @@ struct Extent {
     mr: LocalMr,
     offset: u64,
     len: u64,
+}
+
+/// A session whose control connection dropped without `Goodbye`: its extents wait for the
+/// client to resume until `expires`.
+struct Departed {
+    /// The session id its extents are restricted to (the resuming session takes it over).
+    id: u64,
+    extents: HashMap<u64, Extent>,
+    held: u64,
+    expires: Instant,
+    client_name: String,
+}
+
+/// What departed sessions are filed under: a digest of their last session token, so a lookup
+/// by a token a stranger presents does not compare secrets in variable time.
+type TokenDigest = [u8; 32];
+
+fn token_digest(token: &Token) -> TokenDigest {
+    use sha2::Digest;
+    sha2::Sha256::digest(token).into()
 }
 
 struct Shared {
@@ -142,6 +172,15 @@ struct Shared {
     /// Control connections, so shutdown can close them.
     sessions: Mutex<HashMap<u64, TcpStream>>,
     next_session: AtomicU64,
+    lease: Duration,
+    /// Authenticated control connections by their token's digest (to take over a session
+    /// whose client resumes before this server noticed the old connection was gone).
+    live_tokens: Mutex<HashMap<TokenDigest, u64>>,
+    /// Sessions within their lease.
+    departed: Mutex<HashMap<TokenDigest, Departed>>,
+    /// Signalled when a session departs (a takeover waits for it) and on shutdown (the
+    /// lease reaper waits on it).
+    departures: Condvar,
     // Declared last: dropped after everything that may hold registrations into it.
     arena: Arena,
 }
@@ -151,6 +190,7 @@ pub struct MemoryServer {
     shared: Arc<Shared>,
     local_addr: SocketAddr,
     accept: Option<JoinHandle<()>>,
+    reaper: Option<JoinHandle<()>>,
 }
 
 impl MemoryServer {
@@ -187,16 +227,25 @@ impl MemoryServer {
             extents: AtomicU64::new(0),
             sessions: Mutex::new(HashMap::new()),
             next_session: AtomicU64::new(1),
+            lease: config.lease,
+            live_tokens: Mutex::new(HashMap::new()),
+            departed: Mutex::new(HashMap::new()),
+            departures: Condvar::new(),
             arena,
         });
         let s = shared.clone();
         let accept = thread::Builder::new()
             .name("serve-accept".into())
             .spawn(move || accept_loop(listener, s))?;
+        let s = shared.clone();
+        let reaper = thread::Builder::new()
+            .name("lease-reaper".into())
+            .spawn(move || reap_leases(&s))?;
         Ok(MemoryServer {
             shared,
             local_addr,
             accept: Some(accept),
+            reaper: Some(reaper),
         })
     }
 
@@ -227,6 +276,62 @@ impl MemoryServer {
         if let Some(h) = self.accept.take() {
             let _ = h.join();
         }
+        self.shared.departures.notify_all();
+        if let Some(h) = self.reaper.take() {
+            let _ = h.join();
+        }
+        // Leases end with the server.
+        let left: Vec<Departed> = self
+            .shared
+            .departed
+            .lock()
+            .drain()
+            .map(|(_, d)| d)
+            .collect();
+        for d in left {
+            for (_, e) in d.extents {
+                self.shared.release(e);
+            }
+        }
+    }
+
+    /// Sessions whose extents are kept for a lease.
+    pub fn departed_sessions(&self) -> usize {
+        self.shared.departed.lock().len()
+    }
+}
+
+/// Frees the extents of sessions whose lease has run out; until the server stops.
+fn reap_leases(shared: &Shared) {
+    /// How often expiry is checked at most: leases are whole seconds, so this keeps a lease
+    /// within a quarter second of its length.
+    const TICK: Duration = Duration::from_millis(250);
+    let mut departed = shared.departed.lock();
+    while !shared.stop.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        let expired: Vec<TokenDigest> = departed
+            .iter()
+            .filter(|(_, d)| d.expires <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        if !expired.is_empty() {
+            let gone: Vec<Departed> = expired.iter().filter_map(|k| departed.remove(k)).collect();
+            drop(departed);
+            for d in gone {
+                log::info!(
+                    "lease of client '{}' expired: releasing its {} extents ({} bytes)",
+                    d.client_name,
+                    d.extents.len(),
+                    d.held
+                );
+                for (_, e) in d.extents {
+                    shared.release(e);
+                }
+            }
+            departed = shared.departed.lock();
+            continue;
+        }
+        departed = shared.departures.wait_timeout(departed, TICK).0;
     }
 }
 
@@ -245,6 +350,51 @@ fn instance_id() -> u64 {
 }
 
 impl Shared {
+    /// Deregisters an extent, waiting (bounded) for in-flight one-sided operations so the
+    /// space is not handed to someone else while an old write may still land in it.
+    fn release(&self, extent: Extent) {
+        let mut mr = extent.mr;
+        let start = Instant::now();
+        loop {
+            match self.fabric.deregister(vec![mr]) {
+                Ok(()) => break,
+                Err(DeregisterError::Busy(mut v)) => {
+                    mr = v.pop().expect("one region was passed");
+                    if start.elapsed() > self.control_timeout {
+                        // An operation on it is still running (a peer trickling a payload).
+                        // Handing the range to someone else could let that operation land in
+                        // their data: quarantine it instead (its key is gone, its memory is
+                        // never reused by this server).
+                        log::warn!(
+                            "extent at {:#x} ({} bytes) still busy after {:?}; quarantined",
+                            mr.addr(),
+                            extent.len,
+                            self.control_timeout
+                        );
+                        drop(mr);
+                        self.extents.fetch_sub(1, Ordering::SeqCst);
+                        return;
+                    }
+                    thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        // Free space is kept zeroed (a fresh mapping is zero already), so extents are handed
+        // out zeroed without work on the allocation path: a client never sees another
+        // client's old bytes, and file holes inside a chunk read as zeros.
+        // SAFETY: the extent lies inside the arena (it was allocated from it) and is no longer
+        // registered, so no remote peer can reach it while it is cleared.
+        unsafe {
+            std::ptr::write_bytes(
+                self.arena.ptr.add(extent.offset as usize),
+                0,
+                extent.len as usize,
+            )
+        };
+        self.alloc.lock().free(extent.offset, extent.len);
+        self.extents.fetch_sub(1, Ordering::SeqCst);
+    }
+
     fn capacity(&self) -> Capacity {
         let a = self.alloc.lock();
         Capacity {
@@ -291,6 +441,9 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             *n += 1;
         }
         let id = shared.next_session.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = keep_alive(&stream, shared.control_timeout) {
+            log::warn!("cannot enable keepalive on a control connection: {e}");
+        }
         if let Ok(clone) = stream.try_clone() {
             shared.sessions.lock().insert(id, clone);
         }
@@ -303,17 +456,20 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 let mut session = Session {
                     shared: s.clone(),
                     id,
+                    conn: id,
                     peer,
+                    client_name: String::new(),
                     extents: HashMap::new(),
                     held: 0,
                     guards: Vec::new(),
                     state: Handshake::New,
+                    goodbye: false,
                 };
                 match session.run(stream) {
                     Ok(()) => log::info!("client {peer:?} disconnected"),
                     Err(e) => log::warn!("client {peer:?}: closing connection: {e}"),
                 }
-                session.release_all();
+                session.depart();
                 s.sessions.lock().remove(&id);
                 if let Some(ip) = peer_ip {
                     let mut per_peer = s.per_peer.lock();
@@ -334,9 +490,13 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 
 struct Session {
     shared: Arc<Shared>,
-    /// Unique in this server's life, never 0 (0 is "no session" to the fabric).
+    /// Unique in this server's life, never 0 (0 is "no session" to the fabric). A session
+    /// that resumes an earlier one takes over that one's id (its extents are restricted to it).
     id: u64,
+    /// This control connection (its entry in `Shared::sessions`).
+    conn: u64,
     peer: Option<SocketAddr>,
+    client_name: String,
     /// This client's extents, by remote address.
     extents: HashMap<u64, Extent>,
     /// Bytes those extents hold (against the quota).
@@ -344,6 +504,8 @@ struct Session {
     /// Server-side halves of the client's data paths.
     guards: Vec<PeerGuard>,
     state: Handshake,
+    /// The client said `Goodbye`: free everything now, no lease.
+    goodbye: bool,
 }
 
 /// Where a control session is in its handshake.
@@ -404,6 +566,10 @@ impl Session {
             };
             if let Message::Fatal { message } = &msg {
                 log::warn!("client {:?} gave up: {message}", self.peer);
+                return Ok(());
+            }
+            if matches!(msg, Message::Goodbye) && self.welcomed() {
+                self.goodbye = true;
                 return Ok(());
             }
             let reply = match self.handle(msg) {
@@ -507,6 +673,11 @@ impl Session {
                 }
                 let token = shared.secret.session_token(&t);
                 self.state = Handshake::Welcomed { token };
+                self.client_name = client_name.clone();
+                shared
+                    .live_tokens
+                    .lock()
+                    .insert(token_digest(&token), self.conn);
                 shared.clients.fetch_add(1, Ordering::SeqCst);
                 log::info!(
                     "client '{client_name}' connected from {:?}{}",
@@ -554,6 +725,7 @@ impl Session {
                     },
                 }
             }
+            Message::Resume { tag, token: old } => return self.resume(tag, &old, &token),
             Message::Alloc { tag, len } => self.alloc(tag, len),
             Message::Free { tag, addr, rkey } => self.free(tag, addr, rkey),
             Message::Stat { tag } => Message::Stats {
@@ -563,6 +735,69 @@ impl Session {
                 clients: self.shared.clients.load(Ordering::SeqCst),
             },
             other => return Err(format!("unexpected {} from a client", kind(&other))),
+        })
+    }
+
+    /// Takes over the extents of the departed session whose token was `old`: from the
+    /// leases, or from a control connection still open (the client saw it fail before this
+    /// server did), which is closed first. Only before this session has a data path or
+    /// extents of its own.
+    fn resume(&mut self, tag: u64, old: &Token, current: &Token) -> Result<Message, String> {
+        if !self.extents.is_empty() || !self.guards.is_empty() || old == current {
+            return Err("Resume must come first after Welcome".into());
+        }
+        let key = token_digest(old);
+        let shared = self.shared.clone();
+        let taken = shared.live_tokens.lock().get(&key).copied();
+        if let Some(conn) = taken {
+            if let Some(s) = shared.sessions.lock().get(&conn) {
+                log::info!(
+                    "client '{}' resumes a session whose connection is still open: closing it",
+                    self.client_name
+                );
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+        let deadline = Instant::now() + shared.control_timeout;
+        let mut departed = shared.departed.lock();
+        let found = loop {
+            if let Some(d) = departed.remove(&key) {
+                break Some(d);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !shared.live_tokens.lock().contains_key(&key) {
+                break None;
+            }
+            departed = shared.departures.wait_timeout(departed, left).0;
+        };
+        drop(departed);
+        let Some(d) = found else {
+            log::info!(
+                "client '{}' from {:?} asked to resume a session this server does not hold",
+                self.client_name,
+                self.peer
+            );
+            return Ok(Message::Refused {
+                tag,
+                code: RefusalCode::NotFound,
+                message: "no such session here (the server restarted or its lease expired)".into(),
+            });
+        };
+        log::info!(
+            "client '{}' from {:?} resumed its session: {} extents ({} bytes) kept",
+            self.client_name,
+            self.peer,
+            d.extents.len(),
+            d.held
+        );
+        self.id = d.id;
+        self.held = d.held;
+        let extents = d.extents.len() as u64;
+        self.extents = d.extents;
+        Ok(Message::Resumed {
+            tag,
+            extents,
+            bytes: self.held,
         })
     }
 
@@ -650,62 +885,63 @@ impl Session {
         }
         let extent = self.extents.remove(&addr).expect("checked above");
         self.held -= extent.len;
-        self.release(extent);
+        self.shared.release(extent);
         Message::Freed {
             tag,
             capacity: self.shared.capacity(),
         }
     }
 
-    /// Deregisters an extent, waiting (bounded) for in-flight one-sided operations so the
-    /// space is not handed to someone else while an old write may still land in it.
-    fn release(&self, extent: Extent) {
-        let mut mr = extent.mr;
-        let start = std::time::Instant::now();
-        loop {
-            match self.shared.fabric.deregister(vec![mr]) {
-                Ok(()) => break,
-                Err(DeregisterError::Busy(mut v)) => {
-                    mr = v.pop().expect("one region was passed");
-                    if start.elapsed() > self.shared.control_timeout {
-                        // An operation on it is still running (a peer trickling a payload).
-                        // Handing the range to someone else could let that operation land in
-                        // their data: quarantine it instead (its key is gone, its memory is
-                        // never reused by this server).
-                        log::warn!(
-                            "extent at {:#x} ({} bytes) still busy after {:?}; quarantined",
-                            mr.addr(),
-                            extent.len,
-                            self.shared.control_timeout
-                        );
-                        drop(mr);
-                        self.shared.extents.fetch_sub(1, Ordering::SeqCst);
-                        return;
-                    }
-                    thread::sleep(Duration::from_millis(1));
-                }
+    /// The control connection is gone. A client that said `Goodbye`, a stopping server or a
+    /// zero lease: everything is freed now. Otherwise the extents wait for the client to
+    /// resume, until the lease runs out.
+    fn depart(&mut self) {
+        let token = match &self.state {
+            Handshake::Welcomed { token } => *token,
+            _ => return self.release_all(),
+        };
+        let key = token_digest(&token);
+        {
+            let mut live = self.shared.live_tokens.lock();
+            if live.get(&key) == Some(&self.conn) {
+                live.remove(&key);
             }
         }
-        // Free space is kept zeroed (a fresh mapping is zero already), so extents are handed
-        // out zeroed without work on the allocation path: a client never sees another
-        // client's old bytes, and file holes inside a chunk read as zeros.
-        // SAFETY: the extent lies inside the arena (it was allocated from it) and is no longer
-        // registered, so no remote peer can reach it while it is cleared.
-        unsafe {
-            std::ptr::write_bytes(
-                self.shared.arena.ptr.add(extent.offset as usize),
-                0,
-                extent.len as usize,
-            )
-        };
-        self.shared.alloc.lock().free(extent.offset, extent.len);
-        self.shared.extents.fetch_sub(1, Ordering::SeqCst);
+        let keep = !self.goodbye
+            && !self.shared.stop.load(Ordering::SeqCst)
+            && !self.shared.lease.is_zero()
+            && !self.extents.is_empty();
+        if keep {
+            log::info!(
+                "client '{}' from {:?} left without goodbye: keeping its {} extents ({} bytes) \
+                 for a lease of {:?}",
+                self.client_name,
+                self.peer,
+                self.extents.len(),
+                self.held,
+                self.shared.lease
+            );
+            self.guards.clear();
+            let d = Departed {
+                id: self.id,
+                extents: std::mem::take(&mut self.extents),
+                held: std::mem::take(&mut self.held),
+                expires: Instant::now() + self.shared.lease,
+                client_name: self.client_name.clone(),
+            };
+            self.shared.departed.lock().insert(key, d);
+            self.shared.clients.fetch_sub(1, Ordering::SeqCst);
+            self.state = Handshake::New;
+        } else {
+            self.release_all();
+        }
+        self.shared.departures.notify_all();
     }
 
     fn release_all(&mut self) {
         let n = self.extents.len();
         for (_, e) in std::mem::take(&mut self.extents) {
-            self.release(e);
+            self.shared.release(e);
         }
         if n > 0 {
             log::info!("released {n} extents of a departed client");
@@ -735,5 +971,44 @@ fn kind(m: &Message) -> &'static str {
         Message::Stats { .. } => "Stats",
         Message::Refused { .. } => "Refused",
         Message::Fatal { .. } => "Fatal",
+        Message::Resume { .. } => "Resume",
+        Message::Resumed { .. } => "Resumed",
+        Message::Goodbye => "Goodbye",
     }
+}
+
+/// TCP keepalive on a control connection: a client host that vanished (powered off, link cut)
+/// is noticed after `idle` plus three one-second probes, and its session departs (its lease
+/// starts) instead of holding a slot forever. `TCP_USER_TIMEOUT` bounds unacknowledged
+/// replies the same way.
+fn keep_alive(stream: &TcpStream, idle: Duration) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    /// Probes one second apart, three of them: a live peer's kernel answers the first.
+    const PROBE_INTERVAL_SECS: libc::c_int = 1;
+    const PROBES: libc::c_int = 3;
+    let fd = stream.as_raw_fd();
+    let idle_secs = idle.as_secs().clamp(1, 3600) as libc::c_int;
+    let user_timeout_ms = idle.as_millis().clamp(1000, 3_600_000) as libc::c_int;
+    let set = |level: libc::c_int, name: libc::c_int, value: libc::c_int| {
+        // SAFETY: `fd` is an open socket owned by `stream`; the option value is a live local
+        // int of the size passed.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                &value as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle_secs)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, PROBE_INTERVAL_SECS)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, PROBES)?;
+    set(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, user_timeout_ms)
 }

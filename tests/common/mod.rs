@@ -15,6 +15,9 @@ pub struct TestFs {
     pub fs: Fs,
     pub servers: Vec<MemoryServer>,
     pub nodes: Vec<Arc<LocalFabric>>,
+    pub net: Arc<LocalNetwork>,
+    /// Each server's arena size and lease.
+    pub server_config: ServerConfig,
 }
 
 pub const ME: Caller = Caller { uid: 0, gid: 0 };
@@ -37,18 +40,28 @@ impl TestFs {
         path: WritePath,
         replicas: usize,
     ) -> TestFs {
+        Self::with_lease(servers, size, chunk, path, replicas, rmemfs::config::LEASE)
+    }
+
+    /// As [`TestFs::replicated`], with servers that keep a dropped session for `lease`.
+    pub fn with_lease(
+        servers: usize,
+        size: u64,
+        chunk: u64,
+        path: WritePath,
+        replicas: usize,
+        lease: Duration,
+    ) -> TestFs {
         let net = LocalNetwork::new();
         let mut srv = Vec::new();
         let mut nodes = Vec::new();
+        let server_config = ServerConfig {
+            lease,
+            ..ServerConfig::new("127.0.0.1:0".parse().unwrap(), size)
+        };
         for _ in 0..servers {
             let node = net.node();
-            srv.push(
-                MemoryServer::start(
-                    &ServerConfig::new("127.0.0.1:0".parse().unwrap(), size),
-                    node.clone(),
-                )
-                .unwrap(),
-            );
+            srv.push(MemoryServer::start(&server_config, node.clone()).unwrap());
             nodes.push(node);
         }
         let addrs: Vec<_> = srv.iter().map(|s| s.local_addr()).collect();
@@ -83,6 +96,8 @@ impl TestFs {
             fs,
             servers: srv,
             nodes,
+            net,
+            server_config,
         }
     }
 
@@ -91,6 +106,18 @@ impl TestFs {
     pub fn kill_server(&mut self, i: usize) {
         self.nodes[i].kill();
         self.servers[i].shutdown();
+    }
+
+    /// Memory server `i` (killed before) starts again as a new process would: same address,
+    /// empty arena.
+    pub fn restart_server(&mut self, i: usize) {
+        let node = self.net.node();
+        let config = ServerConfig {
+            listen: self.servers[i].local_addr(),
+            ..self.server_config.clone()
+        };
+        self.servers[i] = MemoryServer::start(&config, node.clone()).unwrap();
+        self.nodes[i] = node;
     }
 
     /// Resolves a '/'-separated path from the root.

@@ -186,6 +186,15 @@ fn nic_serve(nic: &NicShared, stream: &TcpStream) -> io::Result<()> {
         }
         // Something a well-behaved QP never sends: the stream cannot be trusted any more.
         let req = Request::decode(&h).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        // A session that ended (its control connection dropped; its extents may wait for a
+        // resume under a new token) serves nothing more on its old data connections: a late
+        // request from before the drop cannot land after the client resumed.
+        if registry.session_for(&token) != Some(session) {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the session of this data connection ended",
+            ));
+        }
         let hold = registry.admit_remote(session, req.opcode, req.rkey, req.addr, req.len);
         let status = if hold.is_some() {
             WcStatus::Success
