@@ -44,6 +44,8 @@ tools/fuzz.sh 45
 echo "== real mounts (mount-tests/run.sh)"
 cargo build --release
 mount-tests/run.sh
+echo "== failures on separate test hosts (mount-tests/hosts.sh: kill, freeze, cut, restart)"
+mount-tests/hosts.sh
 if [ "${RMEMFS_SKIP_RXE:-0}" = 1 ]; then
   echo "== rxe tier skipped (RMEMFS_SKIP_RXE=1)"
 else

@@ -1,0 +1,135 @@
+# shellcheck shell=bash
+# Test hosts for failure tests (mount-tests/hosts.sh, tools/chaos.sh): memory servers on
+# separate network hosts, each a network namespace this harness creates with its own address
+# on a veth pair whose root end sits on a bridge; the mount runs in the root namespace. A host
+# can be killed, frozen (SIGSTOP/SIGCONT), restarted (same address, a new process with an empty
+# arena) and cut off (its link down) and healed. Everything is torn down on exit. Only these
+# addresses (HOSTS_NET below) and loopback are ever used. Sourced after lib.sh and lib_init.
+
+# A private /24 of our choosing: the bridge is .1, host i is .(10+i).
+HOSTS_NET=${RMEMFS_HOSTS_NET:-10.213.7}
+HOSTS_PORT=7471
+HOSTS_BRIDGE=rmbr0
+HOST_PIDS=()   # the memory server of host i (empty while it is down)
+HOST_ARGS=()   # how host i's server was started (size and extra arguments), for restarts
+HOSTS_N=0
+HOSTS_SECRET=""
+
+host_ns() { echo "rmh$1"; }
+host_link() { echo "rmv$1"; }
+host_ip() { echo "$HOSTS_NET.$((10 + $1))"; }
+host_addr() { echo "$(host_ip "$1"):$HOSTS_PORT"; }
+
+# hosts_addrs: every host's server address, comma separated (for --servers).
+hosts_addrs() {
+  local i out=""
+  for ((i = 0; i < HOSTS_N; i++)); do out+=${out:+,}$(host_addr "$i"); done
+  echo "$out"
+}
+
+# hosts_teardown: stops every host's server and removes namespaces, links and the bridge.
+hosts_teardown() {
+  local i
+  set +e
+  for ((i = 0; i < HOSTS_N; i++)); do
+    if [ -n "${HOST_PIDS[i]:-}" ]; then
+      kill -CONT "${HOST_PIDS[i]}" 2>/dev/null
+      kill -KILL "${HOST_PIDS[i]}" 2>/dev/null
+    fi
+  done
+  for i in 0 1 2 3 4 5; do
+    ip netns pids "$(host_ns "$i")" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
+    ip link del "$(host_link "$i")" 2>/dev/null
+    ip netns del "$(host_ns "$i")" 2>/dev/null
+  done
+  ip link del "$HOSTS_BRIDGE" 2>/dev/null
+  HOSTS_N=0
+  return 0
+}
+
+# hosts_init N: creates N test hosts on a bridge (removing leftovers of an earlier run first)
+# and a shared secret for their servers and the mount. Installs the teardown in the EXIT trap.
+hosts_init() {
+  local i ns link
+  command -v ip >/dev/null 2>&1 || ensure_packages ip:iproute2
+  HOSTS_N=6 hosts_teardown
+  trap 'hosts_teardown; cleanup' EXIT
+  ip link add "$HOSTS_BRIDGE" type bridge || return 1
+  ip addr add "$HOSTS_NET.1/24" dev "$HOSTS_BRIDGE"
+  ip link set "$HOSTS_BRIDGE" up
+  HOSTS_N=$1
+  for ((i = 0; i < HOSTS_N; i++)); do
+    ns=$(host_ns "$i") link=$(host_link "$i")
+    ip netns add "$ns" || return 1
+    ip link add "$link" type veth peer name eth0 netns "$ns" || return 1
+    ip link set "$link" master "$HOSTS_BRIDGE"
+    ip link set "$link" up
+    ip -n "$ns" addr add "$(host_ip "$i")/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    HOST_PIDS[i]=""
+  done
+  HOSTS_SECRET=$BASE/secret
+  "$BIN" keygen --force "$HOSTS_SECRET" >/dev/null
+}
+
+# host_start I SIZE [ARGS...]: starts host I's memory server (authenticated) and waits for it
+# to listen. ARGS are kept for host_restart.
+host_start() {
+  local i=$1 size=$2 out err k
+  shift 2
+  HOST_ARGS[i]="$size $*"
+  out=$BASE/logs/host$i-$RANDOM.out
+  err=${out%.out}.err
+  # nsenter joins only the host's network namespace: `ip netns exec` would also give the
+  # server a mount namespace holding a copy of the test's FUSE mount, which would then
+  # outlive its umount.
+  nsenter --net="/run/netns/$(host_ns "$i")" "$BIN" serve --listen "$(host_addr "$i")" --size "$size" \
+    --secret-file "$HOSTS_SECRET" "$@" >"$out" 2>"$err" </dev/null &
+  HOST_PIDS[i]=$!
+  disown "${HOST_PIDS[i]}"
+  for ((k = 0; k < 100; k++)); do
+    grep -q "listening on" "$out" 2>/dev/null && return 0
+    if ! kill -0 "${HOST_PIDS[i]}" 2>/dev/null; then
+      echo "host $i's server exited at startup: $(tail -n 3 "$err" | tr '\n' ' ')" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
+  echo "host $i's server did not listen within 10 s" >&2
+  return 1
+}
+
+# host_kill I: SIGKILL to host I's server (a crash: its memory is gone).
+host_kill() {
+  kill -CONT "${HOST_PIDS[$1]}" 2>/dev/null || true
+  kill -KILL "${HOST_PIDS[$1]}" 2>/dev/null || true
+  HOST_PIDS[$1]=""
+}
+
+# host_restart I: a killed host's server starts again: same address, a new empty arena.
+host_restart() {
+  local args
+  read -ra args <<<"${HOST_ARGS[$1]}"
+  host_start "$1" "${args[@]}"
+}
+
+host_freeze() { kill -STOP "${HOST_PIDS[$1]}"; }
+host_thaw() { kill -CONT "${HOST_PIDS[$1]}"; }
+host_cut() { ip link set "$(host_link "$1")" down; }
+host_heal() { ip link set "$(host_link "$1")" up; }
+
+# wait_redundant MNT SECONDS: waits until `stats` shows every server up and no chunk short of
+# copies (or lost); fails with the stats otherwise.
+wait_redundant() {
+  local mnt=$1 secs=$2 st k
+  for ((k = 0; k < secs * 2; k++)); do
+    st=$(timeout -k 5 30 "$BIN" stats "$mnt") || fail "rmemfs stats failed"
+    if ! grep -qE ": (DOWN|REJOINING)," <<<"$st" &&
+      grep -qE "^chunks: [0-9]+ copies each; .* degraded 0, lost 0$" <<<"$st"; then
+      return 0
+    fi
+    sleep 0.5
+  done
+  fail "not back to full redundancy within $secs s: $(grep -E '^(server|chunks|rebuild)' <<<"$st" | tr '\n' ';')"
+}

@@ -1,0 +1,256 @@
+#!/usr/bin/env bash
+# Failure tests on separate test hosts (mount-tests/hosts-lib.sh): three memory servers, each
+# in its own network namespace, a mount with two copies of every chunk in the root namespace.
+# One host at a time is killed, frozen, cut off or restarted while programs write and verify;
+# every test ends with every byte read back and `stats` showing every server up and no chunk
+# short of a copy. Usage: mount-tests/hosts.sh [TEST...]. Needs root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=mount-tests/lib.sh
+. mount-tests/lib.sh
+# shellcheck source=mount-tests/hosts-lib.sh
+. mount-tests/hosts-lib.sh
+
+# Failure detection (the mount's op timeout) and the servers' own timeouts, short so the
+# tests run in seconds; the lease long enough for the short cut, and short for the long one.
+DETECT=2
+SERVE=(--op-timeout "$DETECT")
+MOUNT=(--op-timeout "$DETECT" --replicas 2)
+
+# Writes 12 reference files of 1 to 3 MiB and copies them in.
+seed_files() {
+  local i
+  for ((i = 0; i < 12; i++)); do
+    dd if=/dev/urandom of="$WORK/f$i" bs=1M count=$((1 + i % 3)) status=none
+    must "write f$i" cp "$WORK/f$i" "$MNT/f$i"
+  done
+  must "sync" sync -f "$MNT"
+}
+
+check_files() {
+  local i
+  drop_caches "$MNT" || fail "drop caches failed"
+  for ((i = 0; i < 12; i++)); do
+    must "cmp f$i ($1)" cmp "$WORK/f$i" "$MNT/f$i"
+  done
+}
+
+# start_fio: fio writes and verifies (crc32c) in the background; returns once it has data.
+start_fio() {
+  local k
+  timeout -k 10 300 fio --name=v --directory="$MNT" --size="${RMEMFS_TEST_FIO_SIZE:-48M}" \
+    --bs=64k --rw=randwrite --ioengine=psync --verify=crc32c --do_verify=1 --verify_fatal=1 \
+    --numjobs=2 --group_reporting >"$WORK/fio.out" 2>&1 &
+  FIO_PID=$!
+  for ((k = 0; k < 600; k++)); do
+    [ "$(du -skc "$MNT"/v.* 2>/dev/null | tail -n 1 | cut -f1)" -ge 4096 ] && return 0
+    sleep 0.1
+  done
+}
+
+finish_fio() {
+  local rc=0
+  wait "$FIO_PID" || rc=$?
+  cat "$WORK/fio.out" >&2
+  is_timeout "$rc" && fail "fio did not finish within 300 s ($1)"
+  [ "$rc" -eq 0 ] || fail "fio failed (exit $rc) ($1)"
+  ! grep -qiE "verify.*(bad|fail)|Input/output error" "$WORK/fio.out" || fail "fio errors ($1)"
+}
+
+# kill -9 a host while fio writes and verifies; restart it (empty) before the rebuild delay
+# runs out and see the copies it lost rebuilt onto it.
+test_kill_restart() {
+  local st
+  seed_files
+  start_fio
+  host_kill 1
+  log "killed host 1 while fio was writing"
+  finish_fio "host killed"
+  check_files "after the kill"
+  host_restart 1
+  log "restarted host 1 (empty arena)"
+  for ((k = 0; k < 60; k++)); do
+    grep -q "is up again (empty)" "$DLOG" && break
+    sleep 0.5
+  done
+  grep -q "is up again (empty)" "$DLOG" || fail "the restarted server was not admitted"
+  wait_redundant "$MNT" 60
+  st=$(t "$BIN" stats "$MNT")
+  grep -E "^server server#1 .*: up, .*; 268435456 of 268435456 bytes free" <<<"$st" &&
+    fail "nothing was rebuilt onto the restarted server"
+  # The third host goes: what the restarted one holds must be real.
+  host_kill 2
+  check_files "after the restart and another kill"
+}
+
+# A kill during a large sequential write: once the write returns, the bytes read back exactly.
+test_kill_seq_write() {
+  local big=$WORK/big
+  dd if=/dev/urandom of="$big" bs=1M count=192 status=none
+  cp "$big" "$MNT/big" &
+  local cp_pid=$!
+  for ((k = 0; k < 600; k++)); do
+    [ "$(stat -c %s "$MNT/big" 2>/dev/null || echo 0)" -ge $((32 << 20)) ] && break
+    sleep 0.05
+  done
+  host_kill 0
+  log "killed host 0 during a 192 MiB sequential write"
+  wait "$cp_pid" || fail "the write failed after one of three servers died"
+  must "fsync big" dd if=/dev/null of="$MNT/big" conv=notrunc,fsync status=none
+  drop_caches "$MNT" || fail "drop caches failed"
+  must "cmp big" cmp "$big" "$MNT/big"
+  wait_redundant_except_down "$MNT" 60
+}
+
+# wait_redundant_except_down MNT SECS: no chunk short of copies (a host may stay down).
+wait_redundant_except_down() {
+  local st k
+  for ((k = 0; k < $2 * 2; k++)); do
+    st=$(t "$BIN" stats "$1") || fail "rmemfs stats failed"
+    grep -qE "^chunks: 2 copies each; .* degraded 0, lost 0$" <<<"$st" && return 0
+    sleep 0.5
+  done
+  fail "still degraded after $2 s: $(grep -E '^(server|chunks)' <<<"$st" | tr '\n' ';')"
+}
+
+# Frozen longer than detection, then thawed: no error, the server resumes its session.
+test_freeze() {
+  seed_files
+  start_fio
+  host_freeze 2
+  log "froze host 2 for $((DETECT * 3)) s"
+  sleep $((DETECT * 3))
+  check_files "while a host is frozen"
+  host_thaw 2
+  finish_fio "host frozen"
+  wait_redundant "$MNT" 60
+  grep -q "is down" "$DLOG" || fail "the frozen server was never marked down"
+  check_files "after the thaw"
+}
+
+# Cut off for less than the lease (and the rebuild delay): the session resumes with every
+# copy intact, nothing is copied.
+test_cut_short() {
+  seed_files
+  host_cut 1
+  log "cut host 1's link for $((DETECT * 3)) s"
+  sleep $((DETECT * 3))
+  check_files "while a host is cut off"
+  host_heal 1
+  for ((k = 0; k < 60; k++)); do
+    grep -q "session resumed" "$DLOG" && break
+    sleep 0.5
+  done
+  grep -q "session resumed" "$DLOG" || fail "the session was not resumed: $(tail -n 5 "$DLOG")"
+  wait_redundant "$MNT" 30
+  st=$(t "$BIN" stats "$MNT")
+  grep -qE "^rebuild: .*, 0 chunks \(0 bytes\) copied" <<<"$st" ||
+    fail "a resumed session needed a rebuild: $(grep '^rebuild' <<<"$st")"
+  # Another host goes: chunks it shared with the resumed one are read from the resumed one.
+  host_kill 0
+  check_files "read back with the resumed host's copies"
+}
+
+# Cut off for longer than the lease: rebuilt around while away; back empty, admitted and
+# rebuilt onto.
+test_cut_long() {
+  seed_files
+  host_cut 1
+  log "cut host 1's link for 14 s (lease 3 s)"
+  sleep 14
+  check_files "while a host is cut off"
+  wait_redundant_except_down "$MNT" 30
+  host_heal 1
+  for ((k = 0; k < 60; k++)); do
+    grep -q "is up again (empty)" "$DLOG" && break
+    sleep 0.5
+  done
+  grep -q "is up again (empty)" "$DLOG" || fail "the server whose lease ran out was not re-admitted"
+  wait_redundant "$MNT" 60
+  check_files "after the long cut"
+}
+
+# name, extra serve arguments, extra mount arguments
+ALL_TESTS=(
+  "kill_restart||--rebuild-delay 8"
+  "kill_seq_write||--rebuild-delay 1"
+  "freeze||--rebuild-delay 1"
+  "cut_short||--rebuild-delay 60"
+  "cut_long|--lease 3|--rebuild-delay 1"
+)
+
+run_host_test() {
+  local name=$1 sargs margs rc=0 reason="" i tlog
+  read -ra sargs <<<"$2"
+  read -ra margs <<<"$3"
+  tlog=$BASE/logs/hosts-$name.log
+  MNT=$BASE/mnt/$name WORK=$BASE/work/$name REASON=$BASE/logs/$name.reason
+  DLOG=$WORK/daemon.log
+  mkdir -p "$MNT" "$WORK"
+  : >"$REASON"
+  if ! hosts_init 3 2>>"$tlog"; then
+    reason="cannot create the test hosts: $(tail -n 1 "$tlog")"
+  fi
+  for ((i = 0; i < 3; i++)); do
+    [ -z "$reason" ] || break
+    host_start "$i" 256M "${SERVE[@]}" "${sargs[@]}" 2>>"$tlog" || reason="host $i did not start"
+  done
+  if [ -z "$reason" ] && ! RUST_LOG=${RMEMFS_TEST_RUST_LOG:-info} mount_fs "$MNT" "$(hosts_addrs)" "${MOUNT[@]}" \
+    --secret-file "$HOSTS_SECRET" --log-file "$DLOG" "${margs[@]}" 2>>"$tlog"; then
+    reason="mount failed: $(tail -n 1 "$tlog")"
+  fi
+  if [ -z "$reason" ]; then
+    set +e
+    (
+      trap - EXIT INT TERM
+      set -eE
+      trap 'on_err "$?" "${BASH_SOURCE[0]##*/}:$LINENO" "$BASH_COMMAND"' ERR
+      "test_$name"
+    ) >>"$tlog" 2>&1 </dev/null
+    rc=$?
+    set -e
+    if [ "$rc" -ne 0 ]; then
+      reason=$(head -n 1 "$REASON")
+      [ -n "$reason" ] || reason="the test exited $rc"
+    fi
+  fi
+  if is_mounted "$MNT" && ! unmount_fs "$MNT" 2>>"$tlog"; then
+    [ -n "$reason" ] || reason="unmount after the test failed"
+  fi
+  hosts_teardown
+  if [ -z "$reason" ]; then
+    echo "ok hosts/$name"
+    PASSED=$((PASSED + 1))
+  else
+    echo "FAIL hosts/$name: $reason"
+    tail -n 20 "$tlog" | sed 's/^/    | /'
+    [ -f "$DLOG" ] && tail -n 10 "$DLOG" | sed 's/^/    d /'
+    FAILED=$((FAILED + 1))
+  fi
+}
+
+main() {
+  local spec name selected=()
+  PASSED=0 FAILED=0
+  for spec in "${ALL_TESTS[@]}"; do
+    name=${spec%%|*}
+    if [ $# -eq 0 ] || [[ " $* " == *" $name "* ]]; then selected+=("$spec"); fi
+  done
+  [ ${#selected[@]} -gt 0 ] || {
+    echo "unknown test; tests: $(printf '%s\n' "${ALL_TESTS[@]}" | cut -d'|' -f1 | tr '\n' ' ')" >&2
+    exit 2
+  }
+  ensure_packages fio:fio ip:iproute2 cmp:diffutils fusermount3:fuse3
+  check_prereqs mount serve || exit 2
+  lib_init hosts
+  for spec in "${selected[@]}"; do
+    IFS='|' read -r name s m <<<"$spec"
+    run_host_test "$name" "$s" "$m"
+  done
+  hosts_teardown
+  cleanup
+  echo "$PASSED passed, $FAILED failed"
+  [ "$FAILED" -eq 0 ] || exit 1
+}
+
+main "$@"
