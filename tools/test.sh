@@ -46,6 +46,8 @@ cargo build --release
 mount-tests/run.sh
 echo "== failures on separate test hosts (mount-tests/hosts.sh: kill, freeze, cut, restart)"
 mount-tests/hosts.sh
+echo "== chaos, short (tools/chaos.sh 60: one fault at a time on random test hosts while files are written)"
+tools/chaos.sh 60
 if [ "${RMEMFS_SKIP_RXE:-0}" = 1 ]; then
   echo "== rxe tier skipped (RMEMFS_SKIP_RXE=1)"
 else
