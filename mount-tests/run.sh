@@ -517,6 +517,42 @@ test_replica_freeze() {
   done
 }
 
+# (servers 2, two copies) One of two memory servers killed during fio write-and-verify: zero
+# errors, every file intact from the copy left; `stats` shows it down and nothing lost.
+test_replica_pair() {
+  local size=${RMEMFS_TEST_FIO_SIZE:-64M} i fio_pid rc=0 st
+  for ((i = 0; i < 6; i++)); do
+    dd if=/dev/urandom of="$WORK/f$i" bs=1M count=$((1 + i % 3)) status=none
+    must "write f$i" cp "$WORK/f$i" "$MNT/f$i"
+  done
+  must "sync" sync -f "$MNT"
+  timeout -k 10 300 fio --name=v --directory="$MNT" --size="$size" --bs=64k --rw=randwrite \
+    --ioengine=psync --verify=crc32c --do_verify=1 --verify_fatal=1 --numjobs=2 \
+    --group_reporting >"$WORK/fio.out" 2>&1 &
+  fio_pid=$!
+  for ((i = 0; i < 600; i++)); do
+    [ "$(du -skc "$MNT"/v.* 2>/dev/null | tail -n 1 | cut -f1)" -ge 2048 ] && break
+    sleep 0.1
+  done
+  is_our_server "${TEST_PIDS[0]}" || fail "the first server is not running before the kill"
+  kill -KILL "${TEST_PIDS[0]}"
+  log "killed server 1 of 2 while fio was writing"
+  wait "$fio_pid" || rc=$?
+  cat "$WORK/fio.out" >&2
+  is_timeout "$rc" && fail "fio did not finish within 300 s after the kill"
+  [ "$rc" -eq 0 ] || fail "fio failed (exit $rc) after one of two servers died"
+  ! grep -qiE "verify.*(bad|fail)|Input/output error" "$WORK/fio.out" ||
+    fail "fio reported errors after one of two servers died"
+  drop_caches "$MNT" || fail "drop caches failed"
+  for ((i = 0; i < 6; i++)); do
+    must "cmp f$i after the kill" cmp "$WORK/f$i" "$MNT/f$i"
+  done
+  st=$(t "$BIN" stats "$MNT") || fail "rmemfs stats failed"
+  log "$(grep -E '^(server|chunks)' <<<"$st")"
+  grep -q ": DOWN, since" <<<"$st" || fail "stats does not show the killed server down"
+  grep -qE "^chunks: 2 copies each; .* lost 0$" <<<"$st" || fail "stats: $(grep '^chunks' <<<"$st")"
+}
+
 # Unmount stops the daemon and leaves nothing mounted; mounting on a missing directory or over
 # an unreachable server fails with a message instead of hanging or leaving a mount behind.
 test_unmount_cleanup() {
@@ -575,6 +611,7 @@ ALL_TESTS=(
   "server_death 128M,128M mount --replicas=1"
   "replica_failover 256M,256M,256M mount"
   "replica_freeze 256M,256M,256M mount --op-timeout=2"
+  "replica_pair 256M,256M mount --replicas=2"
   "unmount_cleanup shared nomount"
   "secret shared nomount"
 )
