@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v cc >/dev/null 2>&1 || need+=(gcc)
+# libclang itself (bindgen loads it), not libclang-cpp, which other packages bring along.
 ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 ||
-  ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+  ls /usr/lib/x86_64-linux-gnu/libclang-[0-9]*.so* >/dev/null 2>&1 || need+=(libclang-dev)
 [ -e /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "== installing ${need[*]} (to build the verbs fabric)"
