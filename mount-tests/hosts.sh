@@ -17,70 +17,26 @@ DETECT=2
 SERVE=(--op-timeout "$DETECT")
 MOUNT=(--op-timeout "$DETECT" --replicas 2)
 
-# Writes 12 reference files of 1 to 3 MiB and copies them in.
-seed_files() {
-  local i
-  for ((i = 0; i < 12; i++)); do
-    dd if=/dev/urandom of="$WORK/f$i" bs=1M count=$((1 + i % 3)) status=none
-    must "write f$i" cp "$WORK/f$i" "$MNT/f$i"
-  done
-  must "sync" sync -f "$MNT"
-}
-
-check_files() {
-  local i
-  drop_caches "$MNT" || fail "drop caches failed"
-  for ((i = 0; i < 12; i++)); do
-    must "cmp f$i ($1)" cmp "$WORK/f$i" "$MNT/f$i"
-  done
-}
-
-# start_fio: fio writes and verifies (crc32c) in the background; returns once it has data.
-start_fio() {
-  local k
-  timeout -k 10 300 fio --name=v --directory="$MNT" --size="${RMEMFS_TEST_FIO_SIZE:-48M}" \
-    --bs=64k --rw=randwrite --ioengine=psync --verify=crc32c --do_verify=1 --verify_fatal=1 \
-    --numjobs=2 --group_reporting >"$WORK/fio.out" 2>&1 &
-  FIO_PID=$!
-  for ((k = 0; k < 600; k++)); do
-    [ "$(du -skc "$MNT"/v.* 2>/dev/null | tail -n 1 | cut -f1)" -ge 4096 ] && return 0
-    sleep 0.1
-  done
-}
-
-finish_fio() {
-  local rc=0
-  wait "$FIO_PID" || rc=$?
-  cat "$WORK/fio.out" >&2
-  is_timeout "$rc" && fail "fio did not finish within 300 s ($1)"
-  [ "$rc" -eq 0 ] || fail "fio failed (exit $rc) ($1)"
-  ! grep -qiE "verify.*(bad|fail)|Input/output error" "$WORK/fio.out" || fail "fio errors ($1)"
-}
-
 # kill -9 a host while fio writes and verifies; restart it (empty) before the rebuild delay
 # runs out and see the copies it lost rebuilt onto it.
 test_kill_restart() {
   local st
-  seed_files
-  start_fio
+  seed_files 12
+  start_fio_verify
   host_kill 1
   log "killed host 1 while fio was writing"
-  finish_fio "host killed"
-  check_files "after the kill"
+  finish_fio_verify "host killed"
+  check_files 12 "after the kill"
   host_restart 1
   log "restarted host 1 (empty arena)"
-  for ((k = 0; k < 60; k++)); do
-    grep -q "is up again (empty)" "$DLOG" && break
-    sleep 0.5
-  done
-  grep -q "is up again (empty)" "$DLOG" || fail "the restarted server was not admitted"
+  wait_log "$DLOG" "is up again \(empty\)" 30 || fail "the restarted server was not admitted"
   wait_redundant "$MNT" 60
   st=$(t "$BIN" stats "$MNT")
   grep -E "^server server#1 .*: up, .*; 268435456 of 268435456 bytes free" <<<"$st" &&
     fail "nothing was rebuilt onto the restarted server"
   # The third host goes: what the restarted one holds must be real.
   host_kill 2
-  check_files "after the restart and another kill"
+  check_files 12 "after the restart and another kill"
 }
 
 # A kill during a large sequential write: once the write returns, the bytes read back exactly.
@@ -115,59 +71,52 @@ wait_redundant_except_down() {
 
 # Frozen longer than detection, then thawed: no error, the server resumes its session.
 test_freeze() {
-  seed_files
-  start_fio
+  seed_files 12
+  start_fio_verify
   host_freeze 2
   log "froze host 2 for $((DETECT * 3)) s"
   sleep $((DETECT * 3))
-  check_files "while a host is frozen"
+  check_files 12 "while a host is frozen"
   host_thaw 2
-  finish_fio "host frozen"
+  finish_fio_verify "host frozen"
   wait_redundant "$MNT" 60
   grep -q "is down" "$DLOG" || fail "the frozen server was never marked down"
-  check_files "after the thaw"
+  check_files 12 "after the thaw"
 }
 
 # Cut off for less than the lease (and the rebuild delay): the session resumes with every
 # copy intact, nothing is copied.
 test_cut_short() {
-  seed_files
+  seed_files 12
   host_cut 1
   log "cut host 1's link for $((DETECT * 3)) s"
   sleep $((DETECT * 3))
-  check_files "while a host is cut off"
+  check_files 12 "while a host is cut off"
   host_heal 1
-  for ((k = 0; k < 60; k++)); do
-    grep -q "session resumed" "$DLOG" && break
-    sleep 0.5
-  done
-  grep -q "session resumed" "$DLOG" || fail "the session was not resumed: $(tail -n 5 "$DLOG")"
+  wait_log "$DLOG" "session resumed" 30 || fail "the session was not resumed: $(tail -n 5 "$DLOG")"
   wait_redundant "$MNT" 30
   st=$(t "$BIN" stats "$MNT")
   grep -qE "^rebuild: .*, 0 chunks \(0 bytes\) copied" <<<"$st" ||
     fail "a resumed session needed a rebuild: $(grep '^rebuild' <<<"$st")"
   # Another host goes: chunks it shared with the resumed one are read from the resumed one.
   host_kill 0
-  check_files "read back with the resumed host's copies"
+  check_files 12 "read back with the resumed host's copies"
 }
 
 # Cut off for longer than the lease: rebuilt around while away; back empty, admitted and
 # rebuilt onto.
 test_cut_long() {
-  seed_files
+  seed_files 12
   host_cut 1
   log "cut host 1's link for 14 s (lease 3 s)"
   sleep 14
-  check_files "while a host is cut off"
+  check_files 12 "while a host is cut off"
   wait_redundant_except_down "$MNT" 30
   host_heal 1
-  for ((k = 0; k < 60; k++)); do
-    grep -q "is up again (empty)" "$DLOG" && break
-    sleep 0.5
-  done
-  grep -q "is up again (empty)" "$DLOG" || fail "the server whose lease ran out was not re-admitted"
+  wait_log "$DLOG" "is up again \(empty\)" 30 ||
+    fail "the server whose lease ran out was not re-admitted"
   wait_redundant "$MNT" 60
-  check_files "after the long cut"
+  check_files 12 "after the long cut"
 }
 
 # name, extra serve arguments, extra mount arguments
@@ -180,7 +129,7 @@ ALL_TESTS=(
 )
 
 run_host_test() {
-  local name=$1 sargs margs rc=0 reason="" i tlog
+  local name=$1 sargs margs reason="" i tlog
   read -ra sargs <<<"$2"
   read -ra margs <<<"$3"
   tlog=$BASE/logs/hosts-$name.log
@@ -200,19 +149,7 @@ run_host_test() {
     reason="mount failed: $(tail -n 1 "$tlog")"
   fi
   if [ -z "$reason" ]; then
-    set +e
-    (
-      trap - EXIT INT TERM
-      set -eE
-      trap 'on_err "$?" "${BASH_SOURCE[0]##*/}:$LINENO" "$BASH_COMMAND"' ERR
-      "test_$name"
-    ) >>"$tlog" 2>&1 </dev/null
-    rc=$?
-    set -e
-    if [ "$rc" -ne 0 ]; then
-      reason=$(head -n 1 "$REASON")
-      [ -n "$reason" ] || reason="the test exited $rc"
-    fi
+    reason=$(run_test_fn "$name" "$tlog")
   fi
   if is_mounted "$MNT" && ! unmount_fs "$MNT" 2>>"$tlog"; then
     [ -n "$reason" ] || reason="unmount after the test failed"

@@ -407,3 +407,78 @@ make_src_tree() {
   chmod 444 "$d/a/b/file2.bin"
   chmod 700 "$d/a/d"
 }
+
+# --- writers and checkers for failure tests (run.sh, hosts.sh) -------------------------------
+
+# seed_files N: N reference files of 1 to 3 MiB in $WORK, copied into $MNT and synced.
+seed_files() {
+  local i
+  for ((i = 0; i < $1; i++)); do
+    dd if=/dev/urandom of="$WORK/f$i" bs=1M count=$((1 + i % 3)) status=none
+    must "write f$i" cp "$WORK/f$i" "$MNT/f$i"
+  done
+  must "sync" sync -f "$MNT"
+}
+
+# check_files N WHEN: the N files of seed_files read back exactly from the servers.
+check_files() {
+  local i
+  drop_caches "$MNT" || fail "drop caches failed ($2)"
+  for ((i = 0; i < $1; i++)); do
+    must "cmp f$i ($2)" cmp "$WORK/f$i" "$MNT/f$i"
+  done
+}
+
+# start_fio_verify [KIB]: fio writes and verifies (crc32c, two jobs of 64 KiB random writes,
+# RMEMFS_TEST_FIO_SIZE each) in $MNT in the background (FIO_PID, output in $WORK/fio.out);
+# returns once its files hold KIB (default 4096) KiB, so a fault lands mid-write.
+start_fio_verify() {
+  local i
+  timeout -k 10 300 fio --name=v --directory="$MNT" --size="${RMEMFS_TEST_FIO_SIZE:-64M}" \
+    --bs=64k --rw=randwrite --ioengine=psync --verify=crc32c --do_verify=1 --verify_fatal=1 \
+    --numjobs=2 --group_reporting >"$WORK/fio.out" 2>&1 &
+  FIO_PID=$!
+  for ((i = 0; i < 600; i++)); do
+    [ "$(du -skc "$MNT"/v.* 2>/dev/null | tail -n 1 | cut -f1)" -ge "${1:-4096}" ] && return 0
+    sleep 0.1
+  done
+}
+
+# finish_fio_verify WHEN: waits for start_fio_verify's fio; a timeout, a failure, a verify
+# error or an EIO fails the test.
+finish_fio_verify() {
+  local rc=0
+  wait "$FIO_PID" || rc=$?
+  cat "$WORK/fio.out" >&2
+  is_timeout "$rc" && fail "fio did not finish within 300 s ($1)"
+  [ "$rc" -eq 0 ] || fail "fio failed (exit $rc) ($1)"
+  ! grep -qiE "verify.*(bad|fail)|Input/output error" "$WORK/fio.out" || fail "fio errors ($1)"
+}
+
+# wait_log FILE PATTERN SECONDS: waits until FILE has a line matching PATTERN (grep -E).
+wait_log() {
+  local k
+  for ((k = 0; k < $3 * 2; k++)); do
+    grep -qE "$2" "$1" 2>/dev/null && return 0
+    sleep 0.5
+  done
+  return 1
+}
+
+# run_test_fn NAME TLOG: runs test_NAME in a subshell (errexit, the ERR trap naming the line)
+# with its output in TLOG; prints why it failed (nothing when it passed).
+run_test_fn() {
+  local rc=0 reason
+  set +e
+  (
+    trap - EXIT INT TERM
+    set -eE
+    trap 'on_err "$?" "${BASH_SOURCE[0]##*/}:$LINENO" "$BASH_COMMAND"' ERR
+    "test_$1"
+  ) >>"$2" 2>&1 </dev/null
+  rc=$?
+  set -e
+  [ "$rc" -eq 0 ] && return 0
+  reason=$(head -n 1 "$REASON")
+  echo "${reason:-the test exited $rc}"
+}

@@ -415,34 +415,14 @@ test_server_death() {
 # files get both copies on the servers left. The rebuild then restores every second copy
 # (`stats`: nothing degraded), after which a second server may die with every file intact.
 test_replica_failover() {
-  local size=${RMEMFS_TEST_FIO_SIZE:-64M} i fio_pid rc=0 st
-  for ((i = 0; i < 12; i++)); do
-    dd if=/dev/urandom of="$WORK/f$i" bs=1M count=$((1 + i % 3)) status=none
-    must "write f$i" cp "$WORK/f$i" "$MNT/f$i"
-  done
-  must "sync" sync -f "$MNT"
-  timeout -k 10 300 fio --name=v --directory="$MNT" --size="$size" --bs=64k --rw=randwrite \
-    --ioengine=psync --verify=crc32c --do_verify=1 --verify_fatal=1 --numjobs=2 \
-    --group_reporting >"$WORK/fio.out" 2>&1 &
-  fio_pid=$!
-  # The kill lands while fio is writing: once its files have some data.
-  for ((i = 0; i < 600; i++)); do
-    [ "$(du -skc "$MNT"/v.* 2>/dev/null | tail -n 1 | cut -f1)" -ge 4096 ] && break
-    sleep 0.1
-  done
+  local st
+  seed_files 12
+  start_fio_verify
   is_our_server "${TEST_PIDS[1]}" || fail "the second server is not running before the kill"
   kill -KILL "${TEST_PIDS[1]}"
   log "killed server 2 of 3 while fio was writing"
-  wait "$fio_pid" || rc=$?
-  cat "$WORK/fio.out" >&2
-  is_timeout "$rc" && fail "fio did not finish within 300 s after the kill"
-  [ "$rc" -eq 0 ] || fail "fio failed (exit $rc) after one of three servers died"
-  ! grep -qiE "verify.*(bad|fail)|Input/output error" "$WORK/fio.out" ||
-    fail "fio reported errors after one of three servers died"
-  drop_caches "$MNT" || fail "drop caches failed"
-  for ((i = 0; i < 12; i++)); do
-    must "cmp f$i after the kill" cmp "$WORK/f$i" "$MNT/f$i"
-  done
+  finish_fio_verify "one of three servers killed"
+  check_files 12 "after the kill"
   head -c 3M /dev/urandom >"$WORK/after"
   must "write a new file after the kill" cp "$WORK/after" "$MNT/after"
   drop_caches "$MNT" || fail "drop caches failed"
@@ -475,34 +455,17 @@ test_replica_failover() {
 # other copies once detection gives it up, fio finishes with zero errors, and after the thaw
 # the mount still works, nothing is lost and the rebuild restores every second copy.
 test_replica_freeze() {
-  local size=${RMEMFS_TEST_FIO_SIZE:-64M} i fio_pid rc=0 st
-  for ((i = 0; i < 6; i++)); do
-    dd if=/dev/urandom of="$WORK/f$i" bs=1M count=$((1 + i % 3)) status=none
-    must "write f$i" cp "$WORK/f$i" "$MNT/f$i"
-  done
-  must "sync" sync -f "$MNT"
-  timeout -k 10 300 fio --name=v --directory="$MNT" --size="$size" --bs=64k --rw=randwrite \
-    --ioengine=psync --verify=crc32c --do_verify=1 --verify_fatal=1 --numjobs=2 \
-    --group_reporting >"$WORK/fio.out" 2>&1 &
-  fio_pid=$!
-  for ((i = 0; i < 600; i++)); do
-    [ "$(du -skc "$MNT"/v.* 2>/dev/null | tail -n 1 | cut -f1)" -ge 4096 ] && break
-    sleep 0.1
-  done
+  local i st
+  seed_files 6
+  start_fio_verify
   is_our_server "${TEST_PIDS[1]}" || fail "the second server is not running before the freeze"
   kill -STOP "${TEST_PIDS[1]}"
   log "froze server 2 of 3 while fio was writing"
   # Frozen for twice the detection time (2 s), as a paused VM or a stuck host would be.
   sleep 4
-  drop_caches "$MNT" || fail "drop caches failed while a server was frozen"
-  for ((i = 0; i < 6; i++)); do
-    must "cmp f$i while a server is frozen" cmp "$WORK/f$i" "$MNT/f$i"
-  done
+  check_files 6 "while a server is frozen"
   kill -CONT "${TEST_PIDS[1]}"
-  wait "$fio_pid" || rc=$?
-  cat "$WORK/fio.out" >&2
-  is_timeout "$rc" && fail "fio did not finish within 300 s of a freeze"
-  [ "$rc" -eq 0 ] || fail "fio failed (exit $rc) across a server freeze"
+  finish_fio_verify "across a server freeze"
   for ((i = 0; ; i++)); do
     st=$(t "$BIN" stats "$MNT") || fail "rmemfs stats failed"
     grep -qE "^chunks: 2 copies each; .* degraded 0, lost 0$" <<<"$st" && break
@@ -511,42 +474,20 @@ test_replica_freeze() {
   done
   log "$(grep -E '^(server|chunks|rebuild)' <<<"$st")"
   grep -qE "down [1-9][0-9]* times" <<<"$st" || fail "stats does not show the frozen server given up on"
-  drop_caches "$MNT" || fail "drop caches failed"
-  for ((i = 0; i < 6; i++)); do
-    must "cmp f$i after the thaw" cmp "$WORK/f$i" "$MNT/f$i"
-  done
+  check_files 6 "after the thaw"
 }
 
 # (servers 2, two copies) One of two memory servers killed during fio write-and-verify: zero
 # errors, every file intact from the copy left; `stats` shows it down and nothing lost.
 test_replica_pair() {
-  local size=${RMEMFS_TEST_FIO_SIZE:-64M} i fio_pid rc=0 st
-  for ((i = 0; i < 6; i++)); do
-    dd if=/dev/urandom of="$WORK/f$i" bs=1M count=$((1 + i % 3)) status=none
-    must "write f$i" cp "$WORK/f$i" "$MNT/f$i"
-  done
-  must "sync" sync -f "$MNT"
-  timeout -k 10 300 fio --name=v --directory="$MNT" --size="$size" --bs=64k --rw=randwrite \
-    --ioengine=psync --verify=crc32c --do_verify=1 --verify_fatal=1 --numjobs=2 \
-    --group_reporting >"$WORK/fio.out" 2>&1 &
-  fio_pid=$!
-  for ((i = 0; i < 600; i++)); do
-    [ "$(du -skc "$MNT"/v.* 2>/dev/null | tail -n 1 | cut -f1)" -ge 2048 ] && break
-    sleep 0.1
-  done
+  local st
+  seed_files 6
+  start_fio_verify 2048
   is_our_server "${TEST_PIDS[0]}" || fail "the first server is not running before the kill"
   kill -KILL "${TEST_PIDS[0]}"
   log "killed server 1 of 2 while fio was writing"
-  wait "$fio_pid" || rc=$?
-  cat "$WORK/fio.out" >&2
-  is_timeout "$rc" && fail "fio did not finish within 300 s after the kill"
-  [ "$rc" -eq 0 ] || fail "fio failed (exit $rc) after one of two servers died"
-  ! grep -qiE "verify.*(bad|fail)|Input/output error" "$WORK/fio.out" ||
-    fail "fio reported errors after one of two servers died"
-  drop_caches "$MNT" || fail "drop caches failed"
-  for ((i = 0; i < 6; i++)); do
-    must "cmp f$i after the kill" cmp "$WORK/f$i" "$MNT/f$i"
-  done
+  finish_fio_verify "one of two servers killed"
+  check_files 6 "after the kill"
   st=$(t "$BIN" stats "$MNT") || fail "rmemfs stats failed"
   log "$(grep -E '^(server|chunks)' <<<"$st")"
   grep -q ": DOWN, since" <<<"$st" || fail "stats does not show the killed server down"
@@ -638,7 +579,7 @@ ensure_shared_servers() {
 
 # run_test NAME SERVERS MODE: sets up, runs test_NAME in a subshell, tears down, reports.
 run_test() {
-  local name=$1 servers=$2 mode=$3 reason="" rc=0 size sizes tlog fresh=0
+  local name=$1 servers=$2 mode=$3 reason="" size sizes tlog fresh=0
   shift 3
   local extra=("$@")
   tlog=$BASE/logs/$name.log
@@ -677,19 +618,7 @@ run_test() {
   fi
 
   if [ -z "$reason" ]; then
-    set +e
-    (
-      trap - EXIT INT TERM
-      set -eE
-      trap 'on_err "$?" "${BASH_SOURCE[0]##*/}:$LINENO" "$BASH_COMMAND"' ERR
-      "test_$name"
-    ) >>"$tlog" 2>&1 </dev/null
-    rc=$?
-    set -e
-    if [ "$rc" -ne 0 ]; then
-      reason=$(head -n 1 "$REASON")
-      [ -n "$reason" ] || reason="the test exited $rc"
-    fi
+    reason=$(run_test_fn "$name" "$tlog")
   fi
 
   if is_mounted "$MNT" && ! unmount_fs "$MNT" 2>>"$tlog"; then

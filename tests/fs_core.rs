@@ -409,6 +409,15 @@ fn parallel_writers_on_different_files() {
     });
 }
 
+/// Files f0..f5 of 1 MiB each (`bytes(i, 1 MiB)`).
+fn six_files(t: &TestFs) {
+    for i in 0..6 {
+        let p = format!("f{i}");
+        t.create(&p).unwrap();
+        t.write_file(&p, 0, &bytes(i, 1 << 20)).unwrap();
+    }
+}
+
 /// Bytes of server `server`'s memory the file system's chunk maps list.
 fn listed_on(t: &TestFs, server: u32) -> u64 {
     t.fs.files()
@@ -429,11 +438,7 @@ fn a_cut_off_server_resumes_its_session_with_every_copy_intact() {
     use rmemfs::client::Rejoin;
     use rmemfs::fabric::ServerId;
     let mut t = TestFs::replicated(3, 16 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 2);
-    for i in 0..6 {
-        let p = format!("f{i}");
-        t.create(&p).unwrap();
-        t.write_file(&p, 0, &bytes(i, 1 << 20)).unwrap();
-    }
+    six_files(&t);
     let pool = t.fs.data().pool().clone();
     let held = listed_on(&t, 1);
     assert!(held > 0);
@@ -481,11 +486,7 @@ fn a_cut_off_server_resumes_its_session_with_every_copy_intact() {
 fn a_session_untouched_while_cut_off_needs_no_rebuild() {
     use rmemfs::fabric::ServerId;
     let t = TestFs::replicated(3, 16 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 2);
-    for i in 0..6 {
-        let p = format!("f{i}");
-        t.create(&p).unwrap();
-        t.write_file(&p, 0, &bytes(i, 1 << 20)).unwrap();
-    }
+    six_files(&t);
     let pool = t.fs.data().pool().clone();
     pool.cut(ServerId(2));
     assert!(t.fs.replica_health().degraded > 0);
@@ -501,11 +502,7 @@ fn a_restarted_server_is_admitted_empty_and_rebuilt_onto() {
     use rmemfs::client::Rejoin;
     use rmemfs::fabric::ServerId;
     let mut t = TestFs::replicated(3, 16 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 2);
-    for i in 0..6 {
-        let p = format!("f{i}");
-        t.create(&p).unwrap();
-        t.write_file(&p, 0, &bytes(i, 1 << 20)).unwrap();
-    }
+    six_files(&t);
     let pool = t.fs.data().pool().clone();
     t.kill_server(1);
     assert!(!pool.is_live(ServerId(1)));
