@@ -570,8 +570,14 @@ fn only_clients_holding_the_secret_are_let_in() {
 
 #[test]
 fn a_session_cannot_reach_another_sessions_memory() {
-    let server = Server::start("16M");
-    let owner = pool(&[server.addr]);
+    let (path, secret) = keygen("isolation");
+    let server = Server::start_args(
+        rmemfs_cmd(),
+        "127.0.0.1:0",
+        "16M",
+        &["--secret-file", path.to_str().unwrap()],
+    );
+    let owner = pool_with(&[server.addr], secret.clone()).unwrap();
     let r = owner.alloc(1 << 20).unwrap();
     let buf = Arc::new(AlignedBuf::new(1 << 20).unwrap());
     buf.fill(0x77);
@@ -581,43 +587,106 @@ fn a_session_cannot_reach_another_sessions_memory() {
         .unwrap();
     owner.write(r, 0, mr.sge(0, 1 << 20)).unwrap();
 
-    // Another authenticated client handed the owner's address and key: refused on the first
-    // try, and its data connection is closed (as an RC queue pair would be).
-    let thief = pool(&[server.addr]);
-    let loot = Arc::new(AlignedBuf::new(1 << 20).unwrap());
-    let lmr = thief
-        .fabric()
-        .register_buf(loot.clone(), Access::LOCAL)
-        .unwrap();
-    let err = thief.read(r, 0, lmr.sge(0, 1 << 20)).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            PoolError::Op {
-                status: WcStatus::RemoteAccessError,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    assert!(
-        loot.to_vec(0, 1 << 20).iter().all(|&b| b == 0),
-        "no byte leaked"
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !thief.status()[0].failed {
+    // Other authenticated clients handed the owner's address and key (the test's hook: the
+    // owner's region, as a stolen or guessed one): each is refused on its first try, a READ
+    // by one and a WRITE by another, and its data connection is closed (as an RC queue pair
+    // would be).
+    let refused_first_try = |opcode: &str| {
+        let thief = pool_with(&[server.addr], secret.clone()).unwrap();
+        let loot = Arc::new(AlignedBuf::new(1 << 20).unwrap());
+        loot.fill(0x66);
+        let lmr = thief
+            .fabric()
+            .register_buf(loot.clone(), Access::LOCAL)
+            .unwrap();
+        let err = match opcode {
+            "read" => thief.read(r, 0, lmr.sge(0, 1 << 20)),
+            _ => thief.write(r, 0, lmr.sge(0, 1 << 20)),
+        }
+        .unwrap_err();
         assert!(
-            Instant::now() < deadline,
-            "the thief's data path stayed open"
+            matches!(
+                err,
+                PoolError::Op {
+                    status: WcStatus::RemoteAccessError,
+                    ..
+                }
+            ),
+            "{opcode}: {err}"
         );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let err = thief.write(r, 0, lmr.sge(0, 1 << 20)).unwrap_err();
-    assert!(!matches!(err, PoolError::Invalid(_)), "{err}");
+        assert!(
+            loot.to_vec(0, 1 << 20).iter().all(|&b| b == 0x66),
+            "{opcode}: a byte of the owner's memory reached the thief"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !thief.status()[0].failed {
+            assert!(
+                Instant::now() < deadline,
+                "{opcode}: the thief's data path stayed open"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    refused_first_try("read");
+    refused_first_try("write");
     // The owner's data is untouched and still served.
     buf.fill(0);
     owner.read(r, 0, mr.sge(0, 1 << 20)).unwrap();
     assert!(buf.to_vec(0, 1 << 20).iter().all(|&b| b == 0x77));
+}
+
+/// A peer address holds at most `--max-connections-per-peer` control connections at once (the
+/// next is refused with the reason); connections that never finish the handshake are closed
+/// at its deadline, and their slots serve real clients again.
+#[test]
+fn handshake_deadline_and_connections_per_peer() {
+    let server = Server::start_args(
+        rmemfs_cmd(),
+        "127.0.0.1:0",
+        "16M",
+        &["--max-connections-per-peer", "2"],
+    );
+    let mut silent: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(server.addr).unwrap())
+        .collect();
+    let mut third = TcpStream::connect(server.addr).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    match proto::read_frame(&mut third) {
+        Ok(Message::Fatal { message }) => {
+            assert!(message.contains("too many connections"), "{message}")
+        }
+        other => panic!("a third connection from one peer: {other:?}"),
+    }
+    // The silent ones: closed by the server at the handshake deadline (the end of the stream,
+    // not this side's 30 s read timeout).
+    for s in &mut silent {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        match proto::read_frame(s) {
+            Err(proto::FrameError::Closed) => {}
+            Err(proto::FrameError::Io(e)) => assert!(
+                !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+                "a silent connection was never closed: {e}"
+            ),
+            other => panic!("a silent connection: {other:?}"),
+        }
+    }
+    // Their slots come back once the server has let go of them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let client = loop {
+        match pool_with(&[server.addr], Secret::none()) {
+            Ok(p) => break p,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no slot came back: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    round_trip(&client, 0x31);
 }
 
 #[test]
