@@ -174,3 +174,148 @@ pub fn nic_stream(data: &[u8]) {
     assert_eq!(resp.seq, 77, "{resp:?}");
     assert_eq!(resp.status, WcStatus::RemoteAccessError, "{resp:?}");
 }
+
+/// A memory server (TCP fabric, a secret, no lease, a small quota) that serves the
+/// `control_session` inputs: started once per process.
+struct ServerUnderTest {
+    addr: SocketAddr,
+    secret: crate::auth::Secret,
+    _server: crate::server::MemoryServer,
+}
+
+fn server_under_test() -> &'static ServerUnderTest {
+    static SERVER: OnceLock<ServerUnderTest> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("rmemfs-fuzz-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory for the secret");
+        let path = dir.join("secret");
+        crate::auth::keygen(&path, true).expect("writing a secret");
+        let secret = crate::auth::Secret::from_file(&path).expect("reading the secret");
+        let config = crate::server::ServerConfig {
+            secret: secret.clone(),
+            // Nothing outlives an input's connection, and no input holds much.
+            lease: Duration::ZERO,
+            max_client_memory: Some(1 << 20),
+            client_op_timeout: Duration::from_secs(2),
+            ..crate::server::ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), 16 << 20)
+        };
+        let fabric = TcpFabric::new(TcpConfig {
+            op_timeout: Duration::from_millis(500),
+            ..TcpConfig::default()
+        });
+        let server = crate::server::MemoryServer::start(&config, fabric).expect("a memory server");
+        ServerUnderTest {
+            addr: server.local_addr(),
+            secret,
+            _server: server,
+        }
+    })
+}
+
+/// How long the server has to close an input's connection after the input ended.
+const SERVER_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Authenticates `s` as a client holding `secret` (Hello, Challenge, Proof, Welcome).
+fn authenticate(s: &mut TcpStream, secret: &crate::auth::Secret) {
+    let client_nonce = crate::auth::random_bytes::<32>();
+    let name = "fuzz";
+    write_frame(
+        s,
+        &Message::Hello {
+            version: crate::proto::PROTOCOL_VERSION,
+            client_name: name.into(),
+            nonce: client_nonce,
+        },
+    )
+    .expect("sending Hello");
+    let Ok(Message::Challenge { nonce, .. }) = read_frame(s) else {
+        panic!("no Challenge for a well-formed Hello");
+    };
+    let t = crate::auth::Transcript {
+        client_nonce: &client_nonce,
+        server_nonce: &nonce,
+        client_name: name,
+    };
+    write_frame(
+        s,
+        &Message::Proof {
+            proof: secret.client_proof(&t),
+        },
+    )
+    .expect("sending Proof");
+    match read_frame(s) {
+        Ok(Message::Welcome { .. }) => {}
+        other => panic!("no Welcome for the right proof: {other:?}"),
+    }
+}
+
+/// `control_session`: a memory server's control port fed the input as a stream of bytes: raw
+/// (the first byte is 0 mod 3: the handshake parser), after a well-formed `Hello` (1 mod 3: the
+/// proof step), or after a complete authentication (2 mod 3: the request handler of a live
+/// session: allocations, frees, resumes, connects). Write side then shut down. The server
+/// must close the connection within [`SERVER_DEADLINE`], and afterwards still let a client
+/// holding its secret in and answer it.
+pub fn control_session(data: &[u8]) {
+    let server = server_under_test();
+    let connect = || {
+        let s = TcpStream::connect_timeout(&server.addr, SERVER_DEADLINE)
+            .expect("the server accepts connections");
+        s.set_read_timeout(Some(SERVER_DEADLINE))
+            .expect("read timeout");
+        s.set_write_timeout(Some(SERVER_DEADLINE))
+            .expect("write timeout");
+        s
+    };
+    let mut s = connect();
+    let (mode, rest) = match data.split_first() {
+        Some((m, rest)) => (m % 3, rest),
+        None => (0, data),
+    };
+    match mode {
+        1 => {
+            let hello = Message::Hello {
+                version: crate::proto::PROTOCOL_VERSION,
+                client_name: "fuzz".into(),
+                nonce: [7; 32],
+            };
+            write_frame(&mut s, &hello).expect("sending Hello");
+            let _ = read_frame(&mut s);
+        }
+        2 => authenticate(&mut s, &server.secret),
+        _ => {}
+    }
+    // The server may close early (a violation) and reset the rest of our write.
+    let _ = s.write_all(rest);
+    let _ = s.shutdown(Shutdown::Write);
+    let mut sink = [0u8; 16 * 1024];
+    loop {
+        match s.read(&mut sink) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                panic!(
+                    "the server kept a control connection open {SERVER_DEADLINE:?} after the \
+                     input ({} bytes, mode {mode}) ended",
+                    data.len()
+                )
+            }
+            Err(_) => break,
+        }
+    }
+    drop(s);
+
+    // Still serving: a client with the secret is let in and answered.
+    let mut s = connect();
+    authenticate(&mut s, &server.secret);
+    write_frame(&mut s, &Message::Stat { tag: 5 }).expect("sending Stat");
+    match read_frame(&mut s) {
+        Ok(Message::Stats { tag: 5, .. }) => {}
+        other => panic!("no Stats after the input: {other:?}"),
+    }
+}

@@ -66,6 +66,11 @@ fn nic_stream_regressions() {
     replay("nic_stream", fuzz_checks::nic_stream);
 }
 
+#[test]
+fn control_session_regressions() {
+    replay("control_session", fuzz_checks::control_session);
+}
+
 fn regression(target: &str, name: &str) -> Vec<u8> {
     let path = fuzz_dir().join("regressions").join(target).join(name);
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -166,6 +171,59 @@ fn write_seed_corpus() {
             ("magic-only".into(), [&[1u8][..], &DATA_MAGIC[..]].concat()),
             ("read".into(), conn),
             ("read-write-read".into(), with_write),
+        ],
+    );
+
+    // `control_session`: the first byte picks raw (0), after Hello (1) or authenticated (2);
+    // the rest is a stream of frames.
+    let frames = |msgs: &[Message]| {
+        let mut v = Vec::new();
+        for m in msgs {
+            write_frame(&mut v, m).unwrap();
+        }
+        v
+    };
+    let sample = rmemfs::proto::sample_messages();
+    write_seeds(
+        "control_session",
+        vec![
+            (
+                "raw-hello".into(),
+                [&[0u8][..], &frames(&sample[..1])].concat(),
+            ),
+            (
+                "proof".into(),
+                [&[1u8][..], &frames(&[Message::Proof { proof: [3; 32] }])].concat(),
+            ),
+            (
+                "session".into(),
+                [
+                    &[2u8][..],
+                    &frames(&[
+                        Message::Alloc { tag: 1, len: 8192 },
+                        Message::Stat { tag: 2 },
+                        Message::Free {
+                            tag: 3,
+                            addr: 0x1000,
+                            rkey: 42,
+                        },
+                        Message::Resume {
+                            tag: 4,
+                            token: [9; 32],
+                        },
+                        Message::Connect {
+                            tag: 5,
+                            blob: vec![],
+                        },
+                        Message::Goodbye,
+                    ]),
+                ]
+                .concat(),
+            ),
+            (
+                "session-every-message".into(),
+                [&[2u8][..], &frames(&sample)].concat(),
+            ),
         ],
     );
 }

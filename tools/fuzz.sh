@@ -57,11 +57,11 @@ for t in "${targets[@]}"; do
   extra=()
   asan=${ASAN_OPTIONS:-}
   case $t in
-    # The NIC serves each connection on its own thread, which may still be exiting when the
-    # check returns (or when the run ends): LeakSanitizer would report that thread's
+    # The NIC (and the memory server) serve each connection on its own thread, which may
+    # still be exiting when the check returns (or when the run ends): LeakSanitizer would report that thread's
     # thread-local bookkeeping (__cxa_thread_atexit_impl) as a leak, both per input
     # (libFuzzer's -detect_leaks) and at exit (ASan's own check).
-    nic_stream)
+    nic_stream | control_session)
       extra=(-detect_leaks=0)
       asan=${asan:+$asan:}detect_leaks=0
       ;;
