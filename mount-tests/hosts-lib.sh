@@ -91,6 +91,12 @@ host_start() {
   for ((k = 0; k < 100; k++)); do
     grep -q "listening on" "$out" 2>/dev/null && return 0
     if ! kill -0 "${HOST_PIDS[i]}" 2>/dev/null; then
+      # A killed predecessor's port may take a moment to be released.
+      if grep -q "Address already in use" "$err" && [ "${HOST_RETRY:-0}" -lt 50 ]; then
+        sleep 0.1
+        HOST_RETRY=$((${HOST_RETRY:-0} + 1)) host_start "$i" "$size" "$@"
+        return
+      fi
       echo "host $i's server exited at startup: $(tail -n 3 "$err" | tr '\n' ' ')" >&2
       return 1
     fi
@@ -100,11 +106,19 @@ host_start() {
   return 1
 }
 
-# host_kill I: SIGKILL to host I's server (a crash: its memory is gone).
+# host_kill I: SIGKILL to host I's server (a crash: its memory is gone). Returns once the
+# process has exited (gone or a zombie), so its port is free for a restart.
 host_kill() {
-  kill -CONT "${HOST_PIDS[$1]}" 2>/dev/null || true
-  kill -KILL "${HOST_PIDS[$1]}" 2>/dev/null || true
+  local pid=${HOST_PIDS[$1]} k
   HOST_PIDS[$1]=""
+  [ -n "$pid" ] || return 0
+  kill -CONT "$pid" 2>/dev/null || true
+  kill -KILL "$pid" 2>/dev/null || true
+  for ((k = 0; k < 100; k++)); do
+    [ -e "/proc/$pid" ] || return 0
+    grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null && return 0
+    sleep 0.05
+  done
 }
 
 # host_restart I: a killed host's server starts again: same address, a new empty arena.

@@ -27,7 +27,7 @@ test_kill_restart() {
   log "killed host 1 while fio was writing"
   finish_fio_verify "host killed"
   check_files 12 "after the kill"
-  host_restart 1
+  host_restart 1 || fail "host 1 did not restart"
   log "restarted host 1 (empty arena)"
   wait_log "$DLOG" "is up again \(empty\)" 30 || fail "the restarted server was not admitted"
   wait_redundant "$MNT" 60

@@ -79,7 +79,7 @@ while [ $(($(date +%s) - start)) -lt "$SECONDS_TO_RUN" ] && [ ! -s "$WORK/errors
     kill)
       host_kill "$h"
       sleep "$((RANDOM % 4))"
-      host_restart "$h" 2>>"$BASE/logs/hosts.err"
+      host_restart "$h" 2>>"$BASE/logs/hosts.err" || fail "host $h did not restart"
       ;;
     freeze)
       host_freeze "$h"
