@@ -115,25 +115,16 @@ fn connect_nic(port: u16) -> TcpStream {
     s
 }
 
-/// `nic_stream`: a server's NIC (no registrations, so every request is refused) fed the input
-/// as a data connection's byte stream, write side then shut down. The NIC must close the
-/// connection within [`NIC_DEADLINE`] (no hang), and afterwards still serve a fresh, well-formed
-/// connection (its accept loop and threads are alive; a panic in a NIC thread also aborts a
-/// libFuzzer run through its panic hook).
-pub fn nic_stream(data: &[u8]) {
-    let nic = nic_under_test();
-    let mut s = connect_nic(nic.port);
-    // The NIC may close early (bad magic, malformed header) and reset the rest of our write.
-    let stream: Vec<u8> = match data.first() {
-        Some(b) if b % 2 == 0 => [&DATA_MAGIC[..], &FUZZ_TOKEN[..], &data[1..]].concat(),
-        _ => data.to_vec(),
-    };
-    let _ = s.write_all(&stream);
+/// Writes `input` (the peer may close early and reset the rest), shuts the write side, and
+/// reads until the peer closes the connection; a read that times out (the socket's read
+/// timeout) is a hang, reported with `hang()`.
+fn send_and_wait_closed(mut s: TcpStream, input: &[u8], hang: impl Fn() -> String) {
+    let _ = s.write_all(input);
     let _ = s.shutdown(Shutdown::Write);
     let mut sink = [0u8; 16 * 1024];
     loop {
         match s.read(&mut sink) {
-            Ok(0) => break,
+            Ok(0) => return,
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e)
@@ -142,16 +133,32 @@ pub fn nic_stream(data: &[u8]) {
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
-                panic!(
-                    "the NIC kept a connection open {NIC_DEADLINE:?} after the input \
-                     ({} bytes) ended",
-                    data.len()
-                )
+                panic!("{}", hang())
             }
-            Err(_) => break, // reset by the NIC: also an end
+            Err(_) => return, // reset by the peer: also an end
         }
     }
-    drop(s);
+}
+
+/// `nic_stream`: a server's NIC (no registrations, so every request is refused) fed the input
+/// as a data connection's byte stream, write side then shut down. The NIC must close the
+/// connection within [`NIC_DEADLINE`] (no hang), and afterwards still serve a fresh, well-formed
+/// connection (its accept loop and threads are alive; a panic in a NIC thread also aborts a
+/// libFuzzer run through its panic hook).
+pub fn nic_stream(data: &[u8]) {
+    let nic = nic_under_test();
+    let s = connect_nic(nic.port);
+    // The NIC may close early (bad magic, malformed header) and reset the rest of our write.
+    let stream: Vec<u8> = match data.first() {
+        Some(b) if b % 2 == 0 => [&DATA_MAGIC[..], &FUZZ_TOKEN[..], &data[1..]].concat(),
+        _ => data.to_vec(),
+    };
+    send_and_wait_closed(s, &stream, || {
+        format!(
+            "the NIC kept a connection open {NIC_DEADLINE:?} after the input ({} bytes) ended",
+            data.len()
+        )
+    });
 
     // Still alive: a well-formed READ (of nothing registered) gets its refusal.
     let mut s = connect_nic(nic.port);
@@ -285,30 +292,13 @@ pub fn control_session(data: &[u8]) {
         _ => {}
     }
     // The server may close early (a violation) and reset the rest of our write.
-    let _ = s.write_all(rest);
-    let _ = s.shutdown(Shutdown::Write);
-    let mut sink = [0u8; 16 * 1024];
-    loop {
-        match s.read(&mut sink) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                panic!(
-                    "the server kept a control connection open {SERVER_DEADLINE:?} after the \
-                     input ({} bytes, mode {mode}) ended",
-                    data.len()
-                )
-            }
-            Err(_) => break,
-        }
-    }
-    drop(s);
+    send_and_wait_closed(s, rest, || {
+        format!(
+            "the server kept a control connection open {SERVER_DEADLINE:?} after the input \
+             ({} bytes, mode {mode}) ended",
+            data.len()
+        )
+    });
 
     // Still serving: a client with the secret is let in and answered.
     let mut s = connect();

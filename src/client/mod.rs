@@ -150,9 +150,6 @@ struct Health {
     /// The next reconnect attempt is not before this, and the wait after a failed one.
     next_attempt: Instant,
     backoff: Duration,
-    /// It came back empty and was not admitted yet: even a resumed session on it holds
-    /// nothing this pool's files still list.
-    needs_admit: bool,
 }
 
 struct Server {
@@ -421,7 +418,6 @@ impl Pool {
                     since: SystemTime::now(),
                     next_attempt: Instant::now(),
                     backoff: crate::config::RECONNECT_BACKOFF_MIN,
-                    needs_admit: false,
                 }),
                 beat_sent: Arc::new(Mutex::new(None)),
                 unfreed: Mutex::new(Vec::new()),
@@ -486,7 +482,7 @@ impl Pool {
         *s.link.lock() = link.clone();
         let mut h = s.health.lock();
         let rejoin = match resumed {
-            Some((extents, bytes)) if !h.needs_admit => {
+            Some((extents, bytes)) => {
                 let unfreed = std::mem::take(&mut *s.unfreed.lock());
                 drop(h);
                 let n = unfreed.len();
@@ -512,7 +508,6 @@ impl Pool {
                     s.addr
                 );
                 h.state = ServerState::Rejoining;
-                h.needs_admit = true;
                 Rejoin::Empty
             }
         };
@@ -544,7 +539,6 @@ impl Pool {
         }
         h.state = ServerState::Up;
         h.since = SystemTime::now();
-        h.needs_admit = false;
         drop(h);
         log::warn!("memory server {} ({id}) is up again (empty)", s.addr);
         s.transitions.fetch_add(1, Ordering::SeqCst);
