@@ -358,10 +358,21 @@ test_secret() {
     "$BIN" mount "$MNT" --servers "$addr" --secret-file "$WORK/other"
   ! is_mounted "$MNT" || fail "a refused mount is mounted"
   grep -q "127.0.0.1.*gave up" "$SERVER_LOG" || fail "the server did not log the refusals"
-  mount_fs "$MNT" "$addr" --secret-file "$WORK/secret" || fail "mount with the secret failed"
+  # The secret from the environment, as a systemd unit or fstab line would pass it.
+  RMEMFS_SECRET_FILE=$WORK/secret mount_fs "$MNT" "$addr" || fail "mount with the secret failed"
   put "$MNT/f" "hello"
   drop_caches "$MNT" || fail "drop caches failed"
   assert_eq "read back" "$(get "$MNT/f")" "hello"
+  # The server counted both refused mounts and the stats query without the secret (its
+  # counters need its secret).
+  must_fail "server stats without the secret" "requires a shared secret" \
+    env -u RMEMFS_SECRET_FILE "$BIN" stats --server "$addr"
+  "$BIN" stats --server "$addr" --secret-file "$WORK/secret" >"$WORK/server-stats" ||
+    fail "server stats with the secret failed"
+  grep -qx "  handshakes refused: secrets differ: 3" "$WORK/server-stats" ||
+    fail "the server did not count the three refusals: $(cat "$WORK/server-stats")"
+  grep -qx "  clients 1, extents [1-9][0-9]*" "$WORK/server-stats" ||
+    fail "the server does not show the mount and its extents: $(cat "$WORK/server-stats")"
   unmount_fs "$MNT" || fail "unmount failed"
   kill_servers "$pid"
 }

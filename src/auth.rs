@@ -101,6 +101,8 @@ impl Secret {
     fn mac(&self, label: &[u8], t: &Transcript<'_>) -> [u8; 32] {
         let mut m = Hmac::<Sha256>::new_from_slice(self.key()).expect("HMAC takes any key length");
         m.update(label);
+        // Bound to the version both ends speak: a proof for one protocol is none for another.
+        m.update(&crate::proto::PROTOCOL_VERSION.to_le_bytes());
         m.update(t.client_nonce);
         m.update(t.server_nonce);
         m.update(&(t.client_name.len() as u64).to_le_bytes());

@@ -1030,8 +1030,15 @@ impl Fs {
         let _ = writeln!(out, "fabric: {}", pool.fabric().name());
         let _ = writeln!(
             out,
-            "  reads {} ({} bytes), writes {} ({} bytes), failed {}",
-            f.reads, f.bytes_read, f.writes, f.bytes_written, f.failed
+            "  reads {} ({} bytes), writes {} ({} bytes), failed {} (remote access errors {}); \
+             remote requests refused here {}",
+            f.reads,
+            f.bytes_read,
+            f.writes,
+            f.bytes_written,
+            f.failed,
+            f.remote_errors,
+            f.remote_refused
         );
         let _ = writeln!(
             out,

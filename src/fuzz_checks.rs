@@ -232,6 +232,7 @@ fn authenticate(s: &mut TcpStream, secret: &crate::auth::Secret) {
             version: crate::proto::PROTOCOL_VERSION,
             client_name: name.into(),
             nonce: client_nonce,
+            observer: false,
         },
     )
     .expect("sending Hello");
@@ -284,6 +285,7 @@ pub fn control_session(data: &[u8]) {
                 version: crate::proto::PROTOCOL_VERSION,
                 client_name: "fuzz".into(),
                 nonce: [7; 32],
+                observer: false,
             };
             write_frame(&mut s, &hello).expect("sending Hello");
             let _ = read_frame(&mut s);

@@ -181,10 +181,18 @@ enum Cmd {
         #[arg(long)]
         force: bool,
     },
-    /// Print the counters of a live mount: registration cache and fabric operations.
+    /// Print the counters of a live mount (registration cache, fabric operations, servers,
+    /// copies), or with --server those of a memory server (memory, clients, refusals).
     Stats {
         /// The mount point of a running `rmemfs mount`.
-        mountpoint: PathBuf,
+        #[arg(required_unless_present = "server", conflicts_with = "server")]
+        mountpoint: Option<PathBuf>,
+        /// A memory server (host[:port]) to ask instead, over an authenticated session.
+        #[arg(long, value_name = "HOST[:PORT]")]
+        server: Option<String>,
+        /// The server's secret file (with --server); also from $RMEMFS_SECRET_FILE.
+        #[arg(long, value_name = "PATH", requires = "server")]
+        secret_file: Option<PathBuf>,
     },
 }
 
@@ -230,7 +238,19 @@ fn main() -> ExitCode {
                 path.display()
             )
         }),
-        Cmd::Stats { mountpoint } => mount::print_stats(&mountpoint),
+        Cmd::Stats {
+            mountpoint,
+            server,
+            secret_file,
+        } => match (mountpoint, server) {
+            (Some(m), _) => mount::print_stats(&m),
+            (None, Some(server)) => Secret::from_option(secret_file.as_deref())
+                .and_then(|secret| {
+                    mount::server_stats_text(&server, &secret, rmemfs::config::OP_TIMEOUT)
+                })
+                .map(|text| print!("{text}")),
+            (None, None) => unreachable!("clap requires one of them"),
+        },
         Cmd::Mount {
             mountpoint,
             fabric,

@@ -227,6 +227,54 @@ pub fn print_stats(mountpoint: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The counters of a memory server, asked over an authenticated control session (the
+/// server's secret is needed: they tell who was refused and how often). The session
+/// allocates nothing and says goodbye.
+pub fn server_stats_text(
+    server: &str,
+    secret: &crate::auth::Secret,
+    timeout: Duration,
+) -> Result<String, String> {
+    use std::fmt::Write;
+    let addr = resolve_server(server)?;
+    let conn = ControlConn::connect_observer(addr, "rmemfs-stats", timeout, secret)
+        .map_err(|e| e.to_string())?;
+    let reply = conn.request(|tag| crate::proto::Message::Stat { tag });
+    conn.goodbye();
+    let (capacity, extents, clients, counters) = match reply.map_err(|e| e.to_string())? {
+        crate::proto::Message::Stats {
+            capacity,
+            extents,
+            clients,
+            counters,
+            ..
+        } => (capacity, extents, clients, counters),
+        other => return Err(format!("memory server {addr} answered {other:?}")),
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "memory server {addr}: fabric {}, instance {:#x}",
+        conn.hello.fabric, conn.hello.instance
+    );
+    let _ = writeln!(
+        out,
+        "  memory: {} of {} bytes free, largest free extent {}",
+        capacity.free, capacity.total, capacity.largest_free
+    );
+    let _ = writeln!(out, "  clients {clients}, extents {extents}");
+    for (name, value) in counters.fields() {
+        if name == "remote accesses refused" && conn.hello.fabric == "verbs" {
+            // An RDMA NIC refuses them without the server's software seeing it; the
+            // client's `stats` counts them as remote access errors.
+            let _ = writeln!(out, "  {name}: not seen by software on verbs");
+        } else {
+            let _ = writeln!(out, "  {name}: {value}");
+        }
+    }
+    Ok(out)
+}
+
 /// Parses `-o` options into fuser's configuration; returns it and whether the mount is
 /// read-only.
 fn fuser_config(options: &[String], threads: usize) -> Result<(fuser::Config, bool), String> {

@@ -13,7 +13,7 @@
 use std::io::{self, Read, Write};
 
 /// Wire protocol version; bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// Magic at the start of `Hello`, so a stray client (HTTP, a port scanner) is rejected at once.
 pub const HELLO_MAGIC: u32 = 0x524d_4653; // "RMFS"
@@ -65,6 +65,72 @@ pub struct Capacity {
     pub largest_free: u64,
 }
 
+/// What a memory server has refused since it started, for `rmemfs stats --server`: the
+/// signs of a misconfigured or hostile client, which the server otherwise only logs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerCounters {
+    /// Sessions held under a lease now (clients that dropped without a goodbye).
+    pub leased_sessions: u64,
+    /// Sessions a client took back with `Resume`.
+    pub resumed_sessions: u64,
+    /// Handshakes refused because the two ends' secrets differ (a client without one, or
+    /// with another, refused by either end).
+    pub refused_secret: u64,
+    /// Handshakes that failed otherwise: wrong version, too slow, malformed or out of order.
+    pub failed_handshakes: u64,
+    /// Connections closed at accept: their peer address was at its connection cap.
+    pub refused_peer_cap: u64,
+    /// Clients turned away by `--max-clients`.
+    pub refused_max_clients: u64,
+    /// Allocations refused by a client's `--max-client-memory` quota.
+    pub refused_quota: u64,
+    /// Allocations refused for want of free memory.
+    pub refused_no_space: u64,
+    /// Authenticated sessions closed for breaking the protocol.
+    pub protocol_violations: u64,
+    /// Remote READs and WRITEs the server's NIC refused (bad key, bounds or session); each
+    /// closed its data connection.
+    pub remote_refused: u64,
+}
+
+impl ServerCounters {
+    /// Field names and values, in wire order (the encoder, decoder and `stats` share it).
+    pub fn fields(&self) -> [(&'static str, u64); 10] {
+        [
+            ("leased sessions", self.leased_sessions),
+            ("resumed sessions", self.resumed_sessions),
+            ("handshakes refused: secrets differ", self.refused_secret),
+            ("handshakes failed otherwise", self.failed_handshakes),
+            ("connections over the per-peer cap", self.refused_peer_cap),
+            ("clients over --max-clients", self.refused_max_clients),
+            ("allocations over a quota", self.refused_quota),
+            ("allocations without free memory", self.refused_no_space),
+            (
+                "sessions closed for protocol violations",
+                self.protocol_violations,
+            ),
+            ("remote accesses refused", self.remote_refused),
+        ]
+    }
+
+    fn from_fields(v: [u64; 10]) -> Self {
+        let [leased_sessions, resumed_sessions, refused_secret, failed_handshakes, refused_peer_cap, refused_max_clients, refused_quota, refused_no_space, protocol_violations, remote_refused] =
+            v;
+        ServerCounters {
+            leased_sessions,
+            resumed_sessions,
+            refused_secret,
+            failed_handshakes,
+            refused_peer_cap,
+            refused_max_clients,
+            refused_quota,
+            refused_no_space,
+            protocol_violations,
+            remote_refused,
+        }
+    }
+}
+
 /// Every control message. Requests carry a `tag` chosen by the client; the reply echoes it so
 /// a client may have many requests outstanding on one connection (FRRWP relies on this).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +140,9 @@ pub enum Message {
         version: u16,
         client_name: String,
         nonce: [u8; 32],
+        /// An observer (`rmemfs stats --server`) only asks for `Stats`: it is not a client
+        /// (not held to `--max-clients`) and may send nothing else.
+        observer: bool,
     },
     /// Server to client, reply to `Hello`: the server's nonce and its proof that it holds the
     /// secret (`authenticated` false: the server has none and proves nothing).
@@ -118,6 +187,7 @@ pub enum Message {
         capacity: Capacity,
         extents: u64,
         clients: u32,
+        counters: ServerCounters,
     },
     /// A request was refused; the connection stays usable.
     Refused {
@@ -299,12 +369,14 @@ impl Message {
                 version,
                 client_name,
                 nonce,
+                observer,
             } => {
                 w.u8(tag::HELLO);
                 w.u32(HELLO_MAGIC);
                 w.u16(*version);
                 w.string(client_name);
                 w.array(nonce);
+                w.u8(u8::from(*observer));
             }
             Message::Challenge {
                 version,
@@ -383,12 +455,16 @@ impl Message {
                 capacity,
                 extents,
                 clients,
+                counters,
             } => {
                 w.u8(tag::STATS);
                 w.u64(*t);
                 w.capacity(capacity);
                 w.u64(*extents);
                 w.u32(*clients);
+                for (_, v) in counters.fields() {
+                    w.u64(v);
+                }
             }
             Message::Refused {
                 tag: t,
@@ -440,6 +516,7 @@ impl Message {
                     version: r.u16()?,
                     client_name: r.string("client name")?,
                     nonce: r.array()?,
+                    observer: r.bool("observer flag")?,
                 }
             }
             tag::CHALLENGE => Message::Challenge {
@@ -501,6 +578,13 @@ impl Message {
                 capacity: r.capacity()?,
                 extents: r.u64()?,
                 clients: r.u32()?,
+                counters: {
+                    let mut v = [0u64; 10];
+                    for x in &mut v {
+                        *x = r.u64()?;
+                    }
+                    ServerCounters::from_fields(v)
+                },
             },
             tag::REFUSED => Message::Refused {
                 tag: r.u64()?,
@@ -594,6 +678,7 @@ pub fn sample_messages() -> Vec<Message> {
             version: PROTOCOL_VERSION,
             client_name: "mount@host".into(),
             nonce: [7; 32],
+            observer: false,
         },
         Message::Challenge {
             version: PROTOCOL_VERSION,
@@ -639,6 +724,7 @@ pub fn sample_messages() -> Vec<Message> {
             capacity: cap,
             extents: 3,
             clients: 2,
+            counters: ServerCounters::from_fields([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]),
         },
         Message::Refused {
             tag: 10,
@@ -733,6 +819,7 @@ mod tests {
             version: 1,
             client_name: "x".into(),
             nonce: [0; 32],
+            observer: true,
         }
         .encode();
         hello[1] ^= 0xff;

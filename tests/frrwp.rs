@@ -110,6 +110,7 @@ fn scripted(net: &Arc<LocalNetwork>, mode: Mode) -> SocketAddr {
                     capacity: cap,
                     extents: extents.len() as u64,
                     clients: 1,
+                    counters: Default::default(),
                 },
                 _ => return,
             };

@@ -247,6 +247,7 @@ fn hostile_messages_close_only_their_connection() {
         version: PROTOCOL_VERSION,
         client_name: "x".into(),
         nonce: [1; 32],
+        observer: false,
     }
     .encode();
     let mut bad_magic = hello.clone();
@@ -269,6 +270,7 @@ fn hostile_messages_close_only_their_connection() {
                     capacity: Default::default(),
                     extents: 0,
                     clients: 0,
+                    counters: Default::default(),
                 }
                 .encode(),
             ),
@@ -536,6 +538,35 @@ fn keygen(name: &str) -> (std::path::PathBuf, Secret) {
     (path, secret)
 }
 
+/// The value of the counter line `name` in `rmemfs stats --server` (with the secret in
+/// `secret`, if any).
+fn server_counter(addr: SocketAddr, secret: Option<&std::path::Path>, name: &str) -> u64 {
+    let text = server_stats_text(addr, secret);
+    let prefix = format!("  {name}: ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no '{name}' in {text}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("'{name}' in {text}: {e}"))
+}
+
+/// `rmemfs stats --server` output (with the secret in `secret`, if any).
+fn server_stats_text(addr: SocketAddr, secret: Option<&std::path::Path>) -> String {
+    let mut cmd = rmemfs_cmd();
+    cmd.args(["stats", "--server", &addr.to_string()])
+        .env_remove("RMEMFS_SECRET_FILE");
+    if let Some(p) = secret {
+        cmd.arg("--secret-file").arg(p);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "stats --server: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn only_clients_holding_the_secret_are_let_in() {
     let (path, secret) = keygen("server");
@@ -566,6 +597,28 @@ fn only_clients_holding_the_secret_are_let_in() {
     assert!(unproven.contains("has no secret"), "{unproven}");
     // The authenticated client goes on working.
     round_trip(&good, 0xa5);
+    // The server counted the client without a secret and the one with another (each refused
+    // the server's proof); asking needs the secret, taken here from the environment
+    // variable.
+    let stats = rmemfs_cmd()
+        .args(["stats", "--server", &server.addr.to_string()])
+        .env("RMEMFS_SECRET_FILE", &path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&stats.stdout);
+    assert!(stats.status.success(), "{:?}", stats);
+    assert!(
+        text.contains("  handshakes refused: secrets differ: 2\n"),
+        "{text}"
+    );
+    let refused = rmemfs_cmd()
+        .args(["stats", "--server", &server.addr.to_string()])
+        .env_remove("RMEMFS_SECRET_FILE")
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("requires a shared secret"), "{err}");
 }
 
 #[test]
@@ -604,6 +657,7 @@ fn a_session_cannot_reach_another_sessions_memory() {
             _ => thief.write(r, 0, lmr.sge(0, 1 << 20)),
         }
         .unwrap_err();
+        assert_eq!(thief.fabric().counters().remote_errors, 1, "{opcode}");
         assert!(
             matches!(
                 err,
@@ -629,6 +683,21 @@ fn a_session_cannot_reach_another_sessions_memory() {
     };
     refused_first_try("read");
     refused_first_try("write");
+    // Counted on both sides: each thief's client counted its remote access error (checked
+    // in `refused_first_try`), and a software NIC counted the two requests it refused (an
+    // RDMA NIC refuses them in hardware, and the server says it cannot count them).
+    if fabric_name() == "verbs" {
+        let text = server_stats_text(server.addr, Some(&path));
+        assert!(
+            text.contains("remote accesses refused: not seen by software on verbs"),
+            "{text}"
+        );
+    } else {
+        assert_eq!(
+            server_counter(server.addr, Some(&path), "remote accesses refused"),
+            2
+        );
+    }
     // The owner's data is untouched and still served.
     buf.fill(0);
     owner.read(r, 0, mr.sge(0, 1 << 20)).unwrap();
@@ -687,6 +756,8 @@ fn handshake_deadline_and_connections_per_peer() {
         }
     };
     round_trip(&client, 0x31);
+    assert!(server_counter(server.addr, None, "connections over the per-peer cap") >= 1);
+    assert!(server_counter(server.addr, None, "handshakes failed otherwise") >= 2);
 }
 
 #[test]
@@ -711,6 +782,25 @@ fn a_client_over_its_quota_gets_no_space_and_others_go_on() {
         .err()
         .expect("refused");
     assert!(err.to_string().contains("max-clients"), "{err}");
+    assert_eq!(
+        server_counter(server.addr, None, "allocations over a quota"),
+        1
+    );
+    // An observer gets past --max-clients but may only ask for stats: an allocation breaks
+    // the protocol and closes its session.
+    let observer = rmemfs::client::control::ControlConn::connect_observer(
+        server.addr,
+        "observer",
+        Duration::from_secs(10),
+        &Secret::none(),
+    )
+    .expect("an observer is let in while the server is full");
+    let refused = observer.request(|tag| Message::Alloc { tag, len: 4096 });
+    assert!(refused.is_err(), "an observer allocated: {refused:?}");
+    assert_eq!(
+        server_counter(server.addr, None, "sessions closed for protocol violations"),
+        1
+    );
     drop(a);
     // a's memory and slot come back; a new client fits again.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -722,6 +812,12 @@ fn a_client_over_its_quota_gets_no_space_and_others_go_on() {
         std::thread::sleep(Duration::from_millis(20));
     };
     round_trip(&c, 0x24);
+    // The stats query is an observer, not a client: answered while the server was full, and
+    // not counted as refused.
+    assert_eq!(
+        server_counter(server.addr, None, "clients over --max-clients"),
+        1
+    );
 }
 
 #[test]

@@ -54,6 +54,27 @@ impl ControlConn {
         timeout: Duration,
         secret: &Secret,
     ) -> Result<ControlConn, PoolError> {
+        Self::open(addr, client_name, timeout, secret, false)
+    }
+
+    /// As [`ControlConn::connect`], as an observer: the session may only ask for `Stats`,
+    /// and a server at its `--max-clients` still answers it.
+    pub fn connect_observer(
+        addr: SocketAddr,
+        client_name: &str,
+        timeout: Duration,
+        secret: &Secret,
+    ) -> Result<ControlConn, PoolError> {
+        Self::open(addr, client_name, timeout, secret, true)
+    }
+
+    fn open(
+        addr: SocketAddr,
+        client_name: &str,
+        timeout: Duration,
+        secret: &Secret,
+        observer: bool,
+    ) -> Result<ControlConn, PoolError> {
         let unreachable = |e: std::io::Error| PoolError::Unreachable {
             addr,
             reason: e.to_string(),
@@ -67,7 +88,7 @@ impl ControlConn {
             .set_write_timeout(Some(timeout))
             .map_err(unreachable)?;
         let handshake = |reason: String| PoolError::Handshake { addr, reason };
-        let (token, hello) = authenticate(&mut stream, addr, client_name, secret)?;
+        let (token, hello) = authenticate(&mut stream, addr, client_name, secret, observer)?;
         let hello = match hello {
             Ok(Message::Welcome {
                 version,
@@ -216,6 +237,7 @@ fn authenticate(
     addr: SocketAddr,
     client_name: &str,
     secret: &Secret,
+    observer: bool,
 ) -> Result<(Token, Result<Message, FrameError>), PoolError> {
     let handshake = |reason: String| PoolError::Handshake { addr, reason };
     let client_nonce = auth::random_bytes::<{ auth::NONCE_LEN }>();
@@ -225,6 +247,7 @@ fn authenticate(
             version: PROTOCOL_VERSION,
             client_name: client_name.into(),
             nonce: client_nonce,
+            observer,
         },
     )
     .map_err(|e| handshake(e.to_string()))?;

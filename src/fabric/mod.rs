@@ -491,6 +491,9 @@ pub struct OpCounters {
     pub deregistration_batches: u64,
     /// Remote requests this side's NIC refused (each one closes its data connection).
     pub remote_refused: u64,
+    /// This side's requests the peer's NIC refused as remote access errors (each one
+    /// closed its connection).
+    pub remote_errors: u64,
 }
 
 /// The completion queue every fabric delivers into (the verbs fabric's poller moves device

@@ -162,6 +162,8 @@ pub struct Counters {
     pub deregistration_batches: AtomicU64,
     /// Remote requests refused (bad key, bounds, access or session) by this side's NIC.
     pub remote_refused: AtomicU64,
+    /// This side's requests the peer's NIC refused (each closed its connection).
+    pub remote_errors: AtomicU64,
 }
 
 impl Counters {
@@ -177,6 +179,7 @@ impl Counters {
             deregistrations: l(&self.deregistrations),
             deregistration_batches: l(&self.deregistration_batches),
             remote_refused: l(&self.remote_refused),
+            remote_errors: l(&self.remote_errors),
         }
     }
     /// Counts one finished operation.
@@ -184,6 +187,9 @@ impl Counters {
         use super::{Opcode, WcStatus};
         if status != WcStatus::Success {
             self.failed.fetch_add(1, Ordering::Relaxed);
+            if status == WcStatus::RemoteAccessError {
+                self.remote_errors.fetch_add(1, Ordering::Relaxed);
+            }
             return;
         }
         let (ops, bytes) = match opcode {

@@ -24,7 +24,9 @@ pub mod alloc;
 
 use crate::auth::{self, Nonce, Secret, Token};
 use crate::fabric::{mem::page_size, DeregisterError, Fabric, LocalMr, PeerGuard, SessionKey};
-use crate::proto::{self, Capacity, FrameError, Message, RefusalCode, PROTOCOL_VERSION};
+use crate::proto::{
+    self, Capacity, FrameError, Message, RefusalCode, ServerCounters, PROTOCOL_VERSION,
+};
 use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::sync::{Arc, Condvar, Mutex};
 use alloc::ExtentAllocator;
@@ -181,6 +183,7 @@ struct Shared {
     /// Signalled when a session departs (a takeover waits for it) and on shutdown (the
     /// lease reaper waits on it).
     departures: Condvar,
+    refusals: Refusals,
     // Declared last: dropped after everything that may hold registrations into it.
     arena: Arena,
 }
@@ -231,6 +234,7 @@ impl MemoryServer {
             live_tokens: Mutex::new(HashMap::new()),
             departed: Mutex::new(HashMap::new()),
             departures: Condvar::new(),
+            refusals: Refusals::default(),
             arena,
         });
         let s = shared.clone();
@@ -259,6 +263,11 @@ impl MemoryServer {
 
     pub fn clients(&self) -> u32 {
         self.shared.clients.load(Ordering::SeqCst)
+    }
+
+    /// What the server has refused so far (also `rmemfs stats --server`).
+    pub fn counters(&self) -> ServerCounters {
+        self.shared.counters()
     }
 
     /// Stops accepting, closes every control connection (their extents are freed) and waits
@@ -405,6 +414,42 @@ impl Shared {
     }
 }
 
+/// The counters behind [`ServerCounters`] that only the server's own logic sees.
+#[derive(Default)]
+struct Refusals {
+    resumed_sessions: AtomicU64,
+    refused_secret: AtomicU64,
+    failed_handshakes: AtomicU64,
+    refused_peer_cap: AtomicU64,
+    refused_max_clients: AtomicU64,
+    refused_quota: AtomicU64,
+    refused_no_space: AtomicU64,
+    protocol_violations: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Shared {
+    fn counters(&self) -> ServerCounters {
+        let r = &self.refusals;
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ServerCounters {
+            leased_sessions: self.departed.lock().len() as u64,
+            resumed_sessions: l(&r.resumed_sessions),
+            refused_secret: l(&r.refused_secret),
+            failed_handshakes: l(&r.failed_handshakes),
+            refused_peer_cap: l(&r.refused_peer_cap),
+            refused_max_clients: l(&r.refused_max_clients),
+            refused_quota: l(&r.refused_quota),
+            refused_no_space: l(&r.refused_no_space),
+            protocol_violations: l(&r.protocol_violations),
+            remote_refused: self.fabric.counters().remote_refused,
+        }
+    }
+}
+
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     for conn in listener.incoming() {
         if shared.stop.load(Ordering::SeqCst) {
@@ -425,6 +470,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             let n = per_peer.entry(ip).or_insert(0);
             if *n >= shared.max_connections_per_peer {
                 drop(per_peer);
+                bump(&shared.refusals.refused_peer_cap);
                 log::warn!(
                     "refused a connection from {ip}: it already has {} (the limit per peer)",
                     shared.max_connections_per_peer
@@ -464,8 +510,15 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     guards: Vec::new(),
                     state: Handshake::New,
                     goodbye: false,
+                    failure_counted: false,
+                    observer: false,
                 };
-                match session.run(stream) {
+                let mut stream = stream;
+                let ended = session.run(&mut stream);
+                // Counted before the connection closes: whoever sees it closed sees the count.
+                session.count_end(&ended);
+                drop(stream);
+                match ended {
                     Ok(()) => log::info!("client {peer:?} disconnected"),
                     Err(e) => log::warn!("client {peer:?}: closing connection: {e}"),
                 }
@@ -506,6 +559,11 @@ struct Session {
     state: Handshake,
     /// The client said `Goodbye`: free everything now, no lease.
     goodbye: bool,
+    /// Its failure is counted already (as a wrong secret or --max-clients refusal, or by
+    /// `count_failure`).
+    failure_counted: bool,
+    /// An observer (`rmemfs stats --server`): not a client, asks only for `Stats`.
+    observer: bool,
 }
 
 /// Where a control session is in its handshake.
@@ -535,7 +593,7 @@ enum SessionError {
 }
 
 impl Session {
-    fn run(&mut self, mut stream: TcpStream) -> Result<(), SessionError> {
+    fn run(&mut self, stream: &mut TcpStream) -> Result<(), SessionError> {
         stream.set_nodelay(true)?;
         // The whole handshake must finish within the control timeout, however the peer
         // trickles it.
@@ -550,12 +608,13 @@ impl Session {
                 }
                 stream.set_read_timeout(Some(left))?;
             }
-            let msg = match proto::read_frame(&mut stream) {
+            let msg = match proto::read_frame(stream) {
                 Ok(m) => m,
                 Err(FrameError::Closed) => return Ok(()),
                 Err(e @ FrameError::Proto(_)) => {
+                    self.count_failure();
                     let _ = proto::write_frame(
-                        &mut stream,
+                        stream,
                         &Message::Fatal {
                             message: e.to_string(),
                         },
@@ -565,6 +624,11 @@ impl Session {
                 Err(e) => return Err(e.into()),
             };
             if let Message::Fatal { message } = &msg {
+                if matches!(self.state, Handshake::Challenged { .. }) {
+                    // It refused this server's proof: it holds another secret, or none.
+                    bump(&self.shared.refusals.refused_secret);
+                    self.failure_counted = true;
+                }
                 log::warn!("client {:?} gave up: {message}", self.peer);
                 return Ok(());
             }
@@ -575,8 +639,9 @@ impl Session {
             let reply = match self.handle(msg) {
                 Ok(r) => Some(r),
                 Err(why) => {
+                    self.count_failure();
                     let _ = proto::write_frame(
-                        &mut stream,
+                        stream,
                         &Message::Fatal {
                             message: why.clone(),
                         },
@@ -588,10 +653,37 @@ impl Session {
                 stream.set_read_timeout(None)?;
             }
             match reply {
-                Some(reply) => proto::write_frame(&mut stream, &reply)?,
+                Some(reply) => proto::write_frame(stream, &reply)?,
                 None => return Ok(()),
             }
         }
+    }
+
+    /// Counts how the session ended: a handshake that never finished, or a protocol
+    /// violation after it (a client that merely disconnects counts as neither).
+    fn count_end(&mut self, ended: &Result<(), SessionError>) {
+        if !self.welcomed()
+            || matches!(
+                ended,
+                Err(SessionError::Violation(_) | SessionError::Frame(FrameError::Proto(_)))
+            )
+        {
+            self.count_failure();
+        }
+    }
+
+    /// Counts this session's failure, once, and before the peer can see it (a `Fatal` or
+    /// the close): a failed handshake, or after it a protocol violation.
+    fn count_failure(&mut self) {
+        if std::mem::replace(&mut self.failure_counted, true) {
+            return;
+        }
+        let r = &self.shared.refusals;
+        bump(if self.welcomed() {
+            &r.protocol_violations
+        } else {
+            &r.failed_handshakes
+        });
     }
 
     fn welcomed(&self) -> bool {
@@ -609,15 +701,19 @@ impl Session {
                     version,
                     client_name,
                     nonce,
+                    observer,
                 },
             ) => {
+                self.observer = observer;
                 if version != PROTOCOL_VERSION {
                     return Err(format!(
                         "protocol version {version} not supported (server speaks \
                          {PROTOCOL_VERSION})"
                     ));
                 }
-                if shared.clients.load(Ordering::SeqCst) >= shared.max_clients {
+                if !observer && shared.clients.load(Ordering::SeqCst) >= shared.max_clients {
+                    bump(&shared.refusals.refused_max_clients);
+                    self.failure_counted = true;
                     log::warn!(
                         "refused client {:?} ('{client_name}'): {} clients already (--max-clients)",
                         self.peer,
@@ -660,6 +756,8 @@ impl Session {
                     client_name: &client_name,
                 };
                 if !auth::proofs_match(&proof, &shared.secret.client_proof(&t)) {
+                    bump(&shared.refusals.refused_secret);
+                    self.failure_counted = true;
                     log::warn!(
                         "refused client {:?} ('{client_name}'): it does not hold this server's \
                          secret",
@@ -678,7 +776,9 @@ impl Session {
                     .live_tokens
                     .lock()
                     .insert(token_digest(&token), self.conn);
-                shared.clients.fetch_add(1, Ordering::SeqCst);
+                if !self.observer {
+                    shared.clients.fetch_add(1, Ordering::SeqCst);
+                }
                 log::info!(
                     "client '{client_name}' connected from {:?}{}",
                     self.peer,
@@ -706,6 +806,12 @@ impl Session {
             Handshake::Welcomed { token } => *token,
             _ => return self.handshake(msg),
         };
+        if self.observer && !matches!(msg, Message::Stat { .. }) {
+            return Err(format!(
+                "an observer may only ask for Stats, not {}",
+                kind(&msg)
+            ));
+        }
         Ok(match msg {
             Message::Connect { tag, blob } => {
                 let session = SessionKey { id: self.id, token };
@@ -733,6 +839,7 @@ impl Session {
                 capacity: self.shared.capacity(),
                 extents: self.shared.extents.load(Ordering::SeqCst),
                 clients: self.shared.clients.load(Ordering::SeqCst),
+                counters: self.shared.counters(),
             },
             other => return Err(format!("unexpected {} from a client", kind(&other))),
         })
@@ -790,6 +897,7 @@ impl Session {
             d.extents.len(),
             d.held
         );
+        bump(&shared.refusals.resumed_sessions);
         self.id = d.id;
         self.held = d.held;
         let extents = d.extents.len() as u64;
@@ -809,6 +917,7 @@ impl Session {
         let total = self.shared.arena.len as u64;
         let quota = self.shared.max_client_memory;
         if self.held.saturating_add(len) > quota {
+            bump(&self.shared.refusals.refused_quota);
             return refuse(
                 RefusalCode::NoSpace,
                 format!(
@@ -825,6 +934,7 @@ impl Session {
             );
         }
         let Some((offset, rlen)) = self.shared.alloc.lock().alloc(len) else {
+            bump(&self.shared.refusals.refused_no_space);
             let cap = self.shared.capacity();
             return refuse(
                 RefusalCode::NoSpace,
@@ -948,7 +1058,7 @@ impl Session {
         }
         self.guards.clear();
         self.held = 0;
-        if self.welcomed() {
+        if self.welcomed() && !self.observer {
             self.shared.clients.fetch_sub(1, Ordering::SeqCst);
             self.state = Handshake::New;
         }
