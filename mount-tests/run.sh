@@ -544,6 +544,60 @@ test_unmount_cleanup() {
   wait_daemon_gone "$m2" 5 || fail "mount with an unreachable server left a daemon running"
 }
 
+# Linux semantics other users' programs rely on, checked as another user (nobody, through
+# -o allow_other): a set-group-ID directory hands its group down (and its bit to
+# subdirectories); a write or fallocate by someone outside a file's group drops its
+# set-group-ID bit; a directory read that renames every entry it reads (away and back)
+# ends, seeing each entry once.
+test_linux_semantics() {
+  local m=$MNT as_nobody out n
+  as_nobody=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+  # nobody must be able to reach the mount point.
+  chmod o+x "$BASE" "$BASE/mnt"
+  mount_fs "$m" "$ADDRS" -o allow_other || fail "mount -o allow_other failed"
+
+  must "mkdir shared" mkdir "$m/shared"
+  must "chgrp shared" chgrp 4242 "$m/shared"
+  must "chmod 2777 shared" chmod 2777 "$m/shared"
+  must "mkdir as nobody" "${as_nobody[@]}" mkdir "$m/shared/x"
+  must "touch as nobody" "${as_nobody[@]}" touch "$m/shared/f"
+  assert_eq "subdirectory of a setgid directory" "$(stat -c '%u %g %A' "$m/shared/x")" \
+    "65534 4242 drwxr-sr-x"
+  assert_eq "file in a setgid directory" "$(stat -c '%u %g %A' "$m/shared/f")" \
+    "65534 4242 -rw-r--r--"
+
+  for how in write fallocate; do
+    put "$m/sgid-$how" "data"
+    must "chgrp" chgrp 4242 "$m/sgid-$how"
+    must "chmod 2666" chmod 2666 "$m/sgid-$how"
+    if [ "$how" = write ]; then
+      must "append as nobody" "${as_nobody[@]}" bash -c 'echo more >>"$1"' _ "$m/sgid-$how"
+    else
+      must "fallocate as nobody" "${as_nobody[@]}" fallocate -l 64K "$m/sgid-$how"
+    fi
+    assert_eq "mode after a $how by nobody" "$(stat -c '%a' "$m/sgid-$how")" 666
+  done
+
+  must "mkdir many away" mkdir "$m/many" "$m/away"
+  n=5000
+  must "create $n files" perl -e 'for (1..$ARGV[1]) { open(my $f, ">", "$ARGV[0]/f$_") or die "$!" }' \
+    "$m/many" "$n"
+  out=$(timeout -k 5 120 perl -e '
+    my ($d, $away) = @ARGV; my (%seen, $reads);
+    opendir(my $h, $d) or die "$!";
+    while (defined(my $e = readdir $h)) {
+      next if $e eq "." || $e eq "..";
+      $seen{$e}++; $reads++;
+      die "no end after $reads entries\n" if $reads > 3 * 5000;
+      rename("$d/$e", "$away/$e") or die "$!"; rename("$away/$e", "$d/$e") or die "$!";
+    }
+    my $twice = grep { $seen{$_} > 1 } keys %seen;
+    print scalar(keys %seen), " $reads $twice\n";' "$m/many" "$m/away") ||
+    fail "reading a directory while renaming its entries failed: $out"
+  assert_eq "entries, reads, entries seen twice" "$out" "$n $n 0"
+  unmount_fs "$m" || fail "unmount failed"
+}
+
 # --- runner ----------------------------------------------------------------------------------
 
 # name, servers ("shared": two long-lived ${SHARED_SIZE} servers; else fresh ones of these
@@ -566,6 +620,7 @@ ALL_TESTS=(
   "replica_pair 256M,256M mount --replicas=2"
   "unmount_cleanup shared nomount"
   "secret shared nomount"
+  "linux_semantics shared nomount"
 )
 
 SHARED_PIDS=()

@@ -41,6 +41,53 @@ pub struct Attr {
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
+    /// The calling process (0: none known), whose supplementary groups count as its groups.
+    pub pid: u32,
+}
+
+impl Caller {
+    /// FUSE does not pass capabilities: root stands in for CAP_FSETID (keeping set-ID bits
+    /// across a write).
+    pub fn privileged(&self) -> bool {
+        self.uid == 0
+    }
+
+    /// Whether the caller is in group `gid`: its own, or one of its process's supplementary
+    /// groups (read from /proc; only asked in the rare case that needs it).
+    pub fn in_group(&self, gid: u32) -> bool {
+        if self.gid == gid {
+            return true;
+        }
+        if self.pid == 0 {
+            return false;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", self.pid)) else {
+            return false;
+        };
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+    }
+}
+
+const S_ISUID: u16 = 0o4000;
+const S_ISGID: u16 = 0o2000;
+const S_IXGRP: u16 = 0o0010;
+
+/// The set-ID bits a write (or fallocate) by an unprivileged caller clears, as the kernel's
+/// `setattr_should_drop_suidgid`: set-user-ID always; set-group-ID when the file is
+/// group-executable, or when the caller is not in the file's group (`in_group`, asked only
+/// then).
+fn set_id_bits_to_drop(perm: u16, caller: &Caller, in_group: impl FnOnce() -> bool) -> u16 {
+    if caller.privileged() {
+        return 0;
+    }
+    let mut drop = perm & S_ISUID;
+    if perm & S_ISGID != 0 && (perm & S_IXGRP != 0 || !in_group()) {
+        drop |= S_ISGID;
+    }
+    drop
 }
 
 /// A time to set with `setattr`.
@@ -128,11 +175,23 @@ pub struct FsConfig {
     pub read_only: bool,
 }
 
+/// What one directory stream lists: the entries (cookie, name) the directory had when the
+/// stream was opened or rewound, shared by its reads.
+type Listing = Option<std::sync::Arc<Vec<(u64, crate::meta::Name)>>>;
+
+/// A callback for attribute changes the caller did not make itself.
+pub type AttrChanged = Box<dyn Fn(Ino) + Send + Sync>;
+
 /// The file system.
 pub struct Fs {
     meta: Mutex<Meta>,
     data: DataStore,
     handles: Mutex<HashMap<u64, Handle>>,
+    /// Told of attribute changes the kernel did not ask for (set-ID bits a write drops), so
+    /// it can forget its cached copy (the FUSE adapter sends an invalidation).
+    attr_changed: std::sync::OnceLock<AttrChanged>,
+    /// Open directory streams: the listing each one reads (see [`Fs::readdir`]).
+    dir_streams: Mutex<HashMap<u64, Listing>>,
     next_fh: AtomicU64,
     config: FsConfig,
     /// Requests whose handler panicked (answered EIO by the FUSE adapter).
@@ -210,6 +269,8 @@ impl Fs {
             meta: Mutex::new(Meta::new(0o755, config.root_uid, config.root_gid)),
             data,
             handles: Mutex::new(HashMap::new()),
+            dir_streams: Mutex::new(HashMap::new()),
+            attr_changed: std::sync::OnceLock::new(),
             next_fh: AtomicU64::new(1),
             config,
             contained_panics: AtomicU64::new(0),
@@ -412,6 +473,17 @@ impl Fs {
             return Err(err(libc::EEXIST));
         }
         let is_dir = inode.kind == Kind::Dir;
+        let mut inode = inode;
+        // A set-group-ID directory hands its group to what is made in it, and its
+        // set-group-ID bit to subdirectories (the kernel already stripped the bit from a
+        // requested mode the caller may not have).
+        let p = Self::inode(&meta, parent)?;
+        if p.perm & S_ISGID != 0 {
+            inode.gid = p.gid;
+            if is_dir {
+                inode.perm |= S_ISGID;
+            }
+        }
         let ino = meta.insert(inode);
         if is_dir {
             if let Some(d) = meta.get_mut(ino).and_then(Inode::dir_mut) {
@@ -731,8 +803,15 @@ impl Fs {
 
     /// Writes `data` at `offset` (at the end with `O_APPEND`); returns once the bytes are in
     /// remote memory.
-    pub fn write(&self, ino: Ino, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
-        self.write_impl(ino, fh, offset, Payload::Copy(data))
+    pub fn write(
+        &self,
+        ino: Ino,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        caller: Caller,
+    ) -> Result<u32> {
+        self.write_impl(ino, fh, offset, Payload::Copy(data), caller)
     }
 
     /// As [`Fs::write`], for data inside a FUSE request buffer: such buffers live as long as
@@ -743,11 +822,19 @@ impl Fs {
         fh: u64,
         offset: u64,
         data: RequestBuffer<'_>,
+        caller: Caller,
     ) -> Result<u32> {
-        self.write_impl(ino, fh, offset, Payload::InPlace(data))
+        self.write_impl(ino, fh, offset, Payload::InPlace(data), caller)
     }
 
-    fn write_impl(&self, ino: Ino, fh: u64, offset: u64, payload: Payload<'_>) -> Result<u32> {
+    fn write_impl(
+        &self,
+        ino: Ino,
+        fh: u64,
+        offset: u64,
+        payload: Payload<'_>,
+        caller: Caller,
+    ) -> Result<u32> {
         let data = payload.bytes();
         let mode = self.handle(fh, ino)?;
         if !mode.write {
@@ -770,7 +857,41 @@ impl Fs {
         let now = SystemTime::now();
         i.mtime = now;
         i.ctime = now;
+        let set_id = i.perm & (S_ISUID | S_ISGID) != 0;
+        drop(meta);
+        if set_id {
+            self.drop_set_id_bits(ino, &caller)?;
+        }
         Ok(data.len() as u32)
+    }
+
+    /// Clears the set-ID bits a modification by `caller` removes (see
+    /// [`set_id_bits_to_drop`]); the group lookup happens outside the metadata lock.
+    fn drop_set_id_bits(&self, ino: Ino, caller: &Caller) -> Result<()> {
+        let (perm, gid) = {
+            let meta = self.meta.lock();
+            let i = Self::inode(&meta, ino)?;
+            (i.perm, i.gid)
+        };
+        let bits = set_id_bits_to_drop(perm, caller, || caller.in_group(gid));
+        if bits != 0 {
+            {
+                let mut meta = self.meta.lock();
+                let i = Self::inode_mut(&mut meta, ino)?;
+                i.perm &= !bits;
+                i.ctime = SystemTime::now();
+            }
+            if let Some(tell) = self.attr_changed.get() {
+                tell(ino);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the callback for attribute changes the kernel did not make (once; later calls
+    /// are ignored).
+    pub fn on_attr_changed(&self, tell: AttrChanged) {
+        let _ = self.attr_changed.set(tell);
     }
 
     /// Writes are synchronous (they return once the data is in remote memory), so there is
@@ -792,7 +913,15 @@ impl Fs {
 
     /// `fallocate`: mode 0 reserves remote memory and extends the size; `FALLOC_FL_KEEP_SIZE`
     /// only reserves. Punching holes and the rest are not supported.
-    pub fn fallocate(&self, ino: Ino, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+    pub fn fallocate(
+        &self,
+        ino: Ino,
+        fh: u64,
+        offset: u64,
+        len: u64,
+        mode: i32,
+        caller: Caller,
+    ) -> Result<()> {
         if mode & !FALLOC_FL_KEEP_SIZE != 0 {
             return Err(err(libc::EOPNOTSUPP));
         }
@@ -811,28 +940,64 @@ impl Fs {
                 i.ctime = SystemTime::now();
             }
         }
-        Ok(())
+        drop(chunks);
+        self.drop_set_id_bits(ino, &caller)
     }
 
     // ---- directories ---------------------------------------------------------------------
 
+    /// Opens a directory stream; [`Fs::releasedir`] ends it.
     pub fn opendir(&self, ino: Ino) -> Result<u64> {
         Self::dir(&self.meta.lock(), ino)?;
-        Ok(0)
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.dir_streams.lock().insert(fh, None);
+        Ok(fh)
     }
 
-    /// Lists entries after `offset`, calling `add` until it returns `false` (reply full).
+    pub fn releasedir(&self, fh: u64) {
+        self.dir_streams.lock().remove(&fh);
+    }
+
+    /// Lists the entries of stream `fh` after `offset`, calling `add` until it returns `false`
+    /// (reply full).
+    ///
+    /// Offsets are the entries' cookies, stable while entries come and go. Which entries a
+    /// stream lists is fixed when it starts (offset 0: opened or rewound), so a reader that
+    /// renames every entry it reads (away and back, which gives the entry a new cookie)
+    /// still ends, seeing each entry once; an entry removed meanwhile is skipped, and one
+    /// renamed back is listed at its first place. POSIX leaves entries added after the start
+    /// unspecified: they wait for the next rewind.
     pub fn readdir(
         &self,
         ino: Ino,
+        fh: u64,
         offset: u64,
         add: &mut dyn FnMut(DirEntry) -> bool,
     ) -> Result<()> {
+        let listing = match self.dir_streams.lock().get(&fh) {
+            None => return Err(err(libc::EBADF)),
+            Some(l) if offset > 0 => l.clone(),
+            Some(_) => None,
+        };
         let meta = self.meta.lock();
         let dir = Self::dir(&meta, ino)?;
+        let listing = match listing {
+            Some(l) => l,
+            None => {
+                let fresh = std::sync::Arc::new(dir.listing());
+                if let Some(l) = self.dir_streams.lock().get_mut(&fh) {
+                    *l = Some(fresh.clone());
+                }
+                fresh
+            }
+        };
         let dots = [(1u64, &b"."[..], ino), (2, &b".."[..], dir.parent)];
         let dot_entries = dots.into_iter().filter(|(c, _, _)| *c > offset);
-        for (cookie, name, child) in dot_entries.chain(dir.entries_after(offset.max(2))) {
+        let start = listing.partition_point(|(c, _)| *c <= offset);
+        let entries = listing[start..]
+            .iter()
+            .filter_map(|(c, name)| Some((*c, &name[..], dir.get(name)?)));
+        for (cookie, name, child) in dot_entries.chain(entries) {
             let kind = meta.get(child).map_or(Kind::File, |i| i.kind);
             let entry = DirEntry {
                 ino: child,

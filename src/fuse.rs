@@ -36,6 +36,18 @@ impl FuseFs {
         FuseFs { fs }
     }
 
+    /// Makes `fs` tell the kernel of `session` when an inode's attributes change behind its
+    /// back (an attribute-only invalidation: offset -1 leaves the page cache alone and takes
+    /// no lock a request in flight holds, so it may be sent from inside a handler).
+    pub fn forward_invalidations(fs: &Fs, session: &fuser::Session<FuseFs>) {
+        let notifier = session.notifier();
+        fs.on_attr_changed(Box::new(move |ino| {
+            if let Err(e) = notifier.inval_inode(INodeNo(ino), -1, 0) {
+                log::debug!("invalidating inode {ino}: {e}");
+            }
+        }));
+    }
+
     /// Runs one handler; a panic inside it becomes EIO for this request only.
     fn contain(&self, op: &'static str, req: &Request, handler: impl FnOnce()) {
         if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(handler)) {
@@ -122,6 +134,7 @@ fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
         gid: req.gid(),
+        pid: req.pid(),
     }
 }
 
@@ -372,7 +385,10 @@ impl Filesystem for FuseFs {
             // `data` lies in this event loop's request buffer, which lives as long as the
             // session: it can be registered and sent as it is.
             let payload = RequestBuffer { bytes: data };
-            match self.fs.write_in_place(ino.0, fh.0, offset, payload) {
+            match self
+                .fs
+                .write_in_place(ino.0, fh.0, offset, payload, caller(req))
+            {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -432,12 +448,12 @@ impl Filesystem for FuseFs {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
         self.contain("readdir", req, || {
-            let res = self.fs.readdir(ino.0, offset, &mut |e| {
+            let res = self.fs.readdir(ino.0, fh.0, offset, &mut |e| {
                 !reply.add(
                     INodeNo(e.ino),
                     e.offset,
@@ -456,11 +472,12 @@ impl Filesystem for FuseFs {
         &self,
         req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
         self.contain("releasedir", req, || {
+            self.fs.releasedir(fh.0);
             reply.ok();
         });
     }
@@ -574,7 +591,11 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         self.contain("fallocate", req, || {
-            empty(reply, self.fs.fallocate(ino.0, fh.0, offset, length, mode));
+            empty(
+                reply,
+                self.fs
+                    .fallocate(ino.0, fh.0, offset, length, mode, caller(req)),
+            );
         });
     }
 }

@@ -14,6 +14,10 @@ use crate::sync::{Arc, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::time::SystemTime;
 
+/// An entry's name, shared between a directory's two indexes and the listings of open
+/// directory streams (immutable bytes: a plain reference count, outside the `sync` story).
+pub type Name = std::sync::Arc<[u8]>;
+
 pub type Ino = u64;
 
 /// The root directory's inode number (FUSE's `FUSE_ROOT_ID`).
@@ -148,8 +152,8 @@ pub struct FileData {
 #[derive(Debug)]
 pub struct Dir {
     pub parent: Ino,
-    by_cookie: BTreeMap<u64, (Box<[u8]>, Ino)>,
-    by_name: HashMap<Box<[u8]>, u64>,
+    by_cookie: BTreeMap<u64, (Name, Ino)>,
+    by_name: HashMap<Name, u64>,
     next_cookie: u64,
 }
 
@@ -172,8 +176,9 @@ impl Dir {
         debug_assert!(!self.by_name.contains_key(name));
         let c = self.next_cookie;
         self.next_cookie += 1;
-        self.by_cookie.insert(c, (name.into(), ino));
-        self.by_name.insert(name.into(), c);
+        let name: Name = name.into();
+        self.by_cookie.insert(c, (name.clone(), ino));
+        self.by_name.insert(name, c);
     }
     /// Points an existing name at another inode, keeping its cookie.
     pub fn replace(&mut self, name: &[u8], ino: Ino) {
@@ -195,6 +200,14 @@ impl Dir {
         self.by_cookie
             .range(after.saturating_add(1)..)
             .map(|(c, (n, i))| (*c, &n[..], *i))
+    }
+    /// The names in cookie order, with their cookies: what one directory read lists (see
+    /// `Fs::readdir`). Names are shared, not copied.
+    pub fn listing(&self) -> Vec<(u64, Name)> {
+        self.by_cookie
+            .iter()
+            .map(|(c, (n, _))| (*c, n.clone()))
+            .collect()
     }
 }
 

@@ -507,6 +507,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     ));
     let mut session = fuser::Session::new(FuseFs::new(fs.clone()), &mountpoint, &fuse_config)
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
+    FuseFs::forward_invalidations(&fs, &session);
 
     let rebuilder = crate::rebuild::Rebuilder::start(
         fs.clone(),

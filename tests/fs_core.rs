@@ -294,7 +294,8 @@ fn readdir_offsets_survive_changes() {
         t.create(&format!("n{i}")).unwrap();
     }
     let mut first = Vec::new();
-    t.fs.readdir(ROOT_INO, 0, &mut |e| {
+    let fh = t.fs.opendir(ROOT_INO).unwrap();
+    t.fs.readdir(ROOT_INO, fh, 0, &mut |e| {
         first.push(e);
         first.len() < 5
     })
@@ -305,7 +306,7 @@ fn readdir_offsets_survive_changes() {
     t.fs.unlink(ROOT_INO, b"n0").unwrap();
     t.fs.unlink(ROOT_INO, b"n9").unwrap();
     let mut rest = Vec::new();
-    t.fs.readdir(ROOT_INO, first.last().unwrap().offset, &mut |e| {
+    t.fs.readdir(ROOT_INO, fh, first.last().unwrap().offset, &mut |e| {
         rest.push(String::from_utf8(e.name).unwrap());
         true
     })
@@ -319,9 +320,9 @@ fn append_xattrs_fallocate_links_symlinks_fifos() {
     t.create("f").unwrap();
     let ino = t.resolve("f").unwrap();
     let fh = t.fs.open(ino, libc::O_WRONLY | libc::O_APPEND).unwrap();
-    t.fs.write(ino, fh, 0, b"one").unwrap();
-    t.fs.write(ino, fh, 0, b"two").unwrap();
-    t.fs.fallocate(ino, fh, 0, 10 << 10, 0).unwrap();
+    t.fs.write(ino, fh, 0, b"one", ME).unwrap();
+    t.fs.write(ino, fh, 0, b"two", ME).unwrap();
+    t.fs.fallocate(ino, fh, 0, 10 << 10, 0, ME).unwrap();
     t.fs.release(fh);
     let mut want = b"onetwo".to_vec();
     want.resize(10 << 10, 0);

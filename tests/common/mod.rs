@@ -20,7 +20,11 @@ pub struct TestFs {
     pub server_config: ServerConfig,
 }
 
-pub const ME: Caller = Caller { uid: 0, gid: 0 };
+pub const ME: Caller = Caller {
+    uid: 0,
+    gid: 0,
+    pid: 0,
+};
 
 impl TestFs {
     /// `servers` memory servers of `size` bytes each; files cut into `chunk`-byte chunks.
@@ -142,7 +146,10 @@ impl TestFs {
     pub fn write_file(&self, path: &str, offset: u64, data: &[u8]) -> Result<(), i32> {
         let ino = self.resolve(path)?;
         let fh = self.fs.open(ino, libc::O_WRONLY).map_err(|e| e.errno)?;
-        let r = self.fs.write(ino, fh, offset, data).map_err(|e| e.errno);
+        let r = self
+            .fs
+            .write(ino, fh, offset, data, ME)
+            .map_err(|e| e.errno);
         self.fs.release(fh);
         r.map(|_| ())
     }
@@ -155,7 +162,7 @@ impl TestFs {
         let payload = rmemfs::fuse::RequestBuffer::leaked(data.to_vec());
         let r = self
             .fs
-            .write_in_place(ino, fh, offset, payload)
+            .write_in_place(ino, fh, offset, payload, ME)
             .map_err(|e| e.errno);
         self.fs.release(fh);
         r.map(|_| ())
@@ -189,12 +196,13 @@ impl TestFs {
     pub fn list(&self, path: &str) -> Result<Vec<String>, i32> {
         let ino = self.resolve(path)?;
         let mut names = Vec::new();
-        self.fs
-            .readdir(ino, 0, &mut |e| {
-                names.push(String::from_utf8(e.name).unwrap());
-                true
-            })
-            .map_err(|e| e.errno)?;
+        let fh = self.fs.opendir(ino).map_err(|e| e.errno)?;
+        let read = self.fs.readdir(ino, fh, 0, &mut |e| {
+            names.push(String::from_utf8(e.name).unwrap());
+            true
+        });
+        self.fs.releasedir(fh);
+        read.map_err(|e| e.errno)?;
         names.retain(|n| n != "." && n != "..");
         names.sort();
         Ok(names)

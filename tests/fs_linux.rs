@@ -1,0 +1,248 @@
+//! What programs expect of a Linux file system beyond POSIX basics, in the core (no FUSE):
+//! set-group-ID directories, set-ID bits dropped by unprivileged writes, stable directory
+//! reads, handles, space accounting, fallocate modes, whiteouts, inode flags.
+
+mod common;
+
+use common::{TestFs, ME};
+use rmemfs::fs::{Caller, SetAttr};
+use rmemfs::meta::ROOT_INO;
+
+/// An unprivileged user, with no supplementary groups known (pid 0).
+const USER: Caller = Caller {
+    uid: 1000,
+    gid: 1000,
+    pid: 0,
+};
+
+fn chmod(t: &TestFs, path: &str, mode: u32) {
+    let ino = t.resolve(path).unwrap();
+    t.fs.setattr(
+        ino,
+        &SetAttr {
+            mode: Some(mode),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+}
+
+fn chown(t: &TestFs, path: &str, uid: u32, gid: u32) {
+    let ino = t.resolve(path).unwrap();
+    t.fs.setattr(
+        ino,
+        &SetAttr {
+            uid: Some(uid),
+            gid: Some(gid),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_setgid_directory_hands_down_its_group_and_its_bit_to_subdirectories() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    t.fs.mkdir(ROOT_INO, b"shared", 0o777, ME).unwrap();
+    chown(&t, "shared", 0, 4242);
+    chmod(&t, "shared", 0o2777);
+    let d = t.resolve("shared").unwrap();
+    let sub = t.fs.mkdir(d, b"x", 0o755, USER).unwrap();
+    assert_eq!((sub.uid, sub.gid), (1000, 4242));
+    assert_eq!(sub.perm, 0o2755, "a subdirectory inherits set-group-ID");
+    let (f, fh) = t.fs.create(d, b"f", 0o644, libc::O_WRONLY, USER).unwrap();
+    t.fs.release(fh);
+    assert_eq!((f.uid, f.gid, f.perm), (1000, 4242, 0o644));
+    let node =
+        t.fs.mknod(d, b"fifo", libc::S_IFIFO | 0o600, 0, USER)
+            .unwrap();
+    assert_eq!(node.gid, 4242);
+    let link = t.fs.symlink(d, b"l", b"f", USER).unwrap();
+    assert_eq!(link.gid, 4242);
+    // And down the tree: the subdirectory is set-group-ID itself.
+    let deeper = t.fs.mkdir(sub.ino, b"y", 0o700, USER).unwrap();
+    assert_eq!((deeper.gid, deeper.perm), (4242, 0o2700));
+    // A plain directory keeps the creator's group.
+    let plain = t.fs.mkdir(ROOT_INO, b"plain", 0o777, USER).unwrap();
+    let inner = t.fs.mkdir(plain.ino, b"z", 0o777, USER).unwrap();
+    assert_eq!((inner.gid, inner.perm), (1000, 0o777));
+}
+
+#[test]
+fn unprivileged_writes_and_fallocates_drop_set_id_bits() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    let cases: [(u32, Caller, u32); 6] = [
+        // A set-group-ID file without group execute, written by someone outside its group.
+        (0o2666, USER, 0o666),
+        // The same, written by a member of its group: kept (it marks mandatory locking).
+        (0o2666, Caller { gid: 4242, ..USER }, 0o2666),
+        // Group-executable: dropped even for a member.
+        (0o2775, Caller { gid: 4242, ..USER }, 0o775),
+        // Set-user-ID: always dropped.
+        (0o4777, USER, 0o777),
+        (0o6777, USER, 0o777),
+        // Root (for CAP_FSETID) keeps them.
+        (0o6777, ME, 0o6777),
+    ];
+    // The kernel caches modes: each drop is reported so the adapter can invalidate it.
+    let told = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = told.clone();
+    t.fs.on_attr_changed(Box::new(move |ino| log.lock().unwrap().push(ino)));
+    let mut dropped = Vec::new();
+    for (n, (mode, who, want)) in cases.into_iter().enumerate() {
+        for via_fallocate in [false, true] {
+            let name = format!("f{n}{via_fallocate}");
+            t.create(&name).unwrap();
+            chown(&t, &name, 0, 4242);
+            chmod(&t, &name, mode);
+            let ino = t.resolve(&name).unwrap();
+            let fh = t.fs.open(ino, libc::O_WRONLY).unwrap();
+            if via_fallocate {
+                t.fs.fallocate(ino, fh, 0, 4096, 0, who).unwrap();
+            } else {
+                t.fs.write(ino, fh, 0, b"x", who).unwrap();
+            }
+            t.fs.release(fh);
+            if want != mode {
+                dropped.push(ino);
+            }
+            assert_eq!(
+                t.fs.getattr(ino).unwrap().perm as u32,
+                want,
+                "mode {mode:o} by uid {} gid {}, fallocate {via_fallocate}",
+                who.uid,
+                who.gid
+            );
+        }
+    }
+    assert_eq!(*told.lock().unwrap(), dropped);
+}
+
+#[test]
+fn group_membership_counts_supplementary_groups() {
+    // This process's own groups, as /proc shows them: the first supplementary one (if any)
+    // makes it a member beside its primary group.
+    let me = Caller {
+        uid: 1000,
+        gid: u32::MAX - 1,
+        pid: std::process::id(),
+    };
+    assert!(me.in_group(u32::MAX - 1));
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let groups: Vec<u32> = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .unwrap()
+        .split_whitespace()
+        .map(|g| g.parse().unwrap())
+        .collect();
+    for g in &groups {
+        assert!(me.in_group(*g), "supplementary group {g}");
+    }
+    let stranger = (1..).find(|g| !groups.contains(g)).unwrap();
+    assert!(!me.in_group(stranger));
+}
+
+/// Reads a whole directory stream in batches of `batch`, calling `each` on every entry read
+/// (not "." or "..") before the next batch; stops after `limit` entries.
+fn read_stream(
+    t: &TestFs,
+    dir: u64,
+    batch: usize,
+    limit: usize,
+    each: &mut dyn FnMut(&str),
+) -> Vec<String> {
+    let fh = t.fs.opendir(dir).unwrap();
+    let mut seen = Vec::new();
+    let mut offset = 0;
+    loop {
+        let mut got = Vec::new();
+        t.fs.readdir(dir, fh, offset, &mut |e| {
+            got.push(e);
+            got.len() < batch
+        })
+        .unwrap();
+        if got.is_empty() || seen.len() > limit {
+            break;
+        }
+        offset = got.last().unwrap().offset;
+        for e in got {
+            let name = String::from_utf8(e.name).unwrap();
+            if name != "." && name != ".." {
+                each(&name);
+                seen.push(name);
+            }
+        }
+    }
+    t.fs.releasedir(fh);
+    seen
+}
+
+#[test]
+fn a_directory_read_ends_while_every_entry_is_renamed_away_and_back() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap();
+    t.fs.mkdir(ROOT_INO, b"elsewhere", 0o755, ME).unwrap();
+    let d = t.resolve("d").unwrap();
+    let away = t.resolve("elsewhere").unwrap();
+    const N: usize = 500;
+    for i in 0..N {
+        t.create(&format!("d/f{i}")).unwrap();
+    }
+    // Each entry read is renamed into another directory and back (a new cookie each time),
+    // and also to another name in the same directory and back.
+    let seen = read_stream(&t, d, 64, 3 * N, &mut |name| {
+        let n = name.as_bytes();
+        t.fs.rename(d, n, away, n, 0).unwrap();
+        t.fs.rename(away, n, d, n, 0).unwrap();
+        t.fs.rename(d, n, d, b"tmp", 0).unwrap();
+        t.fs.rename(d, b"tmp", d, n, 0).unwrap();
+    });
+    assert_eq!(seen.len(), N, "each entry once, and the read ends");
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), N);
+}
+
+#[test]
+fn a_stream_skips_removed_entries_and_a_rewind_sees_new_ones() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    for i in 0..20 {
+        t.create(&format!("f{i:02}")).unwrap();
+    }
+    let fh = t.fs.opendir(ROOT_INO).unwrap();
+    let read = |offset: u64| {
+        let mut names = Vec::new();
+        t.fs.readdir(ROOT_INO, fh, offset, &mut |e| {
+            names.push((e.offset, String::from_utf8(e.name).unwrap()));
+            true
+        })
+        .unwrap();
+        names
+    };
+    let all = read(0);
+    assert_eq!(all.len(), 22);
+    let (mid, _) = all[10].clone();
+    t.fs.unlink(ROOT_INO, b"f19").unwrap();
+    t.create("new").unwrap();
+    let rest: Vec<String> = read(mid).into_iter().map(|(_, n)| n).collect();
+    assert!(
+        !rest.contains(&"f19".to_string()),
+        "a removed entry is skipped"
+    );
+    assert!(
+        !rest.contains(&"new".to_string()),
+        "a new one waits for a rewind"
+    );
+    assert_eq!(rest.len(), 22 - 11 - 1);
+    let rewound: Vec<String> = read(0).into_iter().map(|(_, n)| n).collect();
+    assert!(rewound.contains(&"new".to_string()));
+    t.fs.releasedir(fh);
+    assert_eq!(
+        t.fs.readdir(ROOT_INO, fh, 0, &mut |_| true)
+            .unwrap_err()
+            .errno,
+        libc::EBADF
+    );
+}
