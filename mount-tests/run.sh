@@ -550,7 +550,7 @@ test_unmount_cleanup() {
 # set-group-ID bit; a directory read that renames every entry it reads (away and back)
 # ends, seeing each entry once.
 test_linux_semantics() {
-  local m=$MNT as_nobody out n
+  local m=$MNT as_nobody out n free
   as_nobody=(setpriv --reuid=65534 --regid=65534 --clear-groups)
   # nobody must be able to reach the mount point.
   chmod o+x "$BASE" "$BASE/mnt"
@@ -577,6 +577,17 @@ test_linux_semantics() {
     fi
     assert_eq "mode after a $how by nobody" "$(stat -c '%a' "$m/sgid-$how")" 666
   done
+
+  # What statfs calls free can be allocated: after a small file, a fallocate of all of it.
+  must "a 64 KiB file" dd if=/dev/zero of="$m/small" bs=64K count=1 status=none
+  free=$(stat -f -c '%a %S' "$m" | awk '{print $1 * $2}')
+  [ "$free" -gt 0 ] || fail "statfs reports no free space"
+  must "fallocate what statfs reports free ($free bytes)" fallocate -l "$free" "$m/all-free"
+  assert_eq "free after allocating it all" "$(stat -f -c '%a' "$m")" 0
+  must "rm all-free" rm "$m/all-free"
+  # A sparse file holds only the chunk written (1 MiB, the default chunk size).
+  must "sparse file" dd if=/dev/zero of="$m/sparse" bs=4K count=1 seek=2560 status=none
+  assert_eq "blocks of a sparse 10 MiB file" "$(stat -c '%b' "$m/sparse")" 2048
 
   must "mkdir many away" mkdir "$m/many" "$m/away"
   n=5000

@@ -179,6 +179,29 @@ pub struct FsConfig {
 /// stream was opened or rewound, shared by its reads.
 type Listing = Option<std::sync::Arc<Vec<(u64, crate::meta::Name)>>>;
 
+/// The most chunks that fit, each with `copies` copies on distinct servers, when server `i`
+/// has room for `per_server[i]` chunks: the largest `n` with `sum(min(room, n)) >= copies * n`
+/// (a server can hold at most one copy of each chunk).
+pub fn placeable_chunks(per_server: &[u64], copies: u64) -> u64 {
+    let fits = |n: u64| {
+        per_server
+            .iter()
+            .map(|&r| r.min(n))
+            .fold(0u64, u64::saturating_add)
+            >= copies.saturating_mul(n)
+    };
+    let (mut lo, mut hi) = (0u64, per_server.iter().sum::<u64>() / copies.max(1));
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
 /// A callback for attribute changes the caller did not make itself.
 pub type AttrChanged = Box<dyn Fn(Ino) + Send + Sync>;
 
@@ -224,9 +247,10 @@ fn check_name(name: &[u8]) -> Result<()> {
 }
 
 fn attr_of(ino: Ino, i: &Inode) -> Attr {
-    // Derived from the size rather than the extent map: the map's lock is taken before the
-    // metadata lock elsewhere, so it must not be taken under it.
-    let blocks = i.size.div_ceil(512);
+    // The remote memory a file's chunks hold (holes hold none), from the count kept beside
+    // the map: the map's lock is taken before the metadata lock elsewhere, so it must not be
+    // taken under it. Other inodes hold no remote memory.
+    let blocks = i.file().map_or(0, |f| f.held().div_ceil(512));
     Attr {
         ino,
         kind: i.kind,
@@ -442,7 +466,10 @@ impl Fs {
         let mut chunks = file.chunks.write();
         let old = Self::inode(&self.meta.lock(), ino)?.size;
         if size < old {
-            self.data.truncate(&mut chunks, size)?;
+            let from = size / self.data.chunk_size();
+            file.tracking(&mut chunks, from..=u64::MAX, |c| {
+                self.data.truncate(c, size)
+            })?;
         }
         let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
@@ -850,7 +877,11 @@ impl Fs {
         };
         let end = self.data.check_end(offset, data.len() as u64)?;
         self.fault_point("write");
-        self.data.write(&mut chunks, offset, payload)?;
+        file.tracking(
+            &mut chunks,
+            self.chunk_range(offset, data.len() as u64),
+            |c| self.data.write(c, offset, payload),
+        )?;
         let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
         i.size = i.size.max(end);
@@ -863,6 +894,14 @@ impl Fs {
             self.drop_set_id_bits(ino, &caller)?;
         }
         Ok(data.len() as u32)
+    }
+
+    /// The indexes of the chunks bytes `[offset, offset+len)` fall in (the one at `offset`
+    /// when `len` is 0).
+    fn chunk_range(&self, offset: u64, len: u64) -> std::ops::RangeInclusive<u64> {
+        let cs = self.data.chunk_size();
+        let first = offset / cs;
+        first..=(offset.saturating_add(len.max(1)) - 1) / cs
     }
 
     /// Clears the set-ID bits a modification by `caller` removes (see
@@ -931,7 +970,9 @@ impl Fs {
         let end = self.data.check_end(offset, len)?;
         let file = self.file_data(ino)?;
         let mut chunks = file.chunks.write();
-        self.data.allocate(&mut chunks, offset, len)?;
+        file.tracking(&mut chunks, self.chunk_range(offset, len), |c| {
+            self.data.allocate(c, offset, len)
+        })?;
         if mode & FALLOC_FL_KEEP_SIZE == 0 {
             let mut meta = self.meta.lock();
             let i = Self::inode_mut(&mut meta, ino)?;
@@ -1014,16 +1055,31 @@ impl Fs {
 
     // ---- the rest ------------------------------------------------------------------------
 
+    /// Capacity as a program can use it: the whole chunks the servers that are up can still
+    /// take, with every chunk's copies on distinct servers, so that what `statfs` calls free
+    /// can be allocated (a partly used chunk's room counts for nothing; fragmentation inside
+    /// a server's arena is not seen, its free bytes are taken as whole chunks).
     pub fn statfs(&self) -> StatFs {
-        // Every byte a file holds takes room for each copy.
-        let cap = self.data.pool().capacity();
-        let copies = self.data.replicas() as u64;
         const BLOCK: u64 = 4096;
+        let cs = self.data.chunk_size();
+        let up: Vec<_> = self
+            .data
+            .pool()
+            .status()
+            .into_iter()
+            .filter(|s| !s.failed)
+            .map(|s| s.capacity)
+            .collect();
+        let copies = self.data.replicas().min(up.len()).max(1) as u64;
+        let chunks = |bytes: fn(&crate::proto::Capacity) -> u64| {
+            let per_server: Vec<u64> = up.iter().map(|c| bytes(c) / cs).collect();
+            placeable_chunks(&per_server, copies)
+        };
         let files = self.inode_count() as u64;
         StatFs {
             block_size: BLOCK as u32,
-            blocks: cap.total / copies / BLOCK,
-            blocks_free: cap.free / copies / BLOCK,
+            blocks: chunks(|c| c.total) * (cs / BLOCK),
+            blocks_free: chunks(|c| c.free) * (cs / BLOCK),
             // Metadata is local and bounded only by the daemon's memory.
             files: files + (1 << 32),
             files_free: 1 << 32,

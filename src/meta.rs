@@ -10,6 +10,7 @@
 //! million files fit comfortably: optional parts (extended attributes, directory tables, symlink
 //! targets) are boxed and absent when unused.
 
+use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{Arc, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::time::SystemTime;
@@ -144,6 +145,38 @@ impl Chunk {
 #[derive(Debug, Default)]
 pub struct FileData {
     pub chunks: RwLock<BTreeMap<u64, Chunk>>,
+    /// Bytes the chunks hold (of one copy): `st_blocks`. Kept beside the map so `stat` needs
+    /// no chunk lock (that lock is held across remote I/O); updated by whoever changes the
+    /// map, through [`FileData::tracking`].
+    held: AtomicU64,
+}
+
+impl FileData {
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Runs `op` on `chunks` (this file's, locked by the caller), which may change only the
+    /// chunks with indexes in `range`, and accounts for what it changed there in `held`
+    /// (whether or not it succeeded: a failed write may have allocated some).
+    pub fn tracking<R>(
+        &self,
+        chunks: &mut BTreeMap<u64, Chunk>,
+        range: std::ops::RangeInclusive<u64>,
+        op: impl FnOnce(&mut BTreeMap<u64, Chunk>) -> R,
+    ) -> R {
+        let sum =
+            |c: &BTreeMap<u64, Chunk>| -> u64 { c.range(range.clone()).map(|(_, c)| c.len).sum() };
+        let before = sum(chunks);
+        let r = op(chunks);
+        let after = sum(chunks);
+        if after >= before {
+            self.held.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.held.fetch_sub(before - after, Ordering::Relaxed);
+        }
+        r
+    }
 }
 
 /// A directory's entries. Each entry gets a cookie, increasing and never reused within the

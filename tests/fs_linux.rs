@@ -246,3 +246,94 @@ fn a_stream_skips_removed_entries_and_a_rewind_sees_new_ones() {
         libc::EBADF
     );
 }
+
+#[test]
+fn placeable_chunks_puts_copies_on_distinct_servers() {
+    use rmemfs::fs::placeable_chunks;
+    assert_eq!(placeable_chunks(&[10, 10], 1), 20);
+    assert_eq!(placeable_chunks(&[10, 10], 2), 10);
+    assert_eq!(placeable_chunks(&[10, 0], 2), 0);
+    assert_eq!(placeable_chunks(&[5, 5, 5], 2), 7);
+    assert_eq!(placeable_chunks(&[100, 1, 1], 2), 2);
+    assert_eq!(placeable_chunks(&[100, 1, 1], 3), 1);
+    assert_eq!(placeable_chunks(&[], 1), 0);
+}
+
+#[test]
+fn st_blocks_counts_what_a_file_holds_and_holes_hold_nothing() {
+    const MIB: u64 = 1 << 20;
+    let t = TestFs::new(1, 32 * MIB, MIB);
+    t.create("small").unwrap();
+    t.write_file("small", 0, &[1; 64 << 10]).unwrap();
+    let blocks = |p: &str| t.fs.getattr(t.resolve(p).unwrap()).unwrap().blocks;
+    assert_eq!(blocks("small"), (64 << 10) / 512);
+    t.create("sparse").unwrap();
+    t.write_file("sparse", 10 * MIB, b"tail").unwrap();
+    let a = t.fs.getattr(t.resolve("sparse").unwrap()).unwrap();
+    assert_eq!(a.size, 10 * MIB + 4);
+    assert_eq!(
+        a.blocks,
+        MIB / 512,
+        "one chunk held; the ten before it are a hole"
+    );
+    let ino = t.resolve("sparse").unwrap();
+    let fh = t.fs.open(ino, libc::O_WRONLY).unwrap();
+    t.fs.fallocate(ino, fh, 0, 2 * MIB, 0, ME).unwrap();
+    t.fs.release(fh);
+    assert_eq!(blocks("sparse"), 3 * MIB / 512);
+    t.fs.setattr(
+        ino,
+        &SetAttr {
+            size: Some(MIB),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(blocks("sparse"), MIB / 512);
+    t.fs.setattr(
+        ino,
+        &SetAttr {
+            size: Some(0),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(blocks("sparse"), 0);
+    t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap();
+    assert_eq!(blocks("d"), 0);
+}
+
+/// What `statfs` calls free can be allocated, and no more: after a small file, a fallocate
+/// of exactly the free blocks succeeds and one more chunk is ENOSPC; with two copies over
+/// three servers, free space counts each chunk's copies on distinct servers.
+#[test]
+fn statfs_free_space_can_be_allocated() {
+    const MIB: u64 = 1 << 20;
+    for (servers, replicas) in [(1, 1), (2, 1), (3, 2)] {
+        let t = TestFs::replicated(
+            servers,
+            16 * MIB,
+            MIB,
+            rmemfs::data::WritePath::Frrwp,
+            replicas,
+        );
+        t.create("small").unwrap();
+        t.write_file("small", 0, &[7; 64 << 10]).unwrap();
+        let s = t.fs.statfs();
+        let free = s.blocks_free * s.block_size as u64;
+        assert!(free > 0);
+        t.create("big").unwrap();
+        let ino = t.resolve("big").unwrap();
+        let fh = t.fs.open(ino, libc::O_WRONLY).unwrap();
+        t.fs.fallocate(ino, fh, 0, free, 0, ME)
+            .unwrap_or_else(|e| panic!("{servers} servers, {replicas} copies: {free}: {e}"));
+        assert_eq!(
+            t.fs.statfs().blocks_free,
+            0,
+            "{servers} servers, {replicas} copies"
+        );
+        let more = t.fs.fallocate(ino, fh, free, MIB, 0, ME).unwrap_err();
+        assert_eq!(more.errno, libc::ENOSPC);
+        t.fs.release(fh);
+    }
+}
