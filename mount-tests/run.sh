@@ -589,6 +589,15 @@ test_linux_semantics() {
   must "sparse file" dd if=/dev/zero of="$m/sparse" bs=4K count=1 seek=2560 status=none
   assert_eq "blocks of a sparse 10 MiB file" "$(stat -c '%b' "$m/sparse")" 2048
 
+  # Punching a hole gives the memory back and reads zeros; zero-range zeroes and extends.
+  must "a 4 MiB file" dd if=/dev/urandom of="$m/holes" bs=1M count=4 status=none
+  must "punch 1M+2M" fallocate -p -o 1M -l 2M "$m/holes"
+  assert_eq "size and blocks after the punch" "$(stat -c '%s %b' "$m/holes")" "4194304 4096"
+  assert_eq "punched bytes" "$(dd if="$m/holes" bs=1M skip=1 count=2 status=none | tr -d '\0' | wc -c)" 0
+  must "zero-range to 8M" fallocate -z -o 0 -l 8M "$m/holes"
+  assert_eq "size after zero-range" "$(stat -c '%s' "$m/holes")" 8388608
+  assert_eq "zeroed bytes" "$(tr -d '\0' <"$m/holes" | wc -c)" 0
+
   must "mkdir many away" mkdir "$m/many" "$m/away"
   n=5000
   must "create $n files" perl -e 'for (1..$ARGV[1]) { open(my $f, ">", "$ARGV[0]/f$_") or die "$!" }' \

@@ -1001,33 +1001,144 @@ impl DataStore {
             self.free_chunk(&c);
         }
         if size % cs != 0 && chunks.contains_key(&(size / cs)) {
-            let idx = size / cs;
-            let from = size % cs;
-            let zeros = self.zeros.buf.addr();
-            self.write_replicated(chunks, &[idx], (zeros, IO_SIZE as u64), |chunks| {
-                let c = &chunks[&idx];
-                let mut ops = Vec::new();
-                let mut at = from;
-                while at < c.len {
-                    let n = (c.len - at).min(IO_SIZE as u64);
-                    for copy in c.replicas() {
-                        ops.push(RemoteOp {
-                            opcode: Opcode::Write,
-                            local: Sge {
-                                addr: zeros,
-                                len: n,
-                                lkey: 0,
-                            },
-                            remote: region(c, copy),
-                            offset: at,
-                        });
-                    }
-                    at += n;
-                }
-                ops
-            })?;
+            self.zero_in_chunk(chunks, size / cs, size % cs, cs)?;
         }
         Ok(())
+    }
+
+    /// Zeroes bytes `[from, to)` of chunk `idx` (as far as the chunk reaches) on every copy.
+    fn zero_in_chunk(
+        &self,
+        chunks: &mut BTreeMap<u64, Chunk>,
+        idx: u64,
+        from: u64,
+        to: u64,
+    ) -> Result<()> {
+        let zeros = self.zeros.buf.addr();
+        self.write_replicated(chunks, &[idx], (zeros, IO_SIZE as u64), |chunks| {
+            let c = &chunks[&idx];
+            let mut ops = Vec::new();
+            let mut at = from;
+            let to = to.min(c.len);
+            while at < to {
+                let n = (to - at).min(IO_SIZE as u64);
+                for copy in c.replicas() {
+                    ops.push(RemoteOp {
+                        opcode: Opcode::Write,
+                        local: Sge {
+                            addr: zeros,
+                            len: n,
+                            lkey: 0,
+                        },
+                        remote: region(c, copy),
+                        offset: at,
+                    });
+                }
+                at += n;
+            }
+            ops
+        })
+    }
+
+    /// Punches a hole over file bytes `[offset, offset+len)`: chunks wholly inside are
+    /// given back to their servers, and the parts of the others inside are zeroed. The cost
+    /// follows the chunks the file has there, never the length of the range.
+    pub fn punch(&self, chunks: &mut BTreeMap<u64, Chunk>, offset: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let cs = self.chunk_size;
+        let end = offset.saturating_add(len);
+        let inside: Vec<u64> = chunks
+            .range(offset / cs..=(end - 1) / cs)
+            .map(|(i, _)| *i)
+            .collect();
+        for idx in inside {
+            let base = idx * cs;
+            let from = offset.max(base) - base;
+            let to = end.min(base + cs) - base;
+            let c = chunks[&idx];
+            if from == 0 && to >= c.len {
+                chunks.remove(&idx);
+                self.free_chunk(&c);
+            } else if from < c.len {
+                self.zero_in_chunk(chunks, idx, from, to)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves every chunk at index `from` or above by `delta` chunks (down when negative):
+    /// what collapse and insert do when their range is whole chunks. Chunks that would move
+    /// below `from + delta` must be gone already.
+    fn shift_chunks(&self, chunks: &mut BTreeMap<u64, Chunk>, from: u64, delta: i64) {
+        let moving = chunks.split_off(&from);
+        for (idx, c) in moving {
+            chunks.insert(idx.saturating_add_signed(delta), c);
+        }
+    }
+
+    /// Copies file bytes `[src, src+len)` to `dst` through a bounce window, back to front
+    /// when the destination lies above the source so nothing is overwritten before it is
+    /// read. Holes are copied as zeros written (allocating where the destination has none).
+    fn copy_within(
+        &self,
+        chunks: &mut BTreeMap<u64, Chunk>,
+        src: u64,
+        dst: u64,
+        len: u64,
+    ) -> Result<()> {
+        let step = IO_SIZE as u64;
+        let mut buf = vec![0u8; IO_SIZE];
+        let windows = len.div_ceil(step);
+        for w in 0..windows {
+            let w = if dst > src { windows - 1 - w } else { w };
+            let at = w * step;
+            let n = (len - at).min(step) as usize;
+            buf[..n].fill(0);
+            self.read(chunks, src + at, &mut buf[..n])?;
+            self.write(chunks, dst + at, Payload::Copy(&buf[..n]))?;
+        }
+        Ok(())
+    }
+
+    /// Removes file bytes `[offset, offset+len)` of a `size`-byte file, moving what follows
+    /// down (`FALLOC_FL_COLLAPSE_RANGE`); the caller checked `offset + len < size`. Whole
+    /// chunks are given back and the later ones renumbered; other ranges are copied.
+    pub fn collapse(
+        &self,
+        chunks: &mut BTreeMap<u64, Chunk>,
+        offset: u64,
+        len: u64,
+        size: u64,
+    ) -> Result<()> {
+        let cs = self.chunk_size;
+        if offset % cs == 0 && len % cs == 0 {
+            self.punch(chunks, offset, len)?;
+            self.shift_chunks(chunks, (offset + len) / cs, -((len / cs) as i64));
+            return Ok(());
+        }
+        self.copy_within(chunks, offset + len, offset, size - offset - len)?;
+        self.truncate(chunks, size - len)
+    }
+
+    /// Opens a hole of `len` bytes at `offset` in a `size`-byte file, moving what follows up
+    /// (`FALLOC_FL_INSERT_RANGE`); the caller checked `offset < size`. Whole chunks are
+    /// renumbered; other ranges are copied and the opened range zeroed.
+    pub fn insert(
+        &self,
+        chunks: &mut BTreeMap<u64, Chunk>,
+        offset: u64,
+        len: u64,
+        size: u64,
+    ) -> Result<()> {
+        let cs = self.chunk_size;
+        if offset % cs == 0 && len % cs == 0 {
+            self.shift_chunks(chunks, offset / cs, (len / cs) as i64);
+            return Ok(());
+        }
+        self.copy_within(chunks, offset, offset + len, size - offset)?;
+        self.punch(chunks, offset, len)
     }
 
     /// Gives every copy of a chunk back (a server that is gone took its memory with it).

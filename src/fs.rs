@@ -159,8 +159,10 @@ pub const RENAME_EXCHANGE: u32 = 2;
 /// (`rmemfs stats MOUNTPOINT` does). Not listed by `listxattr`.
 pub const STATS_XATTR: &[u8] = b"user.rmemfs.stats";
 
-/// `fallocate` mode bits understood here.
-const FALLOC_FL_KEEP_SIZE: i32 = 1;
+/// The block size the file system reports (`st_blksize`, `statfs`): the unit of its
+/// allocation-shaped interfaces (collapse and insert ranges, SEEK_HOLE) where chunks are too
+/// coarse for programs.
+pub const BLOCK: u64 = 4096;
 
 struct Handle {
     ino: Ino,
@@ -950,8 +952,18 @@ impl Fs {
         self.settle(meta, h.ino);
     }
 
-    /// `fallocate`: mode 0 reserves remote memory and extends the size; `FALLOC_FL_KEEP_SIZE`
-    /// only reserves. Punching holes and the rest are not supported.
+    /// `fallocate(2)`, as Linux file systems do it:
+    /// - mode 0 reserves remote memory and extends the size; `FALLOC_FL_KEEP_SIZE` only
+    ///   reserves;
+    /// - `PUNCH_HOLE` (with `KEEP_SIZE`) gives back the chunks inside the range and zeroes
+    ///   the rest of it;
+    /// - `ZERO_RANGE` punches, then reserves the range (extending the size unless
+    ///   `KEEP_SIZE`);
+    /// - `COLLAPSE_RANGE` removes the range, `INSERT_RANGE` opens a hole there, moving what
+    ///   follows; both want [`BLOCK`]-aligned ranges inside the file (EINVAL otherwise, as on
+    ///   ext4), and renumber whole chunks when the range is whole chunks, else copy.
+    ///
+    /// Any other mode is EOPNOTSUPP. An unprivileged caller drops the file's set-ID bits.
     pub fn fallocate(
         &self,
         ino: Ino,
@@ -961,8 +973,24 @@ impl Fs {
         mode: i32,
         caller: Caller,
     ) -> Result<()> {
-        if mode & !FALLOC_FL_KEEP_SIZE != 0 {
+        let op = mode & !libc::FALLOC_FL_KEEP_SIZE;
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let shifts = op == libc::FALLOC_FL_COLLAPSE_RANGE || op == libc::FALLOC_FL_INSERT_RANGE;
+        let known = [
+            0,
+            libc::FALLOC_FL_PUNCH_HOLE,
+            libc::FALLOC_FL_ZERO_RANGE,
+            libc::FALLOC_FL_COLLAPSE_RANGE,
+            libc::FALLOC_FL_INSERT_RANGE,
+        ];
+        if !known.contains(&op)
+            || (op == libc::FALLOC_FL_PUNCH_HOLE && !keep_size)
+            || (shifts && keep_size)
+        {
             return Err(err(libc::EOPNOTSUPP));
+        }
+        if len == 0 {
+            return Err(err(libc::EINVAL));
         }
         if !self.handle(fh, ino)?.write {
             return Err(err(libc::EBADF));
@@ -970,15 +998,66 @@ impl Fs {
         let end = self.data.check_end(offset, len)?;
         let file = self.file_data(ino)?;
         let mut chunks = file.chunks.write();
-        file.tracking(&mut chunks, self.chunk_range(offset, len), |c| {
-            self.data.allocate(c, offset, len)
-        })?;
-        if mode & FALLOC_FL_KEEP_SIZE == 0 {
+        let size = Self::inode(&self.meta.lock(), ino)?.size;
+        let new_size = match op {
+            libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE => {
+                if offset % BLOCK != 0 || len % BLOCK != 0 {
+                    return Err(err(libc::EINVAL));
+                }
+                // Every chunk from the range on may move.
+                let everything = *self.chunk_range(offset, 0).start()..=u64::MAX;
+                if op == libc::FALLOC_FL_COLLAPSE_RANGE {
+                    if end >= size {
+                        return Err(err(libc::EINVAL));
+                    }
+                    file.tracking(&mut chunks, everything, |c| {
+                        self.data.collapse(c, offset, len, size)
+                    })?;
+                    size - len
+                } else {
+                    if offset >= size {
+                        return Err(err(libc::EINVAL));
+                    }
+                    let grown = self
+                        .data
+                        .check_end(size, len)
+                        .map_err(|_| err(libc::EFBIG))?;
+                    file.tracking(&mut chunks, everything, |c| {
+                        self.data.insert(c, offset, len, size)
+                    })?;
+                    grown
+                }
+            }
+            _ => {
+                let range = self.chunk_range(offset, len);
+                file.tracking(&mut chunks, range, |c| {
+                    if op != 0 {
+                        self.data.punch(c, offset, len)?;
+                    }
+                    if op != libc::FALLOC_FL_PUNCH_HOLE {
+                        self.data.allocate(c, offset, len)?;
+                    }
+                    Ok::<_, Error>(())
+                })?;
+                if keep_size {
+                    size
+                } else {
+                    size.max(end)
+                }
+            }
+        };
+        {
             let mut meta = self.meta.lock();
             let i = Self::inode_mut(&mut meta, ino)?;
-            if end > i.size {
-                i.size = end;
-                i.ctime = SystemTime::now();
+            let now = SystemTime::now();
+            if new_size != i.size {
+                i.size = new_size;
+                i.ctime = now;
+            }
+            if op != 0 {
+                // The contents changed.
+                i.mtime = now;
+                i.ctime = now;
             }
         }
         drop(chunks);
@@ -1060,7 +1139,6 @@ impl Fs {
     /// can be allocated (a partly used chunk's room counts for nothing; fragmentation inside
     /// a server's arena is not seen, its free bytes are taken as whole chunks).
     pub fn statfs(&self) -> StatFs {
-        const BLOCK: u64 = 4096;
         let cs = self.data.chunk_size();
         let up: Vec<_> = self
             .data

@@ -125,7 +125,7 @@ fn file_attr(a: &Attr) -> FileAttr {
         uid: a.uid,
         gid: a.gid,
         rdev: a.rdev,
-        blksize: 4096,
+        blksize: crate::fs::BLOCK as u32,
         flags: 0,
     }
 }

@@ -337,3 +337,118 @@ fn statfs_free_space_can_be_allocated() {
         t.fs.release(fh);
     }
 }
+
+/// Bytes `0..len` with a pattern that tells positions apart.
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i / 4096 * 7 + i % 251) as u8).collect()
+}
+
+fn falloc(t: &TestFs, path: &str, mode: i32, offset: u64, len: u64) -> Result<(), i32> {
+    let ino = t.resolve(path).unwrap();
+    let fh = t.fs.open(ino, libc::O_WRONLY).unwrap();
+    let r = t.fs.fallocate(ino, fh, offset, len, mode, ME);
+    t.fs.release(fh);
+    r.map_err(|e| e.errno)
+}
+
+fn remote_used(t: &TestFs) -> u64 {
+    t.fs.data()
+        .pool()
+        .refresh()
+        .iter()
+        .map(|s| s.capacity.total - s.capacity.free)
+        .sum()
+}
+
+#[test]
+fn punching_a_hole_gives_its_chunks_back_and_zeroes_the_edges() {
+    const MIB: u64 = 1 << 20;
+    let t = TestFs::new(2, 16 * MIB, MIB);
+    t.create("f").unwrap();
+    let data = pattern(4 * MIB as usize);
+    t.write_file("f", 0, &data).unwrap();
+    assert_eq!(remote_used(&t), 4 * MIB);
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // From the middle of chunk 0 to the middle of chunk 2: chunk 1 is given back.
+    falloc(&t, "f", punch, MIB / 2, 2 * MIB).unwrap();
+    assert_eq!(
+        remote_used(&t),
+        3 * MIB,
+        "the punched MiB went back to its server"
+    );
+    let mut want = data.clone();
+    want[(MIB / 2) as usize..(5 * MIB / 2) as usize].fill(0);
+    assert_eq!(t.read_file("f").unwrap(), want);
+    let ino = t.resolve("f").unwrap();
+    assert_eq!(t.fs.getattr(ino).unwrap().size, 4 * MIB, "the size stays");
+    assert_eq!(t.fs.getattr(ino).unwrap().blocks, 3 * MIB / 512);
+    // Without KEEP_SIZE a punch is refused, as by the kernel; a zero length is EINVAL.
+    assert_eq!(
+        falloc(&t, "f", libc::FALLOC_FL_PUNCH_HOLE, 0, 4096),
+        Err(libc::EOPNOTSUPP)
+    );
+    assert_eq!(falloc(&t, "f", punch, 0, 0), Err(libc::EINVAL));
+    // A punch far past the end, over a petabyte, costs nothing and changes nothing.
+    falloc(&t, "f", punch, 8 * MIB, 1 << 50).unwrap();
+    assert_eq!(t.read_file("f").unwrap(), want);
+}
+
+#[test]
+fn zero_range_zeroes_and_reserves() {
+    const MIB: u64 = 1 << 20;
+    let t = TestFs::new(1, 16 * MIB, MIB);
+    t.create("f").unwrap();
+    let data = pattern(MIB as usize);
+    t.write_file("f", 0, &data).unwrap();
+    falloc(&t, "f", libc::FALLOC_FL_ZERO_RANGE, MIB / 4, 2 * MIB).unwrap();
+    let mut want = data.clone();
+    want.truncate((MIB / 4) as usize);
+    want.resize((MIB / 4 + 2 * MIB) as usize, 0);
+    assert_eq!(t.read_file("f").unwrap(), want);
+    assert_eq!(remote_used(&t), 3 * MIB, "the zeroed range is reserved");
+    let keep = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+    falloc(&t, "f", keep, 0, 8 * MIB).unwrap();
+    assert_eq!(t.read_file("f").unwrap(), vec![0; want.len()]);
+}
+
+#[test]
+fn collapse_and_insert_move_what_follows() {
+    const MIB: u64 = 1 << 20;
+    const BLOCK: u64 = rmemfs::fs::BLOCK;
+    let t = TestFs::new(2, 32 * MIB, MIB);
+    let data = pattern(5 * MIB as usize);
+    // Whole chunks (renumbered) and blocks inside chunks (copied).
+    for (offset, len) in [(MIB, 2 * MIB), (3 * BLOCK, 5 * BLOCK), (MIB - BLOCK, MIB)] {
+        t.create("f").unwrap();
+        t.write_file("f", 0, &data).unwrap();
+        falloc(&t, "f", libc::FALLOC_FL_COLLAPSE_RANGE, offset, len).unwrap();
+        let mut want = data.clone();
+        want.drain(offset as usize..(offset + len) as usize);
+        assert_eq!(t.read_file("f").unwrap(), want, "collapse {offset}+{len}");
+        falloc(&t, "f", libc::FALLOC_FL_INSERT_RANGE, offset, len).unwrap();
+        want.splice(
+            offset as usize..offset as usize,
+            std::iter::repeat_n(0, len as usize),
+        );
+        assert_eq!(t.read_file("f").unwrap(), want, "insert {offset}+{len}");
+        t.fs.unlink(ROOT_INO, b"f").unwrap();
+        assert_eq!(remote_used(&t), 0, "nothing leaked ({offset}+{len})");
+    }
+    t.create("f").unwrap();
+    t.write_file("f", 0, &data).unwrap();
+    let collapse = libc::FALLOC_FL_COLLAPSE_RANGE;
+    let insert = libc::FALLOC_FL_INSERT_RANGE;
+    assert_eq!(falloc(&t, "f", collapse, 100, BLOCK), Err(libc::EINVAL));
+    assert_eq!(falloc(&t, "f", collapse, 0, 5 * MIB), Err(libc::EINVAL));
+    assert_eq!(falloc(&t, "f", insert, 5 * MIB, BLOCK), Err(libc::EINVAL));
+    assert_eq!(
+        falloc(&t, "f", collapse | libc::FALLOC_FL_KEEP_SIZE, 0, BLOCK),
+        Err(libc::EOPNOTSUPP)
+    );
+    assert_eq!(falloc(&t, "f", 0x40, 0, BLOCK), Err(libc::EOPNOTSUPP));
+    assert_eq!(
+        t.read_file("f").unwrap(),
+        data,
+        "refused calls change nothing"
+    );
+}

@@ -115,6 +115,46 @@ impl Model {
         self.file_mut(path)?.resize(size, 0);
         Ok(())
     }
+    /// `fallocate(2)` on the bytes alone (what is allocated is not modelled).
+    fn fallocate(&mut self, path: &str, how: Falloc, off: usize, len: usize) -> Result<(), i32> {
+        let f = self.file_mut(path)?;
+        if len == 0 {
+            return Err(libc::EINVAL);
+        }
+        let end = off + len;
+        let size = f.len();
+        match how {
+            Falloc::Reserve { keep_size } => {
+                if !keep_size && end > size {
+                    f.resize(end, 0);
+                }
+            }
+            Falloc::Punch => f[off.min(size)..end.min(size)].fill(0),
+            Falloc::Zero { keep_size } => {
+                if !keep_size && end > size {
+                    f.resize(end, 0);
+                }
+                let size = f.len();
+                f[off.min(size)..end.min(size)].fill(0);
+            }
+            Falloc::Collapse | Falloc::Insert if off % 4096 != 0 || len % 4096 != 0 => {
+                return Err(libc::EINVAL)
+            }
+            Falloc::Collapse => {
+                if end >= size {
+                    return Err(libc::EINVAL);
+                }
+                f.drain(off..end);
+            }
+            Falloc::Insert => {
+                if off >= size {
+                    return Err(libc::EINVAL);
+                }
+                f.splice(off..off, std::iter::repeat_n(0, len));
+            }
+        }
+        Ok(())
+    }
     fn read(&self, path: &str) -> Result<Vec<u8>, i32> {
         match &self.nodes[&self.resolve(path)?] {
             Node::File(d) => Ok(d.clone()),
@@ -196,8 +236,32 @@ impl Model {
     }
 }
 
+/// The `fallocate` modes the model knows.
+#[derive(Debug, Clone, Copy)]
+enum Falloc {
+    Reserve { keep_size: bool },
+    Punch,
+    Zero { keep_size: bool },
+    Collapse,
+    Insert,
+}
+
+impl Falloc {
+    fn mode(self) -> i32 {
+        let keep = |k: bool| if k { libc::FALLOC_FL_KEEP_SIZE } else { 0 };
+        match self {
+            Falloc::Reserve { keep_size } => keep(keep_size),
+            Falloc::Punch => libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            Falloc::Zero { keep_size } => libc::FALLOC_FL_ZERO_RANGE | keep(keep_size),
+            Falloc::Collapse => libc::FALLOC_FL_COLLAPSE_RANGE,
+            Falloc::Insert => libc::FALLOC_FL_INSERT_RANGE,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Op {
+    Fallocate(String, Falloc, usize, usize),
     Create(String),
     Mkdir(String),
     Write(String, usize, usize, u64),
@@ -237,6 +301,18 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (path(), path()).prop_map(|(a, b)| Op::Link(a, b)),
         2 => (path(), path()).prop_map(|(a, b)| Op::Rename(a, b)),
         1 => prop_oneof![Just(String::new()), path()].prop_map(Op::List),
+        // Byte ranges for reserving, punching and zeroing; 4 KiB blocks (half a chunk here,
+        // so both whole-chunk renumbering and copying run) for collapse and insert, with
+        // now and then a range that is not aligned.
+        2 => (path(), prop_oneof![
+                  any::<bool>().prop_map(|keep_size| Falloc::Reserve { keep_size }),
+                  Just(Falloc::Punch),
+                  any::<bool>().prop_map(|keep_size| Falloc::Zero { keep_size }),
+              ], 0usize..40_000, 0usize..20_000)
+            .prop_map(|(p, how, o, l)| Op::Fallocate(p, how, o, l)),
+        2 => (path(), prop_oneof![Just(Falloc::Collapse), Just(Falloc::Insert)],
+              0usize..10, 1usize..4, prop_oneof![9 => Just(0usize), 1 => 1usize..4096])
+            .prop_map(|(p, how, o, l, skew)| Op::Fallocate(p, how, o * 4096 + skew, l * 4096)),
     ]
 }
 
@@ -253,6 +329,7 @@ fn under(dir: &str, op: &Op) -> Op {
     let p = |x: &String| format!("{dir}/{x}");
     match op {
         Op::Create(a) => Op::Create(p(a)),
+        Op::Fallocate(a, how, o, l) => Op::Fallocate(p(a), *how, *o, *l),
         Op::Mkdir(a) => Op::Mkdir(p(a)),
         Op::Write(a, o, l, s) => Op::Write(p(a), *o, *l, *s),
         Op::Truncate(a, s) => Op::Truncate(p(a), *s),
@@ -293,6 +370,15 @@ fn apply_fs(t: &TestFs, op: &Op, writes: Writes) -> Result<Vec<u8>, i32> {
             Ok(Vec::new())
         }
         Op::Read(p) => t.read_file(p),
+        Op::Fallocate(p, how, off, len) => {
+            let ino = t.resolve(p)?;
+            let fh = t.fs.open(ino, libc::O_WRONLY).map_err(e)?;
+            let r =
+                t.fs.fallocate(ino, fh, *off as u64, *len as u64, how.mode(), common::ME);
+            t.fs.release(fh);
+            r.map_err(e)?;
+            Ok(Vec::new())
+        }
         Op::Unlink(p) => {
             let (d, n) = t.parent(p)?;
             none(t.fs.unlink(d, n.as_bytes()).map_err(e))
@@ -327,6 +413,7 @@ fn apply_model(m: &mut Model, op: &Op) -> Result<Vec<u8>, i32> {
         Op::Write(p, off, len, seed) => none(m.write(p, *off, &bytes(*seed, *len))),
         Op::Truncate(p, size) => none(m.truncate(p, *size)),
         Op::Read(p) => m.read(p),
+        Op::Fallocate(p, how, off, len) => none(m.fallocate(p, *how, *off, *len)),
         Op::Unlink(p) => none(m.unlink(p)),
         Op::Rmdir(p) => none(m.rmdir(p)),
         Op::Link(a, b) => none(m.link(a, b)),
