@@ -598,6 +598,30 @@ test_linux_semantics() {
   assert_eq "size after zero-range" "$(stat -c '%s' "$m/holes")" 8388608
   assert_eq "zeroed bytes" "$(tr -d '\0' <"$m/holes" | wc -c)" 0
 
+  # A file handle outlives the kernel's caches (NFS export, open_by_handle_at).
+  put "$m/shared/handled" "handle-data"
+  out=$(t python3 mount-tests/handle.py "$m/shared/handled") || fail "open_by_handle_at: $out"
+  assert_eq "read through a handle after drop_caches" "$out" "handle-data"
+
+  # rmemfs as overlayfs's upper layer: copy-up, whiteouts on delete, renames.
+  local lower=$WORK/lower merged=$WORK/merged
+  mkdir -p "$lower/sub" "$merged" "$m/upper" "$m/ovl-work"
+  echo lower >"$lower/a"
+  echo b >"$lower/b"
+  echo c >"$lower/sub/c"
+  must "mount overlay" mount -t overlay overlay \
+    -o "lowerdir=$lower,upperdir=$m/upper,workdir=$m/ovl-work" "$merged"
+  must "append (copy-up)" bash -c 'echo more >>"$1"' _ "$merged/a"
+  must "rm a lower file" rm "$merged/b"
+  must "rename a lower file" mv "$merged/sub/c" "$merged/c2"
+  assert_eq "merged a" "$(cat "$merged/a" | tr '\n' ' ')" "lower more "
+  ! exists "$merged/b" || fail "a deleted lower file shows through the overlay"
+  assert_eq "merged listing" "$(ls "$merged" | tr '\n' ' ')" "a c2 sub "
+  assert_eq "whiteout for b" "$(stat -c '%F %t:%T' "$m/upper/b")" "character special file 0:0"
+  assert_eq "copied-up a" "$(cat "$m/upper/a" | tr '\n' ' ')" "lower more "
+  must "umount overlay" umount "$merged"
+  assert_eq "lower layer untouched" "$(cat "$lower/a") $(ls "$lower/sub")" "lower c"
+
   must "mkdir many away" mkdir "$m/many" "$m/away"
   n=5000
   must "create $n files" perl -e 'for (1..$ARGV[1]) { open(my $f, ">", "$ARGV[0]/f$_") or die "$!" }' \
@@ -743,7 +767,8 @@ main() {
   fi
 
   ensure_packages fio:fio sqlite3:sqlite3 git:git fusermount3:fuse3 rsync:rsync tar:tar \
-    pgrep:procps mountpoint:util-linux fuser:psmisc setfattr:attr cmp:diffutils
+    pgrep:procps mountpoint:util-linux fuser:psmisc setfattr:attr cmp:diffutils \
+    python3:python3 perl:perl
   check_prereqs mount serve || exit 2
   lib_init mt
 

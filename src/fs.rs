@@ -154,6 +154,9 @@ impl OpenMode {
 /// `rename` flags.
 pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
+/// Leave a whiteout (a 0/0 character device) where the source was: overlayfs's upper layer
+/// needs it to delete and rename.
+pub const RENAME_WHITEOUT: u32 = 4;
 
 /// A virtual attribute of the root directory: reading it returns the live counters
 /// (`rmemfs stats MOUNTPOINT` does). Not listed by `listxattr`.
@@ -395,11 +398,18 @@ impl Fs {
         if name.len() > NAME_MAX {
             return Err(err(libc::ENAMETOOLONG));
         }
-        let dir = Self::dir(&meta, parent)?;
+        // "." of any inode is the kernel decoding a file handle (NFS export,
+        // open_by_handle_at) whose inode it no longer caches; ".." finds a directory's parent
+        // for it. Inode numbers are never reused, so a handle names one inode for good
+        // (generation 0).
         let ino = match name {
+            // A handle to an unlinked inode is stale, as on ext4 (it may still be open).
+            b"." if Self::inode(&meta, parent)?.nlink == 0 => return Err(err(libc::ESTALE)),
             b"." => parent,
-            b".." => dir.parent,
-            _ => dir.get(name).ok_or_else(|| err(libc::ENOENT))?,
+            b".." => Self::dir(&meta, parent)?.parent,
+            _ => Self::dir(&meta, parent)?
+                .get(name)
+                .ok_or_else(|| err(libc::ENOENT))?,
         };
         let inode = Self::inode_mut(&mut meta, ino)?;
         inode.lookups += 1;
@@ -650,12 +660,13 @@ impl Fs {
         newparent: Ino,
         newname: &[u8],
         flags: u32,
+        caller: Caller,
     ) -> Result<()> {
         self.writable()?;
         check_name(name)?;
         check_name(newname)?;
-        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
-            || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT) != 0
+            || flags & RENAME_EXCHANGE != 0 && flags != RENAME_EXCHANGE
         {
             return Err(err(libc::EINVAL));
         }
@@ -708,6 +719,12 @@ impl Fs {
         }
         // Detach the source, then put it in place of (or beside) the target.
         Self::dir_mut(&mut meta, parent)?.remove(name);
+        if flags & RENAME_WHITEOUT != 0 {
+            let mut whiteout = new_inode(Kind::CharDevice, 0, caller, Body::Special);
+            whiteout.rdev = 0;
+            let w = meta.insert(whiteout);
+            Self::dir_mut(&mut meta, parent)?.insert(name, w);
+        }
         let replaced = Self::dir_mut(&mut meta, newparent)?.remove(newname);
         Self::dir_mut(&mut meta, newparent)?.insert(newname, src);
         if src_is_dir && parent != newparent {
@@ -1198,13 +1215,20 @@ impl Fs {
         if name.len() > 255 || name.is_empty() {
             return Err(err(libc::ERANGE));
         }
-        if !name.starts_with(b"user.") {
+        // trusted.* and security.* are the kernel's to guard (CAP_SYS_ADMIN, the LSM);
+        // overlayfs keeps its upper layer's bookkeeping in trusted.overlay.*.
+        let known: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
+        if !known
+            .iter()
+            .any(|p| name.starts_with(p) && name.len() > p.len())
+        {
             return Err(err(libc::EOPNOTSUPP));
         }
         Ok(())
     }
 
-    /// Sets a `user.*` extended attribute (`XATTR_CREATE` / `XATTR_REPLACE` honoured).
+    /// Sets a `user.*`, `trusted.*` or `security.*` extended attribute (`XATTR_CREATE` /
+    /// `XATTR_REPLACE` honoured).
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
         self.writable()?;
         Self::check_xattr_name(name)?;
@@ -1218,6 +1242,11 @@ impl Fs {
         }
         let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
+        // As on Linux: user.* only on regular files and directories (a symlink's or a
+        // device's permissions say nothing about who may annotate it).
+        if name.starts_with(b"user.") && !matches!(i.kind, Kind::File | Kind::Dir) {
+            return Err(err(libc::EPERM));
+        }
         let map = i.xattrs.get_or_insert_with(Default::default);
         let exists = map.contains_key(name);
         if flags & libc::XATTR_CREATE != 0 && exists {

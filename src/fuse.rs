@@ -11,9 +11,9 @@ use crate::fs::{Attr, Caller, Fs, SetAttr, SetTime};
 use crate::meta::Kind;
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -172,6 +172,10 @@ impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
+        // File handles (NFS export, name_to_handle_at) decode through LOOKUP of "." and "..".
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT) {
+            log::warn!("the kernel lacks {missing:?}: file handles go stale");
+        }
         Ok(())
     }
 
@@ -325,6 +329,7 @@ impl Filesystem for FuseFs {
                     newparent.0,
                     newname.as_bytes(),
                     flags.bits(),
+                    caller(req),
                 ),
             );
         });

@@ -257,10 +257,10 @@ fn rename_flags() {
     t.create("b").unwrap();
     t.write_file("b", 0, b"B").unwrap();
     let e =
-        t.fs.rename(ROOT_INO, b"a", ROOT_INO, b"b", RENAME_NOREPLACE)
+        t.fs.rename(ROOT_INO, b"a", ROOT_INO, b"b", RENAME_NOREPLACE, ME)
             .unwrap_err();
     assert_eq!(e.errno, libc::EEXIST);
-    t.fs.rename(ROOT_INO, b"a", ROOT_INO, b"b", RENAME_EXCHANGE)
+    t.fs.rename(ROOT_INO, b"a", ROOT_INO, b"b", RENAME_EXCHANGE, ME)
         .unwrap();
     assert_eq!(t.read_file("a").unwrap(), b"B");
     assert_eq!(t.read_file("b").unwrap(), b"AAA");
@@ -269,7 +269,7 @@ fn rename_flags() {
     t.fs.mkdir(ROOT_INO, b"e", 0o755, ME).unwrap();
     let e_ino = t.resolve("e").unwrap();
     t.create("e/x").unwrap();
-    t.fs.rename(e_ino, b"x", ROOT_INO, b"d", RENAME_EXCHANGE)
+    t.fs.rename(e_ino, b"x", ROOT_INO, b"d", RENAME_EXCHANGE, ME)
         .unwrap();
     assert_eq!(
         t.fs.getattr(t.resolve("e/x").unwrap()).unwrap().kind,
@@ -282,7 +282,7 @@ fn rename_flags() {
     assert_eq!(t.fs.getattr(e_ino).unwrap().nlink, 3);
     assert_eq!(t.fs.getattr(d.ino).unwrap().nlink, 2);
     let e =
-        t.fs.rename(ROOT_INO, b"nothere", ROOT_INO, b"a", RENAME_EXCHANGE)
+        t.fs.rename(ROOT_INO, b"nothere", ROOT_INO, b"a", RENAME_EXCHANGE, ME)
             .unwrap_err();
     assert_eq!(e.errno, libc::ENOENT);
 }
@@ -343,7 +343,7 @@ fn append_xattrs_fallocate_links_symlinks_fifos() {
         libc::ENODATA
     );
     assert_eq!(
-        t.fs.setxattr(ino, b"trusted.k", b"w", 0).unwrap_err().errno,
+        t.fs.setxattr(ino, b"os2.k", b"w", 0).unwrap_err().errno,
         libc::EOPNOTSUPP
     );
     assert_eq!(t.fs.listxattr(ino).unwrap(), b"user.k\0");

@@ -193,10 +193,10 @@ fn a_directory_read_ends_while_every_entry_is_renamed_away_and_back() {
     // and also to another name in the same directory and back.
     let seen = read_stream(&t, d, 64, 3 * N, &mut |name| {
         let n = name.as_bytes();
-        t.fs.rename(d, n, away, n, 0).unwrap();
-        t.fs.rename(away, n, d, n, 0).unwrap();
-        t.fs.rename(d, n, d, b"tmp", 0).unwrap();
-        t.fs.rename(d, b"tmp", d, n, 0).unwrap();
+        t.fs.rename(d, n, away, n, 0, ME).unwrap();
+        t.fs.rename(away, n, d, n, 0, ME).unwrap();
+        t.fs.rename(d, n, d, b"tmp", 0, ME).unwrap();
+        t.fs.rename(d, b"tmp", d, n, 0, ME).unwrap();
     });
     assert_eq!(seen.len(), N, "each entry once, and the read ends");
     let mut sorted = seen.clone();
@@ -451,4 +451,100 @@ fn collapse_and_insert_move_what_follows() {
         data,
         "refused calls change nothing"
     );
+}
+
+#[test]
+fn rename_whiteout_leaves_a_whiteout_device_behind() {
+    use rmemfs::fs::{RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
+    use rmemfs::meta::Kind;
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    t.create("a").unwrap();
+    t.write_file("a", 0, b"moved").unwrap();
+    t.fs.rename(ROOT_INO, b"a", ROOT_INO, b"b", RENAME_WHITEOUT, USER)
+        .unwrap();
+    assert_eq!(t.read_file("b").unwrap(), b"moved");
+    let w = t.fs.lookup(ROOT_INO, b"a").unwrap();
+    assert_eq!(
+        (w.kind, w.rdev, w.perm, w.uid, w.gid),
+        (Kind::CharDevice, 0, 0, 1000, 1000),
+        "a 0/0 character device owned by the caller"
+    );
+    // With NOREPLACE: refused over an existing name, the whiteout then not made either.
+    t.create("c").unwrap();
+    let both = RENAME_WHITEOUT | RENAME_NOREPLACE;
+    assert_eq!(
+        t.fs.rename(ROOT_INO, b"b", ROOT_INO, b"c", both, ME)
+            .unwrap_err()
+            .errno,
+        libc::EEXIST
+    );
+    assert_eq!(t.read_file("b").unwrap(), b"moved");
+    t.fs.rename(ROOT_INO, b"b", ROOT_INO, b"d", both, ME)
+        .unwrap();
+    assert_eq!(t.fs.lookup(ROOT_INO, b"b").unwrap().kind, Kind::CharDevice);
+    assert_eq!(
+        t.fs.rename(
+            ROOT_INO,
+            b"d",
+            ROOT_INO,
+            b"c",
+            RENAME_WHITEOUT | RENAME_EXCHANGE,
+            ME
+        )
+        .unwrap_err()
+        .errno,
+        libc::EINVAL
+    );
+}
+
+#[test]
+fn trusted_and_security_attributes_are_kept_user_ones_only_on_files_and_dirs() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    t.create("f").unwrap();
+    let f = t.resolve("f").unwrap();
+    for name in [
+        &b"trusted.overlay.opaque"[..],
+        b"security.selinux",
+        b"user.note",
+    ] {
+        t.fs.setxattr(f, name, b"y", 0).unwrap();
+        assert_eq!(t.fs.getxattr(f, name).unwrap(), b"y");
+    }
+    let list = t.fs.listxattr(f).unwrap();
+    assert_eq!(
+        list,
+        b"security.selinux\0trusted.overlay.opaque\0user.note\0".to_vec()
+    );
+    for bad in [&b"trusted."[..], b"os2.x", b"system.foo"] {
+        assert_eq!(
+            t.fs.setxattr(f, bad, b"y", 0).unwrap_err().errno,
+            libc::EOPNOTSUPP,
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+    let l = t.fs.symlink(ROOT_INO, b"l", b"f", ME).unwrap();
+    assert_eq!(
+        t.fs.setxattr(l.ino, b"user.x", b"y", 0).unwrap_err().errno,
+        libc::EPERM
+    );
+    t.fs.setxattr(l.ino, b"trusted.x", b"y", 0).unwrap();
+}
+
+#[test]
+fn a_file_handle_resolves_through_dot_and_dotdot() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    let d = t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap();
+    t.create("d/f").unwrap();
+    let f = t.resolve("d/f").unwrap();
+    // What the kernel does for a handle whose inode it dropped: LOOKUP "." on the inode,
+    // ".." on a directory for its parent.
+    assert_eq!(t.fs.lookup(f, b".").unwrap().ino, f);
+    assert_eq!(t.fs.lookup(d.ino, b"..").unwrap().ino, ROOT_INO);
+    assert_eq!(t.fs.lookup(f, b"..").unwrap_err().errno, libc::ENOTDIR);
+    // An unlinked inode's handle is stale (as on ext4), then gone once forgotten.
+    t.fs.unlink(d.ino, b"f").unwrap();
+    assert_eq!(t.fs.lookup(f, b".").unwrap_err().errno, libc::ESTALE);
+    t.fs.forget(f, u64::MAX);
+    assert_eq!(t.fs.lookup(f, b".").unwrap_err().errno, libc::ENOENT);
 }

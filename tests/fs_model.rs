@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{bytes, TestFs};
+use common::{bytes, TestFs, ME};
 use proptest::prelude::*;
 use rmemfs::data::WritePath;
 use std::collections::{BTreeMap, HashMap};
@@ -397,7 +397,7 @@ fn apply_fs(t: &TestFs, op: &Op, writes: Writes) -> Result<Vec<u8>, i32> {
             let (sd, sn) = t.parent(a)?;
             let (dd, dn) = t.parent(b)?;
             none(
-                t.fs.rename(sd, sn.as_bytes(), dd, dn.as_bytes(), 0)
+                t.fs.rename(sd, sn.as_bytes(), dd, dn.as_bytes(), 0, ME)
                     .map_err(e),
             )
         }
