@@ -550,11 +550,18 @@ test_unmount_cleanup() {
 # set-group-ID bit; a directory read that renames every entry it reads (away and back)
 # ends, seeing each entry once.
 test_linux_semantics() {
-  local m=$MNT as_nobody out n free
+  local m=$MNT as_nobody out n free before
   as_nobody=(setpriv --reuid=65534 --regid=65534 --clear-groups)
   # nobody must be able to reach the mount point.
   chmod o+x "$BASE" "$BASE/mnt"
-  mount_fs "$m" "$ADDRS" -o allow_other || fail "mount -o allow_other failed"
+  mount_fs "$m" "$ADDRS" -o allow_other,relatime,lazytime || fail "mount -o allow_other failed"
+
+  # Reads update access times (relatime): an access time before the last change moves.
+  put "$m/timed" "x"
+  must "set an old atime" touch -a -d '2 days ago' "$m/timed"
+  before=$(stat -c %X "$m/timed")
+  must "read" cat "$m/timed"
+  [ "$(stat -c %X "$m/timed")" -gt "$before" ] || fail "a read did not update the access time"
 
   must "mkdir shared" mkdir "$m/shared"
   must "chgrp shared" chgrp 4242 "$m/shared"

@@ -173,11 +173,45 @@ struct Handle {
 }
 
 /// Settings of a file system instance.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct FsConfig {
     pub root_uid: u32,
     pub root_gid: u32,
     pub read_only: bool,
+    pub atime: Atime,
+    /// Directory reads update the directory's access time (`-o nodiratime`: no).
+    pub dir_atime: bool,
+}
+
+/// When reading updates an access time. The kernel leaves atime to a FUSE file system
+/// (its inodes are S_NOATIME), so it is kept here, by the mount's `-o` choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Atime {
+    /// `relatime` (Linux's default): when the access time is not after the last
+    /// modification or change, or is a day old; `atime` (without `strictatime`) means this.
+    #[default]
+    Relative,
+    /// `strictatime`: on every read.
+    Strict,
+    /// `noatime`.
+    Never,
+}
+
+impl Atime {
+    /// Whether a read at `now` updates the access time of `i`.
+    fn due(self, i: &Inode, now: SystemTime) -> bool {
+        /// relatime's limit: an access time older than this is updated anyway.
+        const DAY: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+        match self {
+            Atime::Never => false,
+            Atime::Strict => true,
+            Atime::Relative => {
+                i.atime <= i.mtime
+                    || i.atime <= i.ctime
+                    || now.duration_since(i.atime).is_ok_and(|age| age >= DAY)
+            }
+        }
+    }
 }
 
 /// What one directory stream lists: the entries (cookie, name) the directory had when the
@@ -836,7 +870,15 @@ impl Fs {
         }
         let file = self.file_data(ino)?;
         let chunks = file.chunks.read();
-        let file_size = Self::inode(&self.meta.lock(), ino)?.size;
+        let file_size = {
+            let mut meta = self.meta.lock();
+            let i = Self::inode_mut(&mut meta, ino)?;
+            let now = SystemTime::now();
+            if self.config.atime.due(i, now) {
+                i.atime = now;
+            }
+            i.size
+        };
         if offset >= file_size {
             return Ok(Vec::new());
         }
@@ -1116,7 +1158,14 @@ impl Fs {
             Some(l) if offset > 0 => l.clone(),
             Some(_) => None,
         };
-        let meta = self.meta.lock();
+        let mut meta = self.meta.lock();
+        if offset == 0 && self.config.dir_atime {
+            let i = Self::inode_mut(&mut meta, ino)?;
+            let now = SystemTime::now();
+            if self.config.atime.due(i, now) {
+                i.atime = now;
+            }
+        }
         let dir = Self::dir(&meta, ino)?;
         let listing = match listing {
             Some(l) => l,

@@ -277,11 +277,16 @@ pub fn server_stats_text(
 
 /// Parses `-o` options into fuser's configuration; returns it and whether the mount is
 /// read-only.
-fn fuser_config(options: &[String], threads: usize) -> Result<(fuser::Config, bool), String> {
+fn fuser_config(
+    options: &[String],
+    threads: usize,
+) -> Result<(fuser::Config, MountChoices), String> {
     use fuser::{MountOption as O, SessionACL};
     let mut cfg = fuser::Config::default();
     let mut fsname = "rmemfs".to_string();
     let mut read_only = false;
+    let mut atime = crate::fs::Atime::Relative;
+    let mut dir_atime = true;
     let mut opts = vec![O::DefaultPermissions, O::Subtype("rmemfs".into())];
     for o in options
         .iter()
@@ -298,7 +303,17 @@ fn fuser_config(options: &[String], threads: usize) -> Result<(fuser::Config, bo
             "rw" => read_only = false,
             "auto_unmount" => opts.push(O::AutoUnmount),
             "default_permissions" => {}
-            "noatime" => opts.push(O::NoAtime),
+            "noatime" => {
+                atime = crate::fs::Atime::Never;
+                opts.push(O::NoAtime);
+            }
+            "relatime" | "atime" => atime = crate::fs::Atime::Relative,
+            "strictatime" => atime = crate::fs::Atime::Strict,
+            "nodiratime" => dir_atime = false,
+            "diratime" => dir_atime = true,
+            // Timestamps live in the daemon's memory only: there is no disk write for
+            // lazytime to put off.
+            "lazytime" | "nolazytime" => {}
             "nodev" => opts.push(O::NoDev),
             "nosuid" => opts.push(O::NoSuid),
             "noexec" => opts.push(O::NoExec),
@@ -317,7 +332,22 @@ fn fuser_config(options: &[String], threads: usize) -> Result<(fuser::Config, bo
     cfg.mount_options = opts;
     cfg.n_threads = Some(threads.max(1));
     cfg.clone_fd = threads > 1;
-    Ok((cfg, read_only))
+    Ok((
+        cfg,
+        MountChoices {
+            read_only,
+            atime,
+            dir_atime,
+        },
+    ))
+}
+
+/// What the `-o` options decide beyond fuser's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MountChoices {
+    read_only: bool,
+    atime: crate::fs::Atime,
+    dir_atime: bool,
 }
 
 /// Buffered reads reach the daemon in pieces of the mount's readahead window (128 KiB by
@@ -392,7 +422,8 @@ impl Mount {
 fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     let config = &mount.config;
     let mountpoint = check_mountpoint(&config.mountpoint)?;
-    let (fuse_config, read_only) = fuser_config(&config.options, config.threads)?;
+    let (fuse_config, choices) = fuser_config(&config.options, config.threads)?;
+    let read_only = choices.read_only;
     let fabric_options = FabricOptions {
         op_timeout: config.op_timeout,
         ..config.fabric_options.clone()
@@ -503,6 +534,8 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
             root_uid: uid,
             root_gid: gid,
             read_only,
+            atime: choices.atime,
+            dir_atime: choices.dir_atime,
         },
     ));
     let mut session = fuser::Session::new(FuseFs::new(fs.clone()), &mountpoint, &fuse_config)
@@ -590,8 +623,14 @@ mod tests {
 
     #[test]
     fn mount_options_parse() {
-        let (cfg, ro) = fuser_config(&["allow_other,ro".into(), "fsname=pool".into()], 4).unwrap();
-        assert!(ro);
+        let (cfg, choices) =
+            fuser_config(&["allow_other,ro".into(), "fsname=pool".into()], 4).unwrap();
+        assert!(choices.read_only);
+        assert_eq!(choices.atime, crate::fs::Atime::Relative);
+        let (_, c) = fuser_config(&["strictatime,nodiratime,lazytime".into()], 1).unwrap();
+        assert_eq!((c.atime, c.dir_atime), (crate::fs::Atime::Strict, false));
+        let (_, c) = fuser_config(&["noatime".into()], 1).unwrap();
+        assert_eq!(c.atime, crate::fs::Atime::Never);
         assert_eq!(cfg.n_threads, Some(4));
         assert!(cfg
             .mount_options

@@ -548,3 +548,48 @@ fn a_file_handle_resolves_through_dot_and_dotdot() {
     t.fs.forget(f, u64::MAX);
     assert_eq!(t.fs.lookup(f, b".").unwrap_err().errno, libc::ENOENT);
 }
+
+#[test]
+fn reads_update_access_times_as_the_mount_says() {
+    use rmemfs::fs::{Atime, FsConfig};
+    for atime in [Atime::Relative, Atime::Strict, Atime::Never] {
+        let t = TestFs::with_config(FsConfig {
+            atime,
+            dir_atime: true,
+            ..FsConfig::default()
+        });
+        t.create("f").unwrap();
+        t.write_file("f", 0, b"x").unwrap();
+        let ino = t.resolve("f").unwrap();
+        let read_moves_atime = || {
+            let before = t.fs.getattr(ino).unwrap().atime;
+            t.read_file("f").unwrap();
+            t.fs.getattr(ino).unwrap().atime > before
+        };
+        // A first read after the write, a second read, a read after another write.
+        let first = read_moves_atime();
+        let second = read_moves_atime();
+        t.write_file("f", 0, b"y").unwrap();
+        let after_write = read_moves_atime();
+        let want = match atime {
+            Atime::Relative => [true, false, true],
+            Atime::Strict => [true, true, true],
+            Atime::Never => [false, false, false],
+        };
+        assert_eq!([first, second, after_write], want, "{atime:?}");
+        // A directory read counts as an access of the directory.
+        let dir_before = t.fs.getattr(ROOT_INO).unwrap().atime;
+        t.list("").unwrap();
+        let dir_moved = t.fs.getattr(ROOT_INO).unwrap().atime > dir_before;
+        assert_eq!(dir_moved, atime != Atime::Never, "{atime:?}: directory");
+    }
+    // nodiratime leaves directories alone.
+    let t = TestFs::with_config(FsConfig {
+        atime: Atime::Strict,
+        dir_atime: false,
+        ..FsConfig::default()
+    });
+    let before = t.fs.getattr(ROOT_INO).unwrap().atime;
+    t.list("").unwrap();
+    assert_eq!(t.fs.getattr(ROOT_INO).unwrap().atime, before);
+}

@@ -56,6 +56,28 @@ impl TestFs {
         replicas: usize,
         lease: Duration,
     ) -> TestFs {
+        let config = FsConfig {
+            dir_atime: true,
+            ..FsConfig::default()
+        };
+        Self::build(servers, size, chunk, path, replicas, lease, config)
+    }
+
+    /// One 8 MiB server, 1 MiB chunks, and the file system set up by `config`.
+    pub fn with_config(config: FsConfig) -> TestFs {
+        let lease = rmemfs::config::LEASE;
+        Self::build(1, 8 << 20, 1 << 20, WritePath::Frrwp, 1, lease, config)
+    }
+
+    fn build(
+        servers: usize,
+        size: u64,
+        chunk: u64,
+        path: WritePath,
+        replicas: usize,
+        lease: Duration,
+        config: FsConfig,
+    ) -> TestFs {
         let net = LocalNetwork::new();
         let mut srv = Vec::new();
         let mut nodes = Vec::new();
@@ -88,14 +110,7 @@ impl TestFs {
         )
         .and_then(|d| d.replicated(replicas, 1))
         .unwrap();
-        let fs = Fs::new(
-            data,
-            FsConfig {
-                root_uid: 0,
-                root_gid: 0,
-                read_only: false,
-            },
-        );
+        let fs = Fs::new(data, config);
         TestFs {
             fs,
             servers: srv,
