@@ -605,6 +605,28 @@ test_linux_semantics() {
   assert_eq "size after zero-range" "$(stat -c '%s' "$m/holes")" 8388608
   assert_eq "zeroed bytes" "$(tr -d '\0' <"$m/holes" | wc -c)" 0
 
+  # chattr: immutable and append-only are enforced, lsattr shows them.
+  put "$m/locked" "base"
+  must "chattr +i" chattr +i "$m/locked"
+  assert_eq "lsattr" "$(lsattr "$m/locked" | cut -c1-22)" "----i-----------------"
+  ! bash -c 'echo x >>"$1"' _ "$m/locked" 2>/dev/null || fail "wrote to an immutable file"
+  ! rm -f "$m/locked" 2>/dev/null || fail "removed an immutable file"
+  must "chattr -i +a" chattr -i +a "$m/locked"
+  must "append to an append-only file" bash -c 'echo more >>"$1"' _ "$m/locked"
+  ! bash -c 'echo x >"$1"' _ "$m/locked" 2>/dev/null || fail "overwrote an append-only file"
+  assert_eq "append-only content" "$(cat "$m/locked" | tr '\n' ' ')" "base more "
+  must "chattr -a" chattr -a "$m/locked"
+  # SEEK_DATA/SEEK_HOLE and copy_file_range answered by rmemfs (python's os calls).
+  out=$(t python3 -c '
+import os, sys
+f = os.open(sys.argv[1], os.O_RDONLY)
+d, h = os.lseek(f, 0, os.SEEK_DATA), os.lseek(f, 0, os.SEEK_HOLE)
+out = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT, 0o644)
+n = os.copy_file_range(f, out, 1 << 30, 0, 0)
+print(d, h, n)' "$m/sparse" "$m/sparse-copy") || fail "seek/copy: $out"
+  assert_eq "SEEK_DATA, SEEK_HOLE, bytes copied" "$out" "10485760 0 10489856"
+  must "cmp the copy" cmp "$m/sparse" "$m/sparse-copy"
+
   # A file handle outlives the kernel's caches (NFS export, open_by_handle_at).
   put "$m/shared/handled" "handle-data"
   out=$(t python3 mount-tests/handle.py "$m/shared/handled") || fail "open_by_handle_at: $out"
@@ -775,7 +797,7 @@ main() {
 
   ensure_packages fio:fio sqlite3:sqlite3 git:git fusermount3:fuse3 rsync:rsync tar:tar \
     pgrep:procps mountpoint:util-linux fuser:psmisc setfattr:attr cmp:diffutils \
-    python3:python3 perl:perl
+    python3:python3 perl:perl chattr:e2fsprogs
   check_prereqs mount serve || exit 2
   lib_init mt
 

@@ -323,7 +323,43 @@ fn new_inode(kind: Kind, perm: u16, caller: Caller, body: Body) -> Inode {
         opens: 0,
         body,
         xattrs: None,
+        flags: 0,
     }
+}
+
+/// `chattr +i`: no change to the inode, its data or (for a directory) its entries.
+pub const FS_IMMUTABLE_FL: u32 = 0x10;
+/// `chattr +a`: data only appended; the inode stays (no unlink, rename, truncate).
+pub const FS_APPEND_FL: u32 = 0x20;
+/// `chattr +d`: skipped by dump(8); kept, meaning nothing here.
+pub const FS_NODUMP_FL: u32 = 0x40;
+/// `chattr +A`: reads leave the access time alone.
+pub const FS_NOATIME_FL: u32 = 0x80;
+/// The inode flags kept and honoured; setting any other is EOPNOTSUPP, as on tmpfs.
+pub const INODE_FLAGS: u32 = FS_IMMUTABLE_FL | FS_APPEND_FL | FS_NODUMP_FL | FS_NOATIME_FL;
+
+/// EPERM for an immutable or append-only inode: what neither may undergo (unlink, rename,
+/// link, truncation, attribute and extended attribute changes), as the kernel's VFS
+/// refuses for file systems that keep these flags in the inode.
+fn check_mutable(i: &Inode) -> Result<()> {
+    if i.flags & (FS_IMMUTABLE_FL | FS_APPEND_FL) != 0 {
+        return Err(Error::new(
+            libc::EPERM,
+            "the inode is immutable or append-only (chattr)",
+        ));
+    }
+    Ok(())
+}
+
+/// EPERM for an immutable inode (no data or entry changes at all).
+fn check_not_immutable(i: &Inode) -> Result<()> {
+    if i.flags & FS_IMMUTABLE_FL != 0 {
+        return Err(Error::new(
+            libc::EPERM,
+            "the inode is immutable (chattr +i)",
+        ));
+    }
+    Ok(())
 }
 
 impl Fs {
@@ -468,6 +504,25 @@ impl Fs {
         if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
             self.writable()?;
         }
+        {
+            let meta = self.meta.lock();
+            let i = Self::inode(&meta, ino)?;
+            // The kernel's notify_change rules: an immutable or append-only inode keeps its
+            // mode, owner, size and explicit times; only "touch to now" passes for times.
+            let explicit = |t: Option<SetTime>| matches!(t, Some(SetTime::At(_)));
+            if set.mode.is_some()
+                || set.uid.is_some()
+                || set.gid.is_some()
+                || set.size.is_some()
+                || explicit(set.atime)
+                || explicit(set.mtime)
+            {
+                check_mutable(i)?;
+            }
+            if set.atime.is_some() || set.mtime.is_some() {
+                check_not_immutable(i)?;
+            }
+        }
         if let Some(size) = set.size {
             self.resize(ino, size)?;
         }
@@ -545,6 +600,7 @@ impl Fs {
         if dir.get(name).is_some() {
             return Err(err(libc::EEXIST));
         }
+        check_not_immutable(Self::inode(&meta, parent)?)?;
         let is_dir = inode.kind == Kind::Dir;
         let mut inode = inode;
         // A set-group-ID directory hands its group to what is made in it, and its
@@ -621,6 +677,8 @@ impl Fs {
         if Self::dir(&meta, newparent)?.get(newname).is_some() {
             return Err(err(libc::EEXIST));
         }
+        check_mutable(Self::inode(&meta, ino)?)?;
+        check_not_immutable(Self::inode(&meta, newparent)?)?;
         Self::dir_mut(&mut meta, newparent)?.insert(newname, ino);
         Self::touch_dir(&mut meta, newparent);
         let i = Self::inode_mut(&mut meta, ino)?;
@@ -651,6 +709,8 @@ impl Fs {
             .get(name)
             .ok_or_else(|| err(libc::ENOENT))?;
         Self::check_removable(Self::inode(&meta, ino)?, want_dir)?;
+        check_mutable(Self::inode(&meta, parent)?)?;
+        check_mutable(Self::inode(&meta, ino)?)?;
         Self::dir_mut(&mut meta, parent)?.remove(name);
         Self::touch_dir(&mut meta, parent);
         if want_dir {
@@ -709,6 +769,15 @@ impl Fs {
             .get(name)
             .ok_or_else(|| err(libc::ENOENT))?;
         let dst = Self::dir(&meta, newparent)?.get(newname);
+        // Moving an entry deletes it from one directory and adds it to another: the
+        // kernel's may_delete and may_create rules for chattr flags.
+        check_mutable(Self::inode(&meta, parent)?)?;
+        check_mutable(Self::inode(&meta, src)?)?;
+        check_not_immutable(Self::inode(&meta, newparent)?)?;
+        if let Some(d) = dst {
+            check_mutable(Self::inode(&meta, newparent)?)?;
+            check_mutable(Self::inode(&meta, d)?)?;
+        }
         let src_is_dir = Self::inode(&meta, src)?.kind == Kind::Dir;
         // A directory cannot move below itself.
         if src_is_dir && Self::is_within(&meta, newparent, src) {
@@ -803,6 +872,15 @@ impl Fs {
             if i.kind == Kind::Dir && mode.write {
                 return Err(err(libc::EISDIR));
             }
+            if mode.write || mode.truncate {
+                check_not_immutable(i)?;
+                if i.flags & FS_APPEND_FL != 0 && (!mode.append || mode.truncate) {
+                    return Err(Error::new(
+                        libc::EPERM,
+                        "an append-only file opens for writing only with O_APPEND",
+                    ));
+                }
+            }
             // Unlinked and closed: its data is gone (the kernel may still know the inode
             // from a lookup that raced with the unlink).
             if i.is_orphan() {
@@ -874,7 +952,7 @@ impl Fs {
             let mut meta = self.meta.lock();
             let i = Self::inode_mut(&mut meta, ino)?;
             let now = SystemTime::now();
-            if self.config.atime.due(i, now) {
+            if i.flags & FS_NOATIME_FL == 0 && self.config.atime.due(i, now) {
                 i.atime = now;
             }
             i.size
@@ -930,11 +1008,17 @@ impl Fs {
         }
         let file = self.file_data(ino)?;
         let mut chunks = file.chunks.write();
-        // Under the file's lock, so appends from several handles do not interleave.
-        let offset = if mode.append {
-            Self::inode(&self.meta.lock(), ino)?.size
-        } else {
-            offset
+        // Under the file's lock, so appends from several handles do not interleave. A file
+        // made append-only after it was opened takes appends only.
+        let offset = {
+            let meta = self.meta.lock();
+            let i = Self::inode(&meta, ino)?;
+            check_not_immutable(i)?;
+            if mode.append || i.flags & FS_APPEND_FL != 0 {
+                i.size
+            } else {
+                offset
+            }
         };
         let end = self.data.check_end(offset, data.len() as u64)?;
         self.fault_point("write");
@@ -984,6 +1068,109 @@ impl Fs {
             if let Some(tell) = self.attr_changed.get() {
                 tell(ino);
             }
+        }
+        Ok(())
+    }
+
+    /// `lseek` with `SEEK_DATA` (`data` true) or `SEEK_HOLE`: the first offset at or after
+    /// `offset` in data (bytes a chunk holds) or in a hole (the end of the file counts as
+    /// one). ENXIO at or past the end, or when no data follows. Chunks are the unit: a
+    /// written chunk's unwritten bytes count as data, as a file system's blocks do.
+    pub fn seek_data_hole(&self, ino: Ino, fh: u64, offset: u64, data: bool) -> Result<u64> {
+        self.handle(fh, ino)?;
+        let file = self.file_data(ino)?;
+        let chunks = file.chunks.read();
+        let size = Self::inode(&self.meta.lock(), ino)?.size;
+        if offset >= size {
+            return Err(err(libc::ENXIO));
+        }
+        let cs = self.data.chunk_size();
+        // The data extents from the chunk holding `offset` on, in order.
+        let extents = chunks
+            .range(offset / cs..)
+            .map(|(idx, c)| (idx * cs, idx * cs + c.len))
+            .filter(|&(_, end)| end > offset);
+        if data {
+            return extents
+                .map(|(start, _)| start.max(offset))
+                .find(|&at| at < size)
+                .ok_or_else(|| err(libc::ENXIO));
+        }
+        let mut at = offset;
+        for (start, end) in extents {
+            if start > at {
+                break; // a hole before this extent
+            }
+            at = end;
+        }
+        Ok(at.min(size))
+    }
+
+    /// `copy_file_range`: copies up to `len` bytes from `ino_in` at `off_in` to `ino_out` at
+    /// `off_out` (stopping at the source's end), through the daemon in windows of
+    /// [`crate::config::IO_SIZE`] (one request from the kernel instead of a read and a write
+    /// per page); returns the bytes copied. The destination is written as by `write`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_file_range(
+        &self,
+        ino_in: Ino,
+        fh_in: u64,
+        off_in: u64,
+        ino_out: Ino,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        caller: Caller,
+    ) -> Result<u64> {
+        if ino_in == ino_out
+            && off_in < off_out.saturating_add(len)
+            && off_out < off_in.saturating_add(len)
+        {
+            return Err(Error::new(libc::EINVAL, "overlapping ranges of one file"));
+        }
+        if self.handle(fh_out, ino_out)?.append {
+            return Err(Error::new(
+                libc::EBADF,
+                "the destination is open for appending",
+            ));
+        }
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(crate::config::IO_SIZE as u64) as u32;
+            let bytes = self.read(ino_in, fh_in, off_in + done, n)?;
+            if bytes.is_empty() {
+                break;
+            }
+            let written = self.write(ino_out, fh_out, off_out + done, &bytes, caller)?;
+            done += written as u64;
+            if (written as usize) < bytes.len() {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    /// The inode flags (`FS_IOC_GETFLAGS`, `lsattr`).
+    pub fn get_flags(&self, ino: Ino) -> Result<u32> {
+        Ok(Self::inode(&self.meta.lock(), ino)?.flags)
+    }
+
+    /// Sets the inode flags (`FS_IOC_SETFLAGS`, `chattr`). Who may is the kernel's check
+    /// (the owner; CAP_LINUX_IMMUTABLE for immutable and append-only); flags outside
+    /// [`INODE_FLAGS`] are EOPNOTSUPP.
+    pub fn set_flags(&self, ino: Ino, flags: u32) -> Result<()> {
+        self.writable()?;
+        if flags & !INODE_FLAGS != 0 {
+            return Err(Error::new(
+                libc::EOPNOTSUPP,
+                format!("inode flags {:#x} are not supported", flags & !INODE_FLAGS),
+            ));
+        }
+        let mut meta = self.meta.lock();
+        let i = Self::inode_mut(&mut meta, ino)?;
+        if i.flags != flags {
+            i.flags = flags;
+            i.ctime = SystemTime::now();
         }
         Ok(())
     }
@@ -1057,7 +1244,19 @@ impl Fs {
         let end = self.data.check_end(offset, len)?;
         let file = self.file_data(ino)?;
         let mut chunks = file.chunks.write();
-        let size = Self::inode(&self.meta.lock(), ino)?.size;
+        let size = {
+            let meta = self.meta.lock();
+            let i = Self::inode(&meta, ino)?;
+            check_not_immutable(i)?;
+            // An append-only file may only have room reserved past its end.
+            if i.flags & FS_APPEND_FL != 0 && !(op == 0 && keep_size) {
+                return Err(Error::new(
+                    libc::EPERM,
+                    "the file is append-only (chattr +a)",
+                ));
+            }
+            i.size
+        };
         let new_size = match op {
             libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE => {
                 if offset % BLOCK != 0 || len % BLOCK != 0 {
@@ -1296,6 +1495,7 @@ impl Fs {
         if name.starts_with(b"user.") && !matches!(i.kind, Kind::File | Kind::Dir) {
             return Err(err(libc::EPERM));
         }
+        check_mutable(i)?;
         let map = i.xattrs.get_or_insert_with(Default::default);
         let exists = map.contains_key(name);
         if flags & libc::XATTR_CREATE != 0 && exists {
@@ -1338,6 +1538,7 @@ impl Fs {
         self.writable()?;
         let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
+        check_mutable(i)?;
         let removed = i.xattrs.as_mut().and_then(|m| m.remove(name));
         if i.xattrs.as_ref().is_some_and(|m| m.is_empty()) {
             i.xattrs = None;

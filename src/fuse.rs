@@ -10,10 +10,11 @@ use crate::error::Error;
 use crate::fs::{Attr, Caller, Fs, SetAttr, SetTime};
 use crate::meta::Kind;
 use fuser::{
-    AccessFlags, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
+    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner,
+    OpenFlags, PollEvents, PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -135,6 +136,66 @@ fn caller(req: &Request) -> Caller {
         uid: req.uid(),
         gid: req.gid(),
         pid: req.pid(),
+    }
+}
+
+/// `FS_IOC_GETFLAGS` (`_IOR('f', 1, long)`): the kernel's fileattr code asks for a 32-bit
+/// value whatever the size the command names.
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+/// `FS_IOC_SETFLAGS` (`_IOW('f', 2, long)`).
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+/// `FS_IOC_FSGETXATTR` (`_IOR('X', 31, struct fsxattr)`, 28 bytes).
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+/// `FS_IOC_FSSETXATTR` (`_IOW('X', 32, struct fsxattr)`).
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// `struct fsxattr`'s size.
+const FSXATTR_LEN: usize = 28;
+/// The `fsx_xflags` bits matching the inode flags kept (`FS_XFLAG_*`), in pairs.
+const XFLAGS: [(u32, u32); 4] = [
+    (0x8, crate::fs::FS_IMMUTABLE_FL),
+    (0x10, crate::fs::FS_APPEND_FL),
+    (0x40, crate::fs::FS_NOATIME_FL),
+    (0x80, crate::fs::FS_NODUMP_FL),
+];
+
+/// The inode-flag ioctls (`chattr`, `lsattr`, `xfs_io -c chattr`), which the kernel passes to
+/// a FUSE file system as FUSE_IOCTL; any other command is ENOTTY.
+fn inode_flags_ioctl(fs: &Fs, ino: u64, cmd: u32, input: &[u8]) -> crate::error::Result<Vec<u8>> {
+    use crate::error::Error;
+    let too_short = || Error::new(libc::EINVAL, "ioctl argument too short");
+    let u32_at = |b: &[u8], at: usize| -> crate::error::Result<u32> {
+        let bytes = b.get(at..at + 4).ok_or_else(too_short)?;
+        Ok(u32::from_ne_bytes(bytes.try_into().expect("4 bytes")))
+    };
+    match cmd {
+        FS_IOC_GETFLAGS => Ok(fs.get_flags(ino)?.to_ne_bytes().to_vec()),
+        FS_IOC_SETFLAGS => fs.set_flags(ino, u32_at(input, 0)?).map(|()| Vec::new()),
+        FS_IOC_FSGETXATTR => {
+            let flags = fs.get_flags(ino)?;
+            let xflags = XFLAGS
+                .iter()
+                .filter(|(_, f)| flags & f != 0)
+                .fold(0, |x, (xf, _)| x | xf);
+            let mut out = vec![0u8; FSXATTR_LEN];
+            out[..4].copy_from_slice(&xflags.to_ne_bytes());
+            Ok(out)
+        }
+        FS_IOC_FSSETXATTR => {
+            let xflags = u32_at(input, 0)?;
+            let known = XFLAGS.iter().fold(0, |x, (xf, _)| x | xf);
+            if xflags & !known != 0 {
+                return Err(Error::new(libc::EOPNOTSUPP, "unsupported fsxattr flags"));
+            }
+            let flags = XFLAGS
+                .iter()
+                .filter(|(xf, _)| xflags & xf != 0)
+                .fold(0, |x, (_, f)| x | f);
+            fs.set_flags(ino, flags).map(|()| Vec::new())
+        }
+        _ => Err(Error::new(
+            libc::ENOTTY,
+            format!("ioctl {cmd:#x} is not supported"),
+        )),
     }
 }
 
@@ -580,6 +641,105 @@ impl Filesystem for FuseFs {
                     FileHandle(fh),
                     FopenFlags::empty(),
                 ),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn lseek(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        self.contain("lseek", req, || {
+            // SEEK_SET/CUR/END are the kernel's own; only data and holes reach a file system.
+            let data = match whence {
+                libc::SEEK_DATA => true,
+                libc::SEEK_HOLE => false,
+                _ => return reply.error(Errno::from_i32(libc::EINVAL)),
+            };
+            let Ok(offset) = u64::try_from(offset) else {
+                return reply.error(Errno::from_i32(libc::ENXIO));
+            };
+            match self.fs.seek_data_hole(ino.0, fh.0, offset, data) {
+                Ok(at) => reply.offset(at as i64),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        self.contain("copy_file_range", req, || {
+            // A reply carries a u32 count: copy at most that much per request (the kernel
+            // asks again for the rest).
+            let len = len.min(u32::MAX as u64 & !(crate::fs::BLOCK - 1));
+            let r = self.fs.copy_file_range(
+                ino_in.0,
+                fh_in.0,
+                offset_in,
+                ino_out.0,
+                fh_out.0,
+                offset_out,
+                len,
+                caller(req),
+            );
+            match r {
+                Ok(n) => reply.written(n as u32),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn poll(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ph: PollNotifier,
+        events: PollEvents,
+        _flags: PollFlags,
+        reply: ReplyPoll,
+    ) {
+        self.contain("poll", req, || {
+            // Files in memory never block: always readable and writable, as on tmpfs.
+            let ready = PollEvents::POLLIN
+                | PollEvents::POLLOUT
+                | PollEvents::POLLRDNORM
+                | PollEvents::POLLWRNORM;
+            reply.poll(events & ready);
+        });
+    }
+
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        self.contain("ioctl", req, || {
+            match inode_flags_ioctl(&self.fs, ino.0, cmd, in_data) {
+                Ok(out) => reply.ioctl(0, &out),
                 Err(e) => reply.error(errno(&e)),
             }
         });

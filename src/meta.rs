@@ -276,6 +276,8 @@ pub struct Inode {
     pub opens: u32,
     pub body: Body,
     pub xattrs: Option<Box<Xattrs>>,
+    /// Inode flags (`chattr`): the `FS_*_FL` bits of [`crate::fs::INODE_FLAGS`].
+    pub flags: u32,
 }
 
 impl Inode {
@@ -332,6 +334,7 @@ impl Meta {
                 opens: 0,
                 body: Body::Dir(Box::new(Dir::new(ROOT_INO))),
                 xattrs: None,
+                flags: 0,
             },
         );
         Meta {

@@ -593,3 +593,143 @@ fn reads_update_access_times_as_the_mount_says() {
     t.list("").unwrap();
     assert_eq!(t.fs.getattr(ROOT_INO).unwrap().atime, before);
 }
+
+#[test]
+fn immutable_and_append_only_inodes_are_enforced() {
+    use rmemfs::fs::{FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL};
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    t.create("f").unwrap();
+    t.write_file("f", 0, b"base").unwrap();
+    let f = t.resolve("f").unwrap();
+    let eperm = |r: Result<(), i32>| assert_eq!(r, Err(libc::EPERM));
+    let open = |flags| t.fs.open(f, flags).map_err(|e| e.errno);
+    // Immutable: no writing open, truncation, chmod, rename, link, unlink, xattr.
+    t.fs.set_flags(f, FS_IMMUTABLE_FL).unwrap();
+    assert_eq!(t.fs.get_flags(f).unwrap(), FS_IMMUTABLE_FL);
+    assert_eq!(open(libc::O_WRONLY).unwrap_err(), libc::EPERM);
+    let chmod = SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    eperm(t.fs.setattr(f, &chmod).map(|_| ()).map_err(|e| e.errno));
+    eperm(
+        t.fs.rename(ROOT_INO, b"f", ROOT_INO, b"g", 0, ME)
+            .map_err(|e| e.errno),
+    );
+    eperm(
+        t.fs.link(f, ROOT_INO, b"g")
+            .map(|_| ())
+            .map_err(|e| e.errno),
+    );
+    eperm(t.fs.unlink(ROOT_INO, b"f").map_err(|e| e.errno));
+    eperm(t.fs.setxattr(f, b"user.x", b"1", 0).map_err(|e| e.errno));
+    // A handle opened before the flag cannot write either.
+    t.fs.set_flags(f, 0).unwrap();
+    let fh = t.fs.open(f, libc::O_WRONLY).unwrap();
+    t.fs.set_flags(f, FS_IMMUTABLE_FL).unwrap();
+    eperm(
+        t.fs.write(f, fh, 0, b"x", ME)
+            .map(|_| ())
+            .map_err(|e| e.errno),
+    );
+    t.fs.release(fh);
+    // Append-only: opens only with O_APPEND, writes land at the end, no truncation.
+    t.fs.set_flags(f, FS_APPEND_FL).unwrap();
+    assert_eq!(open(libc::O_WRONLY).unwrap_err(), libc::EPERM);
+    assert_eq!(
+        open(libc::O_WRONLY | libc::O_APPEND | libc::O_TRUNC).unwrap_err(),
+        libc::EPERM
+    );
+    let fh = open(libc::O_WRONLY | libc::O_APPEND).unwrap();
+    t.fs.write(f, fh, 0, b"+more", ME).unwrap();
+    eperm(
+        t.fs.fallocate(
+            f,
+            fh,
+            0,
+            4096,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            ME,
+        )
+        .map_err(|e| e.errno),
+    );
+    t.fs.release(fh);
+    assert_eq!(t.read_file("f").unwrap(), b"base+more");
+    let trunc = SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    eperm(t.fs.setattr(f, &trunc).map(|_| ()).map_err(|e| e.errno));
+    eperm(t.fs.unlink(ROOT_INO, b"f").map_err(|e| e.errno));
+    // An append-only directory takes new entries but loses none; an immutable one neither.
+    t.fs.mkdir(ROOT_INO, b"log", 0o755, ME).unwrap();
+    let log = t.resolve("log").unwrap();
+    t.create("log/a").unwrap();
+    t.fs.set_flags(log, FS_APPEND_FL).unwrap();
+    t.create("log/b").unwrap();
+    eperm(t.fs.unlink(log, b"a").map_err(|e| e.errno));
+    t.fs.set_flags(log, FS_IMMUTABLE_FL).unwrap();
+    assert_eq!(t.create("log/c"), Err(libc::EPERM));
+    // Unsupported flags (compression) are refused; cleared flags free the file again.
+    assert_eq!(t.fs.set_flags(f, 0x4).unwrap_err().errno, libc::EOPNOTSUPP);
+    t.fs.set_flags(f, FS_NOATIME_FL).unwrap();
+    let before = t.fs.getattr(f).unwrap().atime;
+    t.read_file("f").unwrap();
+    assert_eq!(t.fs.getattr(f).unwrap().atime, before, "noatime");
+    t.fs.set_flags(f, 0).unwrap();
+    t.fs.unlink(ROOT_INO, b"f").unwrap();
+}
+
+#[test]
+fn seek_data_and_hole_follow_the_chunks() {
+    const MIB: u64 = 1 << 20;
+    let t = TestFs::new(1, 32 * MIB, MIB);
+    t.create("f").unwrap();
+    // Data in chunks 2 and 3, a hole before, a hole after up to the end (6 MiB + 1).
+    t.write_file("f", 2 * MIB + 10, &[1; 100]).unwrap();
+    t.write_file("f", 3 * MIB, &[1; 100]).unwrap();
+    t.write_file("f", 6 * MIB, &[1]).unwrap();
+    let f = t.resolve("f").unwrap();
+    let fh = t.fs.open(f, libc::O_RDONLY).unwrap();
+    let data = |o| t.fs.seek_data_hole(f, fh, o, true).map_err(|e| e.errno);
+    let hole = |o| t.fs.seek_data_hole(f, fh, o, false).map_err(|e| e.errno);
+    assert_eq!(data(0), Ok(2 * MIB));
+    assert_eq!(data(2 * MIB + 5), Ok(2 * MIB + 5));
+    assert_eq!(hole(0), Ok(0));
+    assert_eq!(hole(2 * MIB), Ok(4 * MIB));
+    assert_eq!(data(4 * MIB), Ok(6 * MIB));
+    assert_eq!(hole(6 * MIB), Ok(6 * MIB + 1), "the end is a hole");
+    assert_eq!(data(6 * MIB + 1), Err(libc::ENXIO));
+    assert_eq!(hole(7 * MIB), Err(libc::ENXIO));
+    t.fs.release(fh);
+}
+
+#[test]
+fn copy_file_range_copies_through_the_daemon() {
+    const MIB: u64 = 1 << 20;
+    let t = TestFs::new(2, 32 * MIB, MIB);
+    t.create("src").unwrap();
+    t.create("dst").unwrap();
+    let data = pattern(3 * MIB as usize + 77);
+    t.write_file("src", 0, &data).unwrap();
+    let (s, d) = (t.resolve("src").unwrap(), t.resolve("dst").unwrap());
+    let sfh = t.fs.open(s, libc::O_RDWR).unwrap();
+    let dfh = t.fs.open(d, libc::O_WRONLY).unwrap();
+    // Asking for more than there is copies to the source's end.
+    let n =
+        t.fs.copy_file_range(s, sfh, 100, d, dfh, 5, 10 * MIB, ME)
+            .unwrap();
+    assert_eq!(n, data.len() as u64 - 100);
+    let mut want = vec![0u8; 5];
+    want.extend_from_slice(&data[100..]);
+    assert_eq!(t.read_file("dst").unwrap(), want);
+    // Overlapping ranges of one file are refused.
+    assert_eq!(
+        t.fs.copy_file_range(s, sfh, 0, s, sfh, 10, 100, ME)
+            .unwrap_err()
+            .errno,
+        libc::EINVAL
+    );
+    t.fs.release(sfh);
+    t.fs.release(dfh);
+}
