@@ -324,6 +324,7 @@ fn new_inode(kind: Kind, perm: u16, caller: Caller, body: Body) -> Inode {
         body,
         xattrs: None,
         flags: 0,
+        tmpfile: false,
     }
 }
 
@@ -679,9 +680,14 @@ impl Fs {
         }
         check_mutable(Self::inode(&meta, ino)?)?;
         check_not_immutable(Self::inode(&meta, newparent)?)?;
+        let source = Self::inode(&meta, ino)?;
+        if source.nlink == 0 && !source.tmpfile {
+            return Err(Error::new(libc::ENOENT, "the file was unlinked"));
+        }
         Self::dir_mut(&mut meta, newparent)?.insert(newname, ino);
         Self::touch_dir(&mut meta, newparent);
         let i = Self::inode_mut(&mut meta, ino)?;
+        i.tmpfile = false;
         i.nlink += 1;
         i.lookups += 1;
         i.ctime = SystemTime::now();
@@ -922,6 +928,49 @@ impl Fs {
                 Err(e)
             }
         }
+    }
+
+    /// `open(O_TMPFILE)` in directory `parent`: a regular file with no name, open for
+    /// writing, gone at its last close unless `link` names it first (which `O_EXCL` forbids).
+    /// The kernel's FUSE sends this as FUSE_TMPFILE, which the fuser crate does not
+    /// dispatch yet: reachable from the core and its tests only for now.
+    pub fn tmpfile(
+        &self,
+        parent: Ino,
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> Result<(Attr, u64)> {
+        self.writable()?;
+        let open = OpenMode::from_flags(flags);
+        if !open.write {
+            return Err(Error::new(
+                libc::EINVAL,
+                "O_TMPFILE needs O_WRONLY or O_RDWR",
+            ));
+        }
+        let ino = {
+            let mut meta = self.meta.lock();
+            let p = Self::inode(&meta, parent)?;
+            p.dir().ok_or_else(|| err(libc::ENOTDIR))?;
+            check_not_immutable(p)?;
+            let mut inode = new_inode(
+                Kind::File,
+                (mode & 0o7777) as u16,
+                caller,
+                Body::File(Arc::default()),
+            );
+            if p.perm & S_ISGID != 0 {
+                inode.gid = p.gid;
+            }
+            inode.nlink = 0;
+            inode.lookups = 1; // the kernel's reference, as for a created file
+            inode.opens = 1; // the handle below: it never exists unopened
+            inode.tmpfile = flags & libc::O_EXCL == 0;
+            meta.insert(inode)
+        };
+        let fh = self.new_handle(ino, open);
+        Ok((self.getattr(ino)?, fh))
     }
 
     fn handle(&self, fh: u64, ino: Ino) -> Result<OpenMode> {

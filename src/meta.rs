@@ -278,6 +278,9 @@ pub struct Inode {
     pub xattrs: Option<Box<Xattrs>>,
     /// Inode flags (`chattr`): the `FS_*_FL` bits of [`crate::fs::INODE_FLAGS`].
     pub flags: u32,
+    /// Made by `O_TMPFILE` (without `O_EXCL`) and never linked: `link` may give it a first
+    /// name, which any other inode without links refuses (ENOENT).
+    pub tmpfile: bool,
 }
 
 impl Inode {
@@ -335,6 +338,7 @@ impl Meta {
                 body: Body::Dir(Box::new(Dir::new(ROOT_INO))),
                 xattrs: None,
                 flags: 0,
+                tmpfile: false,
             },
         );
         Meta {

@@ -733,3 +733,53 @@ fn copy_file_range_copies_through_the_daemon() {
     t.fs.release(sfh);
     t.fs.release(dfh);
 }
+
+#[test]
+fn a_tmpfile_lives_unnamed_until_linked_or_closed() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap();
+    let d = t.resolve("d").unwrap();
+    let (a, fh) = t.fs.tmpfile(d, 0o600, libc::O_RDWR, USER).unwrap();
+    assert_eq!((a.nlink, a.uid, a.perm), (0, 1000, 0o600));
+    t.fs.write(a.ino, fh, 0, b"staged", USER).unwrap();
+    assert!(t.list("d").unwrap().is_empty(), "no name yet");
+    t.fs.link(a.ino, d, b"final").unwrap();
+    t.fs.release(fh);
+    assert_eq!(t.read_file("d/final").unwrap(), b"staged");
+    assert_eq!(t.fs.getattr(a.ino).unwrap().nlink, 1);
+
+    // Closed unlinked: its memory goes back. O_EXCL: never linkable.
+    let (b, fh) =
+        t.fs.tmpfile(d, 0o600, libc::O_WRONLY | libc::O_EXCL, ME)
+            .unwrap();
+    t.fs.write(b.ino, fh, 0, &[1; 1 << 20], ME).unwrap();
+    assert_eq!(
+        t.fs.link(b.ino, d, b"nope").unwrap_err().errno,
+        libc::ENOENT
+    );
+    t.fs.release(fh);
+    t.fs.forget(b.ino, 1);
+    assert_eq!(remote_used(&t), 4096, "only final's page is held");
+    // An ordinary unlinked file cannot be brought back by link either.
+    t.create("gone").unwrap();
+    let g = t.resolve("gone").unwrap();
+    let fh = t.fs.open(g, libc::O_RDONLY).unwrap();
+    t.fs.unlink(ROOT_INO, b"gone").unwrap();
+    assert_eq!(
+        t.fs.link(g, ROOT_INO, b"back").unwrap_err().errno,
+        libc::ENOENT
+    );
+    t.fs.release(fh);
+    assert_eq!(
+        t.fs.tmpfile(d, 0o600, libc::O_RDONLY, ME)
+            .unwrap_err()
+            .errno,
+        libc::EINVAL
+    );
+    assert_eq!(
+        t.fs.tmpfile(a.ino, 0o600, libc::O_RDWR, ME)
+            .unwrap_err()
+            .errno,
+        libc::ENOTDIR
+    );
+}

@@ -262,6 +262,8 @@ impl Falloc {
 #[derive(Debug, Clone)]
 enum Op {
     Fallocate(String, Falloc, usize, usize),
+    /// `O_TMPFILE` in the directory, written (length, seed), then linked as the name.
+    TmpfileLink(String, String, usize, u64),
     Create(String),
     Mkdir(String),
     Write(String, usize, usize, u64),
@@ -310,6 +312,9 @@ fn op() -> impl Strategy<Value = Op> {
                   any::<bool>().prop_map(|keep_size| Falloc::Zero { keep_size }),
               ], 0usize..40_000, 0usize..20_000)
             .prop_map(|(p, how, o, l)| Op::Fallocate(p, how, o, l)),
+        1 => (prop_oneof![Just(String::new()), path()], prop_oneof!["a", "b", "c"],
+              0usize..20_000, any::<u64>())
+            .prop_map(|(d, n, l, s)| Op::TmpfileLink(d, n.to_string(), l, s)),
         2 => (path(), prop_oneof![Just(Falloc::Collapse), Just(Falloc::Insert)],
               0usize..10, 1usize..4, prop_oneof![9 => Just(0usize), 1 => 1usize..4096])
             .prop_map(|(p, how, o, l, skew)| Op::Fallocate(p, how, o * 4096 + skew, l * 4096)),
@@ -330,6 +335,7 @@ fn under(dir: &str, op: &Op) -> Op {
     match op {
         Op::Create(a) => Op::Create(p(a)),
         Op::Fallocate(a, how, o, l) => Op::Fallocate(p(a), *how, *o, *l),
+        Op::TmpfileLink(d, n, l, s) => Op::TmpfileLink(p(d), n.clone(), *l, *s),
         Op::Mkdir(a) => Op::Mkdir(p(a)),
         Op::Write(a, o, l, s) => Op::Write(p(a), *o, *l, *s),
         Op::Truncate(a, s) => Op::Truncate(p(a), *s),
@@ -370,6 +376,17 @@ fn apply_fs(t: &TestFs, op: &Op, writes: Writes) -> Result<Vec<u8>, i32> {
             Ok(Vec::new())
         }
         Op::Read(p) => t.read_file(p),
+        Op::TmpfileLink(dir, name, len, seed) => {
+            let d = t.resolve(dir)?;
+            let (a, fh) = t.fs.tmpfile(d, 0o644, libc::O_RDWR, ME).map_err(e)?;
+            let linked =
+                t.fs.write(a.ino, fh, 0, &bytes(*seed, *len), ME)
+                    .and_then(|_| t.fs.link(a.ino, d, name.as_bytes()));
+            t.fs.release(fh);
+            t.fs.forget(a.ino, 1);
+            linked.map_err(e)?;
+            Ok(Vec::new())
+        }
         Op::Fallocate(p, how, off, len) => {
             let ino = t.resolve(p)?;
             let fh = t.fs.open(ino, libc::O_WRONLY).map_err(e)?;
@@ -414,6 +431,23 @@ fn apply_model(m: &mut Model, op: &Op) -> Result<Vec<u8>, i32> {
         Op::Truncate(p, size) => none(m.truncate(p, *size)),
         Op::Read(p) => m.read(p),
         Op::Fallocate(p, how, off, len) => none(m.fallocate(p, *how, *off, *len)),
+        Op::TmpfileLink(dir, name, len, seed) => {
+            let path = if dir.is_empty() {
+                name.clone()
+            } else {
+                format!("{dir}/{name}")
+            };
+            // As a create plus a write, except that a taken name fails after the write
+            // (the data goes with the unnamed file) and a missing directory first.
+            m.resolve(dir)?;
+            if !m.is_dir(m.resolve(dir)?) {
+                return Err(libc::ENOTDIR);
+            }
+            none(
+                m.create(&path)
+                    .and_then(|()| m.write(&path, 0, &bytes(*seed, *len))),
+            )
+        }
         Op::Unlink(p) => none(m.unlink(p)),
         Op::Rmdir(p) => none(m.rmdir(p)),
         Op::Link(a, b) => none(m.link(a, b)),
