@@ -43,6 +43,9 @@ pub struct Caller {
     pub gid: u32,
     /// The calling process (0: none known), whose supplementary groups count as its groups.
     pub pid: u32,
+    /// The creating process's umask (creations only), applied unless the directory's
+    /// default ACL decides the new inode's permissions.
+    pub umask: u32,
 }
 
 impl Caller {
@@ -181,6 +184,8 @@ pub struct FsConfig {
     pub atime: Atime,
     /// Directory reads update the directory's access time (`-o nodiratime`: no).
     pub dir_atime: bool,
+    /// POSIX ACLs kept and kept in step with modes (`-o noacl`: off).
+    pub acl: bool,
 }
 
 /// When reading updates an access time. The kernel leaves atime to a FUSE file system
@@ -530,8 +535,19 @@ impl Fs {
         let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
         let now = SystemTime::now();
+        let mut acl_changed = false;
         if let Some(mode) = set.mode {
             i.perm = (mode & 0o7777) as u16;
+            // chmod moves the access ACL's owner, mask and other entries with it.
+            if let Some(x) = i.xattrs.as_mut() {
+                if let Some(v) = x.get_mut(crate::acl::ACCESS_XATTR) {
+                    if let Ok(mut acl) = crate::acl::Acl::parse(v) {
+                        acl.chmod(i.perm);
+                        *v = acl.to_xattr().into();
+                        acl_changed = true;
+                    }
+                }
+            }
         }
         if let Some(uid) = set.uid {
             i.uid = uid;
@@ -550,7 +566,15 @@ impl Fs {
             i.mtime = pick(t);
         }
         i.ctime = now;
-        Ok(attr_of(ino, i))
+        let attr = attr_of(ino, i);
+        drop(meta);
+        if acl_changed {
+            // The kernel caches ACLs: have it forget this inode's.
+            if let Some(tell) = self.attr_changed.get() {
+                tell(ino);
+            }
+        }
+        Ok(attr)
     }
 
     /// Sets a regular file's size (truncate or extend with a hole).
@@ -593,7 +617,7 @@ impl Fs {
     // ---- creating and removing names -----------------------------------------------------
 
     /// Adds a fresh inode under `parent/name` and counts a kernel reference to it.
-    fn make(&self, parent: Ino, name: &[u8], inode: Inode) -> Result<Attr> {
+    fn make(&self, parent: Ino, name: &[u8], inode: Inode, caller: Caller) -> Result<Attr> {
         self.writable()?;
         check_name(name)?;
         let mut meta = self.meta.lock();
@@ -612,6 +636,30 @@ impl Fs {
             inode.gid = p.gid;
             if is_dir {
                 inode.perm |= S_ISGID;
+            }
+        }
+        // The directory's default ACL, when there is one, decides the permissions (and the
+        // new inode's ACLs) instead of the umask. Symlinks have neither.
+        let default_acl = self
+            .config
+            .acl
+            .then(|| p.xattrs.as_ref()?.get(crate::acl::DEFAULT_XATTR))
+            .flatten()
+            .and_then(|v| crate::acl::Acl::parse(v).ok().map(|a| (a, v.clone())));
+        if inode.kind != Kind::Symlink {
+            match default_acl {
+                Some((acl, raw)) => {
+                    let (access, bits) = acl.inherit(inode.perm);
+                    inode.perm = bits;
+                    let x = inode.xattrs.get_or_insert_with(Default::default);
+                    if let Some(a) = access {
+                        x.insert(crate::acl::ACCESS_XATTR.into(), a.to_xattr().into());
+                    }
+                    if is_dir {
+                        x.insert(crate::acl::DEFAULT_XATTR.into(), raw);
+                    }
+                }
+                None => inode.perm &= !(caller.umask as u16 & 0o777),
             }
         }
         let ino = meta.insert(inode);
@@ -644,7 +692,7 @@ impl Fs {
         };
         let mut inode = new_inode(kind, (mode & 0o7777) as u16, caller, body);
         inode.rdev = rdev;
-        self.make(parent, name, inode)
+        self.make(parent, name, inode, caller)
     }
 
     pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> Result<Attr> {
@@ -653,6 +701,7 @@ impl Fs {
             parent,
             name,
             new_inode(Kind::Dir, (mode & 0o7777) as u16, caller, body),
+            caller,
         )
     }
 
@@ -665,7 +714,7 @@ impl Fs {
         }
         let mut inode = new_inode(Kind::Symlink, 0o777, caller, Body::Symlink(target.into()));
         inode.size = target.len() as u64;
-        self.make(parent, name, inode)
+        self.make(parent, name, inode, caller)
     }
 
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
@@ -1508,9 +1557,18 @@ impl Fs {
         }
     }
 
-    fn check_xattr_name(name: &[u8]) -> Result<()> {
+    pub fn acl_enabled(&self) -> bool {
+        self.config.acl
+    }
+
+    fn check_xattr_name(&self, name: &[u8]) -> Result<()> {
         if name.len() > 255 || name.is_empty() {
             return Err(err(libc::ERANGE));
+        }
+        if self.config.acl
+            && (name == crate::acl::ACCESS_XATTR || name == crate::acl::DEFAULT_XATTR)
+        {
+            return Ok(());
         }
         // trusted.* and security.* are the kernel's to guard (CAP_SYS_ADMIN, the LSM);
         // overlayfs keeps its upper layer's bookkeeping in trusted.overlay.*.
@@ -1528,7 +1586,7 @@ impl Fs {
     /// `XATTR_REPLACE` honoured).
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
         self.writable()?;
-        Self::check_xattr_name(name)?;
+        self.check_xattr_name(name)?;
         if value.len() > 64 * 1024 {
             return Err(err(libc::E2BIG));
         }
@@ -1545,6 +1603,27 @@ impl Fs {
             return Err(err(libc::EPERM));
         }
         check_mutable(i)?;
+        let mut value = value;
+        let stored;
+        if name == crate::acl::ACCESS_XATTR {
+            // The mode follows the ACL; an ACL the mode says all of is not kept.
+            let acl = crate::acl::Acl::parse(value)?;
+            i.perm = (i.perm & !0o777) | acl.mode_bits();
+            i.ctime = SystemTime::now();
+            if acl.is_minimal() {
+                if let Some(x) = i.xattrs.as_mut() {
+                    x.remove(name);
+                }
+                return Ok(());
+            }
+            stored = acl.to_xattr();
+            value = &stored;
+        } else if name == crate::acl::DEFAULT_XATTR {
+            if i.kind != Kind::Dir {
+                return Err(Error::new(libc::EACCES, "a default ACL is for directories"));
+            }
+            crate::acl::Acl::parse(value)?;
+        }
         let map = i.xattrs.get_or_insert_with(Default::default);
         let exists = map.contains_key(name);
         if flags & libc::XATTR_CREATE != 0 && exists {

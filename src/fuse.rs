@@ -136,6 +136,9 @@ fn caller(req: &Request) -> Caller {
         uid: req.uid(),
         gid: req.gid(),
         pid: req.pid(),
+        // Only creations carry one (and apply it in the core, where a default ACL may
+        // overrule it).
+        umask: 0,
     }
 }
 
@@ -233,6 +236,14 @@ impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
+        // POSIX ACLs: the kernel enforces them and asks for them by getxattr; creations
+        // arrive unmasked (the umask apart), as a default ACL may overrule the umask.
+        if self.fs.acl_enabled() {
+            let acl = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
+            if let Err(missing) = config.add_capabilities(acl) {
+                log::warn!("the kernel lacks {missing:?}: POSIX ACLs are off");
+            }
+        }
         // File handles (NFS export, name_to_handle_at) decode through LOOKUP of "." and "..".
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT) {
             log::warn!("the kernel lacks {missing:?}: file handles go stale");
@@ -311,11 +322,13 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         self.contain("mknod", req, || {
-            let mode = mode & !umask | (mode & libc::S_IFMT);
+            let who = Caller {
+                umask,
+                ..caller(req)
+            };
             entry(
                 reply,
-                self.fs
-                    .mknod(parent.0, name.as_bytes(), mode, rdev, caller(req)),
+                self.fs.mknod(parent.0, name.as_bytes(), mode, rdev, who),
             );
         });
     }
@@ -330,11 +343,11 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         self.contain("mkdir", req, || {
-            entry(
-                reply,
-                self.fs
-                    .mkdir(parent.0, name.as_bytes(), mode & !umask, caller(req)),
-            );
+            let who = Caller {
+                umask,
+                ..caller(req)
+            };
+            entry(reply, self.fs.mkdir(parent.0, name.as_bytes(), mode, who));
         });
     }
 
@@ -630,10 +643,11 @@ impl Filesystem for FuseFs {
         reply: ReplyCreate,
     ) {
         self.contain("create", req, || {
-            match self
-                .fs
-                .create(parent.0, name.as_bytes(), mode & !umask, flags, caller(req))
-            {
+            let who = Caller {
+                umask,
+                ..caller(req)
+            };
+            match self.fs.create(parent.0, name.as_bytes(), mode, flags, who) {
                 Ok((a, fh)) => reply.created(
                     &TTL,
                     &file_attr(&a),

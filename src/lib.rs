@@ -9,6 +9,7 @@
 //! (lab/), so neither this API nor the `rmemfs` binary carries them.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod acl;
 pub mod auth;
 pub mod client;
 pub mod config;

@@ -287,6 +287,7 @@ fn fuser_config(
     let mut read_only = false;
     let mut atime = crate::fs::Atime::Relative;
     let mut dir_atime = true;
+    let mut acl = true;
     let mut opts = vec![O::DefaultPermissions, O::Subtype("rmemfs".into())];
     for o in options
         .iter()
@@ -310,6 +311,8 @@ fn fuser_config(
             "relatime" | "atime" => atime = crate::fs::Atime::Relative,
             "strictatime" => atime = crate::fs::Atime::Strict,
             "nodiratime" => dir_atime = false,
+            "acl" => acl = true,
+            "noacl" => acl = false,
             "diratime" => dir_atime = true,
             // Timestamps live in the daemon's memory only: there is no disk write for
             // lazytime to put off.
@@ -338,6 +341,7 @@ fn fuser_config(
             read_only,
             atime,
             dir_atime,
+            acl,
         },
     ))
 }
@@ -348,6 +352,8 @@ struct MountChoices {
     read_only: bool,
     atime: crate::fs::Atime,
     dir_atime: bool,
+    /// POSIX ACLs (`acl`, the default, or `noacl`).
+    acl: bool,
 }
 
 /// Buffered reads reach the daemon in pieces of the mount's readahead window (128 KiB by
@@ -536,6 +542,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
             read_only,
             atime: choices.atime,
             dir_atime: choices.dir_atime,
+            acl: choices.acl,
         },
     ));
     let mut session = fuser::Session::new(FuseFs::new(fs.clone()), &mountpoint, &fuse_config)

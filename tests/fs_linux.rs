@@ -13,6 +13,7 @@ const USER: Caller = Caller {
     uid: 1000,
     gid: 1000,
     pid: 0,
+    umask: 0,
 };
 
 fn chmod(t: &TestFs, path: &str, mode: u32) {
@@ -126,6 +127,7 @@ fn group_membership_counts_supplementary_groups() {
         uid: 1000,
         gid: u32::MAX - 1,
         pid: std::process::id(),
+        umask: 0,
     };
     assert!(me.in_group(u32::MAX - 1));
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -781,5 +783,133 @@ fn a_tmpfile_lives_unnamed_until_linked_or_closed() {
             .unwrap_err()
             .errno,
         libc::ENOTDIR
+    );
+}
+
+/// An ACL's xattr form from (tag, perm, id) entries.
+fn acl_xattr(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
+const ACL_USER_OBJ: u16 = 0x01;
+const ACL_USER: u16 = 0x02;
+const ACL_GROUP_OBJ: u16 = 0x04;
+const ACL_MASK: u16 = 0x10;
+const ACL_OTHER: u16 = 0x20;
+const NO_ID: u32 = u32::MAX;
+
+#[test]
+fn acls_and_modes_stay_in_step() {
+    use rmemfs::acl::{Acl, ACCESS_XATTR, DEFAULT_XATTR};
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    t.create("f").unwrap();
+    let f = t.resolve("f").unwrap();
+    chmod(&t, "f", 0o600);
+    // setfacl -m u:1000:r: the mask becomes the group bits of the mode.
+    let with_user = acl_xattr(&[
+        (ACL_USER_OBJ, 6, NO_ID),
+        (ACL_USER, 4, 1000),
+        (ACL_GROUP_OBJ, 0, NO_ID),
+        (ACL_MASK, 4, NO_ID),
+        (ACL_OTHER, 0, NO_ID),
+    ]);
+    t.fs.setxattr(f, ACCESS_XATTR, &with_user, 0).unwrap();
+    assert_eq!(t.fs.getattr(f).unwrap().perm, 0o640);
+    assert_eq!(t.fs.getxattr(f, ACCESS_XATTR).unwrap(), with_user);
+    // chmod moves the mask with the group bits; the named entry stays.
+    chmod(&t, "f", 0o660);
+    let acl = Acl::parse(&t.fs.getxattr(f, ACCESS_XATTR).unwrap()).unwrap();
+    assert_eq!(acl.mode_bits(), 0o660);
+    assert!(acl.0.iter().any(|e| e.tag == ACL_USER && e.perm == 4));
+    // A minimal ACL is only a mode: no ACL is kept.
+    let minimal = acl_xattr(&[
+        (ACL_USER_OBJ, 7, NO_ID),
+        (ACL_GROUP_OBJ, 5, NO_ID),
+        (ACL_OTHER, 1, NO_ID),
+    ]);
+    t.fs.setxattr(f, ACCESS_XATTR, &minimal, 0).unwrap();
+    assert_eq!(t.fs.getattr(f).unwrap().perm, 0o751);
+    assert_eq!(
+        t.fs.getxattr(f, ACCESS_XATTR).unwrap_err().errno,
+        libc::ENODATA
+    );
+    // Malformed ACLs and default ACLs on files are refused.
+    assert_eq!(
+        t.fs.setxattr(f, ACCESS_XATTR, &[2, 0, 0, 0, 1], 0)
+            .unwrap_err()
+            .errno,
+        libc::EINVAL
+    );
+    assert_eq!(
+        t.fs.setxattr(f, DEFAULT_XATTR, &minimal, 0)
+            .unwrap_err()
+            .errno,
+        libc::EACCES
+    );
+}
+
+#[test]
+fn a_default_acl_is_inherited_and_overrules_the_umask() {
+    use rmemfs::acl::{Acl, ACCESS_XATTR, DEFAULT_XATTR};
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    let d = t.fs.mkdir(ROOT_INO, b"proj", 0o770, ME).unwrap().ino;
+    let default = acl_xattr(&[
+        (ACL_USER_OBJ, 7, NO_ID),
+        (ACL_USER, 7, 1000),
+        (ACL_GROUP_OBJ, 5, NO_ID),
+        (ACL_MASK, 7, NO_ID),
+        (ACL_OTHER, 0, NO_ID),
+    ]);
+    t.fs.setxattr(d, DEFAULT_XATTR, &default, 0).unwrap();
+    let masked = Caller { umask: 0o077, ..ME };
+    let (f, fh) = t.fs.create(d, b"f", 0o666, libc::O_WRONLY, masked).unwrap();
+    t.fs.release(fh);
+    assert_eq!(f.perm, 0o660, "the default ACL decides, not the umask");
+    let acl = Acl::parse(&t.fs.getxattr(f.ino, ACCESS_XATTR).unwrap()).unwrap();
+    assert!(acl
+        .0
+        .iter()
+        .any(|e| e.tag == ACL_USER && e.id == 1000 && e.perm == 7));
+    assert_eq!(acl.mode_bits(), 0o660);
+    assert_eq!(
+        t.fs.getxattr(f.ino, DEFAULT_XATTR).unwrap_err().errno,
+        libc::ENODATA,
+        "files get no default ACL"
+    );
+    let sub = t.fs.mkdir(d, b"sub", 0o777, masked).unwrap();
+    assert_eq!(sub.perm, 0o770);
+    assert_eq!(t.fs.getxattr(sub.ino, DEFAULT_XATTR).unwrap(), default);
+    let link = t.fs.symlink(d, b"l", b"f", masked).unwrap();
+    assert_eq!(link.perm, 0o777);
+    // Without a default ACL the umask applies.
+    let (g, fh) =
+        t.fs.create(ROOT_INO, b"g", 0o666, libc::O_WRONLY, masked)
+            .unwrap();
+    t.fs.release(fh);
+    assert_eq!(g.perm, 0o600);
+}
+
+#[test]
+fn noacl_refuses_acl_attributes() {
+    use rmemfs::fs::FsConfig;
+    let t = TestFs::with_config(FsConfig::default());
+    t.create("f").unwrap();
+    let f = t.resolve("f").unwrap();
+    let minimal = acl_xattr(&[
+        (ACL_USER_OBJ, 7, NO_ID),
+        (ACL_GROUP_OBJ, 5, NO_ID),
+        (ACL_OTHER, 1, NO_ID),
+    ]);
+    assert_eq!(
+        t.fs.setxattr(f, rmemfs::acl::ACCESS_XATTR, &minimal, 0)
+            .unwrap_err()
+            .errno,
+        libc::EOPNOTSUPP
     );
 }

@@ -24,6 +24,7 @@ pub const ME: Caller = Caller {
     uid: 0,
     gid: 0,
     pid: 0,
+    umask: 0,
 };
 
 impl TestFs {
@@ -58,6 +59,7 @@ impl TestFs {
     ) -> TestFs {
         let config = FsConfig {
             dir_atime: true,
+            acl: true,
             ..FsConfig::default()
         };
         Self::build(servers, size, chunk, path, replicas, lease, config)
