@@ -589,6 +589,15 @@ test_linux_semantics() {
     fi
     assert_eq "mode after a $how by nobody" "$(stat -c '%a' "$m/sgid-$how")" 666
   done
+  # Truncation by nobody and chown by root drop set-user-ID too (FUSE_HANDLE_KILLPRIV_V2
+  # leaves both to rmemfs).
+  put "$m/suid" "data"
+  must "chmod 4777" chmod 4777 "$m/suid"
+  must "truncate as nobody" "${as_nobody[@]}" truncate -s 1 "$m/suid"
+  assert_eq "mode after a truncate by nobody" "$(stat -c '%a' "$m/suid")" 777
+  must "chmod 4755" chmod 4755 "$m/suid"
+  must "chown" chown 65534 "$m/suid"
+  assert_eq "mode after chown" "$(stat -c '%a' "$m/suid")" 755
 
   # What statfs calls free can be allocated: after a small file, a fallocate of all of it.
   must "a 64 KiB file" dd if=/dev/zero of="$m/small" bs=64K count=1 status=none

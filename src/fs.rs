@@ -46,13 +46,15 @@ pub struct Caller {
     /// The creating process's umask (creations only), applied unless the directory's
     /// default ACL decides the new inode's permissions.
     pub umask: u32,
+    /// The caller keeps set-ID bits across a write or truncate (CAP_FSETID). The kernel
+    /// says so for writes (FUSE_WRITE_KILL_SUIDGID absent); FUSE passes no capabilities
+    /// otherwise, and root stands in for it.
+    pub cap_fsetid: bool,
 }
 
 impl Caller {
-    /// FUSE does not pass capabilities: root stands in for CAP_FSETID (keeping set-ID bits
-    /// across a write).
     pub fn privileged(&self) -> bool {
-        self.uid == 0
+        self.cap_fsetid
     }
 
     /// Whether the caller is in group `gid`: its own, or one of its process's supplementary
@@ -257,6 +259,8 @@ pub struct Fs {
     /// Told of attribute changes the kernel did not ask for (set-ID bits a write drops), so
     /// it can forget its cached copy (the FUSE adapter sends an invalidation).
     attr_changed: std::sync::OnceLock<AttrChanged>,
+    /// Requests the FUSE adapter answered, per operation (`stats`).
+    requests: crate::requests::RequestStats,
     /// Open directory streams: the listing each one reads (see [`Fs::readdir`]).
     dir_streams: Mutex<HashMap<u64, Listing>>,
     next_fh: AtomicU64,
@@ -375,6 +379,7 @@ impl Fs {
             data,
             handles: Mutex::new(HashMap::new()),
             dir_streams: Mutex::new(HashMap::new()),
+            requests: Default::default(),
             attr_changed: std::sync::OnceLock::new(),
             next_fh: AtomicU64::new(1),
             config,
@@ -506,7 +511,11 @@ impl Fs {
         Ok(attr_of(ino, Self::inode(&meta, ino)?))
     }
 
-    pub fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr> {
+    /// `setattr` by `caller`. As the kernel leaves it to the file system (it negotiates
+    /// FUSE_HANDLE_KILLPRIV_V2): a truncation by a caller without CAP_FSETID drops set-ID
+    /// bits as a write does, and a change of owner or group drops set-user-ID, and
+    /// set-group-ID from a group-executable file.
+    pub fn setattr(&self, ino: Ino, set: &SetAttr, caller: Caller) -> Result<Attr> {
         if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
             self.writable()?;
         }
@@ -536,6 +545,15 @@ impl Fs {
         let i = Self::inode_mut(&mut meta, ino)?;
         let now = SystemTime::now();
         let mut acl_changed = false;
+        let mut killed = false;
+        if (set.uid.is_some() || set.gid.is_some()) && i.kind != Kind::Dir && set.mode.is_none() {
+            let mut bits = i.perm & S_ISUID;
+            if i.perm & (S_ISGID | S_IXGRP) == S_ISGID | S_IXGRP {
+                bits |= S_ISGID;
+            }
+            i.perm &= !bits;
+            killed = bits != 0;
+        }
         if let Some(mode) = set.mode {
             i.perm = (mode & 0o7777) as u16;
             // chmod moves the access ACL's owner, mask and other entries with it.
@@ -568,7 +586,10 @@ impl Fs {
         i.ctime = now;
         let attr = attr_of(ino, i);
         drop(meta);
-        if acl_changed {
+        if set.size.is_some() && set.mode.is_none() && attr.kind == Kind::File {
+            self.drop_set_id_bits(ino, &caller)?;
+        }
+        if acl_changed || killed {
             // The kernel caches ACLs: have it forget this inode's.
             if let Some(tell) = self.attr_changed.get() {
                 tell(ino);
@@ -1557,6 +1578,10 @@ impl Fs {
         }
     }
 
+    pub fn requests(&self) -> &crate::requests::RequestStats {
+        &self.requests
+    }
+
     pub fn acl_enabled(&self) -> bool {
         self.config.acl
     }
@@ -1803,6 +1828,14 @@ impl Fs {
             "requests failed by a contained panic: {}",
             self.contained_panics()
         );
+        let _ = writeln!(out, "requests: op count mean_us p50_us p99_us");
+        for o in self.requests.summary() {
+            let _ = writeln!(
+                out,
+                "  {} {} {} {} {}",
+                o.op, o.count, o.mean_us, o.p50_us, o.p99_us
+            );
+        }
         out
     }
 }

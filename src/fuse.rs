@@ -51,7 +51,12 @@ impl FuseFs {
 
     /// Runs one handler; a panic inside it becomes EIO for this request only.
     fn contain(&self, op: &'static str, req: &Request, handler: impl FnOnce()) {
-        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(handler)) {
+        let start = std::time::Instant::now();
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(handler));
+        self.fs
+            .requests()
+            .record(op, start.elapsed().as_nanos() as u64);
+        if let Err(panic) = outcome {
             let why = panic
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
@@ -139,6 +144,7 @@ fn caller(req: &Request) -> Caller {
         // Only creations carry one (and apply it in the core, where a default ACL may
         // overrule it).
         umask: 0,
+        cap_fsetid: req.uid() == 0,
     }
 }
 
@@ -244,6 +250,12 @@ impl Filesystem for FuseFs {
                 log::warn!("the kernel lacks {missing:?}: POSIX ACLs are off");
             }
         }
+        // Set-ID bits are cleared here on write, truncate and chown (fs.rs): the kernel
+        // then stops asking for security.capability before every write (its inodes may be
+        // marked S_NOSEC), and flags writers without CAP_FSETID.
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2) {
+            log::warn!("the kernel lacks {missing:?}: every write costs a getxattr");
+        }
         // File handles (NFS export, name_to_handle_at) decode through LOOKUP of "." and "..".
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT) {
             log::warn!("the kernel lacks {missing:?}: file handles go stale");
@@ -297,7 +309,7 @@ impl Filesystem for FuseFs {
                 atime: atime.map(set_time),
                 mtime: mtime.map(set_time),
             };
-            match self.fs.setattr(ino.0, &set) {
+            match self.fs.setattr(ino.0, &set, caller(req)) {
                 Ok(a) => reply.attr(&TTL, &file_attr(&a)),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -455,19 +467,21 @@ impl Filesystem for FuseFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        // The kernel flags a writer without CAP_FSETID (FUSE_HANDLE_KILLPRIV_V2).
+        let who = Caller {
+            cap_fsetid: !write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID),
+            ..caller(req)
+        };
         self.contain("write", req, || {
             // `data` lies in this event loop's request buffer, which lives as long as the
             // session: it can be registered and sent as it is.
             let payload = RequestBuffer { bytes: data };
-            match self
-                .fs
-                .write_in_place(ino.0, fh.0, offset, payload, caller(req))
-            {
+            match self.fs.write_in_place(ino.0, fh.0, offset, payload, who) {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(errno(&e)),
             }

@@ -25,6 +25,7 @@ pub mod mount;
 pub mod mrrc;
 pub mod proto;
 pub mod rebuild;
+pub mod requests;
 pub mod server;
 pub mod size;
 pub mod sync;

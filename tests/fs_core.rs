@@ -58,7 +58,7 @@ fn truncate_and_unlink_free_remote_memory() {
         size: Some((1 << 20) + 10),
         ..Default::default()
     };
-    t.fs.setattr(ino, &set).unwrap();
+    t.fs.setattr(ino, &set, ME).unwrap();
     assert_eq!(used(&t), 2 << 20, "chunks past the new end are freed");
     let back = t.read_file("f").unwrap();
     assert_eq!(back, bytes(2, 5 << 20)[..(1 << 20) + 10]);

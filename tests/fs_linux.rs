@@ -14,6 +14,7 @@ const USER: Caller = Caller {
     gid: 1000,
     pid: 0,
     umask: 0,
+    cap_fsetid: false,
 };
 
 fn chmod(t: &TestFs, path: &str, mode: u32) {
@@ -24,6 +25,7 @@ fn chmod(t: &TestFs, path: &str, mode: u32) {
             mode: Some(mode),
             ..Default::default()
         },
+        ME,
     )
     .unwrap();
 }
@@ -37,6 +39,7 @@ fn chown(t: &TestFs, path: &str, uid: u32, gid: u32) {
             gid: Some(gid),
             ..Default::default()
         },
+        ME,
     )
     .unwrap();
 }
@@ -128,6 +131,7 @@ fn group_membership_counts_supplementary_groups() {
         gid: u32::MAX - 1,
         pid: std::process::id(),
         umask: 0,
+        cap_fsetid: false,
     };
     assert!(me.in_group(u32::MAX - 1));
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -289,6 +293,7 @@ fn st_blocks_counts_what_a_file_holds_and_holes_hold_nothing() {
             size: Some(MIB),
             ..Default::default()
         },
+        ME,
     )
     .unwrap();
     assert_eq!(blocks("sparse"), MIB / 512);
@@ -298,6 +303,7 @@ fn st_blocks_counts_what_a_file_holds_and_holes_hold_nothing() {
             size: Some(0),
             ..Default::default()
         },
+        ME,
     )
     .unwrap();
     assert_eq!(blocks("sparse"), 0);
@@ -613,7 +619,7 @@ fn immutable_and_append_only_inodes_are_enforced() {
         mode: Some(0o600),
         ..Default::default()
     };
-    eperm(t.fs.setattr(f, &chmod).map(|_| ()).map_err(|e| e.errno));
+    eperm(t.fs.setattr(f, &chmod, ME).map(|_| ()).map_err(|e| e.errno));
     eperm(
         t.fs.rename(ROOT_INO, b"f", ROOT_INO, b"g", 0, ME)
             .map_err(|e| e.errno),
@@ -661,7 +667,7 @@ fn immutable_and_append_only_inodes_are_enforced() {
         size: Some(0),
         ..Default::default()
     };
-    eperm(t.fs.setattr(f, &trunc).map(|_| ()).map_err(|e| e.errno));
+    eperm(t.fs.setattr(f, &trunc, ME).map(|_| ()).map_err(|e| e.errno));
     eperm(t.fs.unlink(ROOT_INO, b"f").map_err(|e| e.errno));
     // An append-only directory takes new entries but loses none; an immutable one neither.
     t.fs.mkdir(ROOT_INO, b"log", 0o755, ME).unwrap();
@@ -912,4 +918,40 @@ fn noacl_refuses_acl_attributes() {
             .errno,
         libc::EOPNOTSUPP
     );
+}
+
+#[test]
+fn truncation_and_chown_drop_set_id_bits_as_the_kernel_expects() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    let size = |n| SetAttr {
+        size: Some(n),
+        ..Default::default()
+    };
+    for (who, mode, want) in [
+        (USER, 0o6755, 0o755),
+        (ME, 0o6755, 0o6755),
+        (USER, 0o2644, 0o644),
+    ] {
+        t.create("f").unwrap();
+        chown(&t, "f", 0, 4242);
+        chmod(&t, "f", mode);
+        let f = t.resolve("f").unwrap();
+        t.fs.setattr(f, &size(10), who).unwrap();
+        assert_eq!(t.fs.getattr(f).unwrap().perm, want, "truncate of {mode:o}");
+        t.fs.unlink(ROOT_INO, b"f").unwrap();
+    }
+    // chown: set-user-ID goes whoever changes the owner; set-group-ID only from a
+    // group-executable file; directories keep both.
+    for (mode, want) in [(0o6755, 0o755), (0o6745, 0o2745)] {
+        t.create("g").unwrap();
+        chmod(&t, "g", mode);
+        chown(&t, "g", 1000, 1000);
+        let g = t.resolve("g").unwrap();
+        assert_eq!(t.fs.getattr(g).unwrap().perm, want, "chown of {mode:o}");
+        t.fs.unlink(ROOT_INO, b"g").unwrap();
+    }
+    t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap();
+    chmod(&t, "d", 0o2775);
+    chown(&t, "d", 1000, 1000);
+    assert_eq!(t.fs.getattr(t.resolve("d").unwrap()).unwrap().perm, 0o2775);
 }

@@ -372,7 +372,7 @@ fn apply_fs(t: &TestFs, op: &Op, writes: Writes) -> Result<Vec<u8>, i32> {
                 size: Some(*size as u64),
                 ..Default::default()
             };
-            t.fs.setattr(ino, &set).map_err(e)?;
+            t.fs.setattr(ino, &set, ME).map_err(e)?;
             Ok(Vec::new())
         }
         Op::Read(p) => t.read_file(p),

@@ -25,6 +25,7 @@ pub const ME: Caller = Caller {
     gid: 0,
     pid: 0,
     umask: 0,
+    cap_fsetid: true,
 };
 
 impl TestFs {

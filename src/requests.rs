@@ -1,0 +1,172 @@
+//! Per-operation request counts and latencies of the FUSE adapter, for `rmemfs stats`: where
+//! the kernel's requests go (how many lookups, getattrs, getxattrs per file a workload costs)
+//! and how long the daemon takes for each kind, so a benchmark's gap has a visible cause.
+//!
+//! Lock-free: one set of atomics per operation, latencies in power-of-two microsecond
+//! buckets (a percentile is reported as its bucket's upper bound).
+
+use crate::sync::atomic::{AtomicU64, Ordering};
+
+/// Every operation the adapter answers, in `stats` order.
+pub const OPS: [&str; 36] = [
+    "lookup",
+    "forget",
+    "getattr",
+    "setattr",
+    "readlink",
+    "mknod",
+    "mkdir",
+    "unlink",
+    "rmdir",
+    "symlink",
+    "rename",
+    "link",
+    "open",
+    "read",
+    "write",
+    "flush",
+    "release",
+    "fsync",
+    "opendir",
+    "readdir",
+    "releasedir",
+    "fsyncdir",
+    "statfs",
+    "setxattr",
+    "getxattr",
+    "listxattr",
+    "removexattr",
+    "access",
+    "create",
+    "lseek",
+    "copy_file_range",
+    "poll",
+    "ioctl",
+    "fallocate",
+    "tmpfile",
+    "other",
+];
+
+/// Buckets: `[0, 1) µs`, `[1, 2)`, `[2, 4)`, ... the last one open-ended (over 1 s).
+const BUCKETS: usize = 22;
+
+struct OpCounters {
+    count: AtomicU64,
+    nanos: AtomicU64,
+    buckets: [AtomicU64; BUCKETS],
+}
+
+impl OpCounters {
+    fn new() -> OpCounters {
+        OpCounters {
+            count: AtomicU64::new(0),
+            nanos: AtomicU64::new(0),
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+/// One operation's figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpSummary {
+    pub op: &'static str,
+    pub count: u64,
+    pub mean_us: u64,
+    /// Upper bounds of the buckets holding the median and the 99th percentile.
+    pub p50_us: u64,
+    pub p99_us: u64,
+}
+
+pub struct RequestStats {
+    ops: Vec<OpCounters>,
+}
+
+impl Default for RequestStats {
+    fn default() -> Self {
+        RequestStats {
+            ops: OPS.iter().map(|_| OpCounters::new()).collect(),
+        }
+    }
+}
+
+fn bucket_of(nanos: u64) -> usize {
+    let us = nanos / 1000;
+    ((u64::BITS - us.leading_zeros()) as usize).min(BUCKETS - 1)
+}
+
+/// The upper bound, in µs, of bucket `b`.
+fn bucket_bound(b: usize) -> u64 {
+    1u64 << b
+}
+
+impl RequestStats {
+    /// Counts one `op` request that took `nanos`.
+    pub fn record(&self, op: &str, nanos: u64) {
+        let i = OPS.iter().position(|o| *o == op).unwrap_or(OPS.len() - 1);
+        let c = &self.ops[i];
+        c.count.fetch_add(1, Ordering::Relaxed);
+        c.nanos.fetch_add(nanos, Ordering::Relaxed);
+        c.buckets[bucket_of(nanos)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The operations seen so far, in [`OPS`] order.
+    pub fn summary(&self) -> Vec<OpSummary> {
+        OPS.iter()
+            .zip(&self.ops)
+            .filter_map(|(op, c)| {
+                let count = c.count.load(Ordering::Relaxed);
+                if count == 0 {
+                    return None;
+                }
+                let buckets: Vec<u64> = c
+                    .buckets
+                    .iter()
+                    .map(|b| b.load(Ordering::Relaxed))
+                    .collect();
+                let pct = |p: u64| {
+                    let want = (count * p).div_ceil(100).max(1);
+                    let mut seen = 0;
+                    for (b, n) in buckets.iter().enumerate() {
+                        seen += n;
+                        if seen >= want {
+                            return bucket_bound(b);
+                        }
+                    }
+                    bucket_bound(BUCKETS - 1)
+                };
+                Some(OpSummary {
+                    op,
+                    count,
+                    mean_us: c.nanos.load(Ordering::Relaxed) / count / 1000,
+                    p50_us: pct(50),
+                    p99_us: pct(99),
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_percentiles() {
+        let s = RequestStats::default();
+        for _ in 0..98 {
+            s.record("write", 3_000); // 3 µs: bucket [2, 4)
+        }
+        s.record("write", 900_000);
+        s.record("write", 900_000); // 900 µs: bucket [512, 1024)
+        s.record("no such op", 1);
+        let sum = s.summary();
+        let w = sum.iter().find(|o| o.op == "write").unwrap();
+        assert_eq!((w.count, w.p50_us, w.p99_us), (100, 4, 1024));
+        assert_eq!(w.mean_us, (98 * 3_000 + 2 * 900_000) / 100 / 1000);
+        assert_eq!(sum.iter().find(|o| o.op == "other").unwrap().count, 1);
+        assert!(
+            sum.iter().all(|o| o.op != "read"),
+            "unseen ops are left out"
+        );
+    }
+}
