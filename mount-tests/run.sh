@@ -705,6 +705,39 @@ print(d, h, n)' "$m/sparse" "$m/sparse-copy") || fail "seek/copy: $out"
   unmount_fs "$m" || fail "unmount failed"
 }
 
+# The writeback cache really on (low water 0: every handle cached): appends from two open
+# handles, shared mmap writes, O_DIRECT beside buffered I/O, truncation of dirty data all
+# stay exact after the caches are dropped; a pool that fills under cached writes reports
+# ENOSPC at fsync rather than losing data silently.
+test_writeback() {
+  local m=$MNT out
+  must "append 1" bash -c 'exec 3>>"$1"; echo one >&3; echo two >>"$1"; echo three >&3' _ "$m/log"
+  must "mmap write" python3 -c '
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+os.ftruncate(fd, 8192)
+m = mmap.mmap(fd, 8192)
+m[4096:4101] = b"mmap!"
+m.flush(); m.close(); os.close(fd)' "$m/mapped"
+  must "O_DIRECT write" dd if=/dev/urandom of="$WORK/direct" bs=64K count=4 status=none
+  must "O_DIRECT into the file" dd if="$WORK/direct" of="$m/direct" bs=64K oflag=direct status=none
+  must "buffered overwrite of the middle" bash -c \
+    'printf XXXX | dd of="$1" bs=1 seek=70000 conv=notrunc status=none' _ "$m/direct"
+  printf XXXX | dd of="$WORK/direct" bs=1 seek=70000 conv=notrunc status=none
+  must "dirty then truncate" bash -c 'head -c 300000 /dev/urandom >"$1"; truncate -s 1000 "$1"' \
+    _ "$m/cut"
+  drop_caches "$m" || fail "drop caches failed"
+  assert_eq "appends from two handles" "$(cat "$m/log" | tr '\n' ' ')" "one two three "
+  assert_eq "mmap bytes" "$(dd if="$m/mapped" bs=1 skip=4096 count=5 status=none)" "mmap!"
+  must "O_DIRECT and buffered agree" cmp "$WORK/direct" "$m/direct"
+  assert_eq "size after truncating dirty data" "$(stat -c %s "$m/cut")" 1000
+  # Filling the pool (2 x 48 MiB, two copies) under the cache: fsync says ENOSPC.
+  out=$(dd if=/dev/zero of="$m/big" bs=1M count=96 conv=fsync 2>&1) &&
+    fail "96 MiB into a 48 MiB pool reported success"
+  case $out in *"No space left on device"*) ;; *) fail "not ENOSPC: $out" ;; esac
+  must "rm big" rm -f "$m/big"
+}
+
 # --- runner ----------------------------------------------------------------------------------
 
 # name, servers ("shared": two long-lived ${SHARED_SIZE} servers; else fresh ones of these
@@ -728,6 +761,7 @@ ALL_TESTS=(
   "unmount_cleanup shared nomount"
   "secret shared nomount"
   "linux_semantics shared nomount"
+  "writeback 48M,48M mount --writeback-low-water=0"
 )
 
 SHARED_PIDS=()

@@ -73,6 +73,12 @@ pub const VERBS_QP_DEPTH: usize = 128;
 /// control thread and data connections; a rack's mounts number in the tens.
 pub const MAX_CLIENTS: u32 = 256;
 
+/// The percentage of the machine's dirty-page allowance one mount may hold (the FUSE bdi's
+/// `max_ratio`; the kernel's default for FUSE is 1, which throttles writeback-cached writes
+/// after a few MiB). 40: room for bursts of small writes, while several mounts and the rest
+/// of the machine still get their share.
+pub const WRITEBACK_MAX_RATIO: &str = "40";
+
 /// Most control connections one peer address may hold open at once: a mount holds one per
 /// server (plus a short-lived probe), so 16 leaves room for several mounts on one host while
 /// a single misbehaving host cannot take every session slot.

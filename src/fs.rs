@@ -188,6 +188,13 @@ pub struct FsConfig {
     pub dir_atime: bool,
     /// POSIX ACLs kept and kept in step with modes (`-o noacl`: off).
     pub acl: bool,
+    /// The kernel's writeback cache is on: it owns file sizes and append positions, writes
+    /// whole pages back later (a write-only handle then also serves the reads that fill a
+    /// partly written page), and flushes before `fsync` and `close` return.
+    pub writeback: bool,
+    /// Under the writeback cache, free pool bytes below which new handles write through
+    /// (see [`Fs::direct_writes`]).
+    pub writeback_low_water: u64,
 }
 
 /// When reading updates an access time. The kernel leaves atime to a FUSE file system
@@ -1062,7 +1069,7 @@ impl Fs {
 
     /// Reads up to `size` bytes at `offset` (short at end of file).
     pub fn read(&self, ino: Ino, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        if !self.handle(fh, ino)?.read {
+        if !self.handle(fh, ino)?.read && !self.config.writeback {
             return Err(err(libc::EBADF));
         }
         let file = self.file_data(ino)?;
@@ -1133,7 +1140,9 @@ impl Fs {
             let meta = self.meta.lock();
             let i = Self::inode(&meta, ino)?;
             check_not_immutable(i)?;
-            if mode.append || i.flags & FS_APPEND_FL != 0 {
+            // Under the writeback cache the kernel placed appends itself (its size may be
+            // ahead of this one while pages wait).
+            if (mode.append || i.flags & FS_APPEND_FL != 0) && !self.config.writeback {
                 i.size
             } else {
                 offset
@@ -1584,6 +1593,22 @@ impl Fs {
 
     pub fn acl_enabled(&self) -> bool {
         self.config.acl
+    }
+
+    pub fn writeback_enabled(&self) -> bool {
+        self.config.writeback
+    }
+
+    /// Whether a handle opened for writing now should bypass the kernel's writeback cache.
+    /// Cached writes meet a full pool only when written back, and the kernel reports that
+    /// at `fsync` or `close`, if at all: when the pool has less room than the mount may hold
+    /// dirty, new handles write through, so ENOSPC comes back from `write` itself.
+    pub fn direct_writes(&self) -> bool {
+        if !self.config.writeback {
+            return false;
+        }
+        let s = self.statfs();
+        s.blocks_free.saturating_mul(s.block_size as u64) < self.config.writeback_low_water
     }
 
     fn check_xattr_name(&self, name: &[u8]) -> Result<()> {

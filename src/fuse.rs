@@ -49,6 +49,16 @@ impl FuseFs {
         }));
     }
 
+    /// How the kernel treats a new handle: writes that bypass its cache when the pool is
+    /// short of room (see [`Fs::direct_writes`]), else cached.
+    fn open_flags(&self, flags: i32) -> FopenFlags {
+        if crate::fs::OpenMode::from_flags(flags).write && self.fs.direct_writes() {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            FopenFlags::empty()
+        }
+    }
+
     /// Runs one handler; a panic inside it becomes EIO for this request only.
     fn contain(&self, op: &'static str, req: &Request, handler: impl FnOnce()) {
         let start = std::time::Instant::now();
@@ -250,6 +260,19 @@ impl Filesystem for FuseFs {
                 log::warn!("the kernel lacks {missing:?}: POSIX ACLs are off");
             }
         }
+        // The writeback cache: the kernel gathers small writes in its page cache and sends
+        // them back in large requests; `fsync` and `close` wait for them (and a write
+        // returns only when every copy holds it).
+        if self.fs.writeback_enabled() {
+            if let Err(missing) = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE) {
+                log::warn!("the kernel lacks {missing:?}: writes go through one by one");
+            }
+            // Handles opened while the pool is short of room bypass the cache; shared
+            // mmap of them must still work (SQLite's -shm files).
+            if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
+                log::info!("the kernel lacks {missing:?}");
+            }
+        }
         // Set-ID bits are cleared here on write, truncate and chown (fs.rs): the kernel
         // then stops asking for security.capability before every write (its inodes may be
         // marked S_NOSEC), and flags writers without CAP_FSETID.
@@ -436,7 +459,7 @@ impl Filesystem for FuseFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.contain("open", req, || match self.fs.open(ino.0, flags.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Ok(fh) => reply.opened(FileHandle(fh), self.open_flags(flags.0)),
             Err(e) => reply.error(errno(&e)),
         });
     }
@@ -667,7 +690,7 @@ impl Filesystem for FuseFs {
                     &file_attr(&a),
                     Generation(0),
                     FileHandle(fh),
-                    FopenFlags::empty(),
+                    self.open_flags(flags),
                 ),
                 Err(e) => reply.error(errno(&e)),
             }

@@ -171,6 +171,11 @@ enum Cmd {
         /// a server back within it resumes with its copies intact.
         #[arg(long, default_value_t = rmemfs::config::REBUILD_DELAY.as_secs_f64())]
         rebuild_delay: f64,
+        /// With the writeback cache: free pool bytes (K, M, G) below which files opened for
+        /// writing bypass it, so a full pool is ENOSPC at `write` rather than at `fsync` or
+        /// `close`. Default: the dirty page cache this mount may hold.
+        #[arg(long, value_parser = parse_size)]
+        writeback_low_water: Option<u64>,
     },
     /// Write a fresh random shared secret to PATH (mode 0600), for `serve --secret-file` on
     /// every memory server and `mount --secret-file` on every client.
@@ -270,6 +275,7 @@ fn main() -> ExitCode {
             min_replicas,
             rebuild_rate,
             rebuild_delay,
+            writeback_low_water,
         } => {
             let secret = match Secret::from_option(secret_file.as_deref()) {
                 Ok(s) => s,
@@ -297,6 +303,7 @@ fn main() -> ExitCode {
                 rebuild_rate,
                 rebuild_delay: Duration::try_from_secs_f64(rebuild_delay)
                     .unwrap_or(rmemfs::config::REBUILD_DELAY),
+                writeback_low_water,
             };
             if foreground {
                 mount::run(&config, &mut || {})

@@ -50,6 +50,9 @@ pub struct MountConfig {
     pub rebuild_rate: u64,
     /// How long the rebuild waits after the live servers change ([`config::REBUILD_DELAY`]).
     pub rebuild_delay: Duration,
+    /// Free pool bytes below which writes bypass the writeback cache; `None`: the dirty page
+    /// cache the mount may hold.
+    pub writeback_low_water: Option<u64>,
 }
 
 impl MountConfig {
@@ -73,6 +76,7 @@ impl MountConfig {
             min_replicas: 1,
             rebuild_rate: config::REBUILD_RATE,
             rebuild_delay: config::REBUILD_DELAY,
+            writeback_low_water: None,
         }
     }
 
@@ -288,6 +292,7 @@ fn fuser_config(
     let mut atime = crate::fs::Atime::Relative;
     let mut dir_atime = true;
     let mut acl = true;
+    let mut writeback = true;
     let mut opts = vec![O::DefaultPermissions, O::Subtype("rmemfs".into())];
     for o in options
         .iter()
@@ -313,6 +318,8 @@ fn fuser_config(
             "nodiratime" => dir_atime = false,
             "acl" => acl = true,
             "noacl" => acl = false,
+            "writeback_cache" => writeback = true,
+            "no_writeback_cache" => writeback = false,
             "diratime" => dir_atime = true,
             // Timestamps live in the daemon's memory only: there is no disk write for
             // lazytime to put off.
@@ -342,6 +349,7 @@ fn fuser_config(
             atime,
             dir_atime,
             acl,
+            writeback,
         },
     ))
 }
@@ -354,6 +362,34 @@ struct MountChoices {
     dir_atime: bool,
     /// POSIX ACLs (`acl`, the default, or `noacl`).
     acl: bool,
+    /// The kernel's writeback cache (`writeback_cache`, the default, or
+    /// `no_writeback_cache`).
+    writeback: bool,
+}
+
+/// Roughly the most dirty page cache this mount may hold: the machine's dirty threshold
+/// (`vm.dirty_bytes`, or `vm.dirty_ratio` percent of available memory) times the mount's
+/// `max_ratio` share. Free pool space under this makes new handles write through.
+fn dirty_allowance() -> u64 {
+    let read_u64 = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    };
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(8 << 30, |kb| kb * 1024);
+    let threshold = match read_u64("/proc/sys/vm/dirty_bytes") {
+        Some(b) if b > 0 => b,
+        _ => available / 100 * read_u64("/proc/sys/vm/dirty_ratio").unwrap_or(20),
+    };
+    let share: u64 = config::WRITEBACK_MAX_RATIO.parse().unwrap_or(100);
+    threshold / 100 * share
 }
 
 /// Buffered reads reach the daemon in pieces of the mount's readahead window (128 KiB by
@@ -372,10 +408,22 @@ fn raise_readahead(mountpoint: &Path) {
             })
         });
     let Some(dev) = dev else { return };
-    let knob = format!("/sys/class/bdi/{dev}/read_ahead_kb");
-    match std::fs::write(&knob, "1024") {
-        Ok(()) => log::info!("readahead raised to 1 MiB ({knob})"),
-        Err(e) => log::info!("could not raise readahead via {knob}: {e}"),
+    // The knobs: readahead to the FUSE request limit; and the share of the machine's dirty
+    // page allowance this mount may hold (FUSE mounts are held to a strict 1% by default,
+    // which throttles the writeback cache long before memory is short).
+    for (knob, value, what) in [
+        ("read_ahead_kb", "1024", "readahead raised to 1 MiB"),
+        (
+            "max_ratio",
+            crate::config::WRITEBACK_MAX_RATIO,
+            "dirty page share raised",
+        ),
+    ] {
+        let path = format!("/sys/class/bdi/{dev}/{knob}");
+        match std::fs::write(&path, value) {
+            Ok(()) => log::info!("{what} ({path} = {value})"),
+            Err(e) => log::info!("could not set {path}: {e}"),
+        }
     }
 }
 
@@ -543,6 +591,8 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
             atime: choices.atime,
             dir_atime: choices.dir_atime,
             acl: choices.acl,
+            writeback: choices.writeback,
+            writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
         },
     ));
     let mut session = fuser::Session::new(FuseFs::new(fs.clone()), &mountpoint, &fuse_config)
