@@ -279,6 +279,12 @@ impl Filesystem for FuseFs {
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2) {
             log::warn!("the kernel lacks {missing:?}: every write costs a getxattr");
         }
+        // Lookups and creations in one directory may run in parallel (the metadata lock
+        // orders them here), and symlink targets, which never change, may be cached.
+        let more = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_CACHE_SYMLINKS;
+        if let Err(missing) = config.add_capabilities(more) {
+            log::info!("the kernel lacks {missing:?}");
+        }
         // File handles (NFS export, name_to_handle_at) decode through LOOKUP of "." and "..".
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT) {
             log::warn!("the kernel lacks {missing:?}: file handles go stale");
