@@ -9,12 +9,7 @@ use rmemfs::fs::{SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use rmemfs::meta::{Kind, ROOT_INO};
 
 fn used(t: &TestFs) -> u64 {
-    t.fs.data()
-        .pool()
-        .refresh()
-        .iter()
-        .map(|s| s.capacity.total - s.capacity.free)
-        .sum()
+    t.remote_used()
 }
 
 #[test]

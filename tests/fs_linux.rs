@@ -360,12 +360,7 @@ fn falloc(t: &TestFs, path: &str, mode: i32, offset: u64, len: u64) -> Result<()
 }
 
 fn remote_used(t: &TestFs) -> u64 {
-    t.fs.data()
-        .pool()
-        .refresh()
-        .iter()
-        .map(|s| s.capacity.total - s.capacity.free)
-        .sum()
+    t.remote_used()
 }
 
 #[test]

@@ -211,6 +211,17 @@ impl TestFs {
         Ok(())
     }
 
+    /// Bytes of remote memory in use on all servers, as they report it now.
+    pub fn remote_used(&self) -> u64 {
+        self.fs
+            .data()
+            .pool()
+            .refresh()
+            .iter()
+            .map(|s| s.capacity.total - s.capacity.free)
+            .sum()
+    }
+
     pub fn list(&self, path: &str) -> Result<Vec<String>, i32> {
         let ino = self.resolve(path)?;
         let mut names = Vec::new();
