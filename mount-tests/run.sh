@@ -738,6 +738,38 @@ m.flush(); m.close(); os.close(fd)' "$m/mapped"
   must "rm big" rm -f "$m/big"
 }
 
+# `mount -t rmemfs` and an fstab line (mount --fstab FILE -a) through the mount helper
+# (/sbin/mount.rmemfs, a link to the binary, made here if missing and removed after): options
+# that are rmemfs flags (servers=a+b, replicas=) and FUSE options pass, fstab-only ones
+# (_netdev, nofail, x-systemd.*) are dropped; umount as usual.
+test_mount_helper() {
+  local m=$MNT helper=/sbin/mount.rmemfs made=0 servers
+  if [ ! -e "$helper" ]; then
+    ln -s "$(realpath "$BIN")" "$helper"
+    made=1
+  fi
+  servers=${ADDRS//,/+}
+  local rc=0
+  (
+    set -e
+    must "mount -t rmemfs" mount -t rmemfs pool "$m" \
+      -o "servers=$servers,replicas=2,allow_other,_netdev,nofail"
+    is_mounted "$m" || fail "mount -t rmemfs did not mount"
+    grep -q "^pool $m " /proc/mounts || fail "the source is not the fsname: $(grep " $m " /proc/mounts)"
+    put "$m/f" "through the helper"
+    assert_eq "read back" "$(get "$m/f")" "through the helper"
+    unmount_fs "$m" || fail "umount failed"
+    printf 'pool2 %s rmemfs servers=%s,nofail,_netdev,x-systemd.automount 0 0\n' "$m" "$servers" \
+      >"$WORK/fstab"
+    must "mount --fstab -a" mount --fstab "$WORK/fstab" -a
+    is_mounted "$m" || fail "the fstab line did not mount"
+    must "umount" umount "$m"
+    wait_daemon_gone "$m" 10 || fail "the daemon outlived umount"
+  ) || rc=$?
+  [ "$made" -eq 0 ] || rm -f "$helper"
+  return "$rc"
+}
+
 # --- runner ----------------------------------------------------------------------------------
 
 # name, servers ("shared": two long-lived ${SHARED_SIZE} servers; else fresh ones of these
@@ -762,6 +794,7 @@ ALL_TESTS=(
   "secret shared nomount"
   "linux_semantics shared nomount"
   "writeback 48M,48M mount --writeback-low-water=0"
+  "mount_helper shared nomount"
 )
 
 SHARED_PIDS=()

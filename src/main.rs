@@ -1,5 +1,7 @@
 //! The `rmemfs` command line: parses arguments, picks the fabric, and calls the library.
 
+mod mount_helper;
+
 use clap::{Args, Parser, Subcommand};
 use rmemfs::auth::Secret;
 use rmemfs::fabric::FabricOptions;
@@ -204,7 +206,19 @@ enum Cmd {
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,rmemfs=info"))
         .init();
-    let cli = Cli::parse();
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.first().is_some_and(mount_helper::invoked_as_helper) {
+        argv = match mount_helper::translate(&argv) {
+            Ok(Some(a)) => a,
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{e}");
+                // mount(8)'s code for a usage error.
+                return ExitCode::from(1);
+            }
+        };
+    }
+    let cli = Cli::parse_from(&argv);
     let result = match cli.command {
         Cmd::Serve {
             listen,
@@ -310,7 +324,7 @@ fn main() -> ExitCode {
             } else if std::env::var_os(DAEMON_ENV).is_some() {
                 daemon_child(&config)
             } else {
-                daemon_parent(log_file.as_deref())
+                daemon_parent(&argv[1..], log_file.as_deref())
             }
         }
     };
@@ -373,9 +387,10 @@ fn serve(
 /// Set in the environment of the background mount process.
 const DAEMON_ENV: &str = "RMEMFS_DAEMON_CHILD";
 
-/// Starts this same command again as a detached background process and waits until it says
-/// the mount is ready (or why it failed) on its stdout.
-fn daemon_parent(log_file: Option<&Path>) -> Result<(), String> {
+/// Starts this same command (`args`, as parsed: a mount helper's call already translated)
+/// again as a detached background process and waits until it says the mount is ready (or
+/// why it failed) on its stdout.
+fn daemon_parent(args: &[std::ffi::OsString], log_file: Option<&Path>) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own binary: {e}"))?;
     let stderr = match log_file {
         Some(p) => Stdio::from(
@@ -388,7 +403,7 @@ fn daemon_parent(log_file: Option<&Path>) -> Result<(), String> {
         None => Stdio::null(),
     };
     let mut child = Command::new(exe)
-        .args(std::env::args_os().skip(1))
+        .args(args)
         .env(DAEMON_ENV, "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
