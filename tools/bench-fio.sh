@@ -17,7 +17,8 @@
 #   RMEMFS_BENCH_BIN  the rmemfs-bench binary (default: next to RMEMFS_BIN)
 #
 # Jobs (tools/fio/*.fio, psync, direct=0, time based): seq-write and seq-read with 1 MiB blocks,
-# rand-write and rand-read with 4 KiB blocks. direct=0 means the page cache is in the path, as
+# rand-write and rand-read with 4 KiB blocks, and both reads by four jobs at once (-4j: each job
+# its own file of SIZE/4); the write jobs end with an fsync. direct=0 means the page cache is in the path, as
 # for any program: reads that wrap around a file already read can be served from it.
 # Needs root and /dev/fuse; installs fio when missing (Debian).
 set -euo pipefail
@@ -29,7 +30,7 @@ SIZE=${SIZE:-256M}
 RUNTIME=${RUNTIME:-10}
 OUT=${OUT:-target/bench-fio}
 export SIZE RUNTIME
-JOBS=(seq-write seq-read rand-write rand-read)
+JOBS=(seq-write seq-read seq-read-4j rand-write rand-read rand-read-4j)
 
 ensure_packages fio:fio python3:python3 fusermount3:fuse3 pgrep:procps numfmt:coreutils
 check_prereqs mount serve || exit 2
@@ -51,11 +52,13 @@ timeout -k 10 1200 "$BENCH_BIN" fabric --rmemfs "$BIN" --sizes 1M --depths 1,4 -
 # run_jobs TARGET DIR: the four jobs on DIR; results in $OUT/TARGET-JOB.json. Each job's file is
 # removed afterwards, so a target needs room for one file at a time.
 run_jobs() {
-  local target=$1 dir=$2 job bs
+  local target=$1 dir=$2 job bs jsize
   for job in "${JOBS[@]}"; do
     case $job in seq-*) bs=1M ;; *) bs=4k ;; esac
-    echo "== $target: $job (bs $bs, size $SIZE, ${RUNTIME}s)"
-    DIR=$dir BS=$bs timeout -k 10 $((RUNTIME + 600)) \
+    # Four jobs read four files of a quarter of SIZE each: the same room as one job.
+    case $job in *-4j) jsize=$((size_bytes / 4)) ;; *) jsize=$SIZE ;; esac
+    echo "== $target: $job (bs $bs, size $jsize, ${RUNTIME}s)"
+    SIZE=$jsize DIR=$dir BS=$bs timeout -k 10 $((RUNTIME + 600)) \
       fio --output-format=json --output="$OUT/$target-$job.json" "tools/fio/$job.fio"
     # shellcheck disable=SC2016 # expanded by the inner bash
     timeout -k 10 120 bash -c 'rm -f "$1/$2".*' _ "$dir" "$job"
@@ -113,7 +116,7 @@ import json, os, re, sys
 
 out, size, runtime, server_size = sys.argv[1:5]
 targets = ["tmpfs", "rmemfs-inproc", "rmemfs-1", "rmemfs-2"]
-jobs = ["seq-read", "seq-write", "rand-read", "rand-write"]
+jobs = ["seq-read", "seq-read-4j", "seq-write", "rand-read", "rand-read-4j", "rand-write"]
 
 
 def load(path):
@@ -183,6 +186,18 @@ with open(os.path.join(out, "bench-fabric.txt")) as f:
             op, sz, depth, fab, tcp, pct = m.groups()
             fabric[f"{op} {sz} depth {depth}"] = {
                 "fabric_mb_s": float(fab), "tcp_mb_s": float(tcp), "ratio_pct": float(pct)}
+
+print()
+for target in ["rmemfs-inproc", "rmemfs-1"]:
+    for job in ["seq-read", "rand-read"]:
+        one = results.get(target, {}).get(job, {}).get("mb_s")
+        four = results.get(target, {}).get(job + "-4j", {}).get("mb_s")
+        if one and four:
+            print(f"{target} {job}: 4 jobs / 1 job = {four:.0f} / {one:.0f} MB/s = {four / one:.2f}x")
+one_inproc = results.get("rmemfs-inproc", {}).get("seq-read-4j", {}).get("mb_s")
+four_1 = results.get("rmemfs-1", {}).get("seq-read-4j", {}).get("mb_s")
+if one_inproc and four_1:
+    print(f"seq-read 4 jobs, rmemfs-1 / inproc = {four_1 / one_inproc:.2f}x")
 
 print()
 fabric_ratios = {}
