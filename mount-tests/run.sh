@@ -770,6 +770,40 @@ test_mount_helper() {
   return "$rc"
 }
 
+# The systemd units in dist/systemd pass `systemd-analyze verify` (their paths pointed at this
+# build and a scratch settings directory), and `rmemfs mount -f` tells $NOTIFY_SOCKET
+# READY=1 once the mount is live, as Type=notify needs.
+test_systemd() {
+  local m=$MNT d=$WORK/units f out
+  mkdir -p "$d"
+  for f in rmemfs-serve@.service rmemfs-mount@.service mnt-pool.mount; do
+    sed "s#/usr/bin/rmemfs#$(realpath "$BIN")#; s#/etc/rmemfs/#$d/#" "dist/systemd/$f" >"$d/$f"
+  done
+  cp dist/systemd/serve.env.example "$d/serve-a.env"
+  cp dist/systemd/mount.env.example "$d/mount-a.env"
+  cp "$d/rmemfs-serve@.service" "$d/rmemfs-serve@a.service"
+  cp "$d/rmemfs-mount@.service" "$d/rmemfs-mount@a.service"
+  out=$(t systemd-analyze verify "$d/rmemfs-serve@a.service" "$d/rmemfs-mount@a.service" \
+    "$d/mnt-pool.mount" 2>&1) || fail "systemd-analyze verify: $out"
+  out=$(t python3 - "$BIN" "$m" "$ADDRS" <<'PY'
+import os, socket, subprocess, sys, tempfile
+binary, mnt, addrs = sys.argv[1:4]
+path = os.path.join(tempfile.mkdtemp(), "notify")
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(path)
+s.settimeout(60)
+env = dict(os.environ, NOTIFY_SOCKET=path)
+p = subprocess.Popen([binary, "mount", "-f", mnt, "--servers", addrs], env=env,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+msg = s.recv(256).decode()
+live = os.path.ismount(mnt)
+subprocess.run(["umount", mnt], check=True)
+print(msg, live, p.wait(60))
+PY
+) || fail "mount -f under NOTIFY_SOCKET: $out"
+  assert_eq "notification, mounted when told, exit status" "$out" "READY=1 True 0"
+}
+
 # --- runner ----------------------------------------------------------------------------------
 
 # name, servers ("shared": two long-lived ${SHARED_SIZE} servers; else fresh ones of these
@@ -795,6 +829,7 @@ ALL_TESTS=(
   "linux_semantics shared nomount"
   "writeback 48M,48M mount --writeback-low-water=0"
   "mount_helper shared nomount"
+  "systemd shared nomount"
 )
 
 SHARED_PIDS=()
@@ -898,7 +933,7 @@ main() {
 
   ensure_packages fio:fio sqlite3:sqlite3 git:git fusermount3:fuse3 rsync:rsync tar:tar \
     pgrep:procps mountpoint:util-linux fuser:psmisc setfattr:attr cmp:diffutils \
-    python3:python3 perl:perl chattr:e2fsprogs \
+    python3:python3 perl:perl chattr:e2fsprogs systemd-analyze:systemd \
     setfacl:acl
   check_prereqs mount serve || exit 2
   lib_init mt

@@ -23,6 +23,7 @@ pub mod fuzz_checks;
 pub mod meta;
 pub mod mount;
 pub mod mrrc;
+pub mod notify;
 pub mod proto;
 pub mod rebuild;
 pub mod requests;

@@ -320,7 +320,7 @@ fn main() -> ExitCode {
                 writeback_low_water,
             };
             if foreground {
-                mount::run(&config, &mut || {})
+                mount::run(&config, &mut || rmemfs::notify::notify("READY=1"))
             } else if std::env::var_os(DAEMON_ENV).is_some() {
                 daemon_child(&config)
             } else {
@@ -375,9 +375,11 @@ fn serve(
         rmemfs::fabric::mem::memlock_limit_text()
     );
     let _ = std::io::stdout().flush();
+    rmemfs::notify::notify("READY=1");
     if let Some(sig) = signals.forever().next() {
         log::warn!("signal {sig}: shutting down");
     }
+    rmemfs::notify::notify("STOPPING=1");
     server.shutdown();
     let refused = server_fabric.counters().remote_refused;
     eprintln!("rmemfs serve: stopped ({refused} remote accesses refused)");

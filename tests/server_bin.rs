@@ -480,6 +480,33 @@ fn sigterm_and_sigint_stop_the_server_cleanly() {
     }
 }
 
+/// Under systemd (`Type=notify`) the server says READY=1 once it listens and STOPPING=1 on
+/// SIGTERM, to the socket in $NOTIFY_SOCKET.
+#[test]
+fn the_server_tells_systemd_when_it_is_ready_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = std::env::temp_dir().join(format!("rmemfs-sdnotify-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("notify");
+    let _ = std::fs::remove_file(&path);
+    let sock = UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut cmd = rmemfs_cmd();
+    cmd.env("NOTIFY_SOCKET", &path);
+    let mut server = Server::start_args(cmd, "127.0.0.1:0", "8M", &[]);
+    let mut buf = [0u8; 256];
+    let n = sock.recv(&mut buf).expect("READY=1 within 30 s");
+    assert_eq!(&buf[..n], b"READY=1");
+    // Ready means serving.
+    round_trip(&pool(&[server.addr]), 0x5d);
+    server.signal(libc::SIGTERM);
+    let n = sock.recv(&mut buf).expect("STOPPING=1 within 30 s");
+    assert_eq!(&buf[..n], b"STOPPING=1");
+    assert!(server.wait_exit().success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn hitting_the_memlock_limit_is_a_clear_refusal() {
     // Run the server as an unprivileged user (no CAP_IPC_LOCK) with a 256 KiB memlock limit.
