@@ -80,6 +80,18 @@ const S_ISUID: u16 = 0o4000;
 const S_ISGID: u16 = 0o2000;
 const S_IXGRP: u16 = 0o0010;
 
+/// A set-group-ID directory `parent` hands its group to what is made in it, and its
+/// set-group-ID bit to subdirectories (the kernel already stripped the bit from a requested
+/// mode the caller may not have).
+fn inherit_group(parent: &Inode, inode: &mut Inode) {
+    if parent.perm & S_ISGID != 0 {
+        inode.gid = parent.gid;
+        if inode.kind == Kind::Dir {
+            inode.perm |= S_ISGID;
+        }
+    }
+}
+
 /// The set-ID bits a write (or fallocate) by an unprivileged caller clears, as the kernel's
 /// `setattr_should_drop_suidgid`: set-user-ID always; set-group-ID when the file is
 /// group-executable, or when the caller is not in the file's group (`in_group`, asked only
@@ -554,10 +566,13 @@ impl Fs {
         let mut acl_changed = false;
         let mut killed = false;
         if (set.uid.is_some() || set.gid.is_some()) && i.kind != Kind::Dir && set.mode.is_none() {
-            let mut bits = i.perm & S_ISUID;
-            if i.perm & (S_ISGID | S_IXGRP) == S_ISGID | S_IXGRP {
-                bits |= S_ISGID;
-            }
+            // chown drops as an unprivileged write would, whoever changes the owner, with
+            // the group test left out (the kernel's chown_common).
+            let anyone = Caller {
+                cap_fsetid: false,
+                ..caller
+            };
+            let bits = set_id_bits_to_drop(i.perm, &anyone, || true);
             i.perm &= !bits;
             killed = bits != 0;
         }
@@ -656,16 +671,8 @@ impl Fs {
         check_not_immutable(Self::inode(&meta, parent)?)?;
         let is_dir = inode.kind == Kind::Dir;
         let mut inode = inode;
-        // A set-group-ID directory hands its group to what is made in it, and its
-        // set-group-ID bit to subdirectories (the kernel already stripped the bit from a
-        // requested mode the caller may not have).
         let p = Self::inode(&meta, parent)?;
-        if p.perm & S_ISGID != 0 {
-            inode.gid = p.gid;
-            if is_dir {
-                inode.perm |= S_ISGID;
-            }
-        }
+        inherit_group(p, &mut inode);
         // The directory's default ACL, when there is one, decides the permissions (and the
         // new inode's ACLs) instead of the umask. Symlinks have neither.
         let default_acl = self
@@ -1037,9 +1044,7 @@ impl Fs {
                 caller,
                 Body::File(Arc::default()),
             );
-            if p.perm & S_ISGID != 0 {
-                inode.gid = p.gid;
-            }
+            inherit_group(p, &mut inode);
             inode.nlink = 0;
             inode.lookups = 1; // the kernel's reference, as for a created file
             inode.opens = 1; // the handle below: it never exists unopened

@@ -208,7 +208,17 @@ fn main() -> ExitCode {
         .init();
     let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if argv.first().is_some_and(mount_helper::invoked_as_helper) {
-        argv = match mount_helper::translate(&argv) {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let mount = cli
+            .find_subcommand("mount")
+            .expect("the CLI has a mount subcommand");
+        let value_flag = |key: &str| {
+            mount
+                .get_arguments()
+                .any(|a| a.get_long() == Some(key) && a.get_action().takes_values())
+        };
+        argv = match mount_helper::translate(&argv, &value_flag) {
             Ok(Some(a)) => a,
             Ok(None) => return ExitCode::SUCCESS,
             Err(e) => {

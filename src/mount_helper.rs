@@ -13,28 +13,6 @@ use std::path::Path;
 /// The names rmemfs answers to as a mount helper.
 const HELPER_NAMES: [&str; 2] = ["mount.rmemfs", "mount.fuse.rmemfs"];
 
-/// `rmemfs mount` flags settable as `key=value` options (key with `_` for `-`).
-const VALUE_FLAGS: [&str; 18] = [
-    "servers",
-    "size",
-    "replicas",
-    "min_replicas",
-    "secret_file",
-    "chunk_size",
-    "threads",
-    "op_timeout",
-    "write_path",
-    "reg_cache",
-    "reg_cache_size",
-    "rebuild_rate",
-    "rebuild_delay",
-    "writeback_low_water",
-    "fabric",
-    "device",
-    "gid_index",
-    "log_file",
-];
-
 /// Options for mount(8), systemd or fstab bookkeeping only.
 fn for_mount_only(opt: &str) -> bool {
     matches!(
@@ -62,8 +40,13 @@ pub fn invoked_as_helper(argv0: &OsString) -> bool {
 }
 
 /// What a helper call means: the `rmemfs mount` arguments, or `None` for a fake mount
-/// (`-f`: mount(8) only wants to know it would work).
-pub fn translate(args: &[OsString]) -> Result<Option<Vec<OsString>>, String> {
+/// (`-f`: mount(8) only wants to know it would work). `value_flag` says whether `--KEY`
+/// (`-` for `_`) is a flag of `rmemfs mount` that takes a value: the CLI definition decides,
+/// so every such flag is an option too.
+pub fn translate(
+    args: &[OsString],
+    value_flag: &dyn Fn(&str) -> bool,
+) -> Result<Option<Vec<OsString>>, String> {
     let usage = "usage: mount.rmemfs SOURCE DIR [-sfnv] [-o OPTIONS]";
     let mut positional = Vec::new();
     let mut options = Vec::new();
@@ -106,7 +89,7 @@ pub fn translate(args: &[OsString]) -> Result<Option<Vec<OsString>>, String> {
             continue;
         }
         match opt.split_once('=') {
-            Some((key, value)) if VALUE_FLAGS.contains(&key) => {
+            Some((key, value)) if value_flag(&key.replace('_', "-")) => {
                 let value = if key == "servers" {
                     value.replace('+', ",")
                 } else {
@@ -130,7 +113,8 @@ mod tests {
 
     fn t(args: &[&str]) -> Result<Option<Vec<String>>, String> {
         let args: Vec<OsString> = args.iter().map(OsString::from).collect();
-        translate(&args)
+        let flags = ["servers", "replicas", "secret-file"];
+        translate(&args, &|k| flags.contains(&k))
             .map(|o| o.map(|v| v.into_iter().map(|s| s.into_string().unwrap()).collect()))
     }
 
