@@ -1396,7 +1396,7 @@ impl Fs {
                     return Err(err(libc::EINVAL));
                 }
                 // Every chunk from the range on may move.
-                let everything = *self.chunk_range(offset, 0).start()..=u64::MAX;
+                let everything = offset / self.data.chunk_size()..=u64::MAX;
                 if op == libc::FALLOC_FL_COLLAPSE_RANGE {
                     if end >= size {
                         return Err(err(libc::EINVAL));
