@@ -666,6 +666,39 @@ print(d, h, n)' "$m/sparse" "$m/sparse-copy") || fail "seek/copy: $out"
   out=$(t python3 mount-tests/handle.py "$m/shared/handled") || fail "open_by_handle_at: $out"
   assert_eq "read through a handle after drop_caches" "$out" "handle-data"
 
+  # O_TMPFILE (FUSE_TMPFILE): an unnamed file, written, then named by linkat; one opened
+  # with O_EXCL can never be named.
+  must "mkdir tmpdir" mkdir "$m/tmpdir"
+  out=$(t python3 -c '
+import os, sys, errno, ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD, AT_SYMLINK_FOLLOW = -100, 0x400
+def name(fd, path):  # linkat through /proc, as the O_TMPFILE man page shows
+    if libc.linkat(AT_FDCWD, b"/proc/self/fd/%d" % fd, AT_FDCWD, path.encode(), AT_SYMLINK_FOLLOW):
+        return errno.errorcode[ctypes.get_errno()]
+    return "linked"
+d = sys.argv[1]
+fd = os.open(d, os.O_TMPFILE | os.O_RDWR, 0o640)
+os.write(fd, b"unnamed until now")
+listed = os.listdir(d)
+assert name(fd, d + "/named") == "linked"
+ex = os.open(d, os.O_TMPFILE | os.O_RDWR | os.O_EXCL, 0o600)
+refused = name(ex, d + "/never")
+print(listed, refused)' "$m/tmpdir") || fail "O_TMPFILE: $out"
+  assert_eq "O_TMPFILE: listed before linkat, linking an O_EXCL one" "$out" "[] ENOENT"
+  assert_eq "the linked O_TMPFILE file" "$(cat "$m/tmpdir/named") $(stat -c '%a %h' "$m/tmpdir/named")" \
+    "unnamed until now 640 1"
+  assert_eq "what the directory holds" "$(ls "$m/tmpdir")" "named"
+
+  # Birth time (FUSE_STATX): set when the file is made, kept when the other times move.
+  local born_after
+  born_after=$(date +%s)
+  put "$m/born" "x"
+  must "backdate born" touch -d '2 days ago' "$m/born"
+  out=$(stat -c '%W %Y' "$m/born")
+  [ "${out% *}" -ge "$born_after" ] && [ "${out#* }" -lt "$born_after" ] ||
+    fail "birth and modification times of a backdated new file: $out (made after $born_after)"
+
   # rmemfs as overlayfs's upper layer: copy-up, whiteouts on delete, renames.
   local lower=$WORK/lower merged=$WORK/merged
   mkdir -p "$lower/sub" "$merged" "$m/upper" "$m/ovl-work"

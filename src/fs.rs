@@ -34,6 +34,8 @@ pub struct Attr {
     pub atime: SystemTime,
     pub mtime: SystemTime,
     pub ctime: SystemTime,
+    /// Birth time: when the inode was made.
+    pub btime: SystemTime,
 }
 
 /// The caller of an operation (owner of what it creates).
@@ -331,6 +333,7 @@ fn attr_of(ino: Ino, i: &Inode) -> Attr {
         atime: i.atime,
         mtime: i.mtime,
         ctime: i.ctime,
+        btime: i.btime,
     }
 }
 
@@ -347,6 +350,7 @@ fn new_inode(kind: Kind, perm: u16, caller: Caller, body: Body) -> Inode {
         atime: now,
         mtime: now,
         ctime: now,
+        btime: now,
         lookups: 0,
         opens: 0,
         body,
@@ -659,22 +663,12 @@ impl Fs {
 
     // ---- creating and removing names -----------------------------------------------------
 
-    /// Adds a fresh inode under `parent/name` and counts a kernel reference to it.
-    fn make(&self, parent: Ino, name: &[u8], inode: Inode, caller: Caller) -> Result<Attr> {
-        self.writable()?;
-        check_name(name)?;
-        let mut meta = self.meta.lock();
-        let dir = Self::dir(&meta, parent)?;
-        if dir.get(name).is_some() {
-            return Err(err(libc::EEXIST));
-        }
-        check_not_immutable(Self::inode(&meta, parent)?)?;
-        let is_dir = inode.kind == Kind::Dir;
-        let mut inode = inode;
-        let p = Self::inode(&meta, parent)?;
-        inherit_group(p, &mut inode);
-        // The directory's default ACL, when there is one, decides the permissions (and the
-        // new inode's ACLs) instead of the umask. Symlinks have neither.
+    /// What a new inode takes from its directory `p`: the group of a set-group-ID directory,
+    /// and the directory's default ACL, which when present decides the permissions (and the
+    /// new inode's ACLs) instead of the caller's umask.
+    fn inherit_from_parent(&self, p: &Inode, inode: &mut Inode, caller: Caller) {
+        inherit_group(p, inode);
+        // Symlinks have neither ACLs nor a umask.
         let default_acl = self
             .config
             .acl
@@ -690,13 +684,28 @@ impl Fs {
                     if let Some(a) = access {
                         x.insert(crate::acl::ACCESS_XATTR.into(), a.to_xattr().into());
                     }
-                    if is_dir {
+                    if inode.kind == Kind::Dir {
                         x.insert(crate::acl::DEFAULT_XATTR.into(), raw);
                     }
                 }
                 None => inode.perm &= !(caller.umask as u16 & 0o777),
             }
         }
+    }
+
+    /// Adds a fresh inode under `parent/name` and counts a kernel reference to it.
+    fn make(&self, parent: Ino, name: &[u8], inode: Inode, caller: Caller) -> Result<Attr> {
+        self.writable()?;
+        check_name(name)?;
+        let mut meta = self.meta.lock();
+        let dir = Self::dir(&meta, parent)?;
+        if dir.get(name).is_some() {
+            return Err(err(libc::EEXIST));
+        }
+        check_not_immutable(Self::inode(&meta, parent)?)?;
+        let is_dir = inode.kind == Kind::Dir;
+        let mut inode = inode;
+        self.inherit_from_parent(Self::inode(&meta, parent)?, &mut inode, caller);
         let ino = meta.insert(inode);
         if is_dir {
             if let Some(d) = meta.get_mut(ino).and_then(Inode::dir_mut) {
@@ -1016,8 +1025,7 @@ impl Fs {
 
     /// `open(O_TMPFILE)` in directory `parent`: a regular file with no name, open for
     /// writing, gone at its last close unless `link` names it first (which `O_EXCL` forbids).
-    /// The kernel's FUSE sends this as FUSE_TMPFILE, which the fuser crate does not
-    /// dispatch yet: reachable from the core and its tests only for now.
+    /// It takes from `parent` what a created file would (group, default ACL, else umask).
     pub fn tmpfile(
         &self,
         parent: Ino,
@@ -1044,7 +1052,7 @@ impl Fs {
                 caller,
                 Body::File(Arc::default()),
             );
-            inherit_group(p, &mut inode);
+            self.inherit_from_parent(p, &mut inode, caller);
             inode.nlink = 0;
             inode.lookups = 1; // the kernel's reference, as for a created file
             inode.opens = 1; // the handle below: it never exists unopened

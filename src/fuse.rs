@@ -14,7 +14,7 @@ use fuser::{
     Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner,
     OpenFlags, PollEvents, PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -134,7 +134,7 @@ fn file_attr(a: &Attr) -> FileAttr {
         atime: a.atime,
         mtime: a.mtime,
         ctime: a.ctime,
-        crtime: a.ctime,
+        crtime: a.btime,
         kind: file_type(a.kind),
         perm: a.perm,
         nlink: a.nlink,
@@ -700,6 +700,49 @@ impl Filesystem for FuseFs {
                 ),
                 Err(e) => reply.error(errno(&e)),
             }
+        });
+    }
+
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        self.contain("tmpfile", req, || {
+            let who = Caller {
+                umask,
+                ..caller(req)
+            };
+            match self.fs.tmpfile(parent.0, mode, flags, who) {
+                Ok((a, fh)) => reply.created(
+                    &TTL,
+                    &file_attr(&a),
+                    Generation(0),
+                    FileHandle(fh),
+                    self.open_flags(flags),
+                ),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    /// Asked when a caller wants the birth time (the basic stats come by `getattr`).
+    fn statx(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        _flags: u32,
+        _mask: u32,
+        reply: ReplyStatx,
+    ) {
+        self.contain("statx", req, || match self.fs.getattr(ino.0) {
+            Ok(a) => reply.statx(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
         });
     }
 

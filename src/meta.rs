@@ -270,6 +270,8 @@ pub struct Inode {
     pub atime: SystemTime,
     pub mtime: SystemTime,
     pub ctime: SystemTime,
+    /// Birth time (`statx`'s `stx_btime`): when the inode was made, never changed.
+    pub btime: SystemTime,
     /// References the kernel holds (FUSE lookup count).
     pub lookups: u64,
     /// Open file handles.
@@ -333,6 +335,7 @@ impl Meta {
                 atime: now,
                 mtime: now,
                 ctime: now,
+                btime: now,
                 lookups: 1, // the kernel's permanent reference to the root
                 opens: 0,
                 body: Body::Dir(Box::new(Dir::new(ROOT_INO))),

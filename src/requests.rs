@@ -8,7 +8,7 @@
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// Every operation the adapter answers, in `stats` order.
-pub const OPS: [&str; 36] = [
+pub const OPS: [&str; 37] = [
     "lookup",
     "forget",
     "getattr",
@@ -44,6 +44,7 @@ pub const OPS: [&str; 36] = [
     "ioctl",
     "fallocate",
     "tmpfile",
+    "statx",
     "other",
 ];
 

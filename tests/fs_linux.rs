@@ -5,7 +5,7 @@
 mod common;
 
 use common::{TestFs, ME};
-use rmemfs::fs::{Caller, SetAttr};
+use rmemfs::fs::{Caller, SetAttr, SetTime};
 use rmemfs::meta::ROOT_INO;
 
 /// An unprivileged user, with no supplementary groups known (pid 0).
@@ -63,6 +63,9 @@ fn a_setgid_directory_hands_down_its_group_and_its_bit_to_subdirectories() {
     assert_eq!(node.gid, 4242);
     let link = t.fs.symlink(d, b"l", b"f", USER).unwrap();
     assert_eq!(link.gid, 4242);
+    let (tmp, fh) = t.fs.tmpfile(d, 0o600, libc::O_RDWR, USER).unwrap();
+    t.fs.release(fh);
+    assert_eq!(tmp.gid, 4242, "an O_TMPFILE file too");
     // And down the tree: the subdirectory is set-group-ID itself.
     let deeper = t.fs.mkdir(sub.ino, b"y", 0o700, USER).unwrap();
     assert_eq!((deeper.gid, deeper.perm), (4242, 0o2700));
@@ -894,6 +897,41 @@ fn a_default_acl_is_inherited_and_overrules_the_umask() {
             .unwrap();
     t.fs.release(fh);
     assert_eq!(g.perm, 0o600);
+    // O_TMPFILE files take the same from their directory as created ones.
+    let (tmp, fh) = t.fs.tmpfile(d, 0o666, libc::O_RDWR, masked).unwrap();
+    t.fs.release(fh);
+    assert_eq!(tmp.perm, 0o660, "the default ACL decides for a tmpfile too");
+    assert!(t.fs.getxattr(tmp.ino, ACCESS_XATTR).is_ok());
+    let (tmp, fh) = t.fs.tmpfile(ROOT_INO, 0o666, libc::O_RDWR, masked).unwrap();
+    t.fs.release(fh);
+    assert_eq!(tmp.perm, 0o600, "the umask applies to a tmpfile");
+}
+
+#[test]
+fn the_birth_time_is_set_once_and_kept() {
+    use std::time::{Duration, SystemTime};
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    let before = SystemTime::now();
+    t.create("f").unwrap();
+    let f = t.resolve("f").unwrap();
+    let born = t.fs.getattr(f).unwrap().btime;
+    assert!(born >= before && born <= SystemTime::now());
+    let long_ago = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    t.fs.setattr(
+        f,
+        &SetAttr {
+            atime: Some(SetTime::At(long_ago)),
+            mtime: Some(SetTime::At(long_ago)),
+            ..Default::default()
+        },
+        ME,
+    )
+    .unwrap();
+    t.fs.write(f, t.fs.open(f, libc::O_WRONLY).unwrap(), 0, b"x", ME)
+        .unwrap();
+    let a = t.fs.getattr(f).unwrap();
+    assert_eq!(a.btime, born, "neither times set nor a write move it");
+    assert!(a.mtime > long_ago && a.atime == long_ago);
 }
 
 #[test]
