@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# fio throughput and latency of rmemfs over the in-process fabric (no network: the ceiling of
-# rmemfs's own code plus FUSE), over one and over two memory servers (loopback), against tmpfs,
-# next to the raw fabric numbers of `rmemfs-bench fabric` (the lab crate: build with
-# `cargo build --release --workspace`).
+# The peer benchmark (#13): fio on tmpfs; on rmemfs over the in-process fabric (no network: the
+# ceiling of rmemfs's own code plus FUSE); on rmemfs over tcp with one server, with two
+# servers and one copy of each chunk (striped), and with two servers and two copies; next to
+# the raw fabric numbers of `rmemfs-bench fabric` (the lab crate: build with
+# `cargo build --release --workspace`). One command, one run; about 10 minutes by default.
 #
 #   tools/bench-fio.sh
 #   SIZE=1G RUNTIME=30 OUT=/tmp/bench tools/bench-fio.sh
@@ -10,16 +11,22 @@
 # Settings (environment):
 #   SIZE         file size of each fio job (default 256M; K/M/G suffixes, powers of two)
 #   RUNTIME      seconds per job (default 10)
-#   OUT          directory for the results (default target/bench-fio): one fio JSON per target
-#                and job, bench-fabric.txt, summary.json
-#   SERVER_SIZE  arena of each memory server (default 2 x SIZE + 64M)
+#   OUT          directory for the results (default target/bench-fio): one fio JSON and one
+#                `rmemfs stats` snapshot per target and job, bench-fabric.txt, summary.json
+#                (figures, ratios, the daemon's requests per job) and chart.svg
+#   SERVER_SIZE  arena of each memory server (default 2 x SIZE + 64M, at least 4G: a pool
+#                above the mount's writeback low-water mark, so the kernel's writeback cache
+#                is on as on any pool of a few GiB; arenas cost RAM only where used)
 #   RMEMFS_BIN, RMEMFS_MOUNT_ARGS as for mount-tests/run.sh
 #   RMEMFS_BENCH_BIN  the rmemfs-bench binary (default: next to RMEMFS_BIN)
 #
-# Jobs (tools/fio/*.fio, psync, direct=0, time based): seq-write and seq-read with 1 MiB blocks,
-# rand-write and rand-read with 4 KiB blocks, and both reads by four jobs at once (-4j: each job
-# its own file of SIZE/4); the write jobs end with an fsync. direct=0 means the page cache is in the path, as
-# for any program: reads that wrap around a file already read can be served from it.
+# Jobs (tools/fio/*.fio, psync, direct=0): seq-write and seq-read with 1 MiB blocks, rand-write
+# and rand-read with 4 KiB blocks, each by one job and by four at once (-4j: each job its own
+# file of SIZE/4), time based; seq-fresh and seq-overwrite, one pass of 1 MiB writes into a new
+# file and over a laid-out one. The write jobs end with an fsync. direct=0 means the page cache
+# is in the path, as for any program: reads that wrap around a file already read can be
+# served from it. Prints a table per target and job (MB/s, IOPS, p50/p99, the daemon's top
+# requests), the ratios between targets, 4-jobs/1-job and fresh/overwrite.
 # Needs root and /dev/fuse; installs fio when missing (Debian).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +37,8 @@ SIZE=${SIZE:-256M}
 RUNTIME=${RUNTIME:-10}
 OUT=${OUT:-target/bench-fio}
 export SIZE RUNTIME
-JOBS=(seq-write seq-read seq-read-4j rand-write rand-read rand-read-4j)
+JOBS=(seq-write seq-write-4j seq-fresh seq-overwrite seq-read seq-read-4j
+  rand-write rand-write-4j rand-read rand-read-4j)
 
 ensure_packages fio:fio python3:python3 fusermount3:fuse3 pgrep:procps numfmt:coreutils
 check_prereqs mount serve || exit 2
@@ -39,27 +47,34 @@ if ! size_bytes=$(numfmt --from=iec "$SIZE" 2>/dev/null); then
   echo "SIZE=$SIZE is not a size like 256M or 1G" >&2
   exit 2
 fi
-SERVER_SIZE=${SERVER_SIZE:-$((size_bytes * 2 / 1048576 + 64))M}
+server_mib=$((size_bytes * 2 / 1048576 + 64))
+[ "$server_mib" -lt 4096 ] && server_mib=4096
+SERVER_SIZE=${SERVER_SIZE:-${server_mib}M}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-rm -f "$OUT"/*.json "$OUT/bench-fabric.txt"
+rm -f "$OUT"/*.json "$OUT"/*.stats "$OUT/bench-fabric.txt" "$OUT/chart.svg"
 lib_init bench
 
 echo "== rmemfs-bench fabric --sizes 1M --depths 1,4 --bytes 256M --latency-iters 200 --clients 1"
 timeout -k 10 1200 "$BENCH_BIN" fabric --rmemfs "$BIN" --sizes 1M --depths 1,4 --bytes 256M \
   --latency-iters 200 --clients 1 | tee "$OUT/bench-fabric.txt"
 
-# run_jobs TARGET DIR: the four jobs on DIR; results in $OUT/TARGET-JOB.json. Each job's file is
-# removed afterwards, so a target needs room for one file at a time.
+# run_jobs TARGET DIR: the jobs on DIR; results in $OUT/TARGET-JOB.json, and for an rmemfs
+# mount the daemon's request counts after each job in $OUT/TARGET-JOB.stats. Each job's file
+# is removed afterwards, so a target needs room for one file at a time.
 run_jobs() {
-  local target=$1 dir=$2 job bs jsize
+  local target=$1 dir=$2 job bs jsize n=0
   for job in "${JOBS[@]}"; do
+    n=$((n + 1))
     case $job in seq-*) bs=1M ;; *) bs=4k ;; esac
     # Four jobs read four files of a quarter of SIZE each: the same room as one job.
     case $job in *-4j) jsize=$((size_bytes / 4)) ;; *) jsize=$SIZE ;; esac
-    echo "== $target: $job (bs $bs, size $jsize, ${RUNTIME}s)"
+    echo "== $target: job $n of ${#JOBS[@]}, $job (bs $bs, size $jsize, ${RUNTIME}s)"
     SIZE=$jsize DIR=$dir BS=$bs timeout -k 10 $((RUNTIME + 600)) \
       fio --output-format=json --output="$OUT/$target-$job.json" "tools/fio/$job.fio"
+    if [ "$target" != tmpfs ]; then
+      timeout -k 10 30 "$BIN" stats "$dir" >"$OUT/$target-$job.stats" 2>&1 || true
+    fi
     # shellcheck disable=SC2016 # expanded by the inner bash
     timeout -k 10 120 bash -c 'rm -f "$1/$2".*' _ "$dir" "$job"
   done
@@ -98,25 +113,32 @@ run_jobs rmemfs-1 "$BASE/mnt-1"
 unmount_fs "$BASE/mnt-1"
 kill_servers "${pids[@]}"
 
-echo "== rmemfs over two servers ($SERVER_SIZE each)"
-start_server "$SERVER_SIZE"
-pids=("$SERVER_PID")
-addrs=$SERVER_ADDR
-start_server "$SERVER_SIZE"
-pids+=("$SERVER_PID")
-addrs+=,$SERVER_ADDR
-mount_fs "$BASE/mnt-2" "$addrs"
-run_jobs rmemfs-2 "$BASE/mnt-2"
-unmount_fs "$BASE/mnt-2"
-kill_servers "${pids[@]}"
+# Two servers: striped with one copy of each chunk (rmemfs-2r1), and with two copies, one
+# on each server (rmemfs-2, the default for two servers).
+for replicas in 1 2; do
+  target=rmemfs-2
+  [ "$replicas" = 1 ] && target=rmemfs-2r1
+  echo "== rmemfs over two servers ($SERVER_SIZE each), $replicas cop$([ "$replicas" = 1 ] && echo y || echo ies) of each chunk"
+  start_server "$SERVER_SIZE"
+  pids=("$SERVER_PID")
+  addrs=$SERVER_ADDR
+  start_server "$SERVER_SIZE"
+  pids+=("$SERVER_PID")
+  addrs+=,$SERVER_ADDR
+  mount_fs "$BASE/$target" "$addrs" --replicas "$replicas"
+  run_jobs "$target" "$BASE/$target"
+  unmount_fs "$BASE/$target"
+  kill_servers "${pids[@]}"
+done
 
 echo
 python3 - "$OUT" "$SIZE" "$RUNTIME" "$SERVER_SIZE" <<'PY'
 import json, os, re, sys
 
 out, size, runtime, server_size = sys.argv[1:5]
-targets = ["tmpfs", "rmemfs-inproc", "rmemfs-1", "rmemfs-2"]
-jobs = ["seq-read", "seq-read-4j", "seq-write", "rand-read", "rand-read-4j", "rand-write"]
+targets = ["tmpfs", "rmemfs-inproc", "rmemfs-1", "rmemfs-2r1", "rmemfs-2"]
+jobs = ["seq-read", "seq-read-4j", "seq-write", "seq-write-4j", "seq-fresh", "seq-overwrite",
+        "rand-read", "rand-read-4j", "rand-write", "rand-write-4j"]
 
 
 def load(path):
@@ -124,56 +146,104 @@ def load(path):
     return json.loads(text[text.index("{"):])  # fio may print notes before the JSON
 
 
+def request_counts(path):
+    """The per-operation request counts of an `rmemfs stats` snapshot."""
+    counts, inside = {}, False
+    if not os.path.exists(path):
+        return None
+    for line in open(path):
+        if line.startswith("requests:"):
+            inside = True
+            continue
+        if inside:
+            parts = line.split()
+            if line.startswith("  ") and len(parts) == 5 and parts[1].isdigit():
+                counts[parts[0]] = int(parts[1])
+            else:
+                inside = False
+    return counts
+
+
 results = {}
 for target in targets:
-    for job in jobs:
+    before = {}
+    for job in ["seq-write", "seq-write-4j", "seq-fresh", "seq-overwrite", "seq-read",
+                "seq-read-4j", "rand-write", "rand-write-4j", "rand-read", "rand-read-4j"]:
         path = os.path.join(out, f"{target}-{job}.json")
         if not os.path.exists(path):
             continue
         j = load(path)["jobs"][0]
         side = j["read"] if "read" in job else j["write"]
         pct = side.get("clat_ns", {}).get("percentile", {})
-        results.setdefault(target, {})[job] = {
+        r = results.setdefault(target, {})[job] = {
             "mb_s": side["bw_bytes"] / 1e6,
             "iops": side["iops"],
             "p50_us": pct.get("50.000000", 0) / 1e3,
             "p99_us": pct.get("99.000000", 0) / 1e3,
         }
+        # The daemon's requests during this job (the stats are cumulative, in run order).
+        now = request_counts(os.path.join(out, f"{target}-{job}.stats"))
+        if now is not None:
+            r["requests"] = {op: n - before.get(op, 0) for op, n in now.items()
+                             if n - before.get(op, 0) > 0}
+            before = now
 
 print(f"# fio: size {size}, {runtime} s per job, psync, direct=0; MB/s = 10^6 bytes/s; "
       "completion latency")
-print(f"{'target':<13} {'job':<11} {'MB/s':>9} {'IOPS':>10} {'p50 us':>9} {'p99 us':>9}")
+print(f"{'target':<14} {'job':<14} {'MB/s':>9} {'IOPS':>10} {'p50 us':>9} {'p99 us':>9}  "
+      "daemon requests during the job (top 3)")
 for target in targets:
     for job in jobs:
         r = results.get(target, {}).get(job)
-        if r:
-            print(f"{target:<13} {job:<11} {r['mb_s']:>9.1f} {r['iops']:>10.0f} "
-                  f"{r['p50_us']:>9.1f} {r['p99_us']:>9.1f}")
+        if not r:
+            continue
+        top = sorted(r.get("requests", {}).items(), key=lambda kv: -kv[1])[:3]
+        total = sum(r.get("requests", {}).values())
+        reqs = " ".join(f"{op} {n}" for op, n in top) + (f" (of {total})" if total else "")
+        print(f"{target:<14} {job:<14} {r['mb_s']:>9.1f} {r['iops']:>10.0f} "
+              f"{r['p50_us']:>9.1f} {r['p99_us']:>9.1f}  {reqs}")
 
 
 def ratio(a, b):
-    return a / b if b else None
+    return a / b if a and b else None
 
 
 def fmt(x):
     return f"{x:.2f}x" if x is not None else "-"
 
 
+def mb(target, job):
+    return results.get(target, {}).get(job, {}).get("mb_s", 0)
+
+
 ratios = {}
 print()
-print(f"{'job':<11} {'inproc/tmpfs':>13} {'rmemfs-1/inproc':>16} {'rmemfs-1/tmpfs':>15} "
-      f"{'rmemfs-2/rmemfs-1':>18}   (MB/s)")
+cols = [("inproc/tmpfs", "rmemfs-inproc", "tmpfs"), ("1/inproc", "rmemfs-1", "rmemfs-inproc"),
+        ("1/tmpfs", "rmemfs-1", "tmpfs"), ("2r1/1", "rmemfs-2r1", "rmemfs-1"),
+        ("2/1", "rmemfs-2", "rmemfs-1"), ("2/inproc", "rmemfs-2", "rmemfs-inproc")]
+print(f"{'job':<14} " + " ".join(f"{c[0]:>12}" for c in cols) + "   (MB/s ratios)")
 for job in jobs:
-    t = results.get("tmpfs", {}).get(job, {}).get("mb_s", 0)
-    r0 = results.get("rmemfs-inproc", {}).get(job, {}).get("mb_s", 0)
-    r1 = results.get("rmemfs-1", {}).get(job, {}).get("mb_s", 0)
-    r2 = results.get("rmemfs-2", {}).get(job, {}).get("mb_s", 0)
-    ratios[job] = {"inproc_vs_tmpfs": ratio(r0, t), "rmemfs1_vs_inproc": ratio(r1, r0),
-                   "rmemfs1_vs_tmpfs": ratio(r1, t), "rmemfs2_vs_rmemfs1": ratio(r2, r1)}
-    print(f"{job:<11} {fmt(ratios[job]['inproc_vs_tmpfs']):>13} "
-          f"{fmt(ratios[job]['rmemfs1_vs_inproc']):>16} "
-          f"{fmt(ratios[job]['rmemfs1_vs_tmpfs']):>15} "
-          f"{fmt(ratios[job]['rmemfs2_vs_rmemfs1']):>18}")
+    ratios[job] = {name: ratio(mb(a, job), mb(b, job)) for name, a, b in cols}
+    print(f"{job:<14} " + " ".join(f"{fmt(ratios[job][c[0]]):>12}" for c in cols))
+
+print()
+scaling = {}
+for target in targets:
+    for job in ["seq-read", "seq-write", "rand-read", "rand-write"]:
+        one, four = mb(target, job), mb(target, job + "-4j")
+        if one and four:
+            scaling.setdefault(target, {})[job] = four / one
+    fresh, over = mb(target, "seq-fresh"), mb(target, "seq-overwrite")
+    if fresh and over:
+        scaling.setdefault(target, {})["fresh/overwrite"] = fresh / over
+for target, row in scaling.items():
+    print(f"{target:<14} 4 jobs / 1 job: " +
+          ", ".join(f"{job} {v:.2f}x" for job, v in row.items() if job != "fresh/overwrite") +
+          (f"; fresh / overwrite {row['fresh/overwrite']:.2f}x" if "fresh/overwrite" in row
+           else ""))
+four_1, four_inproc = mb("rmemfs-1", "seq-read-4j"), mb("rmemfs-inproc", "seq-read-4j")
+if four_1 and four_inproc:
+    print(f"seq-read 4 jobs, rmemfs-1 / inproc = {four_1 / four_inproc:.2f}x")
 
 # Lines like "WRITE    1MiB      4         2176       2778     78%":
 # op, size, depth, fabric MB/s, tcp MB/s, ratio.
@@ -188,23 +258,11 @@ with open(os.path.join(out, "bench-fabric.txt")) as f:
                 "fabric_mb_s": float(fab), "tcp_mb_s": float(tcp), "ratio_pct": float(pct)}
 
 print()
-for target in ["rmemfs-inproc", "rmemfs-1"]:
-    for job in ["seq-read", "rand-read"]:
-        one = results.get(target, {}).get(job, {}).get("mb_s")
-        four = results.get(target, {}).get(job + "-4j", {}).get("mb_s")
-        if one and four:
-            print(f"{target} {job}: 4 jobs / 1 job = {four:.0f} / {one:.0f} MB/s = {four / one:.2f}x")
-one_inproc = results.get("rmemfs-inproc", {}).get("seq-read-4j", {}).get("mb_s")
-four_1 = results.get("rmemfs-1", {}).get("seq-read-4j", {}).get("mb_s")
-if one_inproc and four_1:
-    print(f"seq-read 4 jobs, rmemfs-1 / inproc = {four_1 / one_inproc:.2f}x")
-
-print()
 fabric_ratios = {}
 for job, op in [("seq-read", "READ"), ("seq-write", "WRITE")]:
     key = f"{op} 1MiB depth 4"
     fab = fabric.get(key, {}).get("fabric_mb_s")
-    fs = results.get("rmemfs-1", {}).get(job, {}).get("mb_s")
+    fs = mb("rmemfs-1", job)
     if fab and fs:
         fabric_ratios[job] = fs / fab
         print(f"rmemfs-1 {job} / fabric {key}: {fs:.0f} / {fab:.0f} MB/s = {fs / fab:.2f}x")
@@ -215,10 +273,14 @@ summary = {
     "config": {"size": size, "runtime_s": int(runtime), "server_size": server_size},
     "results": results,
     "ratios": ratios,
+    "scaling": scaling,
     "fabric": fabric,
     "fs_vs_fabric": fabric_ratios,
 }
 with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
-print(f"\n# results in {out} (summary.json, <target>-<job>.json, bench-fabric.txt)")
 PY
+"$BENCH_BIN" chart "$OUT/summary.json" "$OUT/chart.svg"
+echo
+echo "# results in $OUT: summary.json, chart.svg, <target>-<job>.json (fio), <target>-<job>.stats"
+echo "# (rmemfs stats after the job), bench-fabric.txt"

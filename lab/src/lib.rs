@@ -8,4 +8,6 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod bench;
+mod chart;
+pub mod fio_chart;
 pub mod mrrc_sim;

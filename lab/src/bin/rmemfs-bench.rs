@@ -49,6 +49,13 @@ struct FabricArgs {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Draw tools/bench-fio.sh's summary.json as an SVG chart (grouped bars per job).
+    Chart {
+        /// The summary.json bench-fio.sh wrote.
+        summary: PathBuf,
+        /// Where to write the SVG.
+        out: PathBuf,
+    },
     /// Measure the TCP fabric against plain TCP on loopback (throughput and latency ratios).
     Fabric {
         /// Operation sizes.
@@ -124,11 +131,30 @@ fn mount_inprocess(mountpoint: PathBuf, size: u64, options: Vec<String>) -> Resu
         })
 }
 
+/// The bench-fio targets, in the order their bars are drawn.
+const FIO_TARGETS: [&str; 5] = [
+    "tmpfs",
+    "rmemfs-inproc",
+    "rmemfs-1",
+    "rmemfs-2r1",
+    "rmemfs-2",
+];
+
+fn chart(summary: &std::path::Path, out: &std::path::Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(summary)
+        .map_err(|e| format!("cannot read {}: {e}", summary.display()))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("{} is not JSON: {e}", summary.display()))?;
+    let svg = rmemfs_lab::fio_chart::render(&value, &FIO_TARGETS)?;
+    std::fs::write(out, svg).map_err(|e| format!("cannot write {}: {e}", out.display()))
+}
+
 fn main() -> ExitCode {
     // Warnings only by default: the tables are the output.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Cmd::Chart { summary, out } => chart(&summary, &out),
         Cmd::Peer { listen } => bench::run_peer(listen).map_err(|e| e.to_string()),
         Cmd::Handshake { iters } => bench::find_rmemfs(cli.rmemfs.as_deref()).and_then(|rmemfs| {
             bench::run_handshake(&rmemfs, iters).map_err(|e| format!("benchmark failed: {e}"))
