@@ -803,6 +803,88 @@ test_mount_helper() {
   return "$rc"
 }
 
+# A user's mount (through fusermount3, embedded server) with the default 8 MiB memlock limit
+# writes 64 MiB: the tcp fabric registers what it cannot pin unpinned, counts it and says so
+# once, instead of failing writes past the limit.
+test_nonroot() {
+  local dir=$WORK/user pool bin out
+  local as_nobody=(prlimit --memlock=8388608:8388608 setpriv --reuid=65534 --regid=65534 --clear-groups)
+  pool=$dir/pool
+  bin=$dir/rmemfs
+  chmod o+x "$BASE" "$BASE/work" "$WORK"
+  mkdir -p "$pool"
+  cp "$(realpath "$BIN")" "$bin"
+  chmod 755 "$bin"
+  chown -R 65534:65534 "$dir"
+  out=$(t "${as_nobody[@]}" "$bin" mount "$pool" --size 256M 2>&1) || fail "a user's mount: $out"
+  is_mounted "$pool" || fail "the user's mount is not in the mount table"
+  must "64 MiB of random bytes" dd if=/dev/urandom of="$dir/src" bs=1M count=64 status=none
+  chmod 644 "$dir/src"
+  must "64 MiB as nobody" "${as_nobody[@]}" dd if="$dir/src" of="$pool/big" bs=1M conv=fsync \
+    status=none
+  # Only its user reaches a mount made without allow_other (root included).
+  assert_eq "size" "$("${as_nobody[@]}" stat -c %s "$pool/big")" 67108864
+  must "drop caches" sh -c 'echo 3 >/proc/sys/vm/drop_caches'
+  must "read back as nobody" "${as_nobody[@]}" cmp "$dir/src" "$pool/big"
+  # (The embedded server registered 64 MiB of extents past the 8 MiB limit: unpinned. The
+  # mount's own registrations may or may not pass the limit, so its counter may be 0.)
+  out=$(t "${as_nobody[@]}" "$bin" stats "$pool" 2>&1) || fail "stats as nobody: $out"
+  # The same figures for scripts: `stats --json` parses and counts the writes.
+  out=$(t "${as_nobody[@]}" "$bin" stats --json "$pool" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+f = s["fabric"]
+print(f["name"], f["bytes_written"] >= 64 << 20, f["unpinned_bytes"] >= 0,
+      s["requests"]["write"]["count"] > 0, [x["state"] for x in s["servers"]])') ||
+    fail "stats --json: $out"
+  assert_eq "stats --json: fabric, bytes written, unpinned, writes, servers" "$out" \
+    "tcp True True True ['up']"
+  must "fusermount3 -u as nobody" "${as_nobody[@]}" fusermount3 -u "$pool"
+  wait_daemon_gone "$pool" 10 || fail "the user's daemon outlived the unmount"
+}
+
+# free_port: a loopback TCP port nobody listens on now.
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# The Prometheus endpoints of a memory server and of a mount (--metrics-listen) pass
+# `promtool check metrics` and count the I/O just done; anything but GET /metrics is refused.
+test_metrics() {
+  local m=$MNT sport mport out
+  sport=$(free_port)
+  mport=$(free_port)
+  start_server 64M --metrics-listen "127.0.0.1:$sport" || fail "serve --metrics-listen"
+  mount_fs "$m" "$SERVER_ADDR" --metrics-listen "127.0.0.1:$mport" || fail "mount --metrics-listen"
+  must "write" dd if=/dev/urandom of="$m/f" bs=1M count=8 conv=fsync status=none
+  must "drop caches" sh -c 'echo 3 >/proc/sys/vm/drop_caches'
+  must "read" cat "$m/f" >/dev/null
+  for port in "$mport" "$sport"; do
+    out=$(t curl -sf "http://127.0.0.1:$port/metrics") || fail "scrape of :$port"
+    printf '%s\n' "$out" >"$WORK/metrics-$port.txt"
+    t promtool check metrics <"$WORK/metrics-$port.txt" >"$WORK/promtool-$port.txt" 2>&1 ||
+      fail "promtool check metrics (:$port): $(cat "$WORK/promtool-$port.txt")"
+  done
+  # The mount: requests by op, their latency histogram, bytes moved, the server up.
+  out=$(cat "$WORK/metrics-$mport.txt")
+  grep -Eq '^rmemfs_requests_total\{op="write"\} [1-9]' <<<"$out" || fail "no writes counted: $out"
+  grep -Eq '^rmemfs_request_duration_seconds_bucket\{le="\+Inf",op="read"\} [1-9]' <<<"$out" ||
+    fail "no read latency histogram: $(grep duration <<<"$out" | head -5)"
+  grep -Eq '^rmemfs_fabric_bytes_total\{direction="written"\} [1-9][0-9]{6,}' <<<"$out" ||
+    fail "no bytes written counted: $(grep fabric_bytes <<<"$out")"
+  grep -Eq "^rmemfs_server_up\{server=\"$SERVER_ADDR\"\} 1" <<<"$out" ||
+    fail "the server is not up in the metrics: $(grep server_up <<<"$out")"
+  # The server: its client, extents and memory in use.
+  out=$(cat "$WORK/metrics-$sport.txt")
+  grep -Eq '^rmemfs_serve_clients 1$' <<<"$out" || fail "server clients: $(grep clients <<<"$out")"
+  grep -Eq '^rmemfs_serve_extents [1-9]' <<<"$out" || fail "server extents: $(grep extents <<<"$out")"
+  grep -Eq '^rmemfs_serve_refused_secret_total 0$' <<<"$out" ||
+    fail "server counters: $(grep refused <<<"$out")"
+  assert_eq "a POST" "$(t curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$mport/metrics")" 405
+  assert_eq "another path" "$(t curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$mport/")" 404
+  unmount_fs "$m" || fail "umount"
+}
+
 # The systemd units in dist/systemd pass `systemd-analyze verify` (their paths pointed at this
 # build and a scratch settings directory), and `rmemfs mount -f` tells $NOTIFY_SOCKET
 # READY=1 once the mount is live, as Type=notify needs.
@@ -863,6 +945,8 @@ ALL_TESTS=(
   "writeback 48M,48M mount --writeback-low-water=0"
   "mount_helper shared nomount"
   "systemd shared nomount"
+  "nonroot shared nomount"
+  "metrics shared nomount"
 )
 
 SHARED_PIDS=()
@@ -967,7 +1051,7 @@ main() {
   ensure_packages fio:fio sqlite3:sqlite3 git:git fusermount3:fuse3 rsync:rsync tar:tar \
     pgrep:procps mountpoint:util-linux fuser:psmisc setfattr:attr cmp:diffutils \
     python3:python3 perl:perl chattr:e2fsprogs systemd-analyze:systemd \
-    setfacl:acl
+    setfacl:acl promtool:prometheus curl:curl prlimit:util-linux
   check_prereqs mount serve || exit 2
   lib_init mt
 

@@ -56,6 +56,11 @@ pub const REG_CACHE_MAX_BYTES: u64 = 1 << 30;
 /// registrations when it sizes itself from the memlock limit.
 pub const REG_CACHE_MEMLOCK_HEADROOM: u64 = 32 << 20;
 
+/// The least locked-memory limit a non-root verbs mount starts with: the read buffers
+/// (FUSE_THREADS x READ_BUFFERS_PER_THREAD x 1 MiB), the headroom above and a registration
+/// cache of a few MiB. Below it, writes would fail later with ENOMEM instead.
+pub const VERBS_MIN_MEMLOCK: u64 = 64 << 20;
+
 /// The embedded memory server's arena by default: a quarter of available RAM, within these
 /// bounds (pages cost RAM only once files use them).
 pub const EMBEDDED_MIN_BYTES: u64 = 64 << 20;

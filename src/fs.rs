@@ -180,6 +180,8 @@ pub const RENAME_WHITEOUT: u32 = 4;
 /// A virtual attribute of the root directory: reading it returns the live counters
 /// (`rmemfs stats MOUNTPOINT` does). Not listed by `listxattr`.
 pub const STATS_XATTR: &[u8] = b"user.rmemfs.stats";
+/// The same counters as one JSON object (`rmemfs stats --json`), for scripts.
+pub const STATS_JSON_XATTR: &[u8] = b"user.rmemfs.stats.json";
 
 /// The block size the file system reports (`st_blksize`, `statfs`): the unit of its
 /// allocation-shaped interfaces (collapse and insert ranges, SEEK_HOLE) where chunks are too
@@ -1704,6 +1706,9 @@ impl Fs {
         if ino == ROOT_INO && name == STATS_XATTR {
             return Ok(self.stats_text().into_bytes());
         }
+        if ino == ROOT_INO && name == STATS_JSON_XATTR {
+            return Ok(self.stats_json().to_string().into_bytes());
+        }
         let meta = self.meta.lock();
         let i = Self::inode(&meta, ino)?;
         i.xattrs
@@ -1763,6 +1768,104 @@ impl Fs {
         health
     }
 
+    /// What `stats_text` shows, as JSON: counts as numbers, states as strings, times as
+    /// seconds since the epoch.
+    pub fn stats_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        let c = self.data.cache_stats();
+        let pool = self.data.pool();
+        let f = pool.fabric().counters();
+        let epoch = |t: SystemTime| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0)
+        };
+        let servers: Vec<serde_json::Value> = pool
+            .status()
+            .iter()
+            .map(|s| {
+                json!({
+                    "id": s.id.0,
+                    "addr": s.addr.to_string(),
+                    "state": match s.state {
+                        crate::client::ServerState::Up => "up",
+                        crate::client::ServerState::Down => "down",
+                        crate::client::ServerState::Rejoining => "rejoining",
+                    },
+                    "since": epoch(s.since),
+                    "free_bytes": s.capacity.free,
+                    "total_bytes": s.capacity.total,
+                    "downs": s.downs,
+                })
+            })
+            .collect();
+        let h = self.replica_health();
+        let r = &self.rebuild;
+        let requests: serde_json::Map<String, serde_json::Value> = self
+            .requests
+            .summary()
+            .into_iter()
+            .map(|o| {
+                (
+                    o.op.to_string(),
+                    json!({"count": o.count, "mean_us": o.mean_us, "p50_us": o.p50_us,
+                           "p99_us": o.p99_us}),
+                )
+            })
+            .collect();
+        json!({
+            "registration_cache": {
+                "policy": format!("{:?}", self.data.cache_policy()).to_lowercase(),
+                "lookups": c.lookups(),
+                "hits": c.hits,
+                "subset_hits": c.subset_hits,
+                "overlaps": c.overlaps,
+                "misses": c.misses,
+                "registrations": c.registrations,
+                "registered_pages": c.registered_pages,
+                "deregistrations": c.deregistrations,
+                "deregistration_batches": c.deregistration_batches,
+                "deregistered_pages": c.deregistered_pages,
+                "full_events": c.full_events,
+                "regions": c.regions,
+                "pinned_pages": c.pinned_pages,
+            },
+            "fabric": {
+                "name": pool.fabric().name(),
+                "reads": f.reads,
+                "bytes_read": f.bytes_read,
+                "writes": f.writes,
+                "bytes_written": f.bytes_written,
+                "failed": f.failed,
+                "remote_errors": f.remote_errors,
+                "remote_refused": f.remote_refused,
+                "registrations": f.registrations,
+                "deregistrations": f.deregistrations,
+                "deregistration_batches": f.deregistration_batches,
+                "pinned_bytes": pool.fabric().pinned_bytes(),
+                "unpinned_bytes": pool.fabric().unpinned_bytes(),
+            },
+            "servers": servers,
+            "chunks": {
+                "copies": self.data.replicas(),
+                "healthy": h.healthy,
+                "degraded": h.degraded,
+                "lost": h.lost,
+            },
+            "rebuild": {
+                "running": r.running.load(Ordering::Relaxed),
+                "passes": r.passes.load(Ordering::Relaxed),
+                "chunks_rebuilt": r.chunks_rebuilt.load(Ordering::Relaxed),
+                "bytes_copied": r.bytes_copied.load(Ordering::Relaxed),
+                "last_rate_bytes_per_s": r.last_rate.load(Ordering::Relaxed),
+                "chunks_left_degraded": r.left_degraded.load(Ordering::Relaxed),
+            },
+            "inodes": self.inode_count(),
+            "contained_panics": self.contained_panics(),
+            "requests": requests,
+        })
+    }
+
     pub fn stats_text(&self) -> String {
         use std::fmt::Write;
         let c = self.data.cache_stats();
@@ -1811,11 +1914,15 @@ impl Fs {
         );
         let _ = writeln!(
             out,
-            "  registrations {}, deregistrations {} in {} batches, pinned {} bytes",
+            "  registrations {}, deregistrations {} in {} batches, pinned {} bytes{}",
             f.registrations,
             f.deregistrations,
             f.deregistration_batches,
-            pool.fabric().pinned_bytes()
+            pool.fabric().pinned_bytes(),
+            match pool.fabric().unpinned_bytes() {
+                0 => String::new(),
+                n => format!(", unpinned {n} bytes (the memlock limit, `ulimit -l`, refused more)"),
+            }
         );
         for s in pool.status() {
             let age = s.since.elapsed().unwrap_or_default().as_secs();

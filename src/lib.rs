@@ -21,6 +21,7 @@ pub mod fuse;
 #[cfg(feature = "testing")]
 pub mod fuzz_checks;
 pub mod meta;
+pub mod metrics;
 pub mod mount;
 pub mod mrrc;
 pub mod notify;

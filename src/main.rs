@@ -102,6 +102,10 @@ enum Cmd {
         /// intact; 0 frees them at once.
         #[arg(long, default_value_t = rmemfs::config::LEASE_SECS)]
         lease: u64,
+        /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off by default; give a
+        /// loopback address unless the scraper is elsewhere).
+        #[arg(long, value_name = "ADDR:PORT")]
+        metrics_listen: Option<SocketAddr>,
     },
     /// Mount the pool of memory servers as a file system at MOUNTPOINT.
     ///
@@ -145,8 +149,8 @@ enum Cmd {
         /// with MRE replacement), lru (a pin-down cache) or none (register per operation).
         #[arg(long, default_value = "mrrc")]
         reg_cache: mrrc::Policy,
-        /// Most memory the registration cache keeps pinned (default: what the memlock limit
-        /// allows, at most 1G).
+        /// Most memory the registration cache keeps registered (default: 1G; on verbs, for a
+        /// user, what the memlock limit allows past 32M, at most 1G).
         #[arg(long, value_parser = parse_size)]
         reg_cache_size: Option<u64>,
         /// How writes reach fresh remote memory: frrwp (tagged allocation first, local
@@ -178,6 +182,10 @@ enum Cmd {
         /// `close`. Default: the dirty page cache this mount may hold.
         #[arg(long, value_parser = parse_size)]
         writeback_low_water: Option<u64>,
+        /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off by default; give a
+        /// loopback address unless the scraper is elsewhere).
+        #[arg(long, value_name = "ADDR:PORT")]
+        metrics_listen: Option<SocketAddr>,
     },
     /// Write a fresh random shared secret to PATH (mode 0600), for `serve --secret-file` on
     /// every memory server and `mount --secret-file` on every client.
@@ -200,6 +208,9 @@ enum Cmd {
         /// The server's secret file (with --server); also from $RMEMFS_SECRET_FILE.
         #[arg(long, value_name = "PATH", requires = "server")]
         secret_file: Option<PathBuf>,
+        /// One JSON object instead of text, for scripts.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -241,6 +252,7 @@ fn main() -> ExitCode {
             max_clients,
             max_connections_per_peer,
             lease,
+            metrics_listen,
         } => {
             let op_timeout = Duration::from_secs(op_timeout);
             Secret::from_option(secret_file.as_deref()).and_then(|secret| {
@@ -255,6 +267,7 @@ fn main() -> ExitCode {
                         ..ServerConfig::new(listen, size)
                     },
                     insecure,
+                    metrics_listen,
                     fabric.fabric.as_deref().unwrap_or("tcp"),
                     &fabric.options(rmemfs::config::server_op_timeout(op_timeout)),
                 )
@@ -271,11 +284,12 @@ fn main() -> ExitCode {
             mountpoint,
             server,
             secret_file,
+            json,
         } => match (mountpoint, server) {
-            (Some(m), _) => mount::print_stats(&m),
+            (Some(m), _) => mount::print_stats(&m, json),
             (None, Some(server)) => Secret::from_option(secret_file.as_deref())
                 .and_then(|secret| {
-                    mount::server_stats_text(&server, &secret, rmemfs::config::OP_TIMEOUT)
+                    mount::server_stats_text(&server, &secret, rmemfs::config::OP_TIMEOUT, json)
                 })
                 .map(|text| print!("{text}")),
             (None, None) => unreachable!("clap requires one of them"),
@@ -300,6 +314,7 @@ fn main() -> ExitCode {
             rebuild_rate,
             rebuild_delay,
             writeback_low_water,
+            metrics_listen,
         } => {
             let secret = match Secret::from_option(secret_file.as_deref()) {
                 Ok(s) => s,
@@ -328,6 +343,7 @@ fn main() -> ExitCode {
                 rebuild_delay: Duration::try_from_secs_f64(rebuild_delay)
                     .unwrap_or(rmemfs::config::REBUILD_DELAY),
                 writeback_low_water,
+                metrics_listen,
             };
             if foreground {
                 mount::run(&config, &mut || rmemfs::notify::notify("READY=1"))
@@ -350,6 +366,7 @@ fn main() -> ExitCode {
 fn serve(
     config: ServerConfig,
     insecure: bool,
+    metrics_listen: Option<SocketAddr>,
     fabric: &str,
     options: &FabricOptions,
 ) -> Result<(), String> {
@@ -378,6 +395,19 @@ fn serve(
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let mut server = MemoryServer::start(&config, fabric).map_err(|e| e.to_string())?;
+    let _metrics = match metrics_listen {
+        Some(addr) => {
+            let registry =
+                rmemfs::metrics::registry_with(Box::new(rmemfs::metrics::ServerCollector {
+                    stats: server.stats_source(),
+                }));
+            let m =
+                rmemfs::metrics::MetricsServer::start(addr, registry).map_err(|e| e.to_string())?;
+            log::info!("metrics at http://{}/metrics", m.local_addr());
+            Some(m)
+        }
+        None => None,
+    };
     println!(
         "rmemfs serve: listening on {} (arena {}, fabric {fabric_name}, memlock limit {})",
         server.local_addr(),

@@ -53,6 +53,8 @@ pub struct MountConfig {
     /// Free pool bytes below which writes bypass the writeback cache; `None`: the dirty page
     /// cache the mount may hold.
     pub writeback_low_water: Option<u64>,
+    /// Where to serve Prometheus metrics (`--metrics-listen`); `None`: nowhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl MountConfig {
@@ -77,6 +79,7 @@ impl MountConfig {
             rebuild_rate: config::REBUILD_RATE,
             rebuild_delay: config::REBUILD_DELAY,
             writeback_low_water: None,
+            metrics_listen: None,
         }
     }
 
@@ -183,32 +186,56 @@ pub fn default_embedded_size() -> u64 {
 
 /// What the registration cache may pin by default: what the locked-memory limit allows (less
 /// room for the bounce buffers), or 1 GiB where pinning is not limited (root, or unlimited).
-fn default_cache_bytes() -> u64 {
+/// The registration cache's size unless `--reg-cache-size` says: at most
+/// [`config::REG_CACHE_MAX_BYTES`]; on verbs, whose registrations must pin, also what the
+/// memlock limit leaves past [`config::REG_CACHE_MEMLOCK_HEADROOM`]. A software fabric
+/// registers unpinned what the limit refuses, so its cache is not held to the limit.
+fn default_cache_bytes(pins_for_real: bool) -> u64 {
     const CAP: u64 = config::REG_CACHE_MAX_BYTES;
     const HEADROOM: u64 = config::REG_CACHE_MEMLOCK_HEADROOM;
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    if !pins_for_real || unsafe { libc::geteuid() } == 0 {
         return CAP;
     }
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct we pass.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0
-        || lim.rlim_cur == libc::RLIM_INFINITY
-    {
-        return CAP;
+    match crate::fabric::mem::memlock_limit() {
+        None => CAP,
+        Some(limit) => limit.saturating_sub(HEADROOM).clamp(1 << 20, CAP),
     }
-    lim.rlim_cur.saturating_sub(HEADROOM).clamp(1 << 20, CAP)
 }
 
-/// `rmemfs stats MOUNTPOINT`: reads the live counters from the mount's virtual attribute.
-pub fn print_stats(mountpoint: &Path) -> Result<(), String> {
+/// Refuses a verbs mount at once when the memlock limit is below
+/// [`config::VERBS_MIN_MEMLOCK`]: every verbs buffer is pinned, so such a mount would fail
+/// its writes later instead.
+fn check_verbs_memlock() -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return Ok(());
+    }
+    match crate::fabric::mem::memlock_limit() {
+        Some(limit) if limit < config::VERBS_MIN_MEMLOCK => Err(format!(
+            "the verbs fabric pins every buffer it registers, and the locked-memory limit \
+             (ulimit -l) is {} KiB; it needs at least {} MiB: raise it (ulimit -l unlimited, \
+             or LimitMEMLOCK= in a systemd unit, or memlock in /etc/security/limits.conf) or \
+             mount as root",
+            limit / 1024,
+            config::VERBS_MIN_MEMLOCK >> 20
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `rmemfs stats MOUNTPOINT [--json]`: reads the live counters from the mount's virtual
+/// attribute (its text form, or JSON).
+pub fn print_stats(mountpoint: &Path, json: bool) -> Result<(), String> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| "mount point contains a NUL byte".to_string())?;
-    let name = std::ffi::CString::new(crate::fs::STATS_XATTR).expect("no NUL");
+    let name = std::ffi::CString::new(if json {
+        crate::fs::STATS_JSON_XATTR
+    } else {
+        crate::fs::STATS_XATTR
+    })
+    .expect("no NUL");
     let mut buf = vec![0u8; 64 * 1024];
     // SAFETY: both strings are NUL-terminated and `buf` is writable for its length.
     let n = unsafe {
@@ -238,6 +265,7 @@ pub fn server_stats_text(
     server: &str,
     secret: &crate::auth::Secret,
     timeout: Duration,
+    json: bool,
 ) -> Result<String, String> {
     use std::fmt::Write;
     let addr = resolve_server(server)?;
@@ -255,6 +283,18 @@ pub fn server_stats_text(
         } => (capacity, extents, clients, counters),
         other => return Err(format!("memory server {addr} answered {other:?}")),
     };
+    if json {
+        let v = crate::server::stats_json(
+            &addr.to_string(),
+            &conn.hello.fabric,
+            conn.hello.instance,
+            capacity,
+            clients,
+            extents,
+            &counters,
+        );
+        return Ok(format!("{v}\n"));
+    }
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -554,6 +594,9 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
             addrs.len()
         ));
     }
+    if fabric_name == "verbs" {
+        check_verbs_memlock()?;
+    }
     let fabric = open_fabric(&fabric_name)?;
     let pool = Pool::connect(
         fabric,
@@ -566,7 +609,9 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     let cache = CacheConfig {
-        capacity_pages: config.reg_cache_size.unwrap_or_else(default_cache_bytes)
+        capacity_pages: config
+            .reg_cache_size
+            .unwrap_or_else(|| default_cache_bytes(fabric_name == "verbs"))
             / page_size() as u64,
         ..CacheConfig::default()
     };
@@ -609,6 +654,21 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     )
     .map_err(|e| format!("cannot start the rebuild thread: {e}"))?;
     raise_readahead(&mountpoint);
+    let metrics = match config.metrics_listen {
+        Some(addr) => {
+            let (a, b) = (fs.clone(), fs.clone());
+            let registry =
+                crate::metrics::registry_with(Box::new(crate::metrics::MountCollector {
+                    stats: Arc::new(move || a.stats_json()),
+                    requests: Arc::new(move || b.requests().summary()),
+                }));
+            let m =
+                crate::metrics::MetricsServer::start(addr, registry).map_err(|e| e.to_string())?;
+            log::info!("metrics at http://{}/metrics", m.local_addr());
+            Some(m)
+        }
+        None => None,
+    };
     if let Some(f) = mount.on_mounted {
         f(fs.clone());
     }
@@ -641,6 +701,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         mountpoint.display(),
         fs.stats_text()
     );
+    drop(metrics);
     drop(rebuilder);
     drop(fs);
     drop(embedded);

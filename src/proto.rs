@@ -94,6 +94,21 @@ pub struct ServerCounters {
 }
 
 impl ServerCounters {
+    /// The fields' names for scripts and metrics (`stats --json`, `rmemfs_serve_*`), in the
+    /// order of [`ServerCounters::fields`].
+    pub const KEYS: [&'static str; 10] = [
+        "leased_sessions",
+        "resumed_sessions",
+        "refused_secret",
+        "failed_handshakes",
+        "refused_peer_cap",
+        "refused_max_clients",
+        "refused_quota",
+        "refused_no_space",
+        "protocol_violations",
+        "remote_refused",
+    ];
+
     /// Field names and values, in wire order (the encoder, decoder and `stats` share it).
     pub fn fields(&self) -> [(&'static str, u64); 10] {
         [

@@ -76,6 +76,11 @@ pub struct OpSummary {
     /// Upper bounds of the buckets holding the median and the 99th percentile.
     pub p50_us: u64,
     pub p99_us: u64,
+    /// Time spent on all of them, in nanoseconds.
+    pub total_nanos: u64,
+    /// Requests per bucket, with the bucket's upper bound in µs (the last: unbounded,
+    /// `u64::MAX`).
+    pub buckets: Vec<(u64, u64)>,
 }
 
 pub struct RequestStats {
@@ -135,12 +140,26 @@ impl RequestStats {
                     }
                     bucket_bound(BUCKETS - 1)
                 };
+                let total_nanos = c.nanos.load(Ordering::Relaxed);
                 Some(OpSummary {
                     op,
                     count,
-                    mean_us: c.nanos.load(Ordering::Relaxed) / count / 1000,
+                    mean_us: total_nanos / count / 1000,
                     p50_us: pct(50),
                     p99_us: pct(99),
+                    total_nanos,
+                    buckets: buckets
+                        .iter()
+                        .enumerate()
+                        .map(|(b, &n)| {
+                            let bound = if b == BUCKETS - 1 {
+                                u64::MAX
+                            } else {
+                                bucket_bound(b)
+                            };
+                            (bound, n)
+                        })
+                        .collect(),
                 })
             })
             .collect()

@@ -117,19 +117,25 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// The soft RLIMIT_MEMLOCK, for error messages.
-pub fn memlock_limit_text() -> String {
+/// The soft RLIMIT_MEMLOCK in bytes; `None` when unlimited (or unknown).
+pub fn memlock_limit() -> Option<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit writes into the struct we pass.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
-        return "unknown".into();
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0
+        || lim.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
     }
-    if lim.rlim_cur == libc::RLIM_INFINITY {
-        "unlimited".into()
-    } else {
-        format!("{} KiB", lim.rlim_cur / 1024)
+    Some(lim.rlim_cur)
+}
+
+/// The soft RLIMIT_MEMLOCK, for error messages.
+pub fn memlock_limit_text() -> String {
+    match memlock_limit() {
+        None => "unlimited".into(),
+        Some(bytes) => format!("{} KiB", bytes / 1024),
     }
 }

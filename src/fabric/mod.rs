@@ -380,6 +380,14 @@ pub trait Fabric: Send + Sync {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Bytes registered without a pin because the memlock limit refused one (software
+    /// fabrics only; verbs cannot register unpinned memory).
+    fn unpinned_bytes(&self) -> u64 {
+        self.registry()
+            .unpinned
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Operation and registration counters (operations this side initiated).
     fn counters(&self) -> OpCounters {
         self.registry().counters.snapshot()

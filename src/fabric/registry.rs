@@ -14,7 +14,7 @@ use super::{
     WcStatus, WorkRequest, MAX_OP_LEN,
 };
 use crate::auth::Token;
-use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::sync::{Arc, RwLock};
 use std::any::Any;
 use std::collections::HashMap;
@@ -59,6 +59,22 @@ impl Pin {
             len: span,
             pinned,
         })
+    }
+}
+
+/// A registration a software fabric made without pinning because the memlock limit refused
+/// it (a user's mount: `ulimit -l` is 8 MiB by default): counted, and unpinned bytes counted
+/// apart. The software NIC reaches memory by virtual address, so nothing depends on the pin
+/// but the cost model.
+#[derive(Debug)]
+struct Unpinned {
+    len: u64,
+    unpinned: Arc<AtomicU64>,
+}
+
+impl Drop for Unpinned {
+    fn drop(&mut self) {
+        self.unpinned.fetch_sub(self.len, Ordering::Relaxed);
     }
 }
 
@@ -212,6 +228,10 @@ pub struct Registry {
     /// served as that session (and only that session's regions are reachable through it).
     sessions: RwLock<HashMap<Token, u64>>,
     pub pinned: Arc<AtomicU64>,
+    /// Bytes registered without a pin because the memlock limit refused one.
+    pub unpinned: Arc<AtomicU64>,
+    /// Whether the notice of the first refused pin was given (once per registry).
+    pin_refused: AtomicBool,
     pub counters: Counters,
 }
 
@@ -240,6 +260,8 @@ impl Registry {
             remote: RwLock::new(HashMap::new()),
             sessions: RwLock::new(HashMap::new()),
             pinned: Arc::new(AtomicU64::new(0)),
+            unpinned: Arc::new(AtomicU64::new(0)),
+            pin_refused: AtomicBool::new(false),
             counters: Counters::default(),
         }
     }
@@ -278,7 +300,10 @@ impl Registry {
         self.sessions.read().get(token).copied()
     }
 
-    /// Registers a range with pinning (software fabrics).
+    /// Registers a range with pinning (software fabrics). Where the memlock limit refuses
+    /// the pin, the range is registered unpinned (and counted apart), with a notice the first
+    /// time: a software fabric needs no pin to be correct, and a user's mount must not fail
+    /// its writes past `ulimit -l`.
     ///
     /// # Safety
     /// As [`super::Fabric::register`].
@@ -290,8 +315,24 @@ impl Registry {
         owner: Option<Arc<AlignedBuf>>,
     ) -> Result<LocalMr, FabricError> {
         check_range(addr, len)?;
-        let pin = Pin::new(addr, len, self.pinned.clone())?;
-        Ok(self.insert(addr as u64, len as u64, access, Some(Box::new(pin)), owner))
+        let resource: Box<dyn Any + Send + Sync> = match Pin::new(addr, len, self.pinned.clone()) {
+            Ok(pin) => Box::new(pin),
+            Err(FabricError::PinLimit { limit, .. }) => {
+                if !self.pin_refused.swap(true, Ordering::Relaxed) {
+                    log::warn!(
+                        "memory is registered without pinning from here on: the memlock limit \
+                         ({limit}, `ulimit -l`) allows no more; the tcp fabric works unpinned"
+                    );
+                }
+                self.unpinned.fetch_add(len as u64, Ordering::Relaxed);
+                Box::new(Unpinned {
+                    len: len as u64,
+                    unpinned: self.unpinned.clone(),
+                })
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(self.insert(addr as u64, len as u64, access, Some(resource), owner))
     }
 
     /// Registers an owned buffer (safe: the registration keeps it alive).

@@ -127,6 +127,38 @@ impl ServerConfig {
     }
 }
 
+/// `rmemfs stats --server --json`'s object: the server's memory, clients and extents, and
+/// its counters under [`ServerCounters::KEYS`] (`null` for remote refusals on verbs, which
+/// the NIC refuses unseen by software).
+pub fn stats_json(
+    addr: &str,
+    fabric: &str,
+    instance: u64,
+    capacity: Capacity,
+    clients: u32,
+    extents: u64,
+    counters: &ServerCounters,
+) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "server": addr,
+        "fabric": fabric,
+        "instance": format!("{instance:#x}"),
+        "free_bytes": capacity.free,
+        "total_bytes": capacity.total,
+        "largest_free_bytes": capacity.largest_free,
+        "clients": clients,
+        "extents": extents,
+    });
+    for ((_, value), key) in counters.fields().into_iter().zip(ServerCounters::KEYS) {
+        v[key] = if key == "remote_refused" && fabric == "verbs" {
+            serde_json::Value::Null
+        } else {
+            value.into()
+        };
+    }
+    v
+}
+
 struct Extent {
     mr: LocalMr,
     offset: u64,
@@ -268,6 +300,23 @@ impl MemoryServer {
     /// What the server has refused so far (also `rmemfs stats --server`).
     pub fn counters(&self) -> ServerCounters {
         self.shared.counters()
+    }
+
+    /// Reads this server's `stats --server --json` object, for its metrics endpoint.
+    pub fn stats_source(&self) -> crate::metrics::Source {
+        let shared = self.shared.clone();
+        let addr = self.local_addr.to_string();
+        Arc::new(move || {
+            stats_json(
+                &addr,
+                shared.fabric.name(),
+                shared.instance,
+                shared.capacity(),
+                shared.clients.load(Ordering::SeqCst),
+                shared.extents.load(Ordering::SeqCst),
+                &shared.counters(),
+            )
+        })
     }
 
     /// Stops accepting, closes every control connection (their extents are freed) and waits

@@ -1,0 +1,579 @@
+//! Prometheus metrics of a mount and of a memory server (`--metrics-listen ADDR:PORT`), for
+//! an operator's monitoring: what `rmemfs stats` shows, as counters, gauges and per-request
+//! latency histograms (prometheus-client encodes them).
+//!
+//! The figures are read at scrape time from the counters the daemon keeps anyway (one
+//! collector per process), so serving metrics costs nothing between scrapes. They are served
+//! in the Prometheus text format (see [`prometheus_text`]). The endpoint is
+//! a minimal HTTP/1.1 responder for `GET /metrics`, one connection at a time with short
+//! timeouts: a slow or hostile client delays the next scrape, never the file system.
+
+use crate::proto::ServerCounters;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use serde_json::Value;
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// How long one scrape's connection may take to send its request or take the answer: a
+/// Prometheus server scrapes within its own timeout (10 s by default) and reads at once.
+const SCRAPE_IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest request head read (a scrape sends a few hundred bytes).
+const MAX_REQUEST_HEAD: usize = 8 << 10;
+
+/// What a collector reads at scrape time: a function returning `rmemfs stats --json`'s
+/// object (of a mount, or of a server), so the metrics and the JSON say the same.
+pub type Source = Arc<dyn Fn() -> Value + Send + Sync>;
+
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
+    ConstCounter::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Counter)?)
+}
+
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> fmt::Result {
+    ConstGauge::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Gauge)?)
+}
+
+/// One counter family: `(label value, count)` under the label `label`.
+fn counter_family(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: &[(String, u64)],
+) -> fmt::Result {
+    let mut m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (l, v) in values {
+        let labels = [(label.to_string(), l.clone())];
+        m.encode_family(&labels)?
+            .encode_counter::<NoLabelSet, _, u64>(v, None)?;
+    }
+    Ok(())
+}
+
+/// One gauge family, as [`counter_family`].
+fn gauge_family(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    labels: &[Vec<(String, String)>],
+    values: &[i64],
+) -> fmt::Result {
+    let mut m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (l, v) in labels.iter().zip(values) {
+        m.encode_family(l)?.encode_gauge(v)?;
+    }
+    Ok(())
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+fn i(v: &Value) -> i64 {
+    v.as_i64().unwrap_or(0)
+}
+
+/// A mount's metrics, from its stats object and its per-request latencies.
+pub struct MountCollector {
+    pub stats: Source,
+    /// Per-operation latency buckets (`requests::RequestStats::summary`).
+    pub requests: Arc<dyn Fn() -> Vec<crate::requests::OpSummary> + Send + Sync>,
+}
+
+impl fmt::Debug for MountCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MountCollector")
+    }
+}
+
+impl Collector for MountCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
+        let s = (self.stats)();
+        let ops = (self.requests)();
+        let m = &mut e;
+        counter_family(
+            m,
+            "rmemfs_requests",
+            "FUSE requests answered, by operation",
+            "op",
+            &ops.iter()
+                .map(|o| (o.op.to_string(), o.count))
+                .collect::<Vec<_>>(),
+        )?;
+        {
+            let mut h = m.encode_descriptor(
+                "rmemfs_request_duration_seconds",
+                "Time the daemon took to answer a FUSE request, by operation (buckets of \
+                 powers of two microseconds)",
+                None,
+                MetricType::Histogram,
+            )?;
+            for o in &ops {
+                // Per-bucket counts: the encoder sums them up to each bound.
+                let buckets: Vec<(f64, u64)> = o
+                    .buckets
+                    .iter()
+                    .map(|&(bound_us, n)| {
+                        let le = if bound_us == u64::MAX {
+                            f64::INFINITY
+                        } else {
+                            bound_us as f64 / 1e6
+                        };
+                        (le, n)
+                    })
+                    .collect();
+                let labels = [("op".to_string(), o.op.to_string())];
+                h.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
+                    o.total_nanos as f64 / 1e9,
+                    o.count,
+                    &buckets,
+                    None,
+                )?;
+            }
+        }
+        let f = &s["fabric"];
+        counter_family(
+            m,
+            "rmemfs_fabric_operations",
+            "One-sided operations this mount posted, by kind",
+            "kind",
+            &[
+                ("read".into(), u(&f["reads"])),
+                ("write".into(), u(&f["writes"])),
+            ],
+        )?;
+        counter_family(
+            m,
+            "rmemfs_fabric_bytes",
+            "Bytes moved by one-sided operations, by direction",
+            "direction",
+            &[
+                ("read".into(), u(&f["bytes_read"])),
+                ("written".into(), u(&f["bytes_written"])),
+            ],
+        )?;
+        counter(
+            m,
+            "rmemfs_fabric_failed_operations",
+            "Operations that failed",
+            u(&f["failed"]),
+        )?;
+        counter(
+            m,
+            "rmemfs_fabric_remote_access_errors",
+            "Operations a server refused (bad key, bounds or session)",
+            u(&f["remote_errors"]),
+        )?;
+        counter(
+            m,
+            "rmemfs_fabric_registrations",
+            "Memory registrations made",
+            u(&f["registrations"]),
+        )?;
+        gauge(
+            m,
+            "rmemfs_pinned_bytes",
+            "Bytes pinned by registrations",
+            i(&f["pinned_bytes"]),
+        )?;
+        gauge(
+            m,
+            "rmemfs_unpinned_bytes",
+            "Bytes registered unpinned because the memlock limit refused more",
+            i(&f["unpinned_bytes"]),
+        )?;
+        let c = &s["registration_cache"];
+        counter_family(
+            m,
+            "rmemfs_registration_cache_lookups",
+            "Registration cache lookups, by result",
+            "result",
+            &[
+                ("hit".into(), u(&c["hits"])),
+                ("subset_hit".into(), u(&c["subset_hits"])),
+                ("overlap".into(), u(&c["overlaps"])),
+                ("miss".into(), u(&c["misses"])),
+            ],
+        )?;
+        let servers = s["servers"].as_array().cloned().unwrap_or_default();
+        let server_labels: Vec<Vec<(String, String)>> = servers
+            .iter()
+            .map(|x| {
+                vec![(
+                    "server".to_string(),
+                    x["addr"].as_str().unwrap_or("").to_string(),
+                )]
+            })
+            .collect();
+        gauge_family(
+            m,
+            "rmemfs_server_up",
+            "1 while the memory server is up, 0 while down or rejoining",
+            &server_labels,
+            &servers
+                .iter()
+                .map(|x| i64::from(x["state"] == "up"))
+                .collect::<Vec<_>>(),
+        )?;
+        gauge_family(
+            m,
+            "rmemfs_server_free_bytes",
+            "Free memory the server last reported",
+            &server_labels,
+            &servers
+                .iter()
+                .map(|x| i(&x["free_bytes"]))
+                .collect::<Vec<_>>(),
+        )?;
+        gauge_family(
+            m,
+            "rmemfs_server_total_bytes",
+            "The server's arena",
+            &server_labels,
+            &servers
+                .iter()
+                .map(|x| i(&x["total_bytes"]))
+                .collect::<Vec<_>>(),
+        )?;
+        gauge_family(
+            m,
+            "rmemfs_server_downs",
+            "Times the server was seen to go down since the mount",
+            &server_labels,
+            &servers.iter().map(|x| i(&x["downs"])).collect::<Vec<_>>(),
+        )?;
+        let ch = &s["chunks"];
+        gauge(
+            m,
+            "rmemfs_chunk_copies",
+            "Copies kept of every chunk",
+            i(&ch["copies"]),
+        )?;
+        gauge_family(
+            m,
+            "rmemfs_chunks",
+            "Chunks by health: all copies, some missing (degraded), none left (lost)",
+            &["healthy", "degraded", "lost"].map(|st| vec![("state".to_string(), st.to_string())]),
+            &[i(&ch["healthy"]), i(&ch["degraded"]), i(&ch["lost"])],
+        )?;
+        let r = &s["rebuild"];
+        gauge(
+            m,
+            "rmemfs_rebuild_running",
+            "1 while a rebuild pass runs",
+            i64::from(r["running"] == true),
+        )?;
+        counter(
+            m,
+            "rmemfs_rebuild_chunks",
+            "Chunks copied by rebuilds",
+            u(&r["chunks_rebuilt"]),
+        )?;
+        counter(
+            m,
+            "rmemfs_rebuild_bytes",
+            "Bytes copied by rebuilds",
+            u(&r["bytes_copied"]),
+        )?;
+        gauge(
+            m,
+            "rmemfs_rebuild_chunks_left",
+            "Chunks still short of copies after the last rebuild pass",
+            i(&r["chunks_left_degraded"]),
+        )?;
+        gauge(
+            m,
+            "rmemfs_inodes",
+            "Inodes the mount holds",
+            i(&s["inodes"]),
+        )?;
+        counter(
+            m,
+            "rmemfs_contained_panics",
+            "Requests failed with EIO by a contained panic",
+            u(&s["contained_panics"]),
+        )?;
+        Ok(())
+    }
+}
+
+/// A memory server's metrics, from `rmemfs stats --server --json`'s object.
+pub struct ServerCollector {
+    pub stats: Source,
+}
+
+impl fmt::Debug for ServerCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ServerCollector")
+    }
+}
+
+impl Collector for ServerCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
+        let s = (self.stats)();
+        let m = &mut e;
+        gauge(
+            m,
+            "rmemfs_serve_free_bytes",
+            "Free memory in the arena",
+            i(&s["free_bytes"]),
+        )?;
+        gauge(
+            m,
+            "rmemfs_serve_total_bytes",
+            "The arena",
+            i(&s["total_bytes"]),
+        )?;
+        gauge(
+            m,
+            "rmemfs_serve_largest_free_bytes",
+            "The largest free extent",
+            i(&s["largest_free_bytes"]),
+        )?;
+        gauge(
+            m,
+            "rmemfs_serve_clients",
+            "Clients connected",
+            i(&s["clients"]),
+        )?;
+        gauge(
+            m,
+            "rmemfs_serve_extents",
+            "Extents handed out",
+            i(&s["extents"]),
+        )?;
+        gauge(
+            m,
+            "rmemfs_serve_leased_sessions",
+            "Sessions held under a lease (clients gone without a goodbye)",
+            i(&s["leased_sessions"]),
+        )?;
+        let counters = crate::proto::ServerCounters::default();
+        for ((help, _), key) in counters.fields().into_iter().zip(ServerCounters::KEYS) {
+            // A figure the server cannot see (remote refusals on verbs) is left out; leased
+            // sessions are a gauge, above.
+            if key == "leased_sessions" {
+                continue;
+            }
+            if let Some(v) = s[key].as_u64() {
+                counter(m, &format!("rmemfs_serve_{key}"), help, v)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The endpoint: serves `GET /metrics` from `registry` on its own thread until dropped.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// Binds `listen` and starts answering scrapes with what `registry` encodes.
+    pub fn start(listen: SocketAddr, registry: Registry) -> io::Result<MetricsServer> {
+        let listener = TcpListener::bind(listen)
+            .map_err(|e| io::Error::new(e.kind(), format!("metrics on {listen}: {e}")))?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if flag.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    if let Ok(c) = conn {
+                        if let Err(e) = answer(c, &registry) {
+                            log::debug!("metrics scrape: {e}");
+                        }
+                    }
+                }
+            })?;
+        Ok(MetricsServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wakes the accept loop, which then sees the flag.
+        let _ = TcpStream::connect_timeout(&self.addr, SCRAPE_IO_TIMEOUT);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Answers one connection: the metrics for `GET /metrics`, 404 or 405 otherwise.
+fn answer(mut c: TcpStream, registry: &Registry) -> io::Result<()> {
+    c.set_read_timeout(Some(SCRAPE_IO_TIMEOUT))?;
+    c.set_write_timeout(Some(SCRAPE_IO_TIMEOUT))?;
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = c.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+        if head.len() > MAX_REQUEST_HEAD {
+            return respond(
+                &mut c,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                "",
+            );
+        }
+    }
+    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let mut parts = line.split(|&b| b == b' ');
+    let (method, path) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+    );
+    if method != b"GET" {
+        return respond(&mut c, "405 Method Not Allowed", "text/plain", "only GET\n");
+    }
+    if path != b"/metrics" {
+        return respond(
+            &mut c,
+            "404 Not Found",
+            "text/plain",
+            "metrics are at /metrics\n",
+        );
+    }
+    let mut body = String::new();
+    prometheus_client::encoding::text::encode(&mut body, registry)
+        .map_err(|_| io::Error::other("encoding the metrics failed"))?;
+    respond(
+        &mut c,
+        "200 OK",
+        "text/plain; version=0.0.4; charset=utf-8",
+        &prometheus_text(&body),
+    )
+}
+
+/// The Prometheus text format (0.0.4) of an OpenMetrics text: the same but for counters,
+/// whose HELP and TYPE lines OpenMetrics writes under the family name (`x`) and Prometheus's
+/// format under the sample name (`x_total`). Served so, every Prometheus since 2.0 and
+/// `promtool check metrics` read it; `# EOF` and `# UNIT` are comments there. Histogram
+/// bounds of infinity are spelled `+Inf`.
+fn prometheus_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len() + 64 * counters.len());
+    for line in openmetrics.lines() {
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = line.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{p}{name}_total {tail}"))
+        });
+        let line = renamed.as_deref().unwrap_or(line);
+        // The encoder writes an infinite bound as `inf`; the format's spelling is `+Inf`.
+        out.push_str(&line.replace("le=\"inf\"", "le=\"+Inf\""));
+        out.push('\n');
+    }
+    out
+}
+
+fn respond(c: &mut TcpStream, status: &str, kind: &str, body: &str) -> io::Result<()> {
+    write!(
+        c,
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    c.flush()
+}
+
+/// A registry holding one collector.
+pub fn registry_with(collector: Box<dyn Collector>) -> Registry {
+    let mut r = Registry::default();
+    r.register_collector(collector);
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_get_their_sample_name_in_help_and_type() {
+        let om = "# HELP x_requests Requests.\n# TYPE x_requests counter\n\
+                  x_requests_total{op=\"a\"} 3\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n\
+                  h_bucket{le=\"inf\"} 2\n# EOF\n";
+        assert_eq!(
+            prometheus_text(om),
+            "# HELP x_requests_total Requests.\n# TYPE x_requests_total counter\n\
+             x_requests_total{op=\"a\"} 3\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n\
+             h_bucket{le=\"+Inf\"} 2\n# EOF\n"
+        );
+    }
+
+    #[test]
+    fn a_scrape_gets_the_metrics_and_nothing_else_is_served() {
+        let stats: Source = Arc::new(|| {
+            serde_json::json!({"free_bytes": 5, "total_bytes": 9, "clients": 1,
+                               "refused_secret": 2})
+        });
+        let server = MetricsServer::start(
+            "127.0.0.1:0".parse().unwrap(),
+            registry_with(Box::new(ServerCollector { stats })),
+        )
+        .unwrap();
+        let get = |request: &str| {
+            let mut c = TcpStream::connect(server.local_addr()).unwrap();
+            c.write_all(request.as_bytes()).unwrap();
+            let mut answer = Vec::new();
+            // A refused request may be reset before all of it was sent: keep what came.
+            let _ = c.read_to_end(&mut answer);
+            String::from_utf8_lossy(&answer).into_owned()
+        };
+        let ok = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
+        assert!(ok.contains("\nrmemfs_serve_free_bytes 5\n"), "{ok}");
+        assert!(
+            ok.contains("\nrmemfs_serve_refused_secret_total 2\n"),
+            "{ok}"
+        );
+        assert!(
+            ok.contains("# TYPE rmemfs_serve_refused_secret_total counter\n"),
+            "{ok}"
+        );
+        assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+        assert!(get("GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+        let huge = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(10_000));
+        let refused = get(&huge);
+        assert!(
+            refused.is_empty() || refused.starts_with("HTTP/1.1 431"),
+            "{refused}"
+        );
+        // A client that connects and sends nothing does not stop the next scrape for long.
+        let _idle = TcpStream::connect(server.local_addr()).unwrap();
+        drop(_idle);
+        assert!(get("GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200"));
+    }
+}
