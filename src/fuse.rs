@@ -51,6 +51,20 @@ impl FuseFs {
 
     /// How the kernel treats a new handle: writes that bypass its cache when the pool is
     /// short of room (see [`Fs::direct_writes`]), else cached.
+    /// Answers a create or tmpfile: the new inode, open with `flags`.
+    fn created(&self, reply: ReplyCreate, made: crate::error::Result<(Attr, u64)>, flags: i32) {
+        match made {
+            Ok((a, fh)) => reply.created(
+                &TTL,
+                &file_attr(&a),
+                Generation(0),
+                FileHandle(fh),
+                self.open_flags(flags),
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     fn open_flags(&self, flags: i32) -> FopenFlags {
         if crate::fs::OpenMode::from_flags(flags).write && self.fs.direct_writes() {
             FopenFlags::FOPEN_DIRECT_IO
@@ -690,16 +704,8 @@ impl Filesystem for FuseFs {
                 umask,
                 ..caller(req)
             };
-            match self.fs.create(parent.0, name.as_bytes(), mode, flags, who) {
-                Ok((a, fh)) => reply.created(
-                    &TTL,
-                    &file_attr(&a),
-                    Generation(0),
-                    FileHandle(fh),
-                    self.open_flags(flags),
-                ),
-                Err(e) => reply.error(errno(&e)),
-            }
+            let made = self.fs.create(parent.0, name.as_bytes(), mode, flags, who);
+            self.created(reply, made, flags);
         });
     }
 
@@ -717,16 +723,8 @@ impl Filesystem for FuseFs {
                 umask,
                 ..caller(req)
             };
-            match self.fs.tmpfile(parent.0, mode, flags, who) {
-                Ok((a, fh)) => reply.created(
-                    &TTL,
-                    &file_attr(&a),
-                    Generation(0),
-                    FileHandle(fh),
-                    self.open_flags(flags),
-                ),
-                Err(e) => reply.error(errno(&e)),
-            }
+            let made = self.fs.tmpfile(parent.0, mode, flags, who);
+            self.created(reply, made, flags);
         });
     }
 
