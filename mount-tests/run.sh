@@ -843,6 +843,47 @@ print(f["name"], f["bytes_written"] >= 64 << 20, f["unpinned_bytes"] >= 0,
   wait_daemon_gone "$pool" 10 || fail "the user's daemon outlived the unmount"
 }
 
+# The Debian package (tools/package.sh: cargo deb) holds the binary, the units, the man pages
+# and the completions; installed, its mount helper mounts with `mount -t rmemfs`, and removing
+# it takes the helper links away. Skips installing over an rmemfs package already there.
+test_package() {
+  local m=$MNT deb out f
+  deb=$(t tools/package.sh 2>"$WORK/package.log") || fail "tools/package.sh: $(tail -n 5 "$WORK/package.log")"
+  [ -f "$deb" ] || fail "no package at '$deb'"
+  out=$(dpkg-deb -c "$deb")
+  for f in ./usr/bin/rmemfs ./lib/systemd/system/rmemfs-serve@.service \
+    ./lib/systemd/system/rmemfs-mount@.service ./usr/share/man/man1/rmemfs.1.gz \
+    ./usr/share/man/man1/rmemfs-mount.1.gz ./usr/share/man/man1/rmemfs-serve.1.gz \
+    ./usr/share/bash-completion/completions/rmemfs ./usr/share/doc/rmemfs/examples/serve.env.example; do
+    grep -q " $f\$" <<<"$out" || fail "the package lacks $f"
+  done
+  dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/share/man/man1/rmemfs-mount.1.gz | zcat |
+    grep -qF -- '\-\-servers' || fail "rmemfs-mount.1 does not document --servers"
+  if [ "$(dpkg-query -W -f='${Status}' rmemfs 2>/dev/null)" = "install ok installed" ]; then
+    log "an rmemfs package is installed already: not installing over it"
+    return 0
+  fi
+  must "dpkg -i" dpkg -i "$deb"
+  local rc=0
+  (
+    set -e
+    assert_eq "mount helper link" "$(readlink /usr/sbin/mount.rmemfs)" /usr/bin/rmemfs
+    must "rmemfs --version from the package" /usr/bin/rmemfs --version
+    must "mount -t rmemfs (packaged helper)" mount -t rmemfs pool "$m" -o "servers=${ADDRS//,/+}"
+    is_mounted "$m" || fail "mount -t rmemfs did not mount"
+    grep -q "^pool $m " /proc/mounts || fail "not the packaged mount"
+    assert_eq "the daemon's binary" "$(readlink "/proc/$(daemon_pids "$m" | head -n 1)/exe")" \
+      /usr/bin/rmemfs
+    put "$m/f" "packaged"
+    assert_eq "read back" "$(get "$m/f")" "packaged"
+    unmount_fs "$m" || fail "umount failed"
+  ) || rc=$?
+  must "dpkg -P" dpkg -P rmemfs
+  [ ! -e /usr/sbin/mount.rmemfs ] || fail "the mount helper link outlived the package"
+  [ ! -e /usr/bin/rmemfs ] || fail "the binary outlived the package"
+  return "$rc"
+}
+
 # free_port: a loopback TCP port nobody listens on now.
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -947,6 +988,7 @@ ALL_TESTS=(
   "systemd shared nomount"
   "nonroot shared nomount"
   "metrics shared nomount"
+  "package shared nomount"
 )
 
 SHARED_PIDS=()

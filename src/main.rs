@@ -212,6 +212,12 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Print a shell completion script for SHELL, e.g.
+    /// `rmemfs completions bash > /etc/bash_completion.d/rmemfs`.
+    Completions { shell: clap_complete::Shell },
+    /// Write the man pages (rmemfs.1 and one per subcommand) into DIR, for packaging.
+    #[command(hide = true)]
+    Manpages { dir: PathBuf },
 }
 
 fn main() -> ExitCode {
@@ -273,6 +279,12 @@ fn main() -> ExitCode {
                 )
             })
         }
+        Cmd::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "rmemfs", &mut std::io::stdout());
+            Ok(())
+        }
+        Cmd::Manpages { dir } => write_manpages(&dir),
         Cmd::Keygen { path, force } => rmemfs::auth::keygen(&path, force).map(|()| {
             println!(
                 "wrote a new secret to {}: give it to every memory server and mount \
@@ -361,6 +373,30 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// rmemfs.1 and rmemfs-SUBCOMMAND.1 for each visible subcommand, from the CLI definition.
+fn write_manpages(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let cmd = <Cli as clap::CommandFactory>::command();
+    let write = |name: &str, page: clap::Command| -> Result<(), String> {
+        let path = dir.join(format!("{name}.1"));
+        let mut out = Vec::new();
+        clap_mangen::Man::new(page)
+            .title(name.to_uppercase())
+            .render(&mut out)
+            .map_err(|e| format!("cannot render {name}.1: {e}"))?;
+        std::fs::write(&path, out).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    };
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let name = format!("rmemfs-{}", sub.get_name());
+        let page = sub
+            .clone()
+            .name(name.clone())
+            .bin_name(format!("rmemfs {}", sub.get_name()));
+        write(&name, page)?;
+    }
+    write("rmemfs", cmd)
 }
 
 fn serve(

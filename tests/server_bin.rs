@@ -936,3 +936,42 @@ fn server_stats_in_json_say_what_the_text_says() {
         assert_eq!(json[key], value, "{name} ({key}) in {json}");
     }
 }
+
+#[test]
+fn completions_and_man_pages_come_from_the_command_line_definition() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = rmemfs_cmd().args(["completions", shell]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        for word in ["serve", "mount", "metrics-listen", "servers"] {
+            assert!(text.contains(word), "{shell} completion lacks {word}");
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("rmemfs-man-{}", std::process::id()));
+    let out = rmemfs_cmd().arg("manpages").arg(&dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for page in [
+        "rmemfs",
+        "rmemfs-serve",
+        "rmemfs-mount",
+        "rmemfs-stats",
+        "rmemfs-keygen",
+    ] {
+        let text = std::fs::read_to_string(dir.join(format!("{page}.1"))).unwrap();
+        assert!(
+            text.contains(&format!(".TH {}", page.to_uppercase())),
+            "{page}: {text}"
+        );
+    }
+    let mount = std::fs::read_to_string(dir.join("rmemfs-mount.1")).unwrap();
+    assert!(mount.contains("\\-\\-writeback\\-low\\-water"), "{mount}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
