@@ -835,7 +835,8 @@ import json, sys
 s = json.load(sys.stdin)
 f = s["fabric"]
 print(f["name"], f["bytes_written"] >= 64 << 20, f["unpinned_bytes"] >= 0,
-      s["requests"]["write"]["count"] > 0, [x["state"] for x in s["servers"]])') ||
+      s["requests"]["write"]["count"] > 0 and s["fabric_batches"]["read"]["count"] > 0,
+      [x["state"] for x in s["servers"]])') ||
     fail "stats --json: $out"
   assert_eq "stats --json: fabric, bytes written, unpinned, writes, servers" "$out" \
     "tcp True True True ['up']"
@@ -911,6 +912,8 @@ test_metrics() {
   grep -Eq '^rmemfs_requests_total\{op="write"\} [1-9]' <<<"$out" || fail "no writes counted: $out"
   grep -Eq '^rmemfs_request_duration_seconds_bucket\{le="\+Inf",op="read"\} [1-9]' <<<"$out" ||
     fail "no read latency histogram: $(grep duration <<<"$out" | head -5)"
+  grep -Eq '^rmemfs_fabric_batch_duration_seconds_count\{kind="read"\} [1-9]' <<<"$out" ||
+    fail "no fabric read batches timed: $(grep batch_duration_seconds_count <<<"$out")"
   grep -Eq '^rmemfs_fabric_bytes_total\{direction="written"\} [1-9][0-9]{6,}' <<<"$out" ||
     fail "no bytes written counted: $(grep fabric_bytes <<<"$out")"
   grep -Eq "^rmemfs_server_up\{server=\"$SERVER_ADDR\"\} 1" <<<"$out" ||

@@ -1602,6 +1602,11 @@ impl Fs {
         }
     }
 
+    /// Latencies of the pool's fabric batches, by kind.
+    pub fn batch_latency(&self) -> Vec<crate::requests::OpSummary> {
+        self.data.pool().batch_latency()
+    }
+
     pub fn requests(&self) -> &crate::requests::RequestStats {
         &self.requests
     }
@@ -1813,6 +1818,17 @@ impl Fs {
                 )
             })
             .collect();
+        let batches: serde_json::Map<String, serde_json::Value> = pool
+            .batch_latency()
+            .into_iter()
+            .map(|o| {
+                (
+                    o.op.to_string(),
+                    json!({"count": o.count, "mean_us": o.mean_us, "p50_us": o.p50_us,
+                           "p99_us": o.p99_us}),
+                )
+            })
+            .collect();
         json!({
             "registration_cache": {
                 "policy": format!("{:?}", self.data.cache_policy()).to_lowercase(),
@@ -1845,6 +1861,7 @@ impl Fs {
                 "pinned_bytes": pool.fabric().pinned_bytes(),
                 "unpinned_bytes": pool.fabric().unpinned_bytes(),
             },
+            "fabric_batches": batches,
             "servers": servers,
             "chunks": {
                 "copies": self.data.replicas(),
@@ -1924,6 +1941,17 @@ impl Fs {
                 n => format!(", unpinned {n} bytes (the memlock limit, `ulimit -l`, refused more)"),
             }
         );
+        let _ = writeln!(
+            out,
+            "  batches, post to last completion: kind count mean_us p50_us p99_us"
+        );
+        for o in pool.batch_latency() {
+            let _ = writeln!(
+                out,
+                "    {} {} {} {} {}",
+                o.op, o.count, o.mean_us, o.p50_us, o.p99_us
+            );
+        }
         for s in pool.status() {
             let age = s.since.elapsed().unwrap_or_default().as_secs();
             let _ = writeln!(

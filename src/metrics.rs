@@ -86,7 +86,46 @@ fn i(v: &Value) -> i64 {
 pub struct MountCollector {
     pub stats: Source,
     /// Per-operation latency buckets (`requests::RequestStats::summary`).
-    pub requests: Arc<dyn Fn() -> Vec<crate::requests::OpSummary> + Send + Sync>,
+    pub requests: Summaries,
+    /// Per-kind latencies of fabric batches (`client::Pool::batch_latency`).
+    pub batches: Summaries,
+}
+
+/// Reads a set of per-operation latency summaries at scrape time.
+pub type Summaries = Arc<dyn Fn() -> Vec<crate::requests::OpSummary> + Send + Sync>;
+
+/// One histogram family: each summary under `label`, its power-of-two µs buckets in seconds.
+fn histograms(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    summaries: &[crate::requests::OpSummary],
+) -> fmt::Result {
+    let mut h = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for o in summaries {
+        // Per-bucket counts: the encoder sums them up to each bound.
+        let buckets: Vec<(f64, u64)> = o
+            .buckets
+            .iter()
+            .map(|&(bound_us, n)| {
+                let le = if bound_us == u64::MAX {
+                    f64::INFINITY
+                } else {
+                    bound_us as f64 / 1e6
+                };
+                (le, n)
+            })
+            .collect();
+        let labels = [(label.to_string(), o.op.to_string())];
+        h.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
+            o.total_nanos as f64 / 1e9,
+            o.count,
+            &buckets,
+            None,
+        )?;
+    }
+    Ok(())
 }
 
 impl fmt::Debug for MountCollector {
@@ -109,37 +148,22 @@ impl Collector for MountCollector {
                 .map(|o| (o.op.to_string(), o.count))
                 .collect::<Vec<_>>(),
         )?;
-        {
-            let mut h = m.encode_descriptor(
-                "rmemfs_request_duration_seconds",
-                "Time the daemon took to answer a FUSE request, by operation (buckets of \
-                 powers of two microseconds)",
-                None,
-                MetricType::Histogram,
-            )?;
-            for o in &ops {
-                // Per-bucket counts: the encoder sums them up to each bound.
-                let buckets: Vec<(f64, u64)> = o
-                    .buckets
-                    .iter()
-                    .map(|&(bound_us, n)| {
-                        let le = if bound_us == u64::MAX {
-                            f64::INFINITY
-                        } else {
-                            bound_us as f64 / 1e6
-                        };
-                        (le, n)
-                    })
-                    .collect();
-                let labels = [("op".to_string(), o.op.to_string())];
-                h.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
-                    o.total_nanos as f64 / 1e9,
-                    o.count,
-                    &buckets,
-                    None,
-                )?;
-            }
-        }
+        histograms(
+            m,
+            "rmemfs_request_duration_seconds",
+            "Time the daemon took to answer a FUSE request, by operation (buckets of powers of \
+             two microseconds)",
+            "op",
+            &ops,
+        )?;
+        histograms(
+            m,
+            "rmemfs_fabric_batch_duration_seconds",
+            "Time from posting a batch of one-sided operations to its last completion, by \
+             kind: read, write, write_fresh (with conditional writes to fresh memory), mixed",
+            "kind",
+            &(self.batches)(),
+        )?;
         let f = &s["fabric"];
         counter_family(
             m,

@@ -656,11 +656,12 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     raise_readahead(&mountpoint);
     let metrics = match config.metrics_listen {
         Some(addr) => {
-            let (a, b) = (fs.clone(), fs.clone());
+            let (a, b, c) = (fs.clone(), fs.clone(), fs.clone());
             let registry =
                 crate::metrics::registry_with(Box::new(crate::metrics::MountCollector {
                     stats: Arc::new(move || a.stats_json()),
                     requests: Arc::new(move || b.requests().summary()),
+                    batches: Arc::new(move || c.batch_latency()),
                 }));
             let m =
                 crate::metrics::MetricsServer::start(addr, registry).map_err(|e| e.to_string())?;

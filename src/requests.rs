@@ -83,15 +83,16 @@ pub struct OpSummary {
     pub buckets: Vec<(u64, u64)>,
 }
 
+/// Counts and latencies per operation name: the FUSE adapter's ([`OPS`], the default) or
+/// another fixed list ([`RequestStats::with_ops`], e.g. the pool's fabric batches).
 pub struct RequestStats {
+    names: &'static [&'static str],
     ops: Vec<OpCounters>,
 }
 
 impl Default for RequestStats {
     fn default() -> Self {
-        RequestStats {
-            ops: OPS.iter().map(|_| OpCounters::new()).collect(),
-        }
+        RequestStats::with_ops(&OPS)
     }
 }
 
@@ -106,18 +107,32 @@ fn bucket_bound(b: usize) -> u64 {
 }
 
 impl RequestStats {
+    /// Stats over `names`; the last one also takes any name not in the list.
+    pub fn with_ops(names: &'static [&'static str]) -> RequestStats {
+        assert!(!names.is_empty());
+        RequestStats {
+            names,
+            ops: names.iter().map(|_| OpCounters::new()).collect(),
+        }
+    }
+
     /// Counts one `op` request that took `nanos`.
     pub fn record(&self, op: &str, nanos: u64) {
-        let i = OPS.iter().position(|o| *o == op).unwrap_or(OPS.len() - 1);
+        let i = self
+            .names
+            .iter()
+            .position(|o| *o == op)
+            .unwrap_or(self.names.len() - 1);
         let c = &self.ops[i];
         c.count.fetch_add(1, Ordering::Relaxed);
         c.nanos.fetch_add(nanos, Ordering::Relaxed);
         c.buckets[bucket_of(nanos)].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The operations seen so far, in [`OPS`] order.
+    /// The operations seen so far, in the order of their names.
     pub fn summary(&self) -> Vec<OpSummary> {
-        OPS.iter()
+        self.names
+            .iter()
             .zip(&self.ops)
             .filter_map(|(op, c)| {
                 let count = c.count.load(Ordering::Relaxed);
@@ -187,6 +202,27 @@ mod tests {
         assert!(
             sum.iter().all(|o| o.op != "read"),
             "unseen ops are left out"
+        );
+    }
+
+    #[test]
+    fn other_name_lists_count_unknown_names_under_their_last() {
+        static KINDS: [&str; 2] = ["read", "mixed"];
+        let s = RequestStats::with_ops(&KINDS);
+        s.record("read", 5_000);
+        s.record("elsewhere", 5_000);
+        let sum = s.summary();
+        assert_eq!(
+            sum.iter().map(|o| (o.op, o.count)).collect::<Vec<_>>(),
+            vec![("read", 1), ("mixed", 1)]
+        );
+        let read = &sum[0];
+        assert_eq!(read.total_nanos, 5_000);
+        assert_eq!(read.buckets.iter().map(|b| b.1).sum::<u64>(), 1);
+        assert_eq!(
+            read.buckets.last().unwrap().0,
+            u64::MAX,
+            "the last bucket is open"
         );
     }
 }

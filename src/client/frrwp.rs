@@ -285,7 +285,7 @@ impl Pool {
             base += writes.len();
         }
         let tickets: Vec<&Ticket> = crws.iter().map(|(t, _)| *t).collect();
-        self.finish_batch(batch_id, batch, |i| owners[i], &|| {
+        self.finish_batch(batch_id, batch, "write_fresh", |i| owners[i], &|| {
             self.give_up_unanswered(&tickets)
         })
     }
@@ -361,7 +361,8 @@ impl Pool {
     /// Waits for a submission from [`Pool::submit_crw`].
     pub fn wait_crw(&self, ticket: &Ticket, s: CrwSubmission) -> Result<(), PoolError> {
         let server = s.server;
-        self.finish_batch(s.batch_id, s.batch, |_| (server, Opcode::Write), &|| {
+        let who = |_| (server, Opcode::Write);
+        self.finish_batch(s.batch_id, s.batch, "write_fresh", who, &|| {
             self.give_up_unanswered(&[ticket])
         })
     }

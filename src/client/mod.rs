@@ -227,11 +227,14 @@ pub struct RemoteOp {
 struct Batch {
     state: Mutex<BatchState>,
     done: Condvar,
+    /// When it was begun (posting follows at once), for the batch latencies.
+    started: Instant,
 }
 
 impl Batch {
     fn new(n: usize) -> Batch {
         Batch {
+            started: Instant::now(),
             state: Mutex::new(BatchState {
                 remaining: n,
                 failure: None,
@@ -328,8 +331,15 @@ impl Dispatch {
 }
 
 /// A connected pool of memory servers.
+/// The kinds of fabric batch whose latency (post to last completion) the pool keeps:
+/// reads, writes to allocated memory, writes that include conditional writes to fresh
+/// memory (FRRWP), and batches of both reads and writes.
+pub const BATCH_KINDS: [&str; 4] = ["read", "write", "write_fresh", "mixed"];
+
 pub struct Pool {
     fabric: Arc<dyn Fabric>,
+    /// Latencies of finished batches by [`BATCH_KINDS`] (`stats`, metrics).
+    batch_latency: crate::requests::RequestStats,
     servers: Vec<Server>,
     /// Shared by every queue pair, reconnected ones included.
     cq: Arc<CompletionQueue>,
@@ -426,6 +436,7 @@ impl Pool {
         }
         Ok(Pool {
             fabric,
+            batch_latency: crate::requests::RequestStats::with_ops(&BATCH_KINDS),
             servers,
             cq,
             config: config.clone(),
@@ -433,6 +444,11 @@ impl Pool {
             next_batch: AtomicU64::new(1),
             timeout: config.timeout,
         })
+    }
+
+    /// Latencies of the fabric batches finished so far, by kind ([`BATCH_KINDS`]).
+    pub fn batch_latency(&self) -> Vec<crate::requests::OpSummary> {
+        self.batch_latency.summary()
     }
 
     /// Changes whenever a server goes down or comes back up.
@@ -845,9 +861,17 @@ impl Pool {
         if small {
             self.poll_briefly(&batch);
         }
+        let kind = if ops.iter().all(|op| op.opcode == Opcode::Read) {
+            "read"
+        } else if ops.iter().all(|op| op.opcode == Opcode::Write) {
+            "write"
+        } else {
+            "mixed"
+        };
         self.finish_batch(
             batch_id,
             batch,
+            kind,
             |i| (ops[i].remote.server, ops[i].opcode),
             &|| {},
         )
@@ -925,10 +949,13 @@ impl Pool {
         &self,
         batch_id: u64,
         batch: Arc<Batch>,
+        kind: &'static str,
         who: impl Fn(usize) -> (ServerId, Opcode),
         on_stall: &dyn Fn(),
     ) -> Result<(), PoolError> {
         let (failure, refused) = batch.wait(self.timeout, on_stall);
+        self.batch_latency
+            .record(kind, batch.started.elapsed().as_nanos() as u64);
         self.dispatch.batches.lock().remove(&batch_id);
         if let Some(e) = refused {
             return Err(e);
