@@ -125,6 +125,10 @@ pub const LEASE_SECS: u64 = LEASE.as_secs();
 /// second failure in the window.
 pub const REBUILD_DELAY: Duration = Duration::from_secs(5);
 
+/// How often a long rebuild pass logs its progress (its end is always logged): often enough
+/// that an admin watching the log sees it move, rare enough for a rebuild of hours.
+pub const REBUILD_PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
 /// First and longest pause between a mount's attempts to reconnect to a failed memory
 /// server: the first retry is quick (a restarted server is back in a second), later ones
 /// back off so a host that is down for good costs a connect attempt every few seconds.

@@ -82,6 +82,7 @@ pub fn pass(fs: &Fs, rate: u64, stop: &Stop) -> PassOutcome {
     let stats = fs.rebuild_stats();
     stats.running.store(true, Ordering::Relaxed);
     let start = Instant::now();
+    let mut last_progress = start;
     let mut out = PassOutcome::default();
     for file in fs.files() {
         let todo = data.degraded(&file.chunks.read());
@@ -97,6 +98,15 @@ pub fn pass(fs: &Fs, rate: u64, stop: &Stop) -> PassOutcome {
             out.bytes_copied += copied;
             stats.chunks_rebuilt.fetch_add(1, Ordering::Relaxed);
             stats.bytes_copied.fetch_add(copied, Ordering::Relaxed);
+            if last_progress.elapsed() >= crate::config::REBUILD_PROGRESS_EVERY {
+                last_progress = Instant::now();
+                log::info!(
+                    "rebuild: {} chunks ({} bytes) copied so far in {:.0} s",
+                    out.chunks_rebuilt,
+                    out.bytes_copied,
+                    start.elapsed().as_secs_f64()
+                );
+            }
             if rate > 0 {
                 // Pace: the bytes so far may take no less than bytes / rate.
                 let due = Duration::from_secs_f64(out.bytes_copied as f64 / rate as f64);
