@@ -1806,29 +1806,19 @@ impl Fs {
             .collect();
         let h = self.replica_health();
         let r = &self.rebuild;
-        let requests: serde_json::Map<String, serde_json::Value> = self
-            .requests
-            .summary()
-            .into_iter()
-            .map(|o| {
-                (
-                    o.op.to_string(),
-                    json!({"count": o.count, "mean_us": o.mean_us, "p50_us": o.p50_us,
-                           "p99_us": o.p99_us}),
-                )
-            })
-            .collect();
-        let batches: serde_json::Map<String, serde_json::Value> = pool
-            .batch_latency()
-            .into_iter()
-            .map(|o| {
-                (
-                    o.op.to_string(),
-                    json!({"count": o.count, "mean_us": o.mean_us, "p50_us": o.p50_us,
-                           "p99_us": o.p99_us}),
-                )
-            })
-            .collect();
+        // Per operation name: count, mean, p50 and p99 in µs.
+        let by_op = |summaries: Vec<crate::requests::OpSummary>| {
+            summaries
+                .into_iter()
+                .map(|o| {
+                    let figures = json!({"count": o.count, "mean_us": o.mean_us,
+                                         "p50_us": o.p50_us, "p99_us": o.p99_us});
+                    (o.op.to_string(), figures)
+                })
+                .collect::<serde_json::Map<String, serde_json::Value>>()
+        };
+        let requests = by_op(self.requests.summary());
+        let batches = by_op(pool.batch_latency());
         json!({
             "registration_cache": {
                 "policy": format!("{:?}", self.data.cache_policy()).to_lowercase(),
