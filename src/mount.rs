@@ -55,6 +55,8 @@ pub struct MountConfig {
     pub writeback_low_water: Option<u64>,
     /// Where to serve Prometheus metrics (`--metrics-listen`); `None`: nowhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// Spin briefly for small ops' completions on the tcp fabric (`--busy-poll`).
+    pub busy_poll: bool,
 }
 
 impl MountConfig {
@@ -80,6 +82,7 @@ impl MountConfig {
             rebuild_delay: config::REBUILD_DELAY,
             writeback_low_water: None,
             metrics_listen: None,
+            busy_poll: false,
         }
     }
 
@@ -605,6 +608,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
             client_name: format!("rmemfs-mount@{}", mountpoint.display()),
             timeout: config.op_timeout,
             secret: config.secret.clone(),
+            busy_poll: config.busy_poll,
         },
     )
     .map_err(|e| e.to_string())?;

@@ -975,3 +975,31 @@ fn completions_and_man_pages_come_from_the_command_line_definition() {
     assert!(mount.contains("\\-\\-writeback\\-low\\-water"), "{mount}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_busy_polling_pool_completes_small_and_large_ops() {
+    let server = Server::start("16M");
+    let p = Pool::connect(
+        fabric(),
+        &[server.addr],
+        &PoolConfig {
+            timeout: Duration::from_secs(5),
+            busy_poll: true,
+            ..PoolConfig::default()
+        },
+    )
+    .expect("connect");
+    round_trip(&p, 0x42);
+    // Small ops: the waiter spins for them (up to its bound), then sleeps if need be.
+    let r = p.alloc(64 << 10).unwrap();
+    let buf = Arc::new(AlignedBuf::new(4096).unwrap());
+    let mr = p.fabric().register_buf(buf.clone(), Access::LOCAL).unwrap();
+    for i in 0..200u64 {
+        let at = (i % 16) * 4096;
+        buf.fill(i as u8);
+        p.write(r, at, mr.sge(0, 4096)).unwrap();
+        buf.fill(0xff);
+        p.read(r, at, mr.sge(0, 4096)).unwrap();
+        assert!(buf.to_vec(0, 4096).iter().all(|&x| x == i as u8), "op {i}");
+    }
+}
