@@ -868,7 +868,7 @@ test_package() {
   local rc=0
   (
     set -e
-    assert_eq "mount helper link" "$(readlink /usr/sbin/mount.rmemfs)" /usr/bin/rmemfs
+    assert_eq "mount helper link" "$(readlink /sbin/mount.rmemfs)" /usr/bin/rmemfs
     must "rmemfs --version from the package" /usr/bin/rmemfs --version
     must "mount -t rmemfs (packaged helper)" mount -t rmemfs pool "$m" -o "servers=${ADDRS//,/+}"
     is_mounted "$m" || fail "mount -t rmemfs did not mount"
@@ -880,7 +880,7 @@ test_package() {
     unmount_fs "$m" || fail "umount failed"
   ) || rc=$?
   must "dpkg -P" dpkg -P rmemfs
-  [ ! -e /usr/sbin/mount.rmemfs ] || fail "the mount helper link outlived the package"
+  [ ! -e /sbin/mount.rmemfs ] || fail "the mount helper link outlived the package"
   [ ! -e /usr/bin/rmemfs ] || fail "the binary outlived the package"
   return "$rc"
 }

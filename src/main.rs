@@ -186,9 +186,9 @@ enum Cmd {
         /// loopback address unless the scraper is elsewhere).
         #[arg(long, value_name = "ADDR:PORT")]
         metrics_listen: Option<SocketAddr>,
-        /// On the tcp fabric, spin up to 0.5 ms for a small read's or write's completion
-        /// before sleeping: lower latency for small I/O, for CPU spent spinning (verbs always
-        /// polls so).
+        /// On the tcp fabric, spin up to 0.1 ms for a small read's or write's completion
+        /// before sleeping: a lower median latency for small I/O, for CPU spent spinning
+        /// (verbs always polls, up to 0.5 ms).
         #[arg(long)]
         busy_poll: bool,
     },
@@ -437,15 +437,19 @@ fn serve(
     // the "listening" line is never missed.
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let metrics_listener = metrics_listen
+        .map(rmemfs::metrics::MetricsServer::bind)
+        .transpose()
+        .map_err(|e| e.to_string())?;
     let mut server = MemoryServer::start(&config, fabric).map_err(|e| e.to_string())?;
-    let _metrics = match metrics_listen {
-        Some(addr) => {
+    let _metrics = match metrics_listener {
+        Some(listener) => {
             let registry =
                 rmemfs::metrics::registry_with(Box::new(rmemfs::metrics::ServerCollector {
                     stats: server.stats_source(),
                 }));
-            let m =
-                rmemfs::metrics::MetricsServer::start(addr, registry).map_err(|e| e.to_string())?;
+            let m = rmemfs::metrics::MetricsServer::start(listener, registry)
+                .map_err(|e| e.to_string())?;
             log::info!("metrics at http://{}/metrics", m.local_addr());
             Some(m)
         }

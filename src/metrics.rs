@@ -24,9 +24,13 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-/// How long one scrape's connection may take to send its request or take the answer: a
-/// Prometheus server scrapes within its own timeout (10 s by default) and reads at once.
+/// How long one scrape's connection may take in all, to send its request and take the
+/// answer: a Prometheus server scrapes within its own timeout (10 s by default) and reads at
+/// once, and a client that trickles bytes holds the (single) endpoint no longer than this.
 const SCRAPE_IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// The pause after a failed `accept` (out of file descriptors, say) before the next one, so
+/// the loop does not spin.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// The longest request head read (a scrape sends a few hundred bytes).
 const MAX_REQUEST_HEAD: usize = 8 << 10;
 
@@ -404,10 +408,14 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Binds `listen` and starts answering scrapes with what `registry` encodes.
-    pub fn start(listen: SocketAddr, registry: Registry) -> io::Result<MetricsServer> {
-        let listener = TcpListener::bind(listen)
-            .map_err(|e| io::Error::new(e.kind(), format!("metrics on {listen}: {e}")))?;
+    /// Binds `listen` (before anything else is set up, so a port in use fails at once).
+    pub fn bind(listen: SocketAddr) -> io::Result<TcpListener> {
+        TcpListener::bind(listen)
+            .map_err(|e| io::Error::new(e.kind(), format!("metrics on {listen}: {e}")))
+    }
+
+    /// Starts answering scrapes on `listener` with what `registry` encodes.
+    pub fn start(listener: TcpListener, registry: Registry) -> io::Result<MetricsServer> {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
@@ -418,9 +426,15 @@ impl MetricsServer {
                     if flag.load(Ordering::SeqCst) {
                         break;
                     }
-                    if let Ok(c) = conn {
-                        if let Err(e) = answer(c, &registry) {
-                            log::debug!("metrics scrape: {e}");
+                    match conn {
+                        Ok(c) => {
+                            if let Err(e) = answer(c, &registry) {
+                                log::debug!("metrics scrape: {e}");
+                            }
+                        }
+                        Err(e) => {
+                            log::debug!("metrics accept: {e}");
+                            thread::sleep(ACCEPT_RETRY);
                         }
                     }
                 }
@@ -450,11 +464,18 @@ impl Drop for MetricsServer {
 
 /// Answers one connection: the metrics for `GET /metrics`, 404 or 405 otherwise.
 fn answer(mut c: TcpStream, registry: &Registry) -> io::Result<()> {
-    c.set_read_timeout(Some(SCRAPE_IO_TIMEOUT))?;
+    let deadline = std::time::Instant::now() + SCRAPE_IO_TIMEOUT;
+    let left = || {
+        deadline
+            .checked_duration_since(std::time::Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::TimedOut, "scrape too slow"))
+    };
     c.set_write_timeout(Some(SCRAPE_IO_TIMEOUT))?;
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        c.set_read_timeout(Some(left()?))?;
         let n = c.read(&mut buf)?;
         if n == 0 {
             return Ok(());
@@ -564,7 +585,7 @@ mod tests {
                                "refused_secret": 2})
         });
         let server = MetricsServer::start(
-            "127.0.0.1:0".parse().unwrap(),
+            MetricsServer::bind("127.0.0.1:0".parse().unwrap()).unwrap(),
             registry_with(Box::new(ServerCollector { stats })),
         )
         .unwrap();

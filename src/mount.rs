@@ -535,6 +535,12 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
             None => crate::fabric::open(name, &fabric_options).map_err(|e| e.to_string()),
         }
     };
+    // Bound first: a port in use fails the mount before anything is set up.
+    let metrics_listener = config
+        .metrics_listen
+        .map(crate::metrics::MetricsServer::bind)
+        .transpose()
+        .map_err(|e| e.to_string())?;
     // Without --servers, an embedded memory server on loopback.
     let mut embedded = None;
     let (addrs, fabric_name): (Vec<SocketAddr>, String) = if config.servers.is_empty() {
@@ -658,8 +664,8 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     )
     .map_err(|e| format!("cannot start the rebuild thread: {e}"))?;
     raise_readahead(&mountpoint);
-    let metrics = match config.metrics_listen {
-        Some(addr) => {
+    let metrics = match metrics_listener {
+        Some(listener) => {
             let (a, b, c) = (fs.clone(), fs.clone(), fs.clone());
             let registry =
                 crate::metrics::registry_with(Box::new(crate::metrics::MountCollector {
@@ -667,8 +673,8 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
                     requests: Arc::new(move || b.requests().summary()),
                     batches: Arc::new(move || c.batch_latency()),
                 }));
-            let m =
-                crate::metrics::MetricsServer::start(addr, registry).map_err(|e| e.to_string())?;
+            let m = crate::metrics::MetricsServer::start(listener, registry)
+                .map_err(|e| e.to_string())?;
             log::info!("metrics at http://{}/metrics", m.local_addr());
             Some(m)
         }

@@ -43,6 +43,10 @@ impl Pin {
         let rc = unsafe { libc::mlock(start as *const libc::c_void, span) };
         if rc != 0 {
             let err = io::Error::last_os_error();
+            // mlock may fail after locking part of the range (EAGAIN while faulting pages in,
+            // ENOMEM at a hole): unlock it all, so nothing stays locked that no Pin owns.
+            // SAFETY: as above; unlocking pages never locked is harmless.
+            unsafe { libc::munlock(start as *const libc::c_void, span) };
             return Err(match err.raw_os_error() {
                 Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN) => {
                     FabricError::PinLimit {
