@@ -160,6 +160,15 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The caller of a creation, with the umask its request carries (applied in the core, where
+/// a default ACL may overrule it).
+fn creator(req: &Request, umask: u32) -> Caller {
+    Caller {
+        umask,
+        ..caller(req)
+    }
+}
+
 fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
@@ -377,10 +386,7 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         self.contain("mknod", req, || {
-            let who = Caller {
-                umask,
-                ..caller(req)
-            };
+            let who = creator(req, umask);
             entry(
                 reply,
                 self.fs.mknod(parent.0, name.as_bytes(), mode, rdev, who),
@@ -398,10 +404,7 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         self.contain("mkdir", req, || {
-            let who = Caller {
-                umask,
-                ..caller(req)
-            };
+            let who = creator(req, umask);
             entry(reply, self.fs.mkdir(parent.0, name.as_bytes(), mode, who));
         });
     }
@@ -700,10 +703,7 @@ impl Filesystem for FuseFs {
         reply: ReplyCreate,
     ) {
         self.contain("create", req, || {
-            let who = Caller {
-                umask,
-                ..caller(req)
-            };
+            let who = creator(req, umask);
             let made = self.fs.create(parent.0, name.as_bytes(), mode, flags, who);
             self.created(reply, made, flags);
         });
@@ -719,10 +719,7 @@ impl Filesystem for FuseFs {
         reply: ReplyCreate,
     ) {
         self.contain("tmpfile", req, || {
-            let who = Caller {
-                umask,
-                ..caller(req)
-            };
+            let who = creator(req, umask);
             let made = self.fs.tmpfile(parent.0, mode, flags, who);
             self.created(reply, made, flags);
         });

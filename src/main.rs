@@ -442,19 +442,15 @@ fn serve(
         .transpose()
         .map_err(|e| e.to_string())?;
     let mut server = MemoryServer::start(&config, fabric).map_err(|e| e.to_string())?;
-    let _metrics = match metrics_listener {
-        Some(listener) => {
-            let registry =
-                rmemfs::metrics::registry_with(Box::new(rmemfs::metrics::ServerCollector {
-                    stats: server.stats_source(),
-                }));
-            let m = rmemfs::metrics::MetricsServer::start(listener, registry)
-                .map_err(|e| e.to_string())?;
-            log::info!("metrics at http://{}/metrics", m.local_addr());
-            Some(m)
-        }
-        None => None,
-    };
+    let _metrics = metrics_listener
+        .map(|listener| {
+            let stats = server.stats_source();
+            rmemfs::metrics::serve(
+                listener,
+                Box::new(rmemfs::metrics::ServerCollector { stats }),
+            )
+        })
+        .transpose()?;
     println!(
         "rmemfs serve: listening on {} (arena {}, fabric {fabric_name}, memlock limit {})",
         server.local_addr(),

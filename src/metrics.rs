@@ -233,51 +233,32 @@ impl Collector for MountCollector {
             ],
         )?;
         let servers = s["servers"].as_array().cloned().unwrap_or_default();
-        let server_labels: Vec<Vec<(String, String)>> = servers
-            .iter()
-            .map(|x| {
-                vec![(
-                    "server".to_string(),
-                    x["addr"].as_str().unwrap_or("").to_string(),
-                )]
-            })
-            .collect();
-        gauge_family(
-            m,
+        // One gauge per server, labelled with its address.
+        let mut per_server = |name: &str, help: &str, value: &dyn Fn(&Value) -> i64| {
+            let mut f = m.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for x in &servers {
+                let labels = [("server", x["addr"].as_str().unwrap_or(""))];
+                f.encode_family(&labels)?.encode_gauge(&value(x))?;
+            }
+            Ok::<(), fmt::Error>(())
+        };
+        per_server(
             "rmemfs_server_up",
             "1 while the memory server is up, 0 while down or rejoining",
-            &server_labels,
-            &servers
-                .iter()
-                .map(|x| i64::from(x["state"] == "up"))
-                .collect::<Vec<_>>(),
+            &|x| i64::from(x["state"] == "up"),
         )?;
-        gauge_family(
-            m,
+        per_server(
             "rmemfs_server_free_bytes",
             "Free memory the server last reported",
-            &server_labels,
-            &servers
-                .iter()
-                .map(|x| i(&x["free_bytes"]))
-                .collect::<Vec<_>>(),
+            &|x| i(&x["free_bytes"]),
         )?;
-        gauge_family(
-            m,
-            "rmemfs_server_total_bytes",
-            "The server's arena",
-            &server_labels,
-            &servers
-                .iter()
-                .map(|x| i(&x["total_bytes"]))
-                .collect::<Vec<_>>(),
-        )?;
-        gauge_family(
-            m,
+        per_server("rmemfs_server_total_bytes", "The server's arena", &|x| {
+            i(&x["total_bytes"])
+        })?;
+        per_server(
             "rmemfs_server_downs",
             "Times the server was seen to go down since the mount",
-            &server_labels,
-            &servers.iter().map(|x| i(&x["downs"])).collect::<Vec<_>>(),
+            &|x| i(&x["downs"]),
         )?;
         let ch = &s["chunks"];
         gauge(
@@ -552,6 +533,17 @@ fn respond(c: &mut TcpStream, status: &str, kind: &str, body: &str) -> io::Resul
         body.len()
     )?;
     c.flush()
+}
+
+/// Serves `collector`'s metrics on `listener` (bound early with [`MetricsServer::bind`]) and
+/// logs where.
+pub fn serve(
+    listener: TcpListener,
+    collector: Box<dyn Collector>,
+) -> Result<MetricsServer, String> {
+    let m = MetricsServer::start(listener, registry_with(collector)).map_err(|e| e.to_string())?;
+    log::info!("metrics at http://{}/metrics", m.local_addr());
+    Ok(m)
 }
 
 /// A registry holding one collector.

@@ -664,22 +664,17 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     )
     .map_err(|e| format!("cannot start the rebuild thread: {e}"))?;
     raise_readahead(&mountpoint);
-    let metrics = match metrics_listener {
-        Some(listener) => {
+    let metrics = metrics_listener
+        .map(|listener| {
             let (a, b, c) = (fs.clone(), fs.clone(), fs.clone());
-            let registry =
-                crate::metrics::registry_with(Box::new(crate::metrics::MountCollector {
-                    stats: Arc::new(move || a.stats_json()),
-                    requests: Arc::new(move || b.requests().summary()),
-                    batches: Arc::new(move || c.batch_latency()),
-                }));
-            let m = crate::metrics::MetricsServer::start(listener, registry)
-                .map_err(|e| e.to_string())?;
-            log::info!("metrics at http://{}/metrics", m.local_addr());
-            Some(m)
-        }
-        None => None,
-    };
+            let collector = crate::metrics::MountCollector {
+                stats: Arc::new(move || a.stats_json()),
+                requests: Arc::new(move || b.requests().summary()),
+                batches: Arc::new(move || c.batch_latency()),
+            };
+            crate::metrics::serve(listener, Box::new(collector))
+        })
+        .transpose()?;
     if let Some(f) = mount.on_mounted {
         f(fs.clone());
     }

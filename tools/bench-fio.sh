@@ -132,10 +132,11 @@ for replicas in 1 2; do
 done
 
 echo
-python3 - "$OUT" "$SIZE" "$RUNTIME" "$SERVER_SIZE" <<'PY'
+python3 - "$OUT" "$SIZE" "$RUNTIME" "$SERVER_SIZE" "${JOBS[*]}" <<'PY'
 import json, os, re, sys
 
 out, size, runtime, server_size = sys.argv[1:5]
+run_order = sys.argv[5].split()  # JOBS: the stats snapshots are cumulative in this order
 targets = ["tmpfs", "rmemfs-inproc", "rmemfs-1", "rmemfs-2r1", "rmemfs-2"]
 jobs = ["seq-read", "seq-read-4j", "seq-write", "seq-write-4j", "seq-fresh", "seq-overwrite",
         "rand-read", "rand-read-4j", "rand-write", "rand-write-4j"]
@@ -167,8 +168,7 @@ def request_counts(path):
 results = {}
 for target in targets:
     before = {}
-    for job in ["seq-write", "seq-write-4j", "seq-fresh", "seq-overwrite", "seq-read",
-                "seq-read-4j", "rand-write", "rand-write-4j", "rand-read", "rand-read-4j"]:
+    for job in run_order:
         path = os.path.join(out, f"{target}-{job}.json")
         if not os.path.exists(path):
             continue
@@ -181,7 +181,7 @@ for target in targets:
             "p50_us": pct.get("50.000000", 0) / 1e3,
             "p99_us": pct.get("99.000000", 0) / 1e3,
         }
-        # The daemon's requests during this job (the stats are cumulative, in run order).
+        # The daemon's requests during this job.
         now = request_counts(os.path.join(out, f"{target}-{job}.stats"))
         if now is not None:
             r["requests"] = {op: n - before.get(op, 0) for op, n in now.items()
