@@ -95,6 +95,13 @@ check_bench() {
   done
 }
 
+# draw_chart SPEC SVG: a benchmark's chart from its spec (`rmemfs-bench bars`, the lab's
+# bars module; scripts that draw call `check_bench bars` first, so a missing lab fails early).
+draw_chart() {
+  "$BENCH_BIN" bars "$1" "$2"
+  echo "# chart: $2"
+}
+
 # --- memory servers --------------------------------------------------------------------------
 
 # parse_addr LINE: prints the first whitespace-separated word that looks like IPv4:PORT.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `mount --busy-poll` against the default, measured both ways in one run: fio 4 KiB random
 # reads (tools/fio/rand-read.fio) on one memory server, ROUNDS alternating rounds per setting,
-# a fresh mount each; prints IOPS, p50 and p99 per round and the medians (#13 item 7).
+# a fresh mount each; prints IOPS, p50 and p99 per round and the medians (#13 item 7), and
+# draws the medians in OUT/chart.svg (default OUT target/bench-busy-poll).
 #
 #   tools/bench-busy-poll.sh
 #   SIZE=256M RUNTIME=8 ROUNDS=5 tools/bench-busy-poll.sh
@@ -15,8 +16,12 @@ cd "$(dirname "$0")/.."
 SIZE=${SIZE:-256M}
 RUNTIME=${RUNTIME:-8}
 ROUNDS=${ROUNDS:-3}
+OUT=${OUT:-target/bench-busy-poll}
 ensure_packages fio:fio python3:python3
 check_prereqs mount serve || exit 2
+check_bench bars || exit 2
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 lib_init bench-busy-poll
 
 start_server 4G
@@ -47,13 +52,30 @@ PY
   done
 done
 kill_servers "$SERVER_PID"
-python3 - "$results" <<'PY'
-import json, statistics, sys
+python3 - "$results" "$OUT" "$SIZE" "$ROUNDS" <<'PY'
+import json, os, statistics, sys
 rows = json.load(open(sys.argv[1]))
+out, size, rounds = sys.argv[2:5]
 print()
+medians = {}
 for setting in ("off", "on"):
     r = [x for x in rows if x["setting"] == setting]
-    med = lambda k: statistics.median(x[k] for x in r)
-    print(f"median, busy-poll {setting:<3}: {med('iops'):8.0f} IOPS  p50 {med('p50_us'):6.1f} us"
-          f"  p99 {med('p99_us'):6.1f} us")
+    medians[setting] = {k: statistics.median(x[k] for x in r) for k in ("iops", "p50_us", "p99_us")}
+    m = medians[setting]
+    print(f"median, busy-poll {setting:<3}: {m['iops']:8.0f} IOPS  p50 {m['p50_us']:6.1f} us"
+          f"  p99 {m['p99_us']:6.1f} us")
+json.dump({"rounds": rows, "medians": medians}, open(os.path.join(out, "summary.json"), "w"), indent=2)
+off, on = medians["off"], medians["on"]
+spec = {
+    "title": f"--busy-poll: fio 4 KiB random reads ({size}), one server, medians of {rounds} rounds",
+    "series": ["busy-poll off (default)", "busy-poll on"],
+    "panels": [
+        {"heading": "throughput", "unit": "thousands of IOPS", "groups": ["IOPS"],
+         "values": [[off["iops"] / 1e3, on["iops"] / 1e3]]},
+        {"heading": "completion latency", "unit": "microseconds", "groups": ["p50", "p99"],
+         "values": [[off["p50_us"], on["p50_us"]], [off["p99_us"], on["p99_us"]]]},
+    ],
+}
+json.dump(spec, open(os.path.join(out, "spec.json"), "w"), indent=1)
 PY
+draw_chart "$OUT/spec.json" "$OUT/chart.svg"

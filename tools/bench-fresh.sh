@@ -4,7 +4,8 @@
 # dd over the same file again, remove it. Round 1 writes memory the server never used; later
 # rounds get extents the server used before (freed extents are zeroed and stay resident).
 # Prints each round and, for rounds 2 on, the medians: MB/s fresh, MB/s overwrite, and
-# fresh/overwrite (the target is 0.9). Page caches are dropped before each dd.
+# fresh/overwrite (the target is 0.9). Page caches are dropped before each dd. Draws
+# OUT/chart.svg (default OUT target/bench-fresh): both speeds per round.
 #
 #   tools/bench-fresh.sh
 #   SIZE=1G ROUNDS=7 tools/bench-fresh.sh
@@ -19,7 +20,11 @@ cd "$(dirname "$0")/.."
 
 SIZE=${SIZE:-1G}
 ROUNDS=${ROUNDS:-5}
+OUT=${OUT:-target/bench-fresh}
 check_prereqs mount serve || exit 2
+check_bench bars || exit 2
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 if ! size_bytes=$(numfmt --from=iec "$SIZE" 2>/dev/null); then
   echo "SIZE=$SIZE is not a size like 256M or 1G" >&2
   exit 2
@@ -42,6 +47,7 @@ start_server "$((size_bytes / 1048576 + 64))M"
 mount_fs "$BASE/mnt" "$SERVER_ADDR"
 results=$BASE/results
 : >"$results"
+: >"$OUT/rounds.txt"
 printf '%-6s %12s %16s %8s\n' round "fresh MB/s" "overwrite MB/s" ratio
 for ((round = 1; round <= ROUNDS; round++)); do
   fresh=$(dd_seconds of="$BASE/mnt/f")
@@ -50,6 +56,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
   line=$(awk -v b="$size_bytes" -v f="$fresh" -v o="$over" \
     'BEGIN { printf "%.0f %.0f %.2f", b / f / 1e6, b / o / 1e6, o / f }')
   [ "$round" -gt 1 ] && echo "$line" >>"$results"
+  echo "$line" >>"$OUT/rounds.txt"
   # shellcheck disable=SC2086 # three numbers
   printf '%-6s %12s %16s %8s\n' "$round" $line
 done
@@ -63,3 +70,15 @@ echo
   }
   END { printf "medians of rounds 2-%d (%s, 1 MiB blocks, fsync): fresh %.0f MB/s, overwrite %.0f MB/s, fresh/overwrite %.2f\n",
         n_rounds, size, median(f, n), median(o, n), median(r, n) }' size="$SIZE" "$results"
+awk -v size="$SIZE" '
+  { f[NR] = $1; o[NR] = $2 }
+  END {
+    printf "{\"title\": \"a fresh %s file against overwriting it, one server (dd bs=1M, fsync)\",\n", size
+    printf " \"series\": [\"fresh file\", \"overwrite\"],\n"
+    printf " \"panels\": [{\"heading\": \"per round (round 1: memory the server never used)\", \"unit\": \"MB/s\",\n   \"groups\": ["
+    for (i = 1; i <= NR; i++) printf "%s\"round %d\"", (i > 1 ? ", " : ""), i
+    printf "], \"values\": ["
+    for (i = 1; i <= NR; i++) printf "%s[%s, %s]", (i > 1 ? ", " : ""), f[i], o[i]
+    print "]}]}"
+  }' "$OUT/rounds.txt" >"$OUT/spec.json"
+draw_chart "$OUT/spec.json" "$OUT/chart.svg"

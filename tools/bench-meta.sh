@@ -1,28 +1,97 @@
 #!/usr/bin/env bash
-# Metadata at scale: the mount daemon's resident memory with many files, and the time of
-# `ls -l` on a 10,000-entry directory and `cp -a` of a 10,000-file tree. Metadata is local to
-# the daemon, so none of these makes a round trip to a memory server per file (only file
-# contents move over the fabric).
+# Metadata-heavy work on rmemfs against tmpfs, in one run (#13 item 6 and its tar target):
+#   1. a source-like tree of TAR_FILES files (~175 MB for 10,000: sizes drawn from a fixed seed,
+#      most a few KiB, a few of several MiB) extracted with `tar xf`, flushed with `sync -f`,
+#      then removed with `rm -rf`; on rmemfs also the FUSE requests per extracted file, by
+#      operation, from `rmemfs stats --json` before and after;
+#   2. FILES files of 100 bytes created by one python process (10,000 per directory), the mount
+#      daemon's resident memory with them, `ls -l` of one 10,000-entry directory and `cp -a` of
+#      it inside the same file system.
+# Metadata is local to the daemon: only file contents cross the fabric.
 #
-#   tools/bench-meta.sh            # 100,000 files
-#   FILES=20000 tools/bench-meta.sh
+#   tools/bench-meta.sh                       # 10,000-file tree, 100,000 small files
+#   TAR_FILES=3000 FILES=20000 tools/bench-meta.sh
 #
-# Needs root and /dev/fuse; uses one memory server started here (so the daemon's figure does
-# not include the server's arena).
+# Prints a line per step, then the table; OUT (default target/bench-meta) gets summary.json,
+# chart.svg and the tree's tar. Needs root and /dev/fuse; one memory server started here (so the
+# daemon's figure does not include the server's arena).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=mount-tests/lib.sh
 . mount-tests/lib.sh
 FILES=${FILES:-100000}
-check_prereqs mount serve || exit 2
+TAR_FILES=${TAR_FILES:-10000}
+OUT=${OUT:-target/bench-meta}
+ensure_packages python3:python3 tar:tar bc:bc
+check_prereqs mount serve stats || exit 2
+check_bench bars || exit 2
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+rm -f "$OUT/summary.json" "$OUT/spec.json" "$OUT/chart.svg"
 lib_init meta
-start_server 2G
-mount_fs "$BASE/mnt" "$SERVER_ADDR"
-PID=$(daemon_pids "$BASE/mnt" | head -1)
-rss() { awk '/VmRSS/ {print $2}' "/proc/$PID/status"; }
-base_kib=$(rss)
-start=$(date +%s.%N)
-python3 - "$BASE/mnt/many" "$FILES" <<'PY'
+
+# The tree's tar, made once per TAR_FILES (kept in OUT for later runs).
+tree_tar=$OUT/tree-$TAR_FILES.tar
+if [ ! -s "$tree_tar" ]; then
+  echo "# making a $TAR_FILES-file tree" >&2
+  python3 - "$BASE/tree" "$TAR_FILES" <<'PY'
+import os, random, sys
+root, n = sys.argv[1], int(sys.argv[2])
+rng = random.Random(13)
+# Like a crate registry's sources: directories of a dozen files, two or three deep; file sizes
+# log-normal around 5 KiB with a long tail (mean ~17 KiB).
+made = 0
+while made < n:
+    d = os.path.join(root, "crate%04d" % (made // 60), "src", "m%02d" % ((made // 12) % 5))
+    os.makedirs(d, exist_ok=True)
+    for _ in range(min(12, n - made)):
+        size = min(int(rng.lognormvariate(8.6, 1.5)), 8 << 20)
+        with open(os.path.join(d, "f%05d.rs" % made), "wb") as f:
+            f.write(rng.randbytes(size))
+        made += 1
+PY
+  tar cf "$tree_tar.part" -C "$BASE/tree" . && mv "$tree_tar.part" "$tree_tar"
+  rm -rf "$BASE/tree"
+fi
+tree_bytes=$(tar tvf "$tree_tar" | awk '{ s += $3 } END { print s }')
+
+start_server 4G
+mount_fs "$BASE/rmemfs" "$SERVER_ADDR"
+mkdir -p "$BASE/tmpfs"
+mount -t tmpfs -o size=4G tmpfs "$BASE/tmpfs"
+
+# seconds CMD...: how long CMD took.
+seconds() {
+  local t0 t1
+  t0=$(date +%s.%N)
+  "$@"
+  t1=$(date +%s.%N)
+  echo "$t1 - $t0" | bc
+}
+
+results=$BASE/results.tsv # target, measure, seconds
+: >"$results"
+record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$results"; echo "   $1 $2: $3 s" >&2; }
+
+for target in tmpfs rmemfs; do
+  dir=$BASE/$target
+  echo "== $target: the $TAR_FILES-file tree ($((tree_bytes / 1000000)) MB)" >&2
+  sync
+  echo 3 >/proc/sys/vm/drop_caches
+  cat "$tree_tar" >/dev/null # the tar itself from the page cache, for both targets
+  [ "$target" = rmemfs ] && "$BIN" stats --json "$dir" >"$BASE/before.json"
+  record "$target" "tar xf" "$(seconds timeout -k 10 600 tar xf "$tree_tar" -C "$dir")"
+  record "$target" "sync" "$(seconds timeout -k 10 600 sync -f "$dir")"
+  [ "$target" = rmemfs ] && "$BIN" stats --json "$dir" >"$BASE/after.json"
+  record "$target" "rm -rf" "$(seconds timeout -k 10 600 find "$dir" -mindepth 1 -delete)"
+done
+
+for target in tmpfs rmemfs; do
+  dir=$BASE/$target
+  echo "== $target: $FILES files of 100 bytes" >&2
+  [ "$target" = rmemfs ] && base_kib=$(awk '/VmRSS/ { print $2 }' \
+    "/proc/$(daemon_pids "$dir" | head -1)/status")
+  created=$(seconds python3 - "$dir/many" "$FILES" <<'PY'
 import os, sys
 d, n = sys.argv[1], int(sys.argv[2])
 os.mkdir(d)
@@ -33,13 +102,54 @@ for i in range(n):
     with open(os.path.join(sub, "f%06d" % i), "w") as f:
         f.write("x" * 100)
 PY
-created=$(echo "$(date +%s.%N) - $start" | bc)
-after_kib=$(rss)
-per_file=$(( (after_kib - base_kib) * 1024 / FILES ))
-echo "files created: $FILES in ${created}s"
-echo "daemon RSS: $((base_kib / 1024)) MiB at mount, $((after_kib / 1024)) MiB with $FILES files: $per_file bytes per file"
-echo "target: under 200 MiB + 1 KiB/file = $(( 200 + FILES / 1024 )) MiB"
-t0=$(date +%s.%N); n=$(ls -l "$BASE/mnt/many/d000" | wc -l); t1=$(date +%s.%N)
-echo "ls -l of a directory of $((n - 1)) entries: $(echo "$t1 - $t0" | bc)s"
-t0=$(date +%s.%N); cp -a "$BASE/mnt/many/d000" "$BASE/mnt/copy"; t1=$(date +%s.%N)
-echo "cp -a of a $((n - 1))-file tree inside the mount: $(echo "$t1 - $t0" | bc)s"
+)
+  record "$target" "create $FILES files" "$created"
+  [ "$target" = rmemfs ] && after_kib=$(awk '/VmRSS/ { print $2 }' \
+    "/proc/$(daemon_pids "$dir" | head -1)/status")
+  entries=$(find "$dir/many/d000" -mindepth 1 -maxdepth 1 | wc -l)
+  sync
+  echo 3 >/proc/sys/vm/drop_caches
+  record "$target" "ls -l $entries entries" "$(seconds sh -c "ls -l '$dir/many/d000' >/dev/null")"
+  record "$target" "cp -a $entries files" "$(seconds cp -a "$dir/many/d000" "$dir/copy")"
+done
+unmount_fs "$BASE/rmemfs"
+umount "$BASE/tmpfs"
+
+python3 - "$results" "$BASE/before.json" "$BASE/after.json" "$TAR_FILES" "$FILES" \
+  "$base_kib" "$after_kib" "$OUT" <<'PY'
+import json, os, sys
+results, before, after, tar_files, files, base_kib, after_kib, out = sys.argv[1:9]
+tar_files, files, base_kib, after_kib = int(tar_files), int(files), int(base_kib), int(after_kib)
+rows = {}
+measures = []
+for line in open(results):
+    target, measure, secs = line.rstrip("\n").split("\t")
+    rows.setdefault(target, {})[measure] = float(secs)
+    if measure not in measures:
+        measures.append(measure)
+print(f"\n# metadata-heavy work, seconds (one run; tmpfs and rmemfs with one memory server)")
+print(f"{'measure':<26} {'tmpfs':>9} {'rmemfs':>9} {'rmemfs/tmpfs':>13}")
+for m in measures:
+    t, r = rows["tmpfs"][m], rows["rmemfs"][m]
+    print(f"{m:<26} {t:>9.3f} {r:>9.3f} {r / t if t else 0:>12.1f}x")
+req = lambda path: {op: v["count"] for op, v in json.load(open(path))["requests"].items()}
+b, a = req(before), req(after)
+per_file = {op: (a[op] - b.get(op, 0)) / tar_files for op in a if a[op] - b.get(op, 0) > 0}
+total = sum(per_file.values())
+print(f"\n# FUSE requests per extracted file (tar xf and sync -f, {tar_files} files): {total:.2f}")
+print("  " + ", ".join(f"{op} {n:.2f}" for op, n in sorted(per_file.items(), key=lambda x: -x[1])))
+per = (after_kib - base_kib) * 1024 // files
+print(f"\n# mount daemon RSS: {base_kib // 1024} MiB at mount, {after_kib // 1024} MiB with {files} "
+      f"files: {per} bytes per file (target: under 200 MiB + 1 KiB per file)")
+summary = {"seconds": rows, "requests_per_tar_file": per_file,
+           "daemon_rss_kib": {"at_mount": base_kib, "with_files": after_kib},
+           "tar_files": tar_files, "files": files}
+json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=2)
+spec = {"title": f"metadata-heavy work: a {tar_files}-file tree and {files} small files",
+        "series": ["tmpfs", "rmemfs"],
+        "panels": [{"heading": "time per step (one run)", "unit": "seconds", "log": True,
+                    "groups": measures,
+                    "values": [[rows["tmpfs"][m], rows["rmemfs"][m]] for m in measures]}]}
+json.dump(spec, open(os.path.join(out, "spec.json"), "w"), indent=1)
+PY
+draw_chart "$OUT/spec.json" "$OUT/chart.svg"

@@ -13,8 +13,9 @@
 #   tools/bench-replicas.sh
 #   SIZE=256M RUNTIME=8 REBUILD_DATA=1G tools/bench-replicas.sh
 #
-# Results in OUT (default target/bench-replicas): fio JSON per run and summary.json. Needs root
-# and /dev/fuse; installs fio when missing (Debian).
+# Results in OUT (default target/bench-replicas): fio JSON per run, summary.json, and chart.svg
+# (the fio figures with one and two copies). Needs root and /dev/fuse; installs fio when missing
+# (Debian).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=mount-tests/lib.sh
@@ -30,13 +31,14 @@ JOBS=(seq-write seq-read rand-write rand-read)
 
 ensure_packages fio:fio python3:python3 fusermount3:fuse3 numfmt:coreutils
 check_prereqs mount serve || exit 2
+check_bench bars || exit 2
 size_bytes=$(numfmt --from=iec "$SIZE")
 data_bytes=$(numfmt --from=iec "$REBUILD_DATA")
 # Room for one fio file in two copies, or for the rebuild data in two copies on two servers.
 SERVER_SIZE=$(((size_bytes * 2 > data_bytes ? size_bytes * 2 : data_bytes) / 1048576 + 128))M
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-rm -f "$OUT"/*.json "$OUT"/*.txt
+rm -f "$OUT"/*.json "$OUT"/*.txt "$OUT/chart.svg"
 lib_init benchrep
 
 # three_servers: starts three memory servers; sets PIDS and ADDRS.
@@ -164,5 +166,20 @@ summary = {"fio": res, "failover_pause": pause,
                        "mb_s_end_to_end": rate, "pass_mb_s": last_rate / 1e6}}
 with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
+seq, rand = ["seq-read", "seq-write"], ["rand-read", "rand-write"]
+spec = {
+    "title": "one copy against two, three servers on loopback (fio psync)",
+    "series": ["--replicas 1", "--replicas 2"],
+    "panels": [
+        {"heading": "1 MiB sequential", "unit": "MB/s", "groups": seq,
+         "values": [[res[j]["replicas_1"]["mb_s"], res[j]["replicas_2"]["mb_s"]] for j in seq]},
+        {"heading": "4 KiB random", "unit": "thousands of IOPS", "groups": rand,
+         "values": [[res[j]["replicas_1"]["iops"] / 1e3, res[j]["replicas_2"]["iops"] / 1e3]
+                    for j in rand]},
+    ],
+}
+with open(os.path.join(out, "spec.json"), "w") as f:
+    json.dump(spec, f, indent=1)
 print(f"\n# results in {out}")
 PY
+draw_chart "$OUT/spec.json" "$OUT/chart.svg"

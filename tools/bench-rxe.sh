@@ -13,8 +13,8 @@
 #   3. the mount's switches on verbs (tools/bench-switches.sh): --reg-cache mrrc|lru|none and
 #      --write-path frrwp|serial;
 #   4. `rmemfs-bench frrwp --fabric verbs`: serial against FRRWP writes to fresh memory.
-# Prints the ratios rmemfs/ib_read_bw, rmemfs/ib_write_bw and rmemfs p50/ib_read_lat; results
-# and logs in target/bench-rxe/.
+# Prints the ratios rmemfs/ib_read_bw, rmemfs/ib_write_bw and rmemfs p50/ib_read_lat, and draws
+# them in chart.svg; results and logs in target/bench-rxe/.
 #
 # Settings: SIZE (fio file size, default 128M), RUNTIME (cap per fio job, default 30 s),
 # SWITCH_FILES and SWITCH_MB (bench-switches, default 2 files of 16 MiB), FRRWP_ITERS (20),
@@ -48,6 +48,7 @@ export RMEMFS_EXPECT_FABRIC=verbs
 # shellcheck source=mount-tests/lib.sh
 . mount-tests/lib.sh
 DEV=${RMEMFS_RXE_DEVICE:-rxe0}
+check_bench bars || exit 2
 lib_init bench-rxe
 
 # perftest TOOL ARGS...: server and client of TOOL on $DEV over loopback (GID 1 is the
@@ -102,7 +103,8 @@ fi
 
 if [[ " $PARTS " == *" switches "* ]]; then
   echo "== the mount's switches on verbs"
-  FILES=$SWITCH_FILES MB=$SWITCH_MB tools/bench-switches.sh | tee "$OUT/switches.txt"
+  FILES=$SWITCH_FILES MB=$SWITCH_MB OUT=$OUT/switches tools/bench-switches.sh |
+    tee "$OUT/switches.txt"
 fi
 if [[ " $PARTS " == *" frrwp "* ]]; then
   echo "== rmemfs-bench frrwp on verbs"
@@ -153,5 +155,18 @@ tcp = os.path.join(out, "fio-tcp-rand-read.json")
 if os.path.exists(tcp):
     _, t_p50, t_iops = fio("tcp-rand-read")
     print(f"(the same over the tcp fabric in this guest: p50 {t_p50:.1f} us, {t_iops:.0f} IOPS)")
+spec = {
+    "title": f"rmemfs over verbs against perftest, one rxe boot (TCG guest; fio {size} psync)",
+    "series": ["rmemfs (fio)", "perftest"],
+    "panels": [
+        {"heading": "1 MiB: fio seq against ib_read_bw / ib_write_bw", "unit": "MiB/s",
+         "groups": ["read", "write"], "values": [[r_bw, read_bw], [w_bw, write_bw]]},
+        {"heading": "4 KiB read: fio rand-read p50 against ib_read_lat", "unit": "microseconds",
+         "groups": ["latency"], "values": [[rr_p50, read_lat]]},
+    ],
+}
+with open(os.path.join(out, "spec.json"), "w") as f:
+    json.dump(spec, f, indent=1)
 PY
+draw_chart "$OUT/spec.json" "$OUT/chart.svg"
 cleanup

@@ -3,6 +3,8 @@
 # process): --reg-cache mrrc|lru|none and --write-path frrwp|serial. For each setting: write
 # new files (fresh remote memory: allocation on every chunk), overwrite them (chunks exist),
 # and read them back with cold caches; MB/s from dd, plus the registration cache counters.
+# Prints a row per setting as it finishes, then draws OUT/chart.svg (default OUT
+# target/bench-switches; the figures are in OUT/results.tsv and the chart's spec.json).
 #
 #   tools/bench-switches.sh            # 8 files of 32 MiB per setting
 #   FILES=4 MB=64 tools/bench-switches.sh
@@ -12,7 +14,12 @@ cd "$(dirname "$0")/.."
 . mount-tests/lib.sh
 FILES=${FILES:-8}
 MB=${MB:-32}
+OUT=${OUT:-target/bench-switches}
 check_prereqs mount serve stats || exit 2
+check_bench bars || exit 2
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+: >"$OUT/results.tsv"
 lib_init switches
 start_server "$((FILES * MB * 2 + 256))M"
 ADDR=$SERVER_ADDR
@@ -38,8 +45,12 @@ run() {
   hits=$("$BIN" stats "$BASE/mnt" | sed -n 's/.*hit ratio \([0-9.]*%\).*/\1/p')
   local regs
   regs=$("$BIN" stats "$BASE/mnt" | sed -n '3s/ *registrations \([0-9]*\).*batches.*/\1/p')
-  printf "%-22s %12.0f %12.0f %10.0f %10s %8s\n" "$label" "$(echo "$w_new / $FILES" | bc -l)" \
-    "$(echo "$w_over / $FILES" | bc -l)" "$(echo "$r / $FILES" | bc -l)" "$hits" "$regs"
+  local row
+  row=$(printf "%.0f\t%.0f\t%.0f" "$(echo "$w_new / $FILES" | bc -l)" \
+    "$(echo "$w_over / $FILES" | bc -l)" "$(echo "$r / $FILES" | bc -l)")
+  [[ $label == "("* ]] || printf "%s\t%s\n" "$label" "$row" >>"$OUT/results.tsv"
+  # shellcheck disable=SC2086 # three figures
+  printf "%-22s %12s %12s %10s %10s %8s\n" "$label" ${row//$'\t'/ } "$hits" "$regs"
   rm -f "$BASE"/mnt/f*
   unmount_fs "$BASE/mnt"
 }
@@ -51,3 +62,21 @@ run "reg-cache lru" --reg-cache lru
 run "reg-cache none" --reg-cache none
 run "write-path frrwp" --write-path frrwp
 run "write-path serial" --write-path serial
+
+# The chart: one bar per setting in each of the three measures.
+awk -F'\t' -v files="$FILES" -v mb="$MB" '
+  { name[NR] = $1; v[NR, 1] = $2; v[NR, 2] = $3; v[NR, 3] = $4 }
+  END {
+    printf "{\"title\": \"the mount'"'"'s switches: %d files x %d MiB, dd bs=1M, one server on loopback\",\n", files, mb
+    printf " \"series\": ["
+    for (i = 1; i <= NR; i++) printf "%s\"%s\"", (i > 1 ? ", " : ""), name[i]
+    printf "],\n \"panels\": [{\"heading\": \"dd throughput per setting\", \"unit\": \"MB/s\",\n"
+    printf "   \"groups\": [\"new files\", \"overwrite\", \"read, cold cache\"], \"values\": ["
+    for (m = 1; m <= 3; m++) {
+      printf "%s[", (m > 1 ? ", " : "")
+      for (i = 1; i <= NR; i++) printf "%s%s", (i > 1 ? ", " : ""), v[i, m]
+      printf "]"
+    }
+    print "]}]}"
+  }' "$OUT/results.tsv" >"$OUT/spec.json"
+draw_chart "$OUT/spec.json" "$OUT/chart.svg"

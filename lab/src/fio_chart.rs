@@ -5,9 +5,7 @@
 //! at 4 KiB, and a linear axis would flatten every other bar. The numbers themselves are in
 //! the script's tables and JSON.
 
-use crate::chart::TickAxis;
-use plotters::prelude::*;
-use plotters::style::text_anchor::{HPos, Pos, VPos};
+use crate::bars::{self, Panel, Spec};
 use serde_json::Value;
 
 /// Jobs of 1 MiB blocks, plotted in MB/s, in this order (those present).
@@ -21,121 +19,6 @@ const BIG_JOBS: [&str; 6] = [
 ];
 /// Jobs of 4 KiB blocks, plotted in thousands of IOPS.
 const SMALL_JOBS: [&str; 4] = ["rand-read", "rand-read-4j", "rand-write", "rand-write-4j"];
-
-const PALETTE: [RGBColor; 6] = [
-    RGBColor(0x88, 0x88, 0x88),
-    RGBColor(0x2c, 0xa0, 0x2c),
-    RGBColor(0x1f, 0x77, 0xb4),
-    RGBColor(0xff, 0x7f, 0x0e),
-    RGBColor(0xd6, 0x27, 0x28),
-    RGBColor(0x94, 0x67, 0xbd),
-];
-
-/// One bar group per job, one bar per target (0 where a target lacks the job).
-struct Panel {
-    heading: &'static str,
-    y_label: &'static str,
-    jobs: Vec<&'static str>,
-    /// `values[job][target]`
-    values: Vec<Vec<f64>>,
-}
-
-type DrawResult<'a> = Result<(), Box<dyn std::error::Error + 'a>>;
-
-fn panel<'a>(
-    area: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
-    p: &Panel,
-) -> DrawResult<'a> {
-    let groups = p.jobs.len();
-    // Log axis: ticks at 1, 3, 10, 30, ... between the decades around the values.
-    let positive = || p.values.iter().flatten().copied().filter(|&v| v > 0.0);
-    let max = positive().fold(1.0, f64::max);
-    let min = positive().fold(max, f64::min);
-    let (lo, hi) = (
-        min.log10().floor().min(max.log10().floor() - 1.0),
-        max.log10().ceil(),
-    );
-    let y_ticks: Vec<f64> = (lo as i32..=hi as i32)
-        .flat_map(|d| [f64::from(d), f64::from(d) + 3f64.log10()])
-        .filter(|&t| t <= hi)
-        .collect();
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            p.heading,
-            ("sans-serif", 18).into_font().style(FontStyle::Bold),
-        )
-        .margin(12)
-        .x_label_area_size(34)
-        .y_label_area_size(70)
-        .build_cartesian_2d(
-            TickAxis {
-                range: -0.5..groups as f64 - 0.5,
-                ticks: (0..groups).map(|g| g as f64).collect(),
-            },
-            TickAxis {
-                range: lo..hi,
-                ticks: y_ticks,
-            },
-        )?;
-    let jobs = p.jobs.clone();
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
-        .y_desc(p.y_label)
-        .x_label_formatter(&move |v| {
-            let g = v.round();
-            if g >= 0.0 && (g as usize) < jobs.len() {
-                jobs[g as usize].to_string()
-            } else {
-                String::new()
-            }
-        })
-        .y_label_formatter(&|v| format!("{}", 10f64.powf(*v).round()))
-        .label_style(("sans-serif", 14))
-        .axis_desc_style(("sans-serif", 15))
-        .draw()?;
-    for (g, row) in p.values.iter().enumerate() {
-        let width = 0.8 / row.len().max(1) as f64;
-        for (t, &v) in row.iter().enumerate() {
-            let x0 = g as f64 - 0.4 + t as f64 * width;
-            let colour = PALETTE[t % PALETTE.len()];
-            if v > 0.0 {
-                chart.draw_series(std::iter::once(Rectangle::new(
-                    [(x0, lo), (x0 + width * 0.9, v.log10())],
-                    colour.filled(),
-                )))?;
-            }
-        }
-    }
-    Ok(())
-}
-
-fn legend<'a>(
-    area: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
-    targets: &[String],
-) -> DrawResult<'a> {
-    let (w, h) = area.dim_in_pixel();
-    let entry = 170;
-    let mut x = (w as i32 - entry * targets.len() as i32).max(0) / 2;
-    let y = h as i32 / 2;
-    for (t, name) in targets.iter().enumerate() {
-        area.draw(&Rectangle::new(
-            [(x, y - 7), (x + 24, y + 7)],
-            PALETTE[t % PALETTE.len()].filled(),
-        ))?;
-        area.draw(&Text::new(
-            name.clone(),
-            (x + 32, y),
-            TextStyle::from(("sans-serif", 16)).pos(Pos::new(HPos::Left, VPos::Center)),
-        ))?;
-        x += entry;
-    }
-    Ok(())
-}
-
-const SVG_W: u32 = 1200;
-const SVG_H: u32 = 820;
 
 /// The targets of `summary["results"]` in `order` first (those present), then any others
 /// by name.
@@ -161,8 +44,8 @@ fn build_panel(
     jobs: &[&'static str],
     field: &str,
     scale: f64,
-    heading: &'static str,
-    y_label: &'static str,
+    heading: &str,
+    unit: &str,
 ) -> Panel {
     let present: Vec<&'static str> = jobs
         .iter()
@@ -186,9 +69,10 @@ fn build_panel(
         })
         .collect();
     Panel {
-        heading,
-        y_label,
-        jobs: present,
+        heading: heading.into(),
+        unit: unit.into(),
+        log: true,
+        groups: present.iter().map(|j| j.to_string()).collect(),
         values,
     }
 }
@@ -210,7 +94,7 @@ pub fn render(summary: &Value, order: &[&str]) -> Result<String, String> {
         "mb_s",
         1.0,
         "1 MiB blocks: throughput",
-        "MB/s (log scale)",
+        "MB/s",
     );
     let small = build_panel(
         results,
@@ -219,7 +103,7 @@ pub fn render(summary: &Value, order: &[&str]) -> Result<String, String> {
         "iops",
         1e-3,
         "4 KiB blocks: operations",
-        "thousands of IOPS (log scale)",
+        "thousands of IOPS",
     );
     let title = match summary.get("config") {
         Some(c) => format!(
@@ -229,31 +113,15 @@ pub fn render(summary: &Value, order: &[&str]) -> Result<String, String> {
         ),
         None => "fio on rmemfs and its peers".into(),
     };
-    let mut svg = String::new();
-    draw(&mut svg, &title, &big, &small, &targets).map_err(|e| e.to_string())?;
-    Ok(svg)
-}
-
-fn draw<'a>(
-    buf: &'a mut String,
-    title: &str,
-    big: &Panel,
-    small: &Panel,
-    targets: &[String],
-) -> DrawResult<'a> {
-    let root = SVGBackend::with_string(buf, (SVG_W, SVG_H)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let root = root.titled(title, ("sans-serif", 24))?;
-    let (charts, legend_area) = root.split_vertically(SVG_H as i32 - 80);
-    let halves = charts.split_evenly((2, 1));
-    for (area, p) in halves.iter().zip([big, small]) {
-        if !p.jobs.is_empty() {
-            panel(area, p)?;
-        }
-    }
-    legend(&legend_area, targets)?;
-    root.present()?;
-    Ok(())
+    let panels = [big, small]
+        .into_iter()
+        .filter(|p| !p.groups.is_empty())
+        .collect();
+    bars::render(&Spec {
+        title,
+        series: targets,
+        panels,
+    })
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! the registration caches).
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod bars;
 pub mod bench;
 mod chart;
 pub mod fio_chart;

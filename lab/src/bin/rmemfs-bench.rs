@@ -56,6 +56,14 @@ enum Cmd {
         /// Where to write the SVG.
         out: PathBuf,
     },
+    /// Draw a benchmark script's chart spec (JSON: title, series, panels of bar groups) as an
+    /// SVG of grouped bars; see the lab's `bars` module for the format.
+    Bars {
+        /// The chart spec the script wrote.
+        spec: PathBuf,
+        /// Where to write the SVG.
+        out: PathBuf,
+    },
     /// Measure the TCP fabric against plain TCP on loopback (throughput and latency ratios).
     Fabric {
         /// Operation sizes.
@@ -155,6 +163,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Chart { summary, out } => chart(&summary, &out),
+        Cmd::Bars { spec, out } => rmemfs_lab::bars::render_file(&spec, &out),
         Cmd::Peer { listen } => bench::run_peer(listen).map_err(|e| e.to_string()),
         Cmd::Handshake { iters } => bench::find_rmemfs(cli.rmemfs.as_deref()).and_then(|rmemfs| {
             bench::run_handshake(&rmemfs, iters).map_err(|e| format!("benchmark failed: {e}"))
