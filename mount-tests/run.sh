@@ -860,6 +860,10 @@ test_package() {
   done
   dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/share/man/man1/rmemfs-mount.1.gz | zcat |
     grep -qF -- '\-\-servers' || fail "rmemfs-mount.1 does not document --servers"
+  # Debian's own checks: nothing to report (overrides, each with its reason, are packaged).
+  local lint
+  lint=$(t lintian "$deb" 2>&1 | grep -E '^[EWIXP]: ' || true)
+  [ -z "$lint" ] || fail "lintian reports: $(tr '\n' ' ' <<<"$lint")"
   if [ "$(dpkg-query -W -f='${Status}' rmemfs 2>/dev/null)" = "install ok installed" ]; then
     log "an rmemfs package is installed already: not installing over it"
     return 0
@@ -1096,7 +1100,7 @@ main() {
   ensure_packages fio:fio sqlite3:sqlite3 git:git fusermount3:fuse3 rsync:rsync tar:tar \
     pgrep:procps mountpoint:util-linux fuser:psmisc setfattr:attr cmp:diffutils \
     python3:python3 perl:perl chattr:e2fsprogs systemd-analyze:systemd \
-    setfacl:acl promtool:prometheus curl:curl prlimit:util-linux
+    setfacl:acl promtool:prometheus curl:curl prlimit:util-linux lintian:lintian
   check_prereqs mount serve || exit 2
   lib_init mt
 

@@ -7,6 +7,7 @@
 #   dpkg -i target/debian/rmemfs_*.deb
 #
 # Installs cargo-deb (cargo install --locked) when missing. Needs only Rust and dpkg.
+# `lintian target/debian/rmemfs_*.deb` finds nothing to report (checked with Debian 12's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! cargo deb --version >/dev/null 2>&1; then
@@ -24,5 +25,7 @@ target/release/rmemfs completions bash >"$dist/completions/rmemfs"
 target/release/rmemfs completions zsh >"$dist/completions/_rmemfs"
 target/release/rmemfs completions fish >"$dist/completions/rmemfs.fish"
 echo "== cargo deb" >&2
-cargo deb --no-build -q >&2
+# Stripped: the package carries no debug information (the release profile keeps some for
+# profiling builds from source).
+cargo deb --no-build --strip -q >&2
 ls -t target/debian/rmemfs_*.deb | head -n 1
