@@ -44,6 +44,23 @@ test_cp_tree() {
   compare_trees "$SRC" "$MNT/rsync" "after rsync -a into the mount"
   must "cp -a back out" cp -a "$MNT/tree" "$WORK/back"
   compare_trees "$SRC" "$WORK/back" "after cp -a back out"
+  # `ls -lR` with cold caches: names and attributes come with the directory reads
+  # (READDIRPLUS), not a LOOKUP per entry.
+  [ "${RMEMFS_TEST_DROP_CACHES:-1}" = 1 ] || return 0
+  local before after entries
+  drop_caches "$MNT" || fail "drop caches failed"
+  before=$(t "$BIN" stats --json "$MNT")
+  entries=$(t ls -lR "$MNT/tree" | grep -c '^[-dl]') || fail "ls -lR failed"
+  after=$(t "$BIN" stats --json "$MNT")
+  python3 - "$before" "$after" "$entries" <<'PY' || fail "ls -lR took a lookup per entry"
+import json, sys
+b, a = (json.loads(x)["requests"] for x in sys.argv[1:3])
+delta = lambda op: a.get(op, {"count": 0})["count"] - b.get(op, {"count": 0})["count"]
+entries = int(sys.argv[3])
+print(f"ls -lR of {entries} entries: {delta('readdirplus')} readdirplus, {delta('lookup')} lookups",
+      file=sys.stderr)
+sys.exit(0 if delta("readdirplus") > 0 and delta("lookup") < entries / 2 else 1)
+PY
 }
 
 # A tar archive streamed into rmemfs is byte-identical to one made on local disk, extracts

@@ -1495,6 +1495,32 @@ impl Fs {
         offset: u64,
         add: &mut dyn FnMut(DirEntry) -> bool,
     ) -> Result<()> {
+        self.list(ino, fh, offset, &mut |e, _| add(e), false)
+    }
+
+    /// [`Fs::readdir`] with each entry's attributes (FUSE's READDIRPLUS), so `ls -l` needs no
+    /// LOOKUP per entry. The kernel takes a reference to every entry but "." and ".." it
+    /// is given, as a lookup does: `add` returns `false` for an entry that did not fit (the
+    /// reply is full; the listing stops there), and only the entries it took are counted.
+    pub fn readdirplus(
+        &self,
+        ino: Ino,
+        fh: u64,
+        offset: u64,
+        add: &mut dyn FnMut(DirEntry, &Attr) -> bool,
+    ) -> Result<()> {
+        self.list(ino, fh, offset, &mut |e, a| add(e, a.expect("plus")), true)
+    }
+
+    /// The listing behind both: attributes are made (and taken entries counted) with `plus`.
+    fn list(
+        &self,
+        ino: Ino,
+        fh: u64,
+        offset: u64,
+        add: &mut dyn FnMut(DirEntry, Option<&Attr>) -> bool,
+        plus: bool,
+    ) -> Result<()> {
         let listing = match self.dir_streams.lock().get(&fh) {
             None => return Err(err(libc::EBADF)),
             Some(l) if offset > 0 => l.clone(),
@@ -1525,16 +1551,34 @@ impl Fs {
         let entries = listing[start..]
             .iter()
             .filter_map(|(c, name)| Some((*c, &name[..], dir.get(name)?)));
+        let mut taken = Vec::new();
         for (cookie, name, child) in dot_entries.chain(entries) {
-            let kind = meta.get(child).map_or(Kind::File, |i| i.kind);
+            let inode = meta.get(child);
+            let kind = inode.map_or(Kind::File, |i| i.kind);
+            let attr = match inode {
+                Some(i) if plus => Some(attr_of(child, i)),
+                // Every listed name has its inode; without one it is not listed with
+                // attributes.
+                None if plus => continue,
+                _ => None,
+            };
             let entry = DirEntry {
                 ino: child,
                 offset: cookie,
                 kind,
                 name: name.to_vec(),
             };
-            if !add(entry) {
+            if !add(entry, attr.as_ref()) {
                 break;
+            }
+            // "." and ".." (the cookies below the first entry's) are not references.
+            if plus && cookie >= crate::meta::FIRST_ENTRY_COOKIE {
+                taken.push(child);
+            }
+        }
+        for child in taken {
+            if let Some(i) = meta.get_mut(child) {
+                i.lookups += 1;
             }
         }
         Ok(())

@@ -13,8 +13,8 @@ use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
     Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner,
     OpenFlags, PollEvents, PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll,
-    ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
+    ReplyPoll, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -30,11 +30,13 @@ const MAX_WRITE: u32 = crate::config::IO_SIZE as u32;
 /// The fuser file system: a thin shell around [`Fs`].
 pub struct FuseFs {
     fs: Arc<Fs>,
+    /// Offer READDIRPLUS (`-o nordirplus`: no).
+    readdirplus: bool,
 }
 
 impl FuseFs {
-    pub fn new(fs: Arc<Fs>) -> FuseFs {
-        FuseFs { fs }
+    pub fn new(fs: Arc<Fs>, readdirplus: bool) -> FuseFs {
+        FuseFs { fs, readdirplus }
     }
 
     /// Makes `fs` tell the kernel of `session` when an inode's attributes change behind its
@@ -307,6 +309,16 @@ impl Filesystem for FuseFs {
         let more = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_CACHE_SYMLINKS;
         if let Err(missing) = config.add_capabilities(more) {
             log::info!("the kernel lacks {missing:?}");
+        }
+        // READDIRPLUS: a directory read carries each entry's attributes, so `ls -l` and
+        // `find -ls` need no LOOKUP per entry. AUTO lets the kernel use it where lookups
+        // follow directory reads (the first read of a directory, then as advised), so a
+        // plain `ls` of a huge directory does not instantiate an inode per entry.
+        if self.readdirplus {
+            let plus = InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
+            if let Err(missing) = config.add_capabilities(plus) {
+                log::info!("the kernel lacks {missing:?}");
+            }
         }
         // File handles (NFS export, name_to_handle_at) decode through LOOKUP of "." and "..".
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT) {
@@ -598,6 +610,32 @@ impl Filesystem for FuseFs {
                     e.offset,
                     file_type(e.kind),
                     OsStr::from_bytes(&e.name),
+                )
+            });
+            match res {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        self.contain("readdirplus", req, || {
+            let res = self.fs.readdirplus(ino.0, fh.0, offset, &mut |e, a| {
+                !reply.add(
+                    INodeNo(e.ino),
+                    e.offset,
+                    OsStr::from_bytes(&e.name),
+                    &TTL,
+                    &file_attr(a),
+                    Generation(0),
                 )
             });
             match res {

@@ -336,6 +336,7 @@ fn fuser_config(
     let mut dir_atime = true;
     let mut acl = true;
     let mut writeback = true;
+    let mut readdirplus = true;
     let mut opts = vec![O::DefaultPermissions, O::Subtype("rmemfs".into())];
     for o in options
         .iter()
@@ -363,6 +364,9 @@ fn fuser_config(
             "noacl" => acl = false,
             "writeback_cache" => writeback = true,
             "no_writeback_cache" => writeback = false,
+            // NFS's names for the same choice.
+            "rdirplus" => readdirplus = true,
+            "nordirplus" => readdirplus = false,
             "diratime" => dir_atime = true,
             // Timestamps live in the daemon's memory only: there is no disk write for
             // lazytime to put off.
@@ -393,6 +397,7 @@ fn fuser_config(
             dir_atime,
             acl,
             writeback,
+            readdirplus,
         },
     ))
 }
@@ -408,6 +413,8 @@ struct MountChoices {
     /// The kernel's writeback cache (`writeback_cache`, the default, or
     /// `no_writeback_cache`).
     writeback: bool,
+    /// READDIRPLUS offered to the kernel (`rdirplus`, the default, or `nordirplus`).
+    readdirplus: bool,
 }
 
 /// Roughly the most dirty page cache this mount may hold: the machine's dirty threshold
@@ -650,8 +657,12 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
             writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
         },
     ));
-    let mut session = fuser::Session::new(FuseFs::new(fs.clone()), &mountpoint, &fuse_config)
-        .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
+    let mut session = fuser::Session::new(
+        FuseFs::new(fs.clone(), choices.readdirplus),
+        &mountpoint,
+        &fuse_config,
+    )
+    .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
     FuseFs::forward_invalidations(&fs, &session);
 
     let rebuilder = crate::rebuild::Rebuilder::start(
@@ -755,6 +766,9 @@ mod tests {
         assert_eq!((c.atime, c.dir_atime), (crate::fs::Atime::Strict, false));
         let (_, c) = fuser_config(&["noatime".into()], 1).unwrap();
         assert_eq!(c.atime, crate::fs::Atime::Never);
+        assert!(c.readdirplus);
+        let (_, c) = fuser_config(&["nordirplus".into()], 1).unwrap();
+        assert!(!c.readdirplus);
         assert_eq!(cfg.n_threads, Some(4));
         assert!(cfg
             .mount_options

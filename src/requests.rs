@@ -8,7 +8,7 @@
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// Every operation the adapter answers, in `stats` order.
-pub const OPS: [&str; 37] = [
+pub const OPS: [&str; 38] = [
     "lookup",
     "forget",
     "getattr",
@@ -29,6 +29,7 @@ pub const OPS: [&str; 37] = [
     "fsync",
     "opendir",
     "readdir",
+    "readdirplus",
     "releasedir",
     "fsyncdir",
     "statfs",

@@ -988,3 +988,81 @@ fn truncation_and_chown_drop_set_id_bits_as_the_kernel_expects() {
     chown(&t, "d", 1000, 1000);
     assert_eq!(t.fs.getattr(t.resolve("d").unwrap()).unwrap().perm, 0o2775);
 }
+
+#[test]
+fn readdirplus_gives_attributes_and_counts_a_reference_per_entry_taken() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    let d = t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+    for name in ["a", "b", "c"] {
+        t.create(&format!("d/{name}")).unwrap();
+    }
+    t.write_file("d/b", 0, b"twelve bytes").unwrap();
+    let e = t.fs.mkdir(d, b"e", 0o700, ME).unwrap().ino;
+    let ino = |name: &str| t.resolve(&format!("d/{name}")).unwrap();
+    let (a, b_ino, c) = (ino("a"), ino("b"), ino("c"));
+    // Start from no kernel references (creations and lookups counted some).
+    for i in [a, b_ino, c, e] {
+        t.fs.forget(i, u64::MAX);
+    }
+    let fh = t.fs.opendir(d).unwrap();
+    // A reply with room for ".", "..", "a" and "b" only: "c" does not fit.
+    let mut got = Vec::new();
+    t.fs.readdirplus(d, fh, 0, &mut |entry, attr| {
+        if got.len() == 4 {
+            return false;
+        }
+        assert_eq!(attr.ino, entry.ino, "attributes of the entry itself");
+        got.push((
+            String::from_utf8(entry.name).unwrap(),
+            entry.offset,
+            attr.clone(),
+        ));
+        true
+    })
+    .unwrap();
+    let names: Vec<&str> = got.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(names, [".", "..", "a", "b"]);
+    assert_eq!(got[0].2.ino, d);
+    assert_eq!(got[1].2.ino, ROOT_INO);
+    let b = &got[3].2;
+    assert_eq!((b.size, b.perm), (12, 0o644));
+    assert_eq!(
+        b,
+        &t.fs.getattr(b_ino).unwrap(),
+        "the same attributes getattr gives"
+    );
+    // The rest, from the last entry taken: "c" and "e".
+    let mut rest = Vec::new();
+    t.fs.readdirplus(d, fh, got[3].1, &mut |entry, _| {
+        rest.push(String::from_utf8(entry.name).unwrap());
+        true
+    })
+    .unwrap();
+    assert_eq!(rest, ["c", "e"]);
+    t.fs.releasedir(fh);
+
+    // "a" was taken once: unlinked, it lives (a handle to it is stale) until forgotten once.
+    t.fs.unlink(d, b"a").unwrap();
+    assert_eq!(t.fs.lookup(a, b".").unwrap_err().errno, libc::ESTALE);
+    t.fs.forget(a, 1);
+    assert_eq!(t.fs.lookup(a, b".").unwrap_err().errno, libc::ENOENT);
+    // "c" did not fit the first reply but was taken by the second: also one reference.
+    t.fs.unlink(d, b"c").unwrap();
+    assert_eq!(t.fs.lookup(c, b".").unwrap_err().errno, libc::ESTALE);
+    t.fs.forget(c, 1);
+    assert_eq!(t.fs.lookup(c, b".").unwrap_err().errno, libc::ENOENT);
+
+    // "." and ".." are never references: e listed as "." is gone as soon as it is removed.
+    t.fs.forget(e, u64::MAX);
+    let fh = t.fs.opendir(e).unwrap();
+    let mut dots = 0;
+    t.fs.readdirplus(e, fh, 0, &mut |_, _| {
+        dots += 1;
+        true
+    })
+    .unwrap();
+    t.fs.releasedir(fh);
+    assert_eq!(dots, 2);
+    t.fs.rmdir(d, b"e").unwrap();
+    assert_eq!(t.fs.lookup(e, b".").unwrap_err().errno, libc::ENOENT);
+}
