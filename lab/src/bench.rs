@@ -355,6 +355,9 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
     let window = max_size * max_depth;
     let arena = (window + (64 << 20)).max(256 << 20);
     let arena_arg = arena.to_string();
+    // All the memory measurement's clients connect from 127.0.0.1: the per-peer cap must let
+    // them in (the benchmark's own pool and its window take two more).
+    let per_peer = (cfg.clients + 2).to_string();
     let (server, server_addr) = spawn_listener(
         &cfg.rmemfs,
         &[
@@ -363,6 +366,8 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
             "127.0.0.1:0",
             "--size",
             arena_arg.as_str(),
+            "--max-connections-per-peer",
+            per_peer.as_str(),
         ],
     )?;
     let (_peer, peer_addr) = spawn_listener(
