@@ -95,6 +95,28 @@ check_bench() {
   done
 }
 
+# mount_inproc MNT SIZE: the product's mount over the in-process fabric with an embedded
+# server of SIZE (`rmemfs-bench mount`, in a background job: INPROC_PID), the ceiling of
+# rmemfs's own code plus FUSE with no network on the data path. unmount_inproc MNT ends it.
+INPROC_PID=""
+mount_inproc() {
+  local mnt=$1 size=$2 i
+  mkdir -p "$mnt"
+  "$BENCH_BIN" mount "$mnt" --size "$size" >"$BASE/logs/mount-inproc.log" 2>&1 &
+  INPROC_PID=$!
+  for ((i = 0; i < 150; i++)); do
+    is_mounted "$mnt" && return 0
+    kill -0 "$INPROC_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  echo "rmemfs-bench mount failed: $(tail -n 3 "$BASE/logs/mount-inproc.log")" >&2
+  return 1
+}
+unmount_inproc() {
+  timeout -k 10 60 umount "$1"
+  wait "$INPROC_PID"
+}
+
 # draw_chart SPEC SVG: a benchmark's chart from its spec (`rmemfs-bench bars`, the lab's
 # bars module; scripts that draw call `check_bench bars` first, so a missing lab fails early).
 draw_chart() {

@@ -87,23 +87,9 @@ run_jobs tmpfs "$BASE/tmpfs"
 timeout -k 10 60 umount "$BASE/tmpfs"
 
 echo "== rmemfs over the in-process fabric ($SERVER_SIZE; no network on the data path)"
-# The ceiling of rmemfs's own code plus FUSE: the product's mount with an embedded server and
-# the in-process fabric (`rmemfs-bench mount`), in the foreground of a background job.
-mkdir -p "$BASE/mnt-0"
-"$BENCH_BIN" mount "$BASE/mnt-0" --size "$SERVER_SIZE" >"$BASE/logs/mount-inproc.log" 2>&1 &
-inproc_pid=$!
-for ((i = 0; i < 150; i++)); do
-  is_mounted "$BASE/mnt-0" && break
-  kill -0 "$inproc_pid" 2>/dev/null || break
-  sleep 0.2
-done
-if ! is_mounted "$BASE/mnt-0"; then
-  echo "rmemfs-bench mount failed: $(tail -n 3 "$BASE/logs/mount-inproc.log")" >&2
-  exit 1
-fi
+mount_inproc "$BASE/mnt-0" "$SERVER_SIZE" || exit 1
 run_jobs rmemfs-inproc "$BASE/mnt-0"
-timeout -k 10 60 umount "$BASE/mnt-0"
-wait "$inproc_pid"
+unmount_inproc "$BASE/mnt-0"
 
 echo "== rmemfs over one server ($SERVER_SIZE)"
 start_server "$SERVER_SIZE"

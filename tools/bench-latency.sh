@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Where a 4 KiB random read's time goes (#13 item 7), in one run:
+#   1. plain TCP 4 KiB request/response and the fabric's own 4 KiB READ at depth 1
+#      (`rmemfs-bench fabric`): the loopback round trip and its thread wake-ups;
+#   2. fio 4 KiB random reads (tools/fio/rand-read.fio: psync, one job, every block from the
+#      file system) on the in-process mount (FUSE and rmemfs's code, no network) and on a tcp
+#      mount of one memory server, each time with the daemon's own figures from
+#      `rmemfs stats --json`: the read handler's time (from FUSE's request to the reply) and
+#      the fabric batches inside it (post to last completion).
+# The split, per read, from means: FUSE and the kernel = fio's completion latency - the
+# handler; rmemfs's code = the handler - its fabric batches; the fabric batch against the
+# fabric's bare READ and plain TCP. Prints a table and draws OUT/chart.svg (default OUT
+# target/bench-latency).
+#
+#   tools/bench-latency.sh
+#   SIZE=256M RUNTIME=8 tools/bench-latency.sh
+#
+# Needs root and /dev/fuse; installs fio when missing (Debian).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=mount-tests/lib.sh
+. mount-tests/lib.sh
+
+SIZE=${SIZE:-256M}
+RUNTIME=${RUNTIME:-8}
+OUT=${OUT:-target/bench-latency}
+ensure_packages fio:fio python3:python3
+check_prereqs mount serve stats || exit 2
+check_bench bars fabric mount || exit 2
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+rm -f "$OUT"/*.json "$OUT"/*.txt "$OUT/chart.svg"
+lib_init bench-latency
+
+echo "== the fabric and plain TCP, 4 KiB at depth 1" >&2
+timeout -k 10 600 "$BENCH_BIN" fabric --rmemfs "$BIN" --sizes 4K --depths 1 --bytes 16M \
+  --clients 1 >"$OUT/fabric.txt"
+
+# fio_with_stats NAME DIR: fio rand-read on DIR, the daemon's stats before and after.
+fio_with_stats() {
+  local name=$1 dir=$2
+  echo "== fio 4 KiB random reads: $name" >&2
+  "$BIN" stats --json "$dir" >"$OUT/$name-before.json"
+  DIR=$dir BS=4k SIZE=$SIZE RUNTIME=$RUNTIME timeout -k 10 $((RUNTIME + 600)) \
+    fio --output-format=json --output="$OUT/$name-fio.json" tools/fio/rand-read.fio >/dev/null
+  "$BIN" stats --json "$dir" >"$OUT/$name-after.json"
+  timeout -k 10 120 rm -f "$dir"/rand-read.*
+}
+
+mount_inproc "$BASE/mnt-0" 1G || exit 1
+fio_with_stats inproc "$BASE/mnt-0"
+unmount_inproc "$BASE/mnt-0"
+
+start_server 4G
+mount_fs "$BASE/mnt" "$SERVER_ADDR"
+fio_with_stats tcp "$BASE/mnt"
+unmount_fs "$BASE/mnt"
+
+python3 - "$OUT" "$SIZE" <<'PY'
+import json, os, re, sys
+out, size = sys.argv[1:3]
+
+def fabric_p50(what):
+    for line in open(os.path.join(out, "fabric.txt")):
+        if line.startswith(what):
+            return float(line[len(what):].split()[0])
+    raise SystemExit(f"no '{what}' line in fabric.txt")
+
+tcp_p50 = fabric_p50("plain TCP req/resp 4KiB")
+read_p50 = fabric_p50("fabric READ 4KiB")
+
+def run(name):
+    text = open(os.path.join(out, f"{name}-fio.json")).read()
+    read = json.loads(text[text.index("{"):])["jobs"][0]["read"]
+    clat = read["clat_ns"]
+    before, after = (json.load(open(os.path.join(out, f"{name}-{w}.json"))) for w in ("before", "after"))
+
+    def delta_mean(section, op):
+        b = before.get(section, {}).get(op, {"count": 0, "mean_us": 0})
+        a = after.get(section, {}).get(op, {"count": 0, "mean_us": 0})
+        n = a["count"] - b["count"]
+        total = a["count"] * a["mean_us"] - b["count"] * b["mean_us"]
+        return n, (total / n if n else 0.0)
+
+    reads, handler = delta_mean("requests", "read")
+    batches, batch = delta_mean("fabric_batches", "read")
+    # Batches per read request (readahead may gather several blocks into one request).
+    per_read = batches / reads if reads else 0.0
+    return {"iops": read["iops"], "p50_us": clat["percentile"]["50.000000"] / 1e3,
+            "mean_us": clat["mean"] / 1e3, "reads": reads, "handler_us": handler,
+            "batch_us": batch, "batches_per_read": per_read}
+
+r = {"inproc": run("inproc"), "tcp": run("tcp")}
+print(f"\n# a 4 KiB random read (fio psync, {size}, one job), microseconds; means unless p50")
+print(f"{'':<34} {'in-process':>11} {'tcp, 1 server':>14}")
+for key, label in [("p50_us", "fio completion p50"), ("mean_us", "fio completion mean"),
+                   ("iops", "IOPS")]:
+    print(f"{label:<34} {r['inproc'][key]:>11.1f} {r['tcp'][key]:>14.1f}")
+split = {}
+for name, x in r.items():
+    fabric = x["batch_us"] * x["batches_per_read"]
+    split[name] = {"fuse_kernel": x["mean_us"] - x["handler_us"],
+                   "rmemfs_code": x["handler_us"] - fabric, "fabric": fabric}
+for key, label in [("fuse_kernel", "FUSE and kernel (fio - handler)"),
+                   ("rmemfs_code", "rmemfs's code (handler - fabric)"),
+                   ("fabric", "fabric batches in the handler")]:
+    print(f"{label:<34} {split['inproc'][key]:>11.1f} {split['tcp'][key]:>14.1f}")
+print(f"{'read requests (batches per read)':<34} {r['inproc']['reads']:>6} ({r['inproc']['batches_per_read']:.2f})"
+      f" {r['tcp']['reads']:>7} ({r['tcp']['batches_per_read']:.2f})")
+print(f"\n# the fabric alone (rmemfs-bench fabric, depth 1, p50): READ 4 KiB {read_p50:.1f} us; "
+      f"plain TCP request/response 4 KiB {tcp_p50:.1f} us")
+ratio = r["tcp"]["p50_us"] / read_p50
+print(f"# target: fio p50 <= 1.2x the fabric's READ p50: {r['tcp']['p50_us']:.1f} / {read_p50:.1f} = {ratio:.2f}x")
+json.dump({"runs": r, "split_us": split, "fabric_read_p50_us": read_p50,
+           "plain_tcp_p50_us": tcp_p50}, open(os.path.join(out, "summary.json"), "w"), indent=2)
+groups = ["FUSE and kernel", "rmemfs's code", "fabric batch"]
+keys = ["fuse_kernel", "rmemfs_code", "fabric"]
+spec = {"title": f"where a 4 KiB random read's time goes (fio psync, {size}; means)",
+        "series": ["in-process mount", "tcp mount, 1 server"],
+        "panels": [
+            {"heading": "per read, from the daemon's own timing", "unit": "microseconds",
+             "groups": groups,
+             "values": [[max(split["inproc"][k], 0), max(split["tcp"][k], 0)] for k in keys]},
+            {"heading": "whole read (fio) against the bare fabric and TCP (p50)",
+             "unit": "microseconds",
+             "groups": ["fio p50", "fabric READ p50", "plain TCP p50"],
+             "values": [[r["inproc"]["p50_us"], r["tcp"]["p50_us"]], [0, read_p50], [0, tcp_p50]]},
+        ]}
+json.dump(spec, open(os.path.join(out, "spec.json"), "w"), indent=1)
+PY
+draw_chart "$OUT/spec.json" "$OUT/chart.svg"
