@@ -1591,6 +1591,15 @@ impl Fs {
     /// can be allocated (a partly used chunk's room counts for nothing; fragmentation inside
     /// a server's arena is not seen, its free bytes are taken as whole chunks).
     pub fn statfs(&self) -> StatFs {
+        // Frees go out without waiting (an unlink makes no round trip): their answers carry
+        // the capacity this counts.
+        self.data.pool().settle_frees();
+        self.statfs_as_heard()
+    }
+
+    /// [`Fs::statfs`] from the capacity last heard, frees still in flight not counted (for
+    /// decisions that must not wait, such as [`Fs::direct_writes`] on every open).
+    fn statfs_as_heard(&self) -> StatFs {
         let cs = self.data.chunk_size();
         let up: Vec<_> = self
             .data
@@ -1671,7 +1680,7 @@ impl Fs {
         if !self.config.writeback {
             return false;
         }
-        let s = self.statfs();
+        let s = self.statfs_as_heard();
         s.blocks_free.saturating_mul(s.block_size as u64) < self.config.writeback_low_water
     }
 

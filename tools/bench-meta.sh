@@ -6,7 +6,10 @@
 #      operation, from `rmemfs stats --json` before and after;
 #   2. FILES files of 100 bytes created by one python process (10,000 per directory), the mount
 #      daemon's resident memory with them, `ls -l` of one 10,000-entry directory and `cp -a` of
-#      it inside the same file system.
+#      it inside the same file system;
+#   3. with BUILD=1 (the default; needs cargo and this repository's crates in ~/.cargo): a
+#      debug `cargo build --offline` of this repository (git archive HEAD) with its source and
+#      target directory inside the file system.
 # Metadata is local to the daemon: only file contents cross the fabric.
 #
 #   tools/bench-meta.sh                       # 10,000-file tree, 100,000 small files
@@ -21,6 +24,7 @@ cd "$(dirname "$0")/.."
 . mount-tests/lib.sh
 FILES=${FILES:-100000}
 TAR_FILES=${TAR_FILES:-10000}
+BUILD=${BUILD:-1}
 OUT=${OUT:-target/bench-meta}
 ensure_packages python3:python3 tar:tar bc:bc
 check_prereqs mount serve stats || exit 2
@@ -112,6 +116,24 @@ PY
   record "$target" "ls -l $entries entries" "$(seconds sh -c "ls -l '$dir/many/d000' >/dev/null")"
   record "$target" "cp -a $entries files" "$(seconds cp -a "$dir/many/d000" "$dir/copy")"
 done
+if [ "$BUILD" = 1 ]; then
+  if ! command -v cargo >/dev/null 2>&1; then
+    echo "# no cargo: the build step is skipped" >&2
+  else
+    # rmemfs first: whatever the first build warms (the crates' sources in the page cache)
+    # then helps tmpfs, so the comparison does not flatter rmemfs.
+    for target in rmemfs tmpfs; do
+      dir=$BASE/$target/build
+      echo "== $target: cargo build (debug) of this repository" >&2
+      mkdir -p "$dir"
+      git archive HEAD | tar x -C "$dir"
+      sync
+      record "$target" "cargo build" "$(seconds timeout -k 10 1800 env -u CARGO_TARGET_DIR \
+        cargo build --offline --quiet --manifest-path "$dir/Cargo.toml")"
+      rm -rf "$dir"
+    done
+  fi
+fi
 unmount_fs "$BASE/rmemfs"
 umount "$BASE/tmpfs"
 

@@ -167,9 +167,10 @@ struct Server {
     health: Mutex<Health>,
     /// When the heartbeat now unanswered was sent (none outstanding: `None`).
     beat_sent: Arc<Mutex<Option<Instant>>>,
-    /// Extents let go of (address, key) while the server was down: freed there when it
-    /// resumes this pool's session, forgotten if it comes back empty.
-    unfreed: Mutex<Vec<(u64, u64)>>,
+    /// Extents let go of (address, key) while the server was down, or whose free the
+    /// connection lost: freed there when it resumes this pool's session, forgotten if it
+    /// comes back empty.
+    unfreed: Arc<Mutex<Vec<(u64, u64)>>>,
     /// Times it went down or came back up.
     transitions: AtomicU64,
 }
@@ -359,6 +360,25 @@ pub struct Pool {
     next_batch: AtomicU64,
     /// How long a batch may make no progress before its unanswered allocations are given up.
     timeout: Duration,
+    /// Frees sent whose answers have not come (see [`Pool::free`]).
+    frees_out: Arc<FreesOut>,
+}
+
+/// A count of frees in flight, and its waiters ([`Pool::settle_frees`]).
+#[derive(Default)]
+struct FreesOut {
+    count: Mutex<u64>,
+    zero: Condvar,
+}
+
+impl FreesOut {
+    fn done(&self) {
+        let mut n = self.count.lock();
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.zero.notify_all();
+        }
+    }
 }
 
 /// Opens one server's connections: the control session (authenticated), then, when
@@ -441,7 +461,7 @@ impl Pool {
                     backoff: crate::config::RECONNECT_BACKOFF_MIN,
                 }),
                 beat_sent: Arc::new(Mutex::new(None)),
-                unfreed: Mutex::new(Vec::new()),
+                unfreed: Arc::new(Mutex::new(Vec::new())),
                 transitions: AtomicU64::new(0),
             });
         }
@@ -454,6 +474,7 @@ impl Pool {
             dispatch,
             next_batch: AtomicU64::new(1),
             timeout: config.timeout,
+            frees_out: Arc::default(),
         })
     }
 
@@ -825,7 +846,14 @@ impl Pool {
         }
     }
 
-    /// Gives an extent back to its server.
+    /// Gives an extent back to its server, without waiting for the answer: an unlink or a
+    /// truncation costs no round trip. The request goes out on the server's control
+    /// connection, which the server serves in order, so whatever this pool asks of it later
+    /// (an allocation, a `Stat`) finds the memory free. The answer updates the capacity last
+    /// heard ([`Pool::settle_frees`] waits for the answers still out, for `statfs`). A free
+    /// whose connection breaks first is kept with the frees of a server that is down: sent
+    /// again if the server resumes this pool's session (a second free of an extent already
+    /// freed is refused by its key), forgotten if it comes back without it.
     pub fn free(&self, region: RemoteRegion) -> Result<(), PoolError> {
         let s = self.server(region.server)?;
         if s.is_failed() {
@@ -835,26 +863,44 @@ impl Pool {
             }
             return Err(s.failed_error());
         }
-        let reply = s.link().control.request(|tag| Message::Free {
-            tag,
-            addr: region.addr,
-            rkey: region.rkey,
-        });
-        match reply {
-            Ok(Message::Freed { capacity, .. }) => {
-                *s.capacity.lock() = capacity;
-                Ok(())
-            }
-            Ok(Message::Refused { code, message, .. }) => Err(PoolError::Refused {
-                addr: s.addr,
-                code,
-                message,
+        let (capacity, unfreed, out) = (
+            s.capacity.clone(),
+            s.unfreed.clone(),
+            self.frees_out.clone(),
+        );
+        let (addr, rkey) = (region.addr, region.rkey);
+        *out.count.lock() += 1;
+        let sent = s.link().control.send_with_handler(
+            |tag| Message::Free { tag, addr, rkey },
+            Box::new(move |reply| {
+                match reply {
+                    Some(Message::Freed { capacity: c, .. }) => *capacity.lock() = c,
+                    Some(other) => log::debug!("freeing the extent at {addr:#x}: {other:?}"),
+                    None => unfreed.lock().push((addr, rkey)),
+                }
+                out.done();
             }),
-            Ok(other) => Err(PoolError::Invalid(format!("unexpected reply {other:?}"))),
-            Err(e) => {
-                s.mark_failed();
-                Err(e)
+        );
+        if let Err(e) = sent {
+            // Not sent: the handler is never called.
+            self.frees_out.done();
+            s.mark_failed();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Waits (at most the control timeout) until every free sent has been answered, so the
+    /// capacity last heard from each server counts what was given back.
+    pub fn settle_frees(&self) {
+        let deadline = Instant::now() + self.timeout;
+        let mut n = self.frees_out.count.lock();
+        while *n > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
             }
+            n = self.frees_out.zero.wait_timeout(n, left).0;
         }
     }
 
