@@ -1926,142 +1926,170 @@ impl Fs {
         })
     }
 
+    /// What `rmemfs stats` prints: [`Fs::stats_json`] as text, so a figure is added once.
     pub fn stats_text(&self) -> String {
-        use std::fmt::Write;
-        let c = self.data.cache_stats();
-        let pool = self.data.pool();
-        let f = pool.fabric().counters();
-        let mut out = String::new();
-        let _ = writeln!(out, "registration cache: {:?}", self.data.cache_policy());
-        let _ = writeln!(
-            out,
-            "  lookups {} (hits {}, subset hits {}, overlaps {}, misses {}), hit ratio {:.1}%",
-            c.lookups(),
-            c.hits,
-            c.subset_hits,
-            c.overlaps,
-            c.misses,
-            100.0 * c.hit_ratio()
-        );
-        let _ = writeln!(
-            out,
-            "  registrations {} ({} pages), deregistrations {} in {} batches ({} pages), \
-             full-cache events {}",
-            c.registrations,
-            c.registered_pages,
-            c.deregistrations,
-            c.deregistration_batches,
-            c.deregistered_pages,
-            c.full_events
-        );
-        let _ = writeln!(
-            out,
-            "  cached regions {}, pinned {} pages",
-            c.regions, c.pinned_pages
-        );
-        let _ = writeln!(out, "fabric: {}", pool.fabric().name());
-        let _ = writeln!(
-            out,
-            "  reads {} ({} bytes), writes {} ({} bytes), failed {} (remote access errors {}); \
-             remote requests refused here {}",
-            f.reads,
-            f.bytes_read,
-            f.writes,
-            f.bytes_written,
-            f.failed,
-            f.remote_errors,
-            f.remote_refused
-        );
-        let _ = writeln!(
-            out,
-            "  registrations {}, deregistrations {} in {} batches, pinned {} bytes{}",
-            f.registrations,
-            f.deregistrations,
-            f.deregistration_batches,
-            pool.fabric().pinned_bytes(),
-            match pool.fabric().unpinned_bytes() {
-                0 => String::new(),
-                n => format!(", unpinned {n} bytes (the memlock limit, `ulimit -l`, refused more)"),
-            }
-        );
-        let _ = writeln!(
-            out,
-            "  batches, post to last completion: kind count mean_us p50_us p99_us"
-        );
-        for o in pool.batch_latency() {
-            let _ = writeln!(
-                out,
-                "    {} {} {} {} {}",
-                o.op, o.count, o.mean_us, o.p50_us, o.p99_us
-            );
-        }
-        for s in pool.status() {
-            let age = s.since.elapsed().unwrap_or_default().as_secs();
-            let _ = writeln!(
-                out,
-                "server {} {}: {}, since {} ({age} s); {} of {} bytes free; down {} times",
-                s.id,
-                s.addr,
-                match s.state {
-                    crate::client::ServerState::Up => "up",
-                    crate::client::ServerState::Down => "DOWN",
-                    crate::client::ServerState::Rejoining => "REJOINING",
-                },
-                utc(s.since),
-                s.capacity.free,
-                s.capacity.total,
-                s.downs
-            );
-        }
-        let h = self.replica_health();
-        let _ = writeln!(
-            out,
-            "chunks: {} copies each; healthy {}, degraded {}, lost {}",
-            self.data.replicas(),
-            h.healthy,
-            h.degraded,
-            h.lost
-        );
-        let r = &self.rebuild;
-        let _ = writeln!(
-            out,
-            "rebuild: {}; {} passes, {} chunks ({} bytes) copied, last rate {} bytes/s, {} \
-             chunks left short of copies",
-            if r.running.load(Ordering::Relaxed) {
-                "running"
-            } else {
-                "idle"
-            },
-            r.passes.load(Ordering::Relaxed),
-            r.chunks_rebuilt.load(Ordering::Relaxed),
-            r.bytes_copied.load(Ordering::Relaxed),
-            r.last_rate.load(Ordering::Relaxed),
-            r.left_degraded.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(out, "inodes: {}", self.inode_count());
-        let _ = writeln!(
-            out,
-            "requests failed by a contained panic: {}",
-            self.contained_panics()
-        );
-        let _ = writeln!(out, "requests: op count mean_us p50_us p99_us");
-        for o in self.requests.summary() {
-            let _ = writeln!(
-                out,
-                "  {} {} {} {} {}",
-                o.op, o.count, o.mean_us, o.p50_us, o.p99_us
-            );
-        }
-        out
+        stats_text_of(&self.stats_json())
     }
 }
 
-/// `YYYY-MM-DD HH:MM:SS UTC` (days to a civil date: H. Hinnant's algorithm), for `stats`.
-fn utc(t: SystemTime) -> String {
-    let secs = t
+/// The text of `rmemfs stats` from the object [`Fs::stats_json`] builds.
+fn stats_text_of(v: &serde_json::Value) -> String {
+    use std::fmt::Write;
+    // Field `path` ("a.b") as a number, or as text; absent fields read 0 and "".
+    let field = |path: &str| path.split('.').try_fold(v, |v, k| v.get(k));
+    let n = |path: &str| field(path).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let t = |path: &str| {
+        field(path)
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let mut out = String::new();
+    let rc = |k: &str| n(&format!("registration_cache.{k}"));
+    let (lookups, hits) = (rc("lookups"), rc("hits") + rc("subset_hits"));
+    let _ = writeln!(
+        out,
+        "registration cache: {}",
+        t("registration_cache.policy")
+    );
+    let _ = writeln!(
+        out,
+        "  lookups {lookups} (hits {}, subset hits {}, overlaps {}, misses {}), hit ratio {:.1}%",
+        rc("hits"),
+        rc("subset_hits"),
+        rc("overlaps"),
+        rc("misses"),
+        if lookups == 0 {
+            0.0
+        } else {
+            100.0 * hits as f64 / lookups as f64
+        }
+    );
+    let _ = writeln!(
+        out,
+        "  registrations {} ({} pages), deregistrations {} in {} batches ({} pages), \
+         full-cache events {}",
+        rc("registrations"),
+        rc("registered_pages"),
+        rc("deregistrations"),
+        rc("deregistration_batches"),
+        rc("deregistered_pages"),
+        rc("full_events")
+    );
+    let _ = writeln!(
+        out,
+        "  cached regions {}, pinned {} pages",
+        rc("regions"),
+        rc("pinned_pages")
+    );
+    let fab = |k: &str| n(&format!("fabric.{k}"));
+    let _ = writeln!(out, "fabric: {}", t("fabric.name"));
+    let _ = writeln!(
+        out,
+        "  reads {} ({} bytes), writes {} ({} bytes), failed {} (remote access errors {}); \
+         remote requests refused here {}",
+        fab("reads"),
+        fab("bytes_read"),
+        fab("writes"),
+        fab("bytes_written"),
+        fab("failed"),
+        fab("remote_errors"),
+        fab("remote_refused")
+    );
+    let _ = writeln!(
+        out,
+        "  registrations {}, deregistrations {} in {} batches, pinned {} bytes{}",
+        fab("registrations"),
+        fab("deregistrations"),
+        fab("deregistration_batches"),
+        fab("pinned_bytes"),
+        match fab("unpinned_bytes") {
+            0 => String::new(),
+            n => format!(", unpinned {n} bytes (the memlock limit, `ulimit -l`, refused more)"),
+        }
+    );
+    // Per operation: count, mean, p50 and p99 in µs (by name: JSON objects keep keys sorted).
+    let by_op = |out: &mut String, key: &str, indent: &str| {
+        for (op, f) in v.get(key).and_then(|o| o.as_object()).into_iter().flatten() {
+            let g = |k: &str| f.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "{indent}{op} {} {} {} {}",
+                g("count"),
+                g("mean_us"),
+                g("p50_us"),
+                g("p99_us")
+            );
+        }
+    };
+    let _ = writeln!(
+        out,
+        "  batches, post to last completion: kind count mean_us p50_us p99_us"
+    );
+    by_op(&mut out, "fabric_batches", "    ");
+    let now = SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+        .map_or(0, |d| d.as_secs());
+    for s in v
+        .get("servers")
+        .and_then(|s| s.as_array())
+        .into_iter()
+        .flatten()
+    {
+        let g = |k: &str| s.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+        let state = s.get("state").and_then(|x| x.as_str()).unwrap_or("");
+        let _ = writeln!(
+            out,
+            "server server#{} {}: {}, since {} ({} s); {} of {} bytes free; down {} times",
+            g("id"),
+            s.get("addr").and_then(|x| x.as_str()).unwrap_or(""),
+            // Trouble in capitals, to stand out.
+            if state == "up" {
+                state.to_string()
+            } else {
+                state.to_uppercase()
+            },
+            utc(g("since")),
+            now.saturating_sub(g("since")),
+            g("free_bytes"),
+            g("total_bytes"),
+            g("downs")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "chunks: {} copies each; healthy {}, degraded {}, lost {}",
+        n("chunks.copies"),
+        n("chunks.healthy"),
+        n("chunks.degraded"),
+        n("chunks.lost")
+    );
+    let rb = |k: &str| n(&format!("rebuild.{k}"));
+    let running = field("rebuild.running").and_then(serde_json::Value::as_bool) == Some(true);
+    let _ = writeln!(
+        out,
+        "rebuild: {}; {} passes, {} chunks ({} bytes) copied, last rate {} bytes/s, {} \
+         chunks left short of copies",
+        if running { "running" } else { "idle" },
+        rb("passes"),
+        rb("chunks_rebuilt"),
+        rb("bytes_copied"),
+        rb("last_rate_bytes_per_s"),
+        rb("chunks_left_degraded")
+    );
+    let _ = writeln!(out, "inodes: {}", n("inodes"));
+    let _ = writeln!(
+        out,
+        "requests failed by a contained panic: {}",
+        n("contained_panics")
+    );
+    let _ = writeln!(out, "requests: op count mean_us p50_us p99_us");
+    by_op(&mut out, "requests", "  ");
+    out
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` (days to a civil date: H. Hinnant's algorithm), for `stats`.
+fn utc(secs: u64) -> String {
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
@@ -2078,4 +2106,64 @@ fn utc(t: SystemTime) -> String {
         rem / 60 % 60,
         rem % 60
     )
+}
+
+#[cfg(test)]
+mod stats_text_tests {
+    use super::{stats_text_of, utc};
+
+    #[test]
+    fn the_text_renders_every_section_of_the_json() {
+        let v = serde_json::json!({
+            "registration_cache": {"policy": "mrrc", "lookups": 4, "hits": 2, "subset_hits": 1,
+                                   "overlaps": 0, "misses": 1, "regions": 3},
+            "fabric": {"name": "tcp", "reads": 7, "bytes_read": 28672, "unpinned_bytes": 4096},
+            "fabric_batches": {"read": {"count": 7, "mean_us": 45, "p50_us": 64, "p99_us": 128}},
+            "servers": [
+                {"id": 0, "addr": "127.0.0.1:7471", "state": "up", "since": 0,
+                 "free_bytes": 10, "total_bytes": 20, "downs": 0},
+                {"id": 1, "addr": "127.0.0.1:7472", "state": "down", "since": 86_400,
+                 "free_bytes": 0, "total_bytes": 20, "downs": 2}
+            ],
+            "chunks": {"copies": 2, "healthy": 5, "degraded": 1, "lost": 0},
+            "rebuild": {"running": true, "passes": 1},
+            "inodes": 9,
+            "contained_panics": 0,
+            "requests": {"read": {"count": 7, "mean_us": 70, "p50_us": 64, "p99_us": 128},
+                         "lookup": {"count": 2, "mean_us": 10, "p50_us": 16, "p99_us": 16}}
+        });
+        let text = stats_text_of(&v);
+        for line in [
+            "registration cache: mrrc",
+            "  lookups 4 (hits 2, subset hits 1, overlaps 0, misses 1), hit ratio 75.0%",
+            "  cached regions 3, pinned 0 pages",
+            "fabric: tcp",
+            "  reads 7 (28672 bytes), writes 0 (0 bytes), failed 0 (remote access errors 0); \
+             remote requests refused here 0",
+            "    read 7 45 64 128",
+            "chunks: 2 copies each; healthy 5, degraded 1, lost 0",
+            "inodes: 9",
+            "  lookup 2 10 16 16",
+            "  read 7 70 64 128",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line:?} missing from\n{text}"
+            );
+        }
+        assert!(text.contains("unpinned 4096 bytes"), "{text}");
+        assert!(text.contains("rebuild: running; 1 passes"), "{text}");
+        assert!(text.contains("server server#0 127.0.0.1:7471: up, since 1970-01-01 00:00:00 UTC"));
+        assert!(
+            text.contains("server server#1 127.0.0.1:7472: DOWN, since 1970-01-02 00:00:00 UTC")
+        );
+        assert!(text.contains("0 of 20 bytes free; down 2 times"), "{text}");
+    }
+
+    #[test]
+    fn utc_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        // 2024-02-29 12:34:56 UTC, a leap day.
+        assert_eq!(utc(1_709_210_096), "2024-02-29 12:34:56 UTC");
+    }
 }
