@@ -1593,7 +1593,9 @@ impl Fs {
     pub fn statfs(&self) -> StatFs {
         // Frees go out without waiting (an unlink makes no round trip): their answers carry
         // the capacity this counts.
-        self.data.pool().settle_frees();
+        self.data
+            .pool()
+            .settle_frees(crate::config::STATFS_FREES_WAIT);
         self.statfs_as_heard()
     }
 
@@ -1859,13 +1861,15 @@ impl Fs {
             .collect();
         let h = self.replica_health();
         let r = &self.rebuild;
-        // Per operation name: count, mean, p50 and p99 in µs.
+        // Per operation name: count, mean, p50 and p99 in µs, and the time of all of them (for
+        // exact means between two snapshots).
         let by_op = |summaries: Vec<crate::requests::OpSummary>| {
             summaries
                 .into_iter()
                 .map(|o| {
                     let figures = json!({"count": o.count, "mean_us": o.mean_us,
-                                         "p50_us": o.p50_us, "p99_us": o.p99_us});
+                                         "p50_us": o.p50_us, "p99_us": o.p99_us,
+                                         "total_ns": o.total_nanos});
                     (o.op.to_string(), figures)
                 })
                 .collect::<serde_json::Map<String, serde_json::Value>>()

@@ -336,7 +336,7 @@ fn hostile_messages_close_only_their_connection() {
     // for their answer, so the proof is that the owner still reads and writes it.
     let other = pool(&[server.addr]);
     other.free(r).unwrap();
-    other.settle_frees();
+    other.settle_frees(Duration::from_secs(10));
     buf.fill(0);
     good.read(r, 0, mr.sge(0, 4096)).unwrap();
     assert_eq!(buf.to_vec(0, 4096), vec![3; 4096]);

@@ -47,11 +47,13 @@ fio_with_stats() {
   timeout -k 10 120 rm -f "$dir"/rand-read.*
 }
 
-mount_inproc "$BASE/mnt-0" 1G || exit 1
+# Room for the fio file and the mount's own use, as the tcp server below.
+size_bytes=$(numfmt --from=iec "$SIZE")
+mount_inproc "$BASE/mnt-0" "$((size_bytes / 1048576 + 256))M" || exit 1
 fio_with_stats inproc "$BASE/mnt-0"
 unmount_inproc "$BASE/mnt-0"
 
-start_server 4G
+start_server "$((size_bytes / 1048576 + 256))M"
 mount_fs "$BASE/mnt" "$SERVER_ADDR"
 fio_with_stats tcp "$BASE/mnt"
 unmount_fs "$BASE/mnt"
@@ -76,11 +78,11 @@ def run(name):
     before, after = (json.load(open(os.path.join(out, f"{name}-{w}.json"))) for w in ("before", "after"))
 
     def delta_mean(section, op):
-        b = before.get(section, {}).get(op, {"count": 0, "mean_us": 0})
-        a = after.get(section, {}).get(op, {"count": 0, "mean_us": 0})
+        b = before.get(section, {}).get(op, {"count": 0, "total_ns": 0})
+        a = after.get(section, {}).get(op, {"count": 0, "total_ns": 0})
         n = a["count"] - b["count"]
-        total = a["count"] * a["mean_us"] - b["count"] * b["mean_us"]
-        return n, (total / n if n else 0.0)
+        total_us = (a["total_ns"] - b["total_ns"]) / 1e3
+        return n, (total_us / n if n else 0.0)
 
     reads, handler = delta_mean("requests", "read")
     batches, batch = delta_mean("fabric_batches", "read")

@@ -64,11 +64,12 @@ mount_fs "$BASE/rmemfs" "$SERVER_ADDR"
 mkdir -p "$BASE/tmpfs"
 mount -t tmpfs -o size=4G tmpfs "$BASE/tmpfs"
 
-# seconds CMD...: how long CMD took.
+# seconds CMD...: how long CMD took; fails when CMD does (command substitution drops set -e,
+# so callers check: `s=$(seconds ...) || exit 1`).
 seconds() {
   local t0 t1
   t0=$(date +%s.%N)
-  "$@"
+  "$@" || return
   t1=$(date +%s.%N)
   echo "$t1 - $t0" | bc
 }
@@ -76,6 +77,13 @@ seconds() {
 results=$BASE/results.tsv # target, measure, seconds
 : >"$results"
 record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$results"; echo "   $1 $2: $3 s" >&2; }
+# timed TARGET MEASURE CMD...: records how long CMD took; a failed CMD ends the benchmark.
+timed() {
+  local target=$1 measure=$2 secs
+  shift 2
+  secs=$(seconds "$@") || { echo "$target: $measure failed: $*" >&2; exit 1; }
+  record "$target" "$measure" "$secs"
+}
 
 for target in tmpfs rmemfs; do
   dir=$BASE/$target
@@ -84,10 +92,10 @@ for target in tmpfs rmemfs; do
   echo 3 >/proc/sys/vm/drop_caches
   cat "$tree_tar" >/dev/null # the tar itself from the page cache, for both targets
   [ "$target" = rmemfs ] && "$BIN" stats --json "$dir" >"$BASE/before.json"
-  record "$target" "tar xf" "$(seconds timeout -k 10 600 tar xf "$tree_tar" -C "$dir")"
-  record "$target" "sync" "$(seconds timeout -k 10 600 sync -f "$dir")"
+  timed "$target" "tar xf" timeout -k 10 600 tar xf "$tree_tar" -C "$dir"
+  timed "$target" "sync" timeout -k 10 600 sync -f "$dir"
   [ "$target" = rmemfs ] && "$BIN" stats --json "$dir" >"$BASE/after.json"
-  record "$target" "rm -rf" "$(seconds timeout -k 10 600 find "$dir" -mindepth 1 -delete)"
+  timed "$target" "rm -rf" timeout -k 10 600 find "$dir" -mindepth 1 -delete
 done
 
 for target in tmpfs rmemfs; do
@@ -95,7 +103,7 @@ for target in tmpfs rmemfs; do
   echo "== $target: $FILES files of 100 bytes" >&2
   [ "$target" = rmemfs ] && base_kib=$(awk '/VmRSS/ { print $2 }' \
     "/proc/$(daemon_pids "$dir" | head -1)/status")
-  created=$(seconds python3 - "$dir/many" "$FILES" <<'PY'
+  timed "$target" "create $FILES files" python3 -c '
 import os, sys
 d, n = sys.argv[1], int(sys.argv[2])
 os.mkdir(d)
@@ -105,16 +113,14 @@ for i in range(n):
         os.mkdir(sub)
     with open(os.path.join(sub, "f%06d" % i), "w") as f:
         f.write("x" * 100)
-PY
-)
-  record "$target" "create $FILES files" "$created"
+' "$dir/many" "$FILES"
   [ "$target" = rmemfs ] && after_kib=$(awk '/VmRSS/ { print $2 }' \
     "/proc/$(daemon_pids "$dir" | head -1)/status")
   entries=$(find "$dir/many/d000" -mindepth 1 -maxdepth 1 | wc -l)
   sync
   echo 3 >/proc/sys/vm/drop_caches
-  record "$target" "ls -l $entries entries" "$(seconds sh -c "ls -l '$dir/many/d000' >/dev/null")"
-  record "$target" "cp -a $entries files" "$(seconds cp -a "$dir/many/d000" "$dir/copy")"
+  timed "$target" "ls -l $entries entries" sh -c 'ls -l "$1" >/dev/null' sh "$dir/many/d000"
+  timed "$target" "cp -a $entries files" cp -a "$dir/many/d000" "$dir/copy"
 done
 if [ "$BUILD" = 1 ]; then
   if ! command -v cargo >/dev/null 2>&1; then
@@ -128,8 +134,8 @@ if [ "$BUILD" = 1 ]; then
       mkdir -p "$dir"
       git archive HEAD | tar x -C "$dir"
       sync
-      record "$target" "cargo build" "$(seconds timeout -k 10 1800 env -u CARGO_TARGET_DIR \
-        cargo build --offline --quiet --manifest-path "$dir/Cargo.toml")"
+      timed "$target" "cargo build" timeout -k 10 1800 env -u CARGO_TARGET_DIR \
+        cargo build --offline --quiet --manifest-path "$dir/Cargo.toml"
       rm -rf "$dir"
     done
   fi

@@ -99,16 +99,16 @@ impl Spec {
     }
 }
 
-/// A bar's figure as printed above it: three significant digits, no exponent.
+/// A bar's figure as printed above it (and a tick's): three significant digits, no
+/// exponent, whole numbers from 100 up.
 fn figure(v: f64) -> String {
     if v == 0.0 {
         "0".into()
     } else if v >= 100.0 {
         format!("{v:.0}")
-    } else if v >= 10.0 {
-        format!("{v:.1}")
     } else {
-        format!("{v:.2}")
+        let decimals = (2 - v.log10().floor() as i32).max(0) as usize;
+        format!("{v:.decimals$}")
     }
 }
 
@@ -117,7 +117,8 @@ fn y_axis(p: &Panel) -> (std::ops::Range<f64>, Vec<f64>) {
     let positive = || p.values.iter().flatten().copied().filter(|&v| v > 0.0);
     let max = positive().fold(0.0, f64::max);
     if p.log {
-        let max = max.max(1.0);
+        // No positive value: one decade around 1.
+        let max = if max > 0.0 { max } else { 1.0 };
         let min = positive().fold(max, f64::min);
         let (lo, hi) = (
             min.log10().floor().min(max.log10().floor() - 1.0),
@@ -319,6 +320,27 @@ mod tests {
     }
 
     #[test]
+    fn a_log_axis_of_small_values_reads_right() {
+        let s: Spec = serde_json::from_value(serde_json::json!({
+            "title": "t", "series": ["tmpfs", "rmemfs"],
+            "panels": [{"heading": "seconds", "unit": "s", "log": true,
+                        "groups": ["sync", "rm"], "values": [[0.003, 0.0029], [0.099, 0.31]]}]
+        }))
+        .unwrap();
+        let svg = render(&s).unwrap();
+        for figure in ["0.00300", "0.00290", "0.0990", "0.310"] {
+            assert!(svg.lines().any(|l| l == figure), "figure {figure} missing");
+        }
+        // Ticks from 10^-3 up to 1, never two alike.
+        let (range, ticks) = y_axis(&s.panels[0]);
+        assert_eq!((range.start, range.end), (-3.0, 0.0));
+        let labels: Vec<String> = ticks.iter().map(|t| figure(10f64.powf(*t))).collect();
+        let mut unique = labels.clone();
+        unique.dedup();
+        assert_eq!(labels, unique);
+    }
+
+    #[test]
     fn a_spec_whose_shape_does_not_match_is_refused() {
         let mut s = spec(false);
         s.panels[0].values[1].pop();
@@ -339,9 +361,13 @@ mod tests {
 
     #[test]
     fn figures_keep_three_significant_digits() {
+        assert_eq!(figure(99.94), "99.9");
         assert_eq!(figure(12345.4), "12345");
         assert_eq!(figure(42.66), "42.7");
-        assert_eq!(figure(0.915), "0.92");
+        assert_eq!(figure(0.915), "0.915");
         assert_eq!(figure(0.0), "0");
+        assert_eq!(figure(0.00123), "0.00123");
+        assert_eq!(figure(0.003), "0.00300");
+        assert_eq!(figure(4.56789), "4.57");
     }
 }

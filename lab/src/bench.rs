@@ -89,6 +89,10 @@ pub fn find_rmemfs(explicit: Option<&Path>) -> Result<PathBuf, String> {
     }
 }
 
+/// How long a benchmark waits for a free's answer before its next timed allocation: ample
+/// for a loopback server, which answers in well under a millisecond.
+const SETTLE: Duration = Duration::from_secs(30);
+
 /// Starts `program <args>` with `RUST_LOG=error` (its logs must not land between the results)
 /// and reads the address from its "listening on ADDR" line.
 fn spawn_listener(program: &Path, args: &[&str]) -> io::Result<(ChildGuard, SocketAddr)> {
@@ -660,6 +664,9 @@ pub fn run_frrwp(
                 serial.push(us);
             }
             pool.free(region).map_err(io::Error::other)?;
+            // Frees do not wait for their answer: the next allocation would queue behind this
+            // one's deregistration and zeroing on the server, inside the next measurement.
+            pool.settle_frees(SETTLE);
         }
         // The parts of the serial sequence, measured alone.
         let (mut t_alloc, mut t_reg, mut t_write) = (Vec::new(), Vec::new(), Vec::new());
@@ -675,6 +682,7 @@ pub fn run_frrwp(
                 .map_err(io::Error::other)?;
             t_write.push(t.elapsed().as_secs_f64() * 1e6);
             pool.free(region).map_err(io::Error::other)?;
+            pool.settle_frees(SETTLE);
         }
         parts.push((
             size,

@@ -171,6 +171,8 @@ struct Server {
     /// connection lost: freed there when it resumes this pool's session, forgotten if it
     /// comes back empty.
     unfreed: Arc<Mutex<Vec<(u64, u64)>>>,
+    /// Frees sent to it and answered.
+    frees: Arc<FreesOut>,
     /// Times it went down or came back up.
     transitions: AtomicU64,
 }
@@ -360,24 +362,34 @@ pub struct Pool {
     next_batch: AtomicU64,
     /// How long a batch may make no progress before its unanswered allocations are given up.
     timeout: Duration,
-    /// Frees sent whose answers have not come (see [`Pool::free`]).
-    frees_out: Arc<FreesOut>,
 }
 
-/// A count of frees in flight, and its waiters ([`Pool::settle_frees`]).
+/// One server's frees: how many were sent and how many answered (in order: one connection),
+/// and the waiters for an answer ([`Pool::free`] at the cap, [`Pool::settle_frees`]).
 #[derive(Default)]
 struct FreesOut {
-    count: Mutex<u64>,
-    zero: Condvar,
+    /// (sent, answered)
+    counts: Mutex<(u64, u64)>,
+    answered: Condvar,
 }
 
 impl FreesOut {
-    fn done(&self) {
-        let mut n = self.count.lock();
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            self.zero.notify_all();
+    fn answer(&self) {
+        self.counts.lock().1 += 1;
+        self.answered.notify_all();
+    }
+
+    /// Waits until `done(sent, answered)` or `deadline`; returns whether it holds.
+    fn wait_until(&self, deadline: Instant, done: impl Fn(u64, u64) -> bool) -> bool {
+        let mut c = self.counts.lock();
+        while !done(c.0, c.1) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            c = self.answered.wait_timeout(c, left).0;
         }
+        true
     }
 }
 
@@ -462,6 +474,7 @@ impl Pool {
                 }),
                 beat_sent: Arc::new(Mutex::new(None)),
                 unfreed: Arc::new(Mutex::new(Vec::new())),
+                frees: Arc::default(),
                 transitions: AtomicU64::new(0),
             });
         }
@@ -474,7 +487,6 @@ impl Pool {
             dispatch,
             next_batch: AtomicU64::new(1),
             timeout: config.timeout,
-            frees_out: Arc::default(),
         })
     }
 
@@ -849,27 +861,33 @@ impl Pool {
     /// Gives an extent back to its server, without waiting for the answer: an unlink or a
     /// truncation costs no round trip. The request goes out on the server's control
     /// connection, which the server serves in order, so whatever this pool asks of it later
-    /// (an allocation, a `Stat`) finds the memory free. The answer updates the capacity last
-    /// heard ([`Pool::settle_frees`] waits for the answers still out, for `statfs`). A free
-    /// whose connection breaks first is kept with the frees of a server that is down: sent
-    /// again if the server resumes this pool's session (a second free of an extent already
-    /// freed is refused by its key), forgotten if it comes back without it.
+    /// (an allocation, a `Stat`) finds the memory free. At most
+    /// [`config::FREES_IN_FLIGHT_MAX`](crate::config::FREES_IN_FLIGHT_MAX) are unanswered per
+    /// server (more wait), so the allocations and heartbeats queued behind them stay prompt.
+    /// The answer updates the capacity last heard ([`Pool::settle_frees`] waits for the
+    /// answers still out, for `statfs`). A free that cannot be sent, or whose connection
+    /// breaks first, is kept with the frees of a server that is down: sent again if the server
+    /// resumes this pool's session (a second free of an extent already freed is refused by
+    /// its key), forgotten if it comes back without it.
     pub fn free(&self, region: RemoteRegion) -> Result<(), PoolError> {
         let s = self.server(region.server)?;
+        let (addr, rkey) = (region.addr, region.rkey);
         if s.is_failed() {
             // Freed there if the server comes back holding this session.
             if s.health.lock().state == ServerState::Down {
-                s.unfreed.lock().push((region.addr, region.rkey));
+                s.unfreed.lock().push((addr, rkey));
             }
             return Err(s.failed_error());
         }
-        let (capacity, unfreed, out) = (
-            s.capacity.clone(),
-            s.unfreed.clone(),
-            self.frees_out.clone(),
-        );
-        let (addr, rkey) = (region.addr, region.rkey);
-        *out.count.lock() += 1;
+        // A server that answers nothing for the op timeout is the heartbeat's to catch: the
+        // free goes out anyway, queued behind the others.
+        let cap = crate::config::FREES_IN_FLIGHT_MAX;
+        s.frees
+            .wait_until(Instant::now() + self.timeout, |sent, answered| {
+                sent - answered < cap
+            });
+        let (capacity, unfreed, frees) = (s.capacity.clone(), s.unfreed.clone(), s.frees.clone());
+        s.frees.counts.lock().0 += 1;
         let sent = s.link().control.send_with_handler(
             |tag| Message::Free { tag, addr, rkey },
             Box::new(move |reply| {
@@ -878,29 +896,32 @@ impl Pool {
                     Some(other) => log::debug!("freeing the extent at {addr:#x}: {other:?}"),
                     None => unfreed.lock().push((addr, rkey)),
                 }
-                out.done();
+                frees.answer();
             }),
         );
         if let Err(e) = sent {
-            // Not sent: the handler is never called.
-            self.frees_out.done();
+            // Not sent, and its handler is never called: kept for a resumed session.
+            s.frees.answer();
+            s.unfreed.lock().push((addr, rkey));
             s.mark_failed();
             return Err(e);
         }
         Ok(())
     }
 
-    /// Waits (at most the control timeout) until every free sent has been answered, so the
-    /// capacity last heard from each server counts what was given back.
-    pub fn settle_frees(&self) {
-        let deadline = Instant::now() + self.timeout;
-        let mut n = self.frees_out.count.lock();
-        while *n > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+    /// Waits until every free sent so far to a live server has been answered (at most
+    /// `wait`), so the capacity last heard from each counts what was given back. Frees sent
+    /// meanwhile are not waited for: a steady `rm -rf` does not hold this up.
+    pub fn settle_frees(&self, wait: Duration) {
+        let deadline = Instant::now() + wait;
+        for s in self.servers.iter().filter(|s| !s.is_failed()) {
+            let target = s.frees.counts.lock().0;
+            if !s
+                .frees
+                .wait_until(deadline, |_, answered| answered >= target)
+            {
                 return;
             }
-            n = self.frees_out.zero.wait_timeout(n, left).0;
         }
     }
 
