@@ -180,6 +180,27 @@ fn two_clients_fill_the_server_and_get_memory_back_on_disconnect() {
     }
 }
 
+#[test]
+fn frees_do_not_wait_yet_come_before_what_follows() {
+    // 100 frees are more than may be unanswered at once (config::FREES_IN_FLIGHT_MAX), so
+    // some wait for answers; none waits for its own.
+    let server = Server::start("100M");
+    let p = pool(&[server.addr]);
+    let total = p.refresh()[0].capacity.total;
+    let held: Vec<_> = (0..100).map(|_| p.alloc(1 << 20).unwrap()).collect();
+    assert!(matches!(p.alloc(1 << 20), Err(PoolError::NoSpace { .. })));
+    for r in held {
+        p.free(r).unwrap();
+    }
+    // The server serves the connection in order: the allocation right after the frees, and
+    // a Stat, find every byte free, whatever answers have come back.
+    let again = p.alloc(100 << 20).unwrap();
+    p.free(again).unwrap();
+    p.settle_frees(Duration::from_secs(10));
+    assert_eq!(p.status()[0].capacity.free, total, "the answers' capacity");
+    assert_eq!(p.refresh()[0].capacity.free, total);
+}
+
 /// Writes a pattern through `p` and reads it back.
 fn round_trip(p: &Pool, byte: u8) {
     let r = p.alloc(1 << 20).unwrap();
