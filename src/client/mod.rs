@@ -381,15 +381,39 @@ impl FreesOut {
 
     /// Waits until `done(sent, answered)` or `deadline`; returns whether it holds.
     fn wait_until(&self, deadline: Instant, done: impl Fn(u64, u64) -> bool) -> bool {
+        self.wait_then(deadline, done, |_| {})
+    }
+
+    /// Counts one more free sent once fewer than `cap` are unanswered, or at `deadline`
+    /// (checked and counted under one lock, so concurrent frees never pass the cap together).
+    fn reserve(&self, cap: u64, deadline: Instant) {
+        self.wait_then(
+            deadline,
+            |sent, answered| sent - answered < cap,
+            |c| c.0 += 1,
+        );
+    }
+
+    /// Waits until `done(sent, answered)` or `deadline`, then runs `then` on the counts under
+    /// the same lock; returns whether `done` held.
+    fn wait_then(
+        &self,
+        deadline: Instant,
+        done: impl Fn(u64, u64) -> bool,
+        then: impl FnOnce(&mut (u64, u64)),
+    ) -> bool {
         let mut c = self.counts.lock();
-        while !done(c.0, c.1) {
+        let mut held = done(c.0, c.1);
+        while !held {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return false;
+                break;
             }
             c = self.answered.wait_timeout(c, left).0;
+            held = done(c.0, c.1);
         }
-        true
+        then(&mut c);
+        held
     }
 }
 
@@ -881,13 +905,11 @@ impl Pool {
         }
         // A server that answers nothing for the op timeout is the heartbeat's to catch: the
         // free goes out anyway, queued behind the others.
-        let cap = crate::config::FREES_IN_FLIGHT_MAX;
-        s.frees
-            .wait_until(Instant::now() + self.timeout, |sent, answered| {
-                sent - answered < cap
-            });
+        s.frees.reserve(
+            crate::config::FREES_IN_FLIGHT_MAX,
+            Instant::now() + self.timeout,
+        );
         let (capacity, unfreed, frees) = (s.capacity.clone(), s.unfreed.clone(), s.frees.clone());
-        s.frees.counts.lock().0 += 1;
         let sent = s.link().control.send_with_handler(
             |tag| Message::Free { tag, addr, rkey },
             Box::new(move |reply| {
@@ -1153,6 +1175,63 @@ mod model_tests {
                 assert!(matches!(refused, Some(PoolError::Invalid(_))));
                 server_a.join().unwrap();
                 server_b.join().unwrap();
+            },
+            3000,
+        );
+    }
+
+    /// Two threads free (at most 2 unanswered) while the reply thread answers in order and
+    /// a `statfs` settles: the cap holds in every interleaving (checked and counted under one
+    /// lock), no waiter misses the answer that frees it, and a settle returns only once every
+    /// free sent before it was answered.
+    #[test]
+    fn model_frees_keep_their_cap_and_settle_waits_for_what_came_before() {
+        const CAP: u64 = 2;
+        shuttle::check_random(
+            || {
+                let frees = Arc::new(FreesOut::default());
+                let far = Instant::now() + Duration::from_secs(3600);
+                // The wire: frees sent, for the reply thread to answer.
+                let wire = Arc::new((Mutex::new(0u64), Condvar::new()));
+                let freers: Vec<_> = (0..2)
+                    .map(|_| {
+                        let (f, wire) = (frees.clone(), wire.clone());
+                        thread::spawn(move || {
+                            for _ in 0..2 {
+                                f.reserve(CAP, far);
+                                let (sent, answered) = *f.counts.lock();
+                                assert!(sent - answered <= CAP, "{sent} sent, {answered} answered");
+                                *wire.0.lock() += 1;
+                                wire.1.notify_all();
+                            }
+                        })
+                    })
+                    .collect();
+                let replier = {
+                    let (f, wire) = (frees.clone(), wire.clone());
+                    thread::spawn(move || {
+                        // Answers each free once it is on the wire, in order.
+                        for k in 1..=4 {
+                            let mut on_wire = wire.0.lock();
+                            while *on_wire < k {
+                                on_wire = wire.1.wait(on_wire);
+                            }
+                            drop(on_wire);
+                            f.answer();
+                        }
+                    })
+                };
+                let target = frees.counts.lock().0;
+                assert!(frees.wait_until(far, |_, answered| answered >= target));
+                assert!(
+                    frees.counts.lock().1 >= target,
+                    "settled before its frees' answers"
+                );
+                for t in freers {
+                    t.join().unwrap();
+                }
+                replier.join().unwrap();
+                assert_eq!(*frees.counts.lock(), (4, 4));
             },
             3000,
         );
