@@ -56,6 +56,16 @@ impl Model {
     fn is_dir(&self, n: u64) -> bool {
         matches!(self.nodes[&n], Node::Dir { .. })
     }
+    /// The names a node has (hard links), in every directory.
+    fn links(&self, n: u64) -> usize {
+        self.nodes
+            .values()
+            .filter_map(|node| match node {
+                Node::Dir { entries, .. } => Some(entries.values().filter(|&&e| e == n).count()),
+                Node::File(_) => None,
+            })
+            .sum()
+    }
 
     fn resolve(&self, path: &str) -> Result<u64, i32> {
         let mut n = ROOT;
@@ -274,6 +284,8 @@ enum Op {
     Link(String, String),
     Rename(String, String),
     List(String),
+    /// A directory read with attributes (READDIRPLUS): names, and each file's size and links.
+    ListPlus(String),
 }
 
 /// Mostly top-level names, so operations meet the same few files often; some deeper paths
@@ -303,6 +315,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (path(), path()).prop_map(|(a, b)| Op::Link(a, b)),
         2 => (path(), path()).prop_map(|(a, b)| Op::Rename(a, b)),
         1 => prop_oneof![Just(String::new()), path()].prop_map(Op::List),
+        1 => prop_oneof![Just(String::new()), path()].prop_map(Op::ListPlus),
         // Byte ranges for reserving, punching and zeroing; 4 KiB blocks (half a chunk here,
         // so both whole-chunk renumbering and copying run) for collapse and insert, with
         // now and then a range that is not aligned.
@@ -345,6 +358,7 @@ fn under(dir: &str, op: &Op) -> Op {
         Op::Link(a, b) => Op::Link(p(a), p(b)),
         Op::Rename(a, b) => Op::Rename(p(a), p(b)),
         Op::List(a) => Op::List(p(a)),
+        Op::ListPlus(a) => Op::ListPlus(p(a)),
     }
 }
 
@@ -419,6 +433,31 @@ fn apply_fs(t: &TestFs, op: &Op, writes: Writes) -> Result<Vec<u8>, i32> {
             )
         }
         Op::List(p) => t.list(p).map(|v| v.join("\n").into_bytes()),
+        Op::ListPlus(p) => {
+            let dir = t.resolve(p)?;
+            let fh = t.fs.opendir(dir).map_err(e)?;
+            let mut got = Vec::new();
+            let read = t.fs.readdirplus(dir, fh, 0, &mut |entry, attr| {
+                got.push((String::from_utf8(entry.name).unwrap(), attr.clone()));
+                true
+            });
+            t.fs.releasedir(fh);
+            read.map_err(e)?;
+            got.retain(|(n, _)| n != "." && n != "..");
+            // The kernel forgets what it was given, in time: one reference each.
+            for (_, a) in &got {
+                t.fs.forget(a.ino, 1);
+            }
+            got.sort_by(|a, b| a.0.cmp(&b.0));
+            let lines: Vec<String> = got
+                .iter()
+                .map(|(n, a)| match a.kind {
+                    rmemfs::meta::Kind::Dir => n.clone(),
+                    _ => format!("{n} {} {}", a.size, a.nlink),
+                })
+                .collect();
+            Ok(lines.join("\n").into_bytes())
+        }
     }
 }
 
@@ -453,6 +492,18 @@ fn apply_model(m: &mut Model, op: &Op) -> Result<Vec<u8>, i32> {
         Op::Link(a, b) => none(m.link(a, b)),
         Op::Rename(a, b) => none(m.rename(a, b)),
         Op::List(p) => m.list(p).map(|v| v.join("\n").into_bytes()),
+        Op::ListPlus(p) => {
+            let dir = m.resolve(p)?;
+            let lines: Vec<String> = m
+                .entries(dir)?
+                .iter()
+                .map(|(name, &n)| match &m.nodes[&n] {
+                    Node::Dir { .. } => name.clone(),
+                    Node::File(d) => format!("{name} {} {}", d.len(), m.links(n)),
+                })
+                .collect();
+            Ok(lines.join("\n").into_bytes())
+        }
     }
 }
 
