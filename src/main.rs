@@ -129,7 +129,10 @@ enum Cmd {
         #[arg(short, long)]
         foreground: bool,
         /// Mount options, comma separated: allow_other, allow_root, ro, rw, auto_unmount,
-        /// noatime, nodev, nosuid, noexec, fsname=NAME, subtype=NAME.
+        /// nodev, nosuid, noexec (and dev, suid, exec), fsname=NAME, subtype=NAME; access
+        /// times relatime (the default), strictatime, noatime, nodiratime; acl (the default)
+        /// or noacl; writeback_cache (the default) or no_writeback_cache; rdirplus (the
+        /// default: directory reads carry attributes) or nordirplus.
         #[arg(short = 'o', value_delimiter = ',')]
         options: Vec<String>,
         /// Size of the chunks files are cut into (a power of two); each chunk lives on one

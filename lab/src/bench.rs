@@ -441,12 +441,21 @@ pub fn run(cfg: &BenchConfig) -> io::Result<()> {
         }
     }
 
-    println!("\n# latency at depth 1, microseconds");
-    println!(
-        "{:<28} {:>8} {:>8} {:>10}",
-        "what", "p50", "p99", "vs tcp p50"
-    );
-    for &size in cfg.sizes.iter().filter(|&&s| s <= 64 << 10) {
+    // Latency for the small sizes only (round trips, not bandwidth); none asked, no table.
+    let small: Vec<u64> = cfg
+        .sizes
+        .iter()
+        .copied()
+        .filter(|&s| s <= 64 << 10)
+        .collect();
+    if !small.is_empty() {
+        println!("\n# latency at depth 1, microseconds");
+        println!(
+            "{:<28} {:>8} {:>8} {:>10}",
+            "what", "p50", "p99", "vs tcp p50"
+        );
+    }
+    for size in small {
         let tcp = tcp_rr(peer_addr, size, cfg.latency_iters)?;
         let tcp50 = percentile(&tcp, 0.5);
         println!(
