@@ -206,6 +206,29 @@ impl ControlConn {
         self.wait(rx)
     }
 
+    /// As [`ControlConn::request`], with `apply` run on the reply thread as the reply arrives:
+    /// in the order of the connection's replies, for what several replies update (the
+    /// capacity last heard, which a waiter applying it after waking could set back to an
+    /// older figure than a reply handled meanwhile).
+    pub fn request_applying(
+        &self,
+        build: impl FnOnce(u64) -> Message,
+        apply: impl FnOnce(&Message) + Send + 'static,
+    ) -> Result<Message, PoolError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.send_with_handler(
+            build,
+            Box::new(move |reply| {
+                // None (the connection died first): dropping `tx` tells the waiter.
+                if let Some(m) = reply {
+                    apply(&m);
+                    let _ = tx.send(m);
+                }
+            }),
+        )?;
+        self.wait(rx)
+    }
+
     /// Tells the server this client is leaving for good, so it frees this session's extents
     /// at once (no lease). Best effort: the connection is closed next anyway.
     pub fn goodbye(&self) {

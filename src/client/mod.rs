@@ -170,11 +170,31 @@ struct Server {
     /// Extents let go of (address, key) while the server was down, or whose free the
     /// connection lost: freed there when it resumes this pool's session, forgotten if it
     /// comes back empty.
-    unfreed: Arc<Mutex<Vec<(u64, u64)>>>,
+    unfreed: Arc<Mutex<Parked>>,
     /// Frees sent to it and answered.
     frees: Arc<FreesOut>,
     /// Times it went down or came back up.
     transitions: AtomicU64,
+}
+
+/// Frees kept for a server's session (address, key), and which session that is: a free
+/// parked by a late answer after the server came back without the session is dropped, so it
+/// can never free an extent of the new session that happens to have the same address and
+/// key (as verbs keys may, after a server restart).
+#[derive(Default)]
+struct Parked {
+    /// Bumped each time the server comes back without this pool's session.
+    session: u64,
+    frees: Vec<(u64, u64)>,
+}
+
+impl Parked {
+    /// Keeps a free sent in `session`, unless that session is gone.
+    fn keep(&mut self, session: u64, addr: u64, rkey: u64) {
+        if session == self.session {
+            self.frees.push((addr, rkey));
+        }
+    }
 }
 
 impl Server {
@@ -497,7 +517,7 @@ impl Pool {
                     backoff: crate::config::RECONNECT_BACKOFF_MIN,
                 }),
                 beat_sent: Arc::new(Mutex::new(None)),
-                unfreed: Arc::new(Mutex::new(Vec::new())),
+                unfreed: Arc::default(),
                 frees: Arc::default(),
                 transitions: AtomicU64::new(0),
             });
@@ -567,7 +587,7 @@ impl Pool {
         let mut h = s.health.lock();
         let rejoin = match resumed {
             Some((extents, bytes)) => {
-                let unfreed = std::mem::take(&mut *s.unfreed.lock());
+                let unfreed = std::mem::take(&mut s.unfreed.lock().frees);
                 drop(h);
                 let n = unfreed.len();
                 for (addr, rkey) in unfreed {
@@ -585,7 +605,11 @@ impl Pool {
                 Rejoin::Resumed { extents, bytes }
             }
             _ => {
-                s.unfreed.lock().clear();
+                {
+                    let mut parked = s.unfreed.lock();
+                    parked.session += 1;
+                    parked.frees.clear();
+                }
                 log::warn!(
                     "memory server {} ({id}) is back without this mount's session (restarted, \
                      or its lease ran out): its copies are gone; admitting it empty",
@@ -673,10 +697,17 @@ impl Pool {
             if s.is_failed() {
                 continue;
             }
-            match s.link().control.request(|tag| Message::Stat { tag }) {
-                Ok(Message::Stats { capacity, .. }) => *s.capacity.lock() = capacity,
-                Ok(_) => {}
-                Err(_) => s.mark_failed(),
+            let heard = s.capacity.clone();
+            let reply = s.link().control.request_applying(
+                |tag| Message::Stat { tag },
+                move |m| {
+                    if let Message::Stats { capacity, .. } = m {
+                        *heard.lock() = *capacity;
+                    }
+                },
+            );
+            if reply.is_err() {
+                s.mark_failed();
             }
         }
         self.status()
@@ -845,23 +876,24 @@ impl Pool {
         if s.is_failed() {
             return Err(s.failed_error());
         }
-        let reply = s.link().control.request(|tag| Message::Alloc { tag, len });
+        let heard = s.capacity.clone();
+        let reply = s.link().control.request_applying(
+            |tag| Message::Alloc { tag, len },
+            move |m| {
+                if let Message::Allocated { capacity, .. } = m {
+                    *heard.lock() = *capacity;
+                }
+            },
+        );
         match reply {
             Ok(Message::Allocated {
+                addr, len, rkey, ..
+            }) => Ok(RemoteRegion {
+                server: id,
                 addr,
                 len,
                 rkey,
-                capacity,
-                ..
-            }) => {
-                *s.capacity.lock() = capacity;
-                Ok(RemoteRegion {
-                    server: id,
-                    addr,
-                    len,
-                    rkey,
-                })
-            }
+            }),
             Ok(Message::Refused { code, message, .. }) => {
                 if code == RefusalCode::NoSpace {
                     // Keep placement honest until the next reply refreshes it.
@@ -899,10 +931,25 @@ impl Pool {
         if s.is_failed() {
             // Freed there if the server comes back holding this session.
             if s.health.lock().state == ServerState::Down {
-                s.unfreed.lock().push((addr, rkey));
+                let mut parked = s.unfreed.lock();
+                let session = parked.session;
+                parked.keep(session, addr, rkey);
             }
             return Err(s.failed_error());
         }
+        // Frees parked after the server rejoined (a lost answer handled late) go along: they
+        // belong to this session (see [`Parked`]).
+        let parked = std::mem::take(&mut s.unfreed.lock().frees);
+        for (a, k) in parked {
+            if self.send_free(s, a, k).is_err() {
+                break;
+            }
+        }
+        self.send_free(s, addr, rkey)
+    }
+
+    /// Sends one free (see [`Pool::free`]) once fewer than the cap are unanswered.
+    fn send_free(&self, s: &Server, addr: u64, rkey: u64) -> Result<(), PoolError> {
         // A server that answers nothing for the op timeout is the heartbeat's to catch: the
         // free goes out anyway, queued behind the others.
         s.frees.reserve(
@@ -910,13 +957,14 @@ impl Pool {
             Instant::now() + self.timeout,
         );
         let (capacity, unfreed, frees) = (s.capacity.clone(), s.unfreed.clone(), s.frees.clone());
+        let session = s.unfreed.lock().session;
         let sent = s.link().control.send_with_handler(
             |tag| Message::Free { tag, addr, rkey },
             Box::new(move |reply| {
                 match reply {
                     Some(Message::Freed { capacity: c, .. }) => *capacity.lock() = c,
                     Some(other) => log::debug!("freeing the extent at {addr:#x}: {other:?}"),
-                    None => unfreed.lock().push((addr, rkey)),
+                    None => unfreed.lock().keep(session, addr, rkey),
                 }
                 frees.answer();
             }),
@@ -924,7 +972,7 @@ impl Pool {
         if let Err(e) = sent {
             // Not sent, and its handler is never called: kept for a resumed session.
             s.frees.answer();
-            s.unfreed.lock().push((addr, rkey));
+            s.unfreed.lock().keep(session, addr, rkey);
             s.mark_failed();
             return Err(e);
         }
@@ -1115,6 +1163,26 @@ impl Drop for Pool {
             link.qp.disconnect();
             link.control.kill();
         }
+    }
+}
+
+#[cfg(test)]
+mod parked_tests {
+    use super::Parked;
+
+    #[test]
+    fn a_free_parked_for_a_session_that_is_gone_is_dropped() {
+        let mut p = Parked::default();
+        p.keep(0, 0x1000, 7);
+        assert_eq!(p.frees, [(0x1000, 7)]);
+        // The server came back without the session: what was kept goes, and a late answer
+        // from the old session is not kept for the new one.
+        p.session += 1;
+        p.frees.clear();
+        p.keep(0, 0x2000, 8);
+        assert!(p.frees.is_empty());
+        p.keep(1, 0x3000, 9);
+        assert_eq!(p.frees, [(0x3000, 9)]);
     }
 }
 
