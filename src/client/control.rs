@@ -41,6 +41,10 @@ pub struct ControlConn {
     dead: Arc<AtomicBool>,
     timeout: Duration,
     pub hello: ServerHello,
+    /// The server's capacity as last heard: the hello's, then every reply that carries one,
+    /// set by the reply thread in the order of the replies (a waiter setting it after it
+    /// wakes could set it back to an older figure than a reply handled meanwhile).
+    pub capacity: Arc<Mutex<Capacity>>,
     /// The session token both ends derived in the handshake; the data path presents it.
     pub token: Token,
 }
@@ -108,10 +112,11 @@ impl ControlConn {
         let reader = stream.try_clone().map_err(unreachable)?;
         let waiters: Waiters = Arc::default();
         let dead = Arc::new(AtomicBool::new(false));
-        let (w, d) = (waiters.clone(), dead.clone());
+        let capacity = Arc::new(Mutex::new(hello.capacity));
+        let (w, d, c) = (waiters.clone(), dead.clone(), capacity.clone());
         thread::Builder::new()
             .name("control-rx".into())
-            .spawn(move || route_replies(reader, addr, w, d))
+            .spawn(move || route_replies(reader, addr, w, d, &c))
             .map_err(unreachable)?;
         Ok(ControlConn {
             addr,
@@ -121,6 +126,7 @@ impl ControlConn {
             dead,
             timeout,
             hello,
+            capacity,
             token,
         })
     }
@@ -203,29 +209,6 @@ impl ControlConn {
     /// Sends a request and waits for its reply.
     pub fn request(&self, build: impl FnOnce(u64) -> Message) -> Result<Message, PoolError> {
         let rx = self.send(build)?;
-        self.wait(rx)
-    }
-
-    /// As [`ControlConn::request`], with `apply` run on the reply thread as the reply arrives:
-    /// in the order of the connection's replies, for what several replies update (the
-    /// capacity last heard, which a waiter applying it after waking could set back to an
-    /// older figure than a reply handled meanwhile).
-    pub fn request_applying(
-        &self,
-        build: impl FnOnce(u64) -> Message,
-        apply: impl FnOnce(&Message) + Send + 'static,
-    ) -> Result<Message, PoolError> {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        self.send_with_handler(
-            build,
-            Box::new(move |reply| {
-                // None (the connection died first): dropping `tx` tells the waiter.
-                if let Some(m) = reply {
-                    apply(&m);
-                    let _ = tx.send(m);
-                }
-            }),
-        )?;
         self.wait(rx)
     }
 
@@ -349,10 +332,22 @@ fn authenticate(
     Ok((secret.session_token(&t), reply))
 }
 
-fn route_replies(mut stream: TcpStream, addr: SocketAddr, waiters: Waiters, dead: Arc<AtomicBool>) {
+fn route_replies(
+    mut stream: TcpStream,
+    addr: SocketAddr,
+    waiters: Waiters,
+    dead: Arc<AtomicBool>,
+    capacity: &Mutex<Capacity>,
+) {
     loop {
         match proto::read_frame(&mut stream) {
             Ok(msg) => {
+                if let Message::Allocated { capacity: c, .. }
+                | Message::Freed { capacity: c, .. }
+                | Message::Stats { capacity: c, .. } = &msg
+                {
+                    *capacity.lock() = *c;
+                }
                 let Some(tag) = msg.reply_tag() else {
                     if let Message::Fatal { message } = &msg {
                         log::error!("server {addr} closed the control connection: {message}");

@@ -13,7 +13,7 @@
 
 use super::{Dispatch, Pool, PoolError, RemoteOp, Server, BATCH_INDEX_BITS};
 use crate::fabric::{Opcode, QueuePair, RemoteRegion, ServerId, Sge, WorkRequest};
-use crate::proto::{Capacity, Message};
+use crate::proto::Message;
 use crate::sync::{Arc, Mutex};
 use std::net::SocketAddr;
 
@@ -120,23 +120,16 @@ impl Crw {
     }
 
     /// The STCRW side: the server's reply to the tagged allocation (None: connection lost).
-    fn on_reply(&self, msg: Option<Message>, capacity: &Mutex<Capacity>) {
+    fn on_reply(&self, msg: Option<Message>) {
         let reply = match msg {
             Some(Message::Allocated {
+                addr, len, rkey, ..
+            }) => Ok(RemoteRegion {
+                server: self.server,
                 addr,
                 len,
                 rkey,
-                capacity: cap,
-                ..
-            }) => {
-                *capacity.lock() = cap;
-                Ok(RemoteRegion {
-                    server: self.server,
-                    addr,
-                    len,
-                    rkey,
-                })
-            }
+            }),
             Some(Message::Refused { code, message, .. }) => Err(PoolError::Refused {
                 addr: self.addr,
                 code,
@@ -246,12 +239,12 @@ impl Pool {
             len,
             state: Mutex::new(CrwState::default()),
         });
-        let (c, capacity) = (crw.clone(), s.capacity.clone());
+        let c = crw.clone();
         s.link()
             .control
             .send_with_handler(
                 |tag| Message::Alloc { tag, len },
-                Box::new(move |msg| c.on_reply(msg, &capacity)),
+                Box::new(move |msg| c.on_reply(msg)),
             )
             .inspect_err(|_| s.mark_failed())?;
         Ok(Ticket { crw })
@@ -440,10 +433,9 @@ mod model_tests {
     /// Runs the server's reply and two parts of a large write submitted one by one, in
     /// three threads.
     fn race(s: &Setup, reply: Message) {
-        let capacity = Arc::new(Mutex::new(Capacity::default()));
         let replier = {
             let crw = s.crw.clone();
-            thread::spawn(move || crw.on_reply(Some(reply), &capacity))
+            thread::spawn(move || crw.on_reply(Some(reply)))
         };
         let submitters: Vec<_> = (0..2u64)
             .map(|k| {
@@ -480,7 +472,7 @@ mod model_tests {
                         addr: 0x4000,
                         len: 2 * 4096,
                         rkey: 42,
-                        capacity: Capacity::default(),
+                        capacity: crate::proto::Capacity::default(),
                     },
                 );
                 let mut posted = s.qp.posted.lock().clone();

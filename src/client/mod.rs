@@ -161,7 +161,6 @@ struct Server {
     id: ServerId,
     addr: SocketAddr,
     link: Mutex<Arc<Link>>,
-    capacity: Arc<Mutex<Capacity>>,
     /// Not up: operations refuse it at once (a fast check on the data path).
     failed: AtomicBool,
     health: Mutex<Health>,
@@ -200,6 +199,10 @@ impl Parked {
 impl Server {
     fn link(&self) -> Arc<Link> {
         self.link.lock().clone()
+    }
+    /// Its capacity as last heard on the current control connection.
+    fn capacity(&self) -> Capacity {
+        *self.link().control.capacity.lock()
     }
     fn is_failed(&self) -> bool {
         if self.failed.load(Ordering::SeqCst) {
@@ -503,12 +506,10 @@ impl Pool {
         let mut servers = Vec::with_capacity(addrs.len());
         for (i, &addr) in addrs.iter().enumerate() {
             let (link, _) = open_link(&fabric, &cq, config, addr, None)?;
-            let capacity = link.control.hello.capacity;
             servers.push(Server {
                 id: ServerId(i as u32),
                 addr,
                 link: Mutex::new(Arc::new(link)),
-                capacity: Arc::new(Mutex::new(capacity)),
                 failed: AtomicBool::new(false),
                 health: Mutex::new(Health {
                     state: ServerState::Up,
@@ -581,7 +582,6 @@ impl Pool {
                     return None;
                 }
             };
-        *s.capacity.lock() = link.control.hello.capacity;
         let link = Arc::new(link);
         *s.link.lock() = link.clone();
         let mut h = s.health.lock();
@@ -681,7 +681,7 @@ impl Pool {
                 ServerStatus {
                     id: s.id,
                     addr: s.addr,
-                    capacity: *s.capacity.lock(),
+                    capacity: s.capacity(),
                     failed,
                     state,
                     since,
@@ -697,16 +697,12 @@ impl Pool {
             if s.is_failed() {
                 continue;
             }
-            let heard = s.capacity.clone();
-            let reply = s.link().control.request_applying(
-                |tag| Message::Stat { tag },
-                move |m| {
-                    if let Message::Stats { capacity, .. } = m {
-                        *heard.lock() = *capacity;
-                    }
-                },
-            );
-            if reply.is_err() {
+            // The reply thread notes the capacity it carries.
+            if s.link()
+                .control
+                .request(|tag| Message::Stat { tag })
+                .is_err()
+            {
                 s.mark_failed();
             }
         }
@@ -736,12 +732,11 @@ impl Pool {
                 Some(_) => {}
                 None => {
                     *s.beat_sent.lock() = Some(Instant::now());
-                    let (beat, capacity) = (s.beat_sent.clone(), s.capacity.clone());
+                    let beat = s.beat_sent.clone();
                     let sent = s.link().control.send_with_handler(
                         |tag| Message::Stat { tag },
                         Box::new(move |reply| {
-                            if let Some(Message::Stats { capacity: c, .. }) = reply {
-                                *capacity.lock() = c;
+                            if let Some(Message::Stats { .. }) = reply {
                                 *beat.lock() = None;
                             }
                         }),
@@ -840,7 +835,7 @@ impl Pool {
             .enumerate()
             .filter(|(_, s)| !s.is_failed())
             .map(|(i, s)| {
-                let c = *s.capacity.lock();
+                let c = s.capacity();
                 (c.largest_free, c.free, i)
             })
             .collect();
@@ -876,15 +871,7 @@ impl Pool {
         if s.is_failed() {
             return Err(s.failed_error());
         }
-        let heard = s.capacity.clone();
-        let reply = s.link().control.request_applying(
-            |tag| Message::Alloc { tag, len },
-            move |m| {
-                if let Message::Allocated { capacity, .. } = m {
-                    *heard.lock() = *capacity;
-                }
-            },
-        );
+        let reply = s.link().control.request(|tag| Message::Alloc { tag, len });
         match reply {
             Ok(Message::Allocated {
                 addr, len, rkey, ..
@@ -897,7 +884,8 @@ impl Pool {
             Ok(Message::Refused { code, message, .. }) => {
                 if code == RefusalCode::NoSpace {
                     // Keep placement honest until the next reply refreshes it.
-                    let mut c = s.capacity.lock();
+                    let link = s.link();
+                    let mut c = link.control.capacity.lock();
                     c.largest_free = c.largest_free.min(len.saturating_sub(1));
                 }
                 Err(PoolError::Refused {
@@ -956,13 +944,13 @@ impl Pool {
             crate::config::FREES_IN_FLIGHT_MAX,
             Instant::now() + self.timeout,
         );
-        let (capacity, unfreed, frees) = (s.capacity.clone(), s.unfreed.clone(), s.frees.clone());
+        let (unfreed, frees) = (s.unfreed.clone(), s.frees.clone());
         let session = s.unfreed.lock().session;
         let sent = s.link().control.send_with_handler(
             |tag| Message::Free { tag, addr, rkey },
             Box::new(move |reply| {
                 match reply {
-                    Some(Message::Freed { capacity: c, .. }) => *capacity.lock() = c,
+                    Some(Message::Freed { .. }) => {}
                     Some(other) => log::debug!("freeing the extent at {addr:#x}: {other:?}"),
                     None => unfreed.lock().keep(session, addr, rkey),
                 }
