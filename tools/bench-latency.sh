@@ -7,6 +7,9 @@
 #      mount of one memory server, each time with the daemon's own figures from
 #      `rmemfs stats --json`: the read handler's time (from FUSE's request to the reply) and
 #      the fabric batches inside it (post to last completion).
+#   3. the FUSE round trip with no file-system code (`rmemfs-bench fuse-floor`, a null file
+#      system) beside the same request on the tcp mount: with the fabric's READ, the floor
+#      under the target.
 # The split, per read, from means: FUSE and the kernel = fio's completion latency - the
 # handler; rmemfs's code = the handler - its fabric batches; the fabric batch against the
 # fabric's bare READ and plain TCP. Prints a table and draws OUT/chart.svg (default OUT
@@ -26,7 +29,7 @@ RUNTIME=${RUNTIME:-8}
 OUT=${OUT:-target/bench-latency}
 ensure_packages fio:fio python3:python3
 check_prereqs mount serve stats || exit 2
-check_bench bars fabric mount || exit 2
+check_bench bars fabric mount fuse-floor || exit 2
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 rm -f "$OUT"/*.json "$OUT"/*.txt "$OUT/chart.svg"
@@ -56,6 +59,9 @@ unmount_inproc "$BASE/mnt-0"
 start_server "$((size_bytes / 1048576 + 256))M"
 mount_fs "$BASE/mnt" "$SERVER_ADDR"
 fio_with_stats tcp "$BASE/mnt"
+echo "== the FUSE round trip: a null file system, and rmemfs" >&2
+touch "$BASE/mnt/floor"
+timeout -k 10 600 "$BENCH_BIN" fuse-floor --against "$BASE/mnt/floor" >"$OUT/fuse-floor.txt"
 unmount_fs "$BASE/mnt"
 
 python3 - "$OUT" "$SIZE" <<'PY'
@@ -113,8 +119,17 @@ print(f"\n# the fabric alone (rmemfs-bench fabric, depth 1, p50): READ 4 KiB {re
       f"plain TCP request/response 4 KiB {tcp_p50:.1f} us")
 ratio = r["tcp"]["p50_us"] / read_p50
 print(f"# target: fio p50 <= 1.2x the fabric's READ p50: {r['tcp']['p50_us']:.1f} / {read_p50:.1f} = {ratio:.2f}x")
+# The floor: a read is at least one FUSE round trip and one fabric READ, one after the other.
+fuse = {}
+for line in open(os.path.join(out, "fuse-floor.txt")):
+    if line.startswith("null FUSE file system") or line.startswith("rmemfs"):
+        fuse["null" if line.startswith("null") else "rmemfs"] = float(line.split()[-3])
+floor = fuse["null"] + read_p50
+print(f"# the floor: a FUSE round trip with no file-system code (p50 {fuse['null']:.1f} us; "
+      f"{fuse['rmemfs']:.1f} us on rmemfs) + the fabric's READ = {floor:.1f} us = "
+      f"{floor / read_p50:.2f}x the fabric's READ")
 json.dump({"runs": r, "split_us": split, "fabric_read_p50_us": read_p50,
-           "plain_tcp_p50_us": tcp_p50}, open(os.path.join(out, "summary.json"), "w"), indent=2)
+           "plain_tcp_p50_us": tcp_p50, "fuse_round_trip_p50_us": fuse, "floor_p50_us": floor}, open(os.path.join(out, "summary.json"), "w"), indent=2)
 groups = ["FUSE and kernel", "rmemfs's code", "fabric batch"]
 keys = ["fuse_kernel", "rmemfs_code", "fabric"]
 spec = {"title": f"where a 4 KiB random read's time goes (fio psync, {size}; means)",

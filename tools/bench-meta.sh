@@ -7,7 +7,10 @@
 #   2. FILES files of 100 bytes created by one python process (10,000 per directory), the mount
 #      daemon's resident memory with them, `ls -l` of one 10,000-entry directory and `cp -a` of
 #      it inside the same file system;
-#   3. with BUILD=1 (the default; needs cargo and this repository's crates in ~/.cargo): a
+#   3. the floor under steps 1's times: a FUSE round trip of a null file system
+#      (`rmemfs-bench fuse-floor`, no rmemfs code) times the requests the kernel sent per
+#      file, beside the same round trip on rmemfs;
+#   4. with BUILD=1 (the default; needs cargo and this repository's crates in ~/.cargo): a
 #      debug `cargo build --offline` of this repository (git archive HEAD) with its source and
 #      target directory inside the file system.
 # Metadata is local to the daemon: only file contents cross the fabric.
@@ -28,7 +31,7 @@ BUILD=${BUILD:-1}
 OUT=${OUT:-target/bench-meta}
 ensure_packages python3:python3 tar:tar bc:bc
 check_prereqs mount serve stats || exit 2
-check_bench bars || exit 2
+check_bench bars fuse-floor || exit 2
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 rm -f "$OUT/summary.json" "$OUT/spec.json" "$OUT/chart.svg"
@@ -96,7 +99,12 @@ for target in tmpfs rmemfs; do
   timed "$target" "sync" timeout -k 10 600 sync -f "$dir"
   [ "$target" = rmemfs ] && "$BIN" stats --json "$dir" >"$BASE/after.json"
   timed "$target" "rm -rf" timeout -k 10 600 find "$dir" -mindepth 1 -delete
+  if [ "$target" = rmemfs ]; then "$BIN" stats --json "$dir" >"$BASE/removed.json"; fi
 done
+echo "== the FUSE round trip: a null file system, and rmemfs" >&2
+touch "$BASE/rmemfs/floor"
+timeout -k 10 600 "$BENCH_BIN" fuse-floor --against "$BASE/rmemfs/floor" >"$OUT/fuse-floor.txt"
+rm -f "$BASE/rmemfs/floor"
 
 for target in tmpfs rmemfs; do
   dir=$BASE/$target
@@ -144,9 +152,9 @@ unmount_fs "$BASE/rmemfs"
 umount "$BASE/tmpfs"
 
 python3 - "$results" "$BASE/before.json" "$BASE/after.json" "$TAR_FILES" "$FILES" \
-  "$base_kib" "$after_kib" "$OUT" <<'PY'
+  "$base_kib" "$after_kib" "$OUT" "$BASE/removed.json" <<'PY'
 import json, os, sys
-results, before, after, tar_files, files, base_kib, after_kib, out = sys.argv[1:9]
+results, before, after, tar_files, files, base_kib, after_kib, out, removed = sys.argv[1:10]
 tar_files, files, base_kib, after_kib = int(tar_files), int(files), int(base_kib), int(after_kib)
 rows = {}
 measures = []
@@ -161,15 +169,37 @@ for m in measures:
     t, r = rows["tmpfs"][m], rows["rmemfs"][m]
     print(f"{m:<26} {t:>9.3f} {r:>9.3f} {r / t if t else 0:>12.1f}x")
 req = lambda path: {op: v["count"] for op, v in json.load(open(path))["requests"].items()}
-b, a = req(before), req(after)
-per_file = {op: (a[op] - b.get(op, 0)) / tar_files for op in a if a[op] - b.get(op, 0) > 0}
-total = sum(per_file.values())
+def per_file_of(b, a):
+    return {op: (a[op] - b.get(op, 0)) / tar_files for op in a if a[op] - b.get(op, 0) > 0}
+per_file = per_file_of(req(before), req(after))
+per_file_rm = per_file_of(req(after), req(removed))
+total, total_rm = sum(per_file.values()), sum(per_file_rm.values())
 print(f"\n# FUSE requests per extracted file (tar xf and sync -f, {tar_files} files): {total:.2f}")
 print("  " + ", ".join(f"{op} {n:.2f}" for op, n in sorted(per_file.items(), key=lambda x: -x[1])))
+print(f"# and per removed file (rm -rf): {total_rm:.2f}")
+print("  " + ", ".join(f"{op} {n:.2f}" for op, n in sorted(per_file_rm.items(), key=lambda x: -x[1])))
+# The floor: every answered request (forgets are not) costs at least a FUSE round trip with
+# no file-system code behind it: the null file system's mean (means, as the steps' times are
+# sums). rmemfs's own round trip on the same request beside it.
+floor_us = {}
+for line in open(os.path.join(out, "fuse-floor.txt")):
+    if line.startswith("null FUSE file system") or line.startswith("rmemfs"):
+        name = "null" if line.startswith("null") else "rmemfs"
+        floor_us[name] = float(line.split()[-1])
+print(f"\n# the floor: one FUSE round trip (getxattr, mean) takes {floor_us['null']:.1f} us on a null "
+      f"file system, {floor_us['rmemfs']:.1f} us on rmemfs")
+floors = {}
+for m, ops in [("tar xf", per_file), ("rm -rf", per_file_rm)]:
+    n = sum(v for op, v in ops.items() if op != "forget")
+    floors[m] = n * tar_files * floor_us["null"] / 1e6
+    print(f"  {m}: {n:.2f} answered requests x {tar_files} files x {floor_us['null']:.1f} us = "
+          f"{floors[m]:.2f} s before any work (measured {rows['rmemfs'][m]:.2f} s)")
 per = (after_kib - base_kib) * 1024 // files
 print(f"\n# mount daemon RSS: {base_kib // 1024} MiB at mount, {after_kib // 1024} MiB with {files} "
       f"files: {per} bytes per file (target: under 200 MiB + 1 KiB per file)")
 summary = {"seconds": rows, "requests_per_tar_file": per_file,
+           "requests_per_removed_file": per_file_rm, "fuse_round_trip_mean_us": floor_us,
+           "fuse_floor_seconds": floors,
            "daemon_rss_kib": {"at_mount": base_kib, "with_files": after_kib},
            "tar_files": tar_files, "files": files}
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=2)

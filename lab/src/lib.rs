@@ -11,4 +11,5 @@ pub mod bars;
 pub mod bench;
 mod chart;
 pub mod fio_chart;
+pub mod fuse_floor;
 pub mod mrrc_sim;

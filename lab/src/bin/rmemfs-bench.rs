@@ -115,6 +115,20 @@ enum Cmd {
         #[arg(long, default_value_t = 200)]
         iters: usize,
     },
+    /// What FUSE's cheapest round trip costs here: a null file system (no rmemfs code)
+    /// answering getxattr with ENODATA, and the same request on an rmemfs file (--against),
+    /// measured one after the other in this process. Needs root (or fusermount3).
+    FuseFloor {
+        /// Round trips per file system.
+        #[arg(long, default_value_t = 20000)]
+        iters: usize,
+        /// The null file system's FUSE threads (default: as many as an rmemfs mount).
+        #[arg(long, default_value_t = rmemfs::config::FUSE_THREADS)]
+        threads: usize,
+        /// A file on an rmemfs mount to measure the same request on.
+        #[arg(long, value_name = "FILE")]
+        against: Option<PathBuf>,
+    },
     /// (benchmark helper) the plain-TCP peer that `fabric` compares against.
     #[command(hide = true)]
     Peer {
@@ -164,6 +178,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Chart { summary, out } => chart(&summary, &out),
         Cmd::Bars { spec, out } => rmemfs_lab::bars::render_file(&spec, &out),
+        Cmd::FuseFloor {
+            iters,
+            threads,
+            against,
+        } => rmemfs_lab::fuse_floor::run(iters, threads, against.as_deref()),
         Cmd::Peer { listen } => bench::run_peer(listen).map_err(|e| e.to_string()),
         Cmd::Handshake { iters } => bench::find_rmemfs(cli.rmemfs.as_deref()).and_then(|rmemfs| {
             bench::run_handshake(&rmemfs, iters).map_err(|e| format!("benchmark failed: {e}"))
