@@ -12,8 +12,9 @@ use fuser::{
     Request,
 };
 use std::ffi::{CString, OsStr};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 /// Entries and attributes never expire here: only `getxattr` reaches the daemon.
@@ -27,8 +28,13 @@ const FILE_INO: u64 = 2;
 /// thread start-up) is not measured.
 const WARMUP: usize = 200;
 
-/// One file, no data; every extended attribute is absent.
-struct NullFs;
+/// One file, no data; every extended attribute is absent. `uring`: asks the kernel for FUSE
+/// over io_uring at INIT (served by [`crate::fuse_uring`] once its queues are registered).
+struct NullFs {
+    uring: bool,
+    /// Told when INIT is answered (the ring may be registered from then on).
+    inited: Option<std::sync::mpsc::Sender<()>>,
+}
 
 fn attr(ino: u64) -> FileAttr {
     let dir = ino == ROOT_INO;
@@ -56,6 +62,20 @@ fn attr(ino: u64) -> FileAttr {
 }
 
 impl Filesystem for NullFs {
+    fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
+        if self.uring {
+            // Ring payload buffers must hold the largest request this mount can send.
+            let _ = config.set_max_write(64 << 10);
+            config
+                .add_capabilities(fuser::InitFlags::FUSE_OVER_IO_URING)
+                .map_err(|_| std::io::Error::other("the kernel offers no FUSE over io_uring"))?;
+        }
+        if let Some(tx) = self.inited.take() {
+            let _ = tx.send(());
+        }
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         if parent.0 == ROOT_INO && name.as_bytes() == FILE_NAME.as_bytes() {
             reply.entry(&TTL, &attr(FILE_INO), Generation(0));
@@ -72,6 +92,19 @@ impl Filesystem for NullFs {
         reply: ReplyAttr,
     ) {
         reply.attr(&TTL, &attr(ino.0));
+    }
+
+    /// Plain stat instead (the kernel stops asking after one ENOSYS).
+    fn statx(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: Option<fuser::FileHandle>,
+        _flags: u32,
+        _mask: u32,
+        reply: fuser::ReplyStatx,
+    ) {
+        reply.error(Errno::from_i32(libc::ENOSYS));
     }
 
     fn getxattr(
@@ -122,59 +155,177 @@ fn time_getxattr(path: &Path, iters: usize) -> Result<Vec<f64>, String> {
 /// the machine (this VM's timings drift by tens of percent) falls on both alike.
 const ROUNDS: usize = 10;
 
-/// Mounts the null file system on a fresh directory and measures it, alternating in rounds
-/// with `against` (a file on an rmemfs mount) if given; unmounts. Prints one row each.
-pub fn run(iters: usize, threads: usize, against: Option<&Path>) -> Result<(), String> {
-    let dir = std::env::temp_dir().join(format!("rmemfs-fuse-floor.{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
-    let mut config = fuser::Config::default();
-    config.mount_options = vec![
-        fuser::MountOption::FSName("rmemfs-null".into()),
-        fuser::MountOption::DefaultPermissions,
-    ];
-    config.n_threads = Some(threads.max(1));
-    config.clone_fd = threads > 1;
-    let null = fuser::spawn_mount(NullFs, &dir, &config).map_err(|e| {
-        format!(
-            "cannot mount the null file system on {}: {e}",
-            dir.display()
+/// A mounted null file system: its session, and with `uring` the queue threads serving it.
+struct NullMount {
+    dir: PathBuf,
+    session: fuser::BackgroundSession,
+    rings: Option<(crate::fuse_uring::Rings, OwnedFd)>,
+}
+
+impl NullMount {
+    /// Mounts a null file system on a fresh directory named after `tag`.
+    fn mount(tag: &str, threads: usize, uring: bool) -> Result<NullMount, String> {
+        let dir =
+            std::env::temp_dir().join(format!("rmemfs-fuse-floor.{}.{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        let (inited, init_done) = std::sync::mpsc::channel();
+        let mut config = fuser::Config::default();
+        config.mount_options = vec![
+            fuser::MountOption::FSName("rmemfs-null".into()),
+            fuser::MountOption::DefaultPermissions,
+        ];
+        config.n_threads = Some(threads.max(1));
+        config.clone_fd = threads > 1;
+        let session = fuser::Session::new(
+            NullFs {
+                uring,
+                inited: Some(inited),
+            },
+            &dir,
+            &config,
         )
-    });
-    let targets: Vec<(&str, std::path::PathBuf)> =
-        std::iter::once(("null FUSE file system", dir.join(FILE_NAME)))
-            .chain(against.map(|p| ("rmemfs", p.to_path_buf())))
-            .collect();
-    let measured = null.and_then(|session| {
-        let mut samples = vec![Vec::with_capacity(iters); targets.len()];
-        let r = (0..ROUNDS).try_for_each(|_| {
-            targets
-                .iter()
-                .zip(samples.iter_mut())
-                .try_for_each(|((_, path), all)| {
-                    all.extend(time_getxattr(path, iters.div_ceil(ROUNDS))?);
-                    Ok::<(), String>(())
-                })
+        .map_err(|e| {
+            format!(
+                "cannot mount the null file system on {}: {e}",
+                dir.display()
+            )
         });
-        if let Err(e) = session.umount_and_join() {
-            eprintln!("rmemfs-bench: unmounting {}: {e}", dir.display());
+        let session = match session {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_dir(&dir);
+                return Err(e);
+            }
+        };
+        // The ring is registered on the session's device, through a descriptor of our own.
+        let device = session
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| e.to_string());
+        let session = session.spawn().map_err(|e| e.to_string())?;
+        let mut mount = NullMount {
+            dir,
+            session,
+            rings: None,
+        };
+        init_done
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|_| format!("no FUSE INIT on {}", mount.dir.display()))?;
+        if uring {
+            // Every request waits for the ring from INIT on: it goes first.
+            let device = device?;
+            // SAFETY: sysconf has no preconditions.
+            let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
+            let rings = crate::fuse_uring::Rings::start(device.as_raw_fd(), cpus)?;
+            mount.rings = Some((rings, device));
         }
-        r.map(|()| samples)
+        // The file's entry and attributes: cached from here on.
+        std::fs::metadata(mount.file()).map_err(|e| format!("{}: {e}", mount.file().display()))?;
+        Ok(mount)
+    }
+
+    fn file(&self) -> PathBuf {
+        self.dir.join(FILE_NAME)
+    }
+
+    /// Unmounts; for a ring, also checks that the ring carried at least `expected` requests
+    /// (else the kernel kept to /dev/fuse and the figure would be mislabelled).
+    fn unmount(self, expected: u64) -> Result<(), String> {
+        let NullMount {
+            dir,
+            session,
+            rings,
+        } = self;
+        let unmounted = session
+            .umount_and_join()
+            .map_err(|e| format!("unmounting {}: {e}", dir.display()));
+        let _ = std::fs::remove_dir(&dir);
+        if let Some((rings, device)) = rings {
+            let served = rings.served.load(std::sync::atomic::Ordering::SeqCst);
+            rings.stop()?;
+            drop(device);
+            if served < expected {
+                return Err(format!(
+                    "the ring served {served} requests of {expected}: the kernel kept to /dev/fuse"
+                ));
+            }
+        }
+        unmounted
+    }
+}
+
+/// Sets the kernel's FUSE-over-io_uring switch to `on`; returns what it was.
+fn set_uring_switch(on: bool) -> Result<bool, String> {
+    let param = crate::fuse_uring::ENABLE_PARAM;
+    let was = std::fs::read_to_string(param).map_err(|e| format!("{param}: {e}"))?;
+    std::fs::write(param, if on { "Y" } else { "N" }).map_err(|e| format!("{param}: {e}"))?;
+    Ok(was.trim() == "Y")
+}
+
+/// Measures the null file system through /dev/fuse and, with `uring`, through FUSE over
+/// io_uring, alternating in rounds with `against` (a file on an rmemfs mount) if given; then
+/// unmounts. Prints one row each.
+pub fn run(
+    iters: usize,
+    threads: usize,
+    against: Option<&Path>,
+    uring: bool,
+) -> Result<(), String> {
+    let mut mounts = vec![(
+        "null FUSE file system",
+        NullMount::mount("dev", threads, false)?,
+    )];
+    if uring {
+        let was = set_uring_switch(true)?;
+        let ring = NullMount::mount("uring", threads, true);
+        let _ = set_uring_switch(was);
+        match ring {
+            Ok(m) => mounts.push(("null, FUSE over io_uring", m)),
+            Err(e) => {
+                for (_, m) in mounts {
+                    let _ = m.unmount(0);
+                }
+                return Err(format!("FUSE over io_uring: {e}"));
+            }
+        }
+    }
+    let targets: Vec<(&str, PathBuf)> = mounts
+        .iter()
+        .map(|(what, m)| (*what, m.file()))
+        .chain(against.map(|p| ("rmemfs", p.to_path_buf())))
+        .collect();
+    let mut samples = vec![Vec::with_capacity(iters); targets.len()];
+    let measured = (0..ROUNDS).try_for_each(|_| {
+        targets
+            .iter()
+            .zip(samples.iter_mut())
+            .try_for_each(|((_, path), all)| {
+                all.extend(time_getxattr(path, iters.div_ceil(ROUNDS))?);
+                Ok::<(), String>(())
+            })
     });
-    let _ = std::fs::remove_dir(&dir);
-    let samples = measured?;
+    let mut unmounted = Ok(());
+    for (_, m) in mounts {
+        let r = m.unmount(iters as u64);
+        if unmounted.is_ok() {
+            unmounted = r;
+        }
+    }
+    measured?;
+    unmounted?;
     println!(
         "# FUSE round trip: getxattr answered ENODATA, {iters} calls each in {ROUNDS} alternating \
          rounds, {threads} daemon threads"
     );
     println!(
-        "{:<24} {:>9} {:>9} {:>9}",
+        "{:<26} {:>9} {:>9} {:>9}",
         "file system", "p50 us", "p99 us", "mean us"
     );
     for ((what, _), mut us) in targets.iter().zip(samples) {
         us.sort_by(f64::total_cmp);
         let mean = us.iter().sum::<f64>() / us.len() as f64;
         println!(
-            "{:<24} {:>9.1} {:>9.1} {:>9.1}",
+            "{:<26} {:>9.1} {:>9.1} {:>9.1}",
             what,
             crate::bench::percentile(&us, 0.5),
             crate::bench::percentile(&us, 0.99),

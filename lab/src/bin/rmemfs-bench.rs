@@ -128,6 +128,10 @@ enum Cmd {
         /// A file on an rmemfs mount to measure the same request on.
         #[arg(long, value_name = "FILE")]
         against: Option<PathBuf>,
+        /// Also the null file system served through FUSE over io_uring (Linux 6.14+; turns
+        /// the fuse module's enable_uring on for the mount, then back as it was).
+        #[arg(long)]
+        uring: bool,
     },
     /// (benchmark helper) the plain-TCP peer that `fabric` compares against.
     #[command(hide = true)]
@@ -182,7 +186,8 @@ fn main() -> ExitCode {
             iters,
             threads,
             against,
-        } => rmemfs_lab::fuse_floor::run(iters, threads, against.as_deref()),
+            uring,
+        } => rmemfs_lab::fuse_floor::run(iters, threads, against.as_deref(), uring),
         Cmd::Peer { listen } => bench::run_peer(listen).map_err(|e| e.to_string()),
         Cmd::Handshake { iters } => bench::find_rmemfs(cli.rmemfs.as_deref()).and_then(|rmemfs| {
             bench::run_handshake(&rmemfs, iters).map_err(|e| format!("benchmark failed: {e}"))
