@@ -12,9 +12,10 @@ use fuser::{
     Request,
 };
 use std::ffi::{CString, OsStr};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 /// Entries and attributes never expire here: only `getxattr` reaches the daemon.
@@ -29,11 +30,11 @@ const FILE_INO: u64 = 2;
 const WARMUP: usize = 200;
 
 /// One file, no data; every extended attribute is absent. `uring`: asks the kernel for FUSE
-/// over io_uring at INIT (served by [`crate::fuse_uring`] once its queues are registered).
+/// over io_uring at INIT (fuser then serves requests from its ring threads).
 struct NullFs {
     uring: bool,
-    /// Told when INIT is answered (the ring may be registered from then on).
-    inited: Option<std::sync::mpsc::Sender<()>>,
+    /// getxattr requests served by fuser's ring threads (so a ring figure is known to be one).
+    on_ring: Arc<AtomicU64>,
 }
 
 fn attr(ino: u64) -> FileAttr {
@@ -69,9 +70,6 @@ impl Filesystem for NullFs {
             config
                 .add_capabilities(fuser::InitFlags::FUSE_OVER_IO_URING)
                 .map_err(|_| std::io::Error::other("the kernel offers no FUSE over io_uring"))?;
-        }
-        if let Some(tx) = self.inited.take() {
-            let _ = tx.send(());
         }
         Ok(())
     }
@@ -115,6 +113,12 @@ impl Filesystem for NullFs {
         _size: u32,
         reply: ReplyXattr,
     ) {
+        if std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("fuser-ring"))
+        {
+            self.on_ring.fetch_add(1, Ordering::Relaxed);
+        }
         reply.error(Errno::from_i32(libc::ENODATA));
     }
 }
@@ -159,7 +163,7 @@ const ROUNDS: usize = 10;
 struct NullMount {
     dir: PathBuf,
     session: fuser::BackgroundSession,
-    rings: Option<(crate::fuse_uring::Rings, OwnedFd)>,
+    on_ring: Arc<AtomicU64>,
 }
 
 impl NullMount {
@@ -168,7 +172,6 @@ impl NullMount {
         let dir =
             std::env::temp_dir().join(format!("rmemfs-fuse-floor.{}.{tag}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
-        let (inited, init_done) = std::sync::mpsc::channel();
         let mut config = fuser::Config::default();
         config.mount_options = vec![
             fuser::MountOption::FSName("rmemfs-null".into()),
@@ -176,49 +179,23 @@ impl NullMount {
         ];
         config.n_threads = Some(threads.max(1));
         config.clone_fd = threads > 1;
-        let session = fuser::Session::new(
-            NullFs {
-                uring,
-                inited: Some(inited),
-            },
-            &dir,
-            &config,
-        )
-        .map_err(|e| {
+        let on_ring = Arc::new(AtomicU64::new(0));
+        let null = NullFs {
+            uring,
+            on_ring: on_ring.clone(),
+        };
+        let session = fuser::spawn_mount(null, &dir, &config).map_err(|e| {
+            let _ = std::fs::remove_dir(&dir);
             format!(
                 "cannot mount the null file system on {}: {e}",
                 dir.display()
             )
-        });
-        let session = match session {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = std::fs::remove_dir(&dir);
-                return Err(e);
-            }
-        };
-        // The ring is registered on the session's device, through a descriptor of our own.
-        let device = session
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| e.to_string());
-        let session = session.spawn().map_err(|e| e.to_string())?;
-        let mut mount = NullMount {
+        })?;
+        let mount = NullMount {
             dir,
             session,
-            rings: None,
+            on_ring,
         };
-        init_done
-            .recv_timeout(Duration::from_secs(10))
-            .map_err(|_| format!("no FUSE INIT on {}", mount.dir.display()))?;
-        if uring {
-            // Every request waits for the ring from INIT on: it goes first.
-            let device = device?;
-            // SAFETY: sysconf has no preconditions.
-            let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
-            let rings = crate::fuse_uring::Rings::start(device.as_raw_fd(), cpus)?;
-            mount.rings = Some((rings, device));
-        }
         // The file's entry and attributes: cached from here on.
         std::fs::metadata(mount.file()).map_err(|e| format!("{}: {e}", mount.file().display()))?;
         Ok(mount)
@@ -228,35 +205,34 @@ impl NullMount {
         self.dir.join(FILE_NAME)
     }
 
-    /// Unmounts; for a ring, also checks that the ring carried at least `expected` requests
-    /// (else the kernel kept to /dev/fuse and the figure would be mislabelled).
-    fn unmount(self, expected: u64) -> Result<(), String> {
+    /// Unmounts; with `ring`, also checks that the ring carried at least `expected`
+    /// requests (else the kernel kept to /dev/fuse and the figure would be mislabelled).
+    fn unmount(self, ring: bool, expected: u64) -> Result<(), String> {
         let NullMount {
             dir,
             session,
-            rings,
+            on_ring,
         } = self;
         let unmounted = session
             .umount_and_join()
             .map_err(|e| format!("unmounting {}: {e}", dir.display()));
         let _ = std::fs::remove_dir(&dir);
-        if let Some((rings, device)) = rings {
-            let served = rings.served.load(std::sync::atomic::Ordering::SeqCst);
-            rings.stop()?;
-            drop(device);
-            if served < expected {
-                return Err(format!(
-                    "the ring served {served} requests of {expected}: the kernel kept to /dev/fuse"
-                ));
-            }
+        let served = on_ring.load(Ordering::SeqCst);
+        if ring && served < expected {
+            return Err(format!(
+                "the ring served {served} requests of {expected}: the kernel kept to /dev/fuse"
+            ));
         }
         unmounted
     }
 }
 
+/// The kernel's switch for FUSE over io_uring (Linux 6.14+).
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
 /// Sets the kernel's FUSE-over-io_uring switch to `on`; returns what it was.
 fn set_uring_switch(on: bool) -> Result<bool, String> {
-    let param = crate::fuse_uring::ENABLE_PARAM;
+    let param = ENABLE_URING;
     let was = std::fs::read_to_string(param).map_err(|e| format!("{param}: {e}"))?;
     std::fs::write(param, if on { "Y" } else { "N" }).map_err(|e| format!("{param}: {e}"))?;
     Ok(was.trim() == "Y")
@@ -283,7 +259,7 @@ pub fn run(
             Ok(m) => mounts.push(("null, FUSE over io_uring", m)),
             Err(e) => {
                 for (_, m) in mounts {
-                    let _ = m.unmount(0);
+                    let _ = m.unmount(false, 0);
                 }
                 return Err(format!("FUSE over io_uring: {e}"));
             }
@@ -305,8 +281,8 @@ pub fn run(
             })
     });
     let mut unmounted = Ok(());
-    for (_, m) in mounts {
-        let r = m.unmount(iters as u64);
+    for (i, (_, m)) in mounts.into_iter().enumerate() {
+        let r = m.unmount(i == 1, iters as u64);
         if unmounted.is_ok() {
             unmounted = r;
         }

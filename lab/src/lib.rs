@@ -12,5 +12,4 @@ pub mod bench;
 mod chart;
 pub mod fio_chart;
 pub mod fuse_floor;
-mod fuse_uring;
 pub mod mrrc_sim;

@@ -103,6 +103,8 @@ mod request;
 mod request_param;
 mod session;
 mod time;
+#[cfg(target_os = "linux")]
+mod uring;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]
@@ -387,7 +389,7 @@ impl KernelConfig {
         }
     }
 
-    fn max_pages(&self) -> u16 {
+    pub(crate) fn max_pages(&self) -> u16 {
         ((max(self.max_write, self.max_readahead) - 1) / page_size::get() as u32) as u16 + 1
     }
 }

@@ -35,9 +35,12 @@ use crate::ll::{self};
 use crate::passthrough::BackingId;
 
 /// Generic reply callback to send data
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum ReplySender {
     Channel(ChannelSender),
+    /// rmemfs patch: the reply goes into the io_uring entry the request came in.
+    #[cfg(target_os = "linux")]
+    Ring(std::sync::Arc<crate::uring::RingReply>),
     #[cfg(test)]
     Assert(AssertSender),
     #[cfg(test)]
@@ -49,6 +52,8 @@ impl ReplySender {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()> {
         match self {
             ReplySender::Channel(sender) => sender.send(data),
+            #[cfg(target_os = "linux")]
+            ReplySender::Ring(ring) => ring.send(data),
             #[cfg(test)]
             ReplySender::Assert(sender) => sender.send(data),
             #[cfg(test)]
@@ -63,6 +68,8 @@ impl ReplySender {
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> std::io::Result<BackingId> {
         match self {
             ReplySender::Channel(sender) => sender.open_backing(fd),
+            #[cfg(target_os = "linux")]
+            ReplySender::Ring(ring) => ring.channel.open_backing(fd),
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -74,6 +81,8 @@ impl ReplySender {
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
         match self {
             ReplySender::Channel(sender) => unsafe { sender.wrap_backing(id) },
+            #[cfg(target_os = "linux")]
+            ReplySender::Ring(ring) => unsafe { ring.channel.wrap_backing(id) },
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -83,7 +92,7 @@ impl ReplySender {
 }
 
 #[cfg(test)]
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct AssertSender {
     expected: Vec<u8>,
 }

@@ -139,6 +139,10 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// rmemfs patch: FUSE over io_uring, if the file system asked for it and the kernel
+    /// granted it at INIT.
+    #[cfg(target_os = "linux")]
+    pub(crate) ring: Option<crate::uring::RingParams>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +190,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            #[cfg(target_os = "linux")]
+            ring: None,
         };
 
         session.handshake()?;
@@ -214,6 +220,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            #[cfg(target_os = "linux")]
+            ring: None,
         };
 
         session.handshake()?;
@@ -252,6 +260,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            #[cfg(target_os = "linux")]
+            ring,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -289,6 +299,27 @@ impl<FS: Filesystem> Session<FS> {
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
+        // rmemfs patch: the ring threads, started once the /dev/fuse ones are (forgets and
+        // interrupts still come that way); stopped after those ended with the session.
+        #[cfg(target_os = "linux")]
+        let ring_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        #[cfg(target_os = "linux")]
+        let ring_threads = match ring {
+            Some(params) => {
+                let template = SessionEventLoop {
+                    thread_name: "fuser-ring".into(),
+                    filesystem: filesystem.clone(),
+                    ch: channels[0].clone(),
+                    allowed,
+                    session_owner,
+                };
+                // SAFETY: sysconf has no preconditions.
+                let queues = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
+                let per_queue = n_threads.div_ceil(queues).max(1);
+                crate::uring::start(&template, params, per_queue, &ring_stop)?
+            }
+            None => Vec::new(),
+        };
 
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
@@ -307,6 +338,20 @@ impl<FS: Filesystem> Session<FS> {
         }
 
         let mut reply: io::Result<()> = Ok(());
+        #[cfg(target_os = "linux")]
+        let threads = {
+            let mut threads = threads;
+            for thread in threads.drain(..) {
+                let res = thread.join().map_err(|_| io::Error::other("event loop thread panicked"))?;
+                if let Err(e) = res {
+                    if reply.is_ok() {
+                        reply = Err(e);
+                    }
+                }
+            }
+            ring_stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            ring_threads
+        };
         for thread in threads {
             let res = match thread.join() {
                 Ok(res) => res,
@@ -469,6 +514,19 @@ impl<FS: Filesystem> Session<FS> {
                 config.max_write
             );
 
+            // rmemfs patch: FUSE over io_uring when asked for and granted.
+            #[cfg(target_os = "linux")]
+            {
+                let uring = InitFlags::FUSE_OVER_IO_URING;
+                if config.requested.contains(uring) && init.capabilities().contains(uring) {
+                    let page = page_size::get();
+                    let payload = [8192, config.max_write as usize, config.max_pages() as usize * page]
+                        .into_iter()
+                        .max()
+                        .unwrap_or(8192);
+                    self.ring = Some(crate::uring::RingParams { payload });
+                }
+            }
             let response = init.reply(&config);
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                 .send_ll(&response);
@@ -530,7 +588,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
-                Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
+                Ok(size) => match RequestWithSender::new(ReplySender::Channel(self.ch.sender()), &buf[..size]) {
                     // Dispatch request
                     Some(req) => {
                         if let Ok(Operation::Destroy(_)) = req.request.operation() {

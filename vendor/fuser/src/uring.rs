@@ -1,0 +1,470 @@
+//! rmemfs patch: FUSE over io_uring (Linux 6.14+, the fuse module's `enable_uring` on).
+//!
+//! When the file system asks for `FUSE_OVER_IO_URING` at INIT and the kernel grants it, every
+//! request after INIT goes to a ring entry of the queue of the CPU its caller runs on (one
+//! queue per possible CPU), and only once every queue has entries. Each ring thread here owns
+//! one io_uring and one entry of one queue, and is pinned to that queue's CPU. A request
+//! arrives as a completion; the thread rebuilds it in /dev/fuse's layout (in-header, op
+//! header, payload, contiguous, the payload where the kernel put it), dispatches it like a
+//! /dev/fuse request, writes the reply into the entry and, in one submission, commits it and
+//! asks for the next (`COMMIT_AND_FETCH`): no read or write system call per request, and the
+//! kernel wakes the thread on its caller's CPU. Forgets and interrupts still come through
+//! /dev/fuse, whose threads keep running.
+//!
+//! Structures as in the kernel's `include/uapi/linux/fuse.h` (protocol 7.42).
+
+use std::io;
+use std::io::IoSlice;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::Condvar;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use io_uring::IoUring;
+use io_uring::cqueue;
+use io_uring::opcode;
+use io_uring::squeue;
+use io_uring::types;
+use log::error;
+use log::warn;
+
+use crate::Filesystem;
+use crate::channel::Channel;
+use crate::channel::ChannelSender;
+use crate::reply::ReplySender;
+use crate::request::RequestWithSender;
+use crate::session::SessionEventLoop;
+
+const FUSE_IO_URING_CMD_REGISTER: u32 = 1;
+const FUSE_IO_URING_CMD_COMMIT_AND_FETCH: u32 = 2;
+/// `struct fuse_in_header` and `struct fuse_out_header`.
+const IN_HEADER: usize = 40;
+const OUT_HEADER: usize = 16;
+/// `struct fuse_uring_req_header`: the in/out header area (128), the op header area (128),
+/// then `struct fuse_uring_ent_in_out` (flags, commit_id, payload_sz, padding, reserved).
+const OP_IN_AT: usize = 128;
+const OP_IN_MAX: usize = 128;
+const COMMIT_ID_AT: usize = 256 + 8;
+const PAYLOAD_SZ_AT: usize = 256 + 16;
+const HEADER_BYTES: usize = 256 + 32;
+/// Room before the payload where the in-header and op header are copied, so the request
+/// lies contiguous in front of the payload.
+const SCRATCH: usize = IN_HEADER + OP_IN_MAX;
+/// How often an idle ring thread looks whether the session ended.
+const POLL: Duration = Duration::from_millis(50);
+/// REGISTER is refused with EAGAIN until the kernel has processed INIT's reply: tries, 1 ms
+/// apart.
+const REGISTER_TRIES: u32 = 5000;
+
+/// What the file system asked at INIT, and the kernel granted: the ring is used.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RingParams {
+    /// Bytes of the largest request payload or reply (the kernel refuses smaller entries).
+    pub(crate) payload: usize,
+}
+
+/// Where one request's reply goes: its entry's buffers. A reply to a request with a payload
+/// is staged (the handler may still hold the request's bytes, which lie where the reply
+/// goes) and copied in once the handler returned; any other is written in place.
+pub(crate) struct RingReply {
+    /// The session's device, for backing files (passthrough).
+    pub(crate) channel: ChannelSender,
+    header: *mut u8,
+    payload: *mut u8,
+    payload_cap: usize,
+    state: Mutex<Answer>,
+    answered: Condvar,
+}
+
+// SAFETY: the raw pointers are to the entry's buffers, which outlive every RingReply (the
+// ring thread owns both and joins nothing that keeps one); they are written only while the
+// state says a reply is awaited, under the state's lock, and read by the ring thread only
+// after it saw the answer under that lock.
+unsafe impl Send for RingReply {}
+// SAFETY: as for Send; all mutation goes through the state mutex.
+unsafe impl Sync for RingReply {}
+
+impl std::fmt::Debug for RingReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingReply").finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+enum Answer {
+    /// No request in service.
+    Idle,
+    /// A reply is awaited; written in place if `in_place`.
+    Awaited { in_place: bool },
+    /// The reply is in the entry: this many payload bytes.
+    Written(usize),
+    /// The reply, to copy in once the handler is done.
+    Staged(Vec<u8>),
+}
+
+impl RingReply {
+    pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
+        let total: usize = data.iter().map(|d| d.len()).sum();
+        if total < OUT_HEADER || total - OUT_HEADER > self.payload_cap {
+            return Err(io::Error::other(format!(
+                "a reply of {total} bytes does not fit the ring entry"
+            )));
+        }
+        let mut st = self.state.lock().expect("ring reply lock");
+        match *st {
+            Answer::Awaited { in_place: true } => {
+                let mut at = 0;
+                for d in data {
+                    for (i, chunk) in split_at_header(at, d) {
+                        // SAFETY: `i` + chunk length stays within the header's out-header
+                        // area or the payload (checked against payload_cap above); the
+                        // kernel does not touch the entry until it is committed, and no
+                        // reference to these bytes is held (the request had no payload).
+                        unsafe {
+                            let dst = if i < OUT_HEADER {
+                                self.header.add(i)
+                            } else {
+                                self.payload.add(i - OUT_HEADER)
+                            };
+                            std::ptr::copy_nonoverlapping(chunk.as_ptr(), dst, chunk.len());
+                        }
+                    }
+                    at += d.len();
+                }
+                *st = Answer::Written(total - OUT_HEADER);
+            }
+            Answer::Awaited { in_place: false } => {
+                *st = Answer::Staged(data.iter().flat_map(|d| d.iter().copied()).collect());
+            }
+            _ => return Err(io::Error::other("a ring reply with no request awaiting it")),
+        }
+        self.answered.notify_all();
+        Ok(())
+    }
+
+    fn await_reply(&self, in_place: bool) {
+        *self.state.lock().expect("ring reply lock") = Answer::Awaited { in_place };
+    }
+
+    /// Waits for the reply (a handler may answer from another thread, later), puts a staged
+    /// one in place; returns the payload bytes.
+    fn take(&self) -> usize {
+        let mut st = self.state.lock().expect("ring reply lock");
+        while matches!(*st, Answer::Awaited { .. }) {
+            st = self.answered.wait(st).expect("ring reply lock");
+        }
+        match std::mem::replace(&mut *st, Answer::Idle) {
+            Answer::Written(n) => n,
+            Answer::Staged(v) => {
+                // SAFETY: lengths checked in `send`; the handler has returned, so nothing
+                // refers to the request's bytes any more.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(v.as_ptr(), self.header, OUT_HEADER);
+                    std::ptr::copy_nonoverlapping(
+                        v[OUT_HEADER..].as_ptr(),
+                        self.payload,
+                        v.len() - OUT_HEADER,
+                    );
+                }
+                v.len() - OUT_HEADER
+            }
+            Answer::Idle | Answer::Awaited { .. } => unreachable!("waited for above"),
+        }
+    }
+}
+
+/// Splits `d`, which starts at byte `at` of a reply, at the end of the out-header: the
+/// pieces with their reply offsets.
+fn split_at_header(at: usize, d: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
+    let cut = OUT_HEADER.saturating_sub(at).min(d.len());
+    let (a, b) = d.split_at(cut);
+    [(at, a), (at + cut, b)].into_iter().filter(|(_, p)| !p.is_empty())
+}
+
+/// One ring entry: its header area, and its payload with scratch room in front.
+struct Entry {
+    /// Owned here, used through `header_ptr` (the kernel writes it).
+    _header: Box<[u64; HEADER_BYTES / 8]>,
+    /// SCRATCH bytes, then the payload; used through `buf_ptr`.
+    _buf: Box<[u8]>,
+    iov: Box<[libc::iovec; 2]>,
+    header_ptr: *mut u8,
+    buf_ptr: *mut u8,
+    reply: Arc<RingReply>,
+}
+
+impl Entry {
+    fn new(payload: usize, channel: ChannelSender) -> Entry {
+        let mut header = Box::new([0u64; HEADER_BYTES / 8]);
+        let mut buf = vec![0u8; SCRATCH + payload].into_boxed_slice();
+        let header_ptr: *mut u8 = header.as_mut_ptr().cast();
+        let buf_ptr = buf.as_mut_ptr();
+        let iov = Box::new([
+            libc::iovec {
+                iov_base: header_ptr.cast(),
+                iov_len: HEADER_BYTES,
+            },
+            libc::iovec {
+                // SAFETY: SCRATCH is within the allocation of SCRATCH + payload bytes.
+                iov_base: unsafe { buf_ptr.add(SCRATCH) }.cast(),
+                iov_len: payload,
+            },
+        ]);
+        let reply = Arc::new(RingReply {
+            channel,
+            header: header_ptr,
+            // SAFETY: as above.
+            payload: unsafe { buf_ptr.add(SCRATCH) },
+            payload_cap: payload,
+            state: Mutex::new(Answer::Idle),
+            answered: Condvar::new(),
+        });
+        Entry {
+            _header: header,
+            _buf: buf,
+            iov,
+            header_ptr,
+            buf_ptr,
+            reply,
+        }
+    }
+
+    fn header_u64(&self, at: usize) -> u64 {
+        let mut b = [0u8; 8];
+        // SAFETY: `at + 8` is within the header area; the kernel wrote it before posting the
+        // completion being handled, and does not write it again until the commit.
+        unsafe { std::ptr::copy_nonoverlapping(self.header_ptr.add(at), b.as_mut_ptr(), 8) };
+        u64::from_ne_bytes(b)
+    }
+
+    fn header_u32(&self, at: usize) -> u32 {
+        let mut b = [0u8; 4];
+        // SAFETY: as in `header_u64`.
+        unsafe { std::ptr::copy_nonoverlapping(self.header_ptr.add(at), b.as_mut_ptr(), 4) };
+        u32::from_ne_bytes(b)
+    }
+
+    fn set_header_u32(&self, at: usize, v: u32) {
+        // SAFETY: as in `header_u64`; the entry is ours until committed.
+        unsafe { std::ptr::copy_nonoverlapping(v.to_ne_bytes().as_ptr(), self.header_ptr.add(at), 4) };
+    }
+
+    /// The request in /dev/fuse's layout: the in-header and `op_len` bytes of op header
+    /// copied in front of the `payload_len` payload bytes the kernel wrote.
+    fn request(&self, op_len: usize, payload_len: usize) -> &[u8] {
+        let start = SCRATCH - IN_HEADER - op_len;
+        // SAFETY: both copies stay within the scratch room (op_len <= OP_IN_MAX) and read
+        // the header area the kernel wrote; the slice covers scratch and payload bytes
+        // (payload_len <= the payload's size, checked by the caller) that nothing writes
+        // while it lives (replies to requests with a payload are staged).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.header_ptr, self.buf_ptr.add(start), IN_HEADER);
+            std::ptr::copy_nonoverlapping(
+                self.header_ptr.add(OP_IN_AT),
+                self.buf_ptr.add(start + IN_HEADER),
+                op_len,
+            );
+            std::slice::from_raw_parts(self.buf_ptr.add(start), IN_HEADER + op_len + payload_len)
+        }
+    }
+
+    /// REGISTER (commit 0) or COMMIT_AND_FETCH for this entry.
+    fn sqe(&self, fd: i32, qid: u16, cmd_op: u32, commit_id: u64) -> squeue::Entry128 {
+        // struct fuse_uring_cmd_req: flags, commit_id, qid, padding.
+        let mut cmd = [0u8; 80];
+        cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+        cmd[16..18].copy_from_slice(&qid.to_ne_bytes());
+        let sqe = opcode::UringCmd80::new(types::Fd(fd), cmd_op)
+            .cmd(cmd)
+            .addr(Some(self.iov.as_ptr() as u64))
+            .build();
+        with_iovec_count(sqe, 2)
+    }
+}
+
+/// Sets the SQE's `len`, the iovec count the kernel requires, which the io-uring crate's
+/// builder for this opcode leaves at zero.
+fn with_iovec_count(sqe: squeue::Entry128, count: u32) -> squeue::Entry128 {
+    // struct io_uring_sqe: opcode, flags, ioprio, fd, off, addr, then len (u32) at byte 24.
+    const LEN_AT: usize = 24;
+    // SAFETY: Entry128 is repr(C): 128 bytes, the first 64 a struct io_uring_sqe; any bit
+    // pattern of them is a valid Entry128.
+    unsafe {
+        let mut raw: [u8; 128] = std::mem::transmute(sqe);
+        raw[LEN_AT..LEN_AT + 4].copy_from_slice(&count.to_ne_bytes());
+        std::mem::transmute::<[u8; 128], squeue::Entry128>(raw)
+    }
+}
+
+/// One ring thread's ring and entry. The ring is declared first so it is dropped first:
+/// closing it cancels the kernel's hold on the entry before the buffers go.
+struct RingThread {
+    ring: IoUring<squeue::Entry128, cqueue::Entry>,
+    entry: Entry,
+}
+
+/// Starts the ring threads: `per_queue` on each of the kernel's queues (one per possible
+/// CPU). Returns once every thread has registered its entry (the kernel uses the ring from
+/// then on). `stop` ends them (after the session ended).
+pub(crate) fn start<FS: Filesystem>(
+    se: &SessionEventLoop<FS>,
+    params: RingParams,
+    per_queue: usize,
+    stop: &Arc<AtomicBool>,
+) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
+    // SAFETY: sysconf has no preconditions.
+    let queues = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
+    let mut threads = Vec::new();
+    for qid in 0..queues {
+        for k in 0..per_queue.max(1) {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let thread_name = format!("fuser-ring-{qid}-{k}");
+            let event_loop = SessionEventLoop {
+                thread_name: thread_name.clone(),
+                filesystem: se.filesystem.clone(),
+                ch: se.ch.clone(),
+                allowed: se.allowed,
+                session_owner: se.session_owner,
+            };
+            let stop_thread = stop.clone();
+            let t = std::thread::Builder::new()
+                .name(thread_name)
+                .spawn(move || serve(&event_loop, qid as u16, params, &stop_thread, tx))?;
+            let registered = rx
+                .recv()
+                .unwrap_or_else(|_| Err(io::Error::other("a ring thread ended at start")));
+            threads.push(t);
+            if let Err(e) = registered {
+                stop.store(true, Ordering::SeqCst);
+                for t in threads {
+                    let _ = t.join();
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(threads)
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET stays within it for cpu < CPU_SETSIZE,
+    // and a failure (a CPU outside this process's set) leaves the thread where it was.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if cpu < libc::CPU_SETSIZE as usize {
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+}
+
+fn serve<FS: Filesystem>(
+    se: &SessionEventLoop<FS>,
+    qid: u16,
+    params: RingParams,
+    stop: &AtomicBool,
+    registered: std::sync::mpsc::Sender<io::Result<()>>,
+) -> io::Result<()> {
+    pin_to_cpu(qid as usize);
+    let fd = se.ch.as_raw_fd_for_ring();
+    let setup = || -> io::Result<RingThread> {
+        let mut ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(4)?;
+        let entry = Entry::new(params.payload, se.ch.sender());
+        let sqe = entry.sqe(fd, qid, FUSE_IO_URING_CMD_REGISTER, 0);
+        // SAFETY: the entry's buffers and iovecs live in the RingThread, which drops the ring
+        // (ending the kernel's use of them) before them.
+        unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("ring full"))?;
+        ring.submit()?;
+        Ok(RingThread { ring, entry })
+    };
+    let mut rt = match setup() {
+        Ok(rt) => {
+            let _ = registered.send(Ok(()));
+            rt
+        }
+        Err(e) => {
+            let _ = registered.send(Err(io::Error::new(e.kind(), e.to_string())));
+            return Err(e);
+        }
+    };
+    let RingThread { ring, entry } = &mut rt;
+    let poll = types::Timespec::from(POLL);
+    let mut tries = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let args = types::SubmitArgs::new().timespec(&poll);
+        match ring.submitter().submit_with_args(1, &args) {
+            Ok(_) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY)) => {}
+            Err(e) => return Err(e),
+        }
+        let Some(res) = ring.completion().next().map(|c| c.result()) else {
+            continue;
+        };
+        if res == -libc::EAGAIN && tries < REGISTER_TRIES {
+            // INIT's reply not processed yet: register again shortly.
+            tries += 1;
+            std::thread::sleep(Duration::from_millis(1));
+            let sqe = entry.sqe(fd, qid, FUSE_IO_URING_CMD_REGISTER, 0);
+            // SAFETY: as at setup.
+            unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("ring full"))?;
+            continue;
+        }
+        if res < 0 {
+            // The connection ended: the kernel gives the entry back.
+            if matches!(-res, libc::ENOTCONN | libc::ENODEV | libc::ECANCELED | libc::ECONNABORTED) {
+                return Ok(());
+            }
+            return Err(io::Error::from_raw_os_error(-res));
+        }
+        let commit_id = entry.header_u64(COMMIT_ID_AT);
+        let len = entry.header_u32(0) as usize;
+        let payload_len = entry.header_u32(PAYLOAD_SZ_AT) as usize;
+        let op_len = len.checked_sub(IN_HEADER + payload_len);
+        let answered = match op_len {
+            Some(op_len) if op_len <= OP_IN_MAX && payload_len <= params.payload => {
+                entry.reply.await_reply(payload_len == 0);
+                let request = entry.request(op_len, payload_len);
+                match RequestWithSender::new(ReplySender::Ring(entry.reply.clone()), request) {
+                    Some(req) => req.dispatch(se),
+                    None => {
+                        error!("ring {qid}: a request fuser cannot parse; answered EIO");
+                        error_reply(&entry.reply, entry.header_u64(8));
+                    }
+                }
+                entry.reply.take()
+            }
+            _ => {
+                warn!("ring {qid}: a request of {len} bytes with {payload_len} of payload; answered EIO");
+                entry.reply.await_reply(true);
+                error_reply(&entry.reply, entry.header_u64(8));
+                entry.reply.take()
+            }
+        };
+        entry.set_header_u32(PAYLOAD_SZ_AT, answered as u32);
+        let sqe = entry.sqe(fd, qid, FUSE_IO_URING_CMD_COMMIT_AND_FETCH, commit_id);
+        // SAFETY: as at setup; the entry goes back to the kernel with this.
+        unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("ring full"))?;
+    }
+    Ok(())
+}
+
+/// Answers request `unique` with EIO.
+fn error_reply(reply: &RingReply, unique: u64) {
+    let mut h = [0u8; OUT_HEADER];
+    h[0..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
+    h[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
+    h[8..16].copy_from_slice(&unique.to_ne_bytes());
+    let _ = reply.send(&[IoSlice::new(&h)]);
+}
+
+impl Channel {
+    /// The session device's descriptor, for ring commands (valid while the channel lives).
+    pub(crate) fn as_raw_fd_for_ring(&self) -> i32 {
+        use std::os::fd::AsFd;
+        self.as_fd().as_raw_fd()
+    }
+}
