@@ -284,6 +284,8 @@ pub struct Fs {
     attr_changed: std::sync::OnceLock<AttrChanged>,
     /// Requests the FUSE adapter answered, per operation (`stats`).
     requests: crate::requests::RequestStats,
+    /// How the kernel's requests reach the adapter, as INIT settled it (`stats`).
+    fuse_transport: std::sync::OnceLock<&'static str>,
     /// Open directory streams: the listing each one reads (see [`Fs::readdir`]).
     dir_streams: Mutex<HashMap<u64, Listing>>,
     next_fh: AtomicU64,
@@ -405,6 +407,7 @@ impl Fs {
             handles: Mutex::new(HashMap::new()),
             dir_streams: Mutex::new(HashMap::new()),
             requests: Default::default(),
+            fuse_transport: std::sync::OnceLock::new(),
             attr_changed: std::sync::OnceLock::new(),
             next_fh: AtomicU64::new(1),
             config,
@@ -1666,6 +1669,11 @@ impl Fs {
         &self.requests
     }
 
+    /// Records how requests reach the FUSE adapter ("io_uring" or "/dev/fuse"), once.
+    pub fn set_fuse_transport(&self, transport: &'static str) {
+        let _ = self.fuse_transport.set(transport);
+    }
+
     pub fn acl_enabled(&self) -> bool {
         self.config.acl
     }
@@ -1908,6 +1916,7 @@ impl Fs {
                 "pinned_bytes": pool.fabric().pinned_bytes(),
                 "unpinned_bytes": pool.fabric().unpinned_bytes(),
             },
+            "fuse": {"transport": self.fuse_transport.get().copied().unwrap_or("")},
             "fabric_batches": batches,
             "servers": servers,
             "chunks": {
@@ -1987,6 +1996,9 @@ fn stats_text_of(v: &serde_json::Value) -> String {
         rc("pinned_pages")
     );
     let fab = |k: &str| n(&format!("fabric.{k}"));
+    if !t("fuse.transport").is_empty() {
+        let _ = writeln!(out, "fuse: {}", t("fuse.transport"));
+    }
     let _ = writeln!(out, "fabric: {}", t("fabric.name"));
     let _ = writeln!(
         out,

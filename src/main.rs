@@ -132,7 +132,9 @@ enum Cmd {
         /// nodev, nosuid, noexec (and dev, suid, exec), fsname=NAME, subtype=NAME; access
         /// times relatime (the default), strictatime, noatime, nodiratime; acl (the default)
         /// or noacl; writeback_cache (the default) or no_writeback_cache; rdirplus (the
-        /// default: directory reads carry attributes) or nordirplus.
+        /// default: directory reads carry attributes) or nordirplus; io_uring (requests
+        /// through FUSE over io_uring, Linux 6.14+: turns the fuse module's enable_uring on
+        /// if it is off; without kernel support the mount says so and uses /dev/fuse).
         #[arg(short = 'o', value_delimiter = ',')]
         options: Vec<String>,
         /// Size of the chunks files are cut into (a power of two); each chunk lives on one

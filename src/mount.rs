@@ -337,6 +337,7 @@ fn fuser_config(
     let mut acl = true;
     let mut writeback = true;
     let mut readdirplus = true;
+    let mut io_uring = false;
     let mut opts = vec![O::DefaultPermissions, O::Subtype("rmemfs".into())];
     for o in options
         .iter()
@@ -367,6 +368,8 @@ fn fuser_config(
             // NFS's names for the same choice.
             "rdirplus" => readdirplus = true,
             "nordirplus" => readdirplus = false,
+            "io_uring" => io_uring = true,
+            "no_io_uring" => io_uring = false,
             "diratime" => dir_atime = true,
             // Timestamps live in the daemon's memory only: there is no disk write for
             // lazytime to put off.
@@ -398,6 +401,7 @@ fn fuser_config(
             acl,
             writeback,
             readdirplus,
+            io_uring,
         },
     ))
 }
@@ -415,6 +419,9 @@ struct MountChoices {
     writeback: bool,
     /// READDIRPLUS offered to the kernel (`rdirplus`, the default, or `nordirplus`).
     readdirplus: bool,
+    /// Requests through FUSE over io_uring (`io_uring`; `no_io_uring`, the default, for
+    /// /dev/fuse).
+    io_uring: bool,
 }
 
 /// Roughly the most dirty page cache this mount may hold: the machine's dirty threshold
@@ -440,6 +447,32 @@ fn dirty_allowance() -> u64 {
     };
     let share: u64 = config::WRITEBACK_MAX_RATIO.parse().unwrap_or(100);
     threshold / 100 * share
+}
+
+/// The fuse module's switch for FUSE over io_uring.
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Whether the kernel will offer FUSE over io_uring at INIT: its switch is on, or we turned
+/// it on (root; it only lets file systems that ask for the ring use it). Said in the log
+/// either way.
+fn allow_io_uring() -> bool {
+    match std::fs::read_to_string(ENABLE_URING) {
+        Ok(v) if v.trim() == "Y" => true,
+        Ok(_) => match std::fs::write(ENABLE_URING, "Y") {
+            Ok(()) => {
+                log::info!("io_uring: turned the fuse module's enable_uring on");
+                true
+            }
+            Err(e) => {
+                log::warn!("io_uring: cannot turn {ENABLE_URING} on ({e}): using /dev/fuse");
+                false
+            }
+        },
+        Err(e) => {
+            log::warn!("io_uring: this kernel has no FUSE over io_uring ({ENABLE_URING}: {e}): using /dev/fuse");
+            false
+        }
+    }
 }
 
 /// Buffered reads reach the daemon in pieces of the mount's readahead window (128 KiB by
@@ -658,7 +691,13 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         },
     ));
     let mut session = fuser::Session::new(
-        FuseFs::new(fs.clone(), choices.readdirplus),
+        FuseFs::new(
+            fs.clone(),
+            crate::fuse::Offers {
+                readdirplus: choices.readdirplus,
+                io_uring: choices.io_uring && allow_io_uring(),
+            },
+        ),
         &mountpoint,
         &fuse_config,
     )

@@ -44,6 +44,10 @@ tools/fuzz.sh 45
 echo "== real mounts (mount-tests/run.sh)"
 cargo build --release
 mount-tests/run.sh
+echo "== real mounts through FUSE over io_uring (-o io_uring; the data-path tests again)"
+RMEMFS_MOUNT_ARGS="-o io_uring" mount-tests/run.sh cp_tree tar_roundtrip git sqlite posix_cases \
+  concurrent_writers fio_verify enospc absurd_sizes server_death replica_failover replica_freeze \
+  replica_pair writeback linux_semantics
 echo "== failures on separate test hosts (mount-tests/hosts.sh: kill, freeze, cut, restart)"
 mount-tests/hosts.sh
 echo "== chaos, short (tools/chaos.sh 60: one fault at a time on random test hosts while files are written)"
