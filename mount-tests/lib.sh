@@ -95,14 +95,15 @@ check_bench() {
   done
 }
 
-# mount_inproc MNT SIZE: the product's mount over the in-process fabric with an embedded
+# mount_inproc MNT SIZE [OPTION...]: the product's mount over the in-process fabric with an embedded
 # server of SIZE (`rmemfs-bench mount`, in a background job: INPROC_PID), the ceiling of
 # rmemfs's own code plus FUSE with no network on the data path. unmount_inproc MNT ends it.
 INPROC_PID=""
 mount_inproc() {
   local mnt=$1 size=$2 i
+  shift 2
   mkdir -p "$mnt"
-  "$BENCH_BIN" mount "$mnt" --size "$size" >"$BASE/logs/mount-inproc.log" 2>&1 &
+  "$BENCH_BIN" mount "$mnt" --size "$size" "$@" >"$BASE/logs/mount-inproc.log" 2>&1 &
   INPROC_PID=$!
   for ((i = 0; i < 150; i++)); do
     is_mounted "$mnt" && return 0

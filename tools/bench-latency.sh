@@ -4,7 +4,8 @@
 #      (`rmemfs-bench fabric`): the loopback round trip and its thread wake-ups;
 #   2. fio 4 KiB random reads (tools/fio/rand-read.fio: psync, one job, every block from the
 #      file system) on the in-process mount (FUSE and rmemfs's code, no network) and on a tcp
-#      mount of one memory server, each time with the daemon's own figures from
+#      mount of one memory server, each through /dev/fuse and through FUSE over io_uring
+#      (`-o io_uring`, where the kernel has it), each time with the daemon's own figures from
 #      `rmemfs stats --json`: the read handler's time (from FUSE's request to the reply) and
 #      the fabric batches inside it (post to last completion).
 #   3. the FUSE round trip with no file-system code (`rmemfs-bench fuse-floor`, a null file
@@ -52,17 +53,33 @@ fio_with_stats() {
 
 # Room for the fio file and the mount's own use, as the tcp server below.
 size_bytes=$(numfmt --from=iec "$SIZE")
-mount_inproc "$BASE/mnt-0" "$((size_bytes / 1048576 + 256))M" || exit 1
-fio_with_stats inproc "$BASE/mnt-0"
-unmount_inproc "$BASE/mnt-0"
+room="$((size_bytes / 1048576 + 256))M"
+# The transports: /dev/fuse, and FUSE over io_uring where this kernel has it.
+transports=(dev)
+[ -e /sys/module/fuse/parameters/enable_uring ] && transports+=(uring)
+opts_of() { [ "$1" = uring ] && echo "-o io_uring"; return 0; }
+for tr in "${transports[@]}"; do
+  # shellcheck disable=SC2046 # the options are words
+  mount_inproc "$BASE/mnt-$tr" "$room" $(opts_of "$tr") || exit 1
+  fio_with_stats "inproc-$tr" "$BASE/mnt-$tr"
+  unmount_inproc "$BASE/mnt-$tr"
+done
 
-start_server "$((size_bytes / 1048576 + 256))M"
-mount_fs "$BASE/mnt" "$SERVER_ADDR"
-fio_with_stats tcp "$BASE/mnt"
-echo "== the FUSE round trip: a null file system, and rmemfs" >&2
-touch "$BASE/mnt/floor"
-timeout -k 10 600 "$BENCH_BIN" fuse-floor --against "$BASE/mnt/floor" >"$OUT/fuse-floor.txt"
-unmount_fs "$BASE/mnt"
+start_server "$room"
+for tr in "${transports[@]}"; do
+  # shellcheck disable=SC2046
+  mount_fs "$BASE/mnt-tcp-$tr" "$SERVER_ADDR" $(opts_of "$tr")
+  fio_with_stats "tcp-$tr" "$BASE/mnt-tcp-$tr"
+  if [ "$tr" = dev ]; then
+    echo "== the FUSE round trip: a null file system, and rmemfs" >&2
+    touch "$BASE/mnt-tcp-$tr/floor"
+    uring_flag=""
+    [ "${#transports[@]}" -gt 1 ] && uring_flag=--uring
+    timeout -k 10 600 "$BENCH_BIN" fuse-floor $uring_flag --against "$BASE/mnt-tcp-$tr/floor" \
+      >"$OUT/fuse-floor.txt"
+  fi
+  unmount_fs "$BASE/mnt-tcp-$tr"
+done
 
 python3 - "$OUT" "$SIZE" <<'PY'
 import json, os, re, sys
@@ -98,50 +115,61 @@ def run(name):
             "mean_us": clat["mean"] / 1e3, "reads": reads, "handler_us": handler,
             "batch_us": batch, "batches_per_read": per_read}
 
-r = {"inproc": run("inproc"), "tcp": run("tcp")}
+names = [n for n in ["inproc-dev", "inproc-uring", "tcp-dev", "tcp-uring"]
+         if os.path.exists(os.path.join(out, f"{n}-fio.json"))]
+label = {"inproc-dev": "in-process", "inproc-uring": "in-proc ring",
+         "tcp-dev": "tcp", "tcp-uring": "tcp ring"}
+r = {n: run(n) for n in names}
 print(f"\n# a 4 KiB random read (fio psync, {size}, one job), microseconds; means unless p50")
-print(f"{'':<34} {'in-process':>11} {'tcp, 1 server':>14}")
-for key, label in [("p50_us", "fio completion p50"), ("mean_us", "fio completion mean"),
-                   ("iops", "IOPS")]:
-    print(f"{label:<34} {r['inproc'][key]:>11.1f} {r['tcp'][key]:>14.1f}")
+print("# (ring: FUSE over io_uring, -o io_uring; tcp: one memory server)")
+print(f"{'':<34}" + "".join(f"{label[n]:>14}" for n in names))
+for key, what in [("p50_us", "fio completion p50"), ("mean_us", "fio completion mean"),
+                  ("iops", "IOPS")]:
+    print(f"{what:<34}" + "".join(f"{r[n][key]:>14.1f}" for n in names))
 split = {}
 for name, x in r.items():
     fabric = x["batch_us"] * x["batches_per_read"]
     split[name] = {"fuse_kernel": x["mean_us"] - x["handler_us"],
                    "rmemfs_code": x["handler_us"] - fabric, "fabric": fabric}
-for key, label in [("fuse_kernel", "FUSE and kernel (fio - handler)"),
-                   ("rmemfs_code", "rmemfs's code (handler - fabric)"),
-                   ("fabric", "fabric batches in the handler")]:
-    print(f"{label:<34} {split['inproc'][key]:>11.1f} {split['tcp'][key]:>14.1f}")
-print(f"{'read requests (batches per read)':<34} {r['inproc']['reads']:>6} ({r['inproc']['batches_per_read']:.2f})"
-      f" {r['tcp']['reads']:>7} ({r['tcp']['batches_per_read']:.2f})")
+for key, what in [("fuse_kernel", "FUSE and kernel (fio - handler)"),
+                  ("rmemfs_code", "rmemfs's code (handler - fabric)"),
+                  ("fabric", "fabric batches in the handler")]:
+    print(f"{what:<34}" + "".join(f"{split[n][key]:>14.1f}" for n in names))
+print(f"{'read requests':<34}" + "".join(f"{r[n]['reads']:>14}" for n in names))
 print(f"\n# the fabric alone (rmemfs-bench fabric, depth 1, p50): READ 4 KiB {read_p50:.1f} us; "
       f"plain TCP request/response 4 KiB {tcp_p50:.1f} us")
-ratio = r["tcp"]["p50_us"] / read_p50
-print(f"# target: fio p50 <= 1.2x the fabric's READ p50: {r['tcp']['p50_us']:.1f} / {read_p50:.1f} = {ratio:.2f}x")
+for n in [n for n in names if n.startswith("tcp")]:
+    ratio = r[n]["p50_us"] / read_p50
+    print(f"# target: fio p50 <= 1.2x the fabric's READ p50: {label[n]}: "
+          f"{r[n]['p50_us']:.1f} / {read_p50:.1f} = {ratio:.2f}x")
 # The floor: a read is at least one FUSE round trip and one fabric READ, one after the other.
 fuse = {}
 for line in open(os.path.join(out, "fuse-floor.txt")):
-    if line.startswith("null FUSE file system") or line.startswith("rmemfs"):
-        fuse["null" if line.startswith("null") else "rmemfs"] = float(line.split()[-3])
-floor = fuse["null"] + read_p50
-print(f"# the floor: a FUSE round trip with no file-system code (p50 {fuse['null']:.1f} us; "
-      f"{fuse['rmemfs']:.1f} us on rmemfs) + the fabric's READ = {floor:.1f} us = "
-      f"{floor / read_p50:.2f}x the fabric's READ")
+    for key, start in [("null", "null FUSE file system"), ("null_ring", "null, FUSE over io_uring"),
+                       ("rmemfs", "rmemfs")]:
+        if line.startswith(start):
+            fuse[key] = float(line.split()[-3])
+for key, what in [("null", "/dev/fuse"), ("null_ring", "io_uring")]:
+    if key in fuse:
+        floor = fuse[key] + read_p50
+        print(f"# the floor through {what}: a FUSE round trip with no file-system code (p50 "
+              f"{fuse[key]:.1f} us) + the fabric's READ = {floor:.1f} us = "
+              f"{floor / read_p50:.2f}x the fabric's READ")
 json.dump({"runs": r, "split_us": split, "fabric_read_p50_us": read_p50,
-           "plain_tcp_p50_us": tcp_p50, "fuse_round_trip_p50_us": fuse, "floor_p50_us": floor}, open(os.path.join(out, "summary.json"), "w"), indent=2)
+           "plain_tcp_p50_us": tcp_p50, "fuse_round_trip_p50_us": fuse},
+          open(os.path.join(out, "summary.json"), "w"), indent=2)
 groups = ["FUSE and kernel", "rmemfs's code", "fabric batch"]
 keys = ["fuse_kernel", "rmemfs_code", "fabric"]
 spec = {"title": f"where a 4 KiB random read's time goes (fio psync, {size}; means)",
-        "series": ["in-process mount", "tcp mount, 1 server"],
+        "series": [label[n] for n in names],
         "panels": [
             {"heading": "per read, from the daemon's own timing", "unit": "microseconds",
              "groups": groups,
-             "values": [[max(split["inproc"][k], 0), max(split["tcp"][k], 0)] for k in keys]},
-            {"heading": "whole read (fio) against the bare fabric and TCP (p50)",
+             "values": [[max(split[n][k], 0) for n in names] for k in keys]},
+            {"heading": "whole read (fio p50) against the bare fabric (READ p50)",
              "unit": "microseconds",
-             "groups": ["fio p50", "fabric READ p50", "plain TCP p50"],
-             "values": [[r["inproc"]["p50_us"], r["tcp"]["p50_us"]], [0, read_p50], [0, tcp_p50]]},
+             "groups": ["fio p50", "fabric READ p50"],
+             "values": [[r[n]["p50_us"] for n in names], [read_p50 if n.startswith("tcp") else 0 for n in names]]},
         ]}
 json.dump(spec, open(os.path.join(out, "spec.json"), "w"), indent=1)
 PY
