@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Metadata-heavy work on rmemfs against tmpfs, in one run (#13 item 6 and its tar target):
+# Metadata-heavy work on rmemfs against tmpfs, in one run (#13 item 6 and its tar target);
+# rmemfs through /dev/fuse and, where the kernel has it, again through FUSE over io_uring
+# (`-o io_uring`, shown as rmemfs-ring; same memory server):
 #   1. a source-like tree of TAR_FILES files (~175 MB for 10,000: sizes drawn from a fixed seed,
 #      most a few KiB, a few of several MiB) extracted with `tar xf`, flushed with `sync -f`,
 #      then removed with `rm -rf`; on rmemfs also the FUSE requests per extracted file, by
@@ -9,7 +11,7 @@
 #      it inside the same file system;
 #   3. the floor under steps 1's times: a FUSE round trip of a null file system
 #      (`rmemfs-bench fuse-floor`, no rmemfs code) times the requests the kernel sent per
-#      file, beside the same round trip on rmemfs;
+#      file (and the same through io_uring), beside the same round trip on rmemfs;
 #   4. with BUILD=1 (the default; needs cargo and this repository's crates in ~/.cargo): a
 #      debug `cargo build --offline` of this repository (git archive HEAD) with its source and
 #      target directory inside the file system.
@@ -64,6 +66,12 @@ tree_bytes=$(tar tvf "$tree_tar" | awk '{ s += $3 } END { print s }')
 
 start_server 4G
 mount_fs "$BASE/rmemfs" "$SERVER_ADDR"
+# rmemfs again through FUSE over io_uring, where this kernel has it (same server).
+targets=(tmpfs rmemfs)
+if [ -e /sys/module/fuse/parameters/enable_uring ]; then
+  mount_fs "$BASE/rmemfs-ring" "$SERVER_ADDR" -o io_uring
+  targets+=(rmemfs-ring)
+fi
 mkdir -p "$BASE/tmpfs"
 mount -t tmpfs -o size=4G tmpfs "$BASE/tmpfs"
 
@@ -88,12 +96,12 @@ timed() {
   record "$target" "$measure" "$secs"
 }
 
-for target in tmpfs rmemfs; do
+for target in "${targets[@]}"; do
   dir=$BASE/$target
   echo "== $target: the $TAR_FILES-file tree ($((tree_bytes / 1000000)) MB)" >&2
   sync
   echo 3 >/proc/sys/vm/drop_caches
-  cat "$tree_tar" >/dev/null # the tar itself from the page cache, for both targets
+  cat "$tree_tar" >/dev/null # the tar itself from the page cache, for every target
   [ "$target" = rmemfs ] && "$BIN" stats --json "$dir" >"$BASE/before.json"
   timed "$target" "tar xf" timeout -k 10 600 tar xf "$tree_tar" -C "$dir"
   timed "$target" "sync" timeout -k 10 600 sync -f "$dir"
@@ -101,12 +109,15 @@ for target in tmpfs rmemfs; do
   timed "$target" "rm -rf" timeout -k 10 600 find "$dir" -mindepth 1 -delete
   if [ "$target" = rmemfs ]; then "$BIN" stats --json "$dir" >"$BASE/removed.json"; fi
 done
-echo "== the FUSE round trip: a null file system, and rmemfs" >&2
+echo "== the FUSE round trip: a null file system (and through io_uring), and rmemfs" >&2
 touch "$BASE/rmemfs/floor"
-timeout -k 10 600 "$BENCH_BIN" fuse-floor --against "$BASE/rmemfs/floor" >"$OUT/fuse-floor.txt"
+uring_flag=""
+[ "${#targets[@]}" -gt 2 ] && uring_flag=--uring
+timeout -k 10 600 "$BENCH_BIN" fuse-floor $uring_flag --against "$BASE/rmemfs/floor" \
+  >"$OUT/fuse-floor.txt"
 rm -f "$BASE/rmemfs/floor"
 
-for target in tmpfs rmemfs; do
+for target in "${targets[@]}"; do
   dir=$BASE/$target
   echo "== $target: $FILES files of 100 bytes" >&2
   [ "$target" = rmemfs ] && base_kib=$(awk '/VmRSS/ { print $2 }' \
@@ -136,7 +147,7 @@ if [ "$BUILD" = 1 ]; then
   else
     # rmemfs first: whatever the first build warms (the crates' sources in the page cache)
     # then helps tmpfs, so the comparison does not flatter rmemfs.
-    for target in rmemfs tmpfs; do
+    for target in "${targets[@]:1}" tmpfs; do
       dir=$BASE/$target/build
       echo "== $target: cargo build (debug) of this repository" >&2
       mkdir -p "$dir"
@@ -149,6 +160,7 @@ if [ "$BUILD" = 1 ]; then
   fi
 fi
 unmount_fs "$BASE/rmemfs"
+[ "${#targets[@]}" -gt 2 ] && unmount_fs "$BASE/rmemfs-ring"
 umount "$BASE/tmpfs"
 
 python3 - "$results" "$BASE/before.json" "$BASE/after.json" "$TAR_FILES" "$FILES" \
@@ -163,11 +175,15 @@ for line in open(results):
     rows.setdefault(target, {})[measure] = float(secs)
     if measure not in measures:
         measures.append(measure)
-print(f"\n# metadata-heavy work, seconds (one run; tmpfs and rmemfs with one memory server)")
-print(f"{'measure':<26} {'tmpfs':>9} {'rmemfs':>9} {'rmemfs/tmpfs':>13}")
+targets = [t for t in ["tmpfs", "rmemfs", "rmemfs-ring"] if t in rows]
+print(f"\n# metadata-heavy work, seconds (one run; tmpfs, and rmemfs with one memory server "
+      f"through /dev/fuse and, as rmemfs-ring, through FUSE over io_uring)")
+print(f"{'measure':<26}" + "".join(f"{t:>12}" for t in targets)
+      + "".join(f"{t + '/tmpfs':>18}" for t in targets[1:]))
 for m in measures:
-    t, r = rows["tmpfs"][m], rows["rmemfs"][m]
-    print(f"{m:<26} {t:>9.3f} {r:>9.3f} {r / t if t else 0:>12.1f}x")
+    t = rows["tmpfs"][m]
+    print(f"{m:<26}" + "".join(f"{rows[x][m]:>12.3f}" for x in targets)
+          + "".join(f"{(rows[x][m] / t if t else 0):>17.1f}x" for x in targets[1:]))
 req = lambda path: {op: v["count"] for op, v in json.load(open(path))["requests"].items()}
 def per_file_of(b, a):
     return {op: (a[op] - b.get(op, 0)) / tar_files for op in a if a[op] - b.get(op, 0) > 0}
@@ -183,17 +199,24 @@ print("  " + ", ".join(f"{op} {n:.2f}" for op, n in sorted(per_file_rm.items(), 
 # sums). rmemfs's own round trip on the same request beside it.
 floor_us = {}
 for line in open(os.path.join(out, "fuse-floor.txt")):
-    if line.startswith("null FUSE file system") or line.startswith("rmemfs"):
-        name = "null" if line.startswith("null") else "rmemfs"
-        floor_us[name] = float(line.split()[-1])
+    for key, start in [("null", "null FUSE file system"), ("null_ring", "null, FUSE over io_uring"),
+                       ("rmemfs", "rmemfs")]:
+        if line.startswith(start):
+            floor_us[key] = float(line.split()[-1])
 print(f"\n# the floor: one FUSE round trip (getxattr, mean) takes {floor_us['null']:.1f} us on a null "
-      f"file system, {floor_us['rmemfs']:.1f} us on rmemfs")
+      f"file system, {floor_us['rmemfs']:.1f} us on rmemfs"
+      + (f", {floor_us['null_ring']:.1f} us on the null file system through io_uring"
+         if "null_ring" in floor_us else ""))
 floors = {}
-for m, ops in [("tar xf", per_file), ("rm -rf", per_file_rm)]:
-    n = sum(v for op, v in ops.items() if op != "forget")
-    floors[m] = n * tar_files * floor_us["null"] / 1e6
-    print(f"  {m}: {n:.2f} answered requests x {tar_files} files x {floor_us['null']:.1f} us = "
-          f"{floors[m]:.2f} s before any work (measured {rows['rmemfs'][m]:.2f} s)")
+for key, target in [("null", "rmemfs"), ("null_ring", "rmemfs-ring")]:
+    if key not in floor_us or target not in rows:
+        continue
+    for m, ops in [("tar xf", per_file), ("rm -rf", per_file_rm)]:
+        n = sum(v for op, v in ops.items() if op != "forget")
+        floors[f"{target} {m}"] = n * tar_files * floor_us[key] / 1e6
+        print(f"  {target} {m}: {n:.2f} answered requests x {tar_files} files x "
+              f"{floor_us[key]:.1f} us = {floors[f'{target} {m}']:.2f} s before any work "
+              f"(measured {rows[target][m]:.2f} s)")
 per = (after_kib - base_kib) * 1024 // files
 print(f"\n# mount daemon RSS: {base_kib // 1024} MiB at mount, {after_kib // 1024} MiB with {files} "
       f"files: {per} bytes per file (target: under 200 MiB + 1 KiB per file)")
@@ -204,10 +227,10 @@ summary = {"seconds": rows, "requests_per_tar_file": per_file,
            "tar_files": tar_files, "files": files}
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=2)
 spec = {"title": f"metadata-heavy work: a {tar_files}-file tree and {files} small files",
-        "series": ["tmpfs", "rmemfs"],
+        "series": targets,
         "panels": [{"heading": "time per step (one run)", "unit": "seconds", "log": True,
                     "groups": measures,
-                    "values": [[rows["tmpfs"][m], rows["rmemfs"][m]] for m in measures]}]}
+                    "values": [[rows[t][m] for t in targets] for m in measures]}]}
 json.dump(spec, open(os.path.join(out, "spec.json"), "w"), indent=1)
 PY
 draw_chart "$OUT/spec.json" "$OUT/chart.svg"
