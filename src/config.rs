@@ -142,6 +142,16 @@ pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(4);
 /// `rm -rf` still never waits for a round trip.
 pub const FREES_IN_FLIGHT_MAX: u64 = 64;
 
+/// Largest extent a client keeps in stock (granted ahead of demand, see `client::stock`): a
+/// small file's first write then costs one round trip instead of two. Above it the payload's
+/// copy time dwarfs the saved round trip, and most files of a source tree are smaller.
+pub const STOCK_MAX_LEN: u64 = 64 << 10;
+
+/// Stocked extents of one length kept per server: one being taken while refills are in
+/// flight for a few writers at once. Bounds the memory held ahead to 4 x (4 KiB + 8 KiB + ...
+/// + 64 KiB) = 2.1 MiB per server, for lengths actually asked for.
+pub const STOCK_DEPTH: usize = 4;
+
 /// The longest `statfs` waits for frees still unanswered before counting what the servers
 /// last said: `df` must not hang on a frozen server that the heartbeat has not caught yet.
 pub const STATFS_FREES_WAIT: Duration = Duration::from_secs(1);

@@ -764,7 +764,10 @@ impl DataStore {
     /// fewer are up; ENOSPC if the live servers cannot hold that many, EIO if that is fewer
     /// than `--min-replicas`.
     fn place(&self, len: u64) -> Result<Vec<RemoteRegion>> {
-        let regions = self.pool.alloc_replicas(len, self.replicas, &[])?;
+        let regions = match self.stocked(len) {
+            Some(r) => r,
+            None => self.pool.alloc_replicas(len, self.replicas, &[])?,
+        };
         if regions.len() < self.min_replicas {
             self.pool.free_all(&regions);
             return Err(Error::new(
@@ -777,6 +780,17 @@ impl DataStore {
             ));
         }
         Ok(regions)
+    }
+
+    /// Extents for every copy of a new chunk of `len` bytes from the pool's stock (no round
+    /// trip), if it holds them on enough servers.
+    fn stocked(&self, len: u64) -> Option<Vec<RemoteRegion>> {
+        let regions = self.pool.take_stocked(len, self.replicas)?;
+        if regions.len() < self.min_replicas {
+            self.pool.free_all(&regions);
+            return None;
+        }
+        Some(regions)
     }
 
     /// Write ops for a window whose chunks all exist: one per piece and copy.
@@ -823,12 +837,18 @@ impl DataStore {
         for (idx, _, _, _) in self.pieces(woff, wlen) {
             self.heal(chunks, idx)?;
         }
-        // 1. Tagged requests for chunks that do not exist yet (one per chunk index and copy).
+        // 1. Tagged requests for chunks that do not exist yet (one per chunk index and copy),
+        //    unless the pool has their extents in stock.
         let mut tickets: Vec<(u64, Ticket)> = Vec::new();
         for (idx, in_chunk, n, _) in self.pieces(woff, wlen) {
             // (Short chunks were grown by the caller.)
             if !chunks.contains_key(&idx) && !tickets.iter().any(|(i, _)| *i == idx) {
                 let len = self.target_len(idx, 0, in_chunk + n);
+                // From stock, the chunk exists at once and is written like any other.
+                if let Some(regions) = self.stocked(len) {
+                    chunks.insert(idx, chunk_of(&regions));
+                    continue;
+                }
                 match self.pool.begin_alloc_replicas(len, self.replicas) {
                     Ok(ts) => tickets.extend(ts.into_iter().map(|t| (idx, t))),
                     Err(e) => {

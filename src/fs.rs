@@ -1863,6 +1863,8 @@ impl Fs {
                     "since": epoch(s.since),
                     "free_bytes": s.capacity.free,
                     "total_bytes": s.capacity.total,
+                    // Granted ahead for new small files (counted as used, not free).
+                    "stocked_bytes": pool.stocked_bytes(s.id),
                     "downs": s.downs,
                 })
             })

@@ -94,6 +94,43 @@ fn small_files_cost_pages_not_chunks() {
     assert_eq!(&t.read_file("s0").unwrap()[4..], &want[..]);
 }
 
+/// A small file's extent comes from the pool's stock, refilled at once: the next file of that
+/// length needs no allocation round trip, and the stock is the pool's, not the files'. A
+/// server that refuses an allocation for lack of room gets its stock back first, so the room
+/// it held is not lost to the file system.
+#[test]
+fn small_files_take_stocked_extents_and_a_full_server_gets_the_stock_back() {
+    use rmemfs::config::STOCK_DEPTH;
+    use rmemfs::fabric::ServerId;
+    const PAGE: u64 = 4096;
+    let t = TestFs::new(1, 1 << 20, 1 << 20);
+    let pool = t.fs.data().pool().clone();
+    t.create("a").unwrap();
+    t.write_file("a", 0, b"first").unwrap();
+    assert_eq!(used(&t), PAGE);
+    assert_eq!(pool.stocked_bytes(ServerId(0)), STOCK_DEPTH as u64 * PAGE);
+    t.create("b").unwrap();
+    t.write_file("b", 0, b"second").unwrap();
+    assert_eq!(used(&t), 2 * PAGE);
+    assert_eq!(
+        pool.stocked_bytes(ServerId(0)),
+        STOCK_DEPTH as u64 * PAGE,
+        "one taken, and asked for again"
+    );
+    assert_eq!(t.read_file("b").unwrap(), b"second");
+    t.fs.unlink(ROOT_INO, b"b").unwrap();
+    // Page by page, the server gives every page but file a's: the last ones only once the
+    // stock is given back.
+    let mut pages = Vec::new();
+    while let Ok(r) = pool.alloc_on(ServerId(0), PAGE) {
+        pages.push(r);
+    }
+    assert_eq!(pages.len() as u64, (1 << 20) / PAGE - 1);
+    assert_eq!(pool.stocked_bytes(ServerId(0)), 0);
+    pool.free_all(&pages);
+    assert_eq!(t.read_file("a").unwrap(), b"first");
+}
+
 #[test]
 fn full_pool_gives_enospc_and_keeps_existing_files() {
     let t = TestFs::new(2, 4 << 20, 1 << 20);
@@ -458,7 +495,7 @@ fn a_cut_off_server_resumes_its_session_with_every_copy_intact() {
     let cap = t.servers[1].capacity();
     assert_eq!(
         cap.total - cap.free,
-        listed_on(&t, 1),
+        listed_on(&t, 1) + pool.stocked_bytes(ServerId(1)),
         "stale copies not freed"
     );
     // New copies land on it again, and what it holds is read back exactly.

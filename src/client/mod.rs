@@ -16,6 +16,7 @@
 
 pub mod control;
 pub mod frrwp;
+mod stock;
 
 use crate::auth::Secret;
 use crate::fabric::{
@@ -172,6 +173,8 @@ struct Server {
     unfreed: Arc<Mutex<Parked>>,
     /// Frees sent to it and answered.
     frees: Arc<FreesOut>,
+    /// Extents it granted ahead of demand (see [`stock`]).
+    stock: Arc<Mutex<stock::Stock>>,
     /// Times it went down or came back up.
     transitions: AtomicU64,
 }
@@ -231,6 +234,15 @@ impl Server {
                 h.next_attempt = Instant::now() + h.backoff;
             }
             *self.beat_sent.lock() = None;
+            // Its stock is this session's memory there: freed if the session resumes.
+            let stocked = self.stock.lock().drain();
+            {
+                let mut parked = self.unfreed.lock();
+                let session = parked.session;
+                for (addr, rkey) in stocked {
+                    parked.keep(session, addr, rkey);
+                }
+            }
             self.transitions.fetch_add(1, Ordering::SeqCst);
             let link = self.link();
             link.control.kill();
@@ -520,6 +532,7 @@ impl Pool {
                 beat_sent: Arc::new(Mutex::new(None)),
                 unfreed: Arc::default(),
                 frees: Arc::default(),
+                stock: Arc::default(),
                 transitions: AtomicU64::new(0),
             });
         }
@@ -610,6 +623,8 @@ impl Pool {
                     parked.session += 1;
                     parked.frees.clear();
                 }
+                // Refills answered before it went down held extents of the gone session.
+                s.stock.lock().drain();
                 log::warn!(
                     "memory server {} ({id}) is back without this mount's session (restarted, \
                      or its lease ran out): its copies are gone; admitting it empty",
@@ -865,8 +880,19 @@ impl Pool {
         Err(PoolError::NoSpace { requested: len })
     }
 
-    /// Allocates on one given server.
+    /// Allocates on one given server. Refused for lack of room while this pool holds extents
+    /// in stock there, it gives those back and asks once more.
     pub fn alloc_on(&self, id: ServerId, len: u64) -> Result<RemoteRegion, PoolError> {
+        match self.alloc_on_once(id, len) {
+            Err(PoolError::Refused {
+                code: RefusalCode::NoSpace,
+                ..
+            }) if self.drain_stock(self.server(id)?) => self.alloc_on_once(id, len),
+            other => other,
+        }
+    }
+
+    fn alloc_on_once(&self, id: ServerId, len: u64) -> Result<RemoteRegion, PoolError> {
         let s = self.server(id)?;
         if s.is_failed() {
             return Err(s.failed_error());

@@ -212,13 +212,14 @@ impl TestFs {
     }
 
     /// Bytes of remote memory in use on all servers, as they report it now.
+    /// Remote memory the files hold: what the servers say is used, less the extents the
+    /// pool holds in stock for new files (answered before the servers' status, which comes
+    /// after them on each connection).
     pub fn remote_used(&self) -> u64 {
-        self.fs
-            .data()
-            .pool()
-            .refresh()
+        let pool = self.fs.data().pool();
+        pool.refresh()
             .iter()
-            .map(|s| s.capacity.total - s.capacity.free)
+            .map(|s| s.capacity.total - s.capacity.free - pool.stocked_bytes(s.id))
             .sum()
     }
 
