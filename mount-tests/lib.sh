@@ -118,6 +118,20 @@ unmount_inproc() {
   wait "$INPROC_PID"
 }
 
+# has_fuse_uring: whether this kernel has FUSE over io_uring (the fuse module's switch exists).
+has_fuse_uring() { [ -e /sys/module/fuse/parameters/enable_uring ]; }
+
+# fuse_floor MNT OUT: the FUSE round trip of a null file system (through io_uring too where
+# the kernel has it) beside the same request on the rmemfs mount MNT (`rmemfs-bench
+# fuse-floor`); its table in OUT.
+fuse_floor() {
+  local mnt=$1 out=$2 flags=()
+  has_fuse_uring && flags+=(--uring)
+  touch "$mnt/floor"
+  timeout -k 10 600 "$BENCH_BIN" fuse-floor "${flags[@]}" --against "$mnt/floor" >"$out"
+  rm -f "$mnt/floor"
+}
+
 # draw_chart SPEC SVG: a benchmark's chart from its spec (`rmemfs-bench bars`, the lab's
 # bars module; scripts that draw call `check_bench bars` first, so a missing lab fails early).
 draw_chart() {

@@ -794,7 +794,7 @@ m.flush(); m.close(); os.close(fd)' "$m/mapped"
 # /dev/fuse and works the same.
 test_io_uring() {
   local m=$MNT want pid rings before after
-  if [ -e /sys/module/fuse/parameters/enable_uring ]; then want=io_uring; else want=/dev/fuse; fi
+  if has_fuse_uring; then want=io_uring; else want=/dev/fuse; fi
   t "$BIN" stats "$m" | grep -qx "fuse: $want" ||
     fail "stats does not say fuse: $want: $(t "$BIN" stats "$m" | grep fuse)"
   pid=$(daemon_pids "$m" | head -1)

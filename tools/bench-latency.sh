@@ -56,7 +56,7 @@ size_bytes=$(numfmt --from=iec "$SIZE")
 room="$((size_bytes / 1048576 + 256))M"
 # The transports: /dev/fuse, and FUSE over io_uring where this kernel has it.
 transports=(dev)
-[ -e /sys/module/fuse/parameters/enable_uring ] && transports+=(uring)
+if has_fuse_uring; then transports+=(uring); fi
 opts_of() { [ "$1" = uring ] && echo "-o io_uring"; return 0; }
 for tr in "${transports[@]}"; do
   # shellcheck disable=SC2046 # the options are words
@@ -72,11 +72,7 @@ for tr in "${transports[@]}"; do
   fio_with_stats "tcp-$tr" "$BASE/mnt-tcp-$tr"
   if [ "$tr" = dev ]; then
     echo "== the FUSE round trip: a null file system, and rmemfs" >&2
-    touch "$BASE/mnt-tcp-$tr/floor"
-    uring_flag=""
-    [ "${#transports[@]}" -gt 1 ] && uring_flag=--uring
-    timeout -k 10 600 "$BENCH_BIN" fuse-floor $uring_flag --against "$BASE/mnt-tcp-$tr/floor" \
-      >"$OUT/fuse-floor.txt"
+    fuse_floor "$BASE/mnt-tcp-$tr" "$OUT/fuse-floor.txt"
   fi
   unmount_fs "$BASE/mnt-tcp-$tr"
 done

@@ -68,7 +68,7 @@ start_server 4G
 mount_fs "$BASE/rmemfs" "$SERVER_ADDR"
 # rmemfs again through FUSE over io_uring, where this kernel has it (same server).
 targets=(tmpfs rmemfs)
-if [ -e /sys/module/fuse/parameters/enable_uring ]; then
+if has_fuse_uring; then
   mount_fs "$BASE/rmemfs-ring" "$SERVER_ADDR" -o io_uring
   targets+=(rmemfs-ring)
 fi
@@ -110,12 +110,7 @@ for target in "${targets[@]}"; do
   if [ "$target" = rmemfs ]; then "$BIN" stats --json "$dir" >"$BASE/removed.json"; fi
 done
 echo "== the FUSE round trip: a null file system (and through io_uring), and rmemfs" >&2
-touch "$BASE/rmemfs/floor"
-uring_flag=""
-[ "${#targets[@]}" -gt 2 ] && uring_flag=--uring
-timeout -k 10 600 "$BENCH_BIN" fuse-floor $uring_flag --against "$BASE/rmemfs/floor" \
-  >"$OUT/fuse-floor.txt"
-rm -f "$BASE/rmemfs/floor"
+fuse_floor "$BASE/rmemfs" "$OUT/fuse-floor.txt"
 
 for target in "${targets[@]}"; do
   dir=$BASE/$target
