@@ -808,6 +808,11 @@ mod tests {
         assert!(c.readdirplus);
         let (_, c) = fuser_config(&["nordirplus".into()], 1).unwrap();
         assert!(!c.readdirplus);
+        assert!(!c.io_uring, "/dev/fuse unless asked");
+        let (_, c) = fuser_config(&["io_uring".into()], 1).unwrap();
+        assert!(c.io_uring);
+        let (_, c) = fuser_config(&["io_uring,no_io_uring".into()], 1).unwrap();
+        assert!(!c.io_uring);
         assert_eq!(cfg.n_threads, Some(4));
         assert!(cfg
             .mount_options

@@ -36,7 +36,11 @@ impl Stock {
     }
 
     fn put(&mut self, len: u64, addr: u64, rkey: u64) {
-        self.classes.entry(len).or_default().ready.push((addr, rkey));
+        self.classes
+            .entry(len)
+            .or_default()
+            .ready
+            .push((addr, rkey));
     }
 
     /// How many refills of `len` to ask for now (counted as asked).
