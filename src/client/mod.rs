@@ -596,6 +596,17 @@ impl Pool {
                 }
             };
         let link = Arc::new(link);
+        if resumed.is_none() {
+            // A new session: what was parked or stocked for the old one is forgotten before
+            // the new link is published, so nothing sent on it is mistaken for the old
+            // session's (see [`Parked`] and [`stock`]).
+            {
+                let mut parked = s.unfreed.lock();
+                parked.session += 1;
+                parked.frees.clear();
+            }
+            s.stock.lock().reset();
+        }
         *s.link.lock() = link.clone();
         let mut h = s.health.lock();
         let rejoin = match resumed {
@@ -618,13 +629,6 @@ impl Pool {
                 Rejoin::Resumed { extents, bytes }
             }
             _ => {
-                {
-                    let mut parked = s.unfreed.lock();
-                    parked.session += 1;
-                    parked.frees.clear();
-                }
-                // Refills answered before it went down held extents of the gone session.
-                s.stock.lock().drain();
                 log::warn!(
                     "memory server {} ({id}) is back without this mount's session (restarted, \
                      or its lease ran out): its copies are gone; admitting it empty",

@@ -9,8 +9,10 @@
 //! The stock is this pool's memory on the server (statfs counts it as used; `stats` shows it
 //! per server). A server that refuses an allocation for lack of room first gets its stock back
 //! (see [`Pool::alloc_on`]). A server that goes down keeps its stock as parked frees (freed if
-//! it resumes this pool's session, forgotten if it comes back without it), and a refill
-//! answered for a session that is gone is dropped.
+//! it resumes this pool's session, forgotten if it comes back without it). A stock belongs to
+//! one session of its server: it is reset (emptied, its epoch bumped) before a server that
+//! came back without the session is reachable again, and an extent granted or taken in an
+//! earlier epoch (a late refill, a put-back racing the reset) is never stocked again.
 
 use super::{Pool, Server};
 use crate::config::{STOCK_DEPTH, STOCK_MAX_LEN};
@@ -18,10 +20,12 @@ use crate::fabric::{RemoteRegion, ServerId};
 use crate::proto::Message;
 use std::collections::BTreeMap;
 
-/// One server's stock: ready extents (address, key) by length, and refills not yet answered.
+/// One server's stock: ready extents (address, key) by length, and refills not yet answered,
+/// for the server session of `epoch`.
 #[derive(Default)]
 pub(super) struct Stock {
     classes: BTreeMap<u64, Class>,
+    epoch: u64,
 }
 
 #[derive(Default)]
@@ -35,20 +39,31 @@ impl Stock {
         self.classes.get_mut(&len)?.ready.pop()
     }
 
-    fn put(&mut self, len: u64, addr: u64, rkey: u64) {
-        self.classes
-            .entry(len)
-            .or_default()
-            .ready
-            .push((addr, rkey));
+    /// Stocks an extent granted (or taken) in `epoch`; one of an earlier session is dropped
+    /// (whether it was still that session's to free is the server's business: it is gone).
+    fn put(&mut self, epoch: u64, len: u64, addr: u64, rkey: u64) {
+        if epoch == self.epoch {
+            self.classes
+                .entry(len)
+                .or_default()
+                .ready
+                .push((addr, rkey));
+        }
     }
 
-    /// How many refills of `len` to ask for now (counted as asked).
-    fn refills_due(&mut self, len: u64) -> usize {
+    /// Forgets everything for a new session of the server.
+    pub(super) fn reset(&mut self) {
+        self.classes.clear();
+        self.epoch += 1;
+    }
+
+    /// How many refills of `len` to ask for now (counted as asked), and the epoch they are
+    /// asked in.
+    fn refills_due(&mut self, len: u64) -> (usize, u64) {
         let c = self.classes.entry(len).or_default();
         let n = STOCK_DEPTH.saturating_sub(c.ready.len() + c.asked);
         c.asked += n;
-        n
+        (n, self.epoch)
     }
 
     fn answered(&mut self, len: u64) {
@@ -89,51 +104,61 @@ impl Pool {
         }
         let mut got = Vec::with_capacity(chosen.len());
         for &i in chosen {
-            if let Some((addr, rkey)) = self.servers[i].stock.lock().take(len) {
-                got.push(RemoteRegion {
+            let mut stock = self.servers[i].stock.lock();
+            if let Some((addr, rkey)) = stock.take(len) {
+                let region = RemoteRegion {
                     server: ServerId(i as u32),
                     addr,
                     len,
                     rkey,
-                });
+                };
+                got.push((region, stock.epoch));
             }
         }
         for &i in chosen {
             self.refill(&self.servers[i], len);
         }
         if got.len() < chosen.len() {
-            for r in &got {
+            for (r, epoch) in &got {
                 self.servers[r.server.0 as usize]
                     .stock
                     .lock()
-                    .put(len, r.addr, r.rkey);
+                    .put(*epoch, len, r.addr, r.rkey);
             }
             return None;
         }
-        Some(got)
+        Some(got.into_iter().map(|(r, _)| r).collect())
     }
 
     /// Asks `s` for extents of `len` until its stock of them (ready and asked) is full; the
     /// answers land in the stock on the reply thread.
+    /// The epoch and the link are read under the stock's lock: a server that came back
+    /// without the session has its stock reset before its new link is published, so a refill
+    /// sent on the new link always carries the new epoch.
     fn refill(&self, s: &Server, len: u64) {
-        let n = s.stock.lock().refills_due(len);
+        let (n, epoch, link) = {
+            let mut st = s.stock.lock();
+            let (n, epoch) = st.refills_due(len);
+            (n, epoch, s.link())
+        };
         if n == 0 {
             return;
         }
-        let session = s.unfreed.lock().session;
-        let link = s.link();
         for sent in 0..n {
-            let (stock, unfreed) = (s.stock.clone(), s.unfreed.clone());
+            let stock = s.stock.clone();
             let asked = link.control.send_with_handler(
                 |tag| Message::Alloc { tag, len },
                 Box::new(move |reply| {
                     let mut st = stock.lock();
                     st.answered(len);
-                    if let Some(Message::Allocated { addr, rkey, .. }) = reply {
-                        // Granted in a session the server no longer holds: not ours to use.
-                        if unfreed.lock().session == session {
-                            st.put(len, addr, rkey);
-                        }
+                    match reply {
+                        Some(Message::Allocated {
+                            addr,
+                            rkey,
+                            len: granted,
+                            ..
+                        }) if granted == len => st.put(epoch, len, addr, rkey),
+                        _ => {}
                     }
                 }),
             );
@@ -154,8 +179,15 @@ impl Pool {
     /// of `s` after this returns (one connection, served in order).
     pub(super) fn drain_stock(&self, s: &Server) -> bool {
         let ready = s.stock.lock().drain();
-        for &(addr, rkey) in &ready {
+        for (i, &(addr, rkey)) in ready.iter().enumerate() {
             if self.send_free(s, addr, rkey).is_err() {
+                // That one was parked by send_free; the rest are parked here, for a resumed
+                // session.
+                let mut parked = s.unfreed.lock();
+                let session = parked.session;
+                for &(a, k) in &ready[i + 1..] {
+                    parked.keep(session, a, k);
+                }
                 break;
             }
         }
@@ -176,13 +208,13 @@ mod tests {
     #[test]
     fn a_class_is_asked_for_up_to_its_depth_counting_what_is_ready_and_asked() {
         let mut s = Stock::default();
-        assert_eq!(s.refills_due(4096), STOCK_DEPTH);
-        assert_eq!(s.refills_due(4096), 0, "all asked already");
+        assert_eq!(s.refills_due(4096), (STOCK_DEPTH, 0));
+        assert_eq!(s.refills_due(4096).0, 0, "all asked already");
         s.answered(4096);
-        s.put(4096, 0x1000, 1);
-        assert_eq!(s.refills_due(4096), 0, "one ready, the rest asked");
+        s.put(0, 4096, 0x1000, 1);
+        assert_eq!(s.refills_due(4096).0, 0, "one ready, the rest asked");
         s.answered(4096);
-        assert_eq!(s.refills_due(4096), 1, "one answered without an extent");
+        assert_eq!(s.refills_due(4096).0, 1, "one answered without an extent");
         assert_eq!(s.take(8192), None, "another length has its own class");
         assert_eq!(s.take(4096), Some((0x1000, 1)));
         assert_eq!(s.bytes(), 0);
@@ -191,13 +223,34 @@ mod tests {
     #[test]
     fn draining_takes_every_ready_extent_of_every_length() {
         let mut s = Stock::default();
-        s.put(4096, 0x1000, 1);
-        s.put(8192, 0x2000, 2);
+        s.put(0, 4096, 0x1000, 1);
+        s.put(0, 8192, 0x2000, 2);
         assert_eq!(s.bytes(), 4096 + 8192);
         let mut d = s.drain();
         d.sort();
         assert_eq!(d, [(0x1000, 1), (0x2000, 2)]);
         assert_eq!(s.bytes(), 0);
         assert_eq!(s.take(4096), None);
+    }
+
+    #[test]
+    fn after_a_reset_an_extent_of_the_earlier_session_is_not_stocked() {
+        let mut s = Stock::default();
+        let (_, asked_in) = s.refills_due(4096);
+        s.put(asked_in, 4096, 0x1000, 1);
+        let taken = s.take(4096).unwrap();
+        s.reset();
+        // A late refill answer, and a put-back of what was taken before the reset.
+        s.put(asked_in, 4096, 0x2000, 2);
+        s.put(asked_in, 4096, taken.0, taken.1);
+        assert_eq!(s.bytes(), 0);
+        let (n, epoch) = s.refills_due(4096);
+        assert_eq!(
+            (n, epoch),
+            (STOCK_DEPTH, asked_in + 1),
+            "asked afresh in the new session"
+        );
+        s.put(epoch, 4096, 0x3000, 3);
+        assert_eq!(s.take(4096), Some((0x3000, 3)));
     }
 }

@@ -313,10 +313,9 @@ impl<FS: Filesystem> Session<FS> {
                     allowed,
                     session_owner,
                 };
-                // SAFETY: sysconf has no preconditions.
-                let queues = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
+                let queues = crate::uring::queues();
                 let per_queue = n_threads.div_ceil(queues).max(1);
-                crate::uring::start(&template, params, per_queue, &ring_stop)?
+                crate::uring::start(&template, params, queues, per_queue, &ring_stop)?
             }
             None => Vec::new(),
         };
@@ -457,7 +456,18 @@ impl<FS: Filesystem> Session<FS> {
                 ));
             }
 
-            let mut config = KernelConfig::new(init.capabilities(), init.max_readahead(), v);
+            // rmemfs patch: the ring is offered to the file system only if this process can
+            // use io_uring (once INIT grants the ring, the kernel waits for it).
+            #[allow(unused_mut)]
+            let mut offered = init.capabilities();
+            #[cfg(target_os = "linux")]
+            if offered.contains(InitFlags::FUSE_OVER_IO_URING) {
+                if let Err(e) = crate::uring::usable() {
+                    warn!("io_uring cannot be used here ({e}): FUSE over io_uring is not offered");
+                    offered.remove(InitFlags::FUSE_OVER_IO_URING);
+                }
+            }
+            let mut config = KernelConfig::new(offered, init.max_readahead(), v);
 
             // Call filesystem init method and give it a chance to return an error
             let Some(filesystem) = &mut self.filesystem.fs else {
@@ -518,7 +528,7 @@ impl<FS: Filesystem> Session<FS> {
             #[cfg(target_os = "linux")]
             {
                 let uring = InitFlags::FUSE_OVER_IO_URING;
-                if config.requested.contains(uring) && init.capabilities().contains(uring) {
+                if config.requested.contains(uring) && offered.contains(uring) {
                     let page = page_size::get();
                     let payload = [8192, config.max_write as usize, config.max_pages() as usize * page]
                         .into_iter()

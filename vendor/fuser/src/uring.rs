@@ -11,11 +11,16 @@
 //! kernel wakes the thread on its caller's CPU. Forgets and interrupts still come through
 //! /dev/fuse, whose threads keep running.
 //!
+//! An entry's buffers belong to its [`RingReply`] (shared with the reply objects handed to
+//! the file system), so they outlive any reply; and they are leaked, never freed, if the
+//! thread ends while the kernel may still write into them. A queue the kernel would wait on
+//! forever (its entries refused again and again) aborts the process: the kernel then ends the
+//! connection, instead of leaving every request made on that CPU hanging.
+//!
 //! Structures as in the kernel's `include/uapi/linux/fuse.h` (protocol 7.42).
 
 use std::io;
 use std::io::IoSlice;
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::Condvar;
 use std::sync::Mutex;
@@ -33,7 +38,6 @@ use log::error;
 use log::warn;
 
 use crate::Filesystem;
-use crate::channel::Channel;
 use crate::channel::ChannelSender;
 use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
@@ -56,9 +60,19 @@ const HEADER_BYTES: usize = 256 + 32;
 const SCRATCH: usize = IN_HEADER + OP_IN_MAX;
 /// How often an idle ring thread looks whether the session ended.
 const POLL: Duration = Duration::from_millis(50);
-/// REGISTER is refused with EAGAIN until the kernel has processed INIT's reply: tries, 1 ms
-/// apart.
+/// An entry refused this many times in a row (1 ms apart) is given up on. REGISTER is
+/// refused with EAGAIN until the kernel has processed INIT's reply, which takes far less.
 const REGISTER_TRIES: u32 = 5000;
+/// After the session ended, how many POLL periods a thread waits for the kernel to give its
+/// entry back before leaking the buffers.
+const LAST_WAITS: u32 = 20;
+/// Completion results that mean the connection is gone (the entry is the kernel's no more).
+const TEARDOWN: [i32; 4] = [
+    libc::ENOTCONN,
+    libc::ENODEV,
+    libc::ECANCELED,
+    libc::ECONNABORTED,
+];
 
 /// What the file system asked at INIT, and the kernel granted: the ring is used.
 #[derive(Debug, Clone, Copy)]
@@ -67,26 +81,70 @@ pub(crate) struct RingParams {
     pub(crate) payload: usize,
 }
 
-/// Where one request's reply goes: its entry's buffers. A reply to a request with a payload
-/// is staged (the handler may still hold the request's bytes, which lie where the reply
-/// goes) and copied in once the handler returned; any other is written in place.
+/// Whether this process may use io_uring with 128-byte entries (seccomp, the
+/// `kernel.io_uring_disabled` sysctl and memlock limits may say no): asked before INIT is
+/// answered, since after INIT granted the ring the kernel waits for it.
+pub(crate) fn usable() -> io::Result<()> {
+    IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+        .build(4)
+        .map(drop)
+}
+
+/// The kernel's queue count: one per possible CPU (`/sys/devices/system/cpu/possible`, as
+/// `0-3` or `0,2-5`), else the configured processor count.
+pub(crate) fn queues() -> usize {
+    let count = |list: &str| -> Option<usize> {
+        list.trim().split(',').try_fold(0, |n, part| {
+            Some(n + match part.split_once('-') {
+                Some((a, b)) => b.parse::<usize>().ok()?.checked_sub(a.parse().ok()?)? + 1,
+                None => {
+                    part.parse::<usize>().ok()?;
+                    1
+                }
+            })
+        })
+    };
+    std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|l| count(&l))
+        .filter(|&n| n > 0)
+        // SAFETY: sysconf has no preconditions.
+        .unwrap_or_else(|| unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize)
+}
+
+/// One entry's buffers, and where the reply to its request in service goes. A reply to a
+/// request with a payload is staged (the handler may still hold the request's bytes, which
+/// lie where the reply goes) and copied in once the handler returned; any other is written
+/// in place.
 pub(crate) struct RingReply {
     /// The session's device, for backing files (passthrough).
     pub(crate) channel: ChannelSender,
-    header: *mut u8,
-    payload: *mut u8,
+    /// The kernel's `fuse_uring_req_header` (from `Box::into_raw`, freed in Drop).
+    header: *mut [u64; HEADER_BYTES / 8],
+    /// SCRATCH bytes, then the payload (from `Box::into_raw`, freed in Drop).
+    buf: *mut [u8],
     payload_cap: usize,
     state: Mutex<Answer>,
     answered: Condvar,
 }
 
-// SAFETY: the raw pointers are to the entry's buffers, which outlive every RingReply (the
-// ring thread owns both and joins nothing that keeps one); they are written only while the
-// state says a reply is awaited, under the state's lock, and read by the ring thread only
-// after it saw the answer under that lock.
+// SAFETY: the buffers are owned by this value and freed only when the last reference goes;
+// they are written only while the state says a reply is awaited (under the state's lock) or
+// by the ring thread between a completion and the next commit, when no reply is awaited.
 unsafe impl Send for RingReply {}
-// SAFETY: as for Send; all mutation goes through the state mutex.
+// SAFETY: as for Send; all mutation by repliers goes through the state mutex.
 unsafe impl Sync for RingReply {}
+
+impl Drop for RingReply {
+    fn drop(&mut self) {
+        // SAFETY: both came from Box::into_raw in `Entry::new` and are freed once, here;
+        // whoever might still write them (the kernel) keeps this value alive by leaking it.
+        unsafe {
+            drop(Box::from_raw(self.header));
+            drop(Box::from_raw(self.buf));
+        }
+    }
+}
 
 impl std::fmt::Debug for RingReply {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -107,40 +165,56 @@ enum Answer {
 }
 
 impl RingReply {
+    fn header_ptr(&self) -> *mut u8 {
+        self.header.cast()
+    }
+
+    fn payload_ptr(&self) -> *mut u8 {
+        // SAFETY: SCRATCH is within the buffer of SCRATCH + payload_cap bytes.
+        unsafe { self.buf.cast::<u8>().add(SCRATCH) }
+    }
+
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
         let total: usize = data.iter().map(|d| d.len()).sum();
+        let stream = || data.iter().flat_map(|d| d.iter().copied());
+        let mut st = self.state.lock().expect("ring reply lock");
+        let Answer::Awaited { in_place } = *st else {
+            return Err(io::Error::other("a ring reply with no request awaiting it"));
+        };
         if total < OUT_HEADER || total - OUT_HEADER > self.payload_cap {
+            // Answered EIO instead, so the entry still goes back to the kernel.
+            let mut unique = [0u8; 8];
+            for (b, v) in unique.iter_mut().zip(stream().skip(8)) {
+                *b = v;
+            }
+            *st = Answer::Staged(error_header(u64::from_ne_bytes(unique), libc::EIO).to_vec());
+            self.answered.notify_all();
             return Err(io::Error::other(format!(
-                "a reply of {total} bytes does not fit the ring entry"
+                "a reply of {total} bytes does not fit the ring entry; answered EIO"
             )));
         }
-        let mut st = self.state.lock().expect("ring reply lock");
-        match *st {
-            Answer::Awaited { in_place: true } => {
-                let mut at = 0;
-                for d in data {
-                    for (i, chunk) in split_at_header(at, d) {
-                        // SAFETY: `i` + chunk length stays within the header's out-header
-                        // area or the payload (checked against payload_cap above); the
-                        // kernel does not touch the entry until it is committed, and no
-                        // reference to these bytes is held (the request had no payload).
-                        unsafe {
-                            let dst = if i < OUT_HEADER {
-                                self.header.add(i)
-                            } else {
-                                self.payload.add(i - OUT_HEADER)
-                            };
-                            std::ptr::copy_nonoverlapping(chunk.as_ptr(), dst, chunk.len());
-                        }
+        if in_place {
+            let mut at = 0;
+            for d in data {
+                for (i, chunk) in split_at_header(at, d) {
+                    // SAFETY: `i` + chunk length stays within the out-header area or the
+                    // payload (checked against payload_cap above); the kernel does not touch
+                    // the entry until it is committed, and no reference to these bytes is
+                    // held (the request had no payload).
+                    unsafe {
+                        let dst = if i < OUT_HEADER {
+                            self.header_ptr().add(i)
+                        } else {
+                            self.payload_ptr().add(i - OUT_HEADER)
+                        };
+                        std::ptr::copy_nonoverlapping(chunk.as_ptr(), dst, chunk.len());
                     }
-                    at += d.len();
                 }
-                *st = Answer::Written(total - OUT_HEADER);
+                at += d.len();
             }
-            Answer::Awaited { in_place: false } => {
-                *st = Answer::Staged(data.iter().flat_map(|d| d.iter().copied()).collect());
-            }
-            _ => return Err(io::Error::other("a ring reply with no request awaiting it")),
+            *st = Answer::Written(total - OUT_HEADER);
+        } else {
+            *st = Answer::Staged(stream().collect());
         }
         self.answered.notify_all();
         Ok(())
@@ -163,10 +237,10 @@ impl RingReply {
                 // SAFETY: lengths checked in `send`; the handler has returned, so nothing
                 // refers to the request's bytes any more.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(v.as_ptr(), self.header, OUT_HEADER);
+                    std::ptr::copy_nonoverlapping(v.as_ptr(), self.header_ptr(), OUT_HEADER);
                     std::ptr::copy_nonoverlapping(
                         v[OUT_HEADER..].as_ptr(),
-                        self.payload,
+                        self.payload_ptr(),
                         v.len() - OUT_HEADER,
                     );
                 }
@@ -177,6 +251,15 @@ impl RingReply {
     }
 }
 
+/// A `struct fuse_out_header` answering request `unique` with `errno`.
+fn error_header(unique: u64, errno: i32) -> [u8; OUT_HEADER] {
+    let mut h = [0u8; OUT_HEADER];
+    h[0..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
+    h[4..8].copy_from_slice(&(-errno).to_ne_bytes());
+    h[8..16].copy_from_slice(&unique.to_ne_bytes());
+    h
+}
+
 /// Splits `d`, which starts at byte `at` of a reply, at the end of the out-header: the
 /// pieces with their reply offsets.
 fn split_at_header(at: usize, d: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
@@ -185,51 +268,41 @@ fn split_at_header(at: usize, d: &[u8]) -> impl Iterator<Item = (usize, &[u8])> 
     [(at, a), (at + cut, b)].into_iter().filter(|(_, p)| !p.is_empty())
 }
 
-/// One ring entry: its header area, and its payload with scratch room in front.
+/// One ring entry: its buffers (in its reply) and the iovecs that name them to the kernel.
 struct Entry {
-    /// Owned here, used through `header_ptr` (the kernel writes it).
-    _header: Box<[u64; HEADER_BYTES / 8]>,
-    /// SCRATCH bytes, then the payload; used through `buf_ptr`.
-    _buf: Box<[u8]>,
-    iov: Box<[libc::iovec; 2]>,
-    header_ptr: *mut u8,
-    buf_ptr: *mut u8,
     reply: Arc<RingReply>,
+    iov: Box<[libc::iovec; 2]>,
+    /// Given to the kernel (REGISTER or COMMIT_AND_FETCH submitted) and not yet given back
+    /// (no completion reaped since).
+    in_kernel: bool,
 }
 
 impl Entry {
     fn new(payload: usize, channel: ChannelSender) -> Entry {
-        let mut header = Box::new([0u64; HEADER_BYTES / 8]);
-        let mut buf = vec![0u8; SCRATCH + payload].into_boxed_slice();
-        let header_ptr: *mut u8 = header.as_mut_ptr().cast();
-        let buf_ptr = buf.as_mut_ptr();
-        let iov = Box::new([
-            libc::iovec {
-                iov_base: header_ptr.cast(),
-                iov_len: HEADER_BYTES,
-            },
-            libc::iovec {
-                // SAFETY: SCRATCH is within the allocation of SCRATCH + payload bytes.
-                iov_base: unsafe { buf_ptr.add(SCRATCH) }.cast(),
-                iov_len: payload,
-            },
-        ]);
+        let header = Box::into_raw(Box::new([0u64; HEADER_BYTES / 8]));
+        let buf = Box::into_raw(vec![0u8; SCRATCH + payload].into_boxed_slice());
         let reply = Arc::new(RingReply {
             channel,
-            header: header_ptr,
-            // SAFETY: as above.
-            payload: unsafe { buf_ptr.add(SCRATCH) },
+            header,
+            buf,
             payload_cap: payload,
             state: Mutex::new(Answer::Idle),
             answered: Condvar::new(),
         });
+        let iov = Box::new([
+            libc::iovec {
+                iov_base: reply.header_ptr().cast(),
+                iov_len: HEADER_BYTES,
+            },
+            libc::iovec {
+                iov_base: reply.payload_ptr().cast(),
+                iov_len: payload,
+            },
+        ]);
         Entry {
-            _header: header,
-            _buf: buf,
-            iov,
-            header_ptr,
-            buf_ptr,
             reply,
+            iov,
+            in_kernel: false,
         }
     }
 
@@ -237,38 +310,51 @@ impl Entry {
         let mut b = [0u8; 8];
         // SAFETY: `at + 8` is within the header area; the kernel wrote it before posting the
         // completion being handled, and does not write it again until the commit.
-        unsafe { std::ptr::copy_nonoverlapping(self.header_ptr.add(at), b.as_mut_ptr(), 8) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.reply.header_ptr().add(at), b.as_mut_ptr(), 8)
+        };
         u64::from_ne_bytes(b)
     }
 
     fn header_u32(&self, at: usize) -> u32 {
         let mut b = [0u8; 4];
         // SAFETY: as in `header_u64`.
-        unsafe { std::ptr::copy_nonoverlapping(self.header_ptr.add(at), b.as_mut_ptr(), 4) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.reply.header_ptr().add(at), b.as_mut_ptr(), 4)
+        };
         u32::from_ne_bytes(b)
     }
 
     fn set_header_u32(&self, at: usize, v: u32) {
         // SAFETY: as in `header_u64`; the entry is ours until committed.
-        unsafe { std::ptr::copy_nonoverlapping(v.to_ne_bytes().as_ptr(), self.header_ptr.add(at), 4) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                v.to_ne_bytes().as_ptr(),
+                self.reply.header_ptr().add(at),
+                4,
+            )
+        };
     }
 
     /// The request in /dev/fuse's layout: the in-header and `op_len` bytes of op header
     /// copied in front of the `payload_len` payload bytes the kernel wrote.
     fn request(&self, op_len: usize, payload_len: usize) -> &[u8] {
         let start = SCRATCH - IN_HEADER - op_len;
+        let base = self.reply.buf.cast::<u8>();
         // SAFETY: both copies stay within the scratch room (op_len <= OP_IN_MAX) and read
         // the header area the kernel wrote; the slice covers scratch and payload bytes
         // (payload_len <= the payload's size, checked by the caller) that nothing writes
-        // while it lives (replies to requests with a payload are staged).
+        // while it lives (replies to requests with a payload are staged), and the buffer
+        // lives as long as `self.reply`.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.header_ptr, self.buf_ptr.add(start), IN_HEADER);
+            let header = self.reply.header_ptr();
+            std::ptr::copy_nonoverlapping(header, base.add(start), IN_HEADER);
             std::ptr::copy_nonoverlapping(
-                self.header_ptr.add(OP_IN_AT),
-                self.buf_ptr.add(start + IN_HEADER),
+                header.add(OP_IN_AT),
+                base.add(start + IN_HEADER),
                 op_len,
             );
-            std::slice::from_raw_parts(self.buf_ptr.add(start), IN_HEADER + op_len + payload_len)
+            std::slice::from_raw_parts(base.add(start), IN_HEADER + op_len + payload_len)
         }
     }
 
@@ -300,24 +386,16 @@ fn with_iovec_count(sqe: squeue::Entry128, count: u32) -> squeue::Entry128 {
     }
 }
 
-/// One ring thread's ring and entry. The ring is declared first so it is dropped first:
-/// closing it cancels the kernel's hold on the entry before the buffers go.
-struct RingThread {
-    ring: IoUring<squeue::Entry128, cqueue::Entry>,
-    entry: Entry,
-}
-
-/// Starts the ring threads: `per_queue` on each of the kernel's queues (one per possible
-/// CPU). Returns once every thread has registered its entry (the kernel uses the ring from
-/// then on). `stop` ends them (after the session ended).
+/// Starts the ring threads: `per_queue` on each of the kernel's `queues`. Returns once each
+/// has submitted its entry (the kernel uses the ring once every queue has one). `stop` ends
+/// them (after the session ended).
 pub(crate) fn start<FS: Filesystem>(
     se: &SessionEventLoop<FS>,
     params: RingParams,
+    queues: usize,
     per_queue: usize,
     stop: &Arc<AtomicBool>,
 ) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
-    // SAFETY: sysconf has no preconditions.
-    let queues = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
     let mut threads = Vec::new();
     for qid in 0..queues {
         for k in 0..per_queue.max(1) {
@@ -334,11 +412,11 @@ pub(crate) fn start<FS: Filesystem>(
             let t = std::thread::Builder::new()
                 .name(thread_name)
                 .spawn(move || serve(&event_loop, qid as u16, params, &stop_thread, tx))?;
-            let registered = rx
+            let submitted = rx
                 .recv()
                 .unwrap_or_else(|_| Err(io::Error::other("a ring thread ended at start")));
             threads.push(t);
-            if let Err(e) = registered {
+            if let Err(e) = submitted {
                 stop.store(true, Ordering::SeqCst);
                 for t in threads {
                     let _ = t.join();
@@ -362,65 +440,135 @@ fn pin_to_cpu(cpu: usize) {
     }
 }
 
+/// One ring thread's ring and entry; the ring is declared first so it is dropped first.
+struct RingThread {
+    ring: IoUring<squeue::Entry128, cqueue::Entry>,
+    entry: Entry,
+}
+
+impl RingThread {
+    /// Queues `sqe` for this thread's entry (submitted by the next wait).
+    fn push(&mut self, sqe: &squeue::Entry128) -> io::Result<()> {
+        // SAFETY: the entry's buffers live in its RingReply, which is leaked rather than
+        // freed while the kernel holds the entry (see `serve`); its iovecs live as long as
+        // the entry, and the kernel reads them while the SQE is submitted.
+        unsafe { self.ring.submission().push(sqe) }.map_err(|_| io::Error::other("ring full"))?;
+        self.entry.in_kernel = true;
+        Ok(())
+    }
+
+    /// Submits what is queued and waits (at most POLL) for the entry to come back: its
+    /// completion's result, if one came.
+    fn wait(&mut self) -> io::Result<Option<i32>> {
+        let poll = types::Timespec::from(POLL);
+        let args = types::SubmitArgs::new().timespec(&poll);
+        match self.ring.submitter().submit_with_args(1, &args) {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME | libc::EINTR | libc::EBUSY)
+                ) => {}
+            Err(e) => return Err(e),
+        }
+        let res = self.ring.completion().next().map(|c| c.result());
+        if res.is_some() {
+            self.entry.in_kernel = false;
+        }
+        Ok(res)
+    }
+}
+
 fn serve<FS: Filesystem>(
     se: &SessionEventLoop<FS>,
     qid: u16,
     params: RingParams,
     stop: &AtomicBool,
-    registered: std::sync::mpsc::Sender<io::Result<()>>,
+    submitted: std::sync::mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
     pin_to_cpu(qid as usize);
-    let fd = se.ch.as_raw_fd_for_ring();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(&se.ch));
     let setup = || -> io::Result<RingThread> {
-        let mut ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(4)?;
-        let entry = Entry::new(params.payload, se.ch.sender());
-        let sqe = entry.sqe(fd, qid, FUSE_IO_URING_CMD_REGISTER, 0);
-        // SAFETY: the entry's buffers and iovecs live in the RingThread, which drops the ring
-        // (ending the kernel's use of them) before them.
-        unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("ring full"))?;
-        ring.submit()?;
-        Ok(RingThread { ring, entry })
+        let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(4)?;
+        let mut rt = RingThread {
+            ring,
+            entry: Entry::new(params.payload, se.ch.sender()),
+        };
+        let sqe = rt.entry.sqe(fd, qid, FUSE_IO_URING_CMD_REGISTER, 0);
+        rt.push(&sqe)?;
+        rt.ring.submit()?;
+        Ok(rt)
     };
     let mut rt = match setup() {
         Ok(rt) => {
-            let _ = registered.send(Ok(()));
+            let _ = submitted.send(Ok(()));
             rt
         }
         Err(e) => {
-            let _ = registered.send(Err(io::Error::new(e.kind(), e.to_string())));
+            let _ = submitted.send(Err(io::Error::new(e.kind(), e.to_string())));
             return Err(e);
         }
     };
-    let RingThread { ring, entry } = &mut rt;
-    let poll = types::Timespec::from(POLL);
-    let mut tries = 0;
-    while !stop.load(Ordering::SeqCst) {
-        let args = types::SubmitArgs::new().timespec(&poll);
-        match ring.submitter().submit_with_args(1, &args) {
-            Ok(_) => {}
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY)) => {}
-            Err(e) => return Err(e),
+    let result = serve_entry(se, &mut rt, fd, qid, params, stop);
+    // The session ended (or this thread failed): give the kernel a moment to hand the entry
+    // back; if it still holds it, the buffers are leaked, never freed under it.
+    let mut waits = 0;
+    while rt.entry.in_kernel && waits < LAST_WAITS {
+        waits += 1;
+        if rt.wait().is_err() {
+            break;
         }
-        let Some(res) = ring.completion().next().map(|c| c.result()) else {
+    }
+    if rt.entry.in_kernel {
+        std::mem::forget(rt.entry.reply.clone());
+    }
+    if let Err(e) = &result {
+        error!(
+            "FUSE over io_uring: queue {qid} cannot be served ({e}); aborting, so that the \
+             kernel ends the connection instead of holding every request of that CPU forever"
+        );
+        std::process::abort();
+    }
+    result
+}
+
+/// Serves requests through `rt`'s entry until the session ends (`stop`, or the kernel gives
+/// the entry back for good).
+fn serve_entry<FS: Filesystem>(
+    se: &SessionEventLoop<FS>,
+    rt: &mut RingThread,
+    fd: i32,
+    qid: u16,
+    params: RingParams,
+    stop: &AtomicBool,
+) -> io::Result<()> {
+    let mut refusals = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let Some(res) = rt.wait()? else {
             continue;
         };
-        if res == -libc::EAGAIN && tries < REGISTER_TRIES {
-            // INIT's reply not processed yet: register again shortly.
-            tries += 1;
-            std::thread::sleep(Duration::from_millis(1));
-            let sqe = entry.sqe(fd, qid, FUSE_IO_URING_CMD_REGISTER, 0);
-            // SAFETY: as at setup.
-            unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("ring full"))?;
-            continue;
-        }
         if res < 0 {
-            // The connection ended: the kernel gives the entry back.
-            if matches!(-res, libc::ENOTCONN | libc::ENODEV | libc::ECANCELED | libc::ECONNABORTED) {
+            if TEARDOWN.contains(&-res) {
                 return Ok(());
             }
-            return Err(io::Error::from_raw_os_error(-res));
+            // Refused (EAGAIN before INIT is processed; anything else the kernel may say of
+            // a commit it could not match): register the entry again, a while.
+            refusals += 1;
+            if refusals > REGISTER_TRIES {
+                return Err(io::Error::from_raw_os_error(-res));
+            }
+            if res != -libc::EAGAIN {
+                warn!("ring {qid}: entry refused ({}); registering it again", io::Error::from_raw_os_error(-res));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            let sqe = rt.entry.sqe(fd, qid, FUSE_IO_URING_CMD_REGISTER, 0);
+            rt.push(&sqe)?;
+            continue;
         }
+        refusals = 0;
+        let entry = &rt.entry;
         let commit_id = entry.header_u64(COMMIT_ID_AT);
+        let unique = entry.header_u64(8);
         let len = entry.header_u32(0) as usize;
         let payload_len = entry.header_u32(PAYLOAD_SZ_AT) as usize;
         let op_len = len.checked_sub(IN_HEADER + payload_len);
@@ -432,7 +580,7 @@ fn serve<FS: Filesystem>(
                     Some(req) => req.dispatch(se),
                     None => {
                         error!("ring {qid}: a request fuser cannot parse; answered EIO");
-                        error_reply(&entry.reply, entry.header_u64(8));
+                        let _ = entry.reply.send(&[IoSlice::new(&error_header(unique, libc::EIO))]);
                     }
                 }
                 entry.reply.take()
@@ -440,31 +588,13 @@ fn serve<FS: Filesystem>(
             _ => {
                 warn!("ring {qid}: a request of {len} bytes with {payload_len} of payload; answered EIO");
                 entry.reply.await_reply(true);
-                error_reply(&entry.reply, entry.header_u64(8));
+                let _ = entry.reply.send(&[IoSlice::new(&error_header(unique, libc::EIO))]);
                 entry.reply.take()
             }
         };
         entry.set_header_u32(PAYLOAD_SZ_AT, answered as u32);
         let sqe = entry.sqe(fd, qid, FUSE_IO_URING_CMD_COMMIT_AND_FETCH, commit_id);
-        // SAFETY: as at setup; the entry goes back to the kernel with this.
-        unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("ring full"))?;
+        rt.push(&sqe)?;
     }
     Ok(())
-}
-
-/// Answers request `unique` with EIO.
-fn error_reply(reply: &RingReply, unique: u64) {
-    let mut h = [0u8; OUT_HEADER];
-    h[0..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
-    h[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
-    h[8..16].copy_from_slice(&unique.to_ne_bytes());
-    let _ = reply.send(&[IoSlice::new(&h)]);
-}
-
-impl Channel {
-    /// The session device's descriptor, for ring commands (valid while the channel lives).
-    pub(crate) fn as_raw_fd_for_ring(&self) -> i32 {
-        use std::os::fd::AsFd;
-        self.as_fd().as_raw_fd()
-    }
 }
