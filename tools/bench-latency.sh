@@ -5,7 +5,8 @@
 #   2. fio 4 KiB random reads (tools/fio/rand-read.fio: psync, one job, every block from the
 #      file system) on the in-process mount (FUSE and rmemfs's code, no network) and on a tcp
 #      mount of one memory server, each through /dev/fuse and through FUSE over io_uring
-#      (`-o io_uring`, where the kernel has it), each time with the daemon's own figures from
+#      (`-o io_uring`, where the kernel has it; on tcp the ring also with `--busy-poll`), each
+#      time with the daemon's own figures from
 #      `rmemfs stats --json`: the read handler's time (from FUSE's request to the reply) and
 #      the fabric batches inside it (post to last completion).
 #   3. the FUSE round trip with no file-system code (`rmemfs-bench fuse-floor`, a null file
@@ -54,10 +55,19 @@ fio_with_stats() {
 # Room for the fio file and the mount's own use, as the tcp server below.
 size_bytes=$(numfmt --from=iec "$SIZE")
 room="$((size_bytes / 1048576 + 256))M"
-# The transports: /dev/fuse, and FUSE over io_uring where this kernel has it.
+# The transports: /dev/fuse, and FUSE over io_uring where this kernel has it; on tcp also the
+# ring with the fabric's bounded busy-poll (--busy-poll: the handler spins for its completion
+# instead of sleeping on the ring thread's CPU).
 transports=(dev)
 if has_fuse_uring; then transports+=(uring); fi
-opts_of() { [ "$1" = uring ] && echo "-o io_uring"; return 0; }
+tcp_transports=("${transports[@]}")
+if has_fuse_uring; then tcp_transports+=(uring-poll); fi
+opts_of() {
+  case $1 in
+    uring) echo "-o io_uring" ;;
+    uring-poll) echo "-o io_uring --busy-poll" ;;
+  esac
+}
 for tr in "${transports[@]}"; do
   # shellcheck disable=SC2046 # the options are words
   mount_inproc "$BASE/mnt-$tr" "$room" $(opts_of "$tr") || exit 1
@@ -66,7 +76,7 @@ for tr in "${transports[@]}"; do
 done
 
 start_server "$room"
-for tr in "${transports[@]}"; do
+for tr in "${tcp_transports[@]}"; do
   # shellcheck disable=SC2046
   mount_fs "$BASE/mnt-tcp-$tr" "$SERVER_ADDR" $(opts_of "$tr")
   fio_with_stats "tcp-$tr" "$BASE/mnt-tcp-$tr"
@@ -111,13 +121,13 @@ def run(name):
             "mean_us": clat["mean"] / 1e3, "reads": reads, "handler_us": handler,
             "batch_us": batch, "batches_per_read": per_read}
 
-names = [n for n in ["inproc-dev", "inproc-uring", "tcp-dev", "tcp-uring"]
+names = [n for n in ["inproc-dev", "inproc-uring", "tcp-dev", "tcp-uring", "tcp-uring-poll"]
          if os.path.exists(os.path.join(out, f"{n}-fio.json"))]
 label = {"inproc-dev": "in-process", "inproc-uring": "in-proc ring",
-         "tcp-dev": "tcp", "tcp-uring": "tcp ring"}
+         "tcp-dev": "tcp", "tcp-uring": "tcp ring", "tcp-uring-poll": "ring, polled"}
 r = {n: run(n) for n in names}
 print(f"\n# a 4 KiB random read (fio psync, {size}, one job), microseconds; means unless p50")
-print("# (ring: FUSE over io_uring, -o io_uring; tcp: one memory server)")
+print("# (ring: FUSE over io_uring, -o io_uring; polled: with --busy-poll; tcp: one memory server)")
 print(f"{'':<34}" + "".join(f"{label[n]:>14}" for n in names))
 for key, what in [("p50_us", "fio completion p50"), ("mean_us", "fio completion mean"),
                   ("iops", "IOPS")]:
