@@ -449,8 +449,8 @@ fn dirty_allowance() -> u64 {
     threshold / 100 * share
 }
 
-/// The fuse module's switch for FUSE over io_uring.
-const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+/// The fuse module's switch for FUSE over io_uring (Linux 6.14+).
+pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
 /// Whether the kernel will offer FUSE over io_uring at INIT: its switch is on, or we turned
 /// it on (root; it only lets file systems that ask for the ring use it). Said in the log

@@ -227,12 +227,9 @@ impl NullMount {
     }
 }
 
-/// The kernel's switch for FUSE over io_uring (Linux 6.14+).
-const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
-
 /// Sets the kernel's FUSE-over-io_uring switch to `on`; returns what it was.
 fn set_uring_switch(on: bool) -> Result<bool, String> {
-    let param = ENABLE_URING;
+    let param = rmemfs::mount::ENABLE_URING;
     let was = std::fs::read_to_string(param).map_err(|e| format!("{param}: {e}"))?;
     std::fs::write(param, if on { "Y" } else { "N" }).map_err(|e| format!("{param}: {e}"))?;
     Ok(was.trim() == "Y")

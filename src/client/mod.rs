@@ -197,6 +197,11 @@ impl Parked {
             self.frees.push((addr, rkey));
         }
     }
+
+    /// Keeps frees of extents of the current session.
+    fn keep_current(&mut self, extents: impl IntoIterator<Item = (u64, u64)>) {
+        self.frees.extend(extents);
+    }
 }
 
 impl Server {
@@ -236,13 +241,7 @@ impl Server {
             *self.beat_sent.lock() = None;
             // Its stock is this session's memory there: freed if the session resumes.
             let stocked = self.stock.lock().drain();
-            {
-                let mut parked = self.unfreed.lock();
-                let session = parked.session;
-                for (addr, rkey) in stocked {
-                    parked.keep(session, addr, rkey);
-                }
-            }
+            self.unfreed.lock().keep_current(stocked);
             self.transitions.fetch_add(1, Ordering::SeqCst);
             let link = self.link();
             link.control.kill();
@@ -949,9 +948,7 @@ impl Pool {
         if s.is_failed() {
             // Freed there if the server comes back holding this session.
             if s.health.lock().state == ServerState::Down {
-                let mut parked = s.unfreed.lock();
-                let session = parked.session;
-                parked.keep(session, addr, rkey);
+                s.unfreed.lock().keep_current([(addr, rkey)]);
             }
             return Err(s.failed_error());
         }

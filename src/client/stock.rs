@@ -183,11 +183,9 @@ impl Pool {
             if self.send_free(s, addr, rkey).is_err() {
                 // That one was parked by send_free; the rest are parked here, for a resumed
                 // session.
-                let mut parked = s.unfreed.lock();
-                let session = parked.session;
-                for &(a, k) in &ready[i + 1..] {
-                    parked.keep(session, a, k);
-                }
+                s.unfreed
+                    .lock()
+                    .keep_current(ready[i + 1..].iter().copied());
                 break;
             }
         }

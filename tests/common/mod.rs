@@ -211,7 +211,6 @@ impl TestFs {
         Ok(())
     }
 
-    /// Bytes of remote memory in use on all servers, as they report it now.
     /// Remote memory the files hold: what the servers say is used, less the extents the
     /// pool holds in stock for new files (answered before the servers' status, which comes
     /// after them on each connection).

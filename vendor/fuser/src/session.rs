@@ -151,6 +151,23 @@ impl<FS: Filesystem> AsFd for Session<FS> {
     }
 }
 
+/// Joins event loop threads: Err if one panicked, else the first error one of them returned
+/// (rmemfs patch: shared by the /dev/fuse and the ring threads).
+fn join_event_loops(threads: Vec<JoinHandle<io::Result<()>>>) -> io::Result<io::Result<()>> {
+    let mut reply = Ok(());
+    for thread in threads {
+        let res = thread
+            .join()
+            .map_err(|_| io::Error::other("event loop thread panicked"))?;
+        if let Err(e) = res {
+            if reply.is_ok() {
+                reply = Err(e);
+            }
+        }
+    }
+    Ok(reply)
+}
+
 impl<FS: Filesystem> Session<FS> {
     /// Create a new session by mounting the given filesystem to the given mountpoint
     /// # Errors
@@ -336,32 +353,15 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
-        let mut reply: io::Result<()> = Ok(());
+        #[allow(unused_mut)]
+        let mut reply = join_event_loops(threads)?;
+        // rmemfs patch: the ring threads go once the /dev/fuse ones ended with the session.
         #[cfg(target_os = "linux")]
-        let threads = {
-            let mut threads = threads;
-            for thread in threads.drain(..) {
-                let res = thread.join().map_err(|_| io::Error::other("event loop thread panicked"))?;
-                if let Err(e) = res {
-                    if reply.is_ok() {
-                        reply = Err(e);
-                    }
-                }
-            }
+        {
             ring_stop.store(true, std::sync::atomic::Ordering::SeqCst);
-            ring_threads
-        };
-        for thread in threads {
-            let res = match thread.join() {
-                Ok(res) => res,
-                Err(_) => {
-                    return Err(io::Error::other("event loop thread panicked"));
-                }
-            };
-            if let Err(e) = res {
-                if reply.is_ok() {
-                    reply = Err(e);
-                }
+            let ring_reply = join_event_loops(ring_threads)?;
+            if reply.is_ok() {
+                reply = ring_reply;
             }
         }
 
