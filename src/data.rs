@@ -118,6 +118,33 @@ impl Drop for Loan<'_> {
     }
 }
 
+/// File bytes read for a reply: in the pooled buffer the fabric read them into (a FUSE-sized
+/// read), or owned (larger ones).
+pub struct ReadBuf<'a>(ReadBytes<'a>);
+
+enum ReadBytes<'a> {
+    Loaned(Loan<'a>, usize),
+    Owned(Vec<u8>),
+}
+
+impl ReadBuf<'_> {
+    /// No bytes (a read at or past the end of the file).
+    pub fn empty() -> ReadBuf<'static> {
+        ReadBuf(ReadBytes::Owned(Vec::new()))
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match &self.0 {
+            // SAFETY: every operation on the loaned buffer completed before `read_buf`
+            // returned (a batch waits for each of its ops, failed ones too), and the loan
+            // keeps the buffer this value's alone until it is dropped: nothing writes it
+            // while the view lives.
+            ReadBytes::Loaned(loan, len) => unsafe { loan.b().buf.quiet_bytes(0, *len) },
+            ReadBytes::Owned(v) => v,
+        }
+    }
+}
+
 /// The copy `r` of chunk `c`, as the pool addresses it.
 fn region(c: &Chunk, r: &Replica) -> RemoteRegion {
     RemoteRegion {
@@ -410,57 +437,90 @@ impl DataStore {
         })
     }
 
-    /// Reads file bytes at `offset` into `out` (which the caller zeroed: holes stay zero).
-    /// A copy that fails is avoided and the window read again from the others.
+    /// Reads `len` file bytes at `offset`. Up to [`IO_SIZE`] (a FUSE read) they stay in the
+    /// pooled buffer the fabric read them into, and go on from there without another copy.
+    pub fn read_buf(
+        &self,
+        chunks: &BTreeMap<u64, Chunk>,
+        offset: u64,
+        len: usize,
+    ) -> Result<ReadBuf<'_>> {
+        if len > IO_SIZE {
+            let mut out = vec![0u8; len];
+            self.read(chunks, offset, &mut out)?;
+            return Ok(ReadBuf(ReadBytes::Owned(out)));
+        }
+        let loan = self.loan()?;
+        self.read_window(chunks, offset, len, loan.b())?;
+        Ok(ReadBuf(ReadBytes::Loaned(loan, len)))
+    }
+
+    /// Reads file bytes at `offset` into `out`.
     pub fn read(&self, chunks: &BTreeMap<u64, Chunk>, offset: u64, out: &mut [u8]) -> Result<()> {
         let loan = self.loan()?;
         let b = loan.b();
-        let base = b.buf.addr();
         for (w, window) in out.chunks_mut(IO_SIZE).enumerate() {
-            let woff = offset + (w * IO_SIZE) as u64;
-            let mut avoid: Vec<u32> = Vec::new();
-            let copies = loop {
-                let mut ops = Vec::new();
-                let mut copies = Vec::new();
-                for (idx, in_chunk, n, at) in self.pieces(woff, window.len() as u64) {
-                    let Some(c) = chunks.get(&idx) else { continue };
-                    // Only the part of the piece the chunk actually covers; the rest is a hole.
-                    let covered = c.len.saturating_sub(in_chunk).min(n);
-                    if covered == 0 {
-                        continue;
-                    }
-                    let copy = self.pick(c, idx, &avoid).ok_or_else(|| lost(idx))?;
-                    ops.push(RemoteOp {
-                        opcode: Opcode::Read,
-                        local: Sge {
-                            addr: base + at,
-                            len: covered,
-                            lkey: 0,
-                        },
-                        remote: region(c, &copy),
-                        offset: in_chunk,
-                    });
-                    copies.push((at as usize, covered as usize));
-                }
-                if ops.is_empty() {
-                    break copies;
-                }
-                match self.run_ops(self.pin(base, window.len() as u64)?, &ops) {
-                    Ok(()) => break copies,
-                    Err(e) => match e.failed_server() {
-                        Some(s) if !avoid.contains(&s.0) => {
-                            log::warn!("read from {s} failed ({e}); reading another copy");
-                            avoid.push(s.0);
-                        }
-                        _ => return Err(e.into()),
-                    },
-                }
-            };
-            for (at, n) in copies {
-                b.buf.read_at(at, &mut window[at..at + n]);
-            }
+            self.read_window(chunks, offset + (w * IO_SIZE) as u64, window.len(), b)?;
+            b.buf.read_at(0, window);
         }
         Ok(())
+    }
+
+    /// Reads `len` (at most [`IO_SIZE`]) file bytes at `woff` into the start of `b`, holes as
+    /// zeros. A copy that fails is avoided and the window read again from the others.
+    fn read_window(
+        &self,
+        chunks: &BTreeMap<u64, Chunk>,
+        woff: u64,
+        len: usize,
+        b: &Bounce,
+    ) -> Result<()> {
+        let base = b.buf.addr();
+        // The buffer is reused: what no chunk covers is zeroed here.
+        for (idx, in_chunk, n, at) in self.pieces(woff, len as u64) {
+            let covered = chunks
+                .get(&idx)
+                .map_or(0, |c| c.len.saturating_sub(in_chunk).min(n));
+            if covered < n {
+                b.buf.zero((at + covered) as usize, (n - covered) as usize);
+            }
+        }
+        let mut avoid: Vec<u32> = Vec::new();
+        loop {
+            let mut ops = Vec::new();
+            for (idx, in_chunk, n, at) in self.pieces(woff, len as u64) {
+                let Some(c) = chunks.get(&idx) else { continue };
+                // Only the part of the piece the chunk actually covers; the rest is a hole.
+                let covered = c.len.saturating_sub(in_chunk).min(n);
+                if covered == 0 {
+                    continue;
+                }
+                let copy = self.pick(c, idx, &avoid).ok_or_else(|| lost(idx))?;
+                ops.push(RemoteOp {
+                    opcode: Opcode::Read,
+                    local: Sge {
+                        addr: base + at,
+                        len: covered,
+                        lkey: 0,
+                    },
+                    remote: region(c, &copy),
+                    offset: in_chunk,
+                });
+            }
+            if ops.is_empty() {
+                return Ok(());
+            }
+            match self.run_ops(self.pin(base, len as u64)?, &ops) {
+                Ok(()) => return Ok(()),
+                Err(e) => match e.failed_server() {
+                    Some(s) if !avoid.contains(&s.0) => {
+                        log::warn!("read from {s} failed ({e}); reading another copy");
+                        avoid.push(s.0);
+                    }
+                    _ => return Err(e.into()),
+                },
+            }
+        }
     }
 
     /// Writes `payload` at file `offset`, allocating or growing chunks as needed. Returns once

@@ -9,7 +9,7 @@
 //! Permission checks are the kernel's (the mount uses `default_permissions`); [`Fs::access`]
 //! answers explicit `access(2)` calls from the same rules.
 
-use crate::data::{DataStore, Payload};
+use crate::data::{DataStore, Payload, ReadBuf};
 use crate::error::{Error, Result};
 use crate::fuse::RequestBuffer;
 use crate::meta::{Body, Dir, FileData, Ino, Inode, Kind, Meta, NAME_MAX, ROOT_INO};
@@ -1085,8 +1085,9 @@ impl Fs {
         }
     }
 
-    /// Reads up to `size` bytes at `offset` (short at end of file).
-    pub fn read(&self, ino: Ino, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+    /// Reads up to `size` bytes at `offset` (short at end of file), left where the fabric put
+    /// them for the reply to send.
+    pub fn read_buf(&self, ino: Ino, fh: u64, offset: u64, size: u32) -> Result<ReadBuf<'_>> {
         if !self.handle(fh, ino)?.read && !self.config.writeback {
             return Err(err(libc::EBADF));
         }
@@ -1102,13 +1103,16 @@ impl Fs {
             i.size
         };
         if offset >= file_size {
-            return Ok(Vec::new());
+            return Ok(ReadBuf::empty());
         }
         let len = (size as u64).min(file_size - offset) as usize;
-        let mut out = vec![0u8; len];
         self.fault_point("read");
-        self.data.read(&chunks, offset, &mut out)?;
-        Ok(out)
+        self.data.read_buf(&chunks, offset, len)
+    }
+
+    /// As [`Fs::read_buf`], copied out.
+    pub fn read(&self, ino: Ino, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        Ok(self.read_buf(ino, fh, offset, size)?.bytes().to_vec())
     }
 
     /// Writes `data` at `offset` (at the end with `O_APPEND`); returns once the bytes are in

@@ -531,8 +531,8 @@ impl Filesystem for FuseFs {
         reply: ReplyData,
     ) {
         self.contain("read", req, || {
-            match self.fs.read(ino.0, fh.0, offset, size) {
-                Ok(data) => reply.data(&data),
+            match self.fs.read_buf(ino.0, fh.0, offset, size) {
+                Ok(data) => reply.data(data.bytes()),
                 Err(e) => reply.error(errno(&e)),
             }
         });

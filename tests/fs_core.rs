@@ -594,3 +594,41 @@ fn an_expired_lease_gives_the_memory_back_and_the_server_returns_empty() {
     assert_eq!(pool.try_reconnect(ServerId(0)), Some(Rejoin::Empty));
     assert!(t.read_file("f").unwrap() == bytes(1, 2 << 20));
 }
+
+/// Reads are answered from the pooled buffer the fabric read into, which the read before
+/// filled: what no chunk covers (a missing chunk, the tail of a short one) must read as zeros.
+#[test]
+fn a_reused_read_buffer_gives_holes_as_zeros() {
+    let t = TestFs::new(1, 16 << 20, 64 << 10);
+    t.create("full").unwrap();
+    let full = bytes(7, 1 << 20);
+    t.write_file("full", 0, &full).unwrap();
+    t.create("sparse").unwrap();
+    let at = 200 << 10;
+    t.write_file("sparse", at, &[0xAB; 100]).unwrap();
+    let sparse = t.resolve("sparse").unwrap();
+    let set = SetAttr {
+        size: Some(1 << 20),
+        ..Default::default()
+    };
+    t.fs.setattr(sparse, &set, ME).unwrap();
+    let mut expect = vec![0u8; 1 << 20];
+    expect[at as usize..at as usize + 100].fill(0xAB);
+    let (f, s) = (t.resolve("full").unwrap(), sparse);
+    let (fh_f, fh_s) = (
+        t.fs.open(f, libc::O_RDONLY).unwrap(),
+        t.fs.open(s, libc::O_RDONLY).unwrap(),
+    );
+    for _ in 0..3 {
+        // One loan at a time: each read takes the buffer the one before gave back.
+        assert_eq!(
+            t.fs.read_buf(f, fh_f, 0, 1 << 20).unwrap().bytes(),
+            &full[..]
+        );
+        let back = t.fs.read_buf(s, fh_s, 0, 1 << 20).unwrap();
+        assert_eq!(back.bytes().len(), 1 << 20);
+        assert!(back.bytes() == &expect[..], "holes read as zeros");
+    }
+    t.fs.release(fh_f);
+    t.fs.release(fh_s);
+}

@@ -4,7 +4,9 @@
 //! Memory that a peer may write at any moment is never turned into a long-lived `&[u8]` or
 //! `&mut [u8]`: it stays a raw `(ptr, len)` range, checked against its registration on every
 //! operation (see [`super::registry`]) and moved with `ptr::copy_nonoverlapping` or
-//! `recv`/`sendmsg` straight from and to the raw pointer.
+//! `recv`/`sendmsg` straight from and to the raw pointer. The one exception is a short-lived
+//! shared view of a buffer no operation can reach any more ([`AlignedBuf::quiet_bytes`]),
+//! so a read's bytes go to the kernel from where the fabric put them.
 
 use std::io;
 
@@ -101,6 +103,25 @@ impl AlignedBuf {
         let mut v = vec![0; len];
         self.read_at(offset, &mut v);
         v
+    }
+
+    /// Zeroes `len` bytes at `offset`. Panics if out of bounds (a caller bug).
+    pub fn zero(&self, offset: usize, len: usize) {
+        assert!(offset.checked_add(len).is_some_and(|e| e <= self.len));
+        // SAFETY: bounds checked above; the range lies inside our mapping.
+        unsafe { std::ptr::write_bytes(self.ptr.add(offset), 0, len) }
+    }
+
+    /// A shared view of `len` bytes at `offset`. Panics if out of bounds (a caller bug).
+    ///
+    /// # Safety
+    /// Nothing may write these bytes while the view lives: no operation may be in flight on
+    /// them (every one that used them has completed), and the caller holds the buffer alone.
+    pub unsafe fn quiet_bytes(&self, offset: usize, len: usize) -> &[u8] {
+        assert!(offset.checked_add(len).is_some_and(|e| e <= self.len));
+        // SAFETY: bounds checked above; the caller guarantees no writer while the view lives,
+        // and the mapping lives as long as `self`, which the view borrows.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(offset), len) }
     }
 
     /// Sets every byte to `byte`.
