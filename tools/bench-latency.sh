@@ -10,8 +10,8 @@
 #      `rmemfs stats --json`: the read handler's time (from FUSE's request to the reply) and
 #      the fabric batches inside it (post to last completion).
 #   3. the FUSE round trip with no file-system code (`rmemfs-bench fuse-floor`, a null file
-#      system) beside the same request on the tcp mount: with the fabric's READ, the floor
-#      under the target.
+#      system) beside the same request on the tcp mount, and the null file system's 4 KiB
+#      read that misses the page cache: with the fabric's READ, the floor under the target.
 # The split, per read, from means: FUSE and the kernel = fio's completion latency - the
 # handler; rmemfs's code = the handler - its fabric batches; the fabric batch against the
 # fabric's bare READ and plain TCP. Prints a table and draws OUT/chart.svg (default OUT
@@ -148,18 +148,20 @@ for n in [n for n in names if n.startswith("tcp")]:
     ratio = r[n]["p50_us"] / read_p50
     print(f"# target: fio p50 <= 1.2x the fabric's READ p50: {label[n]}: "
           f"{r[n]['p50_us']:.1f} / {read_p50:.1f} = {ratio:.2f}x")
-# The floor: a read is at least one FUSE round trip and one fabric READ, one after the other.
+# The floor: a read is at least one FUSE read that misses the page cache (of a null file
+# system: no file-system code) and one fabric READ, one after the other.
 fuse = {}
 for line in open(os.path.join(out, "fuse-floor.txt")):
     for key, start in [("null", "null FUSE file system"), ("null_ring", "null, FUSE over io_uring"),
-                       ("rmemfs", "rmemfs")]:
+                       ("rmemfs", "rmemfs"), ("read", "4K read, /dev/fuse"),
+                       ("read_ring", "4K read, io_uring")]:
         if line.startswith(start):
             fuse[key] = float(line.split()[-3])
-for key, what in [("null", "/dev/fuse"), ("null_ring", "io_uring")]:
+for key, what in [("read", "/dev/fuse"), ("read_ring", "io_uring")]:
     if key in fuse:
         floor = fuse[key] + read_p50
-        print(f"# the floor through {what}: a FUSE round trip with no file-system code (p50 "
-              f"{fuse[key]:.1f} us) + the fabric's READ = {floor:.1f} us = "
+        print(f"# the floor through {what}: a null FUSE file system's 4 KiB read that misses the "
+              f"page cache (p50 {fuse[key]:.1f} us) + the fabric's READ = {floor:.1f} us = "
               f"{floor / read_p50:.2f}x the fabric's READ")
 json.dump({"runs": r, "split_us": split, "fabric_read_p50_us": read_p50,
            "plain_tcp_p50_us": tcp_p50, "fuse_round_trip_p50_us": fuse},

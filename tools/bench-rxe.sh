@@ -10,6 +10,8 @@
 #   2. fio on rmemfs over verbs (a memory server process with `serve --fabric verbs`, a mount
 #      that takes verbs from its hello): 1 MiB sequential write and read, 4 KiB random read
 #      (tools/fio/*.fio: psync, one job, page cache in the path, caches invalidated first);
+#      and the floor under the 4 KiB read: `rmemfs-bench fuse-floor` (a null FUSE file system's
+#      round trip and 4 KiB read in this guest) + ib_read_lat;
 #   3. the mount's switches on verbs (tools/bench-switches.sh): --reg-cache mrrc|lru|none and
 #      --write-path frrwp|serial;
 #   4. `rmemfs-bench frrwp --fabric verbs`: serial against FRRWP writes to fresh memory.
@@ -48,7 +50,7 @@ export RMEMFS_EXPECT_FABRIC=verbs
 # shellcheck source=mount-tests/lib.sh
 . mount-tests/lib.sh
 DEV=${RMEMFS_RXE_DEVICE:-rxe0}
-check_bench bars || exit 2
+check_bench bars fuse-floor || exit 2
 lib_init bench-rxe
 
 # perftest TOOL ARGS...: server and client of TOOL on $DEV over loopback (GID 1 is the
@@ -82,6 +84,10 @@ for job in seq-write seq-read rand-read; do
     fio --output-format=json --output="$OUT/fio-$job.json" "tools/fio/$job.fio"
 done
 "$BIN" stats "$BASE/mnt" >"$OUT/stats-fio.txt"
+# The floor under the 4 KiB read: a FUSE round trip with no file-system code in this guest.
+echo "== the FUSE round trip (rmemfs-bench fuse-floor)"
+FLOOR_ITERS=${FLOOR_ITERS:-2000} fuse_floor "$BASE/mnt" "$OUT/fuse-floor.txt"
+cat "$OUT/fuse-floor.txt"
 unmount_fs "$BASE/mnt"
 kill_servers "${ALL_SERVER_PIDS[@]}"
 
@@ -151,6 +157,15 @@ print(f"{'1 MiB seq read, MiB/s':<34} {r_bw:>12.1f} {read_bw:>12.1f} {r_bw / rea
 print(f"{'1 MiB seq write, MiB/s':<34} {w_bw:>12.1f} {write_bw:>12.1f} {w_bw / write_bw:>7.2f} {'>= 0.80':>8}")
 print(f"{'4 KiB rand read p50 / read_lat, us':<34} {rr_p50:>12.1f} {read_lat:>12.1f} {rr_p50 / read_lat:>7.2f} {'<= 3.00':>8}")
 print(f"(4 KiB random read: {rr_iops:.0f} IOPS)")
+# The floor: a read is at least a FUSE read that misses the page cache and an RDMA READ, one
+# after the other.
+for line in open(os.path.join(out, "fuse-floor.txt")):
+    for start, what in [("null FUSE file system", "round trip (getxattr)"),
+                        ("4K read, /dev/fuse", "4 KiB read missing the page cache")]:
+        if line.startswith(start):
+            p50 = float(line.split()[-3])
+            print(f"(a null FUSE file system's {what}: p50 {p50:.1f} us; + ib_read_lat = "
+                  f"{p50 + read_lat:.1f} us = {(p50 + read_lat) / read_lat:.2f}x ib_read_lat)")
 tcp = os.path.join(out, "fio-tcp-rand-read.json")
 if os.path.exists(tcp):
     _, t_p50, t_iops = fio("tcp-rand-read")

@@ -6,10 +6,15 @@
 //! null file system (fuser, no rmemfs code: one file, every `getxattr` answered ENODATA at
 //! once, served by as many threads as an rmemfs mount has), and beside it the same request on
 //! a file of a real rmemfs mount, so the difference is rmemfs's own per-request cost.
+//!
+//! A read costs more than that cheapest request: the kernel allocates page-cache pages and
+//! copies the reply into them. So the null file system also answers reads (zeros), and 4 KiB
+//! reads that miss the page cache, as fio's random reads do, are timed too: that round trip
+//! plus the fabric's own READ is the floor under a 4 KiB read on any FUSE file system here.
 
 use fuser::{
-    Errno, FileAttr, FileType, Filesystem, Generation, INodeNo, ReplyAttr, ReplyEntry, ReplyXattr,
-    Request,
+    Errno, FileAttr, FileType, Filesystem, Generation, INodeNo, ReplyAttr, ReplyData, ReplyEntry,
+    ReplyXattr, Request,
 };
 use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
@@ -25,6 +30,11 @@ const ROOT_INO: u64 = 1;
 /// The null file system's one file.
 const FILE_NAME: &str = "f";
 const FILE_INO: u64 = 2;
+/// The null file's size: reads at random 4 KiB offsets in it practically never repeat, so
+/// every one misses the page cache (1 TiB of zeros that exist nowhere).
+const FILE_SIZE: u64 = 1 << 40;
+/// The read size timed: fio's random reads in bench-latency and bench-rxe.
+const READ_SIZE: usize = 4096;
 /// Untimed round trips before each round, so the switch from the other file system (and
 /// thread start-up) is not measured.
 const WARMUP: usize = 200;
@@ -41,7 +51,7 @@ fn attr(ino: u64) -> FileAttr {
     let dir = ino == ROOT_INO;
     FileAttr {
         ino: INodeNo(ino),
-        size: 0,
+        size: if dir { 0 } else { FILE_SIZE },
         blocks: 0,
         atime: SystemTime::UNIX_EPOCH,
         mtime: SystemTime::UNIX_EPOCH,
@@ -121,6 +131,37 @@ impl Filesystem for NullFs {
         }
         reply.error(Errno::from_i32(libc::ENODATA));
     }
+
+    /// Nothing to write back.
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: fuser::FileHandle,
+        _lock_owner: fuser::LockOwner,
+        reply: fuser::ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    /// Zeros, at once.
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: fuser::FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        const ZEROS: [u8; 128 << 10] = [0; 128 << 10];
+        let n = (size as usize)
+            .min(ZEROS.len())
+            .min(FILE_SIZE.saturating_sub(offset) as usize);
+        reply.data(&ZEROS[..n]);
+    }
 }
 
 /// Latencies of `iters` getxattr calls (a name that is absent) on `path`, in µs, after
@@ -150,6 +191,46 @@ fn time_getxattr(path: &Path, iters: usize) -> Result<Vec<f64>, String> {
     for _ in 0..iters {
         let t = Instant::now();
         call()?;
+        us.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(us)
+}
+
+/// Latencies of `iters` reads of [`READ_SIZE`] bytes at random aligned offsets of the null
+/// file `path` (each a page-cache miss, as fio's random reads: `POSIX_FADV_RANDOM`, so the
+/// kernel reads no more than asked), in µs, after [`WARMUP`] untimed ones. `seed` varies the
+/// offsets between rounds.
+fn time_read(path: &Path, iters: usize, seed: u64) -> Result<Vec<f64>, String> {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: an advice call on a descriptor we own; no memory is passed.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    let mut rng = seed | 1;
+    let blocks = FILE_SIZE / READ_SIZE as u64;
+    let mut buf = vec![0u8; READ_SIZE];
+    let mut read_one = || {
+        // xorshift64: offsets need only to spread, not to be good random numbers.
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let at = (rng % blocks) * READ_SIZE as u64;
+        match file.read_at(&mut buf, at) {
+            Ok(n) if n == READ_SIZE => Ok(()),
+            Ok(n) => Err(format!(
+                "a read at {at} of {} gave {n} bytes",
+                path.display()
+            )),
+            Err(e) => Err(format!("read at {at} of {}: {e}", path.display())),
+        }
+    };
+    for _ in 0..WARMUP {
+        read_one()?;
+    }
+    let mut us = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        read_one()?;
         us.push(t.elapsed().as_secs_f64() * 1e6);
     }
     Ok(us)
@@ -268,15 +349,33 @@ pub fn run(
         .chain(against.map(|p| ("rmemfs", p.to_path_buf())))
         .collect();
     let mut samples = vec![Vec::with_capacity(iters); targets.len()];
-    let measured = (0..ROUNDS).try_for_each(|_| {
+    // Reads on the null file systems only (an rmemfs file's reads are what is being floored).
+    let mut read_samples = vec![Vec::with_capacity(iters); mounts.len()];
+    let measured = (0..ROUNDS).try_for_each(|round| {
         targets
             .iter()
             .zip(samples.iter_mut())
             .try_for_each(|((_, path), all)| {
                 all.extend(time_getxattr(path, iters.div_ceil(ROUNDS))?);
                 Ok::<(), String>(())
+            })?;
+        mounts
+            .iter()
+            .zip(read_samples.iter_mut())
+            .enumerate()
+            .try_for_each(|(i, ((_, m), all))| {
+                let seed = ((round * mounts.len() + i) as u64 + 1) * 0x9E37_79B9_7F4A_7C15;
+                all.extend(time_read(&m.file(), iters.div_ceil(ROUNDS), seed)?);
+                Ok::<(), String>(())
             })
     });
+    let read_names: Vec<&str> = mounts
+        .iter()
+        .map(|(what, _)| match *what {
+            "null FUSE file system" => "4K read, /dev/fuse",
+            _ => "4K read, io_uring",
+        })
+        .collect();
     let mut unmounted = Ok(());
     for (i, (_, m)) in mounts.into_iter().enumerate() {
         let r = m.unmount(i == 1, iters as u64);
@@ -294,16 +393,28 @@ pub fn run(
         "{:<26} {:>9} {:>9} {:>9}",
         "file system", "p50 us", "p99 us", "mean us"
     );
-    for ((what, _), mut us) in targets.iter().zip(samples) {
-        us.sort_by(f64::total_cmp);
-        let mean = us.iter().sum::<f64>() / us.len() as f64;
-        println!(
-            "{:<26} {:>9.1} {:>9.1} {:>9.1}",
-            what,
-            crate::bench::percentile(&us, 0.5),
-            crate::bench::percentile(&us, 0.99),
-            mean
-        );
+    for ((what, _), us) in targets.iter().zip(samples) {
+        print_row(what, us);
+    }
+    println!(
+        "# 4 KiB reads of the null file (zeros), each missing the page cache: {iters} each, in \
+         the same rounds"
+    );
+    for (what, us) in read_names.into_iter().zip(read_samples) {
+        print_row(what, us);
     }
     Ok(())
+}
+
+/// One table row: p50, p99 and mean of `us`.
+fn print_row(what: &str, mut us: Vec<f64>) {
+    us.sort_by(f64::total_cmp);
+    let mean = us.iter().sum::<f64>() / us.len() as f64;
+    println!(
+        "{:<26} {:>9.1} {:>9.1} {:>9.1}",
+        what,
+        crate::bench::percentile(&us, 0.5),
+        crate::bench::percentile(&us, 0.99),
+        mean
+    );
 }
