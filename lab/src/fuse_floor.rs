@@ -156,7 +156,7 @@ impl Filesystem for NullFs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        const ZEROS: [u8; 128 << 10] = [0; 128 << 10];
+        static ZEROS: [u8; 128 << 10] = [0; 128 << 10];
         let n = (size as usize)
             .min(ZEROS.len())
             .min(FILE_SIZE.saturating_sub(offset) as usize);
