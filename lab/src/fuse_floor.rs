@@ -184,16 +184,7 @@ fn time_getxattr(path: &Path, iters: usize) -> Result<Vec<f64>, String> {
             ))
         }
     };
-    for _ in 0..WARMUP {
-        call()?;
-    }
-    let mut us = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        let t = Instant::now();
-        call()?;
-        us.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    Ok(us)
+    timed(iters, call)
 }
 
 /// Latencies of `iters` reads of [`READ_SIZE`] bytes at random aligned offsets of the null
@@ -209,7 +200,7 @@ fn time_read(path: &Path, iters: usize, seed: u64) -> Result<Vec<f64>, String> {
     let mut rng = seed | 1;
     let blocks = FILE_SIZE / READ_SIZE as u64;
     let mut buf = vec![0u8; READ_SIZE];
-    let mut read_one = || {
+    let read_one = || {
         // xorshift64: offsets need only to spread, not to be good random numbers.
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -224,13 +215,18 @@ fn time_read(path: &Path, iters: usize, seed: u64) -> Result<Vec<f64>, String> {
             Err(e) => Err(format!("read at {at} of {}: {e}", path.display())),
         }
     };
+    timed(iters, read_one)
+}
+
+/// Latencies of `iters` calls of `call`, in µs, after [`WARMUP`] untimed ones.
+fn timed(iters: usize, mut call: impl FnMut() -> Result<(), String>) -> Result<Vec<f64>, String> {
     for _ in 0..WARMUP {
-        read_one()?;
+        call()?;
     }
     let mut us = Vec::with_capacity(iters);
     for _ in 0..iters {
         let t = Instant::now();
-        read_one()?;
+        call()?;
         us.push(t.elapsed().as_secs_f64() * 1e6);
     }
     Ok(us)
