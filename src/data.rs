@@ -476,11 +476,16 @@ impl DataStore {
         b: &Bounce,
     ) -> Result<()> {
         let base = b.buf.addr();
+        // Of the piece `n` bytes long at `in_chunk` of chunk `idx`, what the chunk holds (the
+        // rest is a hole: no chunk, or past a short chunk's end).
+        let covered = |idx: u64, in_chunk: u64, n: u64| {
+            chunks
+                .get(&idx)
+                .map_or(0, |c| c.len.saturating_sub(in_chunk).min(n))
+        };
         // The buffer is reused: what no chunk covers is zeroed here.
         for (idx, in_chunk, n, at) in self.pieces(woff, len as u64) {
-            let covered = chunks
-                .get(&idx)
-                .map_or(0, |c| c.len.saturating_sub(in_chunk).min(n));
+            let covered = covered(idx, in_chunk, n);
             if covered < n {
                 b.buf.zero((at + covered) as usize, (n - covered) as usize);
             }
@@ -489,12 +494,11 @@ impl DataStore {
         loop {
             let mut ops = Vec::new();
             for (idx, in_chunk, n, at) in self.pieces(woff, len as u64) {
-                let Some(c) = chunks.get(&idx) else { continue };
-                // Only the part of the piece the chunk actually covers; the rest is a hole.
-                let covered = c.len.saturating_sub(in_chunk).min(n);
+                let covered = covered(idx, in_chunk, n);
                 if covered == 0 {
                     continue;
                 }
+                let c = &chunks[&idx];
                 let copy = self.pick(c, idx, &avoid).ok_or_else(|| lost(idx))?;
                 ops.push(RemoteOp {
                     opcode: Opcode::Read,
