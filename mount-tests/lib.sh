@@ -123,14 +123,16 @@ has_fuse_uring() { [ -e /sys/module/fuse/parameters/enable_uring ]; }
 
 # fuse_floor MNT OUT: the FUSE round trip of a null file system (through io_uring too where
 # the kernel has it) beside the same request on the rmemfs mount MNT (`rmemfs-bench
-# fuse-floor`); its table in OUT. FLOOR_ITERS: calls per file system (the lab's default if
-# unset; fewer where a round trip is slow, as under emulation).
+# fuse-floor`); its table in OUT, its figures in OUT with .json for .txt (for the scripts'
+# summaries). FLOOR_ITERS: calls per file system (the lab's default if unset; fewer where a
+# round trip is slow, as under emulation).
 fuse_floor() {
   local mnt=$1 out=$2 flags=()
   has_fuse_uring && flags+=(--uring)
   [ -n "${FLOOR_ITERS:-}" ] && flags+=(--iters "$FLOOR_ITERS")
   touch "$mnt/floor"
-  timeout -k 10 600 "$BENCH_BIN" fuse-floor "${flags[@]}" --against "$mnt/floor" >"$out"
+  timeout -k 10 600 "$BENCH_BIN" fuse-floor "${flags[@]}" --against "$mnt/floor" \
+    --json "${out%.txt}.json" >"$out"
   rm -f "$mnt/floor"
 }
 

@@ -143,6 +143,14 @@ impl ReadBuf<'_> {
             ReadBytes::Owned(v) => v,
         }
     }
+
+    /// The bytes as an owned vector (copied out of a loaned buffer, moved out of an owned one).
+    pub fn into_vec(self) -> Vec<u8> {
+        match self.0 {
+            ReadBytes::Owned(v) => v,
+            ReadBytes::Loaned(..) => self.bytes().to_vec(),
+        }
+    }
 }
 
 /// The copy `r` of chunk `c`, as the pool addresses it.

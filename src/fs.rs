@@ -1112,7 +1112,7 @@ impl Fs {
 
     /// As [`Fs::read_buf`], copied out.
     pub fn read(&self, ino: Ino, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        Ok(self.read_buf(ino, fh, offset, size)?.bytes().to_vec())
+        Ok(self.read_buf(ino, fh, offset, size)?.into_vec())
     }
 
     /// Writes `data` at `offset` (at the end with `O_APPEND`); returns once the bytes are in

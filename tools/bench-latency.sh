@@ -150,21 +150,16 @@ for n in [n for n in names if n.startswith("tcp")]:
           f"{r[n]['p50_us']:.1f} / {read_p50:.1f} = {ratio:.2f}x")
 # The floor: a read is at least one FUSE read that misses the page cache (of a null file
 # system: no file-system code) and one fabric READ, one after the other.
-fuse = {}
-for line in open(os.path.join(out, "fuse-floor.txt")):
-    for key, start in [("null", "null FUSE file system"), ("null_ring", "null, FUSE over io_uring"),
-                       ("rmemfs", "rmemfs"), ("read", "4K read, /dev/fuse"),
-                       ("read_ring", "4K read, io_uring")]:
-        if line.startswith(start):
-            fuse[key] = float(line.split()[-3])
-for key, what in [("read", "/dev/fuse"), ("read_ring", "io_uring")]:
-    if key in fuse:
-        floor = fuse[key] + read_p50
+fuse = json.load(open(os.path.join(out, "fuse-floor.json")))
+for key, what in [("null", "/dev/fuse"), ("null_ring", "io_uring")]:
+    if key in fuse["read_4k"]:
+        p50 = fuse["read_4k"][key]["p50_us"]
+        floor = p50 + read_p50
         print(f"# the floor through {what}: a null FUSE file system's 4 KiB read that misses the "
-              f"page cache (p50 {fuse[key]:.1f} us) + the fabric's READ = {floor:.1f} us = "
+              f"page cache (p50 {p50:.1f} us) + the fabric's READ = {floor:.1f} us = "
               f"{floor / read_p50:.2f}x the fabric's READ")
 json.dump({"runs": r, "split_us": split, "fabric_read_p50_us": read_p50,
-           "plain_tcp_p50_us": tcp_p50, "fuse_round_trip_p50_us": fuse},
+           "plain_tcp_p50_us": tcp_p50, "fuse_floor_us": fuse},
           open(os.path.join(out, "summary.json"), "w"), indent=2)
 groups = ["FUSE and kernel", "rmemfs's code", "fabric batch"]
 keys = ["fuse_kernel", "rmemfs_code", "fabric"]

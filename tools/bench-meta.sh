@@ -192,12 +192,8 @@ print("  " + ", ".join(f"{op} {n:.2f}" for op, n in sorted(per_file_rm.items(), 
 # The floor: every answered request (forgets are not) costs at least a FUSE round trip with
 # no file-system code behind it: the null file system's mean (means, as the steps' times are
 # sums). rmemfs's own round trip on the same request beside it.
-floor_us = {}
-for line in open(os.path.join(out, "fuse-floor.txt")):
-    for key, start in [("null", "null FUSE file system"), ("null_ring", "null, FUSE over io_uring"),
-                       ("rmemfs", "rmemfs")]:
-        if line.startswith(start):
-            floor_us[key] = float(line.split()[-1])
+floor_us = {key: v["mean_us"] for key, v in
+            json.load(open(os.path.join(out, "fuse-floor.json")))["getxattr"].items()}
 print(f"\n# the floor: one FUSE round trip (getxattr, mean) takes {floor_us['null']:.1f} us on a null "
       f"file system, {floor_us['rmemfs']:.1f} us on rmemfs"
       + (f", {floor_us['null_ring']:.1f} us on the null file system through io_uring"

@@ -159,13 +159,12 @@ print(f"{'4 KiB rand read p50 / read_lat, us':<34} {rr_p50:>12.1f} {read_lat:>12
 print(f"(4 KiB random read: {rr_iops:.0f} IOPS)")
 # The floor: a read is at least a FUSE read that misses the page cache and an RDMA READ, one
 # after the other.
-for line in open(os.path.join(out, "fuse-floor.txt")):
-    for start, what in [("null FUSE file system", "round trip (getxattr)"),
-                        ("4K read, /dev/fuse", "4 KiB read missing the page cache")]:
-        if line.startswith(start):
-            p50 = float(line.split()[-3])
-            print(f"(a null FUSE file system's {what}: p50 {p50:.1f} us; + ib_read_lat = "
-                  f"{p50 + read_lat:.1f} us = {(p50 + read_lat) / read_lat:.2f}x ib_read_lat)")
+floor = json.load(open(os.path.join(out, "fuse-floor.json")))
+for measure, what in [("getxattr", "round trip (getxattr)"),
+                      ("read_4k", "4 KiB read missing the page cache")]:
+    p50 = floor[measure]["null"]["p50_us"]
+    print(f"(a null FUSE file system's {what}: p50 {p50:.1f} us; + ib_read_lat = "
+          f"{p50 + read_lat:.1f} us = {(p50 + read_lat) / read_lat:.2f}x ib_read_lat)")
 tcp = os.path.join(out, "fio-tcp-rand-read.json")
 if os.path.exists(tcp):
     _, t_p50, t_iops = fio("tcp-rand-read")

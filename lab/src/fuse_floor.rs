@@ -312,25 +312,43 @@ fn set_uring_switch(on: bool) -> Result<bool, String> {
     Ok(was.trim() == "Y")
 }
 
+/// A measured target: its key in the JSON summary, its row label, its read row's label.
+struct Target {
+    key: &'static str,
+    label: &'static str,
+    read_label: &'static str,
+}
+
+const NULL: Target = Target {
+    key: "null",
+    label: "null FUSE file system",
+    read_label: "4K read, /dev/fuse",
+};
+const NULL_RING: Target = Target {
+    key: "null_ring",
+    label: "null, FUSE over io_uring",
+    read_label: "4K read, io_uring",
+};
+const RMEMFS_KEY: &str = "rmemfs";
+
 /// Measures the null file system through /dev/fuse and, with `uring`, through FUSE over
 /// io_uring, alternating in rounds with `against` (a file on an rmemfs mount) if given; then
-/// unmounts. Prints one row each.
+/// unmounts. Prints one row each; with `json`, also writes the figures there (getxattr and
+/// 4 KiB read, per target key: `null`, `null_ring`, `rmemfs`), for the benchmark scripts.
 pub fn run(
     iters: usize,
     threads: usize,
     against: Option<&Path>,
     uring: bool,
+    json: Option<&Path>,
 ) -> Result<(), String> {
-    let mut mounts = vec![(
-        "null FUSE file system",
-        NullMount::mount("dev", threads, false)?,
-    )];
+    let mut mounts = vec![(NULL, NullMount::mount("dev", threads, false)?)];
     if uring {
         let was = set_uring_switch(true)?;
         let ring = NullMount::mount("uring", threads, true);
         let _ = set_uring_switch(was);
         match ring {
-            Ok(m) => mounts.push(("null, FUSE over io_uring", m)),
+            Ok(m) => mounts.push((NULL_RING, m)),
             Err(e) => {
                 for (_, m) in mounts {
                     let _ = m.unmount(false, 0);
@@ -339,10 +357,10 @@ pub fn run(
             }
         }
     }
-    let targets: Vec<(&str, PathBuf)> = mounts
+    let targets: Vec<(&str, &str, PathBuf)> = mounts
         .iter()
-        .map(|(what, m)| (*what, m.file()))
-        .chain(against.map(|p| ("rmemfs", p.to_path_buf())))
+        .map(|(t, m)| (t.key, t.label, m.file()))
+        .chain(against.map(|p| (RMEMFS_KEY, "rmemfs", p.to_path_buf())))
         .collect();
     let mut samples = vec![Vec::with_capacity(iters); targets.len()];
     // Reads on the null file systems only (an rmemfs file's reads are what is being floored).
@@ -351,7 +369,7 @@ pub fn run(
         targets
             .iter()
             .zip(samples.iter_mut())
-            .try_for_each(|((_, path), all)| {
+            .try_for_each(|((_, _, path), all)| {
                 all.extend(time_getxattr(path, iters.div_ceil(ROUNDS))?);
                 Ok::<(), String>(())
             })?;
@@ -365,13 +383,7 @@ pub fn run(
                 Ok::<(), String>(())
             })
     });
-    let read_names: Vec<&str> = mounts
-        .iter()
-        .map(|(what, _)| match *what {
-            "null FUSE file system" => "4K read, /dev/fuse",
-            _ => "4K read, io_uring",
-        })
-        .collect();
+    let reads: Vec<(&str, &str)> = mounts.iter().map(|(t, _)| (t.key, t.read_label)).collect();
     let mut unmounted = Ok(());
     for (i, (_, m)) in mounts.into_iter().enumerate() {
         let r = m.unmount(i == 1, iters as u64);
@@ -389,28 +401,34 @@ pub fn run(
         "{:<26} {:>9} {:>9} {:>9}",
         "file system", "p50 us", "p99 us", "mean us"
     );
-    for ((what, _), us) in targets.iter().zip(samples) {
-        print_row(what, us);
+    let mut getxattr = serde_json::Map::new();
+    for ((key, label, _), us) in targets.iter().zip(samples) {
+        getxattr.insert(key.to_string(), print_row(label, us));
     }
     println!(
         "# 4 KiB reads of the null file (zeros), each missing the page cache: {iters} each, in \
          the same rounds"
     );
-    for (what, us) in read_names.into_iter().zip(read_samples) {
-        print_row(what, us);
+    let mut read_4k = serde_json::Map::new();
+    for ((key, label), us) in reads.into_iter().zip(read_samples) {
+        read_4k.insert(key.to_string(), print_row(label, us));
+    }
+    if let Some(path) = json {
+        let summary = serde_json::json!({"getxattr": getxattr, "read_4k": read_4k});
+        std::fs::write(path, format!("{summary:#}\n"))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(())
 }
 
-/// One table row: p50, p99 and mean of `us`.
-fn print_row(what: &str, mut us: Vec<f64>) {
+/// One table row: p50, p99 and mean of `us`; returned as a JSON object too.
+fn print_row(what: &str, mut us: Vec<f64>) -> serde_json::Value {
     us.sort_by(f64::total_cmp);
     let mean = us.iter().sum::<f64>() / us.len() as f64;
-    println!(
-        "{:<26} {:>9.1} {:>9.1} {:>9.1}",
-        what,
+    let (p50, p99) = (
         crate::bench::percentile(&us, 0.5),
         crate::bench::percentile(&us, 0.99),
-        mean
     );
+    println!("{what:<26} {p50:>9.1} {p99:>9.1} {mean:>9.1}");
+    serde_json::json!({"p50_us": p50, "p99_us": p99, "mean_us": mean})
 }

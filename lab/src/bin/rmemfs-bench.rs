@@ -132,6 +132,9 @@ enum Cmd {
         /// the fuse module's enable_uring on for the mount, then back as it was).
         #[arg(long)]
         uring: bool,
+        /// Also write the figures to FILE as JSON (per measure and target: p50, p99, mean).
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
     },
     /// (benchmark helper) the plain-TCP peer that `fabric` compares against.
     #[command(hide = true)]
@@ -187,7 +190,10 @@ fn main() -> ExitCode {
             threads,
             against,
             uring,
-        } => rmemfs_lab::fuse_floor::run(iters, threads, against.as_deref(), uring),
+            json,
+        } => {
+            rmemfs_lab::fuse_floor::run(iters, threads, against.as_deref(), uring, json.as_deref())
+        }
         Cmd::Peer { listen } => bench::run_peer(listen).map_err(|e| e.to_string()),
         Cmd::Handshake { iters } => bench::find_rmemfs(cli.rmemfs.as_deref()).and_then(|rmemfs| {
             bench::run_handshake(&rmemfs, iters).map_err(|e| format!("benchmark failed: {e}"))

@@ -19,11 +19,10 @@
 //!
 //! Structures as in the kernel's `include/uapi/linux/fuse.h` (protocol 7.42).
 
+use parking_lot::{Condvar, Mutex};
 use std::io;
 use std::io::IoSlice;
 use std::sync::Arc;
-use std::sync::Condvar;
-use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
@@ -177,7 +176,7 @@ impl RingReply {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
         let total: usize = data.iter().map(|d| d.len()).sum();
         let stream = || data.iter().flat_map(|d| d.iter().copied());
-        let mut st = self.state.lock().expect("ring reply lock");
+        let mut st = self.state.lock();
         let Answer::Awaited { in_place } = *st else {
             return Err(io::Error::other("a ring reply with no request awaiting it"));
         };
@@ -214,22 +213,26 @@ impl RingReply {
             }
             *st = Answer::Written(total - OUT_HEADER);
         } else {
-            *st = Answer::Staged(stream().collect());
+            let mut staged = Vec::with_capacity(total);
+            for d in data {
+                staged.extend_from_slice(d);
+            }
+            *st = Answer::Staged(staged);
         }
         self.answered.notify_all();
         Ok(())
     }
 
     fn await_reply(&self, in_place: bool) {
-        *self.state.lock().expect("ring reply lock") = Answer::Awaited { in_place };
+        *self.state.lock() = Answer::Awaited { in_place };
     }
 
     /// Waits for the reply (a handler may answer from another thread, later), puts a staged
     /// one in place; returns the payload bytes.
     fn take(&self) -> usize {
-        let mut st = self.state.lock().expect("ring reply lock");
+        let mut st = self.state.lock();
         while matches!(*st, Answer::Awaited { .. }) {
-            st = self.answered.wait(st).expect("ring reply lock");
+            self.answered.wait(&mut st);
         }
         match std::mem::replace(&mut *st, Answer::Idle) {
             Answer::Written(n) => n,
