@@ -1331,12 +1331,6 @@ impl Fs {
         let _ = self.attr_changed.set(tell);
     }
 
-    /// Writes are synchronous (they return once the data is in remote memory), so there is
-    /// nothing left to flush; the handle is still checked.
-    pub fn fsync(&self, ino: Ino, fh: u64) -> Result<()> {
-        self.handle(fh, ino).map(|_| ())
-    }
-
     pub fn release(&self, fh: u64) {
         let Some(h) = self.handles.lock().remove(&fh) else {
             return;

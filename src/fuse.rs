@@ -272,6 +272,17 @@ fn empty(reply: ReplyEmpty, r: crate::error::Result<()>) {
     }
 }
 
+/// FLUSH (every `close`), FSYNC and FSYNCDIR: ENOSYS, so the kernel stops sending them and
+/// saves a round trip per close and per fsync. The daemon has nothing to do at those points:
+/// metadata lives in its memory, and a WRITE is answered only once every copy holds the data.
+/// What they must guarantee the kernel does before it would ask (and also once it no longer
+/// asks): it writes back the file's dirty pages and its times and waits for the answers, and
+/// returns an error any of those writes met. POSIX locks are the kernel's (no GETLK/SETLK
+/// here), so no lock waits for FLUSH's lock owner either.
+fn nothing_to_sync(reply: ReplyEmpty) {
+    reply.error(Errno::from_i32(libc::ENOSYS));
+}
+
 fn xattr(reply: ReplyXattr, r: crate::error::Result<Vec<u8>>, size: u32) {
     match r {
         Ok(v) if size == 0 => reply.size(v.len() as u32),
@@ -569,14 +580,12 @@ impl Filesystem for FuseFs {
     fn flush(
         &self,
         req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
+        _ino: INodeNo,
+        _fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.contain("flush", req, || {
-            empty(reply, self.fs.fsync(ino.0, fh.0));
-        });
+        self.contain("flush", req, || nothing_to_sync(reply));
     }
 
     fn release(
@@ -598,14 +607,12 @@ impl Filesystem for FuseFs {
     fn fsync(
         &self,
         req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
+        _ino: INodeNo,
+        _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.contain("fsync", req, || {
-            empty(reply, self.fs.fsync(ino.0, fh.0));
-        });
+        self.contain("fsync", req, || nothing_to_sync(reply));
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -687,9 +694,7 @@ impl Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.contain("fsyncdir", req, || {
-            reply.ok();
-        });
+        self.contain("fsyncdir", req, || nothing_to_sync(reply));
     }
 
     fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
