@@ -857,12 +857,8 @@ impl DataStore {
     /// Extents for every copy of a new chunk of `len` bytes from the pool's stock (no round
     /// trip), if it holds them on enough servers.
     fn stocked(&self, len: u64) -> Option<Vec<RemoteRegion>> {
-        let regions = self.pool.take_stocked(len, self.replicas)?;
-        if regions.len() < self.min_replicas {
-            self.pool.free_all(&regions);
-            return None;
-        }
-        Some(regions)
+        self.pool
+            .take_stocked(len, self.replicas, self.min_replicas)
     }
 
     /// Write ops for a window whose chunks all exist: one per piece and copy.

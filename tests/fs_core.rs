@@ -111,6 +111,9 @@ fn small_files_take_stocked_extents_and_a_full_server_gets_the_stock_back() {
     assert_eq!(pool.stocked_bytes(ServerId(0)), STOCK_DEPTH as u64 * PAGE);
     t.create("b").unwrap();
     t.write_file("b", 0, b"second").unwrap();
+    // The refill's answer is handled before the answer to any later request on the control
+    // connection (served in order): one round trip makes sure it has landed.
+    pool.refresh();
     assert_eq!(used(&t), 2 * PAGE);
     assert_eq!(
         pool.stocked_bytes(ServerId(0)),
@@ -129,6 +132,35 @@ fn small_files_take_stocked_extents_and_a_full_server_gets_the_stock_back() {
     assert_eq!(pool.stocked_bytes(ServerId(0)), 0);
     pool.free_all(&pages);
     assert_eq!(t.read_file("a").unwrap(), b"first");
+}
+
+/// A chunk's copies drawn from two servers' stocks, one of which has none of that length:
+/// the other's extent goes back, and its stock stays at its depth (the refill counts it).
+#[test]
+fn a_partial_take_from_the_stock_does_not_overfill_it() {
+    use rmemfs::config::STOCK_DEPTH;
+    use rmemfs::fabric::ServerId;
+    const PAGE: u64 = 4096;
+    let t = TestFs::replicated(3, 1 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 2);
+    let pool = t.fs.data().pool().clone();
+    // Placement goes by free memory, so the two copies move around the three servers and
+    // some files find one chosen server with that length in stock and one without.
+    for i in 0..8 {
+        let name = format!("f{i}");
+        t.create(&name).unwrap();
+        t.write_file(&name, 0, b"small").unwrap();
+        pool.refresh();
+        for s in 0..3 {
+            let stocked = pool.stocked_bytes(ServerId(s));
+            assert!(
+                stocked <= STOCK_DEPTH as u64 * PAGE,
+                "after {name}: server {s} holds {stocked} bytes in stock"
+            );
+        }
+    }
+    for i in 0..8 {
+        assert_eq!(t.read_file(&format!("f{i}")).unwrap(), b"small");
+    }
 }
 
 #[test]
