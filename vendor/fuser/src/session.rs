@@ -140,9 +140,10 @@ pub struct Session<FS: Filesystem> {
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
     /// rmemfs patch: FUSE over io_uring, if the file system asked for it and the kernel
-    /// granted it at INIT.
+    /// granted it at INIT: the bytes of the largest request payload or reply (the kernel
+    /// refuses smaller ring entries).
     #[cfg(target_os = "linux")]
-    pub(crate) ring: Option<crate::uring::RingParams>,
+    pub(crate) ring: Option<usize>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -322,7 +323,7 @@ impl<FS: Filesystem> Session<FS> {
         let ring_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         #[cfg(target_os = "linux")]
         let ring_threads = match ring {
-            Some(params) => {
+            Some(payload) => {
                 let template = SessionEventLoop {
                     thread_name: "fuser-ring".into(),
                     filesystem: filesystem.clone(),
@@ -331,8 +332,8 @@ impl<FS: Filesystem> Session<FS> {
                     session_owner,
                 };
                 let queues = crate::uring::queues();
-                let per_queue = n_threads.div_ceil(queues).max(1);
-                crate::uring::start(&template, params, queues, per_queue, &ring_stop)?
+                let per_queue = n_threads.div_ceil(queues);
+                crate::uring::start(&template, payload, queues, per_queue, &ring_stop)?
             }
             None => Vec::new(),
         };
@@ -529,12 +530,11 @@ impl<FS: Filesystem> Session<FS> {
             {
                 let uring = InitFlags::FUSE_OVER_IO_URING;
                 if config.requested.contains(uring) && offered.contains(uring) {
-                    let page = page_size::get();
-                    let payload = [8192, config.max_write as usize, config.max_pages() as usize * page]
-                        .into_iter()
-                        .max()
-                        .unwrap_or(8192);
-                    self.ring = Some(crate::uring::RingParams { payload });
+                    // The pages the kernel may put in one request (they cover max_write), and
+                    // never less than its smallest request buffer (FUSE_MIN_READ_BUFFER).
+                    const MIN_READ_BUFFER: usize = 8192;
+                    let payload = config.max_pages() as usize * page_size::get();
+                    self.ring = Some(payload.max(MIN_READ_BUFFER));
                 }
             }
             let response = init.reply(&config);

@@ -36,8 +36,11 @@ use io_uring::types;
 use log::error;
 use log::warn;
 
+use crate::Errno;
 use crate::Filesystem;
 use crate::channel::ChannelSender;
+use crate::ll::RequestId;
+use crate::ll::reply::{Response, ResponseErrno};
 use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
 use crate::session::SessionEventLoop;
@@ -72,13 +75,6 @@ const TEARDOWN: [i32; 4] = [
     libc::ECANCELED,
     libc::ECONNABORTED,
 ];
-
-/// What the file system asked at INIT, and the kernel granted: the ring is used.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RingParams {
-    /// Bytes of the largest request payload or reply (the kernel refuses smaller entries).
-    pub(crate) payload: usize,
-}
 
 /// Whether this process may use io_uring with 128-byte entries (seccomp, the
 /// `kernel.io_uring_disabled` sysctl and memlock limits may say no): asked before INIT is
@@ -186,7 +182,7 @@ impl RingReply {
             for (b, v) in unique.iter_mut().zip(stream().skip(8)) {
                 *b = v;
             }
-            *st = Answer::Staged(error_header(u64::from_ne_bytes(unique), libc::EIO).to_vec());
+            *st = Answer::Staged(eio_reply(u64::from_ne_bytes(unique)));
             self.answered.notify_all();
             return Err(io::Error::other(format!(
                 "a reply of {total} bytes does not fit the ring entry; answered EIO"
@@ -254,13 +250,11 @@ impl RingReply {
     }
 }
 
-/// A `struct fuse_out_header` answering request `unique` with `errno`.
-fn error_header(unique: u64, errno: i32) -> [u8; OUT_HEADER] {
-    let mut h = [0u8; OUT_HEADER];
-    h[0..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
-    h[4..8].copy_from_slice(&(-errno).to_ne_bytes());
-    h[8..16].copy_from_slice(&unique.to_ne_bytes());
-    h
+/// The reply answering request `unique` with EIO, built as fuser builds every other.
+fn eio_reply(unique: u64) -> Vec<u8> {
+    ResponseErrno(Errno::EIO).with_iovec(RequestId(unique), |io| {
+        io.iter().flat_map(|s| s.iter().copied()).collect()
+    })
 }
 
 /// Splits `d`, which starts at byte `at` of a reply, at the end of the out-header: the
@@ -394,7 +388,7 @@ fn with_iovec_count(sqe: squeue::Entry128, count: u32) -> squeue::Entry128 {
 /// them (after the session ended).
 pub(crate) fn start<FS: Filesystem>(
     se: &SessionEventLoop<FS>,
-    params: RingParams,
+    payload: usize,
     queues: usize,
     per_queue: usize,
     stop: &Arc<AtomicBool>,
@@ -414,7 +408,7 @@ pub(crate) fn start<FS: Filesystem>(
             let stop_thread = stop.clone();
             let t = std::thread::Builder::new()
                 .name(thread_name)
-                .spawn(move || serve(&event_loop, qid as u16, params, &stop_thread, tx))?;
+                .spawn(move || serve(&event_loop, qid as u16, payload, &stop_thread, tx))?;
             let submitted = rx
                 .recv()
                 .unwrap_or_else(|_| Err(io::Error::other("a ring thread ended at start")));
@@ -485,7 +479,7 @@ impl RingThread {
 fn serve<FS: Filesystem>(
     se: &SessionEventLoop<FS>,
     qid: u16,
-    params: RingParams,
+    payload: usize,
     stop: &AtomicBool,
     submitted: std::sync::mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
@@ -495,7 +489,7 @@ fn serve<FS: Filesystem>(
         let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(4)?;
         let mut rt = RingThread {
             ring,
-            entry: Entry::new(params.payload, se.ch.sender()),
+            entry: Entry::new(payload, se.ch.sender()),
         };
         let sqe = rt.entry.sqe(fd, qid, FUSE_IO_URING_CMD_REGISTER, 0);
         rt.push(&sqe)?;
@@ -512,7 +506,7 @@ fn serve<FS: Filesystem>(
             return Err(e);
         }
     };
-    let result = serve_entry(se, &mut rt, fd, qid, params, stop);
+    let result = serve_entry(se, &mut rt, fd, qid, payload, stop);
     // The session ended (or this thread failed): give the kernel a moment to hand the entry
     // back; if it still holds it, the buffers are leaked, never freed under it.
     let mut waits = 0;
@@ -542,7 +536,7 @@ fn serve_entry<FS: Filesystem>(
     rt: &mut RingThread,
     fd: i32,
     qid: u16,
-    params: RingParams,
+    payload: usize,
     stop: &AtomicBool,
 ) -> io::Result<()> {
     let mut refusals = 0;
@@ -576,14 +570,14 @@ fn serve_entry<FS: Filesystem>(
         let payload_len = entry.header_u32(PAYLOAD_SZ_AT) as usize;
         let op_len = len.checked_sub(IN_HEADER + payload_len);
         let answered = match op_len {
-            Some(op_len) if op_len <= OP_IN_MAX && payload_len <= params.payload => {
+            Some(op_len) if op_len <= OP_IN_MAX && payload_len <= payload => {
                 entry.reply.await_reply(payload_len == 0);
                 let request = entry.request(op_len, payload_len);
                 match RequestWithSender::new(ReplySender::Ring(entry.reply.clone()), request) {
                     Some(req) => req.dispatch(se),
                     None => {
                         error!("ring {qid}: a request fuser cannot parse; answered EIO");
-                        let _ = entry.reply.send(&[IoSlice::new(&error_header(unique, libc::EIO))]);
+                        let _ = entry.reply.send(&[IoSlice::new(&eio_reply(unique))]);
                     }
                 }
                 entry.reply.take()
@@ -591,7 +585,7 @@ fn serve_entry<FS: Filesystem>(
             _ => {
                 warn!("ring {qid}: a request of {len} bytes with {payload_len} of payload; answered EIO");
                 entry.reply.await_reply(true);
-                let _ = entry.reply.send(&[IoSlice::new(&error_header(unique, libc::EIO))]);
+                let _ = entry.reply.send(&[IoSlice::new(&eio_reply(unique))]);
                 entry.reply.take()
             }
         };
