@@ -1287,6 +1287,8 @@ impl Fs {
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(crate::config::IO_SIZE as u64) as u32;
+            // Copied out of the pooled read buffer: the write below takes a pooled buffer of
+            // its own, and no handler holds two (the pool is sized on that).
             let bytes = self.read(ino_in, fh_in, off_in + done, n)?;
             if bytes.is_empty() {
                 break;
