@@ -970,7 +970,15 @@ impl DataStore {
             .map(|(i, _)| *i)
             .collect();
         self.adopt(chunks, &tickets);
-        if res.is_ok() && full.is_empty() {
+        // A new chunk granted on fewer servers than `--min-replicas` (the others down or
+        // silent) is not acknowledged here: the serial path heals it (places the missing
+        // copies where it can) or refuses the write with EIO.
+        let short = tickets.iter().any(|(idx, _)| {
+            chunks
+                .get(idx)
+                .is_none_or(|c| c.replicas().len() < self.min_replicas)
+        });
+        if res.is_ok() && full.is_empty() && !short {
             return Ok(());
         }
         for idx in full {

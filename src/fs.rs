@@ -182,6 +182,10 @@ pub const RENAME_WHITEOUT: u32 = 4;
 pub const STATS_XATTR: &[u8] = b"user.rmemfs.stats";
 /// The same counters as one JSON object (`rmemfs stats --json`), for scripts.
 pub const STATS_JSON_XATTR: &[u8] = b"user.rmemfs.stats.json";
+/// A virtual attribute of a regular file: where each chunk's copies are, as JSON
+/// (`[[chunk index, [server address, ...]], ...]`). A fault test reads it before it kills a
+/// server, to name the chunks that server alone holds. Not listed by `listxattr`.
+pub const PLACEMENT_XATTR: &[u8] = b"user.rmemfs.placement";
 
 /// The block size the file system reports (`st_blksize`, `statfs`): the unit of its
 /// allocation-shaped interfaces (collapse and insert ranges, SEEK_HOLE) where chunks are too
@@ -1777,6 +1781,9 @@ impl Fs {
         if ino == ROOT_INO && name == STATS_JSON_XATTR {
             return Ok(self.stats_json().to_string().into_bytes());
         }
+        if name == PLACEMENT_XATTR {
+            return Ok(self.placement(ino)?.to_string().into_bytes());
+        }
         let meta = self.meta.lock();
         let i = Self::inode(&meta, ino)?;
         i.xattrs
@@ -1820,6 +1827,22 @@ impl Fs {
     /// Every regular file's data, taken under the table's lock (released on return).
     pub fn files(&self) -> Vec<Arc<FileData>> {
         self.meta.lock().files().cloned().collect()
+    }
+
+    /// Where the copies of each chunk of file `ino` are ([`PLACEMENT_XATTR`]).
+    pub fn placement(&self, ino: Ino) -> Result<serde_json::Value> {
+        let file = self.file_data(ino)?;
+        let servers = self.data.pool().status();
+        let addr = |id: u32| servers.get(id as usize).map(|s| s.addr.to_string());
+        let chunks = file.chunks.read();
+        let list: Vec<serde_json::Value> = chunks
+            .iter()
+            .map(|(idx, c)| {
+                let copies: Vec<_> = c.replicas().iter().map(|r| addr(r.server)).collect();
+                serde_json::json!([idx, copies])
+            })
+            .collect();
+        Ok(serde_json::Value::Array(list))
     }
 
     pub fn rebuild_stats(&self) -> &crate::rebuild::RebuildStats {

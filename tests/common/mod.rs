@@ -63,13 +63,31 @@ impl TestFs {
             acl: true,
             ..FsConfig::default()
         };
-        Self::build(servers, size, chunk, path, replicas, lease, config)
+        Self::build(servers, size, chunk, path, (replicas, 1), lease, config)
+    }
+
+    /// As [`TestFs::replicated`], refusing writes that would land on fewer than
+    /// `min_replicas` copies (`--min-replicas`).
+    pub fn min_replicas(
+        servers: usize,
+        size: u64,
+        path: WritePath,
+        replicas: usize,
+        min_replicas: usize,
+    ) -> TestFs {
+        let config = FsConfig {
+            acl: true,
+            ..FsConfig::default()
+        };
+        let lease = rmemfs::config::LEASE;
+        let copies = (replicas, min_replicas);
+        Self::build(servers, size, 1 << 20, path, copies, lease, config)
     }
 
     /// One 8 MiB server, 1 MiB chunks, and the file system set up by `config`.
     pub fn with_config(config: FsConfig) -> TestFs {
         let lease = rmemfs::config::LEASE;
-        Self::build(1, 8 << 20, 1 << 20, WritePath::Frrwp, 1, lease, config)
+        Self::build(1, 8 << 20, 1 << 20, WritePath::Frrwp, (1, 1), lease, config)
     }
 
     fn build(
@@ -77,7 +95,7 @@ impl TestFs {
         size: u64,
         chunk: u64,
         path: WritePath,
-        replicas: usize,
+        (replicas, min_replicas): (usize, usize),
         lease: Duration,
         config: FsConfig,
     ) -> TestFs {
@@ -111,7 +129,7 @@ impl TestFs {
             CacheConfig::default(),
             path,
         )
-        .and_then(|d| d.replicated(replicas, 1))
+        .and_then(|d| d.replicated(replicas, min_replicas))
         .unwrap();
         let fs = Fs::new(data, config);
         TestFs {
