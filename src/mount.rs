@@ -227,6 +227,44 @@ fn check_verbs_memlock() -> Result<(), String> {
     }
 }
 
+/// A user's mount needs read and write access to `/dev/fuse`, whether rmemfs opens it or
+/// the setuid `fusermount3` does: libfuse's helper opens the device with the caller's own
+/// file-system uid on purpose, so the device's mode is the admin's switch for who may use
+/// FUSE. Where that switch is off (mode 0600, as on some machines), say so and name the ways
+/// to turn it on, instead of a bare "Permission denied" from deep in the mount.
+fn check_fuse_device() -> Result<(), String> {
+    const DEV_FUSE: &str = "/dev/fuse";
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return Ok(());
+    }
+    let path = std::ffi::CString::new(DEV_FUSE).expect("no NUL");
+    // SAFETY: `path` is a NUL-terminated string that outlives the call.
+    if unsafe { libc::access(path.as_ptr(), libc::R_OK | libc::W_OK) } == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EACCES) {
+        return Ok(()); // missing, or the like: the mount itself says what is wrong
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mode = std::fs::metadata(DEV_FUSE)
+        .map(|m| {
+            format!(
+                "mode {:04o}, owner uid {}",
+                m.permissions().mode() & 0o7777,
+                m.uid()
+            )
+        })
+        .unwrap_or_else(|_| "unreadable".into());
+    Err(format!(
+        "this user may not use FUSE here: {DEV_FUSE} ({mode}) does not let it read and write, \
+         and fusermount3 opens it as the calling user too. An admin allows it with \
+         `chmod 0666 {DEV_FUSE}` (Debian's default) or `setfacl -m u:USER:rw {DEV_FUSE}`; or \
+         mount as root (with -o allow_other for other users)"
+    ))
+}
+
 /// `rmemfs stats MOUNTPOINT [--json]`: reads the live counters from the mount's virtual
 /// attribute (its text form, or JSON).
 pub fn print_stats(mountpoint: &Path, json: bool) -> Result<(), String> {
@@ -559,6 +597,7 @@ impl Mount {
 fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     let config = &mount.config;
     let mountpoint = check_mountpoint(&config.mountpoint)?;
+    check_fuse_device()?;
     let (fuse_config, choices) = fuser_config(&config.options, config.threads)?;
     let read_only = choices.read_only;
     let fabric_options = FabricOptions {
