@@ -573,6 +573,61 @@ test_unmount_cleanup() {
   wait_daemon_gone "$m2" 5 || fail "mount with an unreachable server left a daemon running"
 }
 
+# The daemon's death leaves a clear state: after kill -9 the kernel answers ENOTCONN at the
+# mount point, and `rmemfs mount` there detaches the dead mount (saying so) and mounts; a
+# mount point with a live mount is refused, naming --force, and --force detaches it. A
+# SIGTERM refused by open files (EBUSY) leaves the mount serving; a second one detaches it
+# and the daemon exits within a few seconds.
+test_daemon_death() {
+  local pid out rc dlog=$WORK/daemon.log
+  mount_fs "$MNT" "$ADDRS" || fail "mount failed"
+  put "$MNT/before" "lost with the daemon"
+  pid=$(daemon_pids "$MNT")
+  [ -n "$pid" ] || fail "no daemon for $MNT"
+  kill -9 $pid
+  wait_daemon_gone "$MNT" 10 || fail "the daemon outlived kill -9"
+  rc=0
+  out=$(timeout -k 5 10 stat "$MNT" 2>&1) || rc=$?
+  grep -q "Transport endpoint is not connected" <<<"$out" ||
+    fail "after kill -9 the mount point answers something else than ENOTCONN (exit $rc): $out"
+  out=$(t "$BIN" mount "$MNT" --servers "$ADDRS" "${MOUNT_ARGS[@]}" --log-file "$dlog" 2>&1 </dev/null) ||
+    fail "mount over a dead rmemfs mount: $out"
+  grep -q "whose daemon is gone" <<<"$out" || fail "the mount did not say it cleaned up: $out"
+  assert_eq "mounts at $MNT" "$(awk -v m="$MNT" '$2 == m' /proc/self/mounts | wc -l)" 1
+  put "$MNT/after" "served again"
+  assert_eq "a file on the new mount" "$(get "$MNT/after")" "served again"
+
+  # A live mount is not taken over without --force.
+  rc=0
+  out=$(t "$BIN" mount "$MNT" --servers "$ADDRS" "${MOUNT_ARGS[@]}" 2>&1 </dev/null) || rc=$?
+  [ "$rc" -ne 0 ] || fail "a second mount over a live one succeeded"
+  grep -q -- "--force" <<<"$out" || fail "the refusal does not name --force: $out"
+  assert_eq "the live mount still serves" "$(get "$MNT/after")" "served again"
+
+  # SIGTERM with a file open: EBUSY, still serving; the second one detaches and exits.
+  pid=$(daemon_pids "$MNT")
+  exec 7<"$MNT/after"
+  kill -TERM $pid
+  wait_log "$dlog" "unmount failed" 10 || { exec 7<&-; fail "no 'unmount failed' after SIGTERM with a file open"; }
+  is_mounted "$MNT" || { exec 7<&-; fail "a busy mount went away on the first SIGTERM"; }
+  kill -TERM $pid
+  wait_daemon_gone "$MNT" 5 || { exec 7<&-; fail "the daemon is still running 5 s after a second SIGTERM"; }
+  exec 7<&-
+  ! is_mounted "$MNT" || fail "the mount is still in the mount table after the second SIGTERM"
+  grep -q "detaching the mount and exiting" "$dlog" || fail "the log does not say why it exited"
+
+  # --force detaches a live mount and mounts over it; the old daemon ends.
+  mount_fs "$MNT" "$ADDRS" || fail "mount failed"
+  pid=$(daemon_pids "$MNT")
+  out=$(t "$BIN" mount "$MNT" --servers "$ADDRS" "${MOUNT_ARGS[@]}" --force 2>&1 </dev/null) ||
+    fail "mount --force over a live mount: $out"
+  grep -q "live mount (--force)" <<<"$out" || fail "mount --force did not say what it did: $out"
+  for ((rc = 0; rc < 50; rc++)); do kill -0 $pid 2>/dev/null || break; sleep 0.2; done
+  ! kill -0 $pid 2>/dev/null || fail "the detached mount's daemon still runs 10 s later"
+  put "$MNT/forced" "new mount"
+  assert_eq "the forced mount serves" "$(get "$MNT/forced")" "new mount"
+}
+
 # Linux semantics other users' programs rely on, checked as another user (nobody, through
 # -o allow_other): a set-group-ID directory hands its group down (and its bit to
 # subdirectories); a write or fallocate by someone outside a file's group drops its
@@ -1066,6 +1121,7 @@ ALL_TESTS=(
   "enospc 32M,32M mount"
   "absurd_sizes 32M,32M mount"
   "server_death 128M,128M mount --replicas=1"
+  "daemon_death shared nomount"
   "replica_failover 256M,256M,256M mount"
   "replica_freeze 256M,256M,256M mount --op-timeout=2"
   "replica_pair 256M,256M mount --replicas=2"

@@ -196,6 +196,10 @@ enum Cmd {
         /// (verbs always polls, up to 0.5 ms).
         #[arg(long)]
         busy_poll: bool,
+        /// Detach (lazy unmount) whatever is mounted at MOUNTPOINT and mount over it. Without
+        /// it, only an rmemfs mount whose daemon is gone (killed: ENOTCONN) is cleaned up.
+        #[arg(long)]
+        force: bool,
     },
     /// Write a fresh random shared secret to PATH (mode 0600), for `serve --secret-file` on
     /// every memory server and `mount --secret-file` on every client.
@@ -338,6 +342,7 @@ fn main() -> ExitCode {
             writeback_low_water,
             metrics_listen,
             busy_poll,
+            force,
         } => {
             let secret = match Secret::from_option(secret_file.as_deref()) {
                 Ok(s) => s,
@@ -369,6 +374,16 @@ fn main() -> ExitCode {
                 metrics_listen,
                 busy_poll,
             };
+            if std::env::var_os(DAEMON_ENV).is_none() {
+                match mount::prepare_mountpoint(&config.mountpoint, force) {
+                    Ok(Some(note)) => eprintln!("rmemfs: {note}"),
+                    Ok(None) => {}
+                    Err(e) => {
+                        eprintln!("rmemfs: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
             if foreground {
                 mount::run(&config, &mut || rmemfs::notify::notify("READY=1"))
             } else if std::env::var_os(DAEMON_ENV).is_some() {

@@ -122,33 +122,139 @@ pub fn resolve_server(s: &str) -> Result<SocketAddr, String> {
 /// Checks that `path` can be mounted on: exists, is a directory, is not already a mount of
 /// ours or anyone's. Returns the canonical path.
 pub fn check_mountpoint(path: &Path) -> Result<PathBuf, String> {
-    let canon = std::fs::canonicalize(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            format!("mount point {} does not exist", path.display())
-        } else {
-            format!("mount point {}: {e}", path.display())
-        }
-    })?;
+    let canon = canonical_mountpoint(path)?;
     let meta =
         std::fs::metadata(&canon).map_err(|e| format!("mount point {}: {e}", path.display()))?;
     if !meta.is_dir() {
         return Err(format!("mount point {} is not a directory", path.display()));
     }
-    if let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") {
-        let target = canon.to_string_lossy();
-        let mounted = info.lines().any(|l| {
+    if let Some(fstype) = mounted_at(&canon) {
+        return Err(format!(
+            "{} is already a mount point ({fstype}): unmount it first, or pass --force to \
+             detach it (a lazy unmount) and mount over it",
+            path.display()
+        ));
+    }
+    Ok(canon)
+}
+
+/// The canonical form of `path`, also when it is the root of a FUSE mount whose daemon is
+/// gone (a stat of it fails with ENOTCONN): its parent's canonical form and its name.
+fn canonical_mountpoint(path: &Path) -> Result<PathBuf, String> {
+    let missing = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            format!("mount point {} does not exist", path.display())
+        } else {
+            format!("mount point {}: {e}", path.display())
+        }
+    };
+    match std::fs::canonicalize(path) {
+        Ok(p) => Ok(p),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+                return Err(missing(e));
+            };
+            let parent = if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            };
+            Ok(std::fs::canonicalize(parent).map_err(missing)?.join(name))
+        }
+        Err(e) => Err(missing(e)),
+    }
+}
+
+/// The file system type of the last (topmost) mount at `target`, from mountinfo.
+fn mounted_at(target: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let target = target.to_string_lossy();
+    info.lines()
+        .filter(|l| {
             l.split(' ')
                 .nth(4)
                 .is_some_and(|m| unescape_mountinfo(m) == target)
+        })
+        .filter_map(|l| l.split(" - ").nth(1)?.split(' ').next().map(String::from))
+        .next_back()
+}
+
+/// How long a stat of a mounted rmemfs may take before its daemon counts as alive but stuck
+/// (not dead): a live daemon answers a GETATTR in microseconds; a frozen one never does.
+const STAT_PATIENCE: Duration = Duration::from_secs(2);
+
+/// Makes `path` ready for `rmemfs mount`: a mount of rmemfs whose daemon is gone (killed,
+/// OOM-killed: the kernel answers ENOTCONN until someone unmounts it) is detached with a lazy
+/// unmount; with `force`, whatever is mounted there is. Returns what it did, for the user.
+/// Anything else mounted there is left for [`check_mountpoint`] to refuse.
+pub fn prepare_mountpoint(path: &Path, force: bool) -> Result<Option<String>, String> {
+    let canon = canonical_mountpoint(path)?;
+    let Some(fstype) = mounted_at(&canon) else {
+        return Ok(None);
+    };
+    let what = if fstype == "fuse.rmemfs" && daemon_gone(&canon) {
+        "an rmemfs mount whose daemon is gone"
+    } else if force {
+        "a live mount (--force)"
+    } else {
+        return Ok(None);
+    };
+    lazy_unmount(&canon).map_err(|e| {
+        format!(
+            "{} is {what} ({fstype}); detaching it failed: {e}",
+            canon.display()
+        )
+    })?;
+    Ok(Some(format!(
+        "{} was {what} ({fstype}): detached it (lazy unmount)",
+        canon.display()
+    )))
+}
+
+/// True if a stat of `mountpoint` answers ENOTCONN: the FUSE connection is gone. Asked on a
+/// thread so a frozen daemon (no answer) counts as alive instead of hanging the caller.
+fn daemon_gone(mountpoint: &Path) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = mountpoint.to_path_buf();
+    let asked = std::thread::Builder::new()
+        .name("stat-mountpoint".into())
+        .spawn(move || {
+            let _ = tx.send(
+                std::fs::metadata(&path)
+                    .err()
+                    .and_then(|e| e.raw_os_error()),
+            );
         });
-        if mounted {
-            return Err(format!(
-                "{} is already a mount point (unmount it first)",
-                path.display()
-            ));
-        }
+    asked.is_ok() && rx.recv_timeout(STAT_PATIENCE) == Ok(Some(libc::ENOTCONN))
+}
+
+/// Detaches the mount at `mountpoint` (MNT_DETACH): directly as root, else through
+/// `fusermount3 -u -z`, which lets a user detach a FUSE mount of their own.
+pub fn lazy_unmount(mountpoint: &Path) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| "a NUL byte in the path".to_string())?;
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+        return Ok(());
     }
-    Ok(canon)
+    let direct = std::io::Error::last_os_error();
+    if direct.raw_os_error() != Some(libc::EPERM) {
+        return Err(direct.to_string());
+    }
+    let out = std::process::Command::new("fusermount3")
+        .args(["-u", "-z", "--"])
+        .arg(mountpoint)
+        .output()
+        .map_err(|e| format!("{direct}; fusermount3: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "fusermount3 -u -z: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
 }
 
 /// `/proc/self/mountinfo` escapes spaces and the like as `\040`.
@@ -768,8 +874,11 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         f(fs.clone());
     }
 
-    // SIGINT/SIGTERM unmount; the session then ends as with `umount`.
+    // SIGINT/SIGTERM unmount; the session then ends as with `umount`. An unmount refused
+    // (files open: EBUSY) leaves the mount serving; a second signal then detaches it (lazy
+    // unmount) and ends the process at once: open files see ENOTCONN, nothing waits on them.
     let mut unmounter = session.unmount_callable();
+    let detach_at = mountpoint.clone();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
@@ -779,11 +888,22 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            if let Some(sig) = signals.forever().next() {
+            let mut signals = signals.forever();
+            if let Some(sig) = signals.next() {
                 log::info!("signal {sig}: unmounting");
                 if let Err(e) = unmounter.unmount() {
-                    log::error!("unmount failed: {e}");
+                    log::error!(
+                        "unmount failed: {e}; a second SIGTERM or SIGINT detaches the mount \
+                         and exits"
+                    );
                 }
+            }
+            if let Some(sig) = signals.next() {
+                log::warn!("signal {sig} again: detaching the mount and exiting");
+                if let Err(e) = lazy_unmount(&detach_at) {
+                    log::error!("detaching {} failed: {e}", detach_at.display());
+                }
+                std::process::exit(1);
             }
         })
         .map_err(|e| e.to_string())?;

@@ -477,11 +477,18 @@ fn fuse_mount_sys(
         source = name;
     }
 
+    // rmemfs patch: the file system type names the subtype ("fuse.SUBTYPE", as libfuse and
+    // fusermount3 mount it), so the mount table tells whose FUSE mount this is.
+    #[cfg(target_os = "linux")]
+    let fstype = match options.iter().find(|x| matches!(**x, MountOption::Subtype(_))) {
+        Some(MountOption::Subtype(subtype)) => format!("fuse.{subtype}"),
+        _ => "fuse".to_string(),
+    };
     #[cfg(target_os = "linux")]
     let result = nix::mount::mount(
         Some(source),
         mountpoint,
-        Some("fuse"),
+        Some(fstype.as_str()),
         flags,
         Some(mount_options.as_str()),
     );
