@@ -1282,6 +1282,9 @@ impl DataStore {
             self.shift_chunks(chunks, (offset + len) / cs, -((len / cs) as i64));
             return Ok(());
         }
+        // The copy writes every byte where it goes: the chunks there are allocated first
+        // (all or nothing), so it does not run out of room after moving some bytes.
+        self.allocate(chunks, offset, size - offset - len)?;
         self.copy_within(chunks, offset + len, offset, size - offset - len)?;
         self.truncate(chunks, size - len)
     }
@@ -1301,6 +1304,8 @@ impl DataStore {
             self.shift_chunks(chunks, offset / cs, (len / cs) as i64);
             return Ok(());
         }
+        // As in collapse: room for every byte the copy writes, before it moves any.
+        self.allocate(chunks, offset + len, size - offset)?;
         self.copy_within(chunks, offset, offset + len, size - offset)?;
         self.punch(chunks, offset, len)
     }

@@ -820,3 +820,40 @@ fn a_punch_whose_zeroing_fails_frees_nothing() {
     t.fs.release(fh);
     assert!(back == data[1 << 20..2 << 20], "chunk 1 was freed");
 }
+
+/// Collapse and insert ranges that are not whole chunks copy the file's bytes within it,
+/// writing every byte of where they go: holes there take chunks. Without the room for them,
+/// the operation is refused before it moves a byte or takes a chunk.
+#[test]
+fn collapse_and_insert_without_room_to_copy_into_change_nothing() {
+    const MIB: u64 = 1 << 20;
+    // A 3 MiB server, room for one more chunk. Collapse: chunks 0 and 3 of a 4 MiB file; its
+    // copy down fills holes 1 and 2. Insert: chunks 0 and 2 of a 3 MiB file; its copy up
+    // (back to front) fills the new chunk 3, then hole 1.
+    for (mode, at) in [
+        (libc::FALLOC_FL_COLLAPSE_RANGE, [0, 3 * MIB]),
+        (libc::FALLOC_FL_INSERT_RANGE, [0, 2 * MIB]),
+    ] {
+        let t = TestFs::new(1, 3 * MIB, MIB);
+        t.create("f").unwrap();
+        for (i, &a) in at.iter().enumerate() {
+            t.write_file("f", a, &bytes(20 + i as u64, MIB as usize))
+                .unwrap();
+        }
+        let want = t.read_file("f").unwrap();
+        let ino = t.resolve("f").unwrap();
+        let attr = t.fs.getattr(ino).unwrap();
+        let before = used(&t);
+        let fh = t.fs.open(ino, libc::O_RDWR).unwrap();
+        let e = t.fs.fallocate(ino, fh, 4096, 4096, mode, ME).unwrap_err();
+        t.fs.release(fh);
+        assert_eq!(e.errno, libc::ENOSPC, "mode {mode}: {e}");
+        assert_eq!(used(&t), before, "mode {mode}: chunks left allocated");
+        let a = t.fs.getattr(ino).unwrap();
+        assert_eq!((a.size, a.blocks), (attr.size, attr.blocks), "mode {mode}");
+        assert!(
+            t.read_file("f").unwrap() == want,
+            "mode {mode}: bytes moved"
+        );
+    }
+}
