@@ -748,9 +748,14 @@ fn fallocate_refused_partway_by_fragmentation_gives_back_what_it_took() {
     let blocks = t.fs.getattr(ino).unwrap().blocks;
     let before = used(&t);
     let fh = t.fs.open(ino, libc::O_WRONLY).unwrap();
+    let refused = t.servers[0].counters().refused_no_space;
     let e = t.fs.fallocate(ino, fh, 0, 2 << 20, 0, ME).unwrap_err();
     t.fs.release(fh);
     assert_eq!(e.errno, libc::ENOSPC, "{e}");
+    assert!(
+        t.servers[0].counters().refused_no_space > refused,
+        "refused by the server (partway), not by the check"
+    );
     assert_eq!(used(&t), before, "chunks left allocated");
     let a = t.fs.getattr(ino).unwrap();
     assert_eq!((a.size, a.blocks), (5, blocks));
