@@ -25,7 +25,7 @@
 //! buffers into hits, so registration (pinning) is paid once, not per operation.
 
 use crate::client::frrwp::Ticket;
-use crate::client::{Pool, RemoteOp};
+use crate::client::{Pool, RemoteOp, Room};
 use crate::error::{Error, Result};
 use crate::fabric::mem::page_size;
 use crate::fabric::{AlignedBuf, Opcode, RemoteRegion, ServerId, Sge};
@@ -1045,59 +1045,130 @@ impl DataStore {
         Ok(())
     }
 
-    /// Allocates every chunk covering `[offset, offset+len)` (fallocate).
+    /// Allocates every chunk covering `[offset, offset+len)` (fallocate), all or nothing.
     ///
-    /// A range whose missing chunks the pool cannot hold (as its servers last reported, and
-    /// again after asking them) is refused with ENOSPC before anything is allocated: the cost
-    /// of the check is bounded by the chunks the file already has, never by the range.
+    /// A range whose missing chunks cannot be placed (every copy of each on a distinct
+    /// server, by the servers' room as last heard, and again after asking them) is refused
+    /// with ENOSPC before anything is allocated: the cost of the check is bounded by the
+    /// chunks the file already has and the servers, never by the range. What the check cannot
+    /// see (fragmentation, other clients) may still refuse a chunk partway: the chunks this
+    /// call allocated are then given back. A short first chunk is grown last, so a refusal
+    /// before it leaves it as it was.
     pub fn allocate(&self, chunks: &mut BTreeMap<u64, Chunk>, offset: u64, len: u64) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
         let cs = self.chunk_size;
         let (first, last) = (offset / cs, (offset + len - 1) / cs);
-        let present = chunks.range(first..=last).count() as u64;
-        // Every copy takes room on some server.
-        let missing_bytes = (last - first + 1 - present)
-            .saturating_mul(cs)
-            .saturating_mul(self.replicas as u64);
-        let no_room = |free: u64| {
-            Error::new(
-                libc::ENOSPC,
-                format!(
-                    "fallocate needs up to {missing_bytes} bytes of remote memory; the pool has                      {free} free"
-                ),
-            )
+        // The first chunk alone may be shorter than a chunk: its length, if it needs one.
+        let head = if first == 0 {
+            let needed = (offset + len).min(cs);
+            let current = chunks.get(&0).map_or(0, |c| c.len);
+            (current < needed).then(|| self.target_len(0, current, needed))
+        } else {
+            None
         };
-        if missing_bytes > self.pool.capacity().total {
-            return Err(no_room(self.pool.capacity().free));
-        }
-        if missing_bytes > self.pool.capacity().free {
+        let from = first.max(1);
+        let whole = if last >= from {
+            last - from + 1 - chunks.range(from..=last).count() as u64
+        } else {
+            0
+        };
+        if !self.fits(head, whole) {
             self.pool.refresh();
-            let free = self.pool.capacity().free;
-            if missing_bytes > free {
-                return Err(no_room(free));
+            if !self.fits(head, whole) {
+                return Err(Error::new(
+                    libc::ENOSPC,
+                    format!(
+                        "fallocate needs {} copies of {} chunks on distinct memory servers; \
+                         their free memory cannot hold them",
+                        self.replicas,
+                        whole + head.is_some() as u64
+                    ),
+                ));
             }
         }
         let loan = self.loan()?;
+        let mut added = Vec::new();
+        let grow_head = head.is_some() && chunks.contains_key(&0);
+        let mut res = Ok(());
         for (idx, in_chunk, n, _) in self.pieces(offset, len) {
-            self.ensure(chunks, idx, in_chunk + n, loan.b())?;
+            if chunks.contains_key(&idx) {
+                continue;
+            }
+            res = self.ensure(chunks, idx, in_chunk + n, loan.b());
+            if res.is_err() {
+                break;
+            }
+            added.push(idx);
         }
-        Ok(())
+        if res.is_ok() && grow_head {
+            res = self.ensure(chunks, 0, (offset + len).min(cs), loan.b());
+        }
+        if res.is_err() {
+            for idx in added {
+                let c = chunks.remove(&idx).expect("added");
+                self.free_chunk(&c);
+            }
+        }
+        res
     }
 
-    /// Cuts the data to `size` bytes: frees whole chunks past it and zeroes the rest of the
-    /// chunk it ends in, so a later extension reads zeros there.
+    /// Whether the live servers' room as last heard can hold the copies of a first chunk of
+    /// `head` bytes (if any) and of `whole` chunks of [`Self::chunk_size`]: every chunk's
+    /// copies on distinct servers, as [`Pool::alloc_replicas`] places them. An upper bound
+    /// (a server's free memory may be in pieces smaller than a chunk); O(servers).
+    fn fits(&self, head: Option<u64>, whole: u64) -> bool {
+        let mut room = self.pool.room();
+        // With fewer servers up than copies kept, one copy on each ([`Self::place`]).
+        let copies = self.replicas.min(room.len());
+        if copies == 0 {
+            return head.is_none() && whole == 0;
+        }
+        if let Some(len) = head {
+            // Placed first, on the servers with the most free memory that can hold it.
+            room.sort_by(|a, b| {
+                let fits = |r: &Room| r.largest_free.min(r.free) >= len;
+                fits(b).cmp(&fits(a)).then(b.free.cmp(&a.free))
+            });
+            for r in &mut room[..copies] {
+                if r.largest_free.min(r.free) < len {
+                    return false;
+                }
+                r.free -= len;
+            }
+        }
+        // Whole chunks on distinct servers fit if and only if each server, counted for at
+        // most one copy of each chunk, makes up every copy: sum of min(room, chunks) >=
+        // copies * chunks (greedy by most room, which is how placement goes, reaches it).
+        let cs = self.chunk_size;
+        let held: u64 = room
+            .iter()
+            .map(|r| {
+                let n = if r.largest_free.min(r.free) >= cs {
+                    r.free / cs
+                } else {
+                    0
+                };
+                n.min(whole)
+            })
+            .sum();
+        held >= whole.saturating_mul(copies as u64)
+    }
+
+    /// Cuts the data to `size` bytes: zeroes the rest of the chunk it ends in (so a later
+    /// extension reads zeros there), then frees whole chunks past it. The zeroing is what
+    /// may fail (a remote write): it goes first, so a failed truncate frees nothing.
     pub fn truncate(&self, chunks: &mut BTreeMap<u64, Chunk>, size: u64) -> Result<()> {
         let cs = self.chunk_size;
+        if size % cs != 0 && chunks.contains_key(&(size / cs)) {
+            self.zero_in_chunk(chunks, size / cs, size % cs, cs)?;
+        }
         let keep = size.div_ceil(cs);
         let gone: Vec<u64> = chunks.range(keep..).map(|(i, _)| *i).collect();
         for i in gone {
             let c = chunks.remove(&i).expect("listed");
             self.free_chunk(&c);
-        }
-        if size % cs != 0 && chunks.contains_key(&(size / cs)) {
-            self.zero_in_chunk(chunks, size / cs, size % cs, cs)?;
         }
         Ok(())
     }
@@ -1136,8 +1207,9 @@ impl DataStore {
         })
     }
 
-    /// Punches a hole over file bytes `[offset, offset+len)`: chunks wholly inside are
-    /// given back to their servers, and the parts of the others inside are zeroed. The cost
+    /// Punches a hole over file bytes `[offset, offset+len)`: the parts inside of the chunks
+    /// it cuts (at most two) are zeroed, then the chunks wholly inside are given back to their
+    /// servers; a failed zeroing (a remote write) returns before anything is freed. The cost
     /// follows the chunks the file has there, never the length of the range.
     pub fn punch(&self, chunks: &mut BTreeMap<u64, Chunk>, offset: u64, len: u64) -> Result<()> {
         if len == 0 {
@@ -1145,6 +1217,7 @@ impl DataStore {
         }
         let cs = self.chunk_size;
         let end = offset.saturating_add(len);
+        let mut whole = Vec::new();
         let inside: Vec<u64> = chunks
             .range(offset / cs..=(end - 1) / cs)
             .map(|(i, _)| *i)
@@ -1155,11 +1228,14 @@ impl DataStore {
             let to = end.min(base + cs) - base;
             let c = chunks[&idx];
             if from == 0 && to >= c.len {
-                chunks.remove(&idx);
-                self.free_chunk(&c);
+                whole.push(idx);
             } else if from < c.len {
                 self.zero_in_chunk(chunks, idx, from, to)?;
             }
+        }
+        for idx in whole {
+            let c = chunks.remove(&idx).expect("listed");
+            self.free_chunk(&c);
         }
         Ok(())
     }
@@ -1214,6 +1290,9 @@ impl DataStore {
             self.shift_chunks(chunks, (offset + len) / cs, -((len / cs) as i64));
             return Ok(());
         }
+        // The copy writes every byte where it goes: the chunks there are allocated first
+        // (all or nothing), so it does not run out of room after moving some bytes.
+        self.allocate(chunks, offset, size - offset - len)?;
         self.copy_within(chunks, offset + len, offset, size - offset - len)?;
         self.truncate(chunks, size - len)
     }
@@ -1233,6 +1312,8 @@ impl DataStore {
             self.shift_chunks(chunks, offset / cs, (len / cs) as i64);
             return Ok(());
         }
+        // As in collapse: room for every byte the copy writes, before it moves any.
+        self.allocate(chunks, offset + len, size - offset)?;
         self.copy_within(chunks, offset, offset + len, size - offset)?;
         self.punch(chunks, offset, len)
     }

@@ -664,3 +664,201 @@ fn a_reused_read_buffer_gives_holes_as_zeros() {
     t.fs.release(fh_f);
     t.fs.release(fh_s);
 }
+
+// ---- fallocate and truncate: all or nothing -------------------------------------------------
+
+/// Takes 1 MiB extents on server `s` until it has `free` bytes left (memory the file system
+/// does not hold, as another client's would be).
+fn hog(t: &TestFs, s: u32, free: u64) -> Vec<rmemfs::fabric::RemoteRegion> {
+    use rmemfs::fabric::ServerId;
+    let pool = t.fs.data().pool();
+    let mut taken = Vec::new();
+    while t.servers[s as usize].capacity().free > free {
+        taken.push(pool.alloc_on(ServerId(s), 1 << 20).unwrap());
+    }
+    assert_eq!(t.servers[s as usize].capacity().free, free);
+    taken
+}
+
+/// Two copies of every chunk over three servers with 12, 2 and 2 MiB free: 8 MiB of chunks
+/// (16 MiB of copies) sum as fitting, but every chunk needs a copy on server 1 or 2, which
+/// hold 4 between them. The fallocate is refused before any server is asked.
+#[test]
+fn fallocate_that_cannot_place_every_copy_on_distinct_servers_allocates_nothing() {
+    let t = TestFs::replicated(3, 16 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 2);
+    let _hogs = [
+        hog(&t, 0, 12 << 20),
+        hog(&t, 1, 2 << 20),
+        hog(&t, 2, 2 << 20),
+    ];
+    t.create("f").unwrap();
+    let ino = t.resolve("f").unwrap();
+    let fh = t.fs.open(ino, libc::O_WRONLY).unwrap();
+    let before = used(&t);
+    let refused = || -> u64 {
+        t.servers
+            .iter()
+            .map(|s| s.counters().refused_no_space)
+            .sum()
+    };
+    for mode in [0, libc::FALLOC_FL_KEEP_SIZE] {
+        let e = t.fs.fallocate(ino, fh, 0, 8 << 20, mode, ME).unwrap_err();
+        assert_eq!(e.errno, libc::ENOSPC, "mode {mode}: {e}");
+        assert_eq!(
+            refused(),
+            0,
+            "mode {mode}: refused by the check, not by a server"
+        );
+        assert_eq!(used(&t), before, "mode {mode}: chunks left allocated");
+        let a = t.fs.getattr(ino).unwrap();
+        assert_eq!((a.size, a.blocks), (0, 0), "mode {mode}");
+    }
+    // What does fit is allocated: four chunks, a copy of each on server 0.
+    t.fs.fallocate(ino, fh, 0, 4 << 20, 0, ME).unwrap();
+    assert_eq!(used(&t), before + (8 << 20));
+    assert_eq!(t.fs.getattr(ino).unwrap().size, 4 << 20);
+    t.fs.release(fh);
+}
+
+/// A server whose free memory sums as room for two chunks but holds one 1 MiB hole (the
+/// rest is single pages): the check cannot see that, the second chunk is refused, and what
+/// the fallocate did before that is undone: the file keeps its short first chunk and its
+/// bytes, and holds no more memory than before.
+#[test]
+fn fallocate_refused_partway_by_fragmentation_gives_back_what_it_took() {
+    use rmemfs::fabric::ServerId;
+    const PAGE: u64 = 4096;
+    let t = TestFs::new(1, 4 << 20, 1 << 20);
+    t.create("f").unwrap();
+    t.write_file("f", 0, b"hello").unwrap();
+    let pool = t.fs.data().pool().clone();
+    let hole = pool.alloc_on(ServerId(0), 1 << 20).unwrap();
+    let mut pages = Vec::new();
+    while let Ok(r) = pool.alloc_on(ServerId(0), PAGE) {
+        pages.push(r);
+    }
+    pool.free(hole).unwrap();
+    for p in pages.iter().skip(1).step_by(2) {
+        pool.free(*p).unwrap();
+    }
+    let cap = pool.refresh()[0].capacity;
+    assert_eq!(cap.largest_free, 1 << 20);
+    assert!(cap.free >= 2 << 20, "{cap:?}");
+    let ino = t.resolve("f").unwrap();
+    let blocks = t.fs.getattr(ino).unwrap().blocks;
+    let before = used(&t);
+    let fh = t.fs.open(ino, libc::O_WRONLY).unwrap();
+    let refused = t.servers[0].counters().refused_no_space;
+    let e = t.fs.fallocate(ino, fh, 0, 2 << 20, 0, ME).unwrap_err();
+    t.fs.release(fh);
+    assert_eq!(e.errno, libc::ENOSPC, "{e}");
+    assert!(
+        t.servers[0].counters().refused_no_space > refused,
+        "refused by the server (partway), not by the check"
+    );
+    assert_eq!(used(&t), before, "chunks left allocated");
+    let a = t.fs.getattr(ino).unwrap();
+    assert_eq!((a.size, a.blocks), (5, blocks));
+    assert_eq!(t.read_file("f").unwrap(), b"hello");
+}
+
+/// A truncate whose zeroing of the chunk it ends in fails (that chunk's only copy is on a
+/// dead server) changes nothing: the chunks past the new end are still there and read back,
+/// and the size stays.
+#[test]
+fn a_truncate_whose_zeroing_fails_frees_nothing_and_keeps_the_size() {
+    let mut t = TestFs::new(2, 16 << 20, 1 << 20);
+    t.create("f").unwrap();
+    let data = bytes(11, 3 << 20);
+    t.write_file("f", 0, &data).unwrap();
+    let holder = |idx: u64| {
+        let files = t.fs.files();
+        let c = files[0].chunks.read()[&idx];
+        c.replicas()[0].server
+    };
+    let (ends_in, past) = (holder(1), holder(2));
+    assert_ne!(ends_in, past, "chunks 1 and 2 on different servers");
+    t.kill_server(ends_in as usize);
+    let ino = t.resolve("f").unwrap();
+    let blocks = t.fs.getattr(ino).unwrap().blocks;
+    let set = SetAttr {
+        size: Some((1 << 20) + 10),
+        ..Default::default()
+    };
+    let e = t.fs.setattr(ino, &set, ME).unwrap_err();
+    assert_eq!(e.errno, libc::EIO, "{e}");
+    let a = t.fs.getattr(ino).unwrap();
+    assert_eq!((a.size, a.blocks), (3 << 20, blocks));
+    let fh = t.fs.open(ino, libc::O_RDONLY).unwrap();
+    let back = t.fs.read(ino, fh, 2 << 20, 1 << 20).unwrap();
+    t.fs.release(fh);
+    assert!(back == data[2 << 20..], "chunk 2 was freed");
+}
+
+/// A punch whose zeroing of a chunk it cuts fails (that chunk's only copy is on a dead
+/// server) gives back none of the chunks wholly inside it.
+#[test]
+fn a_punch_whose_zeroing_fails_frees_nothing() {
+    let mut t = TestFs::new(2, 16 << 20, 1 << 20);
+    t.create("f").unwrap();
+    let data = bytes(12, 3 << 20);
+    t.write_file("f", 0, &data).unwrap();
+    let holder = |idx: u64| {
+        let files = t.fs.files();
+        let c = files[0].chunks.read()[&idx];
+        c.replicas()[0].server
+    };
+    let (whole, cut) = (holder(1), holder(2));
+    assert_ne!(whole, cut, "chunks 1 and 2 on different servers");
+    t.kill_server(cut as usize);
+    let ino = t.resolve("f").unwrap();
+    let blocks = t.fs.getattr(ino).unwrap().blocks;
+    let fh = t.fs.open(ino, libc::O_RDWR).unwrap();
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // All of chunk 1 and the first half of chunk 2.
+    let e =
+        t.fs.fallocate(ino, fh, 1 << 20, 3 << 19, punch, ME)
+            .unwrap_err();
+    assert_eq!(e.errno, libc::EIO, "{e}");
+    assert_eq!(t.fs.getattr(ino).unwrap().blocks, blocks);
+    let back = t.fs.read(ino, fh, 1 << 20, 1 << 20).unwrap();
+    t.fs.release(fh);
+    assert!(back == data[1 << 20..2 << 20], "chunk 1 was freed");
+}
+
+/// Collapse and insert ranges that are not whole chunks copy the file's bytes within it,
+/// writing every byte of where they go: holes there take chunks. Without the room for them,
+/// the operation is refused before it moves a byte or takes a chunk.
+#[test]
+fn collapse_and_insert_without_room_to_copy_into_change_nothing() {
+    const MIB: u64 = 1 << 20;
+    // A 3 MiB server, room for one more chunk. Collapse: chunks 0 and 3 of a 4 MiB file; its
+    // copy down fills holes 1 and 2. Insert: chunks 0 and 2 of a 3 MiB file; its copy up
+    // (back to front) fills the new chunk 3, then hole 1.
+    for (mode, at) in [
+        (libc::FALLOC_FL_COLLAPSE_RANGE, [0, 3 * MIB]),
+        (libc::FALLOC_FL_INSERT_RANGE, [0, 2 * MIB]),
+    ] {
+        let t = TestFs::new(1, 3 * MIB, MIB);
+        t.create("f").unwrap();
+        for (i, &a) in at.iter().enumerate() {
+            t.write_file("f", a, &bytes(20 + i as u64, MIB as usize))
+                .unwrap();
+        }
+        let want = t.read_file("f").unwrap();
+        let ino = t.resolve("f").unwrap();
+        let attr = t.fs.getattr(ino).unwrap();
+        let before = used(&t);
+        let fh = t.fs.open(ino, libc::O_RDWR).unwrap();
+        let e = t.fs.fallocate(ino, fh, 4096, 4096, mode, ME).unwrap_err();
+        t.fs.release(fh);
+        assert_eq!(e.errno, libc::ENOSPC, "mode {mode}: {e}");
+        assert_eq!(used(&t), before, "mode {mode}: chunks left allocated");
+        let a = t.fs.getattr(ino).unwrap();
+        assert_eq!((a.size, a.blocks), (attr.size, attr.blocks), "mode {mode}");
+        assert!(
+            t.read_file("f").unwrap() == want,
+            "mode {mode}: bytes moved"
+        );
+    }
+}

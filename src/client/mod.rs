@@ -120,6 +120,16 @@ pub enum ServerState {
     Rejoining,
 }
 
+/// One live server's room for new extents as last heard ([`Pool::room`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    /// Free bytes, with this pool's stock there.
+    pub free: u64,
+    /// No extent longer than this fits (the largest free extent, with the stock that may
+    /// join it when given back).
+    pub largest_free: u64,
+}
+
 /// What the pool knows of one server.
 #[derive(Debug, Clone)]
 pub struct ServerStatus {
@@ -776,6 +786,24 @@ impl Pool {
             c.largest_free = c.largest_free.max(s.capacity.largest_free);
         }
         c
+    }
+
+    /// Each live server's room as last heard, for checking a placement before it is made:
+    /// its free bytes plus what this pool holds in stock there (an allocation refused for
+    /// room gets the stock back first, see [`Pool::alloc_on`]).
+    pub fn room(&self) -> Vec<Room> {
+        self.servers
+            .iter()
+            .filter(|s| !s.is_failed())
+            .map(|s| {
+                let c = s.capacity();
+                let stocked = s.stock.lock().bytes();
+                Room {
+                    free: c.free + stocked,
+                    largest_free: c.largest_free + stocked,
+                }
+            })
+            .collect()
     }
 
     /// Whether `id` is up (its connections work, as far as the pool knows).
