@@ -9,14 +9,17 @@
 # A private /24 of our choosing: the bridge is .1, host i is .(10+i).
 HOSTS_NET=${RMEMFS_HOSTS_NET:-10.213.7}
 HOSTS_PORT=7471
-HOSTS_BRIDGE=rmbr0
+# Names of the bridge, namespaces and links start with this tag; two runs side by side need
+# different tags (and networks).
+HOSTS_TAG=${RMEMFS_HOSTS_TAG:-rm}
+HOSTS_BRIDGE=${HOSTS_TAG}br0
 HOST_PIDS=()   # the memory server of host i (empty while it is down)
 HOST_ARGS=()   # how host i's server was started (size and extra arguments), for restarts
 HOSTS_N=0
 HOSTS_SECRET=""
 
-host_ns() { echo "rmh$1"; }
-host_link() { echo "rmv$1"; }
+host_ns() { echo "${HOSTS_TAG}h$1"; }
+host_link() { echo "${HOSTS_TAG}v$1"; }
 host_ip() { echo "$HOSTS_NET.$((10 + $1))"; }
 host_addr() { echo "$(host_ip "$1"):$HOSTS_PORT"; }
 
@@ -133,17 +136,27 @@ host_thaw() { kill -CONT "${HOST_PIDS[$1]}"; }
 host_cut() { ip link set "$(host_link "$1")" down; }
 host_heal() { ip link set "$(host_link "$1")" up; }
 
-# wait_redundant MNT SECONDS: waits until `stats` shows every server up and no chunk short of
-# copies (or lost); fails with the stats otherwise.
+# stats_field MNT EXPR: a value of `stats --json` (python expression over `s`).
+stats_field() {
+  timeout -k 5 30 "$BIN" stats --json "$1" | python3 -c "import json, sys; s = json.load(sys.stdin); print($2)"
+}
+
+# wait_redundant MNT SECONDS [any]: waits until `stats --json` shows every server up (with
+# `any`: whatever their state) and every chunk with its full copy count (none degraded or
+# lost); fails with the figures otherwise. Read from the JSON report by key, so a renamed or
+# missing field fails instead of matching nothing.
 wait_redundant() {
-  local mnt=$1 secs=$2 st k
+  local mnt=$1 secs=$2 servers=${3:-up} st k
   for ((k = 0; k < secs * 2; k++)); do
-    st=$(timeout -k 5 30 "$BIN" stats "$mnt") || fail "rmemfs stats failed"
-    if ! grep -qE ": (DOWN|REJOINING)," <<<"$st" &&
-      grep -qE "^chunks: [0-9]+ copies each; .* degraded 0, lost 0$" <<<"$st"; then
+    st=$(stats_field "$mnt" "'%d %d %d %d' % (
+        sum(x['state'] != 'up' for x in s['servers']), len(s['servers']),
+        s['chunks']['degraded'], s['chunks']['lost'])") || fail "rmemfs stats --json failed"
+    read -r notup total degraded lost <<<"$st"
+    [ "$total" -gt 0 ] || fail "stats lists no server"
+    if { [ "$servers" = any ] || [ "$notup" -eq 0 ]; } && [ "$degraded" -eq 0 ] && [ "$lost" -eq 0 ]; then
       return 0
     fi
     sleep 0.5
   done
-  fail "not back to full redundancy within $secs s: $(grep -E '^(server|chunks|rebuild)' <<<"$st" | tr '\n' ';')"
+  fail "not back to full redundancy within $secs s: servers not up $notup of $total, chunks degraded $degraded, lost $lost"
 }

@@ -18,6 +18,9 @@ read -ra SERVE_ARGS <<<"${RMEMFS_SERVE_ARGS:-}"
 # When set, every mount must report this fabric in `rmemfs stats` (mounts take the fabric the
 # servers announce, so this proves the run used it).
 EXPECT_FABRIC=${RMEMFS_EXPECT_FABRIC:-}
+# Likewise the way requests reach the daemon ("io_uring" or "/dev/fuse"): an -o io_uring run
+# that fell back to /dev/fuse would test nothing new.
+EXPECT_FUSE=${RMEMFS_EXPECT_FUSE:-}
 # Error messages (strerror) must be English for the ENOSPC / EIO checks, and sorting bytewise.
 export LC_ALL=C
 
@@ -261,6 +264,11 @@ mount_fs() {
     echo "$mnt does not run on the $EXPECT_FABRIC fabric: $("$BIN" stats "$mnt" 2>&1 | grep fabric)" >&2
     return 1
   fi
+  if [ -n "$EXPECT_FUSE" ] &&
+    ! timeout -k 5 30 "$BIN" stats "$mnt" 2>&1 | grep -qx "fuse: $EXPECT_FUSE"; then
+    echo "$mnt is not served through $EXPECT_FUSE: $("$BIN" stats "$mnt" 2>&1 | grep '^fuse')" >&2
+    return 1
+  fi
 }
 
 # unmount_fs MNT: umount (30 s), then the daemon must exit within 10 s. Falls back to
@@ -281,15 +289,15 @@ unmount_fs() {
 }
 
 # drop_caches MNT: flushes MNT's dirty pages and drops the kernel's clean caches, so the next
-# read goes to the daemon (and so to the memory servers) instead of the page cache.
-# RMEMFS_TEST_DROP_CACHES=0 turns the drop off.
+# read goes to the daemon (and so to the memory servers) instead of the page cache. Fails
+# (saying why) when the caches cannot be dropped: a "read back from the servers" check would
+# otherwise read the page cache and pass without testing its claim.
 drop_caches() {
-  timeout -k 5 60 sync -f "$1" || return 1
-  [ "${RMEMFS_TEST_DROP_CACHES:-1}" = 1 ] || return 0
+  timeout -k 5 60 sync -f "$1" || { echo "sync -f $1 failed" >&2; return 1; }
   if ! timeout -k 5 60 sh -c 'echo 3 >/proc/sys/vm/drop_caches' 2>/dev/null; then
-    log "cannot write /proc/sys/vm/drop_caches: reads may come from the page cache"
+    echo "cannot write /proc/sys/vm/drop_caches: reads would come from the page cache" >&2
+    return 1
   fi
-  return 0
 }
 
 # cleanup: unmounts everything under BASE, stops the daemons and servers, removes BASE.
@@ -481,15 +489,18 @@ check_files() {
 # RMEMFS_TEST_FIO_SIZE each) in $MNT in the background (FIO_PID, output in $WORK/fio.out);
 # returns once its files hold KIB (default 4096) KiB, so a fault lands mid-write.
 start_fio_verify() {
-  local i
+  local i want=${1:-4096}
   timeout -k 10 300 fio --name=v --directory="$MNT" --size="${RMEMFS_TEST_FIO_SIZE:-64M}" \
     --bs=64k --rw=randwrite --ioengine=psync --verify=crc32c --do_verify=1 --verify_fatal=1 \
     --numjobs=2 --group_reporting >"$WORK/fio.out" 2>&1 &
   FIO_PID=$!
   for ((i = 0; i < 600; i++)); do
-    [ "$(du -skc "$MNT"/v.* 2>/dev/null | tail -n 1 | cut -f1)" -ge "${1:-4096}" ] && return 0
+    [ "$(du -skc "$MNT"/v.* 2>/dev/null | tail -n 1 | cut -f1)" -ge "$want" ] && return 0
+    kill -0 "$FIO_PID" 2>/dev/null || break
     sleep 0.1
   done
+  # The fault that follows must land while fio writes, not before or after it.
+  fail "fio did not write $want KiB within 60 s (or ended first): the fault would miss it"
 }
 
 # finish_fio_verify WHEN: waits for start_fio_verify's fio; a timeout, a failure, a verify

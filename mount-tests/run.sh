@@ -12,9 +12,9 @@
 #   RMEMFS_MOUNT_ARGS       extra arguments for every `rmemfs mount`, e.g. "--chunk-size 1M"
 #   RMEMFS_SERVE_ARGS       extra arguments for every `rmemfs serve`, e.g. "--fabric verbs"
 #   RMEMFS_EXPECT_FABRIC    every mount must report this fabric (tcp, verbs) in `rmemfs stats`
+#   RMEMFS_EXPECT_FUSE      every mount must be served this way (io_uring, /dev/fuse)
 #   RMEMFS_TEST_SERVER_SIZE arena of each shared memory server (default 256M)
 #   RMEMFS_TEST_FIO_SIZE    file size per fio job in fio_verify (default 64M)
-#   RMEMFS_TEST_DROP_CACHES 0: don't drop the kernel's caches before verifying reads
 #   RMEMFS_TEST_KEEP        1: keep the temporary directory (logs) after the run
 #
 # Each test gets a fresh mount (and fresh servers where it kills or fills them), runs in a
@@ -53,7 +53,6 @@ sys.exit(0 if n <= 1 else 1)' || fail "FLUSH was sent on every close"
   compare_trees "$SRC" "$WORK/back" "after cp -a back out"
   # `ls -lR` with cold caches: names and attributes come with the directory reads
   # (READDIRPLUS), not a LOOKUP per entry.
-  [ "${RMEMFS_TEST_DROP_CACHES:-1}" = 1 ] || return 0
   local before after entries
   drop_caches "$MNT" || fail "drop caches failed"
   before=$(t "$BIN" stats --json "$MNT")
@@ -217,7 +216,7 @@ test_posix_cases() {
   must "copy open" cp "$WORK/open" "$m/open"
   must "read an unlinked file through an open fd" bash -c '
     exec 3<"$1" && rm "$1" && ! test -e "$1" || exit 1
-    echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
+    echo 3 >/proc/sys/vm/drop_caches || exit 1
     cmp "$2" - <&3' _ "$m/open" "$WORK/open"
   ! exists "$m/open" || fail "open still exists after rm"
 

@@ -48,6 +48,8 @@ fn replay(target: &str, check: fn(&[u8])) {
         }
     }
     assert!(failed.is_empty(), "{target}: failing inputs: {failed:#?}");
+    // No input at all would pass without checking anything (a moved or emptied corpus).
+    assert!(n > 0, "{target}: no regression inputs or seeds under fuzz/");
     eprintln!("{target}: {n} inputs pass");
 }
 
