@@ -342,7 +342,7 @@ fn attr_of(ino: Ino, i: &Inode) -> Attr {
 }
 
 fn new_inode(kind: Kind, perm: u16, caller: Caller, body: Body) -> Inode {
-    let now = SystemTime::now();
+    let now = crate::meta::now();
     Inode {
         kind,
         perm,
@@ -478,7 +478,7 @@ impl Fs {
 
     fn touch_dir(meta: &mut Meta, ino: Ino) {
         if let Some(i) = meta.get_mut(ino) {
-            let now = SystemTime::now();
+            let now = crate::meta::now();
             i.mtime = now;
             i.ctime = now;
         }
@@ -571,7 +571,7 @@ impl Fs {
         }
         let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
-        let now = SystemTime::now();
+        let now = crate::meta::now();
         let mut acl_changed = false;
         let mut killed = false;
         if (set.uid.is_some() || set.gid.is_some()) && i.kind != Kind::Dir && set.mode.is_none() {
@@ -652,7 +652,7 @@ impl Fs {
         let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
         i.size = size;
-        let now = SystemTime::now();
+        let now = crate::meta::now();
         i.mtime = now;
         i.ctime = now;
         Ok(())
@@ -788,7 +788,7 @@ impl Fs {
         i.tmpfile = false;
         i.nlink += 1;
         i.lookups += 1;
-        i.ctime = SystemTime::now();
+        i.ctime = crate::meta::now();
         Ok(attr_of(ino, i))
     }
 
@@ -822,7 +822,7 @@ impl Fs {
         }
         let i = Self::inode_mut(&mut meta, ino)?;
         i.nlink = if want_dir { 0 } else { i.nlink - 1 };
-        i.ctime = SystemTime::now();
+        i.ctime = crate::meta::now();
         self.settle(meta, ino);
         Ok(())
     }
@@ -907,7 +907,7 @@ impl Fs {
                     }
                 }
             }
-            let now = SystemTime::now();
+            let now = crate::meta::now();
             for ino in [src, dst] {
                 Self::inode_mut(&mut meta, ino)?.ctime = now;
             }
@@ -939,7 +939,7 @@ impl Fs {
             Self::inode_mut(&mut meta, parent)?.nlink -= 1;
             Self::inode_mut(&mut meta, newparent)?.nlink += 1;
         }
-        let now = SystemTime::now();
+        let now = crate::meta::now();
         Self::inode_mut(&mut meta, src)?.ctime = now;
         Self::touch_dir(&mut meta, parent);
         Self::touch_dir(&mut meta, newparent);
@@ -1180,7 +1180,7 @@ impl Fs {
         let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
         i.size = i.size.max(end);
-        let now = SystemTime::now();
+        let now = crate::meta::now();
         i.mtime = now;
         i.ctime = now;
         let set_id = i.perm & (S_ISUID | S_ISGID) != 0;
@@ -1213,7 +1213,7 @@ impl Fs {
                 let mut meta = self.meta.lock();
                 let i = Self::inode_mut(&mut meta, ino)?;
                 i.perm &= !bits;
-                i.ctime = SystemTime::now();
+                i.ctime = crate::meta::now();
             }
             if let Some(tell) = self.attr_changed.get() {
                 tell(ino);
@@ -1453,7 +1453,7 @@ impl Fs {
         {
             let mut meta = self.meta.lock();
             let i = Self::inode_mut(&mut meta, ino)?;
-            let now = SystemTime::now();
+            let now = crate::meta::now();
             if new_size != i.size {
                 i.size = new_size;
                 i.ctime = now;
@@ -1742,7 +1742,7 @@ impl Fs {
             // The mode follows the ACL; an ACL the mode says all of is not kept.
             let acl = crate::acl::Acl::parse(value)?;
             i.perm = (i.perm & !0o777) | acl.mode_bits();
-            i.ctime = SystemTime::now();
+            i.ctime = crate::meta::now();
             if acl.is_minimal() {
                 if let Some(x) = i.xattrs.as_mut() {
                     x.remove(name);
@@ -1766,7 +1766,7 @@ impl Fs {
             return Err(err(libc::ENODATA));
         }
         map.insert(name.into(), value.into());
-        i.ctime = SystemTime::now();
+        i.ctime = crate::meta::now();
         Ok(())
     }
 
@@ -1809,7 +1809,7 @@ impl Fs {
         }
         match removed {
             Some(_) => {
-                i.ctime = SystemTime::now();
+                i.ctime = crate::meta::now();
                 Ok(())
             }
             None => Err(err(libc::ENODATA)),

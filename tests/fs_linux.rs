@@ -568,6 +568,8 @@ fn reads_update_access_times_as_the_mount_says() {
         t.write_file("f", 0, b"x").unwrap();
         let ino = t.resolve("f").unwrap();
         let read_moves_atime = || {
+            // Times come from a coarse clock: a moved one must differ from the last.
+            next_tick();
             let before = t.fs.getattr(ino).unwrap().atime;
             t.read_file("f").unwrap();
             t.fs.getattr(ino).unwrap().atime > before
@@ -584,6 +586,7 @@ fn reads_update_access_times_as_the_mount_says() {
         };
         assert_eq!([first, second, after_write], want, "{atime:?}");
         // A directory read counts as an access of the directory.
+        next_tick();
         let dir_before = t.fs.getattr(ROOT_INO).unwrap().atime;
         t.list("").unwrap();
         let dir_moved = t.fs.getattr(ROOT_INO).unwrap().atime > dir_before;
@@ -911,11 +914,11 @@ fn a_default_acl_is_inherited_and_overrules_the_umask() {
 fn the_birth_time_is_set_once_and_kept() {
     use std::time::{Duration, SystemTime};
     let t = TestFs::new(1, 8 << 20, 1 << 20);
-    let before = SystemTime::now();
+    let before = kernel_now();
     t.create("f").unwrap();
     let f = t.resolve("f").unwrap();
     let born = t.fs.getattr(f).unwrap().btime;
-    assert!(born >= before && born <= SystemTime::now());
+    assert!(born >= before && born <= kernel_now());
     let long_ago = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
     t.fs.setattr(
         f,
@@ -1065,4 +1068,68 @@ fn readdirplus_gives_attributes_and_counts_a_reference_per_entry_taken() {
     assert_eq!(dots, 2);
     t.fs.rmdir(d, b"e").unwrap();
     assert_eq!(t.fs.lookup(e, b".").unwrap_err().errno, libc::ENOENT);
+}
+
+/// The clock the kernel stamps a FUSE inode's times with (`current_time` of a file system
+/// without multigrain timestamps): CLOCK_REALTIME_COARSE.
+fn kernel_now() -> std::time::SystemTime {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`, which lives across the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    assert_eq!(rc, 0);
+    std::time::UNIX_EPOCH + std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Returns once the kernel's clock has moved on: a time taken after this differs from every
+/// time taken before (it waits for the clock, not for another thread).
+fn next_tick() {
+    let start = kernel_now();
+    while kernel_now() == start {
+        std::hint::spin_loop();
+    }
+}
+
+#[test]
+fn the_times_of_a_creation_are_one_stamp_of_the_kernels_clock() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    let d = t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+    for n in 0..20 {
+        let name = format!("f{n}");
+        let made = [
+            {
+                let (a, fh) =
+                    t.fs.create(d, name.as_bytes(), 0o644, libc::O_WRONLY, ME)
+                        .unwrap();
+                t.fs.release(fh);
+                a
+            },
+            t.fs.mkdir(d, format!("d{n}").as_bytes(), 0o755, ME)
+                .unwrap(),
+            t.fs.symlink(d, format!("l{n}").as_bytes(), b"x", ME)
+                .unwrap(),
+            {
+                let (a, fh) = t.fs.tmpfile(d, 0o600, libc::O_RDWR, ME).unwrap();
+                t.fs.release(fh);
+                a
+            },
+        ];
+        // What the kernel stamps next (a write through its cache, a touch) comes from its
+        // coarse clock: a birth time from a finer clock could read as later.
+        let kernel_next = kernel_now();
+        for a in made {
+            assert!(
+                a.btime <= kernel_next,
+                "{:?}: born {:?}, kernel clock after {:?}",
+                a.kind,
+                a.btime,
+                kernel_next
+            );
+            assert_eq!((a.atime, a.mtime, a.ctime), (a.btime, a.btime, a.btime));
+        }
+        let dir = t.fs.getattr(d).unwrap();
+        assert!(dir.mtime <= kernel_next && dir.ctime <= kernel_next);
+    }
 }
