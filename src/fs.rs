@@ -812,9 +812,11 @@ impl Fs {
         let ino = Self::dir(&meta, parent)?
             .get(name)
             .ok_or_else(|| err(libc::ENOENT))?;
-        Self::check_removable(Self::inode(&meta, ino)?, want_dir)?;
+        // The kernel's may_delete order: chattr flags refuse before the entry's kind or a
+        // directory's emptiness is looked at.
         check_mutable(Self::inode(&meta, parent)?)?;
         check_mutable(Self::inode(&meta, ino)?)?;
+        Self::check_removable(Self::inode(&meta, ino)?, want_dir)?;
         Self::dir_mut(&mut meta, parent)?.remove(name);
         Self::touch_dir(&mut meta, parent);
         if want_dir {
@@ -873,6 +875,11 @@ impl Fs {
             .get(name)
             .ok_or_else(|| err(libc::ENOENT))?;
         let dst = Self::dir(&meta, newparent)?.get(newname);
+        // The kernel refuses a taken name under RENAME_NOREPLACE at its lookup, before
+        // anything else.
+        if dst.is_some() && flags & RENAME_NOREPLACE != 0 {
+            return Err(err(libc::EEXIST));
+        }
         // Moving an entry deletes it from one directory and adds it to another: the
         // kernel's may_delete and may_create rules for chattr flags.
         check_mutable(Self::inode(&meta, parent)?)?;
@@ -916,9 +923,6 @@ impl Fs {
             return Ok(());
         }
         if let Some(dst) = dst {
-            if flags & RENAME_NOREPLACE != 0 {
-                return Err(err(libc::EEXIST));
-            }
             if dst == src {
                 return Ok(()); // two names of one file: nothing to do
             }

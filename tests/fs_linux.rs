@@ -1093,6 +1093,92 @@ fn next_tick() {
 }
 
 #[test]
+fn chattr_flags_on_a_directory_refuse_entry_changes_before_other_errors() {
+    use rmemfs::fs::{FS_APPEND_FL, FS_IMMUTABLE_FL, RENAME_NOREPLACE};
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    let errno = |r: rmemfs::error::Result<()>| r.map_err(|e| e.errno);
+    let made = |r: rmemfs::error::Result<rmemfs::fs::Attr>| r.map(|_| ()).map_err(|e| e.errno);
+    for (dir, flag) in [("imm", FS_IMMUTABLE_FL), ("log", FS_APPEND_FL)] {
+        let d = t.fs.mkdir(ROOT_INO, dir.as_bytes(), 0o755, ME).unwrap().ino;
+        t.fs.mkdir(d, b"full", 0o755, ME).unwrap();
+        t.create(&format!("{dir}/full/x")).unwrap();
+        t.fs.mkdir(d, b"empty", 0o755, ME).unwrap();
+        t.create(&format!("{dir}/f")).unwrap();
+        t.create(&format!("{dir}/g")).unwrap();
+        t.create(&format!("out-{dir}")).unwrap();
+        let f = t.resolve(&format!("{dir}/f")).unwrap();
+        t.fs.set_flags(d, flag).unwrap();
+        // Removing an entry: EPERM before the directory's emptiness is looked at (the
+        // kernel's may_delete runs before the file system's rmdir).
+        assert_eq!(errno(t.fs.rmdir(d, b"empty")), Err(libc::EPERM), "{dir}");
+        assert_eq!(errno(t.fs.rmdir(d, b"full")), Err(libc::EPERM), "{dir}");
+        assert_eq!(errno(t.fs.unlink(d, b"f")), Err(libc::EPERM), "{dir}");
+        let out = format!("out-{dir}");
+        for (from, name, to, new) in [
+            (d, &b"f"[..], ROOT_INO, &b"moved"[..]),
+            (d, b"f", d, b"renamed"),
+            (d, b"full", ROOT_INO, b"moved"),
+        ] {
+            let r = t.fs.rename(from, name, to, new, 0, ME);
+            assert_eq!(errno(r), Err(libc::EPERM), "{dir}: rename out");
+        }
+        // A name that exists answers EEXIST first, as the kernel's lookups do.
+        assert_eq!(
+            errno(t.fs.rename(ROOT_INO, out.as_bytes(), d, b"g", RENAME_NOREPLACE, ME)),
+            Err(libc::EEXIST),
+            "{dir}"
+        );
+        assert_eq!(
+            made(t.fs.mkdir(d, b"empty", 0o755, ME)),
+            Err(libc::EEXIST),
+            "{dir}"
+        );
+        // Replacing an entry removes one.
+        assert_eq!(
+            errno(t.fs.rename(ROOT_INO, out.as_bytes(), d, b"g", 0, ME)),
+            Err(libc::EPERM),
+            "{dir}"
+        );
+        let (new_file, new_dir, new_link) = (
+            t.create(&format!("{dir}/new")),
+            made(t.fs.mkdir(d, b"newdir", 0o755, ME)),
+            made(t.fs.link(t.resolve(&out).unwrap(), d, b"hard")),
+        );
+        let tmp = t.fs.tmpfile(d, 0o600, libc::O_RDWR, ME).map(|(_, fh)| fh);
+        if flag == FS_IMMUTABLE_FL {
+            // No new entries at all.
+            assert_eq!(new_file, Err(libc::EPERM));
+            assert_eq!(new_dir, Err(libc::EPERM));
+            assert_eq!(new_link, Err(libc::EPERM));
+            assert_eq!(made(t.fs.symlink(d, b"sym", b"f", ME)), Err(libc::EPERM));
+            assert_eq!(
+                made(t.fs.mknod(d, b"fifo", libc::S_IFIFO | 0o600, 0, ME)),
+                Err(libc::EPERM)
+            );
+            assert_eq!(tmp.map_err(|e| e.errno), Err(libc::EPERM));
+            assert_eq!(
+                errno(t.fs.rename(ROOT_INO, out.as_bytes(), d, b"in", 0, ME)),
+                Err(libc::EPERM)
+            );
+        } else {
+            // An append-only directory takes new entries, moved ones too.
+            assert_eq!((new_file, new_dir, new_link), (Ok(()), Ok(()), Ok(())));
+            t.fs.release(tmp.unwrap());
+            t.fs.rename(ROOT_INO, out.as_bytes(), d, b"in", 0, ME)
+                .unwrap();
+        }
+        // The directory itself: an immutable or append-only directory is not removed,
+        // whatever it holds.
+        assert_eq!(
+            errno(t.fs.rmdir(ROOT_INO, dir.as_bytes())),
+            Err(libc::EPERM),
+            "{dir}"
+        );
+        assert_eq!(t.fs.getattr(f).unwrap().nlink, 1);
+    }
+}
+
+#[test]
 fn the_times_of_a_creation_are_one_stamp_of_the_kernels_clock() {
     let t = TestFs::new(1, 8 << 20, 1 << 20);
     let d = t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
