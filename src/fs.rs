@@ -125,6 +125,10 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub atime: Option<SetTime>,
     pub mtime: Option<SetTime>,
+    /// The change time the kernel gives (it keeps a regular file's mtime and ctime itself
+    /// under the writeback cache, and sends both when it sets or writes back times); none:
+    /// the time of this call.
+    pub ctime: Option<SystemTime>,
 }
 
 /// One `readdir` entry.
@@ -279,8 +283,9 @@ pub struct Fs {
     meta: Mutex<Meta>,
     data: DataStore,
     handles: Mutex<HashMap<u64, Handle>>,
-    /// Told of attribute changes the kernel did not ask for (set-ID bits a write drops), so
-    /// it can forget its cached copy (the FUSE adapter sends an invalidation).
+    /// Told of attribute changes the kernel did not ask for (set-ID bits a write drops, the
+    /// ctime an inode-flag ioctl moves), so it can forget its cached copy (the FUSE adapter
+    /// sends an invalidation).
     attr_changed: std::sync::OnceLock<AttrChanged>,
     /// Requests the FUSE adapter answered, per operation (`stats`).
     requests: crate::requests::RequestStats,
@@ -552,17 +557,22 @@ impl Fs {
             let i = Self::inode(&meta, ino)?;
             // The kernel's notify_change rules: an immutable or append-only inode keeps its
             // mode, owner, size and explicit times; only "touch to now" passes for times.
-            let explicit = |t: Option<SetTime>| matches!(t, Some(SetTime::At(_)));
+            // Under the writeback cache the kernel sends its own "now" as the mtime, with
+            // the same time as the ctime (an explicit mtime comes with a ctime of now).
+            let explicit = |t: Option<SetTime>| match t {
+                Some(SetTime::At(t)) => set.ctime != Some(t),
+                _ => false,
+            };
             if set.mode.is_some()
                 || set.uid.is_some()
                 || set.gid.is_some()
                 || set.size.is_some()
-                || explicit(set.atime)
+                || matches!(set.atime, Some(SetTime::At(_)))
                 || explicit(set.mtime)
             {
                 check_mutable(i)?;
             }
-            if set.atime.is_some() || set.mtime.is_some() {
+            if set.atime.is_some() || set.mtime.is_some() || set.ctime.is_some() {
                 check_not_immutable(i)?;
             }
         }
@@ -614,7 +624,7 @@ impl Fs {
         if let Some(t) = set.mtime {
             i.mtime = pick(t);
         }
-        i.ctime = now;
+        i.ctime = set.ctime.unwrap_or(now);
         let attr = attr_of(ino, i);
         drop(meta);
         if set.size.is_some() && set.mode.is_none() && attr.kind == Kind::File {
@@ -1324,9 +1334,14 @@ impl Fs {
         }
         let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
-        if i.flags != flags {
-            i.flags = flags;
-            i.ctime = SystemTime::now();
+        // A change of inode, even to the same flags (as on tmpfs and ext4).
+        i.flags = flags;
+        i.ctime = crate::meta::now();
+        drop(meta);
+        // The kernel keeps no flags of a FUSE inode and does not refresh its cached
+        // attributes after the ioctl: have it forget them, or stat shows the old ctime.
+        if let Some(tell) = self.attr_changed.get() {
+            tell(ino);
         }
         Ok(())
     }

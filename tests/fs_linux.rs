@@ -1179,6 +1179,112 @@ fn chattr_flags_on_a_directory_refuse_entry_changes_before_other_errors() {
 }
 
 #[test]
+fn touching_an_append_only_file_to_now_is_allowed_and_explicit_times_are_not() {
+    use rmemfs::fs::{FS_APPEND_FL, FS_IMMUTABLE_FL};
+    use std::time::{Duration, UNIX_EPOCH};
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    t.create("f").unwrap();
+    chown(&t, "f", 1000, 1000);
+    let f = t.resolve("f").unwrap();
+    let past = UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let setattr = |set: SetAttr| t.fs.setattr(f, &set, USER).map(|_| ()).map_err(|e| e.errno);
+    // utime(path, NULL): both times to now. Without the writeback cache the kernel says
+    // "now" outright; with it (a regular file's times are the kernel's then) it sends its own
+    // current time as the new mtime and the same time as the new ctime; and writing back a
+    // written file's times sends mtime and ctime, both from that write.
+    let touches = || {
+        let k = kernel_now();
+        [
+            SetAttr {
+                atime: Some(SetTime::Now),
+                mtime: Some(SetTime::Now),
+                ..Default::default()
+            },
+            SetAttr {
+                atime: Some(SetTime::Now),
+                mtime: Some(SetTime::At(k)),
+                ctime: Some(k),
+                ..Default::default()
+            },
+            SetAttr {
+                mtime: Some(SetTime::At(k)),
+                ctime: Some(k),
+                ..Default::default()
+            },
+        ]
+    };
+    let explicit = || {
+        let k = kernel_now();
+        [
+            SetAttr {
+                atime: Some(SetTime::At(past)),
+                ..Default::default()
+            },
+            SetAttr {
+                atime: Some(SetTime::Now),
+                mtime: Some(SetTime::At(past)),
+                ctime: Some(k),
+                ..Default::default()
+            },
+            SetAttr {
+                atime: Some(SetTime::At(past)),
+                mtime: Some(SetTime::At(past)),
+                ctime: Some(k),
+                ..Default::default()
+            },
+        ]
+    };
+    t.fs.set_flags(f, FS_APPEND_FL).unwrap();
+    for (n, set) in touches().into_iter().enumerate() {
+        assert_eq!(setattr(set), Ok(()), "append-only, touch {n}");
+    }
+    for (n, set) in explicit().into_iter().enumerate() {
+        assert_eq!(setattr(set), Err(libc::EPERM), "append-only, explicit {n}");
+    }
+    t.fs.set_flags(f, FS_IMMUTABLE_FL).unwrap();
+    for (n, set) in touches().into_iter().chain(explicit()).enumerate() {
+        assert_eq!(setattr(set), Err(libc::EPERM), "immutable, {n}");
+    }
+}
+
+#[test]
+fn chattr_changes_the_ctime_and_tells_the_kernel() {
+    use rmemfs::fs::FS_NODUMP_FL;
+    use std::time::{Duration, UNIX_EPOCH};
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    let told = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = told.clone();
+    t.fs.on_attr_changed(Box::new(move |ino| log.lock().unwrap().push(ino)));
+    t.create("f").unwrap();
+    let f = t.resolve("f").unwrap();
+    let long_ago = UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let age = || {
+        t.fs.setattr(
+            f,
+            &SetAttr {
+                ctime: Some(long_ago),
+                ..Default::default()
+            },
+            ME,
+        )
+        .unwrap();
+        assert_eq!(t.fs.getattr(f).unwrap().ctime, long_ago);
+    };
+    // The kernel keeps no inode flags for FUSE and does not refresh its cached attributes
+    // after the ioctl: the file system must tell it that the ctime moved.
+    for flags in [FS_NODUMP_FL, FS_NODUMP_FL, 0] {
+        age();
+        told.lock().unwrap().clear();
+        t.fs.set_flags(f, flags).unwrap();
+        assert!(
+            t.fs.getattr(f).unwrap().ctime > long_ago,
+            "flags {flags:#x}"
+        );
+        assert_eq!(*told.lock().unwrap(), [f], "flags {flags:#x}");
+    }
+}
+
+#[test]
 fn the_times_of_a_creation_are_one_stamp_of_the_kernels_clock() {
     let t = TestFs::new(1, 8 << 20, 1 << 20);
     let d = t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
