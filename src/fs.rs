@@ -597,6 +597,12 @@ impl Fs {
         }
         if let Some(mode) = set.mode {
             i.perm = (mode & 0o7777) as u16;
+            // The kernel's setattr_prepare: set-group-ID is kept only by a member of the
+            // (new) group or a caller with CAP_FSETID, on files and directories alike.
+            let group = set.gid.unwrap_or(i.gid);
+            if i.perm & S_ISGID != 0 && !caller.privileged() && !caller.in_group(group) {
+                i.perm &= !S_ISGID;
+            }
             // chmod moves the access ACL's owner, mask and other entries with it.
             if let Some(x) = i.xattrs.as_mut() {
                 if let Some(v) = x.get_mut(crate::acl::ACCESS_XATTR) {

@@ -1285,6 +1285,53 @@ fn chattr_changes_the_ctime_and_tells_the_kernel() {
 }
 
 #[test]
+fn chmod_by_an_owner_outside_the_group_drops_set_group_id() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    let mode = |n: u32| SetAttr {
+        mode: Some(n),
+        ..Default::default()
+    };
+    let member = Caller { gid: 4242, ..USER };
+    for dir in [false, true] {
+        // (file group, caller, requested mode, resulting mode)
+        for (n, (group, who, want)) in [
+            (4242, USER, 0o755),
+            (1000, USER, 0o2755),
+            (4242, member, 0o2755),
+            (4242, ME, 0o2755),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let name = format!("x{n}{dir}");
+            if dir {
+                t.fs.mkdir(ROOT_INO, name.as_bytes(), 0o755, ME).unwrap();
+            } else {
+                t.create(&name).unwrap();
+            }
+            chown(&t, &name, 1000, group);
+            let ino = t.resolve(&name).unwrap();
+            let got = t.fs.setattr(ino, &mode(0o2755), who).unwrap().perm;
+            assert_eq!(
+                got, want,
+                "dir {dir}, group {group}, caller gid {}",
+                who.gid
+            );
+            assert_eq!(t.fs.getattr(ino).unwrap().perm, want);
+        }
+    }
+    // With the group changed in the same call, the new group is the one that counts.
+    t.create("g").unwrap();
+    chown(&t, "g", 1000, 1000);
+    let g = t.resolve("g").unwrap();
+    let both = SetAttr {
+        gid: Some(4242),
+        ..mode(0o2755)
+    };
+    assert_eq!(t.fs.setattr(g, &both, USER).unwrap().perm, 0o755);
+}
+
+#[test]
 fn the_times_of_a_creation_are_one_stamp_of_the_kernels_clock() {
     let t = TestFs::new(1, 8 << 20, 1 << 20);
     let d = t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
