@@ -240,9 +240,17 @@ impl Atime {
             Atime::Never => false,
             Atime::Strict => true,
             Atime::Relative => {
+                // The kernel's relatime_need_update, which counts a day in whole seconds.
+                let secs = |t: SystemTime| match t.duration_since(SystemTime::UNIX_EPOCH) {
+                    Ok(d) => d.as_secs() as i128,
+                    Err(e) => {
+                        let d = e.duration();
+                        -(d.as_secs() as i128) - i128::from(d.subsec_nanos() > 0)
+                    }
+                };
                 i.atime <= i.mtime
                     || i.atime <= i.ctime
-                    || now.duration_since(i.atime).is_ok_and(|age| age >= DAY)
+                    || secs(now) - secs(i.atime) >= DAY.as_secs() as i128
             }
         }
     }
@@ -674,11 +682,28 @@ impl Fs {
         Ok(())
     }
 
+    /// Reads a symlink, an access of it (the kernel asks again each time it follows the link
+    /// and leaves the access time to the file system).
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        let meta = self.meta.lock();
-        match &Self::inode(&meta, ino)?.body {
-            Body::Symlink(t) => Ok(t.to_vec()),
-            _ => Err(err(libc::EINVAL)),
+        let mut meta = self.meta.lock();
+        let i = Self::inode_mut(&mut meta, ino)?;
+        let target = match &i.body {
+            Body::Symlink(t) => t.to_vec(),
+            _ => return Err(err(libc::EINVAL)),
+        };
+        self.accessed(i);
+        Ok(target)
+    }
+
+    /// An access of `i` (a read, a directory read, a symlink read): its access time moves
+    /// as the mount says, unless the mount is read-only or the inode is `chattr +A`.
+    fn accessed(&self, i: &mut Inode) {
+        if self.config.read_only || i.flags & FS_NOATIME_FL != 0 {
+            return;
+        }
+        let now = crate::meta::now();
+        if self.config.atime.due(i, now) {
+            i.atime = now;
         }
     }
 
@@ -1116,10 +1141,7 @@ impl Fs {
         let file_size = {
             let mut meta = self.meta.lock();
             let i = Self::inode_mut(&mut meta, ino)?;
-            let now = SystemTime::now();
-            if i.flags & FS_NOATIME_FL == 0 && self.config.atime.due(i, now) {
-                i.atime = now;
-            }
+            self.accessed(i);
             i.size
         };
         if offset >= file_size {
@@ -1556,11 +1578,7 @@ impl Fs {
         };
         let mut meta = self.meta.lock();
         if offset == 0 && self.config.dir_atime {
-            let i = Self::inode_mut(&mut meta, ino)?;
-            let now = SystemTime::now();
-            if self.config.atime.due(i, now) {
-                i.atime = now;
-            }
+            self.accessed(Self::inode_mut(&mut meta, ino)?);
         }
         let dir = Self::dir(&meta, ino)?;
         let listing = match listing {

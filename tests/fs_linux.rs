@@ -1372,3 +1372,126 @@ fn the_times_of_a_creation_are_one_stamp_of_the_kernels_clock() {
         assert!(dir.mtime <= kernel_next && dir.ctime <= kernel_next);
     }
 }
+
+#[test]
+fn relatime_updates_an_access_time_as_the_kernel_does() {
+    use rmemfs::fs::{Atime, FsConfig, FS_NOATIME_FL};
+    use std::time::Duration;
+    const HOUR: Duration = Duration::from_secs(3600);
+    let t = TestFs::with_config(FsConfig {
+        atime: Atime::Relative,
+        dir_atime: true,
+        ..FsConfig::default()
+    });
+    t.create("f").unwrap();
+    t.write_file("f", 0, b"data").unwrap();
+    t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap();
+    t.fs.symlink(ROOT_INO, b"l", b"f", ME).unwrap();
+    // Sets (atime, mtime, ctime) of `path`.
+    let set = |path: &str, a, m, c| {
+        let ino = t.resolve(path).unwrap();
+        t.fs.setattr(
+            ino,
+            &SetAttr {
+                atime: Some(SetTime::At(a)),
+                mtime: Some(SetTime::At(m)),
+                ctime: Some(c),
+                ..Default::default()
+            },
+            ME,
+        )
+        .unwrap();
+        ino
+    };
+    let now = kernel_now();
+    let ago = |d: Duration| now - d;
+    // A day is counted in whole seconds, as the kernel does: an access time in the last
+    // fraction of the second a day ago is a day old.
+    let secs = now.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let day_ago_late = std::time::UNIX_EPOCH + Duration::new(secs - 86_400, 999_999_999);
+    let cases = [
+        (
+            ago(2 * HOUR),
+            ago(HOUR),
+            ago(3 * HOUR),
+            true,
+            "atime before mtime",
+        ),
+        (ago(HOUR), ago(HOUR), ago(3 * HOUR), true, "atime at mtime"),
+        (
+            ago(2 * HOUR),
+            ago(3 * HOUR),
+            ago(HOUR),
+            true,
+            "atime before ctime",
+        ),
+        (ago(HOUR), ago(3 * HOUR), ago(HOUR), true, "atime at ctime"),
+        (
+            ago(HOUR),
+            ago(2 * HOUR),
+            ago(2 * HOUR),
+            false,
+            "atime after both",
+        ),
+        (
+            ago(25 * HOUR),
+            ago(26 * HOUR),
+            ago(26 * HOUR),
+            true,
+            "a day old",
+        ),
+        (
+            day_ago_late,
+            ago(26 * HOUR),
+            ago(26 * HOUR),
+            true,
+            "a day in seconds",
+        ),
+    ];
+    type Access<'a> = Box<dyn Fn() + 'a>;
+    let accesses: [(&str, Access); 3] = [
+        ("f", Box::new(|| drop(t.read_file("f").unwrap()))),
+        ("d", Box::new(|| drop(t.list("d").unwrap()))),
+        (
+            "l",
+            Box::new(|| drop(t.fs.readlink(t.resolve("l").unwrap()).unwrap())),
+        ),
+    ];
+    for (path, access) in &accesses {
+        for (a, m, c, moves, why) in cases {
+            let ino = set(path, a, m, c);
+            access();
+            let after = t.fs.getattr(ino).unwrap();
+            assert_eq!(after.atime != a, moves, "{path}: {why}");
+            assert_eq!(
+                (after.mtime, after.ctime),
+                (m, c),
+                "{path}: {why}: only atime"
+            );
+        }
+        // chattr +A: never, on a directory as on a file.
+        let ino = set(path, ago(2 * HOUR), ago(HOUR), ago(HOUR));
+        if *path != "l" {
+            t.fs.set_flags(ino, FS_NOATIME_FL).unwrap();
+            let ino = set(path, ago(2 * HOUR), ago(HOUR), ago(HOUR));
+            access();
+            assert_eq!(
+                t.fs.getattr(ino).unwrap().atime,
+                ago(2 * HOUR),
+                "{path}: +A"
+            );
+            t.fs.set_flags(ino, 0).unwrap();
+        }
+    }
+    // A read-only mount changes no access time.
+    let ro = TestFs::with_config(FsConfig {
+        atime: Atime::Strict,
+        dir_atime: true,
+        read_only: true,
+        ..FsConfig::default()
+    });
+    let before = ro.fs.getattr(ROOT_INO).unwrap().atime;
+    next_tick();
+    ro.list("").unwrap();
+    assert_eq!(ro.fs.getattr(ROOT_INO).unwrap().atime, before, "read-only");
+}
