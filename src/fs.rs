@@ -125,6 +125,10 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub atime: Option<SetTime>,
     pub mtime: Option<SetTime>,
+    /// The change time the kernel gives (it keeps a regular file's mtime and ctime itself
+    /// under the writeback cache, and sends both when it sets or writes back times); none:
+    /// the time of this call.
+    pub ctime: Option<SystemTime>,
 }
 
 /// One `readdir` entry.
@@ -240,9 +244,17 @@ impl Atime {
             Atime::Never => false,
             Atime::Strict => true,
             Atime::Relative => {
+                // The kernel's relatime_need_update, which counts a day in whole seconds.
+                let secs = |t: SystemTime| match t.duration_since(SystemTime::UNIX_EPOCH) {
+                    Ok(d) => d.as_secs() as i128,
+                    Err(e) => {
+                        let d = e.duration();
+                        -(d.as_secs() as i128) - i128::from(d.subsec_nanos() > 0)
+                    }
+                };
                 i.atime <= i.mtime
                     || i.atime <= i.ctime
-                    || now.duration_since(i.atime).is_ok_and(|age| age >= DAY)
+                    || secs(now) - secs(i.atime) >= DAY.as_secs() as i128
             }
         }
     }
@@ -283,8 +295,9 @@ pub struct Fs {
     meta: Mutex<Meta>,
     data: DataStore,
     handles: Mutex<HashMap<u64, Handle>>,
-    /// Told of attribute changes the kernel did not ask for (set-ID bits a write drops), so
-    /// it can forget its cached copy (the FUSE adapter sends an invalidation).
+    /// Told of attribute changes the kernel did not ask for (set-ID bits a write drops, the
+    /// ctime an inode-flag ioctl moves), so it can forget its cached copy (the FUSE adapter
+    /// sends an invalidation).
     attr_changed: std::sync::OnceLock<AttrChanged>,
     /// Requests the FUSE adapter answered, per operation (`stats`).
     requests: crate::requests::RequestStats,
@@ -346,7 +359,7 @@ fn attr_of(ino: Ino, i: &Inode) -> Attr {
 }
 
 fn new_inode(kind: Kind, perm: u16, caller: Caller, body: Body) -> Inode {
-    let now = SystemTime::now();
+    let now = crate::meta::now();
     Inode {
         kind,
         perm,
@@ -482,7 +495,7 @@ impl Fs {
 
     fn touch_dir(meta: &mut Meta, ino: Ino) {
         if let Some(i) = meta.get_mut(ino) {
-            let now = SystemTime::now();
+            let now = crate::meta::now();
             i.mtime = now;
             i.ctime = now;
         }
@@ -556,17 +569,22 @@ impl Fs {
             let i = Self::inode(&meta, ino)?;
             // The kernel's notify_change rules: an immutable or append-only inode keeps its
             // mode, owner, size and explicit times; only "touch to now" passes for times.
-            let explicit = |t: Option<SetTime>| matches!(t, Some(SetTime::At(_)));
+            // Under the writeback cache the kernel sends its own "now" as the mtime, with
+            // the same time as the ctime (an explicit mtime comes with a ctime of now).
+            let explicit = |t: Option<SetTime>| match t {
+                Some(SetTime::At(t)) => set.ctime != Some(t),
+                _ => false,
+            };
             if set.mode.is_some()
                 || set.uid.is_some()
                 || set.gid.is_some()
                 || set.size.is_some()
-                || explicit(set.atime)
+                || matches!(set.atime, Some(SetTime::At(_)))
                 || explicit(set.mtime)
             {
                 check_mutable(i)?;
             }
-            if set.atime.is_some() || set.mtime.is_some() {
+            if set.atime.is_some() || set.mtime.is_some() || set.ctime.is_some() {
                 check_not_immutable(i)?;
             }
         }
@@ -575,7 +593,7 @@ impl Fs {
         }
         let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
-        let now = SystemTime::now();
+        let now = crate::meta::now();
         let mut acl_changed = false;
         let mut killed = false;
         if (set.uid.is_some() || set.gid.is_some()) && i.kind != Kind::Dir && set.mode.is_none() {
@@ -591,6 +609,12 @@ impl Fs {
         }
         if let Some(mode) = set.mode {
             i.perm = (mode & 0o7777) as u16;
+            // The kernel's setattr_prepare: set-group-ID is kept only by a member of the
+            // (new) group or a caller with CAP_FSETID, on files and directories alike.
+            let group = set.gid.unwrap_or(i.gid);
+            if i.perm & S_ISGID != 0 && !caller.privileged() && !caller.in_group(group) {
+                i.perm &= !S_ISGID;
+            }
             // chmod moves the access ACL's owner, mask and other entries with it.
             if let Some(x) = i.xattrs.as_mut() {
                 if let Some(v) = x.get_mut(crate::acl::ACCESS_XATTR) {
@@ -618,7 +642,7 @@ impl Fs {
         if let Some(t) = set.mtime {
             i.mtime = pick(t);
         }
-        i.ctime = now;
+        i.ctime = set.ctime.unwrap_or(now);
         let attr = attr_of(ino, i);
         drop(meta);
         if set.size.is_some() && set.mode.is_none() && attr.kind == Kind::File {
@@ -656,17 +680,34 @@ impl Fs {
         let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
         i.size = size;
-        let now = SystemTime::now();
+        let now = crate::meta::now();
         i.mtime = now;
         i.ctime = now;
         Ok(())
     }
 
+    /// Reads a symlink, an access of it (the kernel asks again each time it follows the link
+    /// and leaves the access time to the file system).
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        let meta = self.meta.lock();
-        match &Self::inode(&meta, ino)?.body {
-            Body::Symlink(t) => Ok(t.to_vec()),
-            _ => Err(err(libc::EINVAL)),
+        let mut meta = self.meta.lock();
+        let i = Self::inode_mut(&mut meta, ino)?;
+        let target = match &i.body {
+            Body::Symlink(t) => t.to_vec(),
+            _ => return Err(err(libc::EINVAL)),
+        };
+        self.accessed(i);
+        Ok(target)
+    }
+
+    /// An access of `i` (a read, a directory read, a symlink read): its access time moves
+    /// as the mount says, unless the mount is read-only or the inode is `chattr +A`.
+    fn accessed(&self, i: &mut Inode) {
+        if self.config.read_only || i.flags & FS_NOATIME_FL != 0 {
+            return;
+        }
+        let now = crate::meta::now();
+        if self.config.atime.due(i, now) {
+            i.atime = now;
         }
     }
 
@@ -792,7 +833,7 @@ impl Fs {
         i.tmpfile = false;
         i.nlink += 1;
         i.lookups += 1;
-        i.ctime = SystemTime::now();
+        i.ctime = crate::meta::now();
         Ok(attr_of(ino, i))
     }
 
@@ -816,9 +857,11 @@ impl Fs {
         let ino = Self::dir(&meta, parent)?
             .get(name)
             .ok_or_else(|| err(libc::ENOENT))?;
-        Self::check_removable(Self::inode(&meta, ino)?, want_dir)?;
+        // The kernel's may_delete order: chattr flags refuse before the entry's kind or a
+        // directory's emptiness is looked at.
         check_mutable(Self::inode(&meta, parent)?)?;
         check_mutable(Self::inode(&meta, ino)?)?;
+        Self::check_removable(Self::inode(&meta, ino)?, want_dir)?;
         Self::dir_mut(&mut meta, parent)?.remove(name);
         Self::touch_dir(&mut meta, parent);
         if want_dir {
@@ -826,7 +869,7 @@ impl Fs {
         }
         let i = Self::inode_mut(&mut meta, ino)?;
         i.nlink = if want_dir { 0 } else { i.nlink - 1 };
-        i.ctime = SystemTime::now();
+        i.ctime = crate::meta::now();
         self.settle(meta, ino);
         Ok(())
     }
@@ -877,6 +920,11 @@ impl Fs {
             .get(name)
             .ok_or_else(|| err(libc::ENOENT))?;
         let dst = Self::dir(&meta, newparent)?.get(newname);
+        // The kernel refuses a taken name under RENAME_NOREPLACE at its lookup, before
+        // anything else.
+        if dst.is_some() && flags & RENAME_NOREPLACE != 0 {
+            return Err(err(libc::EEXIST));
+        }
         // Moving an entry deletes it from one directory and adds it to another: the
         // kernel's may_delete and may_create rules for chattr flags.
         check_mutable(Self::inode(&meta, parent)?)?;
@@ -911,7 +959,7 @@ impl Fs {
                     }
                 }
             }
-            let now = SystemTime::now();
+            let now = crate::meta::now();
             for ino in [src, dst] {
                 Self::inode_mut(&mut meta, ino)?.ctime = now;
             }
@@ -920,9 +968,6 @@ impl Fs {
             return Ok(());
         }
         if let Some(dst) = dst {
-            if flags & RENAME_NOREPLACE != 0 {
-                return Err(err(libc::EEXIST));
-            }
             if dst == src {
                 return Ok(()); // two names of one file: nothing to do
             }
@@ -943,7 +988,7 @@ impl Fs {
             Self::inode_mut(&mut meta, parent)?.nlink -= 1;
             Self::inode_mut(&mut meta, newparent)?.nlink += 1;
         }
-        let now = SystemTime::now();
+        let now = crate::meta::now();
         Self::inode_mut(&mut meta, src)?.ctime = now;
         Self::touch_dir(&mut meta, parent);
         Self::touch_dir(&mut meta, newparent);
@@ -1100,10 +1145,7 @@ impl Fs {
         let file_size = {
             let mut meta = self.meta.lock();
             let i = Self::inode_mut(&mut meta, ino)?;
-            let now = SystemTime::now();
-            if i.flags & FS_NOATIME_FL == 0 && self.config.atime.due(i, now) {
-                i.atime = now;
-            }
+            self.accessed(i);
             i.size
         };
         if offset >= file_size {
@@ -1184,7 +1226,7 @@ impl Fs {
         let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
         i.size = i.size.max(end);
-        let now = SystemTime::now();
+        let now = crate::meta::now();
         i.mtime = now;
         i.ctime = now;
         let set_id = i.perm & (S_ISUID | S_ISGID) != 0;
@@ -1217,7 +1259,7 @@ impl Fs {
                 let mut meta = self.meta.lock();
                 let i = Self::inode_mut(&mut meta, ino)?;
                 i.perm &= !bits;
-                i.ctime = SystemTime::now();
+                i.ctime = crate::meta::now();
             }
             if let Some(tell) = self.attr_changed.get() {
                 tell(ino);
@@ -1324,9 +1366,14 @@ impl Fs {
         }
         let mut meta = self.meta.lock();
         let i = Self::inode_mut(&mut meta, ino)?;
-        if i.flags != flags {
-            i.flags = flags;
-            i.ctime = SystemTime::now();
+        // A change of inode, even to the same flags (as on tmpfs and ext4).
+        i.flags = flags;
+        i.ctime = crate::meta::now();
+        drop(meta);
+        // The kernel keeps no flags of a FUSE inode and does not refresh its cached
+        // attributes after the ioctl: have it forget them, or stat shows the old ctime.
+        if let Some(tell) = self.attr_changed.get() {
+            tell(ino);
         }
         Ok(())
     }
@@ -1457,7 +1504,7 @@ impl Fs {
         {
             let mut meta = self.meta.lock();
             let i = Self::inode_mut(&mut meta, ino)?;
-            let now = SystemTime::now();
+            let now = crate::meta::now();
             if new_size != i.size {
                 i.size = new_size;
                 i.ctime = now;
@@ -1535,11 +1582,7 @@ impl Fs {
         };
         let mut meta = self.meta.lock();
         if offset == 0 && self.config.dir_atime {
-            let i = Self::inode_mut(&mut meta, ino)?;
-            let now = SystemTime::now();
-            if self.config.atime.due(i, now) {
-                i.atime = now;
-            }
+            self.accessed(Self::inode_mut(&mut meta, ino)?);
         }
         let dir = Self::dir(&meta, ino)?;
         let listing = match listing {
@@ -1746,7 +1789,7 @@ impl Fs {
             // The mode follows the ACL; an ACL the mode says all of is not kept.
             let acl = crate::acl::Acl::parse(value)?;
             i.perm = (i.perm & !0o777) | acl.mode_bits();
-            i.ctime = SystemTime::now();
+            i.ctime = crate::meta::now();
             if acl.is_minimal() {
                 if let Some(x) = i.xattrs.as_mut() {
                     x.remove(name);
@@ -1770,7 +1813,7 @@ impl Fs {
             return Err(err(libc::ENODATA));
         }
         map.insert(name.into(), value.into());
-        i.ctime = SystemTime::now();
+        i.ctime = crate::meta::now();
         Ok(())
     }
 
@@ -1816,7 +1859,7 @@ impl Fs {
         }
         match removed {
             Some(_) => {
-                i.ctime = SystemTime::now();
+                i.ctime = crate::meta::now();
                 Ok(())
             }
             None => Err(err(libc::ENODATA)),

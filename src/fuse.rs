@@ -387,7 +387,7 @@ impl Filesystem for FuseFs {
         size: Option<u64>,
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
+        ctime: Option<SystemTime>,
         _fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
@@ -403,6 +403,7 @@ impl Filesystem for FuseFs {
                 size,
                 atime: atime.map(set_time),
                 mtime: mtime.map(set_time),
+                ctime,
             };
             match self.fs.setattr(ino.0, &set, caller(req)) {
                 Ok(a) => reply.attr(&TTL, &file_attr(&a)),

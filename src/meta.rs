@@ -310,6 +310,24 @@ impl Inode {
     }
 }
 
+/// The time stamped on inodes: the clock the kernel stamps a FUSE inode's times with
+/// (CLOCK_REALTIME_COARSE, the `current_time` of a file system without multigrain
+/// timestamps). Under the writeback cache the kernel sets a file's mtime and ctime itself,
+/// from that clock; a finer one here would give times (a birth time) that read as later
+/// than the kernel's that follow them.
+pub fn now() -> SystemTime {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`, which lives across the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    match (rc, u64::try_from(ts.tv_sec)) {
+        (0, Ok(secs)) => SystemTime::UNIX_EPOCH + std::time::Duration::new(secs, ts.tv_nsec as u32),
+        _ => SystemTime::now(),
+    }
+}
+
 /// The inode table.
 #[derive(Debug)]
 pub struct Meta {
@@ -320,7 +338,7 @@ pub struct Meta {
 impl Meta {
     /// A table holding just the root directory.
     pub fn new(root_perm: u16, uid: u32, gid: u32) -> Meta {
-        let now = SystemTime::now();
+        let now = now();
         let mut inodes = HashMap::new();
         inodes.insert(
             ROOT_INO,

@@ -568,6 +568,8 @@ fn reads_update_access_times_as_the_mount_says() {
         t.write_file("f", 0, b"x").unwrap();
         let ino = t.resolve("f").unwrap();
         let read_moves_atime = || {
+            // Times come from a coarse clock: a moved one must differ from the last.
+            next_tick();
             let before = t.fs.getattr(ino).unwrap().atime;
             t.read_file("f").unwrap();
             t.fs.getattr(ino).unwrap().atime > before
@@ -584,6 +586,7 @@ fn reads_update_access_times_as_the_mount_says() {
         };
         assert_eq!([first, second, after_write], want, "{atime:?}");
         // A directory read counts as an access of the directory.
+        next_tick();
         let dir_before = t.fs.getattr(ROOT_INO).unwrap().atime;
         t.list("").unwrap();
         let dir_moved = t.fs.getattr(ROOT_INO).unwrap().atime > dir_before;
@@ -911,11 +914,11 @@ fn a_default_acl_is_inherited_and_overrules_the_umask() {
 fn the_birth_time_is_set_once_and_kept() {
     use std::time::{Duration, SystemTime};
     let t = TestFs::new(1, 8 << 20, 1 << 20);
-    let before = SystemTime::now();
+    let before = kernel_now();
     t.create("f").unwrap();
     let f = t.resolve("f").unwrap();
     let born = t.fs.getattr(f).unwrap().btime;
-    assert!(born >= before && born <= SystemTime::now());
+    assert!(born >= before && born <= kernel_now());
     let long_ago = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
     t.fs.setattr(
         f,
@@ -1065,4 +1068,430 @@ fn readdirplus_gives_attributes_and_counts_a_reference_per_entry_taken() {
     assert_eq!(dots, 2);
     t.fs.rmdir(d, b"e").unwrap();
     assert_eq!(t.fs.lookup(e, b".").unwrap_err().errno, libc::ENOENT);
+}
+
+/// The clock the kernel stamps a FUSE inode's times with (`current_time` of a file system
+/// without multigrain timestamps): CLOCK_REALTIME_COARSE.
+fn kernel_now() -> std::time::SystemTime {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`, which lives across the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    assert_eq!(rc, 0);
+    std::time::UNIX_EPOCH + std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Returns once the kernel's clock has moved on: a time taken after this differs from every
+/// time taken before (it waits for the clock, not for another thread).
+fn next_tick() {
+    let start = kernel_now();
+    while kernel_now() == start {
+        std::hint::spin_loop();
+    }
+}
+
+#[test]
+fn chattr_flags_on_a_directory_refuse_entry_changes_before_other_errors() {
+    use rmemfs::fs::{FS_APPEND_FL, FS_IMMUTABLE_FL, RENAME_NOREPLACE};
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    let errno = |r: rmemfs::error::Result<()>| r.map_err(|e| e.errno);
+    let made = |r: rmemfs::error::Result<rmemfs::fs::Attr>| r.map(|_| ()).map_err(|e| e.errno);
+    for (dir, flag) in [("imm", FS_IMMUTABLE_FL), ("log", FS_APPEND_FL)] {
+        let d = t.fs.mkdir(ROOT_INO, dir.as_bytes(), 0o755, ME).unwrap().ino;
+        t.fs.mkdir(d, b"full", 0o755, ME).unwrap();
+        t.create(&format!("{dir}/full/x")).unwrap();
+        t.fs.mkdir(d, b"empty", 0o755, ME).unwrap();
+        t.create(&format!("{dir}/f")).unwrap();
+        t.create(&format!("{dir}/g")).unwrap();
+        t.create(&format!("out-{dir}")).unwrap();
+        let f = t.resolve(&format!("{dir}/f")).unwrap();
+        t.fs.set_flags(d, flag).unwrap();
+        // Removing an entry: EPERM before the directory's emptiness is looked at (the
+        // kernel's may_delete runs before the file system's rmdir).
+        assert_eq!(errno(t.fs.rmdir(d, b"empty")), Err(libc::EPERM), "{dir}");
+        assert_eq!(errno(t.fs.rmdir(d, b"full")), Err(libc::EPERM), "{dir}");
+        assert_eq!(errno(t.fs.unlink(d, b"f")), Err(libc::EPERM), "{dir}");
+        let out = format!("out-{dir}");
+        for (from, name, to, new) in [
+            (d, &b"f"[..], ROOT_INO, &b"moved"[..]),
+            (d, b"f", d, b"renamed"),
+            (d, b"full", ROOT_INO, b"moved"),
+        ] {
+            let r = t.fs.rename(from, name, to, new, 0, ME);
+            assert_eq!(errno(r), Err(libc::EPERM), "{dir}: rename out");
+        }
+        // A name that exists answers EEXIST first, as the kernel's lookups do.
+        assert_eq!(
+            errno(t.fs.rename(ROOT_INO, out.as_bytes(), d, b"g", RENAME_NOREPLACE, ME)),
+            Err(libc::EEXIST),
+            "{dir}"
+        );
+        assert_eq!(
+            made(t.fs.mkdir(d, b"empty", 0o755, ME)),
+            Err(libc::EEXIST),
+            "{dir}"
+        );
+        // Replacing an entry removes one.
+        assert_eq!(
+            errno(t.fs.rename(ROOT_INO, out.as_bytes(), d, b"g", 0, ME)),
+            Err(libc::EPERM),
+            "{dir}"
+        );
+        let (new_file, new_dir, new_link) = (
+            t.create(&format!("{dir}/new")),
+            made(t.fs.mkdir(d, b"newdir", 0o755, ME)),
+            made(t.fs.link(t.resolve(&out).unwrap(), d, b"hard")),
+        );
+        let tmp = t.fs.tmpfile(d, 0o600, libc::O_RDWR, ME).map(|(_, fh)| fh);
+        if flag == FS_IMMUTABLE_FL {
+            // No new entries at all.
+            assert_eq!(new_file, Err(libc::EPERM));
+            assert_eq!(new_dir, Err(libc::EPERM));
+            assert_eq!(new_link, Err(libc::EPERM));
+            assert_eq!(made(t.fs.symlink(d, b"sym", b"f", ME)), Err(libc::EPERM));
+            assert_eq!(
+                made(t.fs.mknod(d, b"fifo", libc::S_IFIFO | 0o600, 0, ME)),
+                Err(libc::EPERM)
+            );
+            assert_eq!(tmp.map_err(|e| e.errno), Err(libc::EPERM));
+            assert_eq!(
+                errno(t.fs.rename(ROOT_INO, out.as_bytes(), d, b"in", 0, ME)),
+                Err(libc::EPERM)
+            );
+        } else {
+            // An append-only directory takes new entries, moved ones too.
+            assert_eq!((new_file, new_dir, new_link), (Ok(()), Ok(()), Ok(())));
+            t.fs.release(tmp.unwrap());
+            t.fs.rename(ROOT_INO, out.as_bytes(), d, b"in", 0, ME)
+                .unwrap();
+        }
+        // The directory itself: an immutable or append-only directory is not removed,
+        // whatever it holds.
+        assert_eq!(
+            errno(t.fs.rmdir(ROOT_INO, dir.as_bytes())),
+            Err(libc::EPERM),
+            "{dir}"
+        );
+        assert_eq!(t.fs.getattr(f).unwrap().nlink, 1);
+    }
+}
+
+#[test]
+fn touching_an_append_only_file_to_now_is_allowed_and_explicit_times_are_not() {
+    use rmemfs::fs::{FS_APPEND_FL, FS_IMMUTABLE_FL};
+    use std::time::{Duration, UNIX_EPOCH};
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    t.create("f").unwrap();
+    chown(&t, "f", 1000, 1000);
+    let f = t.resolve("f").unwrap();
+    let past = UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let setattr = |set: SetAttr| t.fs.setattr(f, &set, USER).map(|_| ()).map_err(|e| e.errno);
+    // utime(path, NULL): both times to now. Without the writeback cache the kernel says
+    // "now" outright; with it (a regular file's times are the kernel's then) it sends its own
+    // current time as the new mtime and the same time as the new ctime; and writing back a
+    // written file's times sends mtime and ctime, both from that write.
+    let touches = || {
+        let k = kernel_now();
+        [
+            SetAttr {
+                atime: Some(SetTime::Now),
+                mtime: Some(SetTime::Now),
+                ..Default::default()
+            },
+            SetAttr {
+                atime: Some(SetTime::Now),
+                mtime: Some(SetTime::At(k)),
+                ctime: Some(k),
+                ..Default::default()
+            },
+            SetAttr {
+                mtime: Some(SetTime::At(k)),
+                ctime: Some(k),
+                ..Default::default()
+            },
+        ]
+    };
+    let explicit = || {
+        let k = kernel_now();
+        [
+            SetAttr {
+                atime: Some(SetTime::At(past)),
+                ..Default::default()
+            },
+            SetAttr {
+                atime: Some(SetTime::Now),
+                mtime: Some(SetTime::At(past)),
+                ctime: Some(k),
+                ..Default::default()
+            },
+            SetAttr {
+                atime: Some(SetTime::At(past)),
+                mtime: Some(SetTime::At(past)),
+                ctime: Some(k),
+                ..Default::default()
+            },
+        ]
+    };
+    t.fs.set_flags(f, FS_APPEND_FL).unwrap();
+    for (n, set) in touches().into_iter().enumerate() {
+        assert_eq!(setattr(set), Ok(()), "append-only, touch {n}");
+    }
+    for (n, set) in explicit().into_iter().enumerate() {
+        assert_eq!(setattr(set), Err(libc::EPERM), "append-only, explicit {n}");
+    }
+    t.fs.set_flags(f, FS_IMMUTABLE_FL).unwrap();
+    for (n, set) in touches().into_iter().chain(explicit()).enumerate() {
+        assert_eq!(setattr(set), Err(libc::EPERM), "immutable, {n}");
+    }
+}
+
+#[test]
+fn chattr_changes_the_ctime_and_tells_the_kernel() {
+    use rmemfs::fs::FS_NODUMP_FL;
+    use std::time::{Duration, UNIX_EPOCH};
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    let told = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = told.clone();
+    t.fs.on_attr_changed(Box::new(move |ino| log.lock().unwrap().push(ino)));
+    t.create("f").unwrap();
+    let f = t.resolve("f").unwrap();
+    let long_ago = UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let age = || {
+        t.fs.setattr(
+            f,
+            &SetAttr {
+                ctime: Some(long_ago),
+                ..Default::default()
+            },
+            ME,
+        )
+        .unwrap();
+        assert_eq!(t.fs.getattr(f).unwrap().ctime, long_ago);
+    };
+    // The kernel keeps no inode flags for FUSE and does not refresh its cached attributes
+    // after the ioctl: the file system must tell it that the ctime moved.
+    for flags in [FS_NODUMP_FL, FS_NODUMP_FL, 0] {
+        age();
+        told.lock().unwrap().clear();
+        t.fs.set_flags(f, flags).unwrap();
+        assert!(
+            t.fs.getattr(f).unwrap().ctime > long_ago,
+            "flags {flags:#x}"
+        );
+        assert_eq!(*told.lock().unwrap(), [f], "flags {flags:#x}");
+    }
+}
+
+#[test]
+fn chmod_by_an_owner_outside_the_group_drops_set_group_id() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    let mode = |n: u32| SetAttr {
+        mode: Some(n),
+        ..Default::default()
+    };
+    let member = Caller { gid: 4242, ..USER };
+    for dir in [false, true] {
+        // (file group, caller, requested mode, resulting mode)
+        for (n, (group, who, want)) in [
+            (4242, USER, 0o755),
+            (1000, USER, 0o2755),
+            (4242, member, 0o2755),
+            (4242, ME, 0o2755),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let name = format!("x{n}{dir}");
+            if dir {
+                t.fs.mkdir(ROOT_INO, name.as_bytes(), 0o755, ME).unwrap();
+            } else {
+                t.create(&name).unwrap();
+            }
+            chown(&t, &name, 1000, group);
+            let ino = t.resolve(&name).unwrap();
+            let got = t.fs.setattr(ino, &mode(0o2755), who).unwrap().perm;
+            assert_eq!(
+                got, want,
+                "dir {dir}, group {group}, caller gid {}",
+                who.gid
+            );
+            assert_eq!(t.fs.getattr(ino).unwrap().perm, want);
+        }
+    }
+    // With the group changed in the same call, the new group is the one that counts.
+    t.create("g").unwrap();
+    chown(&t, "g", 1000, 1000);
+    let g = t.resolve("g").unwrap();
+    let both = SetAttr {
+        gid: Some(4242),
+        ..mode(0o2755)
+    };
+    assert_eq!(t.fs.setattr(g, &both, USER).unwrap().perm, 0o755);
+}
+
+#[test]
+fn the_times_of_a_creation_are_one_stamp_of_the_kernels_clock() {
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    let d = t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+    for n in 0..20 {
+        let name = format!("f{n}");
+        let made = [
+            {
+                let (a, fh) =
+                    t.fs.create(d, name.as_bytes(), 0o644, libc::O_WRONLY, ME)
+                        .unwrap();
+                t.fs.release(fh);
+                a
+            },
+            t.fs.mkdir(d, format!("d{n}").as_bytes(), 0o755, ME)
+                .unwrap(),
+            t.fs.symlink(d, format!("l{n}").as_bytes(), b"x", ME)
+                .unwrap(),
+            {
+                let (a, fh) = t.fs.tmpfile(d, 0o600, libc::O_RDWR, ME).unwrap();
+                t.fs.release(fh);
+                a
+            },
+        ];
+        // What the kernel stamps next (a write through its cache, a touch) comes from its
+        // coarse clock: a birth time from a finer clock could read as later.
+        let kernel_next = kernel_now();
+        for a in made {
+            assert!(
+                a.btime <= kernel_next,
+                "{:?}: born {:?}, kernel clock after {:?}",
+                a.kind,
+                a.btime,
+                kernel_next
+            );
+            assert_eq!((a.atime, a.mtime, a.ctime), (a.btime, a.btime, a.btime));
+        }
+        let dir = t.fs.getattr(d).unwrap();
+        assert!(dir.mtime <= kernel_next && dir.ctime <= kernel_next);
+    }
+}
+
+#[test]
+fn relatime_updates_an_access_time_as_the_kernel_does() {
+    use rmemfs::fs::{Atime, FsConfig, FS_NOATIME_FL};
+    use std::time::Duration;
+    const HOUR: Duration = Duration::from_secs(3600);
+    let t = TestFs::with_config(FsConfig {
+        atime: Atime::Relative,
+        dir_atime: true,
+        ..FsConfig::default()
+    });
+    t.create("f").unwrap();
+    t.write_file("f", 0, b"data").unwrap();
+    t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap();
+    t.fs.symlink(ROOT_INO, b"l", b"f", ME).unwrap();
+    // Sets (atime, mtime, ctime) of `path`.
+    let set = |path: &str, a, m, c| {
+        let ino = t.resolve(path).unwrap();
+        t.fs.setattr(
+            ino,
+            &SetAttr {
+                atime: Some(SetTime::At(a)),
+                mtime: Some(SetTime::At(m)),
+                ctime: Some(c),
+                ..Default::default()
+            },
+            ME,
+        )
+        .unwrap();
+        ino
+    };
+    let now = kernel_now();
+    let ago = |d: Duration| now - d;
+    // A day is counted in whole seconds, as the kernel does: an access time in the last
+    // fraction of the second a day ago is a day old.
+    let secs = now.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let day_ago_late = std::time::UNIX_EPOCH + Duration::new(secs - 86_400, 999_999_999);
+    let cases = [
+        (
+            ago(2 * HOUR),
+            ago(HOUR),
+            ago(3 * HOUR),
+            true,
+            "atime before mtime",
+        ),
+        (ago(HOUR), ago(HOUR), ago(3 * HOUR), true, "atime at mtime"),
+        (
+            ago(2 * HOUR),
+            ago(3 * HOUR),
+            ago(HOUR),
+            true,
+            "atime before ctime",
+        ),
+        (ago(HOUR), ago(3 * HOUR), ago(HOUR), true, "atime at ctime"),
+        (
+            ago(HOUR),
+            ago(2 * HOUR),
+            ago(2 * HOUR),
+            false,
+            "atime after both",
+        ),
+        (
+            ago(25 * HOUR),
+            ago(26 * HOUR),
+            ago(26 * HOUR),
+            true,
+            "a day old",
+        ),
+        (
+            day_ago_late,
+            ago(26 * HOUR),
+            ago(26 * HOUR),
+            true,
+            "a day in seconds",
+        ),
+    ];
+    type Access<'a> = Box<dyn Fn() + 'a>;
+    let accesses: [(&str, Access); 3] = [
+        ("f", Box::new(|| drop(t.read_file("f").unwrap()))),
+        ("d", Box::new(|| drop(t.list("d").unwrap()))),
+        (
+            "l",
+            Box::new(|| drop(t.fs.readlink(t.resolve("l").unwrap()).unwrap())),
+        ),
+    ];
+    for (path, access) in &accesses {
+        for (a, m, c, moves, why) in cases {
+            let ino = set(path, a, m, c);
+            access();
+            let after = t.fs.getattr(ino).unwrap();
+            assert_eq!(after.atime != a, moves, "{path}: {why}");
+            assert_eq!(
+                (after.mtime, after.ctime),
+                (m, c),
+                "{path}: {why}: only atime"
+            );
+        }
+        // chattr +A: never, on a directory as on a file.
+        let ino = set(path, ago(2 * HOUR), ago(HOUR), ago(HOUR));
+        if *path != "l" {
+            t.fs.set_flags(ino, FS_NOATIME_FL).unwrap();
+            let ino = set(path, ago(2 * HOUR), ago(HOUR), ago(HOUR));
+            access();
+            assert_eq!(
+                t.fs.getattr(ino).unwrap().atime,
+                ago(2 * HOUR),
+                "{path}: +A"
+            );
+            t.fs.set_flags(ino, 0).unwrap();
+        }
+    }
+    // A read-only mount changes no access time.
+    let ro = TestFs::with_config(FsConfig {
+        atime: Atime::Strict,
+        dir_atime: true,
+        read_only: true,
+        ..FsConfig::default()
+    });
+    let before = ro.fs.getattr(ROOT_INO).unwrap().atime;
+    next_tick();
+    ro.list("").unwrap();
+    assert_eq!(ro.fs.getattr(ROOT_INO).unwrap().atime, before, "read-only");
 }
