@@ -182,6 +182,9 @@ impl Rebuilder {
     /// Starts the upkeep of `fs`. Nothing is rebuilt with one copy per chunk.
     pub fn start(fs: Arc<Fs>, upkeep: Upkeep) -> std::io::Result<Rebuilder> {
         let stop = Arc::new(Stop::default());
+        // The live servers the rebuild starts from, read before any thread runs: a server
+        // lost before the rebuild thread's first look is a change it must see.
+        let mut seen = fs.data().pool().generation();
         let (s, pool) = (stop.clone(), fs.data().pool().clone());
         let detection = upkeep.detection;
         let heartbeat = std::thread::Builder::new()
@@ -216,7 +219,6 @@ impl Rebuilder {
                 if fs.data().replicas() < 2 {
                     return;
                 }
-                let mut seen = fs.data().pool().generation();
                 // When the live servers last changed, while a pass for that is owed.
                 let mut changed_at: Option<Instant> = None;
                 let mut retry_at: Option<Instant> = None;
