@@ -136,6 +136,14 @@ pub const REBUILD_PROGRESS_EVERY: Duration = Duration::from_secs(10);
 pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(250);
 pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(4);
 
+/// First and longest pause before an upkeep thread (heartbeat, reconnect, rebuild) runs its
+/// next round after a round panicked (a bug; logged and counted in `stats`). The first is
+/// short next to the detection time, so one stray panic delays failure detection by little;
+/// the pause doubles while rounds keep panicking one after another, so a round that panics
+/// at once every time costs a log line every half minute instead of a spinning core.
+pub const UPKEEP_PANIC_BACKOFF_MIN: Duration = Duration::from_millis(100);
+pub const UPKEEP_PANIC_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
 /// Frees a client keeps unanswered per server (they do not wait for their answer: see
 /// `Pool::free`). A server serves one connection's requests in order, and each free
 /// deregisters and zeroes its extent (about 0.1 ms per 1 MiB chunk here), so every free queued

@@ -311,13 +311,16 @@ pub struct Fs {
     contained_panics: AtomicU64,
     /// What the background rebuild has done.
     rebuild: crate::rebuild::RebuildStats,
+    /// Panics of the upkeep threads (heartbeat, reconnect, rebuild), each contained.
+    upkeep_panics: crate::rebuild::UpkeepPanics,
     /// The operation whose next call panics on purpose (tests of fault containment).
     #[cfg(feature = "testing")]
     armed_panic: Mutex<Option<String>>,
 }
 
 /// Setting this extended attribute (any file, value = an operation: `read` or `write`) makes
-/// the next such call panic inside the file system, holding the file's lock. Compiled only
+/// the next such call panic inside the file system, holding the file's lock; value = an
+/// upkeep thread (`heartbeat`, `reconnect`, `rebuild`): its next round panics. Compiled only
 /// with the `testing` feature.
 #[cfg(feature = "testing")]
 pub const INJECT_PANIC_XATTR: &[u8] = b"user.rmemfs.inject-panic";
@@ -430,6 +433,7 @@ impl Fs {
             config,
             contained_panics: AtomicU64::new(0),
             rebuild: Default::default(),
+            upkeep_panics: Default::default(),
             #[cfg(feature = "testing")]
             armed_panic: Mutex::new(None),
         }
@@ -447,7 +451,7 @@ impl Fs {
 
     /// Panics here if a test armed a panic for `op` (see [`INJECT_PANIC_XATTR`]).
     #[cfg(feature = "testing")]
-    fn fault_point(&self, op: &str) {
+    pub(crate) fn fault_point(&self, op: &str) {
         let mut armed = self.armed_panic.lock();
         if armed.as_deref() == Some(op) {
             *armed = None;
@@ -457,7 +461,7 @@ impl Fs {
     }
 
     #[cfg(not(feature = "testing"))]
-    fn fault_point(&self, _op: &str) {}
+    pub(crate) fn fault_point(&self, _op: &str) {}
 
     pub fn data(&self) -> &DataStore {
         &self.data
@@ -1892,6 +1896,11 @@ impl Fs {
         &self.rebuild
     }
 
+    /// Panics of the upkeep threads so far, by thread.
+    pub fn upkeep_panics(&self) -> &crate::rebuild::UpkeepPanics {
+        &self.upkeep_panics
+    }
+
     /// Chunks by how many of their copies are on live servers. Taken file by file (the
     /// table's lock is not held while a file's chunk map is read).
     pub fn replica_health(&self) -> crate::data::ReplicaHealth {
@@ -2003,6 +2012,7 @@ impl Fs {
             },
             "inodes": self.inode_count(),
             "contained_panics": self.contained_panics(),
+            "upkeep_panics": self.upkeep_panics.to_json(),
             "requests": requests,
         })
     }
@@ -2167,6 +2177,13 @@ fn stats_text_of(v: &serde_json::Value) -> String {
         "requests failed by a contained panic: {}",
         n("contained_panics")
     );
+    let _ = writeln!(
+        out,
+        "upkeep threads started again after a panic: {}",
+        crate::rebuild::UPKEEP_THREADS
+            .map(|t| format!("{t} {}", n(&format!("upkeep_panics.{t}"))))
+            .join(", ")
+    );
     let _ = writeln!(out, "requests: op count mean_us p50_us p99_us");
     by_op(&mut out, "requests", "  ");
     out
@@ -2213,6 +2230,7 @@ mod stats_text_tests {
             "rebuild": {"running": true, "passes": 1},
             "inodes": 9,
             "contained_panics": 0,
+            "upkeep_panics": {"heartbeat": 0, "reconnect": 2, "rebuild": 1},
             "requests": {"read": {"count": 7, "mean_us": 70, "p50_us": 64, "p99_us": 128},
                          "lookup": {"count": 2, "mean_us": 10, "p50_us": 16, "p99_us": 16}}
         });
@@ -2227,6 +2245,7 @@ mod stats_text_tests {
             "    read 7 45 64 128",
             "chunks: 2 copies each; healthy 5, degraded 1, lost 0",
             "inodes: 9",
+            "upkeep threads started again after a panic: heartbeat 0, reconnect 2, rebuild 1",
             "  lookup 2 10 16 16",
             "  read 7 70 64 128",
         ] {

@@ -311,6 +311,13 @@ impl Collector for MountCollector {
             "Requests failed with EIO by a contained panic",
             u(&s["contained_panics"]),
         )?;
+        counter_family(
+            m,
+            "rmemfs_upkeep_panics",
+            "Panics of an upkeep thread, by thread (each logged, and the thread went on)",
+            "thread",
+            &crate::rebuild::UPKEEP_THREADS.map(|t| (t.to_string(), u(&s["upkeep_panics"][t]))),
+        )?;
         Ok(())
     }
 }
@@ -568,6 +575,33 @@ mod tests {
              x_requests_total{op=\"a\"} 3\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n\
              h_bucket{le=\"+Inf\"} 2\n# EOF\n"
         );
+    }
+
+    #[test]
+    fn upkeep_panics_are_counted_per_thread() {
+        let stats: Source = Arc::new(
+            || serde_json::json!({"upkeep_panics": {"heartbeat": 0, "reconnect": 3, "rebuild": 1}}),
+        );
+        let collector = MountCollector {
+            stats,
+            requests: Arc::new(Vec::new),
+            batches: Arc::new(Vec::new),
+        };
+        let mut om = String::new();
+        prometheus_client::encoding::text::encode(&mut om, &registry_with(Box::new(collector)))
+            .unwrap();
+        let text = prometheus_text(&om);
+        for line in [
+            "# TYPE rmemfs_upkeep_panics_total counter",
+            "rmemfs_upkeep_panics_total{thread=\"heartbeat\"} 0",
+            "rmemfs_upkeep_panics_total{thread=\"reconnect\"} 3",
+            "rmemfs_upkeep_panics_total{thread=\"rebuild\"} 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line:?} missing from\n{text}"
+            );
+        }
     }
 
     #[test]

@@ -37,6 +37,39 @@ pub struct RebuildStats {
     pub left_degraded: AtomicU64,
 }
 
+/// The upkeep threads, by the names `stats` counts their panics under.
+pub const UPKEEP_THREADS: [&str; 3] = ["heartbeat", "reconnect", "rebuild"];
+
+/// Panics of each upkeep thread (in [`UPKEEP_THREADS`] order): each one logged, and the
+/// thread went on with its next round.
+#[derive(Debug, Default)]
+pub struct UpkeepPanics([AtomicU64; 3]);
+
+impl UpkeepPanics {
+    fn slot(&self, thread: &str) -> &AtomicU64 {
+        let i = UPKEEP_THREADS.iter().position(|t| *t == thread);
+        &self.0[i.unwrap_or_else(|| unreachable!("{thread} is no upkeep thread"))]
+    }
+
+    fn count(&self, thread: &str) {
+        self.slot(thread).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Panics of `thread` (one of [`UPKEEP_THREADS`]) so far.
+    pub fn of(&self, thread: &str) -> u64 {
+        self.slot(thread).load(Ordering::Relaxed)
+    }
+
+    /// `{"heartbeat": n, "reconnect": n, "rebuild": n}`, for `stats --json`.
+    pub fn to_json(&self) -> serde_json::Value {
+        UPKEEP_THREADS
+            .iter()
+            .map(|t| (t.to_string(), self.of(t).into()))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+}
+
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PassOutcome {
@@ -153,8 +186,9 @@ pub struct Upkeep {
 /// is marked down within the detection time, the op timeout, even while idle); reconnects to
 /// servers that are down, with backoff (one that resumes this mount's session is up again
 /// with its copies; one that comes back empty has every copy listed on it forgotten first);
-/// and the rebuild, once the live servers have held still for the rebuild delay. All stop
-/// (and are joined) on drop.
+/// and the rebuild, once the live servers have held still for the rebuild delay. A panic in
+/// one of them is contained and the thread goes on (see [`supervised`]). All stop (and are
+/// joined) on drop.
 pub struct Rebuilder {
     stop: Arc<Stop>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -178,24 +212,63 @@ pub fn forget_server(fs: &Fs, server: ServerId) -> u64 {
         .sum()
 }
 
+/// Runs `round` every `tick` until `stop`, as upkeep thread `thread`. A round that panics (a
+/// bug) is contained as a FUSE handler's is: logged, counted in `panics`, and the rounds go
+/// on, after a pause that doubles while rounds keep panicking one after another (see
+/// [`crate::config::UPKEEP_PANIC_BACKOFF_MIN`]). So one panic does not end failure detection,
+/// reconnects or rebuilds for the mount's life, and a round that always panics does not
+/// spin. What a round keeps from one round to the next lives in `round` and survives a
+/// panic; the locks a panic left poisoned are taken over (see [`crate::sync`]).
+fn supervised(
+    thread: &str,
+    stop: &Stop,
+    tick: Duration,
+    panics: &UpkeepPanics,
+    mut round: impl FnMut(),
+) {
+    use crate::config::{UPKEEP_PANIC_BACKOFF_MAX, UPKEEP_PANIC_BACKOFF_MIN};
+    let mut backoff = UPKEEP_PANIC_BACKOFF_MIN;
+    while !stop.wait(tick) {
+        let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut round)) else {
+            backoff = UPKEEP_PANIC_BACKOFF_MIN;
+            continue;
+        };
+        panics.count(thread);
+        log::error!(
+            "bug: a round of the {thread} thread panicked: {}; the next one in {backoff:?}",
+            crate::fuse::panic_message(&*panic)
+        );
+        if stop.wait(backoff) {
+            break;
+        }
+        backoff = (backoff * 2).min(UPKEEP_PANIC_BACKOFF_MAX);
+    }
+}
+
 impl Rebuilder {
     /// Starts the upkeep of `fs`. Nothing is rebuilt with one copy per chunk.
     pub fn start(fs: Arc<Fs>, upkeep: Upkeep) -> std::io::Result<Rebuilder> {
         let stop = Arc::new(Stop::default());
-        let (s, pool) = (stop.clone(), fs.data().pool().clone());
+        // The live servers the rebuild starts from, read before any thread runs: a server
+        // lost before the rebuild thread's first look is a change it must see.
+        let mut seen = fs.data().pool().generation();
+        let (s, f) = (stop.clone(), fs.clone());
         let detection = upkeep.detection;
         let heartbeat = std::thread::Builder::new()
             .name("heartbeat".into())
             .spawn(move || {
-                while !s.wait(detection / BEATS_PER_DETECTION) {
-                    pool.heartbeat(detection);
-                }
+                let tick = detection / BEATS_PER_DETECTION;
+                supervised("heartbeat", &s, tick, f.upkeep_panics(), || {
+                    f.fault_point("heartbeat");
+                    f.data().pool().heartbeat(detection);
+                });
             })?;
         let (s, f) = (stop.clone(), fs.clone());
         let reconnect = std::thread::Builder::new()
             .name("reconnect".into())
             .spawn(move || {
-                while !s.wait(RECONNECT_TICK) {
+                supervised("reconnect", &s, RECONNECT_TICK, f.upkeep_panics(), || {
+                    f.fault_point("reconnect");
                     let pool = f.data().pool();
                     for id in pool.due_for_reconnect() {
                         if s.is_stopped() {
@@ -207,7 +280,7 @@ impl Rebuilder {
                             pool.admit(id);
                         }
                     }
-                }
+                });
             })?;
         let s = stop.clone();
         let rebuild = std::thread::Builder::new()
@@ -216,11 +289,13 @@ impl Rebuilder {
                 if fs.data().replicas() < 2 {
                     return;
                 }
-                let mut seen = fs.data().pool().generation();
-                // When the live servers last changed, while a pass for that is owed.
+                // When the live servers last changed, while a pass for that is owed (still
+                // owed if the pass panicked, so it is tried again).
                 let mut changed_at: Option<Instant> = None;
                 let mut retry_at: Option<Instant> = None;
-                while !s.wait(SCAN_INTERVAL.min(upkeep.delay.max(SCAN_MIN))) {
+                let tick = SCAN_INTERVAL.min(upkeep.delay.max(SCAN_MIN));
+                supervised("rebuild", &s, tick, fs.upkeep_panics(), || {
+                    fs.fault_point("rebuild");
                     let now_gen = fs.data().pool().generation();
                     if now_gen != seen {
                         seen = now_gen;
@@ -228,11 +303,11 @@ impl Rebuilder {
                     }
                     let settled = changed_at.is_some_and(|t| t.elapsed() >= upkeep.delay);
                     if settled || retry_at.is_some_and(|t| Instant::now() >= t) {
-                        changed_at = None;
                         let out = pass(&fs, upkeep.rate, &s);
+                        changed_at = None;
                         retry_at = (out.left_degraded > 0).then(|| Instant::now() + RETRY);
                     }
-                }
+                });
             })?;
         Ok(Rebuilder {
             stop,
@@ -247,5 +322,35 @@ impl Drop for Rebuilder {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::UPKEEP_PANIC_BACKOFF_MIN;
+
+    /// Five rounds that panic at once: four pauses between them, each twice the one before
+    /// (the fifth round stops the thread, which then ends without a pause).
+    #[test]
+    fn rounds_that_keep_panicking_are_paused_ever_longer() {
+        let (stop, panics) = (Stop::default(), UpkeepPanics::default());
+        let mut rounds = 0;
+        let start = Instant::now();
+        supervised("rebuild", &stop, Duration::ZERO, &panics, || {
+            rounds += 1;
+            if rounds == 5 {
+                stop.stop();
+            }
+            panic!("round {rounds}");
+        });
+        assert_eq!((rounds, panics.of("rebuild")), (5, 5));
+        let least = UPKEEP_PANIC_BACKOFF_MIN * (1 + 2 + 4 + 8);
+        assert!(
+            start.elapsed() >= least,
+            "{:?} for five panicking rounds",
+            start.elapsed()
+        );
+        assert_eq!(panics.of("heartbeat"), 0);
     }
 }

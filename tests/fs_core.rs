@@ -7,6 +7,7 @@ mod common;
 use common::{bytes, TestFs, ME};
 use rmemfs::fs::{SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use rmemfs::meta::{Kind, ROOT_INO};
+use std::sync::atomic::Ordering;
 
 fn used(t: &TestFs) -> u64 {
     t.remote_used()
@@ -861,4 +862,118 @@ fn collapse_and_insert_without_room_to_copy_into_change_nothing() {
             "mode {mode}: bytes moved"
         );
     }
+}
+
+/// Waits up to `within` for `cond` to hold; whether it did.
+fn eventually(within: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while !cond() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    true
+}
+
+/// The upkeep threads over `t`, noticing a server silent for a second, rebuilding after
+/// `delay` of unchanged live servers.
+fn upkeep(t: &TestFs, delay: std::time::Duration) -> rmemfs::rebuild::Rebuilder {
+    let upkeep = rmemfs::rebuild::Upkeep {
+        rate: 0,
+        delay,
+        detection: std::time::Duration::from_secs(1),
+    };
+    rmemfs::rebuild::Rebuilder::start(t.fs.clone(), upkeep).unwrap()
+}
+
+/// Makes the next round of upkeep thread `thread` panic.
+fn inject_panic(t: &TestFs, thread: &str) {
+    let name = rmemfs::fs::INJECT_PANIC_XATTR;
+    t.fs.setxattr(ROOT_INO, name, thread.as_bytes(), 0).unwrap();
+}
+
+/// A frozen server (connections open, nothing answered) is noticed only by the heartbeat
+/// (a closed connection is noticed by whoever looks at the server next): after a panic in
+/// the heartbeat thread, a server frozen for good is still marked down.
+#[test]
+fn a_panic_in_the_heartbeat_thread_does_not_end_failure_detection() {
+    use rmemfs::fabric::ServerId;
+    let t = TestFs::behind_relays(3, 2);
+    six_files(&t);
+    // No rebuild within the test: the health must show what the detection left.
+    let threads = upkeep(&t, std::time::Duration::from_secs(3600));
+    inject_panic(&t, "heartbeat");
+    let pool = t.fs.data().pool().clone();
+    let frozen = t.relays[2].freeze();
+    let within = std::time::Duration::from_secs(20);
+    assert!(
+        eventually(within, || !pool.is_live(ServerId(2))),
+        "the frozen server was not marked down within {within:?}"
+    );
+    assert_eq!(t.fs.stats_json()["upkeep_panics"]["heartbeat"], 1);
+    let h = t.fs.replica_health();
+    assert!(h.degraded > 0 && h.lost == 0, "{h:?}");
+    for i in 0..6 {
+        assert!(
+            t.read_file(&format!("f{i}")).unwrap() == bytes(i, 1 << 20),
+            "f{i}"
+        );
+    }
+    // Thawed first, so a reconnect attempt waiting on it ends and the threads stop.
+    drop(frozen);
+    drop(threads);
+}
+
+/// After a panic in the rebuild thread, a dead server's copies are still rebuilt.
+#[test]
+fn a_panic_in_the_rebuild_thread_does_not_end_the_rebuild() {
+    let mut t = TestFs::replicated(3, 16 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 2);
+    six_files(&t);
+    let threads = upkeep(&t, std::time::Duration::from_millis(100));
+    inject_panic(&t, "rebuild");
+    t.kill_server(1);
+    let rebuilt = || {
+        let h = t.fs.replica_health();
+        let copied = t.fs.rebuild_stats().chunks_rebuilt.load(Ordering::Relaxed);
+        copied > 0 && (h.healthy, h.degraded, h.lost) == (6, 0, 0)
+    };
+    let within = std::time::Duration::from_secs(20);
+    assert!(
+        eventually(within, rebuilt),
+        "no rebuild within {within:?}: {:?}",
+        t.fs.replica_health()
+    );
+    assert_eq!(t.fs.stats_json()["upkeep_panics"]["rebuild"], 1);
+    drop(threads);
+    // The copies are real: lose another server and read.
+    t.kill_server(0);
+    for i in 0..6 {
+        assert!(
+            t.read_file(&format!("f{i}")).unwrap() == bytes(i, 1 << 20),
+            "f{i}"
+        );
+    }
+}
+
+/// After a panic in the reconnect thread, a server cut off (its session kept) is still
+/// reconnected to.
+#[test]
+fn a_panic_in_the_reconnect_thread_does_not_end_reconnecting() {
+    use rmemfs::fabric::ServerId;
+    let t = TestFs::replicated(3, 16 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 2);
+    six_files(&t);
+    let threads = upkeep(&t, std::time::Duration::from_secs(3600));
+    inject_panic(&t, "reconnect");
+    let pool = t.fs.data().pool().clone();
+    pool.cut(ServerId(2));
+    let within = std::time::Duration::from_secs(20);
+    assert!(
+        eventually(within, || pool.is_live(ServerId(2))),
+        "the cut-off server was not reconnected to within {within:?}"
+    );
+    assert_eq!(t.fs.stats_json()["upkeep_panics"]["reconnect"], 1);
+    let h = t.fs.replica_health();
+    assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
+    drop(threads);
 }

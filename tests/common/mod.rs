@@ -8,16 +8,77 @@ use rmemfs::fs::{Caller, Fs, FsConfig};
 use rmemfs::meta::{Ino, ROOT_INO};
 use rmemfs::mrrc::{CacheConfig, Policy};
 use rmemfs::server::{MemoryServer, ServerConfig};
-use std::sync::Arc;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 pub struct TestFs {
-    pub fs: Fs,
+    /// Shared, so the upkeep threads (`rebuild::Rebuilder`) can run over it too.
+    pub fs: Arc<Fs>,
     pub servers: Vec<MemoryServer>,
     pub nodes: Vec<Arc<LocalFabric>>,
     pub net: Arc<LocalNetwork>,
     /// Each server's arena size and lease.
     pub server_config: ServerConfig,
+    /// The relays the pool reaches each server's control port through (none unless built
+    /// by [`TestFs::behind_relays`]).
+    pub relays: Vec<Relay>,
+}
+
+/// A TCP relay in front of a memory server's control port that can be frozen: frozen, it
+/// keeps every connection open but passes nothing on from the server, which is how a server
+/// stopped by SIGSTOP (or a one-way cut link) looks to its clients. While the mount is idle
+/// only its heartbeats notice such a server. The data path (the in-process fabric) does not
+/// pass through it.
+pub struct Relay {
+    pub addr: SocketAddr,
+    /// Held while frozen; the server-to-client copy takes it for every write.
+    gate: Arc<Mutex<()>>,
+}
+
+impl Relay {
+    pub fn start(target: SocketAddr) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let gate = Arc::new(Mutex::new(()));
+        let g = gate.clone();
+        // Lives as long as the test process (blocked in accept).
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = TcpStream::connect(target) else {
+                    continue;
+                };
+                pipe(
+                    client.try_clone().unwrap(),
+                    server.try_clone().unwrap(),
+                    None,
+                );
+                pipe(server, client, Some(g.clone()));
+            }
+        });
+        Relay { addr, gate }
+    }
+
+    /// Frozen while the guard lives.
+    pub fn freeze(&self) -> MutexGuard<'_, ()> {
+        self.gate.lock().unwrap()
+    }
+}
+
+/// Copies `from` to `to` on a thread of its own, each write under `gate` if there is one.
+fn pipe(mut from: TcpStream, mut to: TcpStream, gate: Option<Arc<Mutex<()>>>) {
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 << 10];
+        while let Ok(n @ 1..) = from.read(&mut buf) {
+            let _open = gate.as_ref().map(|g| g.lock().unwrap());
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    });
 }
 
 pub const ME: Caller = Caller {
@@ -63,7 +124,16 @@ impl TestFs {
             acl: true,
             ..FsConfig::default()
         };
-        Self::build(servers, size, chunk, path, (replicas, 1), lease, config)
+        Self::build(
+            servers,
+            size,
+            chunk,
+            path,
+            (replicas, 1),
+            lease,
+            config,
+            false,
+        )
     }
 
     /// As [`TestFs::replicated`], refusing writes that would land on fewer than
@@ -81,15 +151,43 @@ impl TestFs {
         };
         let lease = rmemfs::config::LEASE;
         let copies = (replicas, min_replicas);
-        Self::build(servers, size, 1 << 20, path, copies, lease, config)
+        Self::build(servers, size, 1 << 20, path, copies, lease, config, false)
+    }
+
+    /// As [`TestFs::replicated`] (16 MiB servers, 1 MiB chunks), each server's control port
+    /// reached through a [`Relay`] (in `relays`), so a test can freeze it.
+    pub fn behind_relays(servers: usize, replicas: usize) -> TestFs {
+        let (lease, config) = (rmemfs::config::LEASE, FsConfig::default());
+        let (path, copies) = (WritePath::Frrwp, (replicas, 1));
+        Self::build(
+            servers,
+            16 << 20,
+            1 << 20,
+            path,
+            copies,
+            lease,
+            config,
+            true,
+        )
     }
 
     /// One 8 MiB server, 1 MiB chunks, and the file system set up by `config`.
     pub fn with_config(config: FsConfig) -> TestFs {
         let lease = rmemfs::config::LEASE;
-        Self::build(1, 8 << 20, 1 << 20, WritePath::Frrwp, (1, 1), lease, config)
+        let copies = (1, 1);
+        Self::build(
+            1,
+            8 << 20,
+            1 << 20,
+            WritePath::Frrwp,
+            copies,
+            lease,
+            config,
+            false,
+        )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn build(
         servers: usize,
         size: u64,
@@ -98,6 +196,7 @@ impl TestFs {
         (replicas, min_replicas): (usize, usize),
         lease: Duration,
         config: FsConfig,
+        relayed: bool,
     ) -> TestFs {
         let net = LocalNetwork::new();
         let mut srv = Vec::new();
@@ -111,7 +210,15 @@ impl TestFs {
             srv.push(MemoryServer::start(&server_config, node.clone()).unwrap());
             nodes.push(node);
         }
-        let addrs: Vec<_> = srv.iter().map(|s| s.local_addr()).collect();
+        let relays: Vec<Relay> = srv
+            .iter()
+            .filter(|_| relayed)
+            .map(|s| Relay::start(s.local_addr()))
+            .collect();
+        let addrs: Vec<_> = match relayed {
+            true => relays.iter().map(|r| r.addr).collect(),
+            false => srv.iter().map(|s| s.local_addr()).collect(),
+        };
         let pool = Pool::connect(
             net.node(),
             &addrs,
@@ -131,13 +238,14 @@ impl TestFs {
         )
         .and_then(|d| d.replicated(replicas, min_replicas))
         .unwrap();
-        let fs = Fs::new(data, config);
+        let fs = Arc::new(Fs::new(data, config));
         TestFs {
             fs,
             servers: srv,
             nodes,
             net,
             server_config,
+            relays,
         }
     }
 
