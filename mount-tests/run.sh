@@ -819,6 +819,32 @@ print(listed, refused)' "$m/tmpdir") || fail "O_TMPFILE: $out"
     print scalar(keys %seen), " $reads $twice\n";' "$m/many" "$m/away") ||
     fail "reading a directory while renaming its entries failed: $out"
   assert_eq "entries, reads, entries seen twice" "$out" "$n $n 0"
+
+  # chattr flags as on tmpfs: nothing leaves an immutable directory (EPERM before ENOTEMPTY);
+  # an append-only file may be touched to now but not given times; chattr moves the ctime
+  # (seen by stat at once); and a creation's birth time is never later than its mtime.
+  must "dirs under an immutable one" mkdir -p "$m/imm/sub/deeper"
+  must "chattr +i" chattr +i "$m/imm"
+  out=$(rmdir "$m/imm/sub" 2>&1) && fail "rmdir inside an immutable directory succeeded"
+  grep -q "Operation not permitted" <<<"$out" || fail "rmdir inside an immutable directory: $out"
+  must "chattr -i" chattr -i "$m/imm"
+  # (On a directory: under the writeback cache the kernel keeps a regular file's ctime itself
+  # and FUSE's chattr path does not touch it, a kernel limit the README names.)
+  before=$(stat -c %.9Z "$m/imm")
+  must "chattr +d" chattr +d "$m/imm"
+  python3 -c 'import sys; sys.exit(0 if float(sys.argv[2]) > float(sys.argv[1]) else 1)' \
+    "$before" "$(stat -c %.9Z "$m/imm")" || fail "chattr +d did not move the directory's ctime"
+  put "$m/appendonly" "a"
+  must "chattr +a" chattr +a "$m/appendonly"
+  must "touch (utime NULL) an append-only file" touch "$m/appendonly"
+  out=$(touch -d '2001-01-01' "$m/appendonly" 2>&1) && fail "explicit times on an append-only file were set"
+  must "chattr -a" chattr -a "$m/appendonly"
+  for n in 1 2 3 4 5 6 7 8; do
+    put "$m/born$n" "b"
+    out=$(stat -c '%.9W %.9Y %.9Z' "$m/born$n")
+    python3 -c 'import sys; b, m, c = map(float, sys.argv[1:]); sys.exit(0 if b <= m and b <= c else 1)' \
+      $out || fail "born$n: birth time after mtime or ctime ($out)"
+  done
   unmount_fs "$m" || fail "unmount failed"
 }
 
