@@ -31,6 +31,9 @@ const MAX_WRITE: u32 = crate::config::IO_SIZE as u32;
 pub struct FuseFs {
     fs: Arc<Fs>,
     offers: Offers,
+    /// The fuse control file system's `abort` file of this mount's connection, known once it
+    /// is mounted ([`FuseFs::connection`]): how a failed io_uring queue ends the connection.
+    abort_file: Arc<std::sync::OnceLock<std::path::PathBuf>>,
 }
 
 /// What the mount asks of the kernel at INIT beyond what it always asks.
@@ -44,7 +47,50 @@ pub struct Offers {
 
 impl FuseFs {
     pub fn new(fs: Arc<Fs>, offers: Offers) -> FuseFs {
-        FuseFs { fs, offers }
+        FuseFs {
+            fs,
+            offers,
+            abort_file: Arc::default(),
+        }
+    }
+
+    /// Where the mount puts its connection's control `abort` file once it is mounted.
+    pub fn connection(&self) -> Arc<std::sync::OnceLock<std::path::PathBuf>> {
+        self.abort_file.clone()
+    }
+
+    /// Aborts this mount's FUSE connection through the fuse control file system (mounting it
+    /// first if needed; root only): requests waiting in the kernel fail at once, and the
+    /// session ends as if unmounted. False if that could not be done.
+    fn abort_connection(&self) -> bool {
+        let Some(abort) = self.abort_file.get() else {
+            return false;
+        };
+        if !abort.exists() {
+            // Where `crate::mount::FUSECTL` names it.
+            let (src, dir) = (c"fusectl", c"/sys/fs/fuse/connections");
+            // SAFETY: every argument is a NUL-terminated string that outlives the call; the
+            // data argument may be null.
+            unsafe {
+                libc::mount(
+                    src.as_ptr(),
+                    dir.as_ptr(),
+                    src.as_ptr(),
+                    0,
+                    std::ptr::null(),
+                )
+            };
+        }
+        match std::fs::write(abort, "1") {
+            Ok(()) => true,
+            Err(e) => {
+                log::error!(
+                    "cannot abort the FUSE connection ({}): {e}",
+                    abort.display()
+                );
+                false
+            }
+        }
     }
 
     /// Makes `fs` tell the kernel of `session` when an inode's attributes change behind its
@@ -298,6 +344,17 @@ fn xattr(reply: ReplyXattr, r: crate::error::Result<Vec<u8>>, size: u32) {
 }
 
 impl Filesystem for FuseFs {
+    /// An io_uring queue that cannot be served would hold every request made on its CPU
+    /// forever: the connection is aborted (callers get an error, the session ends as if
+    /// unmounted, the daemon exits cleanly), not the process.
+    fn ring_failed(&self, queue: u16, error: &std::io::Error) -> bool {
+        log::error!(
+            "FUSE over io_uring: queue {queue} failed ({error}); aborting the FUSE connection \
+             (the mount then answers ENOTCONN; `rmemfs mount` on it mounts again)"
+        );
+        self.abort_connection()
+    }
+
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
@@ -729,6 +786,13 @@ impl Filesystem for FuseFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        // The fault hook's adapter-side fault: an io_uring queue fails.
+        #[cfg(feature = "testing")]
+        if name.as_bytes() == crate::fs::INJECT_PANIC_XATTR && value == b"ring" {
+            fuser::fail_a_ring_for_test();
+            reply.ok();
+            return;
+        }
         self.contain("setxattr", req, || {
             empty(
                 reply,

@@ -619,22 +619,39 @@ fn allow_io_uring() -> bool {
     }
 }
 
+/// The device number ("MAJOR:MINOR") of the last mount at `mountpoint`, from mountinfo: a
+/// stat of the mount point would be a FUSE request to this very daemon, which may not be
+/// serving yet.
+fn mount_device(mountpoint: &Path) -> Option<String> {
+    let target = mountpoint.to_string_lossy();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() > 4 && unescape_mountinfo(f[4]) == target).then(|| f[2].to_string())
+        })
+        .next_back()
+}
+
+/// The fuse control file system's `abort` file for the FUSE connection mounted at
+/// `mountpoint`: its directory is named by the kernel's device number (major << 20 | minor).
+fn connection_abort_file(mountpoint: &Path) -> Option<PathBuf> {
+    let dev = mount_device(mountpoint)?;
+    let (major, minor) = dev.split_once(':')?;
+    let id = (major.parse::<u64>().ok()? << 20) | minor.parse::<u64>().ok()?;
+    Some(PathBuf::from(format!("{FUSECTL}/{id}/abort")))
+}
+
+/// Where the fuse control file system is mounted (`mount -t fusectl`).
+pub const FUSECTL: &str = "/sys/fs/fuse/connections";
+
 /// Buffered reads reach the daemon in pieces of the mount's readahead window (128 KiB by
 /// default); each piece costs a round trip to a server. Raising it to the FUSE request limit
 /// (1 MiB) lets sequential reads arrive whole. Best effort: needs root and sysfs.
 fn raise_readahead(mountpoint: &Path) {
-    // The device number comes from mountinfo: a stat of the mount point would be a FUSE
-    // request to this very daemon, which is not serving yet.
-    let target = mountpoint.to_string_lossy();
-    let dev = std::fs::read_to_string("/proc/self/mountinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines().find_map(|l| {
-                let f: Vec<&str> = l.split(' ').collect();
-                (f.len() > 4 && unescape_mountinfo(f[4]) == target).then(|| f[2].to_string())
-            })
-        });
-    let Some(dev) = dev else { return };
+    let Some(dev) = mount_device(mountpoint) else {
+        return;
+    };
     // The knobs: readahead to the FUSE request limit; and the share of the machine's dirty
     // page allowance this mount may hold (FUSE mounts are held to a strict 1% by default,
     // which throttles the writeback cache long before memory is short).
@@ -835,18 +852,19 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
             writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
         },
     ));
-    let mut session = fuser::Session::new(
-        FuseFs::new(
-            fs.clone(),
-            crate::fuse::Offers {
-                readdirplus: choices.readdirplus,
-                io_uring: choices.io_uring && allow_io_uring(),
-            },
-        ),
-        &mountpoint,
-        &fuse_config,
-    )
-    .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
+    let fuse_fs = FuseFs::new(
+        fs.clone(),
+        crate::fuse::Offers {
+            readdirplus: choices.readdirplus,
+            io_uring: choices.io_uring && allow_io_uring(),
+        },
+    );
+    let connection = fuse_fs.connection();
+    let mut session = fuser::Session::new(fuse_fs, &mountpoint, &fuse_config)
+        .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
+    if let Some(abort) = connection_abort_file(&mountpoint) {
+        let _ = connection.set(abort);
+    }
     FuseFs::forward_invalidations(&fs, &session);
 
     let rebuilder = crate::rebuild::Rebuilder::start(

@@ -27,6 +27,11 @@ struct Mounted {
 
 impl Mounted {
     fn new() -> Mounted {
+        Self::with_options(&[])
+    }
+
+    /// A mount with these `-o` options.
+    fn with_options(options: &[&str]) -> Mounted {
         static N: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "rmemfs-local-{}-{}",
@@ -38,6 +43,7 @@ impl Mounted {
         let (client, server) = (net.node(), net.node());
         let mut config = MountConfig::new(dir.clone());
         config.size = Some(64 << 20);
+        config.options = options.iter().map(|o| o.to_string()).collect();
         let (ready_tx, ready_rx) = mpsc::channel();
         let (fs_tx, fs_rx) = mpsc::channel();
         let session = std::thread::spawn(move || {
@@ -170,4 +176,42 @@ fn a_mount_over_the_in_process_fabric_moves_no_data_over_a_network() {
     assert_eq!(m.fs.data().pool().fabric().name(), "local");
     assert!(counters.bytes_written >= 5 << 20, "{counters:?}");
     assert!(counters.bytes_read >= 5 << 20, "{counters:?}");
+}
+
+#[test]
+fn a_failed_io_uring_queue_ends_the_connection_not_the_process() {
+    // Needs the kernel's FUSE over io_uring (Linux 6.14+, as on the machines this runs on): a
+    // mount that fell back to /dev/fuse would test nothing, so it fails instead.
+    let mut m = Mounted::with_options(&["io_uring"]);
+    std::fs::write(m.path("f"), b"through the ring").unwrap();
+    assert_eq!(
+        m.fs.stats_json()["fuse"]["transport"],
+        "io_uring",
+        "this test needs FUSE over io_uring (the fuse module's enable_uring)"
+    );
+    set_xattr(&m.dir, INJECT_PANIC_XATTR, b"ring");
+    // The ring thread that takes the fault aborts the connection (through the fuse control
+    // file system): the session ends as if unmounted, in this process, which goes on.
+    let session = m.session.take().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !session.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session still runs 20 s after a ring failed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // It returns (the daemon would exit with this message, after its usual shutdown).
+    let ended = session.join().expect("the session thread panicked");
+    let e = ended.expect_err("a session ended by a ring failure says so");
+    assert!(e.contains("ring failure"), "{e}");
+    // And the session's end unmounted it: nothing left that answers ENOTCONN.
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let dir = m.dir.to_string_lossy().into_owned();
+    assert!(
+        !mounts
+            .lines()
+            .any(|l| l.split(' ').nth(1) == Some(dir.as_str())),
+        "{dir} is still mounted"
+    );
 }

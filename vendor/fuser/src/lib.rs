@@ -105,6 +105,9 @@ mod session;
 mod time;
 #[cfg(target_os = "linux")]
 mod uring;
+/// rmemfs patch: a test hook (see `uring::fail_a_ring_for_test`).
+#[cfg(target_os = "linux")]
+pub use uring::fail_a_ring_for_test;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]
@@ -877,6 +880,17 @@ pub trait Filesystem: Send + Sync + 'static {
             flags: {flags:#x?})"
         );
         reply.error(Errno::ENOSYS);
+    }
+
+    /// rmemfs patch: FUSE over io_uring: ring `queue` can no longer be served (`error`), so
+    /// the kernel would hold every request made on that queue's CPU forever. Return true once
+    /// the connection is ended some other way (for example aborted through the fuse control
+    /// file system: waiting callers get an error, and the session ends as if unmounted); false
+    /// (the default) and the process aborts, which ends the connection too.
+    #[cfg(target_os = "linux")]
+    fn ring_failed(&self, queue: u16, error: &io::Error) -> bool {
+        let _ = (queue, error);
+        false
     }
 
     /// rmemfs patch: `statx(2)` asking for more than the basic stats (the birth time).

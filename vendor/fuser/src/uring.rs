@@ -14,8 +14,9 @@
 //! An entry's buffers belong to its [`RingReply`] (shared with the reply objects handed to
 //! the file system), so they outlive any reply; and they are leaked, never freed, if the
 //! thread ends while the kernel may still write into them. A queue the kernel would wait on
-//! forever (its entries refused again and again) aborts the process: the kernel then ends the
-//! connection, instead of leaving every request made on that CPU hanging.
+//! forever (its entries refused again and again) ends the connection, instead of leaving every
+//! request made on that CPU hanging: through `Filesystem::ring_failed`, or else by aborting the
+//! process.
 //!
 //! Structures as in the kernel's `include/uapi/linux/fuse.h` (protocol 7.42).
 
@@ -520,13 +521,26 @@ fn serve<FS: Filesystem>(
         std::mem::forget(rt.entry.reply.clone());
     }
     if let Err(e) = &result {
-        error!(
-            "FUSE over io_uring: queue {qid} cannot be served ({e}); aborting, so that the \
-             kernel ends the connection instead of holding every request of that CPU forever"
-        );
-        std::process::abort();
+        error!("FUSE over io_uring: queue {qid} cannot be served ({e}); ending the connection");
+        let ended = se.filesystem.fs.as_ref().is_some_and(|fs| fs.ring_failed(qid, e));
+        if !ended {
+            error!(
+                "FUSE over io_uring: the file system could not end the connection; aborting, \
+                 so that the kernel ends it instead of holding every request of that CPU forever"
+            );
+            std::process::abort();
+        }
     }
     result
+}
+
+/// Test hook (rmemfs patch): the next ring thread to look fails its queue as a refused entry
+/// would, so a test can see what a ring error does to the mount.
+static RING_FAULT: AtomicBool = AtomicBool::new(false);
+
+/// Makes one ring thread fail its queue (see [`RING_FAULT`]).
+pub fn fail_a_ring_for_test() {
+    RING_FAULT.store(true, Ordering::SeqCst);
 }
 
 /// Serves requests through `rt`'s entry until the session ends (`stop`, or the kernel gives
@@ -541,6 +555,9 @@ fn serve_entry<FS: Filesystem>(
 ) -> io::Result<()> {
     let mut refusals = 0;
     while !stop.load(Ordering::SeqCst) {
+        if RING_FAULT.load(Ordering::Relaxed) && RING_FAULT.swap(false, Ordering::SeqCst) {
+            return Err(io::Error::other("a ring failure injected by a test"));
+        }
         let Some(res) = rt.wait()? else {
             continue;
         };
