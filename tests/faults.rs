@@ -249,3 +249,34 @@ fn three_copies_survive_a_kill_during_the_rebuild_of_another() {
     // Writes go on: two live servers meet --min-replicas 2.
     t.write_file("f0", 5, b"still").unwrap();
 }
+
+#[test]
+fn a_write_with_every_server_down_is_eio_not_enospc() {
+    // Nothing can be placed because no server is up: that is no lack of room, and a program
+    // told ENOSPC would think the pool full (seen in tools/chaos.sh with two of three servers
+    // killed: new files failed with ENOSPC).
+    for path in [WritePath::Frrwp, WritePath::Serial] {
+        let mut t = TestFs::min_replicas(2, 16 << 20, path, 2, 1);
+        t.kill_server(0);
+        t.kill_server(1);
+        let pool = t.fs.data().pool().clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pool.live_servers() > 0 {
+            assert!(Instant::now() < deadline, "the deaths never seen");
+            pool.refresh();
+            std::thread::yield_now();
+        }
+        t.create("new").unwrap();
+        assert_eq!(
+            t.write_file("new", 0, &bytes(4, 2 * MIB)),
+            Err(libc::EIO),
+            "{path:?}"
+        );
+        t.create("small").unwrap();
+        assert_eq!(
+            t.write_file("small", 0, b"tiny"),
+            Err(libc::EIO),
+            "{path:?}"
+        );
+    }
+}

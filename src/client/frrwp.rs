@@ -200,10 +200,9 @@ impl Pool {
     /// Sends a tagged allocation of `len` bytes to the server placement picks, without waiting
     /// for the answer.
     pub fn begin_alloc(&self, len: u64) -> Result<Ticket, PoolError> {
-        let i = *self
-            .placement(len)
-            .first()
-            .ok_or(PoolError::NoSpace { requested: len })?;
+        let Some(&i) = self.placement(len).first() else {
+            return Err(self.nothing_placed(len, None));
+        };
         self.begin_alloc_on(ServerId(i as u32), len)
     }
 
@@ -222,7 +221,10 @@ impl Pool {
             }
         }
         if tickets.is_empty() {
-            return Err(last_error.unwrap_or(PoolError::NoSpace { requested: len }));
+            return Err(match last_error {
+                Some(e) => e,
+                None => self.nothing_placed(len, None),
+            });
         }
         Ok(tickets)
     }

@@ -53,6 +53,9 @@ pub enum PoolError {
     },
     #[error("no memory server has {requested} contiguous bytes free")]
     NoSpace { requested: u64 },
+    /// Nothing could be placed because no server is up (not for want of room: EIO).
+    #[error("no memory server is up to hold {requested} bytes")]
+    NoServerUp { requested: u64 },
     #[error("memory server {addr} refused: {message}")]
     Refused {
         addr: SocketAddr,
@@ -264,6 +267,47 @@ impl Server {
             addr: self.addr,
         }
     }
+}
+
+/// The free of an extent on a server that is not up ([`Pool::free`]), asked while the frees
+/// kept for it were `session`'s: kept for that session (sent if the server resumes it, or
+/// with the next free if it resumed meanwhile), dropped if the server came back without it
+/// (the memory went with the old process or lease, and a free kept would reach the new
+/// session, where an extent may have the same address and key).
+fn park_free(health: &Mutex<Health>, unfreed: &Mutex<Parked>, session: u64, addr: u64, rkey: u64) {
+    if health.lock().state != ServerState::Rejoining {
+        unfreed.lock().keep(session, addr, rkey);
+    }
+}
+
+/// A server came back without this pool's session ([`Rejoin::Empty`]): the frees kept for the
+/// old session are forgotten, and the server waits (`Rejoining`) for [`Pool::admit`]. In one
+/// step under the health lock: a free that sees the server down still has the old session's
+/// number, and one that sees the new number sees it rejoining ([`park_free`]).
+fn forget_session(health: &Mutex<Health>, unfreed: &Mutex<Parked>) {
+    let mut h = health.lock();
+    {
+        let mut parked = unfreed.lock();
+        parked.session += 1;
+        parked.frees.clear();
+    }
+    h.state = ServerState::Rejoining;
+    h.since = SystemTime::now();
+}
+
+/// A server resumed this pool's session ([`Rejoin::Resumed`]): the frees kept while it was
+/// down, taken out to be sent on the new link before it is up again.
+fn take_parked(health: &Mutex<Health>, unfreed: &Mutex<Parked>) -> Vec<(u64, u64)> {
+    let _h = health.lock();
+    std::mem::take(&mut unfreed.lock().frees)
+}
+
+/// A server is up again (resumed, or admitted empty): used from now on.
+fn back_up(h: &mut Health, failed: &AtomicBool, transitions: &AtomicU64) {
+    h.state = ServerState::Up;
+    h.since = SystemTime::now();
+    transitions.fetch_add(1, Ordering::SeqCst);
+    failed.store(false, Ordering::SeqCst);
 }
 
 /// One one-sided operation on a remote extent: `local.len` bytes at `offset` into `remote`.
@@ -609,50 +653,32 @@ impl Pool {
             // A new session: what was parked or stocked for the old one is forgotten before
             // the new link is published, so nothing sent on it is mistaken for the old
             // session's (see [`Parked`] and [`stock`]).
-            {
-                let mut parked = s.unfreed.lock();
-                parked.session += 1;
-                parked.frees.clear();
-            }
+            forget_session(&s.health, &s.unfreed);
             s.stock.lock().reset();
         }
         *s.link.lock() = link.clone();
-        let mut h = s.health.lock();
-        let rejoin = match resumed {
-            Some((extents, bytes)) => {
-                let unfreed = std::mem::take(&mut s.unfreed.lock().frees);
-                drop(h);
-                let n = unfreed.len();
-                for (addr, rkey) in unfreed {
-                    let _ = link
-                        .control
-                        .request(|tag| Message::Free { tag, addr, rkey });
-                }
-                log::warn!(
-                    "memory server {} ({id}) is back: session resumed with {extents} extents \
-                     ({bytes} bytes); {n} extents let go of meanwhile freed",
-                    s.addr
-                );
-                h = s.health.lock();
-                h.state = ServerState::Up;
-                Rejoin::Resumed { extents, bytes }
-            }
-            _ => {
-                log::warn!(
-                    "memory server {} ({id}) is back without this mount's session (restarted, \
-                     or its lease ran out): its copies are gone; admitting it empty",
-                    s.addr
-                );
-                h.state = ServerState::Rejoining;
-                Rejoin::Empty
-            }
+        let Some((extents, bytes)) = resumed else {
+            log::warn!(
+                "memory server {} ({id}) is back without this mount's session (restarted, \
+                 or its lease ran out): its copies are gone; admitting it empty",
+                s.addr
+            );
+            return Some(Rejoin::Empty);
         };
-        h.since = SystemTime::now();
-        if h.state == ServerState::Up {
-            s.transitions.fetch_add(1, Ordering::SeqCst);
-            s.failed.store(false, Ordering::SeqCst);
+        let unfreed = take_parked(&s.health, &s.unfreed);
+        let n = unfreed.len();
+        for (addr, rkey) in unfreed {
+            let _ = link
+                .control
+                .request(|tag| Message::Free { tag, addr, rkey });
         }
-        Some(rejoin)
+        log::warn!(
+            "memory server {} ({id}) is back: session resumed with {extents} extents \
+             ({bytes} bytes); {n} extents let go of meanwhile freed",
+            s.addr
+        );
+        back_up(&mut s.health.lock(), &s.failed, &s.transitions);
+        Some(Rejoin::Resumed { extents, bytes })
     }
 
     /// Test hook: cuts this pool off server `id` as a lost link would (both connections
@@ -673,12 +699,9 @@ impl Pool {
         if h.state != ServerState::Rejoining {
             return;
         }
-        h.state = ServerState::Up;
-        h.since = SystemTime::now();
+        back_up(&mut h, &s.failed, &s.transitions);
         drop(h);
         log::warn!("memory server {} ({id}) is up again (empty)", s.addr);
-        s.transitions.fetch_add(1, Ordering::SeqCst);
-        s.failed.store(false, Ordering::SeqCst);
     }
 
     pub fn fabric(&self) -> &Arc<dyn Fabric> {
@@ -835,6 +858,7 @@ impl Pool {
         let want = n.min(candidates.len());
         let mut got = Vec::with_capacity(want);
         let mut full = false;
+        let mut failed = None;
         for i in candidates {
             if got.len() == want {
                 break;
@@ -845,8 +869,10 @@ impl Pool {
                     code: RefusalCode::NoSpace,
                     ..
                 }) => full = true,
-                Err(PoolError::ServerFailed { .. }) | Err(PoolError::ControlLost { .. }) => {
-                    continue
+                Err(e @ PoolError::ServerFailed { .. })
+                | Err(e @ PoolError::ControlLost { .. }) => {
+                    failed = Some(e);
+                    continue;
                 }
                 Err(e) => {
                     self.free_all(&got);
@@ -855,9 +881,14 @@ impl Pool {
             }
         }
         // Short because a live server had no room: full. Short because servers failed on
-        // the way: fewer copies (the caller decides whether that is enough).
+        // the way: fewer copies (the caller decides whether that is enough). Nothing at all
+        // because every server tried failed, or none is up: that is no lack of room (EIO,
+        // not ENOSPC).
         if got.is_empty() || (got.len() < want && full) {
             self.free_all(&got);
+            if got.is_empty() && !full {
+                return Err(self.nothing_placed(len, failed));
+            }
             return Err(PoolError::NoSpace { requested: len });
         }
         Ok(got)
@@ -896,19 +927,35 @@ impl Pool {
     /// Allocates `len` bytes on the live server with the most free memory that can hold it,
     /// falling back to the others when one refuses for lack of space.
     pub fn alloc(&self, len: u64) -> Result<RemoteRegion, PoolError> {
+        let (mut full, mut failed) = (false, None);
         for i in self.placement(len) {
             match self.alloc_on(ServerId(i as u32), len) {
                 Ok(r) => return Ok(r),
                 Err(PoolError::Refused {
                     code: RefusalCode::NoSpace,
                     ..
-                })
-                | Err(PoolError::ServerFailed { .. })
-                | Err(PoolError::ControlLost { .. }) => continue,
+                }) => full = true,
+                Err(e @ PoolError::ServerFailed { .. })
+                | Err(e @ PoolError::ControlLost { .. }) => failed = Some(e),
                 Err(e) => return Err(e),
             }
         }
-        Err(PoolError::NoSpace { requested: len })
+        if full {
+            return Err(PoolError::NoSpace { requested: len });
+        }
+        Err(self.nothing_placed(len, failed))
+    }
+
+    /// The error of an allocation of `len` bytes that placed nothing and was refused for
+    /// room nowhere: the failure of the servers tried, or that no server is up (a pool whose
+    /// servers are down is not full: EIO), or else the lack of room the live servers were
+    /// last heard of (ENOSPC).
+    pub(crate) fn nothing_placed(&self, len: u64, failed: Option<PoolError>) -> PoolError {
+        match failed {
+            Some(e @ (PoolError::ServerFailed { .. } | PoolError::ControlLost { .. })) => e,
+            _ if self.live_servers() == 0 => PoolError::NoServerUp { requested: len },
+            _ => PoolError::NoSpace { requested: len },
+        }
     }
 
     /// Allocates on one given server. Refused for lack of room while this pool holds extents
@@ -973,11 +1020,12 @@ impl Pool {
     pub fn free(&self, region: RemoteRegion) -> Result<(), PoolError> {
         let s = self.server(region.server)?;
         let (addr, rkey) = (region.addr, region.rkey);
+        // The session the extent is of, as far as this pool knows: read before the server's
+        // failure is seen, so a server that comes back without it meanwhile has a newer one.
+        let session = s.unfreed.lock().session;
         if s.is_failed() {
             // Freed there if the server comes back holding this session.
-            if s.health.lock().state == ServerState::Down {
-                s.unfreed.lock().keep_current([(addr, rkey)]);
-            }
+            park_free(&s.health, &s.unfreed, session, addr, rkey);
             return Err(s.failed_error());
         }
         // Frees parked after the server rejoined (a lost answer handled late) go along: they
@@ -1232,6 +1280,7 @@ mod parked_tests {
 #[cfg(all(test, feature = "shuttle"))]
 mod model_tests {
     use super::*;
+    use crate::meta::{Chunk, Replica};
     use crate::sync::thread;
 
     pub(super) fn completion(batch: u64, index: usize, status: WcStatus) -> Completion {
@@ -1286,6 +1335,285 @@ mod model_tests {
                 assert!(matches!(refused, Some(PoolError::Invalid(_))));
                 server_a.join().unwrap();
                 server_b.join().unwrap();
+            },
+            3000,
+        );
+    }
+
+    /// The server that went down, in the rejoin models: chunk copies are on servers 0 and
+    /// this one; rebuild and heal place new copies on server 2.
+    const GONE: u32 = 1;
+    const REPLICAS: usize = 2;
+    /// An extent let go of on [`GONE`] before the models start (parked for its session).
+    const EARLIER: (u64, u64) = (0xe000, 0xe0);
+
+    /// File `f`'s copy on [`GONE`] (of the session it went down with).
+    fn old_copy(f: u64) -> Replica {
+        Replica {
+            server: GONE,
+            addr: 0x10_000 * (f + 1),
+            rkey: 0x10 + f,
+        }
+    }
+
+    /// A server that went down holding a copy of each of two files' chunk, as the pool's
+    /// standing of it (the real [`Health`] and [`Parked`], changed by the real
+    /// [`park_free`], [`forget_session`], [`take_parked`] and [`back_up`]) and the files'
+    /// chunk maps (the real lock and [`Chunk`]); the steps of the data path that use them
+    /// mirror [`crate::data::DataStore`]'s (a [`Pool`] needs TCP control connections, which
+    /// cannot run under the model checker).
+    struct RejoinModel {
+        health: Mutex<Health>,
+        unfreed: Mutex<Parked>,
+        failed: AtomicBool,
+        transitions: AtomicU64,
+        /// Frees sent to [`GONE`] on its new link (address, key).
+        wire: Mutex<Vec<(u64, u64)>>,
+        /// Copies on [`GONE`] that rebuild or heal took out of their chunk.
+        let_go: Mutex<Vec<(u64, u64)>>,
+        files: [crate::sync::RwLock<std::collections::BTreeMap<u64, Chunk>>; 2],
+        next_addr: AtomicU64,
+    }
+
+    impl RejoinModel {
+        fn new() -> RejoinModel {
+            let file = |f: u64| {
+                let here = Replica {
+                    server: 0,
+                    addr: 0x1000 * (f + 1),
+                    rkey: 1 + f,
+                };
+                let c = Chunk::with_replicas(4096, &[here, old_copy(f)]);
+                crate::sync::RwLock::new([(0, c)].into_iter().collect())
+            };
+            RejoinModel {
+                health: Mutex::new(Health {
+                    state: ServerState::Down,
+                    since: SystemTime::now(),
+                    next_attempt: Instant::now(),
+                    backoff: Duration::from_millis(100),
+                }),
+                unfreed: Mutex::new(Parked {
+                    session: 0,
+                    frees: vec![EARLIER],
+                }),
+                failed: AtomicBool::new(true),
+                transitions: AtomicU64::new(1),
+                wire: Mutex::new(Vec::new()),
+                let_go: Mutex::new(Vec::new()),
+                files: [file(0), file(1)],
+                next_addr: AtomicU64::new(0x100_000),
+            }
+        }
+
+        fn is_live(&self, server: u32) -> bool {
+            server != GONE || !self.failed.load(Ordering::SeqCst)
+        }
+
+        /// [`Pool::free`] of an extent on [`GONE`].
+        fn free(&self, addr: u64, rkey: u64) {
+            let session = self.unfreed.lock().session;
+            if self.failed.load(Ordering::SeqCst) {
+                park_free(&self.health, &self.unfreed, session, addr, rkey);
+                return;
+            }
+            let parked = std::mem::take(&mut self.unfreed.lock().frees);
+            let mut wire = self.wire.lock();
+            wire.extend(parked);
+            wire.push((addr, rkey));
+        }
+
+        /// `DataStore::rebuild_chunk`, or `heal` before a write, of file `f`'s chunk (under
+        /// its chunk map's write lock): copies on dead servers leave it (`let_go`: taken out,
+        /// then freed), and a chunk short of copies gets one on server 2.
+        fn upkeep(&self, f: usize) {
+            let mut chunks = self.files[f].write();
+            let Some(c) = chunks.get_mut(&0) else { return };
+            let dead: Vec<u32> = c
+                .replicas()
+                .iter()
+                .filter(|r| !self.is_live(r.server))
+                .map(|r| r.server)
+                .collect();
+            if dead.len() == c.replicas().len() {
+                return;
+            }
+            for server in dead {
+                if let Some(gone) = c.remove(server) {
+                    self.let_go.lock().push((gone.addr, gone.rkey));
+                    self.free(gone.addr, gone.rkey);
+                }
+            }
+            if c.replicas().len() < REPLICAS && c.on(2).is_none() {
+                let addr = self.next_addr.fetch_add(0x1000, Ordering::SeqCst);
+                let new = Replica {
+                    server: 2,
+                    addr,
+                    rkey: addr,
+                };
+                assert!(c.add(new), "a new copy's extent leaked");
+            }
+        }
+
+        /// `rebuild::pass`: each file's degraded chunks found under the read lock, then
+        /// rebuilt under the write lock.
+        fn rebuild_pass(&self) {
+            for f in 0..self.files.len() {
+                let degraded = self.files[f].read().values().any(|c| {
+                    c.replicas()
+                        .iter()
+                        .filter(|r| self.is_live(r.server))
+                        .count()
+                        < REPLICAS
+                });
+                if degraded {
+                    self.upkeep(f);
+                }
+            }
+        }
+
+        /// `rebuild::forget_server`: every copy on [`GONE`] leaves every file; how many.
+        fn forget_server(&self) -> usize {
+            self.files
+                .iter()
+                .map(|f| {
+                    f.write()
+                        .values_mut()
+                        .filter_map(|c| c.remove(GONE))
+                        .count()
+                })
+                .sum()
+        }
+
+        /// Runs the rebuild (both files) and a write to file 0 (healing its chunk) against
+        /// `reconnect`; returns what `reconnect` returned.
+        fn race<T: Send + 'static>(
+            self: &Arc<Self>,
+            reconnect: impl FnOnce(&RejoinModel) -> T + Send + 'static,
+        ) -> T {
+            let rebuild = {
+                let w = self.clone();
+                thread::spawn(move || w.rebuild_pass())
+            };
+            let write = {
+                let w = self.clone();
+                thread::spawn(move || w.upkeep(0))
+            };
+            let r = {
+                let w = self.clone();
+                thread::spawn(move || reconnect(&w))
+            };
+            rebuild.join().unwrap();
+            write.join().unwrap();
+            r.join().unwrap()
+        }
+
+        /// Every chunk keeps its copy on server 0, has at most [`REPLICAS`] copies and none
+        /// twice on a server.
+        fn check_chunks(&self) {
+            for (f, file) in self.files.iter().enumerate() {
+                let c = file.read()[&0];
+                let servers: Vec<u32> = c.replicas().iter().map(|r| r.server).collect();
+                assert!(
+                    servers.contains(&0),
+                    "file {f} lost a live copy: {servers:?}"
+                );
+                assert!(servers.len() <= REPLICAS, "file {f}: {servers:?}");
+                let mut distinct = servers.clone();
+                distinct.sort();
+                distinct.dedup();
+                assert_eq!(distinct.len(), servers.len(), "file {f}: {servers:?}");
+            }
+        }
+    }
+
+    /// [`GONE`] comes back without the session (a new process) while the rebuild and a
+    /// write's heal let go of its copies: the reconnect forgets the session, then every copy
+    /// on it (`forget_server`), then admits it. In every interleaving each old copy leaves its
+    /// chunk exactly once (let go or forgotten), the other copies stay, and no free of the old
+    /// session is kept for the new one or sent to it (where an extent with the same address
+    /// and key would be freed under a live copy).
+    #[test]
+    fn model_rejoin_empty_versus_rebuild_and_heal() {
+        shuttle::check_random(
+            || {
+                let w = Arc::new(RejoinModel::new());
+                let forgotten = w.race(|w| {
+                    forget_session(&w.health, &w.unfreed);
+                    let n = w.forget_server();
+                    let mut h = w.health.lock();
+                    if h.state == ServerState::Rejoining {
+                        back_up(&mut h, &w.failed, &w.transitions);
+                    }
+                    n
+                });
+                assert_eq!(w.health.lock().state, ServerState::Up);
+                assert!(!w.failed.load(Ordering::SeqCst));
+                w.check_chunks();
+                for file in &w.files {
+                    assert!(file.read()[&0].on(GONE).is_none(), "an old copy stayed");
+                }
+                let let_go = w.let_go.lock().clone();
+                assert_eq!(
+                    let_go.len() + forgotten,
+                    2,
+                    "let go {let_go:?}, {forgotten} forgotten"
+                );
+                let parked = w.unfreed.lock();
+                assert_eq!(parked.session, 1);
+                assert!(
+                    parked.frees.is_empty(),
+                    "frees of the old session kept for the new one: {:?}",
+                    parked.frees
+                );
+                assert!(
+                    w.wire.lock().is_empty(),
+                    "old frees sent: {:?}",
+                    w.wire.lock()
+                );
+            },
+            3000,
+        );
+    }
+
+    /// [`GONE`] comes back holding the session (within its lease) while the rebuild and a
+    /// write's heal decide about its copies: the reconnect sends the frees kept while it was
+    /// down, then puts it back up. In every interleaving each copy is either kept (the
+    /// server is up with it) or let go and rebuilt on another server, never half of each;
+    /// every extent let go of is freed exactly once, in its session (sent, or still kept for
+    /// the next free: none leaked, none freed twice), and no listed copy is freed.
+    #[test]
+    fn model_rejoin_resumed_versus_rebuild_and_heal() {
+        shuttle::check_random(
+            || {
+                let w = Arc::new(RejoinModel::new());
+                w.race(|w| {
+                    let sent = take_parked(&w.health, &w.unfreed);
+                    w.wire.lock().extend(sent);
+                    back_up(&mut w.health.lock(), &w.failed, &w.transitions);
+                });
+                assert_eq!(w.health.lock().state, ServerState::Up);
+                w.check_chunks();
+                let parked = w.unfreed.lock();
+                assert_eq!(parked.session, 0);
+                let mut freed: Vec<(u64, u64)> = w.wire.lock().clone();
+                freed.extend(parked.frees.iter().copied());
+                freed.sort();
+                let mut let_go = w.let_go.lock().clone();
+                let_go.push(EARLIER);
+                let_go.sort();
+                assert_eq!(freed, let_go, "freed (sent or kept) against let go");
+                for (f, file) in w.files.iter().enumerate() {
+                    let c = file.read()[&0];
+                    assert_eq!(c.replicas().len(), REPLICAS, "file {f} left short");
+                    let old = old_copy(f as u64);
+                    let kept = c.on(GONE).is_some();
+                    assert_ne!(
+                        kept,
+                        freed.contains(&(old.addr, old.rkey)),
+                        "file {f}: its copy on {GONE} kept {kept}, freed {freed:?}"
+                    );
+                }
             },
             3000,
         );
