@@ -886,6 +886,78 @@ m.flush(); m.close(); os.close(fd)' "$m/mapped"
   must "rm big" rm -f "$m/big"
 }
 
+# The writeback cache on a small private pool (512 MiB, where the older rule wrote through
+# below the mount's 1.9 GB dirty allowance): the kernel's dirty data for the mount is kept
+# below the pool's free room (the bdi's max_bytes, which stats reports and the kernel shows),
+# so new handles are cached. Then the pool is filled to ENOSPC by sequential files (each
+# dd conv=fsync) and random 4 KiB writes: ENOSPC comes from write() or fsync() (the test says
+# which), and every file acknowledged before reads back exactly after the caches are dropped.
+test_writeback_room() {
+  local m=$MNT st dev limit room i rc out acked=0 where
+  st=$(t "$BIN" stats --json "$m" | python3 -c '
+import json, sys
+w = json.load(sys.stdin)["writeback"]
+print(w["new_handles"], w["dirty_limit_bytes"], w["free_room_bytes"])') ||
+    fail "stats --json has no writeback object"
+  read -r handles limit room <<<"$st"
+  assert_eq "new writable handles on a 512 MiB pool" "$handles" cached
+  [ "$limit" -gt 0 ] && [ "$limit" -lt "$room" ] ||
+    fail "dirty limit $limit not kept below the pool's room $room"
+  dev=$(awk -v m="$m" '$5 == m { print $3 }' /proc/self/mountinfo | tail -n 1)
+  [ -r "/sys/class/bdi/$dev/max_bytes" ] || fail "no max_bytes for bdi $dev"
+  [ "$(cat "/sys/class/bdi/$dev/max_bytes")" -le "$room" ] ||
+    fail "the kernel's max_bytes $(cat "/sys/class/bdi/$dev/max_bytes") above the room $room"
+  # Sequential files of 32 MiB, each fsynced, until the pool is full.
+  for ((i = 0; i < 40; i++)); do
+    head -c 32M /dev/urandom >"$WORK/ref-$i"
+    rc=0
+    timeout -k 10 "$TMO" dd if="$WORK/ref-$i" of="$m/seq-$i" bs=1M conv=fsync \
+      2>"$WORK/dd.err" || rc=$?
+    is_timeout "$rc" && fail "dd into a filling pool timed out"
+    if [ "$rc" -ne 0 ]; then
+      grep -q "No space left on device" "$WORK/dd.err" ||
+        fail "dd failed without ENOSPC: $(head -c 200 "$WORK/dd.err" | tr '\n' ' ')"
+      where=$(grep -q "fsync failed" "$WORK/dd.err" && echo fsync || echo write)
+      log "sequential fill: ENOSPC from $where() after $i files of 32 MiB"
+      rm -f "$WORK/ref-$i"
+      break
+    fi
+    acked=$((acked + 1))
+  done
+  [ "$acked" -ge 8 ] || fail "only $acked files of 32 MiB fitted a 512 MiB pool"
+  [ "$i" -lt 40 ] || fail "40 files of 32 MiB fitted a 512 MiB pool"
+  t rm -f "$m/seq-$i" "$m/seq-$((acked - 1))"
+  rm -f "$WORK/ref-$((acked - 1))"
+  acked=$((acked - 1))
+  # Random 4 KiB writes over 64 MiB, into the room of one file (32 MiB): ENOSPC again.
+  out=$(t python3 - "$m/rand" <<'PY'
+import errno, os, random, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
+rng = random.Random(7)
+block = os.urandom(4096)
+try:
+    for _ in range(64 * 256 * 2):
+        os.pwrite(fd, block, rng.randrange(64 * 256) * 4096)
+except OSError as e:
+    print("write", errno.errorcode[e.errno]); sys.exit(0)
+try:
+    os.fsync(fd)
+except OSError as e:
+    print("fsync", errno.errorcode[e.errno]); sys.exit(0)
+print("none")
+PY
+) || fail "random writes: $out"
+  case $out in
+    "write ENOSPC" | "fsync ENOSPC") log "random fill: ENOSPC from ${out%% *}()" ;;
+    *) fail "random 4 KiB writes over 64 MiB into 32 MiB of room: $out (want ENOSPC)" ;;
+  esac
+  t rm -f "$m/rand"
+  drop_caches "$m" || fail "drop caches failed"
+  for ((i = 0; i < acked; i++)); do
+    must "acknowledged file $i reads back" cmp "$WORK/ref-$i" "$m/seq-$i"
+  done
+}
+
 # `-o io_uring`: where the kernel has FUSE over io_uring, requests come through the rings
 # (stats says so, the daemon has ring threads, and they answer requests), and a tree, a large
 # file and renames and removals round-trip exactly; where it has not, the mount says
@@ -1160,6 +1232,7 @@ ALL_TESTS=(
   "secret shared nomount"
   "linux_semantics shared nomount"
   "writeback 48M,48M mount --writeback-low-water=0"
+  "writeback_room 512M mount --replicas=1"
   "mount_helper shared nomount"
   "systemd shared nomount"
   "nonroot shared nomount"

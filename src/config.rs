@@ -84,6 +84,17 @@ pub const MAX_CLIENTS: u32 = 256;
 /// of the machine still get their share.
 pub const WRITEBACK_MAX_RATIO: &str = "40";
 
+/// The dirty limit (see [`crate::dirty_limit`]) leaves this share of the pool's free room
+/// (1/8) and [`DIRTY_LIMIT_MARGIN`] unused: the kernel's throttle lets writers overshoot the
+/// limit by a few pages each, and other clients of the same servers take room meanwhile.
+pub const DIRTY_LIMIT_MARGIN_PARTS: u64 = 8;
+/// The fixed part of that margin: 32 MiB, a few full 1 MiB write-backs per writer thread.
+pub const DIRTY_LIMIT_MARGIN: u64 = 32 << 20;
+/// With the dirty limit kept, new writable handles write through (ENOSPC from `write()`)
+/// once the pool's free room is below this: 64 MiB, where the limit (under 24 MiB) would
+/// throttle cached writes more than writing through costs.
+pub const WRITE_THROUGH_BELOW: u64 = 64 << 20;
+
 /// Most control connections one peer address may hold open at once: a mount holds one per
 /// server (plus a short-lived probe), so 16 leaves room for several mounts on one host while
 /// a single misbehaving host cannot take every session slot.

@@ -303,6 +303,8 @@ pub struct Fs {
     requests: crate::requests::RequestStats,
     /// How the kernel's requests reach the adapter, as INIT settled it (`stats`).
     fuse_transport: std::sync::OnceLock<&'static str>,
+    /// The mount's dirty limit, once it is mounted (see [`Fs::direct_writes`]).
+    dirty_limit: std::sync::OnceLock<crate::dirty_limit::DirtyLimit>,
     /// Open directory streams: the listing each one reads (see [`Fs::readdir`]).
     dir_streams: Mutex<HashMap<u64, Listing>>,
     next_fh: AtomicU64,
@@ -428,6 +430,7 @@ impl Fs {
             dir_streams: Mutex::new(HashMap::new()),
             requests: Default::default(),
             fuse_transport: std::sync::OnceLock::new(),
+            dirty_limit: std::sync::OnceLock::new(),
             attr_changed: std::sync::OnceLock::new(),
             next_fh: AtomicU64::new(1),
             config,
@@ -1735,14 +1738,41 @@ impl Fs {
 
     /// Whether a handle opened for writing now should bypass the kernel's writeback cache.
     /// Cached writes meet a full pool only when written back, and the kernel reports that
-    /// at `fsync` or `close`, if at all: when the pool has less room than the mount may hold
-    /// dirty, new handles write through, so ENOSPC comes back from `write` itself.
+    /// at `fsync` or `close`: with the mount's dirty data kept below the pool's free room
+    /// ([`crate::dirty_limit`]), new handles write through only once the pool is nearly
+    /// full; without (a user's mount), whenever the pool has less room than the mount may
+    /// hold dirty. Writing through, ENOSPC comes back from `write` itself.
     pub fn direct_writes(&self) -> bool {
         if !self.config.writeback {
             return false;
         }
+        let room = self.free_room();
+        match self.dirty_limit.get() {
+            Some(limit) => limit.direct(room, self.config.writeback_low_water),
+            None => room < self.config.writeback_low_water,
+        }
+    }
+
+    /// Free bytes of file data the pool can still take, copies counted, as last heard.
+    fn free_room(&self) -> u64 {
         let s = self.statfs_as_heard();
-        s.blocks_free.saturating_mul(s.block_size as u64) < self.config.writeback_low_water
+        s.blocks_free.saturating_mul(s.block_size as u64)
+    }
+
+    /// Keeps the kernel's dirty data for this mount below the pool's free room from now on,
+    /// through `limit` (the mount sets it once mounted).
+    pub fn keep_dirty_limit(&self, limit: crate::dirty_limit::DirtyLimit) {
+        if self.config.writeback && self.dirty_limit.set(limit).is_ok() {
+            self.follow_room();
+        }
+    }
+
+    /// Brings the dirty limit in step with the pool's free room (the upkeep does this every
+    /// heartbeat, so the limit follows room taken by other clients too).
+    pub fn follow_room(&self) {
+        if let Some(limit) = self.dirty_limit.get() {
+            limit.follow(self.free_room());
+        }
     }
 
     fn check_xattr_name(&self, name: &[u8]) -> Result<()> {
@@ -1994,6 +2024,17 @@ impl Fs {
                 "unpinned_bytes": pool.fabric().unpinned_bytes(),
             },
             "fuse": {"transport": self.fuse_transport.get().copied().unwrap_or("")},
+            "writeback": {
+                "cache": self.config.writeback,
+                // New writable handles: through the kernel's cache, or written through.
+                "new_handles": match (self.config.writeback, self.direct_writes()) {
+                    (false, _) => "uncached",
+                    (true, true) => "direct",
+                    (true, false) => "cached",
+                },
+                "dirty_limit_bytes": self.dirty_limit.get().map_or(0, |l| l.bytes()),
+                "free_room_bytes": self.free_room(),
+            },
             "fabric_batches": batches,
             "servers": servers,
             "chunks": {
@@ -2077,6 +2118,14 @@ fn stats_text_of(v: &serde_json::Value) -> String {
     if !t("fuse.transport").is_empty() {
         let _ = writeln!(out, "fuse: {}", t("fuse.transport"));
     }
+    let _ = writeln!(
+        out,
+        "writeback: new writable handles {}; dirty limit {} bytes (0: not kept); pool room {} \
+         bytes",
+        t("writeback.new_handles"),
+        n("writeback.dirty_limit_bytes"),
+        n("writeback.free_room_bytes")
+    );
     let _ = writeln!(out, "fabric: {}", t("fabric.name"));
     let _ = writeln!(
         out,

@@ -14,6 +14,7 @@ pub mod auth;
 pub mod client;
 pub mod config;
 pub mod data;
+pub mod dirty_limit;
 pub mod error;
 pub mod fabric;
 pub mod fs;

@@ -184,7 +184,9 @@ enum Cmd {
         rebuild_delay: f64,
         /// With the writeback cache: free pool bytes (K, M, G) below which files opened for
         /// writing bypass it, so a full pool is ENOSPC at `write` rather than at `fsync` or
-        /// `close`. Default: the dirty page cache this mount may hold.
+        /// `close`. Default: as root, the kernel's dirty data for the mount is kept below the
+        /// pool's free room (the bdi's max_bytes) and files bypass the cache only when the
+        /// pool is nearly full (64M); else the dirty page cache this mount may hold.
         #[arg(long, value_parser = parse_size)]
         writeback_low_water: Option<u64>,
         /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off by default; give a

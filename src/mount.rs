@@ -481,7 +481,8 @@ fn fuser_config(
     let mut acl = true;
     let mut writeback = true;
     let mut readdirplus = true;
-    let mut io_uring = false;
+    // FUSE over io_uring wherever the kernel offers it (see [`allow_io_uring`]).
+    let mut io_uring = true;
     let mut opts = vec![O::DefaultPermissions, O::Subtype("rmemfs".into())];
     for o in options
         .iter()
@@ -563,8 +564,8 @@ struct MountChoices {
     writeback: bool,
     /// READDIRPLUS offered to the kernel (`rdirplus`, the default, or `nordirplus`).
     readdirplus: bool,
-    /// Requests through FUSE over io_uring (`io_uring`; `no_io_uring`, the default, for
-    /// /dev/fuse).
+    /// Requests through FUSE over io_uring where the kernel offers it (`io_uring`, the
+    /// default; `no_io_uring` for /dev/fuse).
     io_uring: bool,
 }
 
@@ -597,8 +598,10 @@ fn dirty_allowance() -> u64 {
 pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
 /// Whether the kernel will offer FUSE over io_uring at INIT: its switch is on, or we turned
-/// it on (root; it only lets file systems that ask for the ring use it). Said in the log
-/// either way.
+/// it on (root). The switch is module-wide but only permits: a FUSE file system gets rings
+/// only if it asks for them at INIT, so others on the host go on through /dev/fuse. A user's
+/// mount cannot write it and uses the rings only if an admin (or a root mount) turned it on.
+/// Said in the log either way (and `stats` names the transport in use).
 fn allow_io_uring() -> bool {
     match std::fs::read_to_string(ENABLE_URING) {
         Ok(v) if v.trim() == "Y" => true,
@@ -608,12 +611,18 @@ fn allow_io_uring() -> bool {
                 true
             }
             Err(e) => {
-                log::warn!("io_uring: cannot turn {ENABLE_URING} on ({e}): using /dev/fuse");
+                log::info!(
+                    "io_uring: the fuse module's enable_uring is off and cannot be turned on \
+                     here ({e}; as root: echo Y > {ENABLE_URING}): using /dev/fuse"
+                );
                 false
             }
         },
         Err(e) => {
-            log::warn!("io_uring: this kernel has no FUSE over io_uring ({ENABLE_URING}: {e}): using /dev/fuse");
+            log::info!(
+                "io_uring: this kernel has no FUSE over io_uring ({ENABLE_URING}: {e}; Linux \
+                 6.14 or newer): using /dev/fuse"
+            );
             false
         }
     }
@@ -877,6 +886,15 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     )
     .map_err(|e| format!("cannot start the rebuild thread: {e}"))?;
     raise_readahead(&mountpoint);
+    // The kernel's dirty data for the mount kept below the pool's room (root: the bdi's
+    // max_bytes, Linux 6.2+; after raise_readahead, whose max_ratio is the same setting),
+    // so the writeback cache can stay on until the pool is nearly full. An explicit
+    // --writeback-low-water keeps its rule instead.
+    if config.writeback_low_water.is_none() {
+        let bdi = mount_device(&mountpoint)
+            .map(|dev| PathBuf::from(format!("/sys/class/bdi/{dev}/max_bytes")));
+        fs.keep_dirty_limit(crate::dirty_limit::DirtyLimit::new(bdi, dirty_allowance()));
+    }
     let metrics = metrics_listener
         .map(|listener| {
             let (a, b, c) = (fs.clone(), fs.clone(), fs.clone());
@@ -985,8 +1003,10 @@ mod tests {
         assert!(c.readdirplus);
         let (_, c) = fuser_config(&["nordirplus".into()], 1).unwrap();
         assert!(!c.readdirplus);
-        assert!(!c.io_uring, "/dev/fuse unless asked");
-        let (_, c) = fuser_config(&["io_uring".into()], 1).unwrap();
+        assert!(c.io_uring, "FUSE over io_uring by default");
+        let (_, c) = fuser_config(&["no_io_uring".into()], 1).unwrap();
+        assert!(!c.io_uring);
+        let (_, c) = fuser_config(&["no_io_uring,io_uring".into()], 1).unwrap();
         assert!(c.io_uring);
         let (_, c) = fuser_config(&["io_uring,no_io_uring".into()], 1).unwrap();
         assert!(!c.io_uring);

@@ -261,6 +261,8 @@ impl Rebuilder {
                 supervised("heartbeat", &s, tick, f.upkeep_panics(), || {
                     f.fault_point("heartbeat");
                     f.data().pool().heartbeat(detection);
+                    // The room just heard of bounds the kernel's dirty data for the mount.
+                    f.follow_room();
                 });
             })?;
         let (s, f) = (stop.clone(), fs.clone());

@@ -64,6 +64,7 @@ tcp_transports=("${transports[@]}")
 if has_fuse_uring; then tcp_transports+=(uring-poll); fi
 opts_of() {
   case $1 in
+    dev) echo "-o no_io_uring" ;;
     uring) echo "-o io_uring" ;;
     uring-poll) echo "-o io_uring --busy-poll" ;;
   esac

@@ -65,7 +65,7 @@ fi
 tree_bytes=$(tar tvf "$tree_tar" | awk '{ s += $3 } END { print s }')
 
 start_server 4G
-mount_fs "$BASE/rmemfs" "$SERVER_ADDR"
+mount_fs "$BASE/rmemfs" "$SERVER_ADDR" -o no_io_uring
 # rmemfs again through FUSE over io_uring, where this kernel has it (same server).
 targets=(tmpfs rmemfs)
 if has_fuse_uring; then

@@ -117,7 +117,17 @@ other_than() {
 # once a rebuild runs) pauses the writers, dumps placement and kills a second host B. Checks
 # what is left, brings both back empty, checks again, removes what was lost.
 double_kill() {
-  local a=$1 mode=$2 b dump=$WORK/dump-$FAULTS.json killed t_low="" name
+  local a=$1 mode=$2 b dump=$WORK/dump-$FAULTS.json killed t_low="" name holders
+  # The first kill must take copies with it (a server re-admitted empty may hold none yet,
+  # and its loss would degrade nothing): another host holding some, if A holds none.
+  holders=$(stats_field "$MNT" "' '.join(str(i) for i, x in enumerate(s['servers'])
+      if x['total_bytes'] - x['free_bytes'] - x['stocked_bytes'] >= $((8 << 20)))")
+  if ! grep -qw "$a" <<<"$holders"; then
+    read -ra holders <<<"$holders"
+    [ ${#holders[@]} -gt 0 ] || fail "no server holds copies"
+    a=${holders[RANDOM % ${#holders[@]}]}
+    printf 'chaos:   (host %d holds copies; the first kill takes it)\n' "$a"
+  fi
   other_than "$a"
   b=$OTHER
   host_kill "$a"
