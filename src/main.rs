@@ -67,10 +67,17 @@ enum Cmd {
         /// loopback only; give a routable address to serve other machines.
         #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)))]
         listen: SocketAddr,
-        /// Size of the memory arena to lend, e.g. 512M, 8G. Pages are only used (and pinned)
-        /// where clients allocate.
+        /// Size of the memory arena to lend, e.g. 512M, 8G. It is reserved at start: every
+        /// page faulted in (and locked in RAM where the memlock limit allows) before the
+        /// server listens, so first writes are as fast as later ones and the host cannot
+        /// take the memory back; a size the host cannot hold fails at start.
         #[arg(long, default_value = "1G", value_parser = parse_size)]
         size: u64,
+        /// Take the arena's pages only as clients first write them (and pin them), as a
+        /// lender of spare memory may prefer: the server starts at once and costs RAM only
+        /// where used, but first writes run slower and the host may be short when asked.
+        #[arg(long)]
+        lazy: bool,
         #[command(flatten)]
         fabric: FabricArgs,
         /// File with the shared secret clients must prove they hold (`rmemfs keygen`); also
@@ -266,6 +273,7 @@ fn main() -> ExitCode {
         Cmd::Serve {
             listen,
             size,
+            lazy,
             fabric,
             op_timeout,
             secret_file,
@@ -286,6 +294,7 @@ fn main() -> ExitCode {
                         max_clients,
                         max_connections_per_peer,
                         lease: Duration::from_secs(lease),
+                        reserve: !lazy,
                         ..ServerConfig::new(listen, size)
                     },
                     insecure,

@@ -281,13 +281,7 @@ fn unescape_mountinfo(s: &str) -> String {
 /// A default embedded arena: a quarter of the memory available now, between 64 MiB and 8 GiB
 /// (1 GiB when that cannot be read). Pages cost RAM only when files use them.
 pub fn default_embedded_size() -> u64 {
-    let avail = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        m.lines()
-            .find_map(|l| l.strip_prefix("MemAvailable:"))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .map(|kib| kib * 1024)
-    });
-    match avail {
+    match crate::size::mem_available() {
         Some(b) => (b / 4).clamp(config::EMBEDDED_MIN_BYTES, config::EMBEDDED_MAX_BYTES),
         None => 1 << 30,
     }
@@ -578,14 +572,7 @@ fn dirty_allowance() -> u64 {
             .ok()
             .and_then(|s| s.trim().parse::<u64>().ok())
     };
-    let available = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(8 << 30, |kb| kb * 1024);
+    let available = crate::size::mem_available().unwrap_or(8 << 30);
     let threshold = match read_u64("/proc/sys/vm/dirty_bytes") {
         Some(b) if b > 0 => b,
         _ => available / 100 * read_u64("/proc/sys/vm/dirty_ratio").unwrap_or(20),

@@ -1,5 +1,20 @@
 //! Human sizes on the command line: `4096`, `64K`, `512M`, `8G`, `1T` (binary multiples;
-//! `KiB`/`MB`-style suffixes are accepted and mean the same).
+//! `KiB`/`MB`-style suffixes are accepted and mean the same), and the host's memory that
+//! default sizes and checks are taken from.
+
+/// The host's available memory now (`MemAvailable` of /proc/meminfo), if it can be read.
+pub fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kib * 1024)
+}
 
 /// Parses a size; the error says what was wrong.
 pub fn parse_size(s: &str) -> Result<u64, String> {

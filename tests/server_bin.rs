@@ -1024,3 +1024,53 @@ fn a_busy_polling_pool_completes_small_and_large_ops() {
         assert!(buf.to_vec(0, 4096).iter().all(|&x| x == i as u8), "op {i}");
     }
 }
+
+/// A field of /proc/PID/status in KiB (VmRSS, VmLck).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+#[test]
+fn the_arena_is_reserved_before_the_server_listens_unless_lazy() {
+    // Reserved: by the time the address is printed, the whole arena is resident (and, as
+    // root, locked), so a first write costs what a later one does.
+    let mut reserved = Server::start("64M");
+    let rss = status_kib(reserved.child.id(), "VmRSS");
+    assert!(rss >= 64 * 1024, "reserved server: VmRSS {rss} KiB");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let locked = status_kib(reserved.child.id(), "VmLck");
+        assert!(
+            locked >= 64 * 1024,
+            "reserved server as root: VmLck {locked} KiB"
+        );
+    }
+    reserved.signal(libc::SIGTERM);
+    reserved.wait_exit();
+    // Lazy: pages only as clients write.
+    let mut lazy = Server::start_args(rmemfs_cmd(), "127.0.0.1:0", "64M", &["--lazy"]);
+    let rss = status_kib(lazy.child.id(), "VmRSS");
+    assert!(rss < 48 * 1024, "lazy server: VmRSS {rss} KiB");
+    lazy.signal(libc::SIGTERM);
+    lazy.wait_exit();
+}
+
+#[test]
+fn an_arena_the_host_cannot_hold_fails_at_start() {
+    // Far beyond this machine's memory (and below the address space): refused at start with
+    // a message naming --lazy, not accepted and failed later under a client's write.
+    let out = rmemfs_cmd()
+        .args(["serve", "--listen", "127.0.0.1:0", "--size", "64T"])
+        .args(["--fabric", &fabric_name()])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run rmemfs serve");
+    assert!(!out.status.success(), "a 64 TiB arena was reserved");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--lazy"), "{err}");
+}

@@ -55,7 +55,52 @@ unsafe impl Send for Arena {}
 // SAFETY: as above; no references to its bytes are ever created.
 unsafe impl Sync for Arena {}
 
+/// `madvise` advice that faults every page of a range in, writable (Linux 5.14+;
+/// include/uapi/asm-generic/mman-common.h; not in the libc crate this builds with).
+const MADV_POPULATE_WRITE: libc::c_int = 23;
+
+/// How a reserved arena came out ([`Arena::reserve`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reserved {
+    /// Every page faulted in and locked in RAM (no swap, no reclaim).
+    Locked,
+    /// Every page faulted in, but not locked (the memlock limit is below the arena); the
+    /// host may still swap it out under pressure.
+    Populated,
+}
+
 impl Arena {
+    /// Faults every page of the arena in now (and locks it where the memlock limit allows),
+    /// so the first write into it costs what a later one does and the host cannot take the
+    /// memory back under pressure. Done before the server listens: no client exists yet,
+    /// so nothing else touches the arena meanwhile.
+    fn reserve(&self) -> io::Result<Reserved> {
+        // SAFETY: the range is this arena's own mapping; the advice only faults its pages in
+        // (their contents stay zero).
+        let r =
+            unsafe { libc::madvise(self.ptr as *mut libc::c_void, self.len, MADV_POPULATE_WRITE) };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINVAL) {
+                return Err(e);
+            }
+            // A kernel before 5.14: touch each page instead.
+            let page = page_size();
+            for off in (0..self.len).step_by(page) {
+                // SAFETY: `off` is inside the mapping, which is writable; nothing else holds
+                // a reference to its bytes (no client exists yet), and the byte is zero.
+                unsafe { std::ptr::write_volatile(self.ptr.add(off), 0) };
+            }
+        }
+        // SAFETY: locking our own mapping's pages; the result is checked.
+        let locked = unsafe { libc::mlock(self.ptr as *const libc::c_void, self.len) } == 0;
+        Ok(if locked {
+            Reserved::Locked
+        } else {
+            Reserved::Populated
+        })
+    }
+
     fn map(len: usize) -> io::Result<Arena> {
         // SAFETY: a fresh anonymous private mapping; the result is checked. NORESERVE: the
         // arena only costs RAM where clients write (and where extents are pinned).
@@ -108,6 +153,10 @@ pub struct ServerConfig {
     /// How long a dropped session's extents are kept for its client to resume (`--lease`;
     /// zero: freed at once).
     pub lease: Duration,
+    /// Reserve the arena at start (fault it in, lock it where allowed) instead of taking
+    /// pages as clients first write them (`serve` does unless `--lazy`; the embedded server
+    /// of a mount stays lazy).
+    pub reserve: bool,
 }
 
 impl ServerConfig {
@@ -123,6 +172,7 @@ impl ServerConfig {
             max_clients: crate::config::MAX_CLIENTS,
             max_connections_per_peer: crate::config::MAX_CONNECTIONS_PER_PEER,
             lease: crate::config::LEASE,
+            reserve: false,
         }
     }
 }
@@ -242,6 +292,40 @@ impl MemoryServer {
         let arena = Arena::map(size as usize).map_err(|e| {
             io::Error::new(e.kind(), format!("cannot map a {size}-byte arena: {e}"))
         })?;
+        if config.reserve {
+            // Faulting in more than the host has would end in the OOM killer, not an error.
+            if let Some(available) = crate::size::mem_available() {
+                if size > available {
+                    return Err(io::Error::new(
+                        io::ErrorKind::OutOfMemory,
+                        format!(
+                            "cannot reserve a {size}-byte arena: this host has {available} \
+                             bytes available (a smaller --size, or --lazy to take pages as \
+                             clients write)"
+                        ),
+                    ));
+                }
+            }
+            let start = std::time::Instant::now();
+            let how = arena.reserve().map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot reserve a {size}-byte arena ({e}): this host cannot lend that \
+                         much (a smaller --size, or --lazy to take pages as clients write)"
+                    ),
+                )
+            })?;
+            log::info!(
+                "arena of {size} bytes reserved in {:.2} s ({})",
+                start.elapsed().as_secs_f64(),
+                match how {
+                    Reserved::Locked => "locked in RAM",
+                    Reserved::Populated =>
+                        "not locked: the memlock limit is below the arena, so the host may swap it",
+                }
+            );
+        }
         let listener = TcpListener::bind(config.listen).map_err(|e| {
             io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen))
         })?;
