@@ -34,6 +34,7 @@ read -ra B_MOUNT <<<"${B_ARGS:-}"
 read -ra A_SRV <<<"${A_SERVE:-}"
 read -ra B_SRV <<<"${B_SERVE:-}"
 JOBS=(seq-write seq-read rand-write rand-read)
+export RUNTIME
 
 ensure_packages fio:fio python3:python3 fusermount3:fuse3
 BIN=$A_BIN check_prereqs mount serve || exit 2
