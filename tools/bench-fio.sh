@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The peer benchmark (#13): fio on tmpfs; on rmemfs over the in-process fabric (no network: the
+# The peer benchmark (#13, #27): fio on tmpfs; on two FUSE peers, an in-memory FUSE file system
+# with the writeback cache (`rmemfs-bench memfs`) and sshfs over loopback (an sshd of its own
+# on a free loopback port, to a tmpfs directory); on rmemfs over the in-process fabric (no network: the
 # ceiling of rmemfs's own code plus FUSE); on rmemfs over tcp with one server, with two
 # servers and one copy of each chunk (striped), and with two servers and two copies; next to
 # the raw fabric numbers of `rmemfs-bench fabric` (the lab crate: build with
@@ -42,7 +44,33 @@ export SIZE RUNTIME
 JOBS=(seq-write seq-write-4j seq-fresh seq-overwrite seq-read seq-read-4j
   rand-write rand-write-4j rand-read rand-read-4j)
 
-ensure_packages fio:fio python3:python3 fusermount3:fuse3 pgrep:procps numfmt:coreutils
+ensure_packages fio:fio python3:python3 fusermount3:fuse3 pgrep:procps numfmt:coreutils \
+  sshfs:sshfs sshd:openssh-server
+
+# start_loopback_sshd DIR: an sshd of its own on a free loopback port (SSHD_PORT, SSHD_PID),
+# root's login by a throwaway key (DIR/id) only; for the sshfs peer. Ends with the run.
+start_loopback_sshd() {
+  local dir=$1 i
+  mkdir -p "$dir" /run/sshd
+  chmod 700 "$dir"
+  ssh-keygen -q -t ed25519 -N "" -f "$dir/host" </dev/null
+  ssh-keygen -q -t ed25519 -N "" -f "$dir/id" </dev/null
+  cp "$dir/id.pub" "$dir/authorized_keys"
+  SSHD_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  "$(command -v sshd)" -D -e -f /dev/null -p "$SSHD_PORT" -o ListenAddress=127.0.0.1 \
+    -o HostKey="$dir/host" -o AuthorizedKeysFile="$dir/authorized_keys" -o UsePAM=no \
+    -o PermitRootLogin=prohibit-password -o PasswordAuthentication=no \
+    -o "Subsystem=sftp internal-sftp" -o PidFile=none 2>"$dir/sshd.log" &
+  SSHD_PID=$!
+  trap 'kill "$SSHD_PID" 2>/dev/null; cleanup' EXIT
+  for ((i = 0; i < 50; i++)); do
+    ssh -p "$SSHD_PORT" -i "$dir/id" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+      -o BatchMode=yes root@127.0.0.1 true 2>/dev/null && return 0
+    sleep 0.2
+  done
+  echo "the loopback sshd did not accept the key: $(tail -n 3 "$dir/sshd.log")" >&2
+  return 1
+}
 check_prereqs mount serve || exit 2
 check_bench fabric mount || exit 2
 if ! size_bytes=$(numfmt --from=iec "$SIZE" 2>/dev/null); then
@@ -100,6 +128,29 @@ mount -t tmpfs -o "size=$SERVER_SIZE" tmpfs "$BASE/tmpfs"
 run_jobs tmpfs "$BASE/tmpfs"
 timeout -k 10 60 umount "$BASE/tmpfs"
 
+# The peers (#27): an in-memory FUSE file system with the writeback cache (rmemfs-bench
+# memfs: no rmemfs code, its bytes in the daemon's memory), and sshfs over loopback.
+echo "== memfs (an in-memory FUSE file system with the writeback cache)"
+mkdir -p "$BASE/memfs"
+"$BENCH_BIN" memfs "$BASE/memfs" >"$BASE/logs/memfs.log" 2>&1 &
+memfs_pid=$!
+for ((i = 0; i < 100; i++)); do is_mounted "$BASE/memfs" && break; sleep 0.1; done
+is_mounted "$BASE/memfs" || { echo "memfs did not mount: $(tail -n 3 "$BASE/logs/memfs.log")" >&2; exit 1; }
+run_jobs memfs "$BASE/memfs"
+timeout -k 10 60 umount "$BASE/memfs"
+wait "$memfs_pid" || true
+
+echo "== sshfs over loopback (to a directory on tmpfs)"
+start_loopback_sshd "$BASE/sshd"
+mkdir -p "$BASE/sshfs-src" "$BASE/sshfs"
+mount -t tmpfs -o "size=$SERVER_SIZE" tmpfs "$BASE/sshfs-src"
+sshfs -p "$SSHD_PORT" -o "IdentityFile=$BASE/sshd/id,StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null" \
+  "root@127.0.0.1:$BASE/sshfs-src" "$BASE/sshfs"
+run_jobs sshfs "$BASE/sshfs"
+timeout -k 10 60 umount "$BASE/sshfs"
+timeout -k 10 60 umount "$BASE/sshfs-src"
+kill "$SSHD_PID" 2>/dev/null || true
+
 echo "== rmemfs over the in-process fabric ($SERVER_SIZE; no network on the data path)"
 mount_inproc "$BASE/mnt-0" "$SERVER_SIZE" || exit 1
 run_jobs rmemfs-inproc "$BASE/mnt-0"
@@ -137,7 +188,7 @@ import json, os, re, sys
 
 out, size, runtime, server_size = sys.argv[1:5]
 run_order = sys.argv[5].split()  # JOBS: the stats snapshots are cumulative in this order
-targets = ["tmpfs", "rmemfs-inproc", "rmemfs-1", "rmemfs-2r1", "rmemfs-2"]
+targets = ["tmpfs", "memfs", "sshfs", "rmemfs-inproc", "rmemfs-1", "rmemfs-2r1", "rmemfs-2"]
 jobs = ["seq-read", "seq-read-4j", "seq-write", "seq-write-4j", "seq-fresh", "seq-overwrite",
         "rand-read", "rand-read-4j", "rand-write", "rand-write-4j"]
 
@@ -221,7 +272,8 @@ def mb(target, job):
 
 ratios = {}
 print()
-cols = [("inproc/tmpfs", "rmemfs-inproc", "tmpfs"), ("1/inproc", "rmemfs-1", "rmemfs-inproc"),
+cols = [("1/memfs", "rmemfs-1", "memfs"), ("1/sshfs", "rmemfs-1", "sshfs"),
+        ("inproc/tmpfs", "rmemfs-inproc", "tmpfs"), ("1/inproc", "rmemfs-1", "rmemfs-inproc"),
         ("1/tmpfs", "rmemfs-1", "tmpfs"), ("2r1/1", "rmemfs-2r1", "rmemfs-1"),
         ("2/1", "rmemfs-2", "rmemfs-1"), ("2/inproc", "rmemfs-2", "rmemfs-inproc")]
 print(f"{'job':<14} " + " ".join(f"{c[0]:>12}" for c in cols) + "   (MB/s ratios)")

@@ -31,7 +31,7 @@ FILES=${FILES:-100000}
 TAR_FILES=${TAR_FILES:-10000}
 BUILD=${BUILD:-1}
 OUT=${OUT:-target/bench-meta}
-ensure_packages python3:python3 tar:tar bc:bc
+ensure_packages python3:python3 tar:tar bc:bc bindfs:bindfs
 check_prereqs mount serve stats || exit 2
 check_bench bars fuse-floor || exit 2
 mkdir -p "$OUT"
@@ -74,6 +74,10 @@ if has_fuse_uring; then
 fi
 mkdir -p "$BASE/tmpfs"
 mount -t tmpfs -o size=4G tmpfs "$BASE/tmpfs"
+# The peer for the tree (#27): bindfs, a libfuse passthrough file system, over a tmpfs.
+mkdir -p "$BASE/bindfs-src" "$BASE/bindfs"
+mount -t tmpfs -o size=4G tmpfs "$BASE/bindfs-src"
+bindfs "$BASE/bindfs-src" "$BASE/bindfs"
 
 # seconds CMD...: how long CMD took; fails when CMD does (command substitution drops set -e,
 # so callers check: `s=$(seconds ...) || exit 1`).
@@ -96,7 +100,7 @@ timed() {
   record "$target" "$measure" "$secs"
 }
 
-for target in "${targets[@]}"; do
+for target in "${targets[@]}" bindfs; do
   dir=$BASE/$target
   echo "== $target: the $TAR_FILES-file tree ($((tree_bytes / 1000000)) MB)" >&2
   sync
@@ -157,6 +161,8 @@ fi
 unmount_fs "$BASE/rmemfs"
 [ "${#targets[@]}" -gt 2 ] && unmount_fs "$BASE/rmemfs-ring"
 umount "$BASE/tmpfs"
+umount "$BASE/bindfs"
+umount "$BASE/bindfs-src"
 
 python3 - "$results" "$BASE/before.json" "$BASE/after.json" "$TAR_FILES" "$FILES" \
   "$base_kib" "$after_kib" "$OUT" "$BASE/removed.json" <<'PY'
@@ -171,6 +177,7 @@ for line in open(results):
     if measure not in measures:
         measures.append(measure)
 targets = [t for t in ["tmpfs", "rmemfs", "rmemfs-ring"] if t in rows]
+peer = rows.get("bindfs", {})
 print(f"\n# metadata-heavy work, seconds (one run; tmpfs, and rmemfs with one memory server "
       f"through /dev/fuse and, as rmemfs-ring, through FUSE over io_uring)")
 print(f"{'measure':<26}" + "".join(f"{t:>12}" for t in targets)
@@ -179,6 +186,13 @@ for m in measures:
     t = rows["tmpfs"][m]
     print(f"{m:<26}" + "".join(f"{rows[x][m]:>12.3f}" for x in targets)
           + "".join(f"{(rows[x][m] / t if t else 0):>17.1f}x" for x in targets[1:]))
+if peer:
+    print("\n# the tree against bindfs (a libfuse passthrough file system over tmpfs), seconds "
+          "and rmemfs / bindfs")
+    for m in [m for m in measures if m in peer]:
+        print(f"{m:<26}{'bindfs':>8} {peer[m]:.3f}" + "".join(
+            f"   {t} {rows[t][m]:.3f} ({rows[t][m] / peer[m]:.2f}x)"
+            for t in targets[1:] if m in rows[t] and peer[m]))
 req = lambda path: {op: v["count"] for op, v in json.load(open(path))["requests"].items()}
 def per_file_of(b, a):
     return {op: (a[op] - b.get(op, 0)) / tar_files for op in a if a[op] - b.get(op, 0) > 0}

@@ -12,4 +12,5 @@ pub mod bench;
 mod chart;
 pub mod fio_chart;
 pub mod fuse_floor;
+pub mod memfs;
 pub mod mrrc_sim;

@@ -108,6 +108,16 @@ enum Cmd {
         #[arg(short = 'o', value_delimiter = ',')]
         options: Vec<String>,
     },
+    /// An in-memory FUSE file system with the kernel's writeback cache (no rmemfs code):
+    /// the peer bench-fio sets beside rmemfs. Foreground; prints `ready` once mounted;
+    /// `umount MOUNTPOINT` ends it.
+    Memfs {
+        /// Where to mount (an existing, empty directory).
+        mountpoint: PathBuf,
+        /// FUSE threads (as an rmemfs mount has).
+        #[arg(long, default_value_t = rmemfs::config::FUSE_THREADS)]
+        threads: usize,
+    },
     /// What the authenticated handshake costs: control connections to a server with a
     /// secret against one without, side by side.
     Handshake {
@@ -161,8 +171,10 @@ fn mount_inprocess(mountpoint: PathBuf, size: u64, options: Vec<String>) -> Resu
 }
 
 /// The bench-fio targets, in the order their bars are drawn.
-const FIO_TARGETS: [&str; 5] = [
+const FIO_TARGETS: [&str; 7] = [
     "tmpfs",
+    "memfs",
+    "sshfs",
     "rmemfs-inproc",
     "rmemfs-1",
     "rmemfs-2r1",
@@ -203,6 +215,10 @@ fn main() -> ExitCode {
             size,
             options,
         } => mount_inprocess(mountpoint, size, options),
+        Cmd::Memfs {
+            mountpoint,
+            threads,
+        } => rmemfs_lab::memfs::run(&mountpoint, threads),
         Cmd::Fabric {
             sizes,
             depths,
