@@ -829,7 +829,7 @@ print(listed, refused)' "$m/tmpdir") || fail "O_TMPFILE: $out"
   grep -q "Operation not permitted" <<<"$out" || fail "rmdir inside an immutable directory: $out"
   must "chattr -i" chattr -i "$m/imm"
   # (On a directory: under the writeback cache the kernel keeps a regular file's ctime itself
-  # and FUSE's chattr path does not touch it, a kernel limit the README names.)
+  # and FUSE's chattr path does not touch it, a kernel limit doc/SEMANTICS.md names.)
   before=$(stat -c %.9Z "$m/imm")
   must "chattr +d" chattr +d "$m/imm"
   python3 -c 'import sys; sys.exit(0 if float(sys.argv[2]) > float(sys.argv[1]) else 1)' \

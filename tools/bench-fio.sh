@@ -44,8 +44,17 @@ export SIZE RUNTIME
 JOBS=(seq-write seq-write-4j seq-fresh seq-overwrite seq-read seq-read-4j
   rand-write rand-write-4j rand-read rand-read-4j)
 
+# openssh-server is installed for the sshfs peer's own sshd only: the package's system
+# service must not start (it would listen on every interface), so a policy-rc.d holds it
+# back while it installs, unless the machine has one already.
+policy=/usr/sbin/policy-rc.d
+made_policy=0
+if ! command -v sshd >/dev/null 2>&1 && [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
+fi
 ensure_packages fio:fio python3:python3 fusermount3:fuse3 pgrep:procps numfmt:coreutils \
   sshfs:sshfs sshd:openssh-server
+[ "$made_policy" = 1 ] && rm -f "$policy"
 
 # start_loopback_sshd DIR: an sshd of its own on a free loopback port (SSHD_PORT, SSHD_PID),
 # root's login by a throwaway key (DIR/id) only; for the sshfs peer. Ends with the run.
