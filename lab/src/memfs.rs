@@ -31,6 +31,8 @@ struct Node {
     data: Vec<u8>,
     children: BTreeMap<OsString, u64>,
     mtime: SystemTime,
+    /// Unlinked: writes back to it are dropped.
+    orphan: bool,
 }
 
 struct Tree {
@@ -52,6 +54,7 @@ impl Node {
             data: Vec::new(),
             children: BTreeMap::new(),
             mtime: SystemTime::now(),
+            orphan: false,
         }
     }
 
@@ -137,8 +140,12 @@ impl Tree {
             (true, true) if !node.children.is_empty() => return Err(libc::ENOTEMPTY),
             _ => {}
         }
-        // Open files keep nothing: a benchmark peer, not a POSIX reference.
-        self.nodes.remove(&ino);
+        // The node stays (the kernel may still write back cached pages of it, and must not
+        // hear ENOENT), but its bytes go: a benchmark peer, not a POSIX reference, so an
+        // unlinked file that is still open reads as empty.
+        let n = self.nodes.get_mut(&ino).expect("looked up");
+        n.data = Vec::new();
+        n.orphan = true;
         let p = self.nodes.get_mut(&parent).expect("looked up");
         p.children.remove(name);
         if dir {
@@ -311,6 +318,9 @@ impl Filesystem for MemFs {
         let Some(n) = tree.nodes.get_mut(&ino.0) else {
             return reply.error(errno(libc::ENOENT));
         };
+        if n.orphan {
+            return reply.written(data.len() as u32);
+        }
         let end = offset as usize + data.len();
         if n.data.len() < end {
             n.data.resize(end, 0);
