@@ -68,10 +68,10 @@ start_loopback_sshd() {
   SSHD_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   "$(command -v sshd)" -D -e -f /dev/null -p "$SSHD_PORT" -o ListenAddress=127.0.0.1 \
     -o HostKey="$dir/host" -o AuthorizedKeysFile="$dir/authorized_keys" -o UsePAM=no \
-    -o PermitRootLogin=prohibit-password -o PasswordAuthentication=no \
+    -o PermitRootLogin=prohibit-password -o PasswordAuthentication=no -o StrictModes=no \
     -o "Subsystem=sftp internal-sftp" -o PidFile=none 2>"$dir/sshd.log" &
   SSHD_PID=$!
-  trap 'kill "$SSHD_PID" 2>/dev/null; cleanup' EXIT
+  trap 'kill "$SSHD_PID" 2>/dev/null || true; cleanup' EXIT
   for ((i = 0; i < 50; i++)); do
     ssh -p "$SSHD_PORT" -i "$dir/id" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
       -o BatchMode=yes root@127.0.0.1 true 2>/dev/null && return 0
