@@ -1746,11 +1746,10 @@ impl Fs {
         if !self.config.writeback {
             return false;
         }
-        let room = self.free_room();
-        match self.dirty_limit.get() {
-            Some(limit) => limit.direct(room, self.config.writeback_low_water),
-            None => room < self.config.writeback_low_water,
-        }
+        let (room, low_water) = (self.free_room(), self.config.writeback_low_water);
+        self.dirty_limit
+            .get()
+            .map_or(room < low_water, |limit| limit.direct(room, low_water))
     }
 
     /// Free bytes of file data the pool can still take, copies counted, as last heard.

@@ -45,6 +45,12 @@ pub struct Offers {
     pub io_uring: bool,
 }
 
+/// Where the fuse control file system is mounted (`mount -t fusectl`): each connection's
+/// directory there holds its `abort` file.
+pub const FUSECTL: &str = "/sys/fs/fuse/connections";
+/// [`FUSECTL`] for mount(2).
+const FUSECTL_C: &std::ffi::CStr = c"/sys/fs/fuse/connections";
+
 impl FuseFs {
     pub fn new(fs: Arc<Fs>, offers: Offers) -> FuseFs {
         FuseFs {
@@ -67,8 +73,7 @@ impl FuseFs {
             return false;
         };
         if !abort.exists() {
-            // Where `crate::mount::FUSECTL` names it.
-            let (src, dir) = (c"fusectl", c"/sys/fs/fuse/connections");
+            let (src, dir) = (c"fusectl", FUSECTL_C);
             // SAFETY: every argument is a NUL-terminated string that outlives the call; the
             // data argument may be null.
             unsafe {

@@ -635,11 +635,11 @@ fn connection_abort_file(mountpoint: &Path) -> Option<PathBuf> {
     let dev = mount_device(mountpoint)?;
     let (major, minor) = dev.split_once(':')?;
     let id = (major.parse::<u64>().ok()? << 20) | minor.parse::<u64>().ok()?;
-    Some(PathBuf::from(format!("{FUSECTL}/{id}/abort")))
+    Some(PathBuf::from(format!(
+        "{}/{id}/abort",
+        crate::fuse::FUSECTL
+    )))
 }
-
-/// Where the fuse control file system is mounted (`mount -t fusectl`).
-pub const FUSECTL: &str = "/sys/fs/fuse/connections";
 
 /// Buffered reads reach the daemon in pieces of the mount's readahead window (128 KiB by
 /// default); each piece costs a round trip to a server. Raising it to the FUSE request limit

@@ -40,17 +40,22 @@ fn placement(t: &TestFs, path: &str) -> Vec<BTreeSet<usize>> {
         .collect()
 }
 
-/// Brings server `i` back empty and has the pool take it in again, as the reconnect thread
-/// does: the copies it listed are forgotten first.
-fn rejoin_empty(t: &mut TestFs, i: usize) {
-    let pool = t.fs.data().pool().clone();
-    // The pool notices the death on its own threads (the control connection closes).
+/// Waits until the pool has seen server `i` down (it notices on its own threads: the control
+/// connection closes).
+fn wait_down(pool: &rmemfs::client::Pool, i: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while pool.status()[i].state != ServerState::Down {
         assert!(Instant::now() < deadline, "server {i} never seen down");
         pool.refresh();
         std::thread::yield_now();
     }
+}
+
+/// Brings server `i` back empty and has the pool take it in again, as the reconnect thread
+/// does: the copies it listed are forgotten first.
+fn rejoin_empty(t: &mut TestFs, i: usize) {
+    let pool = t.fs.data().pool().clone();
+    wait_down(&pool, i);
     t.restart_server(i);
     assert_eq!(pool.try_reconnect(ServerId(i as u32)), Some(Rejoin::Empty));
     rmemfs::rebuild::forget_server(&t.fs, ServerId(i as u32));
@@ -260,12 +265,8 @@ fn a_write_with_every_server_down_is_eio_not_enospc() {
         t.kill_server(0);
         t.kill_server(1);
         let pool = t.fs.data().pool().clone();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while pool.live_servers() > 0 {
-            assert!(Instant::now() < deadline, "the deaths never seen");
-            pool.refresh();
-            std::thread::yield_now();
-        }
+        wait_down(&pool, 0);
+        wait_down(&pool, 1);
         t.create("new").unwrap();
         assert_eq!(
             t.write_file("new", 0, &bytes(4, 2 * MIB)),
