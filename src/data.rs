@@ -29,8 +29,7 @@ use crate::client::{Pool, RemoteOp, Room};
 use crate::error::{Error, Result};
 use crate::fabric::mem::page_size;
 use crate::fabric::{AlignedBuf, Opcode, RemoteRegion, ServerId, Sge};
-use crate::fuse::RequestBuffer;
-use crate::meta::{Chunk, Replica, MAX_REPLICAS};
+use crate::meta::{Chunk, ChunkMap, Replica, MAX_REPLICAS};
 use crate::mrrc::{CacheConfig, CacheStats, FabricRegistrar, Pinned, Policy, RegCache};
 use crate::sync::{Arc, Condvar, Mutex};
 use std::collections::BTreeMap;
@@ -185,6 +184,42 @@ fn lost(idx: u64) -> Error {
     )
 }
 
+/// A write payload in memory that stays mapped, and unchanged while the write runs, for the
+/// whole life of the mount (a FUSE request buffer), so it may be registered in place
+/// (through the registration cache, which keeps registrations after the write returns) and
+/// sent without a copy. Made only through the `unsafe` constructor, whose caller vouches for
+/// that memory.
+pub struct RequestBuffer<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> RequestBuffer<'a> {
+    /// # Safety
+    /// `bytes` must stay mapped for as long as the registration cache may hold a
+    /// registration of it (the life of the mount), and must not change while a write of it
+    /// runs. fuser's request buffers (the FUSE adapter) are such memory.
+    pub unsafe fn new(bytes: &'a [u8]) -> RequestBuffer<'a> {
+        RequestBuffer { bytes }
+    }
+
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// For tests of the in-place path: leaks `data`, so it lives (and stays mapped) forever.
+    #[cfg(feature = "testing")]
+    pub fn leaked(data: Vec<u8>) -> RequestBuffer<'static> {
+        RequestBuffer { bytes: data.leak() }
+    }
+}
+
+/// One live server's size and free bytes (for `statfs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerRoom {
+    pub total: u64,
+    pub free: u64,
+}
+
 /// The bytes of a write, and whether they may be registered where they lie.
 pub enum Payload<'a> {
     /// Copied into a pooled bounce buffer before it is sent.
@@ -262,7 +297,7 @@ impl DataStore {
     }
 
     /// Counts `chunks` by how many of their copies are on live servers.
-    pub fn health(&self, chunks: &BTreeMap<u64, Chunk>, into: &mut ReplicaHealth) {
+    pub fn health(&self, chunks: &ChunkMap, into: &mut ReplicaHealth) {
         for c in chunks.values() {
             let live = self.live_copies(c).count();
             if live == 0 {
@@ -296,6 +331,39 @@ impl DataStore {
 
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
+    }
+
+    /// The total and free bytes of every live server, as last heard (frees still in
+    /// flight not counted).
+    pub fn live_capacity(&self) -> Vec<ServerRoom> {
+        self.pool
+            .status()
+            .into_iter()
+            .filter(|s| !s.failed)
+            .map(|s| ServerRoom {
+                total: s.capacity.total,
+                free: s.capacity.free,
+            })
+            .collect()
+    }
+
+    /// Waits up to `wait` for the answers to frees in flight (they carry the capacity).
+    pub fn settle_frees(&self, wait: std::time::Duration) {
+        self.pool.settle_frees(wait);
+    }
+
+    /// Where the copies of each chunk are: `[[chunk index, [server address, ...]], ...]`.
+    pub fn placement(&self, chunks: &ChunkMap) -> serde_json::Value {
+        let servers = self.pool.status();
+        let addr = |id: u32| servers.get(id as usize).map(|s| s.addr.to_string());
+        let list: Vec<serde_json::Value> = chunks
+            .iter()
+            .map(|(idx, c)| {
+                let copies: Vec<_> = c.replicas().iter().map(|r| addr(r.server)).collect();
+                serde_json::json!([idx, copies])
+            })
+            .collect();
+        serde_json::Value::Array(list)
     }
 
     /// The largest file size (EFBIG beyond it): 2^32 chunks, 4 PiB with 1 MiB chunks. Far
@@ -447,12 +515,7 @@ impl DataStore {
 
     /// Reads `len` file bytes at `offset`. Up to [`IO_SIZE`] (a FUSE read) they stay in the
     /// pooled buffer the fabric read them into, and go on from there without another copy.
-    pub fn read_buf(
-        &self,
-        chunks: &BTreeMap<u64, Chunk>,
-        offset: u64,
-        len: usize,
-    ) -> Result<ReadBuf<'_>> {
+    pub fn read_buf(&self, chunks: &ChunkMap, offset: u64, len: usize) -> Result<ReadBuf<'_>> {
         if len > IO_SIZE {
             let mut out = vec![0u8; len];
             self.read(chunks, offset, &mut out)?;
@@ -464,7 +527,7 @@ impl DataStore {
     }
 
     /// Reads file bytes at `offset` into `out`.
-    pub fn read(&self, chunks: &BTreeMap<u64, Chunk>, offset: u64, out: &mut [u8]) -> Result<()> {
+    pub fn read(&self, chunks: &ChunkMap, offset: u64, out: &mut [u8]) -> Result<()> {
         let loan = self.loan()?;
         let b = loan.b();
         for (w, window) in out.chunks_mut(IO_SIZE).enumerate() {
@@ -476,13 +539,7 @@ impl DataStore {
 
     /// Reads `len` (at most [`IO_SIZE`]) file bytes at `woff` into the start of `b`, holes as
     /// zeros. A copy that fails is avoided and the window read again from the others.
-    fn read_window(
-        &self,
-        chunks: &BTreeMap<u64, Chunk>,
-        woff: u64,
-        len: usize,
-        b: &Bounce,
-    ) -> Result<()> {
+    fn read_window(&self, chunks: &ChunkMap, woff: u64, len: usize, b: &Bounce) -> Result<()> {
         let base = b.buf.addr();
         // Of the piece `n` bytes long at `in_chunk` of chunk `idx`, what the chunk holds (the
         // rest is a hole: no chunk, or past a short chunk's end).
@@ -539,12 +596,7 @@ impl DataStore {
     /// the bytes are in remote memory. A [`Payload::InPlace`] lies in memory that stays mapped
     /// for the life of this store (FUSE's request buffers): it is registered through the cache
     /// and sent as it is, without a bounce copy.
-    pub fn write(
-        &self,
-        chunks: &mut BTreeMap<u64, Chunk>,
-        offset: u64,
-        payload: Payload<'_>,
-    ) -> Result<()> {
+    pub fn write(&self, chunks: &mut ChunkMap, offset: u64, payload: Payload<'_>) -> Result<()> {
         let stable = matches!(payload, Payload::InPlace(_));
         let data = payload.bytes();
         let loan = self.loan()?;
@@ -579,13 +631,7 @@ impl DataStore {
     }
 
     /// Writes one window (local bytes at `base`) to every copy of its chunks, which exist.
-    fn write_window(
-        &self,
-        chunks: &mut BTreeMap<u64, Chunk>,
-        woff: u64,
-        base: u64,
-        wlen: u64,
-    ) -> Result<()> {
+    fn write_window(&self, chunks: &mut ChunkMap, woff: u64, base: u64, wlen: u64) -> Result<()> {
         let idxs: Vec<u64> = self.pieces(woff, wlen).map(|p| p.0).collect();
         self.write_replicated(chunks, &idxs, (base, wlen), |chunks| {
             self.window_ops(chunks, woff, base, wlen)
@@ -601,10 +647,10 @@ impl DataStore {
     /// chunk's last copy fails.
     fn write_replicated(
         &self,
-        chunks: &mut BTreeMap<u64, Chunk>,
+        chunks: &mut ChunkMap,
         idxs: &[u64],
         local: (u64, u64),
-        ops: impl Fn(&BTreeMap<u64, Chunk>) -> Vec<RemoteOp>,
+        ops: impl Fn(&ChunkMap) -> Vec<RemoteOp>,
     ) -> Result<()> {
         let mut idxs = idxs.to_vec();
         idxs.dedup();
@@ -626,17 +672,20 @@ impl DataStore {
             };
             log::warn!("a write to {server} failed ({e}); its copies leave the chunks written");
             for &idx in &idxs {
-                let Some(c) = chunks.get_mut(&idx) else {
-                    continue;
-                };
-                if c.on(server.0).is_none() {
-                    continue;
-                }
-                if c.replicas().len() == 1 {
+                let last_copy = chunks.update(idx, |c| {
+                    if c.on(server.0).is_none() {
+                        return false;
+                    }
+                    if c.replicas().len() == 1 {
+                        return true;
+                    }
+                    self.let_go(c, server.0);
+                    false
+                });
+                if last_copy == Some(true) {
                     // The last copy: keep it listed (a read must fail, not see a hole).
                     return Err(e.into());
                 }
-                self.let_go(c, server.0);
             }
         }
         Err(Error::new(libc::EIO, "a write kept failing on every copy"))
@@ -645,10 +694,13 @@ impl DataStore {
     /// Before chunk `idx` is written: copies on servers that went down leave it (they would
     /// miss this write), missing copies are placed again where there is room (best effort),
     /// and a chunk left with fewer than `--min-replicas` copies is refused with EIO.
-    fn heal(&self, chunks: &mut BTreeMap<u64, Chunk>, idx: u64) -> Result<()> {
-        let Some(c) = chunks.get_mut(&idx) else {
-            return Ok(());
-        };
+    fn heal(&self, chunks: &mut ChunkMap, idx: u64) -> Result<()> {
+        chunks
+            .update(idx, |c| self.heal_chunk(idx, c))
+            .unwrap_or(Ok(()))
+    }
+
+    fn heal_chunk(&self, idx: u64, c: &mut Chunk) -> Result<()> {
         let dead: Vec<u32> = c
             .replicas()
             .iter()
@@ -690,19 +742,19 @@ impl DataStore {
     /// Takes every copy on `server` out of `chunks` (that server came back without them);
     /// returns how many. A chunk left with no copy is lost: it stays listed, so reads of it
     /// fail with EIO instead of reading a hole.
-    pub fn forget_copies(&self, chunks: &mut BTreeMap<u64, Chunk>, server: ServerId) -> u64 {
+    pub fn forget_copies(&self, chunks: &mut ChunkMap, server: ServerId) -> u64 {
         let mut n = 0;
-        for c in chunks.values_mut() {
+        chunks.update_all(|c| {
             if c.remove(server.0).is_some() {
                 n += 1;
             }
-        }
+        });
         n
     }
 
     /// Chunk indexes of `chunks` with fewer live copies than `--replicas` (what a rebuild
     /// pass visits).
-    pub fn degraded(&self, chunks: &BTreeMap<u64, Chunk>) -> Vec<u64> {
+    pub fn degraded(&self, chunks: &ChunkMap) -> Vec<u64> {
         chunks
             .iter()
             .filter(|(_, c)| self.live_copies(c).count() < self.replicas)
@@ -713,10 +765,13 @@ impl DataStore {
     /// Rebuild of one chunk (called with the file's chunk map locked, so no write races the
     /// copy): copies on dead servers leave it while a live copy remains, and missing copies
     /// are placed and copied. Returns the bytes copied (0: nothing to do, or no room).
-    pub fn rebuild_chunk(&self, chunks: &mut BTreeMap<u64, Chunk>, idx: u64) -> u64 {
-        let Some(c) = chunks.get_mut(&idx) else {
-            return 0;
-        };
+    pub fn rebuild_chunk(&self, chunks: &mut ChunkMap, idx: u64) -> u64 {
+        chunks
+            .update(idx, |c| self.rebuild_copies(idx, c))
+            .unwrap_or(0)
+    }
+
+    fn rebuild_copies(&self, idx: u64, c: &mut Chunk) -> u64 {
         let dead: Vec<u32> = c
             .replicas()
             .iter()
@@ -862,13 +917,7 @@ impl DataStore {
     }
 
     /// Write ops for a window whose chunks all exist: one per piece and copy.
-    fn window_ops(
-        &self,
-        chunks: &BTreeMap<u64, Chunk>,
-        woff: u64,
-        base: u64,
-        wlen: u64,
-    ) -> Vec<RemoteOp> {
+    fn window_ops(&self, chunks: &ChunkMap, woff: u64, base: u64, wlen: u64) -> Vec<RemoteOp> {
         let mut ops = Vec::new();
         for (idx, in_chunk, n, at) in self.pieces(woff, wlen) {
             let c = &chunks[&idx];
@@ -895,7 +944,7 @@ impl DataStore {
     /// the serial path, which places and heals copies and writes again.
     fn write_window_frrwp(
         &self,
-        chunks: &mut BTreeMap<u64, Chunk>,
+        chunks: &mut ChunkMap,
         woff: u64,
         base: u64,
         wlen: u64,
@@ -997,7 +1046,7 @@ impl DataStore {
     /// zeroed, and freed with it): waits, bounded by the control timeout, for answers still on
     /// their way, so nothing granted is leaked. A copy whose write did not land is rewritten
     /// by the caller before the write returns.
-    fn adopt(&self, chunks: &mut BTreeMap<u64, Chunk>, tickets: &[(u64, Ticket)]) {
+    fn adopt(&self, chunks: &mut ChunkMap, tickets: &[(u64, Ticket)]) {
         let mut granted: BTreeMap<u64, Vec<RemoteRegion>> = BTreeMap::new();
         for (idx, t) in tickets {
             if let Some(r) = t.wait_region(self.pool.timeout()) {
@@ -1021,13 +1070,7 @@ impl DataStore {
 
     /// Makes chunk `idx` at least `needed` bytes long: allocates it (every copy), or moves a
     /// short first chunk into larger extents (copying its bytes through `b`).
-    fn ensure(
-        &self,
-        chunks: &mut BTreeMap<u64, Chunk>,
-        idx: u64,
-        needed: u64,
-        b: &Bounce,
-    ) -> Result<()> {
+    fn ensure(&self, chunks: &mut ChunkMap, idx: u64, needed: u64, b: &Bounce) -> Result<()> {
         let current = chunks.get(&idx).copied();
         if current.is_some_and(|c| c.len >= needed) {
             return Ok(());
@@ -1054,7 +1097,7 @@ impl DataStore {
     /// see (fragmentation, other clients) may still refuse a chunk partway: the chunks this
     /// call allocated are then given back. A short first chunk is grown last, so a refusal
     /// before it leaves it as it was.
-    pub fn allocate(&self, chunks: &mut BTreeMap<u64, Chunk>, offset: u64, len: u64) -> Result<()> {
+    pub fn allocate(&self, chunks: &mut ChunkMap, offset: u64, len: u64) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -1159,7 +1202,7 @@ impl DataStore {
     /// Cuts the data to `size` bytes: zeroes the rest of the chunk it ends in (so a later
     /// extension reads zeros there), then frees whole chunks past it. The zeroing is what
     /// may fail (a remote write): it goes first, so a failed truncate frees nothing.
-    pub fn truncate(&self, chunks: &mut BTreeMap<u64, Chunk>, size: u64) -> Result<()> {
+    pub fn truncate(&self, chunks: &mut ChunkMap, size: u64) -> Result<()> {
         let cs = self.chunk_size;
         if size % cs != 0 && chunks.contains_key(&(size / cs)) {
             self.zero_in_chunk(chunks, size / cs, size % cs, cs)?;
@@ -1174,13 +1217,7 @@ impl DataStore {
     }
 
     /// Zeroes bytes `[from, to)` of chunk `idx` (as far as the chunk reaches) on every copy.
-    fn zero_in_chunk(
-        &self,
-        chunks: &mut BTreeMap<u64, Chunk>,
-        idx: u64,
-        from: u64,
-        to: u64,
-    ) -> Result<()> {
+    fn zero_in_chunk(&self, chunks: &mut ChunkMap, idx: u64, from: u64, to: u64) -> Result<()> {
         let zeros = self.zeros.buf.addr();
         self.write_replicated(chunks, &[idx], (zeros, IO_SIZE as u64), |chunks| {
             let c = &chunks[&idx];
@@ -1211,7 +1248,7 @@ impl DataStore {
     /// it cuts (at most two) are zeroed, then the chunks wholly inside are given back to their
     /// servers; a failed zeroing (a remote write) returns before anything is freed. The cost
     /// follows the chunks the file has there, never the length of the range.
-    pub fn punch(&self, chunks: &mut BTreeMap<u64, Chunk>, offset: u64, len: u64) -> Result<()> {
+    pub fn punch(&self, chunks: &mut ChunkMap, offset: u64, len: u64) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -1243,8 +1280,8 @@ impl DataStore {
     /// Moves every chunk at index `from` or above by `delta` chunks (down when negative):
     /// what collapse and insert do when their range is whole chunks. Chunks that would move
     /// below `from + delta` must be gone already.
-    fn shift_chunks(&self, chunks: &mut BTreeMap<u64, Chunk>, from: u64, delta: i64) {
-        let moving = chunks.split_off(&from);
+    fn shift_chunks(&self, chunks: &mut ChunkMap, from: u64, delta: i64) {
+        let moving = chunks.split_off(from);
         for (idx, c) in moving {
             chunks.insert(idx.saturating_add_signed(delta), c);
         }
@@ -1253,13 +1290,7 @@ impl DataStore {
     /// Copies file bytes `[src, src+len)` to `dst` through a bounce window, back to front
     /// when the destination lies above the source so nothing is overwritten before it is
     /// read. Holes are copied as zeros written (allocating where the destination has none).
-    fn copy_within(
-        &self,
-        chunks: &mut BTreeMap<u64, Chunk>,
-        src: u64,
-        dst: u64,
-        len: u64,
-    ) -> Result<()> {
+    fn copy_within(&self, chunks: &mut ChunkMap, src: u64, dst: u64, len: u64) -> Result<()> {
         let step = IO_SIZE as u64;
         let mut buf = vec![0u8; IO_SIZE];
         let windows = len.div_ceil(step);
@@ -1277,13 +1308,7 @@ impl DataStore {
     /// Removes file bytes `[offset, offset+len)` of a `size`-byte file, moving what follows
     /// down (`FALLOC_FL_COLLAPSE_RANGE`); the caller checked `offset + len < size`. Whole
     /// chunks are given back and the later ones renumbered; other ranges are copied.
-    pub fn collapse(
-        &self,
-        chunks: &mut BTreeMap<u64, Chunk>,
-        offset: u64,
-        len: u64,
-        size: u64,
-    ) -> Result<()> {
+    pub fn collapse(&self, chunks: &mut ChunkMap, offset: u64, len: u64, size: u64) -> Result<()> {
         let cs = self.chunk_size;
         if offset % cs == 0 && len % cs == 0 {
             self.punch(chunks, offset, len)?;
@@ -1300,13 +1325,7 @@ impl DataStore {
     /// Opens a hole of `len` bytes at `offset` in a `size`-byte file, moving what follows up
     /// (`FALLOC_FL_INSERT_RANGE`); the caller checked `offset < size`. Whole chunks are
     /// renumbered; other ranges are copied and the opened range zeroed.
-    pub fn insert(
-        &self,
-        chunks: &mut BTreeMap<u64, Chunk>,
-        offset: u64,
-        len: u64,
-        size: u64,
-    ) -> Result<()> {
+    pub fn insert(&self, chunks: &mut ChunkMap, offset: u64, len: u64, size: u64) -> Result<()> {
         let cs = self.chunk_size;
         if offset % cs == 0 && len % cs == 0 {
             self.shift_chunks(chunks, offset / cs, (len / cs) as i64);

@@ -6,6 +6,7 @@
 //! with the request, and the worker goes on serving. Without it one bug ended the session and
 //! took every file of the mount with it.
 
+use crate::data::RequestBuffer;
 use crate::error::Error;
 use crate::fs::{Attr, Caller, Fs, SetAttr, SetTime};
 use crate::meta::Kind;
@@ -139,7 +140,8 @@ impl FuseFs {
         let start = std::time::Instant::now();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(handler));
         self.fs
-            .requests()
+            .figures()
+            .requests
             .record(op, start.elapsed().as_nanos() as u64);
         if let Err(panic) = outcome {
             let why = panic_message(&*panic);
@@ -162,27 +164,6 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "(no message)".into())
-}
-
-/// A write payload that lies in one of fuser's request buffers. Those buffers stay mapped for
-/// the whole session, so the payload may be registered in place (through the registration
-/// cache, which keeps registrations after the write returns) and sent without a copy. Only
-/// this module can make one (its field is private), so no other caller can hand the cache
-/// memory that does not live long enough.
-pub struct RequestBuffer<'a> {
-    bytes: &'a [u8],
-}
-
-impl<'a> RequestBuffer<'a> {
-    pub fn bytes(&self) -> &'a [u8] {
-        self.bytes
-    }
-
-    /// For tests of the in-place path: leaks `data`, so it lives (and stays mapped) forever.
-    #[cfg(feature = "testing")]
-    pub fn leaked(data: Vec<u8>) -> RequestBuffer<'static> {
-        RequestBuffer { bytes: data.leak() }
-    }
 }
 
 fn errno(e: &Error) -> Errno {
@@ -269,7 +250,6 @@ const XFLAGS: [(u32, u32); 4] = [
 /// The inode-flag ioctls (`chattr`, `lsattr`, `xfs_io -c chattr`), which the kernel passes to
 /// a FUSE file system as FUSE_IOCTL; any other command is ENOTTY.
 fn inode_flags_ioctl(fs: &Fs, ino: u64, cmd: u32, input: &[u8]) -> crate::error::Result<Vec<u8>> {
-    use crate::error::Error;
     let too_short = || Error::new(libc::EINVAL, "ioctl argument too short");
     let u32_at = |b: &[u8], at: usize| -> crate::error::Result<u32> {
         let bytes = b.get(at..at + 4).ok_or_else(too_short)?;
@@ -637,7 +617,10 @@ impl Filesystem for FuseFs {
         self.contain("write", req, || {
             // `data` lies in this event loop's request buffer, which lives as long as the
             // session: it can be registered and sent as it is.
-            let payload = RequestBuffer { bytes: data };
+            // SAFETY: `data` lies in one of fuser's request buffers, which stay mapped (and are
+            // not written by the kernel or fuser while this request is handled) for the whole
+            // session: the contract of `RequestBuffer::new`.
+            let payload = unsafe { RequestBuffer::new(data) };
             match self.fs.write_in_place(ino.0, fh.0, offset, payload, who) {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(errno(&e)),

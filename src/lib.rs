@@ -17,6 +17,7 @@ pub mod data;
 pub mod dirty_limit;
 pub mod error;
 pub mod fabric;
+pub mod figures;
 pub mod fs;
 pub mod fuse;
 #[cfg(feature = "testing")]
@@ -28,6 +29,7 @@ pub mod mrrc;
 pub mod notify;
 pub mod proto;
 pub mod rebuild;
+pub mod report;
 pub mod requests;
 pub mod server;
 pub mod size;

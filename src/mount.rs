@@ -862,6 +862,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         let _ = connection.set(abort);
     }
     FuseFs::forward_invalidations(&fs, &session);
+    crate::report::attach(&fs);
 
     let rebuilder = crate::rebuild::Rebuilder::start(
         fs.clone(),
@@ -886,9 +887,9 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         .map(|listener| {
             let (a, b, c) = (fs.clone(), fs.clone(), fs.clone());
             let collector = crate::metrics::MountCollector {
-                stats: Arc::new(move || a.stats_json()),
-                requests: Arc::new(move || b.requests().summary()),
-                batches: Arc::new(move || c.batch_latency()),
+                stats: Arc::new(move || crate::report::mount_json(&a)),
+                requests: Arc::new(move || b.figures().requests.summary()),
+                batches: Arc::new(move || c.data().pool().batch_latency()),
             };
             crate::metrics::serve(listener, Box::new(collector))
         })
@@ -937,7 +938,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     log::info!(
         "unmounted {}; returning remote memory. Counters at unmount:\n{}",
         mountpoint.display(),
-        fs.stats_text()
+        crate::report::mount_text(&fs)
     );
     drop(metrics);
     drop(rebuilder);

@@ -12,7 +12,7 @@
 use crate::client::Rejoin;
 use crate::fabric::ServerId;
 use crate::fs::Fs;
-use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::atomic::Ordering;
 use crate::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,51 +24,7 @@ const SCAN_MIN: Duration = Duration::from_millis(100);
 /// comes back when files are removed, without any server changing state.
 const RETRY: Duration = Duration::from_secs(30);
 
-/// What `stats` shows of the rebuild.
-#[derive(Debug, Default)]
-pub struct RebuildStats {
-    pub running: AtomicBool,
-    pub passes: AtomicU64,
-    pub chunks_rebuilt: AtomicU64,
-    pub bytes_copied: AtomicU64,
-    /// Bytes per second of the last pass that copied anything.
-    pub last_rate: AtomicU64,
-    /// Chunks the last pass could not bring back to full strength.
-    pub left_degraded: AtomicU64,
-}
-
-/// The upkeep threads, by the names `stats` counts their panics under.
-pub const UPKEEP_THREADS: [&str; 3] = ["heartbeat", "reconnect", "rebuild"];
-
-/// Panics of each upkeep thread (in [`UPKEEP_THREADS`] order): each one logged, and the
-/// thread went on with its next round.
-#[derive(Debug, Default)]
-pub struct UpkeepPanics([AtomicU64; 3]);
-
-impl UpkeepPanics {
-    fn slot(&self, thread: &str) -> &AtomicU64 {
-        let i = UPKEEP_THREADS.iter().position(|t| *t == thread);
-        &self.0[i.unwrap_or_else(|| unreachable!("{thread} is no upkeep thread"))]
-    }
-
-    fn count(&self, thread: &str) {
-        self.slot(thread).fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Panics of `thread` (one of [`UPKEEP_THREADS`]) so far.
-    pub fn of(&self, thread: &str) -> u64 {
-        self.slot(thread).load(Ordering::Relaxed)
-    }
-
-    /// `{"heartbeat": n, "reconnect": n, "rebuild": n}`, for `stats --json`.
-    pub fn to_json(&self) -> serde_json::Value {
-        UPKEEP_THREADS
-            .iter()
-            .map(|t| (t.to_string(), self.of(t).into()))
-            .collect::<serde_json::Map<_, _>>()
-            .into()
-    }
-}
+pub use crate::figures::{RebuildStats, UpkeepPanics, UPKEEP_THREADS};
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -117,13 +73,18 @@ pub fn pass(fs: &Fs, rate: u64, stop: &Stop) -> PassOutcome {
     let start = Instant::now();
     let mut last_progress = start;
     let mut out = PassOutcome::default();
-    for file in fs.files() {
+    for (ino, file) in fs.files_by_ino() {
         let todo = data.degraded(&file.chunks.read());
         for idx in todo {
             if stop.is_stopped() {
                 break;
             }
-            let copied = data.rebuild_chunk(&mut file.chunks.write(), idx);
+            let copied = {
+                let mut chunks = file.chunks.write();
+                let copied = data.rebuild_chunk(&mut chunks, idx);
+                fs.commit_extents(ino, &mut chunks);
+                copied
+            };
             if copied == 0 {
                 continue;
             }
@@ -206,9 +167,14 @@ const RECONNECT_TICK: Duration = Duration::from_millis(100);
 /// copies, and a chunk that had none elsewhere is lost (reads of it fail with EIO, never
 /// see the empty server's zeros). Returns the copies forgotten.
 pub fn forget_server(fs: &Fs, server: ServerId) -> u64 {
-    fs.files()
+    fs.files_by_ino()
         .iter()
-        .map(|f| fs.data().forget_copies(&mut f.chunks.write(), server))
+        .map(|(ino, f)| {
+            let mut chunks = f.chunks.write();
+            let n = fs.data().forget_copies(&mut chunks, server);
+            fs.commit_extents(*ino, &mut chunks);
+            n
+        })
         .sum()
 }
 

@@ -7,6 +7,7 @@ mod common;
 use common::{bytes, TestFs, ME};
 use rmemfs::fs::{SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use rmemfs::meta::{Kind, ROOT_INO};
+use rmemfs::report::Report;
 use std::sync::atomic::Ordering;
 
 fn used(t: &TestFs) -> u64 {

@@ -6,6 +6,7 @@ use rmemfs::fabric::local::LocalNetwork;
 use rmemfs::fabric::AlignedBuf;
 use rmemfs::fs::{Fs, INJECT_PANIC_XATTR};
 use rmemfs::mount::{Mount, MountConfig};
+use rmemfs::report::Report;
 use std::ffi::CString;
 use std::io::{Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;

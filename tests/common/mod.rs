@@ -303,7 +303,7 @@ impl TestFs {
     pub fn write_file_in_place(&self, path: &str, offset: u64, data: &[u8]) -> Result<(), i32> {
         let ino = self.resolve(path)?;
         let fh = self.fs.open(ino, libc::O_WRONLY).map_err(|e| e.errno)?;
-        let payload = rmemfs::fuse::RequestBuffer::leaked(data.to_vec());
+        let payload = rmemfs::data::RequestBuffer::leaked(data.to_vec());
         let r = self
             .fs
             .write_in_place(ino, fh, offset, payload, ME)

@@ -1,0 +1,313 @@
+//! Regular files: handles (open, create, `O_TMPFILE`, release), read, write, `SEEK_DATA` and
+//! `SEEK_HOLE`, and `copy_file_range`.
+
+use super::rules::{check_not_immutable, FS_APPEND_FL, S_ISGID, S_ISUID};
+use super::{err, inode, new_inode, Attr, Caller, Fs, OpenMode};
+use crate::data::{Payload, ReadBuf, RequestBuffer};
+use crate::error::{Error, Result};
+use crate::meta::{Body, Ino, Kind};
+use crate::sync::Arc;
+
+impl Fs {
+    /// Opens `ino`; returns a file handle.
+    pub fn open(&self, ino: Ino, flags: i32) -> Result<u64> {
+        let mode = OpenMode::from_flags(flags);
+        if mode.write || mode.truncate {
+            self.writable()?;
+        }
+        {
+            let mut meta = self.meta.lock();
+            let i = inode(&meta, ino)?;
+            if i.kind == Kind::Dir && mode.write {
+                return Err(err(libc::EISDIR));
+            }
+            if mode.write || mode.truncate {
+                check_not_immutable(i)?;
+                if i.flags & FS_APPEND_FL != 0 && (!mode.append || mode.truncate) {
+                    return Err(Error::new(
+                        libc::EPERM,
+                        "an append-only file opens for writing only with O_APPEND",
+                    ));
+                }
+            }
+            // Unlinked and closed: its data is gone (the kernel may still know the inode
+            // from a lookup that raced with the unlink).
+            if i.is_orphan() {
+                return Err(err(libc::ENOENT));
+            }
+            meta.opened(ino);
+        }
+        let fh = self.new_handle(ino, mode);
+        if mode.truncate && mode.write {
+            if let Err(e) = self.resize(ino, 0) {
+                self.release(fh);
+                return Err(e);
+            }
+        }
+        Ok(fh)
+    }
+
+    /// Creates and opens a regular file (`O_CREAT`); with `O_EXCL` an existing name fails.
+    pub fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> Result<(Attr, u64)> {
+        let made = self.mknod(parent, name, libc::S_IFREG | (mode & 0o7777), 0, caller);
+        let attr = match made {
+            Ok(a) => a,
+            Err(e) if e.errno == libc::EEXIST && flags & libc::O_EXCL == 0 => {
+                self.lookup(parent, name)?
+            }
+            Err(e) => return Err(e),
+        };
+        match self.open(attr.ino, flags) {
+            Ok(fh) => Ok((self.getattr(attr.ino)?, fh)),
+            Err(e) => {
+                self.forget(attr.ino, 1);
+                Err(e)
+            }
+        }
+    }
+
+    /// `open(O_TMPFILE)` in directory `parent`: a regular file with no name, open for
+    /// writing, gone at its last close unless `link` names it first (which `O_EXCL` forbids).
+    /// It takes from `parent` what a created file would (group, default ACL, else umask).
+    pub fn tmpfile(
+        &self,
+        parent: Ino,
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> Result<(Attr, u64)> {
+        self.writable()?;
+        let open = OpenMode::from_flags(flags);
+        if !open.write {
+            return Err(Error::new(
+                libc::EINVAL,
+                "O_TMPFILE needs O_WRONLY or O_RDWR",
+            ));
+        }
+        let ino = {
+            let mut meta = self.meta.lock();
+            let p = inode(&meta, parent)?;
+            p.dir().ok_or_else(|| err(libc::ENOTDIR))?;
+            check_not_immutable(p)?;
+            let mut inode = new_inode(
+                Kind::File,
+                (mode & 0o7777) as u16,
+                caller,
+                Body::File(Arc::default()),
+            );
+            self.inherit_from_parent(p, &mut inode, caller);
+            inode.nlink = 0;
+            inode.tmpfile = flags & libc::O_EXCL == 0;
+            let mut b = meta.batch();
+            let ino = b.make(inode);
+            b.commit()?;
+            meta.hold(ino, 1); // the kernel's reference, as for a created file
+            meta.opened(ino); // the handle below: it never exists unopened
+            ino
+        };
+        let fh = self.new_handle(ino, open);
+        Ok((self.getattr(ino)?, fh))
+    }
+
+    pub fn release(&self, fh: u64) {
+        let Some(h) = self.handles.lock().remove(&fh) else {
+            return;
+        };
+        let mut meta = self.meta.lock();
+        meta.closed(h.ino);
+        self.settle(meta, h.ino);
+    }
+
+    /// Reads up to `size` bytes at `offset` (short at end of file), left where the fabric put
+    /// them for the reply to send.
+    pub fn read_buf(&self, ino: Ino, fh: u64, offset: u64, size: u32) -> Result<ReadBuf<'_>> {
+        if !self.handle(fh, ino)?.read && !self.config.writeback {
+            return Err(err(libc::EBADF));
+        }
+        let file = self.file_data(ino)?;
+        let chunks = file.chunks.read();
+        let file_size = {
+            let mut meta = self.meta.lock();
+            let mut b = meta.batch();
+            self.accessed(&mut b, ino)?;
+            b.commit()?;
+            inode(&meta, ino)?.size
+        };
+        if offset >= file_size {
+            return Ok(ReadBuf::empty());
+        }
+        let len = (size as u64).min(file_size - offset) as usize;
+        self.fault_point("read");
+        self.data.read_buf(&chunks, offset, len)
+    }
+
+    /// As [`Fs::read_buf`], copied out.
+    pub fn read(&self, ino: Ino, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        Ok(self.read_buf(ino, fh, offset, size)?.into_vec())
+    }
+
+    /// Writes `data` at `offset` (at the end with `O_APPEND`); returns once the bytes are in
+    /// remote memory.
+    pub fn write(
+        &self,
+        ino: Ino,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        caller: Caller,
+    ) -> Result<u32> {
+        self.write_impl(ino, fh, offset, Payload::Copy(data), caller)
+    }
+
+    /// As [`Fs::write`], for data inside a request buffer that outlives the write (see
+    /// [`RequestBuffer`]): the payload is registered (through the cache) and sent without a
+    /// copy.
+    pub fn write_in_place(
+        &self,
+        ino: Ino,
+        fh: u64,
+        offset: u64,
+        data: RequestBuffer<'_>,
+        caller: Caller,
+    ) -> Result<u32> {
+        self.write_impl(ino, fh, offset, Payload::InPlace(data), caller)
+    }
+
+    fn write_impl(
+        &self,
+        ino: Ino,
+        fh: u64,
+        offset: u64,
+        payload: Payload<'_>,
+        caller: Caller,
+    ) -> Result<u32> {
+        let data = payload.bytes();
+        let mode = self.handle(fh, ino)?;
+        if !mode.write {
+            return Err(err(libc::EBADF));
+        }
+        let file = self.file_data(ino)?;
+        let mut chunks = file.chunks.write();
+        // Under the file's lock, so appends from several handles do not interleave. A file
+        // made append-only after it was opened takes appends only.
+        let offset = {
+            let meta = self.meta.lock();
+            let i = inode(&meta, ino)?;
+            check_not_immutable(i)?;
+            // Under the writeback cache the kernel placed appends itself (its size may be
+            // ahead of this one while pages wait).
+            if (mode.append || i.flags & FS_APPEND_FL != 0) && !self.config.writeback {
+                i.size
+            } else {
+                offset
+            }
+        };
+        let end = self.data.check_end(offset, data.len() as u64)?;
+        self.fault_point("write");
+        let written = self.data.write(&mut chunks, offset, payload);
+        let set_id = {
+            let mut meta = self.meta.lock();
+            let mut b = meta.batch();
+            if written.is_ok() {
+                b.update(ino, |a| a.size = a.size.max(end))?;
+                b.touch(ino, true)?;
+            }
+            let set_id = inode(&b, ino)?.perm & (S_ISUID | S_ISGID) != 0;
+            Self::commit_with(b, ino, &mut chunks)?;
+            written?;
+            set_id
+        };
+        drop(chunks);
+        if set_id {
+            self.drop_set_id_bits(ino, &caller)?;
+        }
+        Ok(data.len() as u32)
+    }
+
+    /// `lseek` with `SEEK_DATA` (`data` true) or `SEEK_HOLE`: the first offset at or after
+    /// `offset` in data (bytes a chunk holds) or in a hole (the end of the file counts as
+    /// one). ENXIO at or past the end, or when no data follows. Chunks are the unit: a
+    /// written chunk's unwritten bytes count as data, as a file system's blocks do.
+    pub fn seek_data_hole(&self, ino: Ino, fh: u64, offset: u64, data: bool) -> Result<u64> {
+        self.handle(fh, ino)?;
+        let file = self.file_data(ino)?;
+        let chunks = file.chunks.read();
+        let size = inode(&self.meta.lock(), ino)?.size;
+        if offset >= size {
+            return Err(err(libc::ENXIO));
+        }
+        let cs = self.data.chunk_size();
+        // The data extents from the chunk holding `offset` on, in order.
+        let extents = chunks
+            .range(offset / cs..)
+            .map(|(idx, c)| (idx * cs, idx * cs + c.len))
+            .filter(|&(_, end)| end > offset);
+        if data {
+            return extents
+                .map(|(start, _)| start.max(offset))
+                .find(|&at| at < size)
+                .ok_or_else(|| err(libc::ENXIO));
+        }
+        let mut at = offset;
+        for (start, end) in extents {
+            if start > at {
+                break; // a hole before this extent
+            }
+            at = end;
+        }
+        Ok(at.min(size))
+    }
+
+    /// `copy_file_range`: copies up to `len` bytes from `ino_in` at `off_in` to `ino_out` at
+    /// `off_out` (stopping at the source's end), through the daemon in windows of
+    /// [`crate::config::IO_SIZE`] (one request from the kernel instead of a read and a write
+    /// per page); returns the bytes copied. The destination is written as by `write`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_file_range(
+        &self,
+        ino_in: Ino,
+        fh_in: u64,
+        off_in: u64,
+        ino_out: Ino,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        caller: Caller,
+    ) -> Result<u64> {
+        if ino_in == ino_out
+            && off_in < off_out.saturating_add(len)
+            && off_out < off_in.saturating_add(len)
+        {
+            return Err(Error::new(libc::EINVAL, "overlapping ranges of one file"));
+        }
+        if self.handle(fh_out, ino_out)?.append {
+            return Err(Error::new(
+                libc::EBADF,
+                "the destination is open for appending",
+            ));
+        }
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(crate::config::IO_SIZE as u64) as u32;
+            // Copied out of the pooled read buffer: the write below takes a pooled buffer of
+            // its own, and no handler holds two (the pool is sized on that).
+            let bytes = self.read(ino_in, fh_in, off_in + done, n)?;
+            if bytes.is_empty() {
+                break;
+            }
+            let written = self.write(ino_out, fh_out, off_out + done, &bytes, caller)?;
+            done += written as u64;
+            if (written as usize) < bytes.len() {
+                break;
+            }
+        }
+        Ok(done)
+    }
+}

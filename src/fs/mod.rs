@@ -1,0 +1,469 @@
+//! The POSIX core: file system semantics over the namespace (`meta`) and remote data (`data`).
+//!
+//! Testable without FUSE: every operation takes plain arguments and returns plain structs or an
+//! errno-carrying [`Error`]; `fuse.rs` is a thin adapter. Locking: one mutex guards the
+//! namespace and is only held for in-memory work; a file's extent map has its own lock, held
+//! across the remote I/O that uses it, so no network round trip ever happens under the metadata
+//! lock and I/O on different files runs in parallel. Every change to the namespace goes
+//! through one [`crate::meta::Batch`] per operation.
+//!
+//! The rooms, by POSIX concern (as the kernel's `fs/fuse`): [`rules`] (callers, set-ID bits,
+//! inode flags, access times), [`names`] (lookup, make, link, unlink, rename), [`attr`]
+//! (attributes, symlinks, `access`), [`file`] (handles, read, write, seek), [`fallocate`],
+//! [`dir`] (directory streams), [`xattr`] (extended attributes by handler), [`capacity`]
+//! (`statfs`, write-through decisions).
+//!
+//! Permission checks are the kernel's (the mount uses `default_permissions`); [`Fs::access`]
+//! answers explicit `access(2)` calls from the same rules.
+
+mod attr;
+mod capacity;
+mod dir;
+mod fallocate;
+mod file;
+mod names;
+mod rules;
+mod xattr;
+
+pub use capacity::placeable_chunks;
+pub use rules::{
+    Atime, Caller, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL, INODE_FLAGS,
+};
+#[cfg(feature = "testing")]
+pub use xattr::INJECT_PANIC_XATTR;
+pub use xattr::{PLACEMENT_XATTR, STATS_JSON_XATTR, STATS_XATTR};
+
+use crate::data::DataStore;
+use crate::error::{Error, Result};
+use crate::meta::{Batch, Body, Dir, FileData, Ino, Inode, Kind, Meta, NAME_MAX};
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{Arc, Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+/// Attributes of an inode, as `stat` shows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: Kind,
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub size: u64,
+    /// 512-byte blocks (from the size: holes are not told apart).
+    pub blocks: u64,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+    /// Birth time: when the inode was made.
+    pub btime: SystemTime,
+}
+
+/// A time to set with `setattr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetTime {
+    Now,
+    At(SystemTime),
+}
+
+/// The changes of a `setattr` call.
+#[derive(Debug, Clone, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+    /// The change time the kernel gives (it keeps a regular file's mtime and ctime itself
+    /// under the writeback cache, and sends both when it sets or writes back times); none:
+    /// the time of this call.
+    pub ctime: Option<SystemTime>,
+}
+
+/// One `readdir` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: Ino,
+    /// The offset to resume after this entry.
+    pub offset: u64,
+    pub kind: Kind,
+    pub name: Vec<u8>,
+}
+
+/// File system capacity for `statfs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatFs {
+    pub block_size: u32,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub files: u64,
+    pub files_free: u64,
+    pub name_max: u32,
+}
+
+/// Open flags that matter here.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenMode {
+    pub read: bool,
+    pub write: bool,
+    pub append: bool,
+    pub truncate: bool,
+}
+
+impl OpenMode {
+    /// From `open(2)` flags.
+    pub fn from_flags(flags: i32) -> OpenMode {
+        let acc = flags & libc::O_ACCMODE;
+        OpenMode {
+            read: acc == libc::O_RDONLY || acc == libc::O_RDWR,
+            write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
+            append: flags & libc::O_APPEND != 0,
+            truncate: flags & libc::O_TRUNC != 0,
+        }
+    }
+}
+
+/// `rename` flags.
+pub const RENAME_NOREPLACE: u32 = 1;
+pub const RENAME_EXCHANGE: u32 = 2;
+/// Leave a whiteout (a 0/0 character device) where the source was: overlayfs's upper layer
+/// needs it to delete and rename.
+pub const RENAME_WHITEOUT: u32 = 4;
+
+/// The block size the file system reports (`st_blksize`, `statfs`): the unit of its
+/// allocation-shaped interfaces (collapse and insert ranges, SEEK_HOLE) where chunks are too
+/// coarse for programs.
+pub const BLOCK: u64 = 4096;
+
+struct Handle {
+    ino: Ino,
+    mode: OpenMode,
+}
+
+/// Settings of a file system instance.
+#[derive(Debug, Clone, Default)]
+pub struct FsConfig {
+    pub root_uid: u32,
+    pub root_gid: u32,
+    pub read_only: bool,
+    pub atime: Atime,
+    /// Directory reads update the directory's access time (`-o nodiratime`: no).
+    pub dir_atime: bool,
+    /// POSIX ACLs kept and kept in step with modes (`-o noacl`: off).
+    pub acl: bool,
+    /// The kernel's writeback cache is on: it owns file sizes and append positions, writes
+    /// whole pages back later (a write-only handle then also serves the reads that fill a
+    /// partly written page), and flushes before `fsync` and `close` return.
+    pub writeback: bool,
+    /// Under the writeback cache, free pool bytes below which new handles write through
+    /// (see [`Fs::direct_writes`]).
+    pub writeback_low_water: u64,
+}
+
+/// A callback for attribute changes the caller did not make itself.
+pub type AttrChanged = Box<dyn Fn(Ino) + Send + Sync>;
+
+/// What the virtual `stats` attributes of the root read: the mount's report, rendered as
+/// text (`false`) or JSON (`true`). The mount provides it; the core does not build reports.
+pub type StatsSource = Box<dyn Fn(bool) -> Vec<u8> + Send + Sync>;
+
+/// The file system.
+pub struct Fs {
+    meta: Mutex<Meta>,
+    data: DataStore,
+    handles: Mutex<HashMap<u64, Handle>>,
+    /// Told of attribute changes the kernel did not ask for (set-ID bits a write drops, the
+    /// ctime an inode-flag ioctl moves), so it can forget its cached copy (the FUSE adapter
+    /// sends an invalidation).
+    attr_changed: std::sync::OnceLock<AttrChanged>,
+    /// The report the `stats` attributes read.
+    stats: std::sync::OnceLock<StatsSource>,
+    /// The mount's dirty limit, once it is mounted (see [`Fs::direct_writes`]).
+    dirty_limit: std::sync::OnceLock<crate::dirty_limit::DirtyLimit>,
+    /// Open directory streams: the listing each one reads (see [`Fs::readdir`]).
+    dir_streams: Mutex<HashMap<u64, dir::Listing>>,
+    next_fh: AtomicU64,
+    config: FsConfig,
+    /// Counters the adapter and the upkeep fill, for the report.
+    figures: crate::figures::Figures,
+    /// The operation whose next call panics on purpose (tests of fault containment).
+    #[cfg(feature = "testing")]
+    armed_panic: Mutex<Option<String>>,
+}
+
+fn err(errno: i32) -> Error {
+    Error::new(errno, std::io::Error::from_raw_os_error(errno).to_string())
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+        return Err(err(libc::EINVAL));
+    }
+    if name.len() > NAME_MAX {
+        return Err(err(libc::ENAMETOOLONG));
+    }
+    Ok(())
+}
+
+fn attr_of(ino: Ino, i: &Inode) -> Attr {
+    // The remote memory a file's chunks hold (holes hold none), from the count kept beside
+    // the map: the map's lock is taken before the metadata lock elsewhere, so it must not be
+    // taken under it. Other inodes hold no remote memory.
+    let blocks = i.file().map_or(0, |f| f.held().div_ceil(512));
+    Attr {
+        ino,
+        kind: i.kind,
+        perm: i.perm,
+        nlink: i.nlink,
+        uid: i.uid,
+        gid: i.gid,
+        rdev: i.rdev,
+        size: i.size,
+        blocks,
+        atime: i.atime,
+        mtime: i.mtime,
+        ctime: i.ctime,
+        btime: i.btime,
+    }
+}
+
+fn new_inode(kind: Kind, perm: u16, caller: Caller, body: Body) -> Inode {
+    let now = crate::meta::now();
+    Inode {
+        kind,
+        perm,
+        uid: caller.uid,
+        gid: caller.gid,
+        nlink: if kind == Kind::Dir { 2 } else { 1 },
+        rdev: 0,
+        size: 0,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        btime: now,
+        lookups: 0,
+        opens: 0,
+        body,
+        xattrs: None,
+        flags: 0,
+        tmpfile: false,
+    }
+}
+
+fn inode(meta: &Meta, ino: Ino) -> Result<&Inode> {
+    meta.get(ino).ok_or_else(|| err(libc::ENOENT))
+}
+
+fn dir_of(meta: &Meta, ino: Ino) -> Result<&Dir> {
+    inode(meta, ino)?.dir().ok_or_else(|| err(libc::ENOTDIR))
+}
+
+impl Fs {
+    pub fn new(data: DataStore, config: FsConfig) -> Fs {
+        Fs {
+            meta: Mutex::new(Meta::new(0o755, config.root_uid, config.root_gid)),
+            data,
+            handles: Mutex::new(HashMap::new()),
+            dir_streams: Mutex::new(HashMap::new()),
+            dirty_limit: std::sync::OnceLock::new(),
+            attr_changed: std::sync::OnceLock::new(),
+            stats: std::sync::OnceLock::new(),
+            next_fh: AtomicU64::new(1),
+            config,
+            figures: Default::default(),
+            #[cfg(feature = "testing")]
+            armed_panic: Mutex::new(None),
+        }
+    }
+
+    /// Panics here if a test armed a panic for `op` (see [`INJECT_PANIC_XATTR`]).
+    #[cfg(feature = "testing")]
+    pub(crate) fn fault_point(&self, op: &str) {
+        let mut armed = self.armed_panic.lock();
+        if armed.as_deref() == Some(op) {
+            *armed = None;
+            drop(armed);
+            panic!("fault injected into {op}");
+        }
+    }
+
+    #[cfg(not(feature = "testing"))]
+    pub(crate) fn fault_point(&self, _op: &str) {}
+
+    pub fn data(&self) -> &DataStore {
+        &self.data
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.config.read_only {
+            Err(err(libc::EROFS))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Number of inodes (files, directories...) in the table.
+    pub fn inode_count(&self) -> usize {
+        self.meta.lock().len()
+    }
+
+    /// Batches of changes the namespace committed, and the changes in them.
+    pub fn commits(&self) -> (u64, u64) {
+        let meta = self.meta.lock();
+        (meta.commits(), meta.changes())
+    }
+
+    /// Sends the namespace's committed batches to `journal` from now on.
+    pub fn set_journal(&self, journal: Box<dyn crate::meta::Journal>) {
+        self.meta.lock().set_journal(journal);
+    }
+
+    /// Commits `b`, with the chunk changes `chunks` logged for file `ino` (if any).
+    fn commit_with(mut b: Batch<'_>, ino: Ino, chunks: &mut crate::meta::ChunkMap) -> Result<()> {
+        if chunks.has_log() {
+            b.extents(ino, chunks.take_log());
+        }
+        b.commit()
+    }
+
+    /// Hands the chunk changes of file `ino` to the namespace in a batch of their own (for
+    /// changes made outside an operation on the file: rebuild, forgetting a server).
+    pub fn commit_extents(&self, ino: Ino, chunks: &mut crate::meta::ChunkMap) {
+        if !chunks.has_log() {
+            return;
+        }
+        let mut meta = self.meta.lock();
+        let b = meta.batch();
+        if let Err(e) = Self::commit_with(b, ino, chunks) {
+            log::error!("the namespace refused chunk changes of inode {ino}: {e}");
+        }
+    }
+
+    /// Releases an inode's data if it became an orphan, and drops it from the table once the
+    /// kernel has forgotten it too. Data is freed outside the metadata lock.
+    fn settle(&self, mut meta: MutexGuard<'_, Meta>, ino: Ino) {
+        let orphan_file = match meta.get(ino) {
+            Some(i) if i.is_orphan() => i.file().cloned(),
+            _ => None,
+        };
+        {
+            let mut b = meta.batch();
+            if b.drop_if_unused(ino) {
+                if let Err(e) = b.commit() {
+                    log::error!("the namespace refused to drop inode {ino}: {e}");
+                }
+            }
+        }
+        drop(meta);
+        if let Some(f) = orphan_file {
+            let chunks = f.chunks.write().take_all();
+            self.data.release(chunks);
+        }
+    }
+
+    fn new_handle(&self, ino: Ino, mode: OpenMode) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(fh, Handle { ino, mode });
+        fh
+    }
+
+    fn handle(&self, fh: u64, ino: Ino) -> Result<OpenMode> {
+        match self.handles.lock().get(&fh) {
+            Some(h) if h.ino == ino => Ok(h.mode),
+            _ => Err(err(libc::EBADF)),
+        }
+    }
+
+    fn file_data(&self, ino: Ino) -> Result<Arc<FileData>> {
+        let meta = self.meta.lock();
+        let i = inode(&meta, ino)?;
+        match (&i.body, i.kind) {
+            (Body::File(f), _) => Ok(f.clone()),
+            (_, Kind::Dir) => Err(err(libc::EISDIR)),
+            _ => Err(err(libc::EINVAL)),
+        }
+    }
+
+    /// Every regular file's data, taken under the table's lock (released on return).
+    pub fn files(&self) -> Vec<Arc<FileData>> {
+        self.meta.lock().files().map(|(_, f)| f.clone()).collect()
+    }
+
+    /// Every regular file's data with its inode number (for [`Fs::commit_extents`]).
+    pub fn files_by_ino(&self) -> Vec<(Ino, Arc<FileData>)> {
+        self.meta
+            .lock()
+            .files()
+            .map(|(i, f)| (i, f.clone()))
+            .collect()
+    }
+
+    /// Chunks by how many of their copies are on live servers. Taken file by file (the
+    /// table's lock is not held while a file's chunk map is read).
+    pub fn replica_health(&self) -> crate::data::ReplicaHealth {
+        let mut health = crate::data::ReplicaHealth::default();
+        for f in self.files() {
+            self.data.health(&f.chunks.read(), &mut health);
+        }
+        health
+    }
+
+    pub fn acl_enabled(&self) -> bool {
+        self.config.acl
+    }
+
+    pub fn writeback_enabled(&self) -> bool {
+        self.config.writeback
+    }
+
+    /// Sets the callback for attribute changes the kernel did not make (once; later calls
+    /// are ignored).
+    pub fn on_attr_changed(&self, tell: AttrChanged) {
+        let _ = self.attr_changed.set(tell);
+    }
+
+    fn tell_attr_changed(&self, ino: Ino) {
+        if let Some(tell) = self.attr_changed.get() {
+            tell(ino);
+        }
+    }
+
+    /// The counters others fill for the report (see [`crate::figures`]).
+    pub fn figures(&self) -> &crate::figures::Figures {
+        &self.figures
+    }
+
+    /// Counts a request whose handler panicked and was answered with EIO.
+    pub fn count_contained_panic(&self) {
+        self.figures
+            .contained_panics
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests whose handler panicked so far.
+    pub fn contained_panics(&self) -> u64 {
+        self.figures.contained_panics.load(Ordering::Relaxed)
+    }
+
+    pub fn rebuild_stats(&self) -> &crate::figures::RebuildStats {
+        &self.figures.rebuild
+    }
+
+    /// Panics of the upkeep threads so far, by thread.
+    pub fn upkeep_panics(&self) -> &crate::figures::UpkeepPanics {
+        &self.figures.upkeep_panics
+    }
+
+    /// Records how requests reach the FUSE adapter ("io_uring" or "/dev/fuse"), once.
+    pub fn set_fuse_transport(&self, transport: &'static str) {
+        let _ = self.figures.fuse_transport.set(transport);
+    }
+
+    /// Sets what the `stats` attributes of the root read (once; later calls are ignored).
+    pub fn set_stats_source(&self, source: StatsSource) {
+        let _ = self.stats.set(source);
+    }
+}

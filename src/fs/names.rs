@@ -1,0 +1,344 @@
+//! Names: lookup and the kernel's references, making inodes (mknod, mkdir, symlink), links,
+//! unlink, rmdir and rename.
+
+use super::rules::{check_mutable, check_not_immutable, inherit_group};
+use super::{attr_of, check_name, dir_of, err, inode, new_inode, Attr, Caller, Fs};
+use super::{RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
+use crate::error::{Error, Result};
+use crate::meta::{Body, Dir, Ino, Inode, Kind, Meta, NAME_MAX};
+use crate::sync::Arc;
+
+impl Fs {
+    /// Looks `name` up in `parent`; counts a kernel reference on success.
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        let mut meta = self.meta.lock();
+        if name.len() > NAME_MAX {
+            return Err(err(libc::ENAMETOOLONG));
+        }
+        // "." of any inode is the kernel decoding a file handle (NFS export,
+        // open_by_handle_at) whose inode it no longer caches; ".." finds a directory's parent
+        // for it. Inode numbers are never reused, so a handle names one inode for good
+        // (generation 0).
+        let ino = match name {
+            // A handle to an unlinked inode is stale, as on ext4 (it may still be open).
+            b"." if inode(&meta, parent)?.nlink == 0 => return Err(err(libc::ESTALE)),
+            b"." => parent,
+            b".." => dir_of(&meta, parent)?.parent(),
+            _ => dir_of(&meta, parent)?
+                .get(name)
+                .ok_or_else(|| err(libc::ENOENT))?,
+        };
+        inode(&meta, ino)?;
+        meta.hold(ino, 1);
+        Ok(attr_of(ino, inode(&meta, ino)?))
+    }
+
+    /// The kernel dropped `n` references.
+    pub fn forget(&self, ino: Ino, n: u64) {
+        let mut meta = self.meta.lock();
+        meta.release_refs(ino, n);
+        self.settle(meta, ino);
+    }
+
+    /// What a new inode takes from its directory `p`: the group of a set-group-ID directory,
+    /// and the directory's default ACL, which when present decides the permissions (and the
+    /// new inode's ACLs) instead of the caller's umask.
+    pub(super) fn inherit_from_parent(&self, p: &Inode, inode: &mut Inode, caller: Caller) {
+        inherit_group(p, inode);
+        // Symlinks have neither ACLs nor a umask.
+        let default_acl = self
+            .config
+            .acl
+            .then(|| p.xattrs.as_ref()?.get(crate::acl::DEFAULT_XATTR))
+            .flatten()
+            .and_then(|v| crate::acl::Acl::parse(v).ok().map(|a| (a, v.clone())));
+        if inode.kind != Kind::Symlink {
+            match default_acl {
+                Some((acl, raw)) => {
+                    let (access, bits) = acl.inherit(inode.perm);
+                    inode.perm = bits;
+                    let x = inode.xattrs.get_or_insert_with(Default::default);
+                    if let Some(a) = access {
+                        x.insert(crate::acl::ACCESS_XATTR.into(), a.to_xattr().into());
+                    }
+                    if inode.kind == Kind::Dir {
+                        x.insert(crate::acl::DEFAULT_XATTR.into(), raw);
+                    }
+                }
+                None => inode.perm &= !(caller.umask as u16 & 0o777),
+            }
+        }
+    }
+
+    /// Adds a fresh inode under `parent/name` and counts a kernel reference to it.
+    fn make(&self, parent: Ino, name: &[u8], inode: Inode, caller: Caller) -> Result<Attr> {
+        self.writable()?;
+        check_name(name)?;
+        let mut meta = self.meta.lock();
+        if dir_of(&meta, parent)?.get(name).is_some() {
+            return Err(err(libc::EEXIST));
+        }
+        let p = super::inode(&meta, parent)?;
+        check_not_immutable(p)?;
+        let is_dir = inode.kind == Kind::Dir;
+        let mut inode = inode;
+        self.inherit_from_parent(p, &mut inode, caller);
+        let mut b = meta.batch();
+        let ino = b.make(inode);
+        if is_dir {
+            b.update(parent, |a| a.nlink += 1)?;
+        }
+        b.insert_entry(parent, name, ino)?;
+        b.touch(parent, true)?;
+        b.commit()?;
+        meta.hold(ino, 1);
+        Ok(attr_of(ino, super::inode(&meta, ino)?))
+    }
+
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> Result<Attr> {
+        let kind = Kind::from_mode(mode).ok_or_else(|| err(libc::EINVAL))?;
+        let body = match kind {
+            Kind::File => Body::File(Arc::default()),
+            Kind::Dir | Kind::Symlink => return Err(err(libc::EINVAL)),
+            _ => Body::Special,
+        };
+        let mut inode = new_inode(kind, (mode & 0o7777) as u16, caller, body);
+        inode.rdev = rdev;
+        self.make(parent, name, inode, caller)
+    }
+
+    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> Result<Attr> {
+        let body = Body::Dir(Box::new(Dir::new(parent)));
+        self.make(
+            parent,
+            name,
+            new_inode(Kind::Dir, (mode & 0o7777) as u16, caller, body),
+            caller,
+        )
+    }
+
+    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], caller: Caller) -> Result<Attr> {
+        if target.is_empty() {
+            return Err(err(libc::ENOENT));
+        }
+        if target.len() > libc::PATH_MAX as usize {
+            return Err(err(libc::ENAMETOOLONG));
+        }
+        let mut inode = new_inode(Kind::Symlink, 0o777, caller, Body::Symlink(target.into()));
+        inode.size = target.len() as u64;
+        self.make(parent, name, inode, caller)
+    }
+
+    pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
+        self.writable()?;
+        check_name(newname)?;
+        let mut meta = self.meta.lock();
+        if inode(&meta, ino)?.kind == Kind::Dir {
+            return Err(err(libc::EPERM));
+        }
+        if dir_of(&meta, newparent)?.get(newname).is_some() {
+            return Err(err(libc::EEXIST));
+        }
+        check_mutable(inode(&meta, ino)?)?;
+        check_not_immutable(inode(&meta, newparent)?)?;
+        let source = inode(&meta, ino)?;
+        if source.nlink == 0 && !source.tmpfile {
+            return Err(Error::new(libc::ENOENT, "the file was unlinked"));
+        }
+        let mut b = meta.batch();
+        b.insert_entry(newparent, newname, ino)?;
+        b.touch(newparent, true)?;
+        let now = crate::meta::now();
+        b.update(ino, |a| {
+            a.tmpfile = false;
+            a.nlink += 1;
+            a.ctime = now;
+        })?;
+        b.commit()?;
+        meta.hold(ino, 1);
+        Ok(attr_of(ino, inode(&meta, ino)?))
+    }
+
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, true)
+    }
+
+    fn remove(&self, parent: Ino, name: &[u8], want_dir: bool) -> Result<()> {
+        self.writable()?;
+        if name == b"." {
+            return Err(err(libc::EINVAL));
+        }
+        if name == b".." {
+            return Err(err(libc::ENOTEMPTY));
+        }
+        let mut meta = self.meta.lock();
+        let ino = dir_of(&meta, parent)?
+            .get(name)
+            .ok_or_else(|| err(libc::ENOENT))?;
+        // The kernel's may_delete order: chattr flags refuse before the entry's kind or a
+        // directory's emptiness is looked at.
+        check_mutable(inode(&meta, parent)?)?;
+        check_mutable(inode(&meta, ino)?)?;
+        Self::check_removable(inode(&meta, ino)?, want_dir)?;
+        let mut b = meta.batch();
+        b.remove_entry(parent, name)?;
+        b.touch(parent, true)?;
+        if want_dir {
+            b.update(parent, |a| a.nlink -= 1)?;
+        }
+        let now = crate::meta::now();
+        b.update(ino, |a| {
+            a.nlink = if want_dir { 0 } else { a.nlink - 1 };
+            a.ctime = now;
+        })?;
+        b.commit()?;
+        self.settle(meta, ino);
+        Ok(())
+    }
+
+    /// Whether `victim` may go away in favour of (or as) a directory (`as_dir`) or not: the
+    /// one rule `unlink`, `rmdir` and a replacing `rename` share.
+    fn check_removable(victim: &Inode, as_dir: bool) -> Result<()> {
+        match (as_dir, victim.dir()) {
+            (true, None) => Err(err(libc::ENOTDIR)),
+            (false, Some(_)) => Err(err(libc::EISDIR)),
+            (true, Some(d)) if !d.is_empty() => Err(err(libc::ENOTEMPTY)),
+            _ => Ok(()),
+        }
+    }
+
+    /// True if `ino` is `ancestor` or lies below it.
+    fn is_within(meta: &Meta, mut ino: Ino, ancestor: Ino) -> bool {
+        loop {
+            if ino == ancestor {
+                return true;
+            }
+            match meta.get(ino).and_then(Inode::dir) {
+                Some(d) if d.parent() != ino => ino = d.parent(),
+                _ => return false,
+            }
+        }
+    }
+
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        flags: u32,
+        caller: Caller,
+    ) -> Result<()> {
+        self.writable()?;
+        check_name(name)?;
+        check_name(newname)?;
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT) != 0
+            || flags & RENAME_EXCHANGE != 0 && flags != RENAME_EXCHANGE
+        {
+            return Err(err(libc::EINVAL));
+        }
+        let mut meta = self.meta.lock();
+        let src = dir_of(&meta, parent)?
+            .get(name)
+            .ok_or_else(|| err(libc::ENOENT))?;
+        let dst = dir_of(&meta, newparent)?.get(newname);
+        // The kernel refuses a taken name under RENAME_NOREPLACE at its lookup, before
+        // anything else.
+        if dst.is_some() && flags & RENAME_NOREPLACE != 0 {
+            return Err(err(libc::EEXIST));
+        }
+        // Moving an entry deletes it from one directory and adds it to another: the
+        // kernel's may_delete and may_create rules for chattr flags.
+        check_mutable(inode(&meta, parent)?)?;
+        check_mutable(inode(&meta, src)?)?;
+        check_not_immutable(inode(&meta, newparent)?)?;
+        if let Some(d) = dst {
+            check_mutable(inode(&meta, newparent)?)?;
+            check_mutable(inode(&meta, d)?)?;
+        }
+        let src_is_dir = inode(&meta, src)?.kind == Kind::Dir;
+        // A directory cannot move below itself.
+        if src_is_dir && Self::is_within(&meta, newparent, src) {
+            return Err(err(libc::EINVAL));
+        }
+        let now = crate::meta::now();
+        if flags & RENAME_EXCHANGE != 0 {
+            let dst = dst.ok_or_else(|| err(libc::ENOENT))?;
+            let dst_is_dir = inode(&meta, dst)?.kind == Kind::Dir;
+            if dst_is_dir && Self::is_within(&meta, parent, dst) {
+                return Err(err(libc::EINVAL));
+            }
+            let mut b = meta.batch();
+            b.replace_entry(parent, name, dst)?;
+            b.replace_entry(newparent, newname, src)?;
+            if parent != newparent {
+                for (moved, is_dir, to, from) in [
+                    (src, src_is_dir, newparent, parent),
+                    (dst, dst_is_dir, parent, newparent),
+                ] {
+                    if is_dir {
+                        b.set_parent(moved, to)?;
+                        b.update(to, |a| a.nlink += 1)?;
+                        b.update(from, |a| a.nlink -= 1)?;
+                    }
+                }
+            }
+            for ino in [src, dst] {
+                b.update(ino, |a| a.ctime = now)?;
+            }
+            b.touch(parent, true)?;
+            b.touch(newparent, true)?;
+            return b.commit();
+        }
+        if let Some(dst) = dst {
+            if dst == src {
+                return Ok(()); // two names of one file: nothing to do
+            }
+            Self::check_removable(inode(&meta, dst)?, src_is_dir)?;
+        }
+        // Detach the source, then put it in place of (or beside) the target.
+        let mut b = meta.batch();
+        b.remove_entry(parent, name)?;
+        if flags & RENAME_WHITEOUT != 0 {
+            let mut whiteout = new_inode(Kind::CharDevice, 0, caller, Body::Special);
+            whiteout.rdev = 0;
+            let w = b.make(whiteout);
+            b.insert_entry(parent, name, w)?;
+        }
+        let replaced = b.remove_entry(newparent, newname)?;
+        b.insert_entry(newparent, newname, src)?;
+        if src_is_dir && parent != newparent {
+            b.set_parent(src, newparent)?;
+            b.update(parent, |a| a.nlink -= 1)?;
+            b.update(newparent, |a| a.nlink += 1)?;
+        }
+        b.update(src, |a| a.ctime = now)?;
+        b.touch(parent, true)?;
+        b.touch(newparent, true)?;
+        if let Some(old) = replaced {
+            let was_dir = inode(&b, old)?.kind == Kind::Dir;
+            b.update(old, |a| {
+                a.nlink = if was_dir { 0 } else { a.nlink - 1 };
+                a.ctime = now;
+            })?;
+            if was_dir {
+                b.update(newparent, |a| a.nlink -= 1)?;
+            }
+            b.commit()?;
+            self.settle(meta, old);
+            return Ok(());
+        }
+        b.commit()
+    }
+}

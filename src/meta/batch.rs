@@ -1,0 +1,576 @@
+//! The one way the namespace changes: a [`Batch`] of typed [`Change`]s, one per operation.
+//!
+//! Why: a journal (volumes) must see every change to inodes, directory entries, chunk maps
+//! and extended attributes, in one place, and replay them; a shared-metadata engine must be
+//! able to implement the same calls. So `fs` never holds a `&mut Inode`: it opens a batch on
+//! the table, makes its changes through the batch's methods (each fallible, each applied at
+//! once so the operation reads its own writes), and commits. The commit hands the changes to
+//! the [`Journal`] whole; if the journal refuses them, or the batch is dropped uncommitted
+//! (an error part way through an operation), every change is undone, so an operation's
+//! changes count whole or not at all.
+//!
+//! Chunk changes are the exception to undo: they record remote memory already allocated,
+//! written or freed, so they are facts the batch carries to the journal, not intentions.
+//! What the kernel holds (lookup counts, open handles) is the mount's session state, not
+//! the namespace's, and is kept beside it (see [`super::Meta::hold`]).
+
+use super::extents::{Chunk, ExtentChange};
+use super::{Body, Ino, Inode, Kind, Meta, Name, Xattrs};
+use crate::error::{Error, Result};
+use std::time::SystemTime;
+
+/// The attributes of an inode that the namespace keeps (what `stat` and `chattr` show).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attrs {
+    /// Permission bits (`0o7777`).
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub rdev: u32,
+    pub size: u64,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+    pub btime: SystemTime,
+    /// Inode flags (`chattr`).
+    pub flags: u32,
+    /// Made by `O_TMPFILE` and never linked (see [`Inode::tmpfile`]).
+    pub tmpfile: bool,
+}
+
+impl Attrs {
+    pub fn of(i: &Inode) -> Attrs {
+        Attrs {
+            perm: i.perm,
+            uid: i.uid,
+            gid: i.gid,
+            nlink: i.nlink,
+            rdev: i.rdev,
+            size: i.size,
+            atime: i.atime,
+            mtime: i.mtime,
+            ctime: i.ctime,
+            btime: i.btime,
+            flags: i.flags,
+            tmpfile: i.tmpfile,
+        }
+    }
+
+    fn store(self, i: &mut Inode) {
+        i.perm = self.perm;
+        i.uid = self.uid;
+        i.gid = self.gid;
+        i.nlink = self.nlink;
+        i.rdev = self.rdev;
+        i.size = self.size;
+        i.atime = self.atime;
+        i.mtime = self.mtime;
+        i.ctime = self.ctime;
+        i.btime = self.btime;
+        i.flags = self.flags;
+        i.tmpfile = self.tmpfile;
+    }
+}
+
+/// What a new inode holds besides its attributes, as a journal records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seed {
+    File,
+    Dir { parent: Ino },
+    Symlink(Box<[u8]>),
+    Special,
+}
+
+/// One change to the namespace, enough to replay it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Inode `ino` is made.
+    Make {
+        ino: Ino,
+        kind: Kind,
+        attrs: Attrs,
+        seed: Seed,
+        xattrs: Option<Xattrs>,
+    },
+    /// Inode `ino`'s attributes are now `attrs`.
+    Attrs { ino: Ino, attrs: Attrs },
+    /// Name `name` in directory `dir` now leads to `ino` (none: the name is gone). A name
+    /// that existed keeps its place (its `readdir` cookie).
+    Entry {
+        dir: Ino,
+        name: Name,
+        ino: Option<Ino>,
+    },
+    /// Directory `dir` now sits in `parent`.
+    Parent { dir: Ino, parent: Ino },
+    /// Extended attribute `name` of `ino` is now `value` (none: removed).
+    Xattr {
+        ino: Ino,
+        name: Box<[u8]>,
+        value: Option<Box<[u8]>>,
+    },
+    /// Chunk `idx` of file `ino` is now `chunk` (none: gone).
+    Extent {
+        ino: Ino,
+        idx: u64,
+        chunk: Option<Chunk>,
+    },
+    /// Inode `ino` is gone (no name, no handle, no reference), with its chunks.
+    Drop { ino: Ino },
+}
+
+/// Where committed batches go: a volume's journal records them before they count. An error
+/// fails the operation and undoes its changes.
+pub trait Journal: Send {
+    fn record(&mut self, changes: &[Change]) -> Result<()>;
+}
+
+/// The journal of a namespace that lives only in this process (a mount without a volume):
+/// nothing to record.
+#[derive(Debug, Default)]
+pub struct InMemory;
+
+impl Journal for InMemory {
+    fn record(&mut self, _changes: &[Change]) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// How to take one change back.
+enum Undo {
+    Unmake(Ino),
+    Attrs(Ino, Attrs),
+    /// The entry led to `old` (an inode and its cookie) or was absent.
+    Entry {
+        dir: Ino,
+        name: Name,
+        old: Option<(Ino, u64)>,
+    },
+    Parent(Ino, Ino),
+    Xattr(Ino, Box<[u8]>, Option<Box<[u8]>>),
+    Restore(Ino, Box<Inode>),
+}
+
+/// One operation's changes to the namespace (see the module doc). Reads go through `Deref`
+/// to the table; dropped uncommitted, the batch undoes its changes.
+pub struct Batch<'m> {
+    meta: &'m mut Meta,
+    redo: Vec<Change>,
+    undo: Vec<Undo>,
+}
+
+fn gone(ino: Ino) -> Error {
+    Error::new(libc::ENOENT, format!("no inode {ino}"))
+}
+
+impl<'m> Batch<'m> {
+    pub(super) fn new(meta: &'m mut Meta) -> Batch<'m> {
+        Batch {
+            meta,
+            redo: Vec::new(),
+            undo: Vec::new(),
+        }
+    }
+
+    fn inode_mut(&mut self, ino: Ino) -> Result<&mut Inode> {
+        self.meta.get_mut(ino).ok_or_else(|| gone(ino))
+    }
+
+    fn dir_mut(&mut self, dir: Ino) -> Result<&mut super::Dir> {
+        self.inode_mut(dir)?
+            .dir_mut()
+            .ok_or_else(|| Error::new(libc::ENOTDIR, format!("inode {dir} is no directory")))
+    }
+
+    /// Adds `inode` to the table under a new number.
+    pub fn make(&mut self, inode: Inode) -> Ino {
+        let seed = match &inode.body {
+            Body::File(_) => Seed::File,
+            Body::Dir(d) => Seed::Dir { parent: d.parent() },
+            Body::Symlink(t) => Seed::Symlink(t.clone()),
+            Body::Special => Seed::Special,
+        };
+        let change = (
+            inode.kind,
+            Attrs::of(&inode),
+            seed,
+            inode.xattrs.as_deref().cloned(),
+        );
+        let ino = self.meta.insert(inode);
+        let (kind, attrs, seed, xattrs) = change;
+        self.redo.push(Change::Make {
+            ino,
+            kind,
+            attrs,
+            seed,
+            xattrs,
+        });
+        self.undo.push(Undo::Unmake(ino));
+        ino
+    }
+
+    /// Changes `ino`'s attributes.
+    pub fn update(&mut self, ino: Ino, change: impl FnOnce(&mut Attrs)) -> Result<()> {
+        let i = self.inode_mut(ino)?;
+        let old = Attrs::of(i);
+        let mut attrs = old;
+        change(&mut attrs);
+        if attrs != old {
+            attrs.store(i);
+            self.redo.push(Change::Attrs { ino, attrs });
+            self.undo.push(Undo::Attrs(ino, old));
+        }
+        Ok(())
+    }
+
+    /// Sets the time of a change of `ino` (and of its contents, with `modified`) to now.
+    pub fn touch(&mut self, ino: Ino, modified: bool) -> Result<()> {
+        let now = super::now();
+        self.update(ino, |a| {
+            a.ctime = now;
+            if modified {
+                a.mtime = now;
+            }
+        })
+    }
+
+    fn entry(&mut self, dir: Ino, name: &[u8], ino: Option<Ino>) -> Result<Option<Ino>> {
+        let d = self.dir_mut(dir)?;
+        let old = d.get(name);
+        let cookie = d.cookie(name);
+        match (old, ino) {
+            (None, None) => return Ok(None),
+            (None, Some(i)) => d.insert(name, i),
+            (Some(_), Some(i)) => d.replace(name, i),
+            (Some(_), None) => {
+                d.remove(name);
+            }
+        }
+        let name: Name = name.into();
+        self.redo.push(Change::Entry {
+            dir,
+            name: name.clone(),
+            ino,
+        });
+        self.undo.push(Undo::Entry {
+            dir,
+            name,
+            old: old.zip(cookie),
+        });
+        Ok(old)
+    }
+
+    /// Adds entry `name` (which must not exist) to `dir`, leading to `ino`.
+    pub fn insert_entry(&mut self, dir: Ino, name: &[u8], ino: Ino) -> Result<()> {
+        if self.dir_mut(dir)?.get(name).is_some() {
+            return Err(Error::new(libc::EEXIST, "the name exists"));
+        }
+        self.entry(dir, name, Some(ino)).map(|_| ())
+    }
+
+    /// Points entry `name` of `dir` (which must exist) at `ino`, keeping its place.
+    pub fn replace_entry(&mut self, dir: Ino, name: &[u8], ino: Ino) -> Result<()> {
+        if self.dir_mut(dir)?.get(name).is_none() {
+            return Err(Error::new(libc::ENOENT, "no such name"));
+        }
+        self.entry(dir, name, Some(ino)).map(|_| ())
+    }
+
+    /// Removes entry `name` from `dir`; returns the inode it led to.
+    pub fn remove_entry(&mut self, dir: Ino, name: &[u8]) -> Result<Option<Ino>> {
+        self.entry(dir, name, None)
+    }
+
+    /// Records that directory `dir` now sits in `parent`.
+    pub fn set_parent(&mut self, dir: Ino, parent: Ino) -> Result<()> {
+        let d = self.dir_mut(dir)?;
+        let old = d.parent();
+        d.set_parent(parent);
+        self.redo.push(Change::Parent { dir, parent });
+        self.undo.push(Undo::Parent(dir, old));
+        Ok(())
+    }
+
+    fn xattr(&mut self, ino: Ino, name: &[u8], value: Option<Box<[u8]>>) -> Result<()> {
+        let i = self.inode_mut(ino)?;
+        let old = match &value {
+            Some(v) => i
+                .xattrs
+                .get_or_insert_with(Default::default)
+                .insert(name.into(), v.clone()),
+            None => {
+                let old = i.xattrs.as_mut().and_then(|m| m.remove(name));
+                if i.xattrs.as_ref().is_some_and(|m| m.is_empty()) {
+                    i.xattrs = None;
+                }
+                old
+            }
+        };
+        self.redo.push(Change::Xattr {
+            ino,
+            name: name.into(),
+            value,
+        });
+        self.undo.push(Undo::Xattr(ino, name.into(), old));
+        Ok(())
+    }
+
+    /// Sets extended attribute `name` of `ino`.
+    pub fn set_xattr(&mut self, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {
+        self.xattr(ino, name, Some(value.into()))
+    }
+
+    /// Removes extended attribute `name` of `ino`; false if it had none.
+    pub fn remove_xattr(&mut self, ino: Ino, name: &[u8]) -> Result<bool> {
+        let had = self
+            .meta
+            .get(ino)
+            .ok_or_else(|| gone(ino))?
+            .xattrs
+            .as_ref()
+            .is_some_and(|m| m.contains_key(name));
+        if had {
+            self.xattr(ino, name, None)?;
+        }
+        Ok(had)
+    }
+
+    /// Carries the chunk changes of file `ino` (taken from its map's log) into this batch.
+    pub fn extents(&mut self, ino: Ino, log: Vec<ExtentChange>) {
+        self.redo.extend(log.into_iter().map(|e| Change::Extent {
+            ino,
+            idx: e.idx,
+            chunk: e.chunk,
+        }));
+    }
+
+    /// Drops `ino` from the table if nothing refers to it any more (no name, no open handle,
+    /// no kernel reference); true if it went.
+    pub fn drop_if_unused(&mut self, ino: Ino) -> bool {
+        match self.meta.reap(ino) {
+            Some(inode) => {
+                self.redo.push(Change::Drop { ino });
+                self.undo.push(Undo::Restore(ino, Box::new(inode)));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The changes so far.
+    pub fn changes(&self) -> &[Change] {
+        &self.redo
+    }
+
+    /// Hands the changes to the journal; if it refuses them they are undone and its error
+    /// returned.
+    pub fn commit(mut self) -> Result<()> {
+        if self.redo.is_empty() {
+            return Ok(());
+        }
+        let redo = std::mem::take(&mut self.redo);
+        match self.meta.journal.record(&redo) {
+            Ok(()) => {
+                self.undo.clear();
+                self.meta.commits += 1;
+                self.meta.changes += redo.len() as u64;
+                Ok(())
+            }
+            Err(e) => Err(e), // dropping self undoes
+        }
+    }
+
+    fn roll_back(&mut self) {
+        while let Some(u) = self.undo.pop() {
+            let m = &mut *self.meta;
+            match u {
+                Undo::Unmake(ino) => {
+                    m.remove(ino);
+                }
+                Undo::Attrs(ino, a) => {
+                    if let Some(i) = m.get_mut(ino) {
+                        a.store(i);
+                    }
+                }
+                Undo::Entry { dir, name, old } => {
+                    if let Some(d) = m.get_mut(dir).and_then(Inode::dir_mut) {
+                        match (d.get(&name).is_some(), old) {
+                            (true, Some((o, _))) => d.replace(&name, o),
+                            (false, Some((o, cookie))) => d.restore(&name, o, cookie),
+                            (true, None) => {
+                                d.remove(&name);
+                            }
+                            (false, None) => {}
+                        }
+                    }
+                }
+                Undo::Parent(dir, p) => {
+                    if let Some(d) = m.get_mut(dir).and_then(Inode::dir_mut) {
+                        d.set_parent(p);
+                    }
+                }
+                Undo::Xattr(ino, name, old) => {
+                    if let Some(i) = m.get_mut(ino) {
+                        let map = i.xattrs.get_or_insert_with(Default::default);
+                        match old {
+                            Some(v) => {
+                                map.insert(name, v);
+                            }
+                            None => {
+                                map.remove(&name);
+                            }
+                        }
+                        if map.is_empty() {
+                            i.xattrs = None;
+                        }
+                    }
+                }
+                Undo::Restore(ino, inode) => m.restore(ino, *inode),
+            }
+        }
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        if !self.undo.is_empty() {
+            self.roll_back();
+        }
+    }
+}
+
+impl std::ops::Deref for Batch<'_> {
+    type Target = Meta;
+    fn deref(&self) -> &Meta {
+        self.meta
+    }
+}
+
+impl std::ops::DerefMut for Batch<'_> {
+    /// The table's own methods (kernel references) through the batch; its inodes stay
+    /// reachable for change only through the batch's methods.
+    fn deref_mut(&mut self) -> &mut Meta {
+        self.meta
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::{Dir, ROOT_INO};
+
+    fn file(meta: &Meta) -> Inode {
+        let _ = meta;
+        let t = crate::meta::now();
+        Inode {
+            kind: Kind::File,
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+            nlink: 1,
+            rdev: 0,
+            size: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            btime: t,
+            lookups: 0,
+            opens: 0,
+            body: Body::File(Default::default()),
+            xattrs: None,
+            flags: 0,
+            tmpfile: false,
+        }
+    }
+
+    struct Refusing;
+    impl Journal for Refusing {
+        fn record(&mut self, _: &[Change]) -> Result<()> {
+            Err(Error::new(libc::EIO, "journal unreachable"))
+        }
+    }
+
+    #[test]
+    fn a_committed_batch_keeps_its_changes_and_counts_once() {
+        let mut meta = Meta::new(0o755, 0, 0);
+        let mut b = meta.batch();
+        let f = file(&b);
+        let ino = b.make(f);
+        b.insert_entry(ROOT_INO, b"a", ino).unwrap();
+        b.set_xattr(ino, b"user.k", b"v").unwrap();
+        b.update(ino, |a| a.size = 10).unwrap();
+        let kinds: Vec<&str> = b
+            .changes()
+            .iter()
+            .map(|c| match c {
+                Change::Make { .. } => "make",
+                Change::Entry { .. } => "entry",
+                Change::Xattr { .. } => "xattr",
+                Change::Attrs { .. } => "attrs",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(kinds, ["make", "entry", "xattr", "attrs"]);
+        b.commit().unwrap();
+        assert_eq!(
+            meta.get(ROOT_INO).unwrap().dir().unwrap().get(b"a"),
+            Some(ino)
+        );
+        assert_eq!(meta.get(ino).unwrap().size, 10);
+        assert_eq!(meta.commits(), 1);
+    }
+
+    #[test]
+    fn a_refused_or_dropped_batch_undoes_every_change() {
+        let mut meta = Meta::new(0o755, 0, 0);
+        let sub = {
+            let mut b = meta.batch();
+            let mut d = file(&b);
+            d.kind = Kind::Dir;
+            d.body = Body::Dir(Box::new(Dir::new(ROOT_INO)));
+            let sub = b.make(d);
+            b.insert_entry(ROOT_INO, b"d", sub).unwrap();
+            b.commit().unwrap();
+            sub
+        };
+        let entries = |meta: &Meta| -> Vec<(u64, Vec<u8>, Ino)> {
+            let d = meta.get(ROOT_INO).unwrap().dir().unwrap();
+            d.entries_after(0)
+                .map(|(c, n, i)| (c, n.to_vec(), i))
+                .collect()
+        };
+        let before = entries(&meta);
+        // Dropped part way (an error in the middle of an operation).
+        {
+            let mut b = meta.batch();
+            let f = file(&b);
+            let ino = b.make(f);
+            b.insert_entry(sub, b"x", ino).unwrap();
+            b.remove_entry(ROOT_INO, b"d").unwrap();
+            b.update(ROOT_INO, |a| a.nlink = 7).unwrap();
+            assert!(b.insert_entry(ROOT_INO, b"x", ino).is_ok());
+            assert_eq!(
+                b.insert_entry(ROOT_INO, b"x", ino).unwrap_err().errno,
+                libc::EEXIST
+            );
+        }
+        // The entry removed and put back keeps its cookie (a directory stream's offset).
+        assert_eq!(entries(&meta), before);
+        assert_eq!(meta.get(ROOT_INO).unwrap().nlink, 2);
+        assert!(meta.get(sub).unwrap().dir().unwrap().is_empty());
+        assert_eq!(meta.len(), 2);
+        // Refused by the journal.
+        meta.set_journal(Box::new(Refusing));
+        let mut b = meta.batch();
+        b.set_xattr(sub, b"user.k", b"v").unwrap();
+        b.replace_entry(ROOT_INO, b"d", ROOT_INO).unwrap();
+        assert_eq!(b.commit().unwrap_err().errno, libc::EIO);
+        assert!(meta.get(sub).unwrap().xattrs.is_none());
+        assert_eq!(
+            meta.get(ROOT_INO).unwrap().dir().unwrap().get(b"d"),
+            Some(sub)
+        );
+        assert_eq!(meta.commits(), 1);
+    }
+}

@@ -1,0 +1,296 @@
+//! A regular file's extent map: chunk index to remote chunk, and the bytes it holds
+//! (`st_blocks`).
+//!
+//! The map changes only through [`ChunkMap`]'s mutators, which keep the held-bytes count in
+//! step and log each change: whoever changes a map hands that log to the namespace in the
+//! batch of the operation that made it ([`super::batch::Batch::extents`]), so a journal sees
+//! every chunk change. Reads use the map like a `BTreeMap`.
+
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{Arc, RwLock};
+use std::collections::BTreeMap;
+
+/// Most copies of a chunk a mount keeps (`--replicas`): three survive any two failures, and
+/// every further copy costs a full write to one more server.
+pub const MAX_REPLICAS: usize = 3;
+
+/// One copy of a chunk: an extent on one memory server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Replica {
+    pub server: u32,
+    pub addr: u64,
+    pub rkey: u64,
+}
+
+/// One remote chunk of a file: `len` bytes of server memory, on every replica, holding the
+/// file bytes from the chunk's start offset. `len` may be less than the chunk size (a small
+/// file's only chunk). Every listed replica holds the chunk's current bytes: a replica that
+/// misses a write is taken out of the list before that write is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    pub len: u64,
+    count: u8,
+    replicas: [Replica; MAX_REPLICAS],
+}
+
+impl Chunk {
+    /// A chunk of `len` bytes with no replica yet.
+    pub fn new(len: u64) -> Chunk {
+        Chunk {
+            len,
+            count: 0,
+            replicas: [Replica::default(); MAX_REPLICAS],
+        }
+    }
+
+    /// A chunk of `len` bytes held by `replicas` (at most [`MAX_REPLICAS`] are kept).
+    pub fn with_replicas(len: u64, replicas: &[Replica]) -> Chunk {
+        let mut c = Chunk::new(len);
+        for r in replicas {
+            c.add(*r);
+        }
+        c
+    }
+
+    pub fn replicas(&self) -> &[Replica] {
+        &self.replicas[..self.count as usize]
+    }
+
+    /// Adds a replica; false if the chunk has [`MAX_REPLICAS`] already or one on that server.
+    pub fn add(&mut self, r: Replica) -> bool {
+        if self.count as usize == MAX_REPLICAS || self.on(r.server).is_some() {
+            return false;
+        }
+        self.replicas[self.count as usize] = r;
+        self.count += 1;
+        true
+    }
+
+    /// The replica on `server`, if any.
+    pub fn on(&self, server: u32) -> Option<Replica> {
+        self.replicas().iter().find(|r| r.server == server).copied()
+    }
+
+    /// Takes the replica on `server` out (it missed a write or its server is gone).
+    pub fn remove(&mut self, server: u32) -> Option<Replica> {
+        let i = self.replicas().iter().position(|r| r.server == server)?;
+        let r = self.replicas[i];
+        self.replicas.copy_within(i + 1..self.count as usize, i);
+        self.count -= 1;
+        Some(r)
+    }
+}
+
+/// One change to an extent map: chunk `idx` is now `chunk` (none: gone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtentChange {
+    pub idx: u64,
+    pub chunk: Option<Chunk>,
+}
+
+/// A file's chunks by index. Every change goes through a mutator here: it keeps `held`
+/// (shared with the file's [`FileData`], read by `stat` without this map's lock) and logs the
+/// change for the namespace (see the module doc).
+#[derive(Debug, Default)]
+pub struct ChunkMap {
+    map: BTreeMap<u64, Chunk>,
+    held: Arc<AtomicU64>,
+    log: Vec<ExtentChange>,
+}
+
+impl ChunkMap {
+    pub fn get(&self, idx: &u64) -> Option<&Chunk> {
+        self.map.get(idx)
+    }
+    pub fn contains_key(&self, idx: &u64) -> bool {
+        self.map.contains_key(idx)
+    }
+    pub fn range<R: std::ops::RangeBounds<u64>>(
+        &self,
+        range: R,
+    ) -> std::collections::btree_map::Range<'_, u64, Chunk> {
+        self.map.range(range)
+    }
+    pub fn iter(&self) -> std::collections::btree_map::Iter<'_, u64, Chunk> {
+        self.map.iter()
+    }
+    pub fn values(&self) -> std::collections::btree_map::Values<'_, u64, Chunk> {
+        self.map.values()
+    }
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    fn account(&self, added: u64, removed: u64) {
+        if added >= removed {
+            self.held.fetch_add(added - removed, Ordering::Relaxed);
+        } else {
+            self.held.fetch_sub(removed - added, Ordering::Relaxed);
+        }
+    }
+
+    /// Sets chunk `idx`, returning the one it replaces.
+    pub fn insert(&mut self, idx: u64, chunk: Chunk) -> Option<Chunk> {
+        let old = self.map.insert(idx, chunk);
+        self.account(chunk.len, old.map_or(0, |c| c.len));
+        self.log.push(ExtentChange {
+            idx,
+            chunk: Some(chunk),
+        });
+        old
+    }
+
+    /// Takes chunk `idx` out of the map.
+    pub fn remove(&mut self, idx: &u64) -> Option<Chunk> {
+        let old = self.map.remove(idx)?;
+        self.account(0, old.len);
+        self.log.push(ExtentChange {
+            idx: *idx,
+            chunk: None,
+        });
+        Some(old)
+    }
+
+    /// Changes chunk `idx` in place (its copies, its length); none if there is no such chunk.
+    pub fn update<R>(&mut self, idx: u64, change: impl FnOnce(&mut Chunk) -> R) -> Option<R> {
+        let c = self.map.get_mut(&idx)?;
+        let before = *c;
+        let r = change(c);
+        let after = *c;
+        if after != before {
+            self.account(after.len, before.len);
+            self.log.push(ExtentChange {
+                idx,
+                chunk: Some(after),
+            });
+        }
+        Some(r)
+    }
+
+    /// Changes every chunk in place (see [`ChunkMap::update`]).
+    pub fn update_all(&mut self, mut change: impl FnMut(&mut Chunk)) {
+        let idxs: Vec<u64> = self.map.keys().copied().collect();
+        for idx in idxs {
+            self.update(idx, &mut change);
+        }
+    }
+
+    /// Takes the chunks at `from` and above out, in order.
+    pub fn split_off(&mut self, from: u64) -> Vec<(u64, Chunk)> {
+        let idxs: Vec<u64> = self.map.range(from..).map(|(i, _)| *i).collect();
+        idxs.into_iter()
+            .filter_map(|i| Some((i, self.remove(&i)?)))
+            .collect()
+    }
+
+    /// Empties the map of a file that is going away, unlogged: the inode's drop is the
+    /// namespace's record of it.
+    pub fn take_all(&mut self) -> BTreeMap<u64, Chunk> {
+        self.held.store(0, Ordering::Relaxed);
+        self.log.clear();
+        std::mem::take(&mut self.map)
+    }
+
+    /// The changes since the last call, for the namespace's batch.
+    pub fn take_log(&mut self) -> Vec<ExtentChange> {
+        std::mem::take(&mut self.log)
+    }
+
+    /// Whether changes wait to be handed to the namespace.
+    pub fn has_log(&self) -> bool {
+        !self.log.is_empty()
+    }
+}
+
+impl std::ops::Index<&u64> for ChunkMap {
+    type Output = Chunk;
+    fn index(&self, idx: &u64) -> &Chunk {
+        &self.map[idx]
+    }
+}
+
+impl FromIterator<(u64, Chunk)> for ChunkMap {
+    fn from_iter<I: IntoIterator<Item = (u64, Chunk)>>(iter: I) -> ChunkMap {
+        let mut m = ChunkMap::default();
+        for (idx, c) in iter {
+            m.insert(idx, c);
+        }
+        m.log.clear();
+        m
+    }
+}
+
+/// A regular file's data: its extent map, under its own lock so that data I/O never holds
+/// the metadata lock; the lock is held across the remote I/O that uses the chunks, so a
+/// truncate cannot free a chunk while a read or write is using it.
+#[derive(Debug)]
+pub struct FileData {
+    pub chunks: RwLock<ChunkMap>,
+    /// Bytes the chunks hold (of one copy): `st_blocks`, kept by the map's mutators.
+    held: Arc<AtomicU64>,
+}
+
+impl Default for FileData {
+    fn default() -> FileData {
+        let map = ChunkMap::default();
+        FileData {
+            held: map.held.clone(),
+            chunks: RwLock::new(map),
+        }
+    }
+}
+
+impl FileData {
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(len: u64, server: u32) -> Chunk {
+        Chunk::with_replicas(
+            len,
+            &[Replica {
+                server,
+                addr: 0x1000,
+                rkey: 1,
+            }],
+        )
+    }
+
+    #[test]
+    fn every_change_is_logged_and_counted_in_held() {
+        let f = FileData::default();
+        let mut m = f.chunks.write();
+        m.insert(0, chunk(100, 0));
+        m.insert(1, chunk(50, 1));
+        assert_eq!(f.held(), 150);
+        m.update(0, |c| c.len = 40);
+        assert_eq!(f.held(), 90);
+        // An update that changes nothing logs nothing.
+        m.update(1, |_| ());
+        m.remove(&1);
+        assert_eq!(f.held(), 40);
+        let log = m.take_log();
+        let idxs: Vec<_> = log
+            .iter()
+            .map(|e| (e.idx, e.chunk.map(|c| c.len)))
+            .collect();
+        assert_eq!(
+            idxs,
+            vec![(0, Some(100)), (1, Some(50)), (0, Some(40)), (1, None)]
+        );
+        assert!(!m.has_log());
+        m.insert(5, chunk(10, 0));
+        assert_eq!(m.split_off(1).len(), 1);
+        assert_eq!((f.held(), m.len()), (40, 1));
+        m.take_all();
+        assert_eq!(f.held(), 0);
+    }
+}

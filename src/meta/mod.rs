@@ -1,0 +1,329 @@
+//! The namespace: inodes, directories, symlinks, extended attributes and the per-file extent
+//! map from file offset to remote chunks, changed only through batches ([`batch`]).
+//!
+//! All metadata lives in the mount daemon's memory; only file *data* lives on memory servers.
+//! So `ls -l` of a large directory or `cp -a` of a tree of small files costs no network round
+//! trip for metadata. Nothing here knows about the fabric or FUSE: chunks are plain
+//! records (a length and the `{server, addr, rkey}` of each replica), and the file system core (`fs`) decides what they mean.
+//!
+//! Memory per inode is kept small (a few hundred bytes with its directory entry) so that a
+//! million files fit comfortably: optional parts (extended attributes, directory tables, symlink
+//! targets) are boxed and absent when unused.
+
+pub mod batch;
+mod dir;
+pub mod extents;
+
+pub use batch::{Attrs, Batch, Change, Journal};
+pub use dir::{Dir, FIRST_ENTRY_COOKIE};
+pub use extents::{Chunk, ChunkMap, ExtentChange, FileData, Replica, MAX_REPLICAS};
+
+use crate::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::time::SystemTime;
+
+/// An entry's name, shared between a directory's two indexes and the listings of open
+/// directory streams (immutable bytes: a plain reference count, outside the `sync` story).
+pub type Name = std::sync::Arc<[u8]>;
+
+pub type Ino = u64;
+
+/// The root directory's inode number (FUSE's `FUSE_ROOT_ID`).
+pub const ROOT_INO: Ino = 1;
+
+/// Longest name in a directory (as in most Linux file systems).
+pub const NAME_MAX: usize = 255;
+
+/// What an inode is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+impl Kind {
+    /// The `S_IFMT` bits.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            Kind::File => libc::S_IFREG,
+            Kind::Dir => libc::S_IFDIR,
+            Kind::Symlink => libc::S_IFLNK,
+            Kind::Fifo => libc::S_IFIFO,
+            Kind::Socket => libc::S_IFSOCK,
+            Kind::CharDevice => libc::S_IFCHR,
+            Kind::BlockDevice => libc::S_IFBLK,
+        }
+    }
+
+    /// The kind named by a mode's `S_IFMT` bits (0 means a regular file, as `mknod` allows).
+    pub fn from_mode(mode: u32) -> Option<Kind> {
+        Some(match mode & libc::S_IFMT {
+            0 | libc::S_IFREG => Kind::File,
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            libc::S_IFCHR => Kind::CharDevice,
+            libc::S_IFBLK => Kind::BlockDevice,
+            _ => return None,
+        })
+    }
+}
+
+/// Extended attributes: name to value.
+pub type Xattrs = BTreeMap<Box<[u8]>, Box<[u8]>>;
+
+/// What an inode holds besides its attributes.
+#[derive(Debug)]
+pub enum Body {
+    File(Arc<FileData>),
+    Dir(Box<Dir>),
+    Symlink(Box<[u8]>),
+    /// FIFOs, sockets and device nodes: the kernel handles their I/O.
+    Special,
+}
+
+#[derive(Debug)]
+pub struct Inode {
+    pub kind: Kind,
+    /// Permission bits (`0o7777`).
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub rdev: u32,
+    pub size: u64,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+    /// Birth time (`statx`'s `stx_btime`): when the inode was made, never changed.
+    pub btime: SystemTime,
+    /// References the kernel holds (FUSE lookup count).
+    pub lookups: u64,
+    /// Open file handles.
+    pub opens: u32,
+    pub body: Body,
+    pub xattrs: Option<Box<Xattrs>>,
+    /// Inode flags (`chattr`): the `FS_*_FL` bits of [`crate::fs::INODE_FLAGS`].
+    pub flags: u32,
+    /// Made by `O_TMPFILE` (without `O_EXCL`) and never linked: `link` may give it a first
+    /// name, which any other inode without links refuses (ENOENT).
+    pub tmpfile: bool,
+}
+
+impl Inode {
+    pub fn dir(&self) -> Option<&Dir> {
+        match &self.body {
+            Body::Dir(d) => Some(d),
+            _ => None,
+        }
+    }
+    pub(super) fn dir_mut(&mut self) -> Option<&mut Dir> {
+        match &mut self.body {
+            Body::Dir(d) => Some(d),
+            _ => None,
+        }
+    }
+    pub fn file(&self) -> Option<&Arc<FileData>> {
+        match &self.body {
+            Body::File(f) => Some(f),
+            _ => None,
+        }
+    }
+    /// No name, no open handle: the data can go.
+    pub fn is_orphan(&self) -> bool {
+        self.nlink == 0 && self.opens == 0
+    }
+}
+
+/// The time stamped on inodes: the clock the kernel stamps a FUSE inode's times with
+/// (CLOCK_REALTIME_COARSE, the `current_time` of a file system without multigrain
+/// timestamps). Under the writeback cache the kernel sets a file's mtime and ctime itself,
+/// from that clock; a finer one here would give times (a birth time) that read as later
+/// than the kernel's that follow them.
+pub fn now() -> SystemTime {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`, which lives across the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    match (rc, u64::try_from(ts.tv_sec)) {
+        (0, Ok(secs)) => SystemTime::UNIX_EPOCH + std::time::Duration::new(secs, ts.tv_nsec as u32),
+        _ => SystemTime::now(),
+    }
+}
+
+/// The inode table. Its inodes change only through a [`Batch`] ([`Meta::batch`]); what the
+/// kernel holds of them (lookups, open handles) through [`Meta::hold`] and its kin.
+pub struct Meta {
+    inodes: HashMap<Ino, Inode>,
+    next_ino: Ino,
+    journal: Box<dyn Journal>,
+    /// Batches committed, and the changes they held (`stats`).
+    commits: u64,
+    changes: u64,
+}
+
+impl std::fmt::Debug for Meta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Meta")
+            .field("inodes", &self.inodes.len())
+            .field("next_ino", &self.next_ino)
+            .field("commits", &self.commits)
+            .finish()
+    }
+}
+
+impl Meta {
+    /// A table holding just the root directory.
+    pub fn new(root_perm: u16, uid: u32, gid: u32) -> Meta {
+        let now = now();
+        let mut inodes = HashMap::new();
+        inodes.insert(
+            ROOT_INO,
+            Inode {
+                kind: Kind::Dir,
+                perm: root_perm,
+                uid,
+                gid,
+                nlink: 2,
+                rdev: 0,
+                size: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                btime: now,
+                lookups: 1, // the kernel's permanent reference to the root
+                opens: 0,
+                body: Body::Dir(Box::new(Dir::new(ROOT_INO))),
+                xattrs: None,
+                flags: 0,
+                tmpfile: false,
+            },
+        );
+        Meta {
+            inodes,
+            next_ino: ROOT_INO + 1,
+            journal: Box::new(batch::InMemory),
+            commits: 0,
+            changes: 0,
+        }
+    }
+
+    /// Opens a batch of changes (see [`batch`]).
+    pub fn batch(&mut self) -> Batch<'_> {
+        Batch::new(self)
+    }
+
+    /// Where committed batches go from now on.
+    pub fn set_journal(&mut self, journal: Box<dyn Journal>) {
+        self.journal = journal;
+    }
+
+    /// Batches committed so far.
+    pub fn commits(&self) -> u64 {
+        self.commits
+    }
+
+    /// Changes committed so far.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// The kernel took `n` more references to `ino` (a lookup, a created or listed entry).
+    pub fn hold(&mut self, ino: Ino, n: u64) {
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.lookups += n;
+        }
+    }
+
+    /// The kernel dropped `n` references to `ino`.
+    pub fn release_refs(&mut self, ino: Ino, n: u64) {
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.lookups = i.lookups.saturating_sub(n);
+        }
+    }
+
+    /// A handle to `ino` was opened.
+    pub fn opened(&mut self, ino: Ino) {
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.opens += 1;
+        }
+    }
+
+    /// A handle to `ino` was closed.
+    pub fn closed(&mut self, ino: Ino) {
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.opens = i.opens.saturating_sub(1);
+        }
+    }
+
+    /// Every regular file's data, with its inode number.
+    pub fn files(&self) -> impl Iterator<Item = (Ino, &Arc<FileData>)> {
+        self.inodes
+            .iter()
+            .filter_map(|(ino, i)| Some((*ino, i.file()?)))
+    }
+
+    pub fn get(&self, ino: Ino) -> Option<&Inode> {
+        self.inodes.get(&ino)
+    }
+    fn get_mut(&mut self, ino: Ino) -> Option<&mut Inode> {
+        self.inodes.get_mut(&ino)
+    }
+
+    fn remove(&mut self, ino: Ino) -> Option<Inode> {
+        self.inodes.remove(&ino)
+    }
+
+    fn restore(&mut self, ino: Ino, inode: Inode) {
+        self.inodes.insert(ino, inode);
+    }
+
+    /// Adds a new inode (numbers are never reused, so the FUSE generation can stay 0).
+    fn insert(&mut self, inode: Inode) -> Ino {
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        self.inodes.insert(ino, inode);
+        ino
+    }
+
+    /// Drops an inode from the table once nothing refers to it any more (no name, no open
+    /// handle, no kernel reference). Returns it so the caller can release its data.
+    fn reap(&mut self, ino: Ino) -> Option<Inode> {
+        match self.inodes.get(&ino) {
+            Some(i) if i.is_orphan() && i.lookups == 0 && ino != ROOT_INO => {
+                self.inodes.remove(&ino)
+            }
+            _ => None,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.inodes.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.inodes.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inode_stays_small() {
+        // A million files must fit: keep the fixed part of an inode compact.
+        assert!(
+            std::mem::size_of::<Inode>() <= 160,
+            "{}",
+            std::mem::size_of::<Inode>()
+        );
+    }
+}
