@@ -316,6 +316,12 @@ impl Fs {
         (meta.commits(), meta.changes())
     }
 
+    /// The namespace described for comparison (see [`Meta::digest`]); only while no I/O
+    /// runs (it takes each file's chunk lock under the table's).
+    pub fn namespace_digest(&self) -> std::collections::BTreeMap<Ino, (String, String)> {
+        self.meta.lock().digest()
+    }
+
     /// Sends the namespace's committed batches to `journal` from now on.
     pub fn set_journal(&self, journal: Box<dyn crate::meta::Journal>) {
         self.meta.lock().set_journal(journal);

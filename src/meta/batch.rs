@@ -57,7 +57,7 @@ impl Attrs {
         }
     }
 
-    fn store(self, i: &mut Inode) {
+    pub(super) fn store(self, i: &mut Inode) {
         i.perm = self.perm;
         i.uid = self.uid;
         i.gid = self.gid;

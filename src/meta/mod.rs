@@ -13,6 +13,7 @@
 pub mod batch;
 mod dir;
 pub mod extents;
+mod replay;
 
 pub use batch::{Attrs, Batch, Change, Journal};
 pub use dir::{Dir, FIRST_ENTRY_COOKIE};
@@ -284,6 +285,12 @@ impl Meta {
 
     fn restore(&mut self, ino: Ino, inode: Inode) {
         self.inodes.insert(ino, inode);
+    }
+
+    /// Puts `inode` in the table under number `ino` (a replayed creation).
+    fn place(&mut self, ino: Ino, inode: Inode) {
+        self.inodes.insert(ino, inode);
+        self.next_ino = self.next_ino.max(ino + 1);
     }
 
     /// Adds a new inode (numbers are never reused, so the FUSE generation can stay 0).
