@@ -9,6 +9,7 @@
 //! timeouts: a slow or hostile client delays the next scrape, never the file system.
 
 use crate::proto::ServerCounters;
+use crate::report::{MetricKind, MountReport, ServerFigures};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -78,22 +79,21 @@ fn gauge_family(
     Ok(())
 }
 
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or(0)
-}
-
 fn i(v: &Value) -> i64 {
     v.as_i64().unwrap_or(0)
 }
 
-/// A mount's metrics, from its stats object and its per-request latencies.
+/// A mount's metrics, from its typed report and its per-request latencies.
 pub struct MountCollector {
-    pub stats: Source,
+    pub report: ReportSource,
     /// Per-operation latency buckets (`requests::RequestStats::summary`).
     pub requests: Summaries,
     /// Per-kind latencies of fabric batches (`client::Pool::batch_latency`).
     pub batches: Summaries,
 }
+
+/// Reads the mount's report at scrape time.
+pub type ReportSource = Arc<dyn Fn() -> MountReport + Send + Sync>;
 
 /// Reads a set of per-operation latency summaries at scrape time.
 pub type Summaries = Arc<dyn Fn() -> Vec<crate::requests::OpSummary> + Send + Sync>;
@@ -140,7 +140,7 @@ impl fmt::Debug for MountCollector {
 
 impl Collector for MountCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
-        let s = (self.stats)();
+        let s = (self.report)();
         let ops = (self.requests)();
         let m = &mut e;
         counter_family(
@@ -168,16 +168,13 @@ impl Collector for MountCollector {
             "kind",
             &(self.batches)(),
         )?;
-        let f = &s["fabric"];
+        let f = &s.fabric;
         counter_family(
             m,
             "rmemfs_fabric_operations",
             "One-sided operations this mount posted, by kind",
             "kind",
-            &[
-                ("read".into(), u(&f["reads"])),
-                ("write".into(), u(&f["writes"])),
-            ],
+            &[("read".into(), f.reads), ("write".into(), f.writes)],
         )?;
         counter_family(
             m,
@@ -185,59 +182,58 @@ impl Collector for MountCollector {
             "Bytes moved by one-sided operations, by direction",
             "direction",
             &[
-                ("read".into(), u(&f["bytes_read"])),
-                ("written".into(), u(&f["bytes_written"])),
+                ("read".into(), f.bytes_read),
+                ("written".into(), f.bytes_written),
             ],
         )?;
         counter(
             m,
             "rmemfs_fabric_failed_operations",
             "Operations that failed",
-            u(&f["failed"]),
+            f.failed,
         )?;
         counter(
             m,
             "rmemfs_fabric_remote_access_errors",
             "Operations a server refused (bad key, bounds or session)",
-            u(&f["remote_errors"]),
+            f.remote_errors,
         )?;
         counter(
             m,
             "rmemfs_fabric_registrations",
             "Memory registrations made",
-            u(&f["registrations"]),
+            f.registrations,
         )?;
         gauge(
             m,
             "rmemfs_pinned_bytes",
             "Bytes pinned by registrations",
-            i(&f["pinned_bytes"]),
+            f.pinned_bytes as i64,
         )?;
         gauge(
             m,
             "rmemfs_unpinned_bytes",
             "Bytes registered unpinned because the memlock limit refused more",
-            i(&f["unpinned_bytes"]),
+            f.unpinned_bytes as i64,
         )?;
-        let c = &s["registration_cache"];
+        let c = &s.registration_cache;
         counter_family(
             m,
             "rmemfs_registration_cache_lookups",
             "Registration cache lookups, by result",
             "result",
             &[
-                ("hit".into(), u(&c["hits"])),
-                ("subset_hit".into(), u(&c["subset_hits"])),
-                ("overlap".into(), u(&c["overlaps"])),
-                ("miss".into(), u(&c["misses"])),
+                ("hit".into(), c.hits),
+                ("subset_hit".into(), c.subset_hits),
+                ("overlap".into(), c.overlaps),
+                ("miss".into(), c.misses),
             ],
         )?;
-        let servers = s["servers"].as_array().cloned().unwrap_or_default();
         // One gauge per server, labelled with its address.
-        let mut per_server = |name: &str, help: &str, value: &dyn Fn(&Value) -> i64| {
+        let mut per_server = |name: &str, help: &str, value: &dyn Fn(&ServerFigures) -> i64| {
             let mut f = m.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for x in &servers {
-                let labels = [("server", x["addr"].as_str().unwrap_or(""))];
+            for x in &s.servers {
+                let labels = [("server", x.addr.as_str())];
                 f.encode_family(&labels)?.encode_gauge(&value(x))?;
             }
             Ok::<(), fmt::Error>(())
@@ -245,79 +241,92 @@ impl Collector for MountCollector {
         per_server(
             "rmemfs_server_up",
             "1 while the memory server is up, 0 while down or rejoining",
-            &|x| i64::from(x["state"] == "up"),
+            &|x| i64::from(x.state == "up"),
         )?;
         per_server(
             "rmemfs_server_free_bytes",
             "Free memory the server last reported",
-            &|x| i(&x["free_bytes"]),
+            &|x| x.free_bytes as i64,
         )?;
         per_server("rmemfs_server_total_bytes", "The server's arena", &|x| {
-            i(&x["total_bytes"])
+            x.total_bytes as i64
         })?;
         per_server(
             "rmemfs_server_downs",
             "Times the server was seen to go down since the mount",
-            &|x| i(&x["downs"]),
+            &|x| x.downs as i64,
         )?;
-        let ch = &s["chunks"];
+        let ch = &s.chunks;
         gauge(
             m,
             "rmemfs_chunk_copies",
             "Copies kept of every chunk",
-            i(&ch["copies"]),
+            ch.copies as i64,
         )?;
         gauge_family(
             m,
             "rmemfs_chunks",
             "Chunks by health: all copies, some missing (degraded), none left (lost)",
             &["healthy", "degraded", "lost"].map(|st| vec![("state".to_string(), st.to_string())]),
-            &[i(&ch["healthy"]), i(&ch["degraded"]), i(&ch["lost"])],
+            &[ch.healthy as i64, ch.degraded as i64, ch.lost as i64],
         )?;
-        let r = &s["rebuild"];
+        let r = &s.rebuild;
         gauge(
             m,
             "rmemfs_rebuild_running",
             "1 while a rebuild pass runs",
-            i64::from(r["running"] == true),
+            i64::from(r.running),
         )?;
         counter(
             m,
             "rmemfs_rebuild_chunks",
             "Chunks copied by rebuilds",
-            u(&r["chunks_rebuilt"]),
+            r.chunks_rebuilt,
         )?;
         counter(
             m,
             "rmemfs_rebuild_bytes",
             "Bytes copied by rebuilds",
-            u(&r["bytes_copied"]),
+            r.bytes_copied,
         )?;
         gauge(
             m,
             "rmemfs_rebuild_chunks_left",
             "Chunks still short of copies after the last rebuild pass",
-            i(&r["chunks_left_degraded"]),
+            r.chunks_left_degraded as i64,
         )?;
         gauge(
             m,
             "rmemfs_inodes",
             "Inodes the mount holds",
-            i(&s["inodes"]),
+            s.inodes as i64,
         )?;
         counter(
             m,
             "rmemfs_contained_panics",
             "Requests failed with EIO by a contained panic",
-            u(&s["contained_panics"]),
+            s.contained_panics,
         )?;
         counter_family(
             m,
             "rmemfs_upkeep_panics",
             "Panics of an upkeep thread, by thread (each logged, and the thread went on)",
             "thread",
-            &crate::rebuild::UPKEEP_THREADS.map(|t| (t.to_string(), u(&s["upkeep_panics"][t]))),
+            &s.upkeep_panics
+                .iter()
+                .map(|(t, n)| (t.clone(), *n))
+                .collect::<Vec<_>>(),
         )?;
+        // The generic sections: each figure once, named after its section and key.
+        for (section, figures) in s.sections() {
+            for f in figures {
+                let name = format!("rmemfs_{section}_{}", f.key);
+                match f.kind {
+                    MetricKind::Counter => counter(m, &name, f.help, f.value)?,
+                    MetricKind::Gauge => gauge(m, &name, f.help, f.value as i64)?,
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -578,12 +587,22 @@ mod tests {
     }
 
     #[test]
-    fn upkeep_panics_are_counted_per_thread() {
-        let stats: Source = Arc::new(
-            || serde_json::json!({"upkeep_panics": {"heartbeat": 0, "reconnect": 3, "rebuild": 1}}),
-        );
+    fn upkeep_panics_are_counted_per_thread_and_generic_sections_exported() {
+        let report: ReportSource = Arc::new(|| MountReport {
+            upkeep_panics: [
+                ("heartbeat".to_string(), 0),
+                ("reconnect".to_string(), 3),
+                ("rebuild".to_string(), 1),
+            ]
+            .into(),
+            namespace: crate::report::NamespaceFigures {
+                commits: 7,
+                changes: 19,
+            },
+            ..Default::default()
+        });
         let collector = MountCollector {
-            stats,
+            report,
             requests: Arc::new(Vec::new),
             batches: Arc::new(Vec::new),
         };
@@ -596,6 +615,9 @@ mod tests {
             "rmemfs_upkeep_panics_total{thread=\"heartbeat\"} 0",
             "rmemfs_upkeep_panics_total{thread=\"reconnect\"} 3",
             "rmemfs_upkeep_panics_total{thread=\"rebuild\"} 1",
+            "# TYPE rmemfs_namespace_commits_total counter",
+            "rmemfs_namespace_commits_total 7",
+            "rmemfs_namespace_changes_total 19",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -887,7 +887,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         .map(|listener| {
             let (a, b, c) = (fs.clone(), fs.clone(), fs.clone());
             let collector = crate::metrics::MountCollector {
-                stats: Arc::new(move || crate::report::mount_json(&a)),
+                report: Arc::new(move || crate::report::MountReport::gather(&a)),
                 requests: Arc::new(move || b.figures().requests.summary()),
                 batches: Arc::new(move || c.data().pool().batch_latency()),
             };

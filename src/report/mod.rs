@@ -1,0 +1,381 @@
+//! The mount's report: one typed struct, [`MountReport`], gathered here (outside the core)
+//! from the file system, its data store and pool, the upkeep's figures and the FUSE
+//! adapter's, and rendered by `rmemfs stats` (text, [`text`]), `--json` (serde), the stats
+//! attributes and Prometheus (`crate::metrics`). Keys are the serialized field names, so a
+//! misspelt one does not compile.
+//!
+//! Sections declared with [`figures!`] are rendered generically: adding a field there adds
+//! it to the text, the JSON and the metrics at once (the `namespace` section shows it).
+
+pub mod text;
+
+use crate::fs::Fs;
+use crate::sync::atomic::Ordering;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+/// How a generic figure is exported to Prometheus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter,
+    Gauge,
+}
+
+/// One figure of a generic section, as the renderers see it.
+#[derive(Debug, Clone, Copy)]
+pub struct Figure {
+    /// The JSON key and the metric's suffix (`rmemfs_{section}_{key}`).
+    pub key: &'static str,
+    /// The metric's help (its doc comment).
+    pub help: &'static str,
+    pub kind: MetricKind,
+    pub value: u64,
+}
+
+/// A section of figures the renderers walk (see [`figures!`]).
+pub trait Figures {
+    /// The section's name (its key in the report, and its metrics' infix).
+    const SECTION: &'static str;
+    fn figures(&self) -> Vec<Figure>;
+}
+
+/// Declares a generic section: the struct (serialized under the fields' names) and its
+/// [`Figures`] walk, from one list of `/// help` `name: Counter|Gauge` fields.
+macro_rules! figures {
+    ($(#[doc = $doc:literal])* pub struct $name:ident ($section:literal) {
+        $( #[doc = $help:literal] $field:ident : $kind:ident ),* $(,)?
+    }) => {
+        $(#[doc = $doc])*
+        #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+        pub struct $name {
+            $( #[doc = $help] pub $field: u64, )*
+        }
+
+        impl Figures for $name {
+            const SECTION: &'static str = $section;
+            fn figures(&self) -> Vec<Figure> {
+                vec![$( Figure {
+                    key: stringify!($field),
+                    help: $help.trim(),
+                    kind: MetricKind::$kind,
+                    value: self.$field,
+                } ),*]
+            }
+        }
+    };
+}
+
+figures! {
+    /// What the namespace committed: each operation's changes in one batch (the unit a
+    /// volume's journal records).
+    pub struct NamespaceFigures ("namespace") {
+        /// Batches of namespace changes committed (one per changing operation)
+        commits: Counter,
+        /// Changes in those batches (inodes, entries, attributes, chunks)
+        changes: Counter,
+    }
+}
+
+/// The registration cache (MRRC) of the mount's local buffers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CacheFigures {
+    pub policy: String,
+    pub lookups: u64,
+    pub hits: u64,
+    pub subset_hits: u64,
+    pub overlaps: u64,
+    pub misses: u64,
+    pub registrations: u64,
+    pub registered_pages: u64,
+    pub deregistrations: u64,
+    pub deregistration_batches: u64,
+    pub deregistered_pages: u64,
+    pub full_events: u64,
+    pub regions: u64,
+    pub pinned_pages: u64,
+}
+
+/// The fabric's one-sided operations and registrations.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FabricFigures {
+    pub name: String,
+    pub reads: u64,
+    pub bytes_read: u64,
+    pub writes: u64,
+    pub bytes_written: u64,
+    pub failed: u64,
+    pub remote_errors: u64,
+    pub remote_refused: u64,
+    pub registrations: u64,
+    pub deregistrations: u64,
+    pub deregistration_batches: u64,
+    pub pinned_bytes: u64,
+    /// Registered unpinned because the memlock limit refused more.
+    pub unpinned_bytes: u64,
+}
+
+/// How the kernel's requests reach the adapter.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FuseFigures {
+    /// "io_uring" or "/dev/fuse" ("" before INIT).
+    pub transport: String,
+}
+
+/// The kernel's writeback cache and the dirty limit kept for it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct WritebackFigures {
+    pub cache: bool,
+    /// New writable handles: "cached", "direct" (written through) or "uncached".
+    pub new_handles: String,
+    pub dirty_limit_bytes: u64,
+    pub free_room_bytes: u64,
+}
+
+/// Count and latency of one kind of request or fabric batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct OpFigures {
+    pub count: u64,
+    pub mean_us: u64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    /// Time of all of them (for exact means between two snapshots).
+    pub total_ns: u64,
+}
+
+/// One memory server as the pool knows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ServerFigures {
+    pub id: u32,
+    pub addr: String,
+    /// "up", "down" or "rejoining".
+    pub state: String,
+    /// Seconds since the epoch when it entered that state.
+    pub since: u64,
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+    /// Granted ahead for new small files (counted as used, not free).
+    pub stocked_bytes: u64,
+    pub downs: u64,
+}
+
+/// Chunks by how many of their copies are on live servers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ChunkFigures {
+    pub copies: u64,
+    pub healthy: u64,
+    pub degraded: u64,
+    pub lost: u64,
+}
+
+/// What the background rebuild has done.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RebuildFigures {
+    pub running: bool,
+    pub passes: u64,
+    pub chunks_rebuilt: u64,
+    pub bytes_copied: u64,
+    pub last_rate_bytes_per_s: u64,
+    pub chunks_left_degraded: u64,
+}
+
+/// A mount's figures: what every rendering of `stats` shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct MountReport {
+    pub registration_cache: CacheFigures,
+    pub fabric: FabricFigures,
+    pub fuse: FuseFigures,
+    pub writeback: WritebackFigures,
+    pub fabric_batches: BTreeMap<String, OpFigures>,
+    pub servers: Vec<ServerFigures>,
+    pub chunks: ChunkFigures,
+    pub rebuild: RebuildFigures,
+    pub namespace: NamespaceFigures,
+    pub inodes: u64,
+    pub contained_panics: u64,
+    pub upkeep_panics: BTreeMap<String, u64>,
+    pub requests: BTreeMap<String, OpFigures>,
+}
+
+fn by_op(summaries: Vec<crate::requests::OpSummary>) -> BTreeMap<String, OpFigures> {
+    summaries
+        .into_iter()
+        .map(|o| {
+            let f = OpFigures {
+                count: o.count,
+                mean_us: o.mean_us,
+                p50_us: o.p50_us,
+                p99_us: o.p99_us,
+                total_ns: o.total_nanos,
+            };
+            (o.op.to_string(), f)
+        })
+        .collect()
+}
+
+fn epoch(t: SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl MountReport {
+    /// The figures of the mount `fs` now.
+    pub fn gather(fs: &Fs) -> MountReport {
+        let data = fs.data();
+        let pool = data.pool();
+        let c = data.cache_stats();
+        let f = pool.fabric().counters();
+        let servers = pool
+            .status()
+            .iter()
+            .map(|s| ServerFigures {
+                id: s.id.0,
+                addr: s.addr.to_string(),
+                state: match s.state {
+                    crate::client::ServerState::Up => "up",
+                    crate::client::ServerState::Down => "down",
+                    crate::client::ServerState::Rejoining => "rejoining",
+                }
+                .into(),
+                since: epoch(s.since),
+                free_bytes: s.capacity.free,
+                total_bytes: s.capacity.total,
+                stocked_bytes: pool.stocked_bytes(s.id),
+                downs: s.downs,
+            })
+            .collect();
+        let h = fs.replica_health();
+        let figures = fs.figures();
+        let r = &figures.rebuild;
+        let (commits, changes) = fs.commits();
+        MountReport {
+            registration_cache: CacheFigures {
+                policy: format!("{:?}", data.cache_policy()).to_lowercase(),
+                lookups: c.lookups(),
+                hits: c.hits,
+                subset_hits: c.subset_hits,
+                overlaps: c.overlaps,
+                misses: c.misses,
+                registrations: c.registrations,
+                registered_pages: c.registered_pages,
+                deregistrations: c.deregistrations,
+                deregistration_batches: c.deregistration_batches,
+                deregistered_pages: c.deregistered_pages,
+                full_events: c.full_events,
+                regions: c.regions,
+                pinned_pages: c.pinned_pages,
+            },
+            fabric: FabricFigures {
+                name: pool.fabric().name().into(),
+                reads: f.reads,
+                bytes_read: f.bytes_read,
+                writes: f.writes,
+                bytes_written: f.bytes_written,
+                failed: f.failed,
+                remote_errors: f.remote_errors,
+                remote_refused: f.remote_refused,
+                registrations: f.registrations,
+                deregistrations: f.deregistrations,
+                deregistration_batches: f.deregistration_batches,
+                pinned_bytes: pool.fabric().pinned_bytes(),
+                unpinned_bytes: pool.fabric().unpinned_bytes(),
+            },
+            fuse: FuseFigures {
+                transport: figures.fuse_transport.get().copied().unwrap_or("").into(),
+            },
+            writeback: WritebackFigures {
+                cache: fs.writeback_enabled(),
+                new_handles: match (fs.writeback_enabled(), fs.direct_writes()) {
+                    (false, _) => "uncached",
+                    (true, true) => "direct",
+                    (true, false) => "cached",
+                }
+                .into(),
+                dirty_limit_bytes: fs.dirty_limit_bytes(),
+                free_room_bytes: fs.free_room(),
+            },
+            fabric_batches: by_op(pool.batch_latency()),
+            servers,
+            chunks: ChunkFigures {
+                copies: data.replicas() as u64,
+                healthy: h.healthy,
+                degraded: h.degraded,
+                lost: h.lost,
+            },
+            rebuild: RebuildFigures {
+                running: r.running.load(Ordering::Relaxed),
+                passes: r.passes.load(Ordering::Relaxed),
+                chunks_rebuilt: r.chunks_rebuilt.load(Ordering::Relaxed),
+                bytes_copied: r.bytes_copied.load(Ordering::Relaxed),
+                last_rate_bytes_per_s: r.last_rate.load(Ordering::Relaxed),
+                chunks_left_degraded: r.left_degraded.load(Ordering::Relaxed),
+            },
+            namespace: NamespaceFigures { commits, changes },
+            inodes: fs.inode_count() as u64,
+            contained_panics: fs.contained_panics(),
+            upkeep_panics: crate::figures::UPKEEP_THREADS
+                .iter()
+                .map(|t| (t.to_string(), figures.upkeep_panics.of(t)))
+                .collect(),
+            requests: by_op(figures.requests.summary()),
+        }
+    }
+
+    /// `stats --json`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("the report serializes")
+    }
+
+    /// The generic sections, for the text and the metrics.
+    pub fn sections(&self) -> Vec<(&'static str, Vec<Figure>)> {
+        vec![section(&self.namespace)]
+    }
+}
+
+fn section<F: Figures>(f: &F) -> (&'static str, Vec<Figure>) {
+    (F::SECTION, f.figures())
+}
+
+/// `stats --json` of the mount `fs`.
+pub fn mount_json(fs: &Fs) -> serde_json::Value {
+    MountReport::gather(fs).to_json()
+}
+
+/// What `rmemfs stats` prints for the mount `fs`.
+pub fn mount_text(fs: &Fs) -> String {
+    text::render(&MountReport::gather(fs))
+}
+
+/// The report as the stats attributes read it: text, or JSON (`json`).
+pub fn render(fs: &Fs, json: bool) -> Vec<u8> {
+    let report = MountReport::gather(fs);
+    if json {
+        report.to_json().to_string().into_bytes()
+    } else {
+        text::render(&report).into_bytes()
+    }
+}
+
+/// Serves the report through `fs`'s stats attributes (a weak reference: the file system
+/// owns the source, which must not keep it alive).
+pub fn attach(fs: &std::sync::Arc<Fs>) {
+    let weak = std::sync::Arc::downgrade(fs);
+    fs.set_stats_source(Box::new(move |json| {
+        weak.upgrade().map_or_else(Vec::new, |fs| render(&fs, json))
+    }));
+}
+
+/// The report as methods of the file system (`fs.stats_json()`), for tests and tools.
+pub trait Report {
+    fn stats_json(&self) -> serde_json::Value;
+    fn stats_text(&self) -> String;
+}
+
+impl Report for Fs {
+    fn stats_json(&self) -> serde_json::Value {
+        mount_json(self)
+    }
+    fn stats_text(&self) -> String {
+        mount_text(self)
+    }
+}
