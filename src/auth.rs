@@ -21,7 +21,7 @@ use zeroize::Zeroizing;
 /// Bytes of a nonce, a proof and a session token.
 pub const NONCE_LEN: usize = 32;
 pub const PROOF_LEN: usize = 32;
-pub const TOKEN_LEN: usize = 32;
+pub use crate::fabric::{Token, TOKEN_LEN};
 
 /// Bytes of a fresh secret from `rmemfs keygen` (256 bits).
 pub const SECRET_LEN: usize = 32;
@@ -34,7 +34,6 @@ pub const SECRET_FILE_ENV: &str = "RMEMFS_SECRET_FILE";
 
 pub type Nonce = [u8; NONCE_LEN];
 pub type Proof = [u8; PROOF_LEN];
-pub type Token = [u8; TOKEN_LEN];
 
 /// The shared secret (wiped from memory when dropped). `None` inside: no secret.
 #[derive(Clone, Default)]
@@ -146,10 +145,7 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
     b
 }
 
-/// A random 64-bit value from the CSPRNG.
-pub fn random_u64() -> u64 {
-    u64::from_le_bytes(random_bytes::<8>())
-}
+pub use crate::fabric::random_u64;
 
 /// `rmemfs keygen PATH`: writes a fresh random secret to a new file of mode 0600.
 pub fn keygen(path: &Path, force: bool) -> Result<(), String> {

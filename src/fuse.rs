@@ -144,7 +144,7 @@ impl FuseFs {
             .requests
             .record(op, start.elapsed().as_nanos() as u64);
         if let Err(panic) = outcome {
-            let why = panic_message(&*panic);
+            let why = crate::error::panic_message(&*panic);
             self.fs.count_contained_panic();
             log::error!(
                 "bug: {op} (request {}, pid {}, uid {}) panicked: {why}; answered EIO, the mount \
@@ -155,15 +155,6 @@ impl FuseFs {
             );
         }
     }
-}
-
-/// What a caught panic said (its payload, when it is text), for the log.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(no message)".into())
 }
 
 fn errno(e: &Error) -> Errno {

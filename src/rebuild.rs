@@ -202,7 +202,7 @@ fn supervised(
         panics.count(thread);
         log::error!(
             "bug: a round of the {thread} thread panicked: {}; the next one in {backoff:?}",
-            crate::fuse::panic_message(&*panic)
+            crate::error::panic_message(&*panic)
         );
         if stop.wait(backoff) {
             break;

@@ -30,7 +30,19 @@ pub mod tcp;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use crate::auth::Token;
+/// Bytes of a session token.
+pub const TOKEN_LEN: usize = 32;
+/// What a data connection presents to join its control session: derived from the shared
+/// secret by both ends of the handshake (`crate::auth`), only carried by the fabric.
+pub type Token = [u8; TOKEN_LEN];
+
+/// A random 64-bit value from the operating system's CSPRNG (registration keys).
+pub fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).expect("the operating system's random source failed");
+    u64::from_le_bytes(b)
+}
+
 pub use mem::AlignedBuf;
 pub use registry::{InFlight, RegionEntry, Registry};
 

@@ -9,11 +9,11 @@
 //! deregistered.
 
 use super::mem::{memlock_limit_text, page_size, round_up, AlignedBuf};
+use super::Token;
 use super::{
     Access, Completion, CompletionQueue, DeregisterError, FabricError, LocalMr, OpCounters, Opcode,
     WcStatus, WorkRequest, MAX_OP_LEN,
 };
-use crate::auth::Token;
 use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::sync::{Arc, RwLock};
 use std::any::Any;
@@ -275,13 +275,13 @@ impl Registry {
     /// 64 bits; both are unique in their tables.
     fn fresh_keys(&self) -> (u32, u64) {
         let lkey = loop {
-            let key = crate::auth::random_u64() as u32;
+            let key = super::random_u64() as u32;
             if key != 0 && !self.map.read().contains_key(&key) {
                 break key;
             }
         };
         let rkey = loop {
-            let key = crate::auth::random_u64();
+            let key = super::random_u64();
             if key != 0 && !self.remote.read().contains_key(&key) {
                 break key;
             }

@@ -6,7 +6,7 @@
 use super::wire::{
     recv_exact_raw, send_all_raw, RawSlice, Request, Response, DATA_MAGIC, REQ_HEADER, TICK,
 };
-use crate::auth::TOKEN_LEN;
+use crate::fabric::TOKEN_LEN;
 use crate::fabric::{Opcode, Registry, Token, WcStatus};
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex};

@@ -1,0 +1,136 @@
+//! Reads: one live copy of each chunk, spread by chunk index, moving to another copy when one
+//! fails; EIO only when none is left.
+
+use super::*;
+
+impl DataStore {
+    pub(super) fn live_copies<'c>(
+        &'c self,
+        c: &'c Chunk,
+    ) -> impl Iterator<Item = &'c Replica> + 'c {
+        c.replicas()
+            .iter()
+            .filter(|r| self.pool.is_live(ServerId(r.server)))
+    }
+
+    /// The copy of chunk `idx` to read: a live one not in `avoid`, spread over the copies by
+    /// chunk index (so a large read of several chunks uses every server holding them).
+    pub(super) fn pick(&self, c: &Chunk, idx: u64, avoid: &[u32]) -> Option<Replica> {
+        let live: Vec<&Replica> = self
+            .live_copies(c)
+            .filter(|r| !avoid.contains(&r.server))
+            .collect();
+        if live.is_empty() {
+            return None;
+        }
+        Some(*live[(idx % live.len() as u64) as usize])
+    }
+
+    /// Splits `[offset, offset+len)` into per-chunk pieces: `(chunk index, offset in chunk,
+    /// length, offset in the range)`.
+    pub(super) fn pieces(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> impl Iterator<Item = (u64, u64, u64, u64)> + '_ {
+        let cs = self.chunk_size;
+        let mut pos = offset;
+        let end = offset + len;
+        std::iter::from_fn(move || {
+            if pos >= end {
+                return None;
+            }
+            let idx = pos / cs;
+            let in_chunk = pos % cs;
+            let n = (cs - in_chunk).min(end - pos);
+            let piece = (idx, in_chunk, n, pos - offset);
+            pos += n;
+            Some(piece)
+        })
+    }
+
+    /// Reads `len` file bytes at `offset`. Up to [`IO_SIZE`] (a FUSE read) they stay in the
+    /// pooled buffer the fabric read them into, and go on from there without another copy.
+    pub fn read_buf(&self, chunks: &ChunkMap, offset: u64, len: usize) -> Result<ReadBuf<'_>> {
+        if len > IO_SIZE {
+            let mut out = vec![0u8; len];
+            self.read(chunks, offset, &mut out)?;
+            return Ok(ReadBuf(ReadBytes::Owned(out)));
+        }
+        let loan = self.loan()?;
+        self.read_window(chunks, offset, len, loan.b())?;
+        Ok(ReadBuf(ReadBytes::Loaned(loan, len)))
+    }
+
+    /// Reads file bytes at `offset` into `out`.
+    pub fn read(&self, chunks: &ChunkMap, offset: u64, out: &mut [u8]) -> Result<()> {
+        let loan = self.loan()?;
+        let b = loan.b();
+        for (w, window) in out.chunks_mut(IO_SIZE).enumerate() {
+            self.read_window(chunks, offset + (w * IO_SIZE) as u64, window.len(), b)?;
+            b.buf.read_at(0, window);
+        }
+        Ok(())
+    }
+
+    /// Reads `len` (at most [`IO_SIZE`]) file bytes at `woff` into the start of `b`, holes as
+    /// zeros. A copy that fails is avoided and the window read again from the others.
+    pub(super) fn read_window(
+        &self,
+        chunks: &ChunkMap,
+        woff: u64,
+        len: usize,
+        b: &Bounce,
+    ) -> Result<()> {
+        let base = b.buf.addr();
+        // Of the piece `n` bytes long at `in_chunk` of chunk `idx`, what the chunk holds (the
+        // rest is a hole: no chunk, or past a short chunk's end).
+        let covered = |idx: u64, in_chunk: u64, n: u64| {
+            chunks
+                .get(&idx)
+                .map_or(0, |c| c.len.saturating_sub(in_chunk).min(n))
+        };
+        // The buffer is reused: what no chunk covers is zeroed here.
+        for (idx, in_chunk, n, at) in self.pieces(woff, len as u64) {
+            let covered = covered(idx, in_chunk, n);
+            if covered < n {
+                b.buf.zero((at + covered) as usize, (n - covered) as usize);
+            }
+        }
+        let mut avoid: Vec<u32> = Vec::new();
+        loop {
+            let mut ops = Vec::new();
+            for (idx, in_chunk, n, at) in self.pieces(woff, len as u64) {
+                let covered = covered(idx, in_chunk, n);
+                if covered == 0 {
+                    continue;
+                }
+                let c = &chunks[&idx];
+                let copy = self.pick(c, idx, &avoid).ok_or_else(|| lost(idx))?;
+                ops.push(RemoteOp {
+                    opcode: Opcode::Read,
+                    local: Sge {
+                        addr: base + at,
+                        len: covered,
+                        lkey: 0,
+                    },
+                    remote: region(c, &copy),
+                    offset: in_chunk,
+                });
+            }
+            if ops.is_empty() {
+                return Ok(());
+            }
+            match self.run_ops(self.pin(base, len as u64)?, &ops) {
+                Ok(()) => return Ok(()),
+                Err(e) => match e.failed_server() {
+                    Some(s) if !avoid.contains(&s.0) => {
+                        log::warn!("read from {s} failed ({e}); reading another copy");
+                        avoid.push(s.0);
+                    }
+                    _ => return Err(e.into()),
+                },
+            }
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! Copies: healing a chunk before it is written, the rebuild of one chunk, forgetting the
+//! copies of a server that came back empty, and counting chunks by health.
+
+use super::*;
+
+impl DataStore {
+    /// Counts `chunks` by how many of their copies are on live servers.
+    pub fn health(&self, chunks: &ChunkMap, into: &mut ReplicaHealth) {
+        for c in chunks.values() {
+            let live = self.live_copies(c).count();
+            if live == 0 {
+                into.lost += 1;
+            } else if live < self.replicas {
+                into.degraded += 1;
+            } else {
+                into.healthy += 1;
+            }
+        }
+    }
+
+    /// Before chunk `idx` is written: copies on servers that went down leave it (they would
+    /// miss this write), missing copies are placed again where there is room (best effort),
+    /// and a chunk left with fewer than `--min-replicas` copies is refused with EIO.
+    pub(super) fn heal(&self, chunks: &mut ChunkMap, idx: u64) -> Result<()> {
+        chunks
+            .update(idx, |c| self.heal_chunk(idx, c))
+            .unwrap_or(Ok(()))
+    }
+
+    pub(super) fn heal_chunk(&self, idx: u64, c: &mut Chunk) -> Result<()> {
+        let dead: Vec<u32> = c
+            .replicas()
+            .iter()
+            .filter(|r| !self.pool.is_live(ServerId(r.server)))
+            .map(|r| r.server)
+            .collect();
+        if dead.len() == c.replicas().len() {
+            return Err(lost(idx));
+        }
+        for server in dead {
+            self.let_go(c, server);
+        }
+        if c.replicas().len() < self.replicas {
+            self.repair(idx, c);
+        }
+        if c.replicas().len() < self.min_replicas {
+            return Err(Error::new(
+                libc::EIO,
+                format!(
+                    "chunk {idx} has {} live copies and no server with room for more; \
+                     --min-replicas is {}",
+                    c.replicas().len(),
+                    self.min_replicas
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Takes chunk `c`'s copy on `server` out of it (it missed, or may miss, a write) and
+    /// gives the extent back: at once to a live server, or once a down server resumes this
+    /// mount's session ([`Pool::free`] remembers it).
+    pub(super) fn let_go(&self, c: &mut Chunk, server: u32) {
+        if let Some(gone) = c.remove(server) {
+            let _ = self.pool.free(region(c, &gone));
+        }
+    }
+
+    /// Takes every copy on `server` out of `chunks` (that server came back without them);
+    /// returns how many. A chunk left with no copy is lost: it stays listed, so reads of it
+    /// fail with EIO instead of reading a hole.
+    pub fn forget_copies(&self, chunks: &mut ChunkMap, server: ServerId) -> u64 {
+        let mut n = 0;
+        chunks.update_all(|c| {
+            if c.remove(server.0).is_some() {
+                n += 1;
+            }
+        });
+        n
+    }
+
+    /// Chunk indexes of `chunks` with fewer live copies than `--replicas` (what a rebuild
+    /// pass visits).
+    pub fn degraded(&self, chunks: &ChunkMap) -> Vec<u64> {
+        chunks
+            .iter()
+            .filter(|(_, c)| self.live_copies(c).count() < self.replicas)
+            .map(|(i, _)| *i)
+            .collect()
+    }
+
+    /// Rebuild of one chunk (called with the file's chunk map locked, so no write races the
+    /// copy): copies on dead servers leave it while a live copy remains, and missing copies
+    /// are placed and copied. Returns the bytes copied (0: nothing to do, or no room).
+    pub fn rebuild_chunk(&self, chunks: &mut ChunkMap, idx: u64) -> u64 {
+        chunks
+            .update(idx, |c| self.rebuild_copies(idx, c))
+            .unwrap_or(0)
+    }
+
+    pub(super) fn rebuild_copies(&self, idx: u64, c: &mut Chunk) -> u64 {
+        let dead: Vec<u32> = c
+            .replicas()
+            .iter()
+            .filter(|r| !self.pool.is_live(ServerId(r.server)))
+            .map(|r| r.server)
+            .collect();
+        if dead.len() == c.replicas().len() {
+            return 0; // lost: nothing to copy from
+        }
+        for server in dead {
+            self.let_go(c, server);
+        }
+        if c.replicas().len() >= self.replicas {
+            return 0;
+        }
+        self.repair(idx, c) as u64 * c.len
+    }
+
+    /// Places the missing copies of chunk `idx` on live servers that hold none of it and
+    /// copies its bytes there from a live copy; returns how many it added. Best effort:
+    /// without room or another live server the chunk stays degraded (and counted so in
+    /// `stats`).
+    pub(super) fn repair(&self, idx: u64, c: &mut Chunk) -> usize {
+        let missing = self.replicas - c.replicas().len();
+        let holders: Vec<ServerId> = c.replicas().iter().map(|r| ServerId(r.server)).collect();
+        if self.pool.live_servers() <= holders.len() {
+            return 0;
+        }
+        let mut new = match self.pool.alloc_replicas(c.len, missing, &holders) {
+            Ok(v) => v,
+            Err(e) => {
+                log::debug!("chunk {idx} stays degraded: {e}");
+                return 0;
+            }
+        };
+        let buf = self.repair_buf.lock();
+        match self.copy_chunk(c, &mut new, &buf) {
+            Ok(()) => {
+                for r in &new {
+                    c.add(replica(r));
+                }
+                log::debug!(
+                    "chunk {idx}: {} new copies ({} bytes each)",
+                    new.len(),
+                    c.len
+                );
+                new.len()
+            }
+            Err(e) => {
+                self.pool.free_all(&new);
+                log::warn!("chunk {idx} stays degraded: copying it failed: {e}");
+                0
+            }
+        }
+    }
+
+    /// Copies the `from.len` bytes of chunk `from` (read from any live copy) to every region
+    /// of `to`, through `buf`. A target that fails is dropped from `to` (and freed) while
+    /// another remains.
+    pub(super) fn copy_chunk(
+        &self,
+        from: &Chunk,
+        to: &mut Vec<RemoteRegion>,
+        buf: &Bounce,
+    ) -> Result<()> {
+        let base = buf.buf.addr();
+        let mut copied = 0;
+        while copied < from.len {
+            let n = (from.len - copied).min(IO_SIZE as u64);
+            let local = Sge {
+                addr: base,
+                len: n,
+                lkey: 0,
+            };
+            let mut avoid = Vec::new();
+            loop {
+                let copy = self.pick(from, 0, &avoid).ok_or_else(|| lost(0))?;
+                let read = RemoteOp {
+                    opcode: Opcode::Read,
+                    local,
+                    remote: region(from, &copy),
+                    offset: copied,
+                };
+                match self.run_ops(self.pin(base, n)?, &[read]) {
+                    Ok(()) => break,
+                    Err(e) => match e.failed_server() {
+                        Some(s) => avoid.push(s.0),
+                        None => return Err(e.into()),
+                    },
+                }
+            }
+            // The writes start only once the read has landed (two rounds).
+            loop {
+                let writes: Vec<RemoteOp> = to
+                    .iter()
+                    .map(|r| RemoteOp {
+                        opcode: Opcode::Write,
+                        local,
+                        remote: *r,
+                        offset: copied,
+                    })
+                    .collect();
+                let e = match self.run_ops(self.pin(base, n)?, &writes) {
+                    Ok(()) => break,
+                    Err(e) => e,
+                };
+                match e.failed_server() {
+                    Some(s) if to.len() > 1 => {
+                        let i = to.iter().position(|r| r.server == s).expect("one of ours");
+                        let gone = to.remove(i);
+                        self.pool.free_all(&[gone]);
+                    }
+                    _ => return Err(e.into()),
+                }
+            }
+            copied += n;
+        }
+        Ok(())
+    }
+}
