@@ -1,0 +1,527 @@
+//! `rmemfs mount`: checks the mount point, connects to the memory servers (or starts an
+//! embedded one), builds the file system and serves it through FUSE until it is unmounted
+//! (`umount`, or SIGINT/SIGTERM, which unmount cleanly). Closing the connections gives every
+//! server its memory back.
+
+mod options;
+mod point;
+mod stats;
+
+use options::{allow_io_uring, default_cache_bytes, dirty_allowance, fuser_config};
+pub use options::{default_embedded_size, resolve_server, ENABLE_URING};
+use point::{
+    check_fuse_device, check_verbs_memlock, connection_abort_file, mount_device, raise_readahead,
+};
+pub use point::{check_mountpoint, lazy_unmount, prepare_mountpoint};
+pub use stats::{print_stats, server_stats_text};
+
+use crate::client::control::ControlConn;
+use crate::client::{Pool, PoolConfig};
+use crate::config;
+use crate::data::DataStore;
+use crate::fabric::mem::page_size;
+use crate::fabric::{Fabric, FabricOptions};
+use crate::fs::{Fs, FsConfig};
+use crate::fuse::FuseFs;
+use crate::mrrc::CacheConfig;
+use crate::server::{MemoryServer, ServerConfig, DEFAULT_PORT};
+use crate::size::format_size;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Everything `rmemfs mount` was asked for.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    pub mountpoint: PathBuf,
+    /// `tcp` or `verbs`; `None` takes what the first server announces (tcp when embedded).
+    pub fabric: Option<String>,
+    /// Device and GID for verbs (the op timeout is `op_timeout`).
+    pub fabric_options: FabricOptions,
+    /// `host[:port]` of each memory server; empty means an embedded server.
+    pub servers: Vec<String>,
+    /// Embedded server arena size (default: a quarter of available RAM).
+    pub size: Option<u64>,
+    /// `-o` options.
+    pub options: Vec<String>,
+    pub chunk_size: u64,
+    pub threads: usize,
+    pub op_timeout: Duration,
+    /// Registration cache policy and its size in bytes (default from the memlock limit).
+    pub reg_cache: crate::mrrc::Policy,
+    pub reg_cache_size: Option<u64>,
+    pub write_path: crate::data::WritePath,
+    /// The shared secret of the memory servers (also given to the embedded server).
+    pub secret: crate::auth::Secret,
+    /// Copies of every chunk; `None`: 2 with two or more servers, else 1.
+    pub replicas: Option<usize>,
+    /// Fewest copies a write may land on (fewer is EIO).
+    pub min_replicas: usize,
+    /// Bytes per second the background rebuild copies at most (0: no limit).
+    pub rebuild_rate: u64,
+    /// How long the rebuild waits after the live servers change ([`config::REBUILD_DELAY`]).
+    pub rebuild_delay: Duration,
+    /// Free pool bytes below which writes bypass the writeback cache; `None`: the dirty page
+    /// cache the mount may hold.
+    pub writeback_low_water: Option<u64>,
+    /// Where to serve Prometheus metrics (`--metrics-listen`); `None`: nowhere.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Spin briefly for small ops' completions on the tcp fabric (`--busy-poll`).
+    pub busy_poll: bool,
+}
+
+impl MountConfig {
+    /// A mount at `mountpoint` with every setting at its default (an embedded server).
+    pub fn new(mountpoint: PathBuf) -> MountConfig {
+        MountConfig {
+            mountpoint,
+            fabric: None,
+            fabric_options: FabricOptions::default(),
+            servers: Vec::new(),
+            size: None,
+            options: Vec::new(),
+            chunk_size: config::CHUNK_SIZE,
+            threads: config::FUSE_THREADS,
+            op_timeout: config::OP_TIMEOUT,
+            reg_cache: crate::mrrc::Policy::Mrrc,
+            reg_cache_size: None,
+            write_path: crate::data::WritePath::Frrwp,
+            secret: crate::auth::Secret::none(),
+            replicas: None,
+            min_replicas: 1,
+            rebuild_rate: config::REBUILD_RATE,
+            rebuild_delay: config::REBUILD_DELAY,
+            writeback_low_water: None,
+            metrics_listen: None,
+            busy_poll: false,
+        }
+    }
+
+    /// The copies each chunk gets over `servers` memory servers.
+    pub fn replicas_for(&self, servers: usize) -> usize {
+        self.replicas.unwrap_or(if servers >= 2 {
+            config::DEFAULT_REPLICAS
+        } else {
+            1
+        })
+    }
+}
+
+/// Mounts and serves until unmounted, over the fabric `config` names. `ready` is called once
+/// the mount is live (the daemon's parent returns then); errors before that are returned as
+/// text for the user.
+pub fn run(config: &MountConfig, ready: &mut dyn FnMut()) -> Result<(), String> {
+    Mount::new(config.clone()).run(ready)
+}
+
+/// A mount being set up: [`MountConfig`] plus, optionally, the fabrics to use instead of
+/// opening the one the configuration names. Tests and benchmarks mount over the in-process
+/// fabric this way (`fabrics(net.node(), net.node())`): no data crosses a network, so such a
+/// mount measures rmemfs's own code plus FUSE.
+pub struct Mount {
+    config: MountConfig,
+    /// (client side, embedded server side)
+    fabrics: Option<(Arc<dyn Fabric>, Arc<dyn Fabric>)>,
+    on_mounted: Option<Box<dyn FnOnce(Arc<Fs>) + Send>>,
+}
+
+impl Mount {
+    pub fn new(config: MountConfig) -> Mount {
+        Mount {
+            config,
+            fabrics: None,
+            on_mounted: None,
+        }
+    }
+
+    /// Uses these fabrics: `client` for the mount's queue pairs, `server` for the embedded
+    /// memory server (without `--servers`).
+    pub fn fabrics(mut self, client: Arc<dyn Fabric>, server: Arc<dyn Fabric>) -> Mount {
+        self.fabrics = Some((client, server));
+        self
+    }
+
+    /// Hands the live file system to `f` once mounted (tests read its counters).
+    pub fn on_mounted(mut self, f: impl FnOnce(Arc<Fs>) + Send + 'static) -> Mount {
+        self.on_mounted = Some(Box::new(f));
+        self
+    }
+
+    /// Mounts and serves until unmounted (see [`run`]).
+    pub fn run(self, ready: &mut dyn FnMut()) -> Result<(), String> {
+        run_mount(self, ready)
+    }
+}
+
+/// The memory servers a mount uses: the addresses, their fabric, and the embedded server
+/// when the mount runs one.
+struct Servers {
+    addrs: Vec<SocketAddr>,
+    fabric_name: String,
+    /// Kept until the mount ends (dropping it stops the server).
+    _embedded: Option<MemoryServer>,
+}
+
+/// What keeps running beside the FUSE session: the upkeep threads and the metrics endpoint.
+struct Upkeep {
+    _metrics: Option<crate::metrics::MetricsServer>,
+    _rebuilder: crate::rebuild::Rebuilder,
+}
+
+fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
+    let config = &mount.config;
+    let mountpoint = check_mountpoint(&config.mountpoint)?;
+    check_fuse_device()?;
+    let (fuse_config, choices) = fuser_config(&config.options, config.threads)?;
+    let fabric_options = FabricOptions {
+        op_timeout: config.op_timeout,
+        ..config.fabric_options.clone()
+    };
+    let (given_client, given_server) = match mount.fabrics {
+        Some((c, s)) => (Some(c), Some(s)),
+        None => (None, None),
+    };
+    // Bound first: a port in use fails the mount before anything is set up.
+    let metrics_listener = config
+        .metrics_listen
+        .map(crate::metrics::MetricsServer::bind)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let servers = reach_servers(config, &fabric_options, given_server)?;
+    let client_fabric = match given_client {
+        Some(f) => f,
+        None => {
+            crate::fabric::open(&servers.fabric_name, &fabric_options).map_err(|e| e.to_string())?
+        }
+    };
+    let fs = build_fs(config, &mountpoint, &servers, client_fabric, &choices)?;
+    let session = attach_fuse(&fs, &mountpoint, &fuse_config, &choices)?;
+    let upkeep = start_upkeep(&fs, config, &mountpoint, metrics_listener)?;
+    if let Some(f) = mount.on_mounted {
+        f(fs.clone());
+    }
+    let result = serve_until_unmounted(session, &mountpoint, ready);
+    log::info!(
+        "unmounted {}; returning remote memory. Counters at unmount:\n{}",
+        mountpoint.display(),
+        crate::report::mount_text(&fs)
+    );
+    drop(upkeep);
+    drop(fs);
+    drop(servers);
+    result
+}
+
+/// Starts the embedded memory server (without `--servers`), or resolves the servers given
+/// and learns their fabric (from the first one's hello unless `--fabric` names it).
+fn reach_servers(
+    config: &MountConfig,
+    fabric_options: &FabricOptions,
+    given_server: Option<Arc<dyn Fabric>>,
+) -> Result<Servers, String> {
+    let servers = if config.servers.is_empty() {
+        let fabric_name = config.fabric.clone().unwrap_or_else(|| "tcp".into());
+        let size = config.size.unwrap_or_else(default_embedded_size);
+        let server_fabric = match given_server {
+            Some(f) => f,
+            None => crate::fabric::open(
+                &fabric_name,
+                &FabricOptions {
+                    op_timeout: crate::config::server_op_timeout(config.op_timeout),
+                    ..fabric_options.clone()
+                },
+            )
+            .map_err(|e| e.to_string())?,
+        };
+        let server = MemoryServer::start(
+            &ServerConfig {
+                client_op_timeout: config.op_timeout,
+                secret: config.secret.clone(),
+                ..ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), size)
+            },
+            server_fabric,
+        )
+        .map_err(|e| format!("cannot start the embedded memory server: {e}"))?;
+        log::info!(
+            "embedded memory server on {} ({}, {fabric_name} fabric)",
+            server.local_addr(),
+            format_size(size)
+        );
+        Servers {
+            addrs: vec![server.local_addr()],
+            fabric_name,
+            _embedded: Some(server),
+        }
+    } else {
+        let addrs: Vec<SocketAddr> = config
+            .servers
+            .iter()
+            .map(|s| resolve_server(s))
+            .collect::<Result<_, _>>()?;
+        let fabric_name = match &config.fabric {
+            Some(name) => name.clone(),
+            // The first server's hello names its fabric; every server must match it.
+            None => ControlConn::connect(
+                addrs[0],
+                "rmemfs-mount (probe)",
+                config.op_timeout,
+                &config.secret,
+            )
+            .map_err(|e| e.to_string())?
+            .hello
+            .fabric
+            .clone(),
+        };
+        Servers {
+            addrs,
+            fabric_name,
+            _embedded: None,
+        }
+    };
+    let replicas = config.replicas_for(servers.addrs.len());
+    if replicas > servers.addrs.len() {
+        return Err(format!(
+            "--replicas {replicas} needs at least {replicas} memory servers ({} given)",
+            servers.addrs.len()
+        ));
+    }
+    if servers.fabric_name == "verbs" {
+        check_verbs_memlock()?;
+    }
+    Ok(servers)
+}
+
+/// Connects the pool and builds the data store and the file system over it.
+fn build_fs(
+    config: &MountConfig,
+    mountpoint: &Path,
+    servers: &Servers,
+    fabric: Arc<dyn Fabric>,
+    choices: &options::MountChoices,
+) -> Result<Arc<Fs>, String> {
+    let pool = Pool::connect(
+        fabric,
+        &servers.addrs,
+        &PoolConfig {
+            client_name: format!("rmemfs-mount@{}", mountpoint.display()),
+            timeout: config.op_timeout,
+            secret: config.secret.clone(),
+            busy_poll: config.busy_poll,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let cache = CacheConfig {
+        capacity_pages: config
+            .reg_cache_size
+            .unwrap_or_else(|| default_cache_bytes(servers.fabric_name == "verbs"))
+            / page_size() as u64,
+        ..CacheConfig::default()
+    };
+    let data = DataStore::new(
+        Arc::new(pool),
+        config.chunk_size,
+        config.threads * crate::config::READ_BUFFERS_PER_THREAD,
+        config.reg_cache,
+        cache,
+        config.write_path,
+    )
+    .and_then(|d| {
+        d.replicated(
+            config.replicas_for(servers.addrs.len()),
+            config.min_replicas,
+        )
+    })
+    .map_err(|e| e.message)?;
+    // SAFETY: geteuid/getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let fs = Arc::new(Fs::new(
+        data,
+        FsConfig {
+            root_uid: uid,
+            root_gid: gid,
+            read_only: choices.read_only,
+            atime: choices.atime,
+            dir_atime: choices.dir_atime,
+            acl: choices.acl,
+            writeback: choices.writeback,
+            writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
+        },
+    ));
+    crate::report::attach(&fs);
+    Ok(fs)
+}
+
+/// Mounts `fs` at `mountpoint`: the FUSE session, with the connection's abort file known to
+/// the adapter (a failed ring ends the connection) and invalidations forwarded.
+fn attach_fuse(
+    fs: &Arc<Fs>,
+    mountpoint: &Path,
+    fuse_config: &fuser::Config,
+    choices: &options::MountChoices,
+) -> Result<fuser::Session<FuseFs>, String> {
+    let fuse_fs = FuseFs::new(
+        fs.clone(),
+        crate::fuse::Offers {
+            readdirplus: choices.readdirplus,
+            io_uring: choices.io_uring && allow_io_uring(),
+        },
+    );
+    let connection = fuse_fs.connection();
+    let session = fuser::Session::new(fuse_fs, mountpoint, fuse_config)
+        .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
+    if let Some(abort) = connection_abort_file(mountpoint) {
+        let _ = connection.set(abort);
+    }
+    FuseFs::forward_invalidations(fs, &session);
+    Ok(session)
+}
+
+/// Starts what runs beside the session: heartbeats, reconnects and the rebuild; the dirty
+/// limit kept for the mounted bdi; the metrics endpoint.
+fn start_upkeep(
+    fs: &Arc<Fs>,
+    config: &MountConfig,
+    mountpoint: &Path,
+    metrics_listener: Option<std::net::TcpListener>,
+) -> Result<Upkeep, String> {
+    let rebuilder = crate::rebuild::Rebuilder::start(
+        fs.clone(),
+        crate::rebuild::Upkeep {
+            rate: config.rebuild_rate,
+            delay: config.rebuild_delay,
+            detection: config.op_timeout,
+        },
+    )
+    .map_err(|e| format!("cannot start the rebuild thread: {e}"))?;
+    raise_readahead(mountpoint);
+    // The kernel's dirty data for the mount kept below the pool's room (root: the bdi's
+    // max_bytes, Linux 6.2+; after raise_readahead, whose max_ratio is the same setting),
+    // so the writeback cache can stay on until the pool is nearly full. An explicit
+    // --writeback-low-water keeps its rule instead.
+    if config.writeback_low_water.is_none() {
+        let bdi = mount_device(mountpoint)
+            .map(|dev| PathBuf::from(format!("/sys/class/bdi/{dev}/max_bytes")));
+        fs.keep_dirty_limit(crate::dirty_limit::DirtyLimit::new(bdi, dirty_allowance()));
+    }
+    let metrics = metrics_listener
+        .map(|listener| {
+            let (a, b, c) = (fs.clone(), fs.clone(), fs.clone());
+            let collector = crate::metrics::MountCollector {
+                report: Arc::new(move || crate::report::MountReport::gather(&a)),
+                requests: Arc::new(move || b.figures().requests.summary()),
+                batches: Arc::new(move || c.data().pool().batch_latency()),
+            };
+            crate::metrics::serve(listener, Box::new(collector))
+        })
+        .transpose()?;
+    Ok(Upkeep {
+        _metrics: metrics,
+        _rebuilder: rebuilder,
+    })
+}
+
+/// Serves the session until it is unmounted. SIGINT/SIGTERM unmount; the session then ends
+/// as with `umount`. An unmount refused (files open: EBUSY) leaves the mount serving; a
+/// second signal then detaches it (lazy unmount) and ends the process at once: open files
+/// see ENOTCONN, nothing waits on them.
+fn serve_until_unmounted(
+    mut session: fuser::Session<FuseFs>,
+    mountpoint: &Path,
+    ready: &mut dyn FnMut(),
+) -> Result<(), String> {
+    let mut unmounter = session.unmount_callable();
+    let detach_at = mountpoint.to_path_buf();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let signal_handle = signals.handle();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut signals = signals.forever();
+            if let Some(sig) = signals.next() {
+                log::info!("signal {sig}: unmounting");
+                if let Err(e) = unmounter.unmount() {
+                    log::error!(
+                        "unmount failed: {e}; a second SIGTERM or SIGINT detaches the mount \
+                         and exits"
+                    );
+                }
+            }
+            if let Some(sig) = signals.next() {
+                log::warn!("signal {sig} again: detaching the mount and exiting");
+                if let Err(e) = lazy_unmount(&detach_at) {
+                    log::error!("detaching {} failed: {e}", detach_at.display());
+                }
+                std::process::exit(1);
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    ready();
+    let result = session.run();
+    signal_handle.close();
+    result.map_err(|e| format!("FUSE session failed: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::point::unescape_mountinfo;
+    use super::*;
+
+    #[test]
+    fn server_addresses_get_the_default_port() {
+        assert_eq!(
+            resolve_server("127.0.0.1").unwrap(),
+            SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))
+        );
+        assert_eq!(
+            resolve_server("127.0.0.1:9").unwrap(),
+            SocketAddr::from(([127, 0, 0, 1], 9))
+        );
+        assert_eq!(resolve_server("::1").unwrap().port(), DEFAULT_PORT);
+        assert_eq!(resolve_server("[::1]:10").unwrap().port(), 10);
+        assert!(resolve_server("localhost").is_ok());
+        assert!(resolve_server("no.such.host.invalid").is_err());
+    }
+
+    #[test]
+    fn bad_mount_points_are_named() {
+        let e = check_mountpoint(Path::new("/no/such/dir")).unwrap_err();
+        assert!(e.contains("does not exist"), "{e}");
+        let e = check_mountpoint(Path::new("/etc/hostname")).unwrap_err();
+        assert!(e.contains("not a directory"), "{e}");
+        let e = check_mountpoint(Path::new("/proc")).unwrap_err();
+        assert!(e.contains("already a mount point"), "{e}");
+        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+    }
+
+    #[test]
+    fn mount_options_parse() {
+        let (cfg, choices) =
+            fuser_config(&["allow_other,ro".into(), "fsname=pool".into()], 4).unwrap();
+        assert!(choices.read_only);
+        assert_eq!(choices.atime, crate::fs::Atime::Relative);
+        let (_, c) = fuser_config(&["strictatime,nodiratime,lazytime".into()], 1).unwrap();
+        assert_eq!((c.atime, c.dir_atime), (crate::fs::Atime::Strict, false));
+        let (_, c) = fuser_config(&["noatime".into()], 1).unwrap();
+        assert_eq!(c.atime, crate::fs::Atime::Never);
+        assert!(c.readdirplus);
+        let (_, c) = fuser_config(&["nordirplus".into()], 1).unwrap();
+        assert!(!c.readdirplus);
+        assert!(c.io_uring, "FUSE over io_uring by default");
+        let (_, c) = fuser_config(&["no_io_uring".into()], 1).unwrap();
+        assert!(!c.io_uring);
+        let (_, c) = fuser_config(&["no_io_uring,io_uring".into()], 1).unwrap();
+        assert!(c.io_uring);
+        let (_, c) = fuser_config(&["io_uring,no_io_uring".into()], 1).unwrap();
+        assert!(!c.io_uring);
+        assert_eq!(cfg.n_threads, Some(4));
+        assert!(cfg
+            .mount_options
+            .contains(&fuser::MountOption::FSName("pool".into())));
+        assert!(fuser_config(&["bogus".into()], 1).is_err());
+    }
+}

@@ -1,0 +1,99 @@
+//! `rmemfs stats`: a mount's report read through its stats attribute, and a memory server's
+//! counters asked over an authenticated control session.
+
+use super::*;
+
+/// `rmemfs stats MOUNTPOINT [--json]`: reads the live counters from the mount's virtual
+/// attribute (its text form, or JSON).
+pub fn print_stats(mountpoint: &Path, json: bool) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| "mount point contains a NUL byte".to_string())?;
+    let name = std::ffi::CString::new(if json {
+        crate::fs::STATS_JSON_XATTR
+    } else {
+        crate::fs::STATS_XATTR
+    })
+    .expect("no NUL");
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: both strings are NUL-terminated and `buf` is writable for its length.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!(
+            "{} is not a live rmemfs mount ({e})",
+            mountpoint.display()
+        ));
+    }
+    buf.truncate(n as usize);
+    print!("{}", String::from_utf8_lossy(&buf));
+    Ok(())
+}
+
+/// The counters of a memory server, asked over an authenticated control session (the
+/// server's secret is needed: they tell who was refused and how often). The session
+/// allocates nothing and says goodbye.
+pub fn server_stats_text(
+    server: &str,
+    secret: &crate::auth::Secret,
+    timeout: Duration,
+    json: bool,
+) -> Result<String, String> {
+    use std::fmt::Write;
+    let addr = resolve_server(server)?;
+    let conn = ControlConn::connect_observer(addr, "rmemfs-stats", timeout, secret)
+        .map_err(|e| e.to_string())?;
+    let reply = conn.request(|tag| crate::proto::Message::Stat { tag });
+    conn.goodbye();
+    let (capacity, extents, clients, counters) = match reply.map_err(|e| e.to_string())? {
+        crate::proto::Message::Stats {
+            capacity,
+            extents,
+            clients,
+            counters,
+            ..
+        } => (capacity, extents, clients, counters),
+        other => return Err(format!("memory server {addr} answered {other:?}")),
+    };
+    if json {
+        let v = crate::server::stats_json(
+            &addr.to_string(),
+            &conn.hello.fabric,
+            conn.hello.instance,
+            capacity,
+            clients,
+            extents,
+            &counters,
+        );
+        return Ok(format!("{v}\n"));
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "memory server {addr}: fabric {}, instance {:#x}",
+        conn.hello.fabric, conn.hello.instance
+    );
+    let _ = writeln!(
+        out,
+        "  memory: {} of {} bytes free, largest free extent {}",
+        capacity.free, capacity.total, capacity.largest_free
+    );
+    let _ = writeln!(out, "  clients {clients}, extents {extents}");
+    for (name, value) in counters.fields() {
+        if name == "remote accesses refused" && conn.hello.fabric == "verbs" {
+            // An RDMA NIC refuses them without the server's software seeing it; the
+            // client's `stats` counts them as remote access errors.
+            let _ = writeln!(out, "  {name}: not seen by software on verbs");
+        } else {
+            let _ = writeln!(out, "  {name}: {value}");
+        }
+    }
+    Ok(out)
+}
