@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand};
 use rmemfs::auth::Secret;
 use rmemfs::fabric::FabricOptions;
 use rmemfs::mount::{self, MountConfig};
-use rmemfs::mrrc;
+use rmemfs::regcache;
 use rmemfs::server::{MemoryServer, ServerConfig, DEFAULT_PORT};
 use rmemfs::size::{format_size, parse_size};
 use std::io::BufRead;
@@ -160,7 +160,7 @@ enum Cmd {
         /// Registration cache for the buffers handed to the fabric: mrrc (the region cache
         /// with MRE replacement), lru (a pin-down cache) or none (register per operation).
         #[arg(long, default_value = "mrrc")]
-        reg_cache: mrrc::Policy,
+        reg_cache: regcache::Policy,
         /// Most memory the registration cache keeps registered (default: 1G; on verbs, for a
         /// user, what the memlock limit allows past 32M, at most 1G).
         #[arg(long, value_parser = parse_size)]

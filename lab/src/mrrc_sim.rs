@@ -45,7 +45,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use rmemfs::fabric::mem::page_size;
 use rmemfs::fabric::FabricError;
-use rmemfs::mrrc::{CacheConfig, CacheStats, Policy, RegCache, Registrar};
+use rmemfs::regcache::{CacheConfig, CacheStats, Policy, RegCache, Registrar};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@ use super::{Bounce, DataStore, Loan, IO_SIZE};
 use crate::client::RemoteOp;
 use crate::error::Result;
 use crate::fabric::{AlignedBuf, Sge};
-use crate::mrrc::Pinned;
+use crate::regcache::Pinned;
 use crate::sync::Arc;
 
 impl DataStore {

@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::fabric::mem::page_size;
 use crate::fabric::{AlignedBuf, Opcode, RemoteRegion, ServerId, Sge};
 use crate::meta::{Chunk, ChunkMap, Replica, MAX_REPLICAS};
-use crate::mrrc::{CacheConfig, CacheStats, FabricRegistrar, Policy, RegCache};
+use crate::regcache::{CacheConfig, CacheStats, FabricRegistrar, Policy, RegCache};
 use crate::sync::{Arc, Condvar, Mutex};
 use std::collections::BTreeMap;
 

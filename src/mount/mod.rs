@@ -23,7 +23,7 @@ use crate::fabric::mem::page_size;
 use crate::fabric::{Fabric, FabricOptions};
 use crate::fs::{Fs, FsConfig};
 use crate::fuse::FuseFs;
-use crate::mrrc::CacheConfig;
+use crate::regcache::CacheConfig;
 use crate::server::{MemoryServer, ServerConfig, DEFAULT_PORT};
 use crate::size::format_size;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -49,7 +49,7 @@ pub struct MountConfig {
     pub threads: usize,
     pub op_timeout: Duration,
     /// Registration cache policy and its size in bytes (default from the memlock limit).
-    pub reg_cache: crate::mrrc::Policy,
+    pub reg_cache: crate::regcache::Policy,
     pub reg_cache_size: Option<u64>,
     pub write_path: crate::data::WritePath,
     /// The shared secret of the memory servers (also given to the embedded server).
@@ -84,7 +84,7 @@ impl MountConfig {
             chunk_size: config::CHUNK_SIZE,
             threads: config::FUSE_THREADS,
             op_timeout: config::OP_TIMEOUT,
-            reg_cache: crate::mrrc::Policy::Mrrc,
+            reg_cache: crate::regcache::Policy::Mrrc,
             reg_cache_size: None,
             write_path: crate::data::WritePath::Frrwp,
             secret: crate::auth::Secret::none(),

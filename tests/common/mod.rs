@@ -6,7 +6,7 @@ use rmemfs::data::{DataStore, WritePath};
 use rmemfs::fabric::local::{LocalFabric, LocalNetwork};
 use rmemfs::fs::{Caller, Fs, FsConfig};
 use rmemfs::meta::{Ino, ROOT_INO};
-use rmemfs::mrrc::{CacheConfig, Policy};
+use rmemfs::regcache::{CacheConfig, Policy};
 use rmemfs::server::{MemoryServer, ServerConfig};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
