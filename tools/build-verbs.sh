@@ -3,7 +3,7 @@
 # `verbs` feature forwards to rmemfs's) and leaves the binaries at target/release/rmemfs-verbs
 # and target/release/rmemfs-bench-verbs. The feature's binding (sideway) needs cmake, a C compiler,
 # libclang and the libibverbs headers: installed here (Debian) when missing. Used by
-# tools/test-rxe.sh and tools/bench-rxe.sh.
+# tools/test-rxe.sh and lab/scripts/bench-rxe.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()

@@ -1,6 +1,6 @@
 //! Grouped bar charts from a small JSON spec, the chart every benchmark script ends with.
 //!
-//! Each `tools/bench-*.sh` writes its figures as a [`Spec`] and runs `rmemfs-bench bars SPEC
+//! Each `lab/scripts/bench-*.sh` writes its figures as a [`Spec`] and runs `rmemfs-bench bars SPEC
 //! OUT.svg`, so the scripts share one way to draw (and one set of tests) instead of each
 //! plotting its own. A spec names the series once (targets, settings: one colour each) and
 //! holds one or more panels, each a set of bar groups (jobs, measures) in one unit:

@@ -1,4 +1,4 @@
-//! The chart of `tools/bench-fio.sh`: its summary.json (fio results per target and job) as
+//! The chart of `lab/scripts/bench-fio.sh`: its summary.json (fio results per target and job) as
 //! grouped bars, one panel for the 1 MiB jobs (MB/s) and one for the 4 KiB jobs (thousands
 //! of IOPS), so the gaps between tmpfs, the in-process mount and the tcp mounts show at a
 //! glance. The y axes are logarithmic: tmpfs runs 50 times faster than any FUSE file system

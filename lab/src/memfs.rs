@@ -1,5 +1,5 @@
 //! `rmemfs-bench memfs`: an in-memory FUSE file system with the kernel's writeback cache, the
-//! peer that `tools/bench-fio.sh` sets beside rmemfs (#27).
+//! peer that `lab/scripts/bench-fio.sh` sets beside rmemfs (#27).
 //!
 //! It keeps every file's bytes in a `Vec` in this process and nothing else: no network, no
 //! copies, no registration. So its figures are what FUSE with the writeback cache allows on

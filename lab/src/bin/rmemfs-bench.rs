@@ -49,7 +49,7 @@ struct FabricArgs {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Draw tools/bench-fio.sh's summary.json as an SVG chart (grouped bars per job).
+    /// Draw lab/scripts/bench-fio.sh's summary.json as an SVG chart (grouped bars per job).
     Chart {
         /// The summary.json bench-fio.sh wrote.
         summary: PathBuf,

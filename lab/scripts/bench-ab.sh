@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Two rmemfs binaries side by side in one run (A/B): the fio jobs of tools/bench-fio.sh that
+# Two rmemfs binaries side by side in one run (A/B): the fio jobs of lab/scripts/bench-fio.sh that
 # matter most (1 MiB sequential write and read, 4 KiB random write and read; one job each,
 # psync through the page cache, caches dropped before reads), on a mount of one memory server
 # of each binary, in alternating rounds so drift on this VM hits both alike. Prints a table of
 # MB/s and IOPS per round and the B/A ratio of the medians.
 #
-#   tools/bench-ab.sh A_BIN B_BIN [ROUNDS]
-#   A_ARGS="-o no_io_uring" B_ARGS="-o no_io_uring" tools/bench-ab.sh old/rmemfs target/release/rmemfs
+#   lab/scripts/bench-ab.sh A_BIN B_BIN [ROUNDS]
+#   A_ARGS="-o no_io_uring" B_ARGS="-o no_io_uring" lab/scripts/bench-ab.sh old/rmemfs target/release/rmemfs
 #
 # Settings (environment): SIZE (file size per job, default 512M), RUNTIME (seconds per job,
 # default 5), SERVER_SIZE (each memory server's arena, default 2G: a pool above 1.9 GB, where
@@ -15,9 +15,9 @@
 # `rmemfs serve` arguments, e.g. --lazy; an older binary knows none of the newer ones).
 # Needs root and /dev/fuse; installs fio when missing (Debian).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-# shellcheck source=mount-tests/lib.sh
-. mount-tests/lib.sh
+cd "$(dirname "$0")/../.."
+# shellcheck source=lab/scripts/lib.sh
+. lab/scripts/lib.sh
 
 [ $# -ge 2 ] || {
   echo "usage: $0 A_BIN B_BIN [ROUNDS]" >&2
@@ -57,11 +57,11 @@ one() {
     case $job in seq-*) bs=1M ;; *) bs=4k ;; esac
     if [[ $job == *-read ]]; then
       SIZE=$SIZE DIR=$mnt BS=$bs timeout -k 10 600 \
-        fio --create_only=1 --output=/dev/null "tools/fio/$job.fio"
+        fio --create_only=1 --output=/dev/null "lab/fio/$job.fio"
       drop_caches "$mnt"
     fi
     SIZE=$SIZE DIR=$mnt BS=$bs timeout -k 10 $((RUNTIME + 600)) \
-      fio --output-format=json --output="$OUT/$side-$round-$job.json" "tools/fio/$job.fio"
+      fio --output-format=json --output="$OUT/$side-$round-$job.json" "lab/fio/$job.fio"
     # shellcheck disable=SC2016 # expanded by the inner bash
     timeout -k 10 120 bash -c 'rm -f "$1/$2".*' _ "$mnt" "$job"
   done
@@ -76,12 +76,13 @@ for ((r = 1; r <= ROUNDS; r++)); do
 done
 
 python3 - "$OUT" "$ROUNDS" "${JOBS[*]}" "$A_BIN ${A_ARGS:-}" "$B_BIN ${B_ARGS:-}" <<'PY'
-import json, statistics, sys
+import statistics, sys
+sys.path.insert(0, "lab/scripts")
+from fio_result import fio_side  # noqa: E402
 out, rounds, jobs, a, b = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4], sys.argv[5]
 def fig(side, r, job):
-    d = json.load(open(f"{out}/{side}-{r}-{job}.json"))["jobs"][0]
-    io = d["write"] if "write" in job else d["read"]
-    return io["bw_bytes"] / 1e6, io["iops"]
+    f = fio_side(f"{out}/{side}-{r}-{job}.json", job)
+    return f["mb_s"], f["iops"]
 print(f"A: {a}\nB: {b}")
 for side in "AB":
     for r in range(1, rounds + 1):

@@ -7,16 +7,16 @@
 # fresh/overwrite (the target is 0.9). Page caches are dropped before each dd. Draws
 # OUT/chart.svg (default OUT target/bench-fresh): both speeds per round.
 #
-#   tools/bench-fresh.sh
-#   SIZE=1G ROUNDS=7 tools/bench-fresh.sh
+#   lab/scripts/bench-fresh.sh
+#   SIZE=1G ROUNDS=7 lab/scripts/bench-fresh.sh
 #
 # On a VM whose host backs guest memory lazily, the first touch of any page (the server's
 # arena, the client's page cache) also costs a fault in the host: round 1 shows that, and
 # varies from run to run. Needs root and /dev/fuse (as mount-tests/run.sh).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-# shellcheck source=mount-tests/lib.sh
-. mount-tests/lib.sh
+cd "$(dirname "$0")/../.."
+# shellcheck source=lab/scripts/lib.sh
+. lab/scripts/lib.sh
 
 SIZE=${SIZE:-1G}
 ROUNDS=${ROUNDS:-5}

@@ -7,8 +7,8 @@
 # the raw fabric numbers of `rmemfs-bench fabric` (the lab crate: build with
 # `cargo build --release --workspace`). One command, one run; about 10 minutes by default.
 #
-#   tools/bench-fio.sh
-#   SIZE=1G RUNTIME=30 OUT=/tmp/bench tools/bench-fio.sh
+#   lab/scripts/bench-fio.sh
+#   SIZE=1G RUNTIME=30 OUT=/tmp/bench lab/scripts/bench-fio.sh
 #
 # Settings (environment):
 #   SIZE         file size of each fio job (default 1G, as 1 MiB jobs then run for about a
@@ -23,7 +23,7 @@
 #   RMEMFS_BIN, RMEMFS_MOUNT_ARGS as for mount-tests/run.sh
 #   RMEMFS_BENCH_BIN  the rmemfs-bench binary (default: next to RMEMFS_BIN)
 #
-# Jobs (tools/fio/*.fio, psync, direct=0): seq-write and seq-read with 1 MiB blocks, rand-write
+# Jobs (lab/fio/*.fio, psync, direct=0): seq-write and seq-read with 1 MiB blocks, rand-write
 # and rand-read with 4 KiB blocks, each by one job and by four at once (-4j: each job its own
 # file of SIZE/4), time based; seq-fresh and seq-overwrite, one pass of 1 MiB writes into a new
 # file and over a laid-out one. The write jobs end with an fsync. direct=0 means the page cache
@@ -33,9 +33,9 @@
 # requests), the ratios between targets, 4-jobs/1-job and fresh/overwrite.
 # Needs root and /dev/fuse; installs fio when missing (Debian).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-# shellcheck source=mount-tests/lib.sh
-. mount-tests/lib.sh
+cd "$(dirname "$0")/../.."
+# shellcheck source=lab/scripts/lib.sh
+. lab/scripts/lib.sh
 
 SIZE=${SIZE:-1G}
 RUNTIME=${RUNTIME:-10}
@@ -114,7 +114,7 @@ run_jobs() {
         # The files a read job reads are laid out first, written back and dropped from the
         # page cache: the job then times reads alone, not the layout's writeback beside them.
         SIZE=$jsize DIR=$dir BS=$bs timeout -k 10 600 \
-          fio --create_only=1 --output=/dev/null "tools/fio/$job.fio"
+          fio --create_only=1 --output=/dev/null "lab/fio/$job.fio"
         drop_caches "$dir"
         if [ "$target" != tmpfs ]; then
           timeout -k 10 30 "$BIN" stats "$dir" >"$OUT/$target-$job.before.stats" 2>&1 || true
@@ -122,7 +122,7 @@ run_jobs() {
         ;;
     esac
     SIZE=$jsize DIR=$dir BS=$bs timeout -k 10 $((RUNTIME + 600)) \
-      fio --output-format=json --output="$OUT/$target-$job.json" "tools/fio/$job.fio"
+      fio --output-format=json --output="$OUT/$target-$job.json" "lab/fio/$job.fio"
     if [ "$target" != tmpfs ]; then
       timeout -k 10 30 "$BIN" stats "$dir" >"$OUT/$target-$job.stats" 2>&1 || true
     fi
@@ -194,17 +194,14 @@ done
 echo
 python3 - "$OUT" "$SIZE" "$RUNTIME" "$SERVER_SIZE" "${JOBS[*]}" <<'PY'
 import json, os, re, sys
+sys.path.insert(0, "lab/scripts")
+from fio_result import fio_side  # noqa: E402
 
 out, size, runtime, server_size = sys.argv[1:5]
 run_order = sys.argv[5].split()  # JOBS: the stats snapshots are cumulative in this order
 targets = ["tmpfs", "memfs", "sshfs", "rmemfs-inproc", "rmemfs-1", "rmemfs-2r1", "rmemfs-2"]
 jobs = ["seq-read", "seq-read-4j", "seq-write", "seq-write-4j", "seq-fresh", "seq-overwrite",
         "rand-read", "rand-read-4j", "rand-write", "rand-write-4j"]
-
-
-def load(path):
-    text = open(path).read()
-    return json.loads(text[text.index("{"):])  # fio may print notes before the JSON
 
 
 def request_counts(path):
@@ -232,14 +229,12 @@ for target in targets:
         path = os.path.join(out, f"{target}-{job}.json")
         if not os.path.exists(path):
             continue
-        j = load(path)["jobs"][0]
-        side = j["read"] if "read" in job else j["write"]
-        pct = side.get("clat_ns", {}).get("percentile", {})
+        f = fio_side(path, job)
         r = results.setdefault(target, {})[job] = {
-            "mb_s": side["bw_bytes"] / 1e6,
-            "iops": side["iops"],
-            "p50_us": pct.get("50.000000", 0) / 1e3,
-            "p99_us": pct.get("99.000000", 0) / 1e3,
+            "mb_s": f["mb_s"],
+            "iops": f["iops"],
+            "p50_us": f["p50_us"],
+            "p99_us": f["p99_us"],
         }
         # The daemon's requests during this job (after its files were laid out, for reads).
         laid_out = request_counts(os.path.join(out, f"{target}-{job}.before.stats"))

@@ -17,16 +17,16 @@
 #      target directory inside the file system.
 # Metadata is local to the daemon: only file contents cross the fabric.
 #
-#   tools/bench-meta.sh                       # 10,000-file tree, 100,000 small files
-#   TAR_FILES=3000 FILES=20000 tools/bench-meta.sh
+#   lab/scripts/bench-meta.sh                       # 10,000-file tree, 100,000 small files
+#   TAR_FILES=3000 FILES=20000 lab/scripts/bench-meta.sh
 #
 # Prints a line per step, then the table; OUT (default target/bench-meta) gets summary.json,
 # chart.svg and the tree's tar. Needs root and /dev/fuse; one memory server started here (so the
 # daemon's figure does not include the server's arena).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-# shellcheck source=mount-tests/lib.sh
-. mount-tests/lib.sh
+cd "$(dirname "$0")/../.."
+# shellcheck source=lab/scripts/lib.sh
+. lab/scripts/lib.sh
 FILES=${FILES:-100000}
 TAR_FILES=${TAR_FILES:-10000}
 BUILD=${BUILD:-1}

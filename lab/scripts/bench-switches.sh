@@ -6,12 +6,12 @@
 # Prints a row per setting as it finishes, then draws OUT/chart.svg (default OUT
 # target/bench-switches; the figures are in OUT/results.tsv and the chart's spec.json).
 #
-#   tools/bench-switches.sh            # 8 files of 32 MiB per setting
-#   FILES=4 MB=64 tools/bench-switches.sh
+#   lab/scripts/bench-switches.sh            # 8 files of 32 MiB per setting
+#   FILES=4 MB=64 lab/scripts/bench-switches.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
-# shellcheck source=mount-tests/lib.sh
-. mount-tests/lib.sh
+cd "$(dirname "$0")/../.."
+# shellcheck source=lab/scripts/lib.sh
+. lab/scripts/lib.sh
 FILES=${FILES:-8}
 MB=${MB:-32}
 OUT=${OUT:-target/bench-switches}

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # rmemfs on real soft-RoCE against perftest on the same link, in one VM boot.
 #
-#   tools/bench-rxe.sh                 # build on the host, boot the rxe VM, run, print ratios
-#   SIZE=64M RUNTIME=20 tools/bench-rxe.sh
+#   lab/scripts/bench-rxe.sh                 # build on the host, boot the rxe VM, run, print ratios
+#   SIZE=64M RUNTIME=20 lab/scripts/bench-rxe.sh
 #
 # Under TCG emulation absolute figures measure the emulator (rxe runs ~30 MB/s there); only the
 # ratios within one boot mean something. In the guest:
 #   1. perftest on rxe0: ib_read_bw and ib_write_bw at 1 MiB, ib_read_lat at 4 KiB;
 #   2. fio on rmemfs over verbs (a memory server process with `serve --fabric verbs`, a mount
 #      that takes verbs from its hello): 1 MiB sequential write and read, 4 KiB random read
-#      (tools/fio/*.fio: psync, one job, page cache in the path, caches invalidated first);
+#      (lab/fio/*.fio: psync, one job, page cache in the path, caches invalidated first);
 #      and the floor under the 4 KiB read: `rmemfs-bench fuse-floor` (a null FUSE file system's
 #      round trip and 4 KiB read in this guest) + ib_read_lat;
-#   3. the mount's switches on verbs (tools/bench-switches.sh): --reg-cache mrrc|lru|none and
+#   3. the mount's switches on verbs (lab/scripts/bench-switches.sh): --reg-cache mrrc|lru|none and
 #      --write-path frrwp|serial;
 #   4. `rmemfs-bench frrwp --fabric verbs`: serial against FRRWP writes to fresh memory.
 # Prints the ratios rmemfs/ib_read_bw, rmemfs/ib_write_bw and rmemfs p50/ib_read_lat, and draws
@@ -23,7 +23,7 @@
 # PARTS (default "tcp switches frrwp": the optional parts after perftest and fio; tcp is
 # 4 KiB random reads over the TCP fabric in the same guest, for what FUSE costs there).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=target/bench-rxe
 
 if [ "${1:-}" != --in-vm ]; then
@@ -40,15 +40,15 @@ if [ "${1:-}" != --in-vm ]; then
   exec tools/rxe-vm.sh --timeout "${RMEMFS_RXE_TIMEOUT:-1500}" -- \
     env SIZE="${SIZE:-128M}" RUNTIME="${RUNTIME:-30}" SWITCH_FILES="${SWITCH_FILES:-2}" \
     SWITCH_MB="${SWITCH_MB:-16}" FRRWP_ITERS="${FRRWP_ITERS:-20}" \
-    PARTS="${PARTS-tcp switches frrwp}" tools/bench-rxe.sh --in-vm
+    PARTS="${PARTS-tcp switches frrwp}" lab/scripts/bench-rxe.sh --in-vm
 fi
 
 # --- inside the VM ---------------------------------------------------------------------------
 export RMEMFS_BIN=target/release/rmemfs-verbs RMEMFS_SERVE_ARGS="--fabric verbs --device rxe0"
 export RMEMFS_BENCH_BIN=target/release/rmemfs-bench-verbs
 export RMEMFS_EXPECT_FABRIC=verbs
-# shellcheck source=mount-tests/lib.sh
-. mount-tests/lib.sh
+# shellcheck source=lab/scripts/lib.sh
+. lab/scripts/lib.sh
 DEV=${RMEMFS_RXE_DEVICE:-rxe0}
 check_bench bars fuse-floor || exit 2
 lib_init bench-rxe
@@ -81,7 +81,7 @@ for job in seq-write seq-read rand-read; do
   case $job in seq-*) bs=1M ;; *) bs=4k ;; esac
   echo "== fio $job (bs $bs)"
   DIR=$BASE/mnt BS=$bs SIZE=$SIZE RUNTIME=$RUNTIME timeout -k 10 600 \
-    fio --output-format=json --output="$OUT/fio-$job.json" "tools/fio/$job.fio"
+    fio --output-format=json --output="$OUT/fio-$job.json" "lab/fio/$job.fio"
 done
 "$BIN" stats "$BASE/mnt" >"$OUT/stats-fio.txt"
 # The floor under the 4 KiB read: a FUSE round trip with no file-system code in this guest.
@@ -102,14 +102,14 @@ if [[ " $PARTS " == *" tcp "* ]]; then
   start_server 256M
   mount_fs "$BASE/mnt-tcp" "$SERVER_ADDR"
   DIR=$BASE/mnt-tcp BS=4k SIZE=$SIZE RUNTIME=$RUNTIME timeout -k 10 600 \
-    fio --output-format=json --output="$OUT/fio-tcp-rand-read.json" tools/fio/rand-read.fio
+    fio --output-format=json --output="$OUT/fio-tcp-rand-read.json" lab/fio/rand-read.fio
   unmount_fs "$BASE/mnt-tcp"
   kill_servers "${ALL_SERVER_PIDS[@]}"
 fi
 
 if [[ " $PARTS " == *" switches "* ]]; then
   echo "== the mount's switches on verbs"
-  FILES=$SWITCH_FILES MB=$SWITCH_MB OUT=$OUT/switches tools/bench-switches.sh |
+  FILES=$SWITCH_FILES MB=$SWITCH_MB OUT=$OUT/switches lab/scripts/bench-switches.sh |
     tee "$OUT/switches.txt"
 fi
 if [[ " $PARTS " == *" frrwp "* ]]; then
@@ -121,6 +121,8 @@ fi
 
 python3 - "$OUT" "$SIZE" <<'PY'
 import json, os, sys
+sys.path.insert(0, "lab/scripts")
+from fio_result import fio_side  # noqa: E402
 
 out, size = sys.argv[1:3]
 
@@ -135,11 +137,8 @@ def perftest(name, column):
 
 
 def fio(job):
-    text = open(os.path.join(out, f"fio-{job}.json")).read()
-    j = json.loads(text[text.index("{"):])["jobs"][0]
-    side = j["read"] if "read" in job else j["write"]
-    pct = side["clat_ns"].get("percentile", {})
-    return side["bw_bytes"] / 2**20, pct.get("50.000000", 0) / 1e3, side["iops"]
+    f = fio_side(os.path.join(out, f"fio-{job}.json"), job)
+    return f["mib_s"], f["p50_us"], f["iops"]
 
 
 # perftest: MB/sec is 2^20 bytes per second; columns: bytes iters peak average msgrate.

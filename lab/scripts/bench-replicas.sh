@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What two copies cost and what a lost server costs, in one run on loopback (three memory
 # servers):
-#   1. fio seq-read/seq-write 1 MiB and rand-read/rand-write 4 KiB (tools/fio/*.fio) with
+#   1. fio seq-read/seq-write 1 MiB and rand-read/rand-write 4 KiB (lab/fio/*.fio) with
 #      --replicas 1 and --replicas 2, and the ratio 2/1;
 #   2. the failover pause: the longest single read or write (fio max completion latency, 64 KiB
 #      random read/write) across a server killed (SIGKILL) and one frozen (SIGSTOP) past the
@@ -10,16 +10,16 @@
 #      killed, and the time until `stats` shows no chunk short of a copy (--rebuild-rate 0,
 #      --rebuild-delay 0): bytes copied, MB/s.
 #
-#   tools/bench-replicas.sh
-#   SIZE=256M RUNTIME=8 REBUILD_DATA=1G tools/bench-replicas.sh
+#   lab/scripts/bench-replicas.sh
+#   SIZE=256M RUNTIME=8 REBUILD_DATA=1G lab/scripts/bench-replicas.sh
 #
 # Results in OUT (default target/bench-replicas): fio JSON per run, summary.json, and chart.svg
 # (the fio figures with one and two copies). Needs root and /dev/fuse; installs fio when missing
 # (Debian).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-# shellcheck source=mount-tests/lib.sh
-. mount-tests/lib.sh
+cd "$(dirname "$0")/../.."
+# shellcheck source=lab/scripts/lib.sh
+. lab/scripts/lib.sh
 
 SIZE=${SIZE:-256M}
 RUNTIME=${RUNTIME:-8}
@@ -60,7 +60,7 @@ for r in 1 2; do
     case $job in seq-*) bs=1M ;; *) bs=4k ;; esac
     echo "   $job (bs $bs, size $SIZE, ${RUNTIME} s)" >&2
     DIR=$mnt BS=$bs timeout -k 10 $((RUNTIME + 600)) \
-      fio --output-format=json --output="$OUT/r$r-$job.json" "tools/fio/$job.fio"
+      fio --output-format=json --output="$OUT/r$r-$job.json" "lab/fio/$job.fio"
     rm -f "$mnt/$job".*
   done
   unmount_fs "$mnt"
@@ -119,15 +119,12 @@ kill_servers "${PIDS[@]}"
 
 python3 - "$OUT" "$DETECT" "$held" "$copied" "$last_rate" "$t0" "$t1" <<'PY'
 import json, os, sys
+sys.path.insert(0, "lab/scripts")
+from fio_result import fio_job, fio_side  # noqa: E402
 
 out, detect, held, copied, last_rate, t0, t1 = sys.argv[1:8]
 detect, held, copied, last_rate = float(detect), int(held), int(copied or 0), int(last_rate or 0)
 elapsed = float(t1) - float(t0)
-
-
-def load(name):
-    text = open(os.path.join(out, name)).read()
-    return json.loads(text[text.index("{"):])["jobs"][0]
 
 
 jobs = ["seq-read", "seq-write", "rand-read", "rand-write"]
@@ -137,9 +134,8 @@ print(f"{'job':<11} {'r1 MB/s':>9} {'r2 MB/s':>9} {'r1 IOPS':>9} {'r2 IOPS':>9} 
 for job in jobs:
     row = {}
     for r in (1, 2):
-        j = load(f"r{r}-{job}.json")
-        side = j["read"] if "read" in job else j["write"]
-        row[r] = {"mb_s": side["bw_bytes"] / 1e6, "iops": side["iops"]}
+        f = fio_side(os.path.join(out, f"r{r}-{job}.json"), job)
+        row[r] = {"mb_s": f["mb_s"], "iops": f["iops"]}
     ratio = row[2]["mb_s"] / row[1]["mb_s"] if row[1]["mb_s"] else 0
     res[job] = {"replicas_1": row[1], "replicas_2": row[2], "ratio": ratio}
     print(f"{job:<11} {row[1]['mb_s']:>9.1f} {row[2]['mb_s']:>9.1f} {row[1]['iops']:>9.0f} "
@@ -149,7 +145,7 @@ pause = {}
 print()
 print(f"# failover pause (longest single 64 KiB read or write), detection time {detect:.0f} s")
 for fault in ("kill", "freeze"):
-    j = load(f"pause-{fault}.json")
+    j = fio_job(os.path.join(out, f"pause-{fault}.json"))
     worst = max(j["read"]["clat_ns"]["max"], j["write"]["clat_ns"]["max"]) / 1e9
     errors = j.get("error", 0)
     pause[fault] = {"max_latency_s": worst, "fio_error": errors}

@@ -8,7 +8,7 @@
 # Environment: SEED (default 42), REQUESTS (default 100000), SIZES (comma-separated pages;
 # default the command's own range).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 SEED=${SEED:-42}
 REQUESTS=${REQUESTS:-100000}

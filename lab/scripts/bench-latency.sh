@@ -2,7 +2,7 @@
 # Where a 4 KiB random read's time goes (#13 item 7), in one run:
 #   1. plain TCP 4 KiB request/response and the fabric's own 4 KiB READ at depth 1
 #      (`rmemfs-bench fabric`): the loopback round trip and its thread wake-ups;
-#   2. fio 4 KiB random reads (tools/fio/rand-read.fio: psync, one job, every block from the
+#   2. fio 4 KiB random reads (lab/fio/rand-read.fio: psync, one job, every block from the
 #      file system) on the in-process mount (FUSE and rmemfs's code, no network) and on a tcp
 #      mount of one memory server, each through /dev/fuse and through FUSE over io_uring
 #      (`-o io_uring`, where the kernel has it; on tcp the ring also with `--busy-poll`), each
@@ -17,14 +17,14 @@
 # fabric's bare READ and plain TCP. Prints a table and draws OUT/chart.svg (default OUT
 # target/bench-latency).
 #
-#   tools/bench-latency.sh
-#   SIZE=256M RUNTIME=8 tools/bench-latency.sh
+#   lab/scripts/bench-latency.sh
+#   SIZE=256M RUNTIME=8 lab/scripts/bench-latency.sh
 #
 # Needs root and /dev/fuse; installs fio when missing (Debian).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-# shellcheck source=mount-tests/lib.sh
-. mount-tests/lib.sh
+cd "$(dirname "$0")/../.."
+# shellcheck source=lab/scripts/lib.sh
+. lab/scripts/lib.sh
 
 SIZE=${SIZE:-256M}
 RUNTIME=${RUNTIME:-8}
@@ -47,7 +47,7 @@ fio_with_stats() {
   echo "== fio 4 KiB random reads: $name" >&2
   "$BIN" stats --json "$dir" >"$OUT/$name-before.json"
   DIR=$dir BS=4k SIZE=$SIZE RUNTIME=$RUNTIME timeout -k 10 $((RUNTIME + 600)) \
-    fio --output-format=json --output="$OUT/$name-fio.json" tools/fio/rand-read.fio >/dev/null
+    fio --output-format=json --output="$OUT/$name-fio.json" lab/fio/rand-read.fio >/dev/null
   "$BIN" stats --json "$dir" >"$OUT/$name-after.json"
   timeout -k 10 120 rm -f "$dir"/rand-read.*
 }
@@ -90,6 +90,8 @@ done
 
 python3 - "$OUT" "$SIZE" <<'PY'
 import json, os, re, sys
+sys.path.insert(0, "lab/scripts")
+from fio_result import fio_side  # noqa: E402
 out, size = sys.argv[1:3]
 
 def fabric_p50(what):
@@ -102,9 +104,7 @@ tcp_p50 = fabric_p50("plain TCP req/resp 4KiB")
 read_p50 = fabric_p50("fabric READ 4KiB")
 
 def run(name):
-    text = open(os.path.join(out, f"{name}-fio.json")).read()
-    read = json.loads(text[text.index("{"):])["jobs"][0]["read"]
-    clat = read["clat_ns"]
+    read = fio_side(os.path.join(out, f"{name}-fio.json"), rw="read")
     before, after = (json.load(open(os.path.join(out, f"{name}-{w}.json"))) for w in ("before", "after"))
 
     def delta_mean(section, op):
@@ -118,8 +118,8 @@ def run(name):
     batches, batch = delta_mean("fabric_batches", "read")
     # Batches per read request (readahead may gather several blocks into one request).
     per_read = batches / reads if reads else 0.0
-    return {"iops": read["iops"], "p50_us": clat["percentile"]["50.000000"] / 1e3,
-            "mean_us": clat["mean"] / 1e3, "reads": reads, "handler_us": handler,
+    return {"iops": read["iops"], "p50_us": read["p50_us"],
+            "mean_us": read["mean_us"], "reads": reads, "handler_us": handler,
             "batch_us": batch, "batches_per_read": per_read}
 
 names = [n for n in ["inproc-dev", "inproc-uring", "tcp-dev", "tcp-uring", "tcp-uring-poll"]

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # `mount --busy-poll` against the default, measured both ways in one run: fio 4 KiB random
-# reads (tools/fio/rand-read.fio) on one memory server, ROUNDS alternating rounds per setting,
+# reads (lab/fio/rand-read.fio) on one memory server, ROUNDS alternating rounds per setting,
 # a fresh mount each; prints IOPS, p50 and p99 per round and the medians (#13 item 7), and
 # draws the medians in OUT/chart.svg (default OUT target/bench-busy-poll).
 #
-#   tools/bench-busy-poll.sh
-#   SIZE=256M RUNTIME=8 ROUNDS=5 tools/bench-busy-poll.sh
+#   lab/scripts/bench-busy-poll.sh
+#   SIZE=256M RUNTIME=8 ROUNDS=5 lab/scripts/bench-busy-poll.sh
 #
 # Needs root and /dev/fuse (as mount-tests/run.sh); installs fio when missing (Debian).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-# shellcheck source=mount-tests/lib.sh
-. mount-tests/lib.sh
+cd "$(dirname "$0")/../.."
+# shellcheck source=lab/scripts/lib.sh
+. lab/scripts/lib.sh
 
 SIZE=${SIZE:-256M}
 RUNTIME=${RUNTIME:-8}
@@ -33,15 +33,15 @@ for ((round = 1; round <= ROUNDS; round++)); do
     [ "$setting" = on ] && args=(--busy-poll)
     mount_fs "$BASE/mnt" "$SERVER_ADDR" "${args[@]}"
     DIR=$BASE/mnt BS=4k SIZE=$SIZE RUNTIME=$RUNTIME timeout -k 10 $((RUNTIME + 600)) \
-      fio --output-format=json --output="$BASE/fio.json" tools/fio/rand-read.fio >/dev/null
+      fio --output-format=json --output="$BASE/fio.json" lab/fio/rand-read.fio >/dev/null
     python3 - "$BASE/fio.json" "$setting" "$round" "$results" <<'PY'
 import json, sys
+sys.path.insert(0, "lab/scripts")
+from fio_result import fio_side  # noqa: E402
 path, setting, rnd, results = sys.argv[1:5]
-text = open(path).read()
-read = json.loads(text[text.index("{"):])["jobs"][0]["read"]
-pct = read["clat_ns"]["percentile"]
-row = {"setting": setting, "iops": read["iops"], "p50_us": pct["50.000000"] / 1e3,
-       "p99_us": pct["99.000000"] / 1e3}
+read = fio_side(path, rw="read")
+row = {"setting": setting, "iops": read["iops"], "p50_us": read["p50_us"],
+       "p99_us": read["p99_us"]}
 rows = json.load(open(results)) + [row]
 json.dump(rows, open(results, "w"))
 print(f"busy-poll {setting:<3} round {rnd}: {row['iops']:8.0f} IOPS  p50 {row['p50_us']:6.1f} us"
