@@ -216,8 +216,12 @@ impl Fs {
             let mut meta = self.meta.lock();
             let mut b = meta.batch();
             if written.is_ok() {
-                b.update(ino, |a| a.size = a.size.max(end))?;
-                b.touch(ino, true)?;
+                let now = crate::meta::now();
+                b.update(ino, |a| {
+                    a.size = a.size.max(end);
+                    a.mtime = now;
+                    a.ctime = now;
+                })?;
             }
             let set_id = inode(&b, ino)?.perm & (S_ISUID | S_ISGID) != 0;
             Self::commit_with(b, ino, &mut chunks)?;
