@@ -74,15 +74,15 @@ pub fn pass(fs: &Fs, rate: u64, stop: &Stop) -> PassOutcome {
     let mut last_progress = start;
     let mut out = PassOutcome::default();
     for (ino, file) in fs.files_by_ino() {
-        let todo = data.degraded(&file.chunks.read());
+        let todo = data.view(&file).degraded();
         for idx in todo {
             if stop.is_stopped() {
                 break;
             }
             let copied = {
-                let mut chunks = file.chunks.write();
-                let copied = data.rebuild_chunk(&mut chunks, idx);
-                fs.commit_extents(ino, &mut chunks);
+                let mut io = data.lock(&file);
+                let copied = io.rebuild_chunk(idx);
+                fs.commit_extents(ino, &mut io);
                 copied
             };
             if copied == 0 {
@@ -109,7 +109,7 @@ pub fn pass(fs: &Fs, rate: u64, stop: &Stop) -> PassOutcome {
                 }
             }
         }
-        out.left_degraded += data.degraded(&file.chunks.read()).len() as u64;
+        out.left_degraded += data.view(&file).degraded().len() as u64;
     }
     if out.bytes_copied > 0 {
         let secs = start.elapsed().as_secs_f64().max(1e-6);
@@ -170,9 +170,9 @@ pub fn forget_server(fs: &Fs, server: ServerId) -> u64 {
     fs.files_by_ino()
         .iter()
         .map(|(ino, f)| {
-            let mut chunks = f.chunks.write();
-            let n = fs.data().forget_copies(&mut chunks, server);
-            fs.commit_extents(*ino, &mut chunks);
+            let mut io = fs.data().lock(f);
+            let n = io.forget_copies(server);
+            fs.commit_extents(*ino, &mut io);
             n
         })
         .sum()

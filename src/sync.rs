@@ -44,6 +44,8 @@ fn taken_over(what: &str) {
 pub struct Mutex<T: ?Sized>(imp::Mutex<T>);
 
 pub type MutexGuard<'a, T> = imp::MutexGuard<'a, T>;
+pub type RwLockReadGuard<'a, T> = imp::RwLockReadGuard<'a, T>;
+pub type RwLockWriteGuard<'a, T> = imp::RwLockWriteGuard<'a, T>;
 
 impl<T> Mutex<T> {
     pub fn new(value: T) -> Mutex<T> {

@@ -34,8 +34,11 @@ use crate::regcache::{CacheConfig, CacheStats, FabricRegistrar, Policy, RegCache
 use crate::sync::{Arc, Condvar, Mutex};
 use std::collections::BTreeMap;
 
+pub use io::{FileIo, FileView};
+
 mod buffers;
 mod frrwp;
+mod io;
 mod read;
 mod replicas;
 mod shapes;
@@ -327,7 +330,7 @@ impl DataStore {
     }
 
     /// Where the copies of each chunk are: `[[chunk index, [server address, ...]], ...]`.
-    pub fn placement(&self, chunks: &ChunkMap) -> serde_json::Value {
+    pub(super) fn placement(&self, chunks: &ChunkMap) -> serde_json::Value {
         let servers = self.pool.status();
         let addr = |id: u32| servers.get(id as usize).map(|s| s.addr.to_string());
         let list: Vec<serde_json::Value> = chunks

@@ -51,7 +51,12 @@ impl DataStore {
 
     /// Reads `len` file bytes at `offset`. Up to [`IO_SIZE`] (a FUSE read) they stay in the
     /// pooled buffer the fabric read them into, and go on from there without another copy.
-    pub fn read_buf(&self, chunks: &ChunkMap, offset: u64, len: usize) -> Result<ReadBuf<'_>> {
+    pub(super) fn read_buf(
+        &self,
+        chunks: &ChunkMap,
+        offset: u64,
+        len: usize,
+    ) -> Result<ReadBuf<'_>> {
         if len > IO_SIZE {
             let mut out = vec![0u8; len];
             self.read(chunks, offset, &mut out)?;
@@ -63,7 +68,7 @@ impl DataStore {
     }
 
     /// Reads file bytes at `offset` into `out`.
-    pub fn read(&self, chunks: &ChunkMap, offset: u64, out: &mut [u8]) -> Result<()> {
+    pub(super) fn read(&self, chunks: &ChunkMap, offset: u64, out: &mut [u8]) -> Result<()> {
         let loan = self.loan()?;
         let b = loan.b();
         for (w, window) in out.chunks_mut(IO_SIZE).enumerate() {

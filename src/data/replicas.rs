@@ -5,7 +5,7 @@ use super::*;
 
 impl DataStore {
     /// Counts `chunks` by how many of their copies are on live servers.
-    pub fn health(&self, chunks: &ChunkMap, into: &mut ReplicaHealth) {
+    pub(super) fn health(&self, chunks: &ChunkMap, into: &mut ReplicaHealth) {
         for c in chunks.values() {
             let live = self.live_copies(c).count();
             if live == 0 {
@@ -69,7 +69,7 @@ impl DataStore {
     /// Takes every copy on `server` out of `chunks` (that server came back without them);
     /// returns how many. A chunk left with no copy is lost: it stays listed, so reads of it
     /// fail with EIO instead of reading a hole.
-    pub fn forget_copies(&self, chunks: &mut ChunkMap, server: ServerId) -> u64 {
+    pub(super) fn forget_copies(&self, chunks: &mut ChunkMap, server: ServerId) -> u64 {
         let mut n = 0;
         chunks.update_all(|c| {
             if c.remove(server.0).is_some() {
@@ -81,7 +81,7 @@ impl DataStore {
 
     /// Chunk indexes of `chunks` with fewer live copies than `--replicas` (what a rebuild
     /// pass visits).
-    pub fn degraded(&self, chunks: &ChunkMap) -> Vec<u64> {
+    pub(super) fn degraded(&self, chunks: &ChunkMap) -> Vec<u64> {
         chunks
             .iter()
             .filter(|(_, c)| self.live_copies(c).count() < self.replicas)
@@ -92,7 +92,7 @@ impl DataStore {
     /// Rebuild of one chunk (called with the file's chunk map locked, so no write races the
     /// copy): copies on dead servers leave it while a live copy remains, and missing copies
     /// are placed and copied. Returns the bytes copied (0: nothing to do, or no room).
-    pub fn rebuild_chunk(&self, chunks: &mut ChunkMap, idx: u64) -> u64 {
+    pub(super) fn rebuild_chunk(&self, chunks: &mut ChunkMap, idx: u64) -> u64 {
         chunks
             .update(idx, |c| self.rebuild_copies(idx, c))
             .unwrap_or(0)

@@ -13,7 +13,7 @@ impl DataStore {
     /// see (fragmentation, other clients) may still refuse a chunk partway: the chunks this
     /// call allocated are then given back. A short first chunk is grown last, so a refusal
     /// before it leaves it as it was.
-    pub fn allocate(&self, chunks: &mut ChunkMap, offset: u64, len: u64) -> Result<()> {
+    pub(super) fn allocate(&self, chunks: &mut ChunkMap, offset: u64, len: u64) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -118,7 +118,7 @@ impl DataStore {
     /// Cuts the data to `size` bytes: zeroes the rest of the chunk it ends in (so a later
     /// extension reads zeros there), then frees whole chunks past it. The zeroing is what
     /// may fail (a remote write): it goes first, so a failed truncate frees nothing.
-    pub fn truncate(&self, chunks: &mut ChunkMap, size: u64) -> Result<()> {
+    pub(super) fn truncate(&self, chunks: &mut ChunkMap, size: u64) -> Result<()> {
         let cs = self.chunk_size;
         if size % cs != 0 && chunks.contains_key(&(size / cs)) {
             self.zero_in_chunk(chunks, size / cs, size % cs, cs)?;
@@ -170,7 +170,7 @@ impl DataStore {
     /// it cuts (at most two) are zeroed, then the chunks wholly inside are given back to their
     /// servers; a failed zeroing (a remote write) returns before anything is freed. The cost
     /// follows the chunks the file has there, never the length of the range.
-    pub fn punch(&self, chunks: &mut ChunkMap, offset: u64, len: u64) -> Result<()> {
+    pub(super) fn punch(&self, chunks: &mut ChunkMap, offset: u64, len: u64) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -236,7 +236,13 @@ impl DataStore {
     /// Removes file bytes `[offset, offset+len)` of a `size`-byte file, moving what follows
     /// down (`FALLOC_FL_COLLAPSE_RANGE`); the caller checked `offset + len < size`. Whole
     /// chunks are given back and the later ones renumbered; other ranges are copied.
-    pub fn collapse(&self, chunks: &mut ChunkMap, offset: u64, len: u64, size: u64) -> Result<()> {
+    pub(super) fn collapse(
+        &self,
+        chunks: &mut ChunkMap,
+        offset: u64,
+        len: u64,
+        size: u64,
+    ) -> Result<()> {
         let cs = self.chunk_size;
         if offset % cs == 0 && len % cs == 0 {
             self.punch(chunks, offset, len)?;
@@ -253,7 +259,13 @@ impl DataStore {
     /// Opens a hole of `len` bytes at `offset` in a `size`-byte file, moving what follows up
     /// (`FALLOC_FL_INSERT_RANGE`); the caller checked `offset < size`. Whole chunks are
     /// renumbered; other ranges are copied and the opened range zeroed.
-    pub fn insert(&self, chunks: &mut ChunkMap, offset: u64, len: u64, size: u64) -> Result<()> {
+    pub(super) fn insert(
+        &self,
+        chunks: &mut ChunkMap,
+        offset: u64,
+        len: u64,
+        size: u64,
+    ) -> Result<()> {
         let cs = self.chunk_size;
         if offset % cs == 0 && len % cs == 0 {
             self.shift_chunks(chunks, offset / cs, (len / cs) as i64);

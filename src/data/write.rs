@@ -9,7 +9,12 @@ impl DataStore {
     /// the bytes are in remote memory. A [`Payload::InPlace`] lies in memory that stays mapped
     /// for the life of this store (FUSE's request buffers): it is registered through the cache
     /// and sent as it is, without a bounce copy.
-    pub fn write(&self, chunks: &mut ChunkMap, offset: u64, payload: Payload<'_>) -> Result<()> {
+    pub(super) fn write(
+        &self,
+        chunks: &mut ChunkMap,
+        offset: u64,
+        payload: Payload<'_>,
+    ) -> Result<()> {
         let stable = matches!(payload, Payload::InPlace(_));
         let data = payload.bytes();
         let loan = self.loan()?;

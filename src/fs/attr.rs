@@ -131,10 +131,10 @@ impl Fs {
                 _ => return Err(err(libc::EINVAL)),
             }
         };
-        let mut chunks = file.chunks.write();
+        let mut io = self.data.lock(&file);
         let old = inode(&self.meta.lock(), ino)?.size;
         let cut = if size < old {
-            self.data.truncate(&mut chunks, size)
+            io.truncate(size)
         } else {
             Ok(())
         };
@@ -144,7 +144,7 @@ impl Fs {
             b.update(ino, |a| a.size = size)?;
             b.touch(ino, true)?;
         }
-        Self::commit_with(b, ino, &mut chunks)?;
+        Self::commit_with(b, ino, &mut io)?;
         cut
     }
 

@@ -51,7 +51,7 @@ impl Fs {
         }
         let end = self.data.check_end(offset, len)?;
         let file = self.file_data(ino)?;
-        let mut chunks = file.chunks.write();
+        let mut io = self.data.lock(&file);
         let size = {
             let meta = self.meta.lock();
             let i = inode(&meta, ino)?;
@@ -74,9 +74,7 @@ impl Fs {
                     if end >= size {
                         return Err(err(libc::EINVAL));
                     }
-                    self.data
-                        .collapse(&mut chunks, offset, len, size)
-                        .map(|()| size - len)
+                    io.collapse(offset, len, size).map(|()| size - len)
                 } else {
                     if offset >= size {
                         return Err(err(libc::EINVAL));
@@ -85,17 +83,15 @@ impl Fs {
                         .data
                         .check_end(size, len)
                         .map_err(|_| err(libc::EFBIG))?;
-                    self.data
-                        .insert(&mut chunks, offset, len, size)
-                        .map(|()| grown)
+                    io.insert(offset, len, size).map(|()| grown)
                 }
             }
             _ => (|| {
                 if op != 0 {
-                    self.data.punch(&mut chunks, offset, len)?;
+                    io.punch(offset, len)?;
                 }
                 if op != libc::FALLOC_FL_PUNCH_HOLE {
-                    self.data.allocate(&mut chunks, offset, len)?;
+                    io.allocate(offset, len)?;
                 }
                 Ok::<_, Error>(if keep_size { size } else { size.max(end) })
             })(),
@@ -117,10 +113,10 @@ impl Fs {
                     }
                 })?;
             }
-            Self::commit_with(b, ino, &mut chunks)?;
+            Self::commit_with(b, ino, &mut io)?;
         }
         changed?;
-        drop(chunks);
+        drop(io);
         self.drop_set_id_bits(ino, &caller)
     }
 }

@@ -132,7 +132,7 @@ impl Fs {
             return Err(err(libc::EBADF));
         }
         let file = self.file_data(ino)?;
-        let chunks = file.chunks.read();
+        let view = self.data.view(&file);
         let file_size = {
             let mut meta = self.meta.lock();
             let mut b = meta.batch();
@@ -145,7 +145,7 @@ impl Fs {
         }
         let len = (size as u64).min(file_size - offset) as usize;
         self.fault_point("read");
-        self.data.read_buf(&chunks, offset, len)
+        view.read_buf(offset, len)
     }
 
     /// As [`Fs::read_buf`], copied out.
@@ -194,7 +194,7 @@ impl Fs {
             return Err(err(libc::EBADF));
         }
         let file = self.file_data(ino)?;
-        let mut chunks = file.chunks.write();
+        let mut io = self.data.lock(&file);
         // Under the file's lock, so appends from several handles do not interleave. A file
         // made append-only after it was opened takes appends only.
         let offset = {
@@ -211,7 +211,7 @@ impl Fs {
         };
         let end = self.data.check_end(offset, data.len() as u64)?;
         self.fault_point("write");
-        let written = self.data.write(&mut chunks, offset, payload);
+        let written = io.write(offset, payload);
         let set_id = {
             let mut meta = self.meta.lock();
             let mut b = meta.batch();
@@ -224,11 +224,11 @@ impl Fs {
                 })?;
             }
             let set_id = inode(&b, ino)?.perm & (S_ISUID | S_ISGID) != 0;
-            Self::commit_with(b, ino, &mut chunks)?;
+            Self::commit_with(b, ino, &mut io)?;
             written?;
             set_id
         };
-        drop(chunks);
+        drop(io);
         if set_id {
             self.drop_set_id_bits(ino, &caller)?;
         }
@@ -242,7 +242,7 @@ impl Fs {
     pub fn seek_data_hole(&self, ino: Ino, fh: u64, offset: u64, data: bool) -> Result<u64> {
         self.handle(fh, ino)?;
         let file = self.file_data(ino)?;
-        let chunks = file.chunks.read();
+        let chunks = self.data.view(&file);
         let size = inode(&self.meta.lock(), ino)?.size;
         if offset >= size {
             return Err(err(libc::ENXIO));

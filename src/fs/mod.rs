@@ -33,7 +33,7 @@ pub use rules::{
 pub use xattr::INJECT_PANIC_XATTR;
 pub use xattr::{PLACEMENT_XATTR, STATS_JSON_XATTR, STATS_XATTR};
 
-use crate::data::DataStore;
+use crate::data::{DataStore, FileIo};
 use crate::error::{Error, Result};
 use crate::meta::{Batch, Body, Dir, FileData, Ino, Inode, Kind, Meta, NAME_MAX};
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -327,23 +327,26 @@ impl Fs {
         self.meta.lock().set_journal(journal);
     }
 
-    /// Commits `b`, with the chunk changes `chunks` logged for file `ino` (if any).
-    fn commit_with(mut b: Batch<'_>, ino: Ino, chunks: &mut crate::meta::ChunkMap) -> Result<()> {
-        if chunks.has_log() {
-            b.extents(ino, chunks.take_log());
+    /// Commits `b`, with the chunk changes `io` logged for file `ino` (if any).
+    fn commit_with(mut b: Batch<'_>, ino: Ino, io: &mut FileIo<'_>) -> Result<()> {
+        let log = io.take_log();
+        if !log.is_empty() {
+            b.extents(ino, log);
         }
         b.commit()
     }
 
     /// Hands the chunk changes of file `ino` to the namespace in a batch of their own (for
     /// changes made outside an operation on the file: rebuild, forgetting a server).
-    pub fn commit_extents(&self, ino: Ino, chunks: &mut crate::meta::ChunkMap) {
-        if !chunks.has_log() {
+    pub fn commit_extents(&self, ino: Ino, io: &mut FileIo<'_>) {
+        let log = io.take_log();
+        if log.is_empty() {
             return;
         }
         let mut meta = self.meta.lock();
-        let b = meta.batch();
-        if let Err(e) = Self::commit_with(b, ino, chunks) {
+        let mut b = meta.batch();
+        b.extents(ino, log);
+        if let Err(e) = b.commit() {
             log::error!("the namespace refused chunk changes of inode {ino}: {e}");
         }
     }
@@ -365,8 +368,7 @@ impl Fs {
         }
         drop(meta);
         if let Some(f) = orphan_file {
-            let chunks = f.chunks.write().take_all();
-            self.data.release(chunks);
+            self.data.release_all(&f);
         }
     }
 
@@ -412,7 +414,7 @@ impl Fs {
     pub fn replica_health(&self) -> crate::data::ReplicaHealth {
         let mut health = crate::data::ReplicaHealth::default();
         for f in self.files() {
-            self.data.health(&f.chunks.read(), &mut health);
+            self.data.view(&f).health(&mut health);
         }
         health
     }

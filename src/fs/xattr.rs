@@ -135,7 +135,7 @@ impl Fs {
         if matches!(self.handler(ino, name, true), Ok(Handler::Virtual)) {
             if name == PLACEMENT_XATTR {
                 let file = self.file_data(ino)?;
-                let placement = self.data.placement(&file.chunks.read());
+                let placement = self.data.view(&file).placement();
                 return Ok(placement.to_string().into_bytes());
             }
             let source = self

@@ -1,0 +1,125 @@
+//! The one way at a file's extent map: [`FileIo`] holds the map's write lock across the remote
+//! I/O of a write, truncation, allocation, punch, collapse, insert or chunk rebuild, and
+//! [`FileView`] its read lock across a read. The map's own mutators keep the held bytes
+//! (`st_blocks`) in step and log each change; the caller hands that log to the namespace
+//! ([`FileIo::take_log`]) in the batch of the operation that made it.
+
+use super::{DataStore, Payload, ReadBuf, ReplicaHealth};
+use crate::error::Result;
+use crate::fabric::ServerId;
+use crate::meta::{ChunkMap, ExtentChange, FileData};
+use crate::sync::{RwLockReadGuard, RwLockWriteGuard};
+
+/// A file's extent map locked for change, with the store that moves its bytes.
+pub struct FileIo<'a> {
+    data: &'a DataStore,
+    chunks: RwLockWriteGuard<'a, ChunkMap>,
+}
+
+/// A file's extent map locked for reading.
+pub struct FileView<'d, 'f> {
+    data: &'d DataStore,
+    chunks: RwLockReadGuard<'f, ChunkMap>,
+}
+
+impl DataStore {
+    /// Locks `file`'s extent map for change (writers wait for readers and each other).
+    pub fn lock<'a>(&'a self, file: &'a FileData) -> FileIo<'a> {
+        FileIo {
+            data: self,
+            chunks: file.chunks.write(),
+        }
+    }
+
+    /// Locks `file`'s extent map for reading.
+    pub fn view<'f>(&self, file: &'f FileData) -> FileView<'_, 'f> {
+        FileView {
+            data: self,
+            chunks: file.chunks.read(),
+        }
+    }
+
+    /// Gives back every chunk of a file that is going away.
+    pub fn release_all(&self, file: &FileData) {
+        let chunks = file.chunks.write().take_all();
+        self.release(chunks);
+    }
+}
+
+impl FileIo<'_> {
+    /// Writes `payload` at file `offset`, allocating or growing chunks as needed.
+    pub fn write(&mut self, offset: u64, payload: Payload<'_>) -> Result<()> {
+        self.data.write(&mut self.chunks, offset, payload)
+    }
+
+    /// Cuts the file's data at `size` (zeroing the tail of the chunk it ends in).
+    pub fn truncate(&mut self, size: u64) -> Result<()> {
+        self.data.truncate(&mut self.chunks, size)
+    }
+
+    /// Reserves remote memory for `[offset, offset+len)`.
+    pub fn allocate(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.data.allocate(&mut self.chunks, offset, len)
+    }
+
+    /// Punches a hole over `[offset, offset+len)`.
+    pub fn punch(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.data.punch(&mut self.chunks, offset, len)
+    }
+
+    /// Removes `[offset, offset+len)` of a file of `size` bytes, moving what follows down.
+    pub fn collapse(&mut self, offset: u64, len: u64, size: u64) -> Result<()> {
+        self.data.collapse(&mut self.chunks, offset, len, size)
+    }
+
+    /// Opens a hole of `len` bytes at `offset` in a file of `size` bytes.
+    pub fn insert(&mut self, offset: u64, len: u64, size: u64) -> Result<()> {
+        self.data.insert(&mut self.chunks, offset, len, size)
+    }
+
+    /// Brings chunk `idx` back to full strength; the bytes copied (0: nothing to do).
+    pub fn rebuild_chunk(&mut self, idx: u64) -> u64 {
+        self.data.rebuild_chunk(&mut self.chunks, idx)
+    }
+
+    /// Forgets every copy on `server` (it came back empty); how many.
+    pub fn forget_copies(&mut self, server: ServerId) -> u64 {
+        self.data.forget_copies(&mut self.chunks, server)
+    }
+
+    /// The chunk changes since the last call, for the namespace's batch.
+    pub fn take_log(&mut self) -> Vec<ExtentChange> {
+        self.chunks.take_log()
+    }
+}
+
+impl<'d> FileView<'d, '_> {
+    /// Reads `len` bytes at `offset`, left where the fabric put them (in a buffer of the
+    /// store's, which outlives the lock).
+    pub fn read_buf(&self, offset: u64, len: usize) -> Result<ReadBuf<'d>> {
+        self.data.read_buf(&self.chunks, offset, len)
+    }
+
+    /// Counts the chunks by health into `into`.
+    pub fn health(&self, into: &mut ReplicaHealth) {
+        self.data.health(&self.chunks, into)
+    }
+
+    /// The chunks short of copies.
+    pub fn degraded(&self) -> Vec<u64> {
+        self.data.degraded(&self.chunks)
+    }
+
+    /// Where each chunk's copies are (`[[index, [address, ...]], ...]`).
+    pub fn placement(&self) -> serde_json::Value {
+        self.data.placement(&self.chunks)
+    }
+}
+
+impl std::ops::Deref for FileView<'_, '_> {
+    type Target = ChunkMap;
+    /// The map itself, to read (its extents for `SEEK_DATA`).
+    fn deref(&self) -> &ChunkMap {
+        &self.chunks
+    }
+}
