@@ -18,6 +18,7 @@ mod replay;
 pub use batch::{Attrs, Batch, Change, Journal};
 pub use dir::{Dir, FIRST_ENTRY_COOKIE};
 pub use extents::{Chunk, ChunkMap, ExtentChange, FileData, Replica, MAX_REPLICAS};
+pub use replay::{add_chunks, Digest};
 
 use crate::sync::Arc;
 use std::collections::{BTreeMap, HashMap};

@@ -8,6 +8,9 @@ use crate::error::{Error, Result};
 use crate::sync::Arc;
 use std::collections::BTreeMap;
 
+/// Per inode: its kind and attributes, and its contents (see [`Meta::digest`]).
+pub type Digest = BTreeMap<Ino, (String, String)>;
+
 fn missing(what: &str, ino: Ino) -> Error {
     Error::new(
         libc::EIO,
@@ -119,16 +122,29 @@ impl Meta {
 
     /// Every inode with a name (or the root), described for comparing two tables: its
     /// attributes, and its contents (entries, target, extended attributes, chunks). Takes
-    /// each file's chunk lock: only for a table no I/O is using.
-    pub fn digest(&self) -> BTreeMap<Ino, (String, String)> {
+    /// each file's chunk lock: for a table nothing else uses (a replayed one); a live table
+    /// goes through [`Meta::digest_without_chunks`] and reads the chunk maps after.
+    pub fn digest(&self) -> Digest {
+        let (mut out, files) = self.digest_without_chunks();
+        add_chunks(&mut out, &files);
+        out
+    }
+
+    /// [`Meta::digest`] with the files' chunk maps left out, and the files to read them from
+    /// (with [`add_chunks`], once the table's lock is released: chunk locks come first).
+    pub fn digest_without_chunks(&self) -> (Digest, Vec<(Ino, Arc<FileData>)>) {
         let mut out = BTreeMap::new();
+        let mut files = Vec::new();
         for (ino, i) in &self.inodes {
             if i.nlink == 0 && *ino != super::ROOT_INO {
                 continue;
             }
             let attrs = format!("{:?} {:?}", i.kind, Attrs::of(i));
             let body = match &i.body {
-                Body::File(f) => chunks_of(f),
+                Body::File(f) => {
+                    files.push((*ino, f.clone()));
+                    String::new()
+                }
                 Body::Dir(d) => format!(
                     "in {} {:?}",
                     d.parent(),
@@ -139,7 +155,16 @@ impl Meta {
             };
             out.insert(*ino, (attrs, format!("{body} xattrs {:?}", i.xattrs)));
         }
-        out
+        (out, files)
+    }
+}
+
+/// Adds each file's chunks to its digest entry.
+pub fn add_chunks(digest: &mut Digest, files: &[(Ino, Arc<FileData>)]) {
+    for (ino, f) in files {
+        if let Some((_, contents)) = digest.get_mut(ino) {
+            *contents = format!("{}{contents}", chunks_of(f));
+        }
     }
 }
 
