@@ -2,7 +2,8 @@
 //! enough to rebuild the namespace, chunk maps included. Many kinds of operation run (names,
 //! attributes, ACLs, xattrs, writes, truncation, every fallocate mode, O_TMPFILE, a failed
 //! write, a server lost and rebuilt, one forgotten after it came back empty); a table
-//! rebuilt from the journal's changes alone must then match the live one, inode by inode.
+//! rebuilt from the journal's records alone (framed and read back in the record format)
+//! must then match the live one, inode by inode.
 
 mod common;
 
@@ -158,9 +159,20 @@ fn a_table_replayed_from_the_journal_matches_the_live_one() {
         .filter(|c| matches!(c, Change::Extent { .. }))
         .count();
     assert!(extents > 20, "only {extents} chunk changes journaled");
+    // Through the journal's record format: every batch framed, the frames read back whole.
+    let log: Vec<u8> = batches
+        .iter()
+        .enumerate()
+        .flat_map(|(i, b)| rmemfs::meta::record::encode(1 + i as u64, b))
+        .collect();
+    let read = rmemfs::meta::record::read(&log, 1);
+    assert_eq!(read.stop, rmemfs::meta::record::Stop::End);
+    assert_eq!(read.records.len(), batches.len());
     let mut replayed = Meta::new(0o755, 0, 0);
-    for change in batches.iter().flatten() {
-        replayed.apply(change).unwrap();
+    for (_, changes) in &read.records {
+        for change in changes {
+            replayed.apply(change).unwrap();
+        }
     }
     let mut live = fs.namespace_digest();
     let mut again = replayed.digest();

@@ -13,6 +13,7 @@
 pub mod batch;
 mod dir;
 pub mod extents;
+pub mod record;
 mod replay;
 
 pub use batch::{Attrs, Batch, Change, Journal};
