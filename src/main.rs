@@ -475,10 +475,10 @@ fn serve(
     let mut server = MemoryServer::start(&config, fabric).map_err(|e| e.to_string())?;
     let _metrics = metrics_listener
         .map(|listener| {
-            let stats = server.stats_source();
+            let report = server.report_source();
             rmemfs::metrics::serve(
                 listener,
-                Box::new(rmemfs::metrics::ServerCollector { stats }),
+                Box::new(rmemfs::metrics::ServerCollector { report }),
             )
         })
         .transpose()?;

@@ -8,15 +8,14 @@
 //! a minimal HTTP/1.1 responder for `GET /metrics`, one connection at a time with short
 //! timeouts: a slow or hostile client delays the next scrape, never the file system.
 
-use crate::proto::ServerCounters;
 use crate::report::{MetricKind, MountReport, ServerFigures};
+use crate::server::ServerReport;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use serde_json::Value;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -34,10 +33,6 @@ const SCRAPE_IO_TIMEOUT: Duration = Duration::from_secs(5);
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// The longest request head read (a scrape sends a few hundred bytes).
 const MAX_REQUEST_HEAD: usize = 8 << 10;
-
-/// What a collector reads at scrape time: a function returning `rmemfs stats --json`'s
-/// object (of a mount, or of a server), so the metrics and the JSON say the same.
-pub type Source = Arc<dyn Fn() -> Value + Send + Sync>;
 
 fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
     ConstCounter::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Counter)?)
@@ -77,10 +72,6 @@ fn gauge_family(
         m.encode_family(l)?.encode_gauge(v)?;
     }
     Ok(())
-}
-
-fn i(v: &Value) -> i64 {
-    v.as_i64().unwrap_or(0)
 }
 
 /// A mount's metrics, from its typed report and its per-request latencies.
@@ -331,9 +322,9 @@ impl Collector for MountCollector {
     }
 }
 
-/// A memory server's metrics, from `rmemfs stats --server --json`'s object.
+/// A memory server's metrics, from its typed report.
 pub struct ServerCollector {
-    pub stats: Source,
+    pub report: Arc<dyn Fn() -> ServerReport + Send + Sync>,
 }
 
 impl fmt::Debug for ServerCollector {
@@ -344,53 +335,51 @@ impl fmt::Debug for ServerCollector {
 
 impl Collector for ServerCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
-        let s = (self.stats)();
+        let s = (self.report)();
         let m = &mut e;
         gauge(
             m,
             "rmemfs_serve_free_bytes",
             "Free memory in the arena",
-            i(&s["free_bytes"]),
+            s.free_bytes as i64,
         )?;
         gauge(
             m,
             "rmemfs_serve_total_bytes",
             "The arena",
-            i(&s["total_bytes"]),
+            s.total_bytes as i64,
         )?;
         gauge(
             m,
             "rmemfs_serve_largest_free_bytes",
             "The largest free extent",
-            i(&s["largest_free_bytes"]),
+            s.largest_free_bytes as i64,
         )?;
         gauge(
             m,
             "rmemfs_serve_clients",
             "Clients connected",
-            i(&s["clients"]),
+            i64::from(s.clients),
         )?;
         gauge(
             m,
             "rmemfs_serve_extents",
             "Extents handed out",
-            i(&s["extents"]),
+            s.extents as i64,
         )?;
-        gauge(
-            m,
-            "rmemfs_serve_leased_sessions",
-            "Sessions held under a lease (clients gone without a goodbye)",
-            i(&s["leased_sessions"]),
-        )?;
-        let counters = crate::proto::ServerCounters::default();
-        for ((help, _), key) in counters.fields().into_iter().zip(ServerCounters::KEYS) {
-            // A figure the server cannot see (remote refusals on verbs) is left out; leased
-            // sessions are a gauge, above.
+        for (key, c) in s.counters_in_order() {
+            // A figure the server cannot see (remote refusals on verbs) is left out.
+            let Some(v) = c.value else { continue };
             if key == "leased_sessions" {
-                continue;
-            }
-            if let Some(v) = s[key].as_u64() {
-                counter(m, &format!("rmemfs_serve_{key}"), help, v)?;
+                // Sessions held under a lease now: a gauge.
+                gauge(
+                    m,
+                    "rmemfs_serve_leased_sessions",
+                    "Sessions held under a lease (clients gone without a goodbye)",
+                    v as i64,
+                )?;
+            } else {
+                counter(m, &format!("rmemfs_serve_{key}"), c.label, v)?;
             }
         }
         Ok(())
@@ -628,13 +617,21 @@ mod tests {
 
     #[test]
     fn a_scrape_gets_the_metrics_and_nothing_else_is_served() {
-        let stats: Source = Arc::new(|| {
-            serde_json::json!({"free_bytes": 5, "total_bytes": 9, "clients": 1,
-                               "refused_secret": 2})
+        let report = Arc::new(|| {
+            let counters = crate::proto::ServerCounters {
+                refused_secret: 2,
+                ..Default::default()
+            };
+            let cap = crate::proto::Capacity {
+                total: 9,
+                free: 5,
+                largest_free: 5,
+            };
+            ServerReport::new("127.0.0.1:7471", "tcp", 1, cap, 1, 0, &counters)
         });
         let server = MetricsServer::start(
             MetricsServer::bind("127.0.0.1:0".parse().unwrap()).unwrap(),
-            registry_with(Box::new(ServerCollector { stats })),
+            registry_with(Box::new(ServerCollector { report })),
         )
         .unwrap();
         let get = |request: &str| {

@@ -46,7 +46,6 @@ pub fn server_stats_text(
     timeout: Duration,
     json: bool,
 ) -> Result<String, String> {
-    use std::fmt::Write;
     let addr = resolve_server(server)?;
     let conn = ControlConn::connect_observer(addr, "rmemfs-stats", timeout, secret)
         .map_err(|e| e.to_string())?;
@@ -62,38 +61,17 @@ pub fn server_stats_text(
         } => (capacity, extents, clients, counters),
         other => return Err(format!("memory server {addr} answered {other:?}")),
     };
+    let report = crate::server::ServerReport::new(
+        &addr.to_string(),
+        &conn.hello.fabric,
+        conn.hello.instance,
+        capacity,
+        clients,
+        extents,
+        &counters,
+    );
     if json {
-        let v = crate::server::stats_json(
-            &addr.to_string(),
-            &conn.hello.fabric,
-            conn.hello.instance,
-            capacity,
-            clients,
-            extents,
-            &counters,
-        );
-        return Ok(format!("{v}\n"));
+        return Ok(format!("{}\n", report.to_json()));
     }
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "memory server {addr}: fabric {}, instance {:#x}",
-        conn.hello.fabric, conn.hello.instance
-    );
-    let _ = writeln!(
-        out,
-        "  memory: {} of {} bytes free, largest free extent {}",
-        capacity.free, capacity.total, capacity.largest_free
-    );
-    let _ = writeln!(out, "  clients {clients}, extents {extents}");
-    for (name, value) in counters.fields() {
-        if name == "remote accesses refused" && conn.hello.fabric == "verbs" {
-            // An RDMA NIC refuses them without the server's software seeing it; the
-            // client's `stats` counts them as remote access errors.
-            let _ = writeln!(out, "  {name}: not seen by software on verbs");
-        } else {
-            let _ = writeln!(out, "  {name}: {value}");
-        }
-    }
-    Ok(out)
+    Ok(report.text())
 }

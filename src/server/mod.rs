@@ -22,6 +22,7 @@
 
 pub mod alloc;
 mod arena;
+mod report;
 mod session;
 
 use crate::auth::{self, Nonce, Secret, Token};
@@ -34,6 +35,7 @@ use crate::sync::{Arc, Condvar, Mutex};
 use alloc::ExtentAllocator;
 use arena::Arena;
 pub use arena::Reserved;
+pub use report::ServerReport;
 use session::{keep_alive, Handshake, Session};
 use std::collections::HashMap;
 use std::io;
@@ -90,38 +92,6 @@ impl ServerConfig {
             reserve: false,
         }
     }
-}
-
-/// `rmemfs stats --server --json`'s object: the server's memory, clients and extents, and
-/// its counters under [`ServerCounters::KEYS`] (`null` for remote refusals on verbs, which
-/// the NIC refuses unseen by software).
-pub fn stats_json(
-    addr: &str,
-    fabric: &str,
-    instance: u64,
-    capacity: Capacity,
-    clients: u32,
-    extents: u64,
-    counters: &ServerCounters,
-) -> serde_json::Value {
-    let mut v = serde_json::json!({
-        "server": addr,
-        "fabric": fabric,
-        "instance": format!("{instance:#x}"),
-        "free_bytes": capacity.free,
-        "total_bytes": capacity.total,
-        "largest_free_bytes": capacity.largest_free,
-        "clients": clients,
-        "extents": extents,
-    });
-    for ((_, value), key) in counters.fields().into_iter().zip(ServerCounters::KEYS) {
-        v[key] = if key == "remote_refused" && fabric == "verbs" {
-            serde_json::Value::Null
-        } else {
-            value.into()
-        };
-    }
-    v
 }
 
 struct Extent {
@@ -301,12 +271,12 @@ impl MemoryServer {
         self.shared.counters()
     }
 
-    /// Reads this server's `stats --server --json` object, for its metrics endpoint.
-    pub fn stats_source(&self) -> crate::metrics::Source {
+    /// Reads this server's report, for its metrics endpoint.
+    pub fn report_source(&self) -> Arc<dyn Fn() -> ServerReport + Send + Sync> {
         let shared = self.shared.clone();
         let addr = self.local_addr.to_string();
         Arc::new(move || {
-            stats_json(
+            ServerReport::new(
                 &addr,
                 shared.fabric.name(),
                 shared.instance,
