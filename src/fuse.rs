@@ -355,7 +355,7 @@ impl Filesystem for FuseFs {
                 log::info!("the kernel lacks {missing:?}");
             }
         }
-        // Set-ID bits are cleared here on write, truncate and chown (fs.rs): the kernel
+        // Set-ID bits are cleared here on write, truncate and chown (`fs`): the kernel
         // then stops asking for security.capability before every write (its inodes may be
         // marked S_NOSEC), and flags writers without CAP_FSETID.
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2) {

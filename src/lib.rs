@@ -3,10 +3,12 @@
 //! Layers, bottom up: [`fabric`] (one-sided RDMA READ/WRITE behind a trait: TCP software RDMA,
 //! in-process, and verbs), [`proto`] (the control protocol), [`server`] (the memory server),
 //! [`client`] (the pool of servers as a client sees it), [`data`] (file bytes as remote
-//! chunks), [`meta`] (local inodes and directories), [`fs`] (POSIX semantics, no FUSE),
-//! [`fuse`] (the fuser adapter) and [`mount`] (putting it together), with [`mrrc`] (the
-//! registration caches) and [`rebuild`] (copies restored after a server dies). The benchmarks and the cache simulator are in the `rmemfs-lab` crate
-//! (lab/), so neither this API nor the `rmemfs` binary carries them.
+//! chunks), [`meta`] (the namespace: inodes, directories, extent maps, changed through one
+//! batch per operation), [`fs`] (POSIX semantics, no FUSE), [`fuse`] (the fuser adapter),
+//! [`report`] (the mount's typed figures) and [`mount`] (putting it together), with
+//! [`regcache`] (the registration caches) and [`rebuild`] (copies restored after a server
+//! dies). The benchmarks and the cache simulator are in the `rmemfs-lab` crate (lab/), so
+//! neither this API nor the `rmemfs` binary carries them.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod acl;

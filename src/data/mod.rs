@@ -19,7 +19,7 @@
 //! index, and move to another when one fails; EIO only when no copy is left.
 //!
 //! Every local buffer handed to the fabric is registered through the registration cache
-//! (`mrrc`): write payloads go straight from the caller's buffer when the caller vouches that
+//! (`regcache`): write payloads go straight from the caller's buffer when the caller vouches that
 //! it lives as long as the mount (FUSE's request buffers), otherwise through a bounce buffer;
 //! reads land in bounce buffers from a small pool. The cache turns repeated use of the same
 //! buffers into hits, so registration (pinning) is paid once, not per operation.
