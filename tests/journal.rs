@@ -188,3 +188,129 @@ fn a_table_replayed_from_the_journal_matches_the_live_one() {
         assert_eq!(again.get(ino), Some(want), "inode {ino}");
     }
 }
+
+/// Refuses every batch while `refuse` is set (a journal that lost its servers).
+#[derive(Clone, Default)]
+struct Switch {
+    refuse: Arc<std::sync::atomic::AtomicBool>,
+    kept: Arc<Mutex<usize>>,
+}
+
+impl Journal for Switch {
+    fn record(&mut self, _: &[Change]) -> Result<()> {
+        if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(rmemfs::error::Error::new(libc::EIO, "journal refused"));
+        }
+        *self.kept.lock().unwrap() += 1;
+        Ok(())
+    }
+}
+
+/// One metadata operation on a small tree (names a..d in the root and in directory "d").
+#[derive(Debug, Clone)]
+enum Op {
+    Mkdir(bool, u8),
+    Create(bool, u8),
+    Symlink(bool, u8),
+    Link(bool, u8, bool, u8),
+    Unlink(bool, u8),
+    Rmdir(bool, u8),
+    Rename(bool, u8, bool, u8, u32),
+    SetXattr(bool, u8, u8),
+    RemoveXattr(bool, u8, u8),
+    Chmod(bool, u8, u16),
+}
+
+fn op_strategy() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    let at = || (any::<bool>(), 0u8..4);
+    prop_oneof![
+        at().prop_map(|(d, n)| Op::Mkdir(d, n)),
+        at().prop_map(|(d, n)| Op::Create(d, n)),
+        at().prop_map(|(d, n)| Op::Symlink(d, n)),
+        (at(), at()).prop_map(|((d, n), (e, m))| Op::Link(d, n, e, m)),
+        at().prop_map(|(d, n)| Op::Unlink(d, n)),
+        at().prop_map(|(d, n)| Op::Rmdir(d, n)),
+        (at(), at(), 0u32..3).prop_map(|((d, n), (e, m), f)| Op::Rename(
+            d,
+            n,
+            e,
+            m,
+            [0, rmemfs::fs::RENAME_EXCHANGE, rmemfs::fs::RENAME_WHITEOUT][f as usize]
+        )),
+        (at(), 0u8..2).prop_map(|((d, n), k)| Op::SetXattr(d, n, k)),
+        (at(), 0u8..2).prop_map(|((d, n), k)| Op::RemoveXattr(d, n, k)),
+        (at(), 0u16..0o7777).prop_map(|((d, n), m)| Op::Chmod(d, n, m)),
+    ]
+}
+
+/// Runs `op`; the directory "d" is made first by the test.
+fn run(fs: &rmemfs::fs::Fs, dir: u64, op: &Op) -> std::result::Result<(), i32> {
+    let name = |n: u8| [b'a' + n];
+    let parent = |in_d: bool| if in_d { dir } else { ROOT_INO };
+    let ino = |in_d: bool, n: u8| {
+        let a = fs.lookup(parent(in_d), &name(n)).map_err(|e| e.errno)?;
+        fs.forget(a.ino, 1);
+        Ok::<_, i32>(a.ino)
+    };
+    let r = match *op {
+        Op::Mkdir(d, n) => fs.mkdir(parent(d), &name(n), 0o755, ME).map(|_| ()),
+        Op::Create(d, n) => fs
+            .create(parent(d), &name(n), 0o644, libc::O_RDWR | libc::O_EXCL, ME)
+            .map(|(_, fh)| fs.release(fh)),
+        Op::Symlink(d, n) => fs.symlink(parent(d), &name(n), b"t", ME).map(|_| ()),
+        Op::Link(d, n, e, m) => fs.link(ino(d, n)?, parent(e), &name(m)).map(|_| ()),
+        Op::Unlink(d, n) => fs.unlink(parent(d), &name(n)),
+        Op::Rmdir(d, n) => fs.rmdir(parent(d), &name(n)),
+        Op::Rename(d, n, e, m, f) => fs.rename(parent(d), &name(n), parent(e), &name(m), f, ME),
+        Op::SetXattr(d, n, k) => {
+            fs.setxattr(ino(d, n)?, &[b"user.k", b"user.j"][k as usize][..], b"v", 0)
+        }
+        Op::RemoveXattr(d, n, k) => {
+            fs.removexattr(ino(d, n)?, &[b"user.k", b"user.j"][k as usize][..])
+        }
+        Op::Chmod(d, n, m) => {
+            let set = SetAttr {
+                mode: Some(m.into()),
+                ..Default::default()
+            };
+            fs.setattr(ino(d, n)?, &set, ME).map(|_| ())
+        }
+    };
+    r.map_err(|e| e.errno)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+    /// Every operation commits whole or not at all: refused by the journal, it leaves the
+    /// namespace exactly as it was (and answers EIO); accepted, it changes what it changes.
+    #[test]
+    fn a_refused_batch_leaves_the_namespace_as_it_was(
+        ops in proptest::collection::vec((op_strategy(), proptest::prelude::any::<bool>()), 1..40)
+    ) {
+        let t = TestFs::new(1, 16 * MIB, MIB);
+        let journal = Switch::default();
+        t.fs.set_journal(Box::new(journal.clone()));
+        let dir = t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+        t.fs.forget(dir, 1);
+        for (op, refuse) in &ops {
+            let before = t.fs.namespace_digest();
+            let kept = *journal.kept.lock().unwrap();
+            journal.refuse.store(*refuse, std::sync::atomic::Ordering::SeqCst);
+            let r = run(&t.fs, dir, op);
+            journal.refuse.store(false, std::sync::atomic::Ordering::SeqCst);
+            let after = t.fs.namespace_digest();
+            if *refuse {
+                proptest::prop_assert_eq!(&after, &before, "{:?} refused -> {:?}", op, r);
+                if r.is_ok() {
+                    // Nothing to commit (a rename onto itself): nothing was recorded either.
+                    proptest::prop_assert_eq!(*journal.kept.lock().unwrap(), kept);
+                }
+            } else if r.is_ok() && after != before {
+                proptest::prop_assert!(*journal.kept.lock().unwrap() > kept, "{:?} changed the namespace unjournaled", op);
+            } else if r.is_err() {
+                proptest::prop_assert_eq!(&after, &before, "{:?} failed with {:?} but changed the namespace", op, r);
+            }
+        }
+    }
+}
