@@ -6,6 +6,14 @@
 //! with the request, and the worker goes on serving. Without it one bug ended the session and
 //! took every file of the mount with it.
 
+mod ioctl;
+mod reply;
+
+use ioctl::inode_flags_ioctl;
+use reply::{
+    caller, creator, empty, entry, errno, file_attr, file_type, nothing_to_sync, set_time, xattr,
+};
+
 use crate::data::RequestBuffer;
 use crate::error::Error;
 use crate::fs::{Attr, Caller, Fs, SetAttr, SetTime};
@@ -154,168 +162,6 @@ impl FuseFs {
                 req.uid()
             );
         }
-    }
-}
-
-fn errno(e: &Error) -> Errno {
-    if e.errno == libc::EIO {
-        log::warn!("I/O error: {}", e.message);
-    } else {
-        log::debug!("{}", e.message);
-    }
-    Errno::from_i32(e.errno)
-}
-
-fn file_type(k: Kind) -> FileType {
-    match k {
-        Kind::File => FileType::RegularFile,
-        Kind::Dir => FileType::Directory,
-        Kind::Symlink => FileType::Symlink,
-        Kind::Fifo => FileType::NamedPipe,
-        Kind::Socket => FileType::Socket,
-        Kind::CharDevice => FileType::CharDevice,
-        Kind::BlockDevice => FileType::BlockDevice,
-    }
-}
-
-fn file_attr(a: &Attr) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(a.ino),
-        size: a.size,
-        blocks: a.blocks,
-        atime: a.atime,
-        mtime: a.mtime,
-        ctime: a.ctime,
-        crtime: a.btime,
-        kind: file_type(a.kind),
-        perm: a.perm,
-        nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
-        rdev: a.rdev,
-        blksize: crate::fs::BLOCK as u32,
-        flags: 0,
-    }
-}
-
-/// The caller of a creation, with the umask its request carries (applied in the core, where
-/// a default ACL may overrule it).
-fn creator(req: &Request, umask: u32) -> Caller {
-    Caller {
-        umask,
-        ..caller(req)
-    }
-}
-
-fn caller(req: &Request) -> Caller {
-    Caller {
-        uid: req.uid(),
-        gid: req.gid(),
-        pid: req.pid(),
-        // Only creations carry one (and apply it in the core, where a default ACL may
-        // overrule it).
-        umask: 0,
-        cap_fsetid: req.uid() == 0,
-    }
-}
-
-/// `FS_IOC_GETFLAGS` (`_IOR('f', 1, long)`): the kernel's fileattr code asks for a 32-bit
-/// value whatever the size the command names.
-const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
-/// `FS_IOC_SETFLAGS` (`_IOW('f', 2, long)`).
-const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
-/// `FS_IOC_FSGETXATTR` (`_IOR('X', 31, struct fsxattr)`, 28 bytes).
-const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
-/// `FS_IOC_FSSETXATTR` (`_IOW('X', 32, struct fsxattr)`).
-const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
-/// `struct fsxattr`'s size.
-const FSXATTR_LEN: usize = 28;
-/// The `fsx_xflags` bits matching the inode flags kept (`FS_XFLAG_*`), in pairs.
-const XFLAGS: [(u32, u32); 4] = [
-    (0x8, crate::fs::FS_IMMUTABLE_FL),
-    (0x10, crate::fs::FS_APPEND_FL),
-    (0x40, crate::fs::FS_NOATIME_FL),
-    (0x80, crate::fs::FS_NODUMP_FL),
-];
-
-/// The inode-flag ioctls (`chattr`, `lsattr`, `xfs_io -c chattr`), which the kernel passes to
-/// a FUSE file system as FUSE_IOCTL; any other command is ENOTTY.
-fn inode_flags_ioctl(fs: &Fs, ino: u64, cmd: u32, input: &[u8]) -> crate::error::Result<Vec<u8>> {
-    let too_short = || Error::new(libc::EINVAL, "ioctl argument too short");
-    let u32_at = |b: &[u8], at: usize| -> crate::error::Result<u32> {
-        let bytes = b.get(at..at + 4).ok_or_else(too_short)?;
-        Ok(u32::from_ne_bytes(bytes.try_into().expect("4 bytes")))
-    };
-    match cmd {
-        FS_IOC_GETFLAGS => Ok(fs.get_flags(ino)?.to_ne_bytes().to_vec()),
-        FS_IOC_SETFLAGS => fs.set_flags(ino, u32_at(input, 0)?).map(|()| Vec::new()),
-        FS_IOC_FSGETXATTR => {
-            let flags = fs.get_flags(ino)?;
-            let xflags = XFLAGS
-                .iter()
-                .filter(|(_, f)| flags & f != 0)
-                .fold(0, |x, (xf, _)| x | xf);
-            let mut out = vec![0u8; FSXATTR_LEN];
-            out[..4].copy_from_slice(&xflags.to_ne_bytes());
-            Ok(out)
-        }
-        FS_IOC_FSSETXATTR => {
-            let xflags = u32_at(input, 0)?;
-            let known = XFLAGS.iter().fold(0, |x, (xf, _)| x | xf);
-            if xflags & !known != 0 {
-                return Err(Error::new(libc::EOPNOTSUPP, "unsupported fsxattr flags"));
-            }
-            let flags = XFLAGS
-                .iter()
-                .filter(|(xf, _)| xflags & xf != 0)
-                .fold(0, |x, (_, f)| x | f);
-            fs.set_flags(ino, flags).map(|()| Vec::new())
-        }
-        _ => Err(Error::new(
-            libc::ENOTTY,
-            format!("ioctl {cmd:#x} is not supported"),
-        )),
-    }
-}
-
-fn set_time(t: TimeOrNow) -> SetTime {
-    match t {
-        TimeOrNow::SpecificTime(t) => SetTime::At(t),
-        TimeOrNow::Now => SetTime::Now,
-    }
-}
-
-fn entry(reply: ReplyEntry, r: crate::error::Result<Attr>) {
-    match r {
-        Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
-        Err(e) => reply.error(errno(&e)),
-    }
-}
-
-fn empty(reply: ReplyEmpty, r: crate::error::Result<()>) {
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(errno(&e)),
-    }
-}
-
-/// FLUSH (every `close`), FSYNC and FSYNCDIR: ENOSYS, so the kernel stops sending them and
-/// saves a round trip per close and per fsync. The daemon has nothing to do at those points:
-/// metadata lives in its memory, and a WRITE is answered only once every copy holds the data.
-/// What they must guarantee the kernel does before it would ask (and also once it no longer
-/// asks): it writes back the file's dirty pages and its times and waits for the answers, and
-/// returns an error any of those writes met. POSIX locks are the kernel's (no GETLK/SETLK
-/// here), so no lock waits for FLUSH's lock owner either.
-fn nothing_to_sync(reply: ReplyEmpty) {
-    reply.error(Errno::from_i32(libc::ENOSYS));
-}
-
-fn xattr(reply: ReplyXattr, r: crate::error::Result<Vec<u8>>, size: u32) {
-    match r {
-        Ok(v) if size == 0 => reply.size(v.len() as u32),
-        Ok(v) if v.len() > size as usize => reply.error(Errno::from_i32(libc::ERANGE)),
-        Ok(v) => reply.data(&v),
-        Err(e) => reply.error(errno(&e)),
     }
 }
 

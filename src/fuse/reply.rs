@@ -1,0 +1,107 @@
+//! Between the core's types and fuser's: errnos, attributes, callers, times, and the replies
+//! several handlers share.
+
+use super::*;
+
+pub(super) fn errno(e: &Error) -> Errno {
+    if e.errno == libc::EIO {
+        log::warn!("I/O error: {}", e.message);
+    } else {
+        log::debug!("{}", e.message);
+    }
+    Errno::from_i32(e.errno)
+}
+
+pub(super) fn file_type(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDevice => FileType::CharDevice,
+        Kind::BlockDevice => FileType::BlockDevice,
+    }
+}
+
+pub(super) fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: a.atime,
+        mtime: a.mtime,
+        ctime: a.ctime,
+        crtime: a.btime,
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: crate::fs::BLOCK as u32,
+        flags: 0,
+    }
+}
+
+/// The caller of a creation, with the umask its request carries (applied in the core, where
+/// a default ACL may overrule it).
+pub(super) fn creator(req: &Request, umask: u32) -> Caller {
+    Caller {
+        umask,
+        ..caller(req)
+    }
+}
+
+pub(super) fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+        // Only creations carry one (and apply it in the core, where a default ACL may
+        // overrule it).
+        umask: 0,
+        cap_fsetid: req.uid() == 0,
+    }
+}
+
+pub(super) fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::SpecificTime(t) => SetTime::At(t),
+        TimeOrNow::Now => SetTime::Now,
+    }
+}
+
+pub(super) fn entry(reply: ReplyEntry, r: crate::error::Result<Attr>) {
+    match r {
+        Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+pub(super) fn empty(reply: ReplyEmpty, r: crate::error::Result<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+/// FLUSH (every `close`), FSYNC and FSYNCDIR: ENOSYS, so the kernel stops sending them and
+/// saves a round trip per close and per fsync. The daemon has nothing to do at those points:
+/// metadata lives in its memory, and a WRITE is answered only once every copy holds the data.
+/// What they must guarantee the kernel does before it would ask (and also once it no longer
+/// asks): it writes back the file's dirty pages and its times and waits for the answers, and
+/// returns an error any of those writes met. POSIX locks are the kernel's (no GETLK/SETLK
+/// here), so no lock waits for FLUSH's lock owner either.
+pub(super) fn nothing_to_sync(reply: ReplyEmpty) {
+    reply.error(Errno::from_i32(libc::ENOSYS));
+}
+
+pub(super) fn xattr(reply: ReplyXattr, r: crate::error::Result<Vec<u8>>, size: u32) {
+    match r {
+        Ok(v) if size == 0 => reply.size(v.len() as u32),
+        Ok(v) if v.len() > size as usize => reply.error(Errno::from_i32(libc::ERANGE)),
+        Ok(v) => reply.data(&v),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
