@@ -159,7 +159,7 @@ impl Collector for MountCollector {
             "kind",
             &(self.batches)(),
         )?;
-        let f = &s.fabric;
+        let f = &s.fabric.ops;
         counter_family(
             m,
             "rmemfs_fabric_operations",
@@ -199,15 +199,15 @@ impl Collector for MountCollector {
             m,
             "rmemfs_pinned_bytes",
             "Bytes pinned by registrations",
-            f.pinned_bytes as i64,
+            s.fabric.pinned_bytes as i64,
         )?;
         gauge(
             m,
             "rmemfs_unpinned_bytes",
             "Bytes registered unpinned because the memlock limit refused more",
-            f.unpinned_bytes as i64,
+            s.fabric.unpinned_bytes as i64,
         )?;
-        let c = &s.registration_cache;
+        let c = &s.registration_cache.counters;
         counter_family(
             m,
             "rmemfs_registration_cache_lookups",
@@ -367,10 +367,10 @@ impl Collector for ServerCollector {
             "Extents handed out",
             s.extents as i64,
         )?;
-        for (key, c) in s.counters_in_order() {
+        for (key, c) in &s.counters {
             // A figure the server cannot see (remote refusals on verbs) is left out.
             let Some(v) = c.value else { continue };
-            if key == "leased_sessions" {
+            if *key == "leased_sessions" {
                 // Sessions held under a lease now: a gauge.
                 gauge(
                     m,

@@ -27,7 +27,10 @@ impl DataStore {
             .unwrap_or(Ok(()))
     }
 
-    pub(super) fn heal_chunk(&self, idx: u64, c: &mut Chunk) -> Result<()> {
+    /// Takes the copies on servers that are down out of chunk `c` (they would miss, or
+    /// missed, writes) while a live copy remains; false, changing nothing, when none is live
+    /// (the chunk is lost and keeps its copies listed, so reads fail instead of seeing a hole).
+    fn let_go_of_dead_copies(&self, c: &mut Chunk) -> bool {
         let dead: Vec<u32> = c
             .replicas()
             .iter()
@@ -35,10 +38,17 @@ impl DataStore {
             .map(|r| r.server)
             .collect();
         if dead.len() == c.replicas().len() {
-            return Err(lost(idx));
+            return false;
         }
         for server in dead {
             self.let_go(c, server);
+        }
+        true
+    }
+
+    pub(super) fn heal_chunk(&self, idx: u64, c: &mut Chunk) -> Result<()> {
+        if !self.let_go_of_dead_copies(c) {
+            return Err(lost(idx));
         }
         if c.replicas().len() < self.replicas {
             self.repair(idx, c);
@@ -99,17 +109,8 @@ impl DataStore {
     }
 
     pub(super) fn rebuild_copies(&self, idx: u64, c: &mut Chunk) -> u64 {
-        let dead: Vec<u32> = c
-            .replicas()
-            .iter()
-            .filter(|r| !self.pool.is_live(ServerId(r.server)))
-            .map(|r| r.server)
-            .collect();
-        if dead.len() == c.replicas().len() {
+        if !self.let_go_of_dead_copies(c) {
             return 0; // lost: nothing to copy from
-        }
-        for server in dead {
-            self.let_go(c, server);
         }
         if c.replicas().len() >= self.replicas {
             return 0;

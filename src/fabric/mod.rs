@@ -499,7 +499,7 @@ fn open_verbs(_options: &FabricOptions) -> Result<Arc<dyn Fabric>, FabricError> 
 }
 
 /// Fabric-wide operation counters (every fabric keeps them; tests and `stats` read them).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct OpCounters {
     pub reads: u64,
     pub writes: u64,

@@ -147,26 +147,7 @@ fn attr_of(ino: Ino, i: &Inode) -> Attr {
 }
 
 fn new_inode(kind: Kind, perm: u16, caller: Caller, body: Body) -> Inode {
-    let now = crate::meta::now();
-    Inode {
-        kind,
-        perm,
-        uid: caller.uid,
-        gid: caller.gid,
-        nlink: if kind == Kind::Dir { 2 } else { 1 },
-        rdev: 0,
-        size: 0,
-        atime: now,
-        mtime: now,
-        ctime: now,
-        btime: now,
-        lookups: 0,
-        opens: 0,
-        body,
-        xattrs: None,
-        flags: 0,
-        tmpfile: false,
-    }
+    Inode::new(kind, perm, caller.uid, caller.gid, body)
 }
 
 fn inode(meta: &Meta, ino: Ino) -> Result<&Inode> {
@@ -315,7 +296,7 @@ impl Fs {
 
     /// Every regular file's data, taken under the table's lock (released on return).
     pub fn files(&self) -> Vec<Arc<FileData>> {
-        self.meta.lock().files().map(|(_, f)| f.clone()).collect()
+        self.files_by_ino().into_iter().map(|(_, f)| f).collect()
     }
 
     /// Every regular file's data with its inode number (for [`Fs::commit_extents`]).

@@ -15,63 +15,8 @@
 //! the namespace's, and is kept beside it (see [`super::Meta::hold`]).
 
 use super::extents::{Chunk, ExtentChange};
-use super::{Body, Ino, Inode, Kind, Meta, Name, Xattrs};
+use super::{Attrs, Body, Ino, Inode, Kind, Meta, Name, Xattrs};
 use crate::error::{Error, Result};
-use std::time::SystemTime;
-
-/// The attributes of an inode that the namespace keeps (what `stat` and `chattr` show).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Attrs {
-    /// Permission bits (`0o7777`).
-    pub perm: u16,
-    pub uid: u32,
-    pub gid: u32,
-    pub nlink: u32,
-    pub rdev: u32,
-    pub size: u64,
-    pub atime: SystemTime,
-    pub mtime: SystemTime,
-    pub ctime: SystemTime,
-    pub btime: SystemTime,
-    /// Inode flags (`chattr`).
-    pub flags: u32,
-    /// Made by `O_TMPFILE` and never linked (see [`Inode::tmpfile`]).
-    pub tmpfile: bool,
-}
-
-impl Attrs {
-    pub fn of(i: &Inode) -> Attrs {
-        Attrs {
-            perm: i.perm,
-            uid: i.uid,
-            gid: i.gid,
-            nlink: i.nlink,
-            rdev: i.rdev,
-            size: i.size,
-            atime: i.atime,
-            mtime: i.mtime,
-            ctime: i.ctime,
-            btime: i.btime,
-            flags: i.flags,
-            tmpfile: i.tmpfile,
-        }
-    }
-
-    pub(super) fn store(self, i: &mut Inode) {
-        i.perm = self.perm;
-        i.uid = self.uid;
-        i.gid = self.gid;
-        i.nlink = self.nlink;
-        i.rdev = self.rdev;
-        i.size = self.size;
-        i.atime = self.atime;
-        i.mtime = self.mtime;
-        i.ctime = self.ctime;
-        i.btime = self.btime;
-        i.flags = self.flags;
-        i.tmpfile = self.tmpfile;
-    }
-}
 
 /// What a new inode holds besides its attributes, as a journal records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,7 +138,7 @@ impl<'m> Batch<'m> {
         };
         let change = (
             inode.kind,
-            Attrs::of(&inode),
+            inode.attrs,
             seed,
             inode.xattrs.as_deref().cloned(),
         );
@@ -213,11 +158,10 @@ impl<'m> Batch<'m> {
     /// Changes `ino`'s attributes.
     pub fn update(&mut self, ino: Ino, change: impl FnOnce(&mut Attrs)) -> Result<()> {
         let i = self.inode_mut(ino)?;
-        let old = Attrs::of(i);
-        let mut attrs = old;
-        change(&mut attrs);
+        let old = i.attrs;
+        change(&mut i.attrs);
+        let attrs = i.attrs;
         if attrs != old {
-            attrs.store(i);
             self.redo.push(Change::Attrs { ino, attrs });
             self.undo.push(Undo::Attrs(ino, old));
         }
@@ -390,7 +334,7 @@ impl<'m> Batch<'m> {
                 }
                 Undo::Attrs(ino, a) => {
                     if let Some(i) = m.get_mut(ino) {
-                        a.store(i);
+                        i.attrs = a;
                     }
                 }
                 Undo::Entry { dir, name, old } => {
@@ -460,28 +404,8 @@ mod tests {
     use super::*;
     use crate::meta::{Dir, ROOT_INO};
 
-    fn file(meta: &Meta) -> Inode {
-        let _ = meta;
-        let t = crate::meta::now();
-        Inode {
-            kind: Kind::File,
-            perm: 0o644,
-            uid: 0,
-            gid: 0,
-            nlink: 1,
-            rdev: 0,
-            size: 0,
-            atime: t,
-            mtime: t,
-            ctime: t,
-            btime: t,
-            lookups: 0,
-            opens: 0,
-            body: Body::File(Default::default()),
-            xattrs: None,
-            flags: 0,
-            tmpfile: false,
-        }
+    fn file() -> Inode {
+        Inode::new(Kind::File, 0o644, 0, 0, Body::File(Default::default()))
     }
 
     struct Refusing;
@@ -495,7 +419,7 @@ mod tests {
     fn a_committed_batch_keeps_its_changes_and_counts_once() {
         let mut meta = Meta::new(0o755, 0, 0);
         let mut b = meta.batch();
-        let f = file(&b);
+        let f = file();
         let ino = b.make(f);
         b.insert_entry(ROOT_INO, b"a", ino).unwrap();
         b.set_xattr(ino, b"user.k", b"v").unwrap();
@@ -526,7 +450,7 @@ mod tests {
         let mut meta = Meta::new(0o755, 0, 0);
         let sub = {
             let mut b = meta.batch();
-            let mut d = file(&b);
+            let mut d = file();
             d.kind = Kind::Dir;
             d.body = Body::Dir(Box::new(Dir::new(ROOT_INO)));
             let sub = b.make(d);
@@ -544,7 +468,7 @@ mod tests {
         // Dropped part way (an error in the middle of an operation).
         {
             let mut b = meta.batch();
-            let f = file(&b);
+            let f = file();
             let ino = b.make(f);
             b.insert_entry(sub, b"x", ino).unwrap();
             b.remove_entry(ROOT_INO, b"d").unwrap();

@@ -16,7 +16,7 @@ pub mod extents;
 pub mod record;
 mod replay;
 
-pub use batch::{Attrs, Batch, Change, Journal};
+pub use batch::{Batch, Change, Journal};
 pub use dir::{Dir, FIRST_ENTRY_COOKIE};
 pub use extents::{Chunk, ChunkMap, ExtentChange, FileData, Replica, MAX_REPLICAS};
 pub use replay::{add_chunks, Digest};
@@ -91,9 +91,9 @@ pub enum Body {
     Special,
 }
 
-#[derive(Debug)]
-pub struct Inode {
-    pub kind: Kind,
+/// The attributes of an inode that the namespace keeps (what `stat` and `chattr` show).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attrs {
     /// Permission bits (`0o7777`).
     pub perm: u16,
     pub uid: u32,
@@ -106,12 +106,6 @@ pub struct Inode {
     pub ctime: SystemTime,
     /// Birth time (`statx`'s `stx_btime`): when the inode was made, never changed.
     pub btime: SystemTime,
-    /// References the kernel holds (FUSE lookup count).
-    pub lookups: u64,
-    /// Open file handles.
-    pub opens: u32,
-    pub body: Body,
-    pub xattrs: Option<Box<Xattrs>>,
     /// Inode flags (`chattr`): the `FS_*_FL` bits of [`crate::fs::INODE_FLAGS`].
     pub flags: u32,
     /// Made by `O_TMPFILE` (without `O_EXCL`) and never linked: `link` may give it a first
@@ -119,7 +113,60 @@ pub struct Inode {
     pub tmpfile: bool,
 }
 
+/// An inode: its attributes (kept by the namespace, journaled), what the kernel holds of it
+/// (session state), and its contents. Its attributes read as its own fields (`Deref`).
+#[derive(Debug)]
+pub struct Inode {
+    pub kind: Kind,
+    pub attrs: Attrs,
+    /// References the kernel holds (FUSE lookup count).
+    pub lookups: u64,
+    /// Open file handles.
+    pub opens: u32,
+    pub body: Body,
+    pub xattrs: Option<Box<Xattrs>>,
+}
+
+impl std::ops::Deref for Inode {
+    type Target = Attrs;
+    fn deref(&self) -> &Attrs {
+        &self.attrs
+    }
+}
+
+impl std::ops::DerefMut for Inode {
+    fn deref_mut(&mut self) -> &mut Attrs {
+        &mut self.attrs
+    }
+}
+
 impl Inode {
+    /// A new inode of `kind` made now: one link (two for a directory), nothing held.
+    pub fn new(kind: Kind, perm: u16, uid: u32, gid: u32, body: Body) -> Inode {
+        let now = now();
+        Inode {
+            kind,
+            attrs: Attrs {
+                perm,
+                uid,
+                gid,
+                nlink: if kind == Kind::Dir { 2 } else { 1 },
+                rdev: 0,
+                size: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                btime: now,
+                flags: 0,
+                tmpfile: false,
+            },
+            lookups: 0,
+            opens: 0,
+            body,
+            xattrs: None,
+        }
+    }
+
     pub fn dir(&self) -> Option<&Dir> {
         match &self.body {
             Body::Dir(d) => Some(d),
@@ -186,30 +233,16 @@ impl std::fmt::Debug for Meta {
 impl Meta {
     /// A table holding just the root directory.
     pub fn new(root_perm: u16, uid: u32, gid: u32) -> Meta {
-        let now = now();
-        let mut inodes = HashMap::new();
-        inodes.insert(
-            ROOT_INO,
-            Inode {
-                kind: Kind::Dir,
-                perm: root_perm,
-                uid,
-                gid,
-                nlink: 2,
-                rdev: 0,
-                size: 0,
-                atime: now,
-                mtime: now,
-                ctime: now,
-                btime: now,
-                lookups: 1, // the kernel's permanent reference to the root
-                opens: 0,
-                body: Body::Dir(Box::new(Dir::new(ROOT_INO))),
-                xattrs: None,
-                flags: 0,
-                tmpfile: false,
-            },
+        let mut root = Inode::new(
+            Kind::Dir,
+            root_perm,
+            uid,
+            gid,
+            Body::Dir(Box::new(Dir::new(ROOT_INO))),
         );
+        root.lookups = 1; // the kernel's permanent reference to the root
+        let mut inodes = HashMap::new();
+        inodes.insert(ROOT_INO, root);
         Meta {
             inodes,
             next_ino: ROOT_INO + 1,

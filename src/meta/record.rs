@@ -13,8 +13,8 @@
 //! crc u32`, then `length` bytes of payload: a count of changes and each change, tagged. The
 //! CRC covers the header (its own field as zero) and the payload.
 
-use super::batch::{Attrs, Change, Seed};
-use super::{Chunk, Ino, Kind, Replica, Xattrs, MAX_REPLICAS};
+use super::batch::{Change, Seed};
+use super::{Attrs, Chunk, Ino, Kind, Replica, Xattrs, MAX_REPLICAS};
 use std::time::{Duration, SystemTime};
 
 /// "RMJ1": a journal record (and not the ring's zeroed or older bytes).

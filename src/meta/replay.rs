@@ -2,7 +2,7 @@
 //! and how the tests prove that every change goes through a batch (a table rebuilt from the
 //! changes a journal saw matches the live one, see [`Meta::digest`]).
 
-use super::batch::{Attrs, Change, Seed};
+use super::batch::{Change, Seed};
 use super::{Body, Dir, FileData, Ino, Inode, Meta};
 use crate::error::{Error, Result};
 use crate::sync::Arc;
@@ -35,33 +35,21 @@ impl Meta {
                     Seed::Symlink(t) => Body::Symlink(t.clone()),
                     Seed::Special => Body::Special,
                 };
-                let t = attrs.btime;
-                let mut inode = Inode {
+                let inode = Inode {
                     kind: *kind,
-                    perm: 0,
-                    uid: 0,
-                    gid: 0,
-                    nlink: 0,
-                    rdev: 0,
-                    size: 0,
-                    atime: t,
-                    mtime: t,
-                    ctime: t,
-                    btime: t,
+                    attrs: *attrs,
                     lookups: 0,
                     opens: 0,
                     body,
                     xattrs: xattrs.clone().map(Box::new),
-                    flags: 0,
-                    tmpfile: false,
                 };
-                attrs.store(&mut inode);
                 self.place(*ino, inode);
             }
-            Change::Attrs { ino, attrs } => attrs.store(
+            Change::Attrs { ino, attrs } => {
                 self.get_mut(*ino)
-                    .ok_or_else(|| missing("attributes", *ino))?,
-            ),
+                    .ok_or_else(|| missing("attributes", *ino))?
+                    .attrs = *attrs
+            }
             Change::Entry { dir, name, ino } => {
                 let d = self
                     .get_mut(*dir)
@@ -139,7 +127,7 @@ impl Meta {
             if i.nlink == 0 && *ino != super::ROOT_INO {
                 continue;
             }
-            let attrs = format!("{:?} {:?}", i.kind, Attrs::of(i));
+            let attrs = format!("{:?} {:?}", i.kind, i.attrs);
             let body = match &i.body {
                 Body::File(f) => {
                     files.push((*ino, f.clone()));

@@ -118,7 +118,7 @@ impl Default for CacheConfig {
 }
 
 /// Cache counters.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct CacheStats {
     pub hits: u64,
     pub subset_hits: u64,

@@ -9,7 +9,9 @@
 
 pub mod text;
 
+use crate::fabric::OpCounters;
 use crate::fs::Fs;
+use crate::regcache::CacheStats;
 use crate::sync::atomic::Ordering;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -77,39 +79,22 @@ figures! {
     }
 }
 
-/// The registration cache (MRRC) of the mount's local buffers.
+/// The registration cache (MRRC) of the mount's local buffers: its counters as the cache
+/// keeps them, with its policy and the lookups they add up to.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct CacheFigures {
     pub policy: String,
     pub lookups: u64,
-    pub hits: u64,
-    pub subset_hits: u64,
-    pub overlaps: u64,
-    pub misses: u64,
-    pub registrations: u64,
-    pub registered_pages: u64,
-    pub deregistrations: u64,
-    pub deregistration_batches: u64,
-    pub deregistered_pages: u64,
-    pub full_events: u64,
-    pub regions: u64,
-    pub pinned_pages: u64,
+    #[serde(flatten)]
+    pub counters: CacheStats,
 }
 
-/// The fabric's one-sided operations and registrations.
+/// The fabric's one-sided operations and registrations, as the fabric counts them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct FabricFigures {
     pub name: String,
-    pub reads: u64,
-    pub bytes_read: u64,
-    pub writes: u64,
-    pub bytes_written: u64,
-    pub failed: u64,
-    pub remote_errors: u64,
-    pub remote_refused: u64,
-    pub registrations: u64,
-    pub deregistrations: u64,
-    pub deregistration_batches: u64,
+    #[serde(flatten)]
+    pub ops: OpCounters,
     pub pinned_bytes: u64,
     /// Registered unpinned because the memlock limit refused more.
     pub unpinned_bytes: u64,
@@ -224,7 +209,6 @@ impl MountReport {
         let data = fs.data();
         let pool = data.pool();
         let c = data.cache_stats();
-        let f = pool.fabric().counters();
         let servers = pool
             .status()
             .iter()
@@ -252,31 +236,11 @@ impl MountReport {
             registration_cache: CacheFigures {
                 policy: format!("{:?}", data.cache_policy()).to_lowercase(),
                 lookups: c.lookups(),
-                hits: c.hits,
-                subset_hits: c.subset_hits,
-                overlaps: c.overlaps,
-                misses: c.misses,
-                registrations: c.registrations,
-                registered_pages: c.registered_pages,
-                deregistrations: c.deregistrations,
-                deregistration_batches: c.deregistration_batches,
-                deregistered_pages: c.deregistered_pages,
-                full_events: c.full_events,
-                regions: c.regions,
-                pinned_pages: c.pinned_pages,
+                counters: c,
             },
             fabric: FabricFigures {
                 name: pool.fabric().name().into(),
-                reads: f.reads,
-                bytes_read: f.bytes_read,
-                writes: f.writes,
-                bytes_written: f.bytes_written,
-                failed: f.failed,
-                remote_errors: f.remote_errors,
-                remote_refused: f.remote_refused,
-                registrations: f.registrations,
-                deregistrations: f.deregistrations,
-                deregistration_batches: f.deregistration_batches,
+                ops: pool.fabric().counters(),
                 pinned_bytes: pool.fabric().pinned_bytes(),
                 unpinned_bytes: pool.fabric().unpinned_bytes(),
             },

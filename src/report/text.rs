@@ -21,21 +21,21 @@ fn by_op(out: &mut String, ops: &BTreeMap<String, OpFigures>, indent: &str) {
 /// The text of `rmemfs stats`.
 pub fn render(r: &MountReport) -> String {
     let mut out = String::new();
-    let rc = &r.registration_cache;
-    let _ = writeln!(out, "registration cache: {}", rc.policy);
+    let (policy, lookups, rc) = (
+        &r.registration_cache.policy,
+        r.registration_cache.lookups,
+        &r.registration_cache.counters,
+    );
+    let _ = writeln!(out, "registration cache: {policy}");
     let _ = writeln!(
         out,
         "  lookups {} (hits {}, subset hits {}, overlaps {}, misses {}), hit ratio {:.1}%",
-        rc.lookups,
+        lookups,
         rc.hits,
         rc.subset_hits,
         rc.overlaps,
         rc.misses,
-        if rc.lookups == 0 {
-            0.0
-        } else {
-            100.0 * (rc.hits + rc.subset_hits) as f64 / rc.lookups as f64
-        }
+        100.0 * rc.hit_ratio()
     );
     let _ = writeln!(
         out,
@@ -63,8 +63,8 @@ pub fn render(r: &MountReport) -> String {
          bytes",
         wb.new_handles, wb.dirty_limit_bytes, wb.free_room_bytes
     );
-    let fab = &r.fabric;
-    let _ = writeln!(out, "fabric: {}", fab.name);
+    let (name, fab) = (&r.fabric.name, &r.fabric.ops);
+    let _ = writeln!(out, "fabric: {name}");
     let _ = writeln!(
         out,
         "  reads {} ({} bytes), writes {} ({} bytes), failed {} (remote access errors {}); \
@@ -83,8 +83,8 @@ pub fn render(r: &MountReport) -> String {
         fab.registrations,
         fab.deregistrations,
         fab.deregistration_batches,
-        fab.pinned_bytes,
-        match fab.unpinned_bytes {
+        r.fabric.pinned_bytes,
+        match r.fabric.unpinned_bytes {
             0 => String::new(),
             n => format!(", unpinned {n} bytes (the memlock limit, `ulimit -l`, refused more)"),
         }
@@ -199,16 +199,21 @@ mod tests {
             registration_cache: CacheFigures {
                 policy: "mrrc".into(),
                 lookups: 4,
-                hits: 2,
-                subset_hits: 1,
-                misses: 1,
-                regions: 3,
-                ..Default::default()
+                counters: CacheStats {
+                    hits: 2,
+                    subset_hits: 1,
+                    misses: 1,
+                    regions: 3,
+                    ..Default::default()
+                },
             },
             fabric: FabricFigures {
                 name: "tcp".into(),
-                reads: 7,
-                bytes_read: 28672,
+                ops: crate::fabric::OpCounters {
+                    reads: 7,
+                    bytes_read: 28672,
+                    ..Default::default()
+                },
                 unpinned_bytes: 4096,
                 ..Default::default()
             },

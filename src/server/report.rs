@@ -4,7 +4,6 @@
 
 use crate::proto::{Capacity, ServerCounters};
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::fmt::Write;
 
 /// One counter: its label (text, metric help) and value; none for what this server's
@@ -27,13 +26,13 @@ pub struct ServerReport {
     pub largest_free_bytes: u64,
     pub clients: u32,
     pub extents: u64,
-    /// Under [`ServerCounters::KEYS`] (`null` for a figure not seen).
+    /// Under [`ServerCounters::KEYS`], in wire order (`null` for a figure not seen).
     #[serde(flatten, serialize_with = "counter_values")]
-    pub counters: BTreeMap<&'static str, Counter>,
+    pub counters: Vec<(&'static str, Counter)>,
 }
 
 fn counter_values<S: serde::Serializer>(
-    counters: &BTreeMap<&'static str, Counter>,
+    counters: &[(&'static str, Counter)],
     s: S,
 ) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeMap;
@@ -86,13 +85,6 @@ impl ServerReport {
         serde_json::to_value(self).expect("the report serializes")
     }
 
-    /// The counters in wire order (the order of [`ServerCounters::KEYS`]).
-    pub fn counters_in_order(&self) -> impl Iterator<Item = (&'static str, &Counter)> {
-        ServerCounters::KEYS
-            .iter()
-            .filter_map(|k| Some((*k, self.counters.get(k)?)))
-    }
-
     /// `rmemfs stats --server`.
     pub fn text(&self) -> String {
         let mut out = String::new();
@@ -107,7 +99,7 @@ impl ServerReport {
             self.free_bytes, self.total_bytes, self.largest_free_bytes
         );
         let _ = writeln!(out, "  clients {}, extents {}", self.clients, self.extents);
-        for (_, c) in self.counters_in_order() {
+        for (_, c) in &self.counters {
             match c.value {
                 Some(v) => {
                     let _ = writeln!(out, "  {}: {v}", c.label);
