@@ -96,8 +96,11 @@ pub fn prepare_mountpoint(path: &Path, force: bool) -> Result<Option<String>, St
     )))
 }
 
-/// True if a stat of `mountpoint` answers ENOTCONN: the FUSE connection is gone. Asked on a
-/// thread so a frozen daemon (no answer) counts as alive instead of hanging the caller.
+/// True if a stat of `mountpoint` answers ENOTCONN, or ECONNABORTED: the FUSE connection is
+/// gone. (A request that was waiting when the kernel tore the connection down, as it does
+/// after the daemon's death once its io_uring queues are cancelled, is ended with
+/// ECONNABORTED; later ones get ENOTCONN.) Asked on a thread so a frozen daemon (no answer)
+/// counts as alive instead of hanging the caller.
 pub(super) fn daemon_gone(mountpoint: &Path) -> bool {
     let (tx, rx) = std::sync::mpsc::channel();
     let path = mountpoint.to_path_buf();
@@ -110,7 +113,11 @@ pub(super) fn daemon_gone(mountpoint: &Path) -> bool {
                     .and_then(|e| e.raw_os_error()),
             );
         });
-    asked.is_ok() && rx.recv_timeout(STAT_PATIENCE) == Ok(Some(libc::ENOTCONN))
+    asked.is_ok()
+        && matches!(
+            rx.recv_timeout(STAT_PATIENCE),
+            Ok(Some(libc::ENOTCONN | libc::ECONNABORTED))
+        )
 }
 
 /// Detaches the mount at `mountpoint` (MNT_DETACH): directly as root, else through
