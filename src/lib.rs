@@ -36,3 +36,4 @@ pub mod requests;
 pub mod server;
 pub mod size;
 pub mod sync;
+pub mod volume;

@@ -59,6 +59,16 @@ impl FabricArgs {
 }
 
 #[derive(Subcommand)]
+enum VolumeCmd {
+    /// List the volumes: epoch, attached or not, memory, files, holder.
+    Ls,
+    /// One volume in detail: its holder, each server's share, its checkpoint and journal.
+    Status { name: String },
+    /// Remove a detached volume, freeing every extent of it on every server.
+    Rm { name: String },
+}
+
+#[derive(Subcommand)]
 enum Cmd {
     /// Run a memory server: lend SIZE bytes of this machine's RAM to rmemfs clients.
     Serve {
@@ -209,6 +219,28 @@ enum Cmd {
         /// it, only an rmemfs mount whose daemon is gone (killed: ENOTCONN) is cleaned up.
         #[arg(long)]
         force: bool,
+        /// Attach the named volume: a namespace journaled into the memory servers, which
+        /// outlives this daemon (a crash, kill -9 or upgrade loses nothing fsynced) and can be
+        /// attached again from any host with the secret. Needs --servers.
+        #[arg(long, value_name = "NAME", requires = "servers")]
+        volume: Option<String>,
+        /// Make the volume (without it, an unknown name fails and lists the known ones).
+        #[arg(long, requires = "volume")]
+        create: bool,
+        /// Fence the volume's live holder and take it over (its next operation fails with EIO).
+        #[arg(long, requires = "volume")]
+        takeover: bool,
+    },
+    /// Manage volumes on a set of memory servers.
+    Volume {
+        #[command(subcommand)]
+        action: VolumeCmd,
+        /// The memory servers, `host[:port]` separated by commas.
+        #[arg(long, value_delimiter = ',', required = true, global = true)]
+        servers: Vec<String>,
+        /// The servers' secret file; also from $RMEMFS_SECRET_FILE.
+        #[arg(long, value_name = "PATH", global = true)]
+        secret_file: Option<PathBuf>,
     },
     /// Write a fresh random shared secret to PATH (mode 0600), for `serve --secret-file` on
     /// every memory server and `mount --secret-file` on every client.
@@ -310,6 +342,11 @@ fn main() -> ExitCode {
             Ok(())
         }
         Cmd::Manpages { dir } => write_manpages(&dir),
+        Cmd::Volume {
+            action,
+            servers,
+            secret_file,
+        } => volume_cmd(action, &servers, secret_file.as_deref()),
         Cmd::Keygen { path, force } => rmemfs::auth::keygen(&path, force).map(|()| {
             println!(
                 "wrote a new secret to {}: give it to every memory server and mount \
@@ -354,6 +391,9 @@ fn main() -> ExitCode {
             metrics_listen,
             busy_poll,
             force,
+            volume,
+            create,
+            takeover,
         } => {
             let secret = match Secret::from_option(secret_file.as_deref()) {
                 Ok(s) => s,
@@ -384,6 +424,9 @@ fn main() -> ExitCode {
                 writeback_low_water,
                 metrics_listen,
                 busy_poll,
+                volume,
+                create,
+                takeover,
             };
             if std::env::var_os(DAEMON_ENV).is_none() {
                 match mount::prepare_mountpoint(&config.mountpoint, force) {
@@ -411,6 +454,26 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn volume_cmd(action: VolumeCmd, servers: &[String], secret: Option<&Path>) -> Result<(), String> {
+    use rmemfs::volume::admin;
+    let addrs: Vec<SocketAddr> = servers
+        .iter()
+        .map(|s| mount::resolve_server(s))
+        .collect::<Result<_, _>>()?;
+    let config = rmemfs::client::PoolConfig {
+        client_name: format!("rmemfs-volume pid {}", std::process::id()),
+        secret: Secret::from_option(secret)?,
+        ..Default::default()
+    };
+    let text = match action {
+        VolumeCmd::Ls => admin::ls(&addrs, &config)?,
+        VolumeCmd::Status { name } => admin::status(&addrs, &config, &name)?,
+        VolumeCmd::Rm { name } => admin::rm(&addrs, &config, &name)?,
+    };
+    print!("{text}");
+    Ok(())
 }
 
 /// rmemfs.1 and rmemfs-SUBCOMMAND.1 for each visible subcommand, from the CLI definition.

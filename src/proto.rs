@@ -13,7 +13,7 @@
 use std::io::{self, Read, Write};
 
 /// Wire protocol version; bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Magic at the start of `Hello`, so a stray client (HTTP, a port scanner) is rejected at once.
 pub const HELLO_MAGIC: u32 = 0x524d_4653; // "RMFS"
@@ -42,6 +42,14 @@ pub enum RefusalCode {
     NotFound = 4,
     /// The server is shutting down.
     ShuttingDown = 5,
+    /// The volume is held by a live daemon (the message names it and its epoch).
+    Held = 6,
+    /// This session's volume was taken over by a newer epoch: it may not resume.
+    Fenced = 7,
+    /// No volume of that name on this server (the message lists the known ones).
+    NoVolume = 8,
+    /// A volume of that name exists already (`--create` of an existing one).
+    VolumeExists = 9,
 }
 
 impl RefusalCode {
@@ -52,6 +60,10 @@ impl RefusalCode {
             3 => Self::RegistrationFailed,
             4 => Self::NotFound,
             5 => Self::ShuttingDown,
+            6 => Self::Held,
+            7 => Self::Fenced,
+            8 => Self::NoVolume,
+            9 => Self::VolumeExists,
             other => return Err(ProtoError::BadField("refusal code", other as u64)),
         })
     }
@@ -219,9 +231,93 @@ pub enum Message {
     /// Reply to `Resume`: the session's `extents` (`bytes` in all) are this session's now.
     Resumed { tag: u64, extents: u64, bytes: u64 },
     /// Client to server: this client is leaving for good (an unmount); its extents are freed
-    /// at once instead of being kept for a lease.
+    /// at once instead of being kept for a lease (a volume's stay with the volume).
     Goodbye,
+    /// Client to server, right after `Welcome` and before `Connect`: become the holder of
+    /// volume `name` (its extents become this session's, and every extent this session
+    /// allocates is the volume's). The epoch granted is above every earlier one and at least
+    /// `min_epoch`; a live holder is fenced first (its connections closed) when it is silent
+    /// past the lease or `takeover` is set, else the claim is refused with `Held`.
+    VolumeClaim {
+        tag: u64,
+        name: String,
+        /// Who claims it, for the refusals a later claimer sees: `host pid N`.
+        holder: String,
+        mode: ClaimMode,
+        takeover: bool,
+        min_epoch: u64,
+    },
+    /// Reply to `VolumeClaim`.
+    VolumeClaimed {
+        tag: u64,
+        epoch: u64,
+        /// The server did not know the volume and made it (create or adopt).
+        created: bool,
+        /// The volume's root as its holder last set it (empty: never set).
+        root: Vec<u8>,
+        extents: u64,
+        bytes: u64,
+    },
+    /// Holder to server: the volume's root is now `root` (where its journal and checkpoint are).
+    VolumeRoot { tag: u64, root: Vec<u8> },
+    /// Reply to `VolumeRoot` and `VolumeDrop`.
+    VolumeDone { tag: u64 },
+    /// Holder to server: list this session's (the volume's) extents above address `after`.
+    VolumeExtents { tag: u64, after: u64 },
+    /// Reply to `VolumeExtents`: `(addr, len, rkey)` in address order; `more` if cut short.
+    ExtentList {
+        tag: u64,
+        extents: Vec<(u64, u64, u64)>,
+        more: bool,
+    },
+    /// List the volumes this server holds extents of, by name after `after` (observers may).
+    VolumeList { tag: u64, after: String },
+    /// Reply to `VolumeList`; `more` if cut short.
+    Volumes {
+        tag: u64,
+        volumes: Vec<VolumeInfo>,
+        more: bool,
+    },
+    /// Forget volume `name` and free every extent of it; refused while a holder is live.
+    VolumeDrop { tag: u64, name: String },
 }
+
+/// How a `VolumeClaim` treats a volume the server does not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimMode {
+    /// It must exist (`NoVolume` otherwise).
+    Attach = 0,
+    /// It must not exist (`VolumeExists` otherwise).
+    Create = 1,
+    /// Made if absent: a server that restarted empty joins a volume the others hold.
+    Adopt = 2,
+}
+
+/// One volume as a server knows it (`rmemfs volume ls`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub name: String,
+    pub epoch: u64,
+    /// The holder's `host pid N` (the last one, if none is connected).
+    pub holder: String,
+    /// A holder is connected now.
+    pub live: bool,
+    /// Seconds since the holder was last heard (0 when live and just heard).
+    pub idle_secs: u64,
+    pub extents: u64,
+    pub bytes: u64,
+    pub root: Vec<u8>,
+}
+
+/// Most extents one `ExtentList` carries (24 bytes each, well inside a frame).
+pub const EXTENTS_PER_LIST: usize = 2048;
+
+/// Most volumes one `Volumes` reply carries: each at most a root and two strings, so
+/// twelve stay inside a frame.
+pub const MAX_VOLUMES_PER_LIST: usize = 12;
+
+/// Longest volume root: where a volume's journal and checkpoint are, a handful of extents.
+pub const MAX_ROOT_LEN: usize = 4096;
 
 /// Why bytes could not be decoded into a [`Message`].
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -271,6 +367,15 @@ mod tag {
     pub const RESUME: u8 = 15;
     pub const RESUMED: u8 = 16;
     pub const GOODBYE: u8 = 17;
+    pub const VOLUME_CLAIM: u8 = 18;
+    pub const VOLUME_CLAIMED: u8 = 19;
+    pub const VOLUME_ROOT: u8 = 20;
+    pub const VOLUME_DONE: u8 = 21;
+    pub const VOLUME_EXTENTS: u8 = 22;
+    pub const EXTENT_LIST: u8 = 23;
+    pub const VOLUME_LIST: u8 = 24;
+    pub const VOLUMES: u8 = 25;
+    pub const VOLUME_DROP: u8 = 26;
 }
 
 struct Writer(Vec<u8>);
@@ -511,6 +616,99 @@ impl Message {
                 w.u64(*bytes);
             }
             Message::Goodbye => w.u8(tag::GOODBYE),
+            Message::VolumeClaim {
+                tag: t,
+                name,
+                holder,
+                mode,
+                takeover,
+                min_epoch,
+            } => {
+                w.u8(tag::VOLUME_CLAIM);
+                w.u64(*t);
+                w.string(name);
+                w.string(holder);
+                w.u8(*mode as u8);
+                w.u8(u8::from(*takeover));
+                w.u64(*min_epoch);
+            }
+            Message::VolumeClaimed {
+                tag: t,
+                epoch,
+                created,
+                root,
+                extents,
+                bytes,
+            } => {
+                w.u8(tag::VOLUME_CLAIMED);
+                w.u64(*t);
+                w.u64(*epoch);
+                w.u8(u8::from(*created));
+                w.bytes(root, MAX_ROOT_LEN);
+                w.u64(*extents);
+                w.u64(*bytes);
+            }
+            Message::VolumeRoot { tag: t, root } => {
+                w.u8(tag::VOLUME_ROOT);
+                w.u64(*t);
+                w.bytes(root, MAX_ROOT_LEN);
+            }
+            Message::VolumeDone { tag: t } => {
+                w.u8(tag::VOLUME_DONE);
+                w.u64(*t);
+            }
+            Message::VolumeExtents { tag: t, after } => {
+                w.u8(tag::VOLUME_EXTENTS);
+                w.u64(*t);
+                w.u64(*after);
+            }
+            Message::ExtentList {
+                tag: t,
+                extents,
+                more,
+            } => {
+                w.u8(tag::EXTENT_LIST);
+                w.u64(*t);
+                let n = extents.len().min(EXTENTS_PER_LIST);
+                w.u16(n as u16);
+                for (a, l, k) in &extents[..n] {
+                    w.u64(*a);
+                    w.u64(*l);
+                    w.u64(*k);
+                }
+                w.u8(u8::from(*more || n < extents.len()));
+            }
+            Message::VolumeList { tag: t, after } => {
+                w.u8(tag::VOLUME_LIST);
+                w.u64(*t);
+                w.string(after);
+            }
+            Message::Volumes {
+                tag: t,
+                volumes,
+                more,
+            } => {
+                w.u8(tag::VOLUMES);
+                w.u64(*t);
+                let n = volumes.len().min(MAX_VOLUMES_PER_LIST);
+                w.u16(n as u16);
+                for v in &volumes[..n] {
+                    w.string(&v.name);
+                    w.u64(v.epoch);
+                    w.string(&v.holder);
+                    w.u8(u8::from(v.live));
+                    w.u64(v.idle_secs);
+                    w.u64(v.extents);
+                    w.u64(v.bytes);
+                    w.bytes(&v.root, MAX_ROOT_LEN);
+                }
+                w.u8(u8::from(*more || n < volumes.len()));
+            }
+            Message::VolumeDrop { tag: t, name } => {
+                w.u8(tag::VOLUME_DROP);
+                w.u64(*t);
+                w.string(name);
+            }
         }
         w.0
     }
@@ -619,6 +817,85 @@ impl Message {
                 bytes: r.u64()?,
             },
             tag::GOODBYE => Message::Goodbye,
+            tag::VOLUME_CLAIM => Message::VolumeClaim {
+                tag: r.u64()?,
+                name: r.string("volume name")?,
+                holder: r.string("holder")?,
+                mode: match r.u8()? {
+                    0 => ClaimMode::Attach,
+                    1 => ClaimMode::Create,
+                    2 => ClaimMode::Adopt,
+                    other => return Err(ProtoError::BadField("claim mode", other as u64)),
+                },
+                takeover: r.bool("takeover flag")?,
+                min_epoch: r.u64()?,
+            },
+            tag::VOLUME_CLAIMED => Message::VolumeClaimed {
+                tag: r.u64()?,
+                epoch: r.u64()?,
+                created: r.bool("created flag")?,
+                root: r.bytes(MAX_ROOT_LEN, "volume root")?.to_vec(),
+                extents: r.u64()?,
+                bytes: r.u64()?,
+            },
+            tag::VOLUME_ROOT => Message::VolumeRoot {
+                tag: r.u64()?,
+                root: r.bytes(MAX_ROOT_LEN, "volume root")?.to_vec(),
+            },
+            tag::VOLUME_DONE => Message::VolumeDone { tag: r.u64()? },
+            tag::VOLUME_EXTENTS => Message::VolumeExtents {
+                tag: r.u64()?,
+                after: r.u64()?,
+            },
+            tag::EXTENT_LIST => {
+                let t = r.u64()?;
+                let n = r.u16()? as usize;
+                if n > EXTENTS_PER_LIST {
+                    return Err(ProtoError::BadField("extent count", n as u64));
+                }
+                let mut extents = Vec::with_capacity(n);
+                for _ in 0..n {
+                    extents.push((r.u64()?, r.u64()?, r.u64()?));
+                }
+                Message::ExtentList {
+                    tag: t,
+                    extents,
+                    more: r.bool("more flag")?,
+                }
+            }
+            tag::VOLUME_LIST => Message::VolumeList {
+                tag: r.u64()?,
+                after: r.string("volume name")?,
+            },
+            tag::VOLUMES => {
+                let t = r.u64()?;
+                let n = r.u16()? as usize;
+                if n > MAX_VOLUMES_PER_LIST {
+                    return Err(ProtoError::BadField("volume count", n as u64));
+                }
+                let mut volumes = Vec::with_capacity(n);
+                for _ in 0..n {
+                    volumes.push(VolumeInfo {
+                        name: r.string("volume name")?,
+                        epoch: r.u64()?,
+                        holder: r.string("holder")?,
+                        live: r.bool("live flag")?,
+                        idle_secs: r.u64()?,
+                        extents: r.u64()?,
+                        bytes: r.u64()?,
+                        root: r.bytes(MAX_ROOT_LEN, "volume root")?.to_vec(),
+                    });
+                }
+                Message::Volumes {
+                    tag: t,
+                    volumes,
+                    more: r.bool("more flag")?,
+                }
+            }
+            tag::VOLUME_DROP => Message::VolumeDrop {
+                tag: r.u64()?,
+                name: r.string("volume name")?,
+            },
             other => return Err(ProtoError::UnknownType(other)),
         };
         if !r.buf.is_empty() {
@@ -635,6 +912,10 @@ impl Message {
             | Message::Freed { tag, .. }
             | Message::Stats { tag, .. }
             | Message::Resumed { tag, .. }
+            | Message::VolumeClaimed { tag, .. }
+            | Message::VolumeDone { tag, .. }
+            | Message::ExtentList { tag, .. }
+            | Message::Volumes { tag, .. }
             | Message::Refused { tag, .. } => Some(*tag),
             _ => None,
         }
@@ -759,6 +1040,55 @@ pub fn sample_messages() -> Vec<Message> {
             bytes: 1 << 22,
         },
         Message::Goodbye,
+        Message::VolumeClaim {
+            tag: 12,
+            name: "builds".into(),
+            holder: "host pid 42".into(),
+            mode: ClaimMode::Adopt,
+            takeover: true,
+            min_epoch: 3,
+        },
+        Message::VolumeClaimed {
+            tag: 12,
+            epoch: 4,
+            created: false,
+            root: vec![1, 2, 3],
+            extents: 5,
+            bytes: 1 << 20,
+        },
+        Message::VolumeRoot {
+            tag: 13,
+            root: vec![4; 40],
+        },
+        Message::VolumeDone { tag: 13 },
+        Message::VolumeExtents { tag: 14, after: 0 },
+        Message::ExtentList {
+            tag: 14,
+            extents: vec![(0x1000, 4096, 7), (0x3000, 8192, 9)],
+            more: true,
+        },
+        Message::VolumeList {
+            tag: 15,
+            after: String::new(),
+        },
+        Message::Volumes {
+            tag: 15,
+            volumes: vec![VolumeInfo {
+                name: "builds".into(),
+                epoch: 4,
+                holder: "host pid 42".into(),
+                live: true,
+                idle_secs: 1,
+                extents: 5,
+                bytes: 1 << 20,
+                root: vec![1],
+            }],
+            more: false,
+        },
+        Message::VolumeDrop {
+            tag: 16,
+            name: "builds".into(),
+        },
     ]
 }
 
@@ -785,6 +1115,10 @@ mod tests {
             RefusalCode::RegistrationFailed,
             RefusalCode::NotFound,
             RefusalCode::ShuttingDown,
+            RefusalCode::Held,
+            RefusalCode::Fenced,
+            RefusalCode::NoVolume,
+            RefusalCode::VolumeExists,
         ] {
             let msg = Message::Refused {
                 tag: 1,

@@ -237,6 +237,14 @@ impl Pool {
     /// resumes this pool's session (a second free of an extent already freed is refused by
     /// its key), forgotten if it comes back without it.
     pub fn free(&self, region: RemoteRegion) -> Result<(), PoolError> {
+        if self.hold_free(region) {
+            return Ok(());
+        }
+        self.free_now(region)
+    }
+
+    /// [`Pool::free`] without waiting for a volume's journal.
+    pub(super) fn free_now(&self, region: RemoteRegion) -> Result<(), PoolError> {
         let s = self.server(region.server)?;
         let (addr, rkey) = (region.addr, region.rkey);
         // The session the extent is of, as far as this pool knows: read before the server's

@@ -172,7 +172,8 @@ pub(super) fn open_link(
     config: &PoolConfig,
     addr: SocketAddr,
     resume: Option<crate::auth::Token>,
-) -> Result<(Link, Option<(u64, u64)>), PoolError> {
+    claim: Option<(crate::proto::ClaimMode, u64)>,
+) -> Result<(Link, Option<(u64, u64)>, Option<super::volume::Claim>), PoolError> {
     let control = ControlConn::connect(addr, &config.client_name, config.timeout, &config.secret)?;
     if control.hello.fabric != fabric.name() {
         return Err(PoolError::Handshake {
@@ -188,9 +189,28 @@ pub(super) fn open_link(
         None => None,
         Some(token) => match control.request(|tag| Message::Resume { tag, token })? {
             Message::Resumed { extents, bytes, .. } => Some((extents, bytes)),
+            Message::Refused {
+                code: code @ crate::proto::RefusalCode::Fenced,
+                message,
+                ..
+            } => {
+                return Err(PoolError::Refused {
+                    addr,
+                    code,
+                    message,
+                })
+            }
             Message::Refused { .. } => None,
             other => return Err(PoolError::Invalid(format!("unexpected reply {other:?}"))),
         },
+    };
+    // A volume's new session (not a resumed one) claims the volume before anything else, so
+    // every extent it allocates is the volume's.
+    let claimed = match (resumed, claim, &config.volume) {
+        (None, Some((mode, min_epoch)), Some(spec)) => {
+            Some(super::volume::claim(&control, spec, mode, min_epoch)?)
+        }
+        _ => None,
     };
     let mut exchange = |blob: Vec<u8>| -> Result<Vec<u8>, FabricError> {
         let reply = control.request(|tag| Message::Connect { tag, blob });
@@ -207,7 +227,7 @@ pub(super) fn open_link(
         }
     };
     let qp = fabric.connect(addr, &mut exchange, cq.clone(), &control.token)?;
-    Ok((Link { control, qp }, resumed))
+    Ok((Link { control, qp }, resumed, claimed))
 }
 
 impl Pool {
@@ -242,9 +262,26 @@ impl Pool {
             return None;
         }
         let old = s.link().control.token;
-        let (link, resumed) =
-            match open_link(&self.fabric, &self.cq, &self.config, s.addr, Some(old)) {
+        // A server that lost the volume (restarted) joins it again, empty.
+        let claim = self
+            .config
+            .volume
+            .as_ref()
+            .map(|_| (crate::proto::ClaimMode::Adopt, self.epoch()));
+        let (link, resumed, _) =
+            match open_link(&self.fabric, &self.cq, &self.config, s.addr, Some(old), claim) {
                 Ok(l) => l,
+                Err(PoolError::Refused {
+                    code: crate::proto::RefusalCode::Fenced,
+                    message,
+                    ..
+                }) => {
+                    self.set_fenced(format!("memory server {}: {message}", s.addr));
+                    let mut h = s.health.lock();
+                    h.backoff = crate::config::RECONNECT_BACKOFF_MAX;
+                    h.next_attempt = Instant::now() + h.backoff;
+                    return None;
+                }
                 Err(e) => {
                     let mut h = s.health.lock();
                     log::debug!("memory server {} ({id}) still unreachable: {e}", s.addr);
@@ -293,6 +330,15 @@ impl Pool {
         if let Ok(s) = self.server(id) {
             s.mark_failed();
             s.health.lock().next_attempt = Instant::now();
+        }
+    }
+
+    /// Test hook: this pool's process dies (no goodbye, nothing more sent): every server
+    /// is cut off as by [`Pool::cut`].
+    #[cfg(feature = "testing")]
+    pub fn crash(&self) {
+        for s in &self.servers {
+            self.cut(s.id);
         }
     }
 

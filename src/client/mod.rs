@@ -20,6 +20,7 @@ pub mod control;
 pub mod frrwp;
 mod health;
 mod stock;
+pub mod volume;
 
 use crate::auth::Secret;
 use crate::fabric::{
@@ -103,6 +104,8 @@ pub struct PoolConfig {
     /// waiter spins up to [`SPIN_WAIT`] for them before it sleeps (`mount --busy-poll`): one
     /// thread wake-up fewer per small op, for a core spent spinning.
     pub busy_poll: bool,
+    /// The volume this pool holds (none: a private pool whose extents die with it).
+    pub volume: Option<volume::VolumeSpec>,
 }
 
 impl Default for PoolConfig {
@@ -112,6 +115,7 @@ impl Default for PoolConfig {
             timeout: crate::config::OP_TIMEOUT,
             secret: Secret::none(),
             busy_poll: false,
+            volume: None,
         }
     }
 }
@@ -190,6 +194,12 @@ pub struct Pool {
     next_batch: AtomicU64,
     /// How long a batch may make no progress before its unanswered allocations are given up.
     timeout: Duration,
+    /// The volume's claims, by server (empty without a volume).
+    claims: Vec<volume::Claim>,
+    /// Why this pool's volume is no longer its own (another daemon took it over).
+    fenced: Mutex<Option<String>>,
+    /// Frees held back until the journal commits ([`volume::FreeGate`]).
+    free_gate: Mutex<Option<Arc<volume::FreeGate>>>,
 }
 
 impl Pool {
@@ -209,8 +219,18 @@ impl Pool {
         let d = dispatch.clone();
         let cq = fabric.create_cq_with_handler(Arc::new(move |c| d.deliver(c)));
         let mut servers = Vec::with_capacity(addrs.len());
+        let mut claims = Vec::new();
+        let mut plan = match &config.volume {
+            Some(spec) => Some(volume::plan_claims(addrs, config, spec)?),
+            None => None,
+        };
         for (i, &addr) in addrs.iter().enumerate() {
-            let (link, _) = open_link(&fabric, &cq, config, addr, None)?;
+            let claim = plan.as_ref().map(|(modes, epoch)| (modes[i], *epoch));
+            let (link, _, claimed) = open_link(&fabric, &cq, config, addr, None, claim)?;
+            if let (Some(c), Some((_, epoch))) = (claimed, plan.as_mut()) {
+                *epoch = (*epoch).max(c.epoch);
+                claims.push(c);
+            }
             servers.push(Server {
                 id: ServerId(i as u32),
                 addr,
@@ -238,6 +258,9 @@ impl Pool {
             dispatch,
             next_batch: AtomicU64::new(1),
             timeout: config.timeout,
+            claims,
+            fenced: Mutex::new(None),
+            free_gate: Mutex::new(None),
         })
     }
 

@@ -8,7 +8,18 @@ use super::{DataStore, Payload, ReadBuf, ReplicaHealth};
 use crate::error::Result;
 use crate::fabric::ServerId;
 use crate::meta::{ChunkMap, ExtentChange, FileData};
+use crate::fabric::RemoteRegion;
 use crate::sync::{RwLockReadGuard, RwLockWriteGuard};
+use std::cell::RefCell;
+
+thread_local! {
+    /// Extents the operation running on this thread let go of (chunks cut away, stale or
+    /// dead copies), freed when its [`FileIo`] is dropped: after the operation committed the
+    /// chunk changes that stop referring to them, so a volume's journal never names memory
+    /// already given back (see [`crate::client::volume`]). Every such let-go happens under
+    /// a `FileIo`, on the thread that holds it.
+    static RETIRED: RefCell<Vec<RemoteRegion>> = const { RefCell::new(Vec::new()) };
+}
 
 /// A file's extent map locked for change, with the store that moves its bytes.
 pub struct FileIo<'a> {
@@ -43,6 +54,27 @@ impl DataStore {
     pub fn release_all(&self, file: &FileData) {
         let chunks = file.chunks.write().take_all();
         self.release(chunks);
+        self.free_retired();
+    }
+
+    /// Lets go of `region` once this thread's operation is done (see [`RETIRED`]).
+    pub(super) fn retire(&self, region: RemoteRegion) {
+        RETIRED.with(|r| r.borrow_mut().push(region));
+    }
+
+    fn free_retired(&self) {
+        let retired = RETIRED.with(|r| std::mem::take(&mut *r.borrow_mut()));
+        for region in retired {
+            if let Err(e) = self.pool.free(region) {
+                log::debug!("freeing an extent on {}: {e}", region.server);
+            }
+        }
+    }
+}
+
+impl Drop for FileIo<'_> {
+    fn drop(&mut self) {
+        self.data.free_retired();
     }
 }
 

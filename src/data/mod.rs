@@ -40,6 +40,7 @@ mod buffers;
 mod frrwp;
 mod io;
 mod read;
+mod remote;
 mod replicas;
 mod shapes;
 mod write;

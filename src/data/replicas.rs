@@ -72,7 +72,7 @@ impl DataStore {
     /// mount's session ([`Pool::free`] remembers it).
     pub(super) fn let_go(&self, c: &mut Chunk, server: u32) {
         if let Some(gone) = c.remove(server) {
-            let _ = self.pool.free(region(c, &gone));
+            self.retire(region(c, &gone));
         }
     }
 

@@ -277,12 +277,11 @@ impl DataStore {
         self.punch(chunks, offset, len)
     }
 
-    /// Gives every copy of a chunk back (a server that is gone took its memory with it).
+    /// Gives every copy of a chunk back once the operation is done (see `io::RETIRED`; a
+    /// server that is gone took its memory with it).
     pub(super) fn free_chunk(&self, c: &Chunk) {
         for copy in c.replicas() {
-            if let Err(e) = self.pool.free(region(c, copy)) {
-                log::debug!("freeing a chunk on server {}: {e}", copy.server);
-            }
+            self.retire(region(c, copy));
         }
     }
 

@@ -86,6 +86,13 @@ pub type AttrChanged = Box<dyn Fn(Ino) + Send + Sync>;
 /// text (`false`) or JSON (`true`). The mount provides it; the core does not build reports.
 pub type StatsSource = Box<dyn Fn(bool) -> Vec<u8> + Send + Sync>;
 
+/// What makes `fsync` durable: a volume's journal, which returns once every metadata change
+/// made so far is committed on every live journal copy. A mount without one has nothing to
+/// make durable.
+pub trait Barrier: Send + Sync {
+    fn sync(&self) -> Result<()>;
+}
+
 /// The file system.
 pub struct Fs {
     meta: Mutex<Meta>,
@@ -99,6 +106,8 @@ pub struct Fs {
     stats: std::sync::OnceLock<StatsSource>,
     /// The mount's dirty limit, once it is mounted (see [`Fs::direct_writes`]).
     dirty_limit: std::sync::OnceLock<crate::dirty_limit::DirtyLimit>,
+    /// The volume's barrier for `fsync` (none: no volume).
+    barrier: std::sync::OnceLock<Arc<dyn Barrier>>,
     /// Open directory streams: the listing each one reads (see [`Fs::readdir`]).
     dir_streams: Mutex<HashMap<u64, dir::Listing>>,
     next_fh: AtomicU64,
@@ -160,8 +169,15 @@ fn dir_of(meta: &Meta, ino: Ino) -> Result<&Dir> {
 
 impl Fs {
     pub fn new(data: DataStore, config: FsConfig) -> Fs {
+        let meta = Meta::new(0o755, config.root_uid, config.root_gid);
+        Fs::with_meta(data, config, meta)
+    }
+
+    /// A file system over a namespace built already (a volume's, replayed).
+    pub fn with_meta(data: DataStore, config: FsConfig, meta: Meta) -> Fs {
         Fs {
-            meta: Mutex::new(Meta::new(0o755, config.root_uid, config.root_gid)),
+            barrier: std::sync::OnceLock::new(),
+            meta: Mutex::new(meta),
             data,
             handles: Mutex::new(HashMap::new()),
             dir_streams: Mutex::new(HashMap::new()),
@@ -297,6 +313,31 @@ impl Fs {
     /// Every regular file's data, taken under the table's lock (released on return).
     pub fn files(&self) -> Vec<Arc<FileData>> {
         self.files_by_ino().into_iter().map(|(_, f)| f).collect()
+    }
+
+    /// Reads the namespace under its lock (a volume's checkpoint takes its image so).
+    pub fn inspect_meta<R>(&self, f: impl FnOnce(&Meta) -> R) -> R {
+        f(&self.meta.lock())
+    }
+
+    /// Drops the inodes that have no name and no handle (a replayed volume's files unlinked
+    /// while open when its daemon died), releasing their data; how many.
+    pub fn reap_orphans(&self) -> usize {
+        let orphans = self.meta.lock().orphans();
+        for &ino in &orphans {
+            self.settle(self.meta.lock(), ino);
+        }
+        orphans.len()
+    }
+
+    /// Makes `fsync` wait for `barrier` (a volume mount).
+    pub fn set_barrier(&self, barrier: Arc<dyn Barrier>) {
+        let _ = self.barrier.set(barrier);
+    }
+
+    /// `fsync`/`fsyncdir`: `None` without a volume (nothing to make durable).
+    pub fn sync(&self) -> Option<Result<()>> {
+        self.barrier.get().map(|b| b.sync())
     }
 
     /// Every regular file's data with its inode number (for [`Fs::commit_extents`]).

@@ -11,7 +11,7 @@ mod reply;
 
 use ioctl::inode_flags_ioctl;
 use reply::{
-    caller, creator, empty, entry, errno, file_attr, file_type, nothing_to_sync, set_time, xattr,
+    caller, creator, empty, entry, errno, file_attr, file_type, nothing_to_sync, sync, set_time, xattr,
 };
 
 use crate::data::RequestBuffer;
@@ -500,7 +500,7 @@ impl Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.contain("fsync", req, || nothing_to_sync(reply));
+        self.contain("fsync", req, || sync(&self.fs, reply));
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -582,7 +582,7 @@ impl Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.contain("fsyncdir", req, || nothing_to_sync(reply));
+        self.contain("fsyncdir", req, || sync(&self.fs, reply));
     }
 
     fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

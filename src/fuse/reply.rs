@@ -97,6 +97,16 @@ pub(super) fn nothing_to_sync(reply: ReplyEmpty) {
     reply.error(Errno::from_i32(libc::ENOSYS));
 }
 
+/// FSYNC and FSYNCDIR: on a volume, the journal's barrier (every metadata change so far
+/// committed on every live journal copy); without one, [`nothing_to_sync`].
+pub(super) fn sync(fs: &crate::fs::Fs, reply: ReplyEmpty) {
+    match fs.sync() {
+        None => nothing_to_sync(reply),
+        Some(Ok(())) => reply.ok(),
+        Some(Err(e)) => reply.error(errno(&e)),
+    }
+}
+
 pub(super) fn xattr(reply: ReplyXattr, r: crate::error::Result<Vec<u8>>, size: u32) {
     match r {
         Ok(v) if size == 0 => reply.size(v.len() as u32),

@@ -15,7 +15,7 @@
 //! the namespace's, and is kept beside it (see [`super::Meta::hold`]).
 
 use super::extents::{Chunk, ExtentChange};
-use super::{Attrs, Body, Ino, Inode, Kind, Meta, Name, Xattrs};
+use super::{Attrs, Ino, Inode, Kind, Meta, Name, Xattrs};
 use crate::error::{Error, Result};
 
 /// What a new inode holds besides its attributes, as a journal records it.
@@ -130,12 +130,7 @@ impl<'m> Batch<'m> {
 
     /// Adds `inode` to the table under a new number.
     pub fn make(&mut self, inode: Inode) -> Ino {
-        let seed = match &inode.body {
-            Body::File(_) => Seed::File,
-            Body::Dir(d) => Seed::Dir { parent: d.parent() },
-            Body::Symlink(t) => Seed::Symlink(t.clone()),
-            Body::Special => Seed::Special,
-        };
+        let seed = super::image::seed_of(&inode.body);
         let change = (
             inode.kind,
             inode.attrs,

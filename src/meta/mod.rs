@@ -12,6 +12,7 @@
 
 pub mod batch;
 mod dir;
+pub mod image;
 pub mod extents;
 pub mod record;
 mod replay;
@@ -19,6 +20,7 @@ mod replay;
 pub use batch::{Batch, Change, Journal};
 pub use dir::{Dir, FIRST_ENTRY_COOKIE};
 pub use extents::{Chunk, ChunkMap, ExtentChange, FileData, Replica, MAX_REPLICAS};
+pub use image::Image;
 pub use replay::{add_chunks, Digest};
 
 use crate::sync::Arc;

@@ -69,6 +69,11 @@ pub struct MountConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Spin briefly for small ops' completions on the tcp fabric (`--busy-poll`).
     pub busy_poll: bool,
+    /// The volume to attach (`--volume`; none: a private namespace that dies with the
+    /// daemon), made with `--create`, its live holder fenced with `--takeover`.
+    pub volume: Option<String>,
+    pub create: bool,
+    pub takeover: bool,
 }
 
 impl MountConfig {
@@ -95,6 +100,9 @@ impl MountConfig {
             writeback_low_water: None,
             metrics_listen: None,
             busy_poll: false,
+            volume: None,
+            create: false,
+            takeover: false,
         }
     }
 
@@ -195,7 +203,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
             crate::fabric::open(&servers.fabric_name, &fabric_options).map_err(|e| e.to_string())?
         }
     };
-    let fs = build_fs(config, &mountpoint, &servers, client_fabric, &choices)?;
+    let (fs, journal) = build_fs(config, &mountpoint, &servers, client_fabric, &choices)?;
     let session = attach_fuse(&fs, &mountpoint, &fuse_config, &choices)?;
     let upkeep = start_upkeep(&fs, config, &mountpoint, metrics_listener)?;
     if let Some(f) = mount.on_mounted {
@@ -208,6 +216,12 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         crate::report::mount_text(&fs)
     );
     drop(upkeep);
+    if let Some(j) = journal {
+        // Every change committed before the pool says goodbye (the volume keeps its extents).
+        if let Err(e) = j.stop() {
+            log::error!("the volume's last commit failed: {}", e.message);
+        }
+    }
     drop(fs);
     drop(servers);
     result
@@ -299,7 +313,22 @@ fn build_fs(
     servers: &Servers,
     fabric: Arc<dyn Fabric>,
     choices: &options::MountChoices,
-) -> Result<Arc<Fs>, String> {
+) -> Result<(Arc<Fs>, Option<Arc<crate::volume::VolumeJournal>>), String> {
+    let volume = match &config.volume {
+        None => None,
+        Some(_) if servers._embedded.is_some() => {
+            return Err(
+                "--volume needs --servers: an embedded memory server dies with this daemon,                  and the volume with it"
+                    .into(),
+            )
+        }
+        Some(name) => Some(crate::client::volume::VolumeSpec {
+            name: name.clone(),
+            holder: format!("{} pid {}", hostname(), std::process::id()),
+            create: config.create,
+            takeover: config.takeover,
+        }),
+    };
     let pool = Pool::connect(
         fabric,
         &servers.addrs,
@@ -308,6 +337,7 @@ fn build_fs(
             timeout: config.op_timeout,
             secret: config.secret.clone(),
             busy_poll: config.busy_poll,
+            volume,
         },
     )
     .map_err(|e| e.to_string())?;
@@ -335,9 +365,7 @@ fn build_fs(
     .map_err(|e| e.message)?;
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    let fs = Arc::new(Fs::new(
-        data,
-        FsConfig {
+    let fs_config = FsConfig {
             root_uid: uid,
             root_gid: gid,
             read_only: choices.read_only,
@@ -346,10 +374,23 @@ fn build_fs(
             acl: choices.acl,
             writeback: choices.writeback,
             writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
-        },
-    ));
+    };
+    let (fs, journal) = if config.volume.is_some() {
+        let a = crate::volume::attach(data, fs_config, &servers.addrs)?;
+        log::info!("volume attached: {:?}", a.report);
+        (a.fs, Some(a.journal))
+    } else {
+        (Arc::new(Fs::new(data, fs_config)), None)
+    };
     crate::report::attach(&fs);
-    Ok(fs)
+    Ok((fs, journal))
+}
+
+/// This host's name, for a volume's holder (what a refused second daemon is told).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into())
 }
 
 /// Mounts `fs` at `mountpoint`: the FUSE session, with the connection's abort file known to

@@ -24,6 +24,7 @@ pub mod alloc;
 mod arena;
 mod report;
 mod session;
+pub mod volume;
 
 use crate::auth::{self, Nonce, Secret, Token};
 use crate::fabric::{mem::page_size, DeregisterError, Fabric, LocalMr, PeerGuard, SessionKey};
@@ -151,6 +152,10 @@ struct Shared {
     /// lease reaper waits on it).
     departures: Condvar,
     refusals: Refusals,
+    /// Volumes by name ([`volume`]).
+    volumes: Mutex<HashMap<String, volume::Volume>>,
+    /// Signalled when a volume's holder leaves (a claim that fences one waits for it).
+    volume_changes: Condvar,
     // Declared last: dropped after everything that may hold registrations into it.
     arena: Arena,
 }
@@ -236,6 +241,8 @@ impl MemoryServer {
             departed: Mutex::new(HashMap::new()),
             departures: Condvar::new(),
             refusals: Refusals::default(),
+            volumes: Mutex::new(HashMap::new()),
+            volume_changes: Condvar::new(),
             arena,
         });
         let s = shared.clone();
@@ -320,6 +327,7 @@ impl MemoryServer {
                 self.shared.release(e);
             }
         }
+        self.shared.release_volumes();
     }
 
     /// Sessions whose extents are kept for a lease.
@@ -445,7 +453,7 @@ struct Refusals {
     protocol_violations: AtomicU64,
 }
 
-fn bump(counter: &AtomicU64) {
+pub(super) fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -530,6 +538,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     goodbye: false,
                     failure_counted: false,
                     observer: false,
+                    volume: None,
                 };
                 let mut stream = stream;
                 let ended = session.run(&mut stream);

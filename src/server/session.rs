@@ -27,6 +27,8 @@ pub(super) struct Session {
     pub(super) failure_counted: bool,
     /// An observer (`rmemfs stats --server`): not a client, asks only for `Stats`.
     pub(super) observer: bool,
+    /// The volume this session holds ([`super::volume`]): its extents are the volume's.
+    pub(super) volume: Option<String>,
 }
 
 /// Where a control session is in its handshake.
@@ -149,6 +151,14 @@ impl Session {
         });
     }
 
+    /// The session token, once welcomed.
+    pub(super) fn token(&self) -> Option<Token> {
+        match &self.state {
+            Handshake::Welcomed { token } => Some(*token),
+            _ => None,
+        }
+    }
+
     pub(super) fn welcomed(&self) -> bool {
         matches!(self.state, Handshake::Welcomed { .. })
     }
@@ -269,12 +279,13 @@ impl Session {
             Handshake::Welcomed { token } => *token,
             _ => return self.handshake(msg),
         };
-        if self.observer && !matches!(msg, Message::Stat { .. }) {
+        if self.observer && !matches!(msg, Message::Stat { .. } | Message::VolumeList { .. }) {
             return Err(format!(
-                "an observer may only ask for Stats, not {}",
+                "an observer may only ask for Stats and VolumeList, not {}",
                 kind(&msg)
             ));
         }
+        self.heard();
         Ok(match msg {
             Message::Connect { tag, blob } => {
                 let session = SessionKey { id: self.id, token };
@@ -295,8 +306,28 @@ impl Session {
                 }
             }
             Message::Resume { tag, token: old } => return self.resume(tag, &old, &token),
-            Message::Alloc { tag, len } => self.alloc(tag, len),
-            Message::Free { tag, addr, rkey } => self.free(tag, addr, rkey),
+            Message::Alloc { tag, len } => {
+                let reply = self.alloc(tag, len);
+                self.note_usage();
+                reply
+            }
+            Message::Free { tag, addr, rkey } => {
+                let reply = self.free(tag, addr, rkey);
+                self.note_usage();
+                reply
+            }
+            Message::VolumeClaim {
+                tag,
+                name,
+                holder,
+                mode,
+                takeover,
+                min_epoch,
+            } => return self.claim(tag, name, holder, mode, takeover, min_epoch),
+            Message::VolumeRoot { tag, root } => self.set_root(tag, root),
+            Message::VolumeExtents { tag, after } => self.list_extents(tag, after),
+            Message::VolumeList { tag, after } => self.list_volumes(tag, &after),
+            Message::VolumeDrop { tag, name } => self.drop_volume(tag, &name),
             Message::Stat { tag } => Message::Stats {
                 tag,
                 capacity: self.shared.capacity(),
@@ -318,10 +349,17 @@ impl Session {
         old: &Token,
         current: &Token,
     ) -> Result<Message, String> {
-        if !self.extents.is_empty() || !self.guards.is_empty() || old == current {
+        if !self.extents.is_empty()
+            || !self.guards.is_empty()
+            || self.volume.is_some()
+            || old == current
+        {
             return Err("Resume must come first after Welcome".into());
         }
         let key = token_digest(old);
+        if let Some(reply) = self.resume_volume(tag, &key) {
+            return reply;
+        }
         let shared = self.shared.clone();
         let taken = shared.live_tokens.lock().get(&key).copied();
         if let Some(conn) = taken {
@@ -474,6 +512,18 @@ impl Session {
     /// zero lease: everything is freed now. Otherwise the extents wait for the client to
     /// resume, until the lease runs out.
     pub(super) fn depart(&mut self) {
+        if self.depart_volume() {
+            if let Handshake::Welcomed { token } = &self.state {
+                let key = token_digest(token);
+                let mut live = self.shared.live_tokens.lock();
+                if live.get(&key) == Some(&self.conn) {
+                    live.remove(&key);
+                }
+            }
+            self.shared.clients.fetch_sub(1, Ordering::SeqCst);
+            self.state = Handshake::New;
+            return;
+        }
         let token = match &self.state {
             Handshake::Welcomed { token } => *token,
             _ => return self.release_all(),
@@ -552,6 +602,15 @@ pub(super) fn kind(m: &Message) -> &'static str {
         Message::Resume { .. } => "Resume",
         Message::Resumed { .. } => "Resumed",
         Message::Goodbye => "Goodbye",
+        Message::VolumeClaim { .. } => "VolumeClaim",
+        Message::VolumeClaimed { .. } => "VolumeClaimed",
+        Message::VolumeRoot { .. } => "VolumeRoot",
+        Message::VolumeDone { .. } => "VolumeDone",
+        Message::VolumeExtents { .. } => "VolumeExtents",
+        Message::ExtentList { .. } => "ExtentList",
+        Message::VolumeList { .. } => "VolumeList",
+        Message::Volumes { .. } => "Volumes",
+        Message::VolumeDrop { .. } => "VolumeDrop",
     }
 }
 

@@ -1,0 +1,315 @@
+//! The pool's side of volumes: claiming a volume on every server (one epoch above all
+//! earlier ones), setting its root, listing its extents for collection, and holding frees
+//! back until the journal has committed the record that let go of them.
+//!
+//! Why frees wait: a volume's namespace is rebuilt from its journal after a crash. If an
+//! extent were freed (and handed to another file) before the record dropping its last
+//! reference committed, a replay would point a file at memory that now holds someone else's
+//! bytes. So while a volume is attached, [`Pool::free`] keeps each free with the journal's
+//! last assigned sequence number, and lets it go once that much is committed
+//! ([`Pool::release_frees`]).
+
+use super::{control::ControlConn, Pool, PoolConfig, PoolError};
+use crate::fabric::RemoteRegion;
+use crate::proto::{ClaimMode, Message, RefusalCode, VolumeInfo};
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::Mutex;
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+
+/// What the daemon asks of every server for its volume.
+#[derive(Debug, Clone)]
+pub struct VolumeSpec {
+    pub name: String,
+    /// `host pid N`: what a refused second daemon is told.
+    pub holder: String,
+    /// Make the volume (`--create`) instead of attaching to it.
+    pub create: bool,
+    /// Fence a live holder (`--takeover`).
+    pub takeover: bool,
+}
+
+/// One server's answer to the claim.
+#[derive(Debug, Clone, Default)]
+pub struct Claim {
+    pub epoch: u64,
+    /// The server did not hold the volume (a new one, or a server that restarted empty).
+    pub created: bool,
+    pub root: Vec<u8>,
+    pub extents: u64,
+    pub bytes: u64,
+}
+
+/// The volume's frees held back until their journal record commits (see the module doc).
+#[derive(Default)]
+pub struct FreeGate {
+    /// The last journal sequence number handed out.
+    pub assigned: AtomicU64,
+    committed: AtomicU64,
+    held: Mutex<VecDeque<(u64, RemoteRegion)>>,
+}
+
+impl FreeGate {
+    /// Keeps `region` until what is assigned now is committed; false if it already is.
+    fn hold(&self, region: RemoteRegion) -> bool {
+        let mut held = self.held.lock();
+        let lsn = self.assigned.load(Ordering::SeqCst);
+        if lsn <= self.committed.load(Ordering::SeqCst) {
+            return false;
+        }
+        held.push_back((lsn, region));
+        true
+    }
+
+    /// Frees held back now.
+    pub fn held(&self) -> usize {
+        self.held.lock().len()
+    }
+}
+
+/// Asks `addr` for its volumes (an observer session: no client slot used).
+pub fn list_volumes(addr: SocketAddr, config: &PoolConfig) -> Result<Vec<VolumeInfo>, PoolError> {
+    let conn =
+        ControlConn::connect_observer(addr, &config.client_name, config.timeout, &config.secret)?;
+    let mut all = Vec::new();
+    let mut after = String::new();
+    loop {
+        match conn.request(|tag| Message::VolumeList {
+            tag,
+            after: after.clone(),
+        })? {
+            Message::Volumes { volumes, more, .. } => {
+                let last = volumes.last().map(|v| v.name.clone());
+                all.extend(volumes);
+                match (more, last) {
+                    (true, Some(l)) => after = l,
+                    _ => return Ok(all),
+                }
+            }
+            other => return Err(unexpected(addr, &other)),
+        }
+    }
+}
+
+/// Removes volume `name` from `addr`, freeing its extents there.
+pub fn drop_volume(addr: SocketAddr, config: &PoolConfig, name: &str) -> Result<(), PoolError> {
+    let conn = ControlConn::connect(addr, &config.client_name, config.timeout, &config.secret)?;
+    let reply = conn.request(|tag| Message::VolumeDrop {
+        tag,
+        name: name.into(),
+    })?;
+    conn.goodbye();
+    match reply {
+        Message::VolumeDone { .. } => Ok(()),
+        Message::Refused { code, message, .. } => Err(PoolError::Refused {
+            addr,
+            code,
+            message,
+        }),
+        other => Err(unexpected(addr, &other)),
+    }
+}
+
+fn unexpected(addr: SocketAddr, m: &Message) -> PoolError {
+    PoolError::Invalid(format!("memory server {addr} answered {m:?}"))
+}
+
+/// Claims `spec`'s volume on a fresh control connection (before its data path).
+pub(super) fn claim(
+    control: &ControlConn,
+    spec: &VolumeSpec,
+    mode: ClaimMode,
+    min_epoch: u64,
+) -> Result<Claim, PoolError> {
+    match control.request(|tag| Message::VolumeClaim {
+        tag,
+        name: spec.name.clone(),
+        holder: spec.holder.clone(),
+        mode,
+        takeover: spec.takeover,
+        min_epoch,
+    })? {
+        Message::VolumeClaimed {
+            epoch,
+            created,
+            root,
+            extents,
+            bytes,
+            ..
+        } => Ok(Claim {
+            epoch,
+            created,
+            root,
+            extents,
+            bytes,
+        }),
+        Message::Refused { code, message, .. } => Err(PoolError::Refused {
+            addr: control.addr,
+            code,
+            message,
+        }),
+        other => Err(unexpected(control.addr, &other)),
+    }
+}
+
+/// How to claim the volume on each of `addrs`: attach where it is known, adopt where a
+/// server restarted without it, create everywhere with `--create`. Returns the modes and the
+/// epoch to claim at least (one above every epoch any server has seen).
+pub fn plan_claims(
+    addrs: &[SocketAddr],
+    config: &PoolConfig,
+    spec: &VolumeSpec,
+) -> Result<(Vec<ClaimMode>, u64), PoolError> {
+    let mut known = Vec::with_capacity(addrs.len());
+    let mut names = std::collections::BTreeSet::new();
+    let mut epoch = 0;
+    for &addr in addrs {
+        let vols = list_volumes(addr, config)?;
+        let mine = vols.iter().find(|v| v.name == spec.name);
+        if let Some(v) = mine {
+            epoch = epoch.max(v.epoch);
+        }
+        known.push(mine.is_some());
+        names.extend(vols.into_iter().map(|v| v.name));
+    }
+    let any = known.iter().any(|k| *k);
+    if spec.create {
+        if any {
+            return Err(PoolError::Refused {
+                addr: addrs[known.iter().position(|k| *k).expect("one knows it")],
+                code: RefusalCode::VolumeExists,
+                message: format!(
+                    "volume '{}' exists already: attach to it without --create (or remove it \
+                     with `rmemfs volume rm`)",
+                    spec.name
+                ),
+            });
+        }
+        return Ok((vec![ClaimMode::Create; addrs.len()], 1));
+    }
+    if !any {
+        let list = if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.into_iter().collect::<Vec<_>>().join(", ")
+        };
+        return Err(PoolError::Refused {
+            addr: addrs[0],
+            code: RefusalCode::NoVolume,
+            message: format!(
+                "no volume '{}' on these servers (known volumes: {list}); --create makes one",
+                spec.name
+            ),
+        });
+    }
+    let modes = known
+        .iter()
+        .map(|&k| if k { ClaimMode::Attach } else { ClaimMode::Adopt })
+        .collect();
+    Ok((modes, epoch + 1))
+}
+
+impl Pool {
+    /// The claims made at connect, by server (none: not a volume mount).
+    pub fn claims(&self) -> &[Claim] {
+        &self.claims
+    }
+
+    /// The volume's epoch (the highest any server granted).
+    pub fn epoch(&self) -> u64 {
+        self.claims.iter().map(|c| c.epoch).max().unwrap_or(0)
+    }
+
+    /// Whether another daemon took this pool's volume over (every operation then fails).
+    pub fn fenced(&self) -> Option<String> {
+        self.fenced.lock().clone()
+    }
+
+    pub(super) fn set_fenced(&self, why: String) {
+        let mut f = self.fenced.lock();
+        if f.is_none() {
+            log::error!("{why}");
+            *f = Some(why);
+        }
+    }
+
+    /// Sets the volume's root on every live server; how many took it.
+    pub fn set_root(&self, root: &[u8]) -> Result<usize, PoolError> {
+        let mut set = 0;
+        let mut last = None;
+        for s in self.servers.iter().filter(|s| !s.is_failed()) {
+            let reply = s.link().control.request(|tag| Message::VolumeRoot {
+                tag,
+                root: root.to_vec(),
+            });
+            match reply {
+                Ok(Message::VolumeDone { .. }) => set += 1,
+                Ok(other) => last = Some(unexpected(s.addr, &other)),
+                Err(e) => {
+                    s.mark_failed();
+                    last = Some(e);
+                }
+            }
+        }
+        match (set, last) {
+            (0, Some(e)) => Err(e),
+            _ => Ok(set),
+        }
+    }
+
+    /// Every extent the volume owns on server `id` (`(addr, len, rkey)`).
+    pub fn volume_extents(
+        &self,
+        id: crate::fabric::ServerId,
+    ) -> Result<Vec<(u64, u64, u64)>, PoolError> {
+        let s = self.server(id)?;
+        let mut all = Vec::new();
+        let mut after = 0;
+        loop {
+            match s
+                .link()
+                .control
+                .request(|tag| Message::VolumeExtents { tag, after })?
+            {
+                Message::ExtentList { extents, more, .. } => {
+                    let last = extents.last().map(|e| e.0);
+                    all.extend(extents);
+                    match (more, last) {
+                        (true, Some(l)) => after = l,
+                        _ => return Ok(all),
+                    }
+                }
+                other => return Err(unexpected(s.addr, &other)),
+            }
+        }
+    }
+
+    /// Holds frees back behind `gate` from now on (a volume's journal is running).
+    pub fn set_free_gate(&self, gate: crate::sync::Arc<FreeGate>) {
+        *self.free_gate.lock() = Some(gate);
+    }
+
+    /// Whether `region`'s free waits for the journal (see the module doc).
+    pub(super) fn hold_free(&self, region: RemoteRegion) -> bool {
+        let gate = self.free_gate.lock().clone();
+        gate.is_some_and(|g| g.hold(region))
+    }
+
+    /// The journal committed everything up to `lsn`: frees waiting for it go out.
+    pub fn release_frees(&self, gate: &FreeGate, lsn: u64) {
+        gate.committed.fetch_max(lsn, Ordering::SeqCst);
+        let due: Vec<RemoteRegion> = {
+            let mut held = gate.held.lock();
+            let mut due = Vec::new();
+            while held.front().is_some_and(|(l, _)| *l <= lsn) {
+                due.push(held.pop_front().expect("checked").1);
+            }
+            due
+        };
+        for r in due {
+            if let Err(e) = self.free_now(r) {
+                log::debug!("freeing an extent on {}: {e}", r.server);
+            }
+        }
+    }
+}

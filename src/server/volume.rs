@@ -1,0 +1,453 @@
+//! Volumes on a memory server: extents owned by a named volume rather than by a session,
+//! an epoch per volume that fences an old holder, and the volume's root (where its journal
+//! and checkpoint are).
+//!
+//! Why here: a volume must outlive the daemon that holds it (its namespace is journaled into
+//! extents on these servers), and a stale daemon must never land a byte after another has
+//! taken the volume over. The server is the one place both can be enforced: a holder's
+//! session owns the volume's extents while it is connected; when it goes (crash, unmount,
+//! lost link) they are parked with the volume, never freed by a lease; a new holder's claim
+//! bumps the epoch and first closes the old holder's control and data connections (on verbs
+//! its queue pairs), so its one-sided operations fail from then on, and its token may no
+//! longer resume. The new holder takes over the same session id, so the volume's extents
+//! keep their keys and the journal's chunk maps stay valid.
+
+use super::session::Session;
+use super::{token_digest, Extent, Shared, TokenDigest};
+use crate::proto::{
+    ClaimMode, Message, RefusalCode, VolumeInfo, EXTENTS_PER_LIST, MAX_VOLUMES_PER_LIST,
+};
+use std::collections::HashMap;
+use std::net::Shutdown;
+use std::time::Instant;
+
+/// Tokens of fenced holders remembered per volume (each a claim that took over from a
+/// holder): enough for any realistic run of takeovers between two resumes.
+const FENCED_REMEMBERED: usize = 16;
+
+/// Longest volume name; names are `[A-Za-z0-9._-]`, so they are safe in logs and paths.
+pub const MAX_VOLUME_NAME: usize = 64;
+
+/// Whether `name` may name a volume.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_VOLUME_NAME
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+pub(super) struct Volume {
+    /// The session id the volume's extents are registered to (every holder takes it).
+    session_id: u64,
+    epoch: u64,
+    /// The current or last holder (`host pid N`).
+    holder: String,
+    /// The holder's control connection, while one is connected.
+    conn: Option<u64>,
+    /// The current or last holder's token: it may resume (a lost link).
+    token: Option<TokenDigest>,
+    /// Holders a later claim fenced: their resume is refused.
+    fenced: Vec<TokenDigest>,
+    last_heard: Instant,
+    /// The volume's extents while no holder is connected.
+    parked: HashMap<u64, Extent>,
+    extents: u64,
+    bytes: u64,
+    root: Vec<u8>,
+}
+
+impl Volume {
+    fn info(&self, name: &str) -> VolumeInfo {
+        VolumeInfo {
+            name: name.to_string(),
+            epoch: self.epoch,
+            holder: self.holder.clone(),
+            live: self.conn.is_some(),
+            idle_secs: self.last_heard.elapsed().as_secs(),
+            extents: self.extents,
+            bytes: self.bytes,
+            root: self.root.clone(),
+        }
+    }
+}
+
+fn refuse(tag: u64, code: RefusalCode, message: String) -> Message {
+    Message::Refused { tag, code, message }
+}
+
+impl Shared {
+    /// Frees the parked extents of every volume (the server stops: its memory goes).
+    pub(super) fn release_volumes(&self) {
+        let parked: Vec<Extent> = self
+            .volumes
+            .lock()
+            .values_mut()
+            .flat_map(|v| std::mem::take(&mut v.parked).into_values())
+            .collect();
+        for e in parked {
+            self.release(e);
+        }
+    }
+
+    fn known_volumes(&self) -> String {
+        let vols = self.volumes.lock();
+        let mut names: Vec<&String> = vols.keys().collect();
+        names.sort();
+        if names.is_empty() {
+            "none".into()
+        } else {
+            names
+                .iter()
+                .map(|n| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    }
+}
+
+impl Session {
+    /// Notes that the holder was heard (a silent holder may be replaced after the lease).
+    pub(super) fn heard(&self) {
+        if let Some(name) = &self.volume {
+            if let Some(v) = self.shared.volumes.lock().get_mut(name) {
+                v.last_heard = Instant::now();
+            }
+        }
+    }
+
+    /// Keeps the volume's figures (`volume ls`) in step with this holder's extents.
+    pub(super) fn note_usage(&self) {
+        if let Some(name) = &self.volume {
+            if let Some(v) = self.shared.volumes.lock().get_mut(name) {
+                v.extents = self.extents.len() as u64;
+                v.bytes = self.held;
+            }
+        }
+    }
+
+    /// `VolumeClaim` (see [`Message::VolumeClaim`] and the module doc).
+    pub(super) fn claim(
+        &mut self,
+        tag: u64,
+        name: String,
+        holder: String,
+        mode: ClaimMode,
+        takeover: bool,
+        min_epoch: u64,
+    ) -> Result<Message, String> {
+        if !self.extents.is_empty() || !self.guards.is_empty() || self.volume.is_some() {
+            return Err("VolumeClaim must come first after Welcome".into());
+        }
+        if !valid_name(&name) {
+            return Ok(refuse(
+                tag,
+                RefusalCode::NoVolume,
+                format!("'{name}' is no volume name (1 to {MAX_VOLUME_NAME} of A-Z a-z 0-9 . _ -)"),
+            ));
+        }
+        let token = self.token().ok_or("VolumeClaim before Welcome")?;
+        let shared = self.shared.clone();
+        let deadline = Instant::now() + shared.control_timeout;
+        let mut vols = shared.volumes.lock();
+        loop {
+            let Some(v) = vols.get_mut(&name) else {
+                if mode == ClaimMode::Attach {
+                    drop(vols);
+                    return Ok(refuse(
+                        tag,
+                        RefusalCode::NoVolume,
+                        format!(
+                            "no volume '{name}' on this server (it holds: {})",
+                            shared.known_volumes()
+                        ),
+                    ));
+                }
+                let epoch = min_epoch.max(1);
+                vols.insert(
+                    name.clone(),
+                    Volume {
+                        session_id: self.id,
+                        epoch,
+                        holder: holder.clone(),
+                        conn: Some(self.conn),
+                        token: Some(token_digest(&token)),
+                        fenced: Vec::new(),
+                        last_heard: Instant::now(),
+                        parked: HashMap::new(),
+                        extents: 0,
+                        bytes: 0,
+                        root: Vec::new(),
+                    },
+                );
+                log::info!("volume '{name}' made for {holder} at epoch {epoch}");
+                self.volume = Some(name);
+                return Ok(Message::VolumeClaimed {
+                    tag,
+                    epoch,
+                    created: true,
+                    root: Vec::new(),
+                    extents: 0,
+                    bytes: 0,
+                });
+            };
+            if mode == ClaimMode::Create {
+                return Ok(refuse(
+                    tag,
+                    RefusalCode::VolumeExists,
+                    format!(
+                        "volume '{name}' exists already (held last by {}, epoch {}): attach \
+                         without --create",
+                        v.holder, v.epoch
+                    ),
+                ));
+            }
+            if let Some(conn) = v.conn {
+                let idle = v.last_heard.elapsed();
+                let silent = idle > shared.lease;
+                if !takeover && !silent {
+                    return Ok(refuse(
+                        tag,
+                        RefusalCode::Held,
+                        format!(
+                            "volume '{name}' is held by {} (epoch {}), heard {:.1} s ago: a \
+                             second daemon is refused while it lives (--takeover fences it)",
+                            v.holder,
+                            v.epoch,
+                            idle.as_secs_f64()
+                        ),
+                    ));
+                }
+                if Instant::now() >= deadline {
+                    return Ok(refuse(
+                        tag,
+                        RefusalCode::Held,
+                        format!(
+                            "the holder of volume '{name}' ({}) did not let go in time",
+                            v.holder
+                        ),
+                    ));
+                }
+                log::warn!(
+                    "volume '{name}': fencing holder {} (epoch {}, heard {:.1} s ago) for {holder}",
+                    v.holder,
+                    v.epoch,
+                    idle.as_secs_f64()
+                );
+                // Closing its control connection ends its session, whose departure closes
+                // its data connections and parks the extents (see `depart_volume`).
+                if let Some(s) = shared.sessions.lock().get(&conn) {
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                vols = shared.volume_changes.wait_timeout(vols, left).0;
+                continue;
+            }
+            v.epoch = (v.epoch + 1).max(min_epoch);
+            let digest = token_digest(&token);
+            if let Some(old) = v.token.replace(digest) {
+                if old != digest {
+                    v.fenced.push(old);
+                    if v.fenced.len() > FENCED_REMEMBERED {
+                        v.fenced.remove(0);
+                    }
+                }
+            }
+            log::info!(
+                "volume '{name}' claimed by {holder} at epoch {} (last held by {}): {} extents",
+                v.epoch,
+                v.holder,
+                v.parked.len()
+            );
+            v.conn = Some(self.conn);
+            v.holder = holder;
+            v.last_heard = Instant::now();
+            self.id = v.session_id;
+            self.extents = std::mem::take(&mut v.parked);
+            self.held = v.bytes;
+            let reply = Message::VolumeClaimed {
+                tag,
+                epoch: v.epoch,
+                created: false,
+                root: v.root.clone(),
+                extents: self.extents.len() as u64,
+                bytes: self.held,
+            };
+            self.volume = Some(name);
+            return Ok(reply);
+        }
+    }
+
+    /// A resume by a volume's holder (a lost link): `None` if `old` held no volume here.
+    pub(super) fn resume_volume(
+        &mut self,
+        tag: u64,
+        old: &TokenDigest,
+    ) -> Option<Result<Message, String>> {
+        let shared = self.shared.clone();
+        let deadline = Instant::now() + shared.control_timeout;
+        let mut vols = shared.volumes.lock();
+        let name = vols
+            .iter()
+            .find(|(_, v)| v.token.as_ref() == Some(old) || v.fenced.contains(old))
+            .map(|(n, _)| n.clone())?;
+        loop {
+            let v = vols.get_mut(&name)?;
+            if v.fenced.contains(old) {
+                return Some(Ok(refuse(
+                    tag,
+                    RefusalCode::Fenced,
+                    format!(
+                        "volume '{name}' was taken over by {} at epoch {}: this daemon is fenced",
+                        v.holder, v.epoch
+                    ),
+                )));
+            }
+            if let Some(conn) = v.conn {
+                // The old connection is still open here: the client saw it fail first.
+                if Instant::now() >= deadline {
+                    return Some(Ok(refuse(
+                        tag,
+                        RefusalCode::NotFound,
+                        "the session's old connection did not close in time".into(),
+                    )));
+                }
+                if let Some(s) = shared.sessions.lock().get(&conn) {
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                vols = shared.volume_changes.wait_timeout(vols, left).0;
+                continue;
+            }
+            let token = self.token()?;
+            v.token = Some(token_digest(&token));
+            v.conn = Some(self.conn);
+            v.last_heard = Instant::now();
+            self.id = v.session_id;
+            self.extents = std::mem::take(&mut v.parked);
+            self.held = v.bytes;
+            self.volume = Some(name.clone());
+            log::info!(
+                "volume '{name}': holder {} resumed with {} extents",
+                v.holder,
+                self.extents.len()
+            );
+            crate::server::bump(&shared.refusals.resumed_sessions);
+            return Some(Ok(Message::Resumed {
+                tag,
+                extents: self.extents.len() as u64,
+                bytes: self.held,
+            }));
+        }
+    }
+
+    /// The holder's connection is gone (crash, unmount, fence, lost link): the volume keeps
+    /// its extents. Returns false if this session holds no volume.
+    pub(super) fn depart_volume(&mut self) -> bool {
+        let Some(name) = self.volume.take() else {
+            return false;
+        };
+        // Its data connections close first: nothing it posted lands after this.
+        self.guards.clear();
+        {
+            let mut vols = self.shared.volumes.lock();
+            if let Some(v) = vols.get_mut(&name) {
+                if v.conn == Some(self.conn) {
+                    v.conn = None;
+                }
+                v.parked.extend(std::mem::take(&mut self.extents));
+                v.extents = v.parked.len() as u64;
+                v.bytes = self.held;
+                v.last_heard = Instant::now();
+            }
+        }
+        log::info!("volume '{name}': its holder left; its extents stay with the volume");
+        self.held = 0;
+        self.shared.volume_changes.notify_all();
+        true
+    }
+
+    /// `VolumeRoot`: only the holder sets it.
+    pub(super) fn set_root(&mut self, tag: u64, root: Vec<u8>) -> Message {
+        let Some(name) = &self.volume else {
+            return refuse(tag, RefusalCode::NotFound, "this session holds no volume".into());
+        };
+        if let Some(v) = self.shared.volumes.lock().get_mut(name) {
+            v.root = root;
+        }
+        Message::VolumeDone { tag }
+    }
+
+    /// `VolumeExtents`: the holder's extents above `after`.
+    pub(super) fn list_extents(&self, tag: u64, after: u64) -> Message {
+        if self.volume.is_none() {
+            return refuse(tag, RefusalCode::NotFound, "this session holds no volume".into());
+        }
+        let mut all: Vec<(u64, u64, u64)> = self
+            .extents
+            .iter()
+            .filter(|(&a, _)| a > after || (after == 0 && a == 0))
+            .map(|(&a, e)| (a, e.len, e.mr.rkey()))
+            .collect();
+        all.sort_unstable();
+        let more = all.len() > EXTENTS_PER_LIST;
+        all.truncate(EXTENTS_PER_LIST);
+        Message::ExtentList {
+            tag,
+            extents: all,
+            more,
+        }
+    }
+
+    /// `VolumeList`.
+    pub(super) fn list_volumes(&self, tag: u64, after: &str) -> Message {
+        let vols = self.shared.volumes.lock();
+        let mut names: Vec<&String> = vols.keys().filter(|n| n.as_str() > after).collect();
+        names.sort();
+        let more = names.len() > MAX_VOLUMES_PER_LIST;
+        let volumes = names
+            .into_iter()
+            .take(MAX_VOLUMES_PER_LIST)
+            .map(|n| vols[n].info(n))
+            .collect();
+        Message::Volumes { tag, volumes, more }
+    }
+
+    /// `VolumeDrop`: frees every extent of a volume no holder is connected to.
+    pub(super) fn drop_volume(&mut self, tag: u64, name: &str) -> Message {
+        let shared = self.shared.clone();
+        let gone = {
+            let mut vols = shared.volumes.lock();
+            match vols.get(name) {
+                None => {
+                    return refuse(
+                        tag,
+                        RefusalCode::NoVolume,
+                        format!("no volume '{name}' on this server"),
+                    )
+                }
+                Some(v) if v.conn.is_some() => {
+                    return refuse(
+                        tag,
+                        RefusalCode::Held,
+                        format!(
+                            "volume '{name}' is held by {} (epoch {}): unmount it first",
+                            v.holder, v.epoch
+                        ),
+                    )
+                }
+                Some(_) => vols.remove(name).expect("present"),
+            }
+        };
+        log::info!(
+            "volume '{name}' removed: freeing its {} extents ({} bytes)",
+            gone.parked.len(),
+            gone.bytes
+        );
+        for (_, e) in gone.parked {
+            shared.release(e);
+        }
+        Message::VolumeDone { tag }
+    }
+}

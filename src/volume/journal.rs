@@ -1,0 +1,490 @@
+//! The volume's journal: records buffered in memory as operations commit, written by a
+//! committer thread to a ring on up to three servers (one batch of one-sided WRITEs per group
+//! commit), and a checkpoint that bounds the ring.
+//!
+//! Why a committer: metadata operations must do no I/O of their own (they run under the
+//! namespace's lock), so `record` only frames the batch into the pending buffer. The
+//! committer writes what is pending every [`COMMIT_INTERVAL`], at once when `fsync` asks
+//! ([`Barrier::sync`] waits for its sequence number), or when [`COMMIT_BATCH`] bytes wait.
+//! When the ring cannot take the next group, a checkpoint (the namespace's image) is written
+//! to new extents, the root is pointed at it on every server, and the ring starts over: its
+//! older records carry lower sequence numbers, so a reader stops at them.
+
+use super::root::{Place, Root};
+use crate::client::volume::FreeGate;
+use crate::client::Pool;
+use crate::error::{Error, Result};
+use crate::fabric::{RemoteRegion, ServerId};
+use crate::fs::{Barrier, Fs};
+use crate::meta::{record, Change, Journal};
+use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+/// How long a change may wait in memory before it is written (the most un-fsynced metadata
+/// a crash can lose): a few ms, as the issue asks, so a group gathers many operations.
+pub const COMMIT_INTERVAL: Duration = Duration::from_millis(5);
+/// Pending bytes that start a commit at once (a burst of creates need not wait).
+pub const COMMIT_BATCH: usize = 1 << 20;
+/// Bytes of each ring copy: at ~150 bytes a record, some 200,000 operations between
+/// checkpoints, while three copies cost little of a server.
+pub const RING_BYTES: u64 = 32 << 20;
+/// Copies of the journal and checkpoint (on different servers).
+pub const JOURNAL_COPIES: usize = 3;
+/// Changes per checkpoint frame: frames stay far below a record's payload limit.
+const CHANGES_PER_FRAME: usize = 4096;
+
+struct Pending {
+    bytes: Vec<u8>,
+    /// Each framed record's sequence number and where it ends in `bytes`.
+    frames: Vec<(u64, usize)>,
+    sync_wanted: bool,
+}
+
+struct Done {
+    committed: u64,
+    failed: Option<String>,
+}
+
+pub(super) struct Shared {
+    pending: Mutex<Pending>,
+    wake: Condvar,
+    done: Mutex<Done>,
+    done_cv: Condvar,
+    pub(super) gate: Arc<FreeGate>,
+    stop: AtomicBool,
+}
+
+/// What writes the ring and checkpoints: only the committer thread (and attach, before it
+/// starts) uses it.
+pub(super) struct Writer {
+    pub(super) fs: Weak<Fs>,
+    pub(super) pool: Arc<Pool>,
+    pub(super) root: Root,
+    /// Where the next record goes in the ring.
+    pub(super) tail: u64,
+}
+
+fn eio(why: String) -> Error {
+    Error::new(libc::EIO, why)
+}
+
+pub(super) fn region(p: &Place, len: u64) -> RemoteRegion {
+    RemoteRegion {
+        server: ServerId(p.server),
+        addr: p.addr,
+        len,
+        rkey: p.rkey,
+    }
+}
+
+impl Writer {
+    fn fs(&self) -> std::result::Result<Arc<Fs>, String> {
+        self.fs.upgrade().ok_or_else(|| "the file system is gone".to_string())
+    }
+
+    /// Sets the root (one generation up) on every live server.
+    fn publish(&mut self, mut root: Root) -> std::result::Result<(), String> {
+        root.generation = self.root.generation + 1;
+        self.pool
+            .set_root(&root.encode())
+            .map_err(|e| format!("cannot set the volume's root: {e}"))?;
+        self.root = root;
+        Ok(())
+    }
+
+    /// Live servers for the journal's copies: those of the current ring first.
+    fn journal_servers(&self) -> Vec<u32> {
+        let live: Vec<u32> = self
+            .pool
+            .status()
+            .iter()
+            .filter(|s| !s.failed)
+            .map(|s| s.id.0)
+            .collect();
+        let mut out: Vec<u32> = self
+            .root
+            .ring
+            .iter()
+            .map(|p| p.server)
+            .filter(|s| live.contains(s))
+            .collect();
+        for s in live {
+            if out.len() >= JOURNAL_COPIES {
+                break;
+            }
+            if !out.contains(&s) {
+                out.push(s);
+            }
+        }
+        out.truncate(JOURNAL_COPIES);
+        out
+    }
+
+    fn alloc(&self, server: u32, len: u64) -> std::result::Result<Place, String> {
+        let r = self
+            .pool
+            .alloc_on(ServerId(server), len)
+            .map_err(|e| format!("cannot allocate journal space: {e}"))?;
+        Ok(Place {
+            server,
+            addr: r.addr,
+            rkey: r.rkey,
+        })
+    }
+
+    fn free(&self, places: &[Place], len: u64) {
+        for p in places {
+            let _ = self.pool.free(region(p, len));
+        }
+    }
+
+    /// Writes a checkpoint of the namespace as of the last sequence number handed out, and
+    /// starts the ring over behind it (a fresh ring with `fresh_ring`: at attach). Returns
+    /// that sequence number.
+    pub(super) fn checkpoint(
+        &mut self,
+        gate: &FreeGate,
+        fresh_ring: bool,
+    ) -> std::result::Result<u64, String> {
+        let fs = self.fs()?;
+        let (mut image, lsn) =
+            fs.inspect_meta(|m| (m.image(), gate.assigned.load(Ordering::SeqCst)));
+        image.add_chunks();
+        let (mut files, mut bytes) = (0u64, 0u64);
+        for c in &image.changes {
+            if let Change::Make {
+                kind: crate::meta::Kind::File,
+                attrs,
+                ..
+            } = c
+            {
+                files += 1;
+                bytes += attrs.size;
+            }
+        }
+        let mut frames = Vec::new();
+        for (i, group) in image.changes.chunks(CHANGES_PER_FRAME).enumerate() {
+            frames.extend(record::encode(i as u64, group));
+        }
+        let servers = self.journal_servers();
+        if servers.is_empty() {
+            return Err("no memory server is up to hold the volume's checkpoint".into());
+        }
+        let ckpt_len = (frames.len() as u64).max(1);
+        let mut checkpoint = Vec::new();
+        for &s in &servers {
+            match self.alloc(s, ckpt_len) {
+                Ok(p) => checkpoint.push(p),
+                Err(e) => {
+                    self.free(&checkpoint, ckpt_len);
+                    return Err(e);
+                }
+            }
+        }
+        let regions: Vec<RemoteRegion> = checkpoint
+            .iter()
+            .map(|p| region(p, ckpt_len))
+            .collect();
+        if let Err(e) = fs.data().write_regions(&regions, 0, &frames) {
+            self.free(&checkpoint, ckpt_len);
+            return Err(format!("cannot write the volume's checkpoint: {e}"));
+        }
+        let old_ring = std::mem::take(&mut self.root.ring);
+        let (ring, ring_len) = if fresh_ring || old_ring.is_empty() {
+            let mut ring = Vec::new();
+            for &s in &servers {
+                match self.alloc(s, RING_BYTES) {
+                    Ok(p) => ring.push(p),
+                    Err(e) => {
+                        self.free(&ring, RING_BYTES);
+                        self.free(&checkpoint, ckpt_len);
+                        self.root.ring = old_ring;
+                        return Err(e);
+                    }
+                }
+            }
+            (ring, RING_BYTES)
+        } else {
+            (old_ring.clone(), self.root.ring_len)
+        };
+        let old = self.root.clone();
+        let root = Root {
+            generation: 0,
+            servers: old.servers.clone(),
+            checkpoint,
+            checkpoint_len: frames.len() as u64,
+            checkpoint_lsn: lsn,
+            next_ino: image.next_ino,
+            ring,
+            ring_len,
+            files,
+            bytes,
+            checkpoint_unix: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        };
+        if let Err(e) = self.publish(root) {
+            self.root.ring = old_ring;
+            return Err(e);
+        }
+        // Nothing names the old checkpoint (nor, after a fresh ring, the old ring) now.
+        self.free(&old.checkpoint, old.checkpoint_len.max(1));
+        if fresh_ring {
+            self.free(&old_ring, old.ring_len);
+        }
+        self.tail = 0;
+        log::info!(
+            "volume checkpoint at sequence {lsn}: {files} files, {} bytes of records",
+            frames.len()
+        );
+        Ok(lsn)
+    }
+
+    /// Appends `bytes` (records up to `last`) to every ring copy. A copy whose server failed
+    /// is dropped from the ring, and the root saying so is set, before the write counts.
+    fn append(
+        &mut self,
+        gate: &FreeGate,
+        bytes: &[u8],
+        last: u64,
+    ) -> std::result::Result<u64, String> {
+        if self.tail + bytes.len() as u64 > self.root.ring_len {
+            return self.checkpoint(gate, false);
+        }
+        loop {
+            let live: Vec<Place> = self
+                .root
+                .ring
+                .iter()
+                .copied()
+                .filter(|p| self.pool.is_live(ServerId(p.server)))
+                .collect();
+            if live.is_empty() {
+                return Err("every copy of the volume's journal is on a failed server".into());
+            }
+            if live.len() < self.root.ring.len() {
+                let mut root = self.root.clone();
+                root.ring = live.clone();
+                self.publish(root)?;
+            }
+            let regions: Vec<RemoteRegion> = live
+                .iter()
+                .map(|p| region(p, self.root.ring_len))
+                .collect();
+            let fs = self.fs()?;
+            match fs.data().write_regions(&regions, self.tail, bytes) {
+                Ok(()) => {
+                    self.tail += bytes.len() as u64;
+                    return Ok(last);
+                }
+                Err(e) => match e.failed_server() {
+                    Some(_) if live.len() > 1 => {
+                        log::warn!("a journal copy failed ({e}); going on without it");
+                        continue;
+                    }
+                    _ => return Err(format!("cannot write the volume's journal: {e}")),
+                },
+            }
+        }
+    }
+}
+
+/// The running journal: the namespace's [`Journal`], the file system's [`Barrier`], and
+/// the committer thread.
+pub struct VolumeJournal {
+    pub(super) shared: Arc<Shared>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// The namespace's end of the journal (handed to [`crate::meta::Meta::set_journal`]).
+pub struct Recorder(Arc<Shared>);
+
+impl Journal for Recorder {
+    fn record(&mut self, changes: &[Change]) -> Result<()> {
+        if let Some(why) = &self.0.done.lock().failed {
+            return Err(eio(why.clone()));
+        }
+        let gate = &self.0.gate;
+        let lsn = gate.assigned.load(Ordering::SeqCst) + 1;
+        let frame = record::encode(lsn, changes);
+        let mut p = self.0.pending.lock();
+        p.bytes.extend_from_slice(&frame);
+        let end = p.bytes.len();
+        p.frames.push((lsn, end));
+        gate.assigned.store(lsn, Ordering::SeqCst);
+        if end >= COMMIT_BATCH {
+            self.0.wake.notify_one();
+        }
+        Ok(())
+    }
+}
+
+impl Barrier for VolumeJournal {
+    fn sync(&self) -> Result<()> {
+        self.shared.sync()
+    }
+}
+
+impl Shared {
+    fn sync(&self) -> Result<()> {
+        let target = self.gate.assigned.load(Ordering::SeqCst);
+        {
+            let mut p = self.pending.lock();
+            p.sync_wanted = true;
+            self.wake.notify_one();
+        }
+        let mut d = self.done.lock();
+        loop {
+            if let Some(why) = &d.failed {
+                return Err(eio(why.clone()));
+            }
+            if d.committed >= target {
+                return Ok(());
+            }
+            if self.stop.load(Ordering::SeqCst) {
+                return Err(eio("the volume's journal is stopped".into()));
+            }
+            d = self.done_cv.wait(d);
+        }
+    }
+
+    /// The next group to write: waits for records, then up to the commit interval for more
+    /// (not at all when `fsync` waits). `None`: stopping with nothing left.
+    fn next_group(&self) -> Option<(Vec<u8>, u64)> {
+        let mut p = self.pending.lock();
+        while p.bytes.is_empty() {
+            if self.stop.load(Ordering::SeqCst) {
+                return None;
+            }
+            p = self.wake.wait_timeout(p, COMMIT_INTERVAL * 20).0;
+        }
+        let deadline = Instant::now() + COMMIT_INTERVAL;
+        while !p.sync_wanted && p.bytes.len() < COMMIT_BATCH && !self.stop.load(Ordering::SeqCst)
+        {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            p = self.wake.wait_timeout(p, left).0;
+        }
+        p.sync_wanted = false;
+        let last = p.frames.last().map(|f| f.0).unwrap_or(0);
+        p.frames.clear();
+        Some((std::mem::take(&mut p.bytes), last))
+    }
+
+    /// Drops pending records a checkpoint up to `lsn` holds already.
+    fn forget_up_to(&self, lsn: u64) {
+        let mut p = self.pending.lock();
+        let cut = p
+            .frames
+            .iter()
+            .take_while(|f| f.0 <= lsn)
+            .last()
+            .map(|f| f.1)
+            .unwrap_or(0);
+        if cut == 0 {
+            return;
+        }
+        p.bytes.drain(..cut);
+        p.frames.retain(|f| f.0 > lsn);
+        for f in &mut p.frames {
+            f.1 -= cut;
+        }
+    }
+
+    fn committed(&self, pool: &Pool, lsn: u64) {
+        {
+            let mut d = self.done.lock();
+            d.committed = d.committed.max(lsn);
+        }
+        self.done_cv.notify_all();
+        pool.release_frees(&self.gate, lsn);
+    }
+
+    fn fail(&self, why: String) {
+        log::error!("volume journal stopped: {why}; every operation now fails (EIO)");
+        self.done.lock().failed = Some(why);
+        self.done_cv.notify_all();
+    }
+}
+
+impl VolumeJournal {
+    /// Starts the committer over `writer`, records numbered after `last_lsn` (what attach
+    /// replayed and checkpointed).
+    pub(super) fn start(
+        mut writer: Writer,
+        gate: Arc<FreeGate>,
+        last_lsn: u64,
+    ) -> std::io::Result<(VolumeJournal, Recorder)> {
+        gate.assigned.store(last_lsn, Ordering::SeqCst);
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Pending {
+                bytes: Vec::new(),
+                frames: Vec::new(),
+                sync_wanted: false,
+            }),
+            wake: Condvar::new(),
+            done: Mutex::new(Done {
+                committed: last_lsn,
+                failed: None,
+            }),
+            done_cv: Condvar::new(),
+            gate: gate.clone(),
+            stop: AtomicBool::new(false),
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("volume-commit".into())
+            .spawn(move || {
+                while let Some((bytes, last)) = s.next_group() {
+                    if s.done.lock().failed.is_some() {
+                        continue;
+                    }
+                    if let Some(why) = writer.pool.fenced() {
+                        s.fail(why);
+                        continue;
+                    }
+                    match writer.append(&s.gate, &bytes, last) {
+                        Ok(lsn) => {
+                            s.forget_up_to(lsn);
+                            s.committed(&writer.pool, lsn.max(last));
+                        }
+                        Err(why) => s.fail(why),
+                    }
+                }
+            })?;
+        Ok((
+            VolumeJournal {
+                shared: shared.clone(),
+                thread: Mutex::new(Some(thread)),
+            },
+            Recorder(shared),
+        ))
+    }
+
+    /// Commits what is pending and stops the committer (an unmount).
+    pub fn stop(&self) -> Result<()> {
+        let res = self.shared.sync();
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.wake.notify_all();
+        let thread = self.thread.lock().take();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+        res
+    }
+
+    /// Sequence number of the last commit (`stats`).
+    pub fn committed(&self) -> u64 {
+        self.shared.done.lock().committed
+    }
+}
+
+impl Drop for VolumeJournal {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}

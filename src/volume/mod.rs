@@ -1,0 +1,299 @@
+//! Volumes: a namespace that outlives the daemon. The servers own the volume's extents and
+//! fence old holders (`server::volume`); the pool claims the volume and holds frees back
+//! until the journal has them (`client::volume`); this module replays a volume at attach and
+//! runs its journal.
+//!
+//! Attach: take the newest root any server holds; read the checkpoint and the ring (every
+//! copy: the longest valid run of records wins, so a copy that missed the last group before
+//! a crash costs nothing); replay them into an empty table; forget copies on servers that
+//! restarted without the volume (the rebuild restores them); drop orphans; free every extent
+//! the volume owns that nothing names (allocations that never reached the journal, stock
+//! granted ahead); then write a fresh checkpoint and ring, which also repairs lagging journal
+//! copies, and start the committer.
+
+pub mod admin;
+mod journal;
+pub mod root;
+
+pub use journal::{VolumeJournal, COMMIT_INTERVAL, RING_BYTES};
+
+use crate::client::volume::FreeGate;
+use crate::data::DataStore;
+use crate::fabric::{RemoteRegion, ServerId};
+use crate::fs::{Fs, FsConfig};
+use crate::meta::{record, Change, Chunk, Meta, Replica};
+use crate::sync::Arc;
+use journal::{region, Writer};
+use root::{Place, Root};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+
+/// An attached volume's file system and its running journal.
+pub struct Attached {
+    pub fs: Arc<Fs>,
+    pub journal: Arc<VolumeJournal>,
+    /// What attach found and did (for the log and the tests).
+    pub report: AttachReport,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AttachReport {
+    pub epoch: u64,
+    pub created: bool,
+    pub inodes: usize,
+    /// Records replayed from the ring after the checkpoint.
+    pub replayed: usize,
+    /// Servers that had restarted without the volume (their copies forgotten).
+    pub restarted: usize,
+    pub orphans: usize,
+    /// Extents freed because nothing named them.
+    pub collected: usize,
+}
+
+fn remap_chunk(c: &Chunk, perm: &[u32]) -> Chunk {
+    let replicas: Vec<Replica> = c
+        .replicas()
+        .iter()
+        .map(|r| Replica {
+            server: perm[r.server as usize],
+            ..*r
+        })
+        .collect();
+    Chunk::with_replicas(c.len, &replicas)
+}
+
+fn apply_all(
+    meta: &mut Meta,
+    records: Vec<(u64, Vec<Change>)>,
+    perm: &[u32],
+) -> Result<usize, String> {
+    let n = records.len();
+    for (lsn, changes) in records {
+        for mut c in changes {
+            if let Change::Extent {
+                chunk: Some(chunk), ..
+            } = &mut c
+            {
+                if chunk.replicas().iter().any(|r| r.server as usize >= perm.len()) {
+                    return Err(format!("journal record {lsn} names an unknown server"));
+                }
+                *chunk = remap_chunk(chunk, perm);
+            }
+            meta.apply(&c)
+                .map_err(|e| format!("replaying record {lsn}: {}", e.message))?;
+        }
+    }
+    Ok(n)
+}
+
+fn stop_reason(stop: &record::Stop) -> Option<String> {
+    match stop {
+        record::Stop::NewerFormat { found } => Some(format!(
+            "the volume's journal is format {found}; this rmemfs reads formats up to {}: \
+             upgrade rmemfs to attach it",
+            record::RECORD_VERSION
+        )),
+        record::Stop::Malformed(why) => Some(format!("the volume's journal is damaged: {why}")),
+        _ => None,
+    }
+}
+
+/// Attaches the pool's claimed volume (see the module doc). `addrs` are the mount's servers
+/// in the pool's order.
+pub fn attach(data: DataStore, config: FsConfig, addrs: &[SocketAddr]) -> Result<Attached, String> {
+    let pool = data.pool().clone();
+    let claims = pool.claims().to_vec();
+    let servers: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+    let mut best: Option<Root> = None;
+    for c in &claims {
+        if let Some(r) = Root::decode(&c.root)? {
+            if best.as_ref().is_none_or(|b| r.generation > b.generation) {
+                best = Some(r);
+            }
+        }
+    }
+    let mut report = AttachReport {
+        epoch: pool.epoch(),
+        created: best.is_none(),
+        ..Default::default()
+    };
+    // Servers that restarted without the volume hold none of its copies.
+    let restarted: Vec<u32> = if best.is_some() {
+        claims
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.created)
+            .map(|(i, _)| i as u32)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    report.restarted = restarted.len();
+    let mut meta = Meta::new(0o755, config.root_uid, config.root_gid);
+    let mut last_lsn = 0;
+    let (mut old_ckpt, mut old_ring): (Vec<Place>, Vec<Place>) = (Vec::new(), Vec::new());
+    if let Some(root) = &best {
+        let perm: Vec<u32> = root
+            .servers
+            .iter()
+            .map(|s| {
+                servers.iter().position(|a| a == s).map(|i| i as u32).ok_or_else(|| {
+                    format!(
+                        "the volume's server {s} is not among --servers ({}): give every \
+                         server of the volume",
+                        servers.join(",")
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let usable = |p: &Place| -> Option<RemoteRegion> {
+            let id = perm[p.server as usize];
+            (!restarted.contains(&id) && pool.is_live(ServerId(id))).then_some(RemoteRegion {
+                server: ServerId(id),
+                ..region(p, 0)
+            })
+        };
+        // The checkpoint, from any copy that reads whole.
+        let mut checkpoint = None;
+        for p in &root.checkpoint {
+            let Some(r) = usable(p) else { continue };
+            let r = RemoteRegion {
+                len: root.checkpoint_len.max(1),
+                ..r
+            };
+            match data.read_region(r, 0, root.checkpoint_len as usize) {
+                Ok(bytes) => {
+                    let read = record::read(&bytes, 0);
+                    if let Some(why) = stop_reason(&read.stop) {
+                        return Err(why);
+                    }
+                    if read.end == bytes.len() {
+                        checkpoint = Some(read.records);
+                        break;
+                    }
+                    log::warn!("a copy of the volume's checkpoint is damaged; trying another");
+                }
+                Err(e) => log::warn!("cannot read a copy of the volume's checkpoint: {e}"),
+            }
+        }
+        if root.checkpoint_len > 0 || !root.checkpoint.is_empty() {
+            let records = checkpoint.ok_or(
+                "no copy of the volume's checkpoint can be read (every server holding one is \
+                 down or restarted)",
+            )?;
+            apply_all(&mut meta, records, &perm)?;
+        }
+        meta.number_from(root.next_ino);
+        // The ring: the copy with the longest valid run of records.
+        let mut ring: Option<Vec<(u64, Vec<Change>)>> = None;
+        for p in &root.ring {
+            let Some(r) = usable(p) else { continue };
+            let r = RemoteRegion {
+                len: root.ring_len,
+                ..r
+            };
+            match data.read_region(r, 0, root.ring_len as usize) {
+                Ok(bytes) => {
+                    let read = record::read(&bytes, root.checkpoint_lsn + 1);
+                    if let Some(why) = stop_reason(&read.stop) {
+                        return Err(why);
+                    }
+                    if ring.as_ref().is_none_or(|b| read.records.len() > b.len()) {
+                        ring = Some(read.records);
+                    }
+                }
+                Err(e) => log::warn!("cannot read a copy of the volume's journal: {e}"),
+            }
+        }
+        if ring.is_none() && !root.ring.is_empty() {
+            return Err(
+                "no copy of the volume's journal can be read (every server holding one is \
+                 down or restarted)"
+                    .into(),
+            );
+        }
+        let ring = ring.unwrap_or_default();
+        last_lsn = root.checkpoint_lsn + ring.len() as u64;
+        report.replayed = apply_all(&mut meta, ring, &perm)?;
+        let renumber = |p: &Place| Place {
+            server: perm[p.server as usize],
+            ..*p
+        };
+        old_ckpt = root.checkpoint.iter().map(renumber).collect();
+        old_ring = root.ring.iter().map(renumber).collect();
+    }
+    report.inodes = meta.len();
+    let fs = Arc::new(Fs::with_meta(data, config, meta));
+    for &s in &restarted {
+        crate::rebuild::forget_server(&fs, ServerId(s));
+    }
+    report.orphans = fs.reap_orphans();
+    let keep: Vec<Place> = old_ckpt.iter().chain(&old_ring).copied().collect();
+    report.collected = collect(&fs, &keep)?;
+    // A fresh checkpoint and ring (the old ones freed once the root names the new).
+    let gate = Arc::new(FreeGate::default());
+    gate.assigned
+        .store(last_lsn, crate::sync::atomic::Ordering::SeqCst);
+    let mut writer = Writer {
+        fs: Arc::downgrade(&fs),
+        pool: pool.clone(),
+        root: best.unwrap_or_default(),
+        tail: 0,
+    };
+    // The old places, renumbered to this pool's servers, are what the writer frees (not
+    // those on restarted servers: that memory went with the restart).
+    writer.root.servers = servers;
+    old_ckpt.retain(|p| !restarted.contains(&p.server));
+    old_ring.retain(|p| !restarted.contains(&p.server));
+    writer.root.checkpoint = old_ckpt;
+    writer.root.ring = old_ring;
+    writer.checkpoint(&gate, true)?;
+    pool.set_free_gate(gate.clone());
+    let (journal, recorder) = VolumeJournal::start(writer, gate, last_lsn)
+        .map_err(|e| format!("cannot start the volume's committer: {e}"))?;
+    let journal = Arc::new(journal);
+    fs.set_journal(Box::new(recorder));
+    fs.set_barrier(journal.clone());
+    Ok(Attached {
+        fs,
+        journal,
+        report,
+    })
+}
+
+/// Frees every extent the volume owns on a live server that no chunk names and that is not
+/// one of `keep` (the old checkpoint and ring, freed once the new root is set). Returns how
+/// many.
+fn collect(fs: &Fs, keep: &[Place]) -> Result<usize, String> {
+    let mut named: HashSet<(u32, u64)> = keep.iter().map(|p| (p.server, p.addr)).collect();
+    for (_, f) in fs.files_by_ino() {
+        let view = fs.data().view(&f);
+        for c in view.values() {
+            for r in c.replicas() {
+                named.insert((r.server, r.addr));
+            }
+        }
+    }
+    let pool = fs.data().pool();
+    let mut freed = 0;
+    for s in pool.status().iter().filter(|s| !s.failed) {
+        let extents = pool
+            .volume_extents(s.id)
+            .map_err(|e| format!("cannot list the volume's extents on {}: {e}", s.addr))?;
+        for (addr, len, rkey) in extents {
+            if !named.contains(&(s.id.0, addr)) {
+                let _ = pool.free(RemoteRegion {
+                    server: s.id,
+                    addr,
+                    len,
+                    rkey,
+                });
+                freed += 1;
+            }
+        }
+    }
+    if freed > 0 {
+        log::info!("volume attach: freed {freed} extents nothing names");
+    }
+    Ok(freed)
+}

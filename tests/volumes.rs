@@ -1,0 +1,412 @@
+//! Volumes over in-process servers: a namespace that outlives its daemon (crash, re-attach,
+//! replay), one holder at a time fenced at the servers, collection of what nothing names,
+//! and `volume rm`.
+
+mod common;
+
+use common::{bytes, ME};
+use rmemfs::client::volume::VolumeSpec;
+use rmemfs::client::{Pool, PoolConfig};
+use rmemfs::data::{DataStore, WritePath};
+use rmemfs::fabric::local::{LocalFabric, LocalNetwork};
+use rmemfs::fabric::ServerId;
+use rmemfs::fs::{Fs, FsConfig};
+use rmemfs::meta::{Ino, ROOT_INO};
+use rmemfs::regcache::{CacheConfig, Policy};
+use rmemfs::server::{MemoryServer, ServerConfig};
+use rmemfs::volume::{attach, Attached};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+const MIB: usize = 1 << 20;
+const SERVER_BYTES: u64 = 256 << 20;
+const CHUNK: u64 = 1 << 20;
+
+/// In-process memory servers that outlive the daemons attaching to them.
+struct Rack {
+    net: Arc<LocalNetwork>,
+    servers: Vec<MemoryServer>,
+    nodes: Vec<Arc<LocalFabric>>,
+    config: ServerConfig,
+}
+
+impl Rack {
+    fn new(n: usize) -> Rack {
+        let net = LocalNetwork::new();
+        let config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), SERVER_BYTES);
+        let mut servers = Vec::new();
+        let mut nodes = Vec::new();
+        for _ in 0..n {
+            let node = net.node();
+            servers.push(MemoryServer::start(&config, node.clone()).unwrap());
+            nodes.push(node);
+        }
+        Rack {
+            net,
+            servers,
+            nodes,
+            config,
+        }
+    }
+
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.servers.iter().map(|s| s.local_addr()).collect()
+    }
+
+    /// A daemon attaching volume `name` (`create`: making it), as `holder`.
+    fn attach(&self, name: &str, create: bool, takeover: bool) -> Result<Daemon, String> {
+        let spec = VolumeSpec {
+            name: name.into(),
+            holder: format!("test-host pid {}", rand_pid()),
+            create,
+            takeover,
+        };
+        let pool = Pool::connect(
+            self.net.node(),
+            &self.addrs(),
+            &PoolConfig {
+                timeout: Duration::from_secs(5),
+                volume: Some(spec),
+                ..PoolConfig::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let replicas = self.servers.len().min(2);
+        let data = DataStore::new(
+            Arc::new(pool),
+            CHUNK,
+            4,
+            Policy::Mrrc,
+            CacheConfig::default(),
+            WritePath::Frrwp,
+        )
+        .and_then(|d| d.replicated(replicas, 1))
+        .map_err(|e| e.message)?;
+        let config = FsConfig {
+            acl: true,
+            ..FsConfig::default()
+        };
+        attach(data, config, &self.addrs()).map(Daemon)
+    }
+
+    /// Free bytes on every server.
+    fn free(&self) -> Vec<u64> {
+        self.servers.iter().map(|s| s.capacity().free).collect()
+    }
+
+    fn restart(&mut self, i: usize) {
+        self.nodes[i].kill();
+        self.servers[i].shutdown();
+        let node = self.net.node();
+        let config = ServerConfig {
+            listen: self.servers[i].local_addr(),
+            ..self.config.clone()
+        };
+        self.servers[i] = MemoryServer::start(&config, node.clone()).unwrap();
+        self.nodes[i] = node;
+    }
+}
+
+fn rand_pid() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(1000);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+struct Daemon(Attached);
+
+impl Daemon {
+    fn fs(&self) -> &Arc<Fs> {
+        &self.0.fs
+    }
+
+    /// The daemon dies: nothing more is sent, nothing pending is committed.
+    fn crash(self) {
+        self.fs().data().pool().crash();
+    }
+
+    fn resolve(&self, path: &str) -> Result<Ino, i32> {
+        let mut ino = ROOT_INO;
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            ino = self
+                .fs()
+                .lookup(ino, part.as_bytes())
+                .map_err(|e| e.errno)?
+                .ino;
+        }
+        Ok(ino)
+    }
+
+    fn parent<'p>(&self, path: &'p str) -> Result<(Ino, &'p str), i32> {
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        Ok((self.resolve(dir)?, name))
+    }
+
+    fn mkdir(&self, path: &str) -> Result<(), i32> {
+        let (p, name) = self.parent(path)?;
+        self.fs()
+            .mkdir(p, name.as_bytes(), 0o755, ME)
+            .map(|_| ())
+            .map_err(|e| e.errno)
+    }
+
+    fn write(&self, path: &str, data: &[u8]) -> Result<(), i32> {
+        let (p, name) = self.parent(path)?;
+        let (_, fh) = match self.resolve(path) {
+            Ok(ino) => (
+                ino,
+                self.fs()
+                    .open(ino, libc::O_WRONLY)
+                    .map_err(|e| e.errno)?,
+            ),
+            Err(_) => {
+                let (e, fh) = self
+                    .fs()
+                    .create(p, name.as_bytes(), 0o644, libc::O_WRONLY, ME)
+                    .map_err(|e| e.errno)?;
+                (e.ino, fh)
+            }
+        };
+        let ino = self.resolve(path)?;
+        let r = self.fs().write(ino, fh, 0, data, ME).map_err(|e| e.errno);
+        self.fs().release(fh);
+        r.map(|_| ())
+    }
+
+    fn read(&self, path: &str) -> Result<Vec<u8>, i32> {
+        let ino = self.resolve(path)?;
+        let fh = self.fs().open(ino, libc::O_RDONLY).map_err(|e| e.errno)?;
+        let mut out = Vec::new();
+        let r = loop {
+            match self.fs().read(ino, fh, out.len() as u64, 1 << 20) {
+                Ok(d) if d.is_empty() => break Ok(out),
+                Ok(d) => out.extend_from_slice(&d),
+                Err(e) => break Err(e.errno),
+            }
+        };
+        self.fs().release(fh);
+        r
+    }
+
+    fn unlink(&self, path: &str) -> Result<(), i32> {
+        let (p, name) = self.parent(path)?;
+        self.fs().unlink(p, name.as_bytes()).map_err(|e| e.errno)
+    }
+
+    fn sync(&self) -> Result<(), i32> {
+        self.fs()
+            .sync()
+            .expect("a volume mount has a barrier")
+            .map_err(|e| e.errno)
+    }
+}
+
+/// A tree of directories, files of several sizes (holes, a file over several chunks), a
+/// symlink, a hard link and an extended attribute.
+fn populate(d: &Daemon) {
+    d.mkdir("a").unwrap();
+    d.mkdir("a/b").unwrap();
+    for i in 0..20u64 {
+        d.write(&format!("a/f{i}"), &bytes(i, (i as usize * 7919) % 5000))
+            .unwrap();
+    }
+    d.write("a/b/big", &bytes(99, 3 * MIB + 123)).unwrap();
+    let (p, _) = d.parent("a/link").unwrap();
+    d.fs()
+        .symlink(p, b"link", b"f1", ME)
+        .map(|_| ())
+        .unwrap();
+    let f2 = d.resolve("a/f2").unwrap();
+    let b = d.resolve("a/b").unwrap();
+    d.fs().link(f2, b, b"hard").unwrap();
+    d.fs()
+        .setxattr(f2, b"user.tag", b"kept", 0)
+        .unwrap();
+}
+
+#[test]
+fn a_volume_outlives_its_daemon_and_keeps_inode_numbers() {
+    let rack = Rack::new(2);
+    let d = rack.attach("vol", true, false).unwrap();
+    assert!(d.0.report.created);
+    populate(&d);
+    d.sync().unwrap();
+    let before = d.fs().namespace_digest();
+    let big_ino = d.resolve("a/b/big").unwrap();
+    d.crash();
+
+    let d = rack.attach("vol", false, false).unwrap();
+    assert!(!d.0.report.created);
+    assert_eq!(d.fs().namespace_digest(), before, "the replayed namespace");
+    assert_eq!(d.resolve("a/b/big").unwrap(), big_ino, "inode numbers survive");
+    assert_eq!(d.read("a/b/big").unwrap(), bytes(99, 3 * MIB + 123));
+    for i in 0..20u64 {
+        assert_eq!(
+            d.read(&format!("a/f{i}")).unwrap(),
+            bytes(i, (i as usize * 7919) % 5000)
+        );
+    }
+    assert_eq!(d.read("a/b/hard").unwrap(), d.read("a/f2").unwrap());
+    // New inodes take new numbers (never one a stale handle may still name).
+    d.write("new", b"x").unwrap();
+    assert!(d.resolve("new").unwrap() > big_ino);
+    // And a second crash after more changes, with a checkpoint of the first attach between.
+    d.unlink("a/f3").unwrap();
+    d.write("a/g4", b"rewritten").unwrap();
+    d.sync().unwrap();
+    let before = d.fs().namespace_digest();
+    d.crash();
+    let d = rack.attach("vol", false, false).unwrap();
+    assert_eq!(d.fs().namespace_digest(), before);
+    assert_eq!(d.resolve("a/f3"), Err(libc::ENOENT));
+    assert_eq!(d.read("a/g4").unwrap(), b"rewritten");
+}
+
+#[test]
+fn an_unknown_volume_fails_and_names_the_known_ones() {
+    let rack = Rack::new(1);
+    rack.attach("builds", true, false).unwrap().crash();
+    let e = rack.attach("biulds", false, false).err().unwrap();
+    assert!(e.contains("no volume 'biulds'"), "{e}");
+    assert!(e.contains("builds"), "{e}");
+    // And --create of an existing one is refused too (never an empty namespace over it).
+    let e = rack.attach("builds", true, false).err().unwrap();
+    assert!(e.contains("exists already"), "{e}");
+}
+
+#[test]
+fn a_second_daemon_is_refused_and_a_takeover_fences_the_first() {
+    let rack = Rack::new(2);
+    let first = rack.attach("vol", true, false).unwrap();
+    first.write("before", b"kept").unwrap();
+    first.sync().unwrap();
+    let e = rack.attach("vol", false, false).err().unwrap();
+    assert!(e.contains("is held by test-host pid"), "{e}");
+    assert!(e.contains("epoch 1"), "{e}");
+
+    let second = rack.attach("vol", false, true).unwrap();
+    assert!(second.0.report.epoch > 1);
+    // The first daemon's data path and journal are cut: it can land nothing.
+    let late = first.write("late", &bytes(5, 2 * MIB));
+    let synced = first.sync();
+    assert!(
+        late.is_err() || synced.is_err(),
+        "the fenced daemon's write and fsync both succeeded"
+    );
+    assert_eq!(synced, Err(libc::EIO));
+    // It may not resume either: the server names the new holder.
+    let pool = first.fs().data().pool().clone();
+    assert_eq!(pool.try_reconnect(ServerId(0)), None);
+    let why = pool.fenced().expect("fenced");
+    assert!(why.contains("taken over"), "{why}");
+    // Nothing it did after the grant is visible to the new holder.
+    assert_eq!(second.read("before").unwrap(), b"kept");
+    assert_eq!(second.resolve("late"), Err(libc::ENOENT));
+    second.write("after", b"new holder").unwrap();
+    second.sync().unwrap();
+    drop(first);
+    second.crash();
+    let third = rack.attach("vol", false, false).unwrap();
+    assert_eq!(third.read("after").unwrap(), b"new holder");
+    assert_eq!(third.resolve("late"), Err(libc::ENOENT));
+}
+
+#[test]
+fn removing_every_file_gives_the_memory_back_and_volume_rm_frees_the_rest() {
+    let rack = Rack::new(2);
+    let start = rack.free();
+    let d = rack.attach("vol", true, false).unwrap();
+    d.sync().unwrap();
+    d.fs().data().settle_frees(Duration::from_secs(5));
+    let empty = rack.free();
+    populate(&d);
+    d.sync().unwrap();
+    assert!(rack.free().iter().sum::<u64>() < empty.iter().sum::<u64>());
+    for i in 0..20 {
+        d.unlink(&format!("a/f{i}")).unwrap();
+    }
+    d.unlink("a/b/big").unwrap();
+    d.unlink("a/b/hard").unwrap();
+    d.sync().unwrap();
+    // One more commit lets the frees held for the last one go.
+    d.write("x", b"").unwrap();
+    d.unlink("x").unwrap();
+    d.sync().unwrap();
+    d.fs().data().settle_frees(Duration::from_secs(5));
+    let stocked: u64 = (0..2)
+        .map(|i| d.fs().data().pool().stocked_bytes(ServerId(i)))
+        .sum();
+    assert_eq!(
+        rack.free().iter().sum::<u64>() + stocked,
+        empty.iter().sum::<u64>(),
+        "after rm -rf: the journal and checkpoint and stock are all that is held"
+    );
+    d.crash();
+    // A crashed daemon's stock and everything else is the volume's until `volume rm`.
+    assert!(rack.free().iter().sum::<u64>() < start.iter().sum::<u64>());
+    let config = PoolConfig::default();
+    let out = rmemfs::volume::admin::rm(&rack.addrs(), &config, "vol").unwrap();
+    assert!(out.contains("removed volume 'vol'"), "{out}");
+    assert_eq!(rack.free(), start, "volume rm frees every extent on every server");
+    let ls = rmemfs::volume::admin::ls(&rack.addrs(), &config).unwrap();
+    assert!(ls.contains("no volumes"), "{ls}");
+}
+
+#[test]
+fn attach_frees_what_no_record_names() {
+    let rack = Rack::new(1);
+    let d = rack.attach("vol", true, false).unwrap();
+    d.write("f", &bytes(1, 100_000)).unwrap();
+    d.sync().unwrap();
+    // Allocations that never reached the journal (a crash between allocation and commit).
+    let pool = d.fs().data().pool().clone();
+    for _ in 0..5 {
+        pool.alloc(64 << 10).unwrap();
+    }
+    d.crash();
+    let d = rack.attach("vol", false, false).unwrap();
+    assert!(
+        d.0.report.collected >= 5,
+        "collected {}",
+        d.0.report.collected
+    );
+    assert_eq!(d.read("f").unwrap(), bytes(1, 100_000));
+}
+
+#[test]
+fn a_server_restarted_while_no_daemon_runs_costs_no_fsynced_file() {
+    let mut rack = Rack::new(2);
+    let d = rack.attach("vol", true, false).unwrap();
+    populate(&d);
+    d.sync().unwrap();
+    d.crash();
+    rack.restart(1);
+    let d = rack.attach("vol", false, false).unwrap();
+    assert_eq!(d.0.report.restarted, 1);
+    assert_eq!(d.read("a/b/big").unwrap(), bytes(99, 3 * MIB + 123));
+    for i in 0..20u64 {
+        assert_eq!(
+            d.read(&format!("a/f{i}")).unwrap(),
+            bytes(i, (i as usize * 7919) % 5000)
+        );
+    }
+    // The restarted server holds the volume again (new chunks and the journal land there).
+    d.write("new", &bytes(3, 2 * MIB)).unwrap();
+    d.sync().unwrap();
+    d.crash();
+    let d = rack.attach("vol", false, false).unwrap();
+    assert_eq!(d.read("new").unwrap(), bytes(3, 2 * MIB));
+}
+
+#[test]
+fn a_clean_detach_keeps_everything() {
+    let rack = Rack::new(1);
+    let d = rack.attach("vol", true, false).unwrap();
+    populate(&d);
+    let before = d.fs().namespace_digest();
+    d.0.journal.stop().unwrap();
+    drop(d);
+    let d = rack.attach("vol", false, false).unwrap();
+    assert_eq!(d.fs().namespace_digest(), before);
+}
