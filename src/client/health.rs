@@ -268,28 +268,34 @@ impl Pool {
             .volume
             .as_ref()
             .map(|_| (crate::proto::ClaimMode::Adopt, self.epoch()));
-        let (link, resumed, _) =
-            match open_link(&self.fabric, &self.cq, &self.config, s.addr, Some(old), claim) {
-                Ok(l) => l,
-                Err(PoolError::Refused {
-                    code: crate::proto::RefusalCode::Fenced,
-                    message,
-                    ..
-                }) => {
-                    self.set_fenced(format!("memory server {}: {message}", s.addr));
-                    let mut h = s.health.lock();
-                    h.backoff = crate::config::RECONNECT_BACKOFF_MAX;
-                    h.next_attempt = Instant::now() + h.backoff;
-                    return None;
-                }
-                Err(e) => {
-                    let mut h = s.health.lock();
-                    log::debug!("memory server {} ({id}) still unreachable: {e}", s.addr);
-                    h.backoff = (h.backoff * 2).min(crate::config::RECONNECT_BACKOFF_MAX);
-                    h.next_attempt = Instant::now() + h.backoff;
-                    return None;
-                }
-            };
+        let (link, resumed, _) = match open_link(
+            &self.fabric,
+            &self.cq,
+            &self.config,
+            s.addr,
+            Some(old),
+            claim,
+        ) {
+            Ok(l) => l,
+            Err(PoolError::Refused {
+                code: crate::proto::RefusalCode::Fenced,
+                message,
+                ..
+            }) => {
+                self.set_fenced(format!("memory server {}: {message}", s.addr));
+                let mut h = s.health.lock();
+                h.backoff = crate::config::RECONNECT_BACKOFF_MAX;
+                h.next_attempt = Instant::now() + h.backoff;
+                return None;
+            }
+            Err(e) => {
+                let mut h = s.health.lock();
+                log::debug!("memory server {} ({id}) still unreachable: {e}", s.addr);
+                h.backoff = (h.backoff * 2).min(crate::config::RECONNECT_BACKOFF_MAX);
+                h.next_attempt = Instant::now() + h.backoff;
+                return None;
+            }
+        };
         let link = Arc::new(link);
         if resumed.is_none() {
             // A new session: what was parked or stocked for the old one is forgotten before

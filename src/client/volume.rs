@@ -204,7 +204,13 @@ pub fn plan_claims(
     }
     let modes = known
         .iter()
-        .map(|&k| if k { ClaimMode::Attach } else { ClaimMode::Adopt })
+        .map(|&k| {
+            if k {
+                ClaimMode::Attach
+            } else {
+                ClaimMode::Adopt
+            }
+        })
         .collect();
     Ok((modes, epoch + 1))
 }

@@ -6,9 +6,9 @@
 
 use super::{DataStore, Payload, ReadBuf, ReplicaHealth};
 use crate::error::Result;
+use crate::fabric::RemoteRegion;
 use crate::fabric::ServerId;
 use crate::meta::{ChunkMap, ExtentChange, FileData};
-use crate::fabric::RemoteRegion;
 use crate::sync::{RwLockReadGuard, RwLockWriteGuard};
 use std::cell::RefCell;
 

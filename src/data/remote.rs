@@ -17,7 +17,13 @@ impl DataStore {
         offset: u64,
         bytes: &[u8],
     ) -> Result<(), PoolError> {
-        self.transfer(Opcode::Write, to, offset, bytes.as_ptr() as u64, bytes.len())
+        self.transfer(
+            Opcode::Write,
+            to,
+            offset,
+            bytes.as_ptr() as u64,
+            bytes.len(),
+        )
     }
 
     /// Reads `len` bytes at `offset` of `from`.

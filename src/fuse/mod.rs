@@ -11,7 +11,8 @@ mod reply;
 
 use ioctl::inode_flags_ioctl;
 use reply::{
-    caller, creator, empty, entry, errno, file_attr, file_type, nothing_to_sync, sync, set_time, xattr,
+    caller, creator, empty, entry, errno, file_attr, file_type, nothing_to_sync, set_time, sync,
+    xattr,
 };
 
 use crate::data::RequestBuffer;

@@ -63,6 +63,17 @@ pub enum Change {
     },
     /// Inode `ino` is gone (no name, no handle, no reference), with its chunks.
     Drop { ino: Ino },
+    /// Name `name` in directory `dir` leads to `ino` at `readdir` cookie `cookie` (a
+    /// checkpoint's image keeps every entry's place).
+    EntryAt {
+        dir: Ino,
+        name: Name,
+        ino: Ino,
+        cookie: u64,
+    },
+    /// Directory `dir` gives its next entry cookie `next` (a checkpoint's image: cookies are
+    /// never reused, even those of entries gone since).
+    Cookies { dir: Ino, next: u64 },
 }
 
 /// Where committed batches go: a volume's journal records them before they count. An error
@@ -397,7 +408,7 @@ impl std::ops::DerefMut for Batch<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::{Dir, ROOT_INO};
+    use crate::meta::{Body, Dir, ROOT_INO};
 
     fn file() -> Inode {
         Inode::new(Kind::File, 0o644, 0, 0, Body::File(Default::default()))

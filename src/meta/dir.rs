@@ -61,6 +61,24 @@ impl Dir {
         self.by_cookie.insert(cookie, (name.clone(), ino));
         self.by_name.insert(name, cookie);
     }
+    /// Puts entry `name` at `cookie` (a replayed checkpoint), wherever the cookie counter is.
+    pub(super) fn place(&mut self, name: &[u8], ino: Ino, cookie: u64) {
+        if let Some((old, _)) = self.by_cookie.remove(&cookie) {
+            self.by_name.remove(&old);
+        }
+        let name: Name = name.into();
+        self.by_cookie.insert(cookie, (name.clone(), ino));
+        self.by_name.insert(name, cookie);
+        self.next_cookie = self.next_cookie.max(cookie + 1);
+    }
+    /// New entries take cookies from `next` on at least.
+    pub(super) fn keep_cookies_from(&mut self, next: u64) {
+        self.next_cookie = self.next_cookie.max(next);
+    }
+    /// The cookie the next new entry takes.
+    pub fn next_cookie(&self) -> u64 {
+        self.next_cookie
+    }
     pub(super) fn remove(&mut self, name: &[u8]) -> Option<Ino> {
         let c = self.by_name.remove(name)?;
         self.by_cookie.remove(&c).map(|(_, ino)| ino)

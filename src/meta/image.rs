@@ -65,13 +65,18 @@ impl Meta {
         }
         for &ino in &inos {
             if let Some(d) = self.inodes[&ino].dir() {
-                for (_, name, child) in d.entries_after(0) {
-                    changes.push(Change::Entry {
+                for (cookie, name, child) in d.entries_after(0) {
+                    changes.push(Change::EntryAt {
                         dir: ino,
                         name: name.into(),
-                        ino: Some(child),
+                        ino: child,
+                        cookie,
                     });
                 }
+                changes.push(Change::Cookies {
+                    dir: ino,
+                    next: d.next_cookie(),
+                });
             }
         }
         Image {

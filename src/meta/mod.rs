@@ -12,8 +12,8 @@
 
 pub mod batch;
 mod dir;
-pub mod image;
 pub mod extents;
+pub mod image;
 pub mod record;
 mod replay;
 

@@ -282,6 +282,23 @@ fn put_change(out: &mut Vec<u8>, c: &Change) {
             out.push(7);
             put_u64(out, *ino);
         }
+        Change::EntryAt {
+            dir,
+            name,
+            ino,
+            cookie,
+        } => {
+            out.push(8);
+            put_u64(out, *dir);
+            put_bytes(out, name);
+            put_u64(out, *ino);
+            put_u64(out, *cookie);
+        }
+        Change::Cookies { dir, next } => {
+            out.push(9);
+            put_u64(out, *dir);
+            put_u64(out, *next);
+        }
     }
 }
 
@@ -464,6 +481,16 @@ fn parse_change(c: &mut Cursor<'_>) -> Result<Change, String> {
             chunk: c.opt(Cursor::chunk)?,
         },
         7 => Change::Drop { ino: c.ino()? },
+        8 => Change::EntryAt {
+            dir: c.ino()?,
+            name: c.bytes()?.into(),
+            ino: c.ino()?,
+            cookie: c.u64()?,
+        },
+        9 => Change::Cookies {
+            dir: c.ino()?,
+            next: c.u64()?,
+        },
         t => return Err(format!("unknown change tag {t}")),
     })
 }
@@ -579,6 +606,13 @@ mod tests {
                 chunk: None,
             },
             Change::Drop { ino: 4 },
+            Change::EntryAt {
+                dir: 1,
+                name: (*b"placed").into(),
+                ino: 9,
+                cookie: 77,
+            },
+            Change::Cookies { dir: 1, next: 80 },
         ]
     }
 

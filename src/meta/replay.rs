@@ -104,6 +104,24 @@ impl Meta {
             Change::Drop { ino } => {
                 self.remove(*ino);
             }
+            Change::EntryAt {
+                dir,
+                name,
+                ino,
+                cookie,
+            } => {
+                let d = self
+                    .get_mut(*dir)
+                    .and_then(Inode::dir_mut)
+                    .ok_or_else(|| missing("an entry", *dir))?;
+                d.remove(name);
+                d.place(name, *ino, *cookie);
+            }
+            Change::Cookies { dir, next } => self
+                .get_mut(*dir)
+                .and_then(Inode::dir_mut)
+                .ok_or_else(|| missing("the cookies", *dir))?
+                .keep_cookies_from(*next),
         }
         Ok(())
     }

@@ -366,14 +366,14 @@ fn build_fs(
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let fs_config = FsConfig {
-            root_uid: uid,
-            root_gid: gid,
-            read_only: choices.read_only,
-            atime: choices.atime,
-            dir_atime: choices.dir_atime,
-            acl: choices.acl,
-            writeback: choices.writeback,
-            writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
+        root_uid: uid,
+        root_gid: gid,
+        read_only: choices.read_only,
+        atime: choices.atime,
+        dir_atime: choices.dir_atime,
+        acl: choices.acl,
+        writeback: choices.writeback,
+        writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
     };
     let (fs, journal) = if config.volume.is_some() {
         let a = crate::volume::attach(data, fs_config, &servers.addrs)?;

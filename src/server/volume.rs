@@ -371,7 +371,11 @@ impl Session {
     /// `VolumeRoot`: only the holder sets it.
     pub(super) fn set_root(&mut self, tag: u64, root: Vec<u8>) -> Message {
         let Some(name) = &self.volume else {
-            return refuse(tag, RefusalCode::NotFound, "this session holds no volume".into());
+            return refuse(
+                tag,
+                RefusalCode::NotFound,
+                "this session holds no volume".into(),
+            );
         };
         if let Some(v) = self.shared.volumes.lock().get_mut(name) {
             v.root = root;
@@ -382,7 +386,11 @@ impl Session {
     /// `VolumeExtents`: the holder's extents above `after`.
     pub(super) fn list_extents(&self, tag: u64, after: u64) -> Message {
         if self.volume.is_none() {
-            return refuse(tag, RefusalCode::NotFound, "this session holds no volume".into());
+            return refuse(
+                tag,
+                RefusalCode::NotFound,
+                "this session holds no volume".into(),
+            );
         }
         let mut all: Vec<(u64, u64, u64)> = self
             .extents

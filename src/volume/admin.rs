@@ -14,10 +14,7 @@ struct Across {
     on: Vec<(SocketAddr, VolumeInfo)>,
 }
 
-fn gather(
-    addrs: &[SocketAddr],
-    config: &PoolConfig,
-) -> Result<BTreeMap<String, Across>, String> {
+fn gather(addrs: &[SocketAddr], config: &PoolConfig) -> Result<BTreeMap<String, Across>, String> {
     let mut all: BTreeMap<String, Across> = BTreeMap::new();
     for &a in addrs {
         for v in list_volumes(a, config).map_err(|e| e.to_string())? {
@@ -61,7 +58,9 @@ pub fn ls(addrs: &[SocketAddr], config: &PoolConfig) -> Result<String, String> {
     for (name, a) in &all {
         let (v, live) = a.holder();
         let bytes: u64 = a.on.iter().map(|(_, v)| v.bytes).sum();
-        let files = a.newest_root().map_or("-".to_string(), |r| r.files.to_string());
+        let files = a
+            .newest_root()
+            .map_or("-".to_string(), |r| r.files.to_string());
         out += &format!(
             "{name:<20} {:>6} {:<9} {:>10} {files:>9}  {}\n",
             v.epoch,

@@ -15,7 +15,7 @@ pub mod admin;
 mod journal;
 pub mod root;
 
-pub use journal::{VolumeJournal, COMMIT_INTERVAL, RING_BYTES};
+pub use journal::VolumeJournal;
 
 use crate::client::volume::FreeGate;
 use crate::data::DataStore;
@@ -74,7 +74,11 @@ fn apply_all(
                 chunk: Some(chunk), ..
             } = &mut c
             {
-                if chunk.replicas().iter().any(|r| r.server as usize >= perm.len()) {
+                if chunk
+                    .replicas()
+                    .iter()
+                    .any(|r| r.server as usize >= perm.len())
+                {
                     return Err(format!("journal record {lsn} names an unknown server"));
                 }
                 *chunk = remap_chunk(chunk, perm);
@@ -101,6 +105,16 @@ fn stop_reason(stop: &record::Stop) -> Option<String> {
 /// Attaches the pool's claimed volume (see the module doc). `addrs` are the mount's servers
 /// in the pool's order.
 pub fn attach(data: DataStore, config: FsConfig, addrs: &[SocketAddr]) -> Result<Attached, String> {
+    attach_with(data, config, addrs, crate::config::JOURNAL_RING_BYTES)
+}
+
+/// [`attach`], with journal ring copies of `ring_bytes` (tests fill a small ring quickly).
+pub fn attach_with(
+    data: DataStore,
+    config: FsConfig,
+    addrs: &[SocketAddr],
+    ring_bytes: u64,
+) -> Result<Attached, String> {
     let pool = data.pool().clone();
     let claims = pool.claims().to_vec();
     let servers: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
@@ -137,13 +151,17 @@ pub fn attach(data: DataStore, config: FsConfig, addrs: &[SocketAddr]) -> Result
             .servers
             .iter()
             .map(|s| {
-                servers.iter().position(|a| a == s).map(|i| i as u32).ok_or_else(|| {
-                    format!(
-                        "the volume's server {s} is not among --servers ({}): give every \
+                servers
+                    .iter()
+                    .position(|a| a == s)
+                    .map(|i| i as u32)
+                    .ok_or_else(|| {
+                        format!(
+                            "the volume's server {s} is not among --servers ({}): give every \
                          server of the volume",
-                        servers.join(",")
-                    )
-                })
+                            servers.join(",")
+                        )
+                    })
             })
             .collect::<Result<_, _>>()?;
         let usable = |p: &Place| -> Option<RemoteRegion> {
@@ -239,6 +257,7 @@ pub fn attach(data: DataStore, config: FsConfig, addrs: &[SocketAddr]) -> Result
         pool: pool.clone(),
         root: best.unwrap_or_default(),
         tail: 0,
+        ring_bytes,
     };
     // The old places, renumbered to this pool's servers, are what the writer frees (not
     // those on restarted servers: that memory went with the restart).
