@@ -640,6 +640,107 @@ test_daemon_death() {
   assert_eq "the forced mount serves" "$(get "$MNT/forced")" "new mount"
 }
 
+# servers_free: the free bytes of every server of $ADDRS, summed.
+servers_free() {
+  local a total=0 f
+  for a in ${ADDRS//,/ }; do
+    f=$(t "$BIN" stats --server "$a" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["free_bytes"])') ||
+      return 1
+    total=$((total + f))
+  done
+  echo "$total"
+}
+
+# oom_kill PID: kills PID through a cgroup v2 memory limit below its use (the kernel's OOM
+# killer, as a host short of memory would). Returns 2 where there is no cgroup v2 memory
+# controller.
+oom_kill() {
+  local pid=$1 cg=/sys/fs/cgroup/rmemfs-oom-$$
+  grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null || return 2
+  grep -qw memory /sys/fs/cgroup/cgroup.subtree_control ||
+    echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || return 2
+  mkdir -p "$cg" || return 2
+  echo "$pid" >"$cg/cgroup.procs" || { rmdir "$cg"; return 2; }
+  echo 1M >"$cg/memory.max" 2>/dev/null || true
+  wait_daemon_gone "$MNT" 20
+  grep -q "oom_kill [1-9]" "$cg/memory.events" || { rmdir "$cg" 2>/dev/null; return 1; }
+  rmdir "$cg" 2>/dev/null || true
+}
+
+# A volume outlives its daemon. Each round a writer (volume_writer.py) creates, writes,
+# appends, renames and unlinks, recording after every fsync of a file and its directory what
+# the path must hold (in a manifest outside the mount); the daemon is killed at a random
+# moment (SIGKILL; once by a cgroup v2 memory limit where the machine has one), then the
+# volume is attached again: every fsynced state must be there. Then: a second daemon is
+# refused and --takeover fences the first; rm -rf gives the servers' memory back to what the
+# new volume held; `volume rm` frees the rest.
+test_volume_crash() {
+  local round pid out rc free_new free_end manifest=$WORK/manifest writer
+  local rounds=${RMEMFS_VOLUME_ROUNDS:-5} total mnt2=$BASE/mnt/volume_crash2
+  local writer_py=$PWD/mount-tests/volume_writer.py
+  : >"$manifest"
+  mkdir -p "$mnt2"
+  mount_fs "$MNT" "$ADDRS" --volume kl --create || fail "mount --volume kl --create failed"
+  free_new=$(servers_free) || fail "stats --server failed"
+  rc=0
+  out=$(t "$BIN" mount "$mnt2" --servers "$ADDRS" --volume nosuch 2>&1 </dev/null) || rc=$?
+  [ "$rc" -ne 0 ] || fail "an unknown volume was attached"
+  grep -q "known volumes: kl" <<<"$out" || fail "the refusal does not list the known volumes: $out"
+  for ((round = 1; round <= rounds; round++)); do
+    python3 "$writer_py" write "$MNT" "$manifest" "$round" &
+    writer=$!
+    # A random moment into the writer's run: what is killed is whatever the daemon was doing.
+    sleep "0.$((RANDOM % 8 + 2))"
+    pid=$(daemon_pids "$MNT")
+    [ -n "$pid" ] || fail "round $round: no daemon"
+    rc=0
+    if [ "$round" -eq 3 ]; then oom_kill "$pid" || rc=$?; fi
+    if [ "$round" -ne 3 ] || [ "$rc" -ne 0 ]; then
+      [ "$rc" -eq 2 ] && echo "SKIPPED (loudly): the cgroup v2 OOM kill of round 3: no cgroup v2 memory controller here; SIGKILL instead" | tee -a "$WORK/skipped" >&2
+      [ "$rc" -eq 1 ] && fail "round $round: the cgroup memory limit did not OOM-kill the daemon"
+      kill -9 "$pid" 2>/dev/null
+    fi
+    wait_daemon_gone "$MNT" 20 || fail "round $round: the daemon outlived its kill"
+    wait "$writer" || true
+    mount_fs "$MNT" "$ADDRS" --volume kl || fail "round $round: re-attach failed"
+    out=$(t python3 "$writer_py" check "$MNT" "$manifest") || fail "round $round: $out"
+    echo "round $round: $out" >&2
+  done
+  case $(wc -l <"$manifest") in 0 | 1 | 2) fail "the writer confirmed almost nothing: $(cat "$manifest")" ;; esac
+
+  # One holder: a second daemon is refused, naming the holder; --takeover fences it.
+  rc=0
+  out=$(t "$BIN" mount "$mnt2" --servers "$ADDRS" --volume kl 2>&1 </dev/null) || rc=$?
+  [ "$rc" -ne 0 ] || fail "a second daemon attached a held volume"
+  grep -q "is held by .* pid [0-9]* (epoch [0-9]*)" <<<"$out" || fail "the refusal does not name holder and epoch: $out"
+  mount_fs "$mnt2" "$ADDRS" --volume kl --takeover || fail "--takeover failed"
+  rc=0
+  t python3 -c 'import os,sys; f=open(sys.argv[1],"wb"); f.write(b"x"*8192); f.flush(); os.fsync(f.fileno())' "$MNT/late" 2>/dev/null || rc=$?
+  [ "$rc" -ne 0 ] || fail "the fenced daemon's write and fsync succeeded"
+  [ ! -e "$mnt2/late" ] || fail "what the fenced daemon wrote is visible to the new holder"
+  out=$(t python3 "$writer_py" check "$mnt2" "$manifest") || fail "after the takeover: $out"
+  timeout -k 5 30 umount -l "$MNT" || true
+  wait_daemon_gone "$MNT" 10 || fail "the fenced daemon did not exit after its unmount"
+
+  # rm -rf, a barrier, and a re-attach (which frees what the crashed daemons held in stock):
+  # the servers hold what the new volume held.
+  t rm -rf "$mnt2"/d* || fail "rm -rf failed"
+  t python3 -c 'import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd)' "$mnt2" || fail "fsync of the root failed"
+  unmount_fs "$mnt2" || fail "unmount failed"
+  mount_fs "$MNT" "$ADDRS" --volume kl || fail "re-attach failed"
+  free_end=$(servers_free) || fail "stats --server failed"
+  assert_eq "free server memory after rm -rf (as after the volume was made)" "$free_end" "$free_new"
+  unmount_fs "$MNT" || fail "unmount failed"
+  out=$(t "$BIN" volume ls --servers "$ADDRS") || fail "volume ls: $out"
+  grep -q "^kl .*detached" <<<"$out" || fail "volume ls does not list kl detached: $out"
+  out=$(t "$BIN" volume rm kl --servers "$ADDRS") || fail "volume rm: $out"
+  total=0
+  for a in ${ADDRS//,/ }; do
+    total=$((total + $(t "$BIN" stats --server "$a" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["total_bytes"])')))
+  done
+  assert_eq "free server memory after volume rm" "$(servers_free)" "$total"
+}
+
 # Linux semantics other users' programs rely on, checked as another user (nobody, through
 # -o allow_other): a set-group-ID directory hands its group down (and its bit to
 # subdirectories); a write or fallocate by someone outside a file's group drops its
@@ -1232,6 +1333,7 @@ ALL_TESTS=(
   "absurd_sizes 32M,32M mount"
   "server_death 128M,128M mount --replicas=1"
   "daemon_death shared nomount"
+  "volume_crash 256M,256M nomount"
   "replica_failover 256M,256M,256M mount"
   "replica_freeze 256M,256M,256M mount --op-timeout=2"
   "replica_pair 256M,256M mount --replicas=2"

@@ -236,7 +236,7 @@ enum Cmd {
         #[command(subcommand)]
         action: VolumeCmd,
         /// The memory servers, `host[:port]` separated by commas.
-        #[arg(long, value_delimiter = ',', required = true, global = true)]
+        #[arg(long, value_delimiter = ',', global = true)]
         servers: Vec<String>,
         /// The servers' secret file; also from $RMEMFS_SECRET_FILE.
         #[arg(long, value_name = "PATH", global = true)]
@@ -458,6 +458,9 @@ fn main() -> ExitCode {
 
 fn volume_cmd(action: VolumeCmd, servers: &[String], secret: Option<&Path>) -> Result<(), String> {
     use rmemfs::volume::admin;
+    if servers.is_empty() {
+        return Err("rmemfs volume needs --servers (every server of the volume)".into());
+    }
     let addrs: Vec<SocketAddr> = servers
         .iter()
         .map(|s| mount::resolve_server(s))
