@@ -65,3 +65,20 @@ impl UpkeepPanics {
             .into()
     }
 }
+
+/// A volume's journal, as the report shows it (`stats`: the `journal` section).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JournalStats {
+    /// The epoch this daemon holds the volume at.
+    pub epoch: u64,
+    /// The last record committed on every live journal copy.
+    pub committed: u64,
+    /// Groups of records written (one replicated WRITE each).
+    pub groups: u64,
+    /// Bytes of records written.
+    pub bytes: u64,
+    /// Checkpoints written.
+    pub checkpoints: u64,
+    /// Frees waiting for the commit of the record that let go of their extents.
+    pub frees_held: u64,
+}

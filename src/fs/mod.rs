@@ -91,6 +91,8 @@ pub type StatsSource = Box<dyn Fn(bool) -> Vec<u8> + Send + Sync>;
 /// make durable.
 pub trait Barrier: Send + Sync {
     fn sync(&self) -> Result<()>;
+    /// The journal's figures, for the report.
+    fn stats(&self) -> crate::figures::JournalStats;
 }
 
 /// The file system.
@@ -333,6 +335,11 @@ impl Fs {
     /// Makes `fsync` wait for `barrier` (a volume mount).
     pub fn set_barrier(&self, barrier: Arc<dyn Barrier>) {
         let _ = self.barrier.set(barrier);
+    }
+
+    /// The volume's journal figures (none: no volume).
+    pub fn journal_stats(&self) -> Option<crate::figures::JournalStats> {
+        self.barrier.get().map(|b| b.stats())
     }
 
     /// `fsync`/`fsyncdir`: `None` without a volume (nothing to make durable).

@@ -79,6 +79,24 @@ figures! {
     }
 }
 
+figures! {
+    /// A volume's journal (only on a mount with `--volume`).
+    pub struct JournalFigures ("journal") {
+        /// The epoch this daemon holds the volume at
+        epoch: Gauge,
+        /// The last record committed on every live journal copy
+        committed: Gauge,
+        /// Groups of records written, one replicated WRITE each
+        groups: Counter,
+        /// Bytes of records written
+        bytes: Counter,
+        /// Checkpoints written
+        checkpoints: Counter,
+        /// Frees waiting for the commit of the record that let go of their extents
+        frees_held: Gauge,
+    }
+}
+
 /// The registration cache (MRRC) of the mount's local buffers: its counters as the cache
 /// keeps them, with its policy and the lookups they add up to.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -176,6 +194,8 @@ pub struct MountReport {
     pub chunks: ChunkFigures,
     pub rebuild: RebuildFigures,
     pub namespace: NamespaceFigures,
+    /// None without a volume.
+    pub journal: Option<JournalFigures>,
     pub inodes: u64,
     pub contained_panics: u64,
     pub upkeep_panics: BTreeMap<String, u64>,
@@ -275,6 +295,14 @@ impl MountReport {
                 chunks_left_degraded: r.left_degraded.load(Ordering::Relaxed),
             },
             namespace: NamespaceFigures { commits, changes },
+            journal: fs.journal_stats().map(|j| JournalFigures {
+                epoch: j.epoch,
+                committed: j.committed,
+                groups: j.groups,
+                bytes: j.bytes,
+                checkpoints: j.checkpoints,
+                frees_held: j.frees_held,
+            }),
             inodes: fs.inode_count() as u64,
             contained_panics: fs.contained_panics(),
             upkeep_panics: crate::figures::UPKEEP_THREADS
@@ -292,7 +320,9 @@ impl MountReport {
 
     /// The generic sections, for the text and the metrics.
     pub fn sections(&self) -> Vec<(&'static str, Vec<Figure>)> {
-        vec![section(&self.namespace)]
+        let mut sections = vec![section(&self.namespace)];
+        sections.extend(self.journal.as_ref().map(section));
+        sections
     }
 }
 

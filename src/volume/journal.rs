@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::fabric::{RemoteRegion, ServerId};
 use crate::fs::{Barrier, Fs};
 use crate::meta::{record, Change, Journal};
-use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Instant, SystemTime};
 
@@ -42,7 +42,16 @@ struct Done {
     failed: Option<String>,
 }
 
+/// What the journal has written (`stats`), kept by the writer.
+#[derive(Default)]
+pub(super) struct Written {
+    groups: AtomicU64,
+    bytes: AtomicU64,
+    checkpoints: AtomicU64,
+}
+
 pub(super) struct Shared {
+    written: Arc<Written>,
     pending: Mutex<Pending>,
     wake: Condvar,
     done: Mutex<Done>,
@@ -61,6 +70,7 @@ pub(super) struct Writer {
     pub(super) tail: u64,
     /// Bytes of a new ring copy ([`crate::config::JOURNAL_RING_BYTES`]; tests use less).
     pub(super) ring_bytes: u64,
+    pub(super) written: Arc<Written>,
 }
 
 fn eio(why: String) -> Error {
@@ -232,6 +242,7 @@ impl Writer {
             self.free(&old_ring, old.ring_len);
         }
         self.tail = 0;
+        self.written.checkpoints.fetch_add(1, Ordering::Relaxed);
         log::info!(
             "volume checkpoint at sequence {lsn}: {files} files, {} bytes of records",
             frames.len()
@@ -272,6 +283,10 @@ impl Writer {
             match fs.data().write_regions(&regions, self.tail, bytes) {
                 Ok(()) => {
                     self.tail += bytes.len() as u64;
+                    self.written.groups.fetch_add(1, Ordering::Relaxed);
+                    self.written
+                        .bytes
+                        .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                     return Ok(last);
                 }
                 Err(e) => match e.failed_server() {
@@ -293,6 +308,7 @@ impl Writer {
 /// the committer thread.
 pub struct VolumeJournal {
     pub(super) shared: Arc<Shared>,
+    epoch: u64,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -322,6 +338,18 @@ impl Journal for Recorder {
 impl Barrier for VolumeJournal {
     fn sync(&self) -> Result<()> {
         self.shared.sync()
+    }
+
+    fn stats(&self) -> crate::figures::JournalStats {
+        let w = &self.shared.written;
+        crate::figures::JournalStats {
+            epoch: self.epoch,
+            committed: self.committed(),
+            groups: w.groups.load(Ordering::Relaxed),
+            bytes: w.bytes.load(Ordering::Relaxed),
+            checkpoints: w.checkpoints.load(Ordering::Relaxed),
+            frees_held: self.shared.gate.held() as u64,
+        }
     }
 }
 
@@ -424,7 +452,9 @@ impl VolumeJournal {
         last_lsn: u64,
     ) -> std::io::Result<(VolumeJournal, Recorder)> {
         gate.assigned.store(last_lsn, Ordering::SeqCst);
+        let epoch = writer.pool.epoch();
         let shared = Arc::new(Shared {
+            written: writer.written.clone(),
             pending: Mutex::new(Pending {
                 #[cfg(feature = "testing")]
                 held: false,
@@ -465,6 +495,7 @@ impl VolumeJournal {
         Ok((
             VolumeJournal {
                 shared: shared.clone(),
+                epoch,
                 thread: Mutex::new(Some(thread)),
             },
             Recorder(shared),

@@ -258,6 +258,7 @@ pub fn attach_with(
         root: best.unwrap_or_default(),
         tail: 0,
         ring_bytes,
+        written: Default::default(),
     };
     // The old places, renumbered to this pool's servers, are what the writer frees (not
     // those on restarted servers: that memory went with the restart).
