@@ -31,6 +31,10 @@ struct Pending {
     /// Commits held back (a test's crash between an operation and its commit).
     #[cfg(feature = "testing")]
     held: bool,
+    /// The next group reaches the first ring copy whole and the others only up to this many
+    /// bytes, and the journal stops (a test's crash between the copies' writes).
+    #[cfg(feature = "testing")]
+    tear: Option<usize>,
     bytes: Vec<u8>,
     /// Each framed record's sequence number and where it ends in `bytes`.
     frames: Vec<(u64, usize)>,
@@ -304,6 +308,24 @@ impl Writer {
     }
 }
 
+#[cfg(feature = "testing")]
+impl Writer {
+    /// See [`VolumeJournal::tear_next_group`].
+    fn tear(&mut self, bytes: &[u8], n: usize) {
+        let Ok(fs) = self.fs() else { return };
+        for (i, p) in self.root.ring.iter().enumerate() {
+            let part = if i == 0 {
+                bytes
+            } else {
+                &bytes[..n.min(bytes.len())]
+            };
+            let _ = fs
+                .data()
+                .write_regions(&[region(p, self.root.ring_len)], self.tail, part);
+        }
+    }
+}
+
 /// The running journal: the namespace's [`Journal`], the file system's [`Barrier`], and
 /// the committer thread.
 pub struct VolumeJournal {
@@ -458,6 +480,8 @@ impl VolumeJournal {
             pending: Mutex::new(Pending {
                 #[cfg(feature = "testing")]
                 held: false,
+                #[cfg(feature = "testing")]
+                tear: None,
                 bytes: Vec::new(),
                 frames: Vec::new(),
                 sync_wanted: false,
@@ -481,6 +505,12 @@ impl VolumeJournal {
                     }
                     if let Some(why) = writer.pool.fenced() {
                         s.fail(why);
+                        continue;
+                    }
+                    #[cfg(feature = "testing")]
+                    if let Some(n) = s.pending.lock().tear.take() {
+                        writer.tear(&bytes, n);
+                        s.fail("the journal was torn by a test".into());
                         continue;
                     }
                     match writer.append(&s.gate, &bytes, last) {
@@ -520,6 +550,13 @@ impl VolumeJournal {
     pub fn hold_commits(&self, hold: bool) {
         self.shared.pending.lock().held = hold;
         self.shared.wake.notify_all();
+    }
+
+    /// Test hook: the next group is written whole to the first ring copy and only its first
+    /// `bytes` to the others, then the journal stops, as a crash between the copies' writes.
+    #[cfg(feature = "testing")]
+    pub fn tear_next_group(&self, bytes: usize) {
+        self.shared.pending.lock().tear = Some(bytes);
     }
 
     /// Sequence number of the last commit (`stats`).
