@@ -176,20 +176,6 @@ pub const STOCK_DEPTH: usize = 4;
 /// last said: `df` must not hang on a frozen server that the heartbeat has not caught yet.
 pub const STATFS_FREES_WAIT: Duration = Duration::from_secs(1);
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_server_gives_up_before_the_client() {
-        for secs in [1, 2, 10, 60] {
-            let op = Duration::from_secs(secs);
-            assert!(server_op_timeout(op) < server_control_timeout(op));
-            assert!(server_control_timeout(op) < op);
-        }
-    }
-}
-
 /// How long a volume's committed metadata change may wait in memory before the committer
 /// writes it to the journal: the most un-fsynced metadata a crash can lose. A few ms gathers
 /// many operations into one replicated WRITE (group commit) at a cost no user notices.
@@ -206,3 +192,17 @@ pub const JOURNAL_RING_BYTES: u64 = 32 << 20;
 /// Copies of a volume's journal and checkpoint, each on another server: as many as a chunk
 /// may have ([`crate::meta::MAX_REPLICAS`]), so the namespace survives whatever its files do.
 pub const JOURNAL_COPIES: usize = 3;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_server_gives_up_before_the_client() {
+        for secs in [1, 2, 10, 60] {
+            let op = Duration::from_secs(secs);
+            assert!(server_op_timeout(op) < server_control_timeout(op));
+            assert!(server_control_timeout(op) < op);
+        }
+    }
+}

@@ -163,6 +163,14 @@ pub(super) fn back_up(h: &mut Health, failed: &AtomicBool, transitions: &AtomicU
     failed.store(false, Ordering::SeqCst);
 }
 
+/// What [`open_link`] opened: the link, what a resumed session held (`(extents, bytes)`),
+/// and the volume's claim.
+pub(super) struct Opened {
+    pub(super) link: Link,
+    pub(super) resumed: Option<(u64, u64)>,
+    pub(super) claimed: Option<super::volume::Claim>,
+}
+
 /// Opens one server's connections: the control session (authenticated), then, when
 /// `resume` names an earlier session's token, the request to resume it (`Some((extents,
 /// bytes))` if the server still held it), then the data path.
@@ -173,7 +181,7 @@ pub(super) fn open_link(
     addr: SocketAddr,
     resume: Option<crate::auth::Token>,
     claim: Option<(crate::proto::ClaimMode, u64)>,
-) -> Result<(Link, Option<(u64, u64)>, Option<super::volume::Claim>), PoolError> {
+) -> Result<Opened, PoolError> {
     let control = ControlConn::connect(addr, &config.client_name, config.timeout, &config.secret)?;
     if control.hello.fabric != fabric.name() {
         return Err(PoolError::Handshake {
@@ -227,7 +235,11 @@ pub(super) fn open_link(
         }
     };
     let qp = fabric.connect(addr, &mut exchange, cq.clone(), &control.token)?;
-    Ok((Link { control, qp }, resumed, claimed))
+    Ok(Opened {
+        link: Link { control, qp },
+        resumed,
+        claimed,
+    })
 }
 
 impl Pool {
@@ -268,7 +280,7 @@ impl Pool {
             .volume
             .as_ref()
             .map(|_| (crate::proto::ClaimMode::Adopt, self.epoch()));
-        let (link, resumed, _) = match open_link(
+        let Opened { link, resumed, .. } = match open_link(
             &self.fabric,
             &self.cq,
             &self.config,

@@ -226,7 +226,8 @@ impl Pool {
         };
         for (i, &addr) in addrs.iter().enumerate() {
             let claim = plan.as_ref().map(|(modes, epoch)| (modes[i], *epoch));
-            let (link, _, claimed) = open_link(&fabric, &cq, config, addr, None, claim)?;
+            let health::Opened { link, claimed, .. } =
+                open_link(&fabric, &cq, config, addr, None, claim)?;
             if let (Some(c), Some((_, epoch))) = (claimed, plan.as_mut()) {
                 *epoch = (*epoch).max(c.epoch);
                 claims.push(c);
