@@ -39,29 +39,7 @@ OUT=$(cd "$OUT" && pwd)
 rm -f "$OUT/summary.json" "$OUT/spec.json" "$OUT/chart.svg"
 lib_init meta
 
-# The tree's tar, made once per TAR_FILES (kept in OUT for later runs).
-tree_tar=$OUT/tree-$TAR_FILES.tar
-if [ ! -s "$tree_tar" ]; then
-  echo "# making a $TAR_FILES-file tree" >&2
-  python3 - "$BASE/tree" "$TAR_FILES" <<'PY'
-import os, random, sys
-root, n = sys.argv[1], int(sys.argv[2])
-rng = random.Random(13)
-# Like a crate registry's sources: directories of a dozen files, two or three deep; file sizes
-# log-normal around 5 KiB with a long tail (mean ~17 KiB).
-made = 0
-while made < n:
-    d = os.path.join(root, "crate%04d" % (made // 60), "src", "m%02d" % ((made // 12) % 5))
-    os.makedirs(d, exist_ok=True)
-    for _ in range(min(12, n - made)):
-        size = min(int(rng.lognormvariate(8.6, 1.5)), 8 << 20)
-        with open(os.path.join(d, "f%05d.rs" % made), "wb") as f:
-            f.write(rng.randbytes(size))
-        made += 1
-PY
-  tar cf "$tree_tar.part" -C "$BASE/tree" . && mv "$tree_tar.part" "$tree_tar"
-  rm -rf "$BASE/tree"
-fi
+tree_tar=$(tree_tar "$OUT" "$TAR_FILES")
 tree_bytes=$(tar tvf "$tree_tar" | awk '{ s += $3 } END { print s }')
 
 start_server 4G

@@ -65,3 +65,31 @@ draw_chart() {
   "$BENCH_BIN" bars "$1" "$2"
   echo "# chart: $2"
 }
+
+# tree_tar OUT N: prints the path of the tar of a source-like tree of N files (~175 MB for
+# 10,000), made once per N and kept in OUT for later runs (bench-meta, bench-volume).
+tree_tar() {
+  local out=$1 n=$2 tar=$1/tree-$2.tar
+  if [ ! -s "$tar" ]; then
+    echo "# making a $n-file tree" >&2
+    python3 - "$BASE/tree" "$n" <<'PY'
+import os, random, sys
+root, n = sys.argv[1], int(sys.argv[2])
+rng = random.Random(13)
+# Like a crate registry's sources: directories of a dozen files, two or three deep; file sizes
+# log-normal around 5 KiB with a long tail (mean ~17 KiB).
+made = 0
+while made < n:
+    d = os.path.join(root, "crate%04d" % (made // 60), "src", "m%02d" % ((made // 12) % 5))
+    os.makedirs(d, exist_ok=True)
+    for _ in range(min(12, n - made)):
+        size = min(int(rng.lognormvariate(8.6, 1.5)), 8 << 20)
+        with open(os.path.join(d, "f%05d.rs" % made), "wb") as f:
+            f.write(rng.randbytes(size))
+        made += 1
+PY
+    tar cf "$tar.part" -C "$BASE/tree" . && mv "$tar.part" "$tar"
+    rm -rf "$BASE/tree"
+  fi
+  echo "$tar"
+}

@@ -56,6 +56,9 @@ pub(super) struct Written {
 
 pub(super) struct Shared {
     written: Arc<Written>,
+    /// The ring's writer: whoever holds it writes the next group (the committer, or an
+    /// `fsync` that found no commit running).
+    writer: Mutex<Writer>,
     pending: Mutex<Pending>,
     wake: Condvar,
     done: Mutex<Done>,
@@ -376,31 +379,46 @@ impl Barrier for VolumeJournal {
 }
 
 impl Shared {
+    /// Returns once every record assigned so far is committed. The caller writes the group
+    /// itself when no commit is running (one thread hand-off fewer each way: an `fsync`
+    /// costs the replicated WRITE), else it wakes the committer and waits.
     fn sync(&self) -> Result<()> {
         let target = self.gate.assigned.load(Ordering::SeqCst);
-        {
-            let mut p = self.pending.lock();
-            p.sync_wanted = true;
-            self.wake.notify_one();
-        }
-        let mut d = self.done.lock();
         loop {
-            if let Some(why) = &d.failed {
-                return Err(eio(why.clone()));
+            {
+                let d = self.done.lock();
+                if let Some(why) = &d.failed {
+                    return Err(eio(why.clone()));
+                }
+                if d.committed >= target {
+                    return Ok(());
+                }
             }
-            if d.committed >= target {
-                return Ok(());
+            if let Some(mut w) = self.writer.try_lock() {
+                if let Some((bytes, last)) = self.take_group() {
+                    self.commit_group(&mut w, &bytes, last);
+                    continue;
+                }
+                if self.stop.load(Ordering::SeqCst) {
+                    return Err(eio("the volume's journal is stopped".into()));
+                }
             }
-            if self.stop.load(Ordering::SeqCst) {
-                return Err(eio("the volume's journal is stopped".into()));
+            {
+                let mut p = self.pending.lock();
+                p.sync_wanted = true;
+                self.wake.notify_one();
             }
-            d = self.done_cv.wait(d);
+            let d = self.done.lock();
+            if d.committed < target && d.failed.is_none() {
+                // Bounded: a commit that ended between the check and this wait is seen.
+                let _ = self.done_cv.wait_timeout(d, JOURNAL_COMMIT_INTERVAL);
+            }
         }
     }
 
-    /// The next group to write: waits for records, then up to the commit interval for more
-    /// (not at all when `fsync` waits). `None`: stopping with nothing left.
-    fn next_group(&self) -> Option<(Vec<u8>, u64)> {
+    /// Waits until a group is due: records pending, and the commit interval passed, an
+    /// `fsync` waiting or a batch's worth there. False: stopping with nothing left.
+    fn wait_for_group(&self) -> bool {
         let mut p = self.pending.lock();
         #[cfg(feature = "testing")]
         while p.held && !self.stop.load(Ordering::SeqCst) {
@@ -408,7 +426,7 @@ impl Shared {
         }
         while p.bytes.is_empty() {
             if self.stop.load(Ordering::SeqCst) {
-                return None;
+                return false;
             }
             p = self.wake.wait_timeout(p, JOURNAL_COMMIT_INTERVAL * 20).0;
         }
@@ -423,10 +441,46 @@ impl Shared {
             }
             p = self.wake.wait_timeout(p, left).0;
         }
+        true
+    }
+
+    /// Takes what is pending as one group and its last sequence number; only under the
+    /// writer's lock, so groups reach the ring in order.
+    fn take_group(&self) -> Option<(Vec<u8>, u64)> {
+        let mut p = self.pending.lock();
+        #[cfg(feature = "testing")]
+        if p.held {
+            return None;
+        }
         p.sync_wanted = false;
+        if p.bytes.is_empty() {
+            return None;
+        }
         let last = p.frames.last().map(|f| f.0).unwrap_or(0);
         p.frames.clear();
         Some((std::mem::take(&mut p.bytes), last))
+    }
+
+    /// Writes one group (see [`Writer::append`]) and publishes the outcome.
+    fn commit_group(&self, writer: &mut Writer, bytes: &[u8], last: u64) {
+        if self.done.lock().failed.is_some() {
+            return;
+        }
+        if let Some(why) = writer.pool.fenced() {
+            return self.fail(why);
+        }
+        #[cfg(feature = "testing")]
+        if let Some(n) = self.pending.lock().tear.take() {
+            writer.tear(bytes, n);
+            return self.fail("the journal was torn by a test".into());
+        }
+        match writer.append(&self.gate, bytes, last) {
+            Ok(lsn) => {
+                self.forget_up_to(lsn);
+                self.committed(&writer.pool, lsn.max(last));
+            }
+            Err(why) => self.fail(why),
+        }
     }
 
     /// Drops pending records a checkpoint up to `lsn` holds already.
@@ -469,7 +523,7 @@ impl VolumeJournal {
     /// Starts the committer over `writer`, records numbered after `last_lsn` (what attach
     /// replayed and checkpointed).
     pub(super) fn start(
-        mut writer: Writer,
+        writer: Writer,
         gate: Arc<FreeGate>,
         last_lsn: u64,
     ) -> std::io::Result<(VolumeJournal, Recorder)> {
@@ -477,6 +531,7 @@ impl VolumeJournal {
         let epoch = writer.pool.epoch();
         let shared = Arc::new(Shared {
             written: writer.written.clone(),
+            writer: Mutex::new(writer),
             pending: Mutex::new(Pending {
                 #[cfg(feature = "testing")]
                 held: false,
@@ -499,26 +554,10 @@ impl VolumeJournal {
         let thread = std::thread::Builder::new()
             .name("volume-commit".into())
             .spawn(move || {
-                while let Some((bytes, last)) = s.next_group() {
-                    if s.done.lock().failed.is_some() {
-                        continue;
-                    }
-                    if let Some(why) = writer.pool.fenced() {
-                        s.fail(why);
-                        continue;
-                    }
-                    #[cfg(feature = "testing")]
-                    if let Some(n) = s.pending.lock().tear.take() {
-                        writer.tear(&bytes, n);
-                        s.fail("the journal was torn by a test".into());
-                        continue;
-                    }
-                    match writer.append(&s.gate, &bytes, last) {
-                        Ok(lsn) => {
-                            s.forget_up_to(lsn);
-                            s.committed(&writer.pool, lsn.max(last));
-                        }
-                        Err(why) => s.fail(why),
+                while s.wait_for_group() {
+                    let mut w = s.writer.lock();
+                    if let Some((bytes, last)) = s.take_group() {
+                        s.commit_group(&mut w, &bytes, last);
                     }
                 }
             })?;
@@ -534,6 +573,8 @@ impl VolumeJournal {
 
     /// Commits what is pending and stops the committer (an unmount).
     pub fn stop(&self) -> Result<()> {
+        #[cfg(feature = "testing")]
+        self.hold_commits(false);
         let res = self.shared.sync();
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.wake.notify_all();

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Volumes (#29's speed targets) beside the same work without a volume, in one run, over two
+# memory servers (two copies of every chunk, two journal copies):
+#   1. `tar xf` of the TAR_FILES-file tree (bench-meta's), `sync -f`, and `rm -rf`;
+#   2. FSYNCS times: create an empty file, then fsync it and its directory (a metadata-only
+#      barrier): the pair's p50 and p99 against `rmemfs-bench fabric`'s 4 KiB WRITE p50;
+#   3. SQLITE_TXNS small sqlite transactions (default rollback journal);
+#   4. `git add` and `git commit` of GIT_FILES files;
+#   5. attach of a volume of ATTACH_FILES files after its daemon was killed (SIGKILL): the
+#      time `rmemfs mount --volume` takes (checkpoint plus replay).
+#
+#   lab/scripts/bench-volume.sh
+#   TAR_FILES=3000 ATTACH_FILES=20000 lab/scripts/bench-volume.sh
+#
+# Prints a line per step, then the table with ratios (volume / private). Needs root,
+# /dev/fuse and the lab (`cargo build --release --workspace`).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=lab/scripts/lib.sh
+. lab/scripts/lib.sh
+TAR_FILES=${TAR_FILES:-10000}
+FSYNCS=${FSYNCS:-1000}
+SQLITE_TXNS=${SQLITE_TXNS:-1000}
+GIT_FILES=${GIT_FILES:-1000}
+ATTACH_FILES=${ATTACH_FILES:-100000}
+OUT=${OUT:-target/bench-volume}
+ensure_packages python3:python3 tar:tar sqlite3:sqlite3 git:git
+check_prereqs mount serve stats || exit 2
+check_bench fabric || exit 2
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+lib_init volume
+tree=$(tree_tar "$OUT" "$TAR_FILES")
+
+echo "== the fabric: 4 KiB WRITE at depth 1" >&2
+timeout -k 10 600 "$BENCH_BIN" fabric --rmemfs "$BIN" --sizes 4K --depths 1 --bytes 16M \
+  --clients 1 >"$OUT/fabric.txt"
+
+start_server 4G
+a=$SERVER_ADDR
+start_server 4G
+addrs=$a,$SERVER_ADDR
+mount_fs "$BASE/private" "$addrs"
+mount_fs "$BASE/volume" "$addrs" --volume bench --create
+
+results=$OUT/results.tsv
+: >"$results"
+record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$results"; echo "   $1 $2: $3" >&2; }
+secs() { python3 -c 'import sys,time; t=time.monotonic(); import subprocess; subprocess.run(sys.argv[1:], check=True); print("%.3f" % (time.monotonic()-t))' "$@"; }
+
+for t in private volume; do
+  m=$BASE/$t
+  echo "== $t: tar xf, sync, rm -rf" >&2
+  mkdir -p "$m/tree"
+  record "$t" tar_xf "$(secs tar xf "$tree" -C "$m/tree")"
+  record "$t" sync "$(secs sync -f "$m/tree")"
+  record "$t" rm_rf "$(secs rm -rf "$m/tree")"
+  echo "== $t: $FSYNCS fsyncs of a new empty file and its directory" >&2
+  python3 - "$m" "$FSYNCS" >"$OUT/$t-fsync.txt" <<'PY'
+import os, sys, time
+top, n = sys.argv[1], int(sys.argv[2])
+d = os.path.join(top, "fsync")
+os.makedirs(d, exist_ok=True)
+dfd = os.open(d, os.O_RDONLY)
+lat = []
+for i in range(n):
+    fd = os.open(os.path.join(d, "f%d" % i), os.O_CREAT | os.O_WRONLY, 0o644)
+    t = time.perf_counter()
+    os.fsync(fd)
+    os.fsync(dfd)
+    lat.append((time.perf_counter() - t) * 1e6)
+    os.close(fd)
+lat.sort()
+print("%.1f %.1f" % (lat[len(lat) // 2], lat[len(lat) * 99 // 100]))
+PY
+  read -r p50 p99 <"$OUT/$t-fsync.txt"
+  record "$t" fsync_p50_us "$p50"
+  record "$t" fsync_p99_us "$p99"
+  echo "== $t: $SQLITE_TXNS sqlite transactions" >&2
+  record "$t" sqlite "$(secs python3 -c '
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+c.execute("create table t (k integer primary key, v text)")
+c.commit()
+for i in range(int(sys.argv[2])):
+    c.execute("insert into t (v) values (?)", ("x" * 100,))
+    c.commit()
+' "$m/db.sqlite" "$SQLITE_TXNS")"
+  echo "== $t: git add and commit of $GIT_FILES files" >&2
+  mkdir -p "$m/repo"
+  python3 -c '
+import os, sys
+for i in range(int(sys.argv[2])):
+    with open(os.path.join(sys.argv[1], "f%04d.txt" % i), "w") as f:
+        f.write("line %d\n" % i * 20)
+' "$m/repo" "$GIT_FILES"
+  git -C "$m/repo" init -q
+  record "$t" git_commit "$(secs sh -c 'cd "$1" && git add -A && git -c user.name=b -c user.email=b@b commit -qm bench' _ "$m/repo")"
+done
+
+echo "== attach of a volume of $ATTACH_FILES files after its daemon was killed" >&2
+python3 -c '
+import os, sys
+top, n = sys.argv[1], int(sys.argv[2])
+for d in range(0, n, 10000):
+    p = os.path.join(top, "many", "d%03d" % (d // 10000))
+    os.makedirs(p, exist_ok=True)
+    for i in range(d, min(n, d + 10000)):
+        open(os.path.join(p, "f%d" % i), "w").close()
+fd = os.open(os.path.join(top, "many"), os.O_RDONLY)
+os.fsync(fd)
+' "$BASE/volume" "$ATTACH_FILES"
+kill -9 "$(daemon_pids "$BASE/volume")"
+wait_daemon_gone "$BASE/volume" 20
+record volume attach_s "$(secs "$BIN" mount "$BASE/volume" --servers "$addrs" --volume bench)"
+found=$(find "$BASE/volume/many" -type f | wc -l)
+[ "$found" -eq "$ATTACH_FILES" ] || { echo "attach found $found of $ATTACH_FILES files" >&2; exit 1; }
+
+python3 - "$results" "$OUT/fabric.txt" "$TAR_FILES" "$ATTACH_FILES" <<'PY'
+import sys
+rows, fabric, tar_files, attach_files = sys.argv[1:5]
+r = {}
+for line in open(rows):
+    t, k, v = line.rstrip("\n").split("\t")
+    r[(t, k)] = float(v)
+write_p50 = None
+for line in open(fabric):
+    if line.startswith("fabric WRITE 4KiB"):
+        write_p50 = float(line[len("fabric WRITE 4KiB"):].split()[0])
+print("\n# volumes against private mounts (two servers, two copies), one run")
+print(f"{'':<34}{'private':>12}{'volume':>12}{'ratio':>8}")
+for k, what in [("tar_xf", f"tar xf, {tar_files} files (s)"), ("sync", "sync -f (s)"),
+                ("rm_rf", "rm -rf (s)"), ("fsync_p50_us", "fsync file+dir p50 (us)"),
+                ("fsync_p99_us", "fsync file+dir p99 (us)"),
+                ("sqlite", "sqlite transactions (s)"), ("git_commit", "git add+commit (s)")]:
+    p, v = r[("private", k)], r[("volume", k)]
+    print(f"{what:<34}{p:>12.3f}{v:>12.3f}{(v / p if p else float('inf')):>8.2f}")
+print(f"{f'attach after kill -9, {attach_files} files (s)':<34}{'':>12}{r[('volume', 'attach_s')]:>12.3f}")
+if write_p50:
+    print(f"\n# fsync p50 {r[('volume', 'fsync_p50_us')]:.1f} us against the fabric's 4 KiB WRITE "
+          f"p50 {write_p50:.1f} us: {r[('volume', 'fsync_p50_us')] / write_p50:.2f}x (target 2x)")
+PY
