@@ -189,6 +189,11 @@ pub const JOURNAL_COMMIT_BATCH: usize = 1 << 20;
 /// operations between checkpoints (which bound the replay), for 96 MiB over three servers.
 pub const JOURNAL_RING_BYTES: u64 = 32 << 20;
 
+/// Most volumes one memory server keeps: an authenticated client cannot grow the server's
+/// table without bound (each costs a root of at most 4 KiB and a little state), and no rack
+/// needs more names than this per server.
+pub const MAX_VOLUMES_PER_SERVER: usize = 1024;
+
 /// Copies of a volume's journal and checkpoint, each on another server: as many as a chunk
 /// may have ([`crate::meta::MAX_REPLICAS`]), so the namespace survives whatever its files do.
 pub const JOURNAL_COPIES: usize = 3;

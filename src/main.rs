@@ -230,6 +230,10 @@ enum Cmd {
         /// Fence the volume's live holder and take it over (its next operation fails with EIO).
         #[arg(long, requires = "volume")]
         takeover: bool,
+        /// Attach without these servers of the volume (host[:port], commas), gone for good:
+        /// their copies are forgotten and the rebuild makes new ones elsewhere.
+        #[arg(long, value_delimiter = ',', value_name = "HOST", requires = "volume")]
+        force_without: Vec<String>,
     },
     /// Manage volumes on a set of memory servers.
     Volume {
@@ -394,6 +398,7 @@ fn main() -> ExitCode {
             volume,
             create,
             takeover,
+            force_without,
         } => {
             let secret = match Secret::from_option(secret_file.as_deref()) {
                 Ok(s) => s,
@@ -427,6 +432,7 @@ fn main() -> ExitCode {
                 volume,
                 create,
                 takeover,
+                force_without,
             };
             if std::env::var_os(DAEMON_ENV).is_none() {
                 match mount::prepare_mountpoint(&config.mountpoint, force) {

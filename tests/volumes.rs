@@ -98,7 +98,48 @@ impl Rack {
             acl: true,
             ..FsConfig::default()
         };
-        attach_with(data, config, &self.addrs(), ring).map(Daemon)
+        attach_with(data, config, &self.addrs(), &[], ring).map(Daemon)
+    }
+
+    /// A daemon attaching `name` over the servers but `gone` (with `--force-without` them
+    /// when `force`).
+    fn attach_without(&self, name: &str, gone: &[usize], force: bool) -> Result<Daemon, String> {
+        let addrs: Vec<SocketAddr> = (0..self.servers.len())
+            .filter(|i| !gone.contains(i))
+            .map(|i| self.servers[i].local_addr())
+            .collect();
+        let without: Vec<SocketAddr> = match force {
+            true => gone.iter().map(|&i| self.servers[i].local_addr()).collect(),
+            false => Vec::new(),
+        };
+        let spec = VolumeSpec {
+            name: name.into(),
+            holder: format!("test-host pid {}", rand_pid()),
+            create: false,
+            takeover: false,
+        };
+        let pool = Pool::connect(
+            self.net.node(),
+            &addrs,
+            &PoolConfig {
+                timeout: Duration::from_secs(5),
+                volume: Some(spec),
+                ..PoolConfig::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let data = DataStore::new(
+            Arc::new(pool),
+            CHUNK,
+            4,
+            Policy::Mrrc,
+            CacheConfig::default(),
+            WritePath::Frrwp,
+        )
+        .and_then(|d| d.replicated(2, 1))
+        .map_err(|e| e.message)?;
+        let ring = rmemfs::config::JOURNAL_RING_BYTES;
+        attach_with(data, FsConfig::default(), &addrs, &without, ring).map(Daemon)
     }
 
     /// Free bytes on every server.
@@ -605,6 +646,29 @@ proptest::proptest! {
             found.is_some(),
             "the replayed namespace is none of the {} states from the last fsync on",
             states.len() - fsynced
+        );
+    }
+}
+
+#[test]
+fn a_server_gone_for_good_needs_force_without_and_costs_only_its_copies() {
+    let mut rack = Rack::new(3);
+    let d = rack.attach("vol", true, false).unwrap();
+    populate(&d);
+    d.sync().unwrap();
+    d.crash();
+    rack.nodes[2].kill();
+    rack.servers[2].shutdown();
+    let e = rack.attach_without("vol", &[2], false).err().unwrap();
+    assert!(e.contains("--force-without"), "{e}");
+    let d = rack.attach_without("vol", &[2], true).unwrap();
+    assert_eq!(d.0.report.without, 1);
+    // Two copies of every chunk on three servers: each chunk kept one at least.
+    assert_eq!(d.read("a/b/big").unwrap(), bytes(99, 3 * MIB + 123));
+    for i in 0..20u64 {
+        assert_eq!(
+            d.read(&format!("a/f{i}")).unwrap(),
+            bytes(i, (i as usize * 7919) % 5000)
         );
     }
 }

@@ -74,6 +74,8 @@ pub struct MountConfig {
     pub volume: Option<String>,
     pub create: bool,
     pub takeover: bool,
+    /// Servers of the volume gone for good, attached without (`--force-without`).
+    pub force_without: Vec<String>,
 }
 
 impl MountConfig {
@@ -103,6 +105,7 @@ impl MountConfig {
             volume: None,
             create: false,
             takeover: false,
+            force_without: Vec::new(),
         }
     }
 
@@ -376,7 +379,12 @@ fn build_fs(
         writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
     };
     let (fs, journal) = if config.volume.is_some() {
-        let a = crate::volume::attach(data, fs_config, &servers.addrs)?;
+        let without: Vec<SocketAddr> = config
+            .force_without
+            .iter()
+            .map(|s| resolve_server(s))
+            .collect::<Result<_, _>>()?;
+        let a = crate::volume::attach(data, fs_config, &servers.addrs, &without)?;
         log::info!("volume attached: {:?}", a.report);
         (a.fs, Some(a.journal))
     } else {

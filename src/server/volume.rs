@@ -164,6 +164,16 @@ impl Session {
                         ),
                     ));
                 }
+                if vols.len() >= crate::config::MAX_VOLUMES_PER_SERVER {
+                    return Ok(refuse(
+                        tag,
+                        RefusalCode::NoSpace,
+                        format!(
+                            "this server keeps {} volumes already (the most it keeps)",
+                            vols.len()
+                        ),
+                    ));
+                }
                 let epoch = min_epoch.max(1);
                 vols.insert(
                     name.clone(),

@@ -103,8 +103,16 @@ impl Writer {
     /// Sets the root (one generation up) on every live server.
     fn publish(&mut self, mut root: Root) -> std::result::Result<(), String> {
         root.generation = self.root.generation + 1;
+        let bytes = root.encode();
+        if bytes.len() > crate::proto::MAX_ROOT_LEN {
+            return Err(format!(
+                "the volume's root would take {} bytes (at most {}): too many servers",
+                bytes.len(),
+                crate::proto::MAX_ROOT_LEN
+            ));
+        }
         self.pool
-            .set_root(&root.encode())
+            .set_root(&bytes)
             .map_err(|e| format!("cannot set the volume's root: {e}"))?;
         self.root = root;
         Ok(())

@@ -45,18 +45,24 @@ pub struct AttachReport {
     pub replayed: usize,
     /// Servers that had restarted without the volume (their copies forgotten).
     pub restarted: usize,
+    /// Servers of the volume attached without (`--force-without`: their copies forgotten).
+    pub without: usize,
     pub orphans: usize,
     /// Extents freed because nothing named them.
     pub collected: usize,
 }
 
-fn remap_chunk(c: &Chunk, perm: &[u32]) -> Chunk {
+/// `c` with its copies renumbered to this pool's servers; copies on a server attached
+/// without (`--force-without`) are gone.
+fn remap_chunk(c: &Chunk, perm: &[Option<u32>]) -> Chunk {
     let replicas: Vec<Replica> = c
         .replicas()
         .iter()
-        .map(|r| Replica {
-            server: perm[r.server as usize],
-            ..*r
+        .filter_map(|r| {
+            Some(Replica {
+                server: perm[r.server as usize]?,
+                ..*r
+            })
         })
         .collect();
     Chunk::with_replicas(c.len, &replicas)
@@ -65,7 +71,7 @@ fn remap_chunk(c: &Chunk, perm: &[u32]) -> Chunk {
 fn apply_all(
     meta: &mut Meta,
     records: Vec<(u64, Vec<Change>)>,
-    perm: &[u32],
+    perm: &[Option<u32>],
 ) -> Result<usize, String> {
     let n = records.len();
     for (lsn, changes) in records {
@@ -104,8 +110,21 @@ fn stop_reason(stop: &record::Stop) -> Option<String> {
 
 /// Attaches the pool's claimed volume (see the module doc). `addrs` are the mount's servers
 /// in the pool's order.
-pub fn attach(data: DataStore, config: FsConfig, addrs: &[SocketAddr]) -> Result<Attached, String> {
-    attach_with(data, config, addrs, crate::config::JOURNAL_RING_BYTES)
+/// `without` are servers of the volume that are gone for good (`--force-without`): their
+/// copies are forgotten.
+pub fn attach(
+    data: DataStore,
+    config: FsConfig,
+    addrs: &[SocketAddr],
+    without: &[SocketAddr],
+) -> Result<Attached, String> {
+    attach_with(
+        data,
+        config,
+        addrs,
+        without,
+        crate::config::JOURNAL_RING_BYTES,
+    )
 }
 
 /// [`attach`], with journal ring copies of `ring_bytes` (tests fill a small ring quickly).
@@ -113,6 +132,7 @@ pub fn attach_with(
     data: DataStore,
     config: FsConfig,
     addrs: &[SocketAddr],
+    without: &[SocketAddr],
     ring_bytes: u64,
 ) -> Result<Attached, String> {
     let pool = data.pool().clone();
@@ -147,25 +167,24 @@ pub fn attach_with(
     let mut last_lsn = 0;
     let (mut old_ckpt, mut old_ring): (Vec<Place>, Vec<Place>) = (Vec::new(), Vec::new());
     if let Some(root) = &best {
-        let perm: Vec<u32> = root
+        let without: Vec<String> = without.iter().map(|a| a.to_string()).collect();
+        let perm: Vec<Option<u32>> = root
             .servers
             .iter()
-            .map(|s| {
-                servers
-                    .iter()
-                    .position(|a| a == s)
-                    .map(|i| i as u32)
-                    .ok_or_else(|| {
-                        format!(
-                            "the volume's server {s} is not among --servers ({}): give every \
-                         server of the volume",
-                            servers.join(",")
-                        )
-                    })
+            .map(|s| match servers.iter().position(|a| a == s) {
+                Some(i) => Ok(Some(i as u32)),
+                None if without.contains(s) => Ok(None),
+                None => Err(format!(
+                    "the volume's server {s} is not among --servers ({}): give every server \
+                     of the volume, or --force-without {s} if it is gone for good (its copies \
+                     are then forgotten)",
+                    servers.join(",")
+                )),
             })
             .collect::<Result<_, _>>()?;
+        report.without = perm.iter().filter(|p| p.is_none()).count();
         let usable = |p: &Place| -> Option<RemoteRegion> {
-            let id = perm[p.server as usize];
+            let id = perm[p.server as usize]?;
             (!restarted.contains(&id) && pool.is_live(ServerId(id))).then_some(RemoteRegion {
                 server: ServerId(id),
                 ..region(p, 0)
@@ -233,12 +252,14 @@ pub fn attach_with(
         let ring = ring.unwrap_or_default();
         last_lsn = root.checkpoint_lsn + ring.len() as u64;
         report.replayed = apply_all(&mut meta, ring, &perm)?;
-        let renumber = |p: &Place| Place {
-            server: perm[p.server as usize],
-            ..*p
+        let renumber = |p: &Place| {
+            Some(Place {
+                server: perm[p.server as usize]?,
+                ..*p
+            })
         };
-        old_ckpt = root.checkpoint.iter().map(renumber).collect();
-        old_ring = root.ring.iter().map(renumber).collect();
+        old_ckpt = root.checkpoint.iter().filter_map(renumber).collect();
+        old_ring = root.ring.iter().filter_map(renumber).collect();
     }
     report.inodes = meta.len();
     let fs = Arc::new(Fs::with_meta(data, config, meta));
