@@ -23,10 +23,11 @@ host_link() { echo "${HOSTS_TAG}v$1"; }
 host_ip() { echo "$HOSTS_NET.$((10 + $1))"; }
 host_addr() { echo "$(host_ip "$1"):$HOSTS_PORT"; }
 
-# hosts_addrs: every host's server address, comma separated (for --servers).
+# hosts_addrs: the server address of every host that runs one (the first HOSTS_SERVERS,
+# default all), comma separated (for --servers).
 hosts_addrs() {
   local i out=""
-  for ((i = 0; i < HOSTS_N; i++)); do out+=${out:+,}$(host_addr "$i"); done
+  for ((i = 0; i < ${HOSTS_SERVERS:-$HOSTS_N}; i++)); do out+=${out:+,}$(host_addr "$i"); done
   echo "$out"
 }
 

@@ -14,6 +14,8 @@ cd "$(dirname "$0")/.."
 # Failure detection (the mount's op timeout) and the servers' own timeouts, short so the
 # tests run in seconds; the lease long enough for the short cut, and short for the long one.
 DETECT=2
+# Hosts 0 to 2 run memory servers; 3 and 4 are clients for the tests that need them.
+HOSTS_SERVERS=3
 SERVE=(--op-timeout "$DETECT")
 MOUNT=(--op-timeout "$DETECT" --replicas 2)
 
@@ -118,6 +120,43 @@ test_cut_long() {
   check_files 12 "after the long cut"
 }
 
+# client_mount I MNT [ARGS...]: a volume mount whose daemon runs on test host I (its network
+# namespace only: the mount itself is in the test's mount namespace, as on a real client).
+client_mount() {
+  local i=$1 mnt=$2
+  shift 2
+  mkdir -p "$mnt"
+  nsenter --net="/run/netns/$(host_ns "$i")" timeout -k 10 60 "$BIN" mount "$mnt" \
+    --servers "$(hosts_addrs)" --secret-file "$HOSTS_SECRET" "${MOUNT[@]}" "$@" \
+    --log-file "$WORK/client$i.log" </dev/null
+}
+
+# A volume's daemon on test host 3 is killed while a writer records every fsynced state; the
+# volume is attached from test host 4: every fsynced state is there.
+test_volume_other_host() {
+  local a=$WORK/on-a b=$WORK/on-b manifest=$WORK/manifest writer pid out
+  local writer_py=$PWD/mount-tests/volume_writer.py
+  : >"$manifest"
+  client_mount 3 "$a" --volume far --create || fail "mount on host 3 failed"
+  python3 "$writer_py" write "$a" "$manifest" 1 &
+  writer=$!
+  sleep 1.5
+  pid=$(daemon_pids "$a")
+  [ -n "$pid" ] || fail "no daemon for $a"
+  kill -9 "$pid"
+  wait_daemon_gone "$a" 20 || fail "the daemon outlived kill -9"
+  wait "$writer" || true
+  [ "$(grep -c '^C' "$manifest")" -ge 3 ] || fail "the writer confirmed almost nothing: $(head -c 300 "$manifest")"
+  log "killed the volume's daemon on host 3 after $(grep -c '^C' "$manifest") confirmed states"
+  client_mount 4 "$b" --volume far || fail "attach from host 4 failed"
+  out=$(t python3 "$writer_py" check "$b" "$manifest") || fail "on host 4: $out"
+  log "host 4 found every fsynced state: $out"
+  grep -q "holder connected" <<<"$(t "$BIN" volume status far --servers "$(hosts_addrs)" \
+    --secret-file "$HOSTS_SECRET")" || fail "volume status does not show host 4 attached"
+  timeout -k 5 30 umount -l "$a" || true
+  unmount_fs "$b" || fail "unmount on host 4 failed"
+}
+
 # name, extra serve arguments, extra mount arguments
 ALL_TESTS=(
   "kill_restart||--rebuild-delay 8"
@@ -125,6 +164,7 @@ ALL_TESTS=(
   "freeze||--rebuild-delay 1"
   "cut_short||--rebuild-delay 60"
   "cut_long|--lease 3|--rebuild-delay 1"
+  "volume_other_host||"
 )
 
 run_host_test() {
@@ -136,7 +176,7 @@ run_host_test() {
   DLOG=$WORK/daemon.log
   mkdir -p "$MNT" "$WORK"
   : >"$REASON"
-  if ! hosts_init 3 2>>"$tlog"; then
+  if ! hosts_init 5 2>>"$tlog"; then
     reason="cannot create the test hosts: $(tail -n 1 "$tlog")"
   fi
   for ((i = 0; i < 3; i++)); do

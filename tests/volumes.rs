@@ -33,8 +33,16 @@ struct Rack {
 
 impl Rack {
     fn new(n: usize) -> Rack {
+        Rack::with_lease(n, rmemfs::config::LEASE)
+    }
+
+    /// Servers that replace a silent holder after `lease`.
+    fn with_lease(n: usize, lease: Duration) -> Rack {
         let net = LocalNetwork::new();
-        let config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), SERVER_BYTES);
+        let config = ServerConfig {
+            lease,
+            ..ServerConfig::new("127.0.0.1:0".parse().unwrap(), SERVER_BYTES)
+        };
         let mut servers = Vec::new();
         let mut nodes = Vec::new();
         for _ in 0..n {
@@ -671,4 +679,30 @@ fn a_server_gone_for_good_needs_force_without_and_costs_only_its_copies() {
             bytes(i, (i as usize * 7919) % 5000)
         );
     }
+}
+
+#[test]
+fn a_silent_holder_is_replaced_after_the_lease_and_fenced() {
+    // The holder here sends nothing (no heartbeats run in this test): silent, as a frozen
+    // (SIGSTOP) daemon is to its servers.
+    let rack = Rack::with_lease(2, Duration::from_millis(300));
+    let first = rack.attach("vol", true, false).unwrap();
+    first.write("kept", b"before the freeze").unwrap();
+    first.sync().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let second = loop {
+        match rack.attach("vol", false, false) {
+            Ok(d) => break d,
+            Err(e) if e.contains("is held by") => {
+                assert!(std::time::Instant::now() < deadline, "never replaced: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    // The first daemon wakes up: everything it does fails, and nothing of it is seen.
+    let late = first.write("late", &bytes(1, 2 * MIB));
+    assert!(late.is_err() || first.sync().is_err());
+    assert_eq!(second.read("kept").unwrap(), b"before the freeze");
+    assert_eq!(second.resolve("late"), Err(libc::ENOENT));
 }
