@@ -189,6 +189,10 @@ pub const JOURNAL_COMMIT_BATCH: usize = 1 << 20;
 /// operations between checkpoints (which bound the replay), for 96 MiB over three servers.
 pub const JOURNAL_RING_BYTES: u64 = 32 << 20;
 
+/// Inodes a volume checkpoint copies per hold of the namespace's lock: a few ms of copying,
+/// so no operation waits long behind a checkpoint of a million files.
+pub const CHECKPOINT_SLICE: usize = 10_000;
+
 /// Most volumes one memory server keeps: an authenticated client cannot grow the server's
 /// table without bound (each costs a root of at most 4 KiB and a little state), and no rack
 /// needs more names than this per server.

@@ -55,6 +55,8 @@ const BUCKETS: usize = 22;
 struct OpCounters {
     count: AtomicU64,
     nanos: AtomicU64,
+    /// The longest one: a stall (a volume's checkpoint, a slow server) shows here first.
+    max_nanos: AtomicU64,
     buckets: [AtomicU64; BUCKETS],
 }
 
@@ -63,6 +65,7 @@ impl OpCounters {
         OpCounters {
             count: AtomicU64::new(0),
             nanos: AtomicU64::new(0),
+            max_nanos: AtomicU64::new(0),
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -77,6 +80,8 @@ pub struct OpSummary {
     /// Upper bounds of the buckets holding the median and the 99th percentile.
     pub p50_us: u64,
     pub p99_us: u64,
+    /// The longest one, in µs (exact, not a bucket's bound).
+    pub max_us: u64,
     /// Time spent on all of them, in nanoseconds.
     pub total_nanos: u64,
     /// Requests per bucket, with the bucket's upper bound in µs (the last: unbounded,
@@ -127,6 +132,7 @@ impl RequestStats {
         let c = &self.ops[i];
         c.count.fetch_add(1, Ordering::Relaxed);
         c.nanos.fetch_add(nanos, Ordering::Relaxed);
+        c.max_nanos.fetch_max(nanos, Ordering::Relaxed);
         c.buckets[bucket_of(nanos)].fetch_add(1, Ordering::Relaxed);
     }
 
@@ -163,6 +169,7 @@ impl RequestStats {
                     mean_us: total_nanos / count / 1000,
                     p50_us: pct(50),
                     p99_us: pct(99),
+                    max_us: c.max_nanos.load(Ordering::Relaxed) / 1000,
                     total_nanos,
                     buckets: buckets
                         .iter()
@@ -197,7 +204,7 @@ mod tests {
         s.record("no such op", 1);
         let sum = s.summary();
         let w = sum.iter().find(|o| o.op == "write").unwrap();
-        assert_eq!((w.count, w.p50_us, w.p99_us), (100, 4, 1024));
+        assert_eq!((w.count, w.p50_us, w.p99_us, w.max_us), (100, 4, 1024, 900));
         assert_eq!(w.mean_us, (98 * 3_000 + 2 * 900_000) / 100 / 1000);
         assert_eq!(sum.iter().find(|o| o.op == "other").unwrap().count, 1);
         assert!(

@@ -14,7 +14,7 @@ use rmemfs::fs::{Fs, FsConfig};
 use rmemfs::meta::{Ino, ROOT_INO};
 use rmemfs::regcache::{CacheConfig, Policy};
 use rmemfs::server::{MemoryServer, ServerConfig};
-use rmemfs::volume::{attach_with, Attached};
+use rmemfs::volume::{attach_with, Attached, JournalOptions};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,7 +64,7 @@ impl Rack {
 
     /// A daemon attaching volume `name` (`create`: making it), as `holder`.
     fn attach(&self, name: &str, create: bool, takeover: bool) -> Result<Daemon, String> {
-        self.attach_ring(name, create, takeover, rmemfs::config::JOURNAL_RING_BYTES)
+        self.attach_ring(name, create, takeover, JournalOptions::default())
     }
 
     /// [`Rack::attach`] with journal ring copies of `ring` bytes.
@@ -73,7 +73,7 @@ impl Rack {
         name: &str,
         create: bool,
         takeover: bool,
-        ring: u64,
+        ring: JournalOptions,
     ) -> Result<Daemon, String> {
         let spec = VolumeSpec {
             name: name.into(),
@@ -146,8 +146,14 @@ impl Rack {
         )
         .and_then(|d| d.replicated(2, 1))
         .map_err(|e| e.message)?;
-        let ring = rmemfs::config::JOURNAL_RING_BYTES;
-        attach_with(data, FsConfig::default(), &addrs, &without, ring).map(Daemon)
+        attach_with(
+            data,
+            FsConfig::default(),
+            &addrs,
+            &without,
+            JournalOptions::default(),
+        )
+        .map(Daemon)
     }
 
     /// Free bytes on every server.
@@ -518,8 +524,12 @@ fn an_unlinked_file_keeps_its_memory_until_the_unlink_is_committed() {
 #[test]
 fn a_full_ring_is_checkpointed_and_the_replay_still_matches() {
     let rack = Rack::new(2);
-    // 64 KiB rings: a few hundred records fill one.
-    let ring = 64 << 10;
+    // 64 KiB rings: a few hundred records fill one; checkpoints copy 50 inodes per slice,
+    // with operations going on between the slices.
+    let ring = JournalOptions {
+        ring_bytes: 64 << 10,
+        checkpoint_slice: 50,
+    };
     let d = rack.attach_ring("vol", true, false, ring).unwrap();
     d.mkdir("d").unwrap();
     for i in 0..1500u64 {

@@ -189,19 +189,36 @@ impl<'m> Batch<'m> {
         let d = self.dir_mut(dir)?;
         let old = d.get(name);
         let cookie = d.cookie(name);
-        match (old, ino) {
+        let placed = match (old, ino) {
             (None, None) => return Ok(None),
-            (None, Some(i)) => d.insert(name, i),
-            (Some(_), Some(i)) => d.replace(name, i),
+            (None, Some(i)) => {
+                d.insert(name, i);
+                d.cookie(name)
+            }
+            (Some(_), Some(i)) => {
+                d.replace(name, i);
+                None
+            }
             (Some(_), None) => {
                 d.remove(name);
+                None
             }
-        }
+        };
         let name: Name = name.into();
-        self.redo.push(Change::Entry {
-            dir,
-            name: name.clone(),
-            ino,
+        // A new entry is journaled with its cookie, so a replay over a checkpoint taken while
+        // operations went on places it exactly where it was.
+        self.redo.push(match (ino, placed) {
+            (Some(ino), Some(cookie)) => Change::EntryAt {
+                dir,
+                name: name.clone(),
+                ino,
+                cookie,
+            },
+            _ => Change::Entry {
+                dir,
+                name: name.clone(),
+                ino,
+            },
         });
         self.undo.push(Undo::Entry {
             dir,
@@ -436,6 +453,14 @@ mod tests {
             .map(|c| match c {
                 Change::Make { .. } => "make",
                 Change::Entry { .. } => "entry",
+                Change::EntryAt { cookie, .. } => {
+                    assert_eq!(
+                        *cookie,
+                        crate::meta::FIRST_ENTRY_COOKIE,
+                        "a new entry's place"
+                    );
+                    "entry"
+                }
                 Change::Xattr { .. } => "xattr",
                 Change::Attrs { .. } => "attrs",
                 _ => "other",

@@ -1,17 +1,20 @@
 //! The namespace as changes: what a volume's checkpoint holds, so that replaying it into an
 //! empty table (then the journal after it) rebuilds the table.
 //!
-//! Why in two steps: the checkpoint takes the table's lock only to copy inodes and entries;
-//! chunk maps are read after it is let go ([`Image::add_chunks`]), because a writer holds its
-//! file's chunk map while it waits for the table to commit its chunk changes. A chunk map read
-//! later than the table is newer, never older: the journal records after the checkpoint's
-//! sequence number re-apply those changes as images, so the replay ends in the same place.
+//! Why in slices: a checkpoint of a million inodes must not stall operations, so it takes
+//! the table's lock for one slice of inodes at a time ([`Meta::image_of`]), and reads chunk
+//! maps with no table lock at all ([`Image::add_chunks`]; a writer holds its file's chunk map
+//! while it waits for the table to commit its chunk changes). Every part is read later than
+//! the sequence number the checkpoint covers, so it is newer, never older: the journal's
+//! records after that number re-apply what changed meanwhile, as images, and the replay ends
+//! where the table is.
 
 use super::batch::{Change, Seed};
-use super::{Body, FileData, Ino, Inode, Meta, ROOT_INO};
+use super::{Body, FileData, Ino, Meta, ROOT_INO};
 use crate::sync::Arc;
 
 /// A table's inodes and entries, and the files whose chunks are still to be read.
+#[derive(Default)]
 pub struct Image {
     pub changes: Vec<Change>,
     files: Vec<(Ino, Arc<FileData>)>,
@@ -30,14 +33,27 @@ pub(super) fn seed_of(body: &Body) -> Seed {
 }
 
 impl Meta {
-    /// Copies the table as changes (chunks excepted: [`Image::add_chunks`]).
-    pub fn image(&self) -> Image {
-        let mut inos: Vec<Ino> = self.inodes.keys().copied().collect();
-        inos.sort_unstable();
+    /// Every inode number in the table (a checkpoint then copies them a slice at a time,
+    /// [`Meta::image_of`], letting operations run between slices).
+    pub fn inode_numbers(&self) -> Vec<Ino> {
+        self.inodes.keys().copied().collect()
+    }
+
+    /// Copies inodes `inos` (those still there) as changes, with their directories'
+    /// entries at their cookies (chunks excepted: [`Image::add_chunks`]).
+    ///
+    /// Taken a slice at a time, the image is fuzzy: each slice is as of its own moment,
+    /// every one later than the sequence number the checkpoint covers. Replaying the journal
+    /// from that number over it ends where the table is, because records are images: a
+    /// re-made inode's entries and chunks all come after its `Make`, an entry placed again
+    /// lands at its journaled cookie, and the rest overwrites with the same values.
+    pub fn image_of(&self, inos: &[Ino]) -> Image {
         let mut changes = Vec::with_capacity(inos.len() * 2);
         let mut files = Vec::new();
-        for &ino in &inos {
-            let i: &Inode = &self.inodes[&ino];
+        for &ino in inos {
+            let Some(i) = self.inodes.get(&ino) else {
+                continue; // gone since the numbers were taken: the journal says so
+            };
             if ino == ROOT_INO {
                 changes.push(Change::Attrs {
                     ino,
@@ -62,9 +78,7 @@ impl Meta {
             if let Some(f) = i.file() {
                 files.push((ino, f.clone()));
             }
-        }
-        for &ino in &inos {
-            if let Some(d) = self.inodes[&ino].dir() {
+            if let Some(d) = i.dir() {
                 for (cookie, name, child) in d.entries_after(0) {
                     changes.push(Change::EntryAt {
                         dir: ino,
@@ -84,6 +98,13 @@ impl Meta {
             files,
             next_ino: self.next_ino,
         }
+    }
+
+    /// The whole table as changes at once (tests; a checkpoint goes a slice at a time).
+    pub fn image(&self) -> Image {
+        let mut inos = self.inode_numbers();
+        inos.sort_unstable();
+        self.image_of(&inos)
     }
 
     /// The number the next new inode takes.
@@ -108,6 +129,13 @@ impl Meta {
 }
 
 impl Image {
+    /// Appends a later slice (its next inode number is the newer).
+    pub fn extend(&mut self, later: Image) {
+        self.changes.extend(later.changes);
+        self.files.extend(later.files);
+        self.next_ino = self.next_ino.max(later.next_ino);
+    }
+
     /// Reads every file's chunk map (outside the table's lock) into the image.
     pub fn add_chunks(&mut self) {
         for (ino, f) in std::mem::take(&mut self.files) {

@@ -142,6 +142,8 @@ pub struct OpFigures {
     pub mean_us: u64,
     pub p50_us: u64,
     pub p99_us: u64,
+    /// The longest one (a stall shows here).
+    pub max_us: u64,
     /// Time of all of them (for exact means between two snapshots).
     pub total_ns: u64,
 }
@@ -211,6 +213,7 @@ fn by_op(summaries: Vec<crate::requests::OpSummary>) -> BTreeMap<String, OpFigur
                 mean_us: o.mean_us,
                 p50_us: o.p50_us,
                 p99_us: o.p99_us,
+                max_us: o.max_us,
                 total_ns: o.total_nanos,
             };
             (o.op.to_string(), f)

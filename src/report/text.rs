@@ -7,13 +7,13 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::SystemTime;
 
-/// Per operation: `name count mean_us p50_us p99_us`, by name.
+/// Per operation: `name count mean_us p50_us p99_us max_us`, by name.
 fn by_op(out: &mut String, ops: &BTreeMap<String, OpFigures>, indent: &str) {
     for (op, f) in ops {
         let _ = writeln!(
             out,
-            "{indent}{op} {} {} {} {}",
-            f.count, f.mean_us, f.p50_us, f.p99_us
+            "{indent}{op} {} {} {} {} {}",
+            f.count, f.mean_us, f.p50_us, f.p99_us, f.max_us
         );
     }
 }
@@ -91,7 +91,7 @@ pub fn render(r: &MountReport) -> String {
     );
     let _ = writeln!(
         out,
-        "  batches, post to last completion: kind count mean_us p50_us p99_us"
+        "  batches, post to last completion: kind count mean_us p50_us p99_us max_us"
     );
     by_op(&mut out, &r.fabric_batches, "    ");
     let now = SystemTime::now()
@@ -157,7 +157,7 @@ pub fn render(r: &MountReport) -> String {
         "upkeep threads started again after a panic: {}",
         panics.join(", ")
     );
-    let _ = writeln!(out, "requests: op count mean_us p50_us p99_us");
+    let _ = writeln!(out, "requests: op count mean_us p50_us p99_us max_us");
     by_op(&mut out, &r.requests, "  ");
     out
 }
@@ -193,6 +193,7 @@ mod tests {
             mean_us,
             p50_us,
             p99_us,
+            max_us: p99_us + 1,
             total_ns: 0,
         };
         MountReport {
@@ -278,13 +279,13 @@ mod tests {
             "fabric: tcp",
             "  reads 7 (28672 bytes), writes 0 (0 bytes), failed 0 (remote access errors 0); \
              remote requests refused here 0",
-            "    read 7 45 64 128",
+            "    read 7 45 64 128 129",
             "chunks: 2 copies each; healthy 5, degraded 1, lost 0",
             "namespace: commits 12, changes 40",
             "inodes: 9",
             "upkeep threads started again after a panic: heartbeat 0, rebuild 1, reconnect 2",
-            "  lookup 2 10 16 16",
-            "  read 7 70 64 128",
+            "  lookup 2 10 16 16 17",
+            "  read 7 70 64 128 129",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -75,8 +75,8 @@ pub(super) struct Writer {
     pub(super) root: Root,
     /// Where the next record goes in the ring.
     pub(super) tail: u64,
-    /// Bytes of a new ring copy ([`crate::config::JOURNAL_RING_BYTES`]; tests use less).
-    pub(super) ring_bytes: u64,
+    /// Ring size and checkpoint slice.
+    pub(super) options: super::JournalOptions,
     pub(super) written: Arc<Written>,
 }
 
@@ -173,8 +173,14 @@ impl Writer {
         fresh_ring: bool,
     ) -> std::result::Result<u64, String> {
         let fs = self.fs()?;
-        let (mut image, lsn) =
-            fs.inspect_meta(|m| (m.image(), gate.assigned.load(Ordering::SeqCst)));
+        // The sequence number first, then the table a slice at a time (see meta::image).
+        let (mut inos, lsn) =
+            fs.inspect_meta(|m| (m.inode_numbers(), gate.assigned.load(Ordering::SeqCst)));
+        inos.sort_unstable();
+        let mut image = crate::meta::Image::default();
+        for slice in inos.chunks(self.options.checkpoint_slice.max(1)) {
+            image.extend(fs.inspect_meta(|m| m.image_of(slice)));
+        }
         image.add_chunks();
         let (mut files, mut bytes) = (0u64, 0u64);
         for c in &image.changes {
@@ -216,17 +222,17 @@ impl Writer {
         let (ring, ring_len) = if fresh_ring || old_ring.is_empty() {
             let mut ring = Vec::new();
             for &s in &servers {
-                match self.alloc(s, self.ring_bytes) {
+                match self.alloc(s, self.options.ring_bytes) {
                     Ok(p) => ring.push(p),
                     Err(e) => {
-                        self.free(&ring, self.ring_bytes);
+                        self.free(&ring, self.options.ring_bytes);
                         self.free(&checkpoint, ckpt_len);
                         self.root.ring = old_ring;
                         return Err(e);
                     }
                 }
             }
-            (ring, self.ring_bytes)
+            (ring, self.options.ring_bytes)
         } else {
             (old_ring.clone(), self.root.ring_len)
         };

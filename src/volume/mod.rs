@@ -109,31 +109,41 @@ fn stop_reason(stop: &record::Stop) -> Option<String> {
 }
 
 /// Attaches the pool's claimed volume (see the module doc). `addrs` are the mount's servers
-/// in the pool's order.
-/// `without` are servers of the volume that are gone for good (`--force-without`): their
-/// copies are forgotten.
+/// in the pool's order; `without` are servers of the volume gone for good
+/// (`--force-without`), whose copies are forgotten.
 pub fn attach(
     data: DataStore,
     config: FsConfig,
     addrs: &[SocketAddr],
     without: &[SocketAddr],
 ) -> Result<Attached, String> {
-    attach_with(
-        data,
-        config,
-        addrs,
-        without,
-        crate::config::JOURNAL_RING_BYTES,
-    )
+    attach_with(data, config, addrs, without, JournalOptions::default())
 }
 
-/// [`attach`], with journal ring copies of `ring_bytes` (tests fill a small ring quickly).
+/// The journal's sizes ([`crate::config`]'s; tests fill a small ring and cut checkpoints
+/// into small slices).
+#[derive(Debug, Clone, Copy)]
+pub struct JournalOptions {
+    pub ring_bytes: u64,
+    pub checkpoint_slice: usize,
+}
+
+impl Default for JournalOptions {
+    fn default() -> Self {
+        JournalOptions {
+            ring_bytes: crate::config::JOURNAL_RING_BYTES,
+            checkpoint_slice: crate::config::CHECKPOINT_SLICE,
+        }
+    }
+}
+
+/// [`attach`], with journal sizes of `options`.
 pub fn attach_with(
     data: DataStore,
     config: FsConfig,
     addrs: &[SocketAddr],
     without: &[SocketAddr],
-    ring_bytes: u64,
+    options: JournalOptions,
 ) -> Result<Attached, String> {
     let pool = data.pool().clone();
     let claims = pool.claims().to_vec();
@@ -278,7 +288,7 @@ pub fn attach_with(
         pool: pool.clone(),
         root: best.unwrap_or_default(),
         tail: 0,
-        ring_bytes,
+        options,
         written: Default::default(),
     };
     // The old places, renumbered to this pool's servers, are what the writer frees (not
