@@ -189,6 +189,10 @@ pub const JOURNAL_COMMIT_BATCH: usize = 1 << 20;
 /// operations between checkpoints (which bound the replay), for 96 MiB over three servers.
 pub const JOURNAL_RING_BYTES: u64 = 32 << 20;
 
+/// A journal ring copy takes at most this fraction of its server's memory (1/16): a small
+/// server keeps most of its room for files, and checkpoints more often instead.
+pub const JOURNAL_RING_SHARE: u64 = 16;
+
 /// Inodes a volume checkpoint copies per hold of the namespace's lock: a few ms of copying,
 /// so no operation waits long behind a checkpoint of a million files.
 pub const CHECKPOINT_SLICE: usize = 10_000;

@@ -558,6 +558,38 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The same on a volume: every operation goes through the journal; then, after an fsync,
+    /// the daemon dies and the volume is attached again: the replayed file system still
+    /// matches the model (contents, listings), and its namespace is the one it had.
+    #[test]
+    fn a_volume_matches_the_model_after_a_crash(ops in proptest::collection::vec(op(), 1..60)) {
+        let mut t = TestFs::volume(2, 16 << 20, 8192, WritePath::Frrwp, "model");
+        let mut m = Model::new();
+        for (i, op) in ops.iter().enumerate() {
+            let got = apply_fs(&t, op, Writes::Copied);
+            let want = apply_model(&mut m, op);
+            prop_assert!(got == want, "step {} {:?}", i, op);
+        }
+        t.fs.sync().expect("a volume has a barrier").unwrap();
+        let before = t.fs.namespace_digest();
+        t.crash_and_reattach();
+        prop_assert!(t.fs.namespace_digest() == before, "the replayed namespace differs");
+        let mut all = Vec::new();
+        walk(&m, ROOT, "", &mut all);
+        for (p, is_dir) in all {
+            if is_dir {
+                prop_assert_eq!(t.list(&p), m.list(&p), "listing {}", p);
+            } else {
+                prop_assert!(t.read_file(&p) == m.read(&p), "final contents of {}", p);
+            }
+        }
+        prop_assert_eq!(t.list(""), m.list(""));
+    }
+}
+
 /// What one thread of the concurrent test does: its own op sequence, under its own directory,
 /// checked step by step against its own model, plus writes into its own part of a file both
 /// threads share.

@@ -146,6 +146,22 @@ impl Writer {
         out
     }
 
+    /// Bytes of a new ring copy: the configured size, but at most a share of the smallest
+    /// of `servers` (a small pool still takes a volume; it checkpoints more often).
+    fn ring_len(&self, servers: &[u32]) -> u64 {
+        let smallest = self
+            .pool
+            .status()
+            .iter()
+            .filter(|s| servers.contains(&s.id.0))
+            .map(|s| s.capacity.total)
+            .min()
+            .unwrap_or(0);
+        let share = smallest / crate::config::JOURNAL_RING_SHARE;
+        let page = crate::fabric::mem::page_size() as u64;
+        self.options.ring_bytes.min(share.max(page)) / page * page
+    }
+
     fn alloc(&self, server: u32, len: u64) -> std::result::Result<Place, String> {
         let r = self
             .pool
@@ -220,19 +236,20 @@ impl Writer {
         }
         let old_ring = std::mem::take(&mut self.root.ring);
         let (ring, ring_len) = if fresh_ring || old_ring.is_empty() {
+            let len = self.ring_len(&servers);
             let mut ring = Vec::new();
             for &s in &servers {
-                match self.alloc(s, self.options.ring_bytes) {
+                match self.alloc(s, len) {
                     Ok(p) => ring.push(p),
                     Err(e) => {
-                        self.free(&ring, self.options.ring_bytes);
+                        self.free(&ring, len);
                         self.free(&checkpoint, ckpt_len);
                         self.root.ring = old_ring;
                         return Err(e);
                     }
                 }
             }
-            (ring, self.options.ring_bytes)
+            (ring, len)
         } else {
             (old_ring.clone(), self.root.ring_len)
         };

@@ -24,6 +24,9 @@ pub struct TestFs {
     /// The relays the pool reaches each server's control port through (none unless built
     /// by [`TestFs::behind_relays`]).
     pub relays: Vec<Relay>,
+    /// The volume this file system is (none: a private namespace): its name, and how the
+    /// data store was made, to attach it again ([`TestFs::crash_and_reattach`]).
+    pub volume: Option<(String, u64, WritePath)>,
 }
 
 /// A TCP relay in front of a memory server's control port that can be frozen: frozen, it
@@ -246,7 +249,70 @@ impl TestFs {
             net,
             server_config,
             relays,
+            volume: None,
         }
+    }
+
+    /// `servers` memory servers of `size` bytes each and a new volume `name` on them (two
+    /// copies with two servers or more); files cut into `chunk`-byte chunks.
+    pub fn volume(servers: usize, size: u64, chunk: u64, path: WritePath, name: &str) -> TestFs {
+        let mut t = Self::build(
+            servers,
+            size,
+            chunk,
+            path,
+            (1, 1),
+            rmemfs::config::LEASE,
+            FsConfig::default(),
+            false,
+        );
+        t.volume = Some((name.to_string(), chunk, path));
+        t.fs = t.attach_volume(true).unwrap();
+        t
+    }
+
+    fn attach_volume(&self, create: bool) -> Result<Arc<Fs>, String> {
+        let (name, chunk, path) = self.volume.clone().expect("a volume");
+        let addrs: Vec<_> = self.servers.iter().map(|s| s.local_addr()).collect();
+        let pool = Pool::connect(
+            self.net.node(),
+            &addrs,
+            &PoolConfig {
+                timeout: Duration::from_secs(5),
+                volume: Some(rmemfs::client::volume::VolumeSpec {
+                    name,
+                    holder: "test pid 1".into(),
+                    create,
+                    takeover: false,
+                }),
+                ..PoolConfig::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let data = DataStore::new(
+            Arc::new(pool),
+            chunk,
+            4,
+            Policy::Mrrc,
+            CacheConfig::default(),
+            path,
+        )
+        .and_then(|d| d.replicated(addrs.len().min(2), 1))
+        .map_err(|e| e.message)?;
+        let config = FsConfig {
+            dir_atime: true,
+            acl: true,
+            ..FsConfig::default()
+        };
+        Ok(rmemfs::volume::attach(data, config, &addrs, &[])?.fs)
+    }
+
+    /// The volume's daemon dies (nothing more sent, nothing pending committed) and a new
+    /// one attaches it.
+    pub fn crash_and_reattach(&mut self) {
+        self.fs.data().pool().crash();
+        let fs = self.attach_volume(false).unwrap();
+        self.fs = fs;
     }
 
     /// Memory server `i` dies: its data path stops answering and its control connections
