@@ -184,11 +184,17 @@ wait_daemon_gone() {
 # mount_fs MNT ADDRS [ARGS...]: `rmemfs mount MNT --servers ADDRS` (daemonizes). Its output
 # goes to logs/mount-*.log; on failure the last lines are printed on stderr.
 mount_fs() {
-  local mnt=$1 addrs=$2 rc=0 mlog
+  local mnt=$1 addrs=$2 rc=0 mlog vol=()
   shift 2
   mkdir -p "$mnt"
   mlog=$BASE/logs/mount-${mnt##*/}.log
-  timeout -k 10 60 "$BIN" mount "$mnt" --servers "$addrs" "${MOUNT_ARGS[@]}" "$@" \
+  # RMEMFS_TEST_VOLUME=1: every mount is a new volume of its own, removed at unmount (the
+  # data-path tests again on volumes).
+  if [ "${RMEMFS_TEST_VOLUME:-0}" = 1 ]; then
+    vol=(--volume "t${mnt##*/}-$RANDOM" --create)
+    printf '%s %s %s\n' "$mnt" "$addrs" "${vol[1]}" >>"$BASE/volumes"
+  fi
+  timeout -k 10 60 "$BIN" mount "$mnt" --servers "$addrs" "${MOUNT_ARGS[@]}" "${vol[@]}" "$@" \
     >"$mlog" 2>&1 </dev/null || rc=$?
   if [ "$rc" -ne 0 ]; then
     echo "rmemfs mount $mnt failed (exit $rc): $(tail -n 3 "$mlog" | tr '\n' ' ')" >&2
@@ -225,6 +231,20 @@ unmount_fs() {
     echo "the daemon for $mnt is still running 10 s after umount: $(daemon_pids "$mnt" | tr '\n' ' ')" >&2
     return 1
   fi
+  remove_test_volumes "$mnt"
+}
+
+# remove_test_volumes MNT: `volume rm` of the volumes RMEMFS_TEST_VOLUME made for MNT.
+remove_test_volumes() {
+  local m a v
+  [ -s "$BASE/volumes" ] || return 0
+  while read -r m a v; do
+    [ "$m" = "$1" ] || continue
+    timeout -k 5 60 "$BIN" volume rm "$v" --servers "$a" >/dev/null ||
+      echo "volume rm $v failed" >&2
+  done <"$BASE/volumes"
+  grep -v "^$1 " "$BASE/volumes" >"$BASE/volumes.left" || true
+  mv "$BASE/volumes.left" "$BASE/volumes"
 }
 
 # drop_caches MNT: flushes MNT's dirty pages and drops the kernel's clean caches, so the next

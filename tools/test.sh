@@ -63,6 +63,9 @@ if [ "$uring" = 1 ]; then
     server_death replica_failover replica_freeze replica_pair writeback linux_semantics \
     daemon_death
 fi
+echo "== real mounts on volumes (--volume; the data-path tests again, each mount a new volume)"
+RMEMFS_TEST_VOLUME=1 mount-tests/run.sh cp_tree tar_roundtrip git sqlite posix_cases \
+  concurrent_writers fio_verify replica_failover replica_pair
 echo "== failures on separate test hosts (mount-tests/hosts.sh: kill, freeze, cut, restart)"
 mount-tests/hosts.sh
 echo "== chaos, short (tools/chaos.sh 60: faults on random test hosts, some overlapping, while files are written)"
