@@ -66,6 +66,11 @@ enum VolumeCmd {
     Status { name: String },
     /// Remove a detached volume, freeing every extent of it on every server.
     Rm { name: String },
+    /// Copy a detached volume into directory DEST (content-addressed chunks and a manifest
+    /// written last; a second export into DEST copies only what changed).
+    Export { name: String, dest: PathBuf },
+    /// Make volume NAME from the export in directory SRC (every hash verified).
+    Import { src: PathBuf, name: String },
 }
 
 #[derive(Subcommand)]
@@ -480,6 +485,8 @@ fn volume_cmd(action: VolumeCmd, servers: &[String], secret: Option<&Path>) -> R
         VolumeCmd::Ls => admin::ls(&addrs, &config)?,
         VolumeCmd::Status { name } => admin::status(&addrs, &config, &name)?,
         VolumeCmd::Rm { name } => admin::rm(&addrs, &config, &name)?,
+        VolumeCmd::Export { name, dest } => admin::export(&addrs, &config, &name, &dest)?,
+        VolumeCmd::Import { src, name } => admin::import(&addrs, &config, &src, &name)?,
     };
     print!("{text}");
     Ok(())

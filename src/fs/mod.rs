@@ -332,6 +332,29 @@ impl Fs {
         orphans.len()
     }
 
+    /// Applies `changes` to the namespace outside any journal (an import, before the
+    /// volume's first checkpoint, which then holds them). Chunk changes are not applied: the
+    /// data comes through [`Fs::load_data`].
+    pub fn load_image(&self, changes: &[crate::meta::Change]) -> Result<()> {
+        let mut meta = self.meta.lock();
+        for c in changes {
+            if !matches!(c, crate::meta::Change::Extent { .. }) {
+                meta.apply(c)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `bytes` at `offset` of file `ino` without changing its attributes (an import:
+    /// the size came with the namespace).
+    pub fn load_data(&self, ino: Ino, offset: u64, bytes: &[u8]) -> Result<()> {
+        let file = self.file_data(ino)?;
+        let mut io = self.data.lock(&file);
+        let res = io.write(offset, crate::data::Payload::Copy(bytes));
+        self.commit_extents(ino, &mut io);
+        res
+    }
+
     /// Makes `fsync` wait for `barrier` (a volume mount).
     pub fn set_barrier(&self, barrier: Arc<dyn Barrier>) {
         let _ = self.barrier.set(barrier);

@@ -136,6 +136,11 @@ impl Image {
         self.next_ino = self.next_ino.max(later.next_ino);
     }
 
+    /// The regular files the image holds (an export reads their chunks itself).
+    pub fn take_files(&mut self) -> Vec<(Ino, Arc<FileData>)> {
+        std::mem::take(&mut self.files)
+    }
+
     /// Reads every file's chunk map (outside the table's lock) into the image.
     pub fn add_chunks(&mut self) {
         for (ino, f) in std::mem::take(&mut self.files) {

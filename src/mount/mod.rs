@@ -327,7 +327,7 @@ fn build_fs(
         }
         Some(name) => Some(crate::client::volume::VolumeSpec {
             name: name.clone(),
-            holder: format!("{} pid {}", hostname(), std::process::id()),
+            holder: crate::volume::holder_name(""),
             create: config.create,
             takeover: config.takeover,
         }),
@@ -392,13 +392,6 @@ fn build_fs(
     };
     crate::report::attach(&fs);
     Ok((fs, journal))
-}
-
-/// This host's name, for a volume's holder (what a refused second daemon is told).
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "unknown-host".into())
 }
 
 /// Mounts `fs` at `mountpoint`: the FUSE session, with the connection's abort file known to

@@ -2,10 +2,16 @@
 //! the secret, without attaching.
 
 use super::root::Root;
-use crate::client::volume::{drop_volume, list_volumes};
-use crate::client::PoolConfig;
+use super::{attach_then, transfer, AttachReport, Attached, JournalOptions};
+use crate::client::control::ControlConn;
+use crate::client::volume::{drop_volume, list_volumes, VolumeSpec};
+use crate::client::{Pool, PoolConfig};
+use crate::data::{DataStore, WritePath};
+use crate::fs::{Fs, FsConfig};
 use crate::proto::VolumeInfo;
+use crate::regcache::{CacheConfig, Policy};
 use crate::size::format_size;
+use crate::sync::Arc;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
@@ -156,4 +162,138 @@ fn unknown(name: &str, all: &BTreeMap<String, Across>) -> String {
             known.join(", ")
         }
     )
+}
+
+/// Attaches volume `name` in this process, without a mount (export and import): over the
+/// fabric the servers speak, `replicas` copies of new chunks, chunks of `chunk_size` bytes
+/// (none: the volume's), `prepare` run before the fresh checkpoint.
+fn open(
+    addrs: &[SocketAddr],
+    config: &PoolConfig,
+    name: &str,
+    create: bool,
+    chunk_size: Option<u64>,
+    doing: &str,
+    prepare: impl FnOnce(&Arc<Fs>, &AttachReport) -> Result<(), String>,
+) -> Result<Attached, String> {
+    let probe = ControlConn::connect(
+        addrs[0],
+        &config.client_name,
+        config.timeout,
+        &config.secret,
+    )
+    .map_err(|e| e.to_string())?;
+    let fabric_name = probe.hello.fabric.clone();
+    probe.goodbye();
+    drop(probe);
+    let fabric = crate::fabric::open(&fabric_name, &crate::fabric::FabricOptions::default())
+        .map_err(|e| e.to_string())?;
+    let spec = VolumeSpec {
+        name: name.into(),
+        holder: super::holder_name(doing),
+        create,
+        takeover: false,
+    };
+    let pool = Pool::connect(
+        fabric,
+        addrs,
+        &PoolConfig {
+            volume: Some(spec),
+            ..config.clone()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let from_root = pool
+        .claims()
+        .iter()
+        .filter_map(|c| Root::decode(&c.root).ok().flatten())
+        .max_by_key(|r| r.generation)
+        .map(|r| r.chunk_size);
+    let chunk = chunk_size
+        .or(from_root)
+        .unwrap_or(crate::config::CHUNK_SIZE);
+    let replicas = addrs.len().min(crate::config::DEFAULT_REPLICAS);
+    let data = DataStore::new(
+        Arc::new(pool),
+        chunk,
+        crate::config::READ_BUFFERS_PER_THREAD,
+        Policy::Mrrc,
+        CacheConfig::default(),
+        WritePath::Frrwp,
+    )
+    .and_then(|d| d.replicated(replicas, 1))
+    .map_err(|e| e.message)?;
+    attach_then(
+        data,
+        FsConfig::default(),
+        addrs,
+        &[],
+        JournalOptions::default(),
+        prepare,
+    )
+}
+
+fn rate(t: &transfer::Transferred) -> String {
+    let mbs = if t.seconds > 0.0 {
+        t.bytes as f64 / t.seconds / 1e6
+    } else {
+        0.0
+    };
+    format!(
+        "{} files, {} chunks ({} of data) in {:.2} s, {mbs:.0} MB/s",
+        t.files,
+        t.chunks,
+        format_size(t.bytes),
+        t.seconds
+    )
+}
+
+/// `volume export NAME DEST`: a consistent copy of a detached volume into directory `dest`.
+pub fn export(
+    addrs: &[SocketAddr],
+    config: &PoolConfig,
+    name: &str,
+    dest: &std::path::Path,
+) -> Result<String, String> {
+    let a = open(addrs, config, name, false, None, "export", |_, _| Ok(()))?;
+    let done = transfer::export(&a.fs, name, dest);
+    let stopped = a.journal.stop();
+    let t = done?;
+    stopped.map_err(|e| e.message)?;
+    Ok(format!(
+        "exported volume '{name}' to {}: {}; {} chunks copied (the rest were there)\n",
+        dest.display(),
+        rate(&t),
+        t.chunks_copied
+    ))
+}
+
+/// `volume import SRC NAME`: a new volume `name` holding the export in directory `src`.
+pub fn import(
+    addrs: &[SocketAddr],
+    config: &PoolConfig,
+    src: &std::path::Path,
+    name: &str,
+) -> Result<String, String> {
+    let m = transfer::read_manifest(src)?;
+    let mut done = None;
+    let a = open(
+        addrs,
+        config,
+        name,
+        true,
+        Some(m.chunk_size),
+        "import",
+        |fs, _| {
+            done = Some(transfer::import(fs, src)?);
+            Ok(())
+        },
+    )?;
+    a.journal.stop().map_err(|e| e.message)?;
+    let t = done.expect("prepare ran");
+    Ok(format!(
+        "imported {} into volume '{name}': {} (every hash verified)\n",
+        src.display(),
+        rate(&t)
+    ))
 }

@@ -257,6 +257,7 @@ impl Writer {
         let root = Root {
             generation: 0,
             servers: old.servers.clone(),
+            chunk_size: fs.data().chunk_size(),
             checkpoint,
             checkpoint_len: frames.len() as u64,
             checkpoint_lsn: lsn,

@@ -14,6 +14,7 @@
 pub mod admin;
 mod journal;
 pub mod root;
+pub mod transfer;
 
 pub use journal::VolumeJournal;
 
@@ -27,6 +28,20 @@ use journal::{region, Writer};
 use root::{Place, Root};
 use std::collections::HashSet;
 use std::net::SocketAddr;
+
+/// `host pid N` (and what it is doing, if not a mount): how a volume's holder is named
+/// to a second daemon that is refused.
+pub fn holder_name(doing: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into());
+    let doing = if doing.is_empty() {
+        String::new()
+    } else {
+        format!(" ({doing})")
+    };
+    format!("{host} pid {}{doing}", std::process::id())
+}
 
 /// An attached volume's file system and its running journal.
 pub struct Attached {
@@ -145,6 +160,19 @@ pub fn attach_with(
     without: &[SocketAddr],
     options: JournalOptions,
 ) -> Result<Attached, String> {
+    attach_then(data, config, addrs, without, options, |_, _| Ok(()))
+}
+
+/// [`attach_with`], running `prepare` on the replayed file system before its fresh
+/// checkpoint (an import loads the export there, so the checkpoint holds it).
+pub fn attach_then(
+    data: DataStore,
+    config: FsConfig,
+    addrs: &[SocketAddr],
+    without: &[SocketAddr],
+    options: JournalOptions,
+    prepare: impl FnOnce(&Arc<Fs>, &AttachReport) -> Result<(), String>,
+) -> Result<Attached, String> {
     let pool = data.pool().clone();
     let claims = pool.claims().to_vec();
     let servers: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
@@ -177,6 +205,15 @@ pub fn attach_with(
     let mut last_lsn = 0;
     let (mut old_ckpt, mut old_ring): (Vec<Place>, Vec<Place>) = (Vec::new(), Vec::new());
     if let Some(root) = &best {
+        if root.chunk_size != data.chunk_size() {
+            return Err(format!(
+                "the volume's chunks are {} bytes; this mount's are {} (attach with \
+                 --chunk-size {})",
+                root.chunk_size,
+                data.chunk_size(),
+                root.chunk_size
+            ));
+        }
         let without: Vec<String> = without.iter().map(|a| a.to_string()).collect();
         let perm: Vec<Option<u32>> = root
             .servers
@@ -279,6 +316,7 @@ pub fn attach_with(
     report.orphans = fs.reap_orphans();
     let keep: Vec<Place> = old_ckpt.iter().chain(&old_ring).copied().collect();
     report.collected = collect(&fs, &keep)?;
+    prepare(&fs, &report)?;
     // A fresh checkpoint and ring (the old ones freed once the root names the new).
     let gate = Arc::new(FreeGate::default());
     gate.assigned

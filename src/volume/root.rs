@@ -27,6 +27,8 @@ pub struct Root {
     pub generation: u64,
     /// The servers the volume's records name by index (`host:port`).
     pub servers: Vec<String>,
+    /// Bytes per chunk: the records' chunk indexes count in it, so every holder must use it.
+    pub chunk_size: u64,
     /// The checkpoint's copies, its length in bytes, the LSN it holds everything up to, and
     /// the inode number the next new inode takes.
     pub checkpoint: Vec<Place>,
@@ -99,6 +101,7 @@ impl Root {
             out.push(s.len() as u8);
             out.extend_from_slice(s.as_bytes());
         }
+        out.extend_from_slice(&self.chunk_size.to_le_bytes());
         put_places(&mut out, &self.checkpoint);
         for v in [self.checkpoint_len, self.checkpoint_lsn, self.next_ino] {
             out.extend_from_slice(&v.to_le_bytes());
@@ -143,12 +146,14 @@ impl Root {
             let s = std::str::from_utf8(c.take(len)?).map_err(|_| "bad server name")?;
             servers.push(s.to_string());
         }
+        let chunk_size = c.u64()?;
         let checkpoint = c.places()?;
         let (checkpoint_len, checkpoint_lsn, next_ino) = (c.u64()?, c.u64()?, c.u64()?);
         let ring = c.places()?;
         let root = Root {
             generation,
             servers,
+            chunk_size,
             checkpoint,
             checkpoint_len,
             checkpoint_lsn,
@@ -174,6 +179,7 @@ mod tests {
         Root {
             generation: 7,
             servers: vec!["127.0.0.1:7471".into(), "127.0.0.2:7471".into()],
+            chunk_size: 1 << 20,
             checkpoint: vec![Place {
                 server: 1,
                 addr: 0x1000,

@@ -1,0 +1,220 @@
+//! `rmemfs volume export` and `import`: a volume as files in a directory, the answer to
+//! losing the whole rack's power.
+//!
+//! Why content-addressed: chunks are stored under their SHA-256 (`chunks/ab/abcd…`), so a
+//! second export into the same directory copies only the chunks that changed, and an import
+//! verifies every byte it reads. The namespace (inodes, entries at their cookies, xattrs,
+//! ACLs, symlinks, hard links) is one file of journal records (`namespace/<sha256>.rmj`,
+//! the checkpoint's format). The manifest, naming the namespace file and every file's chunks
+//! by hash, is written last (to a temporary name, synced, then renamed), so an interrupted
+//! export never passes for a complete one.
+//!
+//! Export reads a detached volume by attaching it (the servers fence any holder; a live one
+//! is refused as for a mount), so it copies a consistent point: the last commit.
+
+use crate::fs::Fs;
+use crate::meta::{record, Change, Ino};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The manifest's format; a newer one is refused naming both.
+pub const MANIFEST_FORMAT: u32 = 1;
+
+/// What an export wrote (the manifest, `manifest.json`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Manifest {
+    pub format: u32,
+    pub volume: String,
+    pub exported_unix: u64,
+    pub chunk_size: u64,
+    /// SHA-256 of the namespace file (`namespace/<hash>.rmj`).
+    pub namespace: String,
+    /// Per regular file (by inode number): `(chunk index, bytes, SHA-256)`; a missing index
+    /// is a hole.
+    pub files: BTreeMap<Ino, Vec<(u64, u64, String)>>,
+    pub bytes: u64,
+    pub chunks: u64,
+}
+
+/// What an export or import did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Transferred {
+    pub files: u64,
+    pub chunks: u64,
+    /// Chunks copied (an export skips those already in the directory).
+    pub chunks_copied: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+fn hex(d: &[u8]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn io_err(what: &str, p: &Path, e: std::io::Error) -> String {
+    format!("{what} {}: {e}", p.display())
+}
+
+fn chunk_path(dir: &Path, hash: &str) -> PathBuf {
+    dir.join("chunks").join(&hash[..2]).join(hash)
+}
+
+/// Writes `bytes` to `path` whole or not at all (a temporary name, synced, renamed).
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let tmp = path.with_extension("part");
+    let mut f = std::fs::File::create(&tmp).map_err(|e| io_err("cannot create", &tmp, e))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| io_err("cannot write", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io_err("cannot rename", &tmp, e))
+}
+
+/// Copies `fs` (an attached volume) into `dir`.
+pub fn export(fs: &Fs, volume: &str, dir: &Path) -> Result<Transferred, String> {
+    let start = std::time::Instant::now();
+    std::fs::create_dir_all(dir.join("namespace")).map_err(|e| io_err("cannot create", dir, e))?;
+    let mut image = fs.inspect_meta(|m| m.image());
+    let files = image.take_files();
+    let chunk_size = fs.data().chunk_size();
+    let mut out = Transferred::default();
+    let mut table = BTreeMap::new();
+    for (ino, f) in files {
+        let size = fs.inspect_meta(|m| m.get(ino).map(|i| i.size)).unwrap_or(0);
+        let view = fs.data().view(&f);
+        let idxs: Vec<(u64, u64)> = view.iter().map(|(i, c)| (*i, c.len)).collect();
+        let mut list = Vec::with_capacity(idxs.len());
+        for (idx, clen) in idxs {
+            let off = idx * chunk_size;
+            if off >= size {
+                continue;
+            }
+            let len = clen.min(size - off).min(chunk_size) as usize;
+            let buf = view
+                .read_buf(off, len)
+                .map_err(|e| format!("reading inode {ino} chunk {idx}: {}", e.message))?;
+            let bytes = buf.bytes();
+            let hash = hex(&Sha256::digest(bytes));
+            let p = chunk_path(dir, &hash);
+            if !p.exists() {
+                std::fs::create_dir_all(p.parent().expect("a parent"))
+                    .map_err(|e| io_err("cannot create", &p, e))?;
+                write_atomic(&p, bytes)?;
+                out.chunks_copied += 1;
+            }
+            out.chunks += 1;
+            out.bytes += len as u64;
+            list.push((idx, len as u64, hash));
+        }
+        out.files += 1;
+        table.insert(ino, list);
+    }
+    let mut ns = Vec::new();
+    for (i, group) in image.changes.chunks(4096).enumerate() {
+        ns.extend(record::encode(i as u64, group));
+    }
+    let ns_hash = hex(&Sha256::digest(&ns));
+    write_atomic(&dir.join("namespace").join(format!("{ns_hash}.rmj")), &ns)?;
+    let manifest = Manifest {
+        format: MANIFEST_FORMAT,
+        volume: volume.to_string(),
+        exported_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        chunk_size,
+        namespace: ns_hash,
+        files: table,
+        bytes: out.bytes,
+        chunks: out.chunks,
+    };
+    let json = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
+    write_atomic(&dir.join("manifest.json"), &json)?;
+    // The directory entries themselves (the manifest's rename above all) made durable.
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    out.seconds = start.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+/// Reads `dir`'s manifest (refusing a partial or newer export).
+pub fn read_manifest(dir: &Path) -> Result<Manifest, String> {
+    let p = dir.join("manifest.json");
+    let bytes = std::fs::read(&p).map_err(|e| {
+        io_err(
+            "no complete export here (an interrupted one has no manifest):",
+            &p,
+            e,
+        )
+    })?;
+    let m: Manifest =
+        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", p.display()))?;
+    if m.format > MANIFEST_FORMAT {
+        return Err(format!(
+            "the export is format {}; this rmemfs reads formats up to {MANIFEST_FORMAT}",
+            m.format
+        ));
+    }
+    Ok(m)
+}
+
+fn read_verified(p: &Path, hash: &str) -> Result<Vec<u8>, String> {
+    let bytes = std::fs::read(p).map_err(|e| io_err("cannot read", p, e))?;
+    let got = hex(&Sha256::digest(&bytes));
+    if got != hash {
+        return Err(format!(
+            "{} is damaged: its SHA-256 is {got}, the manifest says {hash}",
+            p.display()
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Loads the export in `dir` into `fs`, a volume just made (before its first checkpoint,
+/// which then holds everything). Every hash is verified before a byte is used.
+pub fn import(fs: &Fs, dir: &Path) -> Result<Transferred, String> {
+    let start = std::time::Instant::now();
+    let m = read_manifest(dir)?;
+    if m.chunk_size != fs.data().chunk_size() {
+        return Err(format!(
+            "the export's chunks are {} bytes; this volume's are {} (--chunk-size {})",
+            m.chunk_size,
+            fs.data().chunk_size(),
+            m.chunk_size
+        ));
+    }
+    let ns = read_verified(
+        &dir.join("namespace").join(format!("{}.rmj", m.namespace)),
+        &m.namespace,
+    )?;
+    let read = record::read(&ns, 0);
+    if read.end != ns.len() {
+        return Err(format!(
+            "the export's namespace does not read whole: {:?}",
+            read.stop
+        ));
+    }
+    let changes: Vec<Change> = read.records.into_iter().flat_map(|(_, c)| c).collect();
+    fs.load_image(&changes).map_err(|e| e.message)?;
+    let mut out = Transferred::default();
+    for (ino, chunks) in &m.files {
+        for (idx, len, hash) in chunks {
+            let bytes = read_verified(&chunk_path(dir, hash), hash)?;
+            if bytes.len() as u64 != *len {
+                return Err(format!(
+                    "chunk {hash} holds {} bytes, not {len}",
+                    bytes.len()
+                ));
+            }
+            fs.load_data(*ino, idx * m.chunk_size, &bytes)
+                .map_err(|e| format!("writing inode {ino}: {}", e.message))?;
+            out.chunks += 1;
+            out.bytes += len;
+        }
+        out.files += 1;
+    }
+    out.seconds = start.elapsed().as_secs_f64();
+    Ok(out)
+}
