@@ -741,6 +741,56 @@ test_volume_crash() {
   assert_eq "free server memory after volume rm" "$(servers_free)" "$total"
 }
 
+# `volume export` and `import`, as after losing the whole rack's power: a tree (hard links,
+# symlinks, xattrs, an ACL, holes, owners and modes) on a volume is exported to a directory,
+# every server is stopped, new empty ones start, the export is imported and mounted: the
+# same tree. A second export copies nothing new; an export without its manifest is refused.
+test_volume_export() {
+  local src=$WORK/src dest=$WORK/export out new_addrs="" p
+  mkdir -p "$src/d/e"
+  head -c 3000000 /dev/urandom >"$src/d/big"
+  printf 'small\n' >"$src/d/e/small"
+  ln "$src/d/e/small" "$src/d/hard"
+  ln -s e/small "$src/d/link"
+  truncate -s 5M "$src/d/holes" && printf 'tail' | dd of="$src/d/holes" bs=1 seek=4194304 conv=notrunc status=none
+  chown 1234:2345 "$src/d/e/small" && chmod 640 "$src/d/e/small"
+  mount_fs "$MNT" "$ADDRS" --volume exp --create || fail "mount --volume exp --create failed"
+  must "cp -a" cp -a "$src/d" "$MNT/"
+  command -v setfattr >/dev/null && must "setfattr" setfattr -n user.tag -v kept "$MNT/d/big"
+  command -v setfacl >/dev/null && must "setfacl" setfacl -m u:1234:r "$MNT/d/big"
+  command -v getfattr >/dev/null && getfattr -d -m - "$MNT/d/big" >"$WORK/xattrs-before" 2>/dev/null
+  unmount_fs "$MNT" || fail "unmount failed"
+  out=$(t "$BIN" volume export exp "$dest" --servers "$ADDRS") || fail "export: $out"
+  echo "$out" >&2
+  grep -q "exported volume 'exp'" <<<"$out" || fail "export said: $out"
+  out=$(t "$BIN" volume export exp "$dest" --servers "$ADDRS") || fail "second export: $out"
+  grep -q "; 0 chunks copied" <<<"$out" || fail "a second export copied chunks again: $out"
+  # The whole rack loses power: every server stops; new ones start empty.
+  kill_servers "${TEST_PIDS[@]}"
+  for _ in 1 2; do
+    start_server 256M || fail "a new server did not start"
+    new_addrs+=${new_addrs:+,}$SERVER_ADDR
+    TEST_PIDS+=("$SERVER_PID")
+  done
+  out=$(t "$BIN" volume import "$dest" exp --servers "$new_addrs") || fail "import: $out"
+  echo "$out" >&2
+  ADDRS=$new_addrs
+  mount_fs "$MNT" "$ADDRS" --volume exp || fail "mounting the imported volume failed"
+  compare_trees "$src/d" "$MNT/d" "the imported tree"
+  assert_eq "hard link count" "$(stat -c %h "$MNT/d/hard")" 2
+  assert_eq "owner of small" "$(stat -c %u:%g:%a "$MNT/d/e/small")" "1234:2345:640"
+  assert_eq "symlink" "$(readlink "$MNT/d/link")" "e/small"
+  p=$(stat -c %b "$MNT/d/holes")
+  [ "$p" -lt 4096 ] || fail "the holes file holds $p blocks: its holes were filled"
+  if [ -s "$WORK/xattrs-before" ]; then
+    assert_eq "xattrs and ACL" "$(getfattr -d -m - "$MNT/d/big" 2>/dev/null)" "$(cat "$WORK/xattrs-before")"
+  fi
+  unmount_fs "$MNT" || fail "unmount failed"
+  rm "$dest/manifest.json"
+  out=$(t "$BIN" volume import "$dest" again --servers "$ADDRS" 2>&1) && fail "an export without its manifest was imported"
+  grep -q "no complete export" <<<"$out" || fail "the refusal does not say why: $out"
+}
+
 # Linux semantics other users' programs rely on, checked as another user (nobody, through
 # -o allow_other): a set-group-ID directory hands its group down (and its bit to
 # subdirectories); a write or fallocate by someone outside a file's group drops its
@@ -1334,6 +1384,7 @@ ALL_TESTS=(
   "server_death 128M,128M mount --replicas=1"
   "daemon_death shared nomount"
   "volume_crash 256M,256M nomount"
+  "volume_export 256M,256M nomount"
   "replica_failover 256M,256M,256M mount"
   "replica_freeze 256M,256M,256M mount --op-timeout=2"
   "replica_pair 256M,256M mount --replicas=2"
