@@ -64,7 +64,9 @@ if [ "$uring" = 1 ]; then
     daemon_death
 fi
 echo "== real mounts on volumes (--volume; the data-path tests again, each mount a new volume)"
-RMEMFS_TEST_VOLUME=1 mount-tests/run.sh cp_tree tar_roundtrip git sqlite posix_cases \
+# The shared servers twice the default size: fio_verify fills the default pair exactly, and a
+# volume's journal ring takes 1/16 of each server.
+RMEMFS_TEST_VOLUME=1 RMEMFS_TEST_SERVER_SIZE=512M mount-tests/run.sh cp_tree tar_roundtrip git sqlite posix_cases \
   concurrent_writers fio_verify replica_failover replica_pair
 echo "== failures on separate test hosts (mount-tests/hosts.sh: kill, freeze, cut, restart)"
 mount-tests/hosts.sh

@@ -7,7 +7,9 @@
 #   3. SQLITE_TXNS small sqlite transactions (default rollback journal);
 #   4. `git add` and `git commit` of GIT_FILES files;
 #   5. attach of a volume of ATTACH_FILES files after its daemon was killed (SIGKILL): the
-#      time `rmemfs mount --volume` takes (checkpoint plus replay).
+#      time `rmemfs mount --volume` takes (checkpoint plus replay);
+#   6. `rmemfs volume export` of a volume holding EXPORT_MB MiB to a directory on tmpfs, then
+#      again (nothing changed: only the namespace is written).
 #
 #   lab/scripts/bench-volume.sh
 #   TAR_FILES=3000 ATTACH_FILES=20000 lab/scripts/bench-volume.sh
@@ -23,6 +25,7 @@ FSYNCS=${FSYNCS:-1000}
 SQLITE_TXNS=${SQLITE_TXNS:-1000}
 GIT_FILES=${GIT_FILES:-1000}
 ATTACH_FILES=${ATTACH_FILES:-100000}
+EXPORT_MB=${EXPORT_MB:-2048}
 OUT=${OUT:-target/bench-volume}
 ensure_packages python3:python3 tar:tar sqlite3:sqlite3 git:git
 check_prereqs mount serve stats || exit 2
@@ -116,6 +119,22 @@ record volume attach_s "$(secs "$BIN" mount "$BASE/volume" --servers "$addrs" --
 found=$(find "$BASE/volume/many" -type f | wc -l)
 [ "$found" -eq "$ATTACH_FILES" ] || { echo "attach found $found of $ATTACH_FILES files" >&2; exit 1; }
 
+echo "== export of a volume of $EXPORT_MB MiB to tmpfs" >&2
+mount_fs "$BASE/export-src" "$addrs" --volume exported --create
+for ((i = 0; i < EXPORT_MB / 256; i++)); do
+  dd if=/dev/urandom of="$BASE/export-src/f$i" bs=1M count=256 status=none
+done
+unmount_fs "$BASE/export-src"
+mkdir -p "$BASE/export-dst"
+mount -t tmpfs -o size=$((EXPORT_MB + 512))M tmpfs "$BASE/export-dst"
+"$BIN" volume export exported "$BASE/export-dst/x" --servers "$addrs" >"$OUT/export-1.txt"
+"$BIN" volume export exported "$BASE/export-dst/x" --servers "$addrs" >"$OUT/export-2.txt"
+cat "$OUT/export-1.txt" "$OUT/export-2.txt" >&2
+mbs() { grep -o '[0-9]* MB/s' "$1" | cut -d' ' -f1; }
+record volume export_mb_s "$(mbs "$OUT/export-1.txt")"
+record volume export_again_s "$(grep -o 'in [0-9.]* s' "$OUT/export-2.txt" | cut -d' ' -f2)"
+umount "$BASE/export-dst"
+
 python3 - "$results" "$OUT/fabric.txt" "$TAR_FILES" "$ATTACH_FILES" <<'PY'
 import sys
 rows, fabric, tar_files, attach_files = sys.argv[1:5]
@@ -136,6 +155,8 @@ for k, what in [("tar_xf", f"tar xf, {tar_files} files (s)"), ("sync", "sync -f 
     p, v = r[("private", k)], r[("volume", k)]
     print(f"{what:<34}{p:>12.3f}{v:>12.3f}{(v / p if p else float('inf')):>8.2f}")
 print(f"{f'attach after kill -9, {attach_files} files (s)':<34}{'':>12}{r[('volume', 'attach_s')]:>12.3f}")
+print(f"{'export to tmpfs (MB/s)':<34}{'':>12}{r[('volume', 'export_mb_s')]:>12.0f}")
+print(f"{'export again, nothing changed (s)':<34}{'':>12}{r[('volume', 'export_again_s')]:>12.3f}")
 if write_p50:
     print(f"\n# fsync p50 {r[('volume', 'fsync_p50_us')]:.1f} us against the fabric's 4 KiB WRITE "
           f"p50 {write_p50:.1f} us: {r[('volume', 'fsync_p50_us')] / write_p50:.2f}x (target 2x)")
