@@ -113,6 +113,9 @@ for d in range(0, n, 10000):
 fd = os.open(os.path.join(top, "many"), os.O_RDONLY)
 os.fsync(fd)
 ' "$BASE/volume" "$ATTACH_FILES"
+"$BIN" stats --json "$BASE/volume" >"$OUT/volume-stats.json"
+record volume create_max_ms "$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["requests"]; print("%.1f" % (max(v.get("max_us",0) for k,v in r.items() if k in ("create","mknod","mkdir","write","setattr","release","lookup","getattr")) / 1000))' "$OUT/volume-stats.json")"
+record volume checkpoints "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["journal"]["checkpoints"])' "$OUT/volume-stats.json")"
 kill -9 "$(daemon_pids "$BASE/volume")"
 wait_daemon_gone "$BASE/volume" 20
 record volume attach_s "$(secs "$BIN" mount "$BASE/volume" --servers "$addrs" --volume bench)"
@@ -127,9 +130,10 @@ done
 unmount_fs "$BASE/export-src"
 mkdir -p "$BASE/export-dst"
 mount -t tmpfs -o size=$((EXPORT_MB + 512))M tmpfs "$BASE/export-dst"
-"$BIN" volume export exported "$BASE/export-dst/x" --servers "$addrs" >"$OUT/export-1.txt"
-"$BIN" volume export exported "$BASE/export-dst/x" --servers "$addrs" >"$OUT/export-2.txt"
-cat "$OUT/export-1.txt" "$OUT/export-2.txt" >&2
+"$BIN" volume export exported "$BASE/export-dst/x" --servers "$addrs" >"$OUT/export-1.txt" \
+  2>>"$BASE/logs/export.log"
+"$BIN" volume export exported "$BASE/export-dst/x" --servers "$addrs" >"$OUT/export-2.txt" \
+  2>>"$BASE/logs/export.log"
 mbs() { grep -o '[0-9]* MB/s' "$1" | cut -d' ' -f1; }
 record volume export_mb_s "$(mbs "$OUT/export-1.txt")"
 record volume export_again_s "$(grep -o 'in [0-9.]* s' "$OUT/export-2.txt" | cut -d' ' -f2)"
@@ -155,6 +159,8 @@ for k, what in [("tar_xf", f"tar xf, {tar_files} files (s)"), ("sync", "sync -f 
     p, v = r[("private", k)], r[("volume", k)]
     print(f"{what:<34}{p:>12.3f}{v:>12.3f}{(v / p if p else float('inf')):>8.2f}")
 print(f"{f'attach after kill -9, {attach_files} files (s)':<34}{'':>12}{r[('volume', 'attach_s')]:>12.3f}")
+print(f"{'longest metadata op (ms)':<34}{'':>12}{r[('volume', 'create_max_ms')]:>12.1f}"
+      f"   (with {int(r[('volume', 'checkpoints')])} checkpoints)")
 print(f"{'export to tmpfs (MB/s)':<34}{'':>12}{r[('volume', 'export_mb_s')]:>12.0f}")
 print(f"{'export again, nothing changed (s)':<34}{'':>12}{r[('volume', 'export_again_s')]:>12.3f}")
 if write_p50:
