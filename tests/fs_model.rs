@@ -518,6 +518,21 @@ fn walk(m: &Model, dir: u64, prefix: &str, out: &mut Vec<(String, bool)>) {
     }
 }
 
+/// Every directory lists and every file reads as the model says.
+fn matches_at_the_end(t: &TestFs, m: &Model) -> Result<(), TestCaseError> {
+    let mut all = Vec::new();
+    walk(m, ROOT, "", &mut all);
+    for (p, is_dir) in all {
+        if is_dir {
+            prop_assert_eq!(t.list(&p), m.list(&p), "listing {}", p);
+        } else {
+            prop_assert!(t.read_file(&p) == m.read(&p), "final contents of {}", p);
+        }
+    }
+    prop_assert_eq!(t.list(""), m.list(""));
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -545,16 +560,7 @@ proptest! {
         if std::env::var_os("FS_MODEL_STATS").is_some() {
             eprintln!("{ok}/{} ops succeeded", ops.len());
         }
-        let mut all = Vec::new();
-        walk(&m, ROOT, "", &mut all);
-        for (p, is_dir) in all {
-            if is_dir {
-                prop_assert_eq!(t.list(&p), m.list(&p), "listing {}", p);
-            } else {
-                prop_assert!(t.read_file(&p) == m.read(&p), "final contents of {}", p);
-            }
-        }
-        prop_assert_eq!(t.list(""), m.list(""));
+        matches_at_the_end(&t, &m)?;
     }
 }
 
@@ -577,16 +583,7 @@ proptest! {
         let before = t.fs.namespace_digest();
         t.crash_and_reattach();
         prop_assert!(t.fs.namespace_digest() == before, "the replayed namespace differs");
-        let mut all = Vec::new();
-        walk(&m, ROOT, "", &mut all);
-        for (p, is_dir) in all {
-            if is_dir {
-                prop_assert_eq!(t.list(&p), m.list(&p), "listing {}", p);
-            } else {
-                prop_assert!(t.read_file(&p) == m.read(&p), "final contents of {}", p);
-            }
-        }
-        prop_assert_eq!(t.list(""), m.list(""));
+        matches_at_the_end(&t, &m)?;
     }
 }
 

@@ -63,6 +63,35 @@ impl Rack {
         self.servers.iter().map(|s| s.local_addr()).collect()
     }
 
+    /// A data store over `addrs` whose pool claims `spec`'s volume.
+    fn store(
+        &self,
+        addrs: &[SocketAddr],
+        spec: VolumeSpec,
+        replicas: usize,
+    ) -> Result<DataStore, String> {
+        let pool = Pool::connect(
+            self.net.node(),
+            addrs,
+            &PoolConfig {
+                timeout: Duration::from_secs(5),
+                volume: Some(spec),
+                ..PoolConfig::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        DataStore::new(
+            Arc::new(pool),
+            CHUNK,
+            4,
+            Policy::Mrrc,
+            CacheConfig::default(),
+            WritePath::Frrwp,
+        )
+        .and_then(|d| d.replicated(replicas, 1))
+        .map_err(|e| e.message)
+    }
+
     /// A daemon attaching volume `name` (`create`: making it), as `holder`.
     fn attach(&self, name: &str, create: bool, takeover: bool) -> Result<Daemon, String> {
         self.attach_ring(name, create, takeover, JournalOptions::default())
@@ -82,27 +111,8 @@ impl Rack {
             create,
             takeover,
         };
-        let pool = Pool::connect(
-            self.net.node(),
-            &self.addrs(),
-            &PoolConfig {
-                timeout: Duration::from_secs(5),
-                volume: Some(spec),
-                ..PoolConfig::default()
-            },
-        )
-        .map_err(|e| e.to_string())?;
         let replicas = self.servers.len().min(2);
-        let data = DataStore::new(
-            Arc::new(pool),
-            CHUNK,
-            4,
-            Policy::Mrrc,
-            CacheConfig::default(),
-            WritePath::Frrwp,
-        )
-        .and_then(|d| d.replicated(replicas, 1))
-        .map_err(|e| e.message)?;
+        let data = self.store(&self.addrs(), spec, replicas)?;
         let config = FsConfig {
             acl: true,
             ..FsConfig::default()
@@ -127,26 +137,7 @@ impl Rack {
             create: false,
             takeover: false,
         };
-        let pool = Pool::connect(
-            self.net.node(),
-            &addrs,
-            &PoolConfig {
-                timeout: Duration::from_secs(5),
-                volume: Some(spec),
-                ..PoolConfig::default()
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        let data = DataStore::new(
-            Arc::new(pool),
-            CHUNK,
-            4,
-            Policy::Mrrc,
-            CacheConfig::default(),
-            WritePath::Frrwp,
-        )
-        .and_then(|d| d.replicated(2, 1))
-        .map_err(|e| e.message)?;
+        let data = self.store(&addrs, spec, 2)?;
         attach_with(
             data,
             FsConfig::default(),
@@ -165,26 +156,7 @@ impl Rack {
             create: true,
             takeover: false,
         };
-        let pool = Pool::connect(
-            self.net.node(),
-            &self.addrs(),
-            &PoolConfig {
-                timeout: Duration::from_secs(5),
-                volume: Some(spec),
-                ..PoolConfig::default()
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        let data = DataStore::new(
-            Arc::new(pool),
-            CHUNK,
-            4,
-            Policy::Mrrc,
-            CacheConfig::default(),
-            WritePath::Frrwp,
-        )
-        .and_then(|d| d.replicated(self.servers.len().min(2), 1))
-        .map_err(|e| e.message)?;
+        let data = self.store(&self.addrs(), spec, self.servers.len().min(2))?;
         rmemfs::volume::attach_then(
             data,
             FsConfig::default(),

@@ -302,14 +302,22 @@ fn put_change(out: &mut Vec<u8>, c: &Change) {
     }
 }
 
-/// A cursor over a payload; every read checks the bounds.
-struct Cursor<'a> {
+/// A cursor over a payload; every read checks the bounds (the volume's root reads with it
+/// too).
+pub(crate) struct Cursor<'a> {
     b: &'a [u8],
     at: usize,
 }
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    pub(crate) fn new(b: &'a [u8]) -> Cursor<'a> {
+        Cursor { b, at: 0 }
+    }
+    /// Bytes not read yet.
+    pub(crate) fn left(&self) -> usize {
+        self.b.len() - self.at
+    }
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
         let end = self
             .at
             .checked_add(n)
@@ -319,16 +327,16 @@ impl<'a> Cursor<'a> {
         self.at = end;
         Ok(s)
     }
-    fn u8(&mut self) -> Result<u8, String> {
+    pub(crate) fn u8(&mut self) -> Result<u8, String> {
         Ok(self.take(1)?[0])
     }
-    fn u16(&mut self) -> Result<u16, String> {
+    pub(crate) fn u16(&mut self) -> Result<u16, String> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
     }
-    fn u32(&mut self) -> Result<u32, String> {
+    pub(crate) fn u32(&mut self) -> Result<u32, String> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
     }
-    fn u64(&mut self) -> Result<u64, String> {
+    pub(crate) fn u64(&mut self) -> Result<u64, String> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
     }
     fn bytes(&mut self) -> Result<Box<[u8]>, String> {

@@ -7,6 +7,8 @@
 //! versioned: a newer daemon reads older roots, an older one refuses a newer root naming both
 //! versions.
 
+use crate::meta::record::Cursor;
+
 /// "RMV1".
 const ROOT_MAGIC: u32 = 0x3156_4d52;
 /// The root format this build writes.
@@ -53,41 +55,17 @@ fn put_places(out: &mut Vec<u8>, places: &[Place]) {
     }
 }
 
-struct Cursor<'a>(&'a [u8]);
-
-impl Cursor<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], String> {
-        if self.0.len() < n {
-            return Err("volume root truncated".into());
-        }
-        let (h, t) = self.0.split_at(n);
-        self.0 = t;
-        Ok(h)
-    }
-    fn u8(&mut self) -> Result<u8, String> {
-        Ok(self.take(1)?[0])
-    }
-    fn u16(&mut self) -> Result<u16, String> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
-    }
-    fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
-    }
-    fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
-    }
-    fn places(&mut self) -> Result<Vec<Place>, String> {
-        let n = self.u8()?;
-        (0..n)
-            .map(|_| {
-                Ok(Place {
-                    server: self.u32()?,
-                    addr: self.u64()?,
-                    rkey: self.u64()?,
-                })
+fn places(c: &mut Cursor<'_>) -> Result<Vec<Place>, String> {
+    let n = c.u8()?;
+    (0..n)
+        .map(|_| {
+            Ok(Place {
+                server: c.u32()?,
+                addr: c.u64()?,
+                rkey: c.u64()?,
             })
-            .collect()
-    }
+        })
+        .collect()
 }
 
 impl Root {
@@ -124,7 +102,7 @@ impl Root {
             return Err("volume root truncated".into());
         }
         let (body, sum) = bytes.split_at(bytes.len() - 4);
-        let mut c = Cursor(body);
+        let mut c = Cursor::new(body);
         if c.u32()? != ROOT_MAGIC {
             return Err("not a volume root (bad magic)".into());
         }
@@ -143,13 +121,13 @@ impl Root {
         let mut servers = Vec::with_capacity(n as usize);
         for _ in 0..n {
             let len = c.u8()? as usize;
-            let s = std::str::from_utf8(c.take(len)?).map_err(|_| "bad server name")?;
+            let s = std::str::from_utf8(c.take(len)?).map_err(|_| "bad server name".to_string())?;
             servers.push(s.to_string());
         }
         let chunk_size = c.u64()?;
-        let checkpoint = c.places()?;
+        let checkpoint = places(&mut c)?;
         let (checkpoint_len, checkpoint_lsn, next_ino) = (c.u64()?, c.u64()?, c.u64()?);
-        let ring = c.places()?;
+        let ring = places(&mut c)?;
         let root = Root {
             generation,
             servers,
@@ -164,7 +142,7 @@ impl Root {
             bytes: c.u64()?,
             checkpoint_unix: c.u64()?,
         };
-        if !c.0.is_empty() {
+        if c.left() != 0 {
             return Err("volume root has trailing bytes".into());
         }
         Ok(Some(root))
