@@ -273,6 +273,10 @@ impl Pool {
         if s.health.lock().state != ServerState::Down {
             return None;
         }
+        if self.fenced().is_some() {
+            // Another daemon holds the volume now: this one claims nothing anywhere again.
+            return None;
+        }
         let old = s.link().control.token;
         // A server that lost the volume (restarted) joins it again, empty.
         let claim = self
