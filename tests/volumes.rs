@@ -888,3 +888,50 @@ fn an_export_imported_on_empty_servers_is_the_same_tree() {
     assert!(e.contains("no complete export"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_lost_journal_copy_is_dropped_then_made_whole_at_the_next_checkpoint() {
+    let mut rack = Rack::new(2);
+    let ring = JournalOptions {
+        ring_bytes: 64 << 10,
+        checkpoint_slice: 50,
+    };
+    let d = rack.attach_ring("vol", true, false, ring).unwrap();
+    d.write("before", b"two copies").unwrap();
+    d.sync().unwrap();
+    let copies = |rack: &Rack| {
+        let st =
+            rmemfs::volume::admin::status(&rack.addrs(), &PoolConfig::default(), "vol").unwrap();
+        st.lines()
+            .find_map(|l| {
+                l.split("journal ring: ")
+                    .nth(1)
+                    .and_then(|r| r.split(", ").nth(1))
+                    .map(|c| c.trim_end_matches(" copies").to_string())
+            })
+            .unwrap()
+    };
+    assert_eq!(copies(&rack), "2");
+    // Server 1 dies: the next commit drops its copy from the root before it counts.
+    rack.nodes[1].kill();
+    rack.servers[1].shutdown();
+    d.write("during", b"one copy").unwrap();
+    d.sync().unwrap();
+    // It comes back empty and is taken in again, as the upkeep threads do.
+    rack.restart(1);
+    let pool = d.fs().data().pool().clone();
+    assert_eq!(
+        pool.try_reconnect(ServerId(1)),
+        Some(rmemfs::client::Rejoin::Empty)
+    );
+    rmemfs::rebuild::forget_server(d.fs(), ServerId(1));
+    pool.admit(ServerId(1));
+    assert_eq!(copies(&rack), "1");
+    // Enough records to fill the small ring: its checkpoint puts a copy on server 1 again.
+    for i in 0..600 {
+        d.write(&format!("f{i}"), b"x").unwrap();
+    }
+    d.sync().unwrap();
+    assert_eq!(copies(&rack), "2");
+    assert_eq!(d.read("during").unwrap(), b"one copy");
+}

@@ -235,7 +235,10 @@ impl Writer {
             return Err(format!("cannot write the volume's checkpoint: {e}"));
         }
         let old_ring = std::mem::take(&mut self.root.ring);
-        let (ring, ring_len) = if fresh_ring || old_ring.is_empty() {
+        // A ring short of copies (a server failed, or came back empty) is made whole again
+        // here: a fresh one on every journal server.
+        let fresh_ring = fresh_ring || old_ring.len() < servers.len();
+        let (ring, ring_len) = if fresh_ring {
             let len = self.ring_len(&servers);
             let mut ring = Vec::new();
             for &s in &servers {
