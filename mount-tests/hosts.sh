@@ -140,7 +140,12 @@ test_volume_other_host() {
   client_mount 3 "$a" --volume far --create || fail "mount on host 3 failed"
   python3 "$writer_py" write "$a" "$manifest" 1 &
   writer=$!
-  sleep 1.5
+  # Killed once the writer has confirmed a few states, at a random moment after.
+  for ((k = 0; k < 300; k++)); do
+    [ "$(grep -c '^C' "$manifest")" -ge 3 ] && break
+    sleep 0.1
+  done
+  sleep "0.$((RANDOM % 8 + 1))"
   pid=$(daemon_pids "$a")
   [ -n "$pid" ] || fail "no daemon for $a"
   kill -9 "$pid"
