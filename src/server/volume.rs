@@ -73,6 +73,32 @@ impl Volume {
     }
 }
 
+/// Whether the peer of control connection `stream` has closed it (or it broke), without
+/// consuming anything its session thread has still to read.
+fn peer_closed(stream: &std::net::TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = 0u8;
+    // SAFETY: a one-byte peek into a local buffer of that size on a socket this server owns;
+    // MSG_PEEK leaves the byte queued and MSG_DONTWAIT neither blocks nor changes the
+    // socket's flags, which the session thread's blocking reads rely on.
+    let n = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match n {
+        0 => true,
+        n if n > 0 => false,
+        _ => !matches!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EAGAIN) | Some(libc::EINTR)
+        ),
+    }
+}
+
 fn refuse(tag: u64, code: RefusalCode, message: String) -> Message {
     Message::Refused { tag, code, message }
 }
@@ -216,7 +242,10 @@ impl Session {
             if let Some(conn) = v.conn {
                 let idle = v.last_heard.elapsed();
                 let silent = idle > shared.lease;
-                if !takeover && !silent {
+                // A holder that died a moment ago: its connection is closed, and its session
+                // is about to depart (it is waited for below, not refused).
+                let gone = shared.sessions.lock().get(&conn).is_none_or(peer_closed);
+                if !takeover && !silent && !gone {
                     return Ok(refuse(
                         tag,
                         RefusalCode::Held,
