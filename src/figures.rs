@@ -14,6 +14,11 @@ pub struct Figures {
     pub contained_panics: AtomicU64,
     /// How the kernel's requests reach the adapter, as INIT settled it.
     pub fuse_transport: std::sync::OnceLock<&'static str>,
+    /// Requests the adapter is handling now.
+    pub in_flight: AtomicU64,
+    /// Requests the kernel sent again (FUSE_NOTIFY_RESEND) because an earlier daemon of a
+    /// kept connection read them but never answered.
+    pub resent: AtomicU64,
     /// What the background rebuild has done.
     pub rebuild: RebuildStats,
     /// Panics of the upkeep threads (heartbeat, reconnect, rebuild), each contained.

@@ -239,6 +239,18 @@ enum Cmd {
         /// their copies are forgotten and the rebuild makes new ones elsewhere.
         #[arg(long, value_delimiter = ',', value_name = "HOST", requires = "volume")]
         force_without: Vec<String>,
+        /// Keep the FUSE connection open across this daemon's end, so that programs keep
+        /// their open files while the next daemon re-attaches the volume: the connection is
+        /// handed to the keeper on $NOTIFY_SOCKET (systemd's file descriptor store,
+        /// FileDescriptorStoreMax=2), and taken over when the keeper passes it back
+        /// ($LISTEN_FDS). SIGHUP then ends the daemon without unmounting.
+        #[arg(long, requires = "volume")]
+        keep_connection: bool,
+        /// Run under a small supervisor that keeps the FUSE connection and starts the daemon
+        /// again when it dies (crash, kill -9, OOM) or is restarted with SIGHUP (an
+        /// upgrade): programs keep their open files (implies --keep-connection).
+        #[arg(long, requires = "volume")]
+        supervise: bool,
     },
     /// Manage volumes on a set of memory servers.
     Volume {
@@ -404,6 +416,8 @@ fn main() -> ExitCode {
             create,
             takeover,
             force_without,
+            keep_connection,
+            supervise,
         } => {
             let secret = match Secret::from_option(secret_file.as_deref()) {
                 Ok(s) => s,
@@ -438,8 +452,12 @@ fn main() -> ExitCode {
                 create,
                 takeover,
                 force_without,
+                keep_connection: keep_connection || supervise,
             };
-            if std::env::var_os(DAEMON_ENV).is_none() {
+            // A daemon the supervisor runs serves in the foreground; the mount point is
+            // its kept connection's, which nobody serves until it does (not to be looked at).
+            let supervised = std::env::var_os(mount::keeper::SUPERVISED_ENV).is_some();
+            if std::env::var_os(DAEMON_ENV).is_none() && !supervised {
                 match mount::prepare_mountpoint(&config.mountpoint, force) {
                     Ok(Some(note)) => eprintln!("rmemfs: {note}"),
                     Ok(None) => {}
@@ -449,10 +467,20 @@ fn main() -> ExitCode {
                     }
                 }
             }
-            if foreground {
-                mount::run(&config, &mut || rmemfs::notify::notify("READY=1"))
+            let notify_ready = &mut || rmemfs::notify::notify("READY=1");
+            let supervise_args = || argv[1..].to_vec();
+            if supervised {
+                mount::run(&config, notify_ready)
+            } else if supervise && foreground {
+                mount::keeper::supervise(&supervise_args(), notify_ready)
+            } else if foreground {
+                mount::run(&config, notify_ready)
             } else if std::env::var_os(DAEMON_ENV).is_some() {
-                daemon_child(&config)
+                if supervise {
+                    daemon_child(&mut |ready| mount::keeper::supervise(&supervise_args(), ready))
+                } else {
+                    daemon_child(&mut |ready| mount::run(&config, ready))
+                }
             } else {
                 daemon_parent(&argv[1..], log_file.as_deref())
             }
@@ -579,6 +607,9 @@ fn serve(
     Ok(())
 }
 
+/// What the background process runs, given what to call once the mount is ready.
+type ServeUntilDone<'a> = dyn FnMut(&mut dyn FnMut()) -> Result<(), String> + 'a;
+
 /// Set in the environment of the background mount process.
 const DAEMON_ENV: &str = "RMEMFS_DAEMON_CHILD";
 
@@ -625,7 +656,7 @@ fn daemon_parent(args: &[std::ffi::OsString], log_file: Option<&Path>) -> Result
 
 /// The background mount process: detaches, mounts, reports readiness to the parent through
 /// stdout, then serves until unmounted.
-fn daemon_child(config: &MountConfig) -> Result<(), String> {
+fn daemon_child(run: &mut ServeUntilDone<'_>) -> Result<(), String> {
     // SAFETY: setsid has no memory-safety preconditions; it fails harmlessly if we already
     // lead a session.
     unsafe { libc::setsid() };
@@ -639,7 +670,7 @@ fn daemon_child(config: &MountConfig) -> Result<(), String> {
             unsafe { libc::dup2(null.as_raw_fd(), 1) };
         }
     };
-    let result = mount::run(config, &mut ready);
+    let result = run(&mut ready);
     if let Err(msg) = &result {
         // Before `ready`, stdout is still the parent's pipe: it reports this.
         println!("error {msg}");

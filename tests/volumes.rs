@@ -541,6 +541,7 @@ fn a_full_ring_is_checkpointed_and_the_replay_still_matches() {
     let ring = JournalOptions {
         ring_bytes: 64 << 10,
         checkpoint_slice: 50,
+        ..Default::default()
     };
     let d = rack.attach_ring("vol", true, false, ring).unwrap();
     d.mkdir("d").unwrap();
@@ -895,6 +896,7 @@ fn a_lost_journal_copy_is_dropped_then_made_whole_at_the_next_checkpoint() {
     let ring = JournalOptions {
         ring_bytes: 64 << 10,
         checkpoint_slice: 50,
+        ..Default::default()
     };
     let d = rack.attach_ring("vol", true, false, ring).unwrap();
     d.write("before", b"two copies").unwrap();

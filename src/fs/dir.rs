@@ -4,7 +4,6 @@
 use super::{attr_of, dir_of, err, Attr, DirEntry, Fs};
 use crate::error::Result;
 use crate::meta::{Ino, Kind};
-use crate::sync::atomic::Ordering;
 
 /// What one directory stream lists: the entries (cookie, name) the directory had when the
 /// stream was opened or rewound, shared by its reads.
@@ -14,7 +13,7 @@ impl Fs {
     /// Opens a directory stream; [`Fs::releasedir`] ends it.
     pub fn opendir(&self, ino: Ino) -> Result<u64> {
         dir_of(&self.meta.lock(), ino)?;
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let fh = self.issue_fh(crate::fs::OpenMode::from_flags(libc::O_RDONLY));
         self.dir_streams.lock().insert(fh, None);
         Ok(fh)
     }
@@ -66,6 +65,9 @@ impl Fs {
         plus: bool,
     ) -> Result<()> {
         let listing = match self.dir_streams.lock().get(&fh) {
+            // A stream an earlier daemon of this connection opened: listed afresh from
+            // `offset` (offsets are cookies, which the namespace kept).
+            None if self.inherited(fh) => None,
             None => return Err(err(libc::EBADF)),
             Some(l) if offset > 0 => l.clone(),
             Some(_) => None,
@@ -81,8 +83,11 @@ impl Fs {
             Some(l) => l,
             None => {
                 let fresh = std::sync::Arc::new(dir.listing());
-                if let Some(l) = self.dir_streams.lock().get_mut(&fh) {
+                let mut streams = self.dir_streams.lock();
+                if let Some(l) = streams.get_mut(&fh) {
                     *l = Some(fresh.clone());
+                } else if self.inherited(fh) {
+                    streams.insert(fh, Some(fresh.clone()));
                 }
                 fresh
             }

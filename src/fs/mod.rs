@@ -21,6 +21,7 @@ mod capacity;
 mod dir;
 mod fallocate;
 mod file;
+mod handles;
 mod names;
 mod rules;
 mod types;
@@ -112,7 +113,10 @@ pub struct Fs {
     barrier: std::sync::OnceLock<Arc<dyn Barrier>>,
     /// Open directory streams: the listing each one reads (see [`Fs::readdir`]).
     dir_streams: Mutex<HashMap<u64, dir::Listing>>,
+    /// The next handle number to issue (see [`handles`]).
     next_fh: AtomicU64,
+    /// Handle numbers below this were issued by an earlier daemon of this FUSE connection.
+    handle_base: AtomicU64,
     config: FsConfig,
     /// Counters the adapter and the upkeep fill, for the report.
     figures: crate::figures::Figures,
@@ -186,7 +190,8 @@ impl Fs {
             dirty_limit: std::sync::OnceLock::new(),
             attr_changed: std::sync::OnceLock::new(),
             stats: std::sync::OnceLock::new(),
-            next_fh: AtomicU64::new(1),
+            next_fh: AtomicU64::new(1 << 4),
+            handle_base: AtomicU64::new(0),
             config,
             figures: Default::default(),
             #[cfg(feature = "testing")]
@@ -286,19 +291,6 @@ impl Fs {
         drop(meta);
         if let Some(f) = orphan_file {
             self.data.release_all(&f);
-        }
-    }
-
-    fn new_handle(&self, ino: Ino, mode: OpenMode) -> u64 {
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().insert(fh, Handle { ino, mode });
-        fh
-    }
-
-    fn handle(&self, fh: u64, ino: Ino) -> Result<OpenMode> {
-        match self.handles.lock().get(&fh) {
-            Some(h) if h.ino == ino => Ok(h.mode),
-            _ => Err(err(libc::EBADF)),
         }
     }
 

@@ -29,10 +29,14 @@ use fuser::{
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::config::ATTR_TTL as TTL;
+
+/// The bit the kernel sets in the id of a request it sends again (FUSE_NOTIFY_RESEND).
+const FUSE_UNIQUE_RESEND: u64 = 1 << 63;
 
 /// Largest write request we ask the kernel for (its cap on current kernels is 1 MiB).
 const MAX_WRITE: u32 = crate::config::IO_SIZE as u32;
@@ -44,7 +48,13 @@ pub struct FuseFs {
     /// The fuse control file system's `abort` file of this mount's connection, known once it
     /// is mounted ([`FuseFs::connection`]): how a failed io_uring queue ends the connection.
     abort_file: Arc<std::sync::OnceLock<std::path::PathBuf>>,
+    /// Each inode's FUSE generation on a connection kept across daemons (see
+    /// `mount::keeper`); none: every generation is 0.
+    generations: Option<Generations>,
 }
+
+/// An inode's FUSE generation, by number.
+pub type Generations = Box<dyn Fn(u64) -> u64 + Send + Sync>;
 
 /// What the mount asks of the kernel at INIT beyond what it always asks.
 #[derive(Debug, Clone, Copy)]
@@ -67,7 +77,24 @@ impl FuseFs {
             fs,
             offers,
             abort_file: Arc::default(),
+            generations: None,
         }
+    }
+
+    /// Answers each inode's FUSE generation with `generations` (of its number).
+    pub fn with_generations(mut self, generations: Generations) -> FuseFs {
+        self.generations = Some(generations);
+        self
+    }
+
+    /// The FUSE generation of inode `ino`.
+    fn generation(&self, ino: u64) -> u64 {
+        self.generations.as_ref().map_or(0, |g| g(ino))
+    }
+
+    /// [`FuseFs::generation`], to hand to a reply.
+    fn gen(&self) -> impl Fn(u64) -> u64 + '_ {
+        move |ino| self.generation(ino)
     }
 
     /// Where the mount puts its connection's control `abort` file once it is mounted.
@@ -128,7 +155,7 @@ impl FuseFs {
             Ok((a, fh)) => reply.created(
                 &TTL,
                 &file_attr(&a),
-                Generation(0),
+                Generation(self.generation(a.ino)),
                 FileHandle(fh),
                 self.open_flags(flags),
             ),
@@ -147,9 +174,14 @@ impl FuseFs {
     /// Runs one handler; a panic inside it becomes EIO for this request only.
     fn contain(&self, op: &'static str, req: &Request, handler: impl FnOnce()) {
         let start = std::time::Instant::now();
+        let figures = self.fs.figures();
+        figures.in_flight.fetch_add(1, Ordering::Relaxed);
+        if req.unique().0 & FUSE_UNIQUE_RESEND != 0 {
+            figures.resent.fetch_add(1, Ordering::Relaxed);
+        }
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(handler));
-        self.fs
-            .figures()
+        figures.in_flight.fetch_sub(1, Ordering::Relaxed);
+        figures
             .requests
             .record(op, start.elapsed().as_nanos() as u64);
         if let Err(panic) = outcome {
@@ -245,7 +277,7 @@ impl Filesystem for FuseFs {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         self.contain("lookup", req, || {
-            entry(reply, self.fs.lookup(parent.0, name.as_bytes()));
+            entry(reply, self.fs.lookup(parent.0, name.as_bytes()), self.gen());
         });
     }
 
@@ -319,6 +351,7 @@ impl Filesystem for FuseFs {
             entry(
                 reply,
                 self.fs.mknod(parent.0, name.as_bytes(), mode, rdev, who),
+                self.gen(),
             );
         });
     }
@@ -334,7 +367,11 @@ impl Filesystem for FuseFs {
     ) {
         self.contain("mkdir", req, || {
             let who = creator(req, umask);
-            entry(reply, self.fs.mkdir(parent.0, name.as_bytes(), mode, who));
+            entry(
+                reply,
+                self.fs.mkdir(parent.0, name.as_bytes(), mode, who),
+                self.gen(),
+            );
         });
     }
 
@@ -367,6 +404,7 @@ impl Filesystem for FuseFs {
                     target.as_os_str().as_bytes(),
                     caller(req),
                 ),
+                self.gen(),
             );
         });
     }
@@ -405,7 +443,11 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         self.contain("link", req, || {
-            entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()));
+            entry(
+                reply,
+                self.fs.link(ino.0, newparent.0, newname.as_bytes()),
+                self.gen(),
+            );
         });
     }
 
@@ -551,7 +593,7 @@ impl Filesystem for FuseFs {
                     OsStr::from_bytes(&e.name),
                     &TTL,
                     &file_attr(a),
-                    Generation(0),
+                    Generation(self.generation(e.ino)),
                 )
             });
             match res {

@@ -72,9 +72,15 @@ pub(super) fn set_time(t: TimeOrNow) -> SetTime {
     }
 }
 
-pub(super) fn entry(reply: ReplyEntry, r: crate::error::Result<Attr>) {
+/// Answers an entry: the inode's attributes and its FUSE generation (`generation` of its
+/// number).
+pub(super) fn entry(
+    reply: ReplyEntry,
+    r: crate::error::Result<Attr>,
+    generation: impl Fn(u64) -> u64,
+) {
     match r {
-        Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
+        Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(generation(a.ino))),
         Err(e) => reply.error(errno(&e)),
     }
 }

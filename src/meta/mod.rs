@@ -115,6 +115,10 @@ pub struct Attrs {
     pub tmpfile: bool,
 }
 
+/// A lookup count no run of forgets brings to zero, nor any run of lookups overflows (see
+/// [`Meta::pin_kernel_refs`]).
+const PINNED_REFS: u64 = u64::MAX / 2;
+
 /// An inode: its attributes (kept by the namespace, journaled), what the kernel holds of it
 /// (session state), and its contents. Its attributes read as its own fields (`Deref`).
 #[derive(Debug)]
@@ -288,6 +292,16 @@ impl Meta {
     pub fn release_refs(&mut self, ino: Ino, n: u64) {
         if let Some(i) = self.inodes.get_mut(&ino) {
             i.lookups = i.lookups.saturating_sub(n);
+        }
+    }
+
+    /// Every inode held as if the kernel had looked it up without end: a daemon that takes
+    /// over a kept FUSE connection cannot know the lookup counts the kernel holds (they died
+    /// with the daemon that answered those lookups), so nothing is dropped for want of
+    /// references until a fresh attach collects orphans. Forgets then count down from here.
+    pub fn pin_kernel_refs(&mut self) {
+        for i in self.inodes.values_mut() {
+            i.lookups = i.lookups.max(PINNED_REFS);
         }
     }
 

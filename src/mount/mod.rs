@@ -3,16 +3,17 @@
 //! (`umount`, or SIGINT/SIGTERM, which unmount cleanly). Closing the connections gives every
 //! server its memory back.
 
+pub mod keeper;
 mod options;
 mod point;
+mod session;
 mod stats;
 
-use options::{allow_io_uring, default_cache_bytes, dirty_allowance, fuser_config};
+use options::{default_cache_bytes, dirty_allowance, fuser_config};
 pub use options::{default_embedded_size, resolve_server, ENABLE_URING};
-use point::{
-    check_fuse_device, check_verbs_memlock, connection_abort_file, mount_device, raise_readahead,
-};
+use point::{check_fuse_device, check_verbs_memlock, mount_device, raise_readahead};
 pub use point::{check_mountpoint, lazy_unmount, prepare_mountpoint};
+use session::{attach_fuse, serve_until_unmounted, Connection};
 pub use stats::{print_stats, server_stats_text};
 
 use crate::client::control::ControlConn;
@@ -21,8 +22,7 @@ use crate::config;
 use crate::data::DataStore;
 use crate::fabric::mem::page_size;
 use crate::fabric::{Fabric, FabricOptions};
-use crate::fs::{Fs, FsConfig};
-use crate::fuse::FuseFs;
+use crate::fs::{Barrier, Fs, FsConfig};
 use crate::regcache::CacheConfig;
 use crate::server::{MemoryServer, ServerConfig, DEFAULT_PORT};
 use crate::size::format_size;
@@ -76,6 +76,9 @@ pub struct MountConfig {
     pub takeover: bool,
     /// Servers of the volume gone for good, attached without (`--force-without`).
     pub force_without: Vec<String>,
+    /// Keep the FUSE connection across this daemon's end (`--keep-connection`; volumes
+    /// only): hand it to a keeper, or take over the one a keeper passed (see [`keeper`]).
+    pub keep_connection: bool,
 }
 
 impl MountConfig {
@@ -106,6 +109,7 @@ impl MountConfig {
             create: false,
             takeover: false,
             force_without: Vec::new(),
+            keep_connection: false,
         }
     }
 
@@ -182,7 +186,23 @@ struct Upkeep {
 
 fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     let config = &mount.config;
-    let mountpoint = check_mountpoint(&config.mountpoint)?;
+    let inherited = if config.keep_connection {
+        if config.volume.is_none() {
+            return Err(
+                "--keep-connection needs --volume: a private namespace dies with its \
+                        daemon, so the next one could not serve the files programs hold open"
+                    .into(),
+            );
+        }
+        keeper::inherited()?
+    } else {
+        None
+    };
+    let mountpoint = match inherited {
+        // Mounted already, and served by nobody until this daemon is: not to be looked at.
+        Some(_) => std::path::absolute(&config.mountpoint).map_err(|e| e.to_string())?,
+        None => check_mountpoint(&config.mountpoint)?,
+    };
     check_fuse_device()?;
     let (fuse_config, choices) = fuser_config(&config.options, config.threads)?;
     let fabric_options = FabricOptions {
@@ -206,13 +226,40 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
             crate::fabric::open(&servers.fabric_name, &fabric_options).map_err(|e| e.to_string())?
         }
     };
-    let (fs, journal) = build_fs(config, &mountpoint, &servers, client_fabric, &choices)?;
-    let session = attach_fuse(&fs, &mountpoint, &fuse_config, &choices)?;
+    let taken_over = inherited.is_some();
+    let (fs, journal) = build_fs(
+        config,
+        &mountpoint,
+        &servers,
+        client_fabric,
+        &choices,
+        taken_over,
+    )?;
+    let connection = match inherited {
+        Some(i) => Connection::TakeOver(i),
+        None if config.keep_connection => Connection::Keep,
+        None => Connection::Own,
+    };
+    let session = attach_fuse(&fs, &mountpoint, &fuse_config, &choices, connection)?;
     let upkeep = start_upkeep(&fs, config, &mountpoint, metrics_listener)?;
     if let Some(f) = mount.on_mounted {
         f(fs.clone());
     }
-    let result = serve_until_unmounted(session, &mountpoint, ready);
+    // A planned restart (SIGHUP, with a kept connection): every change committed, then
+    // out without unmounting; the keeper starts the next daemon on the same connection.
+    let restart = match (&journal, config.keep_connection) {
+        (Some(j), true) => {
+            let j = j.clone();
+            Some(Box::new(move || {
+                if let Err(e) = j.sync() {
+                    log::error!("the last commit before the restart failed: {}", e.message);
+                }
+                std::process::exit(keeper::RESTART_EXIT);
+            }) as Box<dyn FnOnce() + Send>)
+        }
+        _ => None,
+    };
+    let result = serve_until_unmounted(session, &mountpoint, ready, taken_over, restart);
     log::info!(
         "unmounted {}; returning remote memory. Counters at unmount:\n{}",
         mountpoint.display(),
@@ -316,6 +363,7 @@ fn build_fs(
     servers: &Servers,
     fabric: Arc<dyn Fabric>,
     choices: &options::MountChoices,
+    taken_over: bool,
 ) -> Result<(Arc<Fs>, Option<Arc<crate::volume::VolumeJournal>>), String> {
     let volume = match &config.volume {
         None => None,
@@ -328,7 +376,9 @@ fn build_fs(
         Some(name) => Some(crate::client::volume::VolumeSpec {
             name: name.clone(),
             holder: crate::volume::holder_name(""),
-            create: config.create,
+            // A daemon taking over a kept connection runs the first one's command line: the
+            // volume exists by then.
+            create: config.create && !taken_over,
             takeover: config.takeover,
         }),
     };
@@ -384,7 +434,12 @@ fn build_fs(
             .iter()
             .map(|s| resolve_server(s))
             .collect::<Result<_, _>>()?;
-        let a = crate::volume::attach(data, fs_config, &servers.addrs, &without)?;
+        let options = crate::volume::JournalOptions {
+            // The kernel of a connection taken over may still hold unlinked files open.
+            keep_orphans: taken_over,
+            ..Default::default()
+        };
+        let a = crate::volume::attach_with(data, fs_config, &servers.addrs, &without, options)?;
         log::info!("volume attached: {:?}", a.report);
         (a.fs, Some(a.journal))
     } else {
@@ -392,31 +447,6 @@ fn build_fs(
     };
     crate::report::attach(&fs);
     Ok((fs, journal))
-}
-
-/// Mounts `fs` at `mountpoint`: the FUSE session, with the connection's abort file known to
-/// the adapter (a failed ring ends the connection) and invalidations forwarded.
-fn attach_fuse(
-    fs: &Arc<Fs>,
-    mountpoint: &Path,
-    fuse_config: &fuser::Config,
-    choices: &options::MountChoices,
-) -> Result<fuser::Session<FuseFs>, String> {
-    let fuse_fs = FuseFs::new(
-        fs.clone(),
-        crate::fuse::Offers {
-            readdirplus: choices.readdirplus,
-            io_uring: choices.io_uring && allow_io_uring(),
-        },
-    );
-    let connection = fuse_fs.connection();
-    let session = fuser::Session::new(fuse_fs, mountpoint, fuse_config)
-        .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
-    if let Some(abort) = connection_abort_file(mountpoint) {
-        let _ = connection.set(abort);
-    }
-    FuseFs::forward_invalidations(fs, &session);
-    Ok(session)
 }
 
 /// Starts what runs beside the session: heartbeats, reconnects and the rebuild; the dirty
@@ -461,51 +491,6 @@ fn start_upkeep(
         _metrics: metrics,
         _rebuilder: rebuilder,
     })
-}
-
-/// Serves the session until it is unmounted. SIGINT/SIGTERM unmount; the session then ends
-/// as with `umount`. An unmount refused (files open: EBUSY) leaves the mount serving; a
-/// second signal then detaches it (lazy unmount) and ends the process at once: open files
-/// see ENOTCONN, nothing waits on them.
-fn serve_until_unmounted(
-    mut session: fuser::Session<FuseFs>,
-    mountpoint: &Path,
-    ready: &mut dyn FnMut(),
-) -> Result<(), String> {
-    let mut unmounter = session.unmount_callable();
-    let detach_at = mountpoint.to_path_buf();
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .map_err(|e| format!("cannot install signal handlers: {e}"))?;
-    let signal_handle = signals.handle();
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            let mut signals = signals.forever();
-            if let Some(sig) = signals.next() {
-                log::info!("signal {sig}: unmounting");
-                if let Err(e) = unmounter.unmount() {
-                    log::error!(
-                        "unmount failed: {e}; a second SIGTERM or SIGINT detaches the mount \
-                         and exits"
-                    );
-                }
-            }
-            if let Some(sig) = signals.next() {
-                log::warn!("signal {sig} again: detaching the mount and exiting");
-                if let Err(e) = lazy_unmount(&detach_at) {
-                    log::error!("detaching {} failed: {e}", detach_at.display());
-                }
-                std::process::exit(1);
-            }
-        })
-        .map_err(|e| e.to_string())?;
-    ready();
-    let result = session.run();
-    signal_handle.close();
-    result.map_err(|e| format!("FUSE session failed: {e}"))
 }
 
 #[cfg(test)]

@@ -123,19 +123,31 @@ pub(super) fn daemon_gone(mountpoint: &Path) -> bool {
 /// Detaches the mount at `mountpoint` (MNT_DETACH): directly as root, else through
 /// `fusermount3 -u -z`, which lets a user detach a FUSE mount of their own.
 pub fn lazy_unmount(mountpoint: &Path) -> Result<(), String> {
+    unmount(mountpoint, true)
+}
+
+/// Unmounts `mountpoint` (detaches it if `lazy`): directly as root, else through
+/// `fusermount3 -u`, which lets a user unmount a FUSE mount of their own.
+pub(super) fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), String> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| "a NUL byte in the path".to_string())?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: `c` is a NUL-terminated path that outlives the call.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
         return Ok(());
     }
     let direct = std::io::Error::last_os_error();
     if direct.raw_os_error() != Some(libc::EPERM) {
         return Err(direct.to_string());
     }
+    let args: &[&str] = if lazy {
+        &["-u", "-z", "--"]
+    } else {
+        &["-u", "--"]
+    };
     let out = std::process::Command::new("fusermount3")
-        .args(["-u", "-z", "--"])
+        .args(args)
         .arg(mountpoint)
         .output()
         .map_err(|e| format!("{direct}; fusermount3: {e}"))?;
@@ -143,7 +155,8 @@ pub fn lazy_unmount(mountpoint: &Path) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "fusermount3 -u -z: {}",
+            "fusermount3 {}: {}",
+            args[..args.len() - 1].join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }

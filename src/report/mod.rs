@@ -123,6 +123,10 @@ pub struct FabricFigures {
 pub struct FuseFigures {
     /// "io_uring" or "/dev/fuse" ("" before INIT).
     pub transport: String,
+    /// Requests being handled (this report's own among them).
+    pub in_flight: u64,
+    /// Requests answered that an earlier daemon of a kept connection had left unanswered.
+    pub resent: u64,
 }
 
 /// The kernel's writeback cache and the dirty limit kept for it.
@@ -269,6 +273,8 @@ impl MountReport {
             },
             fuse: FuseFigures {
                 transport: figures.fuse_transport.get().copied().unwrap_or("").into(),
+                in_flight: figures.in_flight.load(Ordering::Relaxed),
+                resent: figures.resent.load(Ordering::Relaxed),
             },
             writeback: WritebackFigures {
                 cache: fs.writeback_enabled(),

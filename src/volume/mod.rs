@@ -141,6 +141,9 @@ pub fn attach(
 pub struct JournalOptions {
     pub ring_bytes: u64,
     pub checkpoint_slice: usize,
+    /// Leave files unlinked while open where they are: a daemon taking over a kept FUSE
+    /// connection, whose kernel may still hold them (the next fresh attach reaps them).
+    pub keep_orphans: bool,
 }
 
 impl Default for JournalOptions {
@@ -148,6 +151,7 @@ impl Default for JournalOptions {
         JournalOptions {
             ring_bytes: crate::config::JOURNAL_RING_BYTES,
             checkpoint_slice: crate::config::CHECKPOINT_SLICE,
+            keep_orphans: false,
         }
     }
 }
@@ -313,7 +317,9 @@ pub fn attach_then(
     for &s in &restarted {
         crate::rebuild::forget_server(&fs, ServerId(s));
     }
-    report.orphans = fs.reap_orphans();
+    if !options.keep_orphans {
+        report.orphans = fs.reap_orphans();
+    }
     let keep: Vec<Place> = old_ckpt.iter().chain(&old_ring).copied().collect();
     report.collected = collect(&fs, &keep)?;
     prepare(&fs, &report)?;

@@ -104,6 +104,17 @@ impl Notifier {
         self.send_inval(notify_code::FUSE_NOTIFY_DELETE, &notif)
     }
 
+    /// rmemfs patch: asks the kernel to queue again every request a daemon of this
+    /// connection read but never answered (FUSE_NOTIFY_RESEND, Linux 6.9+), so a daemon
+    /// that takes over a connection from a dead one serves them. Their ids carry
+    /// `FUSE_UNIQUE_RESEND` (bit 63), which the reply echoes.
+    /// # Errors
+    /// Returns an error if the kernel rejects the notification (EINVAL before 6.9).
+    #[cfg(target_os = "linux")]
+    pub fn resend(&self) -> io::Result<()> {
+        self.send(notify_code::FUSE_NOTIFY_RESEND, &Notification::new_bare())
+    }
+
     #[allow(unused)]
     fn send_inval(&self, code: notify_code, notification: &Notification<'_>) -> io::Result<()> {
         match self.send(code, notification) {

@@ -247,6 +247,43 @@ impl<FS: Filesystem> Session<FS> {
         Ok(session)
     }
 
+    /// rmemfs patch: wraps a /dev/fuse descriptor whose connection an earlier daemon
+    /// already initialized (one kept open across that daemon's end, in systemd's file
+    /// descriptor store or by a supervisor): there is no INIT to answer, the file system's
+    /// `init` is not called, and the session is served through /dev/fuse (an earlier
+    /// daemon's io_uring queues died with it). `proto_minor` is the kernel's protocol
+    /// minor as the earlier daemon recorded it.
+    #[cfg(target_os = "linux")]
+    pub fn resume_fd(
+        filesystem: FS,
+        fd: OwnedFd,
+        acl: SessionACL,
+        config: Config,
+        proto_minor: u32,
+    ) -> Self {
+        let ch = Channel::new(Arc::new(DevFuse(File::from(fd))));
+        Session {
+            filesystem: FilesystemHolder {
+                fs: Some(filesystem),
+            },
+            ch,
+            mount: UmountOnDrop {
+                mount: Arc::new(Mutex::new(None)),
+            },
+            allowed: acl,
+            session_owner: geteuid(),
+            proto_version: Some(Version(abi::FUSE_KERNEL_VERSION, proto_minor)),
+            config,
+            ring: None,
+        }
+    }
+
+    /// rmemfs patch: the kernel's protocol version as agreed at INIT (or given to
+    /// `resume_fd`).
+    pub fn proto_version(&self) -> Option<(u32, u32)> {
+        self.proto_version.map(|v| (v.0, v.1))
+    }
+
     /// Run the session loop in a background thread. If the returned handle is dropped,
     /// the filesystem is unmounted and the given session ends.
     pub fn spawn(self) -> io::Result<BackgroundSession> {

@@ -190,6 +190,10 @@ pub(crate) enum fuse_notify_code {
     FUSE_NOTIFY_STORE = 4,
     FUSE_NOTIFY_RETRIEVE = 5,
     FUSE_NOTIFY_DELETE = 6,
+    // rmemfs patch: protocol 7.40 (Linux 6.9): requests a daemon read but never answered
+    // go back to the pending queue, marked FUSE_UNIQUE_RESEND.
+    #[cfg(target_os = "linux")]
+    FUSE_NOTIFY_RESEND = 7,
 }
 
 #[repr(C)]

@@ -77,6 +77,12 @@ impl<'a> Notification<'a> {
         Ok(Self::from_struct_with_name(&r, name.as_bytes()))
     }
 
+    /// rmemfs patch: a notification with no payload (FUSE_NOTIFY_RESEND).
+    #[cfg(target_os = "linux")]
+    pub(crate) fn new_bare() -> Self {
+        Notification::Bare(NotificationBuf::new())
+    }
+
     pub(crate) fn new_inval_inode(ino: INodeNo, offset: i64, len: i64) -> Self {
         let r = abi::fuse_notify_inval_inode_out {
             ino: ino.0,
