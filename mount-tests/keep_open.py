@@ -2,7 +2,12 @@
 """Programs keep their open files while the daemon of a supervised volume mount dies and
 another takes its connection over (mount-tests: volume_keep).
 
-keep_open.py MNT RMEMFS_BIN
+keep_open.py MNT SERVER_PID
+
+SERVER_PID: the volume's one memory server, frozen (SIGSTOP) in the last round so that an
+fsync is certainly read by the daemon and unanswered when it is killed: the kernel must send
+it again to the next daemon (FUSE_NOTIFY_RESEND), or the fsync would never return. The mount
+needs an --op-timeout longer than that round (else the journal fails the fsync first).
 
 Opens, on MNT: a file being written, a file being read, a file unlinked while open, and a
 directory stream. Then, three times (kill -9 of the daemon twice, SIGHUP to the supervisor
@@ -14,7 +19,6 @@ broken promise.
 import hashlib
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -56,16 +60,16 @@ def wait_new_daemon(mnt, old, seconds=60):
     fail(f"no new daemon within {seconds} s")
 
 
-def stats(bin_path, mnt):
+def stats(mnt):
+    """The mount's report, read in this process (what `rmemfs stats --json` reads): a child
+    process would flush, at its exit, the files it inherited, which waits on a frozen
+    server."""
     import json
-    out = subprocess.run([bin_path, "stats", "--json", mnt], capture_output=True, timeout=60)
-    if out.returncode != 0:
-        fail("stats: " + out.stderr.decode())
-    return json.loads(out.stdout)
+    return json.loads(os.getxattr(mnt, "user.rmemfs.stats.json"))
 
 
 def main():
-    mnt, bin_path = sys.argv[1], sys.argv[2]
+    mnt, server = sys.argv[1], int(sys.argv[2])
     daemon, sup = daemon_and_supervisor(mnt)
     if daemon is None or sup is None:
         fail("no supervised daemon for " + mnt)
@@ -145,8 +149,59 @@ def main():
         daemon = new
     stop.set()
     t.join()
-    s = stats(bin_path, mnt)
-    print("resent requests answered by the last daemon: %d" % s["fuse"]["resent"])
+    if errors:
+        fail(f"requests failed: {errors[:3]}")
+
+    # Round 4: an fsync in the daemon's hands when it dies. The data is flushed before the
+    # freeze, so the fsync is the daemon's own (a journal commit of the chmod), not the
+    # kernel's writeback, whose writes the daemon answers from another thread.
+    chunk = b"round 4, written before the kill\n" * 100
+    os.write(w, chunk)
+    written += chunk
+    os.fsync(w)
+    os.fchmod(w, 0o640)
+    os.kill(server, signal.SIGSTOP)
+    outcome = []
+
+    def fsync_it():
+        try:
+            os.fsync(w)
+            outcome.append("ok")
+        except OSError as e:
+            outcome.append(repr(e))
+
+    f = threading.Thread(target=fsync_it, daemon=True)
+    try:
+        f.start()
+        # In flight: the fsync and this report's own request (the report reads local
+        # figures only, so the frozen server does not hold it).
+        deadline = time.monotonic() + 30
+        while stats(mnt)["fuse"]["in_flight"] < 2:
+            if time.monotonic() > deadline or outcome:
+                fail(f"the fsync never reached the daemon (outcome {outcome})")
+            time.sleep(0.05)
+        os.kill(daemon, signal.SIGKILL)
+        old = daemon
+        deadline = time.monotonic() + 30
+        while daemon_and_supervisor(mnt)[0] == old and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        os.kill(server, signal.SIGCONT)
+    daemon = wait_new_daemon(mnt, old)
+    f.join(60)
+    if outcome != ["ok"]:
+        fail(f"the fsync the dead daemon held did not complete: {outcome or 'still waiting'}")
+    if os.pread(w, len(written) + 10, 0) != bytes(written):
+        fail("round 4: the file reads back wrong")
+    if os.fstat(w).st_mode & 0o777 != 0o640:
+        fail("round 4: the fsynced chmod is lost")
+    s = stats(mnt)
+    resent = s["fuse"]["resent"]
+    if resent < 1:
+        fail("round 4: the new daemon answered no request sent again")
+    print(f"round 4 (kill -9 with an fsync in flight, server frozen): daemon {old} -> "
+          f"{daemon}; the fsync returned 0, {resent} request(s) answered after being sent "
+          f"again")
     print("sha256 of the written file: " + hashlib.sha256(written).hexdigest()[:16])
     for fd in (w, r, g, dfd):
         os.close(fd)

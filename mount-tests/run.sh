@@ -745,6 +745,23 @@ test_volume_crash() {
 # symlinks, xattrs, an ACL, holes, owners and modes) on a volume is exported to a directory,
 # every server is stopped, new empty ones start, the export is imported and mounted: the
 # same tree. A second export copies nothing new; an export without its manifest is refused.
+# (one server, no mount) Restart without unmounting (--supervise): the daemon killed twice
+# (SIGKILL) and restarted once (SIGHUP, an upgrade's path) while a program holds a file being
+# written, one being read, one unlinked while open and a directory stream, and stat()s in a
+# loop: every descriptor keeps working with the same bytes, no request fails; then killed
+# with an fsync certainly in its hands (its server frozen), which the next daemon answers
+# after the kernel sends it again (FUSE_NOTIFY_RESEND). Unmounting ends the supervisor.
+test_volume_keep() {
+  local out
+  mount_fs "$MNT" "$ADDRS" --volume keep --create --supervise --op-timeout 60 ||
+    fail "mount --supervise failed"
+  out=$(t python3 mount-tests/keep_open.py "$MNT" "${TEST_PIDS[0]}") || fail "$out"
+  echo "$out" >&2
+  grep -q "round 4 .*the fsync returned 0" <<<"$out" || fail "the resend round did not run: $out"
+  unmount_fs "$MNT" || fail "unmounting the supervised mount failed"
+  [ -z "$(daemon_pids "$MNT")" ] || fail "the supervisor outlived the unmount"
+}
+
 test_volume_export() {
   local src=$WORK/src dest=$WORK/export out new_addrs="" p
   mkdir -p "$src/d/e"
@@ -1385,6 +1402,7 @@ ALL_TESTS=(
   "daemon_death shared nomount"
   "volume_crash 256M,256M nomount"
   "volume_export 256M,256M nomount"
+  "volume_keep 256M nomount"
   "replica_failover 256M,256M,256M mount"
   "replica_freeze 256M,256M,256M mount --op-timeout=2"
   "replica_pair 256M,256M mount --replicas=2"

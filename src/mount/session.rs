@@ -31,11 +31,19 @@ pub(super) fn attach_fuse(
     connection: Connection,
 ) -> Result<fuser::Session<FuseFs>, String> {
     let keeps = !matches!(connection, Connection::Own);
-    if keeps && choices.io_uring {
-        // An io_uring queue dies with the daemon that registered it; a connection that
-        // outlives daemons is served through /dev/fuse.
-        log::info!("the connection is kept across daemons: requests come through /dev/fuse");
+    let mut fuse_config = fuse_config.clone();
+    if keeps {
+        // Requests a daemon has read wait in the read descriptor's queue. A cloned
+        // descriptor's queue is ended (ECONNABORTED) when the daemon that cloned it dies; the
+        // kept descriptor's survives it, so the next daemon can have them sent again. And an
+        // io_uring queue dies with the daemon that registered it.
+        fuse_config.clone_fd = false;
+        log::info!(
+            "the connection is kept across daemons: requests come through the kept /dev/fuse \
+             descriptor"
+        );
     }
+    let fuse_config = &fuse_config;
     let fuse_fs = FuseFs::new(
         fs.clone(),
         crate::fuse::Offers {
