@@ -137,8 +137,9 @@ fn take_over(
 /// Serves the session until it is unmounted. SIGINT/SIGTERM unmount; the session then ends
 /// as with `umount`. An unmount refused (files open: EBUSY) leaves the mount serving; a
 /// second signal then detaches it (lazy unmount) and ends the process at once: open files
-/// see ENOTCONN, nothing waits on them. With `restart` (a kept connection), SIGHUP runs it
-/// instead: the daemon ends without unmounting, and its keeper starts the next one.
+/// see ENOTCONN, nothing waits on them. With `restart` (a kept connection), SIGHUP runs it:
+/// the daemon ends without unmounting, and its keeper starts the next one; without, SIGHUP
+/// is ignored.
 pub(super) fn serve_until_unmounted(
     mut session: fuser::Session<FuseFs>,
     mountpoint: &Path,
@@ -159,12 +160,7 @@ pub(super) fn serve_until_unmounted(
         }
     };
     let detach_at = mountpoint.to_path_buf();
-    let wanted: &[i32] = if restart.is_some() {
-        &[SIGINT, SIGTERM, SIGHUP]
-    } else {
-        &[SIGINT, SIGTERM]
-    };
-    let mut signals = signal_hook::iterator::Signals::new(wanted)
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let signal_handle = signals.handle();
     let mut restart = restart;
@@ -174,9 +170,18 @@ pub(super) fn serve_until_unmounted(
             let mut unmounting = false;
             for sig in signals.forever() {
                 if sig == SIGHUP {
-                    if let Some(restart) = restart.take() {
-                        log::info!("SIGHUP: ending this daemon; the kept connection stays mounted");
-                        restart();
+                    match restart.take() {
+                        Some(restart) => {
+                            log::info!(
+                                "SIGHUP: ending this daemon; the kept connection stays mounted"
+                            );
+                            restart();
+                        }
+                        // Not the default action (ending the process would end the mount).
+                        None => log::warn!(
+                            "SIGHUP ignored: a restart in place needs --keep-connection (or \
+                             --supervise) and --volume"
+                        ),
                     }
                 } else if !unmounting {
                     unmounting = true;
