@@ -299,6 +299,14 @@ fail() {
   exit 1
 }
 
+# skip REASON: ends the test as skipped (a tool it needs is missing), said loudly and
+# counted apart from passes.
+skip() {
+  printf 'SKIPPED: %s\n' "$*" >"$REASON"
+  echo "SKIPPED: $*" >&2
+  exit 3
+}
+
 # on_err RC WHERE CMD: ERR trap of a test: an unchecked command failed. When it failed inside a
 # helper, WHERE becomes the line of the test function that called the helper.
 on_err() {
@@ -501,6 +509,7 @@ run_test_fn() {
   rc=$?
   set -e
   [ "$rc" -eq 0 ] && return 0
+  # A skip (rc 3) reports its reason as "SKIPPED: …", which the runner counts apart.
   reason=$(head -n 1 "$REASON")
   echo "${reason:-the test exited $rc}"
 }

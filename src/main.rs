@@ -66,11 +66,14 @@ enum VolumeCmd {
     Status { name: String },
     /// Remove a detached volume, freeing every extent of it on every server.
     Rm { name: String },
-    /// Copy a detached volume into directory DEST (content-addressed chunks and a manifest
-    /// written last; a second export into DEST copies only what changed).
-    Export { name: String, dest: PathBuf },
-    /// Make volume NAME from the export in directory SRC (every hash verified).
-    Import { src: PathBuf, name: String },
+    /// Copy a detached volume into DEST, a directory or s3://BUCKET/PREFIX (content-addressed
+    /// chunks and a manifest written last; a second export into DEST copies only what
+    /// changed). S3 takes AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION and
+    /// AWS_ENDPOINT_URL from the environment.
+    Export { name: String, dest: String },
+    /// Make volume NAME from the export in SRC, a directory or s3://BUCKET/PREFIX (every hash
+    /// verified).
+    Import { src: String, name: String },
 }
 
 #[derive(Subcommand)]

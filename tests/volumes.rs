@@ -149,7 +149,11 @@ impl Rack {
     }
 
     /// A daemon making volume `name` from the export in `dir`.
-    fn import(&self, name: &str, dir: &std::path::Path) -> Result<Daemon, String> {
+    fn import(
+        &self,
+        name: &str,
+        dir: &dyn rmemfs::volume::store::ExportStore,
+    ) -> Result<Daemon, String> {
         let spec = VolumeSpec {
             name: name.into(),
             holder: format!("test-host pid {}", rand_pid()),
@@ -828,8 +832,9 @@ fn same_tree(
 
 #[test]
 fn an_export_imported_on_empty_servers_is_the_same_tree() {
-    let dir = std::env::temp_dir().join(format!("rmemfs-export-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let path = std::env::temp_dir().join(format!("rmemfs-export-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&path);
+    let dir = rmemfs::volume::store::DirStore(path.clone());
     let rack = Rack::new(2);
     let d = rack.attach("vol", true, false).unwrap();
     populate(&d);
@@ -866,7 +871,7 @@ fn an_export_imported_on_empty_servers_is_the_same_tree() {
     d.crash();
 
     // A damaged chunk is refused by hash; an export without its manifest is no export.
-    let chunks = dir.join("chunks");
+    let chunks = path.join("chunks");
     let sub = std::fs::read_dir(&chunks)
         .unwrap()
         .next()
@@ -884,10 +889,73 @@ fn an_export_imported_on_empty_servers_is_the_same_tree() {
     std::fs::write(&one, &bad).unwrap();
     let e = rack.import("bad", &dir).err().unwrap();
     assert!(e.contains("is damaged"), "{e}");
-    std::fs::remove_file(dir.join("manifest.json")).unwrap();
+    std::fs::remove_file(path.join("manifest.json")).unwrap();
     let e = rack.import("partial", &dir).err().unwrap();
     assert!(e.contains("no complete export"), "{e}");
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&path);
+}
+
+/// The same through object storage (an in-memory bucket, under a prefix): keys, a second
+/// export that copies nothing, a damaged object and a missing manifest refused.
+#[test]
+fn an_export_to_object_storage_round_trips() {
+    use object_store::ObjectStore;
+    let bucket = std::sync::Arc::new(object_store::memory::InMemory::new());
+    let store =
+        rmemfs::volume::store::ObjectExport::over(bucket.clone(), "mem://bucket", "exports/vol")
+            .unwrap();
+    let rack = Rack::new(2);
+    let d = rack.attach("vol", true, false).unwrap();
+    populate(&d);
+    d.sync().unwrap();
+    let want = tree(&d);
+    let first = rmemfs::volume::transfer::export(d.fs(), "vol", &store).unwrap();
+    assert!(first.chunks_copied > 0);
+    let again = rmemfs::volume::transfer::export(d.fs(), "vol", &store).unwrap();
+    assert_eq!(
+        again.chunks_copied, 0,
+        "a second export copies only what changed"
+    );
+    d.crash();
+    drop(rack);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let keys: Vec<String> = rt.block_on(async {
+        use futures::TryStreamExt;
+        bucket
+            .list(None)
+            .map_ok(|m| m.location.to_string())
+            .try_collect()
+            .await
+            .unwrap()
+    });
+    assert!(
+        keys.contains(&"exports/vol/manifest.json".to_string()),
+        "{keys:?}"
+    );
+    assert!(
+        keys.iter().all(|k| k.starts_with("exports/vol/")),
+        "{keys:?}"
+    );
+
+    let rack = Rack::new(2);
+    let d = rack.import("back", &store).unwrap();
+    same_tree(&tree(&d), &want);
+    d.crash();
+    let chunk = keys.iter().find(|k| k.contains("/chunks/")).unwrap();
+    let path = object_store::path::Path::from(chunk.as_str());
+    let mut bad = rt
+        .block_on(async { bucket.get(&path).await.unwrap().bytes().await.unwrap() })
+        .to_vec();
+    bad[0] ^= 1;
+    rt.block_on(bucket.put(&path, bad.into())).unwrap();
+    let e = rack.import("bad", &store).err().unwrap();
+    assert!(e.contains("is damaged"), "{e}");
+    let manifest = object_store::path::Path::from("exports/vol/manifest.json");
+    rt.block_on(bucket.delete(&manifest)).unwrap();
+    let e = rack.import("partial", &store).err().unwrap();
+    assert!(e.contains("no complete export"), "{e}");
 }
 
 #[test]

@@ -54,10 +54,11 @@ pub fn render(r: &MountReport) -> String {
         rc.regions, rc.pinned_pages
     );
     if !r.fuse.transport.is_empty() {
+        let _ = writeln!(out, "fuse: {}", r.fuse.transport);
         let _ = writeln!(
             out,
-            "fuse: {}, {} requests in flight, {} answered after a daemon restart",
-            r.fuse.transport, r.fuse.in_flight, r.fuse.resent
+            "  requests in flight {}, answered after a daemon restart {}",
+            r.fuse.in_flight, r.fuse.resent
         );
     }
     let wb = &r.writeback;

@@ -248,33 +248,38 @@ fn rate(t: &transfer::Transferred) -> String {
     )
 }
 
-/// `volume export NAME DEST`: a consistent copy of a detached volume into directory `dest`.
+/// `volume export NAME DEST`: a consistent copy of a detached volume into `dest`, a
+/// directory or `s3://BUCKET/PREFIX` ([`super::store`]).
 pub fn export(
     addrs: &[SocketAddr],
     config: &PoolConfig,
     name: &str,
-    dest: &std::path::Path,
+    dest: &str,
 ) -> Result<String, String> {
+    let store = super::store::open(dest)?;
     let a = open(addrs, config, name, false, None, "export", |_, _| Ok(()))?;
-    let done = transfer::export(&a.fs, name, dest);
+    let done = transfer::export(&a.fs, name, &*store);
     let stopped = a.journal.stop();
     let t = done?;
     stopped.map_err(|e| e.message)?;
     Ok(format!(
         "exported volume '{name}' to {}: {}; {} chunks copied (the rest were there)\n",
-        dest.display(),
+        store.describe(),
         rate(&t),
         t.chunks_copied
     ))
 }
 
-/// `volume import SRC NAME`: a new volume `name` holding the export in directory `src`.
+/// `volume import SRC NAME`: a new volume `name` holding the export in `src` (a directory
+/// or `s3://BUCKET/PREFIX`).
 pub fn import(
     addrs: &[SocketAddr],
     config: &PoolConfig,
-    src: &std::path::Path,
+    src: &str,
     name: &str,
 ) -> Result<String, String> {
+    let store = super::store::open(src)?;
+    let src = &*store;
     let m = transfer::read_manifest(src)?;
     let mut done = None;
     let a = open(
@@ -293,7 +298,7 @@ pub fn import(
     let t = done.expect("prepare ran");
     Ok(format!(
         "imported {} into volume '{name}': {} (every hash verified)\n",
-        src.display(),
+        src.describe(),
         rate(&t)
     ))
 }

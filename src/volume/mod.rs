@@ -14,6 +14,7 @@
 pub mod admin;
 mod journal;
 pub mod root;
+pub mod store;
 pub mod transfer;
 
 pub use journal::VolumeJournal;

@@ -1,5 +1,5 @@
-//! `rmemfs volume export` and `import`: a volume as files in a directory, the answer to
-//! losing the whole rack's power.
+//! `rmemfs volume export` and `import`: a volume as files in a directory or objects in an
+//! S3-compatible bucket ([`super::store`]), the answer to losing the whole rack's power.
 //!
 //! Why content-addressed: chunks are stored under their SHA-256 (`chunks/ab/abcd…`), so a
 //! second export into the same directory copies only the chunks that changed, and an import
@@ -12,13 +12,12 @@
 //! Export reads a detached volume by attaching it (the servers fence any holder; a live one
 //! is refused as for a mount), so it copies a consistent point: the last commit.
 
+use super::store::ExportStore;
 use crate::fs::Fs;
 use crate::meta::{record, Change, Ino};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
 
 /// The manifest's format; a newer one is refused naming both.
 pub const MANIFEST_FORMAT: u32 = 1;
@@ -54,28 +53,20 @@ fn hex(d: &[u8]) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn io_err(what: &str, p: &Path, e: std::io::Error) -> String {
-    format!("{what} {}: {e}", p.display())
+/// The key of the chunk whose SHA-256 is `hash`.
+fn chunk_key(hash: &str) -> String {
+    format!("chunks/{}/{hash}", &hash[..2])
 }
 
-fn chunk_path(dir: &Path, hash: &str) -> PathBuf {
-    dir.join("chunks").join(&hash[..2]).join(hash)
+fn namespace_key(hash: &str) -> String {
+    format!("namespace/{hash}.rmj")
 }
 
-/// Writes `bytes` to `path` whole or not at all (a temporary name, synced, renamed).
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let tmp = path.with_extension("part");
-    let mut f = std::fs::File::create(&tmp).map_err(|e| io_err("cannot create", &tmp, e))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| io_err("cannot write", &tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io_err("cannot rename", &tmp, e))
-}
+const MANIFEST_KEY: &str = "manifest.json";
 
-/// Copies `fs` (an attached volume) into `dir`.
-pub fn export(fs: &Fs, volume: &str, dir: &Path) -> Result<Transferred, String> {
+/// Copies `fs` (an attached volume) into `dest`.
+pub fn export(fs: &Fs, volume: &str, dest: &dyn ExportStore) -> Result<Transferred, String> {
     let start = std::time::Instant::now();
-    std::fs::create_dir_all(dir.join("namespace")).map_err(|e| io_err("cannot create", dir, e))?;
     let mut image = fs.inspect_meta(|m| m.image());
     let files = image.take_files();
     let chunk_size = fs.data().chunk_size();
@@ -97,11 +88,9 @@ pub fn export(fs: &Fs, volume: &str, dir: &Path) -> Result<Transferred, String> 
                 .map_err(|e| format!("reading inode {ino} chunk {idx}: {}", e.message))?;
             let bytes = buf.bytes();
             let hash = hex(&Sha256::digest(bytes));
-            let p = chunk_path(dir, &hash);
-            if !p.exists() {
-                std::fs::create_dir_all(p.parent().expect("a parent"))
-                    .map_err(|e| io_err("cannot create", &p, e))?;
-                write_atomic(&p, bytes)?;
+            let key = chunk_key(&hash);
+            if !dest.exists(&key)? {
+                dest.put(&key, bytes)?;
                 out.chunks_copied += 1;
             }
             out.chunks += 1;
@@ -116,7 +105,7 @@ pub fn export(fs: &Fs, volume: &str, dir: &Path) -> Result<Transferred, String> 
         ns.extend(record::encode(i as u64, group));
     }
     let ns_hash = hex(&Sha256::digest(&ns));
-    write_atomic(&dir.join("namespace").join(format!("{ns_hash}.rmj")), &ns)?;
+    dest.put(&namespace_key(&ns_hash), &ns)?;
     let manifest = Manifest {
         format: MANIFEST_FORMAT,
         volume: volume.to_string(),
@@ -130,27 +119,23 @@ pub fn export(fs: &Fs, volume: &str, dir: &Path) -> Result<Transferred, String> 
         chunks: out.chunks,
     };
     let json = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
-    write_atomic(&dir.join("manifest.json"), &json)?;
-    // The directory entries themselves (the manifest's rename above all) made durable.
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
+    // Last: only a complete export has a manifest.
+    dest.put(MANIFEST_KEY, &json)?;
+    dest.finish()?;
     out.seconds = start.elapsed().as_secs_f64();
     Ok(out)
 }
 
-/// Reads `dir`'s manifest (refusing a partial or newer export).
-pub fn read_manifest(dir: &Path) -> Result<Manifest, String> {
-    let p = dir.join("manifest.json");
-    let bytes = std::fs::read(&p).map_err(|e| {
-        io_err(
-            "no complete export here (an interrupted one has no manifest):",
-            &p,
-            e,
+/// Reads the manifest of the export in `src` (refusing a partial or newer export).
+pub fn read_manifest(src: &dyn ExportStore) -> Result<Manifest, String> {
+    let bytes = src.get(MANIFEST_KEY)?.ok_or_else(|| {
+        format!(
+            "no complete export in {} (an interrupted one has no {MANIFEST_KEY})",
+            src.describe()
         )
     })?;
-    let m: Manifest =
-        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", p.display()))?;
+    let m: Manifest = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("{}/{MANIFEST_KEY}: {e}", src.describe()))?;
     if m.format > MANIFEST_FORMAT {
         return Err(format!(
             "the export is format {}; this rmemfs reads formats up to {MANIFEST_FORMAT}",
@@ -160,23 +145,25 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, String> {
     Ok(m)
 }
 
-fn read_verified(p: &Path, hash: &str) -> Result<Vec<u8>, String> {
-    let bytes = std::fs::read(p).map_err(|e| io_err("cannot read", p, e))?;
+fn read_verified(src: &dyn ExportStore, key: &str, hash: &str) -> Result<Vec<u8>, String> {
+    let bytes = src
+        .get(key)?
+        .ok_or_else(|| format!("{}/{key} is missing", src.describe()))?;
     let got = hex(&Sha256::digest(&bytes));
     if got != hash {
         return Err(format!(
-            "{} is damaged: its SHA-256 is {got}, the manifest says {hash}",
-            p.display()
+            "{}/{key} is damaged: its SHA-256 is {got}, the manifest says {hash}",
+            src.describe()
         ));
     }
     Ok(bytes)
 }
 
-/// Loads the export in `dir` into `fs`, a volume just made (before its first checkpoint,
+/// Loads the export in `src` into `fs`, a volume just made (before its first checkpoint,
 /// which then holds everything). Every hash is verified before a byte is used.
-pub fn import(fs: &Fs, dir: &Path) -> Result<Transferred, String> {
+pub fn import(fs: &Fs, src: &dyn ExportStore) -> Result<Transferred, String> {
     let start = std::time::Instant::now();
-    let m = read_manifest(dir)?;
+    let m = read_manifest(src)?;
     if m.chunk_size != fs.data().chunk_size() {
         return Err(format!(
             "the export's chunks are {} bytes; this volume's are {} (--chunk-size {})",
@@ -185,10 +172,7 @@ pub fn import(fs: &Fs, dir: &Path) -> Result<Transferred, String> {
             m.chunk_size
         ));
     }
-    let ns = read_verified(
-        &dir.join("namespace").join(format!("{}.rmj", m.namespace)),
-        &m.namespace,
-    )?;
+    let ns = read_verified(src, &namespace_key(&m.namespace), &m.namespace)?;
     let read = record::read(&ns, 0);
     if read.end != ns.len() {
         return Err(format!(
@@ -201,7 +185,7 @@ pub fn import(fs: &Fs, dir: &Path) -> Result<Transferred, String> {
     let mut out = Transferred::default();
     for (ino, chunks) in &m.files {
         for (idx, len, hash) in chunks {
-            let bytes = read_verified(&chunk_path(dir, hash), hash)?;
+            let bytes = read_verified(src, &chunk_key(hash), hash)?;
             if bytes.len() as u64 != *len {
                 return Err(format!(
                     "chunk {hash} holds {} bytes, not {len}",
