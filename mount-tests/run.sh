@@ -741,6 +741,54 @@ test_volume_crash() {
   assert_eq "free server memory after volume rm" "$(servers_free)" "$total"
 }
 
+# (its own servers, --lease 3; no mount) A holder frozen (SIGSTOP) while still connected: a
+# second daemon is refused while the lease runs, naming the holder, and takes the volume over
+# without --takeover once the holder has been silent past the lease. The first daemon, resumed
+# (SIGCONT), fails its writes, and nothing it writes ever reaches the new holder's files.
+test_volume_frozen() {
+  local addrs="" pid out attached=0 i mnt2=$BASE/mnt/volume_frozen2 own=()
+  mkdir -p "$mnt2"
+  for _ in 1 2; do
+    start_server 256M --lease 3 || fail "a server did not start"
+    addrs+=${addrs:+,}$SERVER_ADDR
+    own+=("$SERVER_PID")
+  done
+  # shellcheck disable=SC2064 # the pids are meant to be expanded now
+  trap "kill_servers ${own[*]}" EXIT
+  # Heartbeats every second (a quarter of the op timeout): a live holder is never silent
+  # for the 3 s lease.
+  mount_fs "$MNT" "$addrs" --volume fz --create --op-timeout 4 || fail "mount --volume fz --create failed"
+  must "write a" python3 -c 'import os,sys; f=open(sys.argv[1],"wb"); f.write(b"before\n"*1000); f.flush(); os.fsync(f.fileno())' "$MNT/a"
+  pid=$(daemon_pids "$MNT")
+  [ -n "$pid" ] || fail "no daemon"
+  kill -STOP "$pid"
+  out=$(t "$BIN" mount "$mnt2" --servers "$addrs" --volume fz 2>&1 </dev/null) &&
+    fail "a second daemon attached while the frozen holder's lease ran"
+  grep -q "is held by .* pid $pid (epoch [0-9]*)" <<<"$out" || fail "the refusal does not name the frozen holder: $out"
+  for ((i = 0; i < 60; i++)); do
+    if mount_fs "$mnt2" "$addrs" --volume fz --op-timeout 4 2>/dev/null; then
+      attached=1
+      break
+    fi
+    sleep 0.5
+  done
+  [ "$attached" = 1 ] || fail "the volume of a holder silent past the lease was not taken over"
+  assert_eq "a on the new holder" "$(head -c 7 "$mnt2/a")" "before"
+  kill -CONT "$pid"
+  t python3 -c 'import os,sys; f=open(sys.argv[1],"wb"); f.write(b"x"*8192); f.flush(); os.fsync(f.fileno())' "$MNT/late" 2>/dev/null &&
+    fail "the fenced daemon's new file was written and fsynced"
+  t python3 -c 'import os,sys; fd=os.open(sys.argv[1], os.O_WRONLY); os.pwrite(fd, b"AFTER!", 0); os.fsync(fd)' "$MNT/a" 2>/dev/null &&
+    fail "the fenced daemon's overwrite was written and fsynced"
+  sync
+  echo 3 >/proc/sys/vm/drop_caches
+  [ ! -e "$mnt2/late" ] || fail "the fenced daemon's file is visible to the new holder"
+  assert_eq "a on the new holder after the fenced overwrite" "$(head -c 7 "$mnt2/a")" "before"
+  assert_eq "a's size" "$(stat -c %s "$mnt2/a")" 7000
+  timeout -k 5 30 umount -l "$MNT" || true
+  wait_daemon_gone "$MNT" 10 || fail "the fenced daemon did not exit after its unmount"
+  unmount_fs "$mnt2" || fail "unmount failed"
+}
+
 # `volume export` and `import`, as after losing the whole rack's power: a tree (hard links,
 # symlinks, xattrs, an ACL, holes, owners and modes) on a volume is exported to a directory,
 # every server is stopped, new empty ones start, the export is imported and mounted: the
@@ -766,6 +814,8 @@ test_volume_keep() {
 
 test_volume_export() {
   local src=$WORK/src dest=$WORK/export out new_addrs="" p
+  # The servers started below are this subshell's: the runner knows only the first ones.
+  trap 'kill_servers "${TEST_PIDS[@]}"' EXIT
   mkdir -p "$src/d/e"
   head -c 3000000 /dev/urandom >"$src/d/big"
   printf 'small\n' >"$src/d/e/small"
@@ -821,8 +871,9 @@ test_volume_export_s3() {
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   moto_server -H 127.0.0.1 -p "$port" >"$WORK/moto.log" 2>&1 &
   moto_pid=$!
+  # The servers started below are this subshell's: the runner knows only the first ones.
   # shellcheck disable=SC2064 # the pid is meant to be expanded now
-  trap "kill $moto_pid 2>/dev/null || true" EXIT
+  trap "kill $moto_pid 2>/dev/null || true; kill_servers \"\${TEST_PIDS[@]}\"" EXIT
   export AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
   must_within 30 "moto_server answers" bash -c 'until curl -sf "$1" >/dev/null; do sleep 0.2; done' _ "$AWS_ENDPOINT_URL"
   must "make the bucket" python3 -c 'import boto3, os, sys
@@ -1454,6 +1505,7 @@ ALL_TESTS=(
   "volume_crash 256M,256M nomount"
   "volume_export 256M,256M nomount"
   "volume_keep 256M nomount"
+  "volume_frozen shared nomount"
   "volume_export_s3 256M,256M nomount"
   "replica_failover 256M,256M,256M mount"
   "replica_freeze 256M,256M,256M mount --op-timeout=2"
