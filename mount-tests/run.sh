@@ -491,6 +491,51 @@ test_replica_failover() {
   must "cmp the new file after a second kill" cmp "$WORK/after" "$MNT/after"
 }
 
+# (servers 3 × 256M, two copies) The copy count changed live (`rmemfs admin set-replicas`)
+# while fio writes and verifies: 4 copies refused (3 at most); 3, then 1, reached by the
+# background rebuild (stats: every chunk healthy at the count, none with extra copies, and a
+# file's placement shows that many copies per chunk); fio ends with zero errors; every file
+# reads back; the servers' used memory at one copy under half of what three held.
+test_set_replicas() {
+  local out st i total used3 used1 copies
+  seed_files 12
+  start_fio_verify
+  out=$(t "$BIN" admin set-replicas "$MNT" 4 2>&1) && fail "4 copies were accepted: $out"
+  grep -q "between 1 and 3" <<<"$out" || fail "the refusal does not say why: $out"
+  for copies in 3 1; do
+    out=$(t "$BIN" admin set-replicas "$MNT" "$copies") || fail "set-replicas $copies: $out"
+    log "$out"
+    for ((i = 0; ; i++)); do
+      st=$(t "$BIN" stats "$MNT") || fail "rmemfs stats failed"
+      grep -qE "^chunks: $copies copies each; .* degraded 0, lost 0$" <<<"$st" && break
+      [ "$i" -lt 240 ] || fail "not at $copies copies after 120 s: $(grep -E '^(chunks|rebuild)' <<<"$st")"
+      sleep 0.5
+    done
+    log "$(grep -E '^(chunks|rebuild)' <<<"$st")"
+    must "f5 at $copies copies per chunk" python3 -c 'import json, os, sys
+p = json.loads(os.getxattr(sys.argv[1], "user.rmemfs.placement"))
+bad = [c for c in p if len(c[1]) != int(sys.argv[2])]
+sys.exit(f"chunks with another count: {bad}" if bad else 0)' "$MNT/f5" "$copies"
+    total=0
+    for a in ${ADDRS//,/ }; do
+      total=$((total + $(t "$BIN" stats --server "$a" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["total_bytes"])')))
+    done
+    if [ "$copies" = 3 ]; then
+      finish_fio_verify "the copy count raised from 2 to 3"
+      used3=$((total - $(servers_free)))
+    fi
+  done
+  check_files 12 "after the copy count went 2 -> 3 -> 1"
+  # Copies let go of go back to their servers (asynchronously): poll.
+  for ((i = 0; ; i++)); do
+    used1=$((total - $(servers_free)))
+    [ $((used1 * 2)) -lt "$used3" ] && break
+    [ "$i" -lt 60 ] || fail "at one copy the servers still use $used1 bytes (three copies: $used3)"
+    sleep 0.5
+  done
+  log "servers' used memory: $used3 bytes at three copies, $used1 at one"
+}
+
 # (servers 3 × 256M, two copies, --op-timeout=2) A memory server frozen (SIGSTOP) for longer
 # than failure detection while fio writes and verifies: operations waiting on it move to the
 # other copies once detection gives it up, fio finishes with zero errors, and after the thaw
@@ -858,6 +903,53 @@ test_volume_export() {
   rm "$dest/manifest.json"
   out=$(t "$BIN" volume import "$dest" again --servers "$ADDRS" 2>&1) && fail "an export without its manifest was imported"
   grep -q "no complete export" <<<"$out" || fail "the refusal does not say why: $out"
+}
+
+# (servers 2 × 256M, no mount) Export of an attached volume (`rmemfs admin export`) while a
+# writer keeps making files: the export succeeds with the volume mounted, the writer sees no
+# error (its changes only waited), and the export imported as a new volume holds every file
+# the writer had finished before the export began, byte for byte.
+test_volume_export_live() {
+  local dest=$WORK/live-export out writer mnt2=$BASE/mnt/volume_export_live2 done_before
+  mkdir -p "$mnt2"
+  mount_fs "$MNT" "$ADDRS" --volume live --create || fail "mount --volume live --create failed"
+  python3 - "$MNT" "$WORK/finished" "$WORK/stop" >"$WORK/writer.out" 2>&1 <<'PY' &
+import os, sys
+mnt, finished, stop = sys.argv[1:]
+i = 0
+with open(finished, "w") as log:
+    while not os.path.exists(stop):
+        i += 1
+        data = (b"%d," % i) * (65536 // len(b"%d," % i))
+        with open(f"{mnt}/f-{i}", "wb") as f:
+            f.write(data)
+        log.write(f"{i}\n")
+        log.flush()
+print(f"wrote {i} files without an error")
+PY
+  writer=$!
+  must_within 30 "the writer started" bash -c 'until [ "$(wc -l <"$1" 2>/dev/null)" -gt 20 ]; do sleep 0.1; done' _ "$WORK/finished"
+  done_before=$(wc -l <"$WORK/finished")
+  out=$(t "$BIN" admin export "$MNT" "$dest" 2>&1) || fail "admin export: $out"
+  echo "$out" >&2
+  grep -q "exported volume 'live' to $dest" <<<"$out" || fail "admin export said: $out"
+  touch "$WORK/stop"
+  wait "$writer" || fail "the writer failed during the export: $(cat "$WORK/writer.out")"
+  cat "$WORK/writer.out" >&2
+  out=$(t "$BIN" volume export live "$WORK/other" --servers "$ADDRS" 2>&1) && fail "a held volume was exported directly"
+  grep -q "rmemfs admin export" <<<"$out" || fail "the refusal does not point to admin export: $out"
+  out=$(t "$BIN" volume import "$dest" live-copy --servers "$ADDRS") || fail "import: $out"
+  mount_fs "$mnt2" "$ADDRS" --volume live-copy || fail "mounting the imported copy failed"
+  must "every file finished before the export, in the copy" python3 - "$mnt2" "$done_before" <<'PY'
+import sys
+mnt, n = sys.argv[1], int(sys.argv[2])
+for i in range(1, n + 1):
+    want = (b"%d," % i) * (65536 // len(b"%d," % i))
+    with open(f"{mnt}/f-{i}", "rb") as f:
+        if f.read() != want:
+            sys.exit(f"f-{i} differs in the copy")
+PY
+  unmount_fs "$mnt2" || fail "unmount failed"
 }
 
 # (servers 2 × 256M, no mount) Export to S3-compatible storage and back: a volume exported
@@ -1507,9 +1599,11 @@ ALL_TESTS=(
   "volume_keep 256M nomount"
   "volume_frozen shared nomount"
   "volume_export_s3 256M,256M nomount"
+  "volume_export_live 256M,256M nomount"
   "replica_failover 256M,256M,256M mount"
   "replica_freeze 256M,256M,256M mount --op-timeout=2"
   "replica_pair 256M,256M mount --replicas=2"
+  "set_replicas 256M,256M,256M mount"
   "unmount_cleanup shared nomount"
   "secret shared nomount"
   "linux_semantics shared nomount"

@@ -14,6 +14,8 @@ pub struct Figures {
     pub contained_panics: AtomicU64,
     /// How the kernel's requests reach the adapter, as INIT settled it.
     pub fuse_transport: std::sync::OnceLock<&'static str>,
+    /// The daemon's admin socket (`mount::admin`), once it listens.
+    pub admin_socket: std::sync::OnceLock<String>,
     /// Requests the adapter is handling now.
     pub in_flight: AtomicU64,
     /// Requests the kernel sent again (FUSE_NOTIFY_RESEND) because an earlier daemon of a

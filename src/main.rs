@@ -59,6 +59,18 @@ impl FabricArgs {
 }
 
 #[derive(Subcommand)]
+enum AdminCmd {
+    /// A point-in-time copy of the volume MOUNTPOINT has attached into DEST (a directory or
+    /// s3://BUCKET/PREFIX), while it stays mounted: the mount's dirty pages are flushed,
+    /// then its changes wait while the copy is made (reads go on).
+    Export { mountpoint: PathBuf, dest: String },
+    /// Keep COPIES copies of every chunk from now on: the rebuild adds or drops copies in the
+    /// background while reads and writes go on (progress in `rmemfs stats`). Fewer than
+    /// --min-replicas, or more than the live servers, is refused.
+    SetReplicas { mountpoint: PathBuf, copies: usize },
+}
+
+#[derive(Subcommand)]
 enum VolumeCmd {
     /// List the volumes: epoch, attached or not, memory, files, holder.
     Ls,
@@ -266,6 +278,11 @@ enum Cmd {
         #[arg(long, value_name = "PATH", global = true)]
         secret_file: Option<PathBuf>,
     },
+    /// Ask a running mount daemon (through its admin socket; root or the mount's owner).
+    Admin {
+        #[command(subcommand)]
+        action: AdminCmd,
+    },
     /// Write a fresh random shared secret to PATH (mode 0600), for `serve --secret-file` on
     /// every memory server and `mount --secret-file` on every client.
     Keygen {
@@ -371,6 +388,7 @@ fn main() -> ExitCode {
             servers,
             secret_file,
         } => volume_cmd(action, &servers, secret_file.as_deref()),
+        Cmd::Admin { action } => admin_cmd(action),
         Cmd::Keygen { path, force } => rmemfs::auth::keygen(&path, force).map(|()| {
             println!(
                 "wrote a new secret to {}: give it to every memory server and mount \
@@ -496,6 +514,18 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn admin_cmd(action: AdminCmd) -> Result<(), String> {
+    use mount::admin::{request, Request};
+    let answer = match action {
+        AdminCmd::Export { mountpoint, dest } => request(&mountpoint, &Request::Export { dest })?,
+        AdminCmd::SetReplicas { mountpoint, copies } => {
+            request(&mountpoint, &Request::SetReplicas { copies })?
+        }
+    };
+    println!("{answer}");
+    Ok(())
 }
 
 fn volume_cmd(action: VolumeCmd, servers: &[String], secret: Option<&Path>) -> Result<(), String> {

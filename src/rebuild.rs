@@ -74,7 +74,7 @@ pub fn pass(fs: &Fs, rate: u64, stop: &Stop) -> PassOutcome {
     let mut last_progress = start;
     let mut out = PassOutcome::default();
     for (ino, file) in fs.files_by_ino() {
-        let todo = data.view(&file).degraded();
+        let todo = data.view(&file).out_of_step();
         for idx in todo {
             if stop.is_stopped() {
                 break;
@@ -254,22 +254,27 @@ impl Rebuilder {
         let rebuild = std::thread::Builder::new()
             .name("rebuild".into())
             .spawn(move || {
-                if fs.data().replicas() < 2 {
-                    return;
-                }
                 // When the live servers last changed, while a pass for that is owed (still
                 // owed if the pass panicked, so it is tried again).
                 let mut changed_at: Option<Instant> = None;
+                // The copy count the last pass worked to (`set-replicas` changes it live: a
+                // pass is owed at once).
+                let mut seen_copies = fs.data().replicas();
                 let mut retry_at: Option<Instant> = None;
                 let tick = SCAN_INTERVAL.min(upkeep.delay.max(SCAN_MIN));
                 supervised("rebuild", &s, tick, fs.upkeep_panics(), || {
                     fs.fault_point("rebuild");
                     let now_gen = fs.data().pool().generation();
-                    if now_gen != seen {
+                    // With one copy there is nothing to rebuild from.
+                    if now_gen != seen && fs.data().replicas() > 1 {
                         seen = now_gen;
                         changed_at = Some(Instant::now());
                     }
-                    let settled = changed_at.is_some_and(|t| t.elapsed() >= upkeep.delay);
+                    let copies = fs.data().replicas();
+                    let recount = copies != seen_copies;
+                    seen_copies = copies;
+                    let settled =
+                        recount || changed_at.is_some_and(|t| t.elapsed() >= upkeep.delay);
                     if settled || retry_at.is_some_and(|t| Instant::now() >= t) {
                         let out = pass(&fs, upkeep.rate, &s);
                         changed_at = None;

@@ -33,7 +33,7 @@ impl DataStore {
                     chunks.insert(idx, chunk_of(&regions));
                     continue;
                 }
-                match self.pool.begin_alloc_replicas(len, self.replicas) {
+                match self.pool.begin_alloc_replicas(len, self.replicas()) {
                     Ok(ts) => tickets.extend(ts.into_iter().map(|t| (idx, t))),
                     Err(e) => {
                         self.adopt(chunks, &tickets);

@@ -109,7 +109,8 @@ impl FileIo<'_> {
         self.data.insert(&mut self.chunks, offset, len, size)
     }
 
-    /// Brings chunk `idx` back to full strength; the bytes copied (0: nothing to do).
+    /// Brings chunk `idx` to the copy count (copies added, or extra ones dropped); the bytes
+    /// copied (0: nothing copied).
     pub fn rebuild_chunk(&mut self, idx: u64) -> u64 {
         self.data.rebuild_chunk(&mut self.chunks, idx)
     }
@@ -140,6 +141,12 @@ impl<'d> FileView<'d, '_> {
     /// The chunks short of copies.
     pub fn degraded(&self) -> Vec<u64> {
         self.data.degraded(&self.chunks)
+    }
+
+    /// The chunks short of copies or holding more than the count (see
+    /// [`DataStore::set_replicas`]).
+    pub fn out_of_step(&self) -> Vec<u64> {
+        self.data.out_of_step(&self.chunks)
     }
 
     /// Where each chunk's copies are (`[[index, [address, ...]], ...]`).

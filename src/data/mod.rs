@@ -31,6 +31,7 @@ use crate::fabric::mem::page_size;
 use crate::fabric::{AlignedBuf, Opcode, RemoteRegion, ServerId, Sge};
 use crate::meta::{Chunk, ChunkMap, Replica, MAX_REPLICAS};
 use crate::regcache::{CacheConfig, CacheStats, FabricRegistrar, Policy, RegCache};
+use crate::sync::atomic::{AtomicUsize, Ordering};
 use crate::sync::{Arc, Condvar, Mutex};
 use std::collections::BTreeMap;
 
@@ -87,8 +88,9 @@ pub struct DataStore {
     max_bufs: usize,
     /// Zeros, for clearing the tail of a chunk on truncate.
     zeros: Bounce,
-    /// Copies kept of every chunk (`--replicas`).
-    replicas: usize,
+    /// Copies kept of every chunk (`--replicas`; `rmemfs admin set-replicas` changes it live,
+    /// and the rebuild brings every chunk to it).
+    replicas: AtomicUsize,
     /// Fewest copies a write may land on (`--min-replicas`); fewer is EIO.
     min_replicas: usize,
     /// What chunk copies (replacing a lost replica) go through: one at a time, and only after
@@ -105,6 +107,9 @@ pub struct ReplicaHealth {
     pub degraded: u64,
     /// Chunks with no copy on a live server.
     pub lost: u64,
+    /// Of the healthy ones, chunks with more copies than `--replicas` (lowered live: the
+    /// rebuild drops the extra ones).
+    pub surplus: u64,
 }
 
 /// A bounce buffer on loan; goes back to the pool on drop.
@@ -276,7 +281,7 @@ impl DataStore {
             bufs_made: Mutex::new(0),
             max_bufs: max_bufs.max(1),
             zeros,
-            replicas: 1,
+            replicas: AtomicUsize::new(1),
             min_replicas: 1,
             repair_buf: Mutex::new(Self::make_bounce()?),
         })
@@ -297,14 +302,44 @@ impl DataStore {
                 format!("--min-replicas {min_replicas}: between 1 and --replicas ({replicas})"),
             ));
         }
-        self.replicas = replicas;
+        self.replicas = AtomicUsize::new(replicas);
         self.min_replicas = min_replicas;
         Ok(self)
     }
 
     /// Copies kept of every chunk.
     pub fn replicas(&self) -> usize {
-        self.replicas
+        self.replicas.load(Ordering::Relaxed)
+    }
+
+    /// Keeps `replicas` copies of every chunk from now on: new chunks get them, and the
+    /// rebuild adds or drops copies of the others. Fewer than `--min-replicas`, or more than
+    /// the live servers can hold apart, is refused.
+    pub fn set_replicas(&self, replicas: usize) -> Result<()> {
+        if !(1..=MAX_REPLICAS).contains(&replicas) {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!("{replicas} copies: between 1 and {MAX_REPLICAS}"),
+            ));
+        }
+        if replicas < self.min_replicas {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!(
+                    "{replicas} copies is below --min-replicas ({}): writes would fail",
+                    self.min_replicas
+                ),
+            ));
+        }
+        let live = self.pool.live_servers();
+        if replicas > live {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!("{replicas} copies need {replicas} live servers; {live} are up"),
+            ));
+        }
+        self.replicas.store(replicas, Ordering::Relaxed);
+        Ok(())
     }
 
     pub fn pool(&self) -> &Arc<Pool> {

@@ -6,14 +6,18 @@ use super::*;
 impl DataStore {
     /// Counts `chunks` by how many of their copies are on live servers.
     pub(super) fn health(&self, chunks: &ChunkMap, into: &mut ReplicaHealth) {
+        let want = self.replicas();
         for c in chunks.values() {
             let live = self.live_copies(c).count();
             if live == 0 {
                 into.lost += 1;
-            } else if live < self.replicas {
+            } else if live < want {
                 into.degraded += 1;
             } else {
                 into.healthy += 1;
+                if c.replicas().len() > want {
+                    into.surplus += 1;
+                }
             }
         }
     }
@@ -50,7 +54,7 @@ impl DataStore {
         if !self.let_go_of_dead_copies(c) {
             return Err(lost(idx));
         }
-        if c.replicas().len() < self.replicas {
+        if c.replicas().len() < self.replicas() {
             self.repair(idx, c);
         }
         if c.replicas().len() < self.min_replicas {
@@ -89,12 +93,23 @@ impl DataStore {
         n
     }
 
-    /// Chunk indexes of `chunks` with fewer live copies than `--replicas` (what a rebuild
-    /// pass visits).
+    /// Chunk indexes of `chunks` with fewer live copies than `--replicas`.
     pub(super) fn degraded(&self, chunks: &ChunkMap) -> Vec<u64> {
+        let want = self.replicas();
         chunks
             .iter()
-            .filter(|(_, c)| self.live_copies(c).count() < self.replicas)
+            .filter(|(_, c)| self.live_copies(c).count() < want)
+            .map(|(i, _)| *i)
+            .collect()
+    }
+
+    /// Chunk indexes of `chunks` whose copies are out of step with `--replicas`: short of
+    /// live copies, or holding more than it (lowered live). What a rebuild pass visits.
+    pub(super) fn out_of_step(&self, chunks: &ChunkMap) -> Vec<u64> {
+        let want = self.replicas();
+        chunks
+            .iter()
+            .filter(|(_, c)| self.live_copies(c).count() < want || c.replicas().len() > want)
             .map(|(i, _)| *i)
             .collect()
     }
@@ -112,7 +127,14 @@ impl DataStore {
         if !self.let_go_of_dead_copies(c) {
             return 0; // lost: nothing to copy from
         }
-        if c.replicas().len() >= self.replicas {
+        let want = self.replicas();
+        // Copies beyond the count go, the last placed first (their extents given back once
+        // the chunk map without them is committed, as any free).
+        while c.replicas().len() > want {
+            let last = c.replicas()[c.replicas().len() - 1].server;
+            self.let_go(c, last);
+        }
+        if c.replicas().len() >= want {
             return 0;
         }
         self.repair(idx, c) as u64 * c.len
@@ -123,7 +145,10 @@ impl DataStore {
     /// without room or another live server the chunk stays degraded (and counted so in
     /// `stats`).
     pub(super) fn repair(&self, idx: u64, c: &mut Chunk) -> usize {
-        let missing = self.replicas - c.replicas().len();
+        let missing = self.replicas().saturating_sub(c.replicas().len());
+        if missing == 0 {
+            return 0;
+        }
         let holders: Vec<ServerId> = c.replicas().iter().map(|r| ServerId(r.server)).collect();
         if self.pool.live_servers() <= holders.len() {
             return 0;

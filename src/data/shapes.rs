@@ -41,7 +41,7 @@ impl DataStore {
                     format!(
                         "fallocate needs {} copies of {} chunks on distinct memory servers; \
                          their free memory cannot hold them",
-                        self.replicas,
+                        self.replicas(),
                         whole + head.is_some() as u64
                     ),
                 ));
@@ -80,7 +80,7 @@ impl DataStore {
     pub(super) fn fits(&self, head: Option<u64>, whole: u64) -> bool {
         let mut room = self.pool.room();
         // With fewer servers up than copies kept, one copy on each ([`Self::place`]).
-        let copies = self.replicas.min(room.len());
+        let copies = self.replicas().min(room.len());
         if copies == 0 {
             return head.is_none() && whole == 0;
         }

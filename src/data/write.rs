@@ -121,7 +121,7 @@ impl DataStore {
     pub(super) fn place(&self, len: u64) -> Result<Vec<RemoteRegion>> {
         let regions = match self.stocked(len) {
             Some(r) => r,
-            None => self.pool.alloc_replicas(len, self.replicas, &[])?,
+            None => self.pool.alloc_replicas(len, self.replicas(), &[])?,
         };
         if regions.len() < self.min_replicas {
             self.pool.free_all(&regions);
@@ -141,7 +141,7 @@ impl DataStore {
     /// trip), if it holds them on enough servers.
     pub(super) fn stocked(&self, len: u64) -> Option<Vec<RemoteRegion>> {
         self.pool
-            .take_stocked(len, self.replicas, self.min_replicas)
+            .take_stocked(len, self.replicas(), self.min_replicas)
     }
 
     /// Write ops for a window whose chunks all exist: one per piece and copy.

@@ -21,6 +21,7 @@ mod capacity;
 mod dir;
 mod fallocate;
 mod file;
+mod freeze;
 mod handles;
 mod names;
 mod rules;
@@ -28,6 +29,7 @@ mod types;
 mod xattr;
 
 pub use capacity::placeable_chunks;
+pub use freeze::{ChangeAdmitted, Frozen};
 pub use rules::{
     Atime, Caller, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL, INODE_FLAGS,
 };
@@ -117,6 +119,8 @@ pub struct Fs {
     next_fh: AtomicU64,
     /// Handle numbers below this were issued by an earlier daemon of this FUSE connection.
     handle_base: AtomicU64,
+    /// Held shared by each change, exclusively by a freeze (see [`freeze`]).
+    change_gate: crate::sync::RwLock<()>,
     config: FsConfig,
     /// Counters the adapter and the upkeep fill, for the report.
     figures: crate::figures::Figures,
@@ -192,6 +196,7 @@ impl Fs {
             stats: std::sync::OnceLock::new(),
             next_fh: AtomicU64::new(1 << 4),
             handle_base: AtomicU64::new(0),
+            change_gate: crate::sync::RwLock::new(()),
             config,
             figures: Default::default(),
             #[cfg(feature = "testing")]

@@ -35,6 +35,28 @@ use std::time::SystemTime;
 
 use crate::config::ATTR_TTL as TTL;
 
+/// The requests that change nothing (a freeze lets them through). Every other one may change
+/// the namespace or a file's data (a release or forget may drop an unlinked file).
+const READ_ONLY_OPS: [&str; 17] = [
+    "lookup",
+    "getattr",
+    "statx",
+    "read",
+    "readdir",
+    "readdirplus",
+    "opendir",
+    "releasedir",
+    "readlink",
+    "statfs",
+    "getxattr",
+    "listxattr",
+    "access",
+    "lseek",
+    "poll",
+    "fsync",
+    "fsyncdir",
+];
+
 /// The bit the kernel sets in the id of a request it sends again (FUSE_NOTIFY_RESEND).
 const FUSE_UNIQUE_RESEND: u64 = 1 << 63;
 
@@ -171,8 +193,10 @@ impl FuseFs {
         }
     }
 
-    /// Runs one handler; a panic inside it becomes EIO for this request only.
+    /// Runs one handler; a panic inside it becomes EIO for this request only. A request
+    /// that may change the file system waits while it is frozen (see [`Fs::freeze`]).
     fn contain(&self, op: &'static str, req: &Request, handler: impl FnOnce()) {
+        let _admitted = (!READ_ONLY_OPS.contains(&op)).then(|| self.fs.admit_change());
         let start = std::time::Instant::now();
         let figures = self.fs.figures();
         figures.in_flight.fetch_add(1, Ordering::Relaxed);

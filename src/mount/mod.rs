@@ -3,6 +3,7 @@
 //! (`umount`, or SIGINT/SIGTERM, which unmount cleanly). Closing the connections gives every
 //! server its memory back.
 
+pub mod admin;
 pub mod keeper;
 mod options;
 mod point;
@@ -242,6 +243,12 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     };
     let session = attach_fuse(&fs, &mountpoint, &fuse_config, &choices, connection)?;
     let upkeep = start_upkeep(&fs, config, &mountpoint, metrics_listener)?;
+    let admin = admin::AdminServer::start(admin::Target {
+        fs: fs.clone(),
+        volume: config.volume.clone().zip(journal.clone()),
+    })
+    .inspect_err(|e| log::warn!("no admin socket ({e}): `rmemfs admin` cannot reach this mount"))
+    .ok();
     if let Some(f) = mount.on_mounted {
         f(fs.clone());
     }
@@ -265,6 +272,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         mountpoint.display(),
         crate::report::mount_text(&fs)
     );
+    drop(admin);
     drop(upkeep);
     if let Some(j) = journal {
         // Every change committed before the pool says goodbye (the volume keeps its extents).

@@ -6,6 +6,13 @@ use super::*;
 /// `rmemfs stats MOUNTPOINT [--json]`: reads the live counters from the mount's virtual
 /// attribute (its text form, or JSON).
 pub fn print_stats(mountpoint: &Path, json: bool) -> Result<(), String> {
+    let report = read_report(mountpoint, json)?;
+    print!("{}", String::from_utf8_lossy(&report));
+    Ok(())
+}
+
+/// The mount's report, as text or JSON, read through its virtual attribute.
+pub(super) fn read_report(mountpoint: &Path, json: bool) -> Result<Vec<u8>, String> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| "mount point contains a NUL byte".to_string())?;
@@ -33,8 +40,7 @@ pub fn print_stats(mountpoint: &Path, json: bool) -> Result<(), String> {
         ));
     }
     buf.truncate(n as usize);
-    print!("{}", String::from_utf8_lossy(&buf));
-    Ok(())
+    Ok(buf)
 }
 
 /// The counters of a memory server, asked over an authenticated control session (the

@@ -175,6 +175,8 @@ pub struct ChunkFigures {
     pub healthy: u64,
     pub degraded: u64,
     pub lost: u64,
+    /// Healthy chunks with more copies than `copies` (lowered live; the rebuild trims them).
+    pub surplus: u64,
 }
 
 /// What the background rebuild has done.
@@ -202,6 +204,8 @@ pub struct MountReport {
     pub namespace: NamespaceFigures,
     /// None without a volume.
     pub journal: Option<JournalFigures>,
+    /// Where `rmemfs admin` reaches the daemon ("" before it listens).
+    pub admin_socket: String,
     pub inodes: u64,
     pub contained_panics: u64,
     pub upkeep_panics: BTreeMap<String, u64>,
@@ -294,6 +298,7 @@ impl MountReport {
                 healthy: h.healthy,
                 degraded: h.degraded,
                 lost: h.lost,
+                surplus: h.surplus,
             },
             rebuild: RebuildFigures {
                 running: r.running.load(Ordering::Relaxed),
@@ -313,6 +318,7 @@ impl MountReport {
                 frees_held: j.frees_held,
             }),
             inodes: fs.inode_count() as u64,
+            admin_socket: figures.admin_socket.get().cloned().unwrap_or_default(),
             contained_panics: fs.contained_panics(),
             upkeep_panics: crate::figures::UPKEEP_THREADS
                 .iter()

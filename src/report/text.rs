@@ -122,11 +122,15 @@ pub fn render(r: &MountReport) -> String {
         );
     }
     let ch = &r.chunks;
-    let _ = writeln!(
+    let _ = write!(
         out,
         "chunks: {} copies each; healthy {}, degraded {}, lost {}",
         ch.copies, ch.healthy, ch.degraded, ch.lost
     );
+    if ch.surplus > 0 {
+        let _ = write!(out, "; {} with extra copies", ch.surplus);
+    }
+    out.push('\n');
     let rb = &r.rebuild;
     let _ = writeln!(
         out,
@@ -248,6 +252,7 @@ mod tests {
                 healthy: 5,
                 degraded: 1,
                 lost: 0,
+                surplus: 0,
             },
             rebuild: RebuildFigures {
                 running: true,

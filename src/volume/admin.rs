@@ -233,7 +233,8 @@ fn open(
     )
 }
 
-fn rate(t: &transfer::Transferred) -> String {
+/// An export's or import's figures, for its message.
+pub fn rate(t: &transfer::Transferred) -> String {
     let mbs = if t.seconds > 0.0 {
         t.bytes as f64 / t.seconds / 1e6
     } else {
@@ -257,7 +258,16 @@ pub fn export(
     dest: &str,
 ) -> Result<String, String> {
     let store = super::store::open(dest)?;
-    let a = open(addrs, config, name, false, None, "export", |_, _| Ok(()))?;
+    let a = open(addrs, config, name, false, None, "export", |_, _| Ok(())).map_err(|e| {
+        if e.contains("is held by") {
+            format!(
+                "{e}. To export an attached volume, run `rmemfs admin export MOUNTPOINT \
+                 {dest}` on the holder's host"
+            )
+        } else {
+            e
+        }
+    })?;
     let done = transfer::export(&a.fs, name, &*store);
     let stopped = a.journal.stop();
     let t = done?;

@@ -1,0 +1,236 @@
+//! `rmemfs admin`: how an admin reaches a running mount daemon.
+//!
+//! Each daemon listens on a Unix socket in a directory only its user may enter
+//! (`/run/rmemfs` for root, else `$XDG_RUNTIME_DIR/rmemfs` or `/tmp/rmemfs-UID`, mode 0700),
+//! named by its pid. The socket's path is in the mount's report (`stats --json`:
+//! `admin_socket`), which `rmemfs admin MOUNTPOINT …` reads through the mount itself, so no
+//! naming convention ties a mount point to a socket. Who may use it: root, or the user the
+//! daemon runs as (the mount's owner); the daemon checks the caller's credentials
+//! (SO_PEERCRED) as well as the directory's mode.
+//!
+//! One request per connection: a JSON line (`{"op":"export","dest":"…"}`), answered by one
+//! JSON line (`{"ok":true,"message":"…"}`).
+
+use crate::fs::{Barrier, Fs};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A request to the daemon.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Request {
+    /// A point-in-time copy of the attached volume into `dest` (a directory or
+    /// `s3://BUCKET/PREFIX`): changes wait while it copies.
+    Export { dest: String },
+    /// Keep `copies` copies of every chunk from now on; the rebuild adds or drops copies in
+    /// the background (its progress in `stats`: `chunks.degraded`, `chunks.surplus`).
+    SetReplicas { copies: usize },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Reply {
+    ok: bool,
+    message: String,
+}
+
+/// The longest request line read (a path or URL and a few words).
+const MAX_REQUEST: u64 = 64 * 1024;
+
+/// The daemon's end: a listening socket and the thread serving it. Dropping it removes the
+/// socket file (the thread ends with the process).
+pub struct AdminServer {
+    path: PathBuf,
+}
+
+/// What the daemon's admin requests act on.
+pub struct Target {
+    pub fs: Arc<Fs>,
+    /// The volume and its journal (none: a private namespace, which has nothing to export).
+    pub volume: Option<(String, Arc<crate::volume::VolumeJournal>)>,
+}
+
+fn socket_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 {
+        return PathBuf::from("/run/rmemfs");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) => PathBuf::from(d).join("rmemfs"),
+        None => std::env::temp_dir().join(format!("rmemfs-{uid}")),
+    }
+}
+
+impl AdminServer {
+    /// Listens for `target`'s admin requests; the socket's path goes into the report.
+    pub fn start(target: Target) -> Result<AdminServer, String> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let dir = socket_dir();
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)))
+            .map_err(|e| format!("admin socket directory {}: {e}", dir.display()))?;
+        let path = dir.join(format!("admin-{}.sock", std::process::id()));
+        // A stale socket of an earlier process with this pid.
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path)
+            .map_err(|e| format!("admin socket {}: {e}", path.display()))?;
+        let _ = target
+            .fs
+            .figures()
+            .admin_socket
+            .set(path.display().to_string());
+        std::thread::Builder::new()
+            .name("admin".into())
+            .spawn(move || {
+                for conn in listener.incoming().flatten() {
+                    if let Err(e) = serve(&target, conn) {
+                        log::warn!("admin request: {e}");
+                    }
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(AdminServer { path })
+    }
+}
+
+impl Drop for AdminServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Serves one connection: checks who calls, reads one request, answers it.
+fn serve(target: &Target, conn: UnixStream) -> Result<(), String> {
+    let cred = nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(|e| format!("peer credentials: {e}"))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let reply = if cred.uid() != 0 && cred.uid() != me {
+        Reply {
+            ok: false,
+            message: format!(
+                "uid {} may not administer this mount (root or uid {me} may)",
+                cred.uid()
+            ),
+        }
+    } else {
+        let mut line = String::new();
+        let read = BufReader::new(std::io::Read::take(&conn, MAX_REQUEST)).read_line(&mut line);
+        match read.map_err(|e| e.to_string()).and_then(|_| {
+            serde_json::from_str::<Request>(&line).map_err(|e| format!("bad request: {e}"))
+        }) {
+            Ok(req) => {
+                log::info!(
+                    "admin request from uid {} (pid {}): {req:?}",
+                    cred.uid(),
+                    cred.pid()
+                );
+                match handle(target, req) {
+                    Ok(message) => Reply { ok: true, message },
+                    Err(message) => Reply { ok: false, message },
+                }
+            }
+            Err(message) => Reply { ok: false, message },
+        }
+    };
+    let mut out = serde_json::to_vec(&reply).map_err(|e| e.to_string())?;
+    out.push(b'\n');
+    (&conn).write_all(&out).map_err(|e| e.to_string())
+}
+
+fn handle(target: &Target, req: Request) -> Result<String, String> {
+    match req {
+        Request::Export { dest } => export(target, &dest),
+        Request::SetReplicas { copies } => set_replicas(target, copies),
+    }
+}
+
+fn set_replicas(target: &Target, copies: usize) -> Result<String, String> {
+    let data = target.fs.data();
+    let was = data.replicas();
+    data.set_replicas(copies).map_err(|e| e.message)?;
+    let h = target.fs.replica_health();
+    Ok(format!(
+        "copies of every chunk: {was} -> {copies}; the rebuild now brings {} chunks short of \
+         copies and {} with too many to it (`rmemfs stats`: chunks degraded and surplus)",
+        h.degraded, h.surplus
+    ))
+}
+
+/// A point-in-time export of the attached volume: changes are held at the door, every
+/// change made so far is committed, the namespace and its files' data are copied, then
+/// changes go on.
+fn export(target: &Target, dest: &str) -> Result<String, String> {
+    let Some((name, journal)) = &target.volume else {
+        return Err(
+            "this mount has no volume: its namespace lives in this daemon only (mount \
+                    with --volume to export)"
+                .into(),
+        );
+    };
+    let store = crate::volume::store::open(dest)?;
+    let start = std::time::Instant::now();
+    let frozen = target.fs.freeze();
+    let waited = start.elapsed();
+    journal.sync().map_err(|e| e.message)?;
+    let done = crate::volume::transfer::export(&target.fs, name, &*store);
+    drop(frozen);
+    let held = start.elapsed();
+    let t = done?;
+    Ok(format!(
+        "exported volume '{name}' to {}: {}; {} chunks copied (the rest were there); changes \
+         waited {:.2} s (the freeze began after {:.2} s)",
+        store.describe(),
+        crate::volume::admin::rate(&t),
+        t.chunks_copied,
+        held.as_secs_f64(),
+        waited.as_secs_f64()
+    ))
+}
+
+/// `rmemfs admin MOUNTPOINT …`: flushes the mount's dirty pages (so that what programs wrote
+/// is in the volume), finds the daemon's socket through the mount's report, sends `req`
+/// and returns the daemon's answer.
+pub fn request(mountpoint: &Path, req: &Request) -> Result<String, String> {
+    use std::os::fd::AsRawFd;
+    let dir =
+        std::fs::File::open(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    // SAFETY: syncfs takes a descriptor this process holds open.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+        return Err(format!(
+            "flushing {}: {}",
+            mountpoint.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    let report: serde_json::Value =
+        serde_json::from_slice(&super::stats::read_report(mountpoint, true)?)
+            .map_err(|e| e.to_string())?;
+    let socket = report
+        .get("admin_socket")
+        .and_then(|s| s.as_str())
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| format!("{} names no admin socket", mountpoint.display()))?
+        .to_string();
+    let conn = UnixStream::connect(&socket).map_err(|e| format!("admin socket {socket}: {e}"))?;
+    let mut line = serde_json::to_vec(req).map_err(|e| e.to_string())?;
+    line.push(b'\n');
+    (&conn).write_all(&line).map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    BufReader::new(&conn)
+        .read_line(&mut answer)
+        .map_err(|e| e.to_string())?;
+    let reply: Reply = serde_json::from_str(&answer)
+        .map_err(|e| format!("the daemon's answer is not understood ({e}): {answer:?}"))?;
+    if reply.ok {
+        Ok(reply.message)
+    } else {
+        Err(reply.message)
+    }
+}
