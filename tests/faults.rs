@@ -281,3 +281,62 @@ fn a_write_with_every_server_down_is_eio_not_enospc() {
         );
     }
 }
+
+/// The copy count changed live (`rmemfs admin set-replicas`): refused below `--min-replicas`
+/// or above the live servers; raised, a rebuild pass gives every chunk the new count; lowered,
+/// the pass drops the extra copies and their memory goes back; the bytes stay the same.
+#[test]
+fn the_copy_count_changes_live() {
+    use rmemfs::rebuild::{pass, Stop};
+    let mut t = TestFs::replicated(3, 32 << 20, MIB as u64, WritePath::Frrwp, 2);
+    let data = bytes(7, 5 * MIB);
+    t.create("f").unwrap();
+    t.write_file("f", 0, &data).unwrap();
+    assert!(t.fs.data().set_replicas(0).is_err());
+    assert!(t.fs.data().set_replicas(4).is_err(), "above the maximum");
+    t.kill_server(2);
+    wait_down(t.fs.data().pool(), 2);
+    let e = t.fs.data().set_replicas(3).unwrap_err();
+    assert!(e.message.contains("need 3 live servers"), "{}", e.message);
+    drop(t);
+
+    let t = TestFs::replicated(3, 32 << 20, MIB as u64, WritePath::Frrwp, 2);
+    t.create("f").unwrap();
+    t.write_file("f", 0, &data).unwrap();
+    let store = t.fs.data();
+    let at_two = t.remote_used();
+    store.set_replicas(3).unwrap();
+    assert_eq!(
+        t.fs.replica_health().degraded,
+        5,
+        "every chunk short of a copy"
+    );
+    pass(&t.fs, 0, &Stop::default());
+    assert!(
+        placement(&t, "f").iter().all(|c| c.len() == 3),
+        "{:?}",
+        placement(&t, "f")
+    );
+    let h = t.fs.replica_health();
+    assert_eq!((h.healthy, h.degraded, h.surplus), (5, 0, 0), "{h:?}");
+    store.set_replicas(1).unwrap();
+    assert_eq!(t.fs.replica_health().surplus, 5);
+    pass(&t.fs, 0, &Stop::default());
+    assert!(
+        placement(&t, "f").iter().all(|c| c.len() == 1),
+        "{:?}",
+        placement(&t, "f")
+    );
+    assert_eq!(t.fs.replica_health().surplus, 0);
+    assert_eq!(t.read_file("f").unwrap(), data);
+    // The dropped copies' memory is back (frees reach the servers asynchronously).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while t.remote_used() > at_two - 5 * MIB as u64 && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        t.remote_used(),
+        at_two / 2,
+        "one copy of five chunks, from two"
+    );
+}
