@@ -485,6 +485,19 @@ finish_fio_verify() {
   ! grep -qiE "verify.*(bad|fail)|Input/output error" "$WORK/fio.out" || fail "fio errors ($1)"
 }
 
+# wait_copies N SECONDS WHEN: waits until $MNT's stats show every chunk at N live copies
+# (none degraded, none lost, none with extra copies); prints the stats. Fails after SECONDS.
+wait_copies() {
+  local i st
+  for ((i = 0; ; i++)); do
+    st=$(t "$BIN" stats "$MNT") || fail "rmemfs stats failed ($3)"
+    grep -qE "^chunks: $1 copies each; .* degraded 0, lost 0$" <<<"$st" && break
+    [ "$i" -lt $(($2 * 2)) ] || fail "not at $1 copies $2 s $3: $(grep -E '^(chunks|rebuild)' <<<"$st")"
+    sleep 0.5
+  done
+  printf '%s\n' "$st"
+}
+
 # wait_log FILE PATTERN SECONDS: waits until FILE has a line matching PATTERN (grep -E).
 wait_log() {
   local k

@@ -474,12 +474,7 @@ test_replica_failover() {
   grep -qE "^chunks: 2 copies each; .* lost 0$" <<<"$st" ||
     fail "stats: $(grep '^chunks' <<<"$st")"
   # The background rebuild restores the second copy of everything on the two servers left.
-  for ((i = 0; ; i++)); do
-    st=$(t "$BIN" stats "$MNT") || fail "rmemfs stats failed"
-    grep -qE "^chunks: 2 copies each; .* degraded 0, lost 0$" <<<"$st" && break
-    [ "$i" -lt 120 ] || fail "still degraded 60 s after the kill: $(grep -E '^(chunks|rebuild)' <<<"$st")"
-    sleep 0.5
-  done
+  st=$(wait_copies 2 60 "after the kill")
   log "$(grep -E '^(chunks|rebuild)' <<<"$st")"
   # So a second server may die too: every chunk still has a copy on the third.
   is_our_server "${TEST_PIDS[2]}" || fail "the third server is not running"
@@ -497,7 +492,7 @@ test_replica_failover() {
 # file's placement shows that many copies per chunk); fio ends with zero errors; every file
 # reads back; the servers' used memory at one copy under half of what three held.
 test_set_replicas() {
-  local out st i total used3 used1 copies
+  local out st i total used3 used1 copies a
   seed_files 12
   start_fio_verify
   out=$(t "$BIN" admin set-replicas "$MNT" 4 2>&1) && fail "4 copies were accepted: $out"
@@ -505,12 +500,7 @@ test_set_replicas() {
   for copies in 3 1; do
     out=$(t "$BIN" admin set-replicas "$MNT" "$copies") || fail "set-replicas $copies: $out"
     log "$out"
-    for ((i = 0; ; i++)); do
-      st=$(t "$BIN" stats "$MNT") || fail "rmemfs stats failed"
-      grep -qE "^chunks: $copies copies each; .* degraded 0, lost 0$" <<<"$st" && break
-      [ "$i" -lt 240 ] || fail "not at $copies copies after 120 s: $(grep -E '^(chunks|rebuild)' <<<"$st")"
-      sleep 0.5
-    done
+    st=$(wait_copies "$copies" 120 "after set-replicas $copies")
     log "$(grep -E '^(chunks|rebuild)' <<<"$st")"
     must "f5 at $copies copies per chunk" python3 -c 'import json, os, sys
 p = json.loads(os.getxattr(sys.argv[1], "user.rmemfs.placement"))
@@ -556,12 +546,7 @@ test_replica_freeze() {
   check_files 6 "while a server is frozen"
   kill -CONT "${TEST_PIDS[1]}"
   finish_fio_verify "across a server freeze"
-  for ((i = 0; ; i++)); do
-    st=$(t "$BIN" stats "$MNT") || fail "rmemfs stats failed"
-    grep -qE "^chunks: 2 copies each; .* degraded 0, lost 0$" <<<"$st" && break
-    [ "$i" -lt 120 ] || fail "still degraded 60 s after the freeze: $(grep -E '^(chunks|rebuild)' <<<"$st")"
-    sleep 0.5
-  done
+  st=$(wait_copies 2 60 "after the freeze")
   log "$(grep -E '^(server|chunks|rebuild)' <<<"$st")"
   grep -qE "down [1-9][0-9]* times" <<<"$st" || fail "stats does not show the frozen server given up on"
   check_files 6 "after the thaw"
@@ -834,6 +819,29 @@ test_volume_frozen() {
   unmount_fs "$mnt2" || fail "unmount failed"
 }
 
+# export_twice NAME DEST: exports volume NAME to DEST; a second export copies no chunk.
+export_twice() {
+  local out
+  out=$(t "$BIN" volume export "$1" "$2" --servers "$ADDRS" 2>&1) || fail "export to $2: $out"
+  echo "$out" >&2
+  grep -qF "exported volume '$1' to $2" <<<"$out" || fail "export said: $out"
+  out=$(t "$BIN" volume export "$1" "$2" --servers "$ADDRS" 2>&1) || fail "second export: $out"
+  grep -q "; 0 chunks copied" <<<"$out" || fail "a second export copied chunks again: $out"
+}
+
+# power_loss: the whole rack loses power: every server of the test stops, and two new ones
+# start empty (ADDRS and TEST_PIDS name them).
+power_loss() {
+  local addrs=""
+  kill_servers "${TEST_PIDS[@]}"
+  for _ in 1 2; do
+    start_server 256M || fail "a new server did not start"
+    addrs+=${addrs:+,}$SERVER_ADDR
+    TEST_PIDS+=("$SERVER_PID")
+  done
+  ADDRS=$addrs
+}
+
 # `volume export` and `import`, as after losing the whole rack's power: a tree (hard links,
 # symlinks, xattrs, an ACL, holes, owners and modes) on a volume is exported to a directory,
 # every server is stopped, new empty ones start, the export is imported and mounted: the
@@ -858,7 +866,7 @@ test_volume_keep() {
 }
 
 test_volume_export() {
-  local src=$WORK/src dest=$WORK/export out new_addrs="" p
+  local src=$WORK/src dest=$WORK/export out p
   # The servers started below are this subshell's: the runner knows only the first ones.
   trap 'kill_servers "${TEST_PIDS[@]}"' EXIT
   mkdir -p "$src/d/e"
@@ -874,21 +882,10 @@ test_volume_export() {
   command -v setfacl >/dev/null && must "setfacl" setfacl -m u:1234:r "$MNT/d/big"
   command -v getfattr >/dev/null && getfattr -d -m - "$MNT/d/big" >"$WORK/xattrs-before" 2>/dev/null
   unmount_fs "$MNT" || fail "unmount failed"
-  out=$(t "$BIN" volume export exp "$dest" --servers "$ADDRS") || fail "export: $out"
+  export_twice exp "$dest"
+  power_loss
+  out=$(t "$BIN" volume import "$dest" exp --servers "$ADDRS") || fail "import: $out"
   echo "$out" >&2
-  grep -q "exported volume 'exp'" <<<"$out" || fail "export said: $out"
-  out=$(t "$BIN" volume export exp "$dest" --servers "$ADDRS") || fail "second export: $out"
-  grep -q "; 0 chunks copied" <<<"$out" || fail "a second export copied chunks again: $out"
-  # The whole rack loses power: every server stops; new ones start empty.
-  kill_servers "${TEST_PIDS[@]}"
-  for _ in 1 2; do
-    start_server 256M || fail "a new server did not start"
-    new_addrs+=${new_addrs:+,}$SERVER_ADDR
-    TEST_PIDS+=("$SERVER_PID")
-  done
-  out=$(t "$BIN" volume import "$dest" exp --servers "$new_addrs") || fail "import: $out"
-  echo "$out" >&2
-  ADDRS=$new_addrs
   mount_fs "$MNT" "$ADDRS" --volume exp || fail "mounting the imported volume failed"
   compare_trees "$src/d" "$MNT/d" "the imported tree"
   assert_eq "hard link count" "$(stat -c %h "$MNT/d/hard")" 2
@@ -957,7 +954,7 @@ PY
 # new ones started empty, the volume imported from the bucket: the same tree. A second export
 # copies no chunk; an export whose manifest is gone is refused.
 test_volume_export_s3() {
-  local src=$WORK/src out new_addrs="" port moto_pid bucket=rmemfs-test
+  local src=$WORK/src out port moto_pid bucket=rmemfs-test
   command -v moto_server >/dev/null || pip install -q "moto[server]" >&2 || true
   command -v moto_server >/dev/null || skip "moto_server (pip install 'moto[server]') is not installable here"
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -978,18 +975,8 @@ boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).create_bucket(Bu
   mount_fs "$MNT" "$ADDRS" --volume s3v --create || fail "mount --volume s3v --create failed"
   must "cp -a" cp -a "$src/d" "$MNT/"
   unmount_fs "$MNT" || fail "unmount failed"
-  out=$(t "$BIN" volume export s3v "s3://$bucket/backups/s3v" --servers "$ADDRS" 2>&1) || fail "export to S3: $out"
-  echo "$out" >&2
-  grep -q "exported volume 's3v' to s3://$bucket/backups/s3v" <<<"$out" || fail "export said: $out"
-  out=$(t "$BIN" volume export s3v "s3://$bucket/backups/s3v" --servers "$ADDRS" 2>&1) || fail "second export: $out"
-  grep -q "; 0 chunks copied" <<<"$out" || fail "a second export copied chunks again: $out"
-  kill_servers "${TEST_PIDS[@]}"
-  for _ in 1 2; do
-    start_server 256M || fail "a new server did not start"
-    new_addrs+=${new_addrs:+,}$SERVER_ADDR
-    TEST_PIDS+=("$SERVER_PID")
-  done
-  ADDRS=$new_addrs
+  export_twice s3v "s3://$bucket/backups/s3v"
+  power_loss
   out=$(t "$BIN" volume import "s3://$bucket/backups/s3v" s3v --servers "$ADDRS" 2>&1) || fail "import from S3: $out"
   echo "$out" >&2
   mount_fs "$MNT" "$ADDRS" --volume s3v || fail "mounting the imported volume failed"
