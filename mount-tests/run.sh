@@ -1497,6 +1497,9 @@ test_metrics() {
   sport=$(free_port)
   mport=$(free_port)
   start_server 64M --metrics-listen "127.0.0.1:$sport" || fail "serve --metrics-listen"
+  # This subshell's server: the runner does not know it.
+  # shellcheck disable=SC2064 # the pid is meant to be expanded now
+  trap "kill_servers $SERVER_PID" EXIT
   mount_fs "$m" "$SERVER_ADDR" --metrics-listen "127.0.0.1:$mport" || fail "mount --metrics-listen"
   must "write" dd if=/dev/urandom of="$m/f" bs=1M count=8 conv=fsync status=none
   must "drop caches" sh -c 'echo 3 >/proc/sys/vm/drop_caches'

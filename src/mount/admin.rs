@@ -2,9 +2,9 @@
 //!
 //! Each daemon listens on a Unix socket in a directory only its user may enter
 //! (`/run/rmemfs` for root, else `$XDG_RUNTIME_DIR/rmemfs` or `/tmp/rmemfs-UID`, mode 0700),
-//! named by its pid. The socket's path is in the mount's report (`stats --json`:
-//! `admin_socket`), which `rmemfs admin MOUNTPOINT …` reads through the mount itself, so no
-//! naming convention ties a mount point to a socket. Who may use it: root, or the user the
+//! named by its pid (and a count, for a process serving several mounts). The socket's path
+//! is in the mount's report (`stats --json`: `admin_socket`), which `rmemfs admin MOUNTPOINT
+//! …` reads through the mount itself, so no naming convention ties a mount point to a socket. Who may use it: root, or the user the
 //! daemon runs as (the mount's owner); the daemon checks the caller's credentials
 //! (SO_PEERCRED) as well as the directory's mode.
 //!
@@ -75,7 +75,10 @@ impl AdminServer {
             .create(&dir)
             .and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)))
             .map_err(|e| format!("admin socket directory {}: {e}", dir.display()))?;
-        let path = dir.join(format!("admin-{}.sock", std::process::id()));
+        // A process may serve several mounts (tests do): each gets its own socket.
+        static SERVED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SERVED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!("admin-{}-{n}.sock", std::process::id()));
         // A stale socket of an earlier process with this pid.
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)
