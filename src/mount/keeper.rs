@@ -326,10 +326,11 @@ pub fn supervise(args: &[OsString], ready: &mut dyn FnMut()) -> Result<(), Strin
             .map_err(|e| format!("cannot start the mount daemon: {e}"))?;
         drop(passed);
         child_pid.store(child.id() as i32, std::sync::atomic::Ordering::SeqCst);
-        let was_ready = kept.ready;
+        let mut announced = kept.ready;
         let status = loop {
             kept.drain(&sock);
-            if kept.ready && !was_ready {
+            if kept.ready && !announced {
+                announced = true;
                 ready();
             }
             match child.try_wait().map_err(|e| e.to_string())? {
