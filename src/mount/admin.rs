@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A request to the daemon.
 #[derive(Debug, Serialize, Deserialize)]
@@ -36,13 +38,22 @@ struct Reply {
     message: String,
 }
 
+/// How long a caller may take to send its request line: the thread serves one caller at a
+/// time, and an unmount waits for the request in hand.
+const REQUEST_WAIT: Duration = Duration::from_secs(10);
+
 /// The longest request line read (a path or URL and a few words).
 const MAX_REQUEST: u64 = 64 * 1024;
 
-/// The daemon's end: a listening socket and the thread serving it. Dropping it removes the
-/// socket file (the thread ends with the process).
+/// The daemon's end: a listening socket and the thread serving it. Dropping it ends the
+/// thread (after the request it serves, if any) and removes the socket file; the thread's
+/// hold on the file system ends with it, so an unmount can say goodbye to the servers.
 pub struct AdminServer {
     path: PathBuf,
+    /// A second handle on the listening socket, to wake the thread's `accept`.
+    listener: UnixListener,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// What the daemon's admin requests act on.
@@ -88,22 +99,47 @@ impl AdminServer {
             .figures()
             .admin_socket
             .set(path.display().to_string());
-        std::thread::Builder::new()
+        let waker = listener.try_clone().map_err(|e| e.to_string())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::Builder::new()
             .name("admin".into())
             .spawn(move || {
-                for conn in listener.incoming().flatten() {
-                    if let Err(e) = serve(&target, conn) {
+                for conn in listener.incoming() {
+                    if stopped.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let served = conn.map_err(|e| e.to_string()).and_then(|conn| {
+                        conn.set_read_timeout(Some(REQUEST_WAIT))
+                            .map_err(|e| e.to_string())?;
+                        serve(&target, conn)
+                    });
+                    if let Err(e) = served {
                         log::warn!("admin request: {e}");
                     }
                 }
             })
             .map_err(|e| e.to_string())?;
-        Ok(AdminServer { path })
+        Ok(AdminServer {
+            path,
+            listener: waker,
+            stop,
+            thread: Some(thread),
+        })
     }
 }
 
 impl Drop for AdminServer {
     fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Linux ends a blocked accept() on a listening socket that is shut down.
+        let _ = nix::sys::socket::shutdown(
+            std::os::fd::AsRawFd::as_raw_fd(&self.listener),
+            nix::sys::socket::Shutdown::Both,
+        );
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
         let _ = std::fs::remove_file(&self.path);
     }
 }
