@@ -142,7 +142,7 @@ stats_field() {
   timeout -k 5 30 "$BIN" stats --json "$1" | python3 -c "import json, sys; s = json.load(sys.stdin); print($2)"
 }
 
-# wait_redundant MNT SECONDS [any]: waits until `stats --json` shows every server up (with
+# wait_redundant MNT SECONDS [any]: waits until `stats --json` shows every server up or removed (with
 # `any`: whatever their state) and every chunk with its full copy count (none degraded or
 # lost); fails with the figures otherwise. Read from the JSON report by key, so a renamed or
 # missing field fails instead of matching nothing.
@@ -150,7 +150,7 @@ wait_redundant() {
   local mnt=$1 secs=$2 servers=${3:-up} st k
   for ((k = 0; k < secs * 2; k++)); do
     st=$(stats_field "$mnt" "'%d %d %d %d' % (
-        sum(x['state'] != 'up' for x in s['servers']), len(s['servers']),
+        sum(x['state'] not in ('up', 'removed') for x in s['servers']), len(s['servers']),
         s['chunks']['degraded'], s['chunks']['lost'])") || fail "rmemfs stats --json failed"
     read -r notup total degraded lost <<<"$st"
     [ "$total" -gt 0 ] || fail "stats lists no server"

@@ -162,6 +162,59 @@ test_volume_other_host() {
   unmount_fs "$b" || fail "unmount on host 4 failed"
 }
 
+# A host drained while fio writes and verifies (two copies of three hosts): fio verifies
+# without an error, no sample of `stats --json` taken throughout shows a chunk short of two
+# copies, and the drained host ends with no extent of the mount (asked of the host itself).
+# It is removed, and a new host (3) added takes new chunks. The copy rate is held to 30 MB/s
+# (`--rebuild-rate`) so that the drain lasts long enough to be sampled.
+test_drain() {
+  local samples=$WORK/samples stopf=$WORK/sampling-done sampler out n extents
+  seed_files 12
+  wait_redundant "$MNT" 30
+  start_fio_verify
+  : >"$samples"
+  (
+    while [ ! -e "$stopf" ]; do
+      stats_field "$MNT" "'%d %d %d' % (s['chunks']['degraded'], s['chunks']['lost'], s['chunks']['moving'])" \
+        >>"$samples" 2>/dev/null || echo "stats failed" >>"$samples"
+    done
+  ) &
+  sampler=$!
+  out=$(t "$BIN" admin drain "$MNT" "$(host_addr 2)" 2>"$WORK/drain.progress") ||
+    fail "drain failed: $out $(tail -n 3 "$WORK/drain.progress")"
+  log "$out"
+  # About 100 MB at 30 MB/s: a few progress lines (one a second).
+  [ "$(grep -c "bytes moved off" "$WORK/drain.progress")" -ge 1 ] ||
+    fail "the drain printed no progress: $(head -c 300 "$WORK/drain.progress")"
+  log "progress lines: $(wc -l <"$WORK/drain.progress"); last: $(tail -n 1 "$WORK/drain.progress")"
+  finish_fio_verify "a host drained"
+  touch "$stopf"
+  wait "$sampler" || true
+  n=$(wc -l <"$samples")
+  [ "$n" -ge 3 ] || fail "only $n samples of stats during the drain"
+  if grep -qv '^0 0 ' "$samples"; then
+    fail "a sample with chunks short of two copies (degraded lost moving): $(grep -v '^0 0 ' "$samples" | head -n 3 | tr '\n' ';')"
+  fi
+  grep -qv ' 0$' "$samples" || fail "no sample saw a copy still to move: the drain was not sampled"
+  log "$n samples during the drain, every chunk at two copies or more"
+  extents=$(t "$BIN" stats --server "$(host_addr 2)" --secret-file "$HOSTS_SECRET" --json |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["extents"])')
+  assert_eq "extents on the drained host" "$extents" 0
+  check_files 12 "after the drain"
+  out=$(t "$BIN" admin remove "$MNT" "$(host_addr 2)") || fail "remove failed: $out"
+  assert_eq "the removed host's state" "$(stats_field "$MNT" "[x['state'] for x in s['servers'] if x['addr'] == '$(host_addr 2)'][0]")" removed
+  host_start 3 256M "${SERVE[@]}" || fail "host 3 did not start"
+  out=$(t "$BIN" admin add-server "$MNT" "$(host_addr 3)") || fail "add-server failed: $out"
+  log "$out"
+  must "write after add-server" dd if=/dev/urandom of="$MNT/new" bs=1M count=4 conv=fsync status=none
+  must "host 3 holds a copy of every new chunk" python3 -c 'import json, os, sys
+p = json.loads(os.getxattr(sys.argv[1], "user.rmemfs.placement"))
+bad = [c for c in p if sys.argv[2] not in c[1]]
+sys.exit(f"chunks without a copy on {sys.argv[2]}: {bad}" if bad else 0)' "$MNT/new" "$(host_addr 3)"
+  wait_redundant "$MNT" 30
+  check_files 12 "after remove and add-server"
+}
+
 # name, extra serve arguments, extra mount arguments
 ALL_TESTS=(
   "kill_restart||--rebuild-delay 8"
@@ -170,6 +223,7 @@ ALL_TESTS=(
   "cut_short||--rebuild-delay 60"
   "cut_long|--lease 3|--rebuild-delay 1"
   "volume_other_host||"
+  "drain||--rebuild-delay 60 --rebuild-rate 30M"
 )
 
 run_host_test() {

@@ -25,6 +25,17 @@ pub struct Figures {
     pub rebuild: RebuildStats,
     /// Panics of the upkeep threads (heartbeat, reconnect, rebuild), each contained.
     pub upkeep_panics: UpkeepPanics,
+    /// The drain running now (`rmemfs admin drain`), if any.
+    pub drain: crate::sync::Mutex<Option<DrainRun>>,
+}
+
+/// A drain under way: which server, since when, and how many bytes of copies it had to move
+/// (progress, rate and ETA follow from what is left now).
+#[derive(Debug, Clone)]
+pub struct DrainRun {
+    pub server: String,
+    pub started: std::time::Instant,
+    pub bytes_at_start: u64,
 }
 
 /// What `stats` shows of the rebuild.

@@ -24,6 +24,7 @@ pub mod fs;
 pub mod fuse;
 #[cfg(feature = "testing")]
 pub mod fuzz_checks;
+pub mod membership;
 pub mod meta;
 pub mod metrics;
 pub mod mount;

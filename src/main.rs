@@ -68,6 +68,28 @@ enum AdminCmd {
     /// background while reads and writes go on (progress in `rmemfs stats`). Fewer than
     /// --min-replicas, or more than the live servers, is refused.
     SetReplicas { mountpoint: PathBuf, copies: usize },
+    /// Put the memory server HOST[:PORT] into the mount's pool: new chunks may land there
+    /// (with a volume, it is named in the volume's root first, at the volume's epoch).
+    AddServer {
+        mountpoint: PathBuf,
+        #[arg(value_name = "HOST[:PORT]")]
+        server: String,
+    },
+    /// Move every copy off the memory server HOST[:PORT] while reads and writes go on (each
+    /// chunk keeps its full copy count: the new copy is written before the old one goes),
+    /// and the volume's journal too; returns once it holds nothing of the mount. Progress on
+    /// stderr, and in `rmemfs stats`.
+    Drain {
+        mountpoint: PathBuf,
+        #[arg(value_name = "HOST[:PORT]")]
+        server: String,
+    },
+    /// Forget the drained memory server HOST[:PORT].
+    Remove {
+        mountpoint: PathBuf,
+        #[arg(value_name = "HOST[:PORT]")]
+        server: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -522,6 +544,13 @@ fn admin_cmd(action: AdminCmd) -> Result<(), String> {
         AdminCmd::Export { mountpoint, dest } => request(&mountpoint, &Request::Export { dest })?,
         AdminCmd::SetReplicas { mountpoint, copies } => {
             request(&mountpoint, &Request::SetReplicas { copies })?
+        }
+        AdminCmd::AddServer { mountpoint, server } => {
+            request(&mountpoint, &Request::AddServer { server })?
+        }
+        AdminCmd::Drain { mountpoint, server } => request(&mountpoint, &Request::Drain { server })?,
+        AdminCmd::Remove { mountpoint, server } => {
+            request(&mountpoint, &Request::Remove { server })?
         }
     };
     println!("{answer}");

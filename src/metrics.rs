@@ -231,8 +231,8 @@ impl Collector for MountCollector {
         };
         per_server(
             "rmemfs_server_up",
-            "1 while the memory server is up, 0 while down or rejoining",
-            &|x| i64::from(x.state == "up"),
+            "1 while the memory server is up (draining too), 0 while down, rejoining or removed",
+            &|x| i64::from(x.state == "up" || x.state == "draining"),
         )?;
         per_server(
             "rmemfs_server_free_bytes",
@@ -285,6 +285,18 @@ impl Collector for MountCollector {
             "rmemfs_rebuild_chunks_left",
             "Chunks still short of copies after the last rebuild pass",
             r.chunks_left_degraded as i64,
+        )?;
+        gauge(
+            m,
+            "rmemfs_drain_bytes_left",
+            "Bytes of chunk copies still on draining servers (0: no drain under way)",
+            ch.moving_bytes as i64,
+        )?;
+        gauge(
+            m,
+            "rmemfs_drain_rate_bytes_per_second",
+            "Bytes per second the drain under way has moved (0: none)",
+            s.drain.as_ref().map_or(0, |d| d.rate_bytes_per_s as i64),
         )?;
         gauge(
             m,

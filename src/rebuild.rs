@@ -50,7 +50,7 @@ impl Stop {
         *self.stopped.lock()
     }
     /// Waits up to `d`; true if stopped.
-    fn wait(&self, d: Duration) -> bool {
+    pub fn wait(&self, d: Duration) -> bool {
         let deadline = Instant::now() + d;
         let mut stopped = self.stopped.lock();
         while !*stopped {

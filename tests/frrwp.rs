@@ -111,6 +111,7 @@ fn scripted(net: &Arc<LocalNetwork>, mode: Mode) -> SocketAddr {
                     extents: extents.len() as u64,
                     clients: 1,
                     counters: Default::default(),
+                    session: Default::default(),
                 },
                 _ => return,
             };

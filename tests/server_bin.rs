@@ -292,6 +292,7 @@ fn hostile_messages_close_only_their_connection() {
                     extents: 0,
                     clients: 0,
                     counters: Default::default(),
+                    session: Default::default(),
                 }
                 .encode(),
             ),

@@ -129,7 +129,7 @@ impl Pool {
             .servers
             .iter()
             .enumerate()
-            .filter(|(_, s)| !s.is_failed())
+            .filter(|(_, s)| !s.is_failed() && !s.draining.load(Ordering::SeqCst))
             .map(|(i, s)| {
                 let c = s.capacity();
                 (c.largest_free, c.free, i)

@@ -24,6 +24,8 @@ pub(super) struct Server {
     pub(super) link: Mutex<Arc<Link>>,
     /// Not up: operations refuse it at once (a fast check on the data path).
     pub(super) failed: AtomicBool,
+    /// Out of placement (`rmemfs admin drain`), still read and written.
+    pub(super) draining: AtomicBool,
     pub(super) health: Mutex<Health>,
     /// When the heartbeat now unanswered was sent (none outstanding: `None`).
     pub(super) beat_sent: Arc<Mutex<Option<Instant>>>,
@@ -243,12 +245,13 @@ pub(super) fn open_link(
 }
 
 impl Pool {
-    /// Changes whenever a server goes down or comes back up.
+    /// Changes whenever a server goes down or comes back up, joins, is drained or removed.
     pub fn generation(&self) -> u64 {
         self.servers
             .iter()
             .map(|s| s.transitions.load(Ordering::SeqCst))
-            .sum()
+            .sum::<u64>()
+            + self.membership.load(Ordering::SeqCst)
     }
 
     /// Failed servers due for a reconnect attempt (their backoff has passed).
@@ -395,6 +398,7 @@ impl Pool {
                     state,
                     since,
                     downs: s.transitions.load(Ordering::SeqCst).div_ceil(2),
+                    draining: s.draining.load(Ordering::SeqCst),
                 }
             })
             .collect()
@@ -495,6 +499,14 @@ impl Pool {
     /// Servers that are up.
     pub fn live_servers(&self) -> usize {
         self.servers.iter().filter(|s| !s.is_failed()).count()
+    }
+
+    /// Servers that are up and in placement (not draining): where new copies may go.
+    pub fn placeable_servers(&self) -> usize {
+        self.servers
+            .iter()
+            .filter(|s| !s.is_failed() && !s.draining.load(Ordering::SeqCst))
+            .count()
     }
 }
 

@@ -19,6 +19,7 @@ mod batch;
 pub mod control;
 pub mod frrwp;
 mod health;
+mod members;
 mod stock;
 pub mod volume;
 
@@ -33,7 +34,9 @@ use crate::sync::{Arc, Condvar, Mutex};
 use alloc::FreesOut;
 use batch::{Batch, Dispatch, BATCH_INDEX_BITS};
 use control::ControlConn;
-use health::{open_link, park_free, Health, Server};
+use health::{open_link, park_free, Server};
+use members::{new_server, Members};
+pub use members::{Held, MAX_SERVERS};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
@@ -131,6 +134,8 @@ pub enum ServerState {
     /// Reconnected, but it did not hold this pool's session any more (a new process, or the
     /// lease ran out): not used until every copy listed on it is forgotten ([`Pool::admit`]).
     Rejoining,
+    /// Drained and removed by an admin (`rmemfs admin remove`): never used again.
+    Removed,
 }
 
 /// One live server's room for new extents as last heard ([`Pool::room`]).
@@ -156,6 +161,8 @@ pub struct ServerStatus {
     pub since: SystemTime,
     /// Times it went down since the pool connected.
     pub downs: u64,
+    /// Out of placement (`rmemfs admin drain`): what it holds is being moved off.
+    pub draining: bool,
 }
 
 /// How a failed server came back ([`Pool::try_reconnect`]).
@@ -186,7 +193,9 @@ pub struct Pool {
     fabric: Arc<dyn Fabric>,
     /// Latencies of finished batches by [`BATCH_KINDS`] (`stats`, metrics).
     batch_latency: crate::requests::RequestStats,
-    servers: Vec<Server>,
+    servers: Members,
+    /// Bumped when a server joins, is drained or removed (see [`Pool::generation`]).
+    membership: AtomicU64,
     /// Shared by every queue pair, reconnected ones included.
     cq: Arc<CompletionQueue>,
     config: PoolConfig,
@@ -195,7 +204,7 @@ pub struct Pool {
     /// How long a batch may make no progress before its unanswered allocations are given up.
     timeout: Duration,
     /// The volume's claims, by server (empty without a volume).
-    claims: Vec<volume::Claim>,
+    claims: Mutex<Vec<volume::Claim>>,
     /// Why this pool's volume is no longer its own (another daemon took it over).
     fenced: Mutex<Option<String>>,
     /// Frees held back until the journal commits ([`volume::FreeGate`]).
@@ -232,34 +241,19 @@ impl Pool {
                 *epoch = (*epoch).max(c.epoch);
                 claims.push(c);
             }
-            servers.push(Server {
-                id: ServerId(i as u32),
-                addr,
-                link: Mutex::new(Arc::new(link)),
-                failed: AtomicBool::new(false),
-                health: Mutex::new(Health {
-                    state: ServerState::Up,
-                    since: SystemTime::now(),
-                    next_attempt: Instant::now(),
-                    backoff: crate::config::RECONNECT_BACKOFF_MIN,
-                }),
-                beat_sent: Arc::new(Mutex::new(None)),
-                unfreed: Arc::default(),
-                frees: Arc::default(),
-                stock: Arc::default(),
-                transitions: AtomicU64::new(0),
-            });
+            servers.push(new_server(ServerId(i as u32), addr, link));
         }
         Ok(Pool {
             fabric,
             batch_latency: crate::requests::RequestStats::with_ops(&BATCH_KINDS),
-            servers,
+            servers: Members::new(servers),
+            membership: AtomicU64::new(0),
             cq,
             config: config.clone(),
             dispatch,
             next_batch: AtomicU64::new(1),
             timeout: config.timeout,
-            claims,
+            claims: Mutex::new(claims),
             fenced: Mutex::new(None),
             free_gate: Mutex::new(None),
         })
@@ -288,7 +282,11 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        for s in &self.servers {
+        for s in self
+            .servers
+            .iter()
+            .filter(|s| s.state() != ServerState::Removed)
+        {
             let link = s.link();
             // An unmount: the server frees this pool's extents now rather than keep them
             // for a lease.

@@ -217,13 +217,18 @@ pub fn plan_claims(
 
 impl Pool {
     /// The claims made at connect, by server (none: not a volume mount).
-    pub fn claims(&self) -> &[Claim] {
-        &self.claims
+    pub fn claims(&self) -> Vec<Claim> {
+        self.claims.lock().clone()
     }
 
     /// The volume's epoch (the highest any server granted).
     pub fn epoch(&self) -> u64 {
-        self.claims.iter().map(|c| c.epoch).max().unwrap_or(0)
+        self.claims
+            .lock()
+            .iter()
+            .map(|c| c.epoch)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Whether another daemon took this pool's volume over (every operation then fails).

@@ -110,6 +110,10 @@ pub struct ReplicaHealth {
     /// Of the healthy ones, chunks with more copies than `--replicas` (lowered live: the
     /// rebuild drops the extra ones).
     pub surplus: u64,
+    /// Chunks with a copy on a server being drained, and the bytes of those copies (what a
+    /// drain has left to move).
+    pub moving: u64,
+    pub moving_bytes: u64,
 }
 
 /// A bounce buffer on loan; goes back to the pool on drop.

@@ -8,6 +8,11 @@ impl DataStore {
     pub(super) fn health(&self, chunks: &ChunkMap, into: &mut ReplicaHealth) {
         let want = self.replicas();
         for c in chunks.values() {
+            let moving = self.moving_copies(c) as u64;
+            if moving > 0 {
+                into.moving += 1;
+                into.moving_bytes += moving * c.len;
+            }
             let live = self.live_copies(c).count();
             if live == 0 {
                 into.lost += 1;
@@ -109,9 +114,28 @@ impl DataStore {
         let want = self.replicas();
         chunks
             .iter()
-            .filter(|(_, c)| self.live_copies(c).count() < want || c.replicas().len() > want)
+            .filter(|(_, c)| {
+                self.live_copies(c).count() < want
+                    || c.replicas().len() > want
+                    || self.moving_copies(c) > 0
+            })
             .map(|(i, _)| *i)
             .collect()
+    }
+
+    /// Copies of `c` on servers being drained (to be moved off).
+    pub(super) fn moving_copies(&self, c: &Chunk) -> usize {
+        c.replicas()
+            .iter()
+            .filter(|r| self.pool.is_draining(ServerId(r.server)))
+            .count()
+    }
+
+    /// Copies of `c` that stay where they are: on live servers not being drained.
+    fn settled_copies(&self, c: &Chunk) -> usize {
+        self.live_copies(c)
+            .filter(|r| !self.pool.is_draining(ServerId(r.server)))
+            .count()
     }
 
     /// Rebuild of one chunk (called with the file's chunk map locked, so no write races the
@@ -128,29 +152,45 @@ impl DataStore {
             return 0; // lost: nothing to copy from
         }
         let want = self.replicas();
-        // Copies beyond the count go, the last placed first (their extents given back once
-        // the chunk map without them is committed, as any free).
+        // A drain: the new copies are written before the ones on the draining server go,
+        // so the chunk never has fewer than `want`.
+        let added = if self.settled_copies(c) < want {
+            self.repair(idx, c)
+        } else {
+            0
+        };
+        // Copies beyond the count go: those on draining servers first, then the last placed
+        // (their extents given back once the chunk map without them is committed, as any
+        // free).
         while c.replicas().len() > want {
-            let last = c.replicas()[c.replicas().len() - 1].server;
-            self.let_go(c, last);
+            let leaving = c
+                .replicas()
+                .iter()
+                .rev()
+                .find(|r| self.pool.is_draining(ServerId(r.server)))
+                .unwrap_or(&c.replicas()[c.replicas().len() - 1])
+                .server;
+            self.let_go(c, leaving);
         }
-        if c.replicas().len() >= want {
-            return 0;
-        }
-        self.repair(idx, c) as u64 * c.len
+        added as u64 * c.len
     }
 
-    /// Places the missing copies of chunk `idx` on live servers that hold none of it and
+    /// Places the missing copies of chunk `idx` (counting those on draining servers as
+    /// missing) on live servers in placement that hold none of it and
     /// copies its bytes there from a live copy; returns how many it added. Best effort:
     /// without room or another live server the chunk stays degraded (and counted so in
     /// `stats`).
     pub(super) fn repair(&self, idx: u64, c: &mut Chunk) -> usize {
-        let missing = self.replicas().saturating_sub(c.replicas().len());
+        let missing = self.replicas().saturating_sub(self.settled_copies(c));
         if missing == 0 {
             return 0;
         }
         let holders: Vec<ServerId> = c.replicas().iter().map(|r| ServerId(r.server)).collect();
-        if self.pool.live_servers() <= holders.len() {
+        let placeable_holders = holders
+            .iter()
+            .filter(|&&h| self.pool.is_live(h) && !self.pool.is_draining(h))
+            .count();
+        if self.pool.placeable_servers() <= placeable_holders {
             return 0;
         }
         let mut new = match self.pool.alloc_replicas(c.len, missing, &holders) {

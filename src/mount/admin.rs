@@ -30,12 +30,23 @@ pub enum Request {
     /// Keep `copies` copies of every chunk from now on; the rebuild adds or drops copies in
     /// the background (its progress in `stats`: `chunks.degraded`, `chunks.surplus`).
     SetReplicas { copies: usize },
+    /// Put the server at `server` (`host:port`) into the pool.
+    AddServer { server: String },
+    /// Move everything off `server`; answered once it holds nothing of the mount (progress
+    /// lines meanwhile).
+    Drain { server: String },
+    /// Forget drained `server`.
+    Remove { server: String },
 }
 
+/// One answer line. Before the last, a long request may send progress lines
+/// (`progress: true`), which the caller shows as they come.
 #[derive(Debug, Serialize, Deserialize)]
 struct Reply {
     ok: bool,
     message: String,
+    #[serde(default)]
+    progress: bool,
 }
 
 /// How long a caller may take to send its request line: the thread serves one caller at a
@@ -50,6 +61,8 @@ const MAX_REQUEST: u64 = 64 * 1024;
 /// hold on the file system ends with it, so an unmount can say goodbye to the servers.
 pub struct AdminServer {
     path: PathBuf,
+    /// Ends a drain under way (an unmount does not wait for one).
+    work: Arc<crate::rebuild::Stop>,
     /// A second handle on the listening socket, to wake the thread's `accept`.
     listener: UnixListener,
     stop: Arc<AtomicBool>,
@@ -61,6 +74,8 @@ pub struct Target {
     pub fs: Arc<Fs>,
     /// The volume and its journal (none: a private namespace, which has nothing to export).
     pub volume: Option<(String, Arc<crate::volume::VolumeJournal>)>,
+    /// Most bytes per second a drain copies (the mount's `--rebuild-rate`; 0: no limit).
+    pub rebuild_rate: u64,
 }
 
 fn socket_dir() -> PathBuf {
@@ -102,6 +117,8 @@ impl AdminServer {
         let waker = listener.try_clone().map_err(|e| e.to_string())?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
+        let work = Arc::new(crate::rebuild::Stop::default());
+        let ending = work.clone();
         let thread = std::thread::Builder::new()
             .name("admin".into())
             .spawn(move || {
@@ -112,7 +129,7 @@ impl AdminServer {
                     let served = conn.map_err(|e| e.to_string()).and_then(|conn| {
                         conn.set_read_timeout(Some(REQUEST_WAIT))
                             .map_err(|e| e.to_string())?;
-                        serve(&target, conn)
+                        serve(&target, &ending, conn)
                     });
                     if let Err(e) = served {
                         log::warn!("admin request: {e}");
@@ -122,6 +139,7 @@ impl AdminServer {
             .map_err(|e| e.to_string())?;
         Ok(AdminServer {
             path,
+            work,
             listener: waker,
             stop,
             thread: Some(thread),
@@ -132,6 +150,7 @@ impl AdminServer {
 impl Drop for AdminServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.work.stop();
         // Linux ends a blocked accept() on a listening socket that is shut down.
         let _ = nix::sys::socket::shutdown(
             std::os::fd::AsRawFd::as_raw_fd(&self.listener),
@@ -145,7 +164,7 @@ impl Drop for AdminServer {
 }
 
 /// Serves one connection: checks who calls, reads one request, answers it.
-fn serve(target: &Target, conn: UnixStream) -> Result<(), String> {
+fn serve(target: &Target, ending: &crate::rebuild::Stop, conn: UnixStream) -> Result<(), String> {
     let cred = nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials)
         .map_err(|e| format!("peer credentials: {e}"))?;
     // SAFETY: geteuid has no preconditions.
@@ -157,6 +176,7 @@ fn serve(target: &Target, conn: UnixStream) -> Result<(), String> {
                 "uid {} may not administer this mount (root or uid {me} may)",
                 cred.uid()
             ),
+            progress: false,
         }
     } else {
         let mut line = String::new();
@@ -170,23 +190,81 @@ fn serve(target: &Target, conn: UnixStream) -> Result<(), String> {
                     cred.uid(),
                     cred.pid()
                 );
-                match handle(target, req) {
-                    Ok(message) => Reply { ok: true, message },
-                    Err(message) => Reply { ok: false, message },
+                let tell = |line: &str| {
+                    let _ = send(
+                        &conn,
+                        &Reply {
+                            ok: true,
+                            message: line.to_string(),
+                            progress: true,
+                        },
+                    );
+                };
+                match handle(target, req, ending, &tell) {
+                    Ok(message) => Reply {
+                        ok: true,
+                        message,
+                        progress: false,
+                    },
+                    Err(message) => Reply {
+                        ok: false,
+                        message,
+                        progress: false,
+                    },
                 }
             }
-            Err(message) => Reply { ok: false, message },
+            Err(message) => Reply {
+                ok: false,
+                message,
+                progress: false,
+            },
         }
     };
-    let mut out = serde_json::to_vec(&reply).map_err(|e| e.to_string())?;
-    out.push(b'\n');
-    (&conn).write_all(&out).map_err(|e| e.to_string())
+    send(&conn, &reply)
 }
 
-fn handle(target: &Target, req: Request) -> Result<String, String> {
+fn send(conn: &UnixStream, reply: &Reply) -> Result<(), String> {
+    let mut out = serde_json::to_vec(reply).map_err(|e| e.to_string())?;
+    out.push(b'\n');
+    let mut w = conn;
+    w.write_all(&out).map_err(|e| e.to_string())
+}
+
+fn handle(
+    target: &Target,
+    req: Request,
+    ending: &crate::rebuild::Stop,
+    tell: &(dyn Fn(&str) + Sync),
+) -> Result<String, String> {
+    let journal = target.volume.as_ref().map(|(_, j)| &**j);
+    let fs = &*target.fs;
     match req {
         Request::Export { dest } => export(target, &dest),
         Request::SetReplicas { copies } => set_replicas(target, copies),
+        Request::AddServer { server } => {
+            let addr = super::options::resolve_server(&server)?;
+            let id = crate::membership::add_server(fs, journal, addr)?;
+            Ok(format!(
+                "memory server {addr} joined as server#{}: new chunks may land there now",
+                id.0
+            ))
+        }
+        Request::Drain { server } => {
+            let addr = super::options::resolve_server(&server)?;
+            let d = crate::membership::drain(fs, journal, addr, target.rebuild_rate, ending, tell)?;
+            Ok(format!(
+                "drained {addr}: {} chunk copies ({} bytes) moved in {:.1} s ({:.0} MB/s); it                  holds nothing of this mount (`rmemfs admin remove` forgets it)",
+                d.chunks_moved,
+                d.bytes_moved,
+                d.seconds,
+                d.bytes_moved as f64 / d.seconds.max(1e-3) / 1e6
+            ))
+        }
+        Request::Remove { server } => {
+            let addr = super::options::resolve_server(&server)?;
+            crate::membership::remove(fs, journal, addr)?;
+            Ok(format!("memory server {addr} removed from this mount"))
+        }
     }
 }
 
@@ -261,15 +339,31 @@ pub fn request(mountpoint: &Path, req: &Request) -> Result<String, String> {
     let mut line = serde_json::to_vec(req).map_err(|e| e.to_string())?;
     line.push(b'\n');
     (&conn).write_all(&line).map_err(|e| e.to_string())?;
-    let mut answer = String::new();
-    BufReader::new(&conn)
-        .read_line(&mut answer)
-        .map_err(|e| e.to_string())?;
-    let reply: Reply = serde_json::from_str(&answer)
-        .map_err(|e| format!("the daemon's answer is not understood ({e}): {answer:?}"))?;
-    if reply.ok {
-        Ok(reply.message)
-    } else {
-        Err(reply.message)
+    let mut lines = BufReader::new(&conn);
+    // Progress on one rewritten line in a terminal, one line each otherwise.
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    loop {
+        let mut answer = String::new();
+        if lines.read_line(&mut answer).map_err(|e| e.to_string())? == 0 {
+            return Err("the daemon closed the admin connection without an answer".into());
+        }
+        let reply: Reply = serde_json::from_str(&answer)
+            .map_err(|e| format!("the daemon's answer is not understood ({e}): {answer:?}"))?;
+        if reply.progress {
+            if tty {
+                eprint!("\r\x1b[K{}", reply.message);
+            } else {
+                eprintln!("{}", reply.message);
+            }
+            continue;
+        }
+        if tty {
+            eprint!("\r\x1b[K");
+        }
+        return if reply.ok {
+            Ok(reply.message)
+        } else {
+            Err(reply.message)
+        };
     }
 }

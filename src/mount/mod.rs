@@ -246,6 +246,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     let admin = admin::AdminServer::start(admin::Target {
         fs: fs.clone(),
         volume: config.volume.clone().zip(journal.clone()),
+        rebuild_rate: config.rebuild_rate,
     })
     .inspect_err(|e| log::warn!("no admin socket ({e}): `rmemfs admin` cannot reach this mount"))
     .ok();

@@ -14,8 +14,9 @@ use std::io::{self, Read, Write};
 
 mod volume;
 
-/// Wire protocol version; bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u16 = 5;
+/// Wire protocol version; bumped on any incompatible change (6: `Stats` says what the asking
+/// session holds, for a drain to know when a server holds nothing of the mount).
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// Magic at the start of `Hello`, so a stray client (HTTP, a port scanner) is rejected at once.
 pub const HELLO_MAGIC: u32 = 0x524d_4653; // "RMFS"
@@ -77,6 +78,13 @@ pub struct Capacity {
     pub total: u64,
     pub free: u64,
     pub largest_free: u64,
+}
+
+/// Extents one session holds on a server, and their bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Holding {
+    pub extents: u64,
+    pub bytes: u64,
 }
 
 /// What a memory server has refused since it started, for `rmemfs stats --server`: the
@@ -217,6 +225,8 @@ pub enum Message {
         extents: u64,
         clients: u32,
         counters: ServerCounters,
+        /// What the asking session holds (a volume holder: the volume's extents there).
+        session: Holding,
     },
     /// A request was refused; the connection stays usable.
     Refused {
@@ -543,12 +553,15 @@ impl Message {
                 extents,
                 clients,
                 counters,
+                session,
             } => {
                 w.u8(tag::STATS);
                 w.u64(*t);
                 w.capacity(capacity);
                 w.u64(*extents);
                 w.u32(*clients);
+                w.u64(session.extents);
+                w.u64(session.bytes);
                 for (_, v) in counters.fields() {
                     w.u64(v);
                 }
@@ -758,6 +771,10 @@ impl Message {
                 capacity: r.capacity()?,
                 extents: r.u64()?,
                 clients: r.u32()?,
+                session: Holding {
+                    extents: r.u64()?,
+                    bytes: r.u64()?,
+                },
                 counters: {
                     let mut v = [0u64; 10];
                     for x in &mut v {

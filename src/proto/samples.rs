@@ -62,6 +62,10 @@ pub fn sample_messages() -> Vec<Message> {
             extents: 3,
             clients: 2,
             counters: ServerCounters::from_fields([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]),
+            session: crate::proto::Holding {
+                extents: 2,
+                bytes: 8192,
+            },
         },
         Message::Refused {
             tag: 10,

@@ -177,6 +177,21 @@ pub struct ChunkFigures {
     pub lost: u64,
     /// Healthy chunks with more copies than `copies` (lowered live; the rebuild trims them).
     pub surplus: u64,
+    /// Chunks with a copy on a draining server, and those copies' bytes (left to move).
+    pub moving: u64,
+    pub moving_bytes: u64,
+}
+
+/// A drain under way (`rmemfs admin drain`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DrainFigures {
+    pub server: String,
+    pub seconds: u64,
+    pub bytes_moved: u64,
+    pub bytes_left: u64,
+    pub rate_bytes_per_s: u64,
+    /// Seconds to go at the rate so far (none before anything moved).
+    pub eta_seconds: Option<u64>,
 }
 
 /// What the background rebuild has done.
@@ -201,6 +216,8 @@ pub struct MountReport {
     pub servers: Vec<ServerFigures>,
     pub chunks: ChunkFigures,
     pub rebuild: RebuildFigures,
+    /// None unless a drain is running.
+    pub drain: Option<DrainFigures>,
     pub namespace: NamespaceFigures,
     /// None without a volume.
     pub journal: Option<JournalFigures>,
@@ -247,7 +264,9 @@ impl MountReport {
                 id: s.id.0,
                 addr: s.addr.to_string(),
                 state: match s.state {
+                    crate::client::ServerState::Up if s.draining => "draining",
                     crate::client::ServerState::Up => "up",
+                    crate::client::ServerState::Removed => "removed",
                     crate::client::ServerState::Down => "down",
                     crate::client::ServerState::Rejoining => "rejoining",
                 }
@@ -299,7 +318,22 @@ impl MountReport {
                 degraded: h.degraded,
                 lost: h.lost,
                 surplus: h.surplus,
+                moving: h.moving,
+                moving_bytes: h.moving_bytes,
             },
+            drain: figures.drain.lock().as_ref().map(|d| {
+                let seconds = d.started.elapsed().as_secs_f64();
+                let bytes_moved = d.bytes_at_start.saturating_sub(h.moving_bytes);
+                let rate = (bytes_moved as f64 / seconds.max(1e-3)) as u64;
+                DrainFigures {
+                    server: d.server.clone(),
+                    seconds: seconds as u64,
+                    bytes_moved,
+                    bytes_left: h.moving_bytes,
+                    rate_bytes_per_s: rate,
+                    eta_seconds: (rate > 0).then(|| h.moving_bytes / rate),
+                }
+            }),
             rebuild: RebuildFigures {
                 running: r.running.load(Ordering::Relaxed),
                 passes: r.passes.load(Ordering::Relaxed),

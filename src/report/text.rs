@@ -109,7 +109,7 @@ pub fn render(r: &MountReport) -> String {
             s.id,
             s.addr,
             // Trouble in capitals, to stand out.
-            if s.state == "up" {
+            if matches!(s.state.as_str(), "up" | "draining" | "removed") {
                 s.state.clone()
             } else {
                 s.state.to_uppercase()
@@ -130,7 +130,27 @@ pub fn render(r: &MountReport) -> String {
     if ch.surplus > 0 {
         let _ = write!(out, "; {} with extra copies", ch.surplus);
     }
+    if ch.moving > 0 {
+        let _ = write!(
+            out,
+            "; {} with a copy to move off a draining server ({} bytes)",
+            ch.moving, ch.moving_bytes
+        );
+    }
     out.push('\n');
+    if let Some(d) = &r.drain {
+        let _ = writeln!(
+            out,
+            "drain of {}: {} bytes moved, {} left, {} B/s, {} s so far{}",
+            d.server,
+            d.bytes_moved,
+            d.bytes_left,
+            d.rate_bytes_per_s,
+            d.seconds,
+            d.eta_seconds
+                .map_or(String::new(), |e| format!(", about {e} s to go"))
+        );
+    }
     let rb = &r.rebuild;
     let _ = writeln!(
         out,
@@ -253,6 +273,8 @@ mod tests {
                 degraded: 1,
                 lost: 0,
                 surplus: 0,
+                moving: 0,
+                moving_bytes: 0,
             },
             rebuild: RebuildFigures {
                 running: true,

@@ -334,6 +334,10 @@ impl Session {
                 extents: self.shared.extents.load(Ordering::SeqCst),
                 clients: self.shared.clients.load(Ordering::SeqCst),
                 counters: self.shared.counters(),
+                session: crate::proto::Holding {
+                    extents: self.extents.len() as u64,
+                    bytes: self.held,
+                },
             },
             other => return Err(format!("unexpected {} from a client", kind(&other))),
         })

@@ -118,13 +118,14 @@ impl Writer {
         Ok(())
     }
 
-    /// Live servers for the journal's copies: those of the current ring first.
+    /// Live servers for the journal's copies (none being drained): those of the current
+    /// ring first.
     fn journal_servers(&self) -> Vec<u32> {
         let live: Vec<u32> = self
             .pool
             .status()
             .iter()
-            .filter(|s| !s.failed)
+            .filter(|s| !s.failed && !s.draining)
             .map(|s| s.id.0)
             .collect();
         let mut out: Vec<u32> = self
@@ -554,7 +555,71 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// A checkpoint now, with a fresh ring on the journal servers of the moment, under the
+    /// writer's lock; the records it holds count as committed (it holds every record assigned
+    /// so far, so nothing need be synced first: a sync here would wait for the committer,
+    /// which waits for this lock).
+    fn checkpoint_now(&self, w: &mut Writer) -> Result<()> {
+        if let Some(why) = &self.done.lock().failed {
+            return Err(eio(why.clone()));
+        }
+        let lsn = w.checkpoint(&self.gate, true).map_err(eio)?;
+        self.forget_up_to(lsn);
+        self.committed(&w.pool, lsn);
+        Ok(())
+    }
+}
+
+/// Membership (`rmemfs admin add-server`, `drain`, `remove`): the root names every server
+/// the volume's records may name, by the pool's index.
 impl VolumeJournal {
+    /// Names the server that joined the pool as `id` at `addr` in the root, before anything
+    /// of the volume is placed there.
+    pub fn add_member(&self, id: u32, addr: &str) -> Result<()> {
+        let mut w = self.shared.writer.lock();
+        let mut root = w.root.clone();
+        if root.servers.len() > id as usize {
+            return Err(eio(format!(
+                "the volume's root names a server#{id} already ({})",
+                root.servers[id as usize]
+            )));
+        }
+        // Removed servers keep their place (an empty name), so indexes never move.
+        root.servers.resize(id as usize, String::new());
+        root.servers.push(addr.to_string());
+        w.publish(root).map_err(eio)
+    }
+
+    /// Moves the journal ring and checkpoint off draining servers (a checkpoint to the
+    /// others); false if none was there.
+    pub fn move_off_draining(&self) -> Result<bool> {
+        let mut w = self.shared.writer.lock();
+        let on_draining = w
+            .root
+            .ring
+            .iter()
+            .chain(&w.root.checkpoint)
+            .any(|p| w.pool.is_draining(ServerId(p.server)));
+        if !on_draining {
+            return Ok(false);
+        }
+        self.shared.checkpoint_now(&mut w)?;
+        Ok(true)
+    }
+
+    /// Forgets drained server `id`: a checkpoint first (so no record left in the ring names
+    /// it), then its name leaves the root; a later attach does not look for it.
+    pub fn forget_member(&self, id: u32) -> Result<()> {
+        let mut w = self.shared.writer.lock();
+        self.shared.checkpoint_now(&mut w)?;
+        let mut root = w.root.clone();
+        if let Some(name) = root.servers.get_mut(id as usize) {
+            name.clear();
+        }
+        w.publish(root).map_err(eio)
+    }
+
     /// Starts the committer over `writer`, records numbered after `last_lsn` (what attach
     /// replayed and checkpointed).
     pub(super) fn start(

@@ -179,7 +179,7 @@ pub fn attach_then(
     prepare: impl FnOnce(&Arc<Fs>, &AttachReport) -> Result<(), String>,
 ) -> Result<Attached, String> {
     let pool = data.pool().clone();
-    let claims = pool.claims().to_vec();
+    let claims = pool.claims();
     let servers: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
     let mut best: Option<Root> = None;
     for c in &claims {
@@ -225,6 +225,8 @@ pub fn attach_then(
             .iter()
             .map(|s| match servers.iter().position(|a| a == s) {
                 Some(i) => Ok(Some(i as u32)),
+                // A server drained and removed (`rmemfs admin remove`): nothing names it.
+                None if s.is_empty() => Ok(None),
                 None if without.contains(s) => Ok(None),
                 None => Err(format!(
                     "the volume's server {s} is not among --servers ({}): give every server \
@@ -234,7 +236,7 @@ pub fn attach_then(
                 )),
             })
             .collect::<Result<_, _>>()?;
-        report.without = perm.iter().filter(|p| p.is_none()).count();
+        report.without = without.iter().filter(|w| root.servers.contains(w)).count();
         let usable = |p: &Place| -> Option<RemoteRegion> {
             let id = perm[p.server as usize]?;
             (!restarted.contains(&id) && pool.is_live(ServerId(id))).then_some(RemoteRegion {

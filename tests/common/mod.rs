@@ -27,6 +27,8 @@ pub struct TestFs {
     /// The volume this file system is (none: a private namespace): its name, and how the
     /// data store was made, to attach it again ([`TestFs::crash_and_reattach`]).
     pub volume: Option<(String, u64, WritePath)>,
+    /// The volume's running journal (none without a volume).
+    pub journal: Option<Arc<rmemfs::volume::VolumeJournal>>,
 }
 
 /// A TCP relay in front of a memory server's control port that can be frozen: frozen, it
@@ -250,6 +252,7 @@ impl TestFs {
             server_config,
             relays,
             volume: None,
+            journal: None,
         }
     }
 
@@ -267,11 +270,13 @@ impl TestFs {
             false,
         );
         t.volume = Some((name.to_string(), chunk, path));
-        t.fs = t.attach_volume(true).unwrap();
+        let attached = t.attach_volume(true).unwrap();
+        t.fs = attached.fs;
+        t.journal = Some(attached.journal);
         t
     }
 
-    fn attach_volume(&self, create: bool) -> Result<Arc<Fs>, String> {
+    fn attach_volume(&self, create: bool) -> Result<rmemfs::volume::Attached, String> {
         let (name, chunk, path) = self.volume.clone().expect("a volume");
         let addrs: Vec<_> = self.servers.iter().map(|s| s.local_addr()).collect();
         let pool = Pool::connect(
@@ -304,15 +309,16 @@ impl TestFs {
             acl: true,
             ..FsConfig::default()
         };
-        Ok(rmemfs::volume::attach(data, config, &addrs, &[])?.fs)
+        rmemfs::volume::attach(data, config, &addrs, &[])
     }
 
     /// The volume's daemon dies (nothing more sent, nothing pending committed) and a new
     /// one attaches it.
     pub fn crash_and_reattach(&mut self) {
         self.fs.data().pool().crash();
-        let fs = self.attach_volume(false).unwrap();
-        self.fs = fs;
+        let attached = self.attach_volume(false).unwrap();
+        self.fs = attached.fs;
+        self.journal = Some(attached.journal);
     }
 
     /// Memory server `i` dies: its data path stops answering and its control connections
@@ -332,6 +338,22 @@ impl TestFs {
         };
         self.servers[i] = MemoryServer::start(&config, node.clone()).unwrap();
         self.nodes[i] = node;
+    }
+
+    /// The volume's journal (none without a volume).
+    pub fn journal(&self) -> Option<Arc<rmemfs::volume::VolumeJournal>> {
+        self.journal.clone()
+    }
+
+    /// Starts one more memory server like the others (in no pool until a test adds it);
+    /// returns its address.
+    pub fn start_server(&mut self) -> std::net::SocketAddr {
+        let node = self.net.node();
+        let server = MemoryServer::start(&self.server_config, node.clone()).unwrap();
+        let addr = server.local_addr();
+        self.servers.push(server);
+        self.nodes.push(node);
+        addr
     }
 
     /// Resolves a '/'-separated path from the root.
