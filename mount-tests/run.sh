@@ -526,6 +526,49 @@ sys.exit(f"chunks with another count: {bad}" if bad else 0)' "$MNT/f5" "$copies"
   log "servers' used memory: $used3 bytes at three copies, $used1 at one"
 }
 
+# (servers 3 × 256M, two copies) A fourth server added to the live mount takes new chunks at
+# once (it is the emptiest); `rmemfs admin rebalance`, run while fio writes and verifies,
+# then moves copies until every server's used fraction (as the servers count it) is within
+# 10% of the mean; every byte reads back, every chunk keeps two copies.
+test_add_server() {
+  local out fourth
+  seed_files 12
+  must "a 96 MiB file" dd if=/dev/urandom of="$MNT/big" bs=1M count=96 conv=fsync status=none
+  start_server 256M || fail "a fourth server did not start"
+  fourth=$SERVER_ADDR
+  # This subshell's server: the runner does not know it.
+  # shellcheck disable=SC2064 # the pid is meant to be expanded now
+  trap "kill_servers $SERVER_PID" EXIT
+  out=$(t "$BIN" admin add-server "$MNT" "$fourth") || fail "add-server: $out"
+  log "$out"
+  out=$(t "$BIN" admin add-server "$MNT" "$fourth" 2>&1) && fail "added twice: $out"
+  must "write after add-server" dd if=/dev/urandom of="$MNT/new" bs=1M count=8 conv=fsync status=none
+  must "every new chunk has a copy on the added server" python3 -c 'import json, os, sys
+p = json.loads(os.getxattr(sys.argv[1], "user.rmemfs.placement"))
+bad = [c for c in p if sys.argv[2] not in c[1]]
+sys.exit(f"chunks without a copy on {sys.argv[2]}: {bad}" if bad else 0)' "$MNT/new" "$fourth"
+  # Small fio files: their layout alone would even the servers out (new chunks go to the
+  # emptiest), leaving the rebalance nothing to move.
+  RMEMFS_TEST_FIO_SIZE=16M start_fio_verify
+  out=$(t "$BIN" admin rebalance "$MNT" 2>"$WORK/rebalance.progress") || fail "rebalance: $out"
+  log "$out"
+  grep -qE "rebalanced: [1-9][0-9]* chunk copies" <<<"$out" || fail "the rebalance moved nothing: $out"
+  finish_fio_verify "a rebalance"
+  must "every server within 10% of the mean used fraction" python3 -c 'import json, subprocess, sys
+used = []
+for a in sys.argv[2].split(","):
+    s = json.loads(subprocess.run([sys.argv[1], "stats", "--server", a, "--json"], check=True,
+                                  capture_output=True).stdout)
+    used.append((s["total_bytes"] - s["free_bytes"]) / s["total_bytes"])
+mean = sum(used) / len(used)
+print("used fractions", ["%.3f" % u for u in used], "mean %.3f" % mean)
+sys.exit(0 if all(abs(u - mean) <= 0.1 * mean for u in used) else "not within 10% of the mean")' \
+    "$BIN" "$ADDRS,$fourth"
+  wait_copies 2 30 "after the rebalance" >/dev/null
+  check_files 12 "after the rebalance"
+  must "cmp new" test -s "$MNT/new"
+}
+
 # (servers 3 × 256M, two copies, --op-timeout=2) A memory server frozen (SIGSTOP) for longer
 # than failure detection while fio writes and verifies: operations waiting on it move to the
 # other copies once detection gives it up, fio finishes with zero errors, and after the thaw
@@ -1605,6 +1648,7 @@ ALL_TESTS=(
   "replica_freeze 256M,256M,256M mount --op-timeout=2"
   "replica_pair 256M,256M mount --replicas=2"
   "set_replicas 256M,256M,256M mount"
+  "add_server 256M,256M,256M mount --replicas=2"
   "unmount_cleanup shared nomount"
   "secret shared nomount"
   "linux_semantics shared nomount"

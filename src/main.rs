@@ -74,6 +74,11 @@ enum AdminCmd {
         mountpoint: PathBuf,
         #[arg(value_name = "HOST[:PORT]")]
         server: String,
+        /// Then move copies from the fullest servers to the emptiest until every server's
+        /// used fraction is within 5% of the mean (at the mount's --rebuild-rate); returns
+        /// when done.
+        #[arg(long)]
+        rebalance: bool,
     },
     /// Move every copy off the memory server HOST[:PORT] while reads and writes go on (each
     /// chunk keeps its full copy count: the new copy is written before the old one goes),
@@ -90,6 +95,9 @@ enum AdminCmd {
         #[arg(value_name = "HOST[:PORT]")]
         server: String,
     },
+    /// Move copies from the fullest servers to the emptiest until every server's used
+    /// fraction is within 5% of the mean (at the mount's --rebuild-rate); returns when done.
+    Rebalance { mountpoint: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -545,13 +553,16 @@ fn admin_cmd(action: AdminCmd) -> Result<(), String> {
         AdminCmd::SetReplicas { mountpoint, copies } => {
             request(&mountpoint, &Request::SetReplicas { copies })?
         }
-        AdminCmd::AddServer { mountpoint, server } => {
-            request(&mountpoint, &Request::AddServer { server })?
-        }
+        AdminCmd::AddServer {
+            mountpoint,
+            server,
+            rebalance,
+        } => request(&mountpoint, &Request::AddServer { server, rebalance })?,
         AdminCmd::Drain { mountpoint, server } => request(&mountpoint, &Request::Drain { server })?,
         AdminCmd::Remove { mountpoint, server } => {
             request(&mountpoint, &Request::Remove { server })?
         }
+        AdminCmd::Rebalance { mountpoint } => request(&mountpoint, &Request::Rebalance)?,
     };
     println!("{answer}");
     Ok(())

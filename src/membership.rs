@@ -201,6 +201,92 @@ fn move_everything(
     }
 }
 
+/// A rebalance stops once every server in placement is this close (relative) to the mean
+/// used fraction: inside the 10% an admin is promised, with room for what changes meanwhile.
+pub const REBALANCE_TOLERANCE: f64 = 0.05;
+
+/// What a rebalance did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rebalanced {
+    pub chunks_moved: u64,
+    pub bytes_moved: u64,
+    pub seconds: f64,
+    /// Each server's used fraction at the end (none: not in placement).
+    pub fractions: Vec<Option<f64>>,
+}
+
+/// Moves copies from the fullest servers to the emptiest until every server in placement is
+/// within [`REBALANCE_TOLERANCE`] of the mean used fraction (or no move helps), at most
+/// `rate` bytes per second (0: no limit).
+pub fn rebalance(
+    fs: &Fs,
+    rate: u64,
+    stop: &Stop,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Rebalanced, String> {
+    let pool = fs.data().pool();
+    pool.refresh();
+    let mut ledger = crate::data::Ledger::of(pool);
+    let start = Instant::now();
+    let mut last_told = start;
+    let (mut chunks_moved, mut bytes_moved) = (0u64, 0u64);
+    'passes: loop {
+        let before = bytes_moved;
+        for (ino, file) in fs.files_by_ino() {
+            let indexes: Vec<u64> = fs.data().view(&file).iter().map(|(i, _)| *i).collect();
+            for idx in indexes {
+                if ledger.balanced(REBALANCE_TOLERANCE) || stop.is_stopped() {
+                    break 'passes;
+                }
+                let moved = {
+                    let mut io = fs.data().lock(&file);
+                    let moved = io.balance_chunk(idx, &mut ledger);
+                    fs.commit_extents(ino, &mut io);
+                    moved
+                };
+                if moved == 0 {
+                    continue;
+                }
+                chunks_moved += 1;
+                bytes_moved += moved;
+                if last_told.elapsed() >= PROGRESS_EVERY {
+                    last_told = Instant::now();
+                    progress(&format!(
+                        "rebalance: {bytes_moved} bytes moved ({:.0} MB/s); mean use {:.1}%",
+                        bytes_moved as f64 / start.elapsed().as_secs_f64() / 1e6,
+                        ledger.mean() * 100.0
+                    ));
+                }
+                if rate > 0 {
+                    let due = Duration::from_secs_f64(bytes_moved as f64 / rate as f64);
+                    if let Some(ahead) = due.checked_sub(start.elapsed()) {
+                        stop.wait(ahead);
+                    }
+                }
+            }
+        }
+        if bytes_moved == before {
+            break; // a whole pass found no move that helps
+        }
+    }
+    if let Some(r) = fs.sync() {
+        r.map_err(|e| e.message)?;
+    }
+    pool.settle_frees(FREES_SETTLE);
+    pool.refresh();
+    let out = Rebalanced {
+        chunks_moved,
+        bytes_moved,
+        seconds: start.elapsed().as_secs_f64(),
+        fractions: crate::data::Ledger::of(pool).fractions(),
+    };
+    log::warn!(
+        "rebalance: {chunks_moved} chunk copies ({bytes_moved} bytes) moved in {:.1} s",
+        out.seconds
+    );
+    Ok(out)
+}
+
 /// Forgets drained server `addr`: the volume's root stops naming it (after a checkpoint, so
 /// no record does), then the pool lets it go.
 pub fn remove(fs: &Fs, journal: Option<&VolumeJournal>, addr: SocketAddr) -> Result<(), String> {

@@ -202,3 +202,37 @@ fn a_volume_drain_moves_its_journal_and_a_reattach_needs_no_removed_server() {
     assert_eq!(t.read_file("a").unwrap(), data);
     assert_eq!(t.read_file("b").unwrap(), &data[..MIB]);
 }
+
+#[test]
+fn a_rebalance_evens_the_servers_out_after_one_is_added() {
+    let mut t = TestFs::replicated(2, 32 << 20, MIB as u64, WritePath::Frrwp, 2);
+    let files: Vec<Vec<u8>> = (0..6).map(|i| bytes(20 + i, 2 * MIB + 99)).collect();
+    for (i, d) in files.iter().enumerate() {
+        t.create(&format!("f{i}")).unwrap();
+        t.write_file(&format!("f{i}"), 0, d).unwrap();
+    }
+    let addr = t.start_server();
+    membership::add_server(&t.fs, None, addr).unwrap();
+    assert_eq!(used_on(&t, 2), 0);
+    let r = membership::rebalance(&t.fs, 0, &Stop::default(), &|_| {}).unwrap();
+    assert!(r.chunks_moved > 0, "{r:?}");
+    // Every server within 10% of the mean used fraction, as the servers count it.
+    let used: Vec<u64> = (0..3).map(|i| used_on(&t, i)).collect();
+    let mean = used.iter().sum::<u64>() as f64 / 3.0;
+    for (i, u) in used.iter().enumerate() {
+        assert!(
+            (*u as f64 - mean).abs() <= 0.1 * mean,
+            "server {i} uses {u} bytes, the mean is {mean:.0}: {used:?}"
+        );
+    }
+    // Still two copies each, on two distinct servers, and the bytes unchanged.
+    for (i, d) in files.iter().enumerate() {
+        let p = placement(&t, &format!("f{i}"));
+        assert!(p.iter().all(|c| c.len() == 2), "f{i}: {p:?}");
+        assert_eq!(&t.read_file(&format!("f{i}")).unwrap(), d);
+    }
+    assert_eq!(t.fs.replica_health().degraded, 0);
+    // Balanced already: a second rebalance moves nothing.
+    let again = membership::rebalance(&t.fs, 0, &Stop::default(), &|_| {}).unwrap();
+    assert_eq!(again.chunks_moved, 0, "{again:?}");
+}

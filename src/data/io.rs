@@ -115,6 +115,12 @@ impl FileIo<'_> {
         self.data.rebuild_chunk(&mut self.chunks, idx)
     }
 
+    /// Moves one copy of chunk `idx` toward even use of the servers (see
+    /// [`super::Ledger`]); the bytes copied (0: no move).
+    pub fn balance_chunk(&mut self, idx: u64, ledger: &mut super::Ledger) -> u64 {
+        self.data.balance_chunk(&mut self.chunks, idx, ledger)
+    }
+
     /// Forgets every copy on `server` (it came back empty); how many.
     pub fn forget_copies(&mut self, server: ServerId) -> u64 {
         self.data.forget_copies(&mut self.chunks, server)

@@ -35,8 +35,10 @@ use crate::sync::atomic::{AtomicUsize, Ordering};
 use crate::sync::{Arc, Condvar, Mutex};
 use std::collections::BTreeMap;
 
+pub use balance::Ledger;
 pub use io::{FileIo, FileView};
 
+mod balance;
 mod buffers;
 mod frrwp;
 mod io;

@@ -30,13 +30,20 @@ pub enum Request {
     /// Keep `copies` copies of every chunk from now on; the rebuild adds or drops copies in
     /// the background (its progress in `stats`: `chunks.degraded`, `chunks.surplus`).
     SetReplicas { copies: usize },
-    /// Put the server at `server` (`host:port`) into the pool.
-    AddServer { server: String },
+    /// Put the server at `server` (`host:port`) into the pool; with `rebalance`, then move
+    /// copies toward even use (progress lines meanwhile).
+    AddServer {
+        server: String,
+        #[serde(default)]
+        rebalance: bool,
+    },
     /// Move everything off `server`; answered once it holds nothing of the mount (progress
     /// lines meanwhile).
     Drain { server: String },
     /// Forget drained `server`.
     Remove { server: String },
+    /// Move copies toward even use of the servers (progress lines meanwhile).
+    Rebalance,
 }
 
 /// One answer line. Before the last, a long request may send progress lines
@@ -241,19 +248,28 @@ fn handle(
     match req {
         Request::Export { dest } => export(target, &dest),
         Request::SetReplicas { copies } => set_replicas(target, copies),
-        Request::AddServer { server } => {
+        Request::AddServer { server, rebalance } => {
             let addr = super::options::resolve_server(&server)?;
             let id = crate::membership::add_server(fs, journal, addr)?;
-            Ok(format!(
+            let joined = format!(
                 "memory server {addr} joined as server#{}: new chunks may land there now",
                 id.0
+            );
+            if !rebalance {
+                return Ok(joined);
+            }
+            Ok(format!(
+                "{joined}; {}",
+                rebalance_now(target, ending, tell)?
             ))
         }
+        Request::Rebalance => rebalance_now(target, ending, tell),
         Request::Drain { server } => {
             let addr = super::options::resolve_server(&server)?;
             let d = crate::membership::drain(fs, journal, addr, target.rebuild_rate, ending, tell)?;
             Ok(format!(
-                "drained {addr}: {} chunk copies ({} bytes) moved in {:.1} s ({:.0} MB/s); it                  holds nothing of this mount (`rmemfs admin remove` forgets it)",
+                "drained {addr}: {} chunk copies ({} bytes) moved in {:.1} s ({:.0} MB/s); it \
+                 holds nothing of this mount (`rmemfs admin remove` forgets it)",
                 d.chunks_moved,
                 d.bytes_moved,
                 d.seconds,
@@ -266,6 +282,29 @@ fn handle(
             Ok(format!("memory server {addr} removed from this mount"))
         }
     }
+}
+
+fn rebalance_now(
+    target: &Target,
+    ending: &crate::rebuild::Stop,
+    tell: &(dyn Fn(&str) + Sync),
+) -> Result<String, String> {
+    let fs = &*target.fs;
+    let r = crate::membership::rebalance(fs, target.rebuild_rate, ending, tell)?;
+    let status = fs.data().pool().status();
+    let fractions: Vec<String> = r
+        .fractions
+        .iter()
+        .zip(&status)
+        .filter_map(|(f, s)| f.map(|f| format!("{} {:.1}%", s.addr, f * 100.0)))
+        .collect();
+    Ok(format!(
+        "rebalanced: {} chunk copies ({} bytes) moved in {:.1} s; used: {}",
+        r.chunks_moved,
+        r.bytes_moved,
+        r.seconds,
+        fractions.join(", ")
+    ))
 }
 
 fn set_replicas(target: &Target, copies: usize) -> Result<String, String> {
