@@ -569,6 +569,79 @@ sys.exit(0 if all(abs(u - mean) <= 0.1 * mean for u in used) else "not within 10
   must "cmp new" test -s "$MNT/new"
 }
 
+# (servers 3 × 256M, two copies) tools/rolling-restart.sh restarts every server (kill -9,
+# then a new process on the same port) while fio writes and verifies: fio verifies, no sample
+# of `stats --json` taken throughout shows a chunk short of two copies, every server is a new
+# process at the end, and every byte reads back.
+test_rolling_restart() {
+  local restart=$WORK/restart.sh samples=$WORK/samples stopf=$WORK/sampling-done sampler i a n st
+  i=0
+  for a in ${ADDRS//,/ }; do
+    echo "${TEST_PIDS[$i]}" >"$WORK/pid.$a"
+    i=$((i + 1))
+  done
+  # The restarted servers are this subshell's: the runner knows only the first ones.
+  trap 'for f in "$WORK"/pid.*; do kill -9 "$(cat "$f")" 2>/dev/null || true; done' EXIT
+  {
+    echo '#!/usr/bin/env bash'
+    echo '# Restarts the test server at $1: kill -9, then a new process on the same port.'
+    echo 'set -u'
+    echo "work=$WORK bin=$BIN size=$SHARED_SIZE"
+    printf 'extra=(%s)\n' "${SERVE_ARGS[*]}"
+    cat <<'SCRIPT'
+pidf=$work/pid.$1
+kill -9 "$(cat "$pidf")"
+for ((k = 0; k < 100; k++)); do
+  setsid "$bin" serve --listen "$1" --size "$size" "${extra[@]}" \
+    >"$work/serve-$1.out" 2>"$work/serve-$1.err" </dev/null &
+  echo $! >"$pidf"
+  for ((j = 0; j < 50; j++)); do
+    grep -q "listening on" "$work/serve-$1.out" 2>/dev/null && exit 0
+    kill -0 "$(cat "$pidf")" 2>/dev/null || break
+    sleep 0.1
+  done
+  # The killed process's port may take a moment to be released.
+  sleep 0.1
+done
+exit 1
+SCRIPT
+  } >"$restart"
+  chmod +x "$restart"
+  seed_files 12
+  start_fio_verify
+  : >"$samples"
+  (
+    while [ ! -e "$stopf" ]; do
+      t "$BIN" stats --json "$MNT" 2>/dev/null | python3 -c 'import json, sys
+c = json.load(sys.stdin)["chunks"]; print(c["degraded"], c["lost"], c["moving"])' \
+        >>"$samples" 2>/dev/null || echo "stats failed" >>"$samples"
+    done
+  ) &
+  sampler=$!
+  must_within 300 "tools/rolling-restart.sh" env RMEMFS_BIN="$BIN" tools/rolling-restart.sh "$MNT" "$restart {}"
+  finish_fio_verify "a rolling restart of every server"
+  touch "$stopf"
+  wait "$sampler" || true
+  n=$(wc -l <"$samples")
+  [ "$n" -ge 3 ] || fail "only $n samples of stats during the restarts"
+  if grep -qv '^0 0 ' "$samples"; then
+    fail "a sample with chunks short of two copies (degraded lost moving): $(grep -v '^0 0 ' "$samples" | head -n 3 | tr '\n' ';')"
+  fi
+  log "$n samples during the rolling restart, every chunk at two copies or more"
+  for a in ${ADDRS//,/ }; do
+    { tr '\0' ' ' <"/proc/$(cat "$WORK/pid.$a")/cmdline"; } 2>/dev/null | grep -q " serve --listen $a " ||
+      fail "the server at $a is not the restarted process"
+  done
+  wait_copies 2 30 "after the rolling restart" >/dev/null
+  st=$(t "$BIN" stats --json "$MNT")
+  python3 -c 'import json, sys
+s = json.loads(sys.argv[1])["servers"]
+up = sorted(x["addr"] for x in s if x["state"] == "up")
+sys.exit(0 if up == sorted(sys.argv[2].split(",")) else f"servers up after the restart: {up}")' "$st" "$ADDRS" ||
+    fail "not every server is back in the mount"
+  check_files 12 "after the rolling restart"
+}
+
 # (servers 3 × 256M, two copies, --op-timeout=2) A memory server frozen (SIGSTOP) for longer
 # than failure detection while fio writes and verifies: operations waiting on it move to the
 # other copies once detection gives it up, fio finishes with zero errors, and after the thaw
@@ -1649,6 +1722,7 @@ ALL_TESTS=(
   "replica_pair 256M,256M mount --replicas=2"
   "set_replicas 256M,256M,256M mount"
   "add_server 256M,256M,256M mount --replicas=2"
+  "rolling_restart 256M,256M,256M mount --replicas=2"
   "unmount_cleanup shared nomount"
   "secret shared nomount"
   "linux_semantics shared nomount"

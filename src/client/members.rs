@@ -114,10 +114,16 @@ impl Pool {
                 s.id
             )));
         }
-        let id = self.servers.len();
+        // A server removed before (a rolling restart) takes its old slot: ids stay few.
+        let reused = self
+            .servers
+            .iter()
+            .find(|s| s.addr == addr)
+            .map(|s| s.id.0 as usize);
+        let id = reused.unwrap_or_else(|| self.servers.len());
         if id >= MAX_SERVERS {
             return Err(PoolError::Invalid(format!(
-                "this pool has had {MAX_SERVERS} servers, its most (removed ones count)"
+                "this pool has had {MAX_SERVERS} servers, its most"
             )));
         }
         if let Some(why) = self.fenced() {
@@ -132,30 +138,53 @@ impl Pool {
             open_link(&self.fabric, &self.cq, &self.config, addr, None, claim)?;
         if let Some(c) = claimed {
             if c.epoch != self.epoch() {
-                // The server knew the volume at another epoch (an older holder's): using it
-                // would split the volume's fencing. Nothing was placed there.
+                // The server knew the volume at another epoch (it held it before, or an older
+                // holder's record): using it would split the volume's fencing. Nothing was
+                // placed there.
                 link.control.goodbye();
                 link.qp.disconnect();
                 link.control.kill();
                 return Err(PoolError::Invalid(format!(
                     "memory server {addr} holds this volume at epoch {}, this mount's is {}: \
-                     not added",
+                     not added (a server that held the volume rejoins once restarted, or \
+                     after `rmemfs volume rm` run against it alone)",
                     c.epoch,
                     self.epoch()
                 )));
             }
-            self.claims.lock().push(c);
+            let mut claims = self.claims.lock();
+            match claims.get_mut(id) {
+                Some(old) => *old = c,
+                None => claims.push(c),
+            }
         }
-        let server = new_server(ServerId(id as u32), addr, link);
-        // Out of placement until the caller says (a volume names it in its root first).
-        server.draining.store(true, Ordering::SeqCst);
-        self.servers
-            .slots
-            .get(id)
-            .expect("checked against MAX_SERVERS")
-            .set(server)
-            .map_err(|_| PoolError::Invalid("a server slot was taken twice".into()))?;
-        self.servers.len.store(id + 1, Ordering::Release);
+        match reused.and_then(|i| self.servers.get(i)) {
+            Some(s) => {
+                // A new session there: nothing kept for the old one applies.
+                health::forget_session(&s.health, &s.unfreed);
+                s.stock.lock().reset();
+                *s.link.lock() = Arc::new(link);
+                s.draining.store(true, Ordering::SeqCst);
+                *s.beat_sent.lock() = None;
+                let mut h = s.health.lock();
+                h.state = ServerState::Up;
+                h.since = SystemTime::now();
+                s.failed.store(false, Ordering::SeqCst);
+            }
+            None => {
+                let server = new_server(ServerId(id as u32), addr, link);
+                // Out of placement until the caller says (a volume names it in its root
+                // first).
+                server.draining.store(true, Ordering::SeqCst);
+                self.servers
+                    .slots
+                    .get(id)
+                    .expect("checked against MAX_SERVERS")
+                    .set(server)
+                    .map_err(|_| PoolError::Invalid("a server slot was taken twice".into()))?;
+                self.servers.len.store(id + 1, Ordering::Release);
+            }
+        }
         self.membership.fetch_add(1, Ordering::SeqCst);
         log::warn!("memory server {addr} (server#{id}) added to the pool");
         Ok(ServerId(id as u32))

@@ -579,15 +579,20 @@ impl VolumeJournal {
     pub fn add_member(&self, id: u32, addr: &str) -> Result<()> {
         let mut w = self.shared.writer.lock();
         let mut root = w.root.clone();
-        if root.servers.len() > id as usize {
-            return Err(eio(format!(
-                "the volume's root names a server#{id} already ({})",
-                root.servers[id as usize]
-            )));
+        match root.servers.get(id as usize) {
+            Some(name) if !name.is_empty() => {
+                return Err(eio(format!(
+                    "the volume's root names a server#{id} already ({name})"
+                )))
+            }
+            // A removed server's place (an empty name), taken again.
+            Some(_) => root.servers[id as usize] = addr.to_string(),
+            None => {
+                // Removed servers keep their place, so indexes never move.
+                root.servers.resize(id as usize, String::new());
+                root.servers.push(addr.to_string());
+            }
         }
-        // Removed servers keep their place (an empty name), so indexes never move.
-        root.servers.resize(id as usize, String::new());
-        root.servers.push(addr.to_string());
         w.publish(root).map_err(eio)
     }
 
