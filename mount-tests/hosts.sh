@@ -168,18 +168,11 @@ test_volume_other_host() {
 # It is removed, and a new host (3) added takes new chunks. The copy rate is held to 30 MB/s
 # (`--rebuild-rate`) so that the drain lasts long enough to be sampled.
 test_drain() {
-  local samples=$WORK/samples stopf=$WORK/sampling-done sampler out n extents
+  local out extents
   seed_files 12
   wait_redundant "$MNT" 30
   start_fio_verify
-  : >"$samples"
-  (
-    while [ ! -e "$stopf" ]; do
-      stats_field "$MNT" "'%d %d %d' % (s['chunks']['degraded'], s['chunks']['lost'], s['chunks']['moving'])" \
-        >>"$samples" 2>/dev/null || echo "stats failed" >>"$samples"
-    done
-  ) &
-  sampler=$!
+  start_copy_sampler
   out=$(t "$BIN" admin drain "$MNT" "$(host_addr 2)" 2>"$WORK/drain.progress") ||
     fail "drain failed: $out $(tail -n 3 "$WORK/drain.progress")"
   log "$out"
@@ -188,15 +181,8 @@ test_drain() {
     fail "the drain printed no progress: $(head -c 300 "$WORK/drain.progress")"
   log "progress lines: $(wc -l <"$WORK/drain.progress"); last: $(tail -n 1 "$WORK/drain.progress")"
   finish_fio_verify "a host drained"
-  touch "$stopf"
-  wait "$sampler" || true
-  n=$(wc -l <"$samples")
-  [ "$n" -ge 3 ] || fail "only $n samples of stats during the drain"
-  if grep -qv '^0 0 ' "$samples"; then
-    fail "a sample with chunks short of two copies (degraded lost moving): $(grep -v '^0 0 ' "$samples" | head -n 3 | tr '\n' ';')"
-  fi
-  grep -qv ' 0$' "$samples" || fail "no sample saw a copy still to move: the drain was not sampled"
-  log "$n samples during the drain, every chunk at two copies or more"
+  stop_copy_sampler "during the drain"
+  grep -qv ' 0$' "$WORK/samples" || fail "no sample saw a copy still to move: the drain was not sampled"
   extents=$(t "$BIN" stats --server "$(host_addr 2)" --secret-file "$HOSTS_SECRET" --json |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["extents"])')
   assert_eq "extents on the drained host" "$extents" 0
@@ -207,10 +193,7 @@ test_drain() {
   out=$(t "$BIN" admin add-server "$MNT" "$(host_addr 3)") || fail "add-server failed: $out"
   log "$out"
   must "write after add-server" dd if=/dev/urandom of="$MNT/new" bs=1M count=4 conv=fsync status=none
-  must "host 3 holds a copy of every new chunk" python3 -c 'import json, os, sys
-p = json.loads(os.getxattr(sys.argv[1], "user.rmemfs.placement"))
-bad = [c for c in p if sys.argv[2] not in c[1]]
-sys.exit(f"chunks without a copy on {sys.argv[2]}: {bad}" if bad else 0)' "$MNT/new" "$(host_addr 3)"
+  all_chunks_on "$MNT/new" "$(host_addr 3)" || fail "host 3 does not hold a copy of every new chunk"
   wait_redundant "$MNT" 30
   check_files 12 "after remove and add-server"
 }

@@ -498,6 +498,44 @@ wait_copies() {
   printf '%s\n' "$st"
 }
 
+# all_chunks_on FILE ADDR: every chunk of FILE has a copy on the server at ADDR (its
+# placement xattr says so).
+all_chunks_on() {
+  python3 -c 'import json, os, sys
+p = json.loads(os.getxattr(sys.argv[1], "user.rmemfs.placement"))
+bad = [c for c in p if sys.argv[2] not in c[1]]
+sys.exit(f"chunks without a copy on {sys.argv[2]}: {bad}" if bad else 0)' "$1" "$2"
+}
+
+# start_copy_sampler: samples `stats --json` of $MNT over and over, one line each (chunks
+# degraded, lost, with a copy to move) into $WORK/samples, until stop_copy_sampler.
+start_copy_sampler() {
+  : >"$WORK/samples"
+  rm -f "$WORK/sampling-done"
+  (
+    while [ ! -e "$WORK/sampling-done" ]; do
+      timeout -k 5 30 "$BIN" stats --json "$MNT" 2>/dev/null | python3 -c 'import json, sys
+c = json.load(sys.stdin)["chunks"]; print(c["degraded"], c["lost"], c["moving"])' \
+        >>"$WORK/samples" 2>/dev/null || echo "stats failed" >>"$WORK/samples"
+    done
+  ) &
+  SAMPLER_PID=$!
+}
+
+# stop_copy_sampler WHEN: stops the sampler; fails unless it took 3 samples or more and none
+# showed a chunk short of its copies (or a failed `stats`).
+stop_copy_sampler() {
+  local n
+  touch "$WORK/sampling-done"
+  wait "$SAMPLER_PID" || true
+  n=$(wc -l <"$WORK/samples")
+  [ "$n" -ge 3 ] || fail "only $n samples of stats ($1)"
+  if grep -qv '^0 0 ' "$WORK/samples"; then
+    fail "a sample with chunks short of copies (degraded lost moving) ($1): $(grep -v '^0 0 ' "$WORK/samples" | head -n 3 | tr '\n' ';')"
+  fi
+  log "$n samples of stats ($1), none with a chunk short of its copies"
+}
+
 # wait_log FILE PATTERN SECONDS: waits until FILE has a line matching PATTERN (grep -E).
 wait_log() {
   local k

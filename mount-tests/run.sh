@@ -543,10 +543,7 @@ test_add_server() {
   log "$out"
   out=$(t "$BIN" admin add-server "$MNT" "$fourth" 2>&1) && fail "added twice: $out"
   must "write after add-server" dd if=/dev/urandom of="$MNT/new" bs=1M count=8 conv=fsync status=none
-  must "every new chunk has a copy on the added server" python3 -c 'import json, os, sys
-p = json.loads(os.getxattr(sys.argv[1], "user.rmemfs.placement"))
-bad = [c for c in p if sys.argv[2] not in c[1]]
-sys.exit(f"chunks without a copy on {sys.argv[2]}: {bad}" if bad else 0)' "$MNT/new" "$fourth"
+  all_chunks_on "$MNT/new" "$fourth" || fail "not every new chunk has a copy on the added server"
   # Small fio files: their layout alone would even the servers out (new chunks go to the
   # emptiest), leaving the rebalance nothing to move.
   RMEMFS_TEST_FIO_SIZE=16M start_fio_verify
@@ -574,7 +571,7 @@ sys.exit(0 if all(abs(u - mean) <= 0.1 * mean for u in used) else "not within 10
 # of `stats --json` taken throughout shows a chunk short of two copies, every server is a new
 # process at the end, and every byte reads back.
 test_rolling_restart() {
-  local restart=$WORK/restart.sh samples=$WORK/samples stopf=$WORK/sampling-done sampler i a n st
+  local restart=$WORK/restart.sh i a st
   i=0
   for a in ${ADDRS//,/ }; do
     echo "${TEST_PIDS[$i]}" >"$WORK/pid.$a"
@@ -609,25 +606,10 @@ SCRIPT
   chmod +x "$restart"
   seed_files 12
   start_fio_verify
-  : >"$samples"
-  (
-    while [ ! -e "$stopf" ]; do
-      t "$BIN" stats --json "$MNT" 2>/dev/null | python3 -c 'import json, sys
-c = json.load(sys.stdin)["chunks"]; print(c["degraded"], c["lost"], c["moving"])' \
-        >>"$samples" 2>/dev/null || echo "stats failed" >>"$samples"
-    done
-  ) &
-  sampler=$!
+  start_copy_sampler
   must_within 300 "tools/rolling-restart.sh" env RMEMFS_BIN="$BIN" tools/rolling-restart.sh "$MNT" "$restart {}"
   finish_fio_verify "a rolling restart of every server"
-  touch "$stopf"
-  wait "$sampler" || true
-  n=$(wc -l <"$samples")
-  [ "$n" -ge 3 ] || fail "only $n samples of stats during the restarts"
-  if grep -qv '^0 0 ' "$samples"; then
-    fail "a sample with chunks short of two copies (degraded lost moving): $(grep -v '^0 0 ' "$samples" | head -n 3 | tr '\n' ';')"
-  fi
-  log "$n samples during the rolling restart, every chunk at two copies or more"
+  stop_copy_sampler "throughout the rolling restart"
   for a in ${ADDRS//,/ }; do
     { tr '\0' ' ' <"/proc/$(cat "$WORK/pid.$a")/cmdline"; } 2>/dev/null | grep -q " serve --listen $a " ||
       fail "the server at $a is not the restarted process"

@@ -16,8 +16,26 @@ use crate::volume::VolumeJournal;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-/// How often a drain reports its progress.
+/// How often a drain reports its progress to the admin command, and every how many of
+/// those reports it also logs one (a long drain leaves a trace in the daemon's log without
+/// flooding it).
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+const LOG_EVERY_TICKS: u32 = 10;
+/// Width of the progress bar in a drain's progress lines.
+const BAR_WIDTH: u64 = 20;
+
+/// `[#####-----] 50% ` for `done` of `all`.
+fn bar(done: u64, all: u64) -> String {
+    let filled = (done.min(all) * BAR_WIDTH)
+        .checked_div(all)
+        .unwrap_or(BAR_WIDTH);
+    let percent = (done.min(all) * 100).checked_div(all).unwrap_or(100);
+    format!(
+        "[{}{}] {percent:>3}% ",
+        "#".repeat(filled as usize),
+        "-".repeat((BAR_WIDTH - filled) as usize)
+    )
+}
 /// Passes in a row that move nothing before a drain gives up (no room elsewhere, or a chunk
 /// whose only copies are on the draining server and a dead one).
 const PASSES_WITHOUT_PROGRESS: u32 = 3;
@@ -58,6 +76,13 @@ pub fn add_server(
     addr: SocketAddr,
 ) -> Result<ServerId, String> {
     let pool = fs.data().pool();
+    // A server being drained (or whose drain stopped) goes back into placement: the way to
+    // call a drain off. Its copies stay where they are.
+    if let Some(id) = pool.server_at(addr).filter(|&id| pool.is_draining(id)) {
+        pool.set_draining(id, false).map_err(|e| e.to_string())?;
+        log::warn!("memory server {addr} ({id}) is back in placement (its drain called off)");
+        return Ok(id);
+    }
     let id = pool.add_server(addr).map_err(|e| e.to_string())?;
     if let Some(j) = journal {
         if let Err(e) = j.add_member(id.0, &addr.to_string()) {
@@ -114,7 +139,9 @@ pub fn drain(
     let done = Stop::default();
     let outcome = std::thread::scope(|scope| {
         scope.spawn(|| {
+            let mut ticks = 0u32;
             while !done.wait(PROGRESS_EVERY) && !stop.is_stopped() {
+                ticks += 1;
                 let left = fs.replica_health().moving_bytes;
                 let moved = at_start.saturating_sub(left);
                 let secs = start.elapsed().as_secs_f64();
@@ -124,10 +151,15 @@ pub fn drain(
                 } else {
                     String::new()
                 };
-                progress(&format!(
-                    "{moved} of {at_start} bytes moved off {addr} ({:.0} MB/s){eta}",
+                let line = format!(
+                    "{}{moved} of {at_start} bytes moved off {addr} ({:.0} MB/s){eta}",
+                    bar(moved, at_start),
                     rate / 1e6
-                ));
+                );
+                if ticks % LOG_EVERY_TICKS == 0 {
+                    log::info!("drain: {line}");
+                }
+                progress(&line);
             }
         });
         let r = move_everything(fs, journal, id, rate, stop);
@@ -309,4 +341,15 @@ pub fn remove(fs: &Fs, journal: Option<&VolumeJournal>, addr: SocketAddr) -> Res
         j.forget_member(id.0).map_err(|e| e.message)?;
     }
     pool.remove_server(id).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_progress_bar_fills_with_the_bytes_moved() {
+        assert_eq!(super::bar(0, 100), "[--------------------]   0% ");
+        assert_eq!(super::bar(50, 100), "[##########----------]  50% ");
+        assert_eq!(super::bar(100, 100), "[####################] 100% ");
+        assert_eq!(super::bar(0, 0), "[####################] 100% ");
+    }
 }

@@ -9,7 +9,6 @@ use common::{bytes, TestFs};
 use rmemfs::client::{Rejoin, ServerState};
 use rmemfs::data::WritePath;
 use rmemfs::fabric::ServerId;
-use rmemfs::fs::PLACEMENT_XATTR;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -18,25 +17,15 @@ const MIB: usize = 1 << 20;
 
 /// The servers (by index) that hold a copy of each chunk of `path`.
 fn placement(t: &TestFs, path: &str) -> Vec<BTreeSet<usize>> {
-    let ino = t.resolve(path).unwrap();
-    let raw = t.fs.getxattr(ino, PLACEMENT_XATTR).unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
     let index_of = |addr: &str| {
         t.servers
             .iter()
             .position(|s| s.local_addr().to_string() == addr)
             .unwrap_or_else(|| panic!("{addr} is none of the servers"))
     };
-    v.as_array()
-        .unwrap()
+    t.placement_addrs(path)
         .iter()
-        .map(|c| {
-            c[1].as_array()
-                .unwrap()
-                .iter()
-                .map(|a| index_of(a.as_str().unwrap()))
-                .collect()
-        })
+        .map(|c| c.iter().map(|a| index_of(a)).collect())
         .collect()
 }
 

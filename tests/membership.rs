@@ -9,7 +9,6 @@ use common::{bytes, TestFs};
 use rmemfs::client::ServerState;
 use rmemfs::data::WritePath;
 use rmemfs::fabric::ServerId;
-use rmemfs::fs::PLACEMENT_XATTR;
 use rmemfs::membership;
 use rmemfs::rebuild::Stop;
 use std::collections::BTreeSet;
@@ -19,20 +18,7 @@ const MIB: usize = 1 << 20;
 
 /// The addresses that hold a copy of each chunk of `path`.
 fn placement(t: &TestFs, path: &str) -> Vec<BTreeSet<String>> {
-    let ino = t.resolve(path).unwrap();
-    let raw = t.fs.getxattr(ino, PLACEMENT_XATTR).unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|c| {
-            c[1].as_array()
-                .unwrap()
-                .iter()
-                .map(|a| a.as_str().unwrap().to_string())
-                .collect()
-        })
-        .collect()
+    t.placement_addrs(path)
 }
 
 /// Bytes the server at index `i` has given out (to anyone).
@@ -160,6 +146,19 @@ fn an_added_server_takes_new_chunks_and_a_drain_can_move_onto_it() {
     membership::drain(&t.fs, None, first, 0, &Stop::default(), &|_| {}).unwrap();
     assert_eq!(used_on(&t, 0), 0);
     assert_eq!(t.read_file("old").unwrap(), old);
+    // add-server of a drained (not removed) server calls the drain off: it is the emptiest
+    // again, so a new file's chunks each get a copy there.
+    let pool = t.fs.data().pool();
+    assert!(pool.is_draining(ServerId(0)));
+    assert_eq!(
+        membership::add_server(&t.fs, None, first).unwrap(),
+        ServerId(0)
+    );
+    assert!(!pool.is_draining(ServerId(0)));
+    t.create("back").unwrap();
+    t.write_file("back", 0, &bytes(7, 2 * MIB)).unwrap();
+    let p = placement(&t, "back");
+    assert!(p.iter().all(|c| c.contains(&first.to_string())), "{p:?}");
 }
 
 #[test]

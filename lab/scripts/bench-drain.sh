@@ -50,34 +50,33 @@ i = max(range(len(used)), key=lambda k: used[k])
 print(i, used[i])'
 }
 
+# pool_with_data NAME DELAY: three servers, a mount MNT of them (two copies, no rate limit,
+# rebuild delay DELAY) holding DATA; sets VICTIM and HELD (the fullest server and its bytes).
+pool_with_data() {
+  three_servers
+  MNT=$BASE/mnt-$1
+  mount_fs "$MNT" "$(IFS=,; echo "${ADDRS[*]}")" --replicas 2 --rebuild-rate 0 --rebuild-delay "$2"
+  fill "$MNT"
+  read -r VICTIM HELD < <(fullest "$MNT")
+}
+
 echo "== drain: $DATA in two copies on three servers" >&2
-three_servers
-mnt=$BASE/mnt-drain
-mount_fs "$mnt" "$(IFS=,; echo "${ADDRS[*]}")" --replicas 2 --rebuild-rate 0 --rebuild-delay 3600
-fill "$mnt"
-read -r victim held < <(fullest "$mnt")
+pool_with_data drain 3600
+held=$HELD
 t0=$(date +%s.%N)
-out=$("$BIN" admin drain "$mnt" "${ADDRS[$victim]}" 2>/dev/null)
+out=$("$BIN" admin drain "$MNT" "${ADDRS[$VICTIM]}" 2>/dev/null)
 t1=$(date +%s.%N)
 echo "   $out" >&2
-unmount_fs "$mnt"
+unmount_fs "$MNT"
 kill_servers "${PIDS[@]}"
 
 echo "== rebuild: the same, the fullest server killed" >&2
-three_servers
-mnt=$BASE/mnt-rebuild
-mount_fs "$mnt" "$(IFS=,; echo "${ADDRS[*]}")" --replicas 2 --rebuild-rate 0 --rebuild-delay 0
-fill "$mnt"
-read -r rvictim rheld < <(fullest "$mnt")
-kill -KILL "${PIDS[$rvictim]}"
-for ((k = 0; k < 6000; k++)); do
-  st=$("$BIN" stats "$mnt")
-  grep -qE "^chunks: 2 copies each; .* degraded 0, lost 0$" <<<"$st" &&
-    grep -q "DOWN" <<<"$st" && break
-  sleep 0.1
-done
+pool_with_data rebuild 0
+rheld=$HELD
+kill -KILL "${PIDS[$VICTIM]}"
+st=$(wait_rebuilt "$MNT")
 rate=$(sed -n 's/.*last rate \([0-9]*\) bytes\/s.*/\1/p' <<<"$st")
-unmount_fs "$mnt"
+unmount_fs "$MNT"
 kill_servers "${PIDS[@]}"
 
 python3 - "$out" "$t0" "$t1" "$held" "$rheld" "$rate" <<'PY'

@@ -104,12 +104,7 @@ victim=$(awk '/^server server#/ { split($2, a, "#"); for (i = 1; i <= NF; i++) i
 read -r vidx held <<<"$victim"
 t0=$(date +%s.%N)
 kill -KILL "${PIDS[$vidx]}"
-for ((k = 0; k < 6000; k++)); do
-  st=$("$BIN" stats "$mnt")
-  grep -qE "^chunks: 2 copies each; .* degraded 0, lost 0$" <<<"$st" &&
-    grep -q "DOWN" <<<"$st" && break
-  sleep 0.1
-done
+st=$(wait_rebuilt "$mnt")
 t1=$(date +%s.%N)
 grep -E "^(chunks|rebuild)" <<<"$st" >"$OUT/rebuild-stats.txt"
 copied=$(sed -n 's/.* chunks (\([0-9]*\) bytes) copied.*/\1/p' "$OUT/rebuild-stats.txt")

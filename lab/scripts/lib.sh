@@ -93,3 +93,16 @@ PY
   fi
   echo "$tar"
 }
+
+# wait_rebuilt MNT: waits (10 min at most) until MNT's stats show a server down and every
+# chunk back at two copies; prints the last stats.
+wait_rebuilt() {
+  local st k
+  for ((k = 0; k < 6000; k++)); do
+    st=$("$BIN" stats "$1")
+    grep -qE "^chunks: 2 copies each; .* degraded 0, lost 0$" <<<"$st" &&
+      grep -q "DOWN" <<<"$st" && break
+    sleep 0.1
+  done
+  printf '%s\n' "$st"
+}

@@ -340,6 +340,24 @@ impl TestFs {
         self.nodes[i] = node;
     }
 
+    /// The addresses that hold a copy of each chunk of `path` (its placement xattr).
+    pub fn placement_addrs(&self, path: &str) -> Vec<std::collections::BTreeSet<String>> {
+        let ino = self.resolve(path).unwrap();
+        let raw = self.fs.getxattr(ino, rmemfs::fs::PLACEMENT_XATTR).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                c[1].as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| a.as_str().unwrap().to_string())
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The volume's journal (none without a volume).
     pub fn journal(&self) -> Option<Arc<rmemfs::volume::VolumeJournal>> {
         self.journal.clone()
