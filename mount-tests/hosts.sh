@@ -165,16 +165,24 @@ test_volume_other_host() {
 # A host drained while fio writes and verifies (two copies of three hosts): fio verifies
 # without an error, no sample of `stats --json` taken throughout shows a chunk short of two
 # copies, and the drained host ends with no extent of the mount (asked of the host itself).
-# It is removed, and a new host (3) added takes new chunks. The copy rate is held to 30 MB/s
+# Another admin request during the drain is refused at once. The host is then removed, and a
+# new host (3) added takes new chunks. The copy rate is held to 30 MB/s
 # (`--rebuild-rate`) so that the drain lasts long enough to be sampled.
 test_drain() {
-  local out extents
+  local out extents drain
   seed_files 12
   wait_redundant "$MNT" 30
   start_fio_verify
   start_copy_sampler
-  out=$(t "$BIN" admin drain "$MNT" "$(host_addr 2)" 2>"$WORK/drain.progress") ||
-    fail "drain failed: $out $(tail -n 3 "$WORK/drain.progress")"
+  t "$BIN" admin drain "$MNT" "$(host_addr 2)" >"$WORK/drain.out" 2>"$WORK/drain.progress" &
+  drain=$!
+  # Another admin request meanwhile is refused at once, naming the drain.
+  wait_log "$WORK/drain.progress" "bytes moved off" 30 || fail "the drain printed no progress within 30 s"
+  out=$(t "$BIN" admin rebalance "$MNT" 2>&1) && fail "a rebalance during the drain was accepted: $out"
+  grep -q "another admin request is running on this mount (Drain" <<<"$out" ||
+    fail "the refusal does not name the drain: $out"
+  wait "$drain" || fail "drain failed: $(cat "$WORK/drain.out") $(tail -n 3 "$WORK/drain.progress")"
+  out=$(cat "$WORK/drain.out")
   log "$out"
   # About 100 MB at 30 MB/s: a few progress lines (one a second).
   [ "$(grep -c "bytes moved off" "$WORK/drain.progress")" -ge 1 ] ||

@@ -129,19 +129,28 @@ impl AdminServer {
         let thread = std::thread::Builder::new()
             .name("admin".into())
             .spawn(move || {
-                for conn in listener.incoming() {
-                    if stopped.load(Ordering::SeqCst) {
-                        break;
+                let busy = Busy::default();
+                // Each caller on its own thread, so a second one hears at once that a long
+                // request (a drain) is running; the scope joins them all before the thread
+                // (and with it its hold on the file system) ends.
+                std::thread::scope(|scope| {
+                    for conn in listener.incoming() {
+                        if stopped.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        let (target, ending, busy) = (&target, &*ending, &busy);
+                        scope.spawn(move || {
+                            let served = conn.map_err(|e| e.to_string()).and_then(|conn| {
+                                conn.set_read_timeout(Some(REQUEST_WAIT))
+                                    .map_err(|e| e.to_string())?;
+                                serve(target, ending, busy, conn)
+                            });
+                            if let Err(e) = served {
+                                log::warn!("admin request: {e}");
+                            }
+                        });
                     }
-                    let served = conn.map_err(|e| e.to_string()).and_then(|conn| {
-                        conn.set_read_timeout(Some(REQUEST_WAIT))
-                            .map_err(|e| e.to_string())?;
-                        serve(&target, &ending, conn)
-                    });
-                    if let Err(e) = served {
-                        log::warn!("admin request: {e}");
-                    }
-                }
+                });
             })
             .map_err(|e| e.to_string())?;
         Ok(AdminServer {
@@ -171,7 +180,40 @@ impl Drop for AdminServer {
 }
 
 /// Serves one connection: checks who calls, reads one request, answers it.
-fn serve(target: &Target, ending: &crate::rebuild::Stop, conn: UnixStream) -> Result<(), String> {
+/// The request running now, if any: requests run one at a time, and a second one is refused
+/// at once, naming the first (a drain may take minutes).
+#[derive(Default)]
+struct Busy(crate::sync::Mutex<Option<String>>);
+
+/// Holds [`Busy`] for one request; lets go on drop (a panic included).
+struct Running<'a>(&'a Busy);
+
+impl Busy {
+    fn start(&self, what: String) -> Result<Running<'_>, String> {
+        let mut now = self.0.lock();
+        if let Some(running) = &*now {
+            return Err(format!(
+                "another admin request is running on this mount ({running}); try again when \
+                 it ends"
+            ));
+        }
+        *now = Some(what);
+        Ok(Running(self))
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        *self.0 .0.lock() = None;
+    }
+}
+
+fn serve(
+    target: &Target,
+    ending: &crate::rebuild::Stop,
+    busy: &Busy,
+    conn: UnixStream,
+) -> Result<(), String> {
     let cred = nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials)
         .map_err(|e| format!("peer credentials: {e}"))?;
     // SAFETY: geteuid has no preconditions.
@@ -207,7 +249,10 @@ fn serve(target: &Target, ending: &crate::rebuild::Stop, conn: UnixStream) -> Re
                         },
                     );
                 };
-                match handle(target, req, ending, &tell) {
+                let outcome = busy
+                    .start(format!("{req:?}"))
+                    .and_then(|_running| handle(target, req, ending, &tell));
+                match outcome {
                     Ok(message) => Reply {
                         ok: true,
                         message,
