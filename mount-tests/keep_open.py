@@ -154,13 +154,16 @@ def main():
 
     # Round 4: an fsync in the daemon's hands when it dies. The data is flushed before the
     # freeze, so the fsync is the daemon's own (a journal commit of the chmod), not the
-    # kernel's writeback, whose writes the daemon answers from another thread.
+    # kernel's writeback, whose writes the daemon answers from another thread. The chmod
+    # comes after the freeze (a metadata change does no I/O of its own): made before it, its
+    # record could be committed within the commit interval, before the freeze, and the fsync
+    # would then have nothing to wait for.
     chunk = b"round 4, written before the kill\n" * 100
     os.write(w, chunk)
     written += chunk
     os.fsync(w)
-    os.fchmod(w, 0o640)
     os.kill(server, signal.SIGSTOP)
+    os.fchmod(w, 0o640)
     outcome = []
 
     def fsync_it():
