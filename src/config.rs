@@ -130,6 +130,13 @@ pub const REBUILD_RATE: u64 = 512 << 20;
 pub const LEASE: Duration = Duration::from_secs(30);
 pub const LEASE_SECS: u64 = LEASE.as_secs();
 
+/// How often a backed memory server (`serve --backing`) writes its arena and tables back to
+/// the medium on its own, beyond every `Persist` a volume commit asks for: what a power
+/// loss can take from a mount without a volume (or between its commits) on a disk file.
+/// Faster than the kernel's own writeback (`dirty_expire_centisecs`, 30 s), and rare enough
+/// that a disk-backed server's writes stay sequential batches.
+pub const BACKING_FLUSH_INTERVAL: Duration = Duration::from_secs(5);
+
 /// How long a mount waits after the set of live servers changes before it re-replicates
 /// (`mount --rebuild-delay`): a server back within it (a short link loss, a paused VM)
 /// resumes its session with its copies intact and only chunks written meanwhile are copied;

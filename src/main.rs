@@ -138,6 +138,13 @@ enum Cmd {
         /// where used, but first writes run slower and the host may be short when asked.
         #[arg(long)]
         lazy: bool,
+        /// Keep the arena, and the table of every extent lent and to whom, in this file (a
+        /// DAX device, persistent memory, tmpfs, hugetlbfs or any local file): a restart
+        /// (a crash, SIGTERM, an upgrade) comes back with every extent, so clients resume
+        /// and nothing is rebuilt. Not on verbs yet. doc/OPERATIONS.md says what survives a
+        /// power loss on each medium.
+        #[arg(long, value_name = "PATH")]
+        backing: Option<PathBuf>,
         #[command(flatten)]
         fabric: FabricArgs,
         /// File with the shared secret clients must prove they hold (`rmemfs keygen`); also
@@ -377,6 +384,7 @@ fn main() -> ExitCode {
             listen,
             size,
             lazy,
+            backing,
             fabric,
             op_timeout,
             secret_file,
@@ -398,6 +406,7 @@ fn main() -> ExitCode {
                         max_connections_per_peer,
                         lease: Duration::from_secs(lease),
                         reserve: !lazy,
+                        backing,
                         ..ServerConfig::new(listen, size)
                     },
                     insecure,

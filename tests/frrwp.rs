@@ -71,6 +71,7 @@ fn scripted(net: &Arc<LocalNetwork>, mode: Mode) -> SocketAddr {
                     server_instance: 1,
                     fabric: "local".into(),
                     capacity: cap,
+                    backed: false,
                 },
                 Message::Connect { tag, blob } => {
                     let session = rmemfs::fabric::SessionKey { id: 1, token };

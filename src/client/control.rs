@@ -31,6 +31,9 @@ pub struct ServerHello {
     pub instance: u64,
     pub fabric: String,
     pub capacity: Capacity,
+    /// The server keeps its extents in a file (`serve --backing`): volume commits ask it to
+    /// persist.
+    pub backed: bool,
 }
 
 pub struct ControlConn {
@@ -99,10 +102,12 @@ impl ControlConn {
                 server_instance,
                 fabric,
                 capacity,
+                backed,
             }) if version == PROTOCOL_VERSION => ServerHello {
                 instance: server_instance,
                 fabric,
                 capacity,
+                backed,
             },
             Ok(Message::Fatal { message }) => return Err(handshake(message)),
             Ok(other) => return Err(handshake(format!("unexpected reply {other:?}"))),

@@ -244,6 +244,36 @@ impl Pool {
         }
     }
 
+    /// Asks every live backed server (`serve --backing`) to write what it holds back to its
+    /// medium, all at once, and waits: a volume commit is durable on them past a power loss
+    /// (as far as their medium is: doc/OPERATIONS.md). Servers without a backing file are not
+    /// asked. A server that cannot persist is logged; one that does not answer is failed.
+    pub fn persist(&self) {
+        let asked: Vec<_> = self
+            .servers
+            .iter()
+            .filter(|s| !s.is_failed())
+            .filter_map(|s| {
+                let link = s.link();
+                if !link.control.hello.backed {
+                    return None;
+                }
+                let rx = link.control.send(|tag| Message::Persist { tag });
+                Some((s, link, rx))
+            })
+            .collect();
+        for (s, link, rx) in asked {
+            match rx.and_then(|rx| link.control.wait(rx)) {
+                Ok(Message::Persisted { .. }) => {}
+                Ok(other) => log::error!("{}", unexpected(s.addr, &other)),
+                Err(e) => {
+                    log::warn!("memory server {}: persist failed: {e}", s.addr);
+                    s.mark_failed();
+                }
+            }
+        }
+    }
+
     /// Sets the volume's root on every live server; how many took it.
     pub fn set_root(&self, root: &[u8]) -> Result<usize, PoolError> {
         let mut set = 0;

@@ -338,6 +338,41 @@ pub trait Fabric: Send + Sync {
         Ok(mr)
     }
 
+    /// Whether this fabric chooses its own remote keys, so that a backed server's restart
+    /// can register its extents again under the keys its clients hold
+    /// ([`Fabric::reregister_extent`]). The software fabrics do; a device issues its own.
+    fn chooses_keys(&self) -> bool {
+        true
+    }
+
+    /// Server side, a backed server's restart: registers an extent for `session` again,
+    /// under the remote key `rkey` it had before (its clients' chunk maps name it).
+    ///
+    /// # Safety
+    /// As for [`Fabric::register`].
+    unsafe fn reregister_extent(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        session: u64,
+        rkey: u64,
+    ) -> Result<LocalMr, FabricError> {
+        if !self.chooses_keys() {
+            return Err(FabricError::Register(format!(
+                "the {} fabric issues its own keys: an extent cannot be registered again \
+                 under its old key",
+                self.name()
+            )));
+        }
+        // SAFETY: forwarded contract.
+        let mr = unsafe {
+            self.registry()
+                .register_as(addr, len, Access::REMOTE, None, Some(rkey))
+        }?;
+        mr.restrict_to(session);
+        Ok(mr)
+    }
+
     /// Registers an owned buffer; the registration keeps the buffer alive.
     fn register_buf(&self, buf: Arc<AlignedBuf>, access: Access) -> Result<LocalMr, FabricError> {
         self.registry().clone().register_owned(buf, access)

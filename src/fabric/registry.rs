@@ -318,7 +318,32 @@ impl Registry {
         access: Access,
         owner: Option<Arc<AlignedBuf>>,
     ) -> Result<LocalMr, FabricError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.register_as(addr, len, access, owner, None) }
+    }
+
+    /// As [`Registry::register`], under remote key `rkey` when given (a backed server's
+    /// restart registers its extents again under the keys its clients hold); an rkey
+    /// already in use is refused.
+    ///
+    /// # Safety
+    /// As [`super::Fabric::register`].
+    pub unsafe fn register_as(
+        self: &Arc<Self>,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+        owner: Option<Arc<AlignedBuf>>,
+        rkey: Option<u64>,
+    ) -> Result<LocalMr, FabricError> {
         check_range(addr, len)?;
+        if let Some(key) = rkey {
+            if key == 0 || self.remote.read().contains_key(&key) {
+                return Err(FabricError::Register(format!(
+                    "remote key {key:#x} is taken or invalid"
+                )));
+            }
+        }
         let resource: Box<dyn Any + Send + Sync> = match Pin::new(addr, len, self.pinned.clone()) {
             Ok(pin) => Box::new(pin),
             Err(FabricError::PinLimit { limit, .. }) => {
@@ -336,7 +361,21 @@ impl Registry {
             }
             Err(e) => return Err(e),
         };
-        Ok(self.insert(addr as u64, len as u64, access, Some(resource), owner))
+        Ok(match rkey {
+            None => self.insert(addr as u64, len as u64, access, Some(resource), owner),
+            Some(rkey) => {
+                let lkey = self.fresh_keys().0;
+                self.insert_keyed(
+                    lkey,
+                    rkey,
+                    addr as u64,
+                    len as u64,
+                    access,
+                    Some(resource),
+                    owner,
+                )
+            }
+        })
     }
 
     /// Registers an owned buffer (safe: the registration keeps it alive).

@@ -16,7 +16,7 @@ mod volume;
 
 /// Wire protocol version; bumped on any incompatible change (6: `Stats` says what the asking
 /// session holds, for a drain to know when a server holds nothing of the mount).
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// Magic at the start of `Hello`, so a stray client (HTTP, a port scanner) is rejected at once.
 pub const HELLO_MAGIC: u32 = 0x524d_4653; // "RMFS"
@@ -53,6 +53,8 @@ pub enum RefusalCode {
     NoVolume = 8,
     /// A volume of that name exists already (`--create` of an existing one).
     VolumeExists = 9,
+    /// The server's backing medium failed to take a write (`Persist`).
+    Io = 10,
 }
 
 impl RefusalCode {
@@ -67,6 +69,7 @@ impl RefusalCode {
             7 => Self::Fenced,
             8 => Self::NoVolume,
             9 => Self::VolumeExists,
+            10 => Self::Io,
             other => return Err(ProtoError::BadField("refusal code", other as u64)),
         })
     }
@@ -197,6 +200,9 @@ pub enum Message {
         server_instance: u64,
         fabric: String,
         capacity: Capacity,
+        /// The server keeps its arena and extent table in a file (`serve --backing`): its
+        /// extents outlive a restart, and `Persist` makes what was written durable.
+        backed: bool,
     },
     /// Client to server: set up the fabric data path; `blob` is fabric-specific.
     Connect { tag: u64, blob: Vec<u8> },
@@ -292,6 +298,11 @@ pub enum Message {
     },
     /// Forget volume `name` and free every extent of it; refused while a holder is live.
     VolumeDrop { tag: u64, name: String },
+    /// Client to server: make everything written into this server's arena so far durable on
+    /// its backing medium (a volume commit; answered at once by a server without one).
+    Persist { tag: u64 },
+    /// Reply to `Persist`.
+    Persisted { tag: u64 },
 }
 
 pub use volume::{ClaimMode, VolumeInfo, EXTENTS_PER_LIST, MAX_ROOT_LEN, MAX_VOLUMES_PER_LIST};
@@ -353,6 +364,8 @@ mod tag {
     pub const VOLUME_LIST: u8 = 24;
     pub const VOLUMES: u8 = 25;
     pub const VOLUME_DROP: u8 = 26;
+    pub const PERSIST: u8 = 27;
+    pub const PERSISTED: u8 = 28;
 }
 
 struct Writer(Vec<u8>);
@@ -496,12 +509,14 @@ impl Message {
                 server_instance,
                 fabric,
                 capacity,
+                backed,
             } => {
                 w.u8(tag::WELCOME);
                 w.u16(*version);
                 w.u64(*server_instance);
                 w.string(fabric);
                 w.capacity(capacity);
+                w.u8(u8::from(*backed));
             }
             Message::Connect { tag: t, blob } => {
                 w.u8(tag::CONNECT);
@@ -689,6 +704,14 @@ impl Message {
                 w.u64(*t);
                 w.string(name);
             }
+            Message::Persist { tag: t } => {
+                w.u8(tag::PERSIST);
+                w.u64(*t);
+            }
+            Message::Persisted { tag: t } => {
+                w.u8(tag::PERSISTED);
+                w.u64(*t);
+            }
         }
         w.0
     }
@@ -724,6 +747,7 @@ impl Message {
                 server_instance: r.u64()?,
                 fabric: r.string("fabric name")?,
                 capacity: r.capacity()?,
+                backed: r.bool("backed flag")?,
             },
             tag::CONNECT => Message::Connect {
                 tag: r.u64()?,
@@ -880,6 +904,8 @@ impl Message {
                 tag: r.u64()?,
                 name: r.string("volume name")?,
             },
+            tag::PERSIST => Message::Persist { tag: r.u64()? },
+            tag::PERSISTED => Message::Persisted { tag: r.u64()? },
             other => return Err(ProtoError::UnknownType(other)),
         };
         if !r.buf.is_empty() {
@@ -900,6 +926,7 @@ impl Message {
             | Message::VolumeDone { tag, .. }
             | Message::ExtentList { tag, .. }
             | Message::Volumes { tag, .. }
+            | Message::Persisted { tag }
             | Message::Refused { tag, .. } => Some(*tag),
             _ => None,
         }

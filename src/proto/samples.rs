@@ -29,6 +29,7 @@ pub fn sample_messages() -> Vec<Message> {
             server_instance: 0xdead_beef,
             fabric: "tcp".into(),
             capacity: cap,
+            backed: true,
         },
         Message::Connect {
             tag: 1,
@@ -134,5 +135,7 @@ pub fn sample_messages() -> Vec<Message> {
             tag: 16,
             name: "builds".into(),
         },
+        Message::Persist { tag: 17 },
+        Message::Persisted { tag: 17 },
     ]
 }

@@ -61,6 +61,33 @@ impl ExtentAllocator {
         Some((off, len))
     }
 
+    /// Takes exactly `[off, off+len)` out of the free list (a backed server's restart takes
+    /// back the extents its table lists). False if any of it is not free.
+    pub fn take(&mut self, off: u64, len: u64) -> bool {
+        if len == 0 || off % self.align != 0 || len % self.align != 0 {
+            return false;
+        }
+        let Some((&foff, &flen)) = self.by_offset.range(..=off).next_back() else {
+            return false;
+        };
+        if foff + flen < off + len {
+            return false;
+        }
+        self.remove_free(foff, flen);
+        if foff < off {
+            self.insert_free(foff, off - foff);
+        }
+        if off + len < foff + flen {
+            self.insert_free(off + len, foff + flen - off - len);
+        }
+        true
+    }
+
+    /// The free ranges, as `(offset, len)` in offset order.
+    pub fn free_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.by_offset.iter().map(|(&o, &l)| (o, l))
+    }
+
     /// Returns `[off, off+len)` to the free list, merging with free neighbours.
     pub fn free(&mut self, off: u64, len: u64) {
         debug_assert!(off % self.align == 0 && len % self.align == 0 && off + len <= self.total);
@@ -111,6 +138,21 @@ mod tests {
         assert_eq!(a.free_bytes(), 16 * 4096);
         assert_eq!(a.largest_free(), 16 * 4096);
         assert!(a.alloc(17 * 4096).is_none());
+    }
+
+    #[test]
+    fn take_carves_exact_ranges() {
+        let mut a = ExtentAllocator::new(16 * 4096, 4096);
+        assert!(a.take(4 * 4096, 2 * 4096));
+        assert!(!a.take(5 * 4096, 4096), "taken twice");
+        assert!(!a.take(15 * 4096, 2 * 4096), "past the end");
+        assert!(a.take(0, 4096));
+        assert_eq!(a.free_bytes(), 13 * 4096);
+        let ranges: Vec<_> = a.free_ranges().collect();
+        assert_eq!(ranges, vec![(4096, 3 * 4096), (6 * 4096, 10 * 4096)]);
+        a.free(4 * 4096, 2 * 4096);
+        a.free(0, 4096);
+        assert_eq!(a.largest_free(), 16 * 4096);
     }
 
     proptest! {

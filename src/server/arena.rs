@@ -1,5 +1,6 @@
-//! The server's arena: one anonymous mapping lent out in extents, reserved (populated and
-//! locked) at start unless `--lazy`, never exposed as a Rust slice.
+//! The server's arena: one mapping lent out in extents (anonymous, or a backing file's:
+//! [`super::backing`]), reserved (populated and locked) at start unless `--lazy`, never
+//! exposed as a Rust slice.
 
 use crate::fabric::mem::page_size;
 use std::io;
@@ -9,6 +10,9 @@ use std::io;
 pub(super) struct Arena {
     pub(super) ptr: *mut u8,
     pub(super) len: usize,
+    /// The whole mapping the arena lies in (a backing file's also holds its metadata).
+    map_base: *mut u8,
+    map_len: usize,
 }
 
 // SAFETY: the arena is a raw mapping owned by the server; it is only accessed through raw
@@ -50,8 +54,12 @@ impl Arena {
             let page = page_size();
             for off in (0..self.len).step_by(page) {
                 // SAFETY: `off` is inside the mapping, which is writable; nothing else holds
-                // a reference to its bytes (no client exists yet), and the byte is zero.
-                unsafe { std::ptr::write_volatile(self.ptr.add(off), 0) };
+                // a reference to its bytes (no client exists yet), and the byte written is
+                // the one read (a backed arena keeps its contents).
+                unsafe {
+                    let p = self.ptr.add(off);
+                    std::ptr::write_volatile(p, std::ptr::read_volatile(p));
+                }
             }
         }
         // SAFETY: locking our own mapping's pages; the result is checked.
@@ -82,7 +90,20 @@ impl Arena {
         Ok(Arena {
             ptr: ptr as *mut u8,
             len,
+            map_base: ptr as *mut u8,
+            map_len: len,
         })
+    }
+
+    /// The arena of a backing file's mapping ([`super::backing`]): `len` bytes at `ptr`,
+    /// inside the mapping `map_base..map_base + map_len`, which the arena unmaps on drop.
+    pub(super) fn backed(ptr: *mut u8, len: usize, map_base: *mut u8, map_len: usize) -> Arena {
+        Arena {
+            ptr,
+            len,
+            map_base,
+            map_len,
+        }
     }
 }
 
@@ -90,6 +111,6 @@ impl Drop for Arena {
     fn drop(&mut self) {
         // SAFETY: unmapping our own mapping. The server (and with it every session holding
         // registrations into the arena) is gone by the time the arena drops.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        unsafe { libc::munmap(self.map_base as *mut libc::c_void, self.map_len) };
     }
 }

@@ -22,7 +22,9 @@
 
 pub mod alloc;
 mod arena;
+mod backing;
 mod report;
+mod restart;
 mod session;
 pub mod volume;
 
@@ -75,6 +77,9 @@ pub struct ServerConfig {
     /// pages as clients first write them (`serve` does unless `--lazy`; the embedded server
     /// of a mount stays lazy).
     pub reserve: bool,
+    /// Keep the arena and the extent table in this file (`--backing`): a restart comes
+    /// back with every extent ([`backing`]).
+    pub backing: Option<std::path::PathBuf>,
 }
 
 impl ServerConfig {
@@ -91,6 +96,7 @@ impl ServerConfig {
             max_connections_per_peer: crate::config::MAX_CONNECTIONS_PER_PEER,
             lease: crate::config::LEASE,
             reserve: false,
+            backing: None,
         }
     }
 }
@@ -156,6 +162,8 @@ struct Shared {
     volumes: Mutex<HashMap<String, volume::Volume>>,
     /// Signalled when a volume's holder leaves (a claim that fences one waits for it).
     volume_changes: Condvar,
+    /// The backing file's tables, when the arena is a file's (`--backing`).
+    backing: Option<backing::Backing>,
     // Declared last: dropped after everything that may hold registrations into it.
     arena: Arena,
 }
@@ -179,9 +187,45 @@ impl MemoryServer {
             ));
         }
         let size = config.size & !(page - 1);
-        let arena = Arena::map(size as usize).map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot map a {size}-byte arena: {e}"))
-        })?;
+        let mut allocator = ExtentAllocator::new(size, page);
+        let (arena, backing, restored) = match &config.backing {
+            None => {
+                let arena = Arena::map(size as usize).map_err(|e| {
+                    io::Error::new(e.kind(), format!("cannot map a {size}-byte arena: {e}"))
+                })?;
+                (arena, None, restart::Restored::default())
+            }
+            Some(path) => {
+                if !fabric.chooses_keys() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        format!(
+                            "--backing is not supported on the {} fabric: the device issues \
+                             new keys on a restart, which its clients cannot learn yet \
+                             (doc/OPERATIONS.md)",
+                            fabric.name()
+                        ),
+                    ));
+                }
+                let (b, arena, found) = backing::Backing::open(path, size, page)?;
+                let restored = match found {
+                    Some(found) => {
+                        let r = restart::restore(
+                            &fabric,
+                            &arena,
+                            &b,
+                            &mut allocator,
+                            found,
+                            config.lease,
+                        )?;
+                        b.clear_free(&arena, &allocator);
+                        r
+                    }
+                    None => restart::Restored::default(),
+                };
+                (arena, Some(b), restored)
+            }
+        };
         if config.reserve {
             // Faulting in more than the host has would end in the OOM killer, not an error.
             if let Some(available) = crate::size::mem_available() {
@@ -229,20 +273,21 @@ impl MemoryServer {
             max_clients: config.max_clients,
             max_connections_per_peer: config.max_connections_per_peer,
             per_peer: Mutex::new(HashMap::new()),
-            alloc: Mutex::new(ExtentAllocator::new(size, page)),
+            alloc: Mutex::new(allocator),
             instance: instance_id(),
             stop: AtomicBool::new(false),
             clients: AtomicU32::new(0),
-            extents: AtomicU64::new(0),
+            extents: AtomicU64::new(restored.extents),
             sessions: Mutex::new(HashMap::new()),
-            next_session: AtomicU64::new(1),
+            next_session: AtomicU64::new(restored.next_session),
             lease: config.lease,
             live_tokens: Mutex::new(HashMap::new()),
-            departed: Mutex::new(HashMap::new()),
+            departed: Mutex::new(restored.departed),
             departures: Condvar::new(),
             refusals: Refusals::default(),
-            volumes: Mutex::new(HashMap::new()),
+            volumes: Mutex::new(restored.volumes),
             volume_changes: Condvar::new(),
+            backing,
             arena,
         });
         let s = shared.clone();
@@ -301,6 +346,11 @@ impl MemoryServer {
         if self.shared.stop.swap(true, Ordering::SeqCst) {
             return;
         }
+        // A backed server keeps every session's and volume's extents in its file, as a crash
+        // would: the releases below only let go of this process's registrations.
+        if let Some(b) = &self.shared.backing {
+            b.freeze();
+        }
         for (_, s) in self.shared.sessions.lock().drain() {
             let _ = s.shutdown(Shutdown::Both);
         }
@@ -328,6 +378,18 @@ impl MemoryServer {
             }
         }
         self.shared.release_volumes();
+        if let Some(b) = &self.shared.backing {
+            match b.persist() {
+                Ok(()) => log::info!(
+                    "backing file {}: written back; every extent is kept for a restart",
+                    b.path().display()
+                ),
+                Err(e) => log::error!(
+                    "backing file {}: write-back failed: {e}",
+                    b.path().display()
+                ),
+            }
+        }
     }
 
     /// Sessions whose extents are kept for a lease.
@@ -342,8 +404,23 @@ fn reap_leases(shared: &Shared) {
     /// within a quarter second of its length.
     const TICK: Duration = Duration::from_millis(250);
     let mut departed = shared.departed.lock();
+    let mut flushed = Instant::now();
     while !shared.stop.load(Ordering::SeqCst) {
         let now = Instant::now();
+        if let Some(b) = &shared.backing {
+            if now.duration_since(flushed) >= crate::config::BACKING_FLUSH_INTERVAL {
+                drop(departed);
+                if let Err(e) = b.persist() {
+                    log::error!(
+                        "backing file {}: write-back failed: {e}",
+                        b.path().display()
+                    );
+                }
+                flushed = Instant::now();
+                departed = shared.departed.lock();
+                continue;
+            }
+        }
         let expired: Vec<TokenDigest> = departed
             .iter()
             .filter(|(_, d)| d.expires <= now)
@@ -353,6 +430,9 @@ fn reap_leases(shared: &Shared) {
             let gone: Vec<Departed> = expired.iter().filter_map(|k| departed.remove(k)).collect();
             drop(departed);
             for d in gone {
+                if let Some(b) = &shared.backing {
+                    b.forget_session(d.id);
+                }
                 log::info!(
                     "lease of client '{}' expired: releasing its {} extents ({} bytes)",
                     d.client_name,
@@ -388,6 +468,13 @@ impl Shared {
     /// Deregisters an extent, waiting (bounded) for in-flight one-sided operations so the
     /// space is not handed to someone else while an old write may still land in it.
     fn release(&self, extent: Extent) {
+        if self.backing.as_ref().is_some_and(|b| b.frozen()) {
+            // Stopping: the file keeps the extent for a restart; only this process's
+            // registration goes.
+            drop(extent.mr);
+            self.extents.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
         let mut mr = extent.mr;
         let start = Instant::now();
         loop {
@@ -407,6 +494,10 @@ impl Shared {
                             self.control_timeout
                         );
                         drop(mr);
+                        if let Some(b) = &self.backing {
+                            // A restart finds it free and zeroes it.
+                            b.clear_slot(extent.offset);
+                        }
                         self.extents.fetch_sub(1, Ordering::SeqCst);
                         return;
                     }
@@ -426,8 +517,25 @@ impl Shared {
                 extent.len as usize,
             )
         };
+        if let Some(b) = &self.backing {
+            b.clear_slot(extent.offset);
+        }
         self.alloc.lock().free(extent.offset, extent.len);
         self.extents.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Writes the owners image of a backed server (its sessions and volumes) before a change
+    /// of owner is answered. Not under the volumes' lock (this takes it).
+    fn save_owners(&self) {
+        if let Some(b) = &self.backing {
+            b.save_owners(|| {
+                self.volumes
+                    .lock()
+                    .iter()
+                    .map(|(name, v)| v.record(name))
+                    .collect()
+            });
+        }
     }
 
     fn capacity(&self) -> Capacity {

@@ -266,6 +266,7 @@ impl Session {
                     server_instance: shared.instance,
                     fabric: shared.fabric.name().into(),
                     capacity: shared.capacity(),
+                    backed: shared.backing.is_some(),
                 })
             }
             (Handshake::New, other) => Err(format!("expected Hello first, got {}", kind(&other))),
@@ -328,6 +329,7 @@ impl Session {
             Message::VolumeExtents { tag, after } => self.list_extents(tag, after),
             Message::VolumeList { tag, after } => self.list_volumes(tag, &after),
             Message::VolumeDrop { tag, name } => self.drop_volume(tag, &name),
+            Message::Persist { tag } => self.persist(tag),
             Message::Stat { tag } => Message::Stats {
                 tag,
                 capacity: self.shared.capacity(),
@@ -412,6 +414,8 @@ impl Session {
         self.held = d.held;
         let extents = d.extents.len() as u64;
         self.extents = d.extents;
+        // A backed server's file now names this session's token: the next resume shows it.
+        self.note_owner();
         Ok(Message::Resumed {
             tag,
             extents,
@@ -474,6 +478,15 @@ impl Session {
         };
         self.held += rlen;
         let (addr, rkey) = (mr.addr(), mr.rkey());
+        if let Some(b) = &self.shared.backing {
+            b.write_slot(&super::backing::SlotEntry {
+                offset,
+                len: rlen,
+                rkey,
+                session: self.id,
+            });
+            self.note_owner();
+        }
         self.extents.insert(
             addr,
             Extent {
@@ -570,8 +583,46 @@ impl Session {
         self.shared.departures.notify_all();
     }
 
+    /// Records this session as the owner of its extents in a backed server's file (a
+    /// volume's holder is recorded with the volume), before the change is answered.
+    fn note_owner(&self) {
+        let (Some(b), Some(token), None) = (&self.shared.backing, self.token(), &self.volume)
+        else {
+            return;
+        };
+        let record = super::backing::SessionRecord {
+            id: self.id,
+            token: super::backing::hex(&token_digest(&token)),
+            client: self.client_name.clone(),
+        };
+        if b.note_session(record) {
+            self.shared.save_owners();
+        }
+    }
+
+    /// `Persist`: a backed server writes its arena and tables back to the medium first.
+    fn persist(&self, tag: u64) -> Message {
+        if let Some(b) = &self.shared.backing {
+            if let Err(e) = b.persist() {
+                log::error!(
+                    "backing file {}: write-back failed: {e}",
+                    b.path().display()
+                );
+                return Message::Refused {
+                    tag,
+                    code: RefusalCode::Io,
+                    message: format!("the server's backing file failed to take a write: {e}"),
+                };
+            }
+        }
+        Message::Persisted { tag }
+    }
+
     pub(super) fn release_all(&mut self) {
         let n = self.extents.len();
+        if let (Some(b), None) = (&self.shared.backing, &self.volume) {
+            b.forget_session(self.id);
+        }
         for (_, e) in std::mem::take(&mut self.extents) {
             self.shared.release(e);
         }
@@ -615,6 +666,8 @@ pub(super) fn kind(m: &Message) -> &'static str {
         Message::VolumeList { .. } => "VolumeList",
         Message::Volumes { .. } => "Volumes",
         Message::VolumeDrop { .. } => "VolumeDrop",
+        Message::Persist { .. } => "Persist",
+        Message::Persisted { .. } => "Persisted",
     }
 }
 

@@ -12,6 +12,7 @@
 //! longer resume. The new holder takes over the same session id, so the volume's extents
 //! keep their keys and the journal's chunk maps stay valid.
 
+use super::backing::{hex, unhex, VolumeRecord};
 use super::session::Session;
 use super::{token_digest, Extent, Shared, TokenDigest};
 use crate::proto::{
@@ -59,6 +60,38 @@ pub(super) struct Volume {
 }
 
 impl Volume {
+    /// How a backed server's file keeps it ([`super::backing`]).
+    pub(super) fn record(&self, name: &str) -> VolumeRecord {
+        VolumeRecord {
+            name: name.to_string(),
+            session_id: self.session_id,
+            epoch: self.epoch,
+            holder: self.holder.clone(),
+            token: self.token.as_ref().map(|t| hex(t)),
+            fenced: self.fenced.iter().map(|t| hex(t)).collect(),
+            root: hex(&self.root),
+        }
+    }
+
+    /// A volume from a backed server's file, its holder gone (a restart): its extents
+    /// parked, its last holder free to resume and the fenced ones still fenced.
+    pub(super) fn restored(rec: VolumeRecord, parked: HashMap<u64, Extent>) -> Volume {
+        let digest = |h: &String| unhex(h).and_then(|b| TokenDigest::try_from(b).ok());
+        Volume {
+            session_id: rec.session_id,
+            epoch: rec.epoch,
+            holder: rec.holder,
+            conn: None,
+            token: rec.token.as_ref().and_then(digest),
+            fenced: rec.fenced.iter().filter_map(digest).collect(),
+            last_heard: Instant::now(),
+            extents: parked.len() as u64,
+            bytes: parked.values().map(|e| e.len).sum(),
+            parked,
+            root: unhex(&rec.root).unwrap_or_default(),
+        }
+    }
+
     fn info(&self, name: &str) -> VolumeInfo {
         VolumeInfo {
             name: name.to_string(),
@@ -219,6 +252,8 @@ impl Session {
                 );
                 log::info!("volume '{name}' made for {holder} at epoch {epoch}");
                 self.volume = Some(name);
+                drop(vols);
+                shared.save_owners();
                 return Ok(Message::VolumeClaimed {
                     tag,
                     epoch,
@@ -314,6 +349,8 @@ impl Session {
                 bytes: self.held,
             };
             self.volume = Some(name);
+            drop(vols);
+            shared.save_owners();
             return Ok(reply);
         }
     }
@@ -373,11 +410,14 @@ impl Session {
                 self.extents.len()
             );
             crate::server::bump(&shared.refusals.resumed_sessions);
-            return Some(Ok(Message::Resumed {
+            let reply = Message::Resumed {
                 tag,
                 extents: self.extents.len() as u64,
                 bytes: self.held,
-            }));
+            };
+            drop(vols);
+            shared.save_owners();
+            return Some(Ok(reply));
         }
     }
 
@@ -419,6 +459,7 @@ impl Session {
         if let Some(v) = self.shared.volumes.lock().get_mut(name) {
             v.root = root;
         }
+        self.shared.save_owners();
         Message::VolumeDone { tag }
     }
 
@@ -487,6 +528,9 @@ impl Session {
                 Some(_) => vols.remove(name).expect("present"),
             }
         };
+        // Forgotten in the file before its extents are freed: a crash between leaves them
+        // of no owner, freed at the restart.
+        shared.save_owners();
         log::info!(
             "volume '{name}' removed: freeing its {} extents ({} bytes)",
             gone.parked.len(),

@@ -111,9 +111,13 @@ impl Writer {
                 crate::proto::MAX_ROOT_LEN
             ));
         }
+        // On backed servers, what the new root points at reaches the medium before it does
+        // (one write-back need not keep the order of the stores it writes).
+        self.pool.persist();
         self.pool
             .set_root(&bytes)
             .map_err(|e| format!("cannot set the volume's root: {e}"))?;
+        self.pool.persist();
         self.root = root;
         Ok(())
     }
@@ -512,6 +516,9 @@ impl Shared {
         }
         match writer.append(&self.gate, bytes, last) {
             Ok(lsn) => {
+                // Backed servers write the group (and the data before it) to their medium
+                // before it counts as committed.
+                writer.pool.persist();
                 self.forget_up_to(lsn);
                 self.committed(&writer.pool, lsn.max(last));
             }

@@ -329,6 +329,12 @@ impl Fabric for VerbsFabric {
         "verbs"
     }
 
+    /// The device issues every key: a backed server's restart cannot bring old rkeys back,
+    /// so `serve --backing` is refused on verbs (doc/OPERATIONS.md).
+    fn chooses_keys(&self) -> bool {
+        false
+    }
+
     unsafe fn register(
         &self,
         addr: *mut u8,

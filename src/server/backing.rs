@@ -1,0 +1,647 @@
+//! A memory server whose arena lives in a file (`serve --backing PATH`): a DAX device,
+//! persistent memory, tmpfs, hugetlbfs or any file on a local file system. Gengar's tier:
+//! a restarted server comes back with every extent it lent, so its clients resume and
+//! nothing is rebuilt.
+//!
+//! The file holds, besides the arena, what a restart needs to hand the extents back:
+//! - a header (format, sizes, the address the arena is mapped at: clients name extents by
+//!   address, so a restart maps the file at the same one);
+//! - an extent table with one 32-byte slot per arena page, indexed by the extent's first
+//!   page: length, remote key, owning session and a checksum. An allocation writes its slot
+//!   before it is answered; a free clears it after the extent is zeroed, so free space is
+//!   zero whenever the slot says free. A slot is a store into the mapping, not a system call;
+//! - the owners: two image slots (A/B, the newer valid one wins) holding the sessions that
+//!   own extents (by the digest of their last token, so they can resume) and the volumes
+//!   (epoch, holder, the tokens fenced, the root). Rewritten whenever an owner changes
+//!   (a session's first extent, a resume, a claim, a root), before the change is answered.
+//!
+//! Stores into a shared file mapping survive the process at once (a `kill -9` loses
+//! nothing); they reach the medium when written back: on the server's schedule
+//! ([`crate::config::BACKING_FLUSH_INTERVAL`]) and on every `Persist` (a volume commit).
+//! What survives a power loss with each medium is in doc/OPERATIONS.md.
+
+use super::alloc::ExtentAllocator;
+use super::arena::Arena;
+use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// The backing file's format; a newer one is refused by name.
+const FORMAT: u32 = 1;
+const MAGIC: &[u8; 8] = b"RMEMFSBK";
+/// Header: magic, format, page, arena length and offset, map address, owners offset and
+/// slot length, table offset; then its CRC.
+const HEADER_LEN: usize = 64;
+/// One extent-table slot: length, rkey, session, check.
+const SLOT_LEN: u64 = 32;
+/// The high half of a slot's check word, so an all-zero slot never reads as valid.
+const SLOT_MAGIC: u64 = 0x524d_4642 << 32;
+/// Room for one owners image: every volume a server keeps (its root hex-coded, its fenced
+/// tokens) takes under 10 KiB, so 1024 volumes fit with room for tens of thousands of
+/// sessions. Sparse where unused.
+const OWNERS_SLOT: u64 = 16 << 20;
+/// An owners slot's own header: generation, length, CRC.
+const OWNERS_HEADER: usize = 24;
+/// The arena starts on a 2 MiB boundary of the file, so huge pages (hugetlbfs, devdax) map it.
+const ARENA_ALIGN: u64 = 2 << 20;
+
+fn round_up(v: u64, to: u64) -> u64 {
+    v.div_ceil(to) * to
+}
+
+/// Where things are in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    page: u64,
+    arena_len: u64,
+    owners_offset: u64,
+    table_offset: u64,
+    arena_offset: u64,
+}
+
+impl Layout {
+    fn new(arena_len: u64, page: u64) -> Layout {
+        let owners_offset = round_up(HEADER_LEN as u64, page);
+        let table_offset = owners_offset + 2 * OWNERS_SLOT;
+        let table_len = round_up(arena_len / page * SLOT_LEN, page);
+        let arena_offset = round_up(table_offset + table_len, ARENA_ALIGN);
+        Layout {
+            page,
+            arena_len,
+            owners_offset,
+            table_offset,
+            arena_offset,
+        }
+    }
+    fn file_len(&self) -> u64 {
+        self.arena_offset + self.arena_len
+    }
+}
+
+/// A session that owns extents, as the file keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(super) struct SessionRecord {
+    pub(super) id: u64,
+    /// Hex of the digest of its last token (what its resume presents).
+    pub(super) token: String,
+    pub(super) client: String,
+}
+
+/// A volume, as the file keeps it ([`super::volume`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(super) struct VolumeRecord {
+    pub(super) name: String,
+    pub(super) session_id: u64,
+    pub(super) epoch: u64,
+    pub(super) holder: String,
+    pub(super) token: Option<String>,
+    pub(super) fenced: Vec<String>,
+    pub(super) root: String,
+}
+
+/// Everything that owns extents, one image of it.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(super) struct OwnersImage {
+    pub(super) sessions: Vec<SessionRecord>,
+    pub(super) volumes: Vec<VolumeRecord>,
+}
+
+pub(super) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub(super) fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// An extent the table lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SlotEntry {
+    pub(super) offset: u64,
+    pub(super) len: u64,
+    pub(super) rkey: u64,
+    pub(super) session: u64,
+}
+
+fn slot_check(e: &SlotEntry) -> u64 {
+    let mut h = crc32fast::Hasher::new();
+    for v in [e.offset, e.len, e.rkey, e.session] {
+        h.update(&v.to_le_bytes());
+    }
+    SLOT_MAGIC | h.finalize() as u64
+}
+
+/// What a restart found in the file.
+pub(super) struct Found {
+    pub(super) owners: OwnersImage,
+    /// Valid table slots, in offset order, not overlapping.
+    pub(super) extents: Vec<SlotEntry>,
+    /// Slots that failed their check or overlapped another (cleared).
+    pub(super) bad_slots: u64,
+}
+
+/// The backing file's metadata side. The arena (the same mapping) belongs to [`Arena`].
+pub(super) struct Backing {
+    path: PathBuf,
+    /// Held for the server's life: its `flock` keeps a second server off the file.
+    _file: File,
+    base: *mut u8,
+    map_len: usize,
+    layout: Layout,
+    /// The owners image's writer: the generation last written and the live sessions' records.
+    owners: Mutex<OwnersState>,
+    /// Set when the server stops (SIGTERM): from then on nothing is freed in the file, so a
+    /// restart finds every session and volume as a crash would leave them.
+    frozen: AtomicBool,
+}
+
+struct OwnersState {
+    generation: u64,
+    sessions: HashMap<u64, SessionRecord>,
+}
+
+// SAFETY: `base` points into the server's own shared mapping of the file, which lives as long
+// as the server's arena (dropped after this); the metadata pages are only written under
+// `owners` (images) or at slots owned by exactly one extent (allocation and free of an
+// extent are serialized by its owner), never exposed as Rust references.
+unsafe impl Send for Backing {}
+// SAFETY: as above.
+unsafe impl Sync for Backing {}
+
+impl Backing {
+    /// Opens (or makes) the backing file for an arena of `size` bytes and maps it: at the
+    /// address it had, when the file holds an arena already. Returns the arena and what the
+    /// file held (`None`: a new file).
+    pub(super) fn open(
+        path: &Path,
+        size: u64,
+        page: u64,
+    ) -> io::Result<(Backing, Arena, Option<Found>)> {
+        let ctx = |e: io::Error, what: &str| {
+            io::Error::new(
+                e.kind(),
+                format!("backing file {}: {what}: {e}", path.display()),
+            )
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| ctx(e, "cannot open"))?;
+        // SAFETY: flock on a descriptor this function owns; the result is checked.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(ctx(
+                io::Error::last_os_error(),
+                "in use by another memory server",
+            ));
+        }
+        let meta = file.metadata().map_err(|e| ctx(e, "cannot stat"))?;
+        let regular = meta.file_type().is_file();
+        if !regular && !meta.file_type().is_char_device() && !meta.file_type().is_block_device() {
+            return Err(ctx(
+                io::Error::from(io::ErrorKind::InvalidInput),
+                "neither a file nor a device",
+            ));
+        }
+        let mut header = [0u8; HEADER_LEN + 4];
+        let have_header = (!regular || meta.len() >= header.len() as u64)
+            && std::os::unix::fs::FileExt::read_exact_at(&file, &mut header, 0).is_ok()
+            && &header[..8] == MAGIC;
+        if !have_header && regular && meta.len() > 0 {
+            return Err(ctx(
+                io::Error::from(io::ErrorKind::InvalidInput),
+                "it is not an rmemfs backing file (give a new or empty file)",
+            ));
+        }
+        let layout = Layout::new(size, page);
+        if !have_header {
+            if regular {
+                file.set_len(layout.file_len())
+                    .map_err(|e| ctx(e, "cannot size"))?;
+            }
+            let (base, map_len) =
+                map(&file, layout.file_len(), None).map_err(|e| ctx(e, "cannot map"))?;
+            let b = Backing::new(path, file, base, map_len, layout, 0);
+            b.write_header();
+            let arena = b.arena();
+            log::info!(
+                "backing file {}: new, {} bytes (arena at {:#x})",
+                path.display(),
+                layout.file_len(),
+                arena.ptr as u64
+            );
+            return Ok((b, arena, None));
+        }
+        let (found_layout, map_addr) = read_header(&header).map_err(|why| {
+            ctx(
+                io::Error::new(io::ErrorKind::InvalidData, why),
+                "unusable header",
+            )
+        })?;
+        if found_layout.arena_len != size {
+            return Err(ctx(
+                io::Error::from(io::ErrorKind::InvalidInput),
+                &format!(
+                    "it holds an arena of {} bytes, --size asks for {size} (start with --size {}, \
+                     or give a new file)",
+                    found_layout.arena_len, found_layout.arena_len
+                ),
+            ));
+        }
+        if found_layout.page != page {
+            return Err(ctx(
+                io::Error::from(io::ErrorKind::InvalidInput),
+                &format!(
+                    "it was made with {}-byte pages, this host has {page}",
+                    found_layout.page
+                ),
+            ));
+        }
+        let (base, map_len) = map(&file, found_layout.file_len(), Some(map_addr)).map_err(|e| {
+            ctx(
+                e,
+                &format!("cannot map at {map_addr:#x}, where its clients know it"),
+            )
+        })?;
+        let b = Backing::new(path, file, base, map_len, found_layout, 0);
+        let (generation, owners) = b.read_owners();
+        b.owners.lock().generation = generation;
+        let (extents, bad_slots) = b.read_table();
+        let arena = b.arena();
+        Ok((
+            b,
+            arena,
+            Some(Found {
+                owners,
+                extents,
+                bad_slots,
+            }),
+        ))
+    }
+
+    fn new(
+        path: &Path,
+        file: File,
+        base: *mut u8,
+        map_len: usize,
+        layout: Layout,
+        generation: u64,
+    ) -> Backing {
+        Backing {
+            path: path.to_path_buf(),
+            _file: file,
+            base,
+            map_len,
+            layout,
+            owners: Mutex::new(OwnersState {
+                generation,
+                sessions: HashMap::new(),
+            }),
+            frozen: AtomicBool::new(false),
+        }
+    }
+
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The arena: the mapping's tail, owned (and unmapped) by the returned value.
+    fn arena(&self) -> Arena {
+        // SAFETY: the arena's offset and length lie inside the mapping (the layout's file
+        // length is the mapping's length).
+        let ptr = unsafe { self.base.add(self.layout.arena_offset as usize) };
+        Arena::backed(ptr, self.layout.arena_len as usize, self.base, self.map_len)
+    }
+
+    fn write_header(&self) {
+        let l = &self.layout;
+        let mut h = [0u8; HEADER_LEN];
+        h[..8].copy_from_slice(MAGIC);
+        h[8..12].copy_from_slice(&FORMAT.to_le_bytes());
+        h[12..16].copy_from_slice(&(l.page as u32).to_le_bytes());
+        let fields = [
+            l.arena_len,
+            l.arena_offset,
+            self.base as u64,
+            l.owners_offset,
+            OWNERS_SLOT,
+            l.table_offset,
+        ];
+        for (i, v) in fields.iter().enumerate() {
+            h[16 + i * 8..24 + i * 8].copy_from_slice(&v.to_le_bytes());
+        }
+        // 16 + 6 * 8 = 64: the CRC goes in the page after the fields.
+        let crc = crc32fast::hash(&h);
+        // SAFETY: the header page is inside the mapping and only written here, before the
+        // server serves anyone.
+        unsafe {
+            std::ptr::copy_nonoverlapping(h.as_ptr(), self.base, HEADER_LEN);
+            std::ptr::copy_nonoverlapping(crc.to_le_bytes().as_ptr(), self.base.add(HEADER_LEN), 4);
+        }
+    }
+
+    /// Whether nothing may be freed in the file any more (the server is stopping).
+    pub(super) fn frozen(&self) -> bool {
+        self.frozen.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn freeze(&self) {
+        self.frozen.store(true, Ordering::SeqCst);
+    }
+
+    fn slot_ptr(&self, offset: u64) -> *mut u64 {
+        let index = offset / self.layout.page;
+        debug_assert!(offset % self.layout.page == 0 && offset < self.layout.arena_len);
+        // SAFETY: `index` is below the arena's page count, so the slot lies inside the table,
+        // which lies inside the mapping.
+        unsafe {
+            self.base
+                .add((self.layout.table_offset + index * SLOT_LEN) as usize)
+                .cast::<u64>()
+        }
+    }
+
+    /// Lists an extent in the table (before its allocation is answered).
+    pub(super) fn write_slot(&self, e: &SlotEntry) {
+        let p = self.slot_ptr(e.offset);
+        let words = [e.len, e.rkey, e.session, slot_check(e)];
+        for (i, w) in words.iter().enumerate() {
+            // SAFETY: the slot belongs to this extent alone (its first page), inside the
+            // mapping; volatile because a restart, not this process, reads it back.
+            unsafe { std::ptr::write_volatile(p.add(i), *w) };
+        }
+    }
+
+    /// Clears an extent's slot (after its memory was zeroed).
+    pub(super) fn clear_slot(&self, offset: u64) {
+        let p = self.slot_ptr(offset);
+        for i in [3, 0, 1, 2] {
+            // SAFETY: as in `write_slot`; the check word goes first, so a torn clear reads as
+            // invalid.
+            unsafe { std::ptr::write_volatile(p.add(i), 0) };
+        }
+    }
+
+    fn read_table(&self) -> (Vec<SlotEntry>, u64) {
+        let pages = self.layout.arena_len / self.layout.page;
+        let mut found = Vec::new();
+        let mut bad = 0;
+        let mut end = 0u64;
+        for index in 0..pages {
+            let offset = index * self.layout.page;
+            let p = self.slot_ptr(offset);
+            // SAFETY: inside the table, in the mapping; no one else runs yet.
+            let words: [u64; 4] =
+                std::array::from_fn(|i| unsafe { std::ptr::read_volatile(p.add(i)) });
+            if words == [0; 4] {
+                continue;
+            }
+            let e = SlotEntry {
+                offset,
+                len: words[0],
+                rkey: words[1],
+                session: words[2],
+            };
+            let fits = e.len > 0
+                && e.len % self.layout.page == 0
+                && offset
+                    .checked_add(e.len)
+                    .is_some_and(|x| x <= self.layout.arena_len);
+            if words[3] != slot_check(&e) || !fits || offset < end {
+                bad += 1;
+                self.clear_slot(offset);
+                continue;
+            }
+            end = offset + e.len;
+            found.push(e);
+        }
+        (found, bad)
+    }
+
+    fn owners_ptr(&self, slot: u64) -> *mut u8 {
+        // SAFETY: both owners slots lie inside the mapping (layout).
+        unsafe {
+            self.base
+                .add((self.layout.owners_offset + slot * OWNERS_SLOT) as usize)
+        }
+    }
+
+    fn read_owners(&self) -> (u64, OwnersImage) {
+        let mut best: Option<(u64, OwnersImage)> = None;
+        for slot in 0..2 {
+            let p = self.owners_ptr(slot);
+            let mut head = [0u8; OWNERS_HEADER];
+            // SAFETY: the slot's header lies inside the mapping; no one else runs yet.
+            unsafe { std::ptr::copy_nonoverlapping(p, head.as_mut_ptr(), OWNERS_HEADER) };
+            let generation = u64::from_le_bytes(head[..8].try_into().expect("8"));
+            let len = u64::from_le_bytes(head[8..16].try_into().expect("8"));
+            let crc = u32::from_le_bytes(head[16..20].try_into().expect("4"));
+            if generation == 0 || len > OWNERS_SLOT - OWNERS_HEADER as u64 {
+                continue;
+            }
+            // SAFETY: `len` fits in the slot (checked), inside the mapping.
+            let body =
+                unsafe { std::slice::from_raw_parts(p.add(OWNERS_HEADER), len as usize) }.to_vec();
+            let mut h = crc32fast::Hasher::new();
+            h.update(&head[..16]);
+            h.update(&body);
+            if h.finalize() != crc {
+                log::warn!(
+                    "backing file {}: owners image {slot} is torn; ignored",
+                    self.path.display()
+                );
+                continue;
+            }
+            let Ok(image) = serde_json::from_slice::<OwnersImage>(&body) else {
+                log::warn!(
+                    "backing file {}: owners image {slot} does not parse; ignored",
+                    self.path.display()
+                );
+                continue;
+            };
+            if best.as_ref().is_none_or(|(g, _)| generation > *g) {
+                best = Some((generation, image));
+            }
+        }
+        best.unwrap_or_default()
+    }
+
+    /// Notes a session that owns extents (its first, or a resume under a new token).
+    /// True if the record changed (the owners must be saved).
+    pub(super) fn note_session(&self, record: SessionRecord) -> bool {
+        let mut o = self.owners.lock();
+        if o.sessions.get(&record.id) == Some(&record) {
+            return false;
+        }
+        o.sessions.insert(record.id, record);
+        true
+    }
+
+    /// Forgets a session whose extents are all gone (saved with the next image).
+    pub(super) fn forget_session(&self, id: u64) {
+        self.owners.lock().sessions.remove(&id);
+    }
+
+    /// The sessions restored from the file, so later images keep them.
+    pub(super) fn adopt_sessions(&self, records: impl IntoIterator<Item = SessionRecord>) {
+        let mut o = self.owners.lock();
+        for r in records {
+            o.sessions.insert(r.id, r);
+        }
+    }
+
+    /// Writes a new owners image with `volumes` (taken by the caller under its lock; the
+    /// sessions are this writer's): into the older slot, then it counts.
+    pub(super) fn save_owners(&self, volumes: impl FnOnce() -> Vec<VolumeRecord>) {
+        if self.frozen() {
+            return;
+        }
+        let mut o = self.owners.lock();
+        let mut sessions: Vec<SessionRecord> = o.sessions.values().cloned().collect();
+        sessions.sort_by_key(|s| s.id);
+        let image = OwnersImage {
+            sessions,
+            volumes: volumes(),
+        };
+        let body = serde_json::to_vec(&image).expect("the owners image serializes");
+        if body.len() + OWNERS_HEADER > OWNERS_SLOT as usize {
+            log::error!(
+                "backing file {}: the owners image ({} bytes) is larger than its slot: owners \
+                 changed since are NOT kept across a restart",
+                self.path.display(),
+                body.len()
+            );
+            return;
+        }
+        let generation = o.generation + 1;
+        let p = self.owners_ptr(generation % 2);
+        let mut head = [0u8; OWNERS_HEADER];
+        head[..8].copy_from_slice(&generation.to_le_bytes());
+        head[8..16].copy_from_slice(&(body.len() as u64).to_le_bytes());
+        let mut h = crc32fast::Hasher::new();
+        h.update(&head[..16]);
+        h.update(&body);
+        head[16..20].copy_from_slice(&h.finalize().to_le_bytes());
+        // SAFETY: the slot (header and body, checked to fit) lies inside the mapping and is
+        // only written under `owners`; the other slot keeps the last image meanwhile.
+        unsafe {
+            std::ptr::copy_nonoverlapping(body.as_ptr(), p.add(OWNERS_HEADER), body.len());
+            std::ptr::copy_nonoverlapping(head.as_ptr(), p, OWNERS_HEADER);
+        }
+        o.generation = generation;
+    }
+
+    /// Writes everything stored into the mapping so far back to the medium, and waits.
+    pub(super) fn persist(&self) -> io::Result<()> {
+        // SAFETY: msync of this server's own mapping.
+        if unsafe { libc::msync(self.base.cast(), self.map_len, libc::MS_SYNC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Makes free arena ranges read as zeros and cost nothing (a restart: an extent freed
+    /// just before a power loss may have had its zeroing lost while its slot's clear was
+    /// not). A medium that cannot punch holes (devdax) is zeroed instead.
+    pub(super) fn clear_free(&self, arena: &Arena, alloc: &ExtentAllocator) {
+        for (off, len) in alloc.free_ranges() {
+            let file_off = (self.layout.arena_offset + off) as libc::off_t;
+            // SAFETY: punching a hole in our own file's arena range, which no registration
+            // covers (it is free) and no client can reach (the server does not listen yet).
+            let r = unsafe {
+                libc::fallocate(
+                    self._file.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    file_off,
+                    len as libc::off_t,
+                )
+            };
+            if r != 0 {
+                // SAFETY: as above; the range lies inside the arena.
+                unsafe { std::ptr::write_bytes(arena.ptr.add(off as usize), 0, len as usize) };
+            }
+        }
+    }
+}
+
+/// Maps `len` bytes of `file` shared, at `at` exactly when given (`MAP_FIXED_NOREPLACE`:
+/// refused rather than moved if something else is there).
+fn map(file: &File, len: u64, at: Option<u64>) -> io::Result<(*mut u8, usize)> {
+    let len = usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let (hint, flags) = match at {
+        Some(a) => (
+            a as *mut libc::c_void,
+            libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
+        ),
+        None => (std::ptr::null_mut(), libc::MAP_SHARED),
+    };
+    // SAFETY: a new shared mapping of our file; the result is checked. NOREPLACE never
+    // unmaps anything already there.
+    let ptr = unsafe {
+        libc::mmap(
+            hint,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    if at.is_some() && ptr != hint {
+        // A kernel before 4.17 takes NOREPLACE as a hint.
+        // SAFETY: unmapping the mapping just made.
+        unsafe { libc::munmap(ptr, len) };
+        return Err(io::Error::from(io::ErrorKind::AddrInUse));
+    }
+    Ok((ptr as *mut u8, len))
+}
+
+fn read_header(h: &[u8; HEADER_LEN + 4]) -> Result<(Layout, u64), String> {
+    let crc = u32::from_le_bytes(h[HEADER_LEN..].try_into().expect("4 bytes"));
+    if crc32fast::hash(&h[..HEADER_LEN]) != crc {
+        return Err("its checksum does not match".into());
+    }
+    let u64_at = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().expect("8 bytes"));
+    let format = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+    if format != FORMAT {
+        return Err(format!(
+            "format {format}; this rmemfs reads format {FORMAT} (a newer rmemfs wrote it)"
+        ));
+    }
+    let page = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")) as u64;
+    if !page.is_power_of_two() {
+        return Err(format!("page size {page}"));
+    }
+    let arena_len = u64_at(16);
+    let layout = Layout::new(arena_len, page);
+    let recorded = (u64_at(24), u64_at(40), u64_at(48), u64_at(56));
+    if recorded
+        != (
+            layout.arena_offset,
+            layout.owners_offset,
+            OWNERS_SLOT,
+            layout.table_offset,
+        )
+    {
+        return Err("its layout is not this format's".into());
+    }
+    Ok((layout, u64_at(32)))
+}
