@@ -645,3 +645,138 @@ fn read_header(h: &[u8; HEADER_LEN + 4]) -> Result<(Layout, u64), String> {
     }
     Ok((layout, u64_at(32)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: u64 = 4096;
+    const SIZE: u64 = 64 * PAGE;
+
+    fn temp_file(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("rmemfs-backing-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    fn session(id: u64) -> SessionRecord {
+        SessionRecord {
+            id,
+            token: hex(&[id as u8; 32]),
+            client: format!("client {id}"),
+        }
+    }
+
+    #[test]
+    fn slots_and_owners_come_back_and_damage_is_dropped() {
+        let path = temp_file("roundtrip");
+        let at = {
+            let (b, arena, found) = Backing::open(&path, SIZE, PAGE).unwrap();
+            assert!(found.is_none(), "a new file");
+            b.write_slot(&SlotEntry {
+                offset: 0,
+                len: 2 * PAGE,
+                rkey: 7,
+                session: 3,
+            });
+            b.write_slot(&SlotEntry {
+                offset: 4 * PAGE,
+                len: PAGE,
+                rkey: 9,
+                session: 5,
+            });
+            b.write_slot(&SlotEntry {
+                offset: 8 * PAGE,
+                len: PAGE,
+                rkey: 11,
+                session: 3,
+            });
+            // A slot whose check does not match (a torn write) and one overlapping the first.
+            b.write_slot(&SlotEntry {
+                offset: 10 * PAGE,
+                len: PAGE,
+                rkey: 13,
+                session: 3,
+            });
+            // SAFETY: the slot's rkey word, inside the table of this test's own mapping.
+            unsafe { std::ptr::write_volatile(b.slot_ptr(10 * PAGE).add(1), 14) };
+            b.write_slot(&SlotEntry {
+                offset: PAGE,
+                len: PAGE,
+                rkey: 15,
+                session: 3,
+            });
+            b.clear_slot(8 * PAGE);
+            assert!(b.note_session(session(3)));
+            assert!(!b.note_session(session(3)), "unchanged");
+            b.save_owners(Vec::new);
+            assert!(b.note_session(session(5)));
+            b.save_owners(Vec::new);
+            b.persist().unwrap();
+            arena.ptr as u64
+        };
+        let (b, arena, found) = Backing::open(&path, SIZE, PAGE).unwrap();
+        assert_eq!(arena.ptr as u64, at, "mapped where its clients know it");
+        let found = found.expect("the file's contents");
+        let offsets: Vec<u64> = found.extents.iter().map(|e| e.offset).collect();
+        assert_eq!(offsets, vec![0, 4 * PAGE]);
+        assert_eq!(found.bad_slots, 2);
+        let ids: Vec<u64> = found.owners.sessions.iter().map(|s| s.id).collect();
+        assert_eq!(ids, vec![3, 5], "the newer image wins");
+        drop((b, arena));
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_torn_newer_owners_image_leaves_the_older() {
+        let path = temp_file("torn");
+        {
+            let (b, _arena, _) = Backing::open(&path, SIZE, PAGE).unwrap();
+            b.note_session(session(1));
+            b.save_owners(Vec::new);
+            b.note_session(session(2));
+            b.save_owners(Vec::new);
+            // The second image (generation 2, slot 0) loses a byte of its body.
+            // SAFETY: a byte inside owners slot 0 of this test's own mapping.
+            unsafe { *b.owners_ptr(0).add(OWNERS_HEADER + 3) ^= 0xff };
+        }
+        let (_b, _arena, found) = Backing::open(&path, SIZE, PAGE).unwrap();
+        let ids: Vec<u64> = found
+            .unwrap()
+            .owners
+            .sessions
+            .iter()
+            .map(|s| s.id)
+            .collect();
+        assert_eq!(ids, vec![1]);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn wrong_files_are_refused_with_a_reason() {
+        let path = temp_file("refusals");
+        let (held, _arena, _) = Backing::open(&path, SIZE, PAGE).unwrap();
+        let busy = Backing::open(&path, SIZE, PAGE).err().unwrap().to_string();
+        assert!(busy.contains("in use by another memory server"), "{busy}");
+        drop(held);
+        drop(_arena);
+        let size = Backing::open(&path, 2 * SIZE, PAGE)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(size.contains("--size"), "{size}");
+        let other = temp_file("not-ours");
+        std::fs::write(&other, b"someone's data").unwrap();
+        let foreign = Backing::open(&other, SIZE, PAGE).err().unwrap().to_string();
+        assert!(foreign.contains("not an rmemfs backing file"), "{foreign}");
+        assert_eq!(
+            std::fs::read(&other).unwrap(),
+            b"someone's data",
+            "left alone"
+        );
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&other);
+    }
+}

@@ -147,6 +147,9 @@ struct Shared {
     extents: AtomicU64,
     /// Control connections, so shutdown can close them.
     sessions: Mutex<HashMap<u64, TcpStream>>,
+    /// The session threads, so shutdown can wait for them: once it returns, nothing of this
+    /// server runs (a backed server's file may be mapped by its successor).
+    session_threads: Mutex<Vec<JoinHandle<()>>>,
     next_session: AtomicU64,
     lease: Duration,
     /// Authenticated control connections by their token's digest (to take over a session
@@ -279,6 +282,7 @@ impl MemoryServer {
             clients: AtomicU32::new(0),
             extents: AtomicU64::new(restored.extents),
             sessions: Mutex::new(HashMap::new()),
+            session_threads: Mutex::new(Vec::new()),
             next_session: AtomicU64::new(restored.next_session),
             lease: config.lease,
             live_tokens: Mutex::new(HashMap::new()),
@@ -358,6 +362,11 @@ impl MemoryServer {
         let wake = crate::fabric::reachable(self.local_addr);
         let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(500));
         if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+        // Their connections are closed: each ends within its own bounded waits.
+        let threads = std::mem::take(&mut *self.shared.session_threads.lock());
+        for h in threads {
             let _ = h.join();
         }
         self.shared.departures.notify_all();
@@ -669,9 +678,16 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     }
                 }
             });
-        if let Err(e) = spawned {
-            log::error!("cannot start a session thread: {e}");
-            shared.sessions.lock().remove(&id);
+        match spawned {
+            Ok(h) => {
+                let mut threads = shared.session_threads.lock();
+                threads.retain(|t| !t.is_finished());
+                threads.push(h);
+            }
+            Err(e) => {
+                log::error!("cannot start a session thread: {e}");
+                shared.sessions.lock().remove(&id);
+            }
         }
     }
 }

@@ -29,6 +29,34 @@ pub struct TestFs {
     pub volume: Option<(String, u64, WritePath)>,
     /// The volume's running journal (none without a volume).
     pub journal: Option<Arc<rmemfs::volume::VolumeJournal>>,
+    /// Each server's backing file (`serve --backing`), when the servers are backed.
+    pub backing: Vec<Option<std::path::PathBuf>>,
+    /// Where those files are; removed with the last holder.
+    pub backing_dir: Option<Arc<TempDir>>,
+}
+
+/// A directory removed when dropped: on tmpfs (`/dev/shm`) where there is one.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(what: &str) -> TempDir {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let base = match std::path::Path::new("/dev/shm").is_dir() {
+            true => std::path::PathBuf::from("/dev/shm"),
+            false => std::env::temp_dir(),
+        };
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let dir = base.join(format!("rmemfs-{what}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// A TCP relay in front of a memory server's control port that can be frozen: frozen, it
@@ -198,10 +226,63 @@ impl TestFs {
         size: u64,
         chunk: u64,
         path: WritePath,
+        copies: (usize, usize),
+        lease: Duration,
+        config: FsConfig,
+        relayed: bool,
+    ) -> TestFs {
+        Self::build_with(
+            servers, size, chunk, path, copies, lease, config, relayed, false,
+        )
+    }
+
+    /// `servers` backed memory servers (`serve --backing`, files in a fresh directory) of
+    /// `size` bytes, keeping `replicas` copies of `chunk`-byte chunks.
+    pub fn backed(servers: usize, size: u64, chunk: u64, replicas: usize) -> TestFs {
+        Self::build_with(
+            servers,
+            size,
+            chunk,
+            WritePath::Frrwp,
+            (replicas, 1),
+            rmemfs::config::LEASE,
+            FsConfig::default(),
+            false,
+            true,
+        )
+    }
+
+    /// As [`TestFs::volume`] over backed servers.
+    pub fn backed_volume(servers: usize, size: u64, chunk: u64, name: &str) -> TestFs {
+        let mut t = Self::build_with(
+            servers,
+            size,
+            chunk,
+            WritePath::Frrwp,
+            (1, 1),
+            rmemfs::config::LEASE,
+            FsConfig::default(),
+            false,
+            true,
+        );
+        t.volume = Some((name.to_string(), chunk, WritePath::Frrwp));
+        let attached = t.attach_volume(true).unwrap();
+        t.fs = attached.fs;
+        t.journal = Some(attached.journal);
+        t
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build_with(
+        servers: usize,
+        size: u64,
+        chunk: u64,
+        path: WritePath,
         (replicas, min_replicas): (usize, usize),
         lease: Duration,
         config: FsConfig,
         relayed: bool,
+        backed: bool,
     ) -> TestFs {
         let net = LocalNetwork::new();
         let mut srv = Vec::new();
@@ -210,9 +291,17 @@ impl TestFs {
             lease,
             ..ServerConfig::new("127.0.0.1:0".parse().unwrap(), size)
         };
-        for _ in 0..servers {
+        let backing_dir = backed.then(|| Arc::new(TempDir::new("backing")));
+        let backing: Vec<_> = (0..servers)
+            .map(|i| backing_dir.as_ref().map(|d| d.0.join(format!("server{i}"))))
+            .collect();
+        for file in &backing {
             let node = net.node();
-            srv.push(MemoryServer::start(&server_config, node.clone()).unwrap());
+            let config = ServerConfig {
+                backing: file.clone(),
+                ..server_config.clone()
+            };
+            srv.push(MemoryServer::start(&config, node.clone()).unwrap());
             nodes.push(node);
         }
         let relays: Vec<Relay> = srv
@@ -253,6 +342,8 @@ impl TestFs {
             relays,
             volume: None,
             journal: None,
+            backing,
+            backing_dir,
         }
     }
 
@@ -329,13 +420,21 @@ impl TestFs {
     }
 
     /// Memory server `i` (killed before) starts again as a new process would: same address,
-    /// empty arena.
+    /// an empty arena, or a backed server's file as it left it (the old server is gone
+    /// first, so its mapping of the file is).
     pub fn restart_server(&mut self, i: usize) {
         let node = self.net.node();
         let config = ServerConfig {
             listen: self.servers[i].local_addr(),
+            backing: self.backing.get(i).cloned().flatten(),
             ..self.server_config.clone()
         };
+        let stand_in = MemoryServer::start(
+            &ServerConfig::new("127.0.0.1:0".parse().unwrap(), 1 << 20),
+            self.net.node(),
+        )
+        .unwrap();
+        drop(std::mem::replace(&mut self.servers[i], stand_in));
         self.servers[i] = MemoryServer::start(&config, node.clone()).unwrap();
         self.nodes[i] = node;
     }
@@ -370,6 +469,7 @@ impl TestFs {
         let server = MemoryServer::start(&self.server_config, node.clone()).unwrap();
         let addr = server.local_addr();
         self.servers.push(server);
+        self.backing.push(None);
         self.nodes.push(node);
         addr
     }

@@ -1,0 +1,126 @@
+//! Backed memory servers (`serve --backing`) over in-process servers: a restarted server comes
+//! back with every extent it lent, its sessions resume and nothing is rebuilt but the chunks
+//! written while it was away; a volume whose servers and daemon all stopped attaches again
+//! from the files.
+
+mod common;
+
+use common::{bytes, TestFs};
+use rmemfs::client::Rejoin;
+use rmemfs::fabric::ServerId;
+use rmemfs::rebuild::{pass, Stop};
+
+const MIB: usize = 1 << 20;
+
+fn six_files(t: &TestFs) {
+    for i in 0..6 {
+        let p = format!("f{i}");
+        t.create(&p).unwrap();
+        t.write_file(&p, 0, &bytes(i, MIB)).unwrap();
+    }
+}
+
+/// Chunks of the mount that list a copy on `server`, and their bytes.
+fn listed_on(t: &TestFs, server: u32) -> (u64, u64) {
+    t.fs.files().iter().fold((0, 0), |(n, b), f| {
+        let chunks = f.chunks.read();
+        let on: Vec<u64> = chunks
+            .values()
+            .filter(|c| c.on(server).is_some())
+            .map(|c| c.len)
+            .collect();
+        (n + on.len() as u64, b + on.iter().sum::<u64>())
+    })
+}
+
+#[test]
+fn a_restarted_backed_server_resumes_and_only_chunks_written_meanwhile_are_copied() {
+    let mut t = TestFs::backed(3, 16 << 20, MIB as u64, 2);
+    six_files(&t);
+    let pool = t.fs.data().pool().clone();
+    let (chunks_before, held) = listed_on(&t, 1);
+    assert!(chunks_before >= 2, "server 1 holds too little to tell");
+
+    // It stops (SIGTERM, as `systemctl restart` sends), and while it is away one file is
+    // written: that chunk's copy there missed the write.
+    t.kill_server(1);
+    assert!(!pool.is_live(ServerId(1)));
+    t.write_file("f0", 100, b"while away").unwrap();
+    t.restart_server(1);
+
+    let rejoin = pool.try_reconnect(ServerId(1));
+    assert!(
+        matches!(rejoin, Some(Rejoin::Resumed { bytes, .. }) if bytes >= held - MIB as u64),
+        "{rejoin:?} (held {held})"
+    );
+    assert!(pool.is_live(ServerId(1)));
+    let (chunks_after, _) = listed_on(&t, 1);
+    let missed = chunks_before - chunks_after;
+    assert!(missed <= 1, "only f0's chunk was written meanwhile");
+    let out = pass(&t.fs, 0, &Stop::default());
+    assert!(
+        out.chunks_rebuilt <= missed,
+        "copied {} chunks, {missed} were written while the server was away: {out:?}",
+        out.chunks_rebuilt
+    );
+    let h = t.fs.replica_health();
+    assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
+    let used = {
+        let c = t.servers[1].capacity();
+        c.total - c.free
+    };
+    assert_eq!(
+        used,
+        listed_on(&t, 1).1 + pool.stocked_bytes(ServerId(1)),
+        "the server holds what the mount lists there, no more"
+    );
+
+    // What it holds is the data: lose another server and read everything.
+    t.kill_server(0);
+    for i in 0..6 {
+        let mut want = bytes(i, MIB);
+        if i == 0 {
+            want[100..110].copy_from_slice(b"while away");
+        }
+        assert!(t.read_file(&format!("f{i}")).unwrap() == want, "f{i}");
+    }
+}
+
+#[test]
+fn a_volume_attaches_again_after_every_server_and_its_daemon_stopped() {
+    let mut t = TestFs::backed_volume(2, 32 << 20, MIB as u64, "kept");
+    let files: Vec<Vec<u8>> = (0..5).map(|i| bytes(10 + i, 2 * MIB + 333)).collect();
+    for (i, d) in files.iter().enumerate() {
+        t.create(&format!("f{i}")).unwrap();
+        t.write_file(&format!("f{i}"), 0, d).unwrap();
+    }
+    t.fs.sync().expect("a volume mount syncs").unwrap();
+
+    // The daemon dies, then both servers stop and start again from their files.
+    t.fs.data().pool().crash();
+    t.kill_server(0);
+    t.kill_server(1);
+    t.restart_server(0);
+    t.restart_server(1);
+    t.crash_and_reattach();
+
+    for (i, d) in files.iter().enumerate() {
+        assert!(t.read_file(&format!("f{i}")).unwrap() == *d, "f{i}");
+    }
+    let h = t.fs.replica_health();
+    assert_eq!(h.degraded + h.lost, 0, "{h:?}");
+    let out = pass(&t.fs, 0, &Stop::default());
+    assert_eq!(out.chunks_rebuilt, 0, "{out:?}");
+}
+
+#[test]
+fn a_server_without_backing_still_comes_back_empty() {
+    // The contrast: the same restart of an unbacked server loses what it held.
+    let mut t = TestFs::replicated(3, 16 << 20, MIB as u64, rmemfs::data::WritePath::Frrwp, 2);
+    six_files(&t);
+    let pool = t.fs.data().pool().clone();
+    t.kill_server(1);
+    assert!(!pool.is_live(ServerId(1)));
+    t.restart_server(1);
+    assert_eq!(pool.try_reconnect(ServerId(1)), Some(Rejoin::Empty));
+}
