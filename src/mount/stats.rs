@@ -67,7 +67,7 @@ pub fn server_stats_text(
         } => (capacity, extents, clients, counters),
         other => return Err(format!("memory server {addr} answered {other:?}")),
     };
-    let report = crate::server::ServerReport::new(
+    let mut report = crate::server::ServerReport::new(
         &addr.to_string(),
         &conn.hello.fabric,
         conn.hello.instance,
@@ -76,6 +76,7 @@ pub fn server_stats_text(
         extents,
         &counters,
     );
+    report.backed = conn.hello.backed;
     if json {
         return Ok(format!("{}\n", report.to_json()));
     }

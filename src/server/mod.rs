@@ -332,7 +332,7 @@ impl MemoryServer {
         let shared = self.shared.clone();
         let addr = self.local_addr.to_string();
         Arc::new(move || {
-            ServerReport::new(
+            let mut report = ServerReport::new(
                 &addr,
                 shared.fabric.name(),
                 shared.instance,
@@ -340,7 +340,9 @@ impl MemoryServer {
                 shared.clients.load(Ordering::SeqCst),
                 shared.extents.load(Ordering::SeqCst),
                 &shared.counters(),
-            )
+            );
+            report.backed = shared.backing.is_some();
+            report
         })
     }
 

@@ -26,6 +26,8 @@ pub struct ServerReport {
     pub largest_free_bytes: u64,
     pub clients: u32,
     pub extents: u64,
+    /// Its arena and extent table live in a file (`serve --backing`): a restart keeps them.
+    pub backed: bool,
     /// Under [`ServerCounters::KEYS`], in wire order (`null` for a figure not seen).
     #[serde(flatten, serialize_with = "counter_values")]
     pub counters: Vec<(&'static str, Counter)>,
@@ -77,6 +79,7 @@ impl ServerReport {
             largest_free_bytes: capacity.largest_free,
             clients,
             extents,
+            backed: false,
             counters,
         }
     }
@@ -99,6 +102,9 @@ impl ServerReport {
             self.free_bytes, self.total_bytes, self.largest_free_bytes
         );
         let _ = writeln!(out, "  clients {}, extents {}", self.clients, self.extents);
+        if self.backed {
+            let _ = writeln!(out, "  backed by a file: its extents outlive a restart");
+        }
         for (_, c) in &self.counters {
             match c.value {
                 Some(v) => {
