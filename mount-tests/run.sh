@@ -589,6 +589,8 @@ test_rolling_restart() {
 pidf=$work/pid.$1
 kill -9 "$(cat "$pidf")"
 for ((k = 0; k < 100; k++)); do
+  # The last process's "listening" line must not pass for this one's.
+  rm -f "$work/serve-$1.out"
   setsid "$bin" serve --listen "$1" --size "$size" "${extra[@]}" \
     >"$work/serve-$1.out" 2>"$work/serve-$1.err" </dev/null &
   echo $! >"$pidf"
@@ -622,6 +624,135 @@ up = sorted(x["addr"] for x in s if x["state"] == "up")
 sys.exit(0 if up == sorted(sys.argv[2].split(",")) else f"servers up after the restart: {up}")' "$st" "$ADDRS" ||
     fail "not every server is back in the mount"
   check_files 12 "after the rolling restart"
+}
+
+# (its own three 512 MiB servers with --backing; no mount) Backed memory servers keep what they lent
+# across a restart. A volume with two copies: one server restarted in place while the mount is
+# quiet comes back with its extents and nothing is copied. Then tools/rolling-restart.sh
+# restarts every server in place (the first killed with SIGKILL, the others stopped with
+# SIGTERM) while fio writes and verifies and a volume writer fsyncs: fio verifies, every
+# server's session is resumed (none admitted empty) and only chunks written while their
+# server was away are copied (counted by the tool). Then the daemon and every server are
+# killed (SIGKILL) and started again: the volume attaches, every fsynced file and state is
+# there, and nothing is rebuilt.
+test_backed_restart() {
+  local addrs="" i a out writer manifest=$WORK/manifest copied mlog
+  local writer_py=$PWD/mount-tests/volume_writer.py restart=$WORK/restart.sh bdir
+  : >"$manifest"
+  # The files on tmpfs where there is one (as persistent memory would be); the benchmark
+  # measures a disk file's cost.
+  bdir=$WORK
+  [ -d /dev/shm ] && bdir=$(mktemp -d /dev/shm/rmemfs-backed.XXXXXX)
+  for i in 0 1 2; do
+    start_server 512M --backing "$bdir/backing.$i" || fail "a backed server did not start"
+    addrs+=${addrs:+,}$SERVER_ADDR
+    echo "$SERVER_PID" >"$WORK/pid.$SERVER_ADDR"
+    echo "$bdir/backing.$i" >"$WORK/file.$SERVER_ADDR"
+  done
+  # shellcheck disable=SC2064 # the directory is meant to be expanded now
+  trap 'for f in "$WORK"/pid.*; do kill -9 "$(cat "$f")" 2>/dev/null || true; done; '"rm -rf ${bdir@Q}/backing.*; [ ${bdir@Q} = ${WORK@Q} ] || rmdir ${bdir@Q}" EXIT
+  ADDRS=$addrs
+  {
+    echo '#!/usr/bin/env bash'
+    echo '# Restarts the backed test server at $1 from its file: SIGKILL the first time, else SIGTERM.'
+    echo 'set -u'
+    echo "work=$WORK bin=$BIN"
+    printf 'extra=(%s)\n' "${SERVE_ARGS[*]}"
+    cat <<'SCRIPT'
+pidf=$work/pid.$1 sig=TERM
+[ -e "$work/killed-once" ] || { sig=KILL; touch "$work/killed-once"; }
+kill -"$sig" "$(cat "$pidf")"
+for ((j = 0; j < 100; j++)); do kill -0 "$(cat "$pidf")" 2>/dev/null || break; sleep 0.1; done
+for ((k = 0; k < 100; k++)); do
+  # The last process's "listening" line must not pass for this one's.
+  rm -f "$work/serve-$1.out"
+  setsid "$bin" serve --listen "$1" --size 512M --backing "$(cat "$work/file.$1")" "${extra[@]}" \
+    >"$work/serve-$1.out" 2>"$work/serve-$1.err" </dev/null &
+  echo $! >"$pidf"
+  for ((j = 0; j < 50; j++)); do
+    grep -q "listening on" "$work/serve-$1.out" 2>/dev/null && exit 0
+    kill -0 "$(cat "$pidf")" 2>/dev/null || break
+    sleep 0.1
+  done
+  # The killed process's port may take a moment to be released.
+  sleep 0.1
+done
+exit 1
+SCRIPT
+  } >"$restart"
+  chmod +x "$restart"
+  mlog=$WORK/daemon.log
+  mount_fs "$MNT" "$addrs" --volume bk --create --replicas 2 --log-file "$mlog" ||
+    fail "mount --volume bk --create failed"
+  seed_files 12
+  must "fsync the seeded files" python3 -c 'import os, sys
+for p in sys.argv[1:]:
+    fd = os.open(p, os.O_RDONLY); os.fsync(fd); os.close(fd)' "$MNT"/f* "$MNT"
+
+  # Quiet: a restart in place copies nothing.
+  a=${addrs%%,*}
+  out=$(timeout -k 10 300 env RMEMFS_BIN="$BIN" tools/rolling-restart.sh "$MNT" "$restart {}" 2>&1 >/dev/null) ||
+    fail "rolling restart (quiet): $out"
+  log "$out"
+  grep -q "^rolling-restart: $a: backed; restarting in place" <<<"$out" || fail "not restarted in place: $out"
+  [ "$(grep -c "with its extents; 0 chunks written while it was away copied again" <<<"$out")" = 3 ] ||
+    fail "a quiet restart copied chunks: $out"
+  grep -q "restored [1-9][0-9]* extents" "$WORK/serve-$a.err" || fail "the restarted server restored nothing: $(head -3 "$WORK/serve-$a.err")"
+
+  # Under load: fio writes and verifies round after round, the writer fsyncs, and every
+  # server is restarted once more.
+  (
+    n=0
+    while [ ! -e "$WORK/fio-stop" ]; do
+      n=$((n + 1))
+      timeout -k 10 300 fio --name="v$n" --directory="$MNT" --size=32M --bs=64k --rw=randwrite \
+        --ioengine=psync --verify=crc32c --do_verify=1 --verify_fatal=1 --numjobs=2 \
+        --group_reporting >"$WORK/fio.$n.out" 2>&1 || { echo "$n" >"$WORK/fio-failed"; break; }
+      rm -f "$MNT/v$n".*
+    done
+    echo "$n" >"$WORK/fio-rounds"
+  ) &
+  FIO_PID=$!
+  python3 "$writer_py" write "$MNT" "$manifest" 7 &
+  writer=$!
+  out=$(timeout -k 10 300 env RMEMFS_BIN="$BIN" tools/rolling-restart.sh "$MNT" "$restart {}" 2>&1 >/dev/null) ||
+    fail "rolling restart under load: $out"
+  log "$out"
+  touch "$WORK/fio-stop"
+  wait "$FIO_PID" || true
+  [ ! -e "$WORK/fio-failed" ] || fail "fio round $(cat "$WORK/fio-failed") failed: $(tail -5 "$WORK/fio.$(cat "$WORK/fio-failed").out")"
+  ! grep -qiE "verify.*(bad|fail)|Input/output error" "$WORK"/fio.*.out || fail "fio errors during the rolling restart"
+  [ "$(cat "$WORK/fio-rounds")" -ge 2 ] || fail "fio ran $(cat "$WORK/fio-rounds") rounds: the restarts may have missed it"
+  log "fio rounds verified across the rolling restart: $(cat "$WORK/fio-rounds")"
+  [ "$(grep -c "with its extents; [0-9]* chunks written while it was away copied again" <<<"$out")" = 3 ] ||
+    fail "not every server came back with its extents: $out"
+  copied=$(grep -o "[0-9]* chunks written while it was away" <<<"$out" | awk '{n += $1} END {print n}')
+  log "chunks copied again over the loaded rolling restart: $copied"
+  [ "$copied" -gt 0 ] || fail "fio wrote throughout, yet no chunk written while its server was away was counted as copied"
+  [ "$(grep -c "session resumed" "$mlog")" -ge 6 ] || fail "the mount did not resume every session: $(grep -E "is back" "$mlog" | tail -6)"
+  ! grep -q "admitting it empty" "$mlog" || fail "a backed server came back empty: $(grep "admitting it empty" "$mlog")"
+  check_files 12 "after the rolling restarts"
+
+  # Everything stops at once (SIGKILL), starts again, and the volume attaches.
+  kill -9 "$(daemon_pids "$MNT")" 2>/dev/null
+  wait_daemon_gone "$MNT" 20 || fail "the daemon outlived its kill"
+  wait "$writer" || true
+  for a in ${addrs//,/ }; do kill -9 "$(cat "$WORK/pid.$a")"; done
+  touch "$WORK/killed-once"
+  for a in ${addrs//,/ }; do
+    # Already dead: the script's kill finds nothing, and it starts the server from its file.
+    "$restart" "$a" || fail "$a did not start again"
+  done
+  mount_fs "$MNT" "$addrs" --volume bk --replicas 2 --log-file "$WORK/daemon2.log" ||
+    fail "the volume did not attach after everything stopped"
+  out=$(t python3 "$writer_py" check "$MNT" "$manifest") || fail "after the stop of everything: $out"
+  log "writer: $out"
+  check_files 12 "after every server and the daemon stopped"
+  wait_copies 2 30 "after the restart of everything" >/dev/null
+  out=$(t "$BIN" stats --json "$MNT" | python3 -c 'import json, sys; print(json.load(sys.stdin)["rebuild"]["chunks_rebuilt"])')
+  assert_eq "chunks rebuilt after the restart of everything" "$out" 0
+  unmount_fs "$MNT" || fail "unmount failed"
+  t "$BIN" volume rm bk --servers "$addrs" >/dev/null || fail "volume rm failed"
 }
 
 # (servers 3 × 256M, two copies, --op-timeout=2) A memory server frozen (SIGSTOP) for longer
@@ -1705,6 +1836,7 @@ ALL_TESTS=(
   "set_replicas 256M,256M,256M mount"
   "add_server 256M,256M,256M mount --replicas=2"
   "rolling_restart 256M,256M,256M mount --replicas=2"
+  "backed_restart shared nomount"
   "unmount_cleanup shared nomount"
   "secret shared nomount"
   "linux_semantics shared nomount"

@@ -192,6 +192,11 @@ pub const JOURNAL_COMMIT_INTERVAL: Duration = Duration::from_millis(5);
 /// the interval, and one group stays a few WRITEs of [`IO_SIZE`].
 pub const JOURNAL_COMMIT_BATCH: usize = 1 << 20;
 
+/// After a failed attempt to restore the journal's copies (a fresh ring and checkpoint, when
+/// a copy was lost and another server is up), how long the journal goes on with the copies it
+/// has before it tries again: a full pool fails every attempt, and each costs a checkpoint.
+pub const JOURNAL_HEAL_RETRY: Duration = Duration::from_secs(1);
+
 /// Bytes of each copy of a volume's journal ring: at ~150 bytes a record, some 200,000
 /// operations between checkpoints (which bound the replay), for 96 MiB over three servers.
 pub const JOURNAL_RING_BYTES: u64 = 32 << 20;

@@ -280,6 +280,12 @@ impl Collector for MountCollector {
             "Bytes copied by rebuilds",
             r.bytes_copied,
         )?;
+        counter(
+            m,
+            "rmemfs_chunks_copied_on_write",
+            "Chunks given a new copy by a write, their copy on a down server having missed it",
+            r.chunks_copied_on_write,
+        )?;
         gauge(
             m,
             "rmemfs_rebuild_chunks_left",

@@ -102,7 +102,7 @@ for addr in "${SERVERS[@]}"; do
   before=$(instance "$addr")
   [ -n "$before" ] || { say "$addr does not answer: fix it first (nothing was changed)"; exit 1; }
   if [ "$DRAIN" = 0 ] && backed "$addr"; then
-    copied=$(mount_figure "s['rebuild']['chunks_rebuilt']")
+    copied=$(mount_figure "s['rebuild']['chunks_rebuilt'] + s['rebuild']['chunks_copied_on_write']")
     say "$addr: backed; restarting in place"
     sh -c "${COMMAND//\{\}/$addr}"
     now=$(wait_new "$addr" "$before") || {
@@ -113,7 +113,7 @@ for addr in "${SERVERS[@]}"; do
       say "$addr: back (instance $now), but the mount has not every chunk at its count after $WAIT s: stopping here"
       exit 1
     }
-    copied=$(($(mount_figure "s['rebuild']['chunks_rebuilt']") - copied))
+    copied=$(($(mount_figure "s['rebuild']['chunks_rebuilt'] + s['rebuild']['chunks_copied_on_write']") - copied))
     say "$addr: back (instance $before -> $now) with its extents; $copied chunks written while it was away copied again"
     continue
   fi

@@ -98,6 +98,9 @@ pub struct DataStore {
     /// What chunk copies (replacing a lost replica) go through: one at a time, and only after
     /// a failure, so one buffer is enough and stays registered in the cache.
     repair_buf: Mutex<Bounce>,
+    /// Chunks given a new copy on the write path (a copy was on a server that was down),
+    /// beside the rebuild's own count: what a restarted server's absence cost in copies.
+    copied_on_write: crate::sync::atomic::AtomicU64,
 }
 
 /// How many copies of each chunk there are, as `stats` counts them.
@@ -260,6 +263,12 @@ impl<'a> Payload<'a> {
 }
 
 impl DataStore {
+    /// Chunks given a new copy on the write path ([`DataStore::copied_on_write`]).
+    pub fn copied_on_write(&self) -> u64 {
+        self.copied_on_write
+            .load(crate::sync::atomic::Ordering::Relaxed)
+    }
+
     /// `max_bufs` bounds the bounce buffers (and so the concurrent I/O rounds).
     pub fn new(
         pool: Arc<Pool>,
@@ -290,6 +299,7 @@ impl DataStore {
             replicas: AtomicUsize::new(1),
             min_replicas: 1,
             repair_buf: Mutex::new(Self::make_bounce()?),
+            copied_on_write: Default::default(),
         })
     }
 

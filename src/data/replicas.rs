@@ -59,8 +59,9 @@ impl DataStore {
         if !self.let_go_of_dead_copies(c) {
             return Err(lost(idx));
         }
-        if c.replicas().len() < self.replicas() {
-            self.repair(idx, c);
+        if c.replicas().len() < self.replicas() && self.repair(idx, c) > 0 {
+            self.copied_on_write
+                .fetch_add(1, crate::sync::atomic::Ordering::Relaxed);
         }
         if c.replicas().len() < self.min_replicas {
             return Err(Error::new(

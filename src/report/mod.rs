@@ -203,6 +203,8 @@ pub struct RebuildFigures {
     pub bytes_copied: u64,
     pub last_rate_bytes_per_s: u64,
     pub chunks_left_degraded: u64,
+    /// Chunks given a new copy by a write (their copy on a down server missed it).
+    pub chunks_copied_on_write: u64,
 }
 
 /// A mount's figures: what every rendering of `stats` shows.
@@ -341,6 +343,7 @@ impl MountReport {
                 bytes_copied: r.bytes_copied.load(Ordering::Relaxed),
                 last_rate_bytes_per_s: r.last_rate.load(Ordering::Relaxed),
                 chunks_left_degraded: r.left_degraded.load(Ordering::Relaxed),
+                chunks_copied_on_write: fs.data().copied_on_write(),
             },
             namespace: NamespaceFigures { commits, changes },
             journal: fs.journal_stats().map(|j| JournalFigures {

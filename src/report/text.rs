@@ -155,13 +155,14 @@ pub fn render(r: &MountReport) -> String {
     let _ = writeln!(
         out,
         "rebuild: {}; {} passes, {} chunks ({} bytes) copied, last rate {} bytes/s, {} \
-         chunks left short of copies",
+         chunks left short of copies; {} chunks copied on write",
         if rb.running { "running" } else { "idle" },
         rb.passes,
         rb.chunks_rebuilt,
         rb.bytes_copied,
         rb.last_rate_bytes_per_s,
-        rb.chunks_left_degraded
+        rb.chunks_left_degraded,
+        rb.chunks_copied_on_write
     );
     for (name, figures) in r.sections() {
         let list: Vec<String> = figures

@@ -22,7 +22,9 @@ use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Instant, SystemTime};
 
-use crate::config::{JOURNAL_COMMIT_BATCH, JOURNAL_COMMIT_INTERVAL, JOURNAL_COPIES};
+use crate::config::{
+    JOURNAL_COMMIT_BATCH, JOURNAL_COMMIT_INTERVAL, JOURNAL_COPIES, JOURNAL_HEAL_RETRY,
+};
 
 /// Changes per checkpoint frame: frames stay far below a record's payload limit.
 const CHANGES_PER_FRAME: usize = 4096;
@@ -78,6 +80,9 @@ pub(super) struct Writer {
     /// Ring size and checkpoint slice.
     pub(super) options: super::JournalOptions,
     pub(super) written: Arc<Written>,
+    /// No attempt to restore the ring's copies before then (the last one failed: the pool
+    /// may be full); none made yet.
+    pub(super) heal_after: Option<Instant>,
 }
 
 fn eio(why: String) -> Error {
@@ -308,6 +313,32 @@ impl Writer {
         if self.tail + bytes.len() as u64 > self.root.ring_len {
             return self.checkpoint(gate, false);
         }
+        // A ring short of copies while more servers are up (one failed, or came back) is
+        // made whole before the next group: else a rolling restart, one server after another,
+        // takes the journal's last copy with the last server.
+        let live_copies = self
+            .root
+            .ring
+            .iter()
+            .filter(|p| self.pool.is_live(ServerId(p.server)))
+            .count();
+        let due = self.heal_after.is_none_or(|t| Instant::now() >= t);
+        if due && live_copies < self.journal_servers().len() {
+            log::info!(
+                "the volume's journal has {live_copies} live copies; a fresh ring restores them"
+            );
+            match self.checkpoint(gate, true) {
+                Ok(lsn) => {
+                    self.heal_after = None;
+                    return Ok(lsn);
+                }
+                Err(e) => {
+                    // It goes on with the copies it has; tried again in a while.
+                    log::warn!("the journal's copies cannot be restored yet: {e}");
+                    self.heal_after = Some(Instant::now() + JOURNAL_HEAL_RETRY);
+                }
+            }
+        }
         loop {
             let live: Vec<Place> = self
                 .root
@@ -322,7 +353,17 @@ impl Writer {
             if live.len() < self.root.ring.len() {
                 let mut root = self.root.clone();
                 root.ring = live.clone();
+                let gone: Vec<Place> = self
+                    .root
+                    .ring
+                    .iter()
+                    .copied()
+                    .filter(|p| !live.contains(p))
+                    .collect();
+                let len = self.root.ring_len;
                 self.publish(root)?;
+                // No root names them now: freed when their servers answer again.
+                self.free(&gone, len);
             }
             let regions: Vec<RemoteRegion> =
                 live.iter().map(|p| region(p, self.root.ring_len)).collect();
@@ -342,7 +383,16 @@ impl Writer {
                         log::warn!("a journal copy failed ({e}); going on without it");
                         let mut root = self.root.clone();
                         root.ring.retain(|p| p.server != failed.0);
+                        let gone: Vec<Place> = self
+                            .root
+                            .ring
+                            .iter()
+                            .copied()
+                            .filter(|p| p.server == failed.0)
+                            .collect();
+                        let len = self.root.ring_len;
                         self.publish(root)?;
+                        self.free(&gone, len);
                     }
                     _ => return Err(format!("cannot write the volume's journal: {e}")),
                 },

@@ -337,6 +337,7 @@ pub fn attach_then(
         tail: 0,
         options,
         written: Default::default(),
+        heal_after: None,
     };
     // The old places, renumbered to this pool's servers, are what the writer frees (not
     // those on restarted servers: that memory went with the restart).
