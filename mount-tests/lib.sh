@@ -119,7 +119,8 @@ start_server() {
   disown "$SERVER_PID"
   ALL_SERVER_PIDS+=("$SERVER_PID")
   SERVER_ADDR=""
-  for ((i = 0; i < 100; i++)); do
+  # A reserved arena is faulted in before the server listens: about 1.5 s per GiB here.
+  for ((i = 0; i < 600; i++)); do
     # `read` fails on a partial line (no newline yet): only parse a complete first line.
     # shellcheck disable=SC2034 # SERVER_ADDR is read by the callers
     if [ -s "$out" ] && IFS= read -r line <"$out" && SERVER_ADDR=$(parse_addr "$line"); then
@@ -131,7 +132,7 @@ start_server() {
     fi
     sleep 0.1
   done
-  echo "memory server ($size) printed no 'listening on ADDR' line within 10 s" >&2
+  echo "memory server ($size) printed no 'listening on ADDR' line within 60 s" >&2
   kill_servers "$SERVER_PID"
   return 1
 }

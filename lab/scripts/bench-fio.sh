@@ -22,6 +22,11 @@
 #                is on as on any pool of a few GiB; arenas cost RAM only where used)
 #   RMEMFS_BIN, RMEMFS_MOUNT_ARGS as for mount-tests/run.sh
 #   RMEMFS_BENCH_BIN  the rmemfs-bench binary (default: next to RMEMFS_BIN)
+#   TARGETS      the targets to run, of: tmpfs memfs sshfs rmemfs-inproc rmemfs-1 rmemfs-2r1
+#                rmemfs-2 (the default: all of these) and rmemfs-1-backed,
+#                rmemfs-1-backed-disk (one server with `serve --backing`, its file on tmpfs in
+#                /dev/shm, or on the disk file system of BACKING_DIR, default /var/tmp)
+#   JOBS         the jobs to run (default: all of them, below)
 #
 # Jobs (lab/fio/*.fio, psync, direct=0): seq-write and seq-read with 1 MiB blocks, rand-write
 # and rand-read with 4 KiB blocks, each by one job and by four at once (-4j: each job its own
@@ -41,8 +46,13 @@ SIZE=${SIZE:-1G}
 RUNTIME=${RUNTIME:-10}
 OUT=${OUT:-target/bench-fio}
 export SIZE RUNTIME
-JOBS=(seq-write seq-write-4j seq-fresh seq-overwrite seq-read seq-read-4j
-  rand-write rand-write-4j rand-read rand-read-4j)
+# shellcheck disable=SC2206 # word splitting of the lists is meant
+JOBS=(${JOBS:-seq-write seq-write-4j seq-fresh seq-overwrite seq-read seq-read-4j
+  rand-write rand-write-4j rand-read rand-read-4j})
+TARGETS=" ${TARGETS:-tmpfs memfs sshfs rmemfs-inproc rmemfs-1 rmemfs-2r1 rmemfs-2} "
+BACKING_DIR=${BACKING_DIR:-/var/tmp}
+# want TARGET: whether TARGET is to run.
+want() { [[ $TARGETS == *" $1 "* ]]; }
 
 # openssh-server is installed for the sshfs peer's own sshd only: the package's system
 # service must not start (it would listen on every interface), so a policy-rc.d holds it
@@ -94,9 +104,11 @@ OUT=$(cd "$OUT" && pwd)
 rm -f "$OUT"/*.json "$OUT"/*.stats "$OUT/bench-fabric.txt" "$OUT/chart.svg"
 lib_init bench
 
-echo "== rmemfs-bench fabric --sizes 1M --depths 1,4 --bytes 256M --latency-iters 200 --clients 1"
-timeout -k 10 1200 "$BENCH_BIN" fabric --rmemfs "$BIN" --sizes 1M --depths 1,4 --bytes 256M \
-  --latency-iters 200 --clients 1 | tee "$OUT/bench-fabric.txt"
+if want rmemfs-1; then
+  echo "== rmemfs-bench fabric --sizes 1M --depths 1,4 --bytes 256M --latency-iters 200 --clients 1"
+  timeout -k 10 1200 "$BENCH_BIN" fabric --rmemfs "$BIN" --sizes 1M --depths 1,4 --bytes 256M \
+    --latency-iters 200 --clients 1 | tee "$OUT/bench-fabric.txt"
+fi
 
 # run_jobs TARGET DIR: the jobs on DIR; results in $OUT/TARGET-JOB.json, and for an rmemfs
 # mount the daemon's request counts after each job in $OUT/TARGET-JOB.stats. Each job's file
@@ -131,14 +143,17 @@ run_jobs() {
   done
 }
 
+if want tmpfs; then
 echo "== tmpfs ($SERVER_SIZE)"
 mkdir -p "$BASE/tmpfs"
 mount -t tmpfs -o "size=$SERVER_SIZE" tmpfs "$BASE/tmpfs"
 run_jobs tmpfs "$BASE/tmpfs"
 timeout -k 10 60 umount "$BASE/tmpfs"
+fi
 
 # The peers (#27): an in-memory FUSE file system with the writeback cache (rmemfs-bench
 # memfs: no rmemfs code, its bytes in the daemon's memory), and sshfs over loopback.
+if want memfs; then
 echo "== memfs (an in-memory FUSE file system with the writeback cache)"
 mkdir -p "$BASE/memfs"
 "$BENCH_BIN" memfs "$BASE/memfs" >"$BASE/logs/memfs.log" 2>&1 &
@@ -148,7 +163,9 @@ is_mounted "$BASE/memfs" || { echo "memfs did not mount: $(tail -n 3 "$BASE/logs
 run_jobs memfs "$BASE/memfs"
 timeout -k 10 60 umount "$BASE/memfs"
 wait "$memfs_pid" || true
+fi
 
+if want sshfs; then
 echo "== sshfs over loopback (to a directory on tmpfs)"
 start_loopback_sshd "$BASE/sshd"
 mkdir -p "$BASE/sshfs-src" "$BASE/sshfs"
@@ -159,25 +176,40 @@ run_jobs sshfs "$BASE/sshfs"
 timeout -k 10 60 umount "$BASE/sshfs"
 timeout -k 10 60 umount "$BASE/sshfs-src"
 kill "$SSHD_PID" 2>/dev/null || true
+fi
 
+if want rmemfs-inproc; then
 echo "== rmemfs over the in-process fabric ($SERVER_SIZE; no network on the data path)"
 mount_inproc "$BASE/mnt-0" "$SERVER_SIZE" || exit 1
 run_jobs rmemfs-inproc "$BASE/mnt-0"
 unmount_inproc "$BASE/mnt-0"
+fi
 
-echo "== rmemfs over one server ($SERVER_SIZE)"
-start_server "$SERVER_SIZE"
-pids=("$SERVER_PID")
-mount_fs "$BASE/mnt-1" "$SERVER_ADDR"
-run_jobs rmemfs-1 "$BASE/mnt-1"
-unmount_fs "$BASE/mnt-1"
-kill_servers "${pids[@]}"
+# One server: in RAM (rmemfs-1), and backed by a file (`serve --backing`) on tmpfs and on
+# a disk file system: what keeping the extents across a restart costs.
+for target in rmemfs-1 rmemfs-1-backed rmemfs-1-backed-disk; do
+  want "$target" || continue
+  backing=()
+  case $target in
+    rmemfs-1-backed) backing=(--backing "$(mktemp -u /dev/shm/rmemfs-bench-backing.XXXXXX)") ;;
+    rmemfs-1-backed-disk) backing=(--backing "$(mktemp -u "$BACKING_DIR/rmemfs-bench-backing.XXXXXX")") ;;
+  esac
+  echo "== $target: one server ($SERVER_SIZE)${backing[*]:+, ${backing[*]}}"
+  start_server "$SERVER_SIZE" "${backing[@]}"
+  pids=("$SERVER_PID")
+  mount_fs "$BASE/$target" "$SERVER_ADDR"
+  run_jobs "$target" "$BASE/$target"
+  unmount_fs "$BASE/$target"
+  kill_servers "${pids[@]}"
+  [ ${#backing[@]} = 0 ] || rm -f "${backing[1]}"
+done
 
 # Two servers: striped with one copy of each chunk (rmemfs-2r1), and with two copies, one
 # on each server (rmemfs-2, the default for two servers).
 for replicas in 1 2; do
   target=rmemfs-2
   [ "$replicas" = 1 ] && target=rmemfs-2r1
+  want "$target" || continue
   echo "== rmemfs over two servers ($SERVER_SIZE each), $replicas cop$([ "$replicas" = 1 ] && echo y || echo ies) of each chunk"
   start_server "$SERVER_SIZE"
   pids=("$SERVER_PID")
@@ -199,7 +231,8 @@ from fio_result import fio_side  # noqa: E402
 
 out, size, runtime, server_size = sys.argv[1:5]
 run_order = sys.argv[5].split()  # JOBS: the stats snapshots are cumulative in this order
-targets = ["tmpfs", "memfs", "sshfs", "rmemfs-inproc", "rmemfs-1", "rmemfs-2r1", "rmemfs-2"]
+targets = ["tmpfs", "memfs", "sshfs", "rmemfs-inproc", "rmemfs-1", "rmemfs-1-backed",
+           "rmemfs-1-backed-disk", "rmemfs-2r1", "rmemfs-2"]
 jobs = ["seq-read", "seq-read-4j", "seq-write", "seq-write-4j", "seq-fresh", "seq-overwrite",
         "rand-read", "rand-read-4j", "rand-write", "rand-write-4j"]
 
@@ -279,9 +312,12 @@ print()
 cols = [("1/memfs", "rmemfs-1", "memfs"), ("1/sshfs", "rmemfs-1", "sshfs"),
         ("inproc/tmpfs", "rmemfs-inproc", "tmpfs"), ("1/inproc", "rmemfs-1", "rmemfs-inproc"),
         ("1/tmpfs", "rmemfs-1", "tmpfs"), ("2r1/1", "rmemfs-2r1", "rmemfs-1"),
-        ("2/1", "rmemfs-2", "rmemfs-1"), ("2/inproc", "rmemfs-2", "rmemfs-inproc")]
+        ("2/1", "rmemfs-2", "rmemfs-1"), ("2/inproc", "rmemfs-2", "rmemfs-inproc"),
+        ("backed/1", "rmemfs-1-backed", "rmemfs-1"),
+        ("disk/1", "rmemfs-1-backed-disk", "rmemfs-1")]
+cols = [c for c in cols if c[1] in results and c[2] in results]
 print(f"{'job':<14} " + " ".join(f"{c[0]:>12}" for c in cols) + "   (MB/s ratios)")
-for job in jobs:
+for job in [j for j in jobs if any(j in r for r in results.values())]:
     ratios[job] = {name: ratio(mb(a, job), mb(b, job)) for name, a, b in cols}
     print(f"{job:<14} " + " ".join(f"{fmt(ratios[job][c[0]]):>12}" for c in cols))
 
@@ -308,13 +344,14 @@ if four_1 and four_inproc:
 # op, size, depth, fabric MB/s, tcp MB/s, ratio.
 fabric = {}
 line_re = re.compile(r"^(READ|WRITE)\s+(\S+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%\s*$")
-with open(os.path.join(out, "bench-fabric.txt")) as f:
-    for line in f:
-        m = line_re.match(line)
-        if m:
-            op, sz, depth, fab, tcp, pct = m.groups()
-            fabric[f"{op} {sz} depth {depth}"] = {
-                "fabric_mb_s": float(fab), "tcp_mb_s": float(tcp), "ratio_pct": float(pct)}
+fabric_path = os.path.join(out, "bench-fabric.txt")
+fabric_lines = open(fabric_path).read().splitlines() if os.path.exists(fabric_path) else []
+for line in fabric_lines:
+    m = line_re.match(line)
+    if m:
+        op, sz, depth, fab, tcp, pct = m.groups()
+        fabric[f"{op} {sz} depth {depth}"] = {
+            "fabric_mb_s": float(fab), "tcp_mb_s": float(tcp), "ratio_pct": float(pct)}
 
 print()
 fabric_ratios = {}
