@@ -438,6 +438,44 @@ make_src_tree() {
 
 # --- writers and checkers for failure tests (run.sh, hosts.sh) -------------------------------
 
+# write_restart_script FILE SIZE: FILE restarts the test server at HOST:PORT (its first
+# argument): the process in $WORK/pid.HOST:PORT gets SIGKILL (or the signal named in
+# $WORK/signal) and is waited for, then a new `serve` of SIZE listens on the same port, with
+# SERVE_ARGS and the words in $WORK/args.HOST:PORT (if any); it exits once that one listens.
+write_restart_script() {
+  {
+    echo '#!/usr/bin/env bash'
+    echo '# Restarts the test server at $1: a signal, then a new process on the same port.'
+    echo 'set -u'
+    echo "work=$WORK bin=$BIN size=$2"
+    printf 'extra=(%s)\n' "${SERVE_ARGS[*]}"
+    cat <<'SCRIPT'
+pidf=$work/pid.$1 sig=KILL own=()
+[ -e "$work/signal" ] && sig=$(cat "$work/signal")
+# shellcheck disable=SC2207 # the file holds words
+[ -e "$work/args.$1" ] && own=($(cat "$work/args.$1"))
+kill -"$sig" "$(cat "$pidf")" 2>/dev/null
+for ((j = 0; j < 100; j++)); do kill -0 "$(cat "$pidf")" 2>/dev/null || break; sleep 0.1; done
+for ((k = 0; k < 100; k++)); do
+  # The last process's "listening" line must not pass for this one's.
+  rm -f "$work/serve-$1.out"
+  setsid "$bin" serve --listen "$1" --size "$size" "${extra[@]}" "${own[@]}" \
+    >"$work/serve-$1.out" 2>"$work/serve-$1.err" </dev/null &
+  echo $! >"$pidf"
+  for ((j = 0; j < 50; j++)); do
+    grep -q "listening on" "$work/serve-$1.out" 2>/dev/null && exit 0
+    kill -0 "$(cat "$pidf")" 2>/dev/null || break
+    sleep 0.1
+  done
+  # The killed process's port (or a backing file's lock) may take a moment to be released.
+  sleep 0.1
+done
+exit 1
+SCRIPT
+  } >"$1"
+  chmod +x "$1"
+}
+
 # seed_files N: N reference files of 1 to 3 MiB in $WORK, copied into $MNT and synced.
 seed_files() {
   local i

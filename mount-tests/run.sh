@@ -579,33 +579,7 @@ test_rolling_restart() {
   done
   # The restarted servers are this subshell's: the runner knows only the first ones.
   trap 'for f in "$WORK"/pid.*; do kill -9 "$(cat "$f")" 2>/dev/null || true; done' EXIT
-  {
-    echo '#!/usr/bin/env bash'
-    echo '# Restarts the test server at $1: kill -9, then a new process on the same port.'
-    echo 'set -u'
-    echo "work=$WORK bin=$BIN size=$SHARED_SIZE"
-    printf 'extra=(%s)\n' "${SERVE_ARGS[*]}"
-    cat <<'SCRIPT'
-pidf=$work/pid.$1
-kill -9 "$(cat "$pidf")"
-for ((k = 0; k < 100; k++)); do
-  # The last process's "listening" line must not pass for this one's.
-  rm -f "$work/serve-$1.out"
-  setsid "$bin" serve --listen "$1" --size "$size" "${extra[@]}" \
-    >"$work/serve-$1.out" 2>"$work/serve-$1.err" </dev/null &
-  echo $! >"$pidf"
-  for ((j = 0; j < 50; j++)); do
-    grep -q "listening on" "$work/serve-$1.out" 2>/dev/null && exit 0
-    kill -0 "$(cat "$pidf")" 2>/dev/null || break
-    sleep 0.1
-  done
-  # The killed process's port may take a moment to be released.
-  sleep 0.1
-done
-exit 1
-SCRIPT
-  } >"$restart"
-  chmod +x "$restart"
+  write_restart_script "$restart" "$SHARED_SIZE"
   seed_files 12
   start_fio_verify
   start_copy_sampler
@@ -628,9 +602,8 @@ sys.exit(0 if up == sorted(sys.argv[2].split(",")) else f"servers up after the r
 
 # (its own three 512 MiB servers with --backing; no mount) Backed memory servers keep what they lent
 # across a restart. A volume with two copies: one server restarted in place while the mount is
-# quiet comes back with its extents and nothing is copied. Then tools/rolling-restart.sh
-# restarts every server in place (the first killed with SIGKILL, the others stopped with
-# SIGTERM) while fio writes and verifies and a volume writer fsyncs: fio verifies, every
+# quiet (SIGTERM) comes back with its extents and nothing is copied. Then tools/rolling-restart.sh
+# restarts every server in place (SIGKILL) while fio writes and verifies and a volume writer fsyncs: fio verifies, every
 # server's session is resumed (none admitted empty) and only chunks written while their
 # server was away are copied (counted by the tool). Then the daemon and every server are
 # killed (SIGKILL) and started again: the volume attaches, every fsynced file and state is
@@ -647,40 +620,12 @@ test_backed_restart() {
     start_server 512M --backing "$bdir/backing.$i" || fail "a backed server did not start"
     addrs+=${addrs:+,}$SERVER_ADDR
     echo "$SERVER_PID" >"$WORK/pid.$SERVER_ADDR"
-    echo "$bdir/backing.$i" >"$WORK/file.$SERVER_ADDR"
+    echo "--backing $bdir/backing.$i" >"$WORK/args.$SERVER_ADDR"
   done
   # shellcheck disable=SC2064 # the directory is meant to be expanded now
   trap 'for f in "$WORK"/pid.*; do kill -9 "$(cat "$f")" 2>/dev/null || true; done; '"rm -rf ${bdir@Q}/backing.*; [ ${bdir@Q} = ${WORK@Q} ] || rmdir ${bdir@Q}" EXIT
   ADDRS=$addrs
-  {
-    echo '#!/usr/bin/env bash'
-    echo '# Restarts the backed test server at $1 from its file: SIGKILL the first time, else SIGTERM.'
-    echo 'set -u'
-    echo "work=$WORK bin=$BIN"
-    printf 'extra=(%s)\n' "${SERVE_ARGS[*]}"
-    cat <<'SCRIPT'
-pidf=$work/pid.$1 sig=TERM
-[ -e "$work/killed-once" ] || { sig=KILL; touch "$work/killed-once"; }
-kill -"$sig" "$(cat "$pidf")"
-for ((j = 0; j < 100; j++)); do kill -0 "$(cat "$pidf")" 2>/dev/null || break; sleep 0.1; done
-for ((k = 0; k < 100; k++)); do
-  # The last process's "listening" line must not pass for this one's.
-  rm -f "$work/serve-$1.out"
-  setsid "$bin" serve --listen "$1" --size 512M --backing "$(cat "$work/file.$1")" "${extra[@]}" \
-    >"$work/serve-$1.out" 2>"$work/serve-$1.err" </dev/null &
-  echo $! >"$pidf"
-  for ((j = 0; j < 50; j++)); do
-    grep -q "listening on" "$work/serve-$1.out" 2>/dev/null && exit 0
-    kill -0 "$(cat "$pidf")" 2>/dev/null || break
-    sleep 0.1
-  done
-  # The killed process's port may take a moment to be released.
-  sleep 0.1
-done
-exit 1
-SCRIPT
-  } >"$restart"
-  chmod +x "$restart"
+  write_restart_script "$restart" 512M
   mlog=$WORK/daemon.log
   mount_fs "$MNT" "$addrs" --volume bk --create --replicas 2 --log-file "$mlog" ||
     fail "mount --volume bk --create failed"
@@ -689,7 +634,8 @@ SCRIPT
 for p in sys.argv[1:]:
     fd = os.open(p, os.O_RDONLY); os.fsync(fd); os.close(fd)' "$MNT"/f* "$MNT"
 
-  # Quiet: a restart in place copies nothing.
+  # Quiet: a restart in place (SIGTERM, as `systemctl restart` sends) copies nothing.
+  echo TERM >"$WORK/signal"
   a=${addrs%%,*}
   out=$(timeout -k 10 300 env RMEMFS_BIN="$BIN" tools/rolling-restart.sh "$MNT" "$restart {}" 2>&1 >/dev/null) ||
     fail "rolling restart (quiet): $out"
@@ -700,7 +646,8 @@ for p in sys.argv[1:]:
   grep -q "restored [1-9][0-9]* extents" "$WORK/serve-$a.err" || fail "the restarted server restored nothing: $(head -3 "$WORK/serve-$a.err")"
 
   # Under load: fio writes and verifies round after round, the writer fsyncs, and every
-  # server is restarted once more.
+  # server is killed (SIGKILL, as a crash) and started again.
+  rm -f "$WORK/signal"
   (
     n=0
     while [ ! -e "$WORK/fio-stop" ]; do
@@ -738,9 +685,7 @@ for p in sys.argv[1:]:
   wait_daemon_gone "$MNT" 20 || fail "the daemon outlived its kill"
   wait "$writer" || true
   for a in ${addrs//,/ }; do kill -9 "$(cat "$WORK/pid.$a")"; done
-  touch "$WORK/killed-once"
   for a in ${addrs//,/ }; do
-    # Already dead: the script's kill finds nothing, and it starts the server from its file.
     "$restart" "$a" || fail "$a did not start again"
   done
   mount_fs "$MNT" "$addrs" --volume bk --replicas 2 --log-file "$WORK/daemon2.log" ||
