@@ -16,6 +16,11 @@
 #         before the second kill, the writers paused) and not copied since read EIO, before
 #         and after the killed servers come back empty (never zeros, never old bytes); no
 #         operation is acknowledged while fewer than two servers are up.
+#   b2m2  as r2m2 with servers backed by files (`serve --backing`, in the run's directory on
+#         the local disk, so their write-back to a disk runs too): a killed server
+#         comes back with its extents, so after the two kills and the restarts every
+#         acknowledged file reads back exactly (EIO only while both are down); nothing is
+#         lost. Run it alone or beside the others: CHAOS_PHASES="b2m2".
 #
 # Usage: tools/chaos.sh [SECONDS]  (default 300; each phase gets half). Needs root.
 #   CHAOS_SEED=N      replays a run's choices (printed at the start)
@@ -165,6 +170,13 @@ double_kill() {
   [ -n "$t_low" ] && echo "$t_low $(date +%s.%N)" >>"$WORK/low-windows"
   wait_state "$a" up 30
   wait_state "$b" up 30
+  if [ "$BACKED" = 1 ]; then
+    # Back with their extents: what was unreadable while both were down reads back exactly.
+    verify
+    rm -f "$WORK/lost-now" "$MNT/probe"
+    resume
+    return
+  fi
   # Back, but empty: what was lost stays lost (EIO), never the new servers' zeros.
   verify --killed "$killed" --dump "$dump"
   if [ -s "$WORK/lost-now" ]; then
@@ -228,9 +240,12 @@ stop_writers() {
 # phase NAME SECONDS
 phase() {
   local name=$1 secs=$2 servers copies min w start kind h i
+  local backing=()
+  BACKED=0
   case $name in
     r3m2) servers=4 copies=3 min=2 ALLOW_LOSS=0 ;;
     r2m2) servers=3 copies=2 min=2 ALLOW_LOSS=1 ;;
+    b2m2) servers=3 copies=2 min=2 ALLOW_LOSS=1 BACKED=1 ;;
     *) fail "unknown phase $name" ;;
   esac
   COPIES=$copies MIN_COPIES=$min FAULTS=0 LOST=0
@@ -239,7 +254,10 @@ phase() {
   hosts_init "$servers"
   trap 'stop_writers; hosts_teardown; cleanup' EXIT
   for ((i = 0; i < servers; i++)); do
-    host_start "$i" 256M --op-timeout "$DETECT" --lease "$LEASE" 2>>"$BASE/logs/hosts.err"
+    backing=()
+    [ "$BACKED" = 1 ] && backing=(--backing "$BASE/backing-$name-$i")
+    host_start "$i" 256M --op-timeout "$DETECT" --lease "$LEASE" "${backing[@]}" \
+      2>>"$BASE/logs/hosts.err"
   done
   mount_fs "$MNT" "$(hosts_addrs)" --op-timeout "$DETECT" --replicas "$copies" \
     --min-replicas "$min" --rebuild-delay 1 --rebuild-rate "$REBUILD_RATE" \
