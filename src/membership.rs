@@ -324,19 +324,11 @@ pub fn rebalance(
 pub fn remove(fs: &Fs, journal: Option<&VolumeJournal>, addr: SocketAddr) -> Result<(), String> {
     let pool = fs.data().pool();
     let id = find(fs, addr)?;
-    if !pool.is_draining(id) {
-        return Err(format!(
-            "memory server {addr} is not drained: `rmemfs admin drain MOUNT {addr}` first"
-        ));
-    }
-    let held = pool.held_on(id).map_err(|e| e.to_string())?;
-    if held.extents > 0 {
-        return Err(format!(
-            "memory server {addr} still holds {} extents ({} bytes) of this mount: drain it \
-             again",
-            held.extents, held.bytes
-        ));
-    }
+    // Checked before the journal forgets it, and again by the pool as it lets it go.
+    pool.check_removable(id).map_err(|e| match e {
+        crate::client::PoolError::Invalid(why) => why,
+        e => e.to_string(),
+    })?;
     if let Some(j) = journal {
         j.forget_member(id.0).map_err(|e| e.message)?;
     }

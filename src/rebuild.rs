@@ -178,6 +178,28 @@ pub fn forget_server(fs: &Fs, server: ServerId) -> u64 {
         .sum()
 }
 
+/// Server `server` came back from its backing file with new keys ([`Rejoin::Rekeyed`]):
+/// every chunk copy there and the journal's places there take them (journaled like any
+/// change of a chunk map). Returns how many chunk copies changed.
+pub fn rekey_server(fs: &Fs, server: ServerId, keys: &std::collections::HashMap<u64, u64>) -> u64 {
+    let n = fs
+        .files_by_ino()
+        .iter()
+        .map(|(ino, f)| {
+            let mut io = fs.data().lock(f);
+            let n = io.rekey_copies(server, keys);
+            fs.commit_extents(*ino, &mut io);
+            n
+        })
+        .sum();
+    if let Err(e) = fs.rekey_journal(server.0, keys) {
+        // Its journal copies there fail their next write and are dropped (and restored on a
+        // fresh ring): nothing is lost.
+        log::warn!("the journal's places on {server} keep their old keys: {e}");
+    }
+    n
+}
+
 /// Runs `round` every `tick` until `stop`, as upkeep thread `thread`. A round that panics (a
 /// bug) is contained as a FUSE handler's is: logged, counted in `panics`, and the rounds go
 /// on, after a pause that doubles while rounds keep panicking one after another (see
@@ -242,10 +264,18 @@ impl Rebuilder {
                         if s.is_stopped() {
                             return;
                         }
-                        if pool.try_reconnect(id) == Some(Rejoin::Empty) {
-                            let n = forget_server(&f, id);
-                            log::warn!("forgot {n} chunk copies the restarted {id} held");
-                            pool.admit(id);
+                        match pool.try_reconnect(id) {
+                            Some(Rejoin::Empty) => {
+                                let n = forget_server(&f, id);
+                                log::warn!("forgot {n} chunk copies the restarted {id} held");
+                                pool.admit(id);
+                            }
+                            Some(Rejoin::Rekeyed { keys }) => {
+                                let n = rekey_server(&f, id, &keys);
+                                log::warn!("{n} chunk copies on {id} took its new keys");
+                                pool.admit(id);
+                            }
+                            _ => {}
                         }
                     }
                 });

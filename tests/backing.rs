@@ -124,3 +124,114 @@ fn a_server_without_backing_still_comes_back_empty() {
     t.restart_server(1);
     assert_eq!(pool.try_reconnect(ServerId(1)), Some(Rejoin::Empty));
 }
+
+/// Every copy's key on `server`, by address.
+fn keys_on(t: &TestFs, server: u32) -> std::collections::HashMap<u64, u64> {
+    t.fs.files()
+        .iter()
+        .flat_map(|f| {
+            f.chunks
+                .read()
+                .values()
+                .filter_map(|c| c.on(server))
+                .map(|r| (r.addr, r.rkey))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn on_a_device_that_issues_keys_a_restarted_server_resumes_under_new_keys() {
+    // As verbs: the restart registers every extent again and the device picks new keys.
+    let mut t = TestFs::backed_device_keys(3, 16 << 20, MIB as u64, 2);
+    six_files(&t);
+    let pool = t.fs.data().pool().clone();
+    let before = keys_on(&t, 1);
+    assert!(before.len() >= 2);
+    t.kill_server(1);
+    assert!(!pool.is_live(ServerId(1)));
+    t.restart_server(1);
+    let Some(Rejoin::Rekeyed { keys }) = pool.try_reconnect(ServerId(1)) else {
+        panic!("a server back under new keys must say so");
+    };
+    // Out of service until its copies took the new keys.
+    assert!(!pool.is_live(ServerId(1)));
+    for addr in before.keys() {
+        assert!(
+            keys.contains_key(addr),
+            "the server lists every extent it kept"
+        );
+    }
+    let changed = rmemfs::rebuild::rekey_server(&t.fs, ServerId(1), &keys);
+    assert_eq!(
+        changed as usize,
+        before.len(),
+        "every copy there took a new key"
+    );
+    pool.admit(ServerId(1));
+    assert!(pool.is_live(ServerId(1)));
+    let after = keys_on(&t, 1);
+    assert_eq!(after.len(), before.len());
+    for (addr, rkey) in &after {
+        assert_ne!(
+            before[addr], *rkey,
+            "a key the device no longer knows is still used"
+        );
+        assert_eq!(keys[addr], *rkey);
+    }
+    let out = pass(&t.fs, 0, &Stop::default());
+    assert_eq!(out.chunks_rebuilt, 0, "{out:?}");
+    // Its copies are read under their new keys: lose another server and read.
+    t.kill_server(0);
+    for i in 0..6 {
+        assert!(
+            t.read_file(&format!("f{i}")).unwrap() == bytes(i, MIB),
+            "f{i}"
+        );
+    }
+}
+
+#[test]
+fn on_a_device_that_issues_keys_a_volume_resumes_and_attaches_again() {
+    let mut t = TestFs::backed_volume(3, 32 << 20, MIB as u64, "rekeyed");
+    t.device_keys = true;
+    let files: Vec<Vec<u8>> = (0..4).map(|i| bytes(20 + i, 2 * MIB + 99)).collect();
+    for (i, d) in files.iter().enumerate() {
+        t.create(&format!("f{i}")).unwrap();
+        t.write_file(&format!("f{i}"), 0, d).unwrap();
+    }
+    t.fs.sync().unwrap().unwrap();
+    let pool = t.fs.data().pool().clone();
+
+    // One server restarts under the live daemon: its chunk copies and the journal's places
+    // there take the new keys, and the journal goes on committing to it.
+    t.kill_server(1);
+    assert!(!pool.is_live(ServerId(1)));
+    t.restart_server(1);
+    let Some(Rejoin::Rekeyed { keys }) = pool.try_reconnect(ServerId(1)) else {
+        panic!("a server back under new keys must say so");
+    };
+    rmemfs::rebuild::rekey_server(&t.fs, ServerId(1), &keys);
+    pool.admit(ServerId(1));
+    t.create("after").unwrap();
+    t.write_file("after", 0, b"written after the rekey")
+        .unwrap();
+    t.fs.sync().unwrap().unwrap();
+
+    // Then the daemon dies and every server restarts: the attach finds the checkpoint and
+    // ring under keys no record names.
+    pool.crash();
+    for i in 0..3 {
+        t.kill_server(i);
+    }
+    for i in 0..3 {
+        t.restart_server(i);
+    }
+    t.crash_and_reattach();
+    for (i, d) in files.iter().enumerate() {
+        assert!(t.read_file(&format!("f{i}")).unwrap() == *d, "f{i}");
+    }
+    assert_eq!(t.read_file("after").unwrap(), b"written after the rekey");
+    let out = pass(&t.fs, 0, &Stop::default());
+    assert_eq!(out.chunks_rebuilt, 0, "{out:?}");
+}

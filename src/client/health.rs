@@ -165,11 +165,11 @@ pub(super) fn back_up(h: &mut Health, failed: &AtomicBool, transitions: &AtomicU
     failed.store(false, Ordering::SeqCst);
 }
 
-/// What [`open_link`] opened: the link, what a resumed session held (`(extents, bytes)`),
-/// and the volume's claim.
+/// What [`open_link`] opened: the link, what a resumed session held (`(extents, bytes,
+/// rekeyed)`), and the volume's claim.
 pub(super) struct Opened {
     pub(super) link: Link,
-    pub(super) resumed: Option<(u64, u64)>,
+    pub(super) resumed: Option<(u64, u64, bool)>,
     pub(super) claimed: Option<super::volume::Claim>,
 }
 
@@ -198,7 +198,12 @@ pub(super) fn open_link(
     let resumed = match resume {
         None => None,
         Some(token) => match control.request(|tag| Message::Resume { tag, token })? {
-            Message::Resumed { extents, bytes, .. } => Some((extents, bytes)),
+            Message::Resumed {
+                extents,
+                bytes,
+                rekeyed,
+                ..
+            } => Some((extents, bytes, rekeyed)),
             Message::Refused {
                 code: code @ crate::proto::RefusalCode::Fenced,
                 message,
@@ -324,7 +329,7 @@ impl Pool {
             s.stock.lock().reset();
         }
         *s.link.lock() = link.clone();
-        let Some((extents, bytes)) = resumed else {
+        let Some((extents, bytes, rekeyed)) = resumed else {
             log::warn!(
                 "memory server {} ({id}) is back without this mount's session (restarted, \
                  or its lease ran out): its copies are gone; admitting it empty",
@@ -332,12 +337,50 @@ impl Pool {
             );
             return Some(Rejoin::Empty);
         };
+        // Restarted from its backing file on a fabric whose device issues keys: its
+        // extents' new keys, by address, before anything is sent there.
+        let keys: Option<std::collections::HashMap<u64, u64>> = if rekeyed {
+            match self.volume_extents(id) {
+                Ok(list) => Some(list.into_iter().map(|(a, _, k)| (a, k)).collect()),
+                Err(e) => {
+                    log::warn!(
+                        "memory server {} ({id}): cannot list its new keys: {e}",
+                        s.addr
+                    );
+                    link.control.kill();
+                    let mut h = s.health.lock();
+                    h.next_attempt = Instant::now() + h.backoff;
+                    return None;
+                }
+            }
+        } else {
+            None
+        };
         let unfreed = take_parked(&s.health, &s.unfreed);
         let n = unfreed.len();
         for (addr, rkey) in unfreed {
+            let rkey = match &keys {
+                None => rkey,
+                Some(k) => match k.get(&addr) {
+                    Some(&new) => new,
+                    None => continue,
+                },
+            };
             let _ = link
                 .control
                 .request(|tag| Message::Free { tag, addr, rkey });
+        }
+        if let Some(keys) = keys {
+            log::warn!(
+                "memory server {} ({id}) is back from its backing file with new keys: session \
+                 resumed with {extents} extents ({bytes} bytes); {n} extents let go of \
+                 meanwhile freed; its copies take the new keys before it is used",
+                s.addr
+            );
+            let mut h = s.health.lock();
+            h.state = ServerState::Rejoining;
+            h.since = SystemTime::now();
+            return Some(Rejoin::Rekeyed { keys });
         }
         log::warn!(
             "memory server {} ({id}) is back: session resumed with {extents} extents \

@@ -239,21 +239,8 @@ impl Pool {
     /// unless it is draining and holds nothing of this mount (a server that is down cannot
     /// be asked, so it cannot be removed this way: drain it once it is back).
     pub fn remove_server(&self, id: ServerId) -> Result<(), PoolError> {
+        self.check_removable(id)?;
         let s = self.server(id)?;
-        if !s.draining.load(Ordering::SeqCst) {
-            return Err(PoolError::Invalid(format!(
-                "{} is not drained: `rmemfs admin drain` first",
-                s.addr
-            )));
-        }
-        let held = self.held_on(id)?;
-        if held.extents > 0 {
-            return Err(PoolError::Invalid(format!(
-                "{} still holds {} extents ({} bytes) of this mount: the drain has not \
-                 finished",
-                s.addr, held.extents, held.bytes
-            )));
-        }
         {
             let mut h = s.health.lock();
             s.failed.store(true, Ordering::SeqCst);
@@ -266,6 +253,27 @@ impl Pool {
         link.qp.disconnect();
         link.control.kill();
         log::warn!("memory server {} ({id}) removed from the pool", s.addr);
+        Ok(())
+    }
+
+    /// Whether server `id` may be removed: it is draining, and it says it holds no extent
+    /// of this pool's session.
+    pub fn check_removable(&self, id: ServerId) -> Result<(), PoolError> {
+        let s = self.server(id)?;
+        if !s.draining.load(Ordering::SeqCst) {
+            return Err(PoolError::Invalid(format!(
+                "memory server {} is not drained: `rmemfs admin drain MOUNT {}` first",
+                s.addr, s.addr
+            )));
+        }
+        let held = self.held_on(id)?;
+        if held.extents > 0 {
+            return Err(PoolError::Invalid(format!(
+                "memory server {} still holds {} extents ({} bytes) of this mount: the drain \
+                 has not finished (drain it again)",
+                s.addr, held.extents, held.bytes
+            )));
+        }
         Ok(())
     }
 

@@ -166,12 +166,18 @@ pub struct ServerStatus {
 }
 
 /// How a failed server came back ([`Pool::try_reconnect`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rejoin {
     /// It still held this pool's session: up again, every extent intact.
     Resumed { extents: u64, bytes: u64 },
     /// It holds nothing of ours: the caller forgets every copy on it, then [`Pool::admit`]s it.
     Empty,
+    /// It still held this pool's session, restarted from its backing file on a fabric whose
+    /// device issues keys: every extent has a new key (by address). The caller gives its
+    /// copies and places there the new keys, then [`Pool::admit`]s it.
+    Rekeyed {
+        keys: std::collections::HashMap<u64, u64>,
+    },
 }
 
 /// One one-sided operation on a remote extent: `local.len` bytes at `offset` into `remote`.

@@ -126,6 +126,16 @@ impl FileIo<'_> {
         self.data.forget_copies(&mut self.chunks, server)
     }
 
+    /// Gives the copies on `server` their new keys, by address; how many changed (see
+    /// [`DataStore::rekey_copies`]).
+    pub fn rekey_copies(
+        &mut self,
+        server: ServerId,
+        keys: &std::collections::HashMap<u64, u64>,
+    ) -> u64 {
+        self.data.rekey_copies(&mut self.chunks, server, keys)
+    }
+
     /// The chunk changes since the last call, for the namespace's batch.
     pub fn take_log(&mut self) -> Vec<ExtentChange> {
         self.chunks.take_log()

@@ -99,6 +99,35 @@ impl DataStore {
         n
     }
 
+    /// Gives every copy on `server` the key `keys` lists for its address (the server
+    /// restarted from its backing file and its device issued new keys); a copy at an address
+    /// it does not list is taken out (the server holds nothing there). Returns how many
+    /// copies changed.
+    pub(super) fn rekey_copies(
+        &self,
+        chunks: &mut ChunkMap,
+        server: ServerId,
+        keys: &std::collections::HashMap<u64, u64>,
+    ) -> u64 {
+        let mut n = 0;
+        chunks.update_all(|c| {
+            let Some(r) = c.on(server.0) else { return };
+            match keys.get(&r.addr) {
+                Some(&rkey) if rkey == r.rkey => {}
+                Some(&rkey) => {
+                    c.remove(server.0);
+                    c.add(crate::meta::Replica { rkey, ..r });
+                    n += 1;
+                }
+                None => {
+                    c.remove(server.0);
+                    n += 1;
+                }
+            }
+        });
+        n
+    }
+
     /// Chunk indexes of `chunks` with fewer live copies than `--replicas`.
     pub(super) fn degraded(&self, chunks: &ChunkMap) -> Vec<u64> {
         let want = self.replicas();

@@ -37,6 +37,9 @@ pub struct Faults {
     /// The node is gone: every operation against it is a transport error.
     dead: AtomicBool,
     served: AtomicU64,
+    /// Behave as a device that issues its own keys (verbs): a backed server's restart cannot
+    /// bring old keys back ([`Fabric::chooses_keys`]).
+    issues_keys: AtomicBool,
 }
 
 struct Node {
@@ -100,6 +103,12 @@ impl LocalFabric {
             .store(delay.as_micros() as u64, Ordering::SeqCst);
     }
 
+    /// From now on the node's keys are its "device's" choice, as on verbs
+    /// ([`Fabric::chooses_keys`] false).
+    pub fn issue_own_keys(&self) {
+        self.node.faults.issues_keys.store(true, Ordering::SeqCst);
+    }
+
     /// Drops the node off the network (a crashed server): every operation against it fails with
     /// a transport error from now on.
     pub fn kill(&self) {
@@ -118,6 +127,10 @@ impl Fabric for LocalFabric {
 
     fn name(&self) -> &'static str {
         "local"
+    }
+
+    fn chooses_keys(&self) -> bool {
+        !self.node.faults.issues_keys.load(Ordering::SeqCst)
     }
 
     fn connect(

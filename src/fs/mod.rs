@@ -96,6 +96,9 @@ pub trait Barrier: Send + Sync {
     fn sync(&self) -> Result<()>;
     /// The journal's figures, for the report.
     fn stats(&self) -> crate::figures::JournalStats;
+    /// Server `server`'s extents have new keys, by address (a backed server restarted on a
+    /// fabric whose device issues keys): the journal's own places there take them.
+    fn rekey(&self, server: u32, keys: &HashMap<u64, u64>) -> Result<()>;
 }
 
 /// The file system.
@@ -350,6 +353,12 @@ impl Fs {
         let res = io.write(offset, crate::data::Payload::Copy(bytes));
         self.commit_extents(ino, &mut io);
         res
+    }
+
+    /// Gives the journal's places on `server` their new keys ([`Barrier::rekey`]); nothing
+    /// without a volume.
+    pub fn rekey_journal(&self, server: u32, keys: &HashMap<u64, u64>) -> Result<()> {
+        self.barrier.get().map_or(Ok(()), |b| b.rekey(server, keys))
     }
 
     /// Makes `fsync` wait for `barrier` (a volume mount).

@@ -247,7 +247,15 @@ pub enum Message {
     /// server's lease), so they survive a lost link.
     Resume { tag: u64, token: [u8; 32] },
     /// Reply to `Resume`: the session's `extents` (`bytes` in all) are this session's now.
-    Resumed { tag: u64, extents: u64, bytes: u64 },
+    /// `rekeyed`: the server restarted from its backing file on a fabric whose device issues
+    /// the keys, so the extents have new remote keys: the client lists them
+    /// (`VolumeExtents`) and uses those before anything else.
+    Resumed {
+        tag: u64,
+        extents: u64,
+        bytes: u64,
+        rekeyed: bool,
+    },
     /// Client to server: this client is leaving for good (an unmount); its extents are freed
     /// at once instead of being kept for a lease (a volume's stay with the volume).
     Goodbye,
@@ -280,7 +288,8 @@ pub enum Message {
     VolumeRoot { tag: u64, root: Vec<u8> },
     /// Reply to `VolumeRoot` and `VolumeDrop`.
     VolumeDone { tag: u64 },
-    /// Holder to server: list this session's (the volume's) extents above address `after`.
+    /// Client to server: list this session's extents (a holder's: the volume's) above address
+    /// `after`, with their keys (a volume's attach; a session `Resumed` as `rekeyed`).
     VolumeExtents { tag: u64, after: u64 },
     /// Reply to `VolumeExtents`: `(addr, len, rkey)` in address order; `more` if cut short.
     ExtentList {
@@ -604,11 +613,13 @@ impl Message {
                 tag: t,
                 extents,
                 bytes,
+                rekeyed,
             } => {
                 w.u8(tag::RESUMED);
                 w.u64(*t);
                 w.u64(*extents);
                 w.u64(*bytes);
+                w.u8(u8::from(*rekeyed));
             }
             Message::Goodbye => w.u8(tag::GOODBYE),
             Message::VolumeClaim {
@@ -823,6 +834,7 @@ impl Message {
                 tag: r.u64()?,
                 extents: r.u64()?,
                 bytes: r.u64()?,
+                rekeyed: r.bool("rekeyed flag")?,
             },
             tag::GOODBYE => Message::Goodbye,
             tag::VOLUME_CLAIM => Message::VolumeClaim {

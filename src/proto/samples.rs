@@ -84,6 +84,7 @@ pub fn sample_messages() -> Vec<Message> {
             tag: 11,
             extents: 4,
             bytes: 1 << 22,
+            rekeyed: true,
         },
         Message::Goodbye,
         Message::VolumeClaim {

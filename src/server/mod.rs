@@ -116,6 +116,9 @@ struct Departed {
     held: u64,
     expires: Instant,
     client_name: String,
+    /// Its extents were registered again under new keys (a backed server's restart on a
+    /// fabric whose device issues keys): its resume says so.
+    rekeyed: bool,
 }
 
 /// What departed sessions are filed under: a digest of their last session token, so a lookup
@@ -199,17 +202,6 @@ impl MemoryServer {
                 (arena, None, restart::Restored::default())
             }
             Some(path) => {
-                if !fabric.chooses_keys() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::Unsupported,
-                        format!(
-                            "--backing is not supported on the {} fabric: the device issues \
-                             new keys on a restart, which its clients cannot learn yet \
-                             (doc/OPERATIONS.md)",
-                            fabric.name()
-                        ),
-                    ));
-                }
                 let (b, arena, found) = backing::Backing::open(path, size, page)?;
                 let restored = match found {
                     Some(found) => {

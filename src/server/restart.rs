@@ -5,7 +5,7 @@
 //! volume (its holder resumes, or a new holder claims it). Extents of no known owner (a
 //! session that had not been recorded yet) are freed.
 
-use super::backing::{unhex, Backing, Found};
+use super::backing::{unhex, Backing, Found, SlotEntry};
 use super::volume::Volume;
 use super::{Arena, Departed, Extent, ExtentAllocator, TokenDigest};
 use crate::fabric::Fabric;
@@ -47,6 +47,9 @@ pub(super) fn restore(
     lease: Duration,
 ) -> io::Result<Restored> {
     let start = Instant::now();
+    // A device that issues its own keys (verbs) gives each extent a new one: the table
+    // takes it, and each owner's next resume says so (its client lists the new keys).
+    let rekeyed = !fabric.chooses_keys();
     let mut r = Restored::default();
     let mut volumes_by_session: HashMap<u64, String> = HashMap::new();
     for rec in &found.owners.volumes {
@@ -71,16 +74,16 @@ pub(super) fn restore(
             backing.clear_slot(e.offset);
             continue;
         }
+        let ptr = arena.ptr.wrapping_add(e.offset as usize);
         // SAFETY: the extent lies inside the arena (the table's slots are checked against
         // its length), which outlives every registration; it is registered once (slots do
         // not overlap, and the allocator handed the range out just now).
         let mr = unsafe {
-            fabric.reregister_extent(
-                arena.ptr.add(e.offset as usize),
-                e.len as usize,
-                e.session,
-                e.rkey,
-            )
+            if rekeyed {
+                fabric.register_extent(ptr, e.len as usize, e.session)
+            } else {
+                fabric.reregister_extent(ptr, e.len as usize, e.session, e.rkey)
+            }
         }
         .map_err(|err| {
             io::Error::other(format!(
@@ -89,6 +92,12 @@ pub(super) fn restore(
                 e.offset
             ))
         })?;
+        if rekeyed {
+            backing.write_slot(&SlotEntry {
+                rkey: mr.rkey(),
+                ..*e
+            });
+        }
         let extent = Extent {
             mr,
             offset: e.offset,
@@ -113,6 +122,7 @@ pub(super) fn restore(
                         held: 0,
                         expires: Instant::now() + lease,
                         client_name: rec.client.clone(),
+                        rekeyed,
                     }
                 });
                 d.held += extent.len;
@@ -124,7 +134,8 @@ pub(super) fn restore(
     for rec in found.owners.volumes {
         let extents = parked.remove(&rec.name).unwrap_or_default();
         let name = rec.name.clone();
-        r.volumes.insert(name, Volume::restored(rec, extents));
+        r.volumes
+            .insert(name, Volume::restored(rec, extents, rekeyed));
     }
     backing.adopt_sessions(kept_sessions);
     log::info!(

@@ -410,6 +410,7 @@ impl Session {
             d.held
         );
         bump(&shared.refusals.resumed_sessions);
+        let rekeyed = d.rekeyed;
         self.id = d.id;
         self.held = d.held;
         let extents = d.extents.len() as u64;
@@ -420,6 +421,7 @@ impl Session {
             tag,
             extents,
             bytes: self.held,
+            rekeyed,
         })
     }
 
@@ -573,6 +575,7 @@ impl Session {
                 held: std::mem::take(&mut self.held),
                 expires: Instant::now() + self.shared.lease,
                 client_name: self.client_name.clone(),
+                rekeyed: false,
             };
             self.shared.departed.lock().insert(key, d);
             self.shared.clients.fetch_sub(1, Ordering::SeqCst);

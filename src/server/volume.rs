@@ -57,6 +57,9 @@ pub(super) struct Volume {
     extents: u64,
     bytes: u64,
     root: Vec<u8>,
+    /// Its extents were registered again under new keys since its holder last resumed (a
+    /// backed server's restart on a fabric whose device issues keys).
+    rekeyed: bool,
 }
 
 impl Volume {
@@ -75,7 +78,11 @@ impl Volume {
 
     /// A volume from a backed server's file, its holder gone (a restart): its extents
     /// parked, its last holder free to resume and the fenced ones still fenced.
-    pub(super) fn restored(rec: VolumeRecord, parked: HashMap<u64, Extent>) -> Volume {
+    pub(super) fn restored(
+        rec: VolumeRecord,
+        parked: HashMap<u64, Extent>,
+        rekeyed: bool,
+    ) -> Volume {
         let digest = |h: &String| unhex(h).and_then(|b| TokenDigest::try_from(b).ok());
         Volume {
             session_id: rec.session_id,
@@ -89,6 +96,7 @@ impl Volume {
             bytes: parked.values().map(|e| e.len).sum(),
             parked,
             root: unhex(&rec.root).unwrap_or_default(),
+            rekeyed,
         }
     }
 
@@ -248,6 +256,7 @@ impl Session {
                         extents: 0,
                         bytes: 0,
                         root: Vec::new(),
+                        rekeyed: false,
                     },
                 );
                 log::info!("volume '{name}' made for {holder} at epoch {epoch}");
@@ -337,6 +346,8 @@ impl Session {
             v.conn = Some(self.conn);
             v.holder = holder;
             v.last_heard = Instant::now();
+            // A new holder learns every key at its attach (`VolumeExtents`).
+            v.rekeyed = false;
             self.id = v.session_id;
             self.extents = std::mem::take(&mut v.parked);
             self.held = v.bytes;
@@ -414,6 +425,7 @@ impl Session {
                 tag,
                 extents: self.extents.len() as u64,
                 bytes: self.held,
+                rekeyed: std::mem::take(&mut v.rekeyed),
             };
             drop(vols);
             shared.save_owners();
@@ -465,13 +477,6 @@ impl Session {
 
     /// `VolumeExtents`: the holder's extents above `after`.
     pub(super) fn list_extents(&self, tag: u64, after: u64) -> Message {
-        if self.volume.is_none() {
-            return refuse(
-                tag,
-                RefusalCode::NotFound,
-                "this session holds no volume".into(),
-            );
-        }
         let mut all: Vec<(u64, u64, u64)> = self
             .extents
             .iter()

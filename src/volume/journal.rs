@@ -466,6 +466,25 @@ impl Barrier for VolumeJournal {
             frees_held: self.shared.gate.held() as u64,
         }
     }
+
+    fn rekey(&self, server: u32, keys: &std::collections::HashMap<u64, u64>) -> Result<()> {
+        let mut w = self.shared.writer.lock();
+        let mut root = w.root.clone();
+        let mut changed = false;
+        for p in root.ring.iter_mut().chain(root.checkpoint.iter_mut()) {
+            if p.server != server {
+                continue;
+            }
+            if let Some(&rkey) = keys.get(&p.addr) {
+                changed |= rkey != p.rkey;
+                p.rkey = rkey;
+            }
+        }
+        if changed {
+            w.publish(root).map_err(eio)?;
+        }
+        Ok(())
+    }
 }
 
 impl Shared {

@@ -27,7 +27,7 @@ use crate::meta::{record, Change, Chunk, Meta, Replica};
 use crate::sync::Arc;
 use journal::{region, Writer};
 use root::{Place, Root};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 
 /// `host pid N` (and what it is doing, if not a mount): how a volume's holder is named
@@ -209,6 +209,7 @@ pub fn attach_then(
     let mut meta = Meta::new(0o755, config.root_uid, config.root_gid);
     let mut last_lsn = 0;
     let (mut old_ckpt, mut old_ring): (Vec<Place>, Vec<Place>) = (Vec::new(), Vec::new());
+    let mut keys: HashMap<u32, HashMap<u64, u64>> = HashMap::new();
     if let Some(root) = &best {
         if root.chunk_size != data.chunk_size() {
             return Err(format!(
@@ -237,10 +238,29 @@ pub fn attach_then(
             })
             .collect::<Result<_, _>>()?;
         report.without = without.iter().filter(|w| root.servers.contains(w)).count();
+        // Each live server's keys by address: a server restarted from its backing file on a
+        // fabric whose device issues keys gave the volume's extents new ones, which no record
+        // names (elsewhere every key is what the records say).
+        for id in 0..claims.len() as u32 {
+            if restarted.contains(&id) || !pool.is_live(ServerId(id)) {
+                continue;
+            }
+            let list = pool
+                .volume_extents(ServerId(id))
+                .map_err(|e| format!("cannot list the volume's extents on server {id}: {e}"))?;
+            keys.insert(id, list.into_iter().map(|(a, _, k)| (a, k)).collect());
+        }
+        let rekey = |id: u32, p: &Place| -> u64 {
+            keys.get(&id)
+                .and_then(|k| k.get(&p.addr))
+                .copied()
+                .unwrap_or(p.rkey)
+        };
         let usable = |p: &Place| -> Option<RemoteRegion> {
             let id = perm[p.server as usize]?;
             (!restarted.contains(&id) && pool.is_live(ServerId(id))).then_some(RemoteRegion {
                 server: ServerId(id),
+                rkey: rekey(id, p),
                 ..region(p, 0)
             })
         };
@@ -307,8 +327,10 @@ pub fn attach_then(
         last_lsn = root.checkpoint_lsn + ring.len() as u64;
         report.replayed = apply_all(&mut meta, ring, &perm)?;
         let renumber = |p: &Place| {
+            let server = perm[p.server as usize]?;
             Some(Place {
-                server: perm[p.server as usize]?,
+                server,
+                rkey: rekey(server, p),
                 ..*p
             })
         };
@@ -319,6 +341,12 @@ pub fn attach_then(
     let fs = Arc::new(Fs::with_meta(data, config, meta));
     for &s in &restarted {
         crate::rebuild::forget_server(&fs, ServerId(s));
+    }
+    for (&s, k) in &keys {
+        let n = crate::rebuild::rekey_server(&fs, ServerId(s), k);
+        if n > 0 {
+            log::warn!("volume attach: {n} chunk copies on server {s} took its new keys");
+        }
     }
     if !options.keep_orphans {
         report.orphans = fs.reap_orphans();

@@ -33,6 +33,9 @@ pub struct TestFs {
     pub backing: Vec<Option<std::path::PathBuf>>,
     /// Where those files are; removed with the last holder.
     pub backing_dir: Option<Arc<TempDir>>,
+    /// The servers' fabric nodes issue their own keys, as a verbs device does (a backed
+    /// server's restart gives its extents new keys).
+    pub device_keys: bool,
 }
 
 /// A directory removed when dropped: on tmpfs (`/dev/shm`) where there is one.
@@ -252,6 +255,13 @@ impl TestFs {
         )
     }
 
+    /// As [`TestFs::backed`], on fabric nodes that issue their own keys (as verbs does).
+    pub fn backed_device_keys(servers: usize, size: u64, chunk: u64, replicas: usize) -> TestFs {
+        let mut t = Self::backed(servers, size, chunk, replicas);
+        t.device_keys = true;
+        t
+    }
+
     /// As [`TestFs::volume`] over backed servers.
     pub fn backed_volume(servers: usize, size: u64, chunk: u64, name: &str) -> TestFs {
         let mut t = Self::build_with(
@@ -344,6 +354,7 @@ impl TestFs {
             journal: None,
             backing,
             backing_dir,
+            device_keys: false,
         }
     }
 
@@ -424,6 +435,9 @@ impl TestFs {
     /// first, so its mapping of the file is).
     pub fn restart_server(&mut self, i: usize) {
         let node = self.net.node();
+        if self.device_keys {
+            node.issue_own_keys();
+        }
         let config = ServerConfig {
             listen: self.servers[i].local_addr(),
             backing: self.backing.get(i).cloned().flatten(),

@@ -329,8 +329,8 @@ impl Fabric for VerbsFabric {
         "verbs"
     }
 
-    /// The device issues every key: a backed server's restart cannot bring old rkeys back,
-    /// so `serve --backing` is refused on verbs (doc/OPERATIONS.md).
+    /// The device issues every key: a backed server's restart registers its extents under
+    /// new ones, and the resuming sessions learn them (doc/OPERATIONS.md).
     fn chooses_keys(&self) -> bool {
         false
     }
