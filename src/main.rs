@@ -141,7 +141,8 @@ enum Cmd {
         /// Keep the arena, and the table of every extent lent and to whom, in this file (a
         /// DAX device, persistent memory, tmpfs, hugetlbfs or any local file): a restart
         /// (a crash, SIGTERM, an upgrade) comes back with every extent, so clients resume
-        /// and nothing is rebuilt. Not on verbs yet. doc/OPERATIONS.md says what survives a
+        /// and nothing is rebuilt (on verbs they learn the extents' new keys, and the file
+        /// must be on devdax, tmpfs or hugetlbfs). doc/OPERATIONS.md says what survives a
         /// power loss on each medium.
         #[arg(long, value_name = "PATH")]
         backing: Option<PathBuf>,

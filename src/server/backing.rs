@@ -579,6 +579,43 @@ impl Backing {
     }
 }
 
+/// Whether a device (verbs) may pin a shared mapping of `path` for writing: the kernel refuses
+/// a writable long-term pin of a file on a file system with writeback (ext4, xfs) and of
+/// fsdax; devdax (a character device), tmpfs and hugetlbfs are pinnable.
+pub(super) fn pinnable_by_device(path: &Path) -> Result<(), String> {
+    /// `statfs` magic numbers (include/uapi/linux/magic.h).
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+    if std::fs::metadata(path).is_ok_and(|m| m.file_type().is_char_device()) {
+        return Ok(());
+    }
+    let dir = match path.parent() {
+        Some(p) if !path.exists() && !p.as_os_str().is_empty() => p,
+        _ => path,
+    };
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|_| format!("{} has a NUL byte", dir.display()))?;
+    // SAFETY: a zeroed statfs is a valid out-parameter; the path is a NUL-terminated C string.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the result is checked.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(format!(
+            "cannot stat the file system of {}: {}",
+            dir.display(),
+            io::Error::last_os_error()
+        ));
+    }
+    match st.f_type as i64 {
+        TMPFS_MAGIC | HUGETLBFS_MAGIC => Ok(()),
+        other => Err(format!(
+            "{} is on a file system (type {other:#x}) whose shared mappings an RDMA device \
+             cannot pin for writing (the kernel refuses long-term pins of ext4, xfs and fsdax \
+             files): put the backing file on devdax, tmpfs or hugetlbfs",
+            path.display()
+        )),
+    }
+}
+
 /// Maps `len` bytes of `file` shared, at `at` exactly when given (`MAP_FIXED_NOREPLACE`:
 /// refused rather than moved if something else is there).
 fn map(file: &File, len: u64, at: Option<u64>) -> io::Result<(*mut u8, usize)> {
@@ -752,6 +789,16 @@ mod tests {
             .collect();
         assert_eq!(ids, vec![1]);
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_device_may_pin_tmpfs_files_and_nothing_else() {
+        if std::path::Path::new("/dev/shm").is_dir() {
+            assert_eq!(pinnable_by_device(Path::new("/dev/shm/rmemfs-not-made")), Ok(()));
+        }
+        // Only tmpfs, hugetlbfs and devdax pass: procfs, as ext4 or xfs, is refused.
+        let why = pinnable_by_device(Path::new("/proc/version")).unwrap_err();
+        assert!(why.contains("devdax, tmpfs or hugetlbfs"), "{why}");
     }
 
     #[test]

@@ -202,6 +202,11 @@ impl MemoryServer {
                 (arena, None, restart::Restored::default())
             }
             Some(path) => {
+                if !fabric.chooses_keys() {
+                    backing::pinnable_by_device(path).map_err(|why| {
+                        io::Error::new(io::ErrorKind::InvalidInput, format!("--backing: {why}"))
+                    })?;
+                }
                 let (b, arena, found) = backing::Backing::open(path, size, page)?;
                 let restored = match found {
                     Some(found) => {
