@@ -794,7 +794,10 @@ mod tests {
     #[test]
     fn a_device_may_pin_tmpfs_files_and_nothing_else() {
         if std::path::Path::new("/dev/shm").is_dir() {
-            assert_eq!(pinnable_by_device(Path::new("/dev/shm/rmemfs-not-made")), Ok(()));
+            assert_eq!(
+                pinnable_by_device(Path::new("/dev/shm/rmemfs-not-made")),
+                Ok(())
+            );
         }
         // Only tmpfs, hugetlbfs and devdax pass: procfs, as ext4 or xfs, is refused.
         let why = pinnable_by_device(Path::new("/proc/version")).unwrap_err();

@@ -655,6 +655,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     failure_counted: false,
                     observer: false,
                     volume: None,
+                    rekeyed: false,
                 };
                 let mut stream = stream;
                 let ended = session.run(&mut stream);

@@ -29,6 +29,9 @@ pub(super) struct Session {
     pub(super) observer: bool,
     /// The volume this session holds ([`super::volume`]): its extents are the volume's.
     pub(super) volume: Option<String>,
+    /// It resumed extents that got new keys (a backed server's restart on verbs) and has not
+    /// listed them yet: if it goes first, the next resume says `rekeyed` again.
+    pub(super) rekeyed: bool,
 }
 
 /// Where a control session is in its handshake.
@@ -326,7 +329,14 @@ impl Session {
                 min_epoch,
             } => return self.claim(tag, name, holder, mode, takeover, min_epoch),
             Message::VolumeRoot { tag, root } => self.set_root(tag, root),
-            Message::VolumeExtents { tag, after } => self.list_extents(tag, after),
+            Message::VolumeExtents { tag, after } => {
+                let list = self.list_extents(tag, after);
+                if matches!(list, Message::ExtentList { more: false, .. }) {
+                    // It has heard every key.
+                    self.rekeyed = false;
+                }
+                list
+            }
             Message::VolumeList { tag, after } => self.list_volumes(tag, &after),
             Message::VolumeDrop { tag, name } => self.drop_volume(tag, &name),
             Message::Persist { tag } => self.persist(tag),
@@ -411,6 +421,7 @@ impl Session {
         );
         bump(&shared.refusals.resumed_sessions);
         let rekeyed = d.rekeyed;
+        self.rekeyed = rekeyed;
         self.id = d.id;
         self.held = d.held;
         let extents = d.extents.len() as u64;
@@ -575,7 +586,7 @@ impl Session {
                 held: std::mem::take(&mut self.held),
                 expires: Instant::now() + self.shared.lease,
                 client_name: self.client_name.clone(),
-                rekeyed: false,
+                rekeyed: self.rekeyed,
             };
             self.shared.departed.lock().insert(key, d);
             self.shared.clients.fetch_sub(1, Ordering::SeqCst);

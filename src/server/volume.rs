@@ -427,6 +427,9 @@ impl Session {
                 bytes: self.held,
                 rekeyed: std::mem::take(&mut v.rekeyed),
             };
+            if let Message::Resumed { rekeyed: true, .. } = reply {
+                self.rekeyed = true;
+            }
             drop(vols);
             shared.save_owners();
             return Some(Ok(reply));
@@ -449,6 +452,8 @@ impl Session {
                 }
                 v.parked.extend(std::mem::take(&mut self.extents));
                 v.extents = v.parked.len() as u64;
+                // A holder gone before it listed its new keys: the next one is told.
+                v.rekeyed |= std::mem::take(&mut self.rekeyed);
                 v.bytes = self.held;
                 v.last_heard = Instant::now();
             }
