@@ -172,14 +172,21 @@ daemon_pids() {
   pgrep -f "${BIN_NAME} mount $(re_escape "$1")( |\$)" || true
 }
 
-# wait_daemon_gone MNT SECONDS: waits until no daemon for MNT remains.
+# wait_daemon_gone MNT SECONDS: waits until no daemon for MNT remains and the mount point,
+# if still mounted, answers that its connection is gone (ENOTCONN).
 wait_daemon_gone() {
-  local i
+  local i out
   for ((i = 0; i < $2 * 5; i++)); do
-    [ -z "$(daemon_pids "$1")" ] && return 0
+    if [ -z "$(daemon_pids "$1")" ]; then
+      # The kernel ends the FUSE connection a moment after the process (longer on a slow
+      # VM): until the mount point says so, a new mount there takes it for a live one.
+      is_mounted "$1" || return 0
+      out=$(timeout -k 1 2 stat "$1" 2>&1 >/dev/null) || true
+      grep -qiE "not connected|aborted" <<<"$out" && return 0
+    fi
     sleep 0.2
   done
-  [ -z "$(daemon_pids "$1")" ]
+  return 1
 }
 
 # mount_fs MNT ADDRS [ARGS...]: `rmemfs mount MNT --servers ADDRS` (daemonizes). Its output

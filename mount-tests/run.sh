@@ -14,7 +14,9 @@
 #   RMEMFS_EXPECT_FABRIC    every mount must report this fabric (tcp, verbs) in `rmemfs stats`
 #   RMEMFS_EXPECT_FUSE      every mount must be served this way (io_uring, /dev/fuse)
 #   RMEMFS_TEST_SERVER_SIZE arena of each shared memory server (default 256M)
-#   RMEMFS_TEST_FIO_SIZE    file size per fio job in fio_verify (default 64M)
+#   RMEMFS_TEST_FIO_SIZE    file size per fio job in fio_verify (default 64M; half that in
+#                           backed_restart's rounds)
+#   RMEMFS_TEST_BACKED_SIZE arena of each server in backed_restart (default 512M)
 #   RMEMFS_TEST_KEEP        1: keep the temporary directory (logs) after the run
 #
 # Each test gets a fresh mount (and fresh servers where it kills or fills them), runs in a
@@ -611,13 +613,15 @@ sys.exit(0 if up == sorted(sys.argv[2].split(",")) else f"servers up after the r
 test_backed_restart() {
   local addrs="" i a out writer manifest=$WORK/manifest copied mlog
   local writer_py=$PWD/mount-tests/volume_writer.py restart=$WORK/restart.sh bdir
+  local size=${RMEMFS_TEST_BACKED_SIZE:-512M} fio_mib
+  fio_mib=$(($(numfmt --from=iec "${RMEMFS_TEST_FIO_SIZE:-64M}") / 2097152))
   : >"$manifest"
   # The files on tmpfs where there is one (as persistent memory would be); the benchmark
   # measures a disk file's cost.
   bdir=$WORK
   [ -d /dev/shm ] && bdir=$(mktemp -d /dev/shm/rmemfs-backed.XXXXXX)
   for i in 0 1 2; do
-    start_server 512M --backing "$bdir/backing.$i" || fail "a backed server did not start"
+    start_server "$size" --backing "$bdir/backing.$i" || fail "a backed server did not start"
     addrs+=${addrs:+,}$SERVER_ADDR
     echo "$SERVER_PID" >"$WORK/pid.$SERVER_ADDR"
     echo "--backing $bdir/backing.$i" >"$WORK/args.$SERVER_ADDR"
@@ -625,7 +629,7 @@ test_backed_restart() {
   # shellcheck disable=SC2064 # the directory is meant to be expanded now
   trap 'for f in "$WORK"/pid.*; do kill -9 "$(cat "$f")" 2>/dev/null || true; done; '"rm -rf ${bdir@Q}/backing.*; [ ${bdir@Q} = ${WORK@Q} ] || rmdir ${bdir@Q}" EXIT
   ADDRS=$addrs
-  write_restart_script "$restart" 512M
+  write_restart_script "$restart" "$size"
   mlog=$WORK/daemon.log
   mount_fs "$MNT" "$addrs" --volume bk --create --replicas 2 --log-file "$mlog" ||
     fail "mount --volume bk --create failed"
@@ -652,7 +656,7 @@ for p in sys.argv[1:]:
     n=0
     while [ ! -e "$WORK/fio-stop" ]; do
       n=$((n + 1))
-      timeout -k 10 300 fio --name="v$n" --directory="$MNT" --size=32M --bs=64k --rw=randwrite \
+      timeout -k 10 300 fio --name="v$n" --directory="$MNT" --size="${fio_mib}M" --bs=64k --rw=randwrite \
         --ioengine=psync --verify=crc32c --do_verify=1 --verify_fatal=1 --numjobs=2 \
         --group_reporting >"$WORK/fio.$n.out" 2>&1 || { echo "$n" >"$WORK/fio-failed"; break; }
       rm -f "$MNT/v$n".*
