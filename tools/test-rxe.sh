@@ -11,10 +11,12 @@
 #   2. mount tests over verbs: memory servers started with `serve --fabric verbs` in the guest,
 #      mounts that pick verbs from the servers' hello (checked in `rmemfs stats`), then copy and
 #      compare, fio with crc32c verify, a memory server killed mid-use (EIO, no hang), and
-#      one of two servers killed during fio verify with two copies (no error at all).
+#      one of two servers killed during fio verify with two copies (no error at all), and
+#      backed servers (`serve --backing` on tmpfs) restarted in place: the mount resumes under
+#      the device's new keys, and a volume attaches again after everything was killed.
 # Settings: RMEMFS_RXE_TIMEOUT (seconds for the VM, default 840: the tier must stay under 15
 # minutes), RMEMFS_RXE_MOUNT_TESTS (default "cp_tree fio_verify server_death
-# replica_pair secret")..
+# replica_pair secret backed_restart")..
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +32,7 @@ server_tests=$(cargo test --release --features verbs,testing --test server_bin -
   sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
 [ -x "$server_tests" ] || { echo "could not find the server test binary" >&2; exit 1; }
 
-tests=${RMEMFS_RXE_MOUNT_TESTS:-cp_tree fio_verify server_death replica_pair secret}
+tests=${RMEMFS_RXE_MOUNT_TESTS:-cp_tree fio_verify server_death replica_pair secret backed_restart}
 guest_script="set -e
 echo '== [rxe] fabric conformance on verbs (rxe0)'
 $conformance verbs --test-threads=1
