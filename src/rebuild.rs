@@ -167,11 +167,17 @@ const RECONNECT_TICK: Duration = Duration::from_millis(100);
 /// copies, and a chunk that had none elsewhere is lost (reads of it fail with EIO, never
 /// see the empty server's zeros). Returns the copies forgotten.
 pub fn forget_server(fs: &Fs, server: ServerId) -> u64 {
+    over_chunk_maps(fs, |io| io.forget_copies(server))
+}
+
+/// Runs `change` over every file's chunk map, committing what it changed (journaled on a
+/// volume); the sum of what it returns.
+fn over_chunk_maps(fs: &Fs, mut change: impl FnMut(&mut crate::data::FileIo) -> u64) -> u64 {
     fs.files_by_ino()
         .iter()
         .map(|(ino, f)| {
             let mut io = fs.data().lock(f);
-            let n = io.forget_copies(server);
+            let n = change(&mut io);
             fs.commit_extents(*ino, &mut io);
             n
         })
@@ -182,16 +188,7 @@ pub fn forget_server(fs: &Fs, server: ServerId) -> u64 {
 /// every chunk copy there and the journal's places there take them (journaled like any
 /// change of a chunk map). Returns how many chunk copies changed.
 pub fn rekey_server(fs: &Fs, server: ServerId, keys: &std::collections::HashMap<u64, u64>) -> u64 {
-    let n = fs
-        .files_by_ino()
-        .iter()
-        .map(|(ino, f)| {
-            let mut io = fs.data().lock(f);
-            let n = io.rekey_copies(server, keys);
-            fs.commit_extents(*ino, &mut io);
-            n
-        })
-        .sum();
+    let n = over_chunk_maps(fs, |io| io.rekey_copies(server, keys));
     if let Err(e) = fs.rekey_journal(server.0, keys) {
         // Its journal copies there fail their next write and are dropped (and restored on a
         // fresh ring): nothing is lost.

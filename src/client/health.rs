@@ -340,7 +340,7 @@ impl Pool {
         // Restarted from its backing file on a fabric whose device issues keys: its
         // extents' new keys, by address, before anything is sent there.
         let keys: Option<std::collections::HashMap<u64, u64>> = if rekeyed {
-            match self.volume_extents(id) {
+            match self.session_extents(id) {
                 Ok(list) => Some(list.into_iter().map(|(a, _, k)| (a, k)).collect()),
                 Err(e) => {
                     log::warn!(

@@ -298,8 +298,9 @@ impl Pool {
         }
     }
 
-    /// Every extent the volume owns on server `id` (`(addr, len, rkey)`).
-    pub fn volume_extents(
+    /// Every extent this pool's session holds on server `id` (`(addr, len, rkey)`): a volume
+    /// holder's are the volume's.
+    pub fn session_extents(
         &self,
         id: crate::fabric::ServerId,
     ) -> Result<Vec<(u64, u64, u64)>, PoolError> {

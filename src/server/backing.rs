@@ -236,7 +236,7 @@ impl Backing {
             }
             let (base, map_len) =
                 map(&file, layout.file_len(), None).map_err(|e| ctx(e, "cannot map"))?;
-            let b = Backing::new(path, file, base, map_len, layout, 0);
+            let b = Backing::new(path, file, base, map_len, layout);
             b.write_header();
             let arena = b.arena();
             log::info!(
@@ -278,7 +278,7 @@ impl Backing {
                 &format!("cannot map at {map_addr:#x}, where its clients know it"),
             )
         })?;
-        let b = Backing::new(path, file, base, map_len, found_layout, 0);
+        let b = Backing::new(path, file, base, map_len, found_layout);
         let (generation, owners) = b.read_owners();
         b.owners.lock().generation = generation;
         let (extents, bad_slots) = b.read_table();
@@ -294,14 +294,7 @@ impl Backing {
         ))
     }
 
-    fn new(
-        path: &Path,
-        file: File,
-        base: *mut u8,
-        map_len: usize,
-        layout: Layout,
-        generation: u64,
-    ) -> Backing {
+    fn new(path: &Path, file: File, base: *mut u8, map_len: usize, layout: Layout) -> Backing {
         Backing {
             path: path.to_path_buf(),
             _file: file,
@@ -309,7 +302,7 @@ impl Backing {
             map_len,
             layout,
             owners: Mutex::new(OwnersState {
-                generation,
+                generation: 0,
                 sessions: HashMap::new(),
             }),
             frozen: AtomicBool::new(false),

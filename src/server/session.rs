@@ -498,7 +498,11 @@ impl Session {
                 rkey,
                 session: self.id,
             });
-            self.note_owner();
+            // Its record, made with its first extent, stays while it lives (a resume
+            // renews it): later allocations need none.
+            if self.extents.is_empty() {
+                self.note_owner();
+            }
         }
         self.extents.insert(
             addr,

@@ -322,7 +322,8 @@ impl Writer {
             .iter()
             .filter(|p| self.pool.is_live(ServerId(p.server)))
             .count();
-        let due = self.heal_after.is_none_or(|t| Instant::now() >= t);
+        let due =
+            live_copies < JOURNAL_COPIES && self.heal_after.is_none_or(|t| Instant::now() >= t);
         if due && live_copies < self.journal_servers().len() {
             log::info!(
                 "the volume's journal has {live_copies} live copies; a fresh ring restores them"

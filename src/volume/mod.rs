@@ -246,7 +246,7 @@ pub fn attach_then(
                 continue;
             }
             let list = pool
-                .volume_extents(ServerId(id))
+                .session_extents(ServerId(id))
                 .map_err(|e| format!("cannot list the volume's extents on server {id}: {e}"))?;
             keys.insert(id, list.into_iter().map(|(a, _, k)| (a, k)).collect());
         }
@@ -405,7 +405,7 @@ fn collect(fs: &Fs, keep: &[Place]) -> Result<usize, String> {
     let mut freed = 0;
     for s in pool.status().iter().filter(|s| !s.failed) {
         let extents = pool
-            .volume_extents(s.id)
+            .session_extents(s.id)
             .map_err(|e| format!("cannot list the volume's extents on {}: {e}", s.addr))?;
         for (addr, len, rkey) in extents {
             if !named.contains(&(s.id.0, addr)) {
