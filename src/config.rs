@@ -197,6 +197,22 @@ pub const JOURNAL_COMMIT_BATCH: usize = 1 << 20;
 /// has before it tries again: a full pool fails every attempt, and each costs a checkpoint.
 pub const JOURNAL_HEAL_RETRY: Duration = Duration::from_secs(1);
 
+/// How often a holder asks the servers how far the volume's followers have read, at most,
+/// while a committed free waits for them: a free goes that much later than its commit at
+/// worst, and each ask costs one control round trip per server.
+pub const FOLLOWER_FLOOR_POLL: Duration = Duration::from_millis(20);
+
+/// How often a follower (`mount --read-only` of a volume) reads the journal's tail and
+/// reports how far it has applied it: with the holder's 5 ms commit interval, what the holder
+/// commits is seen within about this (the bound is 1 s), for one READ of the tail and
+/// one control round trip per server each time.
+pub const FOLLOW_POLL: Duration = Duration::from_millis(100);
+
+/// Bytes of the ring a follower reads at its tail in one go: a full group commit
+/// ([`JOURNAL_COMMIT_BATCH`]) fits; a longer run is read in several (at once, not a poll
+/// apart), and a record longer than this doubles the window until it fits.
+pub const FOLLOW_WINDOW: u64 = 1 << 20;
+
 /// Bytes of each copy of a volume's journal ring: at ~150 bytes a record, some 200,000
 /// operations between checkpoints (which bound the replay), for 96 MiB over three servers.
 pub const JOURNAL_RING_BYTES: u64 = 32 << 20;

@@ -27,6 +27,25 @@ pub struct Figures {
     pub upkeep_panics: UpkeepPanics,
     /// The drain running now (`rmemfs admin drain`), if any.
     pub drain: crate::sync::Mutex<Option<DrainRun>>,
+    /// What a volume's follower has done (`--read-only`; unset otherwise).
+    pub follow: std::sync::OnceLock<std::sync::Arc<FollowCounters>>,
+}
+
+/// What a follower of a volume has done ([`crate::volume::follow`]).
+#[derive(Debug, Default)]
+pub struct FollowCounters {
+    /// The last journal record applied.
+    pub applied: AtomicU64,
+    /// Records applied since the mount.
+    pub records: AtomicU64,
+    /// Looks at the journal's tail.
+    pub polls: AtomicU64,
+    /// Checkpoints loaded whole (it fell behind the ring).
+    pub reloads: AtomicU64,
+    /// Invalidations sent to the kernel.
+    pub invalidations: AtomicU64,
+    /// Polls that failed.
+    pub errors: AtomicU64,
 }
 
 /// A drain under way: which server, since when, and how many bytes of copies it had to move

@@ -81,6 +81,7 @@ fn nic_under_test() -> &'static NicUnderTest {
         let session = SessionKey {
             id: 1,
             token: FUZZ_TOKEN,
+            read_only: false,
         };
         let (reply, guard) = fabric
             .accept(&[], SocketAddr::from(([127, 0, 0, 1], 0)), session)

@@ -141,6 +141,9 @@ pub struct Upkeep {
     pub delay: Duration,
     /// How long a server may leave a heartbeat unanswered before it is marked down.
     pub detection: Duration,
+    /// Copies are made again and the chunk maps kept (false: a volume's follower, whose
+    /// maps only the holder's records change; it only reconnects).
+    pub rebuild: bool,
 }
 
 /// The upkeep threads of a mount: heartbeats to every server (a dead, frozen or cut-off one
@@ -262,6 +265,10 @@ impl Rebuilder {
                             return;
                         }
                         match pool.try_reconnect(id) {
+                            // The holder forgets or re-keys the copies there, and says so.
+                            Some(Rejoin::Empty | Rejoin::Rekeyed { .. }) if !upkeep.rebuild => {
+                                pool.admit(id)
+                            }
                             Some(Rejoin::Empty) => {
                                 let n = forget_server(&f, id);
                                 log::warn!("forgot {n} chunk copies the restarted {id} held");
@@ -278,41 +285,45 @@ impl Rebuilder {
                 });
             })?;
         let s = stop.clone();
-        let rebuild = std::thread::Builder::new()
-            .name("rebuild".into())
-            .spawn(move || {
-                // When the live servers last changed, while a pass for that is owed (still
-                // owed if the pass panicked, so it is tried again).
-                let mut changed_at: Option<Instant> = None;
-                // The copy count the last pass worked to (`set-replicas` changes it live: a
-                // pass is owed at once).
-                let mut seen_copies = fs.data().replicas();
-                let mut retry_at: Option<Instant> = None;
-                let tick = SCAN_INTERVAL.min(upkeep.delay.max(SCAN_MIN));
-                supervised("rebuild", &s, tick, fs.upkeep_panics(), || {
-                    fs.fault_point("rebuild");
-                    let now_gen = fs.data().pool().generation();
-                    // With one copy there is nothing to rebuild from.
-                    if now_gen != seen && fs.data().replicas() > 1 {
-                        seen = now_gen;
-                        changed_at = Some(Instant::now());
-                    }
-                    let copies = fs.data().replicas();
-                    let recount = copies != seen_copies;
-                    seen_copies = copies;
-                    let settled =
-                        recount || changed_at.is_some_and(|t| t.elapsed() >= upkeep.delay);
-                    if settled || retry_at.is_some_and(|t| Instant::now() >= t) {
-                        let out = pass(&fs, upkeep.rate, &s);
-                        changed_at = None;
-                        retry_at = (out.left_degraded > 0).then(|| Instant::now() + RETRY);
-                    }
-                });
-            })?;
-        Ok(Rebuilder {
-            stop,
-            threads: vec![heartbeat, reconnect, rebuild],
-        })
+        let rebuild = upkeep
+            .rebuild
+            .then(|| {
+                std::thread::Builder::new()
+                    .name("rebuild".into())
+                    .spawn(move || {
+                        // When the live servers last changed, while a pass for that is owed (still
+                        // owed if the pass panicked, so it is tried again).
+                        let mut changed_at: Option<Instant> = None;
+                        // The copy count the last pass worked to (`set-replicas` changes it live: a
+                        // pass is owed at once).
+                        let mut seen_copies = fs.data().replicas();
+                        let mut retry_at: Option<Instant> = None;
+                        let tick = SCAN_INTERVAL.min(upkeep.delay.max(SCAN_MIN));
+                        supervised("rebuild", &s, tick, fs.upkeep_panics(), || {
+                            fs.fault_point("rebuild");
+                            let now_gen = fs.data().pool().generation();
+                            // With one copy there is nothing to rebuild from.
+                            if now_gen != seen && fs.data().replicas() > 1 {
+                                seen = now_gen;
+                                changed_at = Some(Instant::now());
+                            }
+                            let copies = fs.data().replicas();
+                            let recount = copies != seen_copies;
+                            seen_copies = copies;
+                            let settled =
+                                recount || changed_at.is_some_and(|t| t.elapsed() >= upkeep.delay);
+                            if settled || retry_at.is_some_and(|t| Instant::now() >= t) {
+                                let out = pass(&fs, upkeep.rate, &s);
+                                changed_at = None;
+                                retry_at = (out.left_degraded > 0).then(|| Instant::now() + RETRY);
+                            }
+                        });
+                    })
+            })
+            .transpose()?;
+        let mut threads = vec![heartbeat, reconnect];
+        threads.extend(rebuild);
+        Ok(Rebuilder { stop, threads })
     }
 }
 

@@ -74,7 +74,11 @@ fn scripted(net: &Arc<LocalNetwork>, mode: Mode) -> SocketAddr {
                     backed: false,
                 },
                 Message::Connect { tag, blob } => {
-                    let session = rmemfs::fabric::SessionKey { id: 1, token };
+                    let session = rmemfs::fabric::SessionKey {
+                        id: 1,
+                        token,
+                        read_only: false,
+                    };
                     let (blob, guard) = node.accept(&blob, local, session).unwrap();
                     guards.push(guard);
                     Message::Connected { tag, blob }

@@ -884,6 +884,7 @@ fn upkeep(t: &TestFs, delay: std::time::Duration) -> rmemfs::rebuild::Rebuilder 
         rate: 0,
         delay,
         detection: std::time::Duration::from_secs(1),
+        rebuild: true,
     };
     rmemfs::rebuild::Rebuilder::start(t.fs.clone(), upkeep).unwrap()
 }

@@ -190,6 +190,11 @@ impl Pool {
     }
 
     pub(super) fn alloc_on_once(&self, id: ServerId, len: u64) -> Result<RemoteRegion, PoolError> {
+        if self.follows() {
+            return Err(PoolError::Invalid(
+                "a follower of a volume allocates nothing (its holder writes)".into(),
+            ));
+        }
         let s = self.server(id)?;
         if s.is_failed() {
             return Err(s.failed_error());
@@ -245,6 +250,11 @@ impl Pool {
 
     /// [`Pool::free`] without waiting for a volume's journal.
     pub(super) fn free_now(&self, region: RemoteRegion) -> Result<(), PoolError> {
+        if self.follows() {
+            // The holder's memory: only the holder frees it (a follower's server would
+            // close the session that tried).
+            return Ok(());
+        }
         let s = self.server(region.server)?;
         let (addr, rkey) = (region.addr, region.rkey);
         // The session the extent is of, as far as this pool knows: read before the server's

@@ -291,7 +291,7 @@ impl Pool {
             .config
             .volume
             .as_ref()
-            .map(|_| (crate::proto::ClaimMode::Adopt, self.epoch()));
+            .map(|spec| (spec.rejoin_mode(), self.epoch()));
         let Opened { link, resumed, .. } = match open_link(
             &self.fabric,
             &self.cq,

@@ -133,7 +133,7 @@ impl Pool {
             .config
             .volume
             .as_ref()
-            .map(|_| (crate::proto::ClaimMode::Adopt, self.epoch()));
+            .map(|spec| (spec.rejoin_mode(), self.epoch()));
         let Opened { link, claimed, .. } =
             open_link(&self.fabric, &self.cq, &self.config, addr, None, claim)?;
         if let Some(c) = claimed {

@@ -17,6 +17,7 @@
 mod alloc;
 mod batch;
 pub mod control;
+pub mod follow;
 pub mod frrwp;
 mod health;
 mod members;

@@ -97,7 +97,7 @@ impl Pool {
     /// refill's allocation ran beside the next file's write and slowed it more (a 10,000-file
     /// `tar xf` through the ring: write batches of 87 to 96 µs against 69 to 76).
     pub fn take_stocked(&self, len: u64, n: usize, min: usize) -> Option<Vec<RemoteRegion>> {
-        if len > STOCK_MAX_LEN || len == 0 || STOCK_DEPTH == 0 {
+        if len > STOCK_MAX_LEN || len == 0 || STOCK_DEPTH == 0 || self.follows() {
             return None;
         }
         let candidates = self.placement(len);

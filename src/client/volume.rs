@@ -7,7 +7,12 @@
 //! reference committed, a replay would point a file at memory that now holds someone else's
 //! bytes. So while a volume is attached, [`Pool::free`] keeps each free with the journal's
 //! last assigned sequence number, and lets it go once that much is committed
-//! ([`Pool::release_frees`]).
+//! ([`Pool::release_frees`]) and every follower of the volume (`mount --read-only` on other
+//! hosts) has applied that much: a follower reads chunks by the maps it has replayed, so
+//! memory it may still map is not handed to another file. The followers are asked through
+//! the servers only while a committed free waits, at most every
+//! [`crate::config::FOLLOWER_FLOOR_POLL`]; an answer counts only for frees committed before
+//! it was asked (a follower that attaches later reads the journal past them).
 
 use super::{control::ControlConn, Pool, PoolConfig, PoolError};
 use crate::fabric::RemoteRegion;
@@ -27,6 +32,21 @@ pub struct VolumeSpec {
     pub create: bool,
     /// Fence a live holder (`--takeover`).
     pub takeover: bool,
+    /// Follow the volume read-only instead of holding it (`--read-only`): no epoch, no
+    /// fencing, nothing allocated.
+    pub follow: bool,
+}
+
+impl VolumeSpec {
+    /// How a server that comes back (or joins) is claimed: adopted by a holder, followed by
+    /// a follower.
+    pub fn rejoin_mode(&self) -> ClaimMode {
+        if self.follow {
+            ClaimMode::Follow
+        } else {
+            ClaimMode::Adopt
+        }
+    }
 }
 
 /// One server's answer to the claim.
@@ -40,13 +60,25 @@ pub struct Claim {
     pub bytes: u64,
 }
 
-/// The volume's frees held back until their journal record commits (see the module doc).
+/// The volume's frees held back until their journal record commits and every follower has
+/// applied it (see the module doc).
 #[derive(Default)]
 pub struct FreeGate {
     /// The last journal sequence number handed out.
     pub assigned: AtomicU64,
     committed: AtomicU64,
     held: Mutex<VecDeque<(u64, RemoteRegion)>>,
+    followers: Mutex<FollowersHeard>,
+}
+
+/// The followers' floor as last heard.
+#[derive(Default)]
+struct FollowersHeard {
+    /// What was committed when they were asked: the floor speaks for frees up to it.
+    asked_at: u64,
+    /// The lowest sequence number every follower had applied (`u64::MAX`: none follows).
+    floor: u64,
+    when: Option<std::time::Instant>,
 }
 
 impl FreeGate {
@@ -64,6 +96,22 @@ impl FreeGate {
     /// Frees held back now.
     pub fn held(&self) -> usize {
         self.held.lock().len()
+    }
+
+    /// Whether a committed free waits only for the followers (the committer then asks them
+    /// even while no record is pending).
+    pub fn waits_for_followers(&self) -> bool {
+        let committed = self.committed.load(Ordering::SeqCst);
+        self.held
+            .lock()
+            .front()
+            .is_some_and(|(lsn, _)| *lsn <= committed)
+    }
+
+    /// Up to where frees may go: committed, and applied by every follower asked after.
+    fn release_limit(&self, committed: u64) -> u64 {
+        let f = self.followers.lock();
+        committed.min(f.asked_at).min(f.floor)
     }
 }
 
@@ -110,7 +158,7 @@ pub fn drop_volume(addr: SocketAddr, config: &PoolConfig, name: &str) -> Result<
     }
 }
 
-fn unexpected(addr: SocketAddr, m: &Message) -> PoolError {
+pub(super) fn unexpected(addr: SocketAddr, m: &Message) -> PoolError {
     PoolError::Invalid(format!("memory server {addr} answered {m:?}"))
 }
 
@@ -186,6 +234,11 @@ pub fn plan_claims(
             });
         }
         return Ok((vec![ClaimMode::Create; addrs.len()], 1));
+    }
+    if spec.follow && any {
+        // A follower claims no epoch; a server that does not know the volume refuses it,
+        // naming what it holds.
+        return Ok((vec![ClaimMode::Follow; addrs.len()], 0));
     }
     if !any {
         let list = if names.is_empty() {
@@ -337,13 +390,40 @@ impl Pool {
         gate.is_some_and(|g| g.hold(region))
     }
 
-    /// The journal committed everything up to `lsn`: frees waiting for it go out.
+    /// The journal committed everything up to `lsn`: frees waiting for it go out, once
+    /// every follower has applied them too (asked at most every
+    /// [`crate::config::FOLLOWER_FLOOR_POLL`]).
     pub fn release_frees(&self, gate: &FreeGate, lsn: u64) {
         gate.committed.fetch_max(lsn, Ordering::SeqCst);
+        let committed = gate.committed.load(Ordering::SeqCst);
+        let Some(oldest) = gate.held.lock().front().map(|(l, _)| *l) else {
+            return;
+        };
+        if oldest > committed {
+            return;
+        }
+        if oldest > gate.release_limit(committed) {
+            let due = gate
+                .followers
+                .lock()
+                .when
+                .is_none_or(|t| t.elapsed() >= crate::config::FOLLOWER_FLOOR_POLL);
+            if due {
+                // Asked outside the gate's locks: a round trip to every server.
+                let floor = self.follower_floor();
+                let mut f = gate.followers.lock();
+                *f = FollowersHeard {
+                    asked_at: committed,
+                    floor,
+                    when: Some(std::time::Instant::now()),
+                };
+            }
+        }
+        let limit = gate.release_limit(committed);
         let due: Vec<RemoteRegion> = {
             let mut held = gate.held.lock();
             let mut due = Vec::new();
-            while held.front().is_some_and(|(l, _)| *l <= lsn) {
+            while held.front().is_some_and(|(l, _)| *l <= limit) {
                 due.push(held.pop_front().expect("checked").1);
             }
             due

@@ -157,7 +157,7 @@ impl Fabric for LocalFabric {
         // All zeros: no session (tests that skip the control handshake); anything else must be
         // a live session of the target.
         let session = if token.iter().all(|&b| b == 0) {
-            0
+            super::registry::SessionAccess::full(0)
         } else {
             target
                 .registry
@@ -196,7 +196,7 @@ impl Fabric for LocalFabric {
         _listen: SocketAddr,
         session: SessionKey,
     ) -> Result<(Vec<u8>, PeerGuard), FabricError> {
-        let guard = self.node.registry.open_session(session.id, session.token);
+        let guard = self.node.registry.open_session(session);
         Ok((self.node.id.to_le_bytes().to_vec(), Box::new(guard)))
     }
 }
@@ -205,7 +205,7 @@ struct LocalQpShared {
     initiator: Arc<Node>,
     target: Arc<Node>,
     /// The session this QP's requests are served as on the target.
-    session: u64,
+    session: super::registry::SessionAccess,
     cq: Arc<CompletionQueue>,
     disconnected: AtomicBool,
 }

@@ -90,11 +90,13 @@ impl fmt::Display for ServerId {
 }
 
 /// An authenticated client session as a server's fabric sees it: its id (what extents are
-/// restricted to) and the token its data connections present.
+/// restricted to), the token its data connections present, and whether they may only READ
+/// (a volume's follower is served as the volume's session, read-only).
 #[derive(Debug, Clone, Copy)]
 pub struct SessionKey {
     pub id: u64,
     pub token: Token,
+    pub read_only: bool,
 }
 
 /// A region of a server's memory that a client may READ and WRITE: a copyable token, the

@@ -230,13 +230,31 @@ pub struct Registry {
     remote: RwLock<HashMap<u64, Arc<RegionEntry>>>,
     /// Authenticated client sessions by token: a data connection presents the token and is
     /// served as that session (and only that session's regions are reachable through it).
-    sessions: RwLock<HashMap<Token, u64>>,
+    sessions: RwLock<HashMap<Token, SessionAccess>>,
     pub pinned: Arc<AtomicU64>,
     /// Bytes registered without a pin because the memlock limit refused one.
     pub unpinned: Arc<AtomicU64>,
     /// Whether the notice of the first refused pin was given (once per registry).
     pin_refused: AtomicBool,
     pub counters: Counters,
+}
+
+/// What a data connection is served as: a session's id (the regions restricted to it are
+/// reachable), and whether it may only READ them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionAccess {
+    pub session: u64,
+    pub read_only: bool,
+}
+
+impl SessionAccess {
+    /// Reads and writes as `session`.
+    pub fn full(session: u64) -> SessionAccess {
+        SessionAccess {
+            session,
+            read_only: false,
+        }
+    }
 }
 
 /// Keeps a session's token registered; dropped when the control session ends.
@@ -291,16 +309,22 @@ impl Registry {
 
     /// Registers an authenticated session's token (server side, when the session sets up its
     /// data path); the guard removes it when the session ends.
-    pub fn open_session(self: &Arc<Self>, id: u64, token: Token) -> SessionGuard {
-        self.sessions.write().insert(token, id);
+    pub fn open_session(self: &Arc<Self>, key: super::SessionKey) -> SessionGuard {
+        self.sessions.write().insert(
+            key.token,
+            SessionAccess {
+                session: key.id,
+                read_only: key.read_only,
+            },
+        );
         SessionGuard {
             registry: self.clone(),
-            token,
+            token: key.token,
         }
     }
 
     /// The session a data connection's token names, if it is live.
-    pub fn session_for(&self, token: &Token) -> Option<u64> {
+    pub fn session_for(&self, token: &Token) -> Option<SessionAccess> {
         self.sessions.read().get(token).copied()
     }
 
@@ -532,11 +556,11 @@ impl Registry {
     /// The check the target's NIC makes: `rkey` names a registration that covers
     /// `[addr, addr+len)` and lets remote peers do `opcode` there. The hold keeps the region
     /// registered while the operation touches it.
-    /// `session` is the session the request came in on: a region restricted to another
-    /// session is refused as if the key did not exist.
+    /// `peer` is what the request came in as: a region restricted to another session is
+    /// refused as if the key did not exist, and a read-only peer may not write.
     pub fn admit_remote(
         &self,
-        session: u64,
+        peer: SessionAccess,
         opcode: Opcode,
         rkey: u64,
         addr: u64,
@@ -546,14 +570,14 @@ impl Registry {
             Opcode::Read => Access::REMOTE_READ,
             Opcode::Write => Access::REMOTE_WRITE,
         };
-        if len > MAX_OP_LEN {
+        if len > MAX_OP_LEN || (peer.read_only && opcode == Opcode::Write) {
             return None;
         }
         let remote = self.remote.read();
         let entry = remote.get(&rkey)?;
         if !entry.access.contains(need)
             || !entry.covers(addr, len)
-            || entry.session.load(Ordering::Acquire) != session
+            || entry.session.load(Ordering::Acquire) != peer.session
         {
             return None;
         }
@@ -603,21 +627,36 @@ mod tests {
         let mr = &mrs[0];
         mr.restrict_to(7);
         let (addr, key) = (mr.addr(), mr.rkey());
+        let (seven, eight) = (SessionAccess::full(7), SessionAccess::full(8));
         assert!(table
-            .admit_remote(7, Opcode::Read, key, addr, 4096)
+            .admit_remote(seven, Opcode::Read, key, addr, 4096)
             .is_some());
         assert!(table
-            .admit_remote(8, Opcode::Read, key, addr, 4096)
+            .admit_remote(seven, Opcode::Write, key, addr, 4096)
+            .is_some());
+        assert!(table
+            .admit_remote(eight, Opcode::Read, key, addr, 4096)
             .is_none());
         assert!(table
-            .admit_remote(7, Opcode::Read, key ^ 1, addr, 4096)
+            .admit_remote(seven, Opcode::Read, key ^ 1, addr, 4096)
             .is_none());
         assert!(table
-            .admit_remote(7, Opcode::Write, key, addr + 1, 4096)
+            .admit_remote(seven, Opcode::Write, key, addr + 1, 4096)
+            .is_none());
+        // A follower is served as the session, read-only: it reads and never writes.
+        let follower = SessionAccess {
+            session: 7,
+            read_only: true,
+        };
+        assert!(table
+            .admit_remote(follower, Opcode::Read, key, addr, 4096)
+            .is_some());
+        assert!(table
+            .admit_remote(follower, Opcode::Write, key, addr, 4096)
             .is_none());
         // A local key is not a remote key.
         assert!(table
-            .admit_remote(7, Opcode::Read, u64::from(mr.lkey()), addr, 16)
+            .admit_remote(seven, Opcode::Read, u64::from(mr.lkey()), addr, 16)
             .is_none());
         drop(mrs);
         assert!(table.is_empty());

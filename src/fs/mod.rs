@@ -21,6 +21,7 @@ mod capacity;
 mod dir;
 mod fallocate;
 mod file;
+mod follow;
 mod freeze;
 mod handles;
 mod names;
@@ -29,6 +30,7 @@ mod types;
 mod xattr;
 
 pub use capacity::placeable_chunks;
+pub use follow::{Invalidate, Invalidation};
 pub use freeze::{ChangeAdmitted, Frozen};
 pub use rules::{
     Atime, Caller, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL, INODE_FLAGS,
@@ -110,6 +112,8 @@ pub struct Fs {
     /// ctime an inode-flag ioctl moves), so it can forget its cached copy (the FUSE adapter
     /// sends an invalidation).
     attr_changed: std::sync::OnceLock<AttrChanged>,
+    /// Where a follower's invalidations go (see [`follow`]).
+    invalidate: std::sync::OnceLock<Invalidate>,
     /// The report the `stats` attributes read.
     stats: std::sync::OnceLock<StatsSource>,
     /// The mount's dirty limit, once it is mounted (see [`Fs::direct_writes`]).
@@ -196,6 +200,7 @@ impl Fs {
             dir_streams: Mutex::new(HashMap::new()),
             dirty_limit: std::sync::OnceLock::new(),
             attr_changed: std::sync::OnceLock::new(),
+            invalidate: std::sync::OnceLock::new(),
             stats: std::sync::OnceLock::new(),
             next_fh: AtomicU64::new(1 << 4),
             handle_base: AtomicU64::new(0),
@@ -223,6 +228,10 @@ impl Fs {
 
     pub fn data(&self) -> &DataStore {
         &self.data
+    }
+
+    pub fn config(&self) -> &FsConfig {
+        &self.config
     }
 
     fn writable(&self) -> Result<()> {

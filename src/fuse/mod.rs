@@ -167,6 +167,26 @@ impl FuseFs {
                 log::debug!("invalidating inode {ino}: {e}");
             }
         }));
+        // A follower's: what the volume's holder changed (attributes and cached pages,
+        // names). Sent with no lock of the file system held (see `Fs::apply_followed`); an
+        // inode or name the kernel does not hold answers ENOENT, which is fine.
+        let notifier = session.notifier();
+        fs.on_followed(Box::new(move |changes| {
+            use std::os::unix::ffi::OsStrExt;
+            for c in changes {
+                let sent = match c {
+                    crate::fs::Invalidation::Inode(ino) => {
+                        notifier.inval_inode(INodeNo(*ino), 0, 0)
+                    }
+                    crate::fs::Invalidation::Entry { dir, name } => {
+                        notifier.inval_entry(INodeNo(*dir), std::ffi::OsStr::from_bytes(name))
+                    }
+                };
+                if let Err(e) = sent {
+                    log::trace!("invalidating {c:?}: {e}");
+                }
+            }
+        }));
     }
 
     /// How the kernel treats a new handle: writes that bypass its cache when the pool is

@@ -372,6 +372,22 @@ impl Meta {
     pub fn is_empty(&self) -> bool {
         self.inodes.is_empty()
     }
+
+    /// Every inode number in the table.
+    pub fn inos(&self) -> impl Iterator<Item = Ino> + '_ {
+        self.inodes.keys().copied()
+    }
+
+    /// Takes the kernel's references and the open handles of each inode from `old` (a
+    /// follower that reloads the whole namespace keeps what its kernel holds).
+    pub fn carry_refs(&mut self, old: &Meta) {
+        for (ino, i) in self.inodes.iter_mut() {
+            if let Some(o) = old.inodes.get(ino) {
+                i.lookups = o.lookups;
+                i.opens = o.opens;
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -75,6 +75,8 @@ pub struct MountConfig {
     pub volume: Option<String>,
     pub create: bool,
     pub takeover: bool,
+    /// Follow the volume read-only beside its holder (`--read-only`, [`crate::volume::follow`]).
+    pub follow: bool,
     /// Servers of the volume gone for good, attached without (`--force-without`).
     pub force_without: Vec<String>,
     /// Keep the FUSE connection across this daemon's end (`--keep-connection`; volumes
@@ -109,6 +111,7 @@ impl MountConfig {
             volume: None,
             create: false,
             takeover: false,
+            follow: false,
             force_without: Vec::new(),
             keep_connection: false,
         }
@@ -205,7 +208,12 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         None => check_mountpoint(&config.mountpoint)?,
     };
     check_fuse_device()?;
-    let (fuse_config, choices) = fuser_config(&config.options, config.threads)?;
+    let mut options = config.options.clone();
+    if config.follow {
+        // A follower writes nothing, and its kernel must see the holder's sizes and times.
+        options.extend(["ro".to_string(), "no_writeback_cache".to_string()]);
+    }
+    let (fuse_config, choices) = fuser_config(&options, config.threads)?;
     let fabric_options = FabricOptions {
         op_timeout: config.op_timeout,
         ..config.fabric_options.clone()
@@ -228,7 +236,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         }
     };
     let taken_over = inherited.is_some();
-    let (fs, journal) = build_fs(
+    let (fs, journal, follower) = build_fs(
         config,
         &mountpoint,
         &servers,
@@ -268,6 +276,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         _ => None,
     };
     let result = serve_until_unmounted(session, &mountpoint, ready, taken_over, restart);
+    drop(follower);
     log::info!(
         "unmounted {}; returning remote memory. Counters at unmount:\n{}",
         mountpoint.display(),
@@ -373,7 +382,14 @@ fn build_fs(
     fabric: Arc<dyn Fabric>,
     choices: &options::MountChoices,
     taken_over: bool,
-) -> Result<(Arc<Fs>, Option<Arc<crate::volume::VolumeJournal>>), String> {
+) -> Result<
+    (
+        Arc<Fs>,
+        Option<Arc<crate::volume::VolumeJournal>>,
+        Option<crate::volume::follow::Follower>,
+    ),
+    String,
+> {
     let volume = match &config.volume {
         None => None,
         Some(_) if servers._embedded.is_some() => {
@@ -389,6 +405,7 @@ fn build_fs(
             // volume exists by then.
             create: config.create && !taken_over,
             takeover: config.takeover,
+            follow: config.follow,
         }),
     };
     let pool = Pool::connect(
@@ -437,7 +454,10 @@ fn build_fs(
         writeback: choices.writeback,
         writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
     };
-    let (fs, journal) = if config.volume.is_some() {
+    let (fs, journal, follower) = if config.follow {
+        let (fs, follower) = crate::volume::follow::follow(data, fs_config, &servers.addrs)?;
+        (fs, None, Some(follower))
+    } else if config.volume.is_some() {
         let without: Vec<SocketAddr> = config
             .force_without
             .iter()
@@ -450,12 +470,12 @@ fn build_fs(
         };
         let a = crate::volume::attach_with(data, fs_config, &servers.addrs, &without, options)?;
         log::info!("volume attached: {:?}", a.report);
-        (a.fs, Some(a.journal))
+        (a.fs, Some(a.journal), None)
     } else {
-        (Arc::new(Fs::new(data, fs_config)), None)
+        (Arc::new(Fs::new(data, fs_config)), None, None)
     };
     crate::report::attach(&fs);
-    Ok((fs, journal))
+    Ok((fs, journal, follower))
 }
 
 /// Starts what runs beside the session: heartbeats, reconnects and the rebuild; the dirty
@@ -472,6 +492,8 @@ fn start_upkeep(
             rate: config.rebuild_rate,
             delay: config.rebuild_delay,
             detection: config.op_timeout,
+            // A follower's copies are the holder's to keep.
+            rebuild: !config.follow,
         },
     )
     .map_err(|e| format!("cannot start the rebuild thread: {e}"))?;

@@ -13,10 +13,12 @@
 use std::io::{self, Read, Write};
 
 mod volume;
+mod wire;
+use wire::{tag, Reader, Writer};
 
 /// Wire protocol version; bumped on any incompatible change (6: `Stats` says what the asking
 /// session holds, for a drain to know when a server holds nothing of the mount).
-pub const PROTOCOL_VERSION: u16 = 7;
+pub const PROTOCOL_VERSION: u16 = 8;
 
 /// Magic at the start of `Hello`, so a stray client (HTTP, a port scanner) is rejected at once.
 pub const HELLO_MAGIC: u32 = 0x524d_4653; // "RMFS"
@@ -312,6 +314,21 @@ pub enum Message {
     Persist { tag: u64 },
     /// Reply to `Persist`.
     Persisted { tag: u64 },
+    /// Follower to server (a session that claimed with [`ClaimMode::Follow`]): it has
+    /// applied the volume's journal through `lsn`, and reads nothing older (frees the holder
+    /// makes after `lsn` wait for it). The reply says where the journal is now.
+    FollowAt { tag: u64, lsn: u64 },
+    /// Reply to `FollowAt`: the volume's epoch and root.
+    FollowRoot { tag: u64, epoch: u64, root: Vec<u8> },
+    /// Holder to server: how far the volume's followers have applied its journal.
+    Followers { tag: u64 },
+    /// Reply to `Followers`: how many follow, and the lowest sequence number every one of
+    /// them has applied (`u64::MAX` when none does).
+    FollowerFloor {
+        tag: u64,
+        followers: u32,
+        floor: u64,
+    },
 }
 
 pub use volume::{ClaimMode, VolumeInfo, EXTENTS_PER_LIST, MAX_ROOT_LEN, MAX_VOLUMES_PER_LIST};
@@ -344,139 +361,6 @@ pub enum FrameError {
     Io(#[from] io::Error),
     #[error("protocol error: {0}")]
     Proto(#[from] ProtoError),
-}
-
-mod tag {
-    pub const HELLO: u8 = 1;
-    pub const WELCOME: u8 = 2;
-    pub const CONNECT: u8 = 3;
-    pub const CONNECTED: u8 = 4;
-    pub const ALLOC: u8 = 5;
-    pub const ALLOCATED: u8 = 6;
-    pub const FREE: u8 = 7;
-    pub const FREED: u8 = 8;
-    pub const STAT: u8 = 9;
-    pub const STATS: u8 = 10;
-    pub const REFUSED: u8 = 11;
-    pub const FATAL: u8 = 12;
-    pub const CHALLENGE: u8 = 13;
-    pub const PROOF: u8 = 14;
-    pub const RESUME: u8 = 15;
-    pub const RESUMED: u8 = 16;
-    pub const GOODBYE: u8 = 17;
-    pub const VOLUME_CLAIM: u8 = 18;
-    pub const VOLUME_CLAIMED: u8 = 19;
-    pub const VOLUME_ROOT: u8 = 20;
-    pub const VOLUME_DONE: u8 = 21;
-    pub const VOLUME_EXTENTS: u8 = 22;
-    pub const EXTENT_LIST: u8 = 23;
-    pub const VOLUME_LIST: u8 = 24;
-    pub const VOLUMES: u8 = 25;
-    pub const VOLUME_DROP: u8 = 26;
-    pub const PERSIST: u8 = 27;
-    pub const PERSISTED: u8 = 28;
-}
-
-struct Writer(Vec<u8>);
-
-impl Writer {
-    fn u8(&mut self, v: u8) {
-        self.0.push(v);
-    }
-    fn u16(&mut self, v: u16) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn bytes(&mut self, v: &[u8], max: usize) {
-        // Encoding is under our control: clamp rather than emit something the peer rejects.
-        let v = &v[..v.len().min(max)];
-        self.u16(v.len() as u16);
-        self.0.extend_from_slice(v);
-    }
-    fn string(&mut self, s: &str) {
-        let mut end = s.len().min(MAX_STRING_LEN);
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        self.bytes(&s.as_bytes()[..end], MAX_STRING_LEN);
-    }
-    fn array(&mut self, v: &[u8; 32]) {
-        self.0.extend_from_slice(v);
-    }
-    fn capacity(&mut self, c: &Capacity) {
-        self.u64(c.total);
-        self.u64(c.free);
-        self.u64(c.largest_free);
-    }
-}
-
-struct Reader<'a> {
-    buf: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], ProtoError> {
-        if self.buf.len() < n {
-            return Err(ProtoError::Truncated);
-        }
-        let (head, rest) = self.buf.split_at(n);
-        self.buf = rest;
-        Ok(head)
-    }
-    fn u8(&mut self) -> Result<u8, ProtoError> {
-        Ok(self.take(1)?[0])
-    }
-    fn u16(&mut self) -> Result<u16, ProtoError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
-    }
-    fn u32(&mut self) -> Result<u32, ProtoError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
-    }
-    fn u64(&mut self) -> Result<u64, ProtoError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
-    }
-    fn bytes(&mut self, max: usize, what: &'static str) -> Result<&'a [u8], ProtoError> {
-        let n = self.u16()? as usize;
-        if n > max {
-            return Err(ProtoError::BadField(what, n as u64));
-        }
-        self.take(n)
-    }
-    fn string(&mut self, what: &'static str) -> Result<String, ProtoError> {
-        let b = self.bytes(MAX_STRING_LEN, what)?;
-        std::str::from_utf8(b)
-            .map(str::to_owned)
-            .map_err(|_| ProtoError::BadString)
-    }
-    fn array(&mut self) -> Result<[u8; 32], ProtoError> {
-        Ok(self.take(32)?.try_into().expect("32 bytes"))
-    }
-    fn bool(&mut self, what: &'static str) -> Result<bool, ProtoError> {
-        match self.u8()? {
-            0 => Ok(false),
-            1 => Ok(true),
-            other => Err(ProtoError::BadField(what, other as u64)),
-        }
-    }
-    fn capacity(&mut self) -> Result<Capacity, ProtoError> {
-        let c = Capacity {
-            total: self.u64()?,
-            free: self.u64()?,
-            largest_free: self.u64()?,
-        };
-        if c.free > c.total {
-            return Err(ProtoError::BadField("free capacity", c.free));
-        }
-        if c.largest_free > c.free {
-            return Err(ProtoError::BadField("largest free extent", c.largest_free));
-        }
-        Ok(c)
-    }
 }
 
 impl Message {
@@ -723,6 +607,35 @@ impl Message {
                 w.u8(tag::PERSISTED);
                 w.u64(*t);
             }
+            Message::FollowAt { tag: t, lsn } => {
+                w.u8(tag::FOLLOW_AT);
+                w.u64(*t);
+                w.u64(*lsn);
+            }
+            Message::FollowRoot {
+                tag: t,
+                epoch,
+                root,
+            } => {
+                w.u8(tag::FOLLOW_ROOT);
+                w.u64(*t);
+                w.u64(*epoch);
+                w.bytes(root, MAX_ROOT_LEN);
+            }
+            Message::Followers { tag: t } => {
+                w.u8(tag::FOLLOWERS);
+                w.u64(*t);
+            }
+            Message::FollowerFloor {
+                tag: t,
+                followers,
+                floor,
+            } => {
+                w.u8(tag::FOLLOWER_FLOOR);
+                w.u64(*t);
+                w.u32(*followers);
+                w.u64(*floor);
+            }
         }
         w.0
     }
@@ -845,6 +758,7 @@ impl Message {
                     0 => ClaimMode::Attach,
                     1 => ClaimMode::Create,
                     2 => ClaimMode::Adopt,
+                    3 => ClaimMode::Follow,
                     other => return Err(ProtoError::BadField("claim mode", other as u64)),
                 },
                 takeover: r.bool("takeover flag")?,
@@ -918,6 +832,21 @@ impl Message {
             },
             tag::PERSIST => Message::Persist { tag: r.u64()? },
             tag::PERSISTED => Message::Persisted { tag: r.u64()? },
+            tag::FOLLOW_AT => Message::FollowAt {
+                tag: r.u64()?,
+                lsn: r.u64()?,
+            },
+            tag::FOLLOW_ROOT => Message::FollowRoot {
+                tag: r.u64()?,
+                epoch: r.u64()?,
+                root: r.bytes(MAX_ROOT_LEN, "volume root")?.to_vec(),
+            },
+            tag::FOLLOWERS => Message::Followers { tag: r.u64()? },
+            tag::FOLLOWER_FLOOR => Message::FollowerFloor {
+                tag: r.u64()?,
+                followers: r.u32()?,
+                floor: r.u64()?,
+            },
             other => return Err(ProtoError::UnknownType(other)),
         };
         if !r.buf.is_empty() {
@@ -939,6 +868,8 @@ impl Message {
             | Message::ExtentList { tag, .. }
             | Message::Volumes { tag, .. }
             | Message::Persisted { tag }
+            | Message::FollowRoot { tag, .. }
+            | Message::FollowerFloor { tag, .. }
             | Message::Refused { tag, .. } => Some(*tag),
             _ => None,
         }

@@ -138,5 +138,17 @@ pub fn sample_messages() -> Vec<Message> {
         },
         Message::Persist { tag: 17 },
         Message::Persisted { tag: 17 },
+        Message::FollowAt { tag: 18, lsn: 99 },
+        Message::FollowRoot {
+            tag: 18,
+            epoch: 4,
+            root: vec![1, 2, 3],
+        },
+        Message::Followers { tag: 19 },
+        Message::FollowerFloor {
+            tag: 19,
+            followers: 2,
+            floor: u64::MAX,
+        },
     ]
 }

@@ -9,6 +9,10 @@ pub enum ClaimMode {
     Create = 1,
     /// Made if absent: a server that restarted empty joins a volume the others hold.
     Adopt = 2,
+    /// It must exist; the session becomes one of its followers (`mount --read-only`), not
+    /// its holder: its data connections may READ the volume's extents and nothing else, and
+    /// it may allocate nothing.
+    Follow = 3,
 }
 
 /// One volume as a server knows it (`rmemfs volume ls`).

@@ -97,6 +97,24 @@ figures! {
     }
 }
 
+figures! {
+    /// A volume's follower (only on a mount with `--read-only`).
+    pub struct FollowerFigures ("follower") {
+        /// The last record of the holder's journal applied here
+        applied: Gauge,
+        /// Records applied since the mount
+        records: Counter,
+        /// Looks at the journal's tail (one READ, one report to every server)
+        polls: Counter,
+        /// Checkpoints loaded whole (it fell behind the ring)
+        reloads: Counter,
+        /// Invalidations sent to the kernel
+        invalidations: Counter,
+        /// Polls that failed
+        errors: Counter,
+    }
+}
+
 /// The registration cache (MRRC) of the mount's local buffers: its counters as the cache
 /// keeps them, with its policy and the lookups they add up to.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -223,6 +241,8 @@ pub struct MountReport {
     pub namespace: NamespaceFigures,
     /// None without a volume.
     pub journal: Option<JournalFigures>,
+    /// None unless following a volume.
+    pub follower: Option<FollowerFigures>,
     /// Where `rmemfs admin` reaches the daemon ("" before it listens).
     pub admin_socket: String,
     pub inodes: u64,
@@ -354,6 +374,14 @@ impl MountReport {
                 checkpoints: j.checkpoints,
                 frees_held: j.frees_held,
             }),
+            follower: figures.follow.get().map(|f| FollowerFigures {
+                applied: f.applied.load(Ordering::Relaxed),
+                records: f.records.load(Ordering::Relaxed),
+                polls: f.polls.load(Ordering::Relaxed),
+                reloads: f.reloads.load(Ordering::Relaxed),
+                invalidations: f.invalidations.load(Ordering::Relaxed),
+                errors: f.errors.load(Ordering::Relaxed),
+            }),
             inodes: fs.inode_count() as u64,
             admin_socket: figures.admin_socket.get().cloned().unwrap_or_default(),
             contained_panics: fs.contained_panics(),
@@ -374,6 +402,7 @@ impl MountReport {
     pub fn sections(&self) -> Vec<(&'static str, Vec<Figure>)> {
         let mut sections = vec![section(&self.namespace)];
         sections.extend(self.journal.as_ref().map(section));
+        sections.extend(self.follower.as_ref().map(section));
         sections
     }
 }

@@ -23,6 +23,7 @@
 pub mod alloc;
 mod arena;
 mod backing;
+mod follow;
 mod report;
 mod restart;
 mod session;
@@ -454,6 +455,9 @@ fn reap_leases(shared: &Shared) {
             departed = shared.departed.lock();
             continue;
         }
+        drop(departed);
+        shared.cut_silent_followers();
+        departed = shared.departed.lock();
         departed = shared.departures.wait_timeout(departed, TICK).0;
     }
 }
@@ -655,6 +659,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     failure_counted: false,
                     observer: false,
                     volume: None,
+                    follows: None,
                     rekeyed: false,
                 };
                 let mut stream = stream;

@@ -29,6 +29,8 @@ pub(super) struct Session {
     pub(super) observer: bool,
     /// The volume this session holds ([`super::volume`]): its extents are the volume's.
     pub(super) volume: Option<String>,
+    /// The volume this session follows, read-only ([`super::follow`]).
+    pub(super) follows: Option<super::follow::Following>,
     /// It resumed extents that got new keys (a backed server's restart on verbs) and has not
     /// listed them yet: if it goes first, the next resume says `rekeyed` again.
     pub(super) rekeyed: bool,
@@ -290,9 +292,35 @@ impl Session {
             ));
         }
         self.heard();
+        if self.follows.is_some()
+            && !matches!(
+                msg,
+                Message::Connect { .. }
+                    | Message::FollowAt { .. }
+                    | Message::Stat { .. }
+                    | Message::VolumeList { .. }
+            )
+        {
+            return Err(format!(
+                "a follower may only connect, follow, and ask for Stats and VolumeList, not {}",
+                kind(&msg)
+            ));
+        }
         Ok(match msg {
             Message::Connect { tag, blob } => {
-                let session = SessionKey { id: self.id, token };
+                // A follower's data connections are served as the volume's session, read-only.
+                let session = match &self.follows {
+                    Some(f) => SessionKey {
+                        id: f.session_id,
+                        token,
+                        read_only: true,
+                    },
+                    None => SessionKey {
+                        id: self.id,
+                        token,
+                        read_only: false,
+                    },
+                };
                 match self
                     .shared
                     .fabric
@@ -340,6 +368,8 @@ impl Session {
             Message::VolumeList { tag, after } => self.list_volumes(tag, &after),
             Message::VolumeDrop { tag, name } => self.drop_volume(tag, &name),
             Message::Persist { tag } => self.persist(tag),
+            Message::FollowAt { tag, lsn } => return self.follow_at(tag, lsn),
+            Message::Followers { tag } => return self.followers(tag),
             Message::Stat { tag } => Message::Stats {
                 tag,
                 capacity: self.shared.capacity(),
@@ -368,6 +398,7 @@ impl Session {
         if !self.extents.is_empty()
             || !self.guards.is_empty()
             || self.volume.is_some()
+            || self.follows.is_some()
             || old == current
         {
             return Err("Resume must come first after Welcome".into());
@@ -546,7 +577,7 @@ impl Session {
     /// zero lease: everything is freed now. Otherwise the extents wait for the client to
     /// resume, until the lease runs out.
     pub(super) fn depart(&mut self) {
-        if self.depart_volume() {
+        if self.depart_volume() || self.depart_follower() {
             if let Handshake::Welcomed { token } = &self.state {
                 let key = token_digest(token);
                 let mut live = self.shared.live_tokens.lock();
@@ -686,6 +717,10 @@ pub(super) fn kind(m: &Message) -> &'static str {
         Message::VolumeDrop { .. } => "VolumeDrop",
         Message::Persist { .. } => "Persist",
         Message::Persisted { .. } => "Persisted",
+        Message::FollowAt { .. } => "FollowAt",
+        Message::FollowRoot { .. } => "FollowRoot",
+        Message::Followers { .. } => "Followers",
+        Message::FollowerFloor { .. } => "FollowerFloor",
     }
 }
 

@@ -41,8 +41,8 @@ pub fn valid_name(name: &str) -> bool {
 
 pub(super) struct Volume {
     /// The session id the volume's extents are registered to (every holder takes it).
-    session_id: u64,
-    epoch: u64,
+    pub(super) session_id: u64,
+    pub(super) epoch: u64,
     /// The current or last holder (`host pid N`).
     holder: String,
     /// The holder's control connection, while one is connected.
@@ -54,9 +54,12 @@ pub(super) struct Volume {
     last_heard: Instant,
     /// The volume's extents while no holder is connected.
     parked: HashMap<u64, Extent>,
-    extents: u64,
-    bytes: u64,
-    root: Vec<u8>,
+    pub(super) extents: u64,
+    pub(super) bytes: u64,
+    pub(super) root: Vec<u8>,
+    /// Sessions that read the volume and never write it, by control connection
+    /// ([`super::follow`]).
+    pub(super) followers: HashMap<u64, super::follow::Follower>,
     /// Its extents were registered again under new keys since its holder last resumed (a
     /// backed server's restart on a fabric whose device issues keys).
     rekeyed: bool,
@@ -97,6 +100,7 @@ impl Volume {
             parked,
             root: unhex(&rec.root).unwrap_or_default(),
             rekeyed,
+            followers: HashMap::new(),
         }
     }
 
@@ -158,7 +162,7 @@ impl Shared {
         }
     }
 
-    fn known_volumes(&self) -> String {
+    pub(super) fn known_volumes(&self) -> String {
         let vols = self.volumes.lock();
         let mut names: Vec<&String> = vols.keys().collect();
         names.sort();
@@ -177,6 +181,7 @@ impl Shared {
 impl Session {
     /// Notes that the holder was heard (a silent holder may be replaced after the lease).
     pub(super) fn heard(&self) {
+        self.heard_follower();
         if let Some(name) = &self.volume {
             if let Some(v) = self.shared.volumes.lock().get_mut(name) {
                 v.last_heard = Instant::now();
@@ -204,7 +209,11 @@ impl Session {
         takeover: bool,
         min_epoch: u64,
     ) -> Result<Message, String> {
-        if !self.extents.is_empty() || !self.guards.is_empty() || self.volume.is_some() {
+        if !self.extents.is_empty()
+            || !self.guards.is_empty()
+            || self.volume.is_some()
+            || self.follows.is_some()
+        {
             return Err("VolumeClaim must come first after Welcome".into());
         }
         if !valid_name(&name) {
@@ -213,6 +222,9 @@ impl Session {
                 RefusalCode::NoVolume,
                 format!("'{name}' is no volume name (1 to {MAX_VOLUME_NAME} of A-Z a-z 0-9 . _ -)"),
             ));
+        }
+        if mode == ClaimMode::Follow {
+            return Ok(self.follow(tag, name, holder));
         }
         let token = self.token().ok_or("VolumeClaim before Welcome")?;
         let shared = self.shared.clone();
@@ -257,6 +269,7 @@ impl Session {
                         bytes: 0,
                         root: Vec::new(),
                         rekeyed: false,
+                        followers: HashMap::new(),
                     },
                 );
                 log::info!("volume '{name}' made for {holder} at epoch {epoch}");
@@ -538,6 +551,15 @@ impl Session {
                 Some(_) => vols.remove(name).expect("present"),
             }
         };
+        // Its followers are cut off first: none reads memory freed below.
+        let followers: Vec<u64> = gone.followers.keys().copied().collect();
+        if !followers.is_empty() {
+            log::info!(
+                "volume '{name}': closing its {} followers before it is removed",
+                followers.len()
+            );
+            shared.close_connections(&followers);
+        }
         // Forgotten in the file before its extents are freed: a crash between leaves them
         // of no owner, freed at the restart.
         shared.save_owners();

@@ -527,7 +527,9 @@ impl Shared {
     }
 
     /// Waits until a group is due: records pending, and the commit interval passed, an
-    /// `fsync` waiting or a batch's worth there. False: stopping with nothing left.
+    /// `fsync` waiting or a batch's worth there; or, with nothing pending, until committed
+    /// frees that wait for the followers are due to be asked about again. False: stopping
+    /// with nothing left.
     fn wait_for_group(&self) -> bool {
         let mut p = self.pending.lock();
         #[cfg(feature = "testing")]
@@ -537,6 +539,16 @@ impl Shared {
         while p.bytes.is_empty() {
             if self.stop.load(Ordering::SeqCst) {
                 return false;
+            }
+            if self.gate.waits_for_followers() {
+                p = self
+                    .wake
+                    .wait_timeout(p, crate::config::FOLLOWER_FLOOR_POLL)
+                    .0;
+                if p.bytes.is_empty() {
+                    return true;
+                }
+                continue;
             }
             p = self.wake.wait_timeout(p, JOURNAL_COMMIT_INTERVAL * 20).0;
         }
@@ -738,8 +750,10 @@ impl VolumeJournal {
             .spawn(move || {
                 while s.wait_for_group() {
                     let mut w = s.writer.lock();
-                    if let Some((bytes, last)) = s.take_group() {
-                        s.commit_group(&mut w, &bytes, last);
+                    match s.take_group() {
+                        Some((bytes, last)) => s.commit_group(&mut w, &bytes, last),
+                        // Frees that wait only for the followers.
+                        None => w.pool.release_frees(&s.gate, 0),
                     }
                 }
             })?;
@@ -777,6 +791,13 @@ impl VolumeJournal {
 
     /// Test hook: the next group is written whole to the first ring copy and only its first
     /// `bytes` to the others, then the journal stops, as a crash between the copies' writes.
+    /// A checkpoint and a fresh ring now (tests of followers across a new ring).
+    #[cfg(feature = "testing")]
+    pub fn checkpoint(&self) -> Result<()> {
+        let mut w = self.shared.writer.lock();
+        self.shared.checkpoint_now(&mut w)
+    }
+
     #[cfg(feature = "testing")]
     pub fn tear_next_group(&self, bytes: usize) {
         self.shared.pending.lock().tear = Some(bytes);

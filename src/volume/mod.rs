@@ -12,7 +12,9 @@
 //! copies, and start the committer.
 
 pub mod admin;
+pub mod follow;
 mod journal;
+mod read;
 pub mod root;
 pub mod store;
 pub mod transfer;
@@ -23,10 +25,10 @@ use crate::client::volume::FreeGate;
 use crate::data::DataStore;
 use crate::fabric::{RemoteRegion, ServerId};
 use crate::fs::{Fs, FsConfig};
-use crate::meta::{record, Change, Chunk, Meta, Replica};
+use crate::meta::Meta;
 use crate::sync::Arc;
-use journal::{region, Writer};
-use root::{Place, Root};
+use journal::Writer;
+use root::Place;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 
@@ -66,62 +68,6 @@ pub struct AttachReport {
     pub orphans: usize,
     /// Extents freed because nothing named them.
     pub collected: usize,
-}
-
-/// `c` with its copies renumbered to this pool's servers; copies on a server attached
-/// without (`--force-without`) are gone.
-fn remap_chunk(c: &Chunk, perm: &[Option<u32>]) -> Chunk {
-    let replicas: Vec<Replica> = c
-        .replicas()
-        .iter()
-        .filter_map(|r| {
-            Some(Replica {
-                server: perm[r.server as usize]?,
-                ..*r
-            })
-        })
-        .collect();
-    Chunk::with_replicas(c.len, &replicas)
-}
-
-fn apply_all(
-    meta: &mut Meta,
-    records: Vec<(u64, Vec<Change>)>,
-    perm: &[Option<u32>],
-) -> Result<usize, String> {
-    let n = records.len();
-    for (lsn, changes) in records {
-        for mut c in changes {
-            if let Change::Extent {
-                chunk: Some(chunk), ..
-            } = &mut c
-            {
-                if chunk
-                    .replicas()
-                    .iter()
-                    .any(|r| r.server as usize >= perm.len())
-                {
-                    return Err(format!("journal record {lsn} names an unknown server"));
-                }
-                *chunk = remap_chunk(chunk, perm);
-            }
-            meta.apply(&c)
-                .map_err(|e| format!("replaying record {lsn}: {}", e.message))?;
-        }
-    }
-    Ok(n)
-}
-
-fn stop_reason(stop: &record::Stop) -> Option<String> {
-    match stop {
-        record::Stop::NewerFormat { found } => Some(format!(
-            "the volume's journal is format {found}; this rmemfs reads formats up to {}: \
-             upgrade rmemfs to attach it",
-            record::RECORD_VERSION
-        )),
-        record::Stop::Malformed(why) => Some(format!("the volume's journal is damaged: {why}")),
-        _ => None,
-    }
 }
 
 /// Attaches the pool's claimed volume (see the module doc). `addrs` are the mount's servers
@@ -181,14 +127,7 @@ pub fn attach_then(
     let pool = data.pool().clone();
     let claims = pool.claims();
     let servers: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
-    let mut best: Option<Root> = None;
-    for c in &claims {
-        if let Some(r) = Root::decode(&c.root)? {
-            if best.as_ref().is_none_or(|b| r.generation > b.generation) {
-                best = Some(r);
-            }
-        }
-    }
+    let best = read::newest_root(claims.iter().map(|c| c.root.as_slice()))?;
     let mut report = AttachReport {
         epoch: pool.epoch(),
         created: best.is_none(),
@@ -221,22 +160,7 @@ pub fn attach_then(
             ));
         }
         let without: Vec<String> = without.iter().map(|a| a.to_string()).collect();
-        let perm: Vec<Option<u32>> = root
-            .servers
-            .iter()
-            .map(|s| match servers.iter().position(|a| a == s) {
-                Some(i) => Ok(Some(i as u32)),
-                // A server drained and removed (`rmemfs admin remove`): nothing names it.
-                None if s.is_empty() => Ok(None),
-                None if without.contains(s) => Ok(None),
-                None => Err(format!(
-                    "the volume's server {s} is not among --servers ({}): give every server \
-                     of the volume, or --force-without {s} if it is gone for good (its copies \
-                     are then forgotten)",
-                    servers.join(",")
-                )),
-            })
-            .collect::<Result<_, _>>()?;
+        let perm = read::permutation(root, &servers, &without)?;
         report.without = without.iter().filter(|w| root.servers.contains(w)).count();
         // Each live server's keys by address: a server restarted from its backing file on a
         // fabric whose device issues keys gave the volume's extents new ones, which no record
@@ -256,76 +180,21 @@ pub fn attach_then(
                 .copied()
                 .unwrap_or(p.rkey)
         };
-        let usable = |p: &Place| -> Option<RemoteRegion> {
-            let id = perm[p.server as usize]?;
-            (!restarted.contains(&id) && pool.is_live(ServerId(id))).then_some(RemoteRegion {
-                server: ServerId(id),
-                rkey: rekey(id, p),
-                ..region(p, 0)
-            })
+        let usable = |p: &Place| {
+            read::place_region(
+                p,
+                &perm,
+                |id| !restarted.contains(&id) && pool.is_live(ServerId(id)),
+                rekey,
+            )
         };
-        // The checkpoint, from any copy that reads whole.
-        let mut checkpoint = None;
-        for p in &root.checkpoint {
-            let Some(r) = usable(p) else { continue };
-            let r = RemoteRegion {
-                len: root.checkpoint_len.max(1),
-                ..r
-            };
-            match data.read_region(r, 0, root.checkpoint_len as usize) {
-                Ok(bytes) => {
-                    let read = record::read(&bytes, 0);
-                    if let Some(why) = stop_reason(&read.stop) {
-                        return Err(why);
-                    }
-                    if read.end == bytes.len() {
-                        checkpoint = Some(read.records);
-                        break;
-                    }
-                    log::warn!("a copy of the volume's checkpoint is damaged; trying another");
-                }
-                Err(e) => log::warn!("cannot read a copy of the volume's checkpoint: {e}"),
-            }
-        }
-        if root.checkpoint_len > 0 || !root.checkpoint.is_empty() {
-            let records = checkpoint.ok_or(
-                "no copy of the volume's checkpoint can be read (every server holding one is \
-                 down or restarted)",
-            )?;
-            apply_all(&mut meta, records, &perm)?;
+        if let Some(records) = read::read_checkpoint(&data, root, usable)? {
+            read::apply_all(&mut meta, records, &perm)?;
         }
         meta.number_from(root.next_ino);
-        // The ring: the copy with the longest valid run of records.
-        let mut ring: Option<Vec<(u64, Vec<Change>)>> = None;
-        for p in &root.ring {
-            let Some(r) = usable(p) else { continue };
-            let r = RemoteRegion {
-                len: root.ring_len,
-                ..r
-            };
-            match data.read_region(r, 0, root.ring_len as usize) {
-                Ok(bytes) => {
-                    let read = record::read(&bytes, root.checkpoint_lsn + 1);
-                    if let Some(why) = stop_reason(&read.stop) {
-                        return Err(why);
-                    }
-                    if ring.as_ref().is_none_or(|b| read.records.len() > b.len()) {
-                        ring = Some(read.records);
-                    }
-                }
-                Err(e) => log::warn!("cannot read a copy of the volume's journal: {e}"),
-            }
-        }
-        if ring.is_none() && !root.ring.is_empty() {
-            return Err(
-                "no copy of the volume's journal can be read (every server holding one is \
-                 down or restarted)"
-                    .into(),
-            );
-        }
-        let ring = ring.unwrap_or_default();
+        let (ring, _) = read::read_ring(&data, root, usable)?;
         last_lsn = root.checkpoint_lsn + ring.len() as u64;
-        report.replayed = apply_all(&mut meta, ring, &perm)?;
+        report.replayed = read::apply_all(&mut meta, ring, &perm)?;
         let renumber = |p: &Place| {
             let server = perm[p.server as usize]?;
             Some(Place {

@@ -1,6 +1,8 @@
 //! Builds a file system over in-process memory servers and the in-process fabric.
 #![allow(dead_code)]
 
+pub mod rack;
+
 use rmemfs::client::{Pool, PoolConfig};
 use rmemfs::data::{DataStore, WritePath};
 use rmemfs::fabric::local::{LocalFabric, LocalNetwork};
@@ -391,6 +393,7 @@ impl TestFs {
                     holder: "test pid 1".into(),
                     create,
                     takeover: false,
+                    follow: false,
                 }),
                 ..PoolConfig::default()
             },

@@ -159,7 +159,7 @@ impl Fabric for TcpFabric {
         session: SessionKey,
     ) -> Result<(Vec<u8>, PeerGuard), FabricError> {
         let port = self.nic_port(listen)?;
-        let guard = self.registry.open_session(session.id, session.token);
+        let guard = self.registry.open_session(session);
         Ok((port.to_le_bytes().to_vec(), Box::new(guard)))
     }
 }

@@ -251,8 +251,13 @@ fn nic_serve(nic: &NicShared, stream: &TcpStream) -> io::Result<()> {
                 registry,
                 format!(
                     "remote access refused ({:?} of {} bytes at {:#x}, key {:#x}, session \
-                     {session}): closing the connection",
-                    req.opcode, req.len, req.addr, req.rkey
+                     {}{}): closing the connection",
+                    req.opcode,
+                    req.len,
+                    req.addr,
+                    req.rkey,
+                    session.session,
+                    if session.read_only { ", read-only" } else { "" }
                 ),
             ));
         }

@@ -370,7 +370,7 @@ impl Fabric for VerbsFabric {
         cq: Arc<CompletionQueue>,
         _token: &Token,
     ) -> Result<Arc<dyn QueuePair>, FabricError> {
-        let mut qp = self.create_qp(&self.shared.pd)?;
+        let mut qp = self.create_qp(&self.shared.pd, true)?;
         let psn = random_psn();
         let reply = exchange(self.endpoint(&qp, psn).encode())?;
         let handshake = |reason: String| FabricError::Handshake {
@@ -429,7 +429,9 @@ impl Fabric for VerbsFabric {
         };
         let remote = Endpoint::decode(blob).map_err(bad)?;
         let pd = self.session_pd(session.id)?;
-        let mut qp = self.create_qp(&pd)?;
+        // A follower's QP lives in the volume's domain but lets its peer only READ: the
+        // device enforces it (IBV_ACCESS_REMOTE_WRITE left out of the QP's access flags).
+        let mut qp = self.create_qp(&pd, !session.read_only)?;
         let psn = random_psn();
         self.connect_qp(&mut qp, psn, &remote).map_err(bad)?;
         let reply = self.endpoint(&qp, psn).encode();

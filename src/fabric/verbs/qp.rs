@@ -91,9 +91,12 @@ pub(super) fn random_psn() -> u32 {
 }
 
 impl VerbsFabric {
+    /// A queue pair in `pd`; its peer may WRITE into this side's regions only if
+    /// `remote_write` (a volume's follower may only READ).
     pub(super) fn create_qp(
         &self,
         pd: &Arc<ProtectionDomain>,
+        remote_write: bool,
     ) -> Result<BasicQueuePair, FabricError> {
         let mut builder = pd.create_qp_builder();
         builder
@@ -111,9 +114,11 @@ impl VerbsFabric {
         attr.setup_state(QueuePairState::Init)
             .setup_pkey_index(0)
             .setup_port(PORT)
-            .setup_access_flags(
-                AccessFlags::LocalWrite | AccessFlags::RemoteRead | AccessFlags::RemoteWrite,
-            );
+            .setup_access_flags(if remote_write {
+                AccessFlags::LocalWrite | AccessFlags::RemoteRead | AccessFlags::RemoteWrite
+            } else {
+                AccessFlags::LocalWrite | AccessFlags::RemoteRead
+            });
         qp.modify(&attr)
             .map_err(|e| unavailable(format!("cannot move a queue pair to INIT: {e}")))?;
         Ok(qp)

@@ -1,0 +1,85 @@
+//! The pool's side of following a volume: a follower reports how far it has applied the
+//! journal and learns where the journal is now (`FollowAt`), and a holder learns how far its
+//! followers have read (`Followers`) before it lets a free go (see [`super::volume::FreeGate`]).
+
+use super::volume::unexpected;
+use super::Pool;
+use crate::proto::Message;
+
+/// What one server says of the volume a follower follows.
+#[derive(Debug, Clone)]
+pub struct FollowedRoot {
+    pub epoch: u64,
+    pub root: Vec<u8>,
+}
+
+impl Pool {
+    /// Whether this pool follows a volume (read-only: it allocates and frees nothing).
+    pub fn follows(&self) -> bool {
+        self.config.volume.as_ref().is_some_and(|v| v.follow)
+    }
+
+    /// Tells every live server that this follower has applied the journal through `lsn` and
+    /// asks each where the journal is now: the answers of those that gave one (a server that
+    /// does not answer is failed, as any request's).
+    pub fn follow_at(&self, lsn: u64) -> Vec<FollowedRoot> {
+        let asked: Vec<_> = self
+            .servers
+            .iter()
+            .filter(|s| !s.is_failed())
+            .map(|s| {
+                let link = s.link();
+                let rx = link.control.send(|tag| Message::FollowAt { tag, lsn });
+                (s, link, rx)
+            })
+            .collect();
+        let mut roots = Vec::new();
+        for (s, link, rx) in asked {
+            match rx.and_then(|rx| link.control.wait(rx)) {
+                Ok(Message::FollowRoot { epoch, root, .. }) => {
+                    roots.push(FollowedRoot { epoch, root })
+                }
+                Ok(other) => log::warn!("{}", unexpected(s.addr, &other)),
+                Err(e) => {
+                    log::warn!("memory server {}: following failed: {e}", s.addr);
+                    s.mark_failed();
+                }
+            }
+        }
+        roots
+    }
+
+    /// The lowest journal sequence number every follower of this pool's volume has applied,
+    /// over the live servers that answer (`u64::MAX`: none follows).
+    pub fn follower_floor(&self) -> u64 {
+        let asked: Vec<_> = self
+            .servers
+            .iter()
+            .filter(|s| !s.is_failed())
+            .map(|s| {
+                let link = s.link();
+                let rx = link.control.send(|tag| Message::Followers { tag });
+                (s, link, rx)
+            })
+            .collect();
+        let mut floor = u64::MAX;
+        for (s, link, rx) in asked {
+            match rx.and_then(|rx| link.control.wait(rx)) {
+                Ok(Message::FollowerFloor { floor: f, .. }) => floor = floor.min(f),
+                Ok(other) => {
+                    // Not knowing, hold every free back.
+                    log::warn!("{}", unexpected(s.addr, &other));
+                    floor = 0;
+                }
+                Err(e) => {
+                    log::warn!(
+                        "memory server {}: cannot ask for its followers: {e}",
+                        s.addr
+                    );
+                    s.mark_failed();
+                }
+            }
+        }
+        floor
+    }
+}

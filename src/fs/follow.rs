@@ -1,0 +1,192 @@
+//! A follower's file system (`mount --volume NAME --read-only`): read-only, its namespace
+//! changed only by what the volume's holder committed, read from the holder's journal
+//! ([`crate::volume::follow`]), and the kernel told what to forget.
+//!
+//! Why apart from [`Meta::apply`] alone: a live file system has readers. A read holds its
+//! file's chunk map across the remote I/O and then takes the namespace lock, so chunk locks
+//! come first. Applying under the namespace lock, a change to a chunk map would wait for a
+//! read that waits for that lock. So changes to files the table already has are applied to
+//! their maps first, with no namespace lock (each waits only for the reads of its file that
+//! use the old chunks, which finish before the follower says it has applied the record: the
+//! holder frees memory only then); then the rest under the namespace lock, where a file made
+//! in the same records is nobody else's yet.
+
+use super::Fs;
+use crate::error::Result;
+use crate::meta::{Change, FileData, Ino, Meta, Name};
+use crate::sync::Arc;
+use std::collections::{HashMap, HashSet};
+
+/// What the kernel must forget after a change it did not make.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Invalidation {
+    /// The inode's attributes and cached pages.
+    Inode(Ino),
+    /// Name `name` in directory `dir` (a lookup the kernel cached).
+    Entry { dir: Ino, name: Name },
+}
+
+/// Sends invalidations to the kernel (the FUSE adapter's).
+pub type Invalidate = Box<dyn Fn(&[Invalidation]) + Send + Sync>;
+
+impl Fs {
+    /// Sets where a follower's invalidations go (once; later calls are ignored).
+    pub fn on_followed(&self, tell: Invalidate) {
+        let _ = self.invalidate.set(tell);
+    }
+
+    fn tell_followed(&self, what: &[Invalidation]) {
+        if let (Some(tell), false) = (self.invalidate.get(), what.is_empty()) {
+            tell(what);
+        }
+    }
+
+    /// Applies records the holder committed (in order), and tells the kernel what changed.
+    /// Returns the invalidations sent. Sent with no lock held: the kernel's invalidation
+    /// may wait for requests in flight, which may wait for these locks.
+    pub fn apply_followed(&self, records: &[(u64, Vec<Change>)]) -> Result<Vec<Invalidation>> {
+        let changes: Vec<&Change> = records.iter().flat_map(|(_, c)| c).collect();
+        // The files the table has now, for the changes to their maps.
+        let existing: HashMap<Ino, Arc<FileData>> = {
+            let meta = self.meta.lock();
+            changes
+                .iter()
+                .filter_map(|c| match c {
+                    Change::Extent { ino, .. } | Change::Drop { ino } => Some(*ino),
+                    _ => None,
+                })
+                .filter_map(|ino| Some((ino, meta.get(ino)?.file()?.clone())))
+                .collect()
+        };
+        // Files made (again) in these records: their maps are applied with the namespace.
+        let mut made: HashSet<Ino> = HashSet::new();
+        let mut late = Vec::with_capacity(changes.len());
+        for c in &changes {
+            match c {
+                Change::Make { ino, .. } => {
+                    made.insert(*ino);
+                    late.push(*c);
+                }
+                Change::Extent { ino, idx, chunk } if !made.contains(ino) => {
+                    if let Some(f) = existing.get(ino) {
+                        let mut map = f.chunks.write();
+                        match chunk {
+                            Some(c) => {
+                                map.insert(*idx, *c);
+                            }
+                            None => {
+                                map.remove(idx);
+                            }
+                        }
+                        map.take_log();
+                    }
+                }
+                Change::Drop { ino } => {
+                    if let Some(f) = existing.get(ino).filter(|_| !made.contains(ino)) {
+                        // Reads of it still running finish first; later ones find nothing.
+                        f.chunks.write().take_all();
+                    }
+                    late.push(*c);
+                }
+                _ => late.push(*c),
+            }
+        }
+        let mut out = Vec::new();
+        {
+            let mut meta = self.meta.lock();
+            for c in late {
+                if let Change::Extent { ino, .. } = c {
+                    if meta.get(*ino).is_none() {
+                        continue;
+                    }
+                }
+                meta.apply(c)?;
+            }
+        }
+        let mut seen: HashSet<Ino> = HashSet::new();
+        for c in changes {
+            match c {
+                Change::Attrs { ino, .. }
+                | Change::Extent { ino, .. }
+                | Change::Xattr { ino, .. }
+                | Change::Drop { ino }
+                | Change::Parent { dir: ino, .. } => {
+                    if seen.insert(*ino) {
+                        out.push(Invalidation::Inode(*ino));
+                    }
+                }
+                Change::Entry { dir, name, .. } | Change::EntryAt { dir, name, .. } => {
+                    out.push(Invalidation::Entry {
+                        dir: *dir,
+                        name: name.clone(),
+                    })
+                }
+                Change::Make { .. } | Change::Cookies { .. } => {}
+            }
+        }
+        self.tell_followed(&out);
+        Ok(out)
+    }
+
+    /// Replaces the whole namespace with `fresh` (a follower that fell behind the ring
+    /// reloads the checkpoint), keeping what the kernel holds, and tells the kernel what
+    /// differs. Returns the invalidations sent.
+    pub fn replace_followed(&self, mut fresh: Meta) -> Vec<Invalidation> {
+        let (out, old_files) = {
+            let mut meta = self.meta.lock();
+            fresh.carry_refs(&meta);
+            let out = differences(&meta, &fresh);
+            let old = std::mem::replace(&mut *meta, fresh);
+            let files: Vec<Arc<FileData>> = old.files().map(|(_, f)| f.clone()).collect();
+            (out, files)
+        };
+        // Reads still using the old maps finish first; later ones use the new table.
+        for f in old_files {
+            f.chunks.write().take_all();
+        }
+        self.tell_followed(&out);
+        out
+    }
+}
+
+/// What differs between two tables: inodes whose attributes, kind or presence changed, and
+/// names that lead elsewhere (or nowhere) now.
+fn differences(old: &Meta, new: &Meta) -> Vec<Invalidation> {
+    let mut out = Vec::new();
+    let inos: HashSet<Ino> = old.inos().chain(new.inos()).collect();
+    for ino in inos {
+        let (a, b) = (old.get(ino), new.get(ino));
+        let same = match (a, b) {
+            (Some(a), Some(b)) => a.kind == b.kind && a.attrs == b.attrs,
+            _ => false,
+        };
+        if !same {
+            out.push(Invalidation::Inode(ino));
+        }
+        let names = |i: Option<&crate::meta::Inode>| -> HashMap<Vec<u8>, Ino> {
+            i.and_then(|i| i.dir())
+                .map(|d| {
+                    d.entries_after(0)
+                        .map(|(_, n, ino)| (n.to_vec(), ino))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let (na, nb) = (names(a), names(b));
+        for (name, ino_a) in &na {
+            if nb.get(name) != Some(ino_a) {
+                out.push(Invalidation::Entry {
+                    dir: ino,
+                    name: name.as_slice().into(),
+                });
+            }
+        }
+        for name in nb.keys().filter(|n| !na.contains_key(*n)) {
+            out.push(Invalidation::Entry {
+                dir: ino,
+                name: name.as_slice().into(),
+            });
+        }
+    }
+    out
+}
