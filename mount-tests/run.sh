@@ -1008,6 +1008,33 @@ test_volume_frozen() {
   unmount_fs "$mnt2" || fail "unmount failed"
 }
 
+# A volume's follower on this host (the fabric's read-only path; mount-tests/hosts.sh
+# volume_followers runs three on test hosts): it reads the holder's files with their
+# checksums, sees files the holder fsyncs and an overwrite of a file it holds open, cannot
+# write, and adds no extent to the servers.
+test_volume_follow() {
+  local mnt2=$BASE/mnt/volume_follow2 want got used out
+  local check_py=$PWD/mount-tests/follow_check.py
+  mount_fs "$MNT" "$ADDRS" --volume fl --create || fail "mount --volume fl --create failed"
+  mkdir -p "$MNT/d" "$mnt2"
+  must "write d/big" dd if=/dev/urandom of="$MNT/d/big" bs=1M count=24 conv=fsync status=none
+  must "write d/small" sh -c "echo small >'$MNT/d/small' && sync '$MNT/d/small'"
+  want=$(cd "$MNT/d" && t sha256sum -- *) || fail "sha256sum on the holder failed"
+  used=$(servers_free) || fail "servers' free bytes"
+  mount_fs "$mnt2" "$ADDRS" --volume fl --read-only || fail "mount --read-only failed"
+  got=$(cd "$mnt2/d" && t sha256sum -- *) || fail "sha256sum on the follower failed"
+  assert_eq "checksums on the follower" "$got" "$want"
+  assert_eq "servers' free bytes with a follower reading" "$(servers_free)" "$used"
+  out=$(t python3 "$check_py" visible "$MNT" "$mnt2" 20 5 2>&1) || fail "$out"
+  log "$out"
+  out=$(t python3 "$check_py" overwrite "$MNT" "$mnt2" 5 2>&1) || fail "$out"
+  log "$out"
+  must_fail "a follower's write" "Read-only file system" touch "$mnt2/nope"
+  unmount_fs "$mnt2" || fail "unmount of the follower failed"
+  unmount_fs "$MNT" || fail "unmount of the holder failed"
+  t "$BIN" volume rm fl --servers "$ADDRS" >/dev/null || fail "volume rm failed"
+}
+
 # export_twice NAME DEST: exports volume NAME to DEST; a second export copies no chunk.
 export_twice() {
   local out
@@ -1777,6 +1804,7 @@ ALL_TESTS=(
   "volume_export 256M,256M nomount"
   "volume_keep 256M nomount"
   "volume_frozen shared nomount"
+  "volume_follow 256M,256M nomount"
   "volume_export_s3 256M,256M nomount"
   "volume_export_live 256M,256M nomount"
   "replica_failover 256M,256M,256M mount"

@@ -192,3 +192,78 @@ fn a_follower_follows_a_new_ring_and_reloads_once_behind_it() {
         read(&r.fs, "d/last").is_ok_and(|b| b == bytes(9, 99))
     });
 }
+
+#[test]
+fn a_follower_session_may_report_and_read_and_nothing_else() {
+    use rmemfs::client::control::ControlConn;
+    use rmemfs::proto::{ClaimMode, Message};
+    let rack = Rack::new(1);
+    let d = rack.attach("vol", true, false).unwrap();
+    d.write("f", &bytes(1, 100)).unwrap();
+    d.sync().unwrap();
+    let addr = rack.addrs()[0];
+    let secret = rmemfs::auth::Secret::none();
+    let connect = || ControlConn::connect(addr, "t", Duration::from_secs(5), &secret).unwrap();
+    let pool = d.fs().data().pool().clone();
+    assert_eq!(pool.follower_floor(), u64::MAX, "no follower yet");
+
+    let c = connect();
+    let claimed = c
+        .request(|tag| Message::VolumeClaim {
+            tag,
+            name: "vol".into(),
+            holder: "test follower".into(),
+            mode: ClaimMode::Follow,
+            takeover: false,
+            min_epoch: 0,
+        })
+        .unwrap();
+    assert!(
+        matches!(claimed, Message::VolumeClaimed { created: false, ref root, .. } if !root.is_empty()),
+        "{claimed:?}"
+    );
+    // Until it reports, it holds every free back.
+    assert_eq!(pool.follower_floor(), 0);
+    let at = c.request(|tag| Message::FollowAt { tag, lsn: 5 }).unwrap();
+    assert!(
+        matches!(at, Message::FollowRoot { ref root, .. } if !root.is_empty()),
+        "{at:?}"
+    );
+    assert_eq!(pool.follower_floor(), 5);
+    // It may not allocate: the session ends, and it holds nothing back any more.
+    assert!(c.request(|tag| Message::Alloc { tag, len: 4096 }).is_err());
+    eventually("the follower that allocated is gone", || {
+        pool.follower_floor() == u64::MAX
+    });
+
+    // A session that follows nothing may not report; a follower may not ask for the floor.
+    let c = connect();
+    assert!(c.request(|tag| Message::FollowAt { tag, lsn: 1 }).is_err());
+    let c = connect();
+    c.request(|tag| Message::VolumeClaim {
+        tag,
+        name: "vol".into(),
+        holder: "test follower".into(),
+        mode: ClaimMode::Follow,
+        takeover: false,
+        min_epoch: 0,
+    })
+    .unwrap();
+    assert!(c.request(|tag| Message::Followers { tag }).is_err());
+    // Nor follow a volume that is not there.
+    let c = connect();
+    let refused = c
+        .request(|tag| Message::VolumeClaim {
+            tag,
+            name: "nosuch".into(),
+            holder: "test follower".into(),
+            mode: ClaimMode::Follow,
+            takeover: false,
+            min_epoch: 0,
+        })
+        .unwrap();
+    assert!(
+        matches!(refused, Message::Refused { ref message, .. } if message.contains("it holds: vol")),
+        "{refused:?}"
+    );
+}
