@@ -236,7 +236,11 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         }
     };
     let taken_over = inherited.is_some();
-    let (fs, journal, follower) = build_fs(
+    let Built {
+        fs,
+        journal,
+        follower,
+    } = build_fs(
         config,
         &mountpoint,
         &servers,
@@ -374,6 +378,13 @@ fn reach_servers(
     Ok(servers)
 }
 
+/// The file system a mount serves, with the volume's journal (a holder) or its follower.
+struct Built {
+    fs: Arc<Fs>,
+    journal: Option<Arc<crate::volume::VolumeJournal>>,
+    follower: Option<crate::volume::follow::Follower>,
+}
+
 /// Connects the pool and builds the data store and the file system over it.
 fn build_fs(
     config: &MountConfig,
@@ -382,14 +393,7 @@ fn build_fs(
     fabric: Arc<dyn Fabric>,
     choices: &options::MountChoices,
     taken_over: bool,
-) -> Result<
-    (
-        Arc<Fs>,
-        Option<Arc<crate::volume::VolumeJournal>>,
-        Option<crate::volume::follow::Follower>,
-    ),
-    String,
-> {
+) -> Result<Built, String> {
     let volume = match &config.volume {
         None => None,
         Some(_) if servers._embedded.is_some() => {
@@ -475,7 +479,11 @@ fn build_fs(
         (Arc::new(Fs::new(data, fs_config)), None, None)
     };
     crate::report::attach(&fs);
-    Ok((fs, journal, follower))
+    Ok(Built {
+        fs,
+        journal,
+        follower,
+    })
 }
 
 /// Starts what runs beside the session: heartbeats, reconnects and the rebuild; the dirty
