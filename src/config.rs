@@ -197,6 +197,11 @@ pub const JOURNAL_COMMIT_BATCH: usize = 1 << 20;
 /// has before it tries again: a full pool fails every attempt, and each costs a checkpoint.
 pub const JOURNAL_HEAL_RETRY: Duration = Duration::from_secs(1);
 
+/// Threads an export reads, hashes and stores chunks with, each its own chunk: one waits on
+/// the servers or the store while another hashes (SHA-256), so the copy is not one chunk's
+/// round trips laid end to end. Two: the machine kind has two cores.
+pub const EXPORT_THREADS: usize = 2;
+
 /// How often a holder asks the servers how far the volume's followers have read, at most,
 /// while a committed free waits for them: a free goes that much later than its commit at
 /// worst, and each ask costs one control round trip per server.

@@ -16,7 +16,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// The keys of an export, in a directory or a bucket.
-pub trait ExportStore {
+pub trait ExportStore: Send + Sync {
     /// The bytes under `key`; None if there is no such key.
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, String>;
     /// Stores `bytes` under `key`, whole or not at all.
@@ -60,7 +60,10 @@ impl ExportStore for DirStore {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| io_err("cannot create", dir, e))?;
         }
-        let tmp = path.with_extension("part");
+        // Its own name: two threads may put the same chunk (equal contents) at once.
+        static PUTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = PUTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_extension(format!("part{}-{n}", std::process::id()));
         let mut f = std::fs::File::create(&tmp).map_err(|e| io_err("cannot create", &tmp, e))?;
         f.write_all(bytes)
             .and_then(|()| f.sync_all())

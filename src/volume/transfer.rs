@@ -64,41 +64,101 @@ fn namespace_key(hash: &str) -> String {
 
 const MANIFEST_KEY: &str = "manifest.json";
 
-/// Copies `fs` (an attached volume) into `dest`.
+/// One chunk to export: its file, index, and the bytes of it the file's size covers.
+struct ChunkJob {
+    ino: Ino,
+    file: std::sync::Arc<crate::meta::FileData>,
+    idx: u64,
+    len: usize,
+}
+
+/// Reads, hashes and stores one chunk; its hash and whether it was copied (not there yet).
+fn export_chunk(fs: &Fs, dest: &dyn ExportStore, job: &ChunkJob) -> Result<(String, bool), String> {
+    let view = fs.data().view(&job.file);
+    let off = job.idx * fs.data().chunk_size();
+    let buf = view
+        .read_buf(off, job.len)
+        .map_err(|e| format!("reading inode {} chunk {}: {}", job.ino, job.idx, e.message))?;
+    let bytes = buf.bytes();
+    let hash = hex(&Sha256::digest(bytes));
+    let key = chunk_key(&hash);
+    let copy = !dest.exists(&key)?;
+    if copy {
+        dest.put(&key, bytes)?;
+    }
+    Ok((hash, copy))
+}
+
+/// Copies `fs` (an attached volume) into `dest`. Chunks go through
+/// [`crate::config::EXPORT_THREADS`] threads at once, each reading, hashing and storing its
+/// own: one waits on the servers or the store while another hashes.
 pub fn export(fs: &Fs, volume: &str, dest: &dyn ExportStore) -> Result<Transferred, String> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let start = std::time::Instant::now();
     let mut image = fs.inspect_meta(|m| m.image());
     let files = image.take_files();
     let chunk_size = fs.data().chunk_size();
     let mut out = Transferred::default();
-    let mut table = BTreeMap::new();
+    let mut table: BTreeMap<Ino, Vec<(u64, u64, String)>> = BTreeMap::new();
+    let mut jobs = Vec::new();
     for (ino, f) in files {
         let size = fs.inspect_meta(|m| m.get(ino).map(|i| i.size)).unwrap_or(0);
-        let view = fs.data().view(&f);
-        let idxs: Vec<(u64, u64)> = view.iter().map(|(i, c)| (*i, c.len)).collect();
-        let mut list = Vec::with_capacity(idxs.len());
+        let idxs: Vec<(u64, u64)> = fs
+            .data()
+            .view(&f)
+            .iter()
+            .map(|(i, c)| (*i, c.len))
+            .collect();
         for (idx, clen) in idxs {
             let off = idx * chunk_size;
-            if off >= size {
-                continue;
+            if off < size {
+                let len = clen.min(size - off).min(chunk_size) as usize;
+                jobs.push(ChunkJob {
+                    ino,
+                    file: f.clone(),
+                    idx,
+                    len,
+                });
             }
-            let len = clen.min(size - off).min(chunk_size) as usize;
-            let buf = view
-                .read_buf(off, len)
-                .map_err(|e| format!("reading inode {ino} chunk {idx}: {}", e.message))?;
-            let bytes = buf.bytes();
-            let hash = hex(&Sha256::digest(bytes));
-            let key = chunk_key(&hash);
-            if !dest.exists(&key)? {
-                dest.put(&key, bytes)?;
-                out.chunks_copied += 1;
-            }
-            out.chunks += 1;
-            out.bytes += len as u64;
-            list.push((idx, len as u64, hash));
         }
         out.files += 1;
-        table.insert(ino, list);
+        table.insert(ino, Vec::new());
+    }
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let done: crate::sync::Mutex<Vec<(usize, String, bool)>> = Default::default();
+    let first_error: crate::sync::Mutex<Option<String>> = Default::default();
+    std::thread::scope(|s| {
+        for _ in 0..crate::config::EXPORT_THREADS {
+            s.spawn(|| {
+                while !failed.load(Ordering::SeqCst) {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(job) = jobs.get(i) else { break };
+                    match export_chunk(fs, dest, job) {
+                        Ok((hash, copied)) => done.lock().push((i, hash, copied)),
+                        Err(e) => {
+                            failed.store(true, Ordering::SeqCst);
+                            first_error.lock().get_or_insert(e);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = first_error.into_inner() {
+        return Err(e);
+    }
+    let mut done = done.into_inner();
+    done.sort_unstable_by_key(|d| d.0);
+    for (i, hash, copied) in done {
+        let job = &jobs[i];
+        out.chunks += 1;
+        out.chunks_copied += u64::from(copied);
+        out.bytes += job.len as u64;
+        table
+            .entry(job.ino)
+            .or_default()
+            .push((job.idx, job.len as u64, hash));
     }
     let mut ns = Vec::new();
     for (i, group) in image.changes.chunks(4096).enumerate() {
