@@ -213,10 +213,16 @@ pub const FOLLOWER_FLOOR_POLL: Duration = Duration::from_millis(20);
 /// one control round trip per server each time.
 pub const FOLLOW_POLL: Duration = Duration::from_millis(100);
 
-/// Bytes of the ring a follower reads at its tail in one go: a full group commit
-/// ([`JOURNAL_COMMIT_BATCH`]) fits; a longer run is read in several (at once, not a poll
-/// apart), and a record longer than this doubles the window until it fits.
-pub const FOLLOW_WINDOW: u64 = 1 << 20;
+/// Bytes of the ring a follower reads at its tail when it last found nothing there: an idle
+/// follower reads this much per poll (160 KB/s), enough for the few records a quiet holder
+/// commits between polls.
+pub const FOLLOW_WINDOW_MIN: u64 = 16 << 10;
+
+/// The most a follower reads at its tail in one go, while the window it read keeps coming
+/// back full (it grows fourfold each time): a full group commit ([`JOURNAL_COMMIT_BATCH`])
+/// fits; a longer run is read in several (at once, not a poll apart). A record longer than
+/// the window doubles it until it fits.
+pub const FOLLOW_WINDOW_MAX: u64 = 1 << 20;
 
 /// Bytes of each copy of a volume's journal ring: at ~150 bytes a record, some 200,000
 /// operations between checkpoints (which bound the replay), for 96 MiB over three servers.

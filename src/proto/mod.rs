@@ -329,6 +329,10 @@ pub enum Message {
         followers: u32,
         floor: u64,
     },
+    /// Member to server: fence the member of the same shared volume that joined as `who`
+    /// (its engine session ended): its connections are closed and the name is refused from
+    /// then on. Answered `VolumeDone`.
+    Evict { tag: u64, who: String },
 }
 
 pub use volume::{ClaimMode, VolumeInfo, EXTENTS_PER_LIST, MAX_ROOT_LEN, MAX_VOLUMES_PER_LIST};
@@ -636,6 +640,11 @@ impl Message {
                 w.u32(*followers);
                 w.u64(*floor);
             }
+            Message::Evict { tag: t, who } => {
+                w.u8(tag::EVICT);
+                w.u64(*t);
+                w.string(who);
+            }
         }
         w.0
     }
@@ -759,6 +768,7 @@ impl Message {
                     1 => ClaimMode::Create,
                     2 => ClaimMode::Adopt,
                     3 => ClaimMode::Follow,
+                    4 => ClaimMode::Share,
                     other => return Err(ProtoError::BadField("claim mode", other as u64)),
                 },
                 takeover: r.bool("takeover flag")?,
@@ -846,6 +856,10 @@ impl Message {
                 tag: r.u64()?,
                 followers: r.u32()?,
                 floor: r.u64()?,
+            },
+            tag::EVICT => Message::Evict {
+                tag: r.u64()?,
+                who: r.string("member name")?,
             },
             other => return Err(ProtoError::UnknownType(other)),
         };

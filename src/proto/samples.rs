@@ -150,5 +150,9 @@ pub fn sample_messages() -> Vec<Message> {
             followers: 2,
             floor: u64::MAX,
         },
+        Message::Evict {
+            tag: 20,
+            who: "host-b pid 77 session 4".into(),
+        },
     ]
 }

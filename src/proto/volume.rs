@@ -13,6 +13,11 @@ pub enum ClaimMode {
     /// its holder: its data connections may READ the volume's extents and nothing else, and
     /// it may allocate nothing.
     Follow = 3,
+    /// Made if absent; the session becomes one of the volume's many writers (a shared
+    /// volume, its namespace in a metadata engine): what it allocates is the volume's, it
+    /// may free any extent of the volume, and it is fenced on its own (`Evict`). `holder`
+    /// names it as the engine does; a name once evicted is refused.
+    Share = 4,
 }
 
 /// One volume as a server knows it (`rmemfs volume ls`).

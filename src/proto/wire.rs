@@ -36,6 +36,7 @@ pub(super) mod tag {
     pub const FOLLOW_ROOT: u8 = 30;
     pub const FOLLOWERS: u8 = 31;
     pub const FOLLOWER_FLOOR: u8 = 32;
+    pub const EVICT: u8 = 33;
 }
 
 pub(super) struct Writer(pub(super) Vec<u8>);

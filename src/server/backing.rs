@@ -103,6 +103,11 @@ pub(super) struct VolumeRecord {
     pub(super) token: Option<String>,
     pub(super) fenced: Vec<String>,
     pub(super) root: String,
+    /// Many writers ([`super::share`]), and the names evicted from it.
+    #[serde(default)]
+    pub(super) shared: bool,
+    #[serde(default)]
+    pub(super) evicted: Vec<String>,
 }
 
 /// Everything that owns extents, one image of it.

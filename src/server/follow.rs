@@ -79,8 +79,20 @@ impl Session {
         reply
     }
 
-    /// `FollowAt`: the follower has applied the journal through `lsn`.
+    /// `FollowAt`: the follower (or a shared volume's member) has applied the journal (the
+    /// engine's changes) through `lsn`.
     pub(super) fn follow_at(&mut self, tag: u64, lsn: u64) -> Result<Message, String> {
+        if let Some(m) = &self.member {
+            let name = m.volume.clone();
+            self.heard_member(Some(lsn));
+            let vols = self.shared.volumes.lock();
+            let v = vols.get(&name).ok_or("the volume was removed")?;
+            return Ok(Message::FollowRoot {
+                tag,
+                epoch: v.epoch,
+                root: v.root.clone(),
+            });
+        }
         let f = self
             .follows
             .as_ref()
@@ -104,16 +116,26 @@ impl Session {
         })
     }
 
-    /// `Followers`: how far the followers of the volume this session holds have read.
+    /// `Followers`: how far the followers (and a shared volume's members) of the volume this
+    /// session holds or writes have read.
     pub(super) fn followers(&self, tag: u64) -> Result<Message, String> {
         let name = self
             .volume
             .as_ref()
+            .or(self.member.as_ref().map(|m| &m.volume))
             .ok_or("Followers from a session that holds no volume")?;
         let vols = self.shared.volumes.lock();
         let (followers, floor) = vols.get(name).map_or((0, u64::MAX), |v| {
-            let floor = v.followers.values().map(|f| f.lsn).min();
-            (v.followers.len() as u32, floor.unwrap_or(u64::MAX))
+            let floor = v
+                .followers
+                .values()
+                .map(|f| f.lsn)
+                .chain(super::share::members_floor(&v.members))
+                .min();
+            (
+                (v.followers.len() + v.members.len()) as u32,
+                floor.unwrap_or(u64::MAX),
+            )
         });
         Ok(Message::FollowerFloor {
             tag,

@@ -27,6 +27,7 @@ mod follow;
 mod report;
 mod restart;
 mod session;
+mod share;
 pub mod volume;
 
 use crate::auth::{self, Nonce, Secret, Token};
@@ -660,6 +661,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     observer: false,
                     volume: None,
                     follows: None,
+                    member: None,
                     rekeyed: false,
                 };
                 let mut stream = stream;

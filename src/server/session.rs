@@ -31,6 +31,8 @@ pub(super) struct Session {
     pub(super) volume: Option<String>,
     /// The volume this session follows, read-only ([`super::follow`]).
     pub(super) follows: Option<super::follow::Following>,
+    /// The shared volume this session writes as one of many ([`super::share`]).
+    pub(super) member: Option<super::share::Membership>,
     /// It resumed extents that got new keys (a backed server's restart on verbs) and has not
     /// listed them yet: if it goes first, the next resume says `rekeyed` again.
     pub(super) rekeyed: bool,
@@ -306,6 +308,20 @@ impl Session {
                 kind(&msg)
             ));
         }
+        if self.member.is_some()
+            && matches!(
+                msg,
+                Message::Resume { .. }
+                    | Message::VolumeClaim { .. }
+                    | Message::VolumeRoot { .. }
+                    | Message::VolumeDrop { .. }
+            )
+        {
+            return Err(format!(
+                "a member of a shared volume may not send {}",
+                kind(&msg)
+            ));
+        }
         Ok(match msg {
             Message::Connect { tag, blob } => {
                 // A follower's data connections are served as the volume's session, read-only.
@@ -370,6 +386,7 @@ impl Session {
             Message::Persist { tag } => self.persist(tag),
             Message::FollowAt { tag, lsn } => return self.follow_at(tag, lsn),
             Message::Followers { tag } => return self.followers(tag),
+            Message::Evict { tag, who } => return self.evict(tag, who),
             Message::Stat { tag } => Message::Stats {
                 tag,
                 capacity: self.shared.capacity(),
@@ -399,6 +416,7 @@ impl Session {
             || !self.guards.is_empty()
             || self.volume.is_some()
             || self.follows.is_some()
+            || self.member.is_some()
             || old == current
         {
             return Err("Resume must come first after Welcome".into());
@@ -520,7 +538,9 @@ impl Session {
                 return refuse(RefusalCode::RegistrationFailed, e.to_string());
             }
         };
-        self.held += rlen;
+        if self.member.is_none() {
+            self.held += rlen;
+        }
         let (addr, rkey) = (mr.addr(), mr.rkey());
         if let Some(b) = &self.shared.backing {
             b.write_slot(&super::backing::SlotEntry {
@@ -530,19 +550,21 @@ impl Session {
                 session: self.id,
             });
             // Its record, made with its first extent, stays while it lives (a resume
-            // renews it): later allocations need none.
-            if self.extents.is_empty() {
+            // renews it): later allocations need none. A member's are the volume's.
+            if self.extents.is_empty() && self.member.is_none() {
                 self.note_owner();
             }
         }
-        self.extents.insert(
-            addr,
-            Extent {
-                mr,
-                offset,
-                len: rlen,
-            },
-        );
+        let extent = Extent {
+            mr,
+            offset,
+            len: rlen,
+        };
+        if self.member.is_some() {
+            self.keep_shared(addr, extent);
+        } else {
+            self.extents.insert(addr, extent);
+        }
         self.shared.extents.fetch_add(1, Ordering::SeqCst);
         Message::Allocated {
             tag,
@@ -554,6 +576,9 @@ impl Session {
     }
 
     pub(super) fn free(&mut self, tag: u64, addr: u64, rkey: u64) -> Message {
+        if self.member.is_some() {
+            return self.free_shared(tag, addr, rkey);
+        }
         match self.extents.get(&addr) {
             Some(e) if e.mr.rkey() == rkey => {}
             _ => {
@@ -577,7 +602,7 @@ impl Session {
     /// zero lease: everything is freed now. Otherwise the extents wait for the client to
     /// resume, until the lease runs out.
     pub(super) fn depart(&mut self) {
-        if self.depart_volume() || self.depart_follower() {
+        if self.depart_volume() || self.depart_follower() || self.depart_member() {
             if let Handshake::Welcomed { token } = &self.state {
                 let key = token_digest(token);
                 let mut live = self.shared.live_tokens.lock();
@@ -721,6 +746,7 @@ pub(super) fn kind(m: &Message) -> &'static str {
         Message::FollowRoot { .. } => "FollowRoot",
         Message::Followers { .. } => "Followers",
         Message::FollowerFloor { .. } => "FollowerFloor",
+        Message::Evict { .. } => "Evict",
     }
 }
 

@@ -52,14 +52,19 @@ pub(super) struct Volume {
     /// Holders a later claim fenced: their resume is refused.
     fenced: Vec<TokenDigest>,
     last_heard: Instant,
-    /// The volume's extents while no holder is connected.
-    parked: HashMap<u64, Extent>,
+    /// The volume's extents while no holder is connected (a shared volume's, always).
+    pub(super) parked: HashMap<u64, Extent>,
     pub(super) extents: u64,
     pub(super) bytes: u64,
     pub(super) root: Vec<u8>,
     /// Sessions that read the volume and never write it, by control connection
     /// ([`super::follow`]).
     pub(super) followers: HashMap<u64, super::follow::Follower>,
+    /// Many writers, not one holder ([`super::share`]): its members by control connection,
+    /// and the names evicted from it (refused from then on).
+    pub(super) shared: bool,
+    pub(super) members: HashMap<u64, super::share::Member>,
+    pub(super) evicted: Vec<String>,
     /// Its extents were registered again under new keys since its holder last resumed (a
     /// backed server's restart on a fabric whose device issues keys).
     rekeyed: bool,
@@ -76,6 +81,30 @@ impl Volume {
             token: self.token.as_ref().map(|t| hex(t)),
             fenced: self.fenced.iter().map(|t| hex(t)).collect(),
             root: hex(&self.root),
+            shared: self.shared,
+            evicted: self.evicted.clone(),
+        }
+    }
+
+    /// A new shared volume whose extents are registered to `session_id`.
+    pub(super) fn shared(session_id: u64) -> Volume {
+        Volume {
+            session_id,
+            epoch: 1,
+            holder: "many writers".into(),
+            conn: None,
+            token: None,
+            fenced: Vec::new(),
+            last_heard: Instant::now(),
+            parked: HashMap::new(),
+            extents: 0,
+            bytes: 0,
+            root: Vec::new(),
+            rekeyed: false,
+            followers: HashMap::new(),
+            shared: true,
+            members: HashMap::new(),
+            evicted: Vec::new(),
         }
     }
 
@@ -101,6 +130,9 @@ impl Volume {
             root: unhex(&rec.root).unwrap_or_default(),
             rekeyed,
             followers: HashMap::new(),
+            shared: rec.shared,
+            members: HashMap::new(),
+            evicted: rec.evicted,
         }
     }
 
@@ -109,7 +141,7 @@ impl Volume {
             name: name.to_string(),
             epoch: self.epoch,
             holder: self.holder.clone(),
-            live: self.conn.is_some(),
+            live: self.conn.is_some() || !self.members.is_empty(),
             idle_secs: self.last_heard.elapsed().as_secs(),
             extents: self.extents,
             bytes: self.bytes,
@@ -182,6 +214,7 @@ impl Session {
     /// Notes that the holder was heard (a silent holder may be replaced after the lease).
     pub(super) fn heard(&self) {
         self.heard_follower();
+        self.heard_member(None);
         if let Some(name) = &self.volume {
             if let Some(v) = self.shared.volumes.lock().get_mut(name) {
                 v.last_heard = Instant::now();
@@ -225,6 +258,9 @@ impl Session {
         }
         if mode == ClaimMode::Follow {
             return Ok(self.follow(tag, name, holder));
+        }
+        if mode == ClaimMode::Share {
+            return Ok(self.join(tag, name, holder));
         }
         let token = self.token().ok_or("VolumeClaim before Welcome")?;
         let shared = self.shared.clone();
@@ -270,6 +306,9 @@ impl Session {
                         root: Vec::new(),
                         rekeyed: false,
                         followers: HashMap::new(),
+                        shared: false,
+                        members: HashMap::new(),
+                        evicted: Vec::new(),
                     },
                 );
                 log::info!("volume '{name}' made for {holder} at epoch {epoch}");
@@ -285,6 +324,16 @@ impl Session {
                     bytes: 0,
                 });
             };
+            if v.shared {
+                return Ok(refuse(
+                    tag,
+                    RefusalCode::Held,
+                    format!(
+                        "volume '{name}' is shared by many writers (its namespace is in a \
+                         metadata engine): mount it with that engine (--meta)"
+                    ),
+                ));
+            }
             if mode == ClaimMode::Create {
                 return Ok(refuse(
                     tag,
@@ -536,6 +585,16 @@ impl Session {
                         tag,
                         RefusalCode::NoVolume,
                         format!("no volume '{name}' on this server"),
+                    )
+                }
+                Some(v) if !v.members.is_empty() => {
+                    return refuse(
+                        tag,
+                        RefusalCode::Held,
+                        format!(
+                            "shared volume '{name}' has {} writers attached: unmount them first",
+                            v.members.len()
+                        ),
                     )
                 }
                 Some(v) if v.conn.is_some() => {

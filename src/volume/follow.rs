@@ -27,7 +27,7 @@ use crate::sync::atomic::Ordering;
 use crate::sync::{Arc, Condvar, Mutex, Weak};
 use std::net::SocketAddr;
 
-use crate::config::{FOLLOW_POLL, FOLLOW_WINDOW};
+use crate::config::{FOLLOW_POLL, FOLLOW_WINDOW_MAX, FOLLOW_WINDOW_MIN};
 
 /// Where a follower is in the volume's journal.
 struct Position {
@@ -39,7 +39,8 @@ struct Position {
     next_lsn: u64,
     /// The last record applied.
     applied: u64,
-    /// Bytes read at the tail in one go (doubled while one record is longer).
+    /// Bytes read at the tail in one go: small while the holder is quiet, grown while
+    /// reads come back full (doubled while one record is longer).
     window: u64,
 }
 
@@ -88,7 +89,7 @@ fn load(
             tail: end,
             next_lsn: applied + 1,
             applied,
-            window: FOLLOW_WINDOW,
+            window: FOLLOW_WINDOW_MIN,
         },
     ))
 }
@@ -250,8 +251,8 @@ impl Shared {
         Ok(any)
     }
 
-    /// Reads the ring at the tail and applies the records there: `Some(full window)` if any
-    /// were, `None` if none.
+    /// Reads the ring at the tail and applies the records there: `Some(the window cut the
+    /// read short)` if any were, `None` if none.
     fn read_tail(&self, fs: &Fs, pos: &mut Position) -> Result<Option<bool>, String> {
         let left = pos.root.ring_len.saturating_sub(pos.tail);
         if left == 0 || pos.root.ring.is_empty() {
@@ -284,13 +285,20 @@ impl Shared {
             return Err(why);
         }
         if read.records.is_empty() {
-            // A record longer than the window (or one being written): a wider look next.
-            if matches!(read.stop, record::Stop::Torn) {
-                pos.window = (pos.window * 2).min(pos.root.ring_len);
-            }
+            pos.window = if matches!(read.stop, record::Stop::Torn) {
+                // A record longer than the window (or one being written): a wider look next.
+                (pos.window * 2).min(pos.root.ring_len)
+            } else {
+                FOLLOW_WINDOW_MIN
+            };
             return Ok(None);
         }
-        pos.window = FOLLOW_WINDOW;
+        // The window, not the journal, ended the read: more may wait, read at once.
+        let cut = matches!(read.stop, record::Stop::End | record::Stop::Torn);
+        // Most of the window held records: read more at once next.
+        if read.end as u64 * 2 >= len {
+            pos.window = (pos.window * 4).clamp(FOLLOW_WINDOW_MIN, FOLLOW_WINDOW_MAX);
+        }
         pos.tail += read.end as u64;
         pos.next_lsn += read.records.len() as u64;
         // Records a new ring repeats of what was applied already are skipped.
@@ -300,7 +308,7 @@ impl Shared {
             .filter(|(lsn, _)| *lsn > pos.applied)
             .collect();
         if records.is_empty() {
-            return Ok(Some(read.end as u64 == len));
+            return Ok(Some(cut));
         }
         read::renumber(&mut records, &pos.perm)?;
         let last = records.last().map(|r| r.0).unwrap_or(pos.applied);
@@ -313,7 +321,7 @@ impl Shared {
         self.figures
             .invalidations
             .fetch_add(told.len() as u64, Ordering::Relaxed);
-        Ok(Some(read.end as u64 == len))
+        Ok(Some(cut))
     }
 
     /// The holder published `root`: a new ring is read from its start if this follower has

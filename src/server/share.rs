@@ -1,0 +1,233 @@
+//! A shared volume's writers on a memory server: many client sessions, each a member of the
+//! volume, that allocate, write and free its extents at once (a volume whose namespace lives
+//! in a metadata engine such as Redis, not in one holder's journal).
+//!
+//! Why the server keeps members apart from a holder: with many writers no session may own
+//! the memory (one writer frees what another made, and a writer that dies must not take the
+//! files' data with it), and each writer must be fenced on its own. So a member's extents are
+//! the volume's from the start (kept with the volume, never freed by a lease), any member may
+//! free any of them, and its data connections are served as the volume's session. A member
+//! the engine has given up on (its heartbeats stopped) is evicted by name by another member
+//! (`Evict`): its connections are closed first, so it can never write into memory the engine
+//! then hands to another file, and the name is refused from then on. Members report how far
+//! they have applied the engine's changes (`FollowAt`), as followers do, so frees wait for
+//! every member and follower ([`super::follow`]).
+
+use super::session::Session;
+use super::Extent;
+use crate::proto::{Message, RefusalCode};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Names evicted from a volume that are remembered (each a member the engine gave up on):
+/// enough for any realistic run of evictions; older ones are refused by the engine itself.
+const EVICTED_REMEMBERED: usize = 256;
+
+/// One member of a shared volume, by its control connection.
+pub(super) struct Member {
+    /// The name it joined under (the engine's session name): what `Evict` names.
+    pub(super) who: String,
+    /// The engine's change it has applied (0 until it says).
+    pub(super) lsn: u64,
+    pub(super) last_heard: Instant,
+}
+
+/// What a member session is a member of.
+pub(super) struct Membership {
+    pub(super) volume: String,
+}
+
+fn refuse(tag: u64, code: RefusalCode, message: String) -> Message {
+    Message::Refused { tag, code, message }
+}
+
+impl Session {
+    /// `VolumeClaim` with `ClaimMode::Share`: joins (or makes) shared volume `name` as `who`.
+    pub(super) fn join(&mut self, tag: u64, name: String, who: String) -> Message {
+        let shared = self.shared.clone();
+        let mut vols = shared.volumes.lock();
+        let created = !vols.contains_key(&name);
+        if created {
+            if vols.len() >= crate::config::MAX_VOLUMES_PER_SERVER {
+                return refuse(
+                    tag,
+                    RefusalCode::NoSpace,
+                    format!(
+                        "this server keeps {} volumes already (the most it keeps)",
+                        vols.len()
+                    ),
+                );
+            }
+            vols.insert(name.clone(), super::volume::Volume::shared(self.id));
+            log::info!("shared volume '{name}' made for {who}");
+        }
+        let v = vols.get_mut(&name).expect("present");
+        if !v.shared {
+            return refuse(
+                tag,
+                RefusalCode::Held,
+                format!(
+                    "volume '{name}' has one holder, not many writers: attach it without a \
+                     metadata engine"
+                ),
+            );
+        }
+        if v.evicted.contains(&who) {
+            return refuse(
+                tag,
+                RefusalCode::Fenced,
+                format!(
+                    "'{who}' was evicted from volume '{name}' (its engine session ended): it \
+                     may not write again"
+                ),
+            );
+        }
+        v.members.insert(
+            self.conn,
+            Member {
+                who: who.clone(),
+                lsn: 0,
+                last_heard: Instant::now(),
+            },
+        );
+        self.id = v.session_id;
+        let reply = Message::VolumeClaimed {
+            tag,
+            epoch: v.epoch,
+            created,
+            root: v.root.clone(),
+            extents: v.extents,
+            bytes: v.bytes,
+        };
+        log::info!(
+            "shared volume '{name}': {who} joins ({} members)",
+            v.members.len()
+        );
+        self.member = Some(Membership { volume: name });
+        drop(vols);
+        shared.save_owners();
+        reply
+    }
+
+    /// Keeps a member's new extent with its volume.
+    pub(super) fn keep_shared(&self, addr: u64, extent: Extent) {
+        let m = self.member.as_ref().expect("a member");
+        if let Some(v) = self.shared.volumes.lock().get_mut(&m.volume) {
+            v.bytes += extent.len;
+            v.parked.insert(addr, extent);
+            v.extents = v.parked.len() as u64;
+        }
+    }
+
+    /// A member frees an extent of its volume (any member's).
+    pub(super) fn free_shared(&self, tag: u64, addr: u64, rkey: u64) -> Message {
+        let m = self.member.as_ref().expect("a member");
+        let extent = {
+            let mut vols = self.shared.volumes.lock();
+            let Some(v) = vols.get_mut(&m.volume) else {
+                return refuse(tag, RefusalCode::NoVolume, "the volume was removed".into());
+            };
+            match v.parked.get(&addr) {
+                Some(e) if e.mr.rkey() == rkey => {}
+                _ => {
+                    return refuse(
+                        tag,
+                        RefusalCode::NotFound,
+                        format!("no extent of the volume at {addr:#x} with that rkey"),
+                    )
+                }
+            }
+            let e = v.parked.remove(&addr).expect("checked above");
+            v.bytes -= e.len;
+            v.extents = v.parked.len() as u64;
+            e
+        };
+        self.shared.release(extent);
+        Message::Freed {
+            tag,
+            capacity: self.shared.capacity(),
+        }
+    }
+
+    /// `Evict`: a member fences another of the same volume by the name it joined under.
+    pub(super) fn evict(&mut self, tag: u64, who: String) -> Result<Message, String> {
+        let m = self
+            .member
+            .as_ref()
+            .ok_or("Evict from a session that is no member of a shared volume")?;
+        let conns: Vec<u64> = {
+            let mut vols = self.shared.volumes.lock();
+            let Some(v) = vols.get_mut(&m.volume) else {
+                return Ok(refuse(
+                    tag,
+                    RefusalCode::NoVolume,
+                    "the volume was removed".into(),
+                ));
+            };
+            if !v.evicted.contains(&who) {
+                v.evicted.push(who.clone());
+                if v.evicted.len() > EVICTED_REMEMBERED {
+                    v.evicted.remove(0);
+                }
+            }
+            v.members
+                .iter()
+                .filter(|(_, mem)| mem.who == who)
+                .map(|(c, _)| *c)
+                .collect()
+        };
+        log::warn!(
+            "shared volume '{}': evicting '{who}' ({} connections closed)",
+            m.volume,
+            conns.len()
+        );
+        // Its control connections close; each departure closes its data connections.
+        self.shared.close_connections(&conns);
+        self.shared.save_owners();
+        Ok(Message::VolumeDone { tag })
+    }
+
+    /// Notes that a member was heard, and how far it has applied (from `FollowAt`).
+    pub(super) fn heard_member(&self, lsn: Option<u64>) {
+        if let Some(m) = &self.member {
+            if let Some(me) = self
+                .shared
+                .volumes
+                .lock()
+                .get_mut(&m.volume)
+                .and_then(|v| v.members.get_mut(&self.conn))
+            {
+                me.last_heard = Instant::now();
+                if let Some(l) = lsn {
+                    me.lsn = me.lsn.max(l);
+                }
+            }
+        }
+    }
+
+    /// The member's connection is gone: its extents stay with the volume. Returns false if
+    /// this session is no member.
+    pub(super) fn depart_member(&mut self) -> bool {
+        let Some(m) = self.member.take() else {
+            return false;
+        };
+        // Its data connections close first: nothing it posted lands after this.
+        self.guards.clear();
+        if let Some(v) = self.shared.volumes.lock().get_mut(&m.volume) {
+            if let Some(me) = v.members.remove(&self.conn) {
+                log::info!(
+                    "shared volume '{}': {} left ({} members remain); its extents stay",
+                    m.volume,
+                    me.who,
+                    v.members.len()
+                );
+            }
+        }
+        true
+    }
+}
+
+/// The lowest change every member of `members` has applied.
+pub(super) fn members_floor(members: &HashMap<u64, Member>) -> Option<u64> {
+    members.values().map(|m| m.lsn).min()
+}
