@@ -47,7 +47,7 @@ impl Acl {
     /// Parses and checks an ACL's xattr form: one owner, owning-group and other entry, a
     /// mask whenever named users or groups appear, no id twice, permissions within rwx.
     pub fn parse(value: &[u8]) -> Result<Acl> {
-        if value.len() < HEADER_LEN || (value.len() - HEADER_LEN) % ENTRY_LEN != 0 {
+        if value.len() < HEADER_LEN || !(value.len() - HEADER_LEN).is_multiple_of(ENTRY_LEN) {
             return Err(invalid("bad length"));
         }
         let version = u32::from_le_bytes(value[..4].try_into().expect("4 bytes"));

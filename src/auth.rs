@@ -185,7 +185,7 @@ fn encode_hex(b: &[u8]) -> String {
 }
 
 fn decode_hex(s: &str) -> Option<Zeroizing<Vec<u8>>> {
-    if s.is_empty() || s.len() % 2 != 0 {
+    if s.is_empty() || !s.len().is_multiple_of(2) {
         return None;
     }
     let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);

@@ -17,6 +17,7 @@ pub mod client;
 pub mod config;
 pub mod data;
 pub mod dirty_limit;
+pub mod engine;
 pub mod error;
 pub mod fabric;
 pub mod figures;

@@ -156,7 +156,7 @@ pub fn drain(
                     bar(moved, at_start),
                     rate / 1e6
                 );
-                if ticks % LOG_EVERY_TICKS == 0 {
+                if ticks.is_multiple_of(LOG_EVERY_TICKS) {
                     log::info!("drain: {line}");
                 }
                 progress(&line);

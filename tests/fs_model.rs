@@ -147,7 +147,9 @@ impl Model {
                 let size = f.len();
                 f[off.min(size)..end.min(size)].fill(0);
             }
-            Falloc::Collapse | Falloc::Insert if off % 4096 != 0 || len % 4096 != 0 => {
+            Falloc::Collapse | Falloc::Insert
+                if !off.is_multiple_of(4096) || !len.is_multiple_of(4096) =>
+            {
                 return Err(libc::EINVAL)
             }
             Falloc::Collapse => {

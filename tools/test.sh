@@ -12,6 +12,8 @@ need_apt=()
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v prlimit >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+# The metadata engine's tests (tests/engines.rs) start their own redis-server.
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -21,7 +23,7 @@ if ! command -v cargo >/dev/null 2>&1; then
   [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 fi
 if ! command -v cargo >/dev/null 2>&1; then
-  echo "rmemfs needs a Rust toolchain (1.85 or newer): install it with rustup (https://rustup.rs)" >&2
+  echo "rmemfs needs a Rust toolchain (1.88 or newer): install it with rustup (https://rustup.rs)" >&2
   exit 1
 fi
 for component in rustfmt clippy; do

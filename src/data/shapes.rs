@@ -120,7 +120,7 @@ impl DataStore {
     /// may fail (a remote write): it goes first, so a failed truncate frees nothing.
     pub(super) fn truncate(&self, chunks: &mut ChunkMap, size: u64) -> Result<()> {
         let cs = self.chunk_size;
-        if size % cs != 0 && chunks.contains_key(&(size / cs)) {
+        if !size.is_multiple_of(cs) && chunks.contains_key(&(size / cs)) {
             self.zero_in_chunk(chunks, size / cs, size % cs, cs)?;
         }
         let keep = size.div_ceil(cs);
@@ -244,7 +244,7 @@ impl DataStore {
         size: u64,
     ) -> Result<()> {
         let cs = self.chunk_size;
-        if offset % cs == 0 && len % cs == 0 {
+        if offset.is_multiple_of(cs) && len.is_multiple_of(cs) {
             self.punch(chunks, offset, len)?;
             self.shift_chunks(chunks, (offset + len) / cs, -((len / cs) as i64));
             return Ok(());
@@ -267,7 +267,7 @@ impl DataStore {
         size: u64,
     ) -> Result<()> {
         let cs = self.chunk_size;
-        if offset % cs == 0 && len % cs == 0 {
+        if offset.is_multiple_of(cs) && len.is_multiple_of(cs) {
             self.shift_chunks(chunks, offset / cs, (len / cs) as i64);
             return Ok(());
         }

@@ -67,7 +67,7 @@ impl Fs {
         };
         let changed = match op {
             libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE => {
-                if offset % BLOCK != 0 || len % BLOCK != 0 {
+                if !offset.is_multiple_of(BLOCK) || !len.is_multiple_of(BLOCK) {
                     return Err(err(libc::EINVAL));
                 }
                 if op == libc::FALLOC_FL_COLLAPSE_RANGE {

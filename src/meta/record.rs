@@ -529,7 +529,7 @@ mod tests {
             ctime: t(0, 0),
             btime: t(-1, 1),
             flags: 0x30,
-            tmpfile: seed % 2 == 0,
+            tmpfile: seed.is_multiple_of(2),
         }
     }
 

@@ -64,7 +64,7 @@ impl ExtentAllocator {
     /// Takes exactly `[off, off+len)` out of the free list (a backed server's restart takes
     /// back the extents its table lists). False if any of it is not free.
     pub fn take(&mut self, off: u64, len: u64) -> bool {
-        if len == 0 || off % self.align != 0 || len % self.align != 0 {
+        if len == 0 || !off.is_multiple_of(self.align) || !len.is_multiple_of(self.align) {
             return false;
         }
         let Some((&foff, &flen)) = self.by_offset.range(..=off).next_back() else {
@@ -90,7 +90,11 @@ impl ExtentAllocator {
 
     /// Returns `[off, off+len)` to the free list, merging with free neighbours.
     pub fn free(&mut self, off: u64, len: u64) {
-        debug_assert!(off % self.align == 0 && len % self.align == 0 && off + len <= self.total);
+        debug_assert!(
+            off.is_multiple_of(self.align)
+                && len.is_multiple_of(self.align)
+                && off + len <= self.total
+        );
         let (mut start, mut end) = (off, off + len);
         if let Some((&poff, &plen)) = self.by_offset.range(..off).next_back() {
             debug_assert!(poff + plen <= off, "double free at {off:#x}");

@@ -122,7 +122,7 @@ pub(super) fn hex(bytes: &[u8]) -> String {
 }
 
 pub(super) fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())
@@ -364,7 +364,7 @@ impl Backing {
 
     fn slot_ptr(&self, offset: u64) -> *mut u64 {
         let index = offset / self.layout.page;
-        debug_assert!(offset % self.layout.page == 0 && offset < self.layout.arena_len);
+        debug_assert!(offset.is_multiple_of(self.layout.page) && offset < self.layout.arena_len);
         // SAFETY: `index` is below the arena's page count, so the slot lies inside the table,
         // which lies inside the mapping.
         unsafe {
@@ -416,7 +416,7 @@ impl Backing {
                 session: words[2],
             };
             let fits = e.len > 0
-                && e.len % self.layout.page == 0
+                && e.len.is_multiple_of(self.layout.page)
                 && offset
                     .checked_add(e.len)
                     .is_some_and(|x| x <= self.layout.arena_len);
@@ -689,9 +689,8 @@ mod tests {
     const SIZE: u64 = 64 * PAGE;
 
     fn temp_file(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("rmemfs-backing-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join(name);
+        // No directory of its own: the tests remove their files, and nothing is left behind.
+        let p = std::env::temp_dir().join(format!("rmemfs-backing-{}-{name}", std::process::id()));
         let _ = std::fs::remove_file(&p);
         p
     }

@@ -1,0 +1,303 @@
+//! The metadata engine on Redis (`--meta redis://HOST:PORT[/DB]`): one volume's log, its
+//! checkpoint, the write turn and the sessions, each a key under `rmemfs:{VOLUME}:` (the
+//! braces are a hash tag: in a Redis Cluster every key of a volume sits in one slot, which
+//! the scripts below need).
+//!
+//! Every step that must be atomic is one Lua script (Redis runs a script alone): the append
+//! checks the turn and the log's head before it adds the record, so a client whose turn
+//! lapsed can never add a change; the checkpoint is stored and the log trimmed in one step;
+//! session times are the Redis server's clock (`TIME`), so clients' clocks may differ.
+//!
+//! Keys: `head` (the last change's number), `log` (a stream, entry `LSN-1` holding the record
+//! under `r`), `ckpt` (a hash: `lsn`, `image`), `turn` (the holder's name, with a lease
+//! expiry), `sessions` (a hash: name to the Redis time its heartbeat runs out, in ms).
+
+use super::{Checkpoint, EngineError, MetaEngine};
+use crate::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a request to Redis may take before the engine counts as unavailable: a live
+/// Redis answers in well under a millisecond here; this covers a loaded one.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+const APPEND: &str = r#"
+if redis.call('GET', KEYS[3]) ~= ARGV[3] then return {-1, 0} end
+local head = tonumber(redis.call('GET', KEYS[1]) or '0')
+if head + 1 ~= tonumber(ARGV[1]) then return {0, head} end
+redis.call('XADD', KEYS[2], ARGV[1] .. '-1', 'r', ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1])
+return {1, head + 1}
+"#;
+
+const PUT_CHECKPOINT: &str = r#"
+local cur = redis.call('HGET', KEYS[1], 'lsn')
+if cur and tonumber(ARGV[1]) <= tonumber(cur) then return 0 end
+redis.call('HSET', KEYS[1], 'lsn', ARGV[1], 'image', ARGV[2])
+redis.call('XTRIM', KEYS[2], 'MINID', (tonumber(ARGV[1]) + 1) .. '-0')
+return 1
+"#;
+
+const TAKE_TURN: &str = r#"
+local cur = redis.call('GET', KEYS[1])
+if cur == false or cur == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return ''
+end
+return cur
+"#;
+
+const GIVE_TURN: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+"#;
+
+const HEARTBEAT: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
+return 1
+"#;
+
+const EXPIRED: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  if tonumber(all[i + 1]) < now then table.insert(out, all[i]) end
+end
+return out
+"#;
+
+/// One volume's keys on one Redis server.
+pub struct RedisEngine {
+    url: String,
+    client: ::redis::Client,
+    /// One connection, made again after a failure (requests are short and few per change).
+    conn: Mutex<Option<::redis::Connection>>,
+    keys: Keys,
+    scripts: Scripts,
+}
+
+struct Keys {
+    head: String,
+    log: String,
+    ckpt: String,
+    turn: String,
+    sessions: String,
+}
+
+struct Scripts {
+    append: ::redis::Script,
+    put_checkpoint: ::redis::Script,
+    take_turn: ::redis::Script,
+    give_turn: ::redis::Script,
+    heartbeat: ::redis::Script,
+    expired: ::redis::Script,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Unavailable(e.to_string())
+}
+
+impl RedisEngine {
+    /// The engine for volume `volume` at `url` (`redis://HOST:PORT[/DB]`); connects once to
+    /// say early if Redis is not there.
+    pub fn open(url: &str, volume: &str) -> Result<RedisEngine, EngineError> {
+        let client = ::redis::Client::open(url)
+            .map_err(|e| EngineError::Unavailable(format!("{url}: {e}")))?;
+        let k = |what: &str| format!("rmemfs:{{{volume}}}:{what}");
+        let engine = RedisEngine {
+            url: url.to_string(),
+            client,
+            conn: Mutex::new(None),
+            keys: Keys {
+                head: k("head"),
+                log: k("log"),
+                ckpt: k("ckpt"),
+                turn: k("turn"),
+                sessions: k("sessions"),
+            },
+            scripts: Scripts {
+                append: ::redis::Script::new(APPEND),
+                put_checkpoint: ::redis::Script::new(PUT_CHECKPOINT),
+                take_turn: ::redis::Script::new(TAKE_TURN),
+                give_turn: ::redis::Script::new(GIVE_TURN),
+                heartbeat: ::redis::Script::new(HEARTBEAT),
+                expired: ::redis::Script::new(EXPIRED),
+            },
+        };
+        engine.with(|_| Ok(()))?;
+        Ok(engine)
+    }
+
+    /// Runs `f` on the connection (made if there is none); a failed request drops it, so the
+    /// next one connects again.
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut ::redis::Connection) -> ::redis::RedisResult<T>,
+    ) -> Result<T, EngineError> {
+        let mut slot = self.conn.lock();
+        if slot.is_none() {
+            let c = self
+                .client
+                .get_connection_with_timeout(REQUEST_TIMEOUT)
+                .map_err(|e| EngineError::Unavailable(format!("{}: {e}", self.url)))?;
+            c.set_read_timeout(Some(REQUEST_TIMEOUT))
+                .and_then(|()| c.set_write_timeout(Some(REQUEST_TIMEOUT)))
+                .map_err(unavailable)?;
+            *slot = Some(c);
+        }
+        let c = slot.as_mut().expect("connected above");
+        f(c).map_err(|e| {
+            *slot = None;
+            EngineError::Unavailable(format!("{}: {e}", self.url))
+        })
+    }
+}
+
+impl MetaEngine for RedisEngine {
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+
+    fn head(&self) -> Result<u64, EngineError> {
+        let head: Option<u64> = self.with(|c| ::redis::cmd("GET").arg(&self.keys.head).query(c))?;
+        Ok(head.unwrap_or(0))
+    }
+
+    fn append(&self, who: &str, lsn: u64, record: &[u8]) -> Result<(), EngineError> {
+        let (done, head): (i64, u64) = self.with(|c| {
+            self.scripts
+                .append
+                .key(&self.keys.head)
+                .key(&self.keys.log)
+                .key(&self.keys.turn)
+                .arg(lsn)
+                .arg(record)
+                .arg(who)
+                .invoke(c)
+        })?;
+        match done {
+            1 => Ok(()),
+            0 => Err(EngineError::Behind { head }),
+            _ => Err(EngineError::NotYourTurn { who: who.into() }),
+        }
+    }
+
+    fn read_after(&self, after: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
+        type Entry = (String, Vec<(String, Vec<u8>)>);
+        let rows: Vec<Entry> = self.with(|c| {
+            ::redis::cmd("XRANGE")
+                .arg(&self.keys.log)
+                .arg(format!("{}-0", after + 1))
+                .arg("+")
+                .arg("COUNT")
+                .arg(max)
+                .query(c)
+        })?;
+        rows.into_iter()
+            .map(|(id, fields)| {
+                let lsn = id
+                    .split('-')
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .ok_or_else(|| unavailable(format!("a log entry with id '{id}'")))?;
+                let record = fields
+                    .into_iter()
+                    .find(|(f, _)| f == "r")
+                    .map(|(_, v)| v)
+                    .ok_or_else(|| unavailable(format!("log entry {id} holds no record")))?;
+                Ok((lsn, record))
+            })
+            .collect()
+    }
+
+    fn put_checkpoint(&self, checkpoint: &Checkpoint) -> Result<(), EngineError> {
+        let _: i64 = self.with(|c| {
+            self.scripts
+                .put_checkpoint
+                .key(&self.keys.ckpt)
+                .key(&self.keys.log)
+                .arg(checkpoint.lsn)
+                .arg(checkpoint.image.as_slice())
+                .invoke(c)
+        })?;
+        Ok(())
+    }
+
+    fn checkpoint(&self) -> Result<Option<Checkpoint>, EngineError> {
+        let (lsn, image): (Option<u64>, Option<Vec<u8>>) = self.with(|c| {
+            ::redis::cmd("HMGET")
+                .arg(&self.keys.ckpt)
+                .arg("lsn")
+                .arg("image")
+                .query(c)
+        })?;
+        Ok(lsn.zip(image).map(|(lsn, image)| Checkpoint { lsn, image }))
+    }
+
+    fn take_turn(&self, who: &str, lease: Duration, wait: Duration) -> Result<(), EngineError> {
+        let start = Instant::now();
+        // Backoff between tries: short first (a turn is held for one change), up to 1 ms.
+        let mut pause = Duration::from_micros(50);
+        loop {
+            let holder: String = self.with(|c| {
+                self.scripts
+                    .take_turn
+                    .key(&self.keys.turn)
+                    .arg(who)
+                    .arg(lease.as_millis().max(1) as u64)
+                    .invoke(c)
+            })?;
+            if holder.is_empty() {
+                return Ok(());
+            }
+            if start.elapsed() >= wait {
+                return Err(EngineError::TurnBusy {
+                    holder,
+                    waited: start.elapsed(),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    fn give_turn(&self, who: &str) -> Result<(), EngineError> {
+        let _: i64 = self.with(|c| {
+            self.scripts
+                .give_turn
+                .key(&self.keys.turn)
+                .arg(who)
+                .invoke(c)
+        })?;
+        Ok(())
+    }
+
+    fn heartbeat(&self, who: &str, ttl: Duration) -> Result<(), EngineError> {
+        let _: i64 = self.with(|c| {
+            self.scripts
+                .heartbeat
+                .key(&self.keys.sessions)
+                .arg(who)
+                .arg(ttl.as_millis() as u64)
+                .invoke(c)
+        })?;
+        Ok(())
+    }
+
+    fn expired_sessions(&self) -> Result<Vec<String>, EngineError> {
+        self.with(|c| self.scripts.expired.key(&self.keys.sessions).invoke(c))
+    }
+
+    fn drop_session(&self, who: &str) -> Result<(), EngineError> {
+        let _: i64 = self.with(|c| {
+            ::redis::cmd("HDEL")
+                .arg(&self.keys.sessions)
+                .arg(who)
+                .query(c)
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,212 @@
+//! The metadata engines' contract (`rmemfs::engine::MetaEngine`), held against each engine:
+//! the in-memory one and Redis (a `redis-server` this test starts on a loopback port; the
+//! test fails, naming the package, where it is not installed: `tools/test.sh` installs it).
+//! Two handles on one volume play two clients.
+
+use rmemfs::engine::mem::MemEngine;
+use rmemfs::engine::redis::RedisEngine;
+use rmemfs::engine::{Checkpoint, EngineError, MetaEngine};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const LONG: Duration = Duration::from_secs(10);
+
+fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
+    assert_eq!(a.head().unwrap(), 0);
+    assert_eq!(a.checkpoint().unwrap(), None);
+    // Only in turn.
+    assert!(matches!(
+        a.append("a", 1, b"one"),
+        Err(EngineError::NotYourTurn { .. })
+    ));
+    a.take_turn("a", LONG, LONG).unwrap();
+    a.append("a", 1, b"one").unwrap();
+    // Only in order.
+    assert_eq!(
+        a.append("a", 3, b"three"),
+        Err(EngineError::Behind { head: 1 })
+    );
+    assert_eq!(
+        a.append("a", 1, b"again"),
+        Err(EngineError::Behind { head: 1 })
+    );
+    // The turn is one client's at a time.
+    match b.take_turn("b", LONG, Duration::from_millis(50)) {
+        Err(EngineError::TurnBusy { holder, .. }) => assert_eq!(holder, "a"),
+        other => panic!("b took a held turn: {other:?}"),
+    }
+    assert!(matches!(
+        b.append("b", 2, b"two"),
+        Err(EngineError::NotYourTurn { .. })
+    ));
+    a.give_turn("a").unwrap();
+    b.take_turn("b", LONG, LONG).unwrap();
+    b.append("b", 2, b"two").unwrap();
+    assert_eq!(a.head().unwrap(), 2);
+    assert_eq!(
+        a.read_after(0, 10).unwrap(),
+        vec![(1, b"one".to_vec()), (2, b"two".to_vec())]
+    );
+    assert_eq!(a.read_after(1, 1).unwrap(), vec![(2, b"two".to_vec())]);
+    assert_eq!(a.read_after(2, 10).unwrap(), vec![]);
+    b.give_turn("b").unwrap();
+
+    // A turn whose lease ran out goes to the next, and its old holder may not append.
+    let lease = Duration::from_millis(300);
+    a.take_turn("a", lease, LONG).unwrap();
+    let t = Instant::now();
+    b.take_turn("b", LONG, LONG).unwrap();
+    assert!(
+        t.elapsed() >= lease / 2,
+        "b took the turn {:?} into a's lease of {lease:?}",
+        t.elapsed()
+    );
+    assert!(matches!(
+        a.append("a", 3, b"late"),
+        Err(EngineError::NotYourTurn { .. })
+    ));
+    b.append("b", 3, b"three").unwrap();
+
+    // A checkpoint trims the log it holds; an older one does not replace it.
+    let ckpt = Checkpoint {
+        lsn: 2,
+        image: vec![0, 1, 2, 255],
+    };
+    a.put_checkpoint(&ckpt).unwrap();
+    a.put_checkpoint(&Checkpoint {
+        lsn: 1,
+        image: b"older".to_vec(),
+    })
+    .unwrap();
+    assert_eq!(b.checkpoint().unwrap(), Some(ckpt));
+    assert_eq!(b.read_after(0, 10).unwrap(), vec![(3, b"three".to_vec())]);
+    b.give_turn("b").unwrap();
+
+    // Sessions: the one whose heartbeats stop is the expired one, until dropped.
+    a.heartbeat("a", Duration::from_millis(50)).unwrap();
+    b.heartbeat("b", LONG).unwrap();
+    let deadline = Instant::now() + LONG;
+    while a.expired_sessions().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "a's session never expired");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(b.expired_sessions().unwrap(), vec!["a".to_string()]);
+    b.drop_session("a").unwrap();
+    assert_eq!(b.expired_sessions().unwrap(), Vec::<String>::new());
+}
+
+/// Two clients appending at once, each taking the turn for every record: the log holds every
+/// record once, numbered without a gap, each client's in its own order.
+fn concurrent(a: Arc<dyn MetaEngine>, b: Arc<dyn MetaEngine>) {
+    const EACH: u64 = 200;
+    let start = a.head().unwrap();
+    let run = |e: Arc<dyn MetaEngine>, who: &'static str| {
+        std::thread::spawn(move || {
+            for i in 0..EACH {
+                e.take_turn(who, LONG, LONG).unwrap();
+                let lsn = e.head().unwrap() + 1;
+                e.append(who, lsn, format!("{who} {i}").as_bytes()).unwrap();
+                e.give_turn(who).unwrap();
+            }
+        })
+    };
+    let (x, y) = (run(a.clone(), "x"), run(b, "y"));
+    x.join().unwrap();
+    y.join().unwrap();
+    let log = a.read_after(start, 10_000).unwrap();
+    assert_eq!(log.len() as u64, 2 * EACH);
+    for (k, (lsn, _)) in log.iter().enumerate() {
+        assert_eq!(*lsn, start + 1 + k as u64);
+    }
+    for who in ["x", "y"] {
+        let mine: Vec<String> = log
+            .iter()
+            .map(|(_, r)| String::from_utf8(r.clone()).unwrap())
+            .filter(|r| r.starts_with(who))
+            .collect();
+        let want: Vec<String> = (0..EACH).map(|i| format!("{who} {i}")).collect();
+        assert_eq!(mine, want);
+    }
+}
+
+#[test]
+fn the_in_memory_engine_keeps_the_contract() {
+    let e = MemEngine::new();
+    contract(&e, &e.clone());
+    let e = MemEngine::new();
+    concurrent(Arc::new(e.clone()), Arc::new(e));
+}
+
+/// A `redis-server` on a free loopback port, without persistence; killed on drop.
+struct Redis {
+    child: Child,
+    url: String,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start redis-server ({e}): install it (apt install redis-server; tools/test.sh does)")
+            });
+        let url = format!("redis://127.0.0.1:{port}/0");
+        let deadline = Instant::now() + LONG;
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Redis { child, url }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_redis_engine_keeps_the_contract() {
+    let redis = Redis::start();
+    let a = RedisEngine::open(&redis.url, "vol").unwrap();
+    let b = RedisEngine::open(&redis.url, "vol").unwrap();
+    contract(&a, &b);
+    // Another volume's keys are its own.
+    let other = RedisEngine::open(&redis.url, "other").unwrap();
+    assert_eq!(other.head().unwrap(), 0);
+    concurrent(
+        Arc::new(RedisEngine::open(&redis.url, "c").unwrap()),
+        Arc::new(RedisEngine::open(&redis.url, "c").unwrap()),
+    );
+    // A Redis that goes away is an error that says so, not a hang; back, it is used again.
+    drop(redis);
+    match a.head() {
+        Err(EngineError::Unavailable(why)) => assert!(why.contains("redis://"), "{why}"),
+        other => panic!("a dead Redis answered {other:?}"),
+    }
+}
+
+#[test]
+fn a_redis_that_is_not_there_is_named() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    match RedisEngine::open(&format!("redis://127.0.0.1:{port}"), "vol") {
+        Err(EngineError::Unavailable(why)) => assert!(why.contains(&port.to_string()), "{why}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("connected to nothing"),
+    }
+}
