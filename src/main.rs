@@ -293,6 +293,11 @@ enum Cmd {
         /// nothing. Not the holder mounted `-o ro` (which fences any other holder).
         #[arg(long, requires = "volume", conflicts_with_all = ["create", "takeover", "keep_connection", "supervise"])]
         read_only: bool,
+        /// Share the volume with other clients writing it at once, its namespace kept in this
+        /// metadata engine (`redis://HOST:PORT[/DB]`) instead of one holder's journal (first
+        /// version: doc/VOLUMES.md says what it leaves out).
+        #[arg(long, value_name = "URL", requires = "volume", conflicts_with_all = ["read_only", "takeover", "keep_connection", "supervise"])]
+        meta: Option<String>,
         /// Attach without these servers of the volume (host[:port], commas), gone for good:
         /// their copies are forgotten and the rebuild makes new ones elsewhere.
         #[arg(long, value_delimiter = ',', value_name = "HOST", requires = "volume")]
@@ -482,6 +487,7 @@ fn main() -> ExitCode {
             create,
             takeover,
             read_only,
+            meta,
             force_without,
             keep_connection,
             supervise,
@@ -519,6 +525,7 @@ fn main() -> ExitCode {
                 create,
                 takeover,
                 follow: read_only,
+                meta,
                 force_without,
                 keep_connection: keep_connection || supervise,
             };

@@ -3,10 +3,12 @@
 //! test fails, naming the package, where it is not installed: `tools/test.sh` installs it).
 //! Two handles on one volume play two clients.
 
+mod common;
+
+use common::redis::Redis;
 use rmemfs::engine::mem::MemEngine;
 use rmemfs::engine::redis::RedisEngine;
 use rmemfs::engine::{Checkpoint, EngineError, MetaEngine};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +17,19 @@ const LONG: Duration = Duration::from_secs(10);
 fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     assert_eq!(a.head().unwrap(), 0);
     assert_eq!(a.checkpoint().unwrap(), None);
+    // Only a live session appends, and a heartbeat does not start one.
+    assert!(matches!(
+        a.heartbeat("a", LONG),
+        Err(EngineError::NoSession { .. })
+    ));
+    a.take_turn("a", LONG, LONG).unwrap();
+    assert!(matches!(
+        a.append("a", 1, b"one"),
+        Err(EngineError::NoSession { .. })
+    ));
+    a.give_turn("a").unwrap();
+    a.start_session("a", LONG).unwrap();
+    b.start_session("b", LONG).unwrap();
     // Only in turn.
     assert!(matches!(
         a.append("a", 1, b"one"),
@@ -83,7 +98,8 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     assert_eq!(b.read_after(0, 10).unwrap(), vec![(3, b"three".to_vec())]);
     b.give_turn("b").unwrap();
 
-    // Sessions: the one whose heartbeats stop is the expired one, until dropped.
+    // Sessions: the one whose heartbeats stop is the expired one, until dropped; then it may
+    // neither renew nor append.
     a.heartbeat("a", Duration::from_millis(50)).unwrap();
     b.heartbeat("b", LONG).unwrap();
     let deadline = Instant::now() + LONG;
@@ -94,6 +110,17 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     assert_eq!(b.expired_sessions().unwrap(), vec!["a".to_string()]);
     b.drop_session("a").unwrap();
     assert_eq!(b.expired_sessions().unwrap(), Vec::<String>::new());
+    assert!(matches!(
+        a.heartbeat("a", LONG),
+        Err(EngineError::NoSession { .. })
+    ));
+    a.take_turn("a", LONG, LONG).unwrap();
+    let head = a.head().unwrap();
+    assert!(matches!(
+        a.append("a", head + 1, b"evicted"),
+        Err(EngineError::NoSession { .. })
+    ));
+    a.give_turn("a").unwrap();
 }
 
 /// Two clients appending at once, each taking the turn for every record: the log holds every
@@ -101,6 +128,8 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
 fn concurrent(a: Arc<dyn MetaEngine>, b: Arc<dyn MetaEngine>) {
     const EACH: u64 = 200;
     let start = a.head().unwrap();
+    a.start_session("x", LONG).unwrap();
+    b.start_session("y", LONG).unwrap();
     let run = |e: Arc<dyn MetaEngine>, who: &'static str| {
         std::thread::spawn(move || {
             for i in 0..EACH {
@@ -136,44 +165,6 @@ fn the_in_memory_engine_keeps_the_contract() {
     contract(&e, &e.clone());
     let e = MemEngine::new();
     concurrent(Arc::new(e.clone()), Arc::new(e));
-}
-
-/// A `redis-server` on a free loopback port, without persistence; killed on drop.
-struct Redis {
-    child: Child,
-    url: String,
-}
-
-impl Redis {
-    fn start() -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start redis-server ({e}): install it (apt install redis-server; tools/test.sh does)")
-            });
-        let url = format!("redis://127.0.0.1:{port}/0");
-        let deadline = Instant::now() + LONG;
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Redis { child, url }
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]

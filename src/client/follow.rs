@@ -1,6 +1,7 @@
-//! The pool's side of following a volume: a follower reports how far it has applied the
-//! journal and learns where the journal is now (`FollowAt`), and a holder learns how far its
-//! followers have read (`Followers`) before it lets a free go (see [`super::volume::FreeGate`]).
+//! The pool's side of following a volume: a follower (or a shared volume's member) reports
+//! how far it has applied the journal and learns where the journal is now (`FollowAt`), a
+//! holder learns how far its followers have read (`Followers`) before it lets a free go (see
+//! [`super::volume::FreeGate`]), and a member fences another (`Evict`).
 
 use super::volume::unexpected;
 use super::Pool;
@@ -14,9 +15,17 @@ pub struct FollowedRoot {
 }
 
 impl Pool {
+    /// How this pool was configured (its volume and role among them).
+    pub fn config(&self) -> &super::PoolConfig {
+        &self.config
+    }
+
     /// Whether this pool follows a volume (read-only: it allocates and frees nothing).
     pub fn follows(&self) -> bool {
-        self.config.volume.as_ref().is_some_and(|v| v.follow)
+        self.config
+            .volume
+            .as_ref()
+            .is_some_and(|v| v.role == super::volume::VolumeRole::Follow)
     }
 
     /// Tells every live server that this follower has applied the journal through `lsn` and
@@ -47,6 +56,24 @@ impl Pool {
             }
         }
         roots
+    }
+
+    /// Fences member `who` of this pool's shared volume at every live server (its engine
+    /// session ended): its connections are closed and the name refused from then on. How
+    /// many servers did it.
+    pub fn evict(&self, who: &str) -> usize {
+        let mut done = 0;
+        for s in self.servers.iter().filter(|s| !s.is_failed()) {
+            match s.link().control.request(|tag| Message::Evict {
+                tag,
+                who: who.to_string(),
+            }) {
+                Ok(Message::VolumeDone { .. }) => done += 1,
+                Ok(other) => log::warn!("{}", unexpected(s.addr, &other)),
+                Err(e) => log::warn!("memory server {}: cannot evict '{who}': {e}", s.addr),
+            }
+        }
+        done
     }
 
     /// The lowest journal sequence number every follower of this pool's volume has applied,

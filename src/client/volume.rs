@@ -32,19 +32,30 @@ pub struct VolumeSpec {
     pub create: bool,
     /// Fence a live holder (`--takeover`).
     pub takeover: bool,
-    /// Follow the volume read-only instead of holding it (`--read-only`): no epoch, no
-    /// fencing, nothing allocated.
-    pub follow: bool,
+    /// What this pool is to the volume.
+    pub role: VolumeRole,
+}
+
+/// What a pool is to its volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VolumeRole {
+    /// Its one holder (the journal's writer).
+    #[default]
+    Hold,
+    /// A follower, read-only (`--read-only`): no epoch, no fencing, nothing allocated.
+    Follow,
+    /// One of its many writers (`--meta`): `holder` is the engine's session name.
+    Share,
 }
 
 impl VolumeSpec {
     /// How a server that comes back (or joins) is claimed: adopted by a holder, followed by
-    /// a follower.
+    /// a follower, joined by a member.
     pub fn rejoin_mode(&self) -> ClaimMode {
-        if self.follow {
-            ClaimMode::Follow
-        } else {
-            ClaimMode::Adopt
+        match self.role {
+            VolumeRole::Hold => ClaimMode::Adopt,
+            VolumeRole::Follow => ClaimMode::Follow,
+            VolumeRole::Share => ClaimMode::Share,
         }
     }
 }
@@ -235,7 +246,11 @@ pub fn plan_claims(
         }
         return Ok((vec![ClaimMode::Create; addrs.len()], 1));
     }
-    if spec.follow && any {
+    if spec.role == VolumeRole::Share {
+        // The engine says whether the volume exists; the servers host its memory.
+        return Ok((vec![ClaimMode::Share; addrs.len()], 0));
+    }
+    if spec.role == VolumeRole::Follow && any {
         // A follower claims no epoch; a server that does not know the volume refuses it,
         // naming what it holds.
         return Ok((vec![ClaimMode::Follow; addrs.len()], 0));

@@ -45,6 +45,9 @@ impl MetaEngine for MemEngine {
 
     fn append(&self, who: &str, lsn: u64, record: &[u8]) -> Result<(), EngineError> {
         let mut s = self.state.0.lock();
+        if !s.sessions.contains_key(who) {
+            return Err(EngineError::NoSession { who: who.into() });
+        }
         if !holds(&s.turn, who) {
             return Err(EngineError::NotYourTurn { who: who.into() });
         }
@@ -119,13 +122,23 @@ impl MetaEngine for MemEngine {
         Ok(())
     }
 
-    fn heartbeat(&self, who: &str, ttl: Duration) -> Result<(), EngineError> {
+    fn start_session(&self, who: &str, ttl: Duration) -> Result<(), EngineError> {
         self.state
             .0
             .lock()
             .sessions
             .insert(who.to_string(), Instant::now() + ttl);
         Ok(())
+    }
+
+    fn heartbeat(&self, who: &str, ttl: Duration) -> Result<(), EngineError> {
+        match self.state.0.lock().sessions.get_mut(who) {
+            Some(until) => {
+                *until = Instant::now() + ttl;
+                Ok(())
+            }
+            None => Err(EngineError::NoSession { who: who.into() }),
+        }
     }
 
     fn expired_sessions(&self) -> Result<Vec<String>, EngineError> {

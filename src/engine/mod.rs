@@ -40,6 +40,9 @@ pub enum EngineError {
     /// An append, renewal or release by a client that does not hold the write turn.
     #[error("metadata engine: '{who}' does not hold the write turn")]
     NotYourTurn { who: String },
+    /// An append or heartbeat of a session that is not there (never started, or evicted).
+    #[error("metadata engine: there is no session '{who}' (it ended or was evicted)")]
+    NoSession { who: String },
     /// The turn stayed with another client past the wait.
     #[error("metadata engine: the write turn stayed with '{holder}' for {waited:?}")]
     TurnBusy { holder: String, waited: Duration },
@@ -60,8 +63,8 @@ pub trait MetaEngine: Send + Sync {
     /// The number of the log's last change (0: none yet).
     fn head(&self) -> Result<u64, EngineError>;
 
-    /// Appends `record` as change `lsn`, if `who` holds the write turn and the log's last
-    /// change is `lsn - 1`.
+    /// Appends `record` as change `lsn`, if `who`'s session lives, `who` holds the write turn
+    /// and the log's last change is `lsn - 1`.
     fn append(&self, who: &str, lsn: u64, record: &[u8]) -> Result<(), EngineError>;
 
     /// Changes after `after`, in order, at most `max` of them. Changes a checkpoint has
@@ -81,7 +84,11 @@ pub trait MetaEngine: Send + Sync {
     /// Gives the write turn back (nothing if `who` does not hold it).
     fn give_turn(&self, who: &str) -> Result<(), EngineError>;
 
-    /// `who` lives for `ttl` more (a heartbeat).
+    /// Starts session `who`, to live `ttl` unless renewed.
+    fn start_session(&self, who: &str, ttl: Duration) -> Result<(), EngineError>;
+
+    /// `who` lives for `ttl` more (a heartbeat); `NoSession` if it ended or was evicted (it
+    /// never comes back).
     fn heartbeat(&self, who: &str, ttl: Duration) -> Result<(), EngineError>;
 
     /// Sessions whose heartbeats stopped: their last one ran out.

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 const APPEND: &str = r#"
+if redis.call('HEXISTS', KEYS[4], ARGV[3]) == 0 then return {-2, 0} end
 if redis.call('GET', KEYS[3]) ~= ARGV[3] then return {-1, 0} end
 local head = tonumber(redis.call('GET', KEYS[1]) or '0')
 if head + 1 ~= tonumber(ARGV[1]) then return {0, head} end
@@ -52,6 +53,7 @@ return 1
 "#;
 
 const HEARTBEAT: &str = r#"
+if ARGV[3] == '0' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
@@ -156,6 +158,25 @@ impl RedisEngine {
     }
 }
 
+impl RedisEngine {
+    /// Sets `who`'s expiry `ttl` from now (Redis's clock); only if it exists unless `start`.
+    fn session(&self, who: &str, ttl: Duration, start: bool) -> Result<(), EngineError> {
+        let set: i64 = self.with(|c| {
+            self.scripts
+                .heartbeat
+                .key(&self.keys.sessions)
+                .arg(who)
+                .arg(ttl.as_millis() as u64)
+                .arg(if start { "1" } else { "0" })
+                .invoke(c)
+        })?;
+        match set {
+            1 => Ok(()),
+            _ => Err(EngineError::NoSession { who: who.into() }),
+        }
+    }
+}
+
 impl MetaEngine for RedisEngine {
     fn describe(&self) -> String {
         self.url.clone()
@@ -173,6 +194,7 @@ impl MetaEngine for RedisEngine {
                 .key(&self.keys.head)
                 .key(&self.keys.log)
                 .key(&self.keys.turn)
+                .key(&self.keys.sessions)
                 .arg(lsn)
                 .arg(record)
                 .arg(who)
@@ -181,6 +203,7 @@ impl MetaEngine for RedisEngine {
         match done {
             1 => Ok(()),
             0 => Err(EngineError::Behind { head }),
+            -2 => Err(EngineError::NoSession { who: who.into() }),
             _ => Err(EngineError::NotYourTurn { who: who.into() }),
         }
     }
@@ -275,16 +298,12 @@ impl MetaEngine for RedisEngine {
         Ok(())
     }
 
+    fn start_session(&self, who: &str, ttl: Duration) -> Result<(), EngineError> {
+        self.session(who, ttl, true)
+    }
+
     fn heartbeat(&self, who: &str, ttl: Duration) -> Result<(), EngineError> {
-        let _: i64 = self.with(|c| {
-            self.scripts
-                .heartbeat
-                .key(&self.keys.sessions)
-                .arg(who)
-                .arg(ttl.as_millis() as u64)
-                .invoke(c)
-        })?;
-        Ok(())
+        self.session(who, ttl, false)
     }
 
     fn expired_sessions(&self) -> Result<Vec<String>, EngineError> {

@@ -5,6 +5,9 @@
 //! One reader-writer lock: each changing request holds it shared for its whole handling (the
 //! FUSE adapter knows which requests change anything), the freeze holds it exclusively. The
 //! lock prefers a waiting writer, so a stream of changes cannot starve the freeze.
+//!
+//! A shared volume's changes also wait for their turn at the door ([`Turns`]): many clients
+//! write one namespace, one change at a time, each on an up-to-date table.
 
 use super::Fs;
 use crate::sync::{RwLockReadGuard, RwLockWriteGuard};
@@ -12,13 +15,34 @@ use crate::sync::{RwLockReadGuard, RwLockWriteGuard};
 /// While held, no change to the file system is being made or can begin.
 pub struct Frozen<'a>(#[allow(dead_code)] RwLockWriteGuard<'a, ()>);
 
-/// While held, a change may be made (no freeze is on).
-pub struct ChangeAdmitted<'a>(#[allow(dead_code)] RwLockReadGuard<'a, ()>);
+/// While held, a change may be made (no freeze is on; on a shared volume, this client holds
+/// the write turn and its table is up to date).
+pub struct ChangeAdmitted<'a>(
+    #[allow(dead_code)] RwLockReadGuard<'a, ()>,
+    #[allow(dead_code)] Option<Box<dyn std::any::Any + Send>>,
+);
+
+/// Where a change waits its turn: a shared volume's metadata engine
+/// ([`crate::volume::shared`]).
+pub trait Turns: Send + Sync {
+    /// Takes the write turn and brings the table up to date; the turn is held until the
+    /// result is dropped. None if it could not be taken (the change's record is then
+    /// refused, and the change fails).
+    fn begin(&self, fs: &Fs) -> Option<Box<dyn std::any::Any + Send>>;
+}
 
 impl Fs {
-    /// Waits until no freeze is on; changes may then be made until the result is dropped.
+    /// Waits until no freeze is on (and, on a shared volume, for the write turn); changes
+    /// may then be made until the result is dropped.
     pub fn admit_change(&self) -> ChangeAdmitted<'_> {
-        ChangeAdmitted(self.change_gate.read())
+        let gate = self.change_gate.read();
+        let turn = self.turns.get().and_then(|t| t.begin(self));
+        ChangeAdmitted(gate, turn)
+    }
+
+    /// Sets where changes wait their turn (once; later calls are ignored).
+    pub fn set_turns(&self, turns: Box<dyn Turns>) {
+        let _ = self.turns.set(turns);
     }
 
     /// Waits until the changes being made end, and holds new ones until the result is

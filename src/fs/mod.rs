@@ -31,7 +31,7 @@ mod xattr;
 
 pub use capacity::placeable_chunks;
 pub use follow::{Invalidate, Invalidation};
-pub use freeze::{ChangeAdmitted, Frozen};
+pub use freeze::{ChangeAdmitted, Frozen, Turns};
 pub use rules::{
     Atime, Caller, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL, INODE_FLAGS,
 };
@@ -114,6 +114,8 @@ pub struct Fs {
     attr_changed: std::sync::OnceLock<AttrChanged>,
     /// Where a follower's invalidations go (see [`follow`]).
     invalidate: std::sync::OnceLock<Invalidate>,
+    /// Where a shared volume's changes wait their turn (see [`freeze`]).
+    turns: std::sync::OnceLock<Box<dyn Turns>>,
     /// The report the `stats` attributes read.
     stats: std::sync::OnceLock<StatsSource>,
     /// The mount's dirty limit, once it is mounted (see [`Fs::direct_writes`]).
@@ -201,6 +203,7 @@ impl Fs {
             dirty_limit: std::sync::OnceLock::new(),
             attr_changed: std::sync::OnceLock::new(),
             invalidate: std::sync::OnceLock::new(),
+            turns: std::sync::OnceLock::new(),
             stats: std::sync::OnceLock::new(),
             next_fh: AtomicU64::new(1 << 4),
             handle_base: AtomicU64::new(0),

@@ -77,6 +77,9 @@ pub struct MountConfig {
     pub takeover: bool,
     /// Follow the volume read-only beside its holder (`--read-only`, [`crate::volume::follow`]).
     pub follow: bool,
+    /// Share the volume with other writers, its namespace in this engine (`--meta`,
+    /// [`crate::volume::shared`]).
+    pub meta: Option<String>,
     /// Servers of the volume gone for good, attached without (`--force-without`).
     pub force_without: Vec<String>,
     /// Keep the FUSE connection across this daemon's end (`--keep-connection`; volumes
@@ -112,6 +115,7 @@ impl MountConfig {
             create: false,
             takeover: false,
             follow: false,
+            meta: None,
             force_without: Vec::new(),
             keep_connection: false,
         }
@@ -212,6 +216,10 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     if config.follow {
         // A follower writes nothing, and its kernel must see the holder's sizes and times.
         options.extend(["ro".to_string(), "no_writeback_cache".to_string()]);
+    }
+    if config.meta.is_some() {
+        // The kernel must see other writers' sizes and times.
+        options.push("no_writeback_cache".to_string());
     }
     let (fuse_config, choices) = fuser_config(&options, config.threads)?;
     let fabric_options = FabricOptions {
@@ -382,7 +390,23 @@ fn reach_servers(
 struct Built {
     fs: Arc<Fs>,
     journal: Option<Arc<crate::volume::VolumeJournal>>,
-    follower: Option<crate::volume::follow::Follower>,
+    follower: Option<Following>,
+}
+
+/// What keeps a follower's or a shared volume's table in step (dropped at unmount).
+enum Following {
+    Journal(#[allow(dead_code)] crate::volume::follow::Follower),
+    Shared(#[allow(dead_code)] crate::volume::shared::SharedClient),
+}
+
+/// The name the pool claimed its volume under (a shared volume's session name).
+fn pool_holder(data: &DataStore) -> String {
+    data.pool()
+        .config()
+        .volume
+        .as_ref()
+        .map(|v| v.holder.clone())
+        .unwrap_or_default()
 }
 
 /// Connects the pool and builds the data store and the file system over it.
@@ -404,12 +428,26 @@ fn build_fs(
         }
         Some(name) => Some(crate::client::volume::VolumeSpec {
             name: name.clone(),
-            holder: crate::volume::holder_name(""),
+            holder: match &config.meta {
+                // The engine's session name: unique to this daemon's life.
+                Some(_) => format!(
+                    "{} session {:016x}",
+                    crate::volume::holder_name(""),
+                    crate::fabric::random_u64()
+                ),
+                None => crate::volume::holder_name(""),
+            },
             // A daemon taking over a kept connection runs the first one's command line: the
             // volume exists by then.
             create: config.create && !taken_over,
             takeover: config.takeover,
-            follow: config.follow,
+            role: if config.follow {
+                crate::client::volume::VolumeRole::Follow
+            } else if config.meta.is_some() {
+                crate::client::volume::VolumeRole::Share
+            } else {
+                crate::client::volume::VolumeRole::Hold
+            },
         }),
     };
     let pool = Pool::connect(
@@ -458,9 +496,17 @@ fn build_fs(
         writeback: choices.writeback,
         writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
     };
-    let (fs, journal, follower) = if config.follow {
+    let (fs, journal, follower) = if let Some(url) = &config.meta {
+        let name = config.volume.as_deref().unwrap_or_default();
+        let engine =
+            crate::engine::redis::RedisEngine::open(url, name).map_err(|e| e.to_string())?;
+        let who = pool_holder(&data);
+        let (fs, client) =
+            crate::volume::shared::join(data, fs_config, std::sync::Arc::new(engine), who)?;
+        (fs, None, Some(Following::Shared(client)))
+    } else if config.follow {
         let (fs, follower) = crate::volume::follow::follow(data, fs_config, &servers.addrs)?;
-        (fs, None, Some(follower))
+        (fs, None, Some(Following::Journal(follower)))
     } else if config.volume.is_some() {
         let without: Vec<SocketAddr> = config
             .force_without
@@ -500,8 +546,9 @@ fn start_upkeep(
             rate: config.rebuild_rate,
             delay: config.rebuild_delay,
             detection: config.op_timeout,
-            // A follower's copies are the holder's to keep.
-            rebuild: !config.follow,
+            // A follower's copies are the holder's to keep; a shared volume's member makes none
+            // yet (its first version).
+            rebuild: !config.follow && config.meta.is_none(),
         },
     )
     .map_err(|e| format!("cannot start the rebuild thread: {e}"))?;

@@ -189,7 +189,7 @@ fn open(
     let fabric = crate::fabric::open(&fabric_name, &crate::fabric::FabricOptions::default())
         .map_err(|e| e.to_string())?;
     let spec = VolumeSpec {
-        follow: false,
+        role: Default::default(),
         name: name.into(),
         holder: super::holder_name(doing),
         create,

@@ -16,6 +16,7 @@ pub mod follow;
 mod journal;
 mod read;
 pub mod root;
+pub mod shared;
 pub mod store;
 pub mod transfer;
 

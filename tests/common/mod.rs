@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod rack;
+pub mod redis;
 
 use rmemfs::client::{Pool, PoolConfig};
 use rmemfs::data::{DataStore, WritePath};
@@ -393,7 +394,7 @@ impl TestFs {
                     holder: "test pid 1".into(),
                     create,
                     takeover: false,
-                    follow: false,
+                    role: Default::default(),
                 }),
                 ..PoolConfig::default()
             },

@@ -105,7 +105,7 @@ impl Rack {
             holder: format!("test-host pid {}", rand_pid()),
             create,
             takeover,
-            follow: false,
+            role: Default::default(),
         };
         let replicas = self.servers.len().min(2);
         let data = self.store(&self.addrs(), spec, replicas)?;
@@ -137,7 +137,7 @@ impl Rack {
             holder: format!("test-host pid {}", rand_pid()),
             create: false,
             takeover: false,
-            follow: false,
+            role: Default::default(),
         };
         let data = self.store(&addrs, spec, 2)?;
         attach_with(
@@ -161,7 +161,7 @@ impl Rack {
             holder: format!("test-host pid {}", rand_pid()),
             create: true,
             takeover: false,
-            follow: false,
+            role: Default::default(),
         };
         let data = self.store(&self.addrs(), spec, self.servers.len().min(2))?;
         rmemfs::volume::attach_then(
@@ -325,7 +325,7 @@ impl Rack {
             holder: format!("test-reader pid {}", rand_pid()),
             create: false,
             takeover: false,
-            follow: true,
+            role: rmemfs::client::volume::VolumeRole::Follow,
         };
         let data = self.store(&self.addrs(), spec, self.servers.len().min(2))?;
         let (fs, follower) =

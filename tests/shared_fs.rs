@@ -1,0 +1,194 @@
+//! Many writers of one volume, its namespace in a metadata engine (`mount --meta`), over
+//! in-process servers and the in-memory engine (the Redis engine keeps the same contract,
+//! `tests/engines.rs`, and one test here runs on a real redis-server): each client sees the
+//! others' changes before its own, conflicting changes are decided on one history, memory one
+//! client frees waits for every client, and a client the engine gave up on is fenced.
+
+mod common;
+
+use common::bytes;
+use common::rack::{read, resolve, Rack};
+use rmemfs::client::volume::{VolumeRole, VolumeSpec};
+use rmemfs::engine::mem::MemEngine;
+use rmemfs::engine::MetaEngine;
+use rmemfs::fs::{Fs, FsConfig};
+use rmemfs::meta::ROOT_INO;
+use rmemfs::volume::shared::{self, SharedClient};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct Client {
+    fs: Arc<Fs>,
+    shared: SharedClient,
+}
+
+fn client(rack: &Rack, engine: Arc<dyn MetaEngine>, who: &str) -> Client {
+    let spec = VolumeSpec {
+        name: "sh".into(),
+        holder: who.into(),
+        create: false,
+        takeover: false,
+        role: VolumeRole::Share,
+    };
+    let data = rack.store(&rack.addrs(), spec, 2).unwrap();
+    let (fs, shared) = shared::join(data, FsConfig::default(), engine, who.into()).unwrap();
+    shared.pause(true);
+    Client { fs, shared }
+}
+
+impl Client {
+    /// A change, as the FUSE adapter makes it: at the door, in turn.
+    fn change<R>(&self, f: impl FnOnce(&Fs) -> R) -> R {
+        let _turn = self.fs.admit_change();
+        f(&self.fs)
+    }
+
+    fn mkdir(&self, path: &str) -> Result<(), i32> {
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        self.change(|fs| {
+            let p = resolve(fs, dir)?;
+            fs.mkdir(p, name.as_bytes(), 0o755, common::ME)
+                .map(|_| ())
+                .map_err(|e| e.errno)
+        })
+    }
+
+    fn create(&self, path: &str, data: &[u8]) -> Result<(), i32> {
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        let (ino, fh) = self.change(|fs| {
+            let p = resolve(fs, dir)?;
+            fs.create(
+                p,
+                name.as_bytes(),
+                0o644,
+                libc::O_WRONLY | libc::O_EXCL,
+                common::ME,
+            )
+            .map(|(e, fh)| (e.ino, fh))
+            .map_err(|e| e.errno)
+        })?;
+        let r = self.change(|fs| fs.write(ino, fh, 0, data, common::ME).map_err(|e| e.errno));
+        self.change(|fs| fs.release(fh));
+        r.map(|_| ())
+    }
+
+    fn unlink(&self, path: &str) -> Result<(), i32> {
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        self.change(|fs| {
+            let p = resolve(fs, dir)?;
+            fs.unlink(p, name.as_bytes()).map_err(|e| e.errno)
+        })
+    }
+
+    fn rename(&self, from: &str, to: &str) -> Result<(), i32> {
+        self.change(|fs| {
+            let (fd, fname) = from.rsplit_once('/').unwrap_or(("", from));
+            let (td, tname) = to.rsplit_once('/').unwrap_or(("", to));
+            let (fp, tp) = (resolve(fs, fd)?, resolve(fs, td)?);
+            fs.rename(fp, fname.as_bytes(), tp, tname.as_bytes(), 0, common::ME)
+                .map_err(|e| e.errno)
+        })
+    }
+}
+
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Two clients' changes on one history: each sees the other's before its own.
+fn two_writers(engine: Arc<dyn MetaEngine>) {
+    let rack = Rack::new(2);
+    let a = client(&rack, engine.clone(), "a");
+    let b = client(&rack, engine, "b");
+    let free_at_start = rack.free();
+    a.mkdir("d").unwrap();
+    a.create("d/from-a", &bytes(1, 3 << 20)).unwrap();
+    // B's change catches up first: A's directory is there, and so is A's file.
+    b.create("d/from-b", b"from b").unwrap();
+    assert_eq!(read(&b.fs, "d/from-a").unwrap(), bytes(1, 3 << 20));
+    // The same name made by both: one history decides it.
+    a.create("d/same", b"a").unwrap();
+    assert_eq!(b.create("d/same", b"b"), Err(libc::EEXIST));
+    // A's last change caught up with B's file before it.
+    assert_eq!(read(&a.fs, "d/from-b").unwrap(), b"from b");
+    // A sees B's later changes once it polls (or makes a change of its own).
+    b.create("d/late", b"late").unwrap();
+    assert_eq!(resolve(&a.fs, "d/late"), Err(libc::ENOENT));
+    a.shared.poll_now().unwrap();
+    assert_eq!(read(&a.fs, "d/late").unwrap(), b"late");
+    b.rename("d/from-a", "moved").unwrap();
+    a.shared.poll_now().unwrap();
+    assert_eq!(resolve(&a.fs, "d/from-a"), Err(libc::ENOENT));
+    assert_eq!(read(&a.fs, "moved").unwrap(), bytes(1, 3 << 20));
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+
+    // B deletes A's file: its memory comes back once both have applied the unlink.
+    let before = rack.free();
+    b.unlink("moved").unwrap();
+    b.shared.poll_now().unwrap();
+    assert_eq!(rack.free(), before, "freed before A applied the unlink");
+    assert_eq!(read(&a.fs, "moved").unwrap(), bytes(1, 3 << 20));
+    a.shared.poll_now().unwrap();
+    // Three 1 MiB chunks, two copies each.
+    eventually("the unlinked file's memory is back", || {
+        b.shared.poll_now().unwrap();
+        rack.free().iter().sum::<u64>() >= before.iter().sum::<u64>() + (6 << 20)
+    });
+    for p in ["d/from-b", "d/same", "d/late"] {
+        a.unlink(p).unwrap();
+    }
+    a.change(|fs| fs.rmdir(ROOT_INO, b"d").unwrap());
+    b.shared.poll_now().unwrap();
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+    assert!(rack.free().iter().sum::<u64>() <= free_at_start.iter().sum::<u64>());
+}
+
+#[test]
+fn two_writers_share_one_history_on_the_in_memory_engine() {
+    two_writers(Arc::new(MemEngine::new()));
+}
+
+#[test]
+fn a_client_whose_heartbeats_stopped_is_fenced() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    let c = client(&rack, Arc::new(engine.clone()), "c");
+    c.create("c-file", b"before").unwrap();
+    // C freezes: its heartbeats stop, and its session runs out.
+    engine.heartbeat("c", Duration::ZERO).unwrap();
+    eventually("c's session ran out", || {
+        engine.expired_sessions().unwrap() == vec!["c".to_string()]
+    });
+    // A evicts it: fenced at every server, then forgotten by the engine.
+    a.shared.poll_now().unwrap();
+    assert!(engine.expired_sessions().unwrap().is_empty());
+    // C's changes fail and land nowhere: the engine refuses its records, the servers its
+    // data and allocations.
+    assert!(c.create("c-late", b"late").is_err());
+    a.shared.poll_now().unwrap();
+    assert_eq!(resolve(&a.fs, "c-late"), Err(libc::ENOENT));
+    assert_eq!(read(&a.fs, "c-file").unwrap(), b"before");
+    let ino = resolve(&c.fs, "c-file").unwrap();
+    let wrote = c.change(|fs| {
+        let fh = fs.open(ino, libc::O_WRONLY).map_err(|e| e.errno)?;
+        let r = fs
+            .write(ino, fh, 0, b"AFTER!", common::ME)
+            .map_err(|e| e.errno);
+        fs.release(fh);
+        r
+    });
+    assert!(wrote.is_err(), "a fenced client's write was answered");
+    assert_eq!(read(&a.fs, "c-file").unwrap(), b"before");
+}
+
+#[test]
+fn two_writers_share_one_history_on_redis() {
+    let redis = common::redis::Redis::start();
+    let engine = rmemfs::engine::redis::RedisEngine::open(&redis.url, "sh").unwrap();
+    two_writers(Arc::new(engine));
+}
