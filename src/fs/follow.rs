@@ -35,7 +35,10 @@ impl Fs {
         let _ = self.invalidate.set(tell);
     }
 
-    fn tell_followed(&self, what: &[Invalidation]) {
+    /// Tells the kernel what to forget (see [`Fs::apply_followed`]). Never from inside a
+    /// request: the kernel's invalidation of a name waits for its directory's lock, which the
+    /// request's caller may hold until it is answered.
+    pub fn tell_followed(&self, what: &[Invalidation]) {
         if let (Some(tell), false) = (self.invalidate.get(), what.is_empty()) {
             tell(what);
         }
@@ -45,6 +48,17 @@ impl Fs {
     /// Returns the invalidations sent. Sent with no lock held: the kernel's invalidation
     /// may wait for requests in flight, which may wait for these locks.
     pub fn apply_followed(&self, records: &[(u64, Vec<Change>)]) -> Result<Vec<Invalidation>> {
+        let out = self.apply_followed_quietly(records)?;
+        self.tell_followed(&out);
+        Ok(out)
+    }
+
+    /// As [`Fs::apply_followed`], without telling the kernel: what it must forget is returned
+    /// (a change applied inside a request, whose invalidations go out after it).
+    pub fn apply_followed_quietly(
+        &self,
+        records: &[(u64, Vec<Change>)],
+    ) -> Result<Vec<Invalidation>> {
         let changes: Vec<&Change> = records.iter().flat_map(|(_, c)| c).collect();
         // The files the table has now, for the changes to their maps.
         let existing: HashMap<Ino, Arc<FileData>> = {
@@ -124,7 +138,6 @@ impl Fs {
                 Change::Make { .. } | Change::Cookies { .. } => {}
             }
         }
-        self.tell_followed(&out);
         Ok(out)
     }
 

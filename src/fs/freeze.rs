@@ -29,6 +29,9 @@ pub trait Turns: Send + Sync {
     /// result is dropped. None if it could not be taken (the change's record is then
     /// refused, and the change fails).
     fn begin(&self, fs: &Fs) -> Option<Box<dyn std::any::Any + Send>>;
+
+    /// Brings the table up to date without the turn (a lookup that found nothing).
+    fn refresh(&self, fs: &Fs);
 }
 
 impl Fs {
@@ -38,6 +41,17 @@ impl Fs {
         let gate = self.change_gate.read();
         let turn = self.turns.get().and_then(|t| t.begin(self));
         ChangeAdmitted(gate, turn)
+    }
+
+    /// On a shared volume, brings the table up to date; false (nothing done) elsewhere.
+    pub fn refresh_shared(&self) -> bool {
+        match self.turns.get() {
+            Some(t) => {
+                t.refresh(self);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Sets where changes wait their turn (once; later calls are ignored).

@@ -11,6 +11,18 @@ use crate::sync::Arc;
 impl Fs {
     /// Looks `name` up in `parent`; counts a kernel reference on success.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        match self.lookup_here(parent, name) {
+            // On a shared volume a name another client made may not have reached this table
+            // yet: it catches up once before saying there is none (a path another client just
+            // made resolves at once).
+            Err(e) if e.errno == libc::ENOENT && self.refresh_shared() => {
+                self.lookup_here(parent, name)
+            }
+            r => r,
+        }
+    }
+
+    fn lookup_here(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         let mut meta = self.meta.lock();
         if name.len() > NAME_MAX {
             return Err(err(libc::ENAMETOOLONG));

@@ -56,6 +56,9 @@ struct State {
     busy: Mutex<bool>,
     free: Condvar,
     gate: Arc<FreeGate>,
+    /// Invalidations of changes applied inside a request, sent by the notifier thread once
+    /// the request may have been answered (see [`Fs::tell_followed`]).
+    notify: crossbeam_channel::Sender<Vec<crate::fs::Invalidation>>,
     stop: AtomicBool,
     /// The poller's rounds are left to [`SharedClient::poll_now`] (a test freezing a client).
     paused: AtomicBool,
@@ -65,6 +68,8 @@ struct State {
 pub struct SharedClient {
     state: Arc<State>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Not joined: it ends once the file system (which keeps its channel open) is gone.
+    _notifier: std::thread::JoinHandle<()>,
 }
 
 impl State {
@@ -87,7 +92,8 @@ impl State {
     }
 
     /// Applies what others appended since this table's last change (only while claimed).
-    fn catch_up(&self, fs: &Fs) -> Result<usize> {
+    /// Inside a request (`in_request`), the kernel is told by the notifier thread.
+    fn catch_up(&self, fs: &Fs, in_request: bool) -> Result<usize> {
         let mut n = 0;
         loop {
             let after = self.applied.load(Ordering::SeqCst);
@@ -113,7 +119,12 @@ impl State {
                 records.push(r);
             }
             let last = records.last().map_or(after, |r| r.0);
-            fs.apply_followed(&records)?;
+            if in_request {
+                let told = fs.apply_followed_quietly(&records)?;
+                let _ = self.notify.send(told);
+            } else {
+                fs.apply_followed(&records)?;
+            }
             n += records.len();
             self.applied.store(last, Ordering::SeqCst);
             if got.len() < READ_BATCH {
@@ -151,11 +162,21 @@ impl Turns for SharedTurns {
             return None;
         }
         let turn = Turn(s.clone());
-        if let Err(e) = s.catch_up(fs) {
+        if let Err(e) = s.catch_up(fs, true) {
             log::error!("catching up with the engine: {}", e.message);
             return None;
         }
         Some(Box::new(turn))
+    }
+
+    fn refresh(&self, fs: &Fs) {
+        let s = &self.0;
+        s.claim();
+        let r = s.catch_up(fs, true);
+        s.release();
+        if let Err(e) = r {
+            log::warn!("catching up with the engine: {}", e.message);
+        }
     }
 }
 
@@ -201,6 +222,7 @@ pub fn join(
     let meta = Meta::new(0o755, config.root_uid, config.root_gid);
     let fs = Arc::new(Fs::with_meta(data, config, meta));
     let gate = Arc::new(FreeGate::default());
+    let (notify, told) = crossbeam_channel::unbounded::<Vec<crate::fs::Invalidation>>();
     let state = Arc::new(State {
         engine,
         who,
@@ -209,11 +231,12 @@ pub fn join(
         busy: Mutex::new(false),
         free: Condvar::new(),
         gate: gate.clone(),
+        notify,
         stop: AtomicBool::new(false),
         paused: AtomicBool::new(false),
     });
     state.claim();
-    let replayed = state.catch_up(&fs);
+    let replayed = state.catch_up(&fs, false);
     state.release();
     let replayed = replayed.map_err(|e| format!("replaying the engine's log: {}", e.message))?;
     log::info!(
@@ -231,11 +254,25 @@ pub fn join(
         .name("volume-shared".into())
         .spawn(move || poll_loop(&s))
         .map_err(|e| format!("cannot start the shared volume's poller: {e}"))?;
+    let weak = Arc::downgrade(&fs);
+    let notifier = std::thread::Builder::new()
+        .name("volume-notify".into())
+        .spawn(move || {
+            // Ends when the last sender (the state) goes.
+            for batch in told {
+                match weak.upgrade() {
+                    Some(fs) => fs.tell_followed(&batch),
+                    None => return,
+                }
+            }
+        })
+        .map_err(|e| format!("cannot start the shared volume's notifier: {e}"))?;
     Ok((
         fs,
         SharedClient {
             state,
             thread: Some(thread),
+            _notifier: notifier,
         },
     ))
 }
@@ -262,7 +299,7 @@ fn poll_loop(s: &State) {
 fn poll_once(s: &State, fs: &Fs) -> std::result::Result<(), String> {
     // A change under way catches up itself.
     if s.try_claim() {
-        let r = s.catch_up(fs);
+        let r = s.catch_up(fs, false);
         s.release();
         r.map_err(|e| e.message)?;
     }
