@@ -5,8 +5,8 @@
 
 mod common;
 
-use common::bytes;
 use common::rack::{read, resolve, Rack};
+use common::{bytes, claim, control, eventually};
 use rmemfs::fabric::{RemoteRegion, ServerId};
 use rmemfs::fs::{Barrier, Invalidation};
 use rmemfs::volume::JournalOptions;
@@ -14,15 +14,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const MIB: usize = 1 << 20;
-
-/// Waits until `done` holds, or fails naming `what` after a generous deadline.
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
 
 #[test]
 fn a_follower_replays_what_the_holder_commits_and_tells_the_kernel() {
@@ -195,29 +186,18 @@ fn a_follower_follows_a_new_ring_and_reloads_once_behind_it() {
 
 #[test]
 fn a_follower_session_may_report_and_read_and_nothing_else() {
-    use rmemfs::client::control::ControlConn;
     use rmemfs::proto::{ClaimMode, Message};
     let rack = Rack::new(1);
     let d = rack.attach("vol", true, false).unwrap();
     d.write("f", &bytes(1, 100)).unwrap();
     d.sync().unwrap();
     let addr = rack.addrs()[0];
-    let secret = rmemfs::auth::Secret::none();
-    let connect = || ControlConn::connect(addr, "t", Duration::from_secs(5), &secret).unwrap();
+    let connect = || control(addr);
     let pool = d.fs().data().pool().clone();
     assert_eq!(pool.follower_floor(), u64::MAX, "no follower yet");
 
     let c = connect();
-    let claimed = c
-        .request(|tag| Message::VolumeClaim {
-            tag,
-            name: "vol".into(),
-            holder: "test follower".into(),
-            mode: ClaimMode::Follow,
-            takeover: false,
-            min_epoch: 0,
-        })
-        .unwrap();
+    let claimed = claim(&c, "vol", "test follower", ClaimMode::Follow);
     assert!(
         matches!(claimed, Message::VolumeClaimed { created: false, ref root, .. } if !root.is_empty()),
         "{claimed:?}"
@@ -240,28 +220,11 @@ fn a_follower_session_may_report_and_read_and_nothing_else() {
     let c = connect();
     assert!(c.request(|tag| Message::FollowAt { tag, lsn: 1 }).is_err());
     let c = connect();
-    c.request(|tag| Message::VolumeClaim {
-        tag,
-        name: "vol".into(),
-        holder: "test follower".into(),
-        mode: ClaimMode::Follow,
-        takeover: false,
-        min_epoch: 0,
-    })
-    .unwrap();
+    claim(&c, "vol", "test follower", ClaimMode::Follow);
     assert!(c.request(|tag| Message::Followers { tag }).is_err());
     // Nor follow a volume that is not there.
     let c = connect();
-    let refused = c
-        .request(|tag| Message::VolumeClaim {
-            tag,
-            name: "nosuch".into(),
-            holder: "test follower".into(),
-            mode: ClaimMode::Follow,
-            takeover: false,
-            min_epoch: 0,
-        })
-        .unwrap();
+    let refused = claim(&c, "nosuch", "test follower", ClaimMode::Follow);
     assert!(
         matches!(refused, Message::Refused { ref message, .. } if message.contains("it holds: vol")),
         "{refused:?}"

@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::bytes;
 use common::rack::{read, resolve, Rack};
+use common::{bytes, eventually};
 use rmemfs::client::volume::{VolumeRole, VolumeSpec};
 use rmemfs::engine::mem::MemEngine;
 use rmemfs::engine::MetaEngine;
@@ -15,7 +15,7 @@ use rmemfs::fs::{Fs, FsConfig};
 use rmemfs::meta::ROOT_INO;
 use rmemfs::volume::shared::{self, SharedClient};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 struct Client {
     fs: Arc<Fs>,
@@ -88,14 +88,6 @@ impl Client {
             fs.rename(fp, fname.as_bytes(), tp, tname.as_bytes(), 0, common::ME)
                 .map_err(|e| e.errno)
         })
-    }
-}
-
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

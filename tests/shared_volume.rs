@@ -6,32 +6,10 @@
 mod common;
 
 use common::rack::Rack;
+use common::{claim, control as connect, eventually};
 use rmemfs::client::control::ControlConn;
 use rmemfs::proto::{ClaimMode, Message, RefusalCode};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
-
-fn connect(addr: SocketAddr) -> ControlConn {
-    ControlConn::connect(
-        addr,
-        "test",
-        Duration::from_secs(5),
-        &rmemfs::auth::Secret::none(),
-    )
-    .unwrap()
-}
-
-fn claim(c: &ControlConn, name: &str, who: &str, mode: ClaimMode) -> Message {
-    c.request(|tag| Message::VolumeClaim {
-        tag,
-        name: name.into(),
-        holder: who.into(),
-        mode,
-        takeover: false,
-        min_epoch: 0,
-    })
-    .unwrap()
-}
 
 /// A member joined as `who`.
 fn member(addr: SocketAddr, who: &str) -> ControlConn {
@@ -50,14 +28,6 @@ fn alloc(c: &ControlConn, len: u64) -> (u64, u64) {
 
 fn free(c: &ControlConn, (addr, rkey): (u64, u64)) -> Message {
     c.request(|tag| Message::Free { tag, addr, rkey }).unwrap()
-}
-
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 #[test]

@@ -32,19 +32,9 @@ impl Pool {
     /// asks each where the journal is now: the answers of those that gave one (a server that
     /// does not answer is failed, as any request's).
     pub fn follow_at(&self, lsn: u64) -> Vec<FollowedRoot> {
-        let asked: Vec<_> = self
-            .servers
-            .iter()
-            .filter(|s| !s.is_failed())
-            .map(|s| {
-                let link = s.link();
-                let rx = link.control.send(|tag| Message::FollowAt { tag, lsn });
-                (s, link, rx)
-            })
-            .collect();
         let mut roots = Vec::new();
-        for (s, link, rx) in asked {
-            match rx.and_then(|rx| link.control.wait(rx)) {
+        for (s, answer) in self.ask_every_live(|tag| Message::FollowAt { tag, lsn }) {
+            match answer {
                 Ok(Message::FollowRoot { epoch, root, .. }) => {
                     roots.push(FollowedRoot { epoch, root })
                 }
@@ -56,6 +46,27 @@ impl Pool {
             }
         }
         roots
+    }
+
+    /// Sends `build`'s request to every live server at once, then waits for each answer.
+    fn ask_every_live(
+        &self,
+        build: impl Fn(u64) -> Message,
+    ) -> Vec<(&super::Server, Result<Message, super::PoolError>)> {
+        let asked: Vec<_> = self
+            .servers
+            .iter()
+            .filter(|s| !s.is_failed())
+            .map(|s| {
+                let link = s.link();
+                let rx = link.control.send(&build);
+                (s, link, rx)
+            })
+            .collect();
+        asked
+            .into_iter()
+            .map(|(s, link, rx)| (s, rx.and_then(|rx| link.control.wait(rx))))
+            .collect()
     }
 
     /// Fences member `who` of this pool's shared volume at every live server (its engine
@@ -79,19 +90,9 @@ impl Pool {
     /// The lowest journal sequence number every follower of this pool's volume has applied,
     /// over the live servers that answer (`u64::MAX`: none follows).
     pub fn follower_floor(&self) -> u64 {
-        let asked: Vec<_> = self
-            .servers
-            .iter()
-            .filter(|s| !s.is_failed())
-            .map(|s| {
-                let link = s.link();
-                let rx = link.control.send(|tag| Message::Followers { tag });
-                (s, link, rx)
-            })
-            .collect();
         let mut floor = u64::MAX;
-        for (s, link, rx) in asked {
-            match rx.and_then(|rx| link.control.wait(rx)) {
+        for (s, answer) in self.ask_every_live(|tag| Message::Followers { tag }) {
+            match answer {
                 Ok(Message::FollowerFloor { floor: f, .. }) => floor = floor.min(f),
                 Ok(other) => {
                     // Not knowing, hold every free back.

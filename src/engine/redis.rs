@@ -130,7 +130,24 @@ impl RedisEngine {
             },
         };
         engine.with(|_| Ok(()))?;
+        engine.warn_without_aof();
         Ok(engine)
+    }
+
+    /// Says so when Redis keeps no append-only file: a restart of it would lose the whole
+    /// namespace. (A Redis that hides `CONFIG` is not asked twice.)
+    fn warn_without_aof(&self) {
+        let got: Result<Vec<String>, _> =
+            self.with(|c| ::redis::cmd("CONFIG").arg("GET").arg("appendonly").query(c));
+        if let Ok(pair) = got {
+            if pair.get(1).is_some_and(|v| v == "no") {
+                log::warn!(
+                    "{}: Redis keeps no append-only file (appendonly no): a restart of Redis \
+                     loses the volume's namespace; run it with appendonly yes",
+                    self.url
+                );
+            }
+        }
     }
 
     /// Runs `f` on the connection (made if there is none); a failed request drops it, so the

@@ -86,12 +86,13 @@ impl Volume {
         }
     }
 
-    /// A new shared volume whose extents are registered to `session_id`.
-    pub(super) fn shared(session_id: u64) -> Volume {
+    /// A new, empty volume whose extents are registered to `session_id`, at `epoch`, held
+    /// last by `holder` (none connected yet).
+    fn new(session_id: u64, epoch: u64, holder: String) -> Volume {
         Volume {
             session_id,
-            epoch: 1,
-            holder: "many writers".into(),
+            epoch,
+            holder,
             conn: None,
             token: None,
             fenced: Vec::new(),
@@ -102,9 +103,17 @@ impl Volume {
             root: Vec::new(),
             rekeyed: false,
             followers: HashMap::new(),
-            shared: true,
+            shared: false,
             members: HashMap::new(),
             evicted: Vec::new(),
+        }
+    }
+
+    /// A new shared volume whose extents are registered to `session_id`.
+    pub(super) fn shared(session_id: u64) -> Volume {
+        Volume {
+            shared: true,
+            ..Volume::new(session_id, 1, "many writers".into())
         }
     }
 
@@ -117,22 +126,16 @@ impl Volume {
     ) -> Volume {
         let digest = |h: &String| unhex(h).and_then(|b| TokenDigest::try_from(b).ok());
         Volume {
-            session_id: rec.session_id,
-            epoch: rec.epoch,
-            holder: rec.holder,
-            conn: None,
             token: rec.token.as_ref().and_then(digest),
             fenced: rec.fenced.iter().filter_map(digest).collect(),
-            last_heard: Instant::now(),
             extents: parked.len() as u64,
             bytes: parked.values().map(|e| e.len).sum(),
             parked,
             root: unhex(&rec.root).unwrap_or_default(),
             rekeyed,
-            followers: HashMap::new(),
             shared: rec.shared,
-            members: HashMap::new(),
             evicted: rec.evicted,
+            ..Volume::new(rec.session_id, rec.epoch, rec.holder)
         }
     }
 
@@ -293,22 +296,9 @@ impl Session {
                 vols.insert(
                     name.clone(),
                     Volume {
-                        session_id: self.id,
-                        epoch,
-                        holder: holder.clone(),
                         conn: Some(self.conn),
                         token: Some(token_digest(&token)),
-                        fenced: Vec::new(),
-                        last_heard: Instant::now(),
-                        parked: HashMap::new(),
-                        extents: 0,
-                        bytes: 0,
-                        root: Vec::new(),
-                        rekeyed: false,
-                        followers: HashMap::new(),
-                        shared: false,
-                        members: HashMap::new(),
-                        evicted: Vec::new(),
+                        ..Volume::new(self.id, epoch, holder.clone())
                     },
                 );
                 log::info!("volume '{name}' made for {holder} at epoch {epoch}");

@@ -600,3 +600,44 @@ pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Waits until `done` holds, or fails naming `what` after a generous deadline.
+pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A control connection to the server at `addr` (no secret).
+pub fn control(addr: SocketAddr) -> rmemfs::client::control::ControlConn {
+    rmemfs::client::control::ControlConn::connect(
+        addr,
+        "test",
+        Duration::from_secs(5),
+        &rmemfs::auth::Secret::none(),
+    )
+    .unwrap()
+}
+
+/// Claims volume `name` on `c` as `who`, in `mode`; the server's answer.
+pub fn claim(
+    c: &rmemfs::client::control::ControlConn,
+    name: &str,
+    who: &str,
+    mode: rmemfs::proto::ClaimMode,
+) -> rmemfs::proto::Message {
+    c.request(|tag| rmemfs::proto::Message::VolumeClaim {
+        tag,
+        name: name.into(),
+        holder: who.into(),
+        mode,
+        takeover: false,
+        min_epoch: 0,
+    })
+    .unwrap()
+}
