@@ -171,7 +171,11 @@ impl Turns for SharedTurns {
 
     fn refresh(&self, fs: &Fs) {
         let s = &self.0;
-        s.claim();
+        // A change under way (maybe this very request's: a create that looks its name up)
+        // caught up when it began: no wait for it.
+        if !s.try_claim() {
+            return;
+        }
         let r = s.catch_up(fs, true);
         s.release();
         if let Err(e) = r {
