@@ -83,16 +83,7 @@ impl Fs {
                 }
                 Change::Extent { ino, idx, chunk } if !made.contains(ino) => {
                     if let Some(f) = existing.get(ino) {
-                        let mut map = f.chunks.write();
-                        match chunk {
-                            Some(c) => {
-                                map.insert(*idx, *c);
-                            }
-                            None => {
-                                map.remove(idx);
-                            }
-                        }
-                        map.take_log();
+                        f.chunks.write().apply(*idx, *chunk);
                     }
                 }
                 Change::Drop { ino } => {

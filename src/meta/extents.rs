@@ -194,6 +194,20 @@ impl ChunkMap {
         std::mem::take(&mut self.map)
     }
 
+    /// Sets chunk `idx` as a committed change says (none: gone), unlogged: the change is in
+    /// the journal already (a replay, a follower's).
+    pub fn apply(&mut self, idx: u64, chunk: Option<Chunk>) {
+        match chunk {
+            Some(c) => {
+                self.insert(idx, c);
+            }
+            None => {
+                self.remove(&idx);
+            }
+        }
+        self.take_log();
+    }
+
     /// The changes since the last call, for the namespace's batch.
     pub fn take_log(&mut self) -> Vec<ExtentChange> {
         std::mem::take(&mut self.log)

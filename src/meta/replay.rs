@@ -90,16 +90,7 @@ impl Meta {
                     .get(*ino)
                     .and_then(Inode::file)
                     .ok_or_else(|| missing("a chunk", *ino))?;
-                let mut map = f.chunks.write();
-                match chunk {
-                    Some(c) => {
-                        map.insert(*idx, *c);
-                    }
-                    None => {
-                        map.remove(idx);
-                    }
-                }
-                map.take_log();
+                f.chunks.write().apply(*idx, *chunk);
             }
             Change::Drop { ino } => {
                 self.remove(*ino);
