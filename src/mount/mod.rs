@@ -450,6 +450,14 @@ fn build_fs(
             },
         }),
     };
+    // The engine first: one that cannot be reached fails the mount before any server
+    // counts this daemon as a member.
+    let engine = match (&config.meta, &config.volume) {
+        (Some(url), Some(name)) => Some(
+            crate::engine::redis::RedisEngine::open(url, name).map_err(|e| e.to_string())?,
+        ),
+        _ => None,
+    };
     let pool = Pool::connect(
         fabric,
         &servers.addrs,
@@ -496,10 +504,7 @@ fn build_fs(
         writeback: choices.writeback,
         writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
     };
-    let (fs, journal, follower) = if let Some(url) = &config.meta {
-        let name = config.volume.as_deref().unwrap_or_default();
-        let engine =
-            crate::engine::redis::RedisEngine::open(url, name).map_err(|e| e.to_string())?;
+    let (fs, journal, follower) = if let Some(engine) = engine {
         let who = pool_holder(&data);
         let (fs, client) =
             crate::volume::shared::join(data, fs_config, std::sync::Arc::new(engine), who)?;
