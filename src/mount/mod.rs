@@ -453,9 +453,9 @@ fn build_fs(
     // The engine first: one that cannot be reached fails the mount before any server
     // counts this daemon as a member.
     let engine = match (&config.meta, &config.volume) {
-        (Some(url), Some(name)) => Some(
-            crate::engine::redis::RedisEngine::open(url, name).map_err(|e| e.to_string())?,
-        ),
+        (Some(url), Some(name)) => {
+            Some(crate::engine::redis::RedisEngine::open(url, name).map_err(|e| e.to_string())?)
+        }
         _ => None,
     };
     let pool = Pool::connect(
