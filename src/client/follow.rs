@@ -15,11 +15,6 @@ pub struct FollowedRoot {
 }
 
 impl Pool {
-    /// How this pool was configured (its volume and role among them).
-    pub fn config(&self) -> &super::PoolConfig {
-        &self.config
-    }
-
     /// Whether this pool follows a volume (read-only: it allocates and frees nothing).
     pub fn follows(&self) -> bool {
         self.config
@@ -53,10 +48,20 @@ impl Pool {
         &self,
         build: impl Fn(u64) -> Message,
     ) -> Vec<(&super::Server, Result<Message, super::PoolError>)> {
+        self.ask_live(|_| true, build)
+    }
+
+    /// Sends `build`'s request at once to every live server that `which` picks, then waits
+    /// for each answer.
+    pub(super) fn ask_live(
+        &self,
+        which: impl Fn(&super::Server) -> bool,
+        build: impl Fn(u64) -> Message,
+    ) -> Vec<(&super::Server, Result<Message, super::PoolError>)> {
         let asked: Vec<_> = self
             .servers
             .iter()
-            .filter(|s| !s.is_failed())
+            .filter(|s| !s.is_failed() && which(s))
             .map(|s| {
                 let link = s.link();
                 let rx = link.control.send(&build);

@@ -317,21 +317,9 @@ impl Pool {
     /// (as far as their medium is: doc/OPERATIONS.md). Servers without a backing file are not
     /// asked. A server that cannot persist is logged; one that does not answer is failed.
     pub fn persist(&self) {
-        let asked: Vec<_> = self
-            .servers
-            .iter()
-            .filter(|s| !s.is_failed())
-            .filter_map(|s| {
-                let link = s.link();
-                if !link.control.hello.backed {
-                    return None;
-                }
-                let rx = link.control.send(|tag| Message::Persist { tag });
-                Some((s, link, rx))
-            })
-            .collect();
-        for (s, link, rx) in asked {
-            match rx.and_then(|rx| link.control.wait(rx)) {
+        let backed = |s: &super::Server| s.link().control.hello.backed;
+        for (s, answer) in self.ask_live(backed, |tag| Message::Persist { tag }) {
+            match answer {
                 Ok(Message::Persisted { .. }) => {}
                 Ok(other) => log::error!("{}", unexpected(s.addr, &other)),
                 Err(e) => {

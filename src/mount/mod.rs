@@ -399,16 +399,6 @@ enum Following {
     Shared(#[allow(dead_code)] crate::volume::shared::SharedClient),
 }
 
-/// The name the pool claimed its volume under (a shared volume's session name).
-fn pool_holder(data: &DataStore) -> String {
-    data.pool()
-        .config()
-        .volume
-        .as_ref()
-        .map(|v| v.holder.clone())
-        .unwrap_or_default()
-}
-
 /// Connects the pool and builds the data store and the file system over it.
 fn build_fs(
     config: &MountConfig,
@@ -418,6 +408,16 @@ fn build_fs(
     choices: &options::MountChoices,
     taken_over: bool,
 ) -> Result<Built, String> {
+    // What this daemon claims the volume as; a shared volume's member is named as its engine
+    // session, unique to this daemon's life.
+    let holder = match &config.meta {
+        Some(_) => format!(
+            "{} session {:016x}",
+            crate::volume::holder_name(""),
+            crate::fabric::random_u64()
+        ),
+        None => crate::volume::holder_name(""),
+    };
     let volume = match &config.volume {
         None => None,
         Some(_) if servers._embedded.is_some() => {
@@ -428,15 +428,7 @@ fn build_fs(
         }
         Some(name) => Some(crate::client::volume::VolumeSpec {
             name: name.clone(),
-            holder: match &config.meta {
-                // The engine's session name: unique to this daemon's life.
-                Some(_) => format!(
-                    "{} session {:016x}",
-                    crate::volume::holder_name(""),
-                    crate::fabric::random_u64()
-                ),
-                None => crate::volume::holder_name(""),
-            },
+            holder: holder.clone(),
             // A daemon taking over a kept connection runs the first one's command line: the
             // volume exists by then.
             create: config.create && !taken_over,
@@ -505,9 +497,8 @@ fn build_fs(
         writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
     };
     let (fs, journal, follower) = if let Some(engine) = engine {
-        let who = pool_holder(&data);
         let (fs, client) =
-            crate::volume::shared::join(data, fs_config, std::sync::Arc::new(engine), who)?;
+            crate::volume::shared::join(data, fs_config, std::sync::Arc::new(engine), holder)?;
         (fs, None, Some(Following::Shared(client)))
     } else if config.follow {
         let (fs, follower) = crate::volume::follow::follow(data, fs_config, &servers.addrs)?;

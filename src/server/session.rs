@@ -325,17 +325,14 @@ impl Session {
         Ok(match msg {
             Message::Connect { tag, blob } => {
                 // A follower's data connections are served as the volume's session, read-only.
-                let session = match &self.follows {
-                    Some(f) => SessionKey {
-                        id: f.session_id,
-                        token,
-                        read_only: true,
-                    },
-                    None => SessionKey {
-                        id: self.id,
-                        token,
-                        read_only: false,
-                    },
+                let (id, read_only) = match &self.follows {
+                    Some(f) => (f.session_id, true),
+                    None => (self.id, false),
+                };
+                let session = SessionKey {
+                    id,
+                    token,
+                    read_only,
                 };
                 match self
                     .shared

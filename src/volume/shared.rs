@@ -48,7 +48,7 @@ struct State {
     engine: Arc<dyn MetaEngine>,
     /// This client's session name: what it holds turns under, and what the servers evict.
     who: String,
-    fs: Mutex<Weak<Fs>>,
+    fs: Weak<Fs>,
     /// The last change this client's table holds.
     applied: AtomicU64,
     /// One change of this client at a time: a local change holds it with the engine's turn,
@@ -230,7 +230,7 @@ pub fn join(
     let state = Arc::new(State {
         engine,
         who,
-        fs: Mutex::new(Arc::downgrade(&fs)),
+        fs: Arc::downgrade(&fs),
         applied: AtomicU64::new(0),
         busy: Mutex::new(false),
         free: Condvar::new(),
@@ -290,7 +290,7 @@ fn poll_loop(s: &State) {
         if s.paused.load(Ordering::SeqCst) {
             continue;
         }
-        let Some(fs) = s.fs.lock().upgrade() else {
+        let Some(fs) = s.fs.upgrade() else {
             return;
         };
         if let Err(e) = poll_once(s, &fs) {
@@ -332,12 +332,7 @@ fn poll_once(s: &State, fs: &Fs) -> std::result::Result<(), String> {
 impl SharedClient {
     /// One round of the poller now (tests).
     pub fn poll_now(&self) -> std::result::Result<(), String> {
-        let fs = self
-            .state
-            .fs
-            .lock()
-            .upgrade()
-            .ok_or("the file system is gone")?;
+        let fs = self.state.fs.upgrade().ok_or("the file system is gone")?;
         poll_once(&self.state, &fs)
     }
 
