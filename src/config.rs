@@ -213,6 +213,12 @@ pub const FOLLOWER_FLOOR_POLL: Duration = Duration::from_millis(20);
 /// one control round trip per server each time.
 pub const FOLLOW_POLL: Duration = Duration::from_millis(100);
 
+/// How often a blocked lock request on a shared volume (`F_SETLKW`, `flock` without
+/// `LOCK_NB`) asks the metadata engine again, at most: tries start at 1 ms and double up to
+/// this, so a lock handed over between two processes is taken within about it, while a long
+/// wait costs one small engine request per period.
+pub const LOCK_WAIT_POLL: Duration = Duration::from_millis(50);
+
 /// Bytes of the ring a follower reads at its tail when it last found nothing there: an idle
 /// follower reads this much per poll (160 KB/s), enough for the few records a quiet holder
 /// commits between polls.

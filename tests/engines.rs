@@ -8,7 +8,9 @@ mod common;
 use common::redis::Redis;
 use rmemfs::engine::mem::MemEngine;
 use rmemfs::engine::redis::RedisEngine;
-use rmemfs::engine::{Checkpoint, EngineError, MetaEngine};
+use rmemfs::engine::{change_locks, drop_session_locks, Checkpoint, EngineError, MetaEngine};
+use rmemfs::meta::locks::{FileLock, LockKind, LockOwner, LockType};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -159,12 +161,121 @@ fn concurrent(a: Arc<dyn MetaEngine>, b: Arc<dyn MetaEngine>) {
     }
 }
 
+fn posix(typ: Option<LockType>, start: u64, end: u64) -> FileLock {
+    FileLock {
+        kind: LockKind::Posix,
+        typ,
+        start,
+        end,
+        pid: 42,
+    }
+}
+
+fn owner(session: &str, owner: u64) -> LockOwner {
+    LockOwner {
+        session: session.into(),
+        owner,
+    }
+}
+
+/// File locks: one inode's table, changed only by compare-and-swap of a live session.
+fn locks_contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
+    a.start_session("la", LONG).unwrap();
+    b.start_session("lb", LONG).unwrap();
+    let (oa, ob) = (owner("la", 1), owner("lb", 1));
+    let write = posix(Some(LockType::Write), 0, 99);
+    let got = change_locks(a, "la", 5, |t| t.apply(&oa, &write)).unwrap();
+    assert_eq!(got, Ok(()));
+    // Another client's owner conflicts over a common byte, not beside it.
+    let clash = change_locks(b, "lb", 5, |t| {
+        t.apply(&ob, &posix(Some(LockType::Read), 50, 60))
+    })
+    .unwrap();
+    assert_eq!(clash.unwrap_err().who, oa);
+    change_locks(b, "lb", 5, |t| {
+        t.apply(&ob, &posix(Some(LockType::Read), 100, 200))
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(a.locked_inodes().unwrap(), vec![5]);
+    // A swap from a table that changed meanwhile does nothing.
+    let now = b.locks(5).unwrap();
+    assert!(!b.swap_locks("lb", 5, b"stale", b"").unwrap());
+    assert_eq!(b.locks(5).unwrap(), now);
+    // A session past its last heartbeat can change no table, even before it is dropped.
+    a.start_session("lc", Duration::from_millis(50)).unwrap();
+    let deadline = Instant::now() + LONG;
+    while !a.expired_sessions().unwrap().contains(&"lc".to_string()) {
+        assert!(Instant::now() < deadline, "lc's session never expired");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(matches!(
+        a.swap_locks("lc", 5, &now, b""),
+        Err(EngineError::NoSession { .. })
+    ));
+    a.drop_session("lc").unwrap();
+    // Dropping a session's locks frees what it held for the others.
+    drop_session_locks(b, "lb", "la").unwrap();
+    change_locks(b, "lb", 5, |t| {
+        t.apply(&ob, &posix(Some(LockType::Write), 50, 60))
+    })
+    .unwrap()
+    .unwrap();
+    drop_session_locks(b, "lb", "lb").unwrap();
+    assert_eq!(a.locked_inodes().unwrap(), Vec::<u64>::new());
+}
+
+/// Four threads on two engine handles take one write lock by trying until it is theirs: no
+/// two ever hold it at once, and every try to take it is answered.
+fn locks_exclude(a: Arc<dyn MetaEngine>, b: Arc<dyn MetaEngine>) {
+    const ROUNDS: usize = 50;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..4u64)
+        .map(|i| {
+            let e = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let session = format!("x{i}");
+            e.start_session(&session, LONG).unwrap();
+            let inside = inside.clone();
+            std::thread::spawn(move || {
+                let me = owner(&session, i);
+                for _ in 0..ROUNDS {
+                    let write = posix(Some(LockType::Write), 0, u64::MAX);
+                    while change_locks(&*e, &session, 9, |t| t.apply(&me, &write))
+                        .unwrap()
+                        .is_err()
+                    {
+                        std::thread::yield_now();
+                    }
+                    assert_eq!(
+                        inside.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two hold the lock"
+                    );
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    change_locks(&*e, &session, 9, |t| {
+                        t.apply(&me, &posix(None, 0, u64::MAX))
+                    })
+                    .unwrap()
+                    .unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(a.locks(9).unwrap(), Vec::<u8>::new());
+}
+
 #[test]
 fn the_in_memory_engine_keeps_the_contract() {
     let e = MemEngine::new();
     contract(&e, &e.clone());
     let e = MemEngine::new();
     concurrent(Arc::new(e.clone()), Arc::new(e));
+    let e = MemEngine::new();
+    locks_contract(&e, &e.clone());
+    locks_exclude(Arc::new(e.clone()), Arc::new(e));
 }
 
 #[test]
@@ -180,6 +291,9 @@ fn the_redis_engine_keeps_the_contract() {
         Arc::new(RedisEngine::open(&redis.url, "c").unwrap()),
         Arc::new(RedisEngine::open(&redis.url, "c").unwrap()),
     );
+    let l = |v| Arc::new(RedisEngine::open(&redis.url, v).unwrap());
+    locks_contract(&*l("l"), &*l("l"));
+    locks_exclude(l("m"), l("m"));
     // A Redis that goes away is an error that says so, not a hang; back, it is used again.
     drop(redis);
     match a.head() {

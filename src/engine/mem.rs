@@ -16,6 +16,7 @@ struct State {
     /// The turn's holder and when its lease runs out.
     turn: Option<(String, Instant)>,
     sessions: HashMap<String, Instant>,
+    locks: BTreeMap<u64, Vec<u8>>,
 }
 
 /// One volume's engine state; clones share it (several clients of one engine).
@@ -45,7 +46,11 @@ impl MetaEngine for MemEngine {
 
     fn append(&self, who: &str, lsn: u64, record: &[u8]) -> Result<(), EngineError> {
         let mut s = self.state.0.lock();
-        if !s.sessions.contains_key(who) {
+        if !s
+            .sessions
+            .get(who)
+            .is_some_and(|until| *until >= Instant::now())
+        {
             return Err(EngineError::NoSession { who: who.into() });
         }
         if !holds(&s.turn, who) {
@@ -159,5 +164,40 @@ impl MetaEngine for MemEngine {
     fn drop_session(&self, who: &str) -> Result<(), EngineError> {
         self.state.0.lock().sessions.remove(who);
         Ok(())
+    }
+
+    fn locks(&self, ino: u64) -> Result<Vec<u8>, EngineError> {
+        Ok(self
+            .state
+            .0
+            .lock()
+            .locks
+            .get(&ino)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    fn swap_locks(&self, who: &str, ino: u64, old: &[u8], new: &[u8]) -> Result<bool, EngineError> {
+        let mut s = self.state.0.lock();
+        if !s
+            .sessions
+            .get(who)
+            .is_some_and(|until| *until >= Instant::now())
+        {
+            return Err(EngineError::NoSession { who: who.into() });
+        }
+        if s.locks.get(&ino).map_or(&[][..], |t| t.as_slice()) != old {
+            return Ok(false);
+        }
+        if new.is_empty() {
+            s.locks.remove(&ino);
+        } else {
+            s.locks.insert(ino, new.to_vec());
+        }
+        Ok(true)
+    }
+
+    fn locked_inodes(&self) -> Result<Vec<u64>, EngineError> {
+        Ok(self.state.0.lock().locks.keys().copied().collect())
     }
 }

@@ -21,11 +21,14 @@
 //! - the turn: a key holding the owner and an expiry, taken and renewed in a transaction,
 //!   and checked inside the append's transaction (the append's fencing);
 //! - sessions: a key per session with its expiry, scanned for the expired.
+//! - locks: a key per locked inode holding its table ([`crate::meta::locks`]), replaced in a
+//!   transaction that reads it and the caller's session (compare-and-swap).
 
 #[cfg(any(test, feature = "testing"))]
 pub mod mem;
 pub mod redis;
 
+use crate::meta::locks::LockTable;
 use std::time::Duration;
 
 /// Why an engine could not do what was asked.
@@ -96,4 +99,46 @@ pub trait MetaEngine: Send + Sync {
 
     /// Forgets session `who` (after it was evicted from the memory servers).
     fn drop_session(&self, who: &str) -> Result<(), EngineError>;
+
+    /// Inode `ino`'s lock table as stored (empty: no locks).
+    fn locks(&self, ino: u64) -> Result<Vec<u8>, EngineError>;
+
+    /// Replaces inode `ino`'s lock table with `new` (empty: none) if it is still `old`, as
+    /// session `who`: `NoSession` unless `who`'s session lives (started, not run out), so a
+    /// client past its session's end can never take a lock; false if the table changed.
+    fn swap_locks(&self, who: &str, ino: u64, old: &[u8], new: &[u8]) -> Result<bool, EngineError>;
+
+    /// The inodes that have lock tables.
+    fn locked_inodes(&self) -> Result<Vec<u64>, EngineError>;
+}
+
+/// Changes inode `ino`'s lock table by `change` as session `who`, atomically (compare and
+/// swap, again while others change it); returns what `change` returned.
+pub fn change_locks<R>(
+    engine: &dyn MetaEngine,
+    who: &str,
+    ino: u64,
+    mut change: impl FnMut(&mut LockTable) -> R,
+) -> Result<R, EngineError> {
+    loop {
+        let old = engine.locks(ino)?;
+        let mut table = LockTable::decode(&old).map_err(EngineError::Unavailable)?;
+        let out = change(&mut table);
+        let new = table.encode();
+        if new == old || engine.swap_locks(who, ino, &old, &new)? {
+            return Ok(out);
+        }
+    }
+}
+
+/// Drops every lock of session `gone` (evicted, or leaving), as session `who`.
+pub fn drop_session_locks(
+    engine: &dyn MetaEngine,
+    who: &str,
+    gone: &str,
+) -> Result<(), EngineError> {
+    for ino in engine.locked_inodes()? {
+        change_locks(engine, who, ino, |t| t.release_session(gone))?;
+    }
+    Ok(())
 }

@@ -10,7 +10,8 @@
 //!
 //! Keys: `head` (the last change's number), `log` (a stream, entry `LSN-1` holding the record
 //! under `r`), `ckpt` (a hash: `lsn`, `image`), `turn` (the holder's name, with a lease
-//! expiry), `sessions` (a hash: name to the Redis time its heartbeat runs out, in ms).
+//! expiry), `sessions` (a hash: name to the Redis time its heartbeat runs out, in ms),
+//! `locks` (a hash: inode number to its lock table, `meta::locks`).
 
 use super::{Checkpoint, EngineError, MetaEngine};
 use crate::sync::Mutex;
@@ -20,15 +21,47 @@ use std::time::{Duration, Instant};
 /// Redis answers in well under a millisecond here; this covers a loaded one.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-const APPEND: &str = r#"
-if redis.call('HEXISTS', KEYS[4], ARGV[3]) == 0 then return {-2, 0} end
+/// The start of a script that needs session `ARGV[who]` (of hash `KEYS[sessions]`) to live:
+/// there, and its last heartbeat not run out by Redis's clock.
+macro_rules! live_session {
+    ($sessions:literal, $who:literal, $refused:literal) => {
+        concat!(
+            "local t = redis.call('TIME')\n",
+            "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n",
+            "local exp = redis.call('HGET', KEYS[",
+            $sessions,
+            "], ARGV[",
+            $who,
+            "])\n",
+            "if not exp or tonumber(exp) < now then return ",
+            $refused,
+            " end\n"
+        )
+    };
+}
+
+const APPEND: &str = concat!(
+    live_session!("4", "3", "{-2, 0}"),
+    r#"
 if redis.call('GET', KEYS[3]) ~= ARGV[3] then return {-1, 0} end
 local head = tonumber(redis.call('GET', KEYS[1]) or '0')
 if head + 1 ~= tonumber(ARGV[1]) then return {0, head} end
 redis.call('XADD', KEYS[2], ARGV[1] .. '-1', 'r', ARGV[2])
 redis.call('SET', KEYS[1], ARGV[1])
 return {1, head + 1}
-"#;
+"#
+);
+
+const SWAP_LOCKS: &str = concat!(
+    live_session!("2", "1", "-2"),
+    r#"
+local cur = redis.call('HGET', KEYS[1], ARGV[2]) or ''
+if cur ~= ARGV[3] then return 0 end
+if ARGV[4] == '' then redis.call('HDEL', KEYS[1], ARGV[2])
+else redis.call('HSET', KEYS[1], ARGV[2], ARGV[4]) end
+return 1
+"#
+);
 
 const PUT_CHECKPOINT: &str = r#"
 local cur = redis.call('HGET', KEYS[1], 'lsn')
@@ -87,6 +120,7 @@ struct Keys {
     ckpt: String,
     turn: String,
     sessions: String,
+    locks: String,
 }
 
 struct Scripts {
@@ -96,6 +130,7 @@ struct Scripts {
     give_turn: ::redis::Script,
     heartbeat: ::redis::Script,
     expired: ::redis::Script,
+    swap_locks: ::redis::Script,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> EngineError {
@@ -119,6 +154,7 @@ impl RedisEngine {
                 ckpt: k("ckpt"),
                 turn: k("turn"),
                 sessions: k("sessions"),
+                locks: k("locks"),
             },
             scripts: Scripts {
                 append: ::redis::Script::new(APPEND),
@@ -127,6 +163,7 @@ impl RedisEngine {
                 give_turn: ::redis::Script::new(GIVE_TURN),
                 heartbeat: ::redis::Script::new(HEARTBEAT),
                 expired: ::redis::Script::new(EXPIRED),
+                swap_locks: ::redis::Script::new(SWAP_LOCKS),
             },
         };
         engine.with(|_| Ok(()))?;
@@ -335,5 +372,33 @@ impl MetaEngine for RedisEngine {
                 .query(c)
         })?;
         Ok(())
+    }
+
+    fn locks(&self, ino: u64) -> Result<Vec<u8>, EngineError> {
+        let got: Option<Vec<u8>> =
+            self.with(|c| ::redis::cmd("HGET").arg(&self.keys.locks).arg(ino).query(c))?;
+        Ok(got.unwrap_or_default())
+    }
+
+    fn swap_locks(&self, who: &str, ino: u64, old: &[u8], new: &[u8]) -> Result<bool, EngineError> {
+        let done: i64 = self.with(|c| {
+            self.scripts
+                .swap_locks
+                .key(&self.keys.locks)
+                .key(&self.keys.sessions)
+                .arg(who)
+                .arg(ino)
+                .arg(old)
+                .arg(new)
+                .invoke(c)
+        })?;
+        match done {
+            -2 => Err(EngineError::NoSession { who: who.into() }),
+            d => Ok(d == 1),
+        }
+    }
+
+    fn locked_inodes(&self) -> Result<Vec<u64>, EngineError> {
+        self.with(|c| ::redis::cmd("HKEYS").arg(&self.keys.locks).query(c))
     }
 }

@@ -24,6 +24,7 @@ mod file;
 mod follow;
 mod freeze;
 mod handles;
+mod locks;
 mod names;
 mod rules;
 mod types;
@@ -32,6 +33,7 @@ mod xattr;
 pub use capacity::placeable_chunks;
 pub use follow::{Invalidate, Invalidation};
 pub use freeze::{ChangeAdmitted, Frozen, Turns};
+pub use locks::{FileLock, HeldLock, LockKeeper, LockKind, LockType};
 pub use rules::{
     Atime, Caller, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL, INODE_FLAGS,
 };
@@ -116,6 +118,8 @@ pub struct Fs {
     invalidate: std::sync::OnceLock<Invalidate>,
     /// Where a shared volume's changes wait their turn (see [`freeze`]).
     turns: std::sync::OnceLock<Box<dyn Turns>>,
+    /// Where a shared volume's file locks are kept (see [`locks`]; none: by the kernel).
+    locks: std::sync::OnceLock<Box<dyn LockKeeper>>,
     /// The report the `stats` attributes read.
     stats: std::sync::OnceLock<StatsSource>,
     /// The mount's dirty limit, once it is mounted (see [`Fs::direct_writes`]).
@@ -204,6 +208,7 @@ impl Fs {
             attr_changed: std::sync::OnceLock::new(),
             invalidate: std::sync::OnceLock::new(),
             turns: std::sync::OnceLock::new(),
+            locks: std::sync::OnceLock::new(),
             stats: std::sync::OnceLock::new(),
             next_fh: AtomicU64::new(1 << 4),
             handle_base: AtomicU64::new(0),

@@ -7,6 +7,7 @@
 //! took every file of the mount with it.
 
 mod ioctl;
+mod locks;
 mod reply;
 
 use ioctl::inode_flags_ioctl;
@@ -23,8 +24,9 @@ use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
     Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner,
     OpenFlags, PollEvents, PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
-    ReplyPoll, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek,
+    ReplyOpen, ReplyPoll, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -37,7 +39,7 @@ use crate::config::ATTR_TTL as TTL;
 
 /// The requests that change nothing (a freeze lets them through). Every other one may change
 /// the namespace or a file's data (a release or forget may drop an unlinked file).
-const READ_ONLY_OPS: [&str; 17] = [
+const READ_ONLY_OPS: [&str; 21] = [
     "lookup",
     "getattr",
     "statx",
@@ -55,6 +57,11 @@ const READ_ONLY_OPS: [&str; 17] = [
     "poll",
     "fsync",
     "fsyncdir",
+    // File locks and FLUSH (which releases them) change no file.
+    "getlk",
+    "setlk",
+    "flock",
+    "flush",
 ];
 
 /// The bit the kernel sets in the id of a request it sends again (FUSE_NOTIFY_RESEND).
@@ -312,6 +319,14 @@ impl Filesystem for FuseFs {
             };
         self.fs
             .set_fuse_transport(if ring { "io_uring" } else { "/dev/fuse" });
+        // A shared volume's file locks must hold across clients: the kernel asks for them
+        // (elsewhere it keeps them itself, exact for one client and free).
+        if self.fs.keeps_locks() {
+            let locks = InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS;
+            if let Err(missing) = config.add_capabilities(locks) {
+                log::warn!("the kernel lacks {missing:?}: file locks hold on this client only");
+            }
+        }
         // File handles (NFS export, name_to_handle_at) decode through LOOKUP of "." and "..".
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT) {
             log::warn!("the kernel lacks {missing:?}: file handles go stale");
@@ -552,30 +567,103 @@ impl Filesystem for FuseFs {
         });
     }
 
+    /// A close: where file locks are kept here, the closing process's POSIX locks on the
+    /// file go (any close drops them, as POSIX says); elsewhere there is nothing to do (and
+    /// the kernel, told ENOSYS, stops asking).
     fn flush(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
-        _lock_owner: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.contain("flush", req, || nothing_to_sync(reply));
+        self.contain("flush", req, || {
+            if !self.fs.keeps_locks() {
+                return nothing_to_sync(reply);
+            }
+            locks::release(&self.fs, ino.0, lock_owner.0, crate::fs::LockKind::Posix);
+            reply.ok();
+        });
     }
 
     fn release(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         self.contain("release", req, || {
+            // The kernel names the owner when this file took a `flock`.
+            if let Some(owner) = lock_owner {
+                locks::release(&self.fs, ino.0, owner.0, crate::fs::LockKind::Flock);
+            }
             self.fs.release(fh.0);
             reply.ok();
+        });
+    }
+
+    fn getlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        self.contain("getlk", req, || {
+            match locks::file_lock(crate::fs::LockKind::Posix, typ, start, end, pid) {
+                Some(lock) => locks::test(&self.fs, ino.0, lock_owner.0, &lock, reply),
+                None => reply.error(Errno::EINVAL),
+            }
+        });
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.contain("setlk", req, || {
+            match locks::file_lock(crate::fs::LockKind::Posix, typ, start, end, pid) {
+                Some(lock) => locks::set(&self.fs, ino.0, lock_owner.0, lock, sleep, reply),
+                None => reply.error(Errno::EINVAL),
+            }
+        });
+    }
+
+    fn flock(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.contain("flock", req, || {
+            match locks::file_lock(crate::fs::LockKind::Flock, typ, 0, u64::MAX, pid) {
+                Some(lock) => locks::set(&self.fs, ino.0, lock_owner.0, lock, sleep, reply),
+                None => reply.error(Errno::EINVAL),
+            }
         });
     }
 

@@ -14,6 +14,7 @@ pub mod batch;
 mod dir;
 pub mod extents;
 pub mod image;
+pub mod locks;
 pub mod record;
 mod replay;
 

@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod follow;
 mod journal;
+mod locks;
 mod read;
 pub mod root;
 pub mod shared;

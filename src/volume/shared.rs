@@ -11,11 +11,12 @@
 //! the table (and the kernel, told what to forget) within [`crate::config::FOLLOW_POLL`] of
 //! the engine, reports how far it has applied to the memory servers (frees wait for every
 //! member), renews this client's session, and evicts clients whose sessions expired: fenced at
-//! every memory server first, so nothing they still send lands in memory given to another.
+//! every memory server first, so nothing they still send lands in memory given to another,
+//! and only then are their file locks ([`super::locks`]) dropped.
 //!
 //! What this first version leaves out (say so in doc/VOLUMES.md): checkpoints (the log grows;
-//! attach replays it whole), the rebuild (a member makes no new copies), POSIX and BSD locks
-//! in the engine, and a file unlinked by one client while open on another (gone there).
+//! attach replays it whole), the rebuild (a member makes no new copies), and a file unlinked
+//! by one client while open on another (gone there).
 
 use super::read;
 use crate::client::volume::FreeGate;
@@ -251,6 +252,10 @@ pub fn join(
     );
     fs.set_journal(Box::new(EngineRecorder(state.clone())));
     fs.set_turns(Box::new(SharedTurns(state.clone())));
+    fs.set_lock_keeper(Box::new(super::locks::EngineLocks::new(
+        state.engine.clone(),
+        state.who.clone(),
+    )));
     pool.set_free_gate(gate);
     pool.follow_at(state.applied.load(Ordering::SeqCst));
     let s = state.clone();
@@ -324,6 +329,8 @@ fn poll_once(s: &State, fs: &Fs) -> std::result::Result<(), String> {
         log::warn!(
             "shared volume: '{gone}' stopped its heartbeats: evicted from {servers} servers"
         );
+        // Then its locks go to whoever waits for them.
+        crate::engine::drop_session_locks(&*s.engine, &s.who, &gone).map_err(|e| e.to_string())?;
         s.engine.drop_session(&gone).map_err(|e| e.to_string())?;
     }
     Ok(())
@@ -361,6 +368,10 @@ impl Drop for SharedClient {
             t.thread().unpark();
             let _ = t.join();
         }
-        let _ = self.state.engine.drop_session(&self.state.who);
+        let (engine, who) = (&*self.state.engine, &self.state.who);
+        if let Err(e) = crate::engine::drop_session_locks(engine, who, who) {
+            log::warn!("leaving the shared volume: its file locks stay until eviction: {e}");
+        }
+        let _ = engine.drop_session(who);
     }
 }

@@ -959,6 +959,28 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// rmemfs patch: take (`typ` `F_RDLCK` or `F_WRLCK`, as `LOCK_SH` or `LOCK_EX`) or
+    /// release (`F_UNLCK`) a BSD lock (`flock(2)`) for `lock_owner` (one per open file);
+    /// sent only when the file system asked for `FUSE_FLOCK_LOCKS` at init. A RELEASE then
+    /// carries the owner whose BSD locks go with it.
+    fn flock(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        warn!(
+            "[Not Implemented] flock(ino: {ino:#x?}, fh: {fh}, lock_owner: {lock_owner}, \
+            typ: {typ}, pid: {pid}, sleep: {sleep})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
     /// Map block index within file to block index within device.
     /// Note: This makes sense only for block device backed filesystems mounted
     /// with the 'blkdev' option

@@ -397,6 +397,19 @@ impl<'a> RequestWithSender<'a> {
                     self.reply(),
                 );
             }
+            // rmemfs patch: BSD locks go to `flock`.
+            ll::Operation::SetLk(x) if x.is_flock() => {
+                filesystem.flock(
+                    self.request_header(),
+                    self.request.nodeid(),
+                    x.file_handle(),
+                    x.lock_owner(),
+                    x.lock().typ,
+                    x.lock().pid,
+                    x.sleep(),
+                    self.reply(),
+                );
+            }
             ll::Operation::SetLk(x) => {
                 filesystem.setlk(
                     self.request_header(),

@@ -1258,6 +1258,11 @@ mod op {
         pub(crate) fn sleep(&self) -> bool {
             self.wait
         }
+        /// rmemfs patch: a BSD lock (`flock(2)`, sent as SETLK with `FUSE_LK_FLOCK` once
+        /// `FUSE_FLOCK_LOCKS` is negotiated), not a POSIX record lock.
+        pub(crate) fn is_flock(&self) -> bool {
+            self.arg.lk_flags & crate::ll::fuse_abi::consts::FUSE_LK_FLOCK != 0
+        }
     }
 
     /// Check file access permissions.

@@ -1,0 +1,60 @@
+//! File locks (`fcntl` record locks and `flock`) on a shared volume, where they must hold
+//! across clients. A private mount keeps none here: the kernel keeps them (the FUSE adapter
+//! does not offer lock requests), which is exact for one client and costs nothing.
+//!
+//! The keeper ([`LockKeeper`], a shared volume's client) holds them in the metadata engine,
+//! so a lock taken on one client excludes the others, and an evicted client's locks go with
+//! its session (after it is fenced at the memory servers).
+
+use super::Fs;
+use crate::error::Result;
+pub use crate::meta::locks::{FileLock, HeldLock, LockKind, LockType};
+
+/// Where a shared volume keeps its locks.
+pub trait LockKeeper: Send + Sync {
+    /// Takes or releases (`lock.typ` None) a lock of `owner` (the kernel's lock owner) on
+    /// `ino`; `Some` (nothing taken) is another owner's conflicting lock.
+    fn set(&self, ino: u64, owner: u64, lock: &FileLock) -> Result<Option<HeldLock>>;
+
+    /// The lock of another owner that `lock` would conflict with, if any.
+    fn test(&self, ino: u64, owner: u64, lock: &FileLock) -> Result<Option<HeldLock>>;
+
+    /// Drops every lock of kind `kind` that `owner` holds on `ino` (cheap when none).
+    fn release(&self, ino: u64, owner: u64, kind: LockKind) -> Result<()>;
+}
+
+impl Fs {
+    /// Whether locks are kept here (a shared volume), not by the kernel.
+    pub fn keeps_locks(&self) -> bool {
+        self.locks.get().is_some()
+    }
+
+    /// Sets where locks are kept (once; later calls are ignored).
+    pub fn set_lock_keeper(&self, keeper: Box<dyn LockKeeper>) {
+        let _ = self.locks.set(keeper);
+    }
+
+    fn keeper(&self) -> Result<&dyn LockKeeper> {
+        self.locks.get().map(|k| &**k).ok_or_else(|| {
+            crate::error::Error::new(libc::ENOSYS, "locks are kept by the kernel here")
+        })
+    }
+
+    /// See [`LockKeeper::set`].
+    pub fn set_lock(&self, ino: u64, owner: u64, lock: &FileLock) -> Result<Option<HeldLock>> {
+        self.keeper()?.set(ino, owner, lock)
+    }
+
+    /// See [`LockKeeper::test`].
+    pub fn test_lock(&self, ino: u64, owner: u64, lock: &FileLock) -> Result<Option<HeldLock>> {
+        self.keeper()?.test(ino, owner, lock)
+    }
+
+    /// See [`LockKeeper::release`]; nothing where the kernel keeps locks.
+    pub fn release_locks(&self, ino: u64, owner: u64, kind: LockKind) -> Result<()> {
+        match self.locks.get() {
+            Some(k) => k.release(ino, owner, kind),
+            None => Ok(()),
+        }
+    }
+}
