@@ -11,7 +11,7 @@ use common::{bytes, eventually};
 use rmemfs::client::volume::{VolumeRole, VolumeSpec};
 use rmemfs::engine::mem::MemEngine;
 use rmemfs::engine::MetaEngine;
-use rmemfs::fs::{Fs, FsConfig};
+use rmemfs::fs::{FileLock, Fs, FsConfig, LockKind, LockType};
 use rmemfs::meta::ROOT_INO;
 use rmemfs::volume::shared::{self, SharedClient};
 use std::sync::Arc;
@@ -151,14 +151,34 @@ fn a_client_whose_heartbeats_stopped_is_fenced() {
     let a = client(&rack, Arc::new(engine.clone()), "a");
     let c = client(&rack, Arc::new(engine.clone()), "c");
     c.create("c-file", b"before").unwrap();
+    // C holds a lock on it; A's owner is refused.
+    let file = resolve(&a.fs, "c-file").unwrap();
+    let write = FileLock {
+        kind: LockKind::Flock,
+        typ: Some(LockType::Write),
+        start: 0,
+        end: u64::MAX,
+        pid: 1,
+    };
+    assert!(a.fs.keeps_locks());
+    assert_eq!(c.fs.set_lock(file, 7, &write).unwrap(), None);
+    let held = a.fs.set_lock(file, 8, &write).unwrap().expect("c's lock excludes a");
+    assert_eq!(held.who.session, "c");
+    assert_eq!(a.fs.test_lock(file, 8, &write).unwrap(), Some(held));
     // C freezes: its heartbeats stop, and its session runs out.
     engine.heartbeat("c", Duration::ZERO).unwrap();
     eventually("c's session ran out", || {
         engine.expired_sessions().unwrap() == vec!["c".to_string()]
     });
-    // A evicts it: fenced at every server, then forgotten by the engine.
+    // Its lock holds until it is evicted (a lock of a client still able to write must not
+    // go to another).
+    assert!(a.fs.set_lock(file, 8, &write).unwrap().is_some());
+    // A evicts it: fenced at every server, then forgotten by the engine, its locks dropped.
     a.shared.poll_now().unwrap();
     assert!(engine.expired_sessions().unwrap().is_empty());
+    assert_eq!(a.fs.set_lock(file, 8, &write).unwrap(), None);
+    // C can take no lock again.
+    assert_eq!(c.fs.set_lock(file, 7, &write).unwrap_err().errno, libc::EIO);
     // C's changes fail and land nowhere: the engine refuses its records, the servers its
     // data and allocations.
     assert!(c.create("c-late", b"late").is_err());

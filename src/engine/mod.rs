@@ -113,7 +113,8 @@ pub trait MetaEngine: Send + Sync {
 }
 
 /// Changes inode `ino`'s lock table by `change` as session `who`, atomically (compare and
-/// swap, again while others change it); returns what `change` returned.
+/// swap, again while others change it); returns what `change` returned. `NoSession` once
+/// `who`'s session has ended.
 pub fn change_locks<R>(
     engine: &dyn MetaEngine,
     who: &str,
@@ -125,7 +126,9 @@ pub fn change_locks<R>(
         let mut table = LockTable::decode(&old).map_err(EngineError::Unavailable)?;
         let out = change(&mut table);
         let new = table.encode();
-        if new == old || engine.swap_locks(who, ino, &old, &new)? {
+        // Swapped even when unchanged: the swap is what checks that `who`'s session lives
+        // (a client evicted meanwhile must hear so, not that another holds the lock).
+        if engine.swap_locks(who, ino, &old, &new)? {
             return Ok(out);
         }
     }
