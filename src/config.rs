@@ -109,6 +109,12 @@ pub const MAX_CONNECTIONS_PER_PEER: u32 = 16;
 /// 60 s).
 pub const ATTR_TTL: Duration = Duration::from_secs(60);
 
+/// [`ATTR_TTL`] on a shared volume (many writers): other clients' changes are pushed to the
+/// kernel as they are applied (within [`FOLLOW_POLL`], at once when a lock is taken or a
+/// file opened), and this bounds what a missed push could leave stale, as JuiceFS's 1 s
+/// default entry and attribute caches do.
+pub const SHARED_CACHE_TTL: Duration = Duration::from_secs(1);
+
 /// Largest file size rmemfs accepts (what `statfs` and `EFBIG` are measured against): the
 /// kernel's own limit for a file offset, `i64::MAX`.
 pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;

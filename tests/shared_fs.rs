@@ -162,7 +162,10 @@ fn a_client_whose_heartbeats_stopped_is_fenced() {
     };
     assert!(a.fs.keeps_locks());
     assert_eq!(c.fs.set_lock(file, 7, &write).unwrap(), None);
-    let held = a.fs.set_lock(file, 8, &write).unwrap().expect("c's lock excludes a");
+    let held =
+        a.fs.set_lock(file, 8, &write)
+            .unwrap()
+            .expect("c's lock excludes a");
     assert_eq!(held.who.session, "c");
     assert_eq!(a.fs.test_lock(file, 8, &write).unwrap(), Some(held));
     // C freezes: its heartbeats stop, and its session runs out.

@@ -44,6 +44,13 @@ impl Fs {
         }
     }
 
+    /// Tells the kernel to forget inode `ino`'s attributes and cached pages now. Safe inside
+    /// an OPEN without the writeback cache (the kernel holds no lock of the inode or its
+    /// pages then): a shared volume's open so sees what other clients closed before.
+    pub fn forget_cached_inode(&self, ino: Ino) {
+        self.tell_followed(&[Invalidation::Inode(ino)]);
+    }
+
     /// Applies records the holder committed (in order), and tells the kernel what changed.
     /// Returns the invalidations sent. Sent with no lock held: the kernel's invalidation
     /// may wait for requests in flight, which may wait for these locks.

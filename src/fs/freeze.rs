@@ -32,6 +32,11 @@ pub trait Turns: Send + Sync {
 
     /// Brings the table up to date without the turn (a lookup that found nothing).
     fn refresh(&self, fs: &Fs);
+
+    /// Brings the table up to date and tells the kernel everything it must forget before
+    /// returning (a file lock granted); false if that failed. Only from a request whose
+    /// caller holds no directory lock (the kernel's invalidation of a name waits for it).
+    fn sync_kernel(&self, fs: &Fs) -> bool;
 }
 
 impl Fs {
@@ -52,6 +57,16 @@ impl Fs {
             }
             None => false,
         }
+    }
+
+    /// Whether this is a shared volume's client (many writers, see [`Turns`]).
+    pub fn is_shared(&self) -> bool {
+        self.turns.get().is_some()
+    }
+
+    /// On a shared volume, see [`Turns::sync_kernel`]; true (nothing to do) elsewhere.
+    pub fn sync_kernel_shared(&self) -> bool {
+        self.turns.get().is_none_or(|t| t.sync_kernel(self))
     }
 
     /// Sets where changes wait their turn (once; later calls are ignored).

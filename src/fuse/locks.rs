@@ -62,7 +62,7 @@ pub(super) fn set(
     reply: ReplyEmpty,
 ) {
     match fs.set_lock(ino, owner, &lock) {
-        Ok(None) => reply.ok(),
+        Ok(None) => granted(fs, &lock, reply),
         Ok(Some(_)) if !sleep => reply.error(Errno::from_i32(libc::EAGAIN)),
         Ok(Some(_)) => {
             let fs = fs.clone();
@@ -84,11 +84,21 @@ fn wait(fs: &Fs, ino: u64, owner: u64, lock: &FileLock, reply: ReplyEmpty) {
         std::thread::sleep(pause);
         pause = (pause * 2).min(crate::config::LOCK_WAIT_POLL);
         match fs.set_lock(ino, owner, lock) {
-            Ok(None) => return reply.ok(),
+            Ok(None) => return granted(fs, lock, reply),
             Ok(Some(_)) => continue,
             Err(e) => return reply.error(errno(&e)),
         }
     }
+}
+
+/// A lock taken: what other clients changed before they let it go is seen first (the
+/// table caught up, the kernel told), as NFS revalidates its caches when a lock is taken.
+/// (A lock request holds no directory lock: the kernel may be told of names here.)
+fn granted(fs: &Fs, lock: &FileLock, reply: ReplyEmpty) {
+    if lock.typ.is_some() && !fs.sync_kernel_shared() {
+        log::warn!("a lock was taken, but the namespace could not be brought up to date");
+    }
+    reply.ok()
 }
 
 /// A POSIX owner's close of `ino` (FLUSH), or the release of a `flock` owner's file.

@@ -35,8 +35,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::config::ATTR_TTL as TTL;
-
 /// The requests that change nothing (a freeze lets them through). Every other one may change
 /// the namespace or a file's data (a release or forget may drop an unlinked file).
 const READ_ONLY_OPS: [&str; 21] = [
@@ -77,6 +75,9 @@ pub struct FuseFs {
     /// The fuse control file system's `abort` file of this mount's connection, known once it
     /// is mounted ([`FuseFs::connection`]): how a failed io_uring queue ends the connection.
     abort_file: Arc<std::sync::OnceLock<std::path::PathBuf>>,
+    /// How long the kernel may keep entries and attributes ([`crate::config::ATTR_TTL`];
+    /// shorter on a shared volume).
+    ttl: std::time::Duration,
     /// Each inode's FUSE generation on a connection kept across daemons (see
     /// `mount::keeper`); none: every generation is 0.
     generations: Option<Generations>,
@@ -102,8 +103,14 @@ const FUSECTL_C: &std::ffi::CStr = c"/sys/fs/fuse/connections";
 
 impl FuseFs {
     pub fn new(fs: Arc<Fs>, offers: Offers) -> FuseFs {
+        let ttl = if fs.is_shared() {
+            crate::config::SHARED_CACHE_TTL
+        } else {
+            crate::config::ATTR_TTL
+        };
         FuseFs {
             fs,
+            ttl,
             offers,
             abort_file: Arc::default(),
             generations: None,
@@ -202,7 +209,7 @@ impl FuseFs {
     fn created(&self, reply: ReplyCreate, made: crate::error::Result<(Attr, u64)>, flags: i32) {
         match made {
             Ok((a, fh)) => reply.created(
-                &TTL,
+                &self.ttl,
                 &file_attr(&a),
                 Generation(self.generation(a.ino)),
                 FileHandle(fh),
@@ -336,7 +343,12 @@ impl Filesystem for FuseFs {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         self.contain("lookup", req, || {
-            entry(reply, self.fs.lookup(parent.0, name.as_bytes()), self.gen());
+            entry(
+                reply,
+                &self.ttl,
+                self.fs.lookup(parent.0, name.as_bytes()),
+                self.gen(),
+            );
         });
     }
 
@@ -348,7 +360,7 @@ impl Filesystem for FuseFs {
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         self.contain("getattr", req, || match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(&self.ttl, &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         });
     }
@@ -382,7 +394,7 @@ impl Filesystem for FuseFs {
                 ctime,
             };
             match self.fs.setattr(ino.0, &set, caller(req)) {
-                Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+                Ok(a) => reply.attr(&self.ttl, &file_attr(&a)),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -409,6 +421,7 @@ impl Filesystem for FuseFs {
             let who = creator(req, umask);
             entry(
                 reply,
+                &self.ttl,
                 self.fs.mknod(parent.0, name.as_bytes(), mode, rdev, who),
                 self.gen(),
             );
@@ -428,6 +441,7 @@ impl Filesystem for FuseFs {
             let who = creator(req, umask);
             entry(
                 reply,
+                &self.ttl,
                 self.fs.mkdir(parent.0, name.as_bytes(), mode, who),
                 self.gen(),
             );
@@ -457,6 +471,7 @@ impl Filesystem for FuseFs {
         self.contain("symlink", req, || {
             entry(
                 reply,
+                &self.ttl,
                 self.fs.symlink(
                     parent.0,
                     link_name.as_bytes(),
@@ -504,6 +519,7 @@ impl Filesystem for FuseFs {
         self.contain("link", req, || {
             entry(
                 reply,
+                &self.ttl,
                 self.fs.link(ino.0, newparent.0, newname.as_bytes()),
                 self.gen(),
             );
@@ -512,7 +528,14 @@ impl Filesystem for FuseFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.contain("open", req, || match self.fs.open(ino.0, flags.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), self.open_flags(flags.0)),
+            Ok(fh) => {
+                // Close-to-open on a shared volume: the door caught up with other clients;
+                // their sizes and bytes replace what the kernel cached.
+                if self.fs.is_shared() {
+                    self.fs.forget_cached_inode(ino.0);
+                }
+                reply.opened(FileHandle(fh), self.open_flags(flags.0))
+            }
             Err(e) => reply.error(errno(&e)),
         });
     }
@@ -723,7 +746,7 @@ impl Filesystem for FuseFs {
                     INodeNo(e.ino),
                     e.offset,
                     OsStr::from_bytes(&e.name),
-                    &TTL,
+                    &self.ttl,
                     &file_attr(a),
                     Generation(self.generation(e.ino)),
                 )
@@ -869,7 +892,7 @@ impl Filesystem for FuseFs {
         reply: ReplyStatx,
     ) {
         self.contain("statx", req, || match self.fs.getattr(ino.0) {
-            Ok(a) => reply.statx(&TTL, &file_attr(&a)),
+            Ok(a) => reply.statx(&self.ttl, &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         });
     }

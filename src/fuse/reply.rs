@@ -76,11 +76,12 @@ pub(super) fn set_time(t: TimeOrNow) -> SetTime {
 /// number).
 pub(super) fn entry(
     reply: ReplyEntry,
+    ttl: &std::time::Duration,
     r: crate::error::Result<Attr>,
     generation: impl Fn(u64) -> u64,
 ) {
     match r {
-        Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(generation(a.ino))),
+        Ok(a) => reply.entry(ttl, &file_attr(&a), Generation(generation(a.ino))),
         Err(e) => reply.error(errno(&e)),
     }
 }

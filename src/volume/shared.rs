@@ -59,7 +59,7 @@ struct State {
     gate: Arc<FreeGate>,
     /// Invalidations of changes applied inside a request, sent by the notifier thread once
     /// the request may have been answered (see [`Fs::tell_followed`]).
-    notify: crossbeam_channel::Sender<Vec<crate::fs::Invalidation>>,
+    notify: crossbeam_channel::Sender<Notice>,
     stop: AtomicBool,
     /// The poller's rounds are left to [`SharedClient::poll_now`] (a test freezing a client).
     paused: AtomicBool,
@@ -122,7 +122,7 @@ impl State {
             let last = records.last().map_or(after, |r| r.0);
             if in_request {
                 let told = fs.apply_followed_quietly(&records)?;
-                let _ = self.notify.send(told);
+                let _ = self.notify.send(Notice::Tell(told));
             } else {
                 fs.apply_followed(&records)?;
             }
@@ -137,6 +137,14 @@ impl State {
 
 fn engine_err(e: crate::engine::EngineError) -> Error {
     Error::new(libc::EIO, e.to_string())
+}
+
+/// What the notifier thread is given.
+enum Notice {
+    /// Invalidations of changes applied inside a request.
+    Tell(Vec<crate::fs::Invalidation>),
+    /// Answered once everything sent before it has been told.
+    Flushed(crossbeam_channel::Sender<()>),
 }
 
 /// The turn of one change: given back when dropped.
@@ -168,6 +176,20 @@ impl Turns for SharedTurns {
             return None;
         }
         Some(Box::new(turn))
+    }
+
+    fn sync_kernel(&self, fs: &Fs) -> bool {
+        let s = &self.0;
+        s.claim();
+        let r = s.catch_up(fs, false);
+        s.release();
+        if let Err(e) = r {
+            log::warn!("catching up with the engine: {}", e.message);
+            return false;
+        }
+        // And what requests caught up with before, still with the notifier.
+        let (done, flushed) = crossbeam_channel::bounded(1);
+        s.notify.send(Notice::Flushed(done)).is_ok() && flushed.recv().is_ok()
     }
 
     fn refresh(&self, fs: &Fs) {
@@ -227,7 +249,7 @@ pub fn join(
     let meta = Meta::new(0o755, config.root_uid, config.root_gid);
     let fs = Arc::new(Fs::with_meta(data, config, meta));
     let gate = Arc::new(FreeGate::default());
-    let (notify, told) = crossbeam_channel::unbounded::<Vec<crate::fs::Invalidation>>();
+    let (notify, told) = crossbeam_channel::unbounded::<Notice>();
     let state = Arc::new(State {
         engine,
         who,
@@ -268,10 +290,13 @@ pub fn join(
         .name("volume-notify".into())
         .spawn(move || {
             // Ends when the last sender (the state) goes.
-            for batch in told {
-                match weak.upgrade() {
-                    Some(fs) => fs.tell_followed(&batch),
-                    None => return,
+            for notice in told {
+                match (notice, weak.upgrade()) {
+                    (Notice::Tell(batch), Some(fs)) => fs.tell_followed(&batch),
+                    (Notice::Flushed(done), Some(_)) => {
+                        let _ = done.send(());
+                    }
+                    (_, None) => return,
                 }
             }
         })
