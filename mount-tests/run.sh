@@ -27,6 +27,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=mount-tests/lib.sh
 . mount-tests/lib.sh
+# shellcheck source=mount-tests/shared.sh
+. mount-tests/shared.sh
 
 SHARED_SIZE=${RMEMFS_TEST_SERVER_SIZE:-256M}
 
@@ -1035,55 +1037,6 @@ test_volume_follow() {
   t "$BIN" volume rm fl --servers "$ADDRS" >/dev/null || fail "volume rm failed"
 }
 
-# Two writers of one volume, its namespace in Redis (`--meta`; a redis-server of the test's
-# own on a loopback port): a tree, a file's bytes and an append made on one mount are seen on
-# the other; the same name made on both fails on the second (EEXIST); 500 files made on one
-# are listed on the other; `rm -rf` on one empties both.
-test_volume_shared() {
-  local mnt2=$BASE/mnt/volume_shared2 port redis_pid out i
-  command -v redis-server >/dev/null 2>&1 || ensure_packages redis-server:redis-server
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >"$WORK/redis.log" 2>&1 &
-  redis_pid=$!
-  # shellcheck disable=SC2064 # the pid is meant to be expanded now
-  trap "kill $redis_pid 2>/dev/null || true" EXIT
-  for ((i = 0; i < 100; i++)); do
-    python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' "$port" 2>/dev/null && break
-    sleep 0.05
-  done
-  mkdir -p "$mnt2"
-  mount_fs "$MNT" "$ADDRS" --volume sv --meta "redis://127.0.0.1:$port" || fail "mount --meta failed"
-  mount_fs "$mnt2" "$ADDRS" --volume sv --meta "redis://127.0.0.1:$port" || fail "second mount --meta failed"
-  must "mkdir on A" mkdir "$MNT/d"
-  must "write on A" dd if=/dev/urandom of="$MNT/d/big" bs=1M count=16 conv=fsync status=none
-  must "small on A" sh -c "echo hello >'$MNT/d/x'"
-  # B sees A's changes once it makes one of its own (it catches up first), or within a poll.
-  must "mkdir on B" mkdir "$mnt2/d/sub"
-  must "cmp A's file on B" cmp "$MNT/d/big" "$mnt2/d/big"
-  must "append on B" sh -c "echo world >>'$mnt2/d/x'"
-  must "mkdir on A" mkdir "$MNT/d/other"
-  assert_eq "x on A" "$(cat "$MNT/d/x")" "hello
-world"
-  must_fail "the same name made on both" "File exists" mkdir "$MNT/d/sub"
-  for ((i = 0; i < 500; i++)); do : >"$MNT/d/f$i" || fail "create f$i on A"; done
-  must "mkdir on B (catches up)" mkdir "$mnt2/d/last"
-  assert_eq "entries on B" "$(ls "$mnt2/d" | wc -l)" 505
-  must "rm -rf on B" rm -rf "$mnt2/d"
-  must "mkdir on A (catches up)" mkdir "$MNT/e"
-  assert_eq "entries on A after B's rm -rf" "$(ls "$MNT")" "e"
-  unmount_fs "$mnt2" || fail "unmount of B failed"
-  unmount_fs "$MNT" || fail "unmount of A failed"
-  # The volume's memory stays with the servers until it is removed.
-  t "$BIN" volume rm sv --servers "$ADDRS" >/dev/null || fail "volume rm of the shared volume failed"
-  local a left=0 n
-  for a in ${ADDRS//,/ }; do
-    n=$(t "$BIN" stats --server "$a" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["extents"])') ||
-      fail "stats --server $a"
-    left=$((left + n))
-  done
-  assert_eq "extents left on the servers after volume rm" "$left" 0
-}
-
 # export_twice NAME DEST: exports volume NAME to DEST; a second export copies no chunk.
 export_twice() {
   local out
@@ -1855,6 +1808,7 @@ ALL_TESTS=(
   "volume_frozen shared nomount"
   "volume_follow 256M,256M nomount"
   "volume_shared 256M,256M nomount"
+  "volume_shared_check 256M,256M nomount"
   "volume_export_s3 256M,256M nomount"
   "volume_export_live 256M,256M nomount"
   "replica_failover 256M,256M,256M mount"

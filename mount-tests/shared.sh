@@ -1,0 +1,88 @@
+# Mount tests of shared volumes (`mount --volume NAME --meta redis://…`: many writers, the
+# namespace in Redis), sourced by run.sh.
+
+# start_redis: a redis-server of the test's own on a free loopback port (installed if
+# missing), stopped when the test ends; REDIS_URL says where.
+start_redis() {
+  local port i
+  command -v redis-server >/dev/null 2>&1 || ensure_packages redis-server:redis-server
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >"$WORK/redis.log" 2>&1 &
+  REDIS_PID=$!
+  # shellcheck disable=SC2064 # the pid is meant to be expanded now
+  trap "kill $REDIS_PID 2>/dev/null || true" EXIT
+  for ((i = 0; i < 100; i++)); do
+    python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' "$port" 2>/dev/null && break
+    sleep 0.05
+  done
+  REDIS_URL=redis://127.0.0.1:$port
+}
+
+# Two writers of one volume, its namespace in Redis (`--meta`; a redis-server of the test's
+# own on a loopback port): a tree, a file's bytes and an append made on one mount are seen on
+# the other; the same name made on both fails on the second (EEXIST); 500 files made on one
+# are listed on the other; `rm -rf` on one empties both.
+test_volume_shared() {
+  local mnt2=$BASE/mnt/volume_shared2 i
+  start_redis
+  mkdir -p "$mnt2"
+  mount_fs "$MNT" "$ADDRS" --volume sv --meta "$REDIS_URL" || fail "mount --meta failed"
+  mount_fs "$mnt2" "$ADDRS" --volume sv --meta "$REDIS_URL" || fail "second mount --meta failed"
+  must "mkdir on A" mkdir "$MNT/d"
+  must "write on A" dd if=/dev/urandom of="$MNT/d/big" bs=1M count=16 conv=fsync status=none
+  must "small on A" sh -c "echo hello >'$MNT/d/x'"
+  # B sees A's changes once it makes one of its own (it catches up first), or within a poll.
+  must "mkdir on B" mkdir "$mnt2/d/sub"
+  must "cmp A's file on B" cmp "$MNT/d/big" "$mnt2/d/big"
+  must "append on B" sh -c "echo world >>'$mnt2/d/x'"
+  must "mkdir on A" mkdir "$MNT/d/other"
+  assert_eq "x on A" "$(cat "$MNT/d/x")" "hello
+world"
+  must_fail "the same name made on both" "File exists" mkdir "$MNT/d/sub"
+  for ((i = 0; i < 500; i++)); do : >"$MNT/d/f$i" || fail "create f$i on A"; done
+  must "mkdir on B (catches up)" mkdir "$mnt2/d/last"
+  assert_eq "entries on B" "$(ls "$mnt2/d" | wc -l)" 505
+  must "rm -rf on B" rm -rf "$mnt2/d"
+  must "mkdir on A (catches up)" mkdir "$MNT/e"
+  assert_eq "entries on A after B's rm -rf" "$(ls "$MNT")" "e"
+  unmount_fs "$mnt2" || fail "unmount of B failed"
+  unmount_fs "$MNT" || fail "unmount of A failed"
+  # The volume's memory stays with the servers until it is removed.
+  t "$BIN" volume rm sv --servers "$ADDRS" >/dev/null || fail "volume rm of the shared volume failed"
+  local a left=0 n
+  for a in ${ADDRS//,/ }; do
+    n=$(t "$BIN" stats --server "$a" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["extents"])') ||
+      fail "stats --server $a"
+    left=$((left + n))
+  done
+  assert_eq "extents left on the servers after volume rm" "$left" 0
+}
+
+# Many writers checked (mount-tests/shared_check.py), two mounts of one volume on Redis:
+# locks (flock and fcntl) exclude across clients and a blocked one is granted on release;
+# close-to-open in 24 rounds; four workers (two per mount) change trees of their own and,
+# under a flock, a shared directory, checked against models; then A's daemon is frozen
+# (SIGSTOP) while a process on A holds a flock: B gets the lock only after A's session ran
+# out, and A's process, its daemon resumed, cannot write (the file holds B's bytes only).
+test_volume_shared_check() {
+  local mnt2=$BASE/mnt/volume_shared_check2 out pid
+  start_redis
+  mkdir -p "$mnt2"
+  mount_fs "$MNT" "$ADDRS" --volume sc --meta "$REDIS_URL" || fail "mount --meta failed"
+  mount_fs "$mnt2" "$ADDRS" --volume sc --meta "$REDIS_URL" || fail "second mount --meta failed"
+  local check=mount-tests/shared_check.py
+  out=$(t python3 $check locks "$MNT" "$mnt2") || fail "locks: $out"
+  echo "$out" >&2
+  out=$(t python3 $check c2o "$MNT" "$mnt2" 24) || fail "close-to-open: $out"
+  echo "$out" >&2
+  out=$(t python3 $check model "$MNT" "$mnt2" 4 40 "${RMEMFS_TEST_SEED:-1}") || fail "model: $out"
+  echo "$out" >&2
+  pid=$(daemon_pids "$MNT" | head -1)
+  [ -n "$pid" ] || fail "no daemon for $MNT"
+  out=$(t python3 $check freeze "$MNT" "$mnt2" "$pid" 10) || fail "freeze: $out"
+  echo "$out" >&2
+  unmount_fs "$mnt2" || fail "unmount of B failed"
+  # A was evicted: its unmount must still end it.
+  unmount_fs "$MNT" || fail "unmount of the evicted A failed"
+  t "$BIN" volume rm sc --servers "$ADDRS" >/dev/null || fail "volume rm of the shared volume failed"
+}

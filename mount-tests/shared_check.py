@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+"""Checks many writers of one shared volume (`mount --meta`) on two mounts (run.sh volume_shared_check).
+
+  shared_check.py locks A B
+      Locks exclude across clients: a flock and an fcntl write lock taken on A refuse B's
+      (EWOULDBLOCK, and F_GETLK on B names A's lock), a read lock on each is shared, an
+      fcntl lock goes with any close by its process, and a blocked flock on B is granted
+      once A lets go.
+  shared_check.py c2o A B ROUNDS
+      Close-to-open: a file written and closed on one mount, opened on the other, reads every
+      byte (sizes from 0 to 3 MiB, growing and shrinking, alternating sides).
+  shared_check.py model A B WORKERS OPS SEED
+      WORKERS processes, alternately on A and B, each change a tree of their own and, under a
+      flock of shared/.lock, a shared directory (creates, renames over names, unlinks, appends).
+      Under the lock each reads the shared log of the operations so far (close-to-open: it was
+      written and closed by whoever held the lock before), replays it into a model, picks an
+      operation the model says is valid, checks that the file system agrees (every operation
+      must succeed, every file it reads must hold the model's bytes), and appends it to the log.
+      At the end both mounts must show each tree and the shared directory as the models say.
+  shared_check.py freeze A B PID_A TTL
+      A process on A holds a flock on shared file f; A's daemon (PID_A) is frozen (SIGSTOP)
+      past the session timeout TTL: a blocked flock on B is granted after at least TTL, B
+      writes; A's daemon is resumed (SIGCONT): the process on A fails to write, and the file
+      holds only B's bytes, on both mounts.
+"""
+import errno
+import fcntl
+import multiprocessing
+import os
+import random
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+
+def fail(msg):
+    print(f"FAIL: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def write_file(path, data, flags=os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
+    fd = os.open(path, flags, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def read_file(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def eventually(what, check, bound=5.0):
+    """Polls `check` until it returns None (no difference) or `bound` seconds pass (an
+    error of the file system meanwhile, as a name listed just before another client removed
+    it, counts as a difference)."""
+    deadline = time.monotonic() + bound
+    while True:
+        try:
+            diff = check()
+        except OSError as e:
+            diff = f"{e}"
+        if diff is None:
+            return
+        if time.monotonic() > deadline:
+            fail(f"{what}: {diff}")
+        time.sleep(0.05)
+
+
+def blocked_flock(path):
+    """Whether a non-blocking exclusive flock of `path` is refused."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def check_locks(a, b):
+    fa, fb = f"{a}/locked", f"{b}/locked"
+    write_file(fa, b"x" * 100)
+    eventually("B sees the file", lambda: None if os.path.exists(fb) else "not there")
+    # flock: exclusive across clients, shared read locks.
+    ha = os.open(fa, os.O_RDWR)
+    fcntl.flock(ha, fcntl.LOCK_EX)
+    if not blocked_flock(fb):
+        fail("B took a flock that A holds")
+    fcntl.flock(ha, fcntl.LOCK_UN)
+    hb = os.open(fb, os.O_RDONLY)
+    fcntl.flock(ha, fcntl.LOCK_SH)
+    fcntl.flock(hb, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    # Its flock goes with its last close, which the kernel tells the daemon after close()
+    # returns (FUSE's RELEASE is asynchronous): A's try succeeds within a bound.
+    os.close(hb)
+
+    def upgrade():
+        try:
+            fcntl.flock(ha, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            return "B's shared flock outlived its close"
+    eventually("A's exclusive flock after B closed", upgrade)
+    # fcntl locks: a write lock over bytes 10..19 on A excludes B there, not beside it.
+    fcntl.flock(ha, fcntl.LOCK_UN)
+    fcntl.lockf(ha, fcntl.LOCK_EX, 10, 10)
+    hb = os.open(fb, os.O_RDWR)
+    try:
+        fcntl.lockf(hb, fcntl.LOCK_EX | fcntl.LOCK_NB, 5, 10)
+        fail("B took an fcntl lock over A's bytes")
+    except OSError as e:
+        if e.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+    fcntl.lockf(hb, fcntl.LOCK_EX | fcntl.LOCK_NB, 5, 20)
+    fcntl.lockf(hb, fcntl.LOCK_UN, 5, 20)
+    # F_GETLK on B names A's lock: its type and range.
+    q = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 100, 0)
+    got = struct.unpack("hhqqi", fcntl.fcntl(hb, fcntl.F_GETLK, q))
+    if got[0] != fcntl.F_WRLCK or got[2] != 10 or got[3] != 10:
+        fail(f"F_GETLK on B answered {got}, not A's write lock over 10..19")
+    # Any close by A's process drops its fcntl locks (POSIX), even of another descriptor.
+    os.close(os.open(fa, os.O_RDONLY))
+    fcntl.lockf(hb, fcntl.LOCK_EX | fcntl.LOCK_NB, 0, 100)
+    fcntl.lockf(hb, fcntl.LOCK_UN, 0, 100)
+    os.close(hb)
+    # A blocked flock on B is granted once A lets go.
+    fcntl.flock(ha, fcntl.LOCK_EX)
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        fd = os.open(fb, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(w, b"g")
+        os._exit(0)
+    os.close(w)
+    # A barrier, not a timing guess: the child is still blocked while A holds the lock.
+    os.set_blocking(r, False)
+    time.sleep(0.5)
+    try:
+        early = os.read(r, 1)
+    except BlockingIOError:
+        early = b""
+    if early:
+        fail("B's blocked flock was granted while A held it")
+    os.set_blocking(r, True)
+    t = time.monotonic()
+    fcntl.flock(ha, fcntl.LOCK_UN)
+    if os.read(r, 1) != b"g":
+        fail("B's blocked flock never ended")
+    os.waitpid(child, 0)
+    os.close(ha)
+    print(f"locks: exclusive across mounts; a blocked flock granted "
+          f"{(time.monotonic() - t) * 1000:.0f} ms after the release")
+
+
+def check_c2o(a, b, rounds):
+    rng = random.Random(7)
+    for i in range(rounds):
+        src, dst = (a, b) if i % 2 == 0 else (b, a)
+        size = rng.choice([0, 1, 4095, 4096, 65537, 1 << 20, 3 << 20, rng.randrange(1 << 21)])
+        data = os.urandom(size)
+        if i > 0:
+            # The reader has the old version cached (pages and size).
+            read_file(f"{dst}/c2o")
+        write_file(f"{src}/c2o", data)
+        got = read_file(f"{dst}/c2o")
+        if got != data:
+            fail(f"round {i}: {len(data)} bytes closed on {src}, {len(got)} read on {dst} "
+                 f"({'same' if got == data[:len(got)] else 'other'} bytes)")
+    print(f"close-to-open: {rounds} rounds, every byte seen on the other mount")
+
+
+# --- the model checker ---
+
+def replay(log):
+    """The shared directory's model: name -> bytes, from the log's lines."""
+    files = {}
+    for line in log.decode().splitlines():
+        op, *args = line.split(" ")
+        if op == "create":
+            files[args[0]] = bytes.fromhex(args[1]) if len(args) > 1 else b""
+        elif op == "rename":
+            files[args[1]] = files.pop(args[0])
+        elif op == "unlink":
+            del files[args[0]]
+        elif op == "append":
+            files[args[0]] += bytes.fromhex(args[1])
+    return files
+
+
+def shared_step(root, rng, who, k):
+    d = f"{root}/shared"
+    lock = os.open(f"{d}/.lock", os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        log = read_file(f"{d}/.log")
+        model = replay(log)
+        for name, want in model.items():
+            got = read_file(f"{d}/{name}")
+            if got != want:
+                fail(f"{who}: shared/{name} holds {got!r}, the model {want!r}")
+        names = sorted(model)
+        choice = rng.random()
+        if not names or choice < 0.35:
+            name, data = f"s{who}-{k}", os.urandom(rng.randrange(1, 64))
+            write_file(f"{d}/{name}", data, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            line = f"create {name} {data.hex()}"
+        elif choice < 0.55:
+            src = rng.choice(names)
+            dst = rng.choice(names) if rng.random() < 0.5 else f"r{who}-{k}"
+            if dst == src:
+                dst = f"r{who}-{k}"
+            os.rename(f"{d}/{src}", f"{d}/{dst}")
+            line = f"rename {src} {dst}"
+        elif choice < 0.7:
+            name = rng.choice(names)
+            os.unlink(f"{d}/{name}")
+            line = f"unlink {name}"
+        else:
+            name, data = rng.choice(names), os.urandom(rng.randrange(1, 32))
+            write_file(f"{d}/{name}", data, os.O_WRONLY | os.O_APPEND)
+            line = f"append {name} {data.hex()}"
+        write_file(f"{d}/.log", (line + "\n").encode(), os.O_WRONLY | os.O_APPEND)
+    finally:
+        os.close(lock)  # the flock goes with the last close
+
+
+def own_step(root, rng, who, k, model):
+    d = f"{root}/own{who}"
+    names = sorted(model)
+    choice = rng.random()
+    if not names or choice < 0.4:
+        name, data = f"f{k}", os.urandom(rng.randrange(0, 200_000))
+        write_file(f"{d}/{name}", data)
+        model[name] = data
+    elif choice < 0.6:
+        src, dst = rng.choice(names), f"g{k}"
+        os.rename(f"{d}/{src}", f"{d}/{dst}")
+        model[dst] = model.pop(src)
+    elif choice < 0.75:
+        name = rng.choice(names)
+        os.unlink(f"{d}/{name}")
+        del model[name]
+    else:
+        name = rng.choice(names)
+        got = read_file(f"{d}/{name}")
+        if got != model[name]:
+            fail(f"worker {who}: own{who}/{name} reads {len(got)} bytes, not its own {len(model[name])}")
+        data = os.urandom(rng.randrange(1, 4096))
+        write_file(f"{d}/{name}", data, os.O_WRONLY | os.O_APPEND)
+        model[name] += data
+
+
+def worker(root, who, ops, seed, out):
+    rng = random.Random(seed * 1000 + who)
+    os.mkdir(f"{root}/own{who}")
+    model = {}
+    for k in range(ops):
+        if rng.random() < 0.5:
+            shared_step(root, rng, who, k)
+        else:
+            own_step(root, rng, who, k, model)
+    out.put((who, {n: d.hex() for n, d in model.items()}))
+
+
+def tree(d):
+    return {n: read_file(f"{d}/{n}") for n in os.listdir(d) if not n.startswith(".")}
+
+
+def check_model(a, b, workers, ops, seed):
+    os.mkdir(f"{a}/shared")
+    write_file(f"{a}/shared/.lock", b"")
+    write_file(f"{a}/shared/.log", b"")
+    eventually("B sees shared/", lambda: None if os.path.exists(f"{b}/shared/.log") else "not yet")
+    out = multiprocessing.Queue()
+    procs = [multiprocessing.Process(target=worker, args=(a if w % 2 == 0 else b, w, ops, seed, out))
+             for w in range(workers)]
+    t = time.monotonic()
+    for p in procs:
+        p.start()
+    models = dict(out.get() for _ in procs)
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            fail(f"a worker failed (exit {p.exitcode})")
+    took = time.monotonic() - t
+    log = read_file(f"{a}/shared/.log")
+    shared = replay(log)
+    for root in (a, b):
+        eventually(f"shared/ on {root} against the model",
+                   lambda: None if tree(f"{root}/shared") == shared
+                   else f"names {sorted(tree(f'{root}/shared'))} vs {sorted(shared)}")
+        for w, m in models.items():
+            want = {n: bytes.fromhex(h) for n, h in m.items()}
+            eventually(f"own{w} on {root} against its model",
+                       lambda: None if tree(f"{root}/own{w}") == want
+                       else f"names {sorted(tree(f'{root}/own{w}'))} vs {sorted(want)}")
+    print(f"model: {workers} workers x {ops} ops ({len(log.splitlines())} on the shared "
+          f"directory) in {took:.1f} s; both mounts match the models")
+
+
+def check_freeze(a, b, pid_a, ttl):
+    fa, fb = f"{a}/frozen", f"{b}/frozen"
+    write_file(fa, b"")
+    eventually("B sees the file", lambda: None if os.path.exists(fb) else "not there")
+    # The holder on A: takes the lock, says so, then writes when told (and says how it went).
+    holder = subprocess.Popen([sys.executable, "-c", """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.readline()
+try:
+    os.pwrite(fd, b"A" * 4096, 0)
+    os.fsync(fd)
+    print("wrote", flush=True)
+except OSError as e:
+    print("refused", e.errno, flush=True)
+""", fa], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if holder.stdout.readline().strip() != "locked":
+        fail("the holder on A did not take its lock")
+    if not blocked_flock(fb):
+        fail("B took the lock A's process holds")
+    os.kill(pid_a, signal.SIGSTOP)
+    try:
+        t = time.monotonic()
+        fd = os.open(fb, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # blocks until A's session is evicted
+        waited = time.monotonic() - t
+        if waited < ttl * 0.9:
+            fail(f"B took A's lock after {waited:.1f} s, inside A's session ({ttl} s)")
+        os.pwrite(fd, b"B" * 100, 0)
+        os.close(fd)
+    finally:
+        os.kill(pid_a, signal.SIGCONT)
+    holder.stdin.write("go\n")
+    holder.stdin.flush()
+    said = holder.stdout.readline().strip()
+    holder.wait()
+    if said == "wrote":
+        fail("A's process wrote after its daemon was evicted")
+    want = b"B" * 100
+    if read_file(fb) != want:
+        fail(f"B reads {read_file(fb)[:16]!r}..., not only its own bytes")
+    print(f"freeze: B's flock granted {waited:.1f} s after A froze (session {ttl} s); "
+          f"A's write after SIGCONT: {said}; the file holds B's bytes only")
+
+
+def main():
+    cmd, a, b = sys.argv[1:4]
+    rest = sys.argv[4:]
+    if cmd == "locks":
+        check_locks(a, b)
+    elif cmd == "c2o":
+        check_c2o(a, b, int(rest[0]))
+    elif cmd == "model":
+        check_model(a, b, int(rest[0]), int(rest[1]), int(rest[2]))
+    elif cmd == "freeze":
+        check_freeze(a, b, int(rest[0]), float(rest[1]))
+    else:
+        fail(f"unknown check {cmd}")
+
+
+if __name__ == "__main__":
+    main()
