@@ -1,23 +1,6 @@
 # Mount tests of shared volumes (`mount --volume NAME --meta redis://…`: many writers, the
 # namespace in Redis), sourced by run.sh.
 
-# start_redis: a redis-server of the test's own on a free loopback port (installed if
-# missing), stopped when the test ends; REDIS_URL says where.
-start_redis() {
-  local port i
-  command -v redis-server >/dev/null 2>&1 || ensure_packages redis-server:redis-server
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >"$WORK/redis.log" 2>&1 &
-  REDIS_PID=$!
-  # shellcheck disable=SC2064 # the pid is meant to be expanded now
-  trap "kill $REDIS_PID 2>/dev/null || true" EXIT
-  for ((i = 0; i < 100; i++)); do
-    python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' "$port" 2>/dev/null && break
-    sleep 0.05
-  done
-  REDIS_URL=redis://127.0.0.1:$port
-}
-
 # Two writers of one volume, its namespace in Redis (`--meta`; a redis-server of the test's
 # own on a loopback port): a tree, a file's bytes and an append made on one mount are seen on
 # the other; the same name made on both fails on the second (EEXIST); 500 files made on one

@@ -26,7 +26,7 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     ));
     a.take_turn("a", LONG, LONG).unwrap();
     assert!(matches!(
-        a.append("a", 1, b"one"),
+        a.append("a", 1, b"one", LONG),
         Err(EngineError::NoSession { .. })
     ));
     a.give_turn("a").unwrap();
@@ -34,18 +34,18 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     b.start_session("b", LONG).unwrap();
     // Only in turn.
     assert!(matches!(
-        a.append("a", 1, b"one"),
+        a.append("a", 1, b"one", LONG),
         Err(EngineError::NotYourTurn { .. })
     ));
     a.take_turn("a", LONG, LONG).unwrap();
-    a.append("a", 1, b"one").unwrap();
+    a.append("a", 1, b"one", LONG).unwrap();
     // Only in order.
     assert_eq!(
-        a.append("a", 3, b"three"),
+        a.append("a", 3, b"three", LONG),
         Err(EngineError::Behind { head: 1 })
     );
     assert_eq!(
-        a.append("a", 1, b"again"),
+        a.append("a", 1, b"again", LONG),
         Err(EngineError::Behind { head: 1 })
     );
     // The turn is one client's at a time.
@@ -54,12 +54,12 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         other => panic!("b took a held turn: {other:?}"),
     }
     assert!(matches!(
-        b.append("b", 2, b"two"),
+        b.append("b", 2, b"two", LONG),
         Err(EngineError::NotYourTurn { .. })
     ));
     a.give_turn("a").unwrap();
     b.take_turn("b", LONG, LONG).unwrap();
-    b.append("b", 2, b"two").unwrap();
+    b.append("b", 2, b"two", LONG).unwrap();
     assert_eq!(a.head().unwrap(), 2);
     assert_eq!(
         a.read_after(0, 10).unwrap(),
@@ -80,10 +80,10 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         t.elapsed()
     );
     assert!(matches!(
-        a.append("a", 3, b"late"),
+        a.append("a", 3, b"late", LONG),
         Err(EngineError::NotYourTurn { .. })
     ));
-    b.append("b", 3, b"three").unwrap();
+    b.append("b", 3, b"three", LONG).unwrap();
 
     // A checkpoint trims the log it holds; an older one does not replace it.
     let ckpt = Checkpoint {
@@ -119,7 +119,7 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     a.take_turn("a", LONG, LONG).unwrap();
     let head = a.head().unwrap();
     assert!(matches!(
-        a.append("a", head + 1, b"evicted"),
+        a.append("a", head + 1, b"evicted", LONG),
         Err(EngineError::NoSession { .. })
     ));
     a.give_turn("a").unwrap();
@@ -137,7 +137,8 @@ fn concurrent(a: Arc<dyn MetaEngine>, b: Arc<dyn MetaEngine>) {
             for i in 0..EACH {
                 e.take_turn(who, LONG, LONG).unwrap();
                 let lsn = e.head().unwrap() + 1;
-                e.append(who, lsn, format!("{who} {i}").as_bytes()).unwrap();
+                e.append(who, lsn, format!("{who} {i}").as_bytes(), LONG)
+                    .unwrap();
                 e.give_turn(who).unwrap();
             }
         })
@@ -159,6 +160,29 @@ fn concurrent(a: Arc<dyn MetaEngine>, b: Arc<dyn MetaEngine>) {
         let want: Vec<String> = (0..EACH).map(|i| format!("{who} {i}")).collect();
         assert_eq!(mine, want);
     }
+}
+
+/// A client that waited for the turn is named to its holder by the holder's next append;
+/// the turn taken with the log read after a change, in one step.
+fn turn_handover(a: &dyn MetaEngine, b: &dyn MetaEngine) {
+    a.start_session("ta", LONG).unwrap();
+    b.start_session("tb", LONG).unwrap();
+    a.take_turn("ta", LONG, LONG).unwrap();
+    let head = a.head().unwrap();
+    assert_eq!(a.append("ta", head + 1, b"x", LONG), Ok(false));
+    assert!(matches!(
+        b.take_turn("tb", LONG, Duration::from_millis(20)),
+        Err(EngineError::TurnBusy { .. })
+    ));
+    assert_eq!(a.append("ta", head + 2, b"y", LONG), Ok(true));
+    a.give_turn("ta").unwrap();
+    let got = b.take_turn_after("tb", LONG, LONG, head, 10).unwrap();
+    assert_eq!(
+        got,
+        vec![(head + 1, b"x".to_vec()), (head + 2, b"y".to_vec())]
+    );
+    assert_eq!(b.append("tb", head + 3, b"z", LONG), Ok(false));
+    b.give_turn("tb").unwrap();
 }
 
 fn posix(typ: Option<LockType>, start: u64, end: u64) -> FileLock {
@@ -274,6 +298,8 @@ fn the_in_memory_engine_keeps_the_contract() {
     let e = MemEngine::new();
     concurrent(Arc::new(e.clone()), Arc::new(e));
     let e = MemEngine::new();
+    turn_handover(&e, &e.clone());
+    let e = MemEngine::new();
     locks_contract(&e, &e.clone());
     locks_exclude(Arc::new(e.clone()), Arc::new(e));
 }
@@ -292,6 +318,7 @@ fn the_redis_engine_keeps_the_contract() {
         Arc::new(RedisEngine::open(&redis.url, "c").unwrap()),
     );
     let l = |v| Arc::new(RedisEngine::open(&redis.url, v).unwrap());
+    turn_handover(&*l("t"), &*l("t"));
     locks_contract(&*l("l"), &*l("l"));
     locks_exclude(l("m"), l("m"));
     // A Redis that goes away is an error that says so, not a hang; back, it is used again.

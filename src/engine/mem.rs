@@ -17,6 +17,8 @@ struct State {
     turn: Option<(String, Instant)>,
     sessions: HashMap<String, Instant>,
     locks: BTreeMap<u64, Vec<u8>>,
+    /// Another client waited for the turn since it was last taken.
+    wanted: bool,
 }
 
 /// One volume's engine state; clones share it (several clients of one engine).
@@ -44,7 +46,13 @@ impl MetaEngine for MemEngine {
         Ok(self.state.0.lock().head)
     }
 
-    fn append(&self, who: &str, lsn: u64, record: &[u8]) -> Result<(), EngineError> {
+    fn append(
+        &self,
+        who: &str,
+        lsn: u64,
+        record: &[u8],
+        lease: Duration,
+    ) -> Result<bool, EngineError> {
         let mut s = self.state.0.lock();
         if !s
             .sessions
@@ -61,7 +69,8 @@ impl MetaEngine for MemEngine {
         }
         s.log.insert(lsn, record.to_vec());
         s.head = lsn;
-        Ok(())
+        s.turn = Some((who.to_string(), Instant::now() + lease));
+        Ok(s.wanted)
     }
 
     fn read_after(&self, after: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
@@ -96,21 +105,23 @@ impl MetaEngine for MemEngine {
         let mut s = lock.lock();
         loop {
             let now = Instant::now();
-            match &s.turn {
-                Some((h, until)) if h != who && *until > now => {
+            match s.turn.clone() {
+                Some((h, until)) if h != who && until > now => {
+                    s.wanted = true;
                     let left = wait.saturating_sub(start.elapsed());
                     if left.is_zero() {
                         return Err(EngineError::TurnBusy {
-                            holder: h.clone(),
+                            holder: h,
                             waited: start.elapsed(),
                         });
                     }
                     // Woken when the turn is given back; else when its lease may have run out.
-                    let until = (*until - now).min(left);
+                    let until = (until - now).min(left);
                     s = cv.wait_timeout(s, until).0;
                 }
                 _ => {
                     s.turn = Some((who.to_string(), now + lease));
+                    s.wanted = false;
                     return Ok(());
                 }
             }

@@ -67,8 +67,16 @@ pub trait MetaEngine: Send + Sync {
     fn head(&self) -> Result<u64, EngineError>;
 
     /// Appends `record` as change `lsn`, if `who`'s session lives, `who` holds the write turn
-    /// and the log's last change is `lsn - 1`.
-    fn append(&self, who: &str, lsn: u64, record: &[u8]) -> Result<(), EngineError>;
+    /// and the log's last change is `lsn - 1`; the turn is then `who`'s for `lease` more.
+    /// True when another client waits for the turn (since it was last taken): the holder
+    /// should give it back once its change is done.
+    fn append(
+        &self,
+        who: &str,
+        lsn: u64,
+        record: &[u8],
+        lease: Duration,
+    ) -> Result<bool, EngineError>;
 
     /// Changes after `after`, in order, at most `max` of them. Changes a checkpoint has
     /// trimmed are not there: a reader behind [`MetaEngine::checkpoint`]'s LSN reloads it.
@@ -81,8 +89,22 @@ pub trait MetaEngine: Send + Sync {
     fn checkpoint(&self) -> Result<Option<Checkpoint>, EngineError>;
 
     /// Takes the write turn for `who` for `lease` (renews it if `who` holds it), waiting up
-    /// to `wait` while another holds it.
+    /// to `wait` while another holds it (which the holder is told by its next append).
     fn take_turn(&self, who: &str, lease: Duration, wait: Duration) -> Result<(), EngineError>;
+
+    /// [`MetaEngine::take_turn`], then [`MetaEngine::read_after`] `after` (`max` changes):
+    /// one round trip where the engine can (a client's change needs both).
+    fn take_turn_after(
+        &self,
+        who: &str,
+        lease: Duration,
+        wait: Duration,
+        after: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
+        self.take_turn(who, lease, wait)?;
+        self.read_after(after, max)
+    }
 
     /// Gives the write turn back (nothing if `who` does not hold it).
     fn give_turn(&self, who: &str) -> Result<(), EngineError>;

@@ -41,14 +41,15 @@ macro_rules! live_session {
 }
 
 const APPEND: &str = concat!(
-    live_session!("4", "3", "{-2, 0}"),
+    live_session!("4", "3", "{-2, 0, 0}"),
     r#"
-if redis.call('GET', KEYS[3]) ~= ARGV[3] then return {-1, 0} end
+if redis.call('GET', KEYS[3]) ~= ARGV[3] then return {-1, 0, 0} end
 local head = tonumber(redis.call('GET', KEYS[1]) or '0')
-if head + 1 ~= tonumber(ARGV[1]) then return {0, head} end
+if head + 1 ~= tonumber(ARGV[1]) then return {0, head, 0} end
 redis.call('XADD', KEYS[2], ARGV[1] .. '-1', 'r', ARGV[2])
 redis.call('SET', KEYS[1], ARGV[1])
-return {1, head + 1}
+redis.call('PEXPIRE', KEYS[3], ARGV[4])
+return {1, head + 1, redis.call('EXISTS', KEYS[5])}
 "#
 );
 
@@ -71,13 +72,18 @@ redis.call('XTRIM', KEYS[2], 'MINID', (tonumber(ARGV[1]) + 1) .. '-0')
 return 1
 "#;
 
+/// Takes the turn (`KEYS[1]`) for `ARGV[1]` and reads the log (`KEYS[2]`) from id `ARGV[3]`
+/// (`ARGV[4]` entries at most; none when `ARGV[3]` is empty), or marks it wanted (`KEYS[3]`).
 const TAKE_TURN: &str = r#"
 local cur = redis.call('GET', KEYS[1])
 if cur == false or cur == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return ''
+  redis.call('DEL', KEYS[3])
+  if ARGV[3] == '' then return {'', {}} end
+  return {'', redis.call('XRANGE', KEYS[2], ARGV[3], '+', 'COUNT', ARGV[4])}
 end
-return cur
+redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
+return {cur, {}}
 "#;
 
 const GIVE_TURN: &str = r#"
@@ -119,6 +125,8 @@ struct Keys {
     log: String,
     ckpt: String,
     turn: String,
+    /// Set while a client waits for the turn: the holder's next append is told.
+    wanted: String,
     sessions: String,
     locks: String,
 }
@@ -153,6 +161,7 @@ impl RedisEngine {
                 log: k("log"),
                 ckpt: k("ckpt"),
                 turn: k("turn"),
+                wanted: k("wanted"),
                 sessions: k("sessions"),
                 locks: k("locks"),
             },
@@ -231,6 +240,73 @@ impl RedisEngine {
     }
 }
 
+/// A log entry as XRANGE answers it: its id, and its fields (`r`: the record).
+type LogEntry = (String, Vec<(String, Vec<u8>)>);
+
+/// The records of log entries, by LSN (an entry's id is `LSN-1`).
+fn log_entries(rows: Vec<LogEntry>) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
+    rows.into_iter()
+        .map(|(id, fields)| {
+            let lsn = id
+                .split('-')
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+                .ok_or_else(|| unavailable(format!("a log entry with id '{id}'")))?;
+            let record = fields
+                .into_iter()
+                .find(|(f, _)| f == "r")
+                .map(|(_, v)| v)
+                .ok_or_else(|| unavailable(format!("log entry {id} holds no record")))?;
+            Ok((lsn, record))
+        })
+        .collect()
+}
+
+impl RedisEngine {
+    /// Takes the turn (see [`MetaEngine::take_turn`]), and in the same step reads the log
+    /// after `read.0` (`read.1` entries at most).
+    fn take_turn_reading(
+        &self,
+        who: &str,
+        lease: Duration,
+        wait: Duration,
+        read: Option<(u64, usize)>,
+    ) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
+        let start = Instant::now();
+        let (from, max) = match read {
+            Some((after, max)) => (format!("{}-0", after + 1), max),
+            None => (String::new(), 0),
+        };
+        // Backoff between tries: short first (a turn is held for one change), up to 1 ms.
+        let mut pause = Duration::from_micros(50);
+        loop {
+            let (holder, rows): (String, Vec<LogEntry>) = self.with(|c| {
+                self.scripts
+                    .take_turn
+                    .key(&self.keys.turn)
+                    .key(&self.keys.log)
+                    .key(&self.keys.wanted)
+                    .arg(who)
+                    .arg(lease.as_millis().max(1) as u64)
+                    .arg(&from)
+                    .arg(max)
+                    .invoke(c)
+            })?;
+            if holder.is_empty() {
+                return log_entries(rows);
+            }
+            if start.elapsed() >= wait {
+                return Err(EngineError::TurnBusy {
+                    holder,
+                    waited: start.elapsed(),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+}
+
 impl MetaEngine for RedisEngine {
     fn describe(&self) -> String {
         self.url.clone()
@@ -241,21 +317,29 @@ impl MetaEngine for RedisEngine {
         Ok(head.unwrap_or(0))
     }
 
-    fn append(&self, who: &str, lsn: u64, record: &[u8]) -> Result<(), EngineError> {
-        let (done, head): (i64, u64) = self.with(|c| {
+    fn append(
+        &self,
+        who: &str,
+        lsn: u64,
+        record: &[u8],
+        lease: Duration,
+    ) -> Result<bool, EngineError> {
+        let (done, head, wanted): (i64, u64, i64) = self.with(|c| {
             self.scripts
                 .append
                 .key(&self.keys.head)
                 .key(&self.keys.log)
                 .key(&self.keys.turn)
                 .key(&self.keys.sessions)
+                .key(&self.keys.wanted)
                 .arg(lsn)
                 .arg(record)
                 .arg(who)
+                .arg(lease.as_millis().max(1) as u64)
                 .invoke(c)
         })?;
         match done {
-            1 => Ok(()),
+            1 => Ok(wanted == 1),
             0 => Err(EngineError::Behind { head }),
             -2 => Err(EngineError::NoSession { who: who.into() }),
             _ => Err(EngineError::NotYourTurn { who: who.into() }),
@@ -263,8 +347,7 @@ impl MetaEngine for RedisEngine {
     }
 
     fn read_after(&self, after: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
-        type Entry = (String, Vec<(String, Vec<u8>)>);
-        let rows: Vec<Entry> = self.with(|c| {
+        let rows: Vec<LogEntry> = self.with(|c| {
             ::redis::cmd("XRANGE")
                 .arg(&self.keys.log)
                 .arg(format!("{}-0", after + 1))
@@ -273,21 +356,7 @@ impl MetaEngine for RedisEngine {
                 .arg(max)
                 .query(c)
         })?;
-        rows.into_iter()
-            .map(|(id, fields)| {
-                let lsn = id
-                    .split('-')
-                    .next()
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .ok_or_else(|| unavailable(format!("a log entry with id '{id}'")))?;
-                let record = fields
-                    .into_iter()
-                    .find(|(f, _)| f == "r")
-                    .map(|(_, v)| v)
-                    .ok_or_else(|| unavailable(format!("log entry {id} holds no record")))?;
-                Ok((lsn, record))
-            })
-            .collect()
+        log_entries(rows)
     }
 
     fn put_checkpoint(&self, checkpoint: &Checkpoint) -> Result<(), EngineError> {
@@ -315,30 +384,18 @@ impl MetaEngine for RedisEngine {
     }
 
     fn take_turn(&self, who: &str, lease: Duration, wait: Duration) -> Result<(), EngineError> {
-        let start = Instant::now();
-        // Backoff between tries: short first (a turn is held for one change), up to 1 ms.
-        let mut pause = Duration::from_micros(50);
-        loop {
-            let holder: String = self.with(|c| {
-                self.scripts
-                    .take_turn
-                    .key(&self.keys.turn)
-                    .arg(who)
-                    .arg(lease.as_millis().max(1) as u64)
-                    .invoke(c)
-            })?;
-            if holder.is_empty() {
-                return Ok(());
-            }
-            if start.elapsed() >= wait {
-                return Err(EngineError::TurnBusy {
-                    holder,
-                    waited: start.elapsed(),
-                });
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
-        }
+        self.take_turn_reading(who, lease, wait, None).map(|_| ())
+    }
+
+    fn take_turn_after(
+        &self,
+        who: &str,
+        lease: Duration,
+        wait: Duration,
+        after: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
+        self.take_turn_reading(who, lease, wait, Some((after, max)))
     }
 
     fn give_turn(&self, who: &str) -> Result<(), EngineError> {

@@ -27,7 +27,7 @@ use crate::fs::{Fs, FsConfig, Turns};
 use crate::meta::{record, Change, Meta};
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long this client's write turn lasts if it is not given back (a client frozen or cut
 /// off while holding it): others wait that long at most. A change holds it for a few round
@@ -45,6 +45,39 @@ pub const SESSION_TTL: Duration = Duration::from_secs(10);
 /// Changes read from the engine in one request.
 const READ_BATCH: usize = 1024;
 
+/// How long this client keeps the write turn after a change when no other client asked for
+/// it: its next change usually follows within a FUSE round trip (50-100 µs here), so a burst
+/// (a `tar x`, an `rm -rf`) takes the turn once, and each change costs one engine round trip
+/// (its append) instead of four. Another client that asks is told by the next append and
+/// gets the turn after that change; one that asks while this client is idle waits this long.
+const TURN_LINGER: Duration = Duration::from_millis(2);
+
+/// The turn is counted as this client's until this long before its lease (as this client's
+/// clock measures from the request that renewed it) runs out: the round trip, a descheduled
+/// thread and clock rates all fit well inside; past it the turn is taken again.
+const TURN_MARGIN: Duration = Duration::from_millis(500);
+
+/// Who may use the table, and whether this client holds the engine's write turn.
+#[derive(Default)]
+struct Claim {
+    /// A change (or a catch-up, or the turn going back) of this client is under way.
+    busy: bool,
+    /// What is under way is a change (at the door).
+    changing: bool,
+    /// Until when the write turn is surely this client's (none: not held).
+    turn_until: Option<Instant>,
+    /// Another client waits for the turn: it goes back after this change.
+    wanted: bool,
+    /// Changes begun so far (the lingering turn goes back only if none began meanwhile).
+    begun: u64,
+}
+
+impl Claim {
+    fn holds_turn(&self) -> bool {
+        self.turn_until.is_some_and(|until| Instant::now() < until)
+    }
+}
+
 struct State {
     engine: Arc<dyn MetaEngine>,
     /// This client's session name: what it holds turns under, and what the servers evict.
@@ -54,8 +87,10 @@ struct State {
     applied: AtomicU64,
     /// One change of this client at a time: a local change holds it with the engine's turn,
     /// and the poller's catch-up holds it too (so no change is applied twice).
-    busy: Mutex<bool>,
+    claim: Mutex<Claim>,
     free: Condvar,
+    /// Wakes the thread that gives a lingering turn back.
+    linger: Condvar,
     gate: Arc<FreeGate>,
     /// Invalidations of changes applied inside a request, sent by the notifier thread once
     /// the request may have been answered (see [`Fs::tell_followed`]).
@@ -69,27 +104,71 @@ struct State {
 pub struct SharedClient {
     state: Arc<State>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Gives a lingering write turn back ([`linger_loop`]).
+    lingerer: Option<std::thread::JoinHandle<()>>,
     /// Not joined: it ends once the file system (which keeps its channel open) is gone.
     _notifier: std::thread::JoinHandle<()>,
 }
 
 impl State {
-    fn claim(&self) {
-        let mut busy = self.busy.lock();
-        while *busy {
-            busy = self.free.wait(busy);
+    /// Waits until no change of this client is under way and claims the table; true if
+    /// this client holds the write turn.
+    fn claim(&self) -> bool {
+        let mut c = self.claim.lock();
+        while c.busy {
+            c = self.free.wait(c);
         }
-        *busy = true;
+        c.busy = true;
+        c.holds_turn()
     }
 
     fn try_claim(&self) -> bool {
-        let mut busy = self.busy.lock();
-        !std::mem::replace(&mut *busy, true)
+        let mut c = self.claim.lock();
+        !std::mem::replace(&mut c.busy, true)
+    }
+
+    /// Claims the table unless a change is under way (false: it is, and it caught up when
+    /// it began).
+    fn claim_unless_changing(&self) -> bool {
+        let mut c = self.claim.lock();
+        loop {
+            if c.changing {
+                return false;
+            }
+            if !c.busy {
+                c.busy = true;
+                return true;
+            }
+            c = self.free.wait(c);
+        }
     }
 
     fn release(&self) {
-        *self.busy.lock() = false;
-        self.free.notify_one();
+        let mut c = self.claim.lock();
+        c.busy = false;
+        c.changing = false;
+        drop(c);
+        self.free.notify_all();
+    }
+
+    /// The turn is this client's until `lease` after `sent` (less the margin); `wanted`: another
+    /// client asked for it.
+    fn turn_renewed(&self, sent: Instant, wanted: bool) {
+        let mut c = self.claim.lock();
+        c.turn_until = Some(sent + TURN_LEASE - TURN_MARGIN);
+        c.wanted |= wanted;
+    }
+
+    /// Gives the turn back (only while claimed).
+    fn give_turn(&self) {
+        {
+            let mut c = self.claim.lock();
+            c.turn_until = None;
+            c.wanted = false;
+        }
+        if let Err(e) = self.engine.give_turn(&self.who) {
+            log::warn!("giving the write turn back: {e} (it runs out by itself)");
+        }
     }
 
     /// Applies what others appended since this table's last change (only while claimed).
@@ -105,8 +184,20 @@ impl State {
             if got.is_empty() {
                 return Ok(n);
             }
+            self.apply(fs, &got, in_request)?;
+            n += got.len();
+            if got.len() < READ_BATCH {
+                return Ok(n);
+            }
+        }
+    }
+
+    /// Applies changes read from the engine (only while claimed); see [`State::catch_up`].
+    fn apply(&self, fs: &Fs, got: &[(u64, Vec<u8>)], in_request: bool) -> Result<()> {
+        {
+            let after = self.applied.load(Ordering::SeqCst);
             let mut records = Vec::with_capacity(got.len());
-            for (lsn, bytes) in &got {
+            for (lsn, bytes) in got {
                 let read = record::read(bytes, *lsn);
                 if let Some(why) = read::stop_reason(&read.stop) {
                     return Err(Error::new(libc::EIO, why));
@@ -126,11 +217,8 @@ impl State {
             } else {
                 fs.apply_followed(&records)?;
             }
-            n += records.len();
             self.applied.store(last, Ordering::SeqCst);
-            if got.len() < READ_BATCH {
-                return Ok(n);
-            }
+            Ok(())
         }
     }
 }
@@ -151,11 +239,43 @@ enum Notice {
 struct Turn(Arc<State>);
 
 impl Drop for Turn {
+    /// The change is done: the turn goes back now if another client asked for it, else
+    /// after [`TURN_LINGER`] without a change (the lingering thread).
     fn drop(&mut self) {
-        if let Err(e) = self.0.engine.give_turn(&self.0.who) {
-            log::warn!("giving the write turn back: {e} (it runs out by itself)");
+        let s = &self.0;
+        let (now, linger) = {
+            let c = s.claim.lock();
+            (c.wanted || !c.holds_turn(), c.turn_until.is_some())
+        };
+        if now {
+            s.give_turn();
         }
-        self.0.release();
+        s.release();
+        if linger && !now {
+            s.linger.notify_one();
+        }
+    }
+}
+
+/// The lingering thread: gives the write turn back once no change began for
+/// [`TURN_LINGER`].
+fn linger_loop(s: &State) {
+    let mut c = s.claim.lock();
+    while !s.stop.load(Ordering::SeqCst) {
+        if c.turn_until.is_none() || c.busy {
+            c = s.linger.wait_timeout(c, Duration::from_millis(100)).0;
+            continue;
+        }
+        let begun = c.begun;
+        c = s.linger.wait_timeout(c, TURN_LINGER).0;
+        if c.busy || c.begun != begun || c.turn_until.is_none() {
+            continue;
+        }
+        c.busy = true;
+        drop(c);
+        s.give_turn();
+        s.release();
+        c = s.claim.lock();
     }
 }
 
@@ -164,14 +284,36 @@ struct SharedTurns(Arc<State>);
 impl Turns for SharedTurns {
     fn begin(&self, fs: &Fs) -> Option<Box<dyn std::any::Any + Send>> {
         let s = &self.0;
-        s.claim();
-        if let Err(e) = s.engine.take_turn(&s.who, TURN_LEASE, TURN_WAIT) {
-            log::error!("the write turn: {e}");
-            s.release();
-            return None;
+        let held = s.claim();
+        {
+            let mut c = s.claim.lock();
+            c.begun += 1;
+            c.changing = true;
         }
         let turn = Turn(s.clone());
-        if let Err(e) = s.catch_up(fs, true) {
+        if held {
+            // No other client can have appended since this client's last change or take.
+            return Some(Box::new(turn));
+        }
+        let sent = Instant::now();
+        let applied = s.applied.load(Ordering::SeqCst);
+        let got = match s
+            .engine
+            .take_turn_after(&s.who, TURN_LEASE, TURN_WAIT, applied, READ_BATCH)
+        {
+            Ok(got) => got,
+            Err(e) => {
+                log::error!("the write turn: {e}");
+                drop(turn);
+                return None;
+            }
+        };
+        s.turn_renewed(sent, false);
+        let caught_up = s.apply(fs, &got, true).and_then(|()| match got.len() {
+            READ_BATCH => s.catch_up(fs, true).map(|_| ()),
+            _ => Ok(()),
+        });
+        if let Err(e) = caught_up {
             log::error!("catching up with the engine: {}", e.message);
             return None;
         }
@@ -196,7 +338,7 @@ impl Turns for SharedTurns {
         let s = &self.0;
         // A change under way (maybe this very request's: a create that looks its name up)
         // caught up when it began: no wait for it.
-        if !s.try_claim() {
+        if !s.claim_unless_changing() {
             return;
         }
         let r = s.catch_up(fs, true);
@@ -215,12 +357,20 @@ impl crate::meta::Journal for EngineRecorder {
         let s = &self.0;
         let lsn = s.applied.load(Ordering::SeqCst) + 1;
         let bytes = record::encode(lsn, changes);
-        s.engine.append(&s.who, lsn, &bytes).map_err(|e| {
-            Error::new(
-                libc::EIO,
-                format!("{e} (a change made out of turn is refused: it must wait for the turn)"),
-            )
-        })?;
+        let sent = Instant::now();
+        match s.engine.append(&s.who, lsn, &bytes, TURN_LEASE) {
+            Ok(wanted) => s.turn_renewed(sent, wanted),
+            Err(e) => {
+                // Whatever this client thought, the turn is not its own.
+                s.claim.lock().turn_until = None;
+                return Err(Error::new(
+                    libc::EIO,
+                    format!(
+                        "{e} (a change made out of turn is refused: it must wait for the turn)"
+                    ),
+                ));
+            }
+        }
         s.applied.store(lsn, Ordering::SeqCst);
         // Frees of what this change let go of wait for it to be applied everywhere.
         s.gate.assigned.store(lsn, Ordering::SeqCst);
@@ -255,8 +405,9 @@ pub fn join(
         who,
         fs: Arc::downgrade(&fs),
         applied: AtomicU64::new(0),
-        busy: Mutex::new(false),
+        claim: Mutex::new(Claim::default()),
         free: Condvar::new(),
+        linger: Condvar::new(),
         gate: gate.clone(),
         notify,
         stop: AtomicBool::new(false),
@@ -285,6 +436,11 @@ pub fn join(
         .name("volume-shared".into())
         .spawn(move || poll_loop(&s))
         .map_err(|e| format!("cannot start the shared volume's poller: {e}"))?;
+    let s = state.clone();
+    let lingerer = std::thread::Builder::new()
+        .name("volume-turn".into())
+        .spawn(move || linger_loop(&s))
+        .map_err(|e| format!("cannot start the shared volume's turn keeper: {e}"))?;
     let weak = Arc::downgrade(&fs);
     let notifier = std::thread::Builder::new()
         .name("volume-notify".into())
@@ -306,6 +462,7 @@ pub fn join(
         SharedClient {
             state,
             thread: Some(thread),
+            lingerer: Some(lingerer),
             _notifier: notifier,
         },
     ))
@@ -392,6 +549,13 @@ impl Drop for SharedClient {
         if let Some(t) = self.thread.take() {
             t.thread().unpark();
             let _ = t.join();
+        }
+        if let Some(t) = self.lingerer.take() {
+            self.state.linger.notify_all();
+            let _ = t.join();
+        }
+        if self.state.claim.lock().turn_until.is_some() {
+            self.state.give_turn();
         }
         let (engine, who) = (&*self.state.engine, &self.state.who);
         if let Err(e) = crate::engine::drop_session_locks(engine, who, who) {

