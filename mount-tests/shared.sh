@@ -44,7 +44,8 @@ world"
 # Many writers checked (mount-tests/shared_check.py), two mounts of one volume on Redis:
 # locks (flock and fcntl) exclude across clients and a blocked one is granted on release;
 # close-to-open in 24 rounds; four workers (two per mount) change trees of their own and,
-# under a flock, a shared directory, checked against models; then A's daemon is frozen
+# under a flock, a shared directory, checked against models; four processes make and remove
+# files in one directory with no lock (nothing hangs, all gone on both); A's daemon is frozen
 # (SIGSTOP) while a process on A holds a flock: B gets the lock only after A's session ran
 # out, and A's process, its daemon resumed, cannot write (the file holds B's bytes only).
 test_volume_shared_check() {
@@ -59,6 +60,8 @@ test_volume_shared_check() {
   out=$(t python3 $check c2o "$MNT" "$mnt2" 24) || fail "close-to-open: $out"
   echo "$out" >&2
   out=$(t python3 $check model "$MNT" "$mnt2" 4 40 "${RMEMFS_TEST_SEED:-1}") || fail "model: $out"
+  echo "$out" >&2
+  out=$(t python3 $check storm "$MNT" "$mnt2" 1500) || fail "storm: $out"
   echo "$out" >&2
   pid=$(daemon_pids "$MNT" | head -1)
   [ -n "$pid" ] || fail "no daemon for $MNT"

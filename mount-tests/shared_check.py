@@ -17,6 +17,11 @@
       operation the model says is valid, checks that the file system agrees (every operation
       must succeed, every file it reads must hold the model's bytes), and appends it to the log.
       At the end both mounts must show each tree and the shared directory as the models say.
+  shared_check.py storm A B N
+      Four processes, two per mount, create N files each in one directory and remove them,
+      with no lock: every call succeeds (none hangs: each client's poller applies the others'
+      names there and tells its kernel while the others' creations hold the directory), and
+      the directory ends empty on both mounts.
   shared_check.py freeze A B PID_A TTL
       A process on A holds a flock on shared file f; A's daemon (PID_A) is frozen (SIGSTOP)
       past the session timeout TTL: a blocked flock on B is granted after at least TTL, B
@@ -306,6 +311,34 @@ def check_model(a, b, workers, ops, seed):
           f"directory) in {took:.1f} s; both mounts match the models")
 
 
+def storm_worker(root, i, n):
+    d = f"{root}/storm"
+    for k in range(n):
+        write_file(f"{d}/p{i}-{k}", b"s")
+    for k in range(n):
+        os.unlink(f"{d}/p{i}-{k}")
+
+
+def check_storm(a, b, n):
+    os.mkdir(f"{a}/storm")
+    eventually("B sees storm/", lambda: None if os.path.isdir(f"{b}/storm") else "not yet")
+    t = time.monotonic()
+    procs = [multiprocessing.Process(target=storm_worker, args=(a if i % 2 == 0 else b, i, n))
+             for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            fail(f"a storm worker failed (exit {p.exitcode})")
+    took = time.monotonic() - t
+    for root in (a, b):
+        eventually(f"storm/ on {root} empty",
+                   lambda: None if not os.listdir(f"{root}/storm") else os.listdir(f"{root}/storm")[:5])
+    print(f"storm: 4 processes on 2 mounts made and removed {4 * n} files in one directory "
+          f"in {took:.1f} s")
+
+
 def check_freeze(a, b, pid_a, ttl):
     fa, fb = f"{a}/frozen", f"{b}/frozen"
     write_file(fa, b"")
@@ -362,6 +395,8 @@ def main():
         check_c2o(a, b, int(rest[0]))
     elif cmd == "model":
         check_model(a, b, int(rest[0]), int(rest[1]), int(rest[2]))
+    elif cmd == "storm":
+        check_storm(a, b, int(rest[0]))
     elif cmd == "freeze":
         check_freeze(a, b, int(rest[0]), float(rest[1]))
     else:

@@ -33,10 +33,12 @@ OUT=$(cd "$OUT" && pwd)
 lib_init benchshared
 start_redis --own-trap
 jfs_mounts=()
+jfs_bucket=/dev/shm/rmemfs-bench-jfs-$$ # the data of JuiceFS, on a tmpfs
 stop_all() {
   local m
   for m in "${jfs_mounts[@]}"; do "$JUICEFS" umount "$m" >/dev/null 2>&1 || umount -l "$m" 2>/dev/null || true; done
   kill "$REDIS_PID" 2>/dev/null || true
+  rm -rf "$jfs_bucket"
   cleanup
 }
 trap stop_all EXIT
@@ -62,9 +64,9 @@ for ((i = 1; i <= CLIENTS; i++)); do
   mount_fs "$BASE/shared$i" "$addrs" --volume bs --meta "$REDIS_URL"
 done
 if [ -n "${JUICEFS:-}" ]; then
-  mkdir -p /dev/shm/rmemfs-bench-jfs
+  mkdir -p "$jfs_bucket"
   jurl="$REDIS_URL/1"
-  "$JUICEFS" format "$jurl" bench --storage file --bucket "/dev/shm/rmemfs-bench-jfs/" \
+  "$JUICEFS" format "$jurl" bench --storage file --bucket "$jfs_bucket/" \
     >"$BASE/logs/jfs-format.log" 2>&1 || { cat "$BASE/logs/jfs-format.log" >&2; exit 1; }
   for ((i = 1; i <= CLIENTS; i++)); do
     mkdir -p "$BASE/jfs$i"

@@ -44,9 +44,10 @@ impl Fs {
         }
     }
 
-    /// Tells the kernel to forget inode `ino`'s attributes and cached pages now. Safe inside
-    /// an OPEN without the writeback cache (the kernel holds no lock of the inode or its
-    /// pages then): a shared volume's open so sees what other clients closed before.
+    /// Tells the kernel to forget inode `ino`'s attributes and cached pages now: a shared
+    /// volume's open so sees what other clients closed before. Only where no request that
+    /// may hold the file's page locks (a write) waits for what the caller holds: an OPEN
+    /// without the writeback cache, after the door.
     pub fn forget_cached_inode(&self, ino: Ino) {
         self.tell_followed(&[Invalidation::Inode(ino)]);
     }

@@ -527,17 +527,31 @@ impl Filesystem for FuseFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if !self.fs.is_shared() {
+            return self.contain("open", req, || match self.fs.open(ino.0, flags.0) {
+                Ok(fh) => reply.opened(FileHandle(fh), self.open_flags(flags.0)),
+                Err(e) => reply.error(errno(&e)),
+            });
+        }
+        // Close-to-open on a shared volume: the door caught up with other clients; their
+        // sizes and bytes then replace what the kernel cached, before the open is answered
+        // but after the door (a write of this file waiting there holds its pages' locks,
+        // which the kernel's invalidation takes).
+        let mut reply = Some(reply);
+        let mut opened = None;
         self.contain("open", req, || match self.fs.open(ino.0, flags.0) {
-            Ok(fh) => {
-                // Close-to-open on a shared volume: the door caught up with other clients;
-                // their sizes and bytes replace what the kernel cached.
-                if self.fs.is_shared() {
-                    self.fs.forget_cached_inode(ino.0);
-                }
+            Ok(fh) => opened = Some(fh),
+            Err(e) => reply.take().expect("not answered yet").error(errno(&e)),
+        });
+        match (opened, reply) {
+            (Some(fh), Some(reply)) => {
+                self.fs.forget_cached_inode(ino.0);
                 reply.opened(FileHandle(fh), self.open_flags(flags.0))
             }
-            Err(e) => reply.error(errno(&e)),
-        });
+            // A contained panic: answered as any other.
+            (None, Some(reply)) => reply.error(Errno::EIO),
+            _ => {}
+        }
     }
 
     fn read(

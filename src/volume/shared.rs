@@ -172,7 +172,9 @@ impl State {
     }
 
     /// Applies what others appended since this table's last change (only while claimed).
-    /// Inside a request (`in_request`), the kernel is told by the notifier thread.
+    /// With `in_request` (whenever the file system is mounted), the kernel is told by the
+    /// notifier thread: never while claimed, as a request waiting for the claim may hold the
+    /// directory lock that the kernel's invalidation of a name waits for.
     fn catch_up(&self, fs: &Fs, in_request: bool) -> Result<usize> {
         let mut n = 0;
         loop {
@@ -323,13 +325,13 @@ impl Turns for SharedTurns {
     fn sync_kernel(&self, fs: &Fs) -> bool {
         let s = &self.0;
         s.claim();
-        let r = s.catch_up(fs, false);
+        let r = s.catch_up(fs, true);
         s.release();
         if let Err(e) = r {
             log::warn!("catching up with the engine: {}", e.message);
             return false;
         }
-        // And what requests caught up with before, still with the notifier.
+        // Told by the notifier, with what catch-ups before queued: waited for unclaimed.
         let (done, flushed) = crossbeam_channel::bounded(1);
         s.notify.send(Notice::Flushed(done)).is_ok() && flushed.recv().is_ok()
     }
@@ -490,7 +492,7 @@ fn poll_loop(s: &State) {
 fn poll_once(s: &State, fs: &Fs) -> std::result::Result<(), String> {
     // A change under way catches up itself.
     if s.try_claim() {
-        let r = s.catch_up(fs, false);
+        let r = s.catch_up(fs, true);
         s.release();
         r.map_err(|e| e.message)?;
     }
