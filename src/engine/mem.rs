@@ -33,6 +33,13 @@ impl MemEngine {
     }
 }
 
+/// Whether session `who` is there and its last heartbeat has not run out.
+fn live(sessions: &HashMap<String, Instant>, who: &str) -> bool {
+    sessions
+        .get(who)
+        .is_some_and(|until| *until >= Instant::now())
+}
+
 fn holds(turn: &Option<(String, Instant)>, who: &str) -> bool {
     matches!(turn, Some((h, until)) if h == who && *until > Instant::now())
 }
@@ -54,11 +61,7 @@ impl MetaEngine for MemEngine {
         lease: Duration,
     ) -> Result<bool, EngineError> {
         let mut s = self.state.0.lock();
-        if !s
-            .sessions
-            .get(who)
-            .is_some_and(|until| *until >= Instant::now())
-        {
+        if !live(&s.sessions, who) {
             return Err(EngineError::NoSession { who: who.into() });
         }
         if !holds(&s.turn, who) {
@@ -190,11 +193,7 @@ impl MetaEngine for MemEngine {
 
     fn swap_locks(&self, who: &str, ino: u64, old: &[u8], new: &[u8]) -> Result<bool, EngineError> {
         let mut s = self.state.0.lock();
-        if !s
-            .sessions
-            .get(who)
-            .is_some_and(|until| *until >= Instant::now())
-        {
+        if !live(&s.sessions, who) {
             return Err(EngineError::NoSession { who: who.into() });
         }
         if s.locks.get(&ino).map_or(&[][..], |t| t.as_slice()) != old {
