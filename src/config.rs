@@ -219,6 +219,13 @@ pub const FOLLOWER_FLOOR_POLL: Duration = Duration::from_millis(20);
 /// one control round trip per server each time.
 pub const FOLLOW_POLL: Duration = Duration::from_millis(100);
 
+/// A shared volume's client writes a checkpoint of its table to the metadata engine (which
+/// then trims its log) once this many changes were made since the last one and every member
+/// has applied them all: a record is a few hundred bytes, so the log stays within some
+/// megabytes in Redis and a client that joins replays at most this many changes after the
+/// image; the image (the whole table) is written once per this many changes.
+pub const SHARED_CHECKPOINT_EVERY: u64 = 20_000;
+
 /// How often a blocked lock request on a shared volume (`F_SETLKW`, `flock` without
 /// `LOCK_NB`) asks the metadata engine again, at most: tries start at 1 ms and double up to
 /// this, so a lock handed over between two processes is taken within about it, while a long

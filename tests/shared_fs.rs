@@ -207,3 +207,51 @@ fn two_writers_share_one_history_on_redis() {
     let engine = rmemfs::engine::redis::RedisEngine::open(&redis.url, "sh").unwrap();
     two_writers(Arc::new(engine));
 }
+
+/// Checkpoints bound the engine's log: after one, a client behind the trim loads it whole
+/// (then the changes after it), and a client that joins starts from it; inode numbers go on
+/// past the image's.
+fn checkpoints(open: impl Fn() -> Arc<dyn MetaEngine>) {
+    let rack = Rack::new(2);
+    let engine = open();
+    let a = client(&rack, open(), "a");
+    let b = client(&rack, open(), "b");
+    a.mkdir("d").unwrap();
+    for i in 0..20 {
+        a.create(&format!("d/f{i}"), &bytes(i, 5000)).unwrap();
+    }
+    // B has applied none of it (its poller is paused). A writes a checkpoint now: the log is
+    // trimmed past B.
+    a.shared.checkpoint_now().unwrap();
+    let ckpt = engine.checkpoint().unwrap().expect("a checkpoint");
+    assert_eq!(ckpt.lsn, a.shared.applied());
+    assert_eq!(engine.read_after(0, 10).unwrap(), vec![]);
+    a.create("d/after", b"after").unwrap();
+    b.shared.poll_now().unwrap();
+    assert_eq!(b.shared.applied(), a.shared.applied());
+    assert_eq!(read(&b.fs, "d/f3").unwrap(), bytes(3, 5000));
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+    let c = client(&rack, open(), "c");
+    assert_eq!(c.shared.applied(), a.shared.applied());
+    assert_eq!(c.fs.namespace_digest(), a.fs.namespace_digest());
+    assert_eq!(read(&c.fs, "d/after").unwrap(), b"after");
+    c.create("d/from-c", b"c").unwrap();
+    b.create("d/from-b", b"b").unwrap();
+    a.shared.poll_now().unwrap();
+    assert_eq!(read(&a.fs, "d/from-c").unwrap(), b"c");
+    assert_eq!(read(&a.fs, "d/from-b").unwrap(), b"b");
+    c.shared.poll_now().unwrap();
+    assert_eq!(a.fs.namespace_digest(), c.fs.namespace_digest());
+}
+
+#[test]
+fn checkpoints_bound_the_log_on_the_in_memory_engine() {
+    let engine = MemEngine::new();
+    checkpoints(|| Arc::new(engine.clone()));
+}
+
+#[test]
+fn checkpoints_bound_the_log_on_redis() {
+    let redis = common::redis::Redis::start();
+    checkpoints(|| Arc::new(rmemfs::engine::redis::RedisEngine::open(&redis.url, "ck").unwrap()));
+}

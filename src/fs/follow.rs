@@ -143,10 +143,19 @@ impl Fs {
     /// Replaces the whole namespace with `fresh` (a follower that fell behind the ring
     /// reloads the checkpoint), keeping what the kernel holds, and tells the kernel what
     /// differs. Returns the invalidations sent.
-    pub fn replace_followed(&self, mut fresh: Meta) -> Vec<Invalidation> {
+    pub fn replace_followed(&self, fresh: Meta) -> Vec<Invalidation> {
+        let out = self.replace_followed_quietly(fresh);
+        self.tell_followed(&out);
+        out
+    }
+
+    /// As [`Fs::replace_followed`], without telling the kernel (what it must forget is
+    /// returned).
+    pub fn replace_followed_quietly(&self, mut fresh: Meta) -> Vec<Invalidation> {
         let (out, old_files) = {
             let mut meta = self.meta.lock();
             fresh.carry_refs(&meta);
+            fresh.carry_journal(&mut meta);
             let out = differences(&meta, &fresh);
             let old = std::mem::replace(&mut *meta, fresh);
             let files: Vec<Arc<FileData>> = old.files().map(|(_, f)| f.clone()).collect();
@@ -156,7 +165,6 @@ impl Fs {
         for f in old_files {
             f.chunks.write().take_all();
         }
-        self.tell_followed(&out);
         out
     }
 }

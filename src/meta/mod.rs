@@ -381,6 +381,12 @@ impl Meta {
 
     /// Takes the kernel's references and the open handles of each inode from `old` (a
     /// follower that reloads the whole namespace keeps what its kernel holds).
+    /// Takes over `old`'s journal (a shared client's table replaced by a checkpoint goes on
+    /// recording its changes where the old one did).
+    pub fn carry_journal(&mut self, old: &mut Meta) {
+        self.journal = std::mem::replace(&mut old.journal, Box::new(batch::InMemory));
+    }
+
     pub fn carry_refs(&mut self, old: &Meta) {
         for (ino, i) in self.inodes.iter_mut() {
             if let Some(o) = old.inodes.get(ino) {

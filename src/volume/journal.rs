@@ -27,7 +27,7 @@ use crate::config::{
 };
 
 /// Changes per checkpoint frame: frames stay far below a record's payload limit.
-const CHANGES_PER_FRAME: usize = 4096;
+pub(super) const CHANGES_PER_FRAME: usize = 4096;
 
 struct Pending {
     /// Commits held back (a test's crash between an operation and its commit).

@@ -12,6 +12,7 @@
 //! copies, and start the committer.
 
 pub mod admin;
+mod engine_image;
 pub mod follow;
 mod journal;
 mod locks;

@@ -14,11 +14,16 @@
 //! every memory server first, so nothing they still send lands in memory given to another,
 //! and only then are their file locks ([`super::locks`]) dropped.
 //!
-//! What this first version leaves out (say so in doc/VOLUMES.md): checkpoints (the log grows;
-//! attach replays it whole), the rebuild (a member makes no new copies), and a file unlinked
-//! by one client while open on another (gone there).
+//! The engine's log is bounded by checkpoints ([`super::engine_image`]): a client whose
+//! table is [`crate::config::SHARED_CHECKPOINT_EVERY`] changes past the last one, once every
+//! member has applied them, writes its table as of its last change, and the engine trims the
+//! log up to it; a client joins from the newest one, and one that fell behind the trim loads
+//! it whole (as a follower does).
+//!
+//! What this first version leaves out (say so in doc/VOLUMES.md): the rebuild (a member makes
+//! no new copies), and a file unlinked by one client while open on another (gone there).
 
-use super::read;
+use super::{engine_image, read};
 use crate::client::volume::FreeGate;
 use crate::data::DataStore;
 use crate::engine::MetaEngine;
@@ -85,6 +90,10 @@ struct State {
     fs: Weak<Fs>,
     /// The last change this client's table holds.
     applied: AtomicU64,
+    /// The last checkpoint this client knows of (loaded or written).
+    checkpointed: AtomicU64,
+    /// For loading checkpoints (the root's owner).
+    config: FsConfig,
     /// One change of this client at a time: a local change holds it with the engine's turn,
     /// and the poller's catch-up holds it too (so no change is applied twice).
     claim: Mutex<Claim>,
@@ -186,12 +195,83 @@ impl State {
             if got.is_empty() {
                 return Ok(n);
             }
+            if got[0].0 != after + 1 {
+                // A checkpoint trimmed changes this table lacks.
+                self.reload(fs, in_request, got[0].0)?;
+                continue;
+            }
             self.apply(fs, &got, in_request)?;
             n += got.len();
             if got.len() < READ_BATCH {
                 return Ok(n);
             }
         }
+    }
+
+    /// Replaces the table with the engine's checkpoint (only while claimed): this client fell
+    /// behind the log's trim (its first change now is `first`).
+    fn reload(&self, fs: &Fs, in_request: bool, first: u64) -> Result<()> {
+        let c = self
+            .engine
+            .checkpoint()
+            .map_err(engine_err)?
+            .ok_or_else(|| {
+                Error::new(
+                    libc::EIO,
+                    "the engine's log was trimmed, but it holds no checkpoint",
+                )
+            })?;
+        if c.lsn + 1 < first {
+            return Err(Error::new(
+                libc::EIO,
+                format!(
+                    "the engine's log starts at change {first}, after its checkpoint ({})",
+                    c.lsn
+                ),
+            ));
+        }
+        let meta =
+            engine_image::decode(&c.image, &self.config).map_err(|e| Error::new(libc::EIO, e))?;
+        log::warn!(
+            "shared volume: behind the engine's checkpoint (applied {}, checkpoint {}): \
+             loading it",
+            self.applied.load(Ordering::SeqCst),
+            c.lsn
+        );
+        let told = fs.replace_followed_quietly(meta);
+        if in_request {
+            let _ = self.notify.send(Notice::Tell(told));
+        } else {
+            fs.tell_followed(&told);
+        }
+        self.applied.store(c.lsn, Ordering::SeqCst);
+        self.checkpointed.fetch_max(c.lsn, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Writes a checkpoint of this client's table to the engine (which trims its log), once
+    /// [`crate::config::SHARED_CHECKPOINT_EVERY`] changes were made since the last one and
+    /// every member has applied this client's last change (none falls behind the trim);
+    /// `force`: now. Whether one was written.
+    fn checkpoint(&self, fs: &Fs, force: bool) -> std::result::Result<bool, String> {
+        let applied = self.applied.load(Ordering::SeqCst);
+        let due = applied
+            >= self.checkpointed.load(Ordering::SeqCst) + crate::config::SHARED_CHECKPOINT_EVERY;
+        if !force && (!due || fs.data().pool().follower_floor() < applied) {
+            return Ok(false);
+        }
+        // The table as of exactly `lsn`: nothing is applied or changed while claimed.
+        self.claim();
+        let lsn = self.applied.load(Ordering::SeqCst);
+        let image = engine_image::encode(fs);
+        self.release();
+        let bytes = image.len();
+        self.engine
+            .put_checkpoint(&crate::engine::Checkpoint { lsn, image })
+            .map_err(|e| e.to_string())?;
+        self.checkpointed.fetch_max(lsn, Ordering::SeqCst);
+        log::info!("shared volume: checkpoint of change {lsn} written ({bytes} bytes)");
+        Ok(true)
     }
 
     /// Applies changes read from the engine (only while claimed); see [`State::catch_up`].
@@ -398,15 +478,21 @@ pub fn join(
     engine
         .start_session(&who, SESSION_TTL)
         .map_err(|e| e.to_string())?;
-    let meta = Meta::new(0o755, config.root_uid, config.root_gid);
-    let fs = Arc::new(Fs::with_meta(data, config, meta));
+    // The newest checkpoint, then the log after it.
+    let (meta, from) = match engine.checkpoint().map_err(|e| e.to_string())? {
+        Some(c) => (engine_image::decode(&c.image, &config)?, c.lsn),
+        None => (Meta::new(0o755, config.root_uid, config.root_gid), 0),
+    };
+    let fs = Arc::new(Fs::with_meta(data, config.clone(), meta));
     let gate = Arc::new(FreeGate::default());
     let (notify, told) = crossbeam_channel::unbounded::<Notice>();
     let state = Arc::new(State {
         engine,
         who,
         fs: Arc::downgrade(&fs),
-        applied: AtomicU64::new(0),
+        applied: AtomicU64::new(from),
+        checkpointed: AtomicU64::new(from),
+        config,
         claim: Mutex::new(Claim::default()),
         free: Condvar::new(),
         linger: Condvar::new(),
@@ -500,6 +586,7 @@ fn poll_once(s: &State, fs: &Fs) -> std::result::Result<(), String> {
     let applied = s.applied.load(Ordering::SeqCst);
     pool.follow_at(applied);
     pool.release_frees(&s.gate, applied);
+    s.checkpoint(fs, false)?;
     s.engine
         .heartbeat(&s.who, SESSION_TTL)
         .map_err(|e| e.to_string())?;
@@ -532,6 +619,13 @@ impl SharedClient {
     #[cfg(feature = "testing")]
     pub fn pause(&self, paused: bool) {
         self.state.paused.store(paused, Ordering::SeqCst);
+    }
+
+    /// A checkpoint of this client's table now, whoever lags (tests; the poller writes them
+    /// on its own).
+    pub fn checkpoint_now(&self) -> std::result::Result<(), String> {
+        let fs = self.state.fs.upgrade().ok_or("the file system is gone")?;
+        self.state.checkpoint(&fs, true).map(|_| ())
     }
 
     /// This client's session name.
