@@ -4,13 +4,17 @@
 # Two writers of one volume, its namespace in Redis (`--meta`; a redis-server of the test's
 # own on a loopback port): a tree, a file's bytes and an append made on one mount are seen on
 # the other; the same name made on both fails on the second (EEXIST); 500 files made on one
-# are listed on the other; `rm -rf` on one empties both.
+# are listed on the other; `rm -rf` on one empties both. B names the servers in the other
+# order (the volume's own order is used).
 test_volume_shared() {
   local mnt2=$BASE/mnt/volume_shared2 i
   start_redis
   mkdir -p "$mnt2"
   mount_fs "$MNT" "$ADDRS" --volume sv --meta "$REDIS_URL" || fail "mount --meta failed"
-  mount_fs "$mnt2" "$ADDRS" --volume sv --meta "$REDIS_URL" || fail "second mount --meta failed"
+  # B names the servers in the other order: the volume's order (kept in Redis) is used.
+  local reversed
+  reversed=$(tr ',' '\n' <<<"$ADDRS" | tac | paste -sd, -)
+  mount_fs "$mnt2" "$reversed" --volume sv --meta "$REDIS_URL" || fail "second mount --meta failed"
   must "mkdir on A" mkdir "$MNT/d"
   must "write on A" dd if=/dev/urandom of="$MNT/d/big" bs=1M count=16 conv=fsync status=none
   must "small on A" sh -c "echo hello >'$MNT/d/x'"

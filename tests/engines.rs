@@ -10,6 +10,7 @@ use rmemfs::engine::mem::MemEngine;
 use rmemfs::engine::redis::RedisEngine;
 use rmemfs::engine::{change_locks, drop_session_locks, Checkpoint, EngineError, MetaEngine};
 use rmemfs::meta::locks::{FileLock, LockKind, LockOwner, LockType};
+use rmemfs::volume::shared::server_order;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -185,6 +186,18 @@ fn turn_handover(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     b.give_turn("tb").unwrap();
 }
 
+/// The servers' order: the first client's is kept; a client naming the same servers in
+/// another order is given the volume's, one naming others is refused with both lists.
+fn servers_order(a: &dyn MetaEngine, b: &dyn MetaEngine) {
+    let first = vec!["10.0.0.1:7000".to_string(), "10.0.0.2:7000".to_string()];
+    let swapped = vec![first[1].clone(), first[0].clone()];
+    assert_eq!(a.servers(&first).unwrap(), first);
+    assert_eq!(b.servers(&swapped).unwrap(), first);
+    assert_eq!(server_order(b, &swapped).unwrap(), first);
+    let why = server_order(b, &[first[0].clone()]).unwrap_err();
+    assert!(why.contains("10.0.0.1:7000,10.0.0.2:7000"), "{why}");
+}
+
 fn posix(typ: Option<LockType>, start: u64, end: u64) -> FileLock {
     FileLock {
         kind: LockKind::Posix,
@@ -298,6 +311,8 @@ fn the_in_memory_engine_keeps_the_contract() {
     let e = MemEngine::new();
     concurrent(Arc::new(e.clone()), Arc::new(e));
     let e = MemEngine::new();
+    servers_order(&e, &e.clone());
+    let e = MemEngine::new();
     turn_handover(&e, &e.clone());
     let e = MemEngine::new();
     locks_contract(&e, &e.clone());
@@ -319,6 +334,7 @@ fn the_redis_engine_keeps_the_contract() {
     );
     let l = |v| Arc::new(RedisEngine::open(&redis.url, v).unwrap());
     turn_handover(&*l("t"), &*l("t"));
+    servers_order(&*l("s"), &*l("s"));
     locks_contract(&*l("l"), &*l("l"));
     locks_exclude(l("m"), l("m"));
     // A Redis that goes away is an error that says so, not a hang; back, it is used again.

@@ -17,6 +17,7 @@ struct State {
     turn: Option<(String, Instant)>,
     sessions: HashMap<String, Instant>,
     locks: BTreeMap<u64, Vec<u8>>,
+    servers: Option<Vec<String>>,
     /// Another client waited for the turn since it was last taken.
     wanted: bool,
 }
@@ -178,6 +179,16 @@ impl MetaEngine for MemEngine {
     fn drop_session(&self, who: &str) -> Result<(), EngineError> {
         self.state.0.lock().sessions.remove(who);
         Ok(())
+    }
+
+    fn servers(&self, given: &[String]) -> Result<Vec<String>, EngineError> {
+        Ok(self
+            .state
+            .0
+            .lock()
+            .servers
+            .get_or_insert_with(|| given.to_vec())
+            .clone())
     }
 
     fn locks(&self, ino: u64) -> Result<Vec<u8>, EngineError> {

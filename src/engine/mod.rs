@@ -20,7 +20,8 @@
 //!   reading after an LSN is a range scan; trimming a range delete;
 //! - the turn: a key holding the owner and an expiry, taken and renewed in a transaction,
 //!   and checked inside the append's transaction (the append's fencing);
-//! - sessions: a key per session with its expiry, scanned for the expired.
+//! - sessions: a key per session with its expiry, scanned for the expired;
+//! - the servers' order: one key, set if absent.
 //! - locks: a key per locked inode holding its table ([`crate::meta::locks`]), replaced in a
 //!   transaction that reads it and the caller's session (compare-and-swap).
 
@@ -121,6 +122,10 @@ pub trait MetaEngine: Send + Sync {
 
     /// Forgets session `who` (after it was evicted from the memory servers).
     fn drop_session(&self, who: &str) -> Result<(), EngineError>;
+
+    /// The volume's memory servers in their order (chunk maps name servers by it): `given`
+    /// when none is stored yet (it is then stored), else the stored list.
+    fn servers(&self, given: &[String]) -> Result<Vec<String>, EngineError>;
 
     /// Inode `ino`'s lock table as stored (empty: no locks).
     fn locks(&self, ino: u64) -> Result<Vec<u8>, EngineError>;

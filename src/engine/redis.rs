@@ -11,7 +11,8 @@
 //! Keys: `head` (the last change's number), `log` (a stream, entry `LSN-1` holding the record
 //! under `r`), `ckpt` (a hash: `lsn`, `image`), `turn` (the holder's name, with a lease
 //! expiry), `sessions` (a hash: name to the Redis time its heartbeat runs out, in ms),
-//! `locks` (a hash: inode number to its lock table, `meta::locks`).
+//! `locks` (a hash: inode number to its lock table, `meta::locks`), `servers` (the memory
+//! servers' addresses in the volume's order, one per line).
 
 use super::{Checkpoint, EngineError, MetaEngine};
 use crate::sync::Mutex;
@@ -129,6 +130,7 @@ struct Keys {
     wanted: String,
     sessions: String,
     locks: String,
+    servers: String,
 }
 
 struct Scripts {
@@ -164,6 +166,7 @@ impl RedisEngine {
                 wanted: k("wanted"),
                 sessions: k("sessions"),
                 locks: k("locks"),
+                servers: k("servers"),
             },
             scripts: Scripts {
                 append: ::redis::Script::new(APPEND),
@@ -429,6 +432,22 @@ impl MetaEngine for RedisEngine {
                 .query(c)
         })?;
         Ok(())
+    }
+
+    fn servers(&self, given: &[String]) -> Result<Vec<String>, EngineError> {
+        // One address per line; SET NX GET answers the stored value, or nil having stored.
+        let stored: Option<String> = self.with(|c| {
+            ::redis::cmd("SET")
+                .arg(&self.keys.servers)
+                .arg(given.join("\n"))
+                .arg("NX")
+                .arg("GET")
+                .query(c)
+        })?;
+        Ok(match stored {
+            Some(list) => list.lines().map(str::to_string).collect(),
+            None => given.to_vec(),
+        })
     }
 
     fn locks(&self, ino: u64) -> Result<Vec<u8>, EngineError> {

@@ -450,9 +450,23 @@ fn build_fs(
         }
         _ => None,
     };
+    // A shared volume's servers in its own order (its chunk maps name them by place).
+    let addrs = match &engine {
+        Some(e) => {
+            let given: Vec<String> = servers.addrs.iter().map(|a| a.to_string()).collect();
+            let order = crate::volume::shared::server_order(e, &given)?;
+            // The same servers (checked), placed as the volume orders them.
+            order
+                .iter()
+                .filter_map(|s| given.iter().position(|g| g == s))
+                .map(|i| servers.addrs[i])
+                .collect()
+        }
+        None => servers.addrs.clone(),
+    };
     let pool = Pool::connect(
         fabric,
-        &servers.addrs,
+        &addrs,
         &PoolConfig {
             client_name: format!("rmemfs-mount@{}", mountpoint.display()),
             timeout: config.op_timeout,

@@ -460,6 +460,35 @@ impl crate::meta::Journal for EngineRecorder {
     }
 }
 
+/// The servers in the volume's order: chunk maps name servers by their place in it, so every
+/// client connects to them in the order the first one gave (stored in the engine). The same
+/// servers in another order are reordered; other servers are refused, naming both lists.
+pub fn server_order(
+    engine: &dyn MetaEngine,
+    given: &[String],
+) -> std::result::Result<Vec<String>, String> {
+    let stored = engine.servers(given).map_err(|e| e.to_string())?;
+    let mut a = stored.clone();
+    let mut b = given.to_vec();
+    a.sort();
+    b.sort();
+    if a != b {
+        return Err(format!(
+            "the shared volume's memory servers are {}; this mount names {} (give the same \
+             servers, in any order)",
+            stored.join(","),
+            given.join(",")
+        ));
+    }
+    if stored != given {
+        log::info!(
+            "the shared volume's servers, in its order: {}",
+            stored.join(",")
+        );
+    }
+    Ok(stored)
+}
+
 /// Joins the shared volume the pool claimed with [`crate::proto::ClaimMode::Share`] under
 /// `who`, its namespace in `engine`: the file system, kept in step with the other clients.
 pub fn join(
