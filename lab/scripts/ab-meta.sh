@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# A/B of metadata work on a private mount (no --volume, no Redis): OLD and NEW binaries
+# alternate ROUNDS times over one memory server (NEW's): tar xf of the 10,000-file tree + sync,
+# rm -rf of it, then 20,000 empty files created, stat'ed and removed by one process. Shows
+# that a change leaves the embedded default's metadata speed alone.
+#
+#   lab/scripts/ab-meta.sh OLD_RMEMFS NEW_RMEMFS      # ROUNDS=3 by default
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=lab/scripts/lib.sh
+. lab/scripts/lib.sh
+OLD=$1 NEW=$2 ROUNDS=${ROUNDS:-3}
+lib_init abmeta
+mkdir -p target/bench-meta
+tar=$(tree_tar "$(cd target/bench-meta && pwd)" "${TAR_FILES:-10000}")
+BIN=$NEW
+start_server 4G
+for r in $(seq 1 "$ROUNDS"); do
+  for which in old new; do
+    if [ $which = old ]; then BIN=$OLD; else BIN=$NEW; fi
+    mount_fs "$BASE/m" "$SERVER_ADDR"
+    t0=$(date +%s.%N); tar xf "$tar" -C "$BASE/m"; sync -f "$BASE/m"
+    t1=$(date +%s.%N); rm -rf "${BASE:?}/m/"*; t2=$(date +%s.%N)
+    small=$(python3 - "$BASE/m" <<'PY'
+import os, sys, time
+d = os.path.join(sys.argv[1], "s"); os.mkdir(d); n = 20000; out = []
+for phase in ("create", "stat", "remove"):
+    t = time.perf_counter()
+    for i in range(n):
+        p = f"{d}/f{i}"
+        if phase == "create": os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))
+        elif phase == "stat": os.stat(p)
+        else: os.unlink(p)
+    out.append(f"{phase}={n / (time.perf_counter() - t):.0f}/s")
+print(" ".join(out))
+PY
+)
+    unmount_fs "$BASE/m"
+    printf '%s round %s: tar %.2f s, rm %.2f s, %s\n' $which "$r" "$(echo "$t1 - $t0" | bc)" "$(echo "$t2 - $t1" | bc)" "$small"
+  done
+done
