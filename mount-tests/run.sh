@@ -1789,6 +1789,11 @@ PY
 # name, servers ("shared": two long-lived ${SHARED_SIZE} servers; else fresh ones of these
 # sizes), whether the runner mounts before the test, and further mount options. Two or more
 # servers mean two copies of every chunk unless the test says otherwise.
+# Run only when named (stress, for tools/ scripts): not in the default run.
+STRESS_TESTS=(
+  "volume_shared_storm 256M,256M nomount"
+)
+
 ALL_TESTS=(
   "cp_tree shared mount"
   "tar_roundtrip shared mount"
@@ -1919,7 +1924,7 @@ main() {
   if [ $# -gt 0 ]; then
     for name in "$@"; do
       found=0
-      for spec in "${ALL_TESTS[@]}"; do
+      for spec in "${ALL_TESTS[@]}" "${STRESS_TESTS[@]}"; do
         if [ "${spec%% *}" = "$name" ]; then
           selected+=("$spec")
           found=1
