@@ -257,12 +257,23 @@ impl State {
         let applied = self.applied.load(Ordering::SeqCst);
         let due = applied
             >= self.checkpointed.load(Ordering::SeqCst) + crate::config::SHARED_CHECKPOINT_EVERY;
-        if !force && (!due || fs.data().pool().follower_floor() < applied) {
+        if !force && !due {
             return Ok(false);
         }
+        let floor = if force {
+            u64::MAX
+        } else {
+            fs.data().pool().follower_floor()
+        };
         // The table as of exactly `lsn`: nothing is applied or changed while claimed.
         self.claim();
         let lsn = self.applied.load(Ordering::SeqCst);
+        if lsn > floor {
+            // This client's own changes went past what the others have applied meanwhile:
+            // trimming there would send them to the checkpoint. Another poll tries again.
+            self.release();
+            return Ok(false);
+        }
         let image = engine_image::encode(fs);
         self.release();
         let bytes = image.len();
@@ -278,6 +289,13 @@ impl State {
     fn apply(&self, fs: &Fs, got: &[(u64, Vec<u8>)], in_request: bool) -> Result<()> {
         {
             let after = self.applied.load(Ordering::SeqCst);
+            // Never past a gap: the changes between would be lost to this table.
+            if let Some((first, _)) = got.first().filter(|(first, _)| *first != after + 1) {
+                return Err(Error::new(
+                    libc::EIO,
+                    format!("the engine's change {first} follows this table's {after}"),
+                ));
+            }
             let mut records = Vec::with_capacity(got.len());
             for (lsn, bytes) in got {
                 let read = record::read(bytes, *lsn);
@@ -391,10 +409,16 @@ impl Turns for SharedTurns {
             }
         };
         s.turn_renewed(sent, false);
-        let caught_up = s.apply(fs, &got, true).and_then(|()| match got.len() {
-            READ_BATCH => s.catch_up(fs, true).map(|_| ()),
-            _ => Ok(()),
-        });
+        let caught_up = match got.first() {
+            // A checkpoint trimmed changes this table lacks: load it, then read on.
+            Some((first, _)) if *first != applied + 1 => s
+                .reload(fs, true, *first)
+                .and_then(|()| s.catch_up(fs, true).map(|_| ())),
+            _ => s.apply(fs, &got, true).and_then(|()| match got.len() {
+                READ_BATCH => s.catch_up(fs, true).map(|_| ()),
+                _ => Ok(()),
+            }),
+        };
         if let Err(e) = caught_up {
             log::error!("catching up with the engine: {}", e.message);
             return None;
