@@ -139,12 +139,13 @@ impl Volume {
         }
     }
 
-    fn info(&self, name: &str) -> VolumeInfo {
+    /// `connected`: its holder's control connection is open (see [`Shared::holder_connected`]).
+    fn info(&self, name: &str, connected: bool) -> VolumeInfo {
         VolumeInfo {
             name: name.to_string(),
             epoch: self.epoch,
             holder: self.holder.clone(),
-            live: self.conn.is_some() || !self.members.is_empty(),
+            live: connected || !self.members.is_empty(),
             idle_secs: self.last_heard.elapsed().as_secs(),
             extents: self.extents,
             bytes: self.bytes,
@@ -153,28 +154,40 @@ impl Volume {
     }
 }
 
+impl Shared {
+    /// Whether volume `v`'s holder is connected here: it has a session whose control
+    /// connection its peer has not closed (a daemon that died a moment ago has closed it;
+    /// its session departs when its thread reads the close).
+    fn holder_connected(&self, v: &Volume) -> bool {
+        v.conn.is_some_and(|c| {
+            self.sessions
+                .lock()
+                .get(&c)
+                .is_some_and(|s| !peer_closed(s))
+        })
+    }
+}
+
 /// Whether the peer of control connection `stream` has closed it (or it broke), without
-/// consuming anything its session thread has still to read.
+/// consuming anything its session thread has still to read. `POLLRDHUP` reports the peer's
+/// close even while bytes it sent before closing are still queued (a peek would see those
+/// bytes and call the peer alive: a daemon killed just after a heartbeat was refused as live).
 fn peer_closed(stream: &std::net::TcpStream) -> bool {
     use std::os::fd::AsRawFd;
-    let mut byte = 0u8;
-    // SAFETY: a one-byte peek into a local buffer of that size on a socket this server owns;
-    // MSG_PEEK leaves the byte queued and MSG_DONTWAIT neither blocks nor changes the
-    // socket's flags, which the session thread's blocking reads rely on.
-    let n = unsafe {
-        libc::recv(
-            stream.as_raw_fd(),
-            (&mut byte as *mut u8).cast(),
-            1,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
+    let mut fd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
     };
+    // SAFETY: one pollfd on the stack, for a socket this server owns, with a zero timeout
+    // (never blocks); poll only writes `revents` and leaves the socket's queue and flags alone.
+    let n = unsafe { libc::poll(&mut fd, 1, 0) };
     match n {
-        0 => true,
-        n if n > 0 => false,
+        1 => fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0,
+        0 => false,
         _ => !matches!(
             std::io::Error::last_os_error().raw_os_error(),
-            Some(libc::EAGAIN) | Some(libc::EINTR)
+            Some(libc::EINTR)
         ),
     }
 }
@@ -340,7 +353,7 @@ impl Session {
                 let silent = idle > shared.lease;
                 // A holder that died a moment ago: its connection is closed, and its session
                 // is about to depart (it is waited for below, not refused).
-                let gone = shared.sessions.lock().get(&conn).is_none_or(peer_closed);
+                let gone = !shared.holder_connected(v);
                 if !takeover && !silent && !gone {
                     return Ok(refuse(
                         tag,
@@ -559,7 +572,7 @@ impl Session {
         let volumes = names
             .into_iter()
             .take(MAX_VOLUMES_PER_LIST)
-            .map(|n| vols[n].info(n))
+            .map(|n| vols[n].info(n, self.shared.holder_connected(&vols[n])))
             .collect();
         Message::Volumes { tag, volumes, more }
     }
@@ -567,8 +580,20 @@ impl Session {
     /// `VolumeDrop`: frees every extent of a volume no holder is connected to.
     pub(super) fn drop_volume(&mut self, tag: u64, name: &str) -> Message {
         let shared = self.shared.clone();
+        let deadline = Instant::now() + shared.control_timeout;
         let gone = {
             let mut vols = shared.volumes.lock();
+            // A holder that died a moment ago (its connection closed, its session not yet
+            // departed) is waited for, as a claim waits for it: `volume rm` right after a
+            // crash is not refused.
+            while vols
+                .get(name)
+                .is_some_and(|v| v.conn.is_some() && !shared.holder_connected(v))
+                && Instant::now() < deadline
+            {
+                let left = deadline.saturating_duration_since(Instant::now());
+                vols = shared.volume_changes.wait_timeout(vols, left).0;
+            }
             match vols.get(name) {
                 None => {
                     return refuse(
@@ -621,5 +646,39 @@ impl Session {
             shared.release(e);
         }
         Message::VolumeDone { tag }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer_closed;
+    use std::io::Write;
+    use std::net::{Shutdown, TcpListener, TcpStream};
+
+    #[test]
+    fn a_peer_that_closed_after_sending_is_closed_though_its_bytes_are_unread() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        assert!(!peer_closed(&server), "an open, quiet peer is alive");
+        client.write_all(b"heartbeat").unwrap();
+        // Sent and not yet read by the session thread: still alive.
+        let mut queued = 0;
+        while queued == 0 {
+            queued = server.peek(&mut [0u8; 16]).unwrap();
+        }
+        assert!(!peer_closed(&server), "a peer with unread bytes is alive");
+        client.shutdown(Shutdown::Both).unwrap();
+        // The close follows the bytes on loopback; poll until the FIN is in (bounded).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !peer_closed(&server) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the close was never seen"
+            );
+            std::thread::yield_now();
+        }
+        // Its bytes are still there for the session thread to read.
+        assert_eq!(server.peek(&mut [0u8; 16]).unwrap(), 9);
     }
 }
