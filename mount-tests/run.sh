@@ -1789,10 +1789,9 @@ PY
 # name, servers ("shared": two long-lived ${SHARED_SIZE} servers; else fresh ones of these
 # sizes), whether the runner mounts before the test, and further mount options. Two or more
 # servers mean two copies of every chunk unless the test says otherwise.
-# Run only when named (stress, for tools/ scripts): not in the default run.
-STRESS_TESTS=(
-  "volume_shared_storm 256M,256M nomount"
-)
+# Run only when named (stress, for tools/ scripts): not in the default run. None now (the
+# shared storm joined the default run once 115 rounds under load passed).
+STRESS_TESTS=()
 
 ALL_TESTS=(
   "cp_tree shared mount"
@@ -1814,6 +1813,7 @@ ALL_TESTS=(
   "volume_follow 256M,256M nomount"
   "volume_shared 256M,256M nomount"
   "volume_shared_check 256M,256M nomount"
+  "volume_shared_storm 256M,256M nomount"
   "volume_export_s3 256M,256M nomount"
   "volume_export_live 256M,256M nomount"
   "replica_failover 256M,256M,256M mount"

@@ -2,8 +2,8 @@
 # The shared-volume storm (mount-tests `volume_shared_storm`: four processes on two mounts of
 # one Redis-backed volume make and remove files in one directory with no lock) ROUNDS times,
 # with two CPU hogs running, as the 2-core CI machine is loaded by the test itself. Prints
-# each round's result and the count of failures. A known bug makes some rounds fail (a name
-# removed on one mount still listed on the other after 5 s; doc/VOLUMES.md).
+# each round's result and the count of failures (a failure once seen 1 round in ~15, fixed:
+# doc/VOLUMES.md, "A storm under load").
 #
 #   tools/shared-storm.sh            # ROUNDS=10
 set -uo pipefail
