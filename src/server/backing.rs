@@ -614,6 +614,23 @@ pub(super) fn pinnable_by_device(path: &Path) -> Result<(), String> {
     }
 }
 
+/// Where a new backing file's first mapping is asked for (a hint; the kernel picks elsewhere
+/// if it is taken): a random 1 GiB-aligned address between 32 and 64 TiB, away from where
+/// the kernel places mappings by itself (top-down from just below the stack, near 128 TiB,
+/// with the binary and its heap near 86 TiB on x86-64). A restart must map the file at the
+/// same address again: there, no thread stack, library or allocation of the new process (or,
+/// in tests, of another server in the same process) has taken it first.
+fn fresh_map_hint() -> *mut libc::c_void {
+    const LOW: u64 = 32 << 40;
+    const SPAN: u64 = 32 << 40;
+    const ALIGN: u64 = 1 << 30;
+    if usize::BITS < 64 {
+        return std::ptr::null_mut();
+    }
+    let r = u64::from_le_bytes(crate::auth::random_bytes::<8>());
+    (LOW + (r % (SPAN / ALIGN)) * ALIGN) as usize as *mut libc::c_void
+}
+
 /// Maps `len` bytes of `file` shared, at `at` exactly when given (`MAP_FIXED_NOREPLACE`:
 /// refused rather than moved if something else is there).
 fn map(file: &File, len: u64, at: Option<u64>) -> io::Result<(*mut u8, usize)> {
@@ -623,7 +640,7 @@ fn map(file: &File, len: u64, at: Option<u64>) -> io::Result<(*mut u8, usize)> {
             a as *mut libc::c_void,
             libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
         ),
-        None => (std::ptr::null_mut(), libc::MAP_SHARED),
+        None => (fresh_map_hint(), libc::MAP_SHARED),
     };
     // SAFETY: a new shared mapping of our file; the result is checked. NOREPLACE never
     // unmaps anything already there.
