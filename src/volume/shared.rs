@@ -621,16 +621,23 @@ fn poll_loop(s: &State) {
         let Some(fs) = s.fs.upgrade() else {
             return;
         };
-        if let Err(e) = poll_once(s, &fs) {
+        if let Err(e) = poll_once(s, &fs, false) {
             log::warn!("shared volume: {e}");
         }
     }
 }
 
 /// One round of the poller (see the module doc).
-fn poll_once(s: &State, fs: &Fs) -> std::result::Result<(), String> {
+/// One round of the poller. `wait`: a table claimed for a moment (the lingering turn given
+/// back, a lookup's catch-up) is waited for rather than skipped until the next round (tests,
+/// which expect a round to catch up).
+fn poll_once(s: &State, fs: &Fs, wait: bool) -> std::result::Result<(), String> {
     // A change under way catches up itself.
-    if s.try_claim() {
+    let claimed = match wait {
+        true => s.claim_unless_changing(),
+        false => s.try_claim(),
+    };
+    if claimed {
         let r = s.catch_up(fs, true);
         s.release();
         r.map_err(|e| e.message)?;
@@ -661,10 +668,10 @@ fn poll_once(s: &State, fs: &Fs) -> std::result::Result<(), String> {
 }
 
 impl SharedClient {
-    /// One round of the poller now (tests).
+    /// One round of the poller now (tests): it catches up unless a change is under way.
     pub fn poll_now(&self) -> std::result::Result<(), String> {
         let fs = self.state.fs.upgrade().ok_or("the file system is gone")?;
-        poll_once(&self.state, &fs)
+        poll_once(&self.state, &fs, true)
     }
 
     /// Stops (or resumes) the poller's own rounds: no catch-up, no heartbeat (a test freezing
