@@ -47,6 +47,7 @@ world"
 
 # Many writers checked (mount-tests/shared_check.py), two mounts of one volume on Redis:
 # locks (flock and fcntl) exclude across clients and a blocked one is granted on release;
+# a blocked one ends at once when its process is killed or signalled (EINTR);
 # close-to-open in 24 rounds; four workers (two per mount) change trees of their own and,
 # under a flock, a shared directory, checked against models; then A's daemon is frozen
 # (SIGSTOP) while a process on A holds a flock: B gets the lock only after A's session ran
@@ -59,6 +60,10 @@ test_volume_shared_check() {
   mount_fs "$mnt2" "$ADDRS" --volume sc --meta "$REDIS_URL" || fail "second mount --meta failed"
   local check=mount-tests/shared_check.py
   out=$(t python3 $check locks "$MNT" "$mnt2") || fail "locks: $out"
+  echo "$out" >&2
+  pid=$(daemon_pids "$mnt2" | head -1)
+  [ -n "$pid" ] || fail "no daemon for $mnt2"
+  out=$(t python3 $check interrupt "$MNT" "$mnt2" "$pid") || fail "interrupt: $out"
   echo "$out" >&2
   out=$(t python3 $check c2o "$MNT" "$mnt2" 24) || fail "close-to-open: $out"
   echo "$out" >&2

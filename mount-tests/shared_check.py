@@ -6,6 +6,12 @@
       (EWOULDBLOCK, and F_GETLK on B names A's lock), a read lock on each is shared, an
       fcntl lock goes with any close by its process, and a blocked flock on B is granted
       once A lets go.
+  shared_check.py interrupt A B PID_B
+      While A holds a flock and an fcntl lock of a file, a process on B blocked in flock is
+      killed (SIGKILL) and one blocked in fcntl(F_SETLKW) gets a signal whose handler raises:
+      each ends at once (the kernel's INTERRUPT ends the daemon's wait: EINTR), neither took
+      the lock, and once A lets go B takes both. PID_B (B's daemon) is the barrier: its
+      thread named lock-wait shows the request is waiting there.
   shared_check.py c2o A B ROUNDS
       Close-to-open: a file written and closed on one mount, opened on the other, reads every
       byte (sizes from 0 to 3 MiB, growing and shrinking, alternating sides).
@@ -163,6 +169,107 @@ def check_locks(a, b):
     os.close(ha)
     print(f"locks: exclusive across mounts; a blocked flock granted "
           f"{(time.monotonic() - t) * 1000:.0f} ms after the release")
+
+
+def lock_waits(pid):
+    """How many lock requests daemon `pid` is waiting on (its threads named lock-wait)."""
+    n = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/comm") as f:
+                n += f.read().strip() == "lock-wait"
+        except OSError:
+            pass
+    return n
+
+
+def until_waits(pid, n, what):
+    deadline = time.monotonic() + 10
+    while lock_waits(pid) != n:
+        if time.monotonic() > deadline:
+            fail(what)
+        time.sleep(0.01)
+
+
+def exited_within(child, bound):
+    """The child's wait status once it ended, or None if it still runs after `bound` s."""
+    deadline = time.monotonic() + bound
+    while True:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
+
+
+def check_interrupt(a, b, pid_b):
+    fa, fb = f"{a}/interrupted", f"{b}/interrupted"
+    write_file(fa, b"i" * 10)
+    eventually("B sees the file", lambda: None if os.path.exists(fb) else "not there")
+    ha = os.open(fa, os.O_RDWR)
+    fcntl.flock(ha, fcntl.LOCK_EX)
+    fcntl.lockf(ha, fcntl.LOCK_EX)
+    until_waits(pid_b, 0, "B's daemon waits on a lock before the test")
+    # A blocking flock on B, killed while it waits.
+    child = os.fork()
+    if child == 0:
+        # Not A's open file: its flock would stay held as long as this child lives.
+        os.close(ha)
+        fd = os.open(fb, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os._exit(3)
+    until_waits(pid_b, 1, "B's blocked flock never reached its daemon")
+    t = time.monotonic()
+    os.kill(child, signal.SIGKILL)
+    if exited_within(child, 10) is None:
+        os.close(ha)
+        fail("a process killed while its flock waited on B still runs 10 s later "
+             "(its daemon's wait was not ended)")
+    killed_ms = (time.monotonic() - t) * 1000
+    until_waits(pid_b, 0, "the killed request's wait outlived it in B's daemon")
+    # A blocking fcntl lock on B, and a signal whose handler raises.
+    child = os.fork()
+    if child == 0:
+        def on_signal(_sig, _frame):
+            raise InterruptedError()
+        signal.signal(signal.SIGUSR1, on_signal)
+        os.close(ha)
+        fd = os.open(fb, os.O_RDWR)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            os._exit(3)
+        except InterruptedError:
+            os._exit(0)
+    until_waits(pid_b, 1, "B's blocked fcntl lock never reached its daemon")
+    t = time.monotonic()
+    os.kill(child, signal.SIGUSR1)
+    status = exited_within(child, 10)
+    if status is None:
+        os.close(ha)
+        fail("a process signalled while its fcntl lock waited on B still waits 10 s later")
+    if os.waitstatus_to_exitcode(status) != 0:
+        fail(f"the signalled fcntl lock on B ended with {os.waitstatus_to_exitcode(status)} "
+             "(3: granted while A held it)")
+    signalled_ms = (time.monotonic() - t) * 1000
+    until_waits(pid_b, 0, "the signalled request's wait outlived it in B's daemon")
+    # Neither left a lock behind: once A lets go, B takes both.
+    fcntl.lockf(ha, fcntl.LOCK_UN)
+    fcntl.flock(ha, fcntl.LOCK_UN)
+    hb = os.open(fb, os.O_RDWR)
+
+    def take_both():
+        try:
+            fcntl.flock(hb, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(hb, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return None
+        except OSError as e:
+            return f"B cannot lock after A let go: {e}"
+    eventually("B's locks after A let go", take_both)
+    os.close(hb)
+    os.close(ha)
+    print(f"interrupt: a killed flock wait ended in {killed_ms:.0f} ms, a signalled fcntl "
+          f"wait in {signalled_ms:.0f} ms (EINTR); no lock left behind")
 
 
 def check_c2o(a, b, rounds):
@@ -391,6 +498,8 @@ def main():
     rest = sys.argv[4:]
     if cmd == "locks":
         check_locks(a, b)
+    elif cmd == "interrupt":
+        check_interrupt(a, b, int(rest[0]))
     elif cmd == "c2o":
         check_c2o(a, b, int(rest[0]))
     elif cmd == "model":

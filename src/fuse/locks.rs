@@ -5,13 +5,75 @@
 //!
 //! A blocking request that meets another owner's lock waits on its own thread, asking the
 //! engine again every [`crate::config::LOCK_WAIT_POLL`] at most, so the FUSE workers go on
-//! serving. (fuser answers the kernel's INTERRUPT with ENOSYS, so such a wait ends only with
-//! the lock, or with an error when this client's session has ended.)
+//! serving. A signal to the waiting process ends the wait: the kernel sends an INTERRUPT
+//! naming the request, and the wait answers EINTR at its next look (a process killed while
+//! waiting is otherwise unkillable: the kernel waits out a request the daemon has read).
 
 use super::reply::errno;
 use crate::fs::{FileLock, Fs, HeldLock, LockKind, LockType};
+use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::{Arc, Mutex};
 use fuser::{Errno, ReplyEmpty, ReplyLock};
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+/// How long an interrupt of a request that is not waiting for a lock is kept, in case its
+/// request is about to wait (the INTERRUPT comes on /dev/fuse, the request perhaps on a ring
+/// thread that has not reached the wait yet). Interrupts of other requests (which end soon
+/// on their own) are dropped after it.
+const EARLY_INTERRUPT_KEPT: std::time::Duration = std::time::Duration::from_secs(1);
+/// At most this many such interrupts are kept (a burst of signals to busy processes).
+const EARLY_INTERRUPTS_MAX: usize = 256;
+
+/// Blocked lock requests an interrupt may end, by the kernel's request id; and interrupts
+/// that came before their request was waiting.
+#[derive(Default)]
+pub(super) struct Interrupts {
+    state: Mutex<InterruptState>,
+}
+
+#[derive(Default)]
+struct InterruptState {
+    waiting: HashMap<u64, Arc<AtomicBool>>,
+    early: VecDeque<(u64, Instant)>,
+}
+
+impl Interrupts {
+    /// The kernel's INTERRUPT of request `unique`.
+    pub(super) fn interrupt(&self, unique: u64) {
+        let mut st = self.state.lock();
+        if let Some(flag) = st.waiting.get(&unique) {
+            flag.store(true, Ordering::SeqCst);
+            return;
+        }
+        let now = Instant::now();
+        while st.early.len() >= EARLY_INTERRUPTS_MAX
+            || st
+                .early
+                .front()
+                .is_some_and(|(_, at)| now.duration_since(*at) > EARLY_INTERRUPT_KEPT)
+        {
+            st.early.pop_front();
+        }
+        st.early.push_back((unique, now));
+    }
+
+    /// Request `unique` is about to wait: its flag, already set if it was interrupted.
+    fn waiting(&self, unique: u64) -> Arc<AtomicBool> {
+        let mut st = self.state.lock();
+        let early = st.early.iter().position(|(u, _)| *u == unique);
+        if let Some(i) = early {
+            st.early.remove(i);
+        }
+        let flag = Arc::new(AtomicBool::new(early.is_some()));
+        st.waiting.insert(unique, flag.clone());
+        flag
+    }
+
+    fn done(&self, unique: u64) {
+        self.state.lock().waiting.remove(&unique);
+    }
+}
 
 /// The request's lock, or EINVAL for a type that is none of the three.
 pub(super) fn file_lock(
@@ -53,22 +115,29 @@ fn type_code(held: &HeldLock) -> i32 {
 }
 
 /// SETLK/SETLKW (and `flock`): taken, refused with EAGAIN, or (`sleep`) waited for.
-pub(super) fn set(
-    fs: &Arc<Fs>,
-    ino: u64,
-    owner: u64,
-    lock: FileLock,
-    sleep: bool,
-    reply: ReplyEmpty,
-) {
-    match fs.set_lock(ino, owner, &lock) {
-        Ok(None) => granted(fs, &lock, reply),
-        Ok(Some(_)) if !sleep => reply.error(Errno::from_i32(libc::EAGAIN)),
+/// A lock request as the kernel sent it.
+pub(super) struct LockRequest {
+    pub unique: u64,
+    pub ino: u64,
+    pub owner: u64,
+    pub lock: FileLock,
+    /// SETLKW or a blocking `flock`: wait for a conflicting lock to go.
+    pub sleep: bool,
+}
+
+pub(super) fn set(fs: &Arc<Fs>, interrupts: &Arc<Interrupts>, r: LockRequest, reply: ReplyEmpty) {
+    match fs.set_lock(r.ino, r.owner, &r.lock) {
+        Ok(None) => granted(fs, &r.lock, reply),
+        Ok(Some(_)) if !r.sleep => reply.error(Errno::from_i32(libc::EAGAIN)),
         Ok(Some(_)) => {
-            let fs = fs.clone();
+            let (fs, interrupts) = (fs.clone(), interrupts.clone());
+            let interrupted = interrupts.waiting(r.unique);
             let waiter = std::thread::Builder::new()
                 .name("lock-wait".into())
-                .spawn(move || wait(&fs, ino, owner, &lock, reply));
+                .spawn(move || {
+                    wait(&fs, &r, &interrupted, reply);
+                    interrupts.done(r.unique);
+                });
             if let Err(e) = waiter {
                 log::error!("cannot start a thread to wait for a lock: {e}");
                 // The reply went with the closure that never ran: fuser answers EIO.
@@ -78,13 +147,16 @@ pub(super) fn set(
     }
 }
 
-fn wait(fs: &Fs, ino: u64, owner: u64, lock: &FileLock, reply: ReplyEmpty) {
+fn wait(fs: &Fs, r: &LockRequest, interrupted: &AtomicBool, reply: ReplyEmpty) {
     let mut pause = std::time::Duration::from_millis(1);
     loop {
         std::thread::sleep(pause);
         pause = (pause * 2).min(crate::config::LOCK_WAIT_POLL);
-        match fs.set_lock(ino, owner, lock) {
-            Ok(None) => return granted(fs, lock, reply),
+        if interrupted.load(Ordering::SeqCst) {
+            return reply.error(Errno::from_i32(libc::EINTR));
+        }
+        match fs.set_lock(r.ino, r.owner, &r.lock) {
+            Ok(None) => return granted(fs, &r.lock, reply),
             Ok(Some(_)) => continue,
             Err(e) => return reply.error(errno(&e)),
         }

@@ -83,6 +83,8 @@ pub struct FuseFs {
     /// Each inode's FUSE generation on a connection kept across daemons (see
     /// `mount::keeper`); none: every generation is 0.
     generations: Option<Generations>,
+    /// Lock requests waiting on their own threads, which an INTERRUPT ends.
+    interrupts: Arc<locks::Interrupts>,
 }
 
 /// An inode's FUSE generation, by number.
@@ -110,6 +112,7 @@ impl FuseFs {
             offers,
             abort_file: Arc::default(),
             generations: None,
+            interrupts: Arc::default(),
         }
     }
 
@@ -605,10 +608,30 @@ impl Filesystem for FuseFs {
     ) {
         self.contain("setlk", req, || {
             match locks::file_lock(crate::fs::LockKind::Posix, typ, start, end, pid) {
-                Some(lock) => locks::set(&self.fs, ino.0, lock_owner.0, lock, sleep, reply),
+                Some(lock) => {
+                    let r = locks::LockRequest {
+                        unique: req.unique().0,
+                        ino: ino.0,
+                        owner: lock_owner.0,
+                        lock,
+                        sleep,
+                    };
+                    locks::set(&self.fs, &self.interrupts, r, reply)
+                }
                 None => reply.error(Errno::EINVAL),
             }
         });
+    }
+
+    /// Only a mount that keeps file locks here takes interrupts (they end a blocked lock
+    /// wait; every other request ends soon on its own). Elsewhere ENOSYS, and the kernel
+    /// sends no more.
+    fn interrupt(&self, _req: &Request, unique: fuser::RequestId) -> Result<(), Errno> {
+        if !self.fs.keeps_locks() {
+            return Err(Errno::ENOSYS);
+        }
+        self.interrupts.interrupt(unique.0);
+        Ok(())
     }
 
     fn flock(
@@ -624,7 +647,16 @@ impl Filesystem for FuseFs {
     ) {
         self.contain("flock", req, || {
             match locks::file_lock(crate::fs::LockKind::Flock, typ, 0, u64::MAX, pid) {
-                Some(lock) => locks::set(&self.fs, ino.0, lock_owner.0, lock, sleep, reply),
+                Some(lock) => {
+                    let r = locks::LockRequest {
+                        unique: req.unique().0,
+                        ino: ino.0,
+                        owner: lock_owner.0,
+                        lock,
+                        sleep,
+                    };
+                    locks::set(&self.fs, &self.interrupts, r, reply)
+                }
                 None => reply.error(Errno::EINVAL),
             }
         });

@@ -959,6 +959,16 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// rmemfs patch: the kernel asks that request `unique` (sent before, perhaps not yet
+    /// dispatched, perhaps already answered) be ended early, because its caller got a signal.
+    /// `Ok`: taken note of, nothing is answered (the request itself is still answered once,
+    /// early with EINTR or as usual). `Err`: answered with that error; the default, ENOSYS,
+    /// makes the kernel send no interrupts again on this connection.
+    fn interrupt(&self, _req: &Request, unique: RequestId) -> Result<(), Errno> {
+        let _ = unique;
+        Err(Errno::ENOSYS)
+    }
+
     /// rmemfs patch: take (`typ` `F_RDLCK` or `F_WRLCK`, as `LOCK_SH` or `LOCK_EX`) or
     /// release (`F_UNLCK`) a BSD lock (`flock(2)`) for `lock_owner` (one per open file);
     /// sent only when the file system asked for `FUSE_FLOCK_LOCKS` at init. A RELEASE then

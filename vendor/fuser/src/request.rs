@@ -113,9 +113,10 @@ impl<'a> RequestWithSender<'a> {
                 return Err(Errno::EIO);
             }
 
-            ll::Operation::Interrupt(_) => {
-                // TODO: handle FUSE_INTERRUPT
-                return Err(Errno::ENOSYS);
+            // rmemfs patch: an interrupt goes to `Filesystem::interrupt`; answered only with
+            // its error (ENOSYS by default, after which the kernel sends no more).
+            ll::Operation::Interrupt(x) => {
+                filesystem.interrupt(self.request_header(), x.unique())?;
             }
 
             ll::Operation::Lookup(x) => {
