@@ -127,6 +127,29 @@ impl FuseFs {
         self.generations.as_ref().map_or(0, |g| g(ino))
     }
 
+    /// SETLK/SETLKW and `flock`: `lock` as parsed (none: EINVAL).
+    fn set_lock(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        owner: LockOwner,
+        lock: Option<crate::fs::FileLock>,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(lock) = lock else {
+            return reply.error(Errno::EINVAL);
+        };
+        let r = locks::LockRequest {
+            unique: req.unique().0,
+            ino: ino.0,
+            owner: owner.0,
+            lock,
+            sleep,
+        };
+        locks::set(&self.fs, &self.interrupts, r, reply)
+    }
+
     /// [`FuseFs::generation`], to hand to a reply.
     fn gen(&self) -> impl Fn(u64) -> u64 + '_ {
         move |ino| self.generation(ino)
@@ -607,19 +630,8 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         self.contain("setlk", req, || {
-            match locks::file_lock(crate::fs::LockKind::Posix, typ, start, end, pid) {
-                Some(lock) => {
-                    let r = locks::LockRequest {
-                        unique: req.unique().0,
-                        ino: ino.0,
-                        owner: lock_owner.0,
-                        lock,
-                        sleep,
-                    };
-                    locks::set(&self.fs, &self.interrupts, r, reply)
-                }
-                None => reply.error(Errno::EINVAL),
-            }
+            let lock = locks::file_lock(crate::fs::LockKind::Posix, typ, start, end, pid);
+            self.set_lock(req, ino, lock_owner, lock, sleep, reply)
         });
     }
 
@@ -646,19 +658,8 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         self.contain("flock", req, || {
-            match locks::file_lock(crate::fs::LockKind::Flock, typ, 0, u64::MAX, pid) {
-                Some(lock) => {
-                    let r = locks::LockRequest {
-                        unique: req.unique().0,
-                        ino: ino.0,
-                        owner: lock_owner.0,
-                        lock,
-                        sleep,
-                    };
-                    locks::set(&self.fs, &self.interrupts, r, reply)
-                }
-                None => reply.error(Errno::EINVAL),
-            }
+            let lock = locks::file_lock(crate::fs::LockKind::Flock, typ, 0, u64::MAX, pid);
+            self.set_lock(req, ino, lock_owner, lock, sleep, reply)
         });
     }
 
