@@ -83,6 +83,8 @@ impl<'a> RequestWithSender<'a> {
                     | ll::Operation::ReadDir(_)
                     | ll::Operation::BatchForget(_)
                     | ll::Operation::Forget(_)
+                    // rmemfs patch: the kernel sends interrupts with no uid.
+                    | ll::Operation::Interrupt(_)
                     | ll::Operation::Write(_)
                     | ll::Operation::FSync(_)
                     | ll::Operation::FSyncDir(_)
