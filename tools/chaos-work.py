@@ -66,6 +66,11 @@ def punch(fd, off, length):
         raise OSError(e, os.strerror(e))
 
 
+def chunk_end(pos, size):
+    """Where the chunk holding file offset `pos` ends, or the file's end if sooner."""
+    return min(size, (pos // CHUNK + 1) * CHUNK)
+
+
 def digest(data):
     return hashlib.sha256(data).hexdigest()
 
@@ -172,15 +177,21 @@ class Writer:
                 data[off:off + len(piece)] = piece
             elif kind == "truncate":
                 size = self.rng.randrange(len(data) * 3 // 2 + 2)
+                # Whether the tail the daemon zeroes (to the end of the chunk cut) held data.
+                self.detail += f" live={int(any(data[size:chunk_end(size, len(data))]))}"
                 os.ftruncate(fd, size)
                 self.detail += f" to={size}"
                 data = data[:size] + bytearray(max(0, size - len(data)))
             elif kind == "punch":
                 off = self.rng.randrange(len(data) + 1)
                 length = self.rng.randint(1, RANGE_MAX)
+                end = min(len(data), off + length)
+                # Whether the parts zeroed in the chunks cut at either end held data.
+                live_start = any(data[off:min(end, chunk_end(off, end))])
+                live_end = any(data[max(off, end // CHUNK * CHUNK):end])
+                self.detail += f" live={int(live_start)}{int(live_end)}"
                 punch(fd, off, length)
                 self.detail += f" off={off} len={length}"
-                end = min(len(data), off + length)
                 if end > off:
                     data[off:end] = bytes(end - off)
             os.fsync(fd)
@@ -319,16 +330,22 @@ def stores_bytes(kind, detail):
     of copies), from its detail (size=, to=, off=, len=): a new file or an overwrite does;
     a truncate does when it cuts a chunk (its tail is zeroed); a punch when it cuts into a
     chunk's data (that part is zeroed). Removing a file, growing one (the new bytes are a
-    hole) or dropping whole chunks stores none."""
+    hole) or dropping whole chunks stores none. A cut whose zeroed part held no data (live=,
+    from the acknowledged content before the operation) is not counted: the daemon may hold
+    no chunk there (a hole left by growing the file) and store nothing, and zeros written over
+    zeros lose nothing."""
     f = dict(kv.split("=") for kv in detail)
+    live = f.pop("live", "11")
     f = {k: int(v) for k, v in f.items()}
     if kind in ("new", "overwrite"):
         return True
     if kind == "truncate":
-        return f["to"] < f["size"] and f["to"] % CHUNK != 0
+        return f["to"] < f["size"] and f["to"] % CHUNK != 0 and live[0] == "1"
     if kind == "punch":
         start, end = f["off"], min(f["off"] + f["len"], f["size"])
-        partial = [p for p in (start, end) if p % CHUNK != 0 and start < end]
+        cut_has_data = {start: live[0] == "1", end: live[-1] == "1"}
+        partial = [p for p in (start, end)
+                   if p % CHUNK != 0 and start < end and cut_has_data[p]]
         # A cut at `end` that reaches the file's end takes the chunk's whole data.
         return any(p == start or end < f["size"] for p in partial)
     return False
