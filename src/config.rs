@@ -40,6 +40,20 @@ pub const IO_SIZE: usize = 1 << 20;
 /// before sleeping. Above it, a payload's copy time dwarfs a wake-up.
 pub const SMALL_OP_BYTES: u64 = 64 << 10;
 
+/// Write-behind on private mounts (`data::behind`): writes of at most this many bytes may be
+/// answered before they are remote. Most files a `tar xf` or a build writes are smaller; larger
+/// writes are bandwidth-bound, not round-trip-bound, and go out from the request buffer as
+/// they are, without a copy.
+pub const WRITE_BEHIND_SLOT_BYTES: usize = 256 << 10;
+
+/// Slots for writes answered before they are remote: 8 MiB of daemon memory in all. When all
+/// are taken (the worker behind by this many files), writes go out before their answer.
+pub const WRITE_BEHIND_SLOTS: usize = 32;
+
+/// How long the write-behind worker waits for work before it looks whether the mount is
+/// ending: the longest an unmount waits for it.
+pub const WRITE_BEHIND_IDLE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// FUSE worker threads (`--threads`): two cores here, and most time is spent waiting on the
 /// network, so a few more threads than cores keep requests in flight.
 pub const FUSE_THREADS: usize = 4;

@@ -284,6 +284,28 @@ impl Rebuilder {
                     }
                 });
             })?;
+        // Sends the writes a private mount answered before they were remote (see
+        // `data::behind`); each round waits for work itself, so the tick is nothing.
+        let (s, f) = (stop.clone(), fs.clone());
+        let behind = f
+            .data()
+            .writes_behind()
+            .then(|| {
+                std::thread::Builder::new()
+                    .name("write-behind".into())
+                    .spawn(move || {
+                        supervised(
+                            "write-behind",
+                            &s,
+                            Duration::ZERO,
+                            f.upkeep_panics(),
+                            || {
+                                f.data().flush_queued(crate::config::WRITE_BEHIND_IDLE);
+                            },
+                        );
+                    })
+            })
+            .transpose()?;
         let s = stop.clone();
         let rebuild = upkeep
             .rebuild
@@ -323,6 +345,7 @@ impl Rebuilder {
             .transpose()?;
         let mut threads = vec![heartbeat, reconnect];
         threads.extend(rebuild);
+        threads.extend(behind);
         Ok(Rebuilder { stop, threads })
     }
 }

@@ -148,6 +148,17 @@ impl<T: ?Sized> RwLock<T> {
             p.into_inner()
         })
     }
+    /// The write guard if the lock is free now (a poisoned lock is taken over).
+    pub fn try_write(&self) -> Option<imp::RwLockWriteGuard<'_, T>> {
+        match self.0.try_write() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                taken_over("rwlock");
+                Some(p.into_inner())
+            }
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
 }
 
 impl<T: ?Sized + std::fmt::Debug> std::fmt::Debug for RwLock<T> {

@@ -9,6 +9,7 @@ use common::{bytes, TestFs, ME};
 use proptest::prelude::*;
 use rmemfs::data::WritePath;
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 /// The model: inodes are files (bytes) or directories (names to inodes, and a parent).
 #[derive(Debug, Clone)]
@@ -540,12 +541,13 @@ proptest! {
 
     #[test]
     fn fs_matches_the_model(ops in proptest::collection::vec(op(), 1..60), frrwp in any::<bool>(),
-                            in_place in any::<bool>()) {
+                            in_place in any::<bool>(), behind in any::<bool>()) {
         // Two servers, 8 KiB chunks: files cross chunks and servers. Both write paths, and
-        // writes copied or registered in place (the FUSE adapter's zero-copy path).
+        // writes copied or registered in place (the FUSE adapter's zero-copy path), answered
+        // once remote or before (write-behind: the next operation on the file sends them).
         let path = if frrwp { WritePath::Frrwp } else { WritePath::Serial };
         let writes = if in_place { Writes::InPlace } else { Writes::Copied };
-        let t = TestFs::with_write_path(2, 16 << 20, 8192, path);
+        let t = make_fs(path, behind);
         let mut m = Model::new();
         let mut ok = 0;
         for (i, op) in ops.iter().enumerate() {
@@ -592,6 +594,15 @@ proptest! {
 /// What one thread of the concurrent test does: its own op sequence, under its own directory,
 /// checked step by step against its own model, plus writes into its own part of a file both
 /// threads share.
+/// Two servers of 16 MiB, 8 KiB chunks: files cross chunks and servers.
+fn make_fs(path: WritePath, behind: bool) -> TestFs {
+    if behind {
+        TestFs::writing_behind(2, 16 << 20, 8192, path, (1, 1))
+    } else {
+        TestFs::with_write_path(2, 16 << 20, 8192, path)
+    }
+}
+
 fn run_thread(
     t: &TestFs,
     dir: &str,
@@ -651,10 +662,11 @@ proptest! {
         shared in proptest::collection::vec((shared_write(), shared_write()), 0..20),
         frrwp in any::<bool>(),
         in_place in any::<bool>(),
+        behind in any::<bool>(),
     ) {
         let path = if frrwp { WritePath::Frrwp } else { WritePath::Serial };
         let writes = if in_place { Writes::InPlace } else { Writes::Copied };
-        let t = TestFs::with_write_path(2, 16 << 20, 8192, path);
+        let t = make_fs(path, behind);
         for d in ["t0", "t1"] {
             t.fs.mkdir(ROOT, d.as_bytes(), 0o755, common::ME).unwrap();
         }
@@ -662,10 +674,21 @@ proptest! {
         let start = std::sync::Barrier::new(2);
         let (ops0, ops1): (Vec<Op>, Vec<Op>) = ops.into_iter().unzip();
         let (sh0, sh1): (Vec<_>, Vec<_>) = shared.into_iter().unzip();
+        let done = std::sync::atomic::AtomicBool::new(false);
         let (r0, r1) = std::thread::scope(|s| {
+            // With write-behind, its worker sends waiting writes while both threads run.
+            if behind {
+                s.spawn(|| {
+                    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                        t.fs.data().flush_queued(Duration::from_millis(1));
+                    }
+                });
+            }
             let a = s.spawn(|| run_thread(&t, "t0", &ops0, &sh0, writes, &start));
             let b = s.spawn(|| run_thread(&t, "t1", &ops1, &sh1, writes, &start));
-            (a.join().unwrap(), b.join().unwrap())
+            let r = (a.join().unwrap(), b.join().unwrap());
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            r
         });
         let (m0, region0) = r0.map_err(TestCaseError::fail)?;
         let (m1, region1) = r1.map_err(TestCaseError::fail)?;

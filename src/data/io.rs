@@ -24,6 +24,7 @@ thread_local! {
 /// A file's extent map locked for change, with the store that moves its bytes.
 pub struct FileIo<'a> {
     data: &'a DataStore,
+    file: &'a FileData,
     chunks: RwLockWriteGuard<'a, ChunkMap>,
 }
 
@@ -34,25 +35,38 @@ pub struct FileView<'d, 'f> {
 }
 
 impl DataStore {
-    /// Locks `file`'s extent map for change (writers wait for readers and each other).
+    /// Locks `file`'s extent map for change (writers wait for readers and each other); a
+    /// write of the file answered before it was sent is sent first (see `behind`).
     pub fn lock<'a>(&'a self, file: &'a FileData) -> FileIo<'a> {
+        let mut chunks = file.chunks.write();
+        self.flush_waiting(file, &mut chunks);
         FileIo {
             data: self,
-            chunks: file.chunks.write(),
+            file,
+            chunks,
         }
     }
 
-    /// Locks `file`'s extent map for reading.
+    /// Locks `file`'s extent map for reading, once no write of it waits to be sent.
     pub fn view<'f>(&self, file: &'f FileData) -> FileView<'_, 'f> {
-        FileView {
-            data: self,
-            chunks: file.chunks.read(),
+        loop {
+            let chunks = file.chunks.read();
+            if !self.has_waiting(file) {
+                return FileView { data: self, chunks };
+            }
+            drop(chunks);
+            drop(self.lock(file));
         }
     }
 
-    /// Gives back every chunk of a file that is going away.
+    /// Gives back every chunk of a file that is going away (a write of it still waiting to
+    /// be sent is dropped).
     pub fn release_all(&self, file: &FileData) {
-        let chunks = file.chunks.write().take_all();
+        let chunks = {
+            let mut map = file.chunks.write();
+            self.forget_waiting(file);
+            map.take_all()
+        };
         self.release(chunks);
         self.free_retired();
     }
@@ -62,7 +76,7 @@ impl DataStore {
         RETIRED.with(|r| r.borrow_mut().push(region));
     }
 
-    fn free_retired(&self) {
+    pub(super) fn free_retired(&self) {
         let retired = RETIRED.with(|r| std::mem::take(&mut *r.borrow_mut()));
         for region in retired {
             if let Err(e) = self.pool.free(region) {
@@ -81,6 +95,27 @@ impl Drop for FileIo<'_> {
 impl FileIo<'_> {
     /// Writes `payload` at file `offset`, allocating or growing chunks as needed.
     pub fn write(&mut self, offset: u64, payload: Payload<'_>) -> Result<()> {
+        self.data.write(&mut self.chunks, offset, payload)
+    }
+
+    /// As [`Self::write`], but a small write on a store that writes behind returns once its
+    /// chunks exist and its bytes are copied (see `behind`). `file` is the locked file.
+    pub fn write_or_defer(
+        &mut self,
+        file: &crate::sync::Arc<FileData>,
+        offset: u64,
+        payload: Payload<'_>,
+    ) -> Result<()> {
+        assert!(
+            std::ptr::eq(&**file, self.file),
+            "write_or_defer names the file it locked"
+        );
+        if self
+            .data
+            .defer_write(file, &mut self.chunks, offset, &payload)?
+        {
+            return Ok(());
+        }
         self.data.write(&mut self.chunks, offset, payload)
     }
 

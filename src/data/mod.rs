@@ -36,9 +36,11 @@ use crate::sync::{Arc, Condvar, Mutex};
 use std::collections::BTreeMap;
 
 pub use balance::Ledger;
+pub use behind::WriteBehindStats;
 pub use io::{FileIo, FileView};
 
 mod balance;
+mod behind;
 mod buffers;
 mod frrwp;
 mod io;
@@ -101,6 +103,9 @@ pub struct DataStore {
     /// Chunks given a new copy on the write path (a copy was on a server that was down),
     /// beside the rebuild's own count: what a restarted server's absence cost in copies.
     copied_on_write: crate::sync::atomic::AtomicU64,
+    /// Writes answered before they are remote (private mounts; see `behind`). After `cache`,
+    /// so its arena's registrations go first.
+    behind: Option<behind::WriteBehind>,
 }
 
 /// How many copies of each chunk there are, as `stats` counts them.
@@ -300,6 +305,7 @@ impl DataStore {
             min_replicas: 1,
             repair_buf: Mutex::new(Self::make_bounce()?),
             copied_on_write: Default::default(),
+            behind: None,
         })
     }
 

@@ -211,7 +211,7 @@ impl Fs {
         };
         let end = self.data.check_end(offset, data.len() as u64)?;
         self.fault_point("write");
-        let written = io.write(offset, payload);
+        let written = io.write_or_defer(&file, offset, payload);
         let set_id = {
             let mut meta = self.meta.lock();
             let mut b = meta.batch();

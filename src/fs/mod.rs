@@ -393,6 +393,21 @@ impl Fs {
         self.barrier.get().map(|b| b.sync())
     }
 
+    /// `fsync` of `ino`: its writes answered before they were sent are sent (and the failure
+    /// of one reported), then [`Self::sync`]. `None` when there is nothing to wait for (no
+    /// write-behind and no volume).
+    pub fn fsync(&self, ino: Ino) -> Option<Result<()>> {
+        if self.data.writes_behind() {
+            if let Ok(f) = self.file_data(ino) {
+                if let Err(e) = self.data.sync_file(&f) {
+                    return Some(Err(e));
+                }
+            }
+            return Some(self.sync().unwrap_or(Ok(())));
+        }
+        self.sync()
+    }
+
     /// Every regular file's data with its inode number (for [`Fs::commit_extents`]).
     pub fn files_by_ino(&self) -> Vec<(Ino, Arc<FileData>)> {
         self.meta

@@ -666,12 +666,12 @@ impl Filesystem for FuseFs {
     fn fsync(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.contain("fsync", req, || sync(&self.fs, reply));
+        self.contain("fsync", req, || reply::fsync(&self.fs, ino.0, reply));
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

@@ -107,7 +107,17 @@ pub(super) fn nothing_to_sync(reply: ReplyEmpty) {
 /// FSYNC and FSYNCDIR: on a volume, the journal's barrier (every metadata change so far
 /// committed on every live journal copy); without one, [`nothing_to_sync`].
 pub(super) fn sync(fs: &crate::fs::Fs, reply: ReplyEmpty) {
-    match fs.sync() {
+    answer_sync(fs.sync(), reply)
+}
+
+/// FSYNC: [`crate::fs::Fs::fsync`] (the file's writes answered before they were sent, then
+/// the volume's barrier), or [`nothing_to_sync`].
+pub(super) fn fsync(fs: &crate::fs::Fs, ino: u64, reply: ReplyEmpty) {
+    answer_sync(fs.fsync(ino), reply)
+}
+
+fn answer_sync(synced: Option<crate::error::Result<()>>, reply: ReplyEmpty) {
+    match synced {
         None => nothing_to_sync(reply),
         Some(Ok(())) => reply.ok(),
         Some(Err(e)) => reply.error(errno(&e)),

@@ -532,6 +532,13 @@ fn build_fs(
         log::info!("volume attached: {:?}", a.report);
         (a.fs, Some(a.journal), None)
     } else {
+        // A private mount: nothing outside this daemon sees its bytes, so a write may be
+        // answered before they are remote (see `data::behind`).
+        let data = if choices.write_behind {
+            data.write_behind().map_err(|e| e.message)?
+        } else {
+            data
+        };
         (Arc::new(Fs::new(data, fs_config)), None, None)
     };
     crate::report::attach(&fs);

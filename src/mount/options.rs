@@ -70,6 +70,7 @@ pub(super) fn fuser_config(
     let mut acl = true;
     let mut writeback = true;
     let mut readdirplus = true;
+    let mut write_behind = true;
     // FUSE over io_uring wherever the kernel offers it (see [`allow_io_uring`]).
     let mut io_uring = true;
     let mut opts = vec![O::DefaultPermissions, O::Subtype("rmemfs".into())];
@@ -102,6 +103,8 @@ pub(super) fn fuser_config(
             // NFS's names for the same choice.
             "rdirplus" => readdirplus = true,
             "nordirplus" => readdirplus = false,
+            "write_behind" => write_behind = true,
+            "no_write_behind" => write_behind = false,
             "io_uring" => io_uring = true,
             "no_io_uring" => io_uring = false,
             "diratime" => dir_atime = true,
@@ -136,6 +139,7 @@ pub(super) fn fuser_config(
             writeback,
             readdirplus,
             io_uring,
+            write_behind,
         },
     ))
 }
@@ -156,6 +160,9 @@ pub(super) struct MountChoices {
     /// Requests through FUSE over io_uring where the kernel offers it (`io_uring`, the
     /// default; `no_io_uring` for /dev/fuse).
     pub(super) io_uring: bool,
+    /// Small writes answered before their bytes are remote, on a private mount
+    /// (`write_behind`, the default, or `no_write_behind`; see `data::behind`).
+    pub(super) write_behind: bool,
 }
 
 /// Roughly the most dirty page cache this mount may hold: the machine's dirty threshold

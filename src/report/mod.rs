@@ -155,6 +155,8 @@ pub struct WritebackFigures {
     pub new_handles: String,
     pub dirty_limit_bytes: u64,
     pub free_room_bytes: u64,
+    /// Writes answered before their bytes were remote (private mounts; `data::behind`).
+    pub behind: crate::data::WriteBehindStats,
 }
 
 /// Count and latency of one kind of request or fabric batch.
@@ -331,6 +333,7 @@ impl MountReport {
                 .into(),
                 dirty_limit_bytes: fs.dirty_limit_bytes(),
                 free_room_bytes: fs.free_room(),
+                behind: fs.data().write_behind_stats(),
             },
             fabric_batches: by_op(pool.batch_latency()),
             servers,

@@ -68,6 +68,13 @@ pub fn render(r: &MountReport) -> String {
          bytes",
         wb.new_handles, wb.dirty_limit_bytes, wb.free_room_bytes
     );
+    let b = &wb.behind;
+    let _ = writeln!(
+        out,
+        "write-behind: {} writes answered before they were sent ({} sent by the worker, {} by \
+         the next operation on the file), {} failed",
+        b.deferred, b.sent_by_worker, b.sent_inline, b.failed
+    );
     let (name, fab) = (&r.fabric.name, &r.fabric.ops);
     let _ = writeln!(out, "fabric: {name}");
     let _ = writeln!(

@@ -285,8 +285,46 @@ impl TestFs {
         t
     }
 
+    /// As [`TestFs::min_replicas`] with `chunk`-byte chunks, and small writes answered
+    /// before they are remote, as on a private mount (`data::behind`). Nothing sends them in
+    /// the background unless the test runs [`DataStore::flush_queued`].
+    pub fn writing_behind(
+        servers: usize,
+        size: u64,
+        chunk: u64,
+        path: WritePath,
+        copies: (usize, usize),
+    ) -> TestFs {
+        let config = FsConfig {
+            dir_atime: true,
+            acl: true,
+            ..FsConfig::default()
+        };
+        let lease = rmemfs::config::LEASE;
+        Self::build_full(
+            servers, size, chunk, path, copies, lease, config, false, false, true,
+        )
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn build_with(
+        servers: usize,
+        size: u64,
+        chunk: u64,
+        path: WritePath,
+        copies: (usize, usize),
+        lease: Duration,
+        config: FsConfig,
+        relayed: bool,
+        backed: bool,
+    ) -> TestFs {
+        Self::build_full(
+            servers, size, chunk, path, copies, lease, config, relayed, backed, false,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build_full(
         servers: usize,
         size: u64,
         chunk: u64,
@@ -296,6 +334,7 @@ impl TestFs {
         config: FsConfig,
         relayed: bool,
         backed: bool,
+        behind: bool,
     ) -> TestFs {
         let net = LocalNetwork::new();
         let mut srv = Vec::new();
@@ -344,6 +383,7 @@ impl TestFs {
             path,
         )
         .and_then(|d| d.replicated(replicas, min_replicas))
+        .and_then(|d| if behind { d.write_behind() } else { Ok(d) })
         .unwrap();
         let fs = Arc::new(Fs::new(data, config));
         TestFs {

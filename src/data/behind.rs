@@ -1,0 +1,343 @@
+//! Write-behind, for private mounts: a small write is answered once its chunks exist
+//! (allocated and healed, so ENOSPC and a pool below `--min-replicas` are still the write's own
+//! errors) and its bytes sit in a slot of a registered arena; they reach every copy soon after,
+//! sent by the write-behind worker ([`DataStore::flush_queued`]) or by the next operation that
+//! locks the file ([`DataStore::lock`], [`DataStore::view`]), whichever comes first. At most
+//! one write waits per file, so a file's writes land in order, and nothing reads a file's
+//! bytes before its waiting write has landed.
+//!
+//! Why: under the writeback cache the kernel writes a file back at close and waits for it, so
+//! each small file written (`tar xf`, `cp -r`, a compiler's outputs) paid one fabric round
+//! trip at its close (doc/BENCHMARKING.md). What is given up: a send that fails after the
+//! answer (fewer than `--min-replicas` servers left in between) is reported by the file's
+//! next fsync, as a local file system reports a failed writeback, not by its close. Volumes
+//! and shared mounts never write behind: there a WRITE's answer means the bytes are remote.
+
+use super::*;
+use crate::config::{WRITE_BEHIND_SLOTS, WRITE_BEHIND_SLOT_BYTES};
+use crate::meta::FileData;
+use crate::sync::atomic::AtomicU64;
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+/// The write-behind state of a store ([`DataStore::write_behind`]).
+pub(super) struct WriteBehind {
+    /// `WRITE_BEHIND_SLOTS` slots of `WRITE_BEHIND_SLOT_BYTES`, allocated once (stable, so
+    /// the registration cache keeps them registered).
+    arena: AlignedBuf,
+    free: Mutex<Vec<usize>>,
+    /// By file (its address; the entry holds the file, so the address is not reused).
+    files: Mutex<HashMap<usize, Entry>>,
+    /// Files with a waiting write, for the worker (an entry may be stale: flushed already).
+    queue: Mutex<VecDeque<Arc<FileData>>>,
+    queued: Condvar,
+    counts: Counts,
+}
+
+struct Entry {
+    /// Held so that the file's address, the entry's key, is not reused while it lives.
+    _file: Arc<FileData>,
+    waiting: Option<Waiting>,
+    /// A waiting write's send failed: the file's next fsync says so.
+    failed: Option<Error>,
+}
+
+#[derive(Clone, Copy)]
+struct Waiting {
+    offset: u64,
+    slot: usize,
+    len: u64,
+}
+
+#[derive(Default)]
+struct Counts {
+    deferred: AtomicU64,
+    by_worker: AtomicU64,
+    inline: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// Write-behind counters, for `stats`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct WriteBehindStats {
+    /// Writes answered before their bytes were remote.
+    pub deferred: u64,
+    /// Of those, sent by the worker, and by the next operation on the file.
+    pub sent_by_worker: u64,
+    pub sent_inline: u64,
+    /// Sends that failed (reported by the file's next fsync).
+    pub failed: u64,
+}
+
+fn key(file: &FileData) -> usize {
+    file as *const FileData as usize
+}
+
+impl WriteBehind {
+    fn new() -> Result<WriteBehind> {
+        Ok(WriteBehind {
+            arena: AlignedBuf::new(WRITE_BEHIND_SLOTS * WRITE_BEHIND_SLOT_BYTES)?,
+            free: Mutex::new((0..WRITE_BEHIND_SLOTS).rev().collect()),
+            files: Mutex::new(HashMap::new()),
+            queue: Mutex::new(VecDeque::new()),
+            queued: Condvar::new(),
+            counts: Counts::default(),
+        })
+    }
+
+    fn slot_addr(&self, slot: usize) -> u64 {
+        self.arena.addr() + (slot * WRITE_BEHIND_SLOT_BYTES) as u64
+    }
+
+    fn has_waiting(&self, file: &FileData) -> bool {
+        self.files
+            .lock()
+            .get(&key(file))
+            .is_some_and(|e| e.waiting.is_some())
+    }
+
+    fn take_waiting(&self, file: &FileData) -> Option<Waiting> {
+        self.files.lock().get_mut(&key(file))?.waiting.take()
+    }
+
+    /// After a waiting write was sent (or given up): its slot back, its failure kept.
+    fn settle(&self, file: &FileData, w: Waiting, res: Result<()>) {
+        {
+            let mut files = self.files.lock();
+            if let Some(e) = files.get_mut(&key(file)) {
+                if let Err(err) = res {
+                    log::warn!(
+                        "a write answered before it was sent failed ({} bytes at {}): {err}; \
+                         the file's next fsync reports it",
+                        w.len,
+                        w.offset
+                    );
+                    self.counts.failed.fetch_add(1, Ordering::Relaxed);
+                    e.failed = Some(err);
+                }
+                if e.waiting.is_none() && e.failed.is_none() {
+                    files.remove(&key(file));
+                }
+            }
+        }
+        self.free.lock().push(w.slot);
+    }
+}
+
+impl DataStore {
+    /// Answers small writes before their bytes are remote (see the module's doc). Needs the
+    /// worker ([`Self::flush_queued`]) running beside the mount.
+    pub fn write_behind(mut self) -> Result<DataStore> {
+        self.behind = Some(WriteBehind::new()?);
+        Ok(self)
+    }
+
+    pub fn writes_behind(&self) -> bool {
+        self.behind.is_some()
+    }
+
+    pub fn write_behind_stats(&self) -> WriteBehindStats {
+        let Some(wb) = &self.behind else {
+            return WriteBehindStats::default();
+        };
+        let c = &wb.counts;
+        WriteBehindStats {
+            deferred: c.deferred.load(Ordering::Relaxed),
+            sent_by_worker: c.by_worker.load(Ordering::Relaxed),
+            sent_inline: c.inline.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Takes `payload` for writing behind at `offset` of `file` (whose map, `chunks`, the
+    /// caller holds locked for change): its chunks are made to exist and healed now, its
+    /// bytes copied to a slot. False, having done nothing, when it is not taken (no
+    /// write-behind, too large, no free slot): the caller writes it now.
+    pub(super) fn defer_write(
+        &self,
+        file: &Arc<FileData>,
+        chunks: &mut ChunkMap,
+        offset: u64,
+        payload: &Payload<'_>,
+    ) -> Result<bool> {
+        let Some(wb) = &self.behind else {
+            return Ok(false);
+        };
+        let data = payload.bytes();
+        if data.is_empty() || data.len() > WRITE_BEHIND_SLOT_BYTES {
+            return Ok(false);
+        }
+        // The file's own waiting write goes first (the caller's lock normally sent it).
+        self.flush_waiting(file, chunks);
+        let Some(slot) = wb.free.lock().pop() else {
+            return Ok(false);
+        };
+        let len = data.len() as u64;
+        let made = (|| {
+            let loan = self.loan()?;
+            for (idx, in_chunk, n, _) in self.pieces(offset, len) {
+                self.ensure(chunks, idx, in_chunk + n, loan.b())?;
+                self.heal(chunks, idx)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = made {
+            wb.free.lock().push(slot);
+            return Err(e);
+        }
+        wb.arena.write_at(slot * WRITE_BEHIND_SLOT_BYTES, data);
+        let w = Waiting { offset, slot, len };
+        wb.files
+            .lock()
+            .entry(key(file))
+            .or_insert_with(|| Entry {
+                _file: file.clone(),
+                waiting: None,
+                failed: None,
+            })
+            .waiting = Some(w);
+        wb.counts.deferred.fetch_add(1, Ordering::Relaxed);
+        let mut queue = wb.queue.lock();
+        // Bounded even with no worker draining it: every waiting write is also sent by the
+        // next operation on its file.
+        if queue.len() < 4 * WRITE_BEHIND_SLOTS {
+            queue.push_back(file.clone());
+            wb.queued.notify_one();
+        }
+        Ok(true)
+    }
+
+    /// Sends `file`'s waiting write, if any, to every copy of its chunks (the caller holds
+    /// `chunks`, the file's map, locked for change). A failure is kept for the file's next
+    /// fsync ([`Self::take_write_error`]).
+    pub(super) fn flush_waiting(&self, file: &FileData, chunks: &mut ChunkMap) {
+        let Some(wb) = &self.behind else { return };
+        let Some(w) = wb.take_waiting(file) else {
+            return;
+        };
+        wb.counts.inline.fetch_add(1, Ordering::Relaxed);
+        let res = self.write_window(chunks, w.offset, wb.slot_addr(w.slot), w.len);
+        wb.settle(file, w, res);
+    }
+
+    /// Whether `file` has a write waiting to be sent.
+    pub(super) fn has_waiting(&self, file: &FileData) -> bool {
+        self.behind.as_ref().is_some_and(|wb| wb.has_waiting(file))
+    }
+
+    /// The failure of a write of `file` answered before it was sent, once (call with the
+    /// file's map locked, so its waiting write has been sent).
+    pub(super) fn take_write_error(&self, file: &FileData) -> Option<Error> {
+        let wb = self.behind.as_ref()?;
+        let mut files = wb.files.lock();
+        let e = files.get_mut(&key(file))?;
+        let failed = e.failed.take();
+        if e.waiting.is_none() {
+            files.remove(&key(file));
+        }
+        failed
+    }
+
+    /// `file` goes away: its waiting write is dropped unsent and its failure forgotten.
+    pub(super) fn forget_waiting(&self, file: &FileData) {
+        let Some(wb) = &self.behind else { return };
+        let entry = wb.files.lock().remove(&key(file));
+        if let Some(w) = entry.and_then(|e| e.waiting) {
+            wb.free.lock().push(w.slot);
+        }
+    }
+
+    /// Every byte written to `file` so far is on its chunks' copies; the failure of a write
+    /// answered before it was sent, if any (once).
+    pub fn sync_file(&self, file: &FileData) -> Result<()> {
+        let io = self.lock(file);
+        let failed = self.take_write_error(file);
+        drop(io);
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// The worker's round: waits up to `wait` for files with a waiting write and sends
+    /// theirs, all in one batch of remote writes; how many were sent.
+    pub fn flush_queued(&self, wait: Duration) -> usize {
+        let Some(wb) = &self.behind else {
+            std::thread::sleep(wait);
+            return 0;
+        };
+        let mut batch: Vec<Arc<FileData>> = {
+            let mut queue = wb.queue.lock();
+            if queue.is_empty() {
+                queue = wb.queued.wait_timeout(queue, wait).0;
+            }
+            queue.drain(..).collect()
+        };
+        batch.sort_by_key(|f| key(f));
+        batch.dedup_by_key(|f| key(f));
+        batch.retain(|f| wb.has_waiting(f));
+        // The first file's lock is waited for, the others' only taken if free: a file whose
+        // lock is held has its waiting write sent by the holder, or goes in the next round.
+        let mut held = Vec::new();
+        let mut later = Vec::new();
+        for file in &batch {
+            let guard = if held.is_empty() {
+                Some(file.chunks.write())
+            } else {
+                file.chunks.try_write()
+            };
+            match guard {
+                Some(g) => held.push((&**file, g)),
+                None => later.push(file.clone()),
+            }
+        }
+        if !later.is_empty() {
+            wb.queue.lock().extend(later);
+        }
+        let sent = self.send_batch(wb, &mut held);
+        drop(held);
+        self.free_retired();
+        sent
+    }
+
+    /// Sends the waiting writes of the locked files `held` in one batch of remote writes;
+    /// if it fails, file by file through [`Self::write_window`] (which takes failed copies
+    /// out and writes again), so each file gets its own outcome.
+    fn send_batch(
+        &self,
+        wb: &WriteBehind,
+        held: &mut [(&FileData, crate::sync::RwLockWriteGuard<'_, ChunkMap>)],
+    ) -> usize {
+        let mut todo: Vec<(usize, Waiting)> = Vec::new();
+        for (i, (file, chunks)) in held.iter_mut().enumerate() {
+            let Some(w) = wb.take_waiting(file) else {
+                continue;
+            };
+            wb.counts.by_worker.fetch_add(1, Ordering::Relaxed);
+            // Chunks on servers that went down lose those copies first (as every write does).
+            let healed = self
+                .pieces(w.offset, w.len)
+                .try_for_each(|(idx, ..)| self.heal(chunks, idx));
+            match healed {
+                Ok(()) => todo.push((i, w)),
+                Err(e) => wb.settle(file, w, Err(e)),
+            }
+        }
+        let mut ops = Vec::new();
+        for &(i, w) in &todo {
+            ops.extend(self.window_ops(&held[i].1, w.offset, wb.slot_addr(w.slot), w.len));
+        }
+        let arena = (wb.arena.addr(), wb.arena.len() as u64);
+        let together = !ops.is_empty()
+            && self
+                .pin(arena.0, arena.1)
+                .is_ok_and(|pinned| self.run_ops(pinned, &ops).is_ok());
+        for &(i, w) in &todo {
+            let (file, chunks) = &mut held[i];
+            let res = if together {
+                Ok(())
+            } else {
+                self.write_window(chunks, w.offset, wb.slot_addr(w.slot), w.len)
+            };
+            wb.settle(file, w, res);
+        }
+        todo.len()
+    }
+}
