@@ -5,11 +5,15 @@
 # that a change leaves the embedded default's metadata speed alone.
 #
 #   lab/scripts/ab-meta.sh OLD_RMEMFS NEW_RMEMFS      # ROUNDS=3 by default
+#   OLD_ARGS="-o no_write_behind" lab/scripts/ab-meta.sh target/release/rmemfs target/release/rmemfs
+# OLD_ARGS / NEW_ARGS: extra `rmemfs mount` arguments for each side (one binary, two settings).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=lab/scripts/lib.sh
 . lab/scripts/lib.sh
 OLD=$1 NEW=$2 ROUNDS=${ROUNDS:-3}
+read -ra OLD_MOUNT <<<"${OLD_ARGS:-}"
+read -ra NEW_MOUNT <<<"${NEW_ARGS:-}"
 lib_init abmeta
 mkdir -p target/bench-meta
 tar=$(tree_tar "$(cd target/bench-meta && pwd)" "${TAR_FILES:-10000}")
@@ -17,8 +21,8 @@ BIN=$NEW
 start_server 4G
 for r in $(seq 1 "$ROUNDS"); do
   for which in old new; do
-    if [ $which = old ]; then BIN=$OLD; else BIN=$NEW; fi
-    mount_fs "$BASE/m" "$SERVER_ADDR"
+    if [ $which = old ]; then BIN=$OLD; args=("${OLD_MOUNT[@]}"); else BIN=$NEW; args=("${NEW_MOUNT[@]}"); fi
+    mount_fs "$BASE/m" "$SERVER_ADDR" "${args[@]}"
     t0=$(date +%s.%N); tar xf "$tar" -C "$BASE/m"; sync -f "$BASE/m"
     t1=$(date +%s.%N); rm -rf "${BASE:?}/m/"*; t2=$(date +%s.%N)
     small=$(python3 - "$BASE/m" <<'PY'
