@@ -237,15 +237,15 @@ impl TestFs {
         config: FsConfig,
         relayed: bool,
     ) -> TestFs {
-        Self::build_with(
-            servers, size, chunk, path, copies, lease, config, relayed, false,
+        Self::build_full(
+            servers, size, chunk, path, copies, lease, config, relayed, false, false,
         )
     }
 
     /// `servers` backed memory servers (`serve --backing`, files in a fresh directory) of
     /// `size` bytes, keeping `replicas` copies of `chunk`-byte chunks.
     pub fn backed(servers: usize, size: u64, chunk: u64, replicas: usize) -> TestFs {
-        Self::build_with(
+        Self::build_full(
             servers,
             size,
             chunk,
@@ -255,6 +255,7 @@ impl TestFs {
             FsConfig::default(),
             false,
             true,
+            false,
         )
     }
 
@@ -267,7 +268,7 @@ impl TestFs {
 
     /// As [`TestFs::volume`] over backed servers.
     pub fn backed_volume(servers: usize, size: u64, chunk: u64, name: &str) -> TestFs {
-        let mut t = Self::build_with(
+        let mut t = Self::build_full(
             servers,
             size,
             chunk,
@@ -277,6 +278,7 @@ impl TestFs {
             FsConfig::default(),
             false,
             true,
+            false,
         );
         t.volume = Some((name.to_string(), chunk, WritePath::Frrwp));
         let attached = t.attach_volume(true).unwrap();
@@ -303,23 +305,6 @@ impl TestFs {
         let lease = rmemfs::config::LEASE;
         Self::build_full(
             servers, size, chunk, path, copies, lease, config, false, false, true,
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn build_with(
-        servers: usize,
-        size: u64,
-        chunk: u64,
-        path: WritePath,
-        copies: (usize, usize),
-        lease: Duration,
-        config: FsConfig,
-        relayed: bool,
-        backed: bool,
-    ) -> TestFs {
-        Self::build_full(
-            servers, size, chunk, path, copies, lease, config, relayed, backed, false,
         )
     }
 
