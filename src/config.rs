@@ -51,7 +51,7 @@ pub const WRITE_BEHIND_SLOT_BYTES: usize = 256 << 10;
 pub const WRITE_BEHIND_SLOTS: usize = 32;
 
 /// How long the write-behind worker waits for work before it looks whether the mount is
-/// ending: the longest an unmount waits for it.
+/// ending: how long an unmount waits for an idle worker (a busy one finishes its batch).
 pub const WRITE_BEHIND_IDLE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// FUSE worker threads (`--threads`): two cores here, and most time is spent waiting on the

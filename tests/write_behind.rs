@@ -114,3 +114,24 @@ fn large_writes_go_out_before_their_answer() {
     assert_eq!(t.fs.data().write_behind_stats().deferred, 0);
     assert_eq!(t.read_file("f").unwrap(), data);
 }
+
+#[test]
+fn a_file_written_once_is_queued_however_often_another_is_rewritten() {
+    // A hot file's writes each send the one before (the worker idle meanwhile); a file
+    // written once after them must still be in the worker's queue, not left unsent.
+    let t = TestFs::writing_behind(1, 16 << 20, 1 << 20, WritePath::Frrwp, (1, 1));
+    t.create("hot").unwrap();
+    for i in 0..600u64 {
+        t.write_file("hot", (i % 8) * 4096, &bytes(i, 4 * KIB))
+            .unwrap();
+    }
+    t.create("once").unwrap();
+    t.write_file("once", 0, &bytes(99, 5 * KIB)).unwrap();
+    assert_eq!(
+        t.fs.data().flush_queued(Duration::ZERO),
+        2,
+        "the worker sends both waiting writes"
+    );
+    let s = t.fs.data().write_behind_stats();
+    assert_eq!((s.deferred, s.sent_inline, s.sent_by_worker), (601, 599, 2));
+}

@@ -28,7 +28,11 @@ pub(super) struct WriteBehind {
     free: Mutex<Vec<usize>>,
     /// By file (its address; the entry holds the file, so the address is not reused).
     files: Mutex<HashMap<usize, Entry>>,
-    /// Files with a waiting write, for the worker (an entry may be stale: flushed already).
+    /// How many entries have a waiting write: lets `view` and `lock` of files with none
+    /// (nearly all of them) skip `files`.
+    waiting: AtomicUsize,
+    /// Files for the worker, each at most once (`Entry::queued`); one may have had its write
+    /// sent by a later operation on it meanwhile.
     queue: Mutex<VecDeque<Arc<FileData>>>,
     queued: Condvar,
     counts: Counts,
@@ -40,6 +44,44 @@ struct Entry {
     waiting: Option<Waiting>,
     /// A waiting write's send failed: the file's next fsync says so.
     failed: Option<Error>,
+    /// In the worker's queue (so each file is there once, and the queue is bounded by the
+    /// files with an entry).
+    queued: bool,
+}
+
+impl Entry {
+    fn idle(&self) -> bool {
+        self.waiting.is_none() && self.failed.is_none() && !self.queued
+    }
+}
+
+/// A waiting write taken out to be sent: settled with the send's outcome, or, if a bug
+/// unwinds past it, as failed (so its slot comes back and the file's next fsync reports EIO
+/// instead of silently losing it).
+struct Sending<'w, 'f> {
+    wb: &'w WriteBehind,
+    file: &'f FileData,
+    w: Waiting,
+    settled: bool,
+}
+
+impl Sending<'_, '_> {
+    fn settle(mut self, res: Result<()>) {
+        self.settled = true;
+        self.wb.settle(self.file, self.w, res);
+    }
+}
+
+impl Drop for Sending<'_, '_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            let e = Error::new(
+                libc::EIO,
+                "a bug stopped the send of a write answered before",
+            );
+            self.wb.settle(self.file, self.w, Err(e));
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -79,6 +121,7 @@ impl WriteBehind {
             arena: AlignedBuf::new(WRITE_BEHIND_SLOTS * WRITE_BEHIND_SLOT_BYTES)?,
             free: Mutex::new((0..WRITE_BEHIND_SLOTS).rev().collect()),
             files: Mutex::new(HashMap::new()),
+            waiting: AtomicUsize::new(0),
             queue: Mutex::new(VecDeque::new()),
             queued: Condvar::new(),
             counts: Counts::default(),
@@ -90,14 +133,50 @@ impl WriteBehind {
     }
 
     fn has_waiting(&self, file: &FileData) -> bool {
-        self.files
-            .lock()
-            .get(&key(file))
-            .is_some_and(|e| e.waiting.is_some())
+        self.waiting.load(Ordering::Acquire) > 0 && self.peek_waiting(file).is_some()
     }
 
-    fn take_waiting(&self, file: &FileData) -> Option<Waiting> {
-        self.files.lock().get_mut(&key(file))?.waiting.take()
+    fn peek_waiting(&self, file: &FileData) -> Option<Waiting> {
+        self.files.lock().get(&key(file))?.waiting
+    }
+
+    fn take_waiting<'w, 'f>(&'w self, file: &'f FileData) -> Option<Sending<'w, 'f>> {
+        if self.waiting.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let w = self.files.lock().get_mut(&key(file))?.waiting.take()?;
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        Some(Sending {
+            wb: self,
+            file,
+            w,
+            settled: false,
+        })
+    }
+
+    /// `file` out of the worker's queue (taken by the worker).
+    fn unqueue(&self, file: &FileData) {
+        let mut files = self.files.lock();
+        if let Some(e) = files.get_mut(&key(file)) {
+            e.queued = false;
+            if e.idle() {
+                files.remove(&key(file));
+            }
+        }
+    }
+
+    /// Puts `file` in the worker's queue unless it is there.
+    fn enqueue(&self, file: &Arc<FileData>) {
+        let mut files = self.files.lock();
+        let Some(e) = files.get_mut(&key(file)) else {
+            return;
+        };
+        if !e.queued {
+            e.queued = true;
+            drop(files);
+            self.queue.lock().push_back(file.clone());
+            self.queued.notify_one();
+        }
     }
 
     /// After a waiting write was sent (or given up): its slot back, its failure kept.
@@ -115,7 +194,7 @@ impl WriteBehind {
                     self.counts.failed.fetch_add(1, Ordering::Relaxed);
                     e.failed = Some(err);
                 }
-                if e.waiting.is_none() && e.failed.is_none() {
+                if e.idle() {
                     files.remove(&key(file));
                 }
             }
@@ -187,23 +266,22 @@ impl DataStore {
         }
         wb.arena.write_at(slot * WRITE_BEHIND_SLOT_BYTES, data);
         let w = Waiting { offset, slot, len };
-        wb.files
+        let before = wb
+            .files
             .lock()
             .entry(key(file))
             .or_insert_with(|| Entry {
                 _file: file.clone(),
                 waiting: None,
                 failed: None,
+                queued: false,
             })
-            .waiting = Some(w);
+            .waiting
+            .replace(w);
+        debug_assert!(before.is_none(), "the file's waiting write was sent first");
+        wb.waiting.fetch_add(1, Ordering::AcqRel);
         wb.counts.deferred.fetch_add(1, Ordering::Relaxed);
-        let mut queue = wb.queue.lock();
-        // Bounded even with no worker draining it: every waiting write is also sent by the
-        // next operation on its file.
-        if queue.len() < 4 * WRITE_BEHIND_SLOTS {
-            queue.push_back(file.clone());
-            wb.queued.notify_one();
-        }
+        wb.enqueue(file);
         Ok(true)
     }
 
@@ -212,12 +290,13 @@ impl DataStore {
     /// fsync ([`Self::take_write_error`]).
     pub(super) fn flush_waiting(&self, file: &FileData, chunks: &mut ChunkMap) {
         let Some(wb) = &self.behind else { return };
-        let Some(w) = wb.take_waiting(file) else {
+        let Some(sending) = wb.take_waiting(file) else {
             return;
         };
         wb.counts.inline.fetch_add(1, Ordering::Relaxed);
+        let w = sending.w;
         let res = self.write_window(chunks, w.offset, wb.slot_addr(w.slot), w.len);
-        wb.settle(file, w, res);
+        sending.settle(res);
     }
 
     /// Whether `file` has a write waiting to be sent.
@@ -232,7 +311,7 @@ impl DataStore {
         let mut files = wb.files.lock();
         let e = files.get_mut(&key(file))?;
         let failed = e.failed.take();
-        if e.waiting.is_none() {
+        if e.idle() {
             files.remove(&key(file));
         }
         failed
@@ -241,8 +320,18 @@ impl DataStore {
     /// `file` goes away: its waiting write is dropped unsent and its failure forgotten.
     pub(super) fn forget_waiting(&self, file: &FileData) {
         let Some(wb) = &self.behind else { return };
-        let entry = wb.files.lock().remove(&key(file));
-        if let Some(w) = entry.and_then(|e| e.waiting) {
+        let mut files = wb.files.lock();
+        let Some(e) = files.get_mut(&key(file)) else {
+            return;
+        };
+        e.failed = None;
+        let dropped = e.waiting.take();
+        if e.idle() {
+            files.remove(&key(file));
+        }
+        drop(files);
+        if let Some(w) = dropped {
+            wb.waiting.fetch_sub(1, Ordering::AcqRel);
             wb.free.lock().push(w.slot);
         }
     }
@@ -257,7 +346,9 @@ impl DataStore {
     }
 
     /// The worker's round: waits up to `wait` for files with a waiting write and sends
-    /// theirs, all in one batch of remote writes; how many were sent.
+    /// theirs, in batches of remote writes, one per set of servers they go to; how many were
+    /// sent. A batch holds its files' locks until its slowest write is done, so grouping by
+    /// servers keeps a server that does not answer from holding up files with no copy on it.
     pub fn flush_queued(&self, wait: Duration) -> usize {
         let Some(wb) = &self.behind else {
             std::thread::sleep(wait);
@@ -270,74 +361,100 @@ impl DataStore {
             }
             queue.drain(..).collect()
         };
+        for f in &batch {
+            wb.unqueue(f);
+        }
         batch.sort_by_key(|f| key(f));
         batch.dedup_by_key(|f| key(f));
         batch.retain(|f| wb.has_waiting(f));
-        // The first file's lock is waited for, the others' only taken if free: a file whose
-        // lock is held has its waiting write sent by the holder, or goes in the next round.
-        let mut held = Vec::new();
-        let mut later = Vec::new();
-        for file in &batch {
-            let guard = if held.is_empty() {
-                Some(file.chunks.write())
-            } else {
-                file.chunks.try_write()
-            };
-            match guard {
-                Some(g) => held.push((&**file, g)),
-                None => later.push(file.clone()),
+        let mut left: Vec<usize> = (0..batch.len()).collect();
+        let mut sent = 0;
+        while let Some((&first, others)) = left.split_first() {
+            // The first file's lock is waited for, the others' only taken if free (and kept
+            // if their writes go to the same servers): so the worker never waits on a lock
+            // while it holds another. A file whose lock is held goes back in the queue (its
+            // holder may also have sent its write).
+            let guard = batch[first].chunks.write();
+            let servers = self.waiting_servers(wb, &batch[first], &guard);
+            let mut group = vec![(&*batch[first], guard)];
+            let mut next = Vec::new();
+            for &i in others {
+                match batch[i].chunks.try_write() {
+                    Some(g) if self.waiting_servers(wb, &batch[i], &g) == servers => {
+                        group.push((&*batch[i], g))
+                    }
+                    Some(_) => next.push(i),
+                    None => wb.enqueue(&batch[i]),
+                }
             }
+            sent += self.send_batch(wb, &mut group);
+            drop(group);
+            self.free_retired();
+            left = next;
         }
-        if !later.is_empty() {
-            wb.queue.lock().extend(later);
-        }
-        let sent = self.send_batch(wb, &mut held);
-        drop(held);
-        self.free_retired();
         sent
+    }
+
+    /// The servers `file`'s waiting write goes to (its chunks' copies), sorted.
+    fn waiting_servers(&self, wb: &WriteBehind, file: &FileData, chunks: &ChunkMap) -> Vec<u32> {
+        let Some(w) = wb.peek_waiting(file) else {
+            return Vec::new();
+        };
+        let mut servers: Vec<u32> = self
+            .pieces(w.offset, w.len)
+            .filter_map(|(idx, ..)| chunks.get(&idx))
+            .flat_map(|c| c.replicas().iter().map(|r| r.server).collect::<Vec<_>>())
+            .collect();
+        servers.sort_unstable();
+        servers.dedup();
+        servers
     }
 
     /// Sends the waiting writes of the locked files `held` in one batch of remote writes;
     /// if it fails, file by file through [`Self::write_window`] (which takes failed copies
     /// out and writes again), so each file gets its own outcome.
-    fn send_batch(
+    fn send_batch<'f>(
         &self,
         wb: &WriteBehind,
-        held: &mut [(&FileData, crate::sync::RwLockWriteGuard<'_, ChunkMap>)],
+        held: &mut [(&'f FileData, crate::sync::RwLockWriteGuard<'_, ChunkMap>)],
     ) -> usize {
-        let mut todo: Vec<(usize, Waiting)> = Vec::new();
+        let mut todo = Vec::new();
         for (i, (file, chunks)) in held.iter_mut().enumerate() {
-            let Some(w) = wb.take_waiting(file) else {
+            let file: &'f FileData = file;
+            let Some(sending) = wb.take_waiting(file) else {
                 continue;
             };
             wb.counts.by_worker.fetch_add(1, Ordering::Relaxed);
             // Chunks on servers that went down lose those copies first (as every write does).
+            let w = sending.w;
             let healed = self
                 .pieces(w.offset, w.len)
                 .try_for_each(|(idx, ..)| self.heal(chunks, idx));
             match healed {
-                Ok(()) => todo.push((i, w)),
-                Err(e) => wb.settle(file, w, Err(e)),
+                Ok(()) => todo.push((i, sending)),
+                Err(e) => sending.settle(Err(e)),
             }
         }
         let mut ops = Vec::new();
-        for &(i, w) in &todo {
-            ops.extend(self.window_ops(&held[i].1, w.offset, wb.slot_addr(w.slot), w.len));
+        for (i, sending) in &todo {
+            let w = sending.w;
+            ops.extend(self.window_ops(&held[*i].1, w.offset, wb.slot_addr(w.slot), w.len));
         }
         let arena = (wb.arena.addr(), wb.arena.len() as u64);
         let together = !ops.is_empty()
             && self
                 .pin(arena.0, arena.1)
                 .is_ok_and(|pinned| self.run_ops(pinned, &ops).is_ok());
-        for &(i, w) in &todo {
-            let (file, chunks) = &mut held[i];
+        let n = todo.len();
+        for (i, sending) in todo {
+            let w = sending.w;
             let res = if together {
                 Ok(())
             } else {
-                self.write_window(chunks, w.offset, wb.slot_addr(w.slot), w.len)
+                self.write_window(&mut held[i].1, w.offset, wb.slot_addr(w.slot), w.len)
             };
-            wb.settle(file, w, res);
+            sending.settle(res);
         }
-        todo.len()
+        n
     }
 }

@@ -92,10 +92,18 @@ impl Drop for FileIo<'_> {
     }
 }
 
-impl FileIo<'_> {
+impl<'a> FileIo<'a> {
+    /// The store and the file's map, once a write of the file still waiting to be sent has
+    /// been (every change of the map goes through here, so none runs ahead of such a write).
+    fn settled(&mut self) -> (&'a DataStore, &mut ChunkMap) {
+        self.data.flush_waiting(self.file, &mut self.chunks);
+        (self.data, &mut self.chunks)
+    }
+
     /// Writes `payload` at file `offset`, allocating or growing chunks as needed.
     pub fn write(&mut self, offset: u64, payload: Payload<'_>) -> Result<()> {
-        self.data.write(&mut self.chunks, offset, payload)
+        let (data, chunks) = self.settled();
+        data.write(chunks, offset, payload)
     }
 
     /// As [`Self::write`], but a small write on a store that writes behind returns once its
@@ -116,49 +124,57 @@ impl FileIo<'_> {
         {
             return Ok(());
         }
-        self.data.write(&mut self.chunks, offset, payload)
+        self.write(offset, payload)
     }
 
     /// Cuts the file's data at `size` (zeroing the tail of the chunk it ends in).
     pub fn truncate(&mut self, size: u64) -> Result<()> {
-        self.data.truncate(&mut self.chunks, size)
+        let (data, chunks) = self.settled();
+        data.truncate(chunks, size)
     }
 
     /// Reserves remote memory for `[offset, offset+len)`.
     pub fn allocate(&mut self, offset: u64, len: u64) -> Result<()> {
-        self.data.allocate(&mut self.chunks, offset, len)
+        let (data, chunks) = self.settled();
+        data.allocate(chunks, offset, len)
     }
 
     /// Punches a hole over `[offset, offset+len)`.
     pub fn punch(&mut self, offset: u64, len: u64) -> Result<()> {
-        self.data.punch(&mut self.chunks, offset, len)
+        let (data, chunks) = self.settled();
+        data.punch(chunks, offset, len)
     }
 
     /// Removes `[offset, offset+len)` of a file of `size` bytes, moving what follows down.
     pub fn collapse(&mut self, offset: u64, len: u64, size: u64) -> Result<()> {
-        self.data.collapse(&mut self.chunks, offset, len, size)
+        let (data, chunks) = self.settled();
+        data.collapse(chunks, offset, len, size)
     }
 
     /// Opens a hole of `len` bytes at `offset` in a file of `size` bytes.
     pub fn insert(&mut self, offset: u64, len: u64, size: u64) -> Result<()> {
-        self.data.insert(&mut self.chunks, offset, len, size)
+        let (data, chunks) = self.settled();
+        data.insert(chunks, offset, len, size)
     }
 
     /// Brings chunk `idx` to the copy count (copies added, or extra ones dropped); the bytes
     /// copied (0: nothing copied).
     pub fn rebuild_chunk(&mut self, idx: u64) -> u64 {
-        self.data.rebuild_chunk(&mut self.chunks, idx)
+        let (data, chunks) = self.settled();
+        data.rebuild_chunk(chunks, idx)
     }
 
     /// Moves one copy of chunk `idx` toward even use of the servers (see
     /// [`super::Ledger`]); the bytes copied (0: no move).
     pub fn balance_chunk(&mut self, idx: u64, ledger: &mut super::Ledger) -> u64 {
-        self.data.balance_chunk(&mut self.chunks, idx, ledger)
+        let (data, chunks) = self.settled();
+        data.balance_chunk(chunks, idx, ledger)
     }
 
     /// Forgets every copy on `server` (it came back empty); how many.
     pub fn forget_copies(&mut self, server: ServerId) -> u64 {
-        self.data.forget_copies(&mut self.chunks, server)
+        let (data, chunks) = self.settled();
+        data.forget_copies(chunks, server)
     }
 
     /// Gives the copies on `server` their new keys, by address; how many changed (see
@@ -168,7 +184,8 @@ impl FileIo<'_> {
         server: ServerId,
         keys: &std::collections::HashMap<u64, u64>,
     ) -> u64 {
-        self.data.rekey_copies(&mut self.chunks, server, keys)
+        let (data, chunks) = self.settled();
+        data.rekey_copies(chunks, server, keys)
     }
 
     /// The chunk changes since the last call, for the namespace's batch.

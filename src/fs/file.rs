@@ -154,7 +154,7 @@ impl Fs {
     }
 
     /// Writes `data` at `offset` (at the end with `O_APPEND`); returns once the bytes are in
-    /// remote memory.
+    /// remote memory, or, writing behind, once their chunks exist (`data::behind`).
     pub fn write(
         &self,
         ino: Ino,

@@ -93,9 +93,10 @@ pub(super) fn empty(reply: ReplyEmpty, r: crate::error::Result<()>) {
     }
 }
 
-/// FLUSH (every `close`), FSYNC and FSYNCDIR: ENOSYS, so the kernel stops sending them and
-/// saves a round trip per close and per fsync. The daemon has nothing to do at those points:
-/// metadata lives in its memory, and a WRITE is answered only once every copy holds the data.
+/// FLUSH (every `close`), FSYNCDIR, and FSYNC where nothing waits behind: ENOSYS, so the
+/// kernel stops sending them and saves a round trip per close and per fsync. The daemon has
+/// nothing to do at those points: metadata lives in its memory, and a WRITE is answered once
+/// every copy holds the data (write-behind aside, whose FSYNC is answered: `data::behind`).
 /// What they must guarantee the kernel does before it would ask (and also once it no longer
 /// asks): it writes back the file's dirty pages and its times and waits for the answers, and
 /// returns an error any of those writes met. POSIX locks are the kernel's (no GETLK/SETLK
