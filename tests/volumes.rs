@@ -720,3 +720,124 @@ fn a_lost_journal_copy_is_dropped_then_made_whole_at_the_next_checkpoint() {
     assert_eq!(copies(&rack.addrs()), "2");
     assert_eq!(d.read("during").unwrap(), b"one copy");
 }
+
+/// Syncs, or fails naming why the journal refused.
+fn sync_or_say(d: &Daemon) {
+    if let Err(e) = d.fs().sync().expect("a volume mount has a barrier") {
+        panic!("sync: {e}");
+    }
+}
+
+/// Fills the pool: 1 MiB files until ENOSPC, then smaller ones, so that no page is left for
+/// anything but what the volume set aside. Returns the files written.
+fn fill_pool(d: &Daemon, dir: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for size in [MIB, 64 << 10, 4 << 10] {
+        loop {
+            let name = format!("{dir}/fill{}", names.len());
+            match d.write(&name, &bytes(names.len() as u64, size)) {
+                Ok(()) => names.push(name),
+                Err(libc::ENOSPC) => {
+                    let _ = d.unlink(&name);
+                    break;
+                }
+                Err(e) => panic!("filling {name}: errno {e}"),
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn a_full_pool_answers_enospc_for_growth_and_still_frees_and_reattaches() {
+    let rack = Rack::new(2);
+    // 64 KiB rings wrap every few hundred records: a full pool sees many wraps below.
+    let ring = JournalOptions {
+        ring_bytes: 64 << 10,
+        ..Default::default()
+    };
+    let d = rack.attach_ring("vol", true, false, ring).unwrap();
+    d.mkdir("fill").unwrap();
+    d.mkdir("churn").unwrap();
+    let filled = fill_pool(&d, "fill");
+    assert!(filled.len() > 100, "filled {} files", filled.len());
+    sync_or_say(&d);
+    // Empty files made and removed on the full pool: each is ENOSPC or success, never an
+    // error of the journal, across many wraps of the ring.
+    let mut made = 0;
+    for i in 0..3000u64 {
+        let name = format!("churn/e{i}");
+        match d.write(&name, b"") {
+            Ok(()) => {
+                made += 1;
+                assert_eq!(d.unlink(&name), Ok(()), "removing {name}");
+            }
+            Err(libc::ENOSPC) => {}
+            Err(e) => panic!("creating {name} on a full pool: errno {e}"),
+        }
+    }
+    assert!(made > 0, "no empty file could be made on the full pool");
+    // Freeing works: the first half of the fill goes, and its room is usable again.
+    for name in &filled[..filled.len() / 2] {
+        assert_eq!(d.unlink(name), Ok(()), "removing {name}");
+    }
+    sync_or_say(&d);
+    d.fs().data().settle_frees(Duration::from_secs(5));
+    for (i, name) in filled.iter().enumerate().skip(filled.len() / 2) {
+        let got = d
+            .read(name)
+            .unwrap_or_else(|e| panic!("{name} before the crash: errno {e}"));
+        assert_eq!(got, bytes(i as u64, got.len()), "{name} before the crash");
+    }
+    d.write("after-rm", &bytes(7, MIB)).unwrap();
+    sync_or_say(&d);
+    let before = d.fs().namespace_digest();
+    d.crash();
+    // Attach again on a pool that is still nearly full (the other half of the fill).
+    let d = rack.attach_ring("vol", false, false, ring).unwrap();
+    assert_same(&d.fs().namespace_digest(), &before);
+    assert_eq!(d.read("after-rm").unwrap(), bytes(7, MIB));
+    for (i, name) in filled.iter().enumerate().skip(filled.len() / 2) {
+        let got = d
+            .read(name)
+            .unwrap_or_else(|e| panic!("{name} after attach: errno {e}"));
+        assert_eq!(got, bytes(i as u64, got.len()), "{name} after attach");
+    }
+    let last = filled.last().unwrap();
+    assert_eq!(d.read(last).unwrap().len(), 4 << 10);
+    // Fill it to the brim again, crash, and attach once more.
+    d.mkdir("fill2").unwrap();
+    assert!(!fill_pool(&d, "fill2").is_empty());
+    sync_or_say(&d);
+    let before = d.fs().namespace_digest();
+    d.crash();
+    let d = rack.attach_ring("vol", false, false, ring).unwrap();
+    assert_same(&d.fs().namespace_digest(), &before);
+    d.write("churn/last", b"x")
+        .unwrap_or_else(|e| assert_eq!(e, libc::ENOSPC));
+    d.unlink(last).unwrap();
+    sync_or_say(&d);
+}
+
+/// A file unlinked while the kernel still knows it (its inode stays until FORGET) gives its
+/// memory back: the chunks must leave the journal before that memory goes, or a replay names
+/// memory another file holds by then, and attach hands the new file's bytes to the orphan
+/// (and frees them with it).
+#[test]
+fn memory_an_unlinked_file_gave_back_is_never_named_after_a_replay() {
+    let rack = Rack::new(2);
+    let d = rack.attach("vol", true, false).unwrap();
+    d.mkdir("fill").unwrap();
+    let filled = fill_pool(&d, "fill");
+    // Our files are never forgotten by a kernel: each unlinked one stays an orphan. The
+    // only 1 MiB free after this is the one it held, on each server.
+    assert_eq!(d.unlink(&filled[0]), Ok(()));
+    sync_or_say(&d);
+    d.fs().data().settle_frees(Duration::from_secs(5));
+    d.write("new", &bytes(7, MIB)).unwrap();
+    sync_or_say(&d);
+    d.crash();
+    let d = rack.attach("vol", false, false).unwrap();
+    assert_eq!(d.read("new").unwrap(), bytes(7, MIB));
+    assert_eq!(d.read(&filled[1]).unwrap(), bytes(1, MIB));
+}

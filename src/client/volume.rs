@@ -393,6 +393,26 @@ impl Pool {
         gate.is_some_and(|g| g.hold(region))
     }
 
+    /// Whether memory the journal stopped naming at `lsn` may be written again: that much is
+    /// committed and every follower has applied it (asked now if the last answer does not
+    /// say so). The journal reuses its old checkpoint's extents this way.
+    pub fn released(&self, gate: &FreeGate, lsn: u64) -> bool {
+        let committed = gate.committed.load(Ordering::SeqCst);
+        if lsn > committed {
+            return false;
+        }
+        if gate.release_limit(committed) >= lsn {
+            return true;
+        }
+        let floor = self.follower_floor();
+        *gate.followers.lock() = FollowersHeard {
+            asked_at: committed,
+            floor,
+            when: Some(std::time::Instant::now()),
+        };
+        floor >= lsn
+    }
+
     /// The journal committed everything up to `lsn`: frees waiting for it go out, once
     /// every follower has applied them too (asked at most every
     /// [`crate::config::FOLLOWER_FLOOR_POLL`]).

@@ -127,6 +127,22 @@ impl<'a> FileIo<'a> {
         self.write(offset, payload)
     }
 
+    /// Takes every chunk out of the map, each removal logged, and lets their memory go when
+    /// this is dropped: the data of a file that lost its last name while the kernel still
+    /// knows it (the inode stays; on a volume, a replay must not find chunks whose memory
+    /// went back to the servers, where another file may hold it by then).
+    pub fn release_all(&mut self) {
+        self.data.forget_waiting(self.file);
+        let idxs: Vec<u64> = self.chunks.iter().map(|(&i, _)| i).collect();
+        let mut gone = std::collections::BTreeMap::new();
+        for i in idxs {
+            if let Some(c) = self.chunks.remove(&i) {
+                gone.insert(i, c);
+            }
+        }
+        self.data.release(gone);
+    }
+
     /// Cuts the file's data at `size` (zeroing the tail of the chunk it ends in).
     pub fn truncate(&mut self, size: u64) -> Result<()> {
         let (data, chunks) = self.settled();

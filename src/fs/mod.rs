@@ -305,17 +305,29 @@ impl Fs {
             Some(i) if i.is_orphan() => i.file().cloned(),
             _ => None,
         };
-        {
+        let dropped = {
             let mut b = meta.batch();
-            if b.drop_if_unused(ino) {
+            let dropped = b.drop_if_unused(ino);
+            if dropped {
                 if let Err(e) = b.commit() {
                     log::error!("the namespace refused to drop inode {ino}: {e}");
                 }
             }
-        }
+            dropped
+        };
         drop(meta);
-        if let Some(f) = orphan_file {
-            self.data.release_all(&f);
+        match orphan_file {
+            // Its drop, committed, names its chunks gone.
+            Some(f) if dropped => self.data.release_all(&f),
+            // Kept for the kernel: the chunks leave in a committed batch of their own before
+            // their memory is given back (dropping the lock frees it, held by a volume's
+            // journal until that batch commits).
+            Some(f) => {
+                let mut io = self.data.lock(&f);
+                io.release_all();
+                self.commit_extents(ino, &mut io);
+            }
+            None => {}
         }
     }
 

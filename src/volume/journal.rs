@@ -10,6 +10,15 @@
 //! When the ring cannot take the next group, a checkpoint (the namespace's image) is written
 //! to new extents, the root is pointed at it on every server, and the ring starts over: its
 //! older records carry lower sequence numbers, so a reader stops at them.
+//!
+//! Why a spare: a checkpoint is written beside the one it replaces (the root switches between
+//! them), so every wrap needs room for a second image. On a full pool that room must already be
+//! the journal's, or the journal stops and the volume with it. So the journal keeps a
+//! [`Spare`] on each journal server, as large as the next checkpoint can be (the last one plus
+//! one ring of records: an image grows by no more than the records that grew it); the wrap
+//! writes into it, and the old checkpoint becomes the next spare. When no spare that large can
+//! be had (the pool is full), what would grow the namespace is refused with ENOSPC
+//! ([`Reserve`]), and frees go on: a full volume behaves like a full file system.
 
 use super::root::{Place, Root};
 use crate::client::volume::FreeGate;
@@ -56,8 +65,197 @@ pub(super) struct Written {
     checkpoints: AtomicU64,
 }
 
+/// How far the namespace may grow before the spare can no longer hold its next checkpoint:
+/// set by the writer at each checkpoint, read by the namespace's [`Recorder`] (which may do
+/// no I/O) to refuse growth past it.
+///
+/// The bound: an image grows by no more than the records that grew it, so the next
+/// checkpoint takes at most the last one's bytes plus those of every growing record since.
+#[derive(Default)]
+pub(super) struct Reserve {
+    state: Mutex<ReserveState>,
+    /// Bytes of growing records ever recorded.
+    grown: AtomicU64,
+    /// A refused change asks the committer to try for a larger spare.
+    wanted: AtomicBool,
+}
+
+#[derive(Default, Clone)]
+struct ReserveState {
+    /// The journal servers (where the spare is).
+    servers: Vec<u32>,
+    /// The last checkpoint's bytes, `grown` when it was cut, and the spare's bytes.
+    base: u64,
+    grown_at: u64,
+    cap: u64,
+    /// Bytes of a ring: the growth a spare allows for without refusing anything.
+    ring: u64,
+    last_try: Option<Instant>,
+}
+
+impl ReserveState {
+    /// What the next checkpoint may take now, with `more` bytes of growing records.
+    fn bound(&self, grown: u64, more: u64) -> u64 {
+        self.base + grown.saturating_sub(self.grown_at) + more
+    }
+}
+
+impl Reserve {
+    /// `grown`, as a checkpoint reads it with the sequence number it is cut at.
+    pub(super) fn grown(&self) -> u64 {
+        self.grown.load(Ordering::SeqCst)
+    }
+
+    fn set(&self, servers: &[u32], base: u64, grown_at: u64, cap: u64, ring: u64) {
+        let mut r = self.state.lock();
+        *r = ReserveState {
+            servers: servers.to_vec(),
+            base,
+            grown_at,
+            cap,
+            ring,
+            last_try: Some(Instant::now()),
+        };
+    }
+
+    /// A spare of `cap` bytes now stands (none: an attempt failed).
+    fn spare_now(&self, cap: Option<u64>) {
+        let mut r = self.state.lock();
+        if let Some(cap) = cap {
+            r.cap = cap;
+        }
+        r.last_try = Some(Instant::now());
+    }
+
+    /// Bytes a spare needs to take a ring's growth from now on.
+    fn need(&self) -> (Vec<u32>, u64) {
+        let r = self.state.lock();
+        let need = r.bound(self.grown(), r.ring);
+        (r.servers.clone(), need)
+    }
+
+    /// Whether the committer should try for a larger spare now: the spare holds less than
+    /// a ring's growth, and a refused change asked, or it was not tried for a while.
+    fn due(&self) -> bool {
+        let wanted = self.wanted.swap(false, Ordering::SeqCst);
+        let r = self.state.lock();
+        let short = r.cap < r.bound(self.grown(), r.ring);
+        short
+            && (wanted
+                || r.last_try
+                    .is_none_or(|t| t.elapsed() >= crate::config::JOURNAL_HEAL_RETRY))
+    }
+
+    /// Admits a record of `len` bytes: one that grows the namespace past what the spare
+    /// holds is refused (ENOSPC) unless the journal servers have (as last heard) the room
+    /// for a larger spare, which the committer is then asked to take.
+    fn admit(&self, pool: &Pool, changes: &[Change], len: u64) -> Result<()> {
+        match growth(changes) {
+            Growth::None => return Ok(()),
+            Growth::Data => {
+                // Chunks are refused by the pool when it is full; counted all the same.
+                self.grown.fetch_add(len, Ordering::SeqCst);
+                return Ok(());
+            }
+            Growth::Names => {}
+        }
+        let r = self.state.lock();
+        let after = r.bound(self.grown(), len);
+        if after > r.cap {
+            self.wanted.store(true, Ordering::SeqCst);
+            let room = pool
+                .status()
+                .iter()
+                .filter(|s| r.servers.contains(&s.id.0))
+                .all(|s| !s.failed && s.capacity.largest_free >= after + r.ring);
+            if !room {
+                return Err(Error::new(
+                    libc::ENOSPC,
+                    "the pool is full: the volume keeps the room for its next checkpoint",
+                ));
+            }
+        }
+        self.grown.fetch_add(len, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// How a batch may grow the namespace's image.
+#[derive(PartialEq)]
+enum Growth {
+    /// Not at all (attributes, removals, a rename in place).
+    None,
+    /// By chunks, whose memory the pool refuses when it is full.
+    Data,
+    /// By inodes, names or extended attributes: refused on a full pool.
+    Names,
+}
+
+/// Whether a batch grows the namespace's image: it makes an inode, sets an extended
+/// attribute or adds more names than it removes (refused on a full pool), or adds chunks.
+fn growth(changes: &[Change]) -> Growth {
+    let mut names = 0i64;
+    let mut data = false;
+    for c in changes {
+        match c {
+            Change::Make { .. } | Change::Xattr { value: Some(_), .. } => return Growth::Names,
+            Change::Entry { ino: Some(_), .. } | Change::EntryAt { .. } => names += 1,
+            Change::Entry { ino: None, .. } => names -= 1,
+            Change::Extent { chunk: Some(_), .. } => data = true,
+            _ => {}
+        }
+    }
+    match (names > 0, data) {
+        (true, _) => Growth::Names,
+        (false, true) => Growth::Data,
+        (false, false) => Growth::None,
+    }
+}
+
+/// Extents on each journal server set aside for the next checkpoint: its capacity (the
+/// smallest of its copies) and the sequence number from which nothing names it (a follower
+/// behind it may still read it as a checkpoint).
+#[derive(Default)]
+pub(super) struct Spare {
+    places: Vec<Place>,
+    cap: u64,
+    freed_at: u64,
+    /// Each place's server's count of downs when the place was known good: a server that
+    /// went down since may have come back without it.
+    downs: Vec<u64>,
+}
+
+/// The count of downs of each place's server (see [`Spare::downs`]).
+pub(super) fn downs_of(pool: &Pool, places: &[Place]) -> Vec<u64> {
+    let status = pool.status();
+    places
+        .iter()
+        .map(|p| {
+            status
+                .iter()
+                .find(|s| s.id.0 == p.server)
+                .map_or(u64::MAX, |s| s.downs)
+        })
+        .collect()
+}
+
+impl Spare {
+    /// Whether every place's server stayed up since the places were known good.
+    fn intact(&self, pool: &Pool) -> bool {
+        self.downs.len() == self.places.len() && downs_of(pool, &self.places) == self.downs
+    }
+
+    fn on(&self, servers: &[u32]) -> bool {
+        !self.places.is_empty()
+            && self.places.len() == servers.len()
+            && self.places.iter().all(|p| servers.contains(&p.server))
+    }
+}
+
 pub(super) struct Shared {
     written: Arc<Written>,
+    pool: Arc<Pool>,
+    reserve: Arc<Reserve>,
     /// The ring's writer: whoever holds it writes the next group (the committer, or an
     /// `fsync` that found no commit running).
     writer: Mutex<Writer>,
@@ -83,6 +281,12 @@ pub(super) struct Writer {
     /// No attempt to restore the ring's copies before then (the last one failed: the pool
     /// may be full); none made yet.
     pub(super) heal_after: Option<Instant>,
+    /// Bytes reserved for the current checkpoint's copies (the smallest of them), and their
+    /// servers' downs when they were known good (see [`Spare::downs`]).
+    pub(super) checkpoint_cap: u64,
+    pub(super) checkpoint_downs: Vec<u64>,
+    pub(super) spare: Spare,
+    pub(super) reserve: Arc<Reserve>,
 }
 
 fn eio(why: String) -> Error {
@@ -172,21 +376,152 @@ impl Writer {
         self.options.ring_bytes.min(share.max(page)) / page * page
     }
 
-    fn alloc(&self, server: u32, len: u64) -> std::result::Result<Place, String> {
-        let r = self
-            .pool
-            .alloc_on(ServerId(server), len)
-            .map_err(|e| format!("cannot allocate journal space: {e}"))?;
-        Ok(Place {
-            server,
-            addr: r.addr,
-            rkey: r.rkey,
-        })
-    }
-
     fn free(&self, places: &[Place], len: u64) {
         for p in places {
             let _ = self.pool.free(region(p, len));
+        }
+    }
+
+    /// `len` bytes on each of `servers`, all or none; with the bytes reserved on each (the
+    /// smallest).
+    fn alloc_all(
+        &self,
+        servers: &[u32],
+        len: u64,
+    ) -> std::result::Result<(Vec<Place>, u64), String> {
+        let mut places = Vec::new();
+        let mut cap = u64::MAX;
+        for &s in servers {
+            match self.pool.alloc_on(ServerId(s), len) {
+                Ok(r) => {
+                    cap = cap.min(r.len);
+                    places.push(Place {
+                        server: s,
+                        addr: r.addr,
+                        rkey: r.rkey,
+                    });
+                }
+                Err(e) => {
+                    self.free(&places, len);
+                    return Err(format!("cannot allocate journal space: {e}"));
+                }
+            }
+        }
+        Ok((places, cap))
+    }
+
+    /// What the next checkpoint may take: the last one's `len` plus a ring of records.
+    fn spare_need(&self, servers: &[u32], len: u64) -> u64 {
+        len + self.root.ring_len.max(self.ring_len(servers))
+    }
+
+    /// Where a checkpoint of `len` bytes goes: the spare if it fits and no follower may still
+    /// read it, else new extents with room to spare, else new extents of `len`. The bool:
+    /// taken from the spare.
+    fn place_checkpoint(
+        &mut self,
+        gate: &FreeGate,
+        servers: &[u32],
+        len: u64,
+    ) -> std::result::Result<(Vec<Place>, u64, bool, Vec<u64>), String> {
+        if !self.spare.places.is_empty() && !self.spare.intact(&self.pool) {
+            // A server of the spare went down since: it may have come back without it.
+            let gone = std::mem::take(&mut self.spare);
+            self.free(&gone.places, gone.cap);
+        }
+        if self.spare.cap >= len
+            && self.spare.on(servers)
+            && self.pool.released(gate, self.spare.freed_at)
+        {
+            let s = std::mem::take(&mut self.spare);
+            return Ok((s.places, s.cap, true, s.downs));
+        }
+        if self.spare.on(servers) && self.spare.cap < len {
+            log::warn!(
+                "the volume's checkpoint ({len} bytes) outgrew its spare ({} bytes)",
+                self.spare.cap
+            );
+        }
+        let roomy = self.spare_need(servers, len);
+        let (places, cap) = match self.alloc_all(servers, roomy) {
+            Ok(got) => got,
+            Err(_) => self.alloc_all(servers, len)?,
+        };
+        let downs = downs_of(&self.pool, &places);
+        Ok((places, cap, false, downs))
+    }
+
+    /// After a checkpoint of `len` bytes: the spare for the next is the old checkpoint or the
+    /// old spare if either is large enough, else new extents; on a full pool the largest of
+    /// them, short (growth refused until a large one is had). The others are freed.
+    fn keep_spare(&mut self, old: Spare, servers: &[u32], len: u64, grown_at: u64) {
+        let ring = self.root.ring_len.max(self.ring_len(servers));
+        let need = len + self.reserve.grown().saturating_sub(grown_at) + ring;
+        let mut candidates = Vec::new();
+        for c in [old, std::mem::take(&mut self.spare)] {
+            if c.intact(&self.pool) {
+                candidates.push(c);
+            } else {
+                self.free(&c.places, c.cap);
+            }
+        }
+        let fits = candidates
+            .iter()
+            .position(|c| c.cap >= need && c.on(servers));
+        let pick = match fits {
+            Some(i) => Some(candidates.swap_remove(i)),
+            None => match self.alloc_all(servers, need) {
+                Ok((places, cap)) => Some(Spare {
+                    downs: downs_of(&self.pool, &places),
+                    places,
+                    cap,
+                    freed_at: 0,
+                }),
+                Err(e) => {
+                    // The largest there is, short: growth is refused past what it holds.
+                    log::warn!(
+                        "the volume's journal cannot set aside {need} bytes for its next \
+                         checkpoint ({e}): what grows the namespace past its room gets ENOSPC"
+                    );
+                    candidates
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, c)| c.on(servers))
+                        .max_by_key(|(_, c)| c.cap)
+                        .map(|(i, _)| i)
+                        .map(|i| candidates.swap_remove(i))
+                }
+            },
+        };
+        for c in &candidates {
+            self.free(&c.places, c.cap);
+        }
+        if let Some(spare) = pick {
+            self.spare = spare;
+        }
+        self.reserve
+            .set(servers, len, grown_at, self.spare.cap, ring);
+    }
+
+    /// Tries again for a spare as large as the reserve needs (the pool had no room for it).
+    fn grow_spare(&mut self) {
+        let (servers, need) = self.reserve.need();
+        match self.alloc_all(&servers, need) {
+            Ok((places, cap)) => {
+                let old = std::mem::replace(
+                    &mut self.spare,
+                    Spare {
+                        downs: downs_of(&self.pool, &places),
+                        places,
+                        cap,
+                        freed_at: 0,
+                    },
+                );
+                self.free(&old.places, old.cap);
+                log::info!("the volume's journal has the room for its next checkpoint again");
+                self.reserve.spare_now(Some(cap));
+            }
+            Err(_) => self.reserve.spare_now(None),
         }
     }
 
@@ -200,8 +535,13 @@ impl Writer {
     ) -> std::result::Result<u64, String> {
         let fs = self.fs()?;
         // The sequence number first, then the table a slice at a time (see meta::image).
-        let (mut inos, lsn) =
-            fs.inspect_meta(|m| (m.inode_numbers(), gate.assigned.load(Ordering::SeqCst)));
+        let (mut inos, lsn, grown_at) = fs.inspect_meta(|m| {
+            (
+                m.inode_numbers(),
+                gate.assigned.load(Ordering::SeqCst),
+                self.reserve.grown(),
+            )
+        });
         inos.sort_unstable();
         let mut image = crate::meta::Image::default();
         for slice in inos.chunks(self.options.checkpoint_slice.max(1)) {
@@ -229,40 +569,55 @@ impl Writer {
             return Err("no memory server is up to hold the volume's checkpoint".into());
         }
         let ckpt_len = (frames.len() as u64).max(1);
-        let mut checkpoint = Vec::new();
-        for &s in &servers {
-            match self.alloc(s, ckpt_len) {
-                Ok(p) => checkpoint.push(p),
-                Err(e) => {
-                    self.free(&checkpoint, ckpt_len);
-                    return Err(e);
-                }
+        let (checkpoint, cap, from_spare, downs) =
+            self.place_checkpoint(gate, &servers, ckpt_len)?;
+        // Extents that hold no checkpoint after all go back where they came from.
+        let put_back = |w: &mut Writer, places: Vec<Place>| {
+            if from_spare {
+                w.spare = Spare {
+                    places,
+                    cap,
+                    freed_at: 0,
+                    downs: downs.clone(),
+                };
+            } else {
+                w.free(&places, cap);
             }
-        }
+        };
         let regions: Vec<RemoteRegion> = checkpoint.iter().map(|p| region(p, ckpt_len)).collect();
         if let Err(e) = fs.data().write_regions(&regions, 0, &frames) {
-            self.free(&checkpoint, ckpt_len);
+            put_back(self, checkpoint);
             return Err(format!("cannot write the volume's checkpoint: {e}"));
         }
         let old_ring = std::mem::take(&mut self.root.ring);
         // A ring short of copies (a server failed, or came back empty) is made whole again
-        // here: a fresh one on every journal server.
-        let fresh_ring = fresh_ring || old_ring.len() < servers.len();
+        // here: a fresh one on every journal server. On a full pool the old ring goes on, as
+        // far as it is live (its records are all in the checkpoint, and a reader stops at their
+        // lower sequence numbers); the copies are tried again later.
+        let mut fresh_ring = fresh_ring || old_ring.len() < servers.len();
         let (ring, ring_len) = if fresh_ring {
             let len = self.ring_len(&servers);
-            let mut ring = Vec::new();
-            for &s in &servers {
-                match self.alloc(s, len) {
-                    Ok(p) => ring.push(p),
-                    Err(e) => {
-                        self.free(&ring, len);
-                        self.free(&checkpoint, ckpt_len);
-                        self.root.ring = old_ring;
-                        return Err(e);
-                    }
+            match self.alloc_all(&servers, len) {
+                Ok((ring, _)) => {
+                    self.heal_after = None;
+                    (ring, len)
+                }
+                Err(e)
+                    if old_ring
+                        .iter()
+                        .any(|p| self.pool.is_live(ServerId(p.server))) =>
+                {
+                    log::warn!("the volume's journal keeps its old ring for now: {e}");
+                    self.heal_after = Some(Instant::now() + JOURNAL_HEAL_RETRY);
+                    fresh_ring = false;
+                    (old_ring.clone(), self.root.ring_len)
+                }
+                Err(e) => {
+                    put_back(self, checkpoint);
+                    self.root.ring = old_ring;
+                    return Err(e);
                 }
             }
-            (ring, len)
         } else {
             (old_ring.clone(), self.root.ring_len)
         };
@@ -271,11 +626,11 @@ impl Writer {
             generation: 0,
             servers: old.servers.clone(),
             chunk_size: fs.data().chunk_size(),
-            checkpoint,
+            checkpoint: checkpoint.clone(),
             checkpoint_len: frames.len() as u64,
             checkpoint_lsn: lsn,
             next_ino: image.next_ino,
-            ring,
+            ring: ring.clone(),
             ring_len,
             files,
             bytes,
@@ -285,11 +640,22 @@ impl Writer {
                 .unwrap_or(0),
         };
         if let Err(e) = self.publish(root) {
+            if fresh_ring {
+                self.free(&ring, ring_len);
+            }
+            put_back(self, checkpoint);
             self.root.ring = old_ring;
             return Err(e);
         }
-        // Nothing names the old checkpoint (nor, after a fresh ring, the old ring) now.
-        self.free(&old.checkpoint, old.checkpoint_len.max(1));
+        // Nothing names the old checkpoint (nor, after a fresh ring, the old ring) now: the
+        // old checkpoint may be the next one's spare.
+        let old_checkpoint = Spare {
+            places: old.checkpoint.clone(),
+            cap: std::mem::replace(&mut self.checkpoint_cap, cap),
+            freed_at: lsn,
+            downs: std::mem::replace(&mut self.checkpoint_downs, downs),
+        };
+        self.keep_spare(old_checkpoint, &servers, ckpt_len, grown_at);
         if fresh_ring {
             self.free(&old_ring, old.ring_len);
         }
@@ -329,10 +695,8 @@ impl Writer {
                 "the volume's journal has {live_copies} live copies; a fresh ring restores them"
             );
             match self.checkpoint(gate, true) {
-                Ok(lsn) => {
-                    self.heal_after = None;
-                    return Ok(lsn);
-                }
+                // It says itself whether the ring was made whole (`heal_after`).
+                Ok(lsn) => return Ok(lsn),
                 Err(e) => {
                     // It goes on with the copies it has; tried again in a while.
                     log::warn!("the journal's copies cannot be restored yet: {e}");
@@ -439,6 +803,14 @@ impl Journal for Recorder {
         let gate = &self.0.gate;
         let lsn = gate.assigned.load(Ordering::SeqCst) + 1;
         let frame = record::encode(lsn, changes);
+        if let Err(e) = self
+            .0
+            .reserve
+            .admit(&self.0.pool, changes, frame.len() as u64)
+        {
+            self.0.wake.notify_one();
+            return Err(e);
+        }
         let mut p = self.0.pending.lock();
         p.bytes.extend_from_slice(&frame);
         let end = p.bytes.len();
@@ -478,6 +850,12 @@ impl Barrier for VolumeJournal {
             }
             if let Some(&rkey) = keys.get(&p.addr) {
                 changed |= rkey != p.rkey;
+                p.rkey = rkey;
+            }
+        }
+        // The spare is named by no root, but written into at the next wrap.
+        for p in w.spare.places.iter_mut().filter(|p| p.server == server) {
+            if let Some(&rkey) = keys.get(&p.addr) {
                 p.rkey = rkey;
             }
         }
@@ -539,6 +917,9 @@ impl Shared {
         while p.bytes.is_empty() {
             if self.stop.load(Ordering::SeqCst) {
                 return false;
+            }
+            if self.reserve.wanted.load(Ordering::SeqCst) {
+                return true;
             }
             if self.gate.waits_for_followers() {
                 p = self
@@ -725,6 +1106,8 @@ impl VolumeJournal {
         let epoch = writer.pool.epoch();
         let shared = Arc::new(Shared {
             written: writer.written.clone(),
+            pool: writer.pool.clone(),
+            reserve: writer.reserve.clone(),
             writer: Mutex::new(writer),
             pending: Mutex::new(Pending {
                 #[cfg(feature = "testing")]
@@ -754,6 +1137,9 @@ impl VolumeJournal {
                         Some((bytes, last)) => s.commit_group(&mut w, &bytes, last),
                         // Frees that wait only for the followers.
                         None => w.pool.release_frees(&s.gate, 0),
+                    }
+                    if s.reserve.due() {
+                        w.grow_spare();
                     }
                 }
             })?;

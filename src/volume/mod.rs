@@ -152,6 +152,8 @@ pub fn attach_then(
     let mut last_lsn = 0;
     let (mut old_ckpt, mut old_ring): (Vec<Place>, Vec<Place>) = (Vec::new(), Vec::new());
     let mut keys: HashMap<u32, HashMap<u64, u64>> = HashMap::new();
+    // Each live server's extent lengths by address: what the old checkpoint's copies hold.
+    let mut lens: HashMap<(u32, u64), u64> = HashMap::new();
     if let Some(root) = &best {
         if root.chunk_size != data.chunk_size() {
             return Err(format!(
@@ -175,6 +177,7 @@ pub fn attach_then(
             let list = pool
                 .session_extents(ServerId(id))
                 .map_err(|e| format!("cannot list the volume's extents on server {id}: {e}"))?;
+            lens.extend(list.iter().map(|&(a, len, _)| ((id, a), len)));
             keys.insert(id, list.into_iter().map(|(a, _, k)| (a, k)).collect());
         }
         let rekey = |id: u32, p: &Place| -> u64 {
@@ -238,12 +241,23 @@ pub fn attach_then(
         options,
         written: Default::default(),
         heal_after: None,
+        checkpoint_cap: 0,
+        checkpoint_downs: Vec::new(),
+        spare: Default::default(),
+        reserve: Default::default(),
     };
     // The old places, renumbered to this pool's servers, are what the writer frees (not
     // those on restarted servers: that memory went with the restart).
     writer.root.servers = servers;
     old_ckpt.retain(|p| !restarted.contains(&p.server));
     old_ring.retain(|p| !restarted.contains(&p.server));
+    // What the old checkpoint's copies hold (the next checkpoint's spare, if large enough).
+    writer.checkpoint_cap = old_ckpt
+        .iter()
+        .map(|p| lens.get(&(p.server, p.addr)).copied().unwrap_or(0))
+        .min()
+        .unwrap_or(0);
+    writer.checkpoint_downs = journal::downs_of(&pool, &old_ckpt);
     writer.root.checkpoint = old_ckpt;
     writer.root.ring = old_ring;
     writer.checkpoint(&gate, true)?;
