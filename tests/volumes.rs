@@ -131,6 +131,44 @@ fn a_second_daemon_is_refused_and_a_takeover_fences_the_first() {
     assert_eq!(third.resolve("late"), Err(libc::ENOENT));
 }
 
+/// The fence closes the data path itself, not only the journal: a one-sided WRITE the fenced
+/// daemon posts after the takeover (its queue pairs were connected before) lands nothing. (A
+/// WRITE already admitted when the fence comes is cut or finished before the takeover goes on:
+/// `a_fence_stops_a_write_already_admitted` in the TCP NIC's tests.)
+#[test]
+fn a_fenced_holder_lands_no_byte_through_its_old_queue_pairs() {
+    let rack = Rack::new(2);
+    let first = rack.attach("vol", true, false).unwrap();
+    first.write("f", b"before the takeover").unwrap();
+    first.sync().unwrap();
+    let ino = first.resolve("f").unwrap();
+    let regions: Vec<rmemfs::fabric::RemoteRegion> = first
+        .fs()
+        .files_by_ino()
+        .into_iter()
+        .filter(|(i, _)| *i == ino)
+        .flat_map(|(_, f)| {
+            let view = first.fs().data().view(&f);
+            let c = *view.get(&0).expect("one chunk");
+            c.replicas()
+                .iter()
+                .map(|r| rmemfs::fabric::RemoteRegion {
+                    server: ServerId(r.server),
+                    addr: r.addr,
+                    len: c.len,
+                    rkey: r.rkey,
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(regions.len(), 2);
+    let second = rack.attach("vol", false, true).unwrap();
+    // Below the file system (which knows it is fenced): straight onto the old queue pairs.
+    let late = first.fs().data().write_regions(&regions, 0, b"STALE");
+    assert!(late.is_err(), "a fenced daemon's one-sided write completed");
+    assert_eq!(second.read("f").unwrap(), b"before the takeover");
+}
+
 #[test]
 fn removing_every_file_gives_the_memory_back_and_volume_rm_frees_the_rest() {
     let rack = Rack::new(2);

@@ -47,6 +47,18 @@ impl DataStore {
         }
     }
 
+    /// Locks `file`'s extent map to let all its data go: a write still waiting to be sent is
+    /// dropped unsent (the bytes would land in memory about to be given back).
+    pub fn lock_discarding<'a>(&'a self, file: &'a FileData) -> FileIo<'a> {
+        let chunks = file.chunks.write();
+        self.forget_waiting(file);
+        FileIo {
+            data: self,
+            file,
+            chunks,
+        }
+    }
+
     /// Locks `file`'s extent map for reading, once no write of it waits to be sent.
     pub fn view<'f>(&self, file: &'f FileData) -> FileView<'_, 'f> {
         loop {
@@ -131,6 +143,7 @@ impl<'a> FileIo<'a> {
     /// this is dropped: the data of a file that lost its last name while the kernel still
     /// knows it (the inode stays; on a volume, a replay must not find chunks whose memory
     /// went back to the servers, where another file may hold it by then).
+    /// Lock with [`DataStore::lock_discarding`], or a waiting write is sent first.
     pub fn release_all(&mut self) {
         self.data.forget_waiting(self.file);
         let idxs: Vec<u64> = self.chunks.iter().map(|(&i, _)| i).collect();

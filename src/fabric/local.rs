@@ -155,23 +155,29 @@ impl Fabric for LocalFabric {
                 reason: format!("node {id} is not on this local network"),
             })?;
         // All zeros: no session (tests that skip the control handshake); anything else must be
-        // a live session of the target.
-        let session = if token.iter().all(|&b| b == 0) {
-            super::registry::SessionAccess::full(0)
+        // a live session of the target, whose fence ends this QP's service.
+        let live = if token.iter().all(|&b| b == 0) {
+            None
         } else {
-            target
-                .registry
-                .session_for(token)
-                .ok_or_else(|| FabricError::Handshake {
-                    addr: server,
-                    reason: "no live session has this token".into(),
-                })?
+            Some(
+                target
+                    .registry
+                    .live_session(token)
+                    .ok_or_else(|| FabricError::Handshake {
+                        addr: server,
+                        reason: "no live session has this token".into(),
+                    })?,
+            )
         };
+        let session = live
+            .as_ref()
+            .map_or(super::registry::SessionAccess::full(0), |l| l.access);
         let (tx, rx) = crossbeam_channel::unbounded::<(WorkRequest, InFlight)>();
         let shared = Arc::new(LocalQpShared {
             initiator: self.node.clone(),
             target,
             session,
+            live,
             cq,
             disconnected: AtomicBool::new(false),
         });
@@ -204,8 +210,10 @@ impl Fabric for LocalFabric {
 struct LocalQpShared {
     initiator: Arc<Node>,
     target: Arc<Node>,
-    /// The session this QP's requests are served as on the target.
+    /// The session this QP's requests are served as on the target, and (unless it is the
+    /// no-session of tests) its live state: each request is served under it.
     session: super::registry::SessionAccess,
+    live: Option<Arc<super::LiveSession>>,
     cq: Arc<CompletionQueue>,
     disconnected: AtomicBool,
 }
@@ -235,6 +243,18 @@ impl LocalQpShared {
             self.complete(&wr, status, Some(hold));
             return;
         }
+        // A fenced session serves nothing more; its fence waits for a copy already begun.
+        let serving = match &self.live {
+            Some(live) => match live.serve() {
+                Some(s) => Some(s),
+                None => {
+                    self.disconnected.store(true, Ordering::SeqCst);
+                    self.complete(&wr, WcStatus::TransportError, Some(hold));
+                    return;
+                }
+            },
+            None => None,
+        };
         let Some(remote) = self.target.registry.admit_remote(
             self.session,
             wr.opcode,
@@ -255,6 +275,7 @@ impl LocalQpShared {
         // target its own memory).
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, wr.local.len as usize) };
         drop(remote);
+        drop(serving);
         self.complete(&wr, WcStatus::Success, Some(hold));
     }
 }

@@ -44,7 +44,7 @@ pub fn random_u64() -> u64 {
 }
 
 pub use mem::AlignedBuf;
-pub use registry::{InFlight, RegionEntry, Registry};
+pub use registry::{InFlight, LiveSession, RegionEntry, Registry, Serving};
 
 /// Access rights of a registration, as in `ibv_access_flags`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -323,7 +323,7 @@ impl Fs {
             // their memory is given back (dropping the lock frees it, held by a volume's
             // journal until that batch commits).
             Some(f) => {
-                let mut io = self.data.lock(&f);
+                let mut io = self.data.lock_discarding(&f);
                 io.release_all();
                 self.commit_extents(ino, &mut io);
             }

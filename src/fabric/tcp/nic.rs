@@ -92,7 +92,7 @@ fn nic_accept_loop(listener: TcpListener, nic: Arc<NicShared>) {
             .stack_size(NIC_STACK)
             .spawn(move || {
                 let peer = stream.peer_addr().ok();
-                if let Err(e) = nic_serve(&n, &stream) {
+                if let Err(e) = nic_serve(&n, &stream, id) {
                     // Refusals (no session, a bad key) are what an operator should see.
                     let level = if e.kind() == io::ErrorKind::PermissionDenied {
                         log::Level::Warn
@@ -124,7 +124,23 @@ fn refused(registry: &Registry, why: String) -> io::Error {
     io::Error::new(io::ErrorKind::PermissionDenied, why)
 }
 
-fn nic_serve(nic: &NicShared, stream: &TcpStream) -> io::Result<()> {
+/// Stops a fenced session's cut connection from being remembered once it ends on its own.
+struct Hooked<'a>(&'a crate::fabric::LiveSession, u64);
+
+impl Drop for Hooked<'_> {
+    fn drop(&mut self) {
+        self.0.forget(self.1);
+    }
+}
+
+fn ended() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "the session of this data connection ended",
+    )
+}
+
+fn nic_serve(nic: &NicShared, stream: &TcpStream, id: u64) -> io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(TICK))?;
     stream.set_write_timeout(Some(TICK))?;
@@ -156,7 +172,7 @@ fn nic_serve(nic: &NicShared, stream: &TcpStream) -> io::Result<()> {
     }
     let token: Token = hello[DATA_MAGIC.len()..].try_into().expect("token length");
     let registry = &nic.registry;
-    let Some(session) = registry.session_for(&token) else {
+    let Some(live) = registry.live_session(&token) else {
         return Err(refused(
             registry,
             "no live session has this token (the control handshake was skipped or the session \
@@ -164,6 +180,19 @@ fn nic_serve(nic: &NicShared, stream: &TcpStream) -> io::Result<()> {
                 .into(),
         ));
     };
+    let session = live.access;
+    // The session's fence cuts this connection, so a request it admitted ends at once.
+    let cut = stream.try_clone()?;
+    let hooked = live.on_fence(
+        id,
+        Box::new(move || {
+            let _ = cut.shutdown(Shutdown::Both);
+        }),
+    );
+    if !hooked {
+        return Err(ended());
+    }
+    let _hooked = Hooked(&live, id);
     loop {
         let mut h = [0u8; REQ_HEADER];
         let mut last = 0;
@@ -186,15 +215,12 @@ fn nic_serve(nic: &NicShared, stream: &TcpStream) -> io::Result<()> {
         }
         // Something a well-behaved QP never sends: the stream cannot be trusted any more.
         let req = Request::decode(&h).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        // A session that ended (its control connection dropped; its extents may wait for a
-        // resume under a new token) serves nothing more on its old data connections: a late
-        // request from before the drop cannot land after the client resumed.
-        if registry.session_for(&token) != Some(session) {
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "the session of this data connection ended",
-            ));
-        }
+        // A session that ended (its control connection dropped, a takeover, an eviction)
+        // serves nothing more on its old data connections; one that ends while this request
+        // is served cuts the connection and waits for it (see `LiveSession`).
+        let Some(_serving) = live.serve() else {
+            return Err(ended());
+        };
         let hold = registry.admit_remote(session, req.opcode, req.rkey, req.addr, req.len);
         let status = if hold.is_some() {
             WcStatus::Success
@@ -290,4 +316,78 @@ fn drain(mut stream: &TcpStream, mut len: u64) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::wire::{Request, RESP_HEADER};
+    use super::super::{TcpConfig, TcpFabric};
+    use crate::fabric::mem::AlignedBuf;
+    use crate::fabric::{Fabric, Opcode, SessionKey};
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::{Duration, Instant};
+
+    const LEN: usize = 64 << 10;
+    const FIRST: usize = 4096;
+
+    /// A stale holder's WRITE admitted before the fence (its link stalls mid-payload, then
+    /// heals) must not land after the fence returns: the fence cuts the connection and waits.
+    #[test]
+    fn a_fence_stops_a_write_already_admitted() {
+        let fabric = TcpFabric::new(TcpConfig {
+            op_timeout: Duration::from_secs(10),
+            ..TcpConfig::default()
+        });
+        let token = [0x3c; crate::fabric::TOKEN_LEN];
+        let key = SessionKey {
+            id: 9,
+            token,
+            read_only: false,
+        };
+        let (reply, guard) = fabric
+            .accept(&[], SocketAddr::from(([127, 0, 0, 1], 0)), key)
+            .unwrap();
+        let port = u16::from_le_bytes([reply[0], reply[1]]);
+        let buf = AlignedBuf::new(LEN).unwrap();
+        // SAFETY: `buf` outlives the registration (dropped first, below).
+        let mr = unsafe { fabric.register_extent(buf.as_ptr(), LEN, 9) }.unwrap();
+        let mut s = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let req = Request {
+            opcode: Opcode::Write,
+            rkey: mr.rkey(),
+            addr: mr.addr(),
+            len: LEN as u64,
+            seq: 1,
+        };
+        let mut hello = super::DATA_MAGIC.to_vec();
+        hello.extend_from_slice(&token);
+        hello.extend_from_slice(&req.encode());
+        hello.extend_from_slice(&[0xaa; FIRST]);
+        s.write_all(&hello).unwrap();
+        // The request is admitted once its first bytes are in the arena.
+        let landed = || {
+            // SAFETY: reading our own buffer; the NIC writes into it concurrently, and a torn
+            // read only delays the check.
+            unsafe { std::ptr::read_volatile(buf.as_ptr().add(FIRST - 1)) }
+        };
+        let start = Instant::now();
+        while landed() != 0xaa {
+            assert!(start.elapsed() < Duration::from_secs(10), "never admitted");
+            std::thread::yield_now();
+        }
+        // The fence (a takeover ends the old holder's control session).
+        drop(guard);
+        // The link heals: the rest of the payload arrives.
+        let _ = s.write_all(&[0xbb; LEN - FIRST]);
+        let mut h = [0u8; RESP_HEADER];
+        let answered = s.read_exact(&mut h).is_ok();
+        // SAFETY: as above; the NIC is done with it (its connection is closed).
+        let tail = unsafe { std::slice::from_raw_parts(buf.as_ptr().add(FIRST), LEN - FIRST) };
+        let stale = tail.iter().filter(|&&b| b == 0xbb).count();
+        drop(mr);
+        assert!(!answered, "a fenced session's write was answered");
+        assert_eq!(stale, 0, "bytes sent after the fence landed");
+    }
 }
