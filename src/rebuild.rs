@@ -173,6 +173,29 @@ pub fn forget_server(fs: &Fs, server: ServerId) -> u64 {
     over_chunk_maps(fs, |io| io.forget_copies(server))
 }
 
+/// Server `server` came back from a backing file that may hold less than was written to it
+/// ([`Rejoin::Behind`]): each chunk with a copy elsewhere lets go of its copy there (the
+/// rebuild makes a new one); the rest keep theirs, under the new keys if `keys`, as do the
+/// journal's places there. Returns (copies let go of, copies kept).
+pub fn let_go_of_behind_server(
+    fs: &Fs,
+    server: ServerId,
+    keys: Option<&std::collections::HashMap<u64, u64>>,
+) -> (u64, u64) {
+    let mut kept = 0;
+    let gone = over_chunk_maps(fs, |io| {
+        let (gone, k) = io.let_go_of_behind_copies(server, keys);
+        kept += k;
+        gone
+    });
+    if let Some(keys) = keys {
+        if let Err(e) = fs.rekey_journal(server.0, keys) {
+            log::warn!("the journal's places on {server} keep their old keys: {e}");
+        }
+    }
+    (gone, kept)
+}
+
 /// Runs `change` over every file's chunk map, committing what it changed (journaled on a
 /// volume); the sum of what it returns.
 fn over_chunk_maps(fs: &Fs, mut change: impl FnMut(&mut crate::data::FileIo) -> u64) -> u64 {
@@ -266,12 +289,21 @@ impl Rebuilder {
                         }
                         match pool.try_reconnect(id) {
                             // The holder forgets or re-keys the copies there, and says so.
-                            Some(Rejoin::Empty | Rejoin::Rekeyed { .. }) if !upkeep.rebuild => {
-                                pool.admit(id)
-                            }
+                            Some(
+                                Rejoin::Empty | Rejoin::Rekeyed { .. } | Rejoin::Behind { .. },
+                            ) if !upkeep.rebuild => pool.admit(id),
                             Some(Rejoin::Empty) => {
                                 let n = forget_server(&f, id);
                                 log::warn!("forgot {n} chunk copies the restarted {id} held");
+                                pool.admit(id);
+                            }
+                            Some(Rejoin::Behind { keys }) => {
+                                let (gone, kept) = let_go_of_behind_server(&f, id, keys.as_ref());
+                                log::warn!(
+                                    "{id} came back behind what was written to it: let go of \
+                                     {gone} chunk copies there for the rebuild to make again; \
+                                     {kept} kept (no other copy)"
+                                );
                                 pool.admit(id);
                             }
                             Some(Rejoin::Rekeyed { keys }) => {

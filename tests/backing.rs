@@ -235,3 +235,80 @@ fn on_a_device_that_issues_keys_a_volume_resumes_and_attaches_again() {
     let out = pass(&t.fs, 0, &Stop::default());
     assert_eq!(out.chunks_rebuilt, 0, "{out:?}");
 }
+
+/// A power loss: the server's file holds what was written back, older than what its clients
+/// were told was written. Its session resumes, but its copies are taken for stale where a
+/// chunk has others: losing another server afterwards returns the new bytes, never the old.
+#[test]
+fn a_server_back_from_a_power_loss_gives_no_old_bytes() {
+    let mut t = TestFs::backed(3, 16 << 20, MIB as u64, 2);
+    six_files(&t);
+    let pool = t.fs.data().pool().clone();
+    let file = t.backing[1].clone().expect("backed");
+    // What the medium holds at the last write-back: the file as it is now (reads go through
+    // the page cache, which holds every store so far).
+    let written_back = file.with_extension("written-back");
+    std::fs::copy(&file, &written_back).unwrap();
+    for i in 0..6 {
+        t.write_file(&format!("f{i}"), 0, &bytes(100 + i, MIB))
+            .unwrap();
+    }
+    // The power goes: the stores since the write-back are lost with the page cache, and the
+    // host boots again.
+    t.kill_server(1);
+    assert!(!pool.is_live(ServerId(1)));
+    std::fs::rename(&written_back, &file).unwrap();
+    t.server_config.boot_id = Some("the boot after the power loss".into());
+    t.restart_server(1);
+
+    let Some(Rejoin::Behind { keys: None }) = pool.try_reconnect(ServerId(1)) else {
+        panic!("a server back from a power loss must say it may be behind");
+    };
+    assert!(
+        !pool.is_live(ServerId(1)),
+        "in service before its copies were sorted"
+    );
+    let listed = listed_on(&t, 1).0;
+    let (gone, kept) = rmemfs::rebuild::let_go_of_behind_server(&t.fs, ServerId(1), None);
+    assert_eq!(
+        (gone, kept),
+        (listed, 0),
+        "every chunk there had another copy"
+    );
+    pool.admit(ServerId(1));
+    for i in 0..6 {
+        assert!(
+            t.read_file(&format!("f{i}")).unwrap() == bytes(100 + i, MIB),
+            "f{i}"
+        );
+    }
+    let out = pass(&t.fs, 0, &Stop::default());
+    assert_eq!(out.chunks_rebuilt, listed, "{out:?}");
+    let h = t.fs.replica_health();
+    assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
+    // Redundant again, from copies known whole: lose another server.
+    t.kill_server(0);
+    for i in 0..6 {
+        assert!(
+            t.read_file(&format!("f{i}")).unwrap() == bytes(100 + i, MIB),
+            "f{i} read old bytes after a power loss and a second fault"
+        );
+    }
+}
+
+/// A server stopped in order writes everything back first: after a host restart its session
+/// resumes whole, and nothing is copied.
+#[test]
+fn a_server_stopped_in_order_is_whole_after_a_host_restart() {
+    let mut t = TestFs::backed(3, 16 << 20, MIB as u64, 2);
+    six_files(&t);
+    let pool = t.fs.data().pool().clone();
+    t.kill_server(1);
+    assert!(!pool.is_live(ServerId(1)));
+    t.server_config.boot_id = Some("the next boot".into());
+    t.restart_server(1);
+    let rejoin = pool.try_reconnect(ServerId(1));
+    assert!(matches!(rejoin, Some(Rejoin::Resumed { .. })), "{rejoin:?}");
+    let out = pass(&t.fs, 0, &Stop::default());
+    assert_eq!(out.chunks_rebuilt, 0, "{out:?}");
+}

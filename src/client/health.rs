@@ -169,7 +169,8 @@ pub(super) fn back_up(h: &mut Health, failed: &AtomicBool, transitions: &AtomicU
 /// rekeyed)`), and the volume's claim.
 pub(super) struct Opened {
     pub(super) link: Link,
-    pub(super) resumed: Option<(u64, u64, bool)>,
+    /// Extents, bytes, rekeyed, behind (as `Message::Resumed` says).
+    pub(super) resumed: Option<(u64, u64, bool, bool)>,
     pub(super) claimed: Option<super::volume::Claim>,
 }
 
@@ -202,8 +203,9 @@ pub(super) fn open_link(
                 extents,
                 bytes,
                 rekeyed,
+                behind,
                 ..
-            } => Some((extents, bytes, rekeyed)),
+            } => Some((extents, bytes, rekeyed, behind)),
             Message::Refused {
                 code: code @ crate::proto::RefusalCode::Fenced,
                 message,
@@ -285,7 +287,10 @@ impl Pool {
             // Another daemon holds the volume now: this one claims nothing anywhere again.
             return None;
         }
-        let old = s.link().control.token;
+        let (old, old_instance) = {
+            let l = s.link();
+            (l.control.token, l.control.hello.instance)
+        };
         // A server that lost the volume (restarted) joins it again, empty.
         let claim = self
             .config
@@ -329,7 +334,7 @@ impl Pool {
             s.stock.lock().reset();
         }
         *s.link.lock() = link.clone();
-        let Some((extents, bytes, rekeyed)) = resumed else {
+        let Some((extents, bytes, rekeyed, behind)) = resumed else {
             log::warn!(
                 "memory server {} ({id}) is back without this mount's session (restarted, \
                  or its lease ran out): its copies are gone; admitting it empty",
@@ -369,6 +374,21 @@ impl Pool {
             let _ = link
                 .control
                 .request(|tag| Message::Free { tag, addr, rkey });
+        }
+        // Restored after a power loss, and this mount wrote there before it: what it wrote
+        // since the server's last write-back is not there.
+        if behind && link.control.hello.instance != old_instance {
+            log::warn!(
+                "memory server {} ({id}) is back from a backing file that may hold less than \
+                 was written to it (a restart after a power loss): session resumed with \
+                 {extents} extents ({bytes} bytes); its copies are taken for stale where \
+                 chunks have others",
+                s.addr
+            );
+            let mut h = s.health.lock();
+            h.state = ServerState::Rejoining;
+            h.since = SystemTime::now();
+            return Some(Rejoin::Behind { keys });
         }
         if let Some(keys) = keys {
             log::warn!(

@@ -179,6 +179,14 @@ pub enum Rejoin {
     Rekeyed {
         keys: std::collections::HashMap<u64, u64>,
     },
+    /// It still held this pool's session, restored from a backing file that may hold less
+    /// than was written to it (a restart after a power loss): a copy there may be older than
+    /// the chunk's others. The caller lets go of every copy there that a chunk has others for
+    /// (the rebuild makes new ones), keeps the rest (the best there is; under their new keys
+    /// if `keys`), then [`Pool::admit`]s it.
+    Behind {
+        keys: Option<std::collections::HashMap<u64, u64>>,
+    },
 }
 
 /// One one-sided operation on a remote extent: `local.len` bytes at `offset` into `remote`.

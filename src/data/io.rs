@@ -217,6 +217,17 @@ impl<'a> FileIo<'a> {
         data.rekey_copies(chunks, server, keys)
     }
 
+    /// Lets go of the copies on a server back behind what was written to it; (let go, kept)
+    /// (see [`DataStore::let_go_of_behind_copies`]).
+    pub fn let_go_of_behind_copies(
+        &mut self,
+        server: ServerId,
+        keys: Option<&std::collections::HashMap<u64, u64>>,
+    ) -> (u64, u64) {
+        let (data, chunks) = self.settled();
+        data.let_go_of_behind_copies(chunks, server, keys)
+    }
+
     /// The chunk changes since the last call, for the namespace's batch.
     pub fn take_log(&mut self) -> Vec<ExtentChange> {
         self.chunks.take_log()

@@ -128,6 +128,44 @@ impl DataStore {
         n
     }
 
+    /// Server `server` is back from a backing file that may hold less than was written to it
+    /// ([`crate::client::Rejoin::Behind`]; it is not live yet): every chunk with a live copy
+    /// elsewhere lets go of its copy there (the rebuild makes a new one from a copy known
+    /// whole), and the others keep it, the best there is, under the key `keys` lists for its
+    /// address (a copy at an address it does not list is taken out: nothing is there).
+    /// Returns the copies let go of and the copies kept.
+    pub(super) fn let_go_of_behind_copies(
+        &self,
+        chunks: &mut ChunkMap,
+        server: ServerId,
+        keys: Option<&std::collections::HashMap<u64, u64>>,
+    ) -> (u64, u64) {
+        let (mut gone, mut kept) = (0, 0);
+        chunks.update_all(|c| {
+            let Some(r) = c.on(server.0) else { return };
+            let rkey = match keys {
+                None => Some(r.rkey),
+                Some(k) => k.get(&r.addr).copied(),
+            };
+            let Some(rkey) = rkey else {
+                c.remove(server.0);
+                gone += 1;
+                return;
+            };
+            if rkey != r.rkey {
+                c.remove(server.0);
+                c.add(crate::meta::Replica { rkey, ..r });
+            }
+            if self.live_copies(c).next().is_some() {
+                self.let_go(c, server.0);
+                gone += 1;
+            } else {
+                kept += 1;
+            }
+        });
+        (gone, kept)
+    }
+
     /// Chunk indexes of `chunks` with fewer live copies than `--replicas`.
     pub(super) fn degraded(&self, chunks: &ChunkMap) -> Vec<u64> {
         let want = self.replicas();

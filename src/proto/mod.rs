@@ -18,7 +18,7 @@ use wire::{tag, Reader, Writer};
 
 /// Wire protocol version; bumped on any incompatible change (6: `Stats` says what the asking
 /// session holds, for a drain to know when a server holds nothing of the mount).
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;
 
 /// Magic at the start of `Hello`, so a stray client (HTTP, a port scanner) is rejected at once.
 pub const HELLO_MAGIC: u32 = 0x524d_4653; // "RMFS"
@@ -251,12 +251,16 @@ pub enum Message {
     /// Reply to `Resume`: the session's `extents` (`bytes` in all) are this session's now.
     /// `rekeyed`: the server restarted from its backing file on a fabric whose device issues
     /// the keys, so the extents have new remote keys: the client lists them
-    /// (`VolumeExtents`) and uses those before anything else.
+    /// (`VolumeExtents`) and uses those before anything else. `behind`: the server was
+    /// restored from a backing file that may hold less than was written into it (a restart
+    /// after a power loss): a client back from before it takes its copies there for stale
+    /// where it has others.
     Resumed {
         tag: u64,
         extents: u64,
         bytes: u64,
         rekeyed: bool,
+        behind: bool,
     },
     /// Client to server: this client is leaving for good (an unmount); its extents are freed
     /// at once instead of being kept for a lease (a volume's stay with the volume).
@@ -502,12 +506,14 @@ impl Message {
                 extents,
                 bytes,
                 rekeyed,
+                behind,
             } => {
                 w.u8(tag::RESUMED);
                 w.u64(*t);
                 w.u64(*extents);
                 w.u64(*bytes);
                 w.u8(u8::from(*rekeyed));
+                w.u8(u8::from(*behind));
             }
             Message::Goodbye => w.u8(tag::GOODBYE),
             Message::VolumeClaim {
@@ -757,6 +763,7 @@ impl Message {
                 extents: r.u64()?,
                 bytes: r.u64()?,
                 rekeyed: r.bool("rekeyed flag")?,
+                behind: r.bool("behind flag")?,
             },
             tag::GOODBYE => Message::Goodbye,
             tag::VOLUME_CLAIM => Message::VolumeClaim {

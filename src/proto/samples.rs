@@ -85,6 +85,7 @@ pub fn sample_messages() -> Vec<Message> {
             extents: 4,
             bytes: 1 << 22,
             rekeyed: true,
+            behind: true,
         },
         Message::Goodbye,
         Message::VolumeClaim {

@@ -115,6 +115,38 @@ pub(super) struct VolumeRecord {
 pub(super) struct OwnersImage {
     pub(super) sessions: Vec<SessionRecord>,
     pub(super) volumes: Vec<VolumeRecord>,
+    /// The server run that wrote the image (absent in files from before it was kept).
+    #[serde(default)]
+    pub(super) run: Option<Run>,
+}
+
+/// The server run a backing file was last served by: what tells, at a restart, whether the
+/// file holds every store into it or only what was written back.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Run {
+    /// The host's boot it ran in (`/proc/sys/kernel/random/boot_id`; none if unreadable).
+    pub(super) boot: Option<String>,
+    /// It stopped in order: everything was written back, then this was.
+    pub(super) clean: bool,
+}
+
+impl Run {
+    /// Whether a file last served by this run holds every store made into it, for a server
+    /// starting in `boot`: it stopped in order, or the host did not restart since (stores
+    /// into a shared mapping outlive the process in the page cache). Otherwise (a power loss,
+    /// a kernel crash) it holds only what was written back, which may be older than what
+    /// clients were told was written.
+    pub(super) fn left_whole(run: Option<&Run>, boot: Option<&str>) -> bool {
+        run.is_some_and(|r| r.clean || (r.boot.is_some() && r.boot.as_deref() == boot))
+    }
+}
+
+/// This boot of the host, as the kernel names it.
+pub(super) fn host_boot() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 pub(super) fn hex(bytes: &[u8]) -> String {
@@ -175,6 +207,8 @@ pub(super) struct Backing {
 struct OwnersState {
     generation: u64,
     sessions: HashMap<u64, SessionRecord>,
+    /// This run, as each image records it.
+    run: Option<Run>,
 }
 
 // SAFETY: `base` points into the server's own shared mapping of the file, which lives as long
@@ -309,6 +343,7 @@ impl Backing {
             owners: Mutex::new(OwnersState {
                 generation: 0,
                 sessions: HashMap::new(),
+                run: None,
             }),
             frozen: AtomicBool::new(false),
         }
@@ -515,8 +550,36 @@ impl Backing {
         let image = OwnersImage {
             sessions,
             volumes: volumes(),
+            run: o.run.clone(),
         };
-        let body = serde_json::to_vec(&image).expect("the owners image serializes");
+        self.write_image(&mut o, &image);
+    }
+
+    /// Starts run `boot`: from now on the file may hold stores not yet written back, and a
+    /// restart after a power loss must know (see [`Run::left_whole`]). Every image says so from
+    /// now on; the caller saves and writes back the first before anyone is served, so an
+    /// older image that says "stopped in order" cannot outlive it on the medium.
+    pub(super) fn begin_run(&self, boot: Option<String>) {
+        self.owners.lock().run = Some(Run { boot, clean: false });
+    }
+
+    /// Ends the run in order, after the last write-back: the newest image (as frozen) is
+    /// written again saying so, and written back.
+    pub(super) fn end_run_clean(&self) -> io::Result<()> {
+        let mut o = self.owners.lock();
+        let (_, mut image) = self.read_owners();
+        let Some(run) = image.run.as_mut() else {
+            return Ok(());
+        };
+        run.clean = true;
+        self.write_image(&mut o, &image);
+        drop(o);
+        self.persist()
+    }
+
+    /// Writes `image` into the older slot; then it counts.
+    fn write_image(&self, o: &mut OwnersState, image: &OwnersImage) {
+        let body = serde_json::to_vec(image).expect("the owners image serializes");
         if body.len() + OWNERS_HEADER > OWNERS_SLOT as usize {
             log::error!(
                 "backing file {}: the owners image ({} bytes) is larger than its slot: owners \

@@ -82,6 +82,9 @@ pub struct ServerConfig {
     /// Keep the arena and the extent table in this file (`--backing`): a restart comes
     /// back with every extent ([`backing`]).
     pub backing: Option<std::path::PathBuf>,
+    /// The host's boot this server runs in, as its backing file records it (none: the
+    /// kernel's `boot_id`). A test gives another to play a restart after a power loss.
+    pub boot_id: Option<String>,
 }
 
 impl ServerConfig {
@@ -99,6 +102,7 @@ impl ServerConfig {
             lease: crate::config::LEASE,
             reserve: false,
             backing: None,
+            boot_id: None,
         }
     }
 }
@@ -134,6 +138,10 @@ fn token_digest(token: &Token) -> TokenDigest {
 
 struct Shared {
     fabric: Arc<dyn Fabric>,
+    /// Restored from a backing file that may hold less than was written into it (a restart
+    /// after a power loss): every resumed session is told, so its client takes copies here
+    /// for stale where it has others.
+    restored_behind: bool,
     /// The address the control listener is bound to (possibly a wildcard): the fabric serves
     /// data on the same interfaces.
     listen: SocketAddr,
@@ -196,6 +204,7 @@ impl MemoryServer {
         }
         let size = config.size & !(page - 1);
         let mut allocator = ExtentAllocator::new(size, page);
+        let boot = config.boot_id.clone().or_else(backing::host_boot);
         let (arena, backing, restored) = match &config.backing {
             None => {
                 let arena = Arena::map(size as usize).map_err(|e| {
@@ -212,6 +221,18 @@ impl MemoryServer {
                 let (b, arena, found) = backing::Backing::open(path, size, page)?;
                 let restored = match found {
                     Some(found) => {
+                        let whole =
+                            backing::Run::left_whole(found.owners.run.as_ref(), boot.as_deref());
+                        if !whole {
+                            log::warn!(
+                                "backing file {}: the host restarted since the last server \
+                                 using it stopped, and that one did not stop in order (a power \
+                                 loss?): it holds what was written back, maybe less than its \
+                                 clients wrote; resumed clients take their copies here for stale \
+                                 where they have others",
+                                path.display()
+                            );
+                        }
                         let r = restart::restore(
                             &fabric,
                             &arena,
@@ -220,6 +241,10 @@ impl MemoryServer {
                             found,
                             config.lease,
                         )?;
+                        let r = restart::Restored {
+                            behind: !whole,
+                            ..r
+                        };
                         b.clear_free(&arena, &allocator);
                         r
                     }
@@ -289,10 +314,25 @@ impl MemoryServer {
             departures: Condvar::new(),
             refusals: Refusals::default(),
             volumes: Mutex::new(restored.volumes),
+            restored_behind: restored.behind,
             volume_changes: Condvar::new(),
             backing,
             arena,
         });
+        if let Some(b) = &shared.backing {
+            // Before anyone is served: a power loss from now on leaves a file that says so.
+            b.begin_run(boot);
+            shared.save_owners();
+            b.persist().map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "backing file {}: cannot write back: {e}",
+                        b.path().display()
+                    ),
+                )
+            })?;
+        }
         let s = shared.clone();
         let accept = thread::Builder::new()
             .name("serve-accept".into())
@@ -389,7 +429,7 @@ impl MemoryServer {
         }
         self.shared.release_volumes();
         if let Some(b) = &self.shared.backing {
-            match b.persist() {
+            match b.persist().and_then(|()| b.end_run_clean()) {
                 Ok(()) => log::info!(
                     "backing file {}: written back; every extent is kept for a restart",
                     b.path().display()

@@ -21,6 +21,8 @@ pub(super) struct Restored {
     /// Above every session id the file names (ids are extents' owners).
     pub(super) next_session: u64,
     pub(super) extents: u64,
+    /// The file may hold less than was written into it ([`super::backing::Run::left_whole`]).
+    pub(super) behind: bool,
 }
 
 impl Default for Restored {
@@ -30,6 +32,7 @@ impl Default for Restored {
             volumes: HashMap::new(),
             next_session: 1,
             extents: 0,
+            behind: false,
         }
     }
 }

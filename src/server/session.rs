@@ -479,6 +479,7 @@ impl Session {
             extents,
             bytes: self.held,
             rekeyed,
+            behind: shared.restored_behind,
         })
     }
 

@@ -491,6 +491,7 @@ impl Session {
                 extents: self.extents.len() as u64,
                 bytes: self.held,
                 rekeyed: std::mem::take(&mut v.rekeyed),
+                behind: shared.restored_behind,
             };
             if let Message::Resumed { rekeyed: true, .. } = reply {
                 self.rekeyed = true;
