@@ -6,7 +6,7 @@ mod common;
 
 use common::rack::{assert_same, Daemon, Rack};
 use common::{bytes, ME};
-use rmemfs::client::PoolConfig;
+use rmemfs::client::{PoolConfig, Rejoin};
 use rmemfs::fabric::ServerId;
 use rmemfs::meta::{Ino, ROOT_INO};
 use rmemfs::volume::JournalOptions;
@@ -878,4 +878,66 @@ fn memory_an_unlinked_file_gave_back_is_never_named_after_a_replay() {
     let d = rack.attach("vol", false, false).unwrap();
     assert_eq!(d.read("new").unwrap(), bytes(7, MIB));
     assert_eq!(d.read(&filled[1]).unwrap(), bytes(1, MIB));
+}
+
+/// A fenced holder that reaches a server which forgot the volume (it restarted) before any
+/// server that remembers the fence takes it back: nothing there says no. It lets go of it the
+/// moment another server says it is fenced, so the volume's holder gets it back; and the roots
+/// it wrote there meanwhile, at its old epoch and any generation, never win an attach.
+#[test]
+fn a_fenced_holder_lets_go_of_a_server_that_forgot_it_and_its_roots_never_win() {
+    let mut rack = Rack::new(3);
+    let first = rack.attach("vol", true, false).unwrap();
+    first.write("before", b"kept").unwrap();
+    first.sync().unwrap();
+    let second = rack.attach("vol", false, true).unwrap();
+    second.write("after", b"new holder").unwrap();
+    second.sync().unwrap();
+    rack.restart(2);
+
+    let old = first.fs().data().pool().clone();
+    for i in 0..3 {
+        old.cut(ServerId(i));
+    }
+    assert_eq!(old.try_reconnect(ServerId(2)), Some(Rejoin::Empty));
+    rmemfs::rebuild::forget_server(first.fs(), ServerId(2));
+    old.admit(ServerId(2));
+    // Its journal publishes there (a dropped ring copy, a checkpoint): a root far ahead in
+    // generation, at its own epoch.
+    let newest = second
+        .fs()
+        .data()
+        .pool()
+        .claims()
+        .iter()
+        .filter_map(|c| rmemfs::volume::root::Root::decode(&c.root).ok().flatten())
+        .max_by_key(|r| r.order())
+        .expect("a root");
+    let stale = rmemfs::volume::root::Root {
+        generation: newest.generation + 1000,
+        epoch: old.epoch(),
+        ..newest
+    };
+    assert_eq!(old.set_root(&stale.encode()).unwrap(), 1);
+    // A server that remembers says it is fenced: it lets go of every server.
+    assert_eq!(old.try_reconnect(ServerId(0)), None);
+    assert!(old.fenced().is_some());
+    assert!(
+        !old.is_live(ServerId(2)),
+        "a fenced daemon kept its link to a server, which holds the volume for it"
+    );
+
+    let pool = second.fs().data().pool().clone();
+    pool.cut(ServerId(2));
+    common::eventually("the volume's holder gets the restarted server back", || {
+        pool.try_reconnect(ServerId(2)) == Some(Rejoin::Empty)
+    });
+    rmemfs::rebuild::forget_server(second.fs(), ServerId(2));
+    pool.admit(ServerId(2));
+    assert!(pool.is_live(ServerId(2)));
+    drop(first);
+    second.crash();
+    let third = rack.attach("vol", false, false).unwrap();
+    assert_eq!(third.read("after").unwrap(), b"new holder");
+    assert_eq!(third.read("before").unwrap(), b"kept");
 }

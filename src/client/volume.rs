@@ -305,10 +305,19 @@ impl Pool {
     }
 
     pub(super) fn set_fenced(&self, why: String) {
-        let mut f = self.fenced.lock();
-        if f.is_none() {
+        {
+            let mut f = self.fenced.lock();
+            if f.is_some() {
+                return;
+            }
             log::error!("{why}");
             *f = Some(why);
+        }
+        // Fenced on one server is fenced on all: every link is let go, so a server this daemon
+        // got back meanwhile (one that restarted without the volume and so took its claim)
+        // sees its holder gone and the volume's holder takes it at once.
+        for s in self.servers.iter() {
+            s.mark_failed();
         }
     }
 

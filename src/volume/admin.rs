@@ -38,7 +38,7 @@ impl Across {
         self.on
             .iter()
             .filter_map(|(_, v)| Root::decode(&v.root).ok().flatten())
-            .max_by_key(|r| r.generation)
+            .max_by_key(|r| r.order())
     }
     fn holder(&self) -> (&VolumeInfo, bool) {
         let newest = self
@@ -208,7 +208,7 @@ fn open(
         .claims()
         .iter()
         .filter_map(|c| Root::decode(&c.root).ok().flatten())
-        .max_by_key(|r| r.generation)
+        .max_by_key(|r| r.order())
         .map(|r| r.chunk_size);
     let chunk = chunk_size
         .or(from_root)

@@ -228,7 +228,7 @@ impl Shared {
             return Err("no server answers for the volume (removed, or every server down)".into());
         }
         let newest = read::newest_root(roots.iter().map(|r| r.root.as_slice()))?;
-        match newest.filter(|r| r.generation > pos.root.generation) {
+        match newest.filter(|r| r.order() > pos.root.order()) {
             Some(root) => {
                 self.take_root(fs, &mut pos, root)?;
                 let more = self.read_on(fs, &mut pos)?;

@@ -312,6 +312,7 @@ impl Writer {
     /// Sets the root (one generation up) on every live server.
     fn publish(&mut self, mut root: Root) -> std::result::Result<(), String> {
         root.generation = self.root.generation + 1;
+        root.epoch = self.pool.epoch();
         let bytes = root.encode();
         if bytes.len() > crate::proto::MAX_ROOT_LEN {
             return Err(format!(
@@ -624,6 +625,7 @@ impl Writer {
         let old = self.root.clone();
         let root = Root {
             generation: 0,
+            epoch: 0,
             servers: old.servers.clone(),
             chunk_size: fs.data().chunk_size(),
             checkpoint: checkpoint.clone(),

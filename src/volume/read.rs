@@ -11,14 +11,14 @@ use crate::meta::{record, Change, Chunk, Meta, Replica};
 /// Records as the journal frames them: sequence number and changes.
 pub(super) type Records = Vec<(u64, Vec<Change>)>;
 
-/// The root with the highest generation among `roots` (empty ones are no root).
+/// The newest root among `roots` ([`Root::order`]; empty ones are no root).
 pub(super) fn newest_root<'a>(
     roots: impl IntoIterator<Item = &'a [u8]>,
 ) -> Result<Option<Root>, String> {
     let mut best: Option<Root> = None;
     for bytes in roots {
         if let Some(r) = Root::decode(bytes)? {
-            if best.as_ref().is_none_or(|b| r.generation > b.generation) {
+            if best.as_ref().is_none_or(|b| r.order() > b.order()) {
                 best = Some(r);
             }
         }

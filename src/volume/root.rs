@@ -3,7 +3,10 @@
 //!
 //! Why a root at all: the journal and checkpoint are extents like any other; after a crash
 //! the next holder must find them without the namespace they describe. Every server keeps the
-//! latest root it was given; attach takes the one with the highest generation. Its format is
+//! latest root it was given; attach takes the newest: the highest holder's epoch, then the
+//! highest generation (a fenced holder that got a server back, one that had forgotten the
+//! volume, writes roots there at its old epoch and higher generations: they never win). Its
+//! format is
 //! versioned: a newer daemon reads older roots, an older one refuses a newer root naming both
 //! versions.
 
@@ -12,7 +15,8 @@ use crate::meta::record::Cursor;
 /// "RMV1".
 const ROOT_MAGIC: u32 = 0x3156_4d52;
 /// The root format this build writes.
-pub const ROOT_VERSION: u16 = 1;
+/// 2: the holder's epoch after the generation.
+pub const ROOT_VERSION: u16 = 2;
 
 /// One copy of an extent of the volume's own (ring or checkpoint): server index in
 /// [`Root::servers`], remote address and key.
@@ -25,8 +29,11 @@ pub struct Place {
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Root {
-    /// Bumped at every change: the highest on any server is the current root.
+    /// Bumped at every change: the highest on any server, among the roots of the highest
+    /// epoch, is the current root.
     pub generation: u64,
+    /// The epoch of the holder that set it (0 in format 1).
+    pub epoch: u64,
     /// The servers the volume's records name by index (`host:port`).
     pub servers: Vec<String>,
     /// Bytes per chunk: the records' chunk indexes count in it, so every holder must use it.
@@ -69,11 +76,17 @@ fn places(c: &mut Cursor<'_>) -> Result<Vec<Place>, String> {
 }
 
 impl Root {
+    /// How roots are ordered: the newest is the greatest.
+    pub fn order(&self) -> (u64, u64) {
+        (self.epoch, self.generation)
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(256);
         out.extend_from_slice(&ROOT_MAGIC.to_le_bytes());
         out.extend_from_slice(&ROOT_VERSION.to_le_bytes());
         out.extend_from_slice(&self.generation.to_le_bytes());
+        out.extend_from_slice(&self.epoch.to_le_bytes());
         out.push(self.servers.len() as u8);
         for s in &self.servers {
             out.push(s.len() as u8);
@@ -117,6 +130,7 @@ impl Root {
             return Err("volume root damaged (checksum)".into());
         }
         let generation = c.u64()?;
+        let epoch = if version >= 2 { c.u64()? } else { 0 };
         let n = c.u8()?;
         let mut servers = Vec::with_capacity(n as usize);
         for _ in 0..n {
@@ -130,6 +144,7 @@ impl Root {
         let ring = places(&mut c)?;
         let root = Root {
             generation,
+            epoch,
             servers,
             chunk_size,
             checkpoint,
@@ -156,6 +171,7 @@ mod tests {
     fn sample() -> Root {
         Root {
             generation: 7,
+            epoch: 3,
             servers: vec!["127.0.0.1:7471".into(), "127.0.0.2:7471".into()],
             chunk_size: 1 << 20,
             checkpoint: vec![Place {
