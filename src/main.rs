@@ -146,6 +146,10 @@ enum Cmd {
         /// power loss on each medium.
         #[arg(long, value_name = "PATH")]
         backing: Option<PathBuf>,
+        /// The host's boot as the backing file records it, instead of the kernel's boot_id:
+        /// a test plays a host restart after a power loss with it (tools/chaos.sh).
+        #[arg(long, value_name = "ID", hide = true)]
+        boot_id: Option<String>,
         #[command(flatten)]
         fabric: FabricArgs,
         /// File with the shared secret clients must prove they hold (`rmemfs keygen`); also
@@ -398,6 +402,7 @@ fn main() -> ExitCode {
             size,
             lazy,
             backing,
+            boot_id,
             fabric,
             op_timeout,
             secret_file,
@@ -420,6 +425,7 @@ fn main() -> ExitCode {
                         lease: Duration::from_secs(lease),
                         reserve: !lazy,
                         backing,
+                        boot_id,
                         ..ServerConfig::new(listen, size)
                     },
                     insecure,

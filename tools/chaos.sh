@@ -20,11 +20,16 @@
 #         the local disk, so their write-back to a disk runs too): a killed server
 #         comes back with its extents, so after the two kills and the restarts every
 #         acknowledged file reads back exactly (EIO only while both are down); nothing is
-#         lost. Run it alone or beside the others: CHAOS_PHASES="b2m2".
+#         lost. Run it alone or beside the others: CHAOS_PHASES="b2m2". It adds a fault of its
+#         own, power_loss: the host's file is rolled back to a write-back taken while the
+#         writers went on (a copy of it), the server killed and started as after a host
+#         restart (another boot id): the mount must take its copies for stale and read every
+#         acknowledged file back exactly, never the bytes the file held at the write-back.
 #
 # Usage: tools/chaos.sh [SECONDS]  (default 300; each phase gets half). Needs root.
 #   CHAOS_SEED=N      replays a run's choices (printed at the start)
 #   CHAOS_PHASES="r2m2"  runs only the phases named
+#   CHAOS_KINDS="kill power_loss"  draws faults from these kinds only (power_loss: backed phases)
 #   RMEMFS_MOUNT_ARGS="-o io_uring"  runs the mounts through FUSE over io_uring
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +50,7 @@ WRITERS=2
 KEEP_FILES=24   # files each writer keeps (64 KiB to 2 MiB each)
 WORKER=tools/chaos-work.py
 OVERLAPPING=(kill_degraded kill_rebuilding)
-KINDS=(kill freeze cut_short cut_long "${OVERLAPPING[@]}")
+read -ra KINDS <<<"${CHAOS_KINDS:-kill freeze cut_short cut_long ${OVERLAPPING[*]}}"
 
 ensure_packages ip:iproute2 fusermount3:fuse3 nsenter:util-linux python3:python3
 check_prereqs mount serve || exit 2
@@ -221,6 +226,23 @@ one_fault() {
       ;;
     kill_degraded) double_kill "$h" degraded ;;
     kill_rebuilding) double_kill "$h" rebuilding ;;
+    power_loss)
+      # The medium holds what was written back: a copy of the file now, while the writers go
+      # on writing (and fsyncing) for two seconds more, stores the power loss then takes.
+      local file=$BASE/backing-$name-$h seen
+      seen=$(grep -c "may hold less than was written" "$WORK/daemon.log" || true)
+      cp --sparse=always "$file" "$file.written-back"
+      sleep 2
+      host_kill "$h"
+      mv -f "$file.written-back" "$file"
+      wait_state "$h" down "$TRANSITION"
+      # Another boot of the host.
+      HOST_ARGS[h]="${HOST_ARGS[h]% --boot-id *} --boot-id chaos-$SEED-$FAULTS"
+      host_restart "$h" 2>>"$BASE/logs/hosts.err" || fail "host $h did not restart"
+      wait_state "$h" up 30
+      [ "$(grep -c "may hold less than was written" "$WORK/daemon.log" || true)" -gt "$seen" ] ||
+        fail "the mount did not see host $h back from a power loss"
+      ;;
   esac
   if [ "$kind" != kill_degraded ] && [ "$kind" != kill_rebuilding ]; then
     pause
@@ -240,7 +262,7 @@ stop_writers() {
 # phase NAME SECONDS
 phase() {
   local name=$1 secs=$2 servers copies min w start kind h i
-  local backing=()
+  local backing=() kinds=()
   BACKED=0
   case $name in
     r3m2) servers=4 copies=3 min=2 ALLOW_LOSS=0 ;;
@@ -249,6 +271,12 @@ phase() {
     *) fail "unknown phase $name" ;;
   esac
   COPIES=$copies MIN_COPIES=$min FAULTS=0 LOST=0
+  for kind in "${KINDS[@]}"; do
+    [ "$kind" = power_loss ] && [ "$BACKED" != 1 ] && continue
+    kinds+=("$kind")
+  done
+  [ "$BACKED" = 1 ] && [ -z "${CHAOS_KINDS:-}" ] && kinds+=(power_loss)
+  [ ${#kinds[@]} -gt 0 ] || fail "no fault kind for phase $name (CHAOS_KINDS=${CHAOS_KINDS:-})"
   WORK=$BASE/work-$name
   mkdir -p "$WORK"
   hosts_init "$servers"
@@ -285,10 +313,10 @@ phase() {
     [ -s "$WORK/errors" ] && fail "a writer failed: $(head -c 300 "$WORK/errors")"
     wait_redundant "$MNT" 120
     h=$((RANDOM % servers))
-    if [ "$FAULTS" -eq 0 ]; then
+    if [ "$FAULTS" -eq 0 ] && [ -z "${CHAOS_KINDS:-}" ]; then
       kind=${OVERLAPPING[RANDOM % ${#OVERLAPPING[@]}]}
     else
-      kind=${KINDS[RANDOM % ${#KINDS[@]}]}
+      kind=${kinds[RANDOM % ${#kinds[@]}]}
     fi
     FAULTS=$((FAULTS + 1))
     printf 'chaos: %s t=%4ds fault %d: %-15s host %d\n' "$name" $(($(date +%s) - start)) \
