@@ -176,24 +176,29 @@ pub fn forget_server(fs: &Fs, server: ServerId) -> u64 {
 /// Server `server` came back from a backing file that may hold less than was written to it
 /// ([`Rejoin::Behind`]): each chunk with a copy elsewhere lets go of its copy there (the
 /// rebuild makes a new one); the rest keep theirs, under the new keys if `keys`, as do the
-/// journal's places there. Returns (copies let go of, copies kept).
+/// journal's places there. Then the server is admitted and the copies let go of are freed
+/// there (held, on a volume, until the records that dropped them commit). Returns (copies
+/// let go of, copies kept).
 pub fn let_go_of_behind_server(
     fs: &Fs,
     server: ServerId,
     keys: Option<&std::collections::HashMap<u64, u64>>,
 ) -> (u64, u64) {
-    let mut kept = 0;
-    let gone = over_chunk_maps(fs, |io| {
-        let (gone, k) = io.let_go_of_behind_copies(server, keys);
-        kept += k;
-        gone
-    });
+    let mut gone = Vec::new();
+    let kept = over_chunk_maps(fs, |io| io.let_go_of_behind_copies(server, keys, &mut gone));
     if let Some(keys) = keys {
         if let Err(e) = fs.rekey_journal(server.0, keys) {
             log::warn!("the journal's places on {server} keep their old keys: {e}");
         }
     }
-    (gone, kept)
+    let pool = fs.data().pool();
+    pool.admit(server);
+    for region in &gone {
+        if let Err(e) = pool.free(*region) {
+            log::warn!("a stale copy on {server} stays allocated until the next attach: {e}");
+        }
+    }
+    (gone.len() as u64, kept)
 }
 
 /// Runs `change` over every file's chunk map, committing what it changed (journaled on a
@@ -304,7 +309,6 @@ impl Rebuilder {
                                      {gone} chunk copies there for the rebuild to make again; \
                                      {kept} kept (no other copy)"
                                 );
-                                pool.admit(id);
                             }
                             Some(Rejoin::Rekeyed { keys }) => {
                                 let n = rekey_server(&f, id, &keys);

@@ -275,7 +275,7 @@ fn a_server_back_from_a_power_loss_gives_no_old_bytes() {
         (listed, 0),
         "every chunk there had another copy"
     );
-    pool.admit(ServerId(1));
+    assert!(pool.is_live(ServerId(1)));
     for i in 0..6 {
         assert!(
             t.read_file(&format!("f{i}")).unwrap() == bytes(100 + i, MIB),
@@ -286,6 +286,16 @@ fn a_server_back_from_a_power_loss_gives_no_old_bytes() {
     assert_eq!(out.chunks_rebuilt, listed, "{out:?}");
     let h = t.fs.replica_health();
     assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
+    // The stale copies' memory went back: the server holds what the mount lists there.
+    let used = {
+        let c = t.servers[1].capacity();
+        c.total - c.free
+    };
+    assert_eq!(
+        used,
+        listed_on(&t, 1).1 + pool.stocked_bytes(ServerId(1)),
+        "the copies let go of stayed allocated"
+    );
     // Redundant again, from copies known whole: lose another server.
     t.kill_server(0);
     for i in 0..6 {

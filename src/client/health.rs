@@ -559,6 +559,15 @@ impl Pool {
         self.server(id).is_ok_and(|s| !s.is_failed())
     }
 
+    /// Which of this pool's sessions server `id` holds now, while it is up: the number
+    /// changes only when it comes back without the last one (its memory gone), not when a
+    /// lost link resumes. None while it is down.
+    pub fn session_mark(&self, id: ServerId) -> Option<u64> {
+        let s = self.server(id).ok()?;
+        let mark = s.unfreed.lock().session;
+        (!s.is_failed()).then_some(mark)
+    }
+
     /// Servers that are up.
     pub fn live_servers(&self) -> usize {
         self.servers.iter().filter(|s| !s.is_failed()).count()

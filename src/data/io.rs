@@ -217,15 +217,16 @@ impl<'a> FileIo<'a> {
         data.rekey_copies(chunks, server, keys)
     }
 
-    /// Lets go of the copies on a server back behind what was written to it; (let go, kept)
-    /// (see [`DataStore::let_go_of_behind_copies`]).
+    /// Lets go of the copies on a server back behind what was written to it, into `gone`;
+    /// returns the copies kept (see [`DataStore::let_go_of_behind_copies`]).
     pub fn let_go_of_behind_copies(
         &mut self,
         server: ServerId,
         keys: Option<&std::collections::HashMap<u64, u64>>,
-    ) -> (u64, u64) {
+        gone: &mut Vec<RemoteRegion>,
+    ) -> u64 {
         let (data, chunks) = self.settled();
-        data.let_go_of_behind_copies(chunks, server, keys)
+        data.let_go_of_behind_copies(chunks, server, keys, gone)
     }
 
     /// The chunk changes since the last call, for the namespace's batch.

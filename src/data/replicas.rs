@@ -133,14 +133,16 @@ impl DataStore {
     /// elsewhere lets go of its copy there (the rebuild makes a new one from a copy known
     /// whole), and the others keep it, the best there is, under the key `keys` lists for its
     /// address (a copy at an address it does not list is taken out: nothing is there).
-    /// Returns the copies let go of and the copies kept.
+    /// The copies let go of join `gone`, for the caller to free once the server is admitted
+    /// (a free sent to a server still rejoining is dropped); returns the copies kept.
     pub(super) fn let_go_of_behind_copies(
         &self,
         chunks: &mut ChunkMap,
         server: ServerId,
         keys: Option<&std::collections::HashMap<u64, u64>>,
-    ) -> (u64, u64) {
-        let (mut gone, mut kept) = (0, 0);
+        gone: &mut Vec<RemoteRegion>,
+    ) -> u64 {
+        let mut kept = 0;
         chunks.update_all(|c| {
             let Some(r) = c.on(server.0) else { return };
             let rkey = match keys {
@@ -149,7 +151,6 @@ impl DataStore {
             };
             let Some(rkey) = rkey else {
                 c.remove(server.0);
-                gone += 1;
                 return;
             };
             if rkey != r.rkey {
@@ -157,13 +158,14 @@ impl DataStore {
                 c.add(crate::meta::Replica { rkey, ..r });
             }
             if self.live_copies(c).next().is_some() {
-                self.let_go(c, server.0);
-                gone += 1;
+                if let Some(copy) = c.remove(server.0) {
+                    gone.push(super::region(c, &copy));
+                }
             } else {
                 kept += 1;
             }
         });
-        (gone, kept)
+        kept
     }
 
     /// Chunk indexes of `chunks` with fewer live copies than `--replicas`.

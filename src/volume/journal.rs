@@ -220,21 +220,20 @@ pub(super) struct Spare {
     places: Vec<Place>,
     cap: u64,
     freed_at: u64,
-    /// Each place's server's count of downs when the place was known good: a server that
-    /// went down since may have come back without it.
+    /// Each place's server's session mark when the place was known good ([`downs_of`]): a
+    /// server that came back without the session since lost it.
     downs: Vec<u64>,
 }
 
-/// The count of downs of each place's server (see [`Spare::downs`]).
+/// The session each place's server holds of this pool (see [`Pool::session_mark`]; a server
+/// down counts as none): a place stays good while its server keeps the session, across lost
+/// links that resume (a short one must not cost a full pool its spare).
 pub(super) fn downs_of(pool: &Pool, places: &[Place]) -> Vec<u64> {
-    let status = pool.status();
     places
         .iter()
         .map(|p| {
-            status
-                .iter()
-                .find(|s| s.id.0 == p.server)
-                .map_or(u64::MAX, |s| s.downs)
+            pool.session_mark(crate::fabric::ServerId(p.server))
+                .unwrap_or(u64::MAX)
         })
         .collect()
 }
