@@ -305,17 +305,24 @@ impl Fs {
             Some(i) if i.is_orphan() => i.file().cloned(),
             _ => None,
         };
-        let dropped = {
+        let (dropped, refused) = {
             let mut b = meta.batch();
             let dropped = b.drop_if_unused(ino);
-            if dropped {
-                if let Err(e) = b.commit() {
+            let refused = dropped && {
+                let r = b.commit();
+                if let Err(e) = &r {
                     log::error!("the namespace refused to drop inode {ino}: {e}");
                 }
-            }
-            dropped
+                r.is_err()
+            };
+            (dropped, refused)
         };
         drop(meta);
+        if refused {
+            // Nothing committed says its chunks are gone: their memory stays (collected at
+            // the next attach if nothing names it then).
+            return;
+        }
         match orphan_file {
             // Its drop, committed, names its chunks gone.
             Some(f) if dropped => self.data.release_all(&f),

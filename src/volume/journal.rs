@@ -504,7 +504,13 @@ impl Writer {
     }
 
     /// Tries again for a spare as large as the reserve needs (the pool had no room for it).
-    fn grow_spare(&mut self) {
+    fn grow_spare(&mut self, gate: &FreeGate) {
+        if !self.spare.places.is_empty() && !self.pool.released(gate, self.spare.freed_at) {
+            // The spare is the last checkpoint, which a follower may still read: it goes back
+            // only once every follower is past it (tried again at the next retry).
+            self.reserve.spare_now(None);
+            return;
+        }
         let (servers, need) = self.reserve.need();
         match self.alloc_all(&servers, need) {
             Ok((places, cap)) => {
@@ -641,10 +647,8 @@ impl Writer {
                 .unwrap_or(0),
         };
         if let Err(e) = self.publish(root) {
-            if fresh_ring {
-                self.free(&ring, ring_len);
-            }
-            put_back(self, checkpoint);
+            // A server may have stored the root and lost only its answer: the new checkpoint
+            // and ring stay allocated (collected at the next attach if nothing names them).
             self.root.ring = old_ring;
             return Err(e);
         }
@@ -1140,7 +1144,7 @@ impl VolumeJournal {
                         None => w.pool.release_frees(&s.gate, 0),
                     }
                     if s.reserve.due() {
-                        w.grow_spare();
+                        w.grow_spare(&s.gate);
                     }
                 }
             })?;
