@@ -465,33 +465,33 @@ impl Writer {
                 self.free(&c.places, c.cap);
             }
         }
+        // A spare of the size needed now where the pool has room (an old one may be larger
+        // than the namespace needs any more: it goes back), else an old one that fits.
         let fits = candidates
             .iter()
             .position(|c| c.cap >= need && c.on(servers));
-        let pick = match fits {
-            Some(i) => Some(candidates.swap_remove(i)),
-            None => match self.alloc_all(servers, need) {
-                Ok((places, cap)) => Some(Spare {
-                    downs: downs_of(&self.pool, &places),
-                    places,
-                    cap,
-                    freed_at: 0,
-                }),
-                Err(e) => {
-                    // The largest there is, short: growth is refused past what it holds.
-                    log::warn!(
-                        "the volume's journal cannot set aside {need} bytes for its next \
+        let pick = match self.alloc_all(servers, need) {
+            Ok((places, cap)) => Some(Spare {
+                downs: downs_of(&self.pool, &places),
+                places,
+                cap,
+                freed_at: 0,
+            }),
+            Err(_) if fits.is_some() => fits.map(|i| candidates.swap_remove(i)),
+            Err(e) => {
+                // The largest there is, short: growth is refused past what it holds.
+                log::warn!(
+                    "the volume's journal cannot set aside {need} bytes for its next \
                          checkpoint ({e}): what grows the namespace past its room gets ENOSPC"
-                    );
-                    candidates
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, c)| c.on(servers))
-                        .max_by_key(|(_, c)| c.cap)
-                        .map(|(i, _)| i)
-                        .map(|i| candidates.swap_remove(i))
-                }
-            },
+                );
+                candidates
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.on(servers))
+                    .max_by_key(|(_, c)| c.cap)
+                    .map(|(i, _)| i)
+                    .map(|i| candidates.swap_remove(i))
+            }
         };
         for c in &candidates {
             self.free(&c.places, c.cap);
