@@ -574,7 +574,7 @@ impl Backing {
         run.clean = true;
         self.write_image(&mut o, &image);
         drop(o);
-        self.persist()
+        self.persist_owners()
     }
 
     /// Writes `image` into the older slot; then it counts.
@@ -605,6 +605,25 @@ impl Backing {
             std::ptr::copy_nonoverlapping(head.as_ptr(), p, OWNERS_HEADER);
         }
         o.generation = generation;
+    }
+
+    /// Writes the owners images (only) back to the medium, and waits: what marks a run's
+    /// start and its clean end, without the whole arena's write-back (seconds on a slow host,
+    /// where a restart must stay within the mount's rebuild delay).
+    pub(super) fn persist_owners(&self) -> io::Result<()> {
+        // SAFETY: msync of this server's own mapping, over both owners slots (page-aligned:
+        // see `Layout`), which lie inside it.
+        let r = unsafe {
+            libc::msync(
+                self.owners_ptr(0).cast(),
+                (2 * OWNERS_SLOT) as usize,
+                libc::MS_SYNC,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Writes everything stored into the mapping so far back to the medium, and waits.

@@ -323,7 +323,7 @@ impl MemoryServer {
             // Before anyone is served: a power loss from now on leaves a file that says so.
             b.begin_run(boot);
             shared.save_owners();
-            b.persist().map_err(|e| {
+            b.persist_owners().map_err(|e| {
                 io::Error::new(
                     e.kind(),
                     format!(
