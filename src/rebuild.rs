@@ -187,9 +187,7 @@ pub fn let_go_of_behind_server(
     let mut gone = Vec::new();
     let kept = over_chunk_maps(fs, |io| io.let_go_of_behind_copies(server, keys, &mut gone));
     if let Some(keys) = keys {
-        if let Err(e) = fs.rekey_journal(server.0, keys) {
-            log::warn!("the journal's places on {server} keep their old keys: {e}");
-        }
+        rekey_journal(fs, server, keys);
     }
     let pool = fs.data().pool();
     pool.admit(server);
@@ -220,12 +218,17 @@ fn over_chunk_maps(fs: &Fs, mut change: impl FnMut(&mut crate::data::FileIo) -> 
 /// change of a chunk map). Returns how many chunk copies changed.
 pub fn rekey_server(fs: &Fs, server: ServerId, keys: &std::collections::HashMap<u64, u64>) -> u64 {
     let n = over_chunk_maps(fs, |io| io.rekey_copies(server, keys));
+    rekey_journal(fs, server, keys);
+    n
+}
+
+/// The journal's places on `server` take its new keys. If they cannot, its journal copies
+/// there fail their next write and are dropped (and restored on a fresh ring): nothing is
+/// lost.
+fn rekey_journal(fs: &Fs, server: ServerId, keys: &std::collections::HashMap<u64, u64>) {
     if let Err(e) = fs.rekey_journal(server.0, keys) {
-        // Its journal copies there fail their next write and are dropped (and restored on a
-        // fresh ring): nothing is lost.
         log::warn!("the journal's places on {server} keep their old keys: {e}");
     }
-    n
 }
 
 /// Runs `round` every `tick` until `stop`, as upkeep thread `thread`. A round that panics (a

@@ -33,6 +33,18 @@ fn listed_on(t: &TestFs, server: u32) -> (u64, u64) {
     })
 }
 
+/// Server `server` holds the bytes of the copies the mount lists there and of its stock, no
+/// more.
+fn assert_holds_what_is_listed(t: &TestFs, server: usize, why: &str) {
+    let used = {
+        let c = t.servers[server].capacity();
+        c.total - c.free
+    };
+    let pool = t.fs.data().pool();
+    let listed = listed_on(t, server as u32).1 + pool.stocked_bytes(ServerId(server as u32));
+    assert_eq!(used, listed, "{why}");
+}
+
 #[test]
 fn a_restarted_backed_server_resumes_and_only_chunks_written_meanwhile_are_copied() {
     let mut t = TestFs::backed(3, 16 << 20, MIB as u64, 2);
@@ -65,14 +77,10 @@ fn a_restarted_backed_server_resumes_and_only_chunks_written_meanwhile_are_copie
     );
     let h = t.fs.replica_health();
     assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
-    let used = {
-        let c = t.servers[1].capacity();
-        c.total - c.free
-    };
-    assert_eq!(
-        used,
-        listed_on(&t, 1).1 + pool.stocked_bytes(ServerId(1)),
-        "the server holds what the mount lists there, no more"
+    assert_holds_what_is_listed(
+        &t,
+        1,
+        "the server holds what the mount lists there, no more",
     );
 
     // What it holds is the data: lose another server and read everything.
@@ -287,15 +295,7 @@ fn a_server_back_from_a_power_loss_gives_no_old_bytes() {
     let h = t.fs.replica_health();
     assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
     // The stale copies' memory went back: the server holds what the mount lists there.
-    let used = {
-        let c = t.servers[1].capacity();
-        c.total - c.free
-    };
-    assert_eq!(
-        used,
-        listed_on(&t, 1).1 + pool.stocked_bytes(ServerId(1)),
-        "the copies let go of stayed allocated"
-    );
+    assert_holds_what_is_listed(&t, 1, "the copies let go of stayed allocated");
     // Redundant again, from copies known whole: lose another server.
     t.kill_server(0);
     for i in 0..6 {

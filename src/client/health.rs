@@ -18,6 +18,14 @@ pub(super) struct Health {
     pub(super) backoff: Duration,
 }
 
+impl Health {
+    /// Back, but out of service until the caller has dealt with its copies (`Pool::admit`).
+    fn rejoining(&mut self) {
+        self.state = ServerState::Rejoining;
+        self.since = SystemTime::now();
+    }
+}
+
 pub(super) struct Server {
     pub(super) id: ServerId,
     pub(super) addr: SocketAddr,
@@ -146,8 +154,7 @@ pub(super) fn forget_session(health: &Mutex<Health>, unfreed: &Mutex<Parked>) {
         parked.session += 1;
         parked.frees.clear();
     }
-    h.state = ServerState::Rejoining;
-    h.since = SystemTime::now();
+    h.rejoining();
 }
 
 /// A server resumed this pool's session ([`Rejoin::Resumed`]): the frees kept while it was
@@ -385,9 +392,7 @@ impl Pool {
                  chunks have others",
                 s.addr
             );
-            let mut h = s.health.lock();
-            h.state = ServerState::Rejoining;
-            h.since = SystemTime::now();
+            s.health.lock().rejoining();
             return Some(Rejoin::Behind { keys });
         }
         if let Some(keys) = keys {
@@ -397,9 +402,7 @@ impl Pool {
                  meanwhile freed; its copies take the new keys before it is used",
                 s.addr
             );
-            let mut h = s.health.lock();
-            h.state = ServerState::Rejoining;
-            h.since = SystemTime::now();
+            s.health.lock().rejoining();
             return Some(Rejoin::Rekeyed { keys });
         }
         log::warn!(

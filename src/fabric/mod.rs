@@ -22,6 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod live;
 #[cfg(any(test, feature = "inprocess-fabric"))]
 pub mod local;
 pub mod mem;
@@ -43,8 +44,9 @@ pub fn random_u64() -> u64 {
     u64::from_le_bytes(b)
 }
 
+pub use live::{LiveSession, Serving};
 pub use mem::AlignedBuf;
-pub use registry::{InFlight, LiveSession, RegionEntry, Registry, Serving};
+pub use registry::{InFlight, RegionEntry, Registry};
 
 /// Access rights of a registration, as in `ibv_access_flags`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,6 +8,7 @@
 //! [`InFlight`] on its region until its completion is dropped, and a region in use is never
 //! deregistered.
 
+use super::live::LiveSession;
 use super::mem::{memlock_limit_text, page_size, round_up, AlignedBuf};
 use super::Token;
 use super::{
@@ -15,7 +16,7 @@ use super::{
     WcStatus, WorkRequest, MAX_OP_LEN,
 };
 use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use crate::sync::{Arc, Condvar, Mutex, RwLock};
+use crate::sync::{Arc, RwLock};
 use std::any::Any;
 use std::collections::HashMap;
 use std::io;
@@ -257,130 +258,6 @@ impl SessionAccess {
     }
 }
 
-/// A session as its data connections are served: what as, and whether it still stands. A
-/// fence (the guard's drop: a takeover, an eviction, the control session's end) must stop
-/// what a connection admitted before it, not only what comes after: a request's header is
-/// checked once and its payload may trickle in for up to the op timeout, so a stale holder's
-/// WRITE admitted before the fence would land over the new holder's bytes. So every request
-/// is served under [`LiveSession::serve`], and the fence cuts the session's connections
-/// and waits until none is served any more.
-pub struct LiveSession {
-    pub access: SessionAccess,
-    state: Mutex<LiveState>,
-    idle: Condvar,
-}
-
-#[derive(Default)]
-struct LiveState {
-    fenced: bool,
-    /// Guards that keep the session registered: one per data path the control session set
-    /// up; the last one's drop fences it.
-    guards: u32,
-    /// Requests being served now.
-    serving: u32,
-    /// How to cut each data connection of the session (by the fabric's connection id).
-    cutters: HashMap<u64, Box<dyn Fn() + Send>>,
-}
-
-impl std::fmt::Debug for LiveSession {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LiveSession")
-            .field("access", &self.access)
-            .finish_non_exhaustive()
-    }
-}
-
-/// One request being served for a session (see [`LiveSession::serve`]).
-pub struct Serving(Arc<LiveSession>);
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        let mut st = self.0.state.lock();
-        st.serving -= 1;
-        if st.serving == 0 {
-            self.0.idle.notify_all();
-        }
-    }
-}
-
-impl LiveSession {
-    /// Serves one request, unless the session was fenced.
-    pub fn serve(self: &Arc<Self>) -> Option<Serving> {
-        let mut st = self.state.lock();
-        if st.fenced {
-            return None;
-        }
-        st.serving += 1;
-        Some(Serving(self.clone()))
-    }
-
-    /// One more guard for a standing session; false if its last guard is gone.
-    fn join(&self) -> bool {
-        let mut st = self.state.lock();
-        if st.fenced || st.guards == 0 {
-            return false;
-        }
-        st.guards += 1;
-        true
-    }
-
-    /// One guard fewer; true for the last, after which the session can no longer be joined.
-    fn leave(&self) -> bool {
-        let mut st = self.state.lock();
-        st.guards -= 1;
-        if st.guards == 0 {
-            st.fenced = true;
-            return true;
-        }
-        false
-    }
-
-    /// Keeps `cut` to end data connection `id` at the fence; false if fenced already.
-    pub fn on_fence(&self, id: u64, cut: Box<dyn Fn() + Send>) -> bool {
-        let mut st = self.state.lock();
-        if st.fenced {
-            return false;
-        }
-        st.cutters.insert(id, cut);
-        true
-    }
-
-    /// Connection `id` ended on its own.
-    pub fn forget(&self, id: u64) {
-        self.state.lock().cutters.remove(&id);
-    }
-
-    /// Fences the session: nothing more is served, its connections are cut, and this returns
-    /// once no request admitted before is still being served.
-    fn fence(&self) {
-        let cutters = {
-            let mut st = self.state.lock();
-            st.fenced = true;
-            std::mem::take(&mut st.cutters)
-        };
-        for cut in cutters.values() {
-            cut();
-        }
-        let start = std::time::Instant::now();
-        let mut st = self.state.lock();
-        while st.serving > 0 {
-            // A cut connection fails its request at once; the warning says if one does not.
-            st = self
-                .idle
-                .wait_timeout(st, std::time::Duration::from_secs(1))
-                .0;
-            if st.serving > 0 && start.elapsed() > crate::config::OP_TIMEOUT {
-                log::warn!(
-                    "session {}: {} request(s) still served {:?} after its fence",
-                    self.access.session,
-                    st.serving,
-                    start.elapsed()
-                );
-            }
-        }
-    }
-}
-
 /// Keeps a session's token registered; dropped when the control session ends, which fences
 /// the session (see [`LiveSession`]).
 pub struct SessionGuard {
@@ -460,16 +337,9 @@ impl Registry {
                 };
             }
         }
-        let live = Arc::new(LiveSession {
-            access: SessionAccess {
-                session: key.id,
-                read_only: key.read_only,
-            },
-            state: Mutex::new(LiveState {
-                guards: 1,
-                ..LiveState::default()
-            }),
-            idle: Condvar::new(),
+        let live = LiveSession::new(SessionAccess {
+            session: key.id,
+            read_only: key.read_only,
         });
         // One whose last guard is going: it fences itself (after this, so not under the lock).
         sessions.insert(key.token, live.clone());

@@ -242,7 +242,7 @@ pub fn attach_then(
         written: Default::default(),
         heal_after: None,
         checkpoint_cap: 0,
-        checkpoint_downs: Vec::new(),
+        checkpoint_marks: Vec::new(),
         spare: Default::default(),
         reserve: Default::default(),
     };
@@ -257,7 +257,7 @@ pub fn attach_then(
         .map(|p| lens.get(&(p.server, p.addr)).copied().unwrap_or(0))
         .min()
         .unwrap_or(0);
-    writer.checkpoint_downs = journal::downs_of(&pool, &old_ckpt);
+    writer.checkpoint_marks = journal::session_marks(&pool, &old_ckpt);
     writer.root.checkpoint = old_ckpt;
     writer.root.ring = old_ring;
     writer.checkpoint(&gate, true)?;
