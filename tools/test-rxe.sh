@@ -42,7 +42,7 @@ RMEMFS_TEST_FABRIC=verbs RMEMFS_BIN=target/release/rmemfs-verbs $server_tests --
 echo '== [rxe] mount tests over verbs'
 RMEMFS_BIN=target/release/rmemfs-verbs RMEMFS_SERVE_ARGS='--fabric verbs' \
 RMEMFS_EXPECT_FABRIC=verbs RMEMFS_TEST_SERVER_SIZE=128M RMEMFS_TEST_FIO_SIZE=16M \
-RMEMFS_TEST_BACKED_SIZE=160M \
+RMEMFS_TEST_BACKED_SIZE=96M \
 RMEMFS_MOUNT_ARGS='--op-timeout 5' RMEMFS_TEST_TIMEOUT=240 mount-tests/run.sh $tests"
 
 echo "== rxe VM: conformance and mount tests over real soft-RoCE"
