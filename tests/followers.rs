@@ -230,3 +230,80 @@ fn a_follower_session_may_report_and_read_and_nothing_else() {
         "{refused:?}"
     );
 }
+
+/// A holder that dies with frees held for a lagging follower: the next holder's attach
+/// frees what no record names, and must hold those frees back for the follower as the dead
+/// holder did (the follower still maps the memory and reads through it).
+#[test]
+fn attach_holds_its_frees_for_a_follower_behind() {
+    let rack = Rack::new(2);
+    let d = rack.attach("vol", true, false).unwrap();
+    d.write("big", &bytes(7, 4 * MIB)).unwrap();
+    d.sync().unwrap();
+    let r = rack.follow("vol").unwrap();
+    r.follower.pause(true);
+    d.unlink("big").unwrap();
+    d.sync().unwrap();
+    assert!(d.0.journal.stats().frees_held > 0);
+    d.crash();
+
+    // The next holder replays the unlink: "big"'s memory is named by nothing, yet the
+    // follower has not applied the unlink and still reads the file.
+    let d = rack.attach("vol", false, false).unwrap();
+    assert!(d.0.report.collected > 0, "{:?}", d.0.report.collected);
+    // New files take whatever memory is free: the follower's file must not be one of them.
+    for i in 0..4u64 {
+        d.write(&format!("new{i}"), &bytes(100 + i, 2 * MIB))
+            .unwrap();
+    }
+    d.sync().unwrap();
+    assert_eq!(read(&r.fs, "big").unwrap(), bytes(7, 4 * MIB));
+    assert!(d.0.journal.stats().frees_held > 0);
+    // Applied: the follower reloads the new holder's journal and the frees go.
+    r.follower.poll_now().unwrap();
+    assert_eq!(resolve(&r.fs, "big"), Err(libc::ENOENT));
+    assert_eq!(read(&r.fs, "new3").unwrap(), bytes(103, 2 * MIB));
+    // It reports how far it applied at its next poll.
+    r.follower.pause(false);
+    eventually("the attach's frees went", || {
+        d.0.journal.stats().frees_held == 0
+    });
+}
+
+/// A follower that applied a record the next holder never read (the holder died between
+/// the ring copies' writes, and the copy holding the record went with its server): the next
+/// holder numbers its own records from where its replay ended, so the follower's sequence
+/// numbers now name other changes. It must load the new holder's checkpoint, not skip them.
+#[test]
+fn a_follower_ahead_of_the_next_holder_reloads() {
+    let mut rack = Rack::new(2);
+    let d = rack.attach("vol", true, false).unwrap();
+    d.mkdir("d").unwrap();
+    d.sync().unwrap();
+    let r = rack.follow("vol").unwrap();
+    r.follower.pause(true);
+    r.follower.poll_now().unwrap();
+    // One group, written whole to the first copy and not at all to the second.
+    d.0.journal.hold_commits(true);
+    d.write("d/x", &bytes(1, 10)).unwrap();
+    d.0.journal.tear_next_group(0);
+    d.0.journal.hold_commits(false);
+    let _ = d.sync();
+    r.follower.poll_now().unwrap();
+    assert_eq!(
+        read(&r.fs, "d/x").unwrap(),
+        bytes(1, 10),
+        "the follower read the whole copy"
+    );
+    d.crash();
+    rack.restart(0);
+
+    let d = rack.attach("vol", false, false).unwrap();
+    assert_eq!(d.resolve("d/x"), Err(libc::ENOENT));
+    d.write("d/y", &bytes(2, 10)).unwrap();
+    d.sync().unwrap();
+    r.follower.poll_now().unwrap();
+    assert_eq!(resolve(&r.fs, "d/x"), Err(libc::ENOENT));
+    assert_eq!(read(&r.fs, "d/y").unwrap(), bytes(2, 10));
+    assert_eq!(r.fs.namespace_digest(), d.fs().namespace_digest());
+}

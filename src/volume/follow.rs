@@ -335,7 +335,12 @@ impl Shared {
             pos.perm = perm;
             return Ok(());
         }
-        if pos.applied >= root.checkpoint_lsn {
+        // Applied past the new checkpoint: one holder's checkpoint covers every record it
+        // committed before it, so this is a new holder whose attach replayed fewer records
+        // than this follower applied (it died between its ring copies' writes, and the copy
+        // that had them is gone); its records from the checkpoint on reuse those numbers
+        // for other changes. Only its checkpoint says what the volume is now.
+        if pos.applied == root.checkpoint_lsn {
             pos.tail = 0;
             pos.next_lsn = root.checkpoint_lsn + 1;
             pos.root = root;
@@ -343,8 +348,8 @@ impl Shared {
             return Ok(());
         }
         log::info!(
-            "the volume's journal moved past this follower (applied {}, checkpoint {}): \
-             loading the checkpoint",
+            "the volume's journal moved past this follower or took another course (applied \
+             {}, checkpoint {}): loading the checkpoint",
             pos.applied,
             root.checkpoint_lsn
         );

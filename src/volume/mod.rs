@@ -223,16 +223,24 @@ pub fn attach_then(
             log::warn!("volume attach: {n} chunk copies on server {s} took its new keys");
         }
     }
+    // What attach frees (orphans, memory no record names) was dropped by records up to
+    // `last_lsn`, which a follower may not have applied yet: it still maps that memory, as
+    // it would a running holder's frees. So they go through the gate as those do, released
+    // at once where every follower is past `last_lsn` (or none follows), else held until
+    // they are (the committer keeps asking).
+    let gate = Arc::new(FreeGate::default());
+    gate.assigned
+        .store(last_lsn, crate::sync::atomic::Ordering::SeqCst);
+    pool.set_free_gate(gate.clone());
     if !options.keep_orphans {
         report.orphans = fs.reap_orphans();
     }
     let keep: Vec<Place> = old_ckpt.iter().chain(&old_ring).copied().collect();
     report.collected = collect(&fs, &keep)?;
+    // Before the checkpoint: on a full pool it needs the room these frees make.
+    pool.release_frees(&gate, last_lsn);
     prepare(&fs, &report)?;
     // A fresh checkpoint and ring (the old ones freed once the root names the new).
-    let gate = Arc::new(FreeGate::default());
-    gate.assigned
-        .store(last_lsn, crate::sync::atomic::Ordering::SeqCst);
     let mut writer = Writer {
         fs: Arc::downgrade(&fs),
         pool: pool.clone(),
@@ -261,7 +269,6 @@ pub fn attach_then(
     writer.root.checkpoint = old_ckpt;
     writer.root.ring = old_ring;
     writer.checkpoint(&gate, true)?;
-    pool.set_free_gate(gate.clone());
     let (journal, recorder) = VolumeJournal::start(writer, gate, last_lsn)
         .map_err(|e| format!("cannot start the volume's committer: {e}"))?;
     let journal = Arc::new(journal);
