@@ -140,20 +140,35 @@ enum Growth {
 }
 
 /// Whether a batch grows the namespace's image: it makes an inode, sets an extended
-/// attribute or adds more names than it removes (refused on a full pool), or adds chunks.
+/// attribute or adds more names than it removes (refused on a full pool), or adds chunks or
+/// longer names than it removes (a rename to a longer name: counted, not refused, as a
+/// rename over an existing name shrinks the image by that name's entry, which the records
+/// do not show).
 fn growth(changes: &[Change]) -> Growth {
     let mut names = 0i64;
+    let mut name_bytes = 0i64;
     let mut data = false;
     for c in changes {
         match c {
             Change::Make { .. } | Change::Xattr { value: Some(_), .. } => return Growth::Names,
-            Change::Entry { ino: Some(_), .. } | Change::EntryAt { .. } => names += 1,
-            Change::Entry { ino: None, .. } => names -= 1,
+            Change::Entry {
+                ino: Some(_), name, ..
+            }
+            | Change::EntryAt { name, .. } => {
+                names += 1;
+                name_bytes += name.len() as i64;
+            }
+            Change::Entry {
+                ino: None, name, ..
+            } => {
+                names -= 1;
+                name_bytes -= name.len() as i64;
+            }
             Change::Extent { chunk: Some(_), .. } => data = true,
             _ => {}
         }
     }
-    match (names > 0, data) {
+    match (names > 0, data || name_bytes > 0) {
         (true, _) => Growth::Names,
         (false, true) => Growth::Data,
         (false, false) => Growth::None,
@@ -347,5 +362,28 @@ impl Writer {
             }
             Err(_) => self.reserve.spare_now(None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &[u8], ino: Option<u64>) -> Change {
+        Change::Entry {
+            dir: 1,
+            name: name.into(),
+            ino,
+        }
+    }
+
+    #[test]
+    fn a_rename_to_a_longer_name_counts_as_growth_and_is_not_refused() {
+        let rename = |from: &[u8], to: &[u8]| growth(&[entry(from, None), entry(to, Some(5))]);
+        assert!(rename(b"a", b"a much longer name") == Growth::Data);
+        assert!(rename(b"same", b"size") == Growth::None);
+        assert!(rename(b"a longer name", b"short") == Growth::None);
+        assert!(growth(&[entry(b"new", Some(6))]) == Growth::Names);
+        assert!(growth(&[entry(b"gone", None)]) == Growth::None);
     }
 }
