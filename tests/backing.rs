@@ -244,14 +244,10 @@ fn on_a_device_that_issues_keys_a_volume_resumes_and_attaches_again() {
     assert_eq!(out.chunks_rebuilt, 0, "{out:?}");
 }
 
-/// A power loss: the server's file holds what was written back, older than what its clients
-/// were told was written. Its session resumes, but its copies are taken for stale where a
-/// chunk has others: losing another server afterwards returns the new bytes, never the old.
-#[test]
-fn a_server_back_from_a_power_loss_gives_no_old_bytes() {
-    let mut t = TestFs::backed(3, 16 << 20, MIB as u64, 2);
-    six_files(&t);
-    let pool = t.fs.data().pool().clone();
+/// Six files written, then overwritten after server 1's last write-back, and server 1's host
+/// loses power: its file goes back to that write-back and it starts in another boot.
+fn power_loss_of_server_1(t: &mut TestFs) {
+    six_files(t);
     let file = t.backing[1].clone().expect("backed");
     // What the medium holds at the last write-back: the file as it is now (reads go through
     // the page cache, which holds every store so far).
@@ -264,10 +260,20 @@ fn a_server_back_from_a_power_loss_gives_no_old_bytes() {
     // The power goes: the stores since the write-back are lost with the page cache, and the
     // host boots again.
     t.kill_server(1);
-    assert!(!pool.is_live(ServerId(1)));
+    assert!(!t.fs.data().pool().is_live(ServerId(1)));
     std::fs::rename(&written_back, &file).unwrap();
     t.server_config.boot_id = Some("the boot after the power loss".into());
     t.restart_server(1);
+}
+
+/// A power loss: the server's file holds what was written back, older than what its clients
+/// were told was written. Its session resumes, but its copies are taken for stale where a
+/// chunk has others: losing another server afterwards returns the new bytes, never the old.
+#[test]
+fn a_server_back_from_a_power_loss_gives_no_old_bytes() {
+    let mut t = TestFs::backed(3, 16 << 20, MIB as u64, 2);
+    let pool = t.fs.data().pool().clone();
+    power_loss_of_server_1(&mut t);
 
     let Some(Rejoin::Behind { keys: None }) = pool.try_reconnect(ServerId(1)) else {
         panic!("a server back from a power loss must say it may be behind");
@@ -321,4 +327,36 @@ fn a_server_stopped_in_order_is_whole_after_a_host_restart() {
     assert!(matches!(rejoin, Some(Rejoin::Resumed { .. })), "{rejoin:?}");
     let out = pass(&t.fs, 0, &Stop::default());
     assert_eq!(out.chunks_rebuilt, 0, "{out:?}");
+}
+
+/// A server back from a power loss and restarted again in the same boot before its client
+/// came back: the second start finds a file that says nothing of a power loss, yet the
+/// client's copies there are still old. Each owner keeps the mark in the file until its
+/// resume has told it.
+#[test]
+fn a_server_behind_stays_behind_across_restarts_until_its_client_resumes() {
+    let mut t = TestFs::backed(3, 16 << 20, MIB as u64, 2);
+    let pool = t.fs.data().pool().clone();
+    power_loss_of_server_1(&mut t);
+    // Stopped and started again in this boot, before the client asked.
+    t.kill_server(1);
+    t.restart_server(1);
+    let Some(Rejoin::Behind { keys: None }) = pool.try_reconnect(ServerId(1)) else {
+        panic!("the second start forgot that the file was behind");
+    };
+    rmemfs::rebuild::let_go_of_behind_server(&t.fs, ServerId(1), None);
+    assert!(pool.is_live(ServerId(1)));
+    pass(&t.fs, 0, &Stop::default());
+    // Told: the next restart in this boot is a plain one.
+    t.kill_server(1);
+    common::eventually("the mount saw server 1 go", || !pool.is_live(ServerId(1)));
+    t.restart_server(1);
+    let rejoin = pool.try_reconnect(ServerId(1));
+    assert!(matches!(rejoin, Some(Rejoin::Resumed { .. })), "{rejoin:?}");
+    for i in 0..6 {
+        assert!(
+            t.read_file(&format!("f{i}")).unwrap() == bytes(100 + i, MIB),
+            "f{i}"
+        );
+    }
 }

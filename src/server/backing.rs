@@ -91,6 +91,10 @@ pub(super) struct SessionRecord {
     /// Hex of the digest of its last token (what its resume presents).
     pub(super) token: String,
     pub(super) client: String,
+    /// Restored from a file behind what its client wrote (a power loss), and not resumed
+    /// since: its resume must say so, also after another restart in the same boot.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) behind: bool,
 }
 
 /// A volume, as the file keeps it ([`super::volume`]).
@@ -108,6 +112,9 @@ pub(super) struct VolumeRecord {
     pub(super) shared: bool,
     #[serde(default)]
     pub(super) evicted: Vec<String>,
+    /// As a session's `behind`: its holder's next resume must say the file was behind.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) behind: bool,
 }
 
 /// Everything that owns extents, one image of it.
@@ -799,6 +806,7 @@ mod tests {
             id,
             token: hex(&[id as u8; 32]),
             client: format!("client {id}"),
+            behind: false,
         }
     }
 

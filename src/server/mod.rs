@@ -125,6 +125,9 @@ struct Departed {
     /// Its extents were registered again under new keys (a backed server's restart on a
     /// fabric whose device issues keys): its resume says so.
     rekeyed: bool,
+    /// Restored from a file behind what its client wrote ([`backing::SessionRecord::behind`]):
+    /// its resume says so, and its client takes its copies here for stale where it has others.
+    behind: bool,
 }
 
 /// What departed sessions are filed under: a digest of their last session token, so a lookup
@@ -138,10 +141,6 @@ fn token_digest(token: &Token) -> TokenDigest {
 
 struct Shared {
     fabric: Arc<dyn Fabric>,
-    /// Restored from a backing file that may hold less than was written into it (a restart
-    /// after a power loss): every resumed session is told, so its client takes copies here
-    /// for stale where it has others.
-    restored_behind: bool,
     /// The address the control listener is bound to (possibly a wildcard): the fabric serves
     /// data on the same interfaces.
     listen: SocketAddr,
@@ -240,11 +239,16 @@ impl MemoryServer {
                             &mut allocator,
                             found,
                             config.lease,
+                            !whole,
                         )?;
-                        let r = restart::Restored {
-                            behind: !whole,
-                            ..r
-                        };
+                        if whole && r.behind {
+                            log::warn!(
+                                "backing file {}: restored at an earlier start from a file \
+                                 behind its clients' writes, and not every client resumed \
+                                 since: those still take their copies here for stale",
+                                path.display()
+                            );
+                        }
                         b.clear_free(&arena, &allocator);
                         r
                     }
@@ -314,7 +318,6 @@ impl MemoryServer {
             departures: Condvar::new(),
             refusals: Refusals::default(),
             volumes: Mutex::new(restored.volumes),
-            restored_behind: restored.behind,
             volume_changes: Condvar::new(),
             backing,
             arena,

@@ -5,7 +5,7 @@
 //! volume (its holder resumes, or a new holder claims it). Extents of no known owner (a
 //! session that had not been recorded yet) are freed.
 
-use super::backing::{unhex, Backing, Found, SlotEntry};
+use super::backing::{unhex, Backing, Found, SessionRecord, SlotEntry};
 use super::volume::Volume;
 use super::{Arena, Departed, Extent, ExtentAllocator, TokenDigest};
 use crate::fabric::Fabric;
@@ -21,7 +21,9 @@ pub(super) struct Restored {
     /// Above every session id the file names (ids are extents' owners).
     pub(super) next_session: u64,
     pub(super) extents: u64,
-    /// The file may hold less than was written into it ([`super::backing::Run::left_whole`]).
+    /// The file may hold less than was written into some owner's last writes: now
+    /// ([`super::backing::Run::left_whole`]), or at an earlier restart whose owners have not
+    /// all resumed since.
     pub(super) behind: bool,
 }
 
@@ -48,6 +50,7 @@ pub(super) fn restore(
     alloc: &mut ExtentAllocator,
     found: Found,
     lease: Duration,
+    behind: bool,
 ) -> io::Result<Restored> {
     let start = Instant::now();
     // A device that issues its own keys (verbs) gives each extent a new one: the table
@@ -118,7 +121,11 @@ pub(super) fn restore(
             }
             (None, Some((digest, rec))) => {
                 let d = r.departed.entry(*digest).or_insert_with(|| {
-                    kept_sessions.push((*rec).clone());
+                    let behind = behind || rec.behind;
+                    kept_sessions.push(SessionRecord {
+                        behind,
+                        ..(*rec).clone()
+                    });
                     Departed {
                         id: rec.id,
                         extents: HashMap::new(),
@@ -126,6 +133,7 @@ pub(super) fn restore(
                         expires: Instant::now() + lease,
                         client_name: rec.client.clone(),
                         rekeyed,
+                        behind,
                     }
                 });
                 d.held += extent.len;
@@ -138,8 +146,9 @@ pub(super) fn restore(
         let extents = parked.remove(&rec.name).unwrap_or_default();
         let name = rec.name.clone();
         r.volumes
-            .insert(name, Volume::restored(rec, extents, rekeyed));
+            .insert(name, Volume::restored(rec, extents, rekeyed, behind));
     }
+    r.behind = kept_sessions.iter().any(|s| s.behind) || r.volumes.values().any(|v| v.behind());
     backing.adopt_sessions(kept_sessions);
     log::info!(
         "backing file {}: restored {} extents ({bytes} bytes) in {:.2} s: {} sessions wait \

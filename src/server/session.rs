@@ -479,7 +479,7 @@ impl Session {
             extents,
             bytes: self.held,
             rekeyed,
-            behind: shared.restored_behind,
+            behind: d.behind,
         })
     }
 
@@ -645,6 +645,8 @@ impl Session {
                 expires: Instant::now() + self.shared.lease,
                 client_name: self.client_name.clone(),
                 rekeyed: self.rekeyed,
+                // Told at its resume, if it was behind.
+                behind: false,
             };
             self.shared.departed.lock().insert(key, d);
             self.shared.clients.fetch_sub(1, Ordering::SeqCst);
@@ -666,6 +668,8 @@ impl Session {
             id: self.id,
             token: super::backing::hex(&token_digest(&token)),
             client: self.client_name.clone(),
+            // Resumed (told, if it was behind) or new: nothing more to tell.
+            behind: false,
         };
         if b.note_session(record) {
             self.shared.save_owners();

@@ -68,9 +68,17 @@ pub(super) struct Volume {
     /// Its extents were registered again under new keys since its holder last resumed (a
     /// backed server's restart on a fabric whose device issues keys).
     rekeyed: bool,
+    /// Restored from a file behind what its holder wrote, and not resumed since
+    /// ([`super::backing::SessionRecord::behind`]).
+    behind: bool,
 }
 
 impl Volume {
+    /// Its holder's next resume must say the server's file was behind.
+    pub(super) fn behind(&self) -> bool {
+        self.behind
+    }
+
     /// How a backed server's file keeps it ([`super::backing`]).
     pub(super) fn record(&self, name: &str) -> VolumeRecord {
         VolumeRecord {
@@ -83,6 +91,7 @@ impl Volume {
             root: hex(&self.root),
             shared: self.shared,
             evicted: self.evicted.clone(),
+            behind: self.behind,
         }
     }
 
@@ -102,6 +111,7 @@ impl Volume {
             bytes: 0,
             root: Vec::new(),
             rekeyed: false,
+            behind: false,
             followers: HashMap::new(),
             shared: false,
             members: HashMap::new(),
@@ -123,6 +133,7 @@ impl Volume {
         rec: VolumeRecord,
         parked: HashMap<u64, Extent>,
         rekeyed: bool,
+        behind: bool,
     ) -> Volume {
         let digest = |h: &String| unhex(h).and_then(|b| TokenDigest::try_from(b).ok());
         Volume {
@@ -133,6 +144,7 @@ impl Volume {
             parked,
             root: unhex(&rec.root).unwrap_or_default(),
             rekeyed,
+            behind: behind || rec.behind,
             shared: rec.shared,
             evicted: rec.evicted,
             ..Volume::new(rec.session_id, rec.epoch, rec.holder)
@@ -491,7 +503,7 @@ impl Session {
                 extents: self.extents.len() as u64,
                 bytes: self.held,
                 rekeyed: std::mem::take(&mut v.rekeyed),
-                behind: shared.restored_behind,
+                behind: std::mem::take(&mut v.behind),
             };
             if let Message::Resumed { rekeyed: true, .. } = reply {
                 self.rekeyed = true;
