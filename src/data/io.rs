@@ -218,7 +218,7 @@ impl<'a> FileIo<'a> {
     }
 
     /// Lets go of the copies on a server back behind what was written to it, into `gone`;
-    /// returns the copies kept (see [`DataStore::let_go_of_behind_copies`]).
+    /// returns the copies kept (see `DataStore::let_go_of_behind_copies`).
     pub fn let_go_of_behind_copies(
         &mut self,
         server: ServerId,
