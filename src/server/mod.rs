@@ -241,14 +241,6 @@ impl MemoryServer {
                             config.lease,
                             !whole,
                         )?;
-                        if whole && r.behind {
-                            log::warn!(
-                                "backing file {}: restored at an earlier start from a file \
-                                 behind its clients' writes, and not every client resumed \
-                                 since: those still take their copies here for stale",
-                                path.display()
-                            );
-                        }
                         b.clear_free(&arena, &allocator);
                         r
                     }

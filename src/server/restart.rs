@@ -21,10 +21,6 @@ pub(super) struct Restored {
     /// Above every session id the file names (ids are extents' owners).
     pub(super) next_session: u64,
     pub(super) extents: u64,
-    /// The file may hold less than was written into some owner's last writes: now
-    /// ([`super::backing::Run::left_whole`]), or at an earlier restart whose owners have not
-    /// all resumed since.
-    pub(super) behind: bool,
 }
 
 impl Default for Restored {
@@ -34,7 +30,6 @@ impl Default for Restored {
             volumes: HashMap::new(),
             next_session: 1,
             extents: 0,
-            behind: false,
         }
     }
 }
@@ -43,6 +38,9 @@ fn digest(hex: &str) -> Option<TokenDigest> {
     unhex(hex)?.try_into().ok()
 }
 
+/// Hands `found`'s extents back to their owners. `behind`: the file may hold less than its
+/// clients wrote ([`super::backing::Run::left_whole`]); every owner is then marked so, as are
+/// those still marked from an earlier start, until their resume tells them.
 pub(super) fn restore(
     fabric: &Arc<dyn Fabric>,
     arena: &Arena,
@@ -53,6 +51,17 @@ pub(super) fn restore(
     behind: bool,
 ) -> io::Result<Restored> {
     let start = Instant::now();
+    let owners = &found.owners;
+    if !behind
+        && (owners.sessions.iter().any(|s| s.behind) || owners.volumes.iter().any(|v| v.behind))
+    {
+        log::warn!(
+            "backing file {}: restored at an earlier start from a file behind its clients' \
+             writes, and not every client resumed since: those still take their copies here \
+             for stale",
+            backing.path().display()
+        );
+    }
     // A device that issues its own keys (verbs) gives each extent a new one: the table
     // takes it, and each owner's next resume says so (its client lists the new keys).
     let rekeyed = !fabric.chooses_keys();
@@ -148,7 +157,6 @@ pub(super) fn restore(
         r.volumes
             .insert(name, Volume::restored(rec, extents, rekeyed, behind));
     }
-    r.behind = kept_sessions.iter().any(|s| s.behind) || r.volumes.values().any(|v| v.behind());
     backing.adopt_sessions(kept_sessions);
     log::info!(
         "backing file {}: restored {} extents ({bytes} bytes) in {:.2} s: {} sessions wait \

@@ -74,11 +74,6 @@ pub(super) struct Volume {
 }
 
 impl Volume {
-    /// Its holder's next resume must say the server's file was behind.
-    pub(super) fn behind(&self) -> bool {
-        self.behind
-    }
-
     /// How a backed server's file keeps it ([`super::backing`]).
     pub(super) fn record(&self, name: &str) -> VolumeRecord {
         VolumeRecord {
