@@ -346,8 +346,10 @@ fn op_strategy() -> impl proptest::strategy::Strategy<Value = Op> {
 
 /// Applies `op` (errors such as ENOENT are part of the model: the namespace is compared,
 /// not the results), pushing the namespace after every file-system call onto `states`: each
-/// call commits on its own, so a crash may land between two calls of one `op`.
-fn run(d: &Daemon, op: &Op, seed: u64, states: &mut Vec<rmemfs::meta::Digest>) {
+/// call commits on its own, so a crash may land between two calls of one `op`. With
+/// `held` (commits held back to make one group), a write truncates first: a write over
+/// bytes a file holds waits for its file's overwrite mark to commit (`fs::overwrite`).
+fn run(d: &Daemon, op: &Op, seed: u64, states: &mut Vec<rmemfs::meta::Digest>, held: bool) {
     let fs = d.fs();
     let mut mark = || states.push(fs.namespace_digest());
     let write = |ino: Ino, flags: i32, len: usize, mark: &mut dyn FnMut()| {
@@ -361,6 +363,7 @@ fn run(d: &Daemon, op: &Op, seed: u64, states: &mut Vec<rmemfs::meta::Digest>) {
     };
     match op {
         Op::Write(n, len) => match d.resolve(&name(*n)) {
+            Ok(ino) if held => write(ino, libc::O_WRONLY | libc::O_TRUNC, *len, &mut mark),
             Ok(ino) => write(ino, libc::O_WRONLY, *len, &mut mark),
             Err(_) => {
                 if let Ok((e, fh)) =
@@ -421,7 +424,7 @@ proptest::proptest! {
         let mut states = vec![d.fs().namespace_digest()];
         let mut fsynced = 0;
         for (i, op) in ops.iter().enumerate() {
-            run(&d, op, i as u64, &mut states);
+            run(&d, op, i as u64, &mut states, false);
             if matches!(op, Op::Sync) {
                 fsynced = states.len() - 1;
             }
@@ -431,7 +434,7 @@ proptest::proptest! {
         fsynced = fsynced.max(states.len() - 1);
         d.0.journal.hold_commits(true);
         for (i, op) in last.iter().filter(|o| !matches!(o, Op::Sync)).enumerate() {
-            run(&d, op, 1000 + i as u64, &mut states);
+            run(&d, op, 1000 + i as u64, &mut states, true);
         }
         d.0.journal.tear_next_group(tear);
         d.0.journal.hold_commits(false);
@@ -940,4 +943,66 @@ fn a_fenced_holder_lets_go_of_a_server_that_forgot_it_and_its_roots_never_win() 
     let third = rack.attach("vol", false, false).unwrap();
     assert_eq!(third.read("after").unwrap(), b"new holder");
     assert_eq!(third.read("before").unwrap(), b"kept");
+}
+
+/// Whether every copy of chunk `idx` of `ino` holds the same bytes; panics naming the
+/// servers otherwise.
+fn assert_copies_agree(t: &common::TestFs, ino: Ino, idx: u64) {
+    let copies = t.fs.copies_of(ino, idx).unwrap();
+    assert!(copies.len() >= 2, "chunk {idx} has {} copies", copies.len());
+    for (server, bytes) in &copies[1..] {
+        assert!(
+            *bytes == copies[0].1,
+            "chunk {idx}: the copy on server {server} differs from the one on server {}",
+            copies[0].0
+        );
+    }
+}
+
+#[test]
+fn copies_a_crash_cut_mid_overwrite_agree_after_attach_and_reads_never_flip() {
+    use rmemfs::data::WritePath;
+    let mut t = common::TestFs::volume(2, 32 << 20, MIB as u64, WritePath::Frrwp, "torn");
+    let old = bytes(1, 2 * MIB);
+    for name in ["db", "closed", "fresh"] {
+        t.create(name).unwrap();
+        t.write_file(name, 0, &old).unwrap();
+    }
+    t.fs.sync().expect("a volume syncs").unwrap();
+
+    // "closed": changed in place and closed (its mark goes with its last writer).
+    t.write_file("closed", 4096, &bytes(2, 8192)).unwrap();
+    // "fresh": a new file still open, only ever appended to (never marked).
+    let fresh = t.resolve("fresh").unwrap();
+    let fresh_fh = t.fs.open(fresh, libc::O_WRONLY).unwrap();
+    t.fs.write(fresh, fresh_fh, old.len() as u64, &bytes(3, 4096), ME)
+        .unwrap();
+    // "db": changed in place while open, then a write the crash cut after one copy of
+    // chunk 1 (it reached the second server in that chunk's order and not the first).
+    let db = t.resolve("db").unwrap();
+    let fh = t.fs.open(db, libc::O_WRONLY).unwrap();
+    t.fs.write(db, fh, 100, &bytes(4, 4096), ME).unwrap();
+    let second = t.fs.copies_of(db, 1).unwrap()[1].0;
+    t.fs.write_one_copy(db, 1, second, 5000, &bytes(5, 4096))
+        .unwrap();
+    assert!(
+        t.fs.copies_of(db, 1).unwrap()[0].1 != t.fs.copies_of(db, 1).unwrap()[1].1,
+        "the cut write left the copies disagreeing"
+    );
+
+    let report = t.crash_and_reattach();
+    let db = t.resolve("db").unwrap();
+    assert_copies_agree(&t, db, 0);
+    assert_copies_agree(&t, db, 1);
+    assert_eq!(report.reconciled, 1, "only db was marked: {report:?}");
+    // What a read returns now, it returns with either server gone.
+    let seen = t.read_file("db").unwrap();
+    assert_eq!(seen.len(), old.len());
+    assert!(
+        seen[100..4196] == bytes(4, 4096)[..],
+        "the write before the cut"
+    );
+    let first = t.fs.copies_of(db, 1).unwrap()[0].0;
+    t.kill_server(first as usize);
+    assert!(t.read_file("db").unwrap() == seen, "a read flipped");
 }

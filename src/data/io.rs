@@ -229,6 +229,31 @@ impl<'a> FileIo<'a> {
         data.let_go_of_behind_copies(chunks, server, keys, gone)
     }
 
+    /// Whether a chunk holding bytes of `[start, end)` has more than one copy.
+    pub fn shares_copies(&self, start: u64, end: u64) -> bool {
+        self.data.shares_copies(&self.chunks, start, end)
+    }
+
+    /// Makes the copies of every chunk agree (see [`DataStore::reconcile`]); returns the
+    /// chunks whose copies were written.
+    pub fn reconcile(&mut self) -> Result<u64> {
+        let (data, chunks) = self.settled();
+        data.reconcile(chunks)
+    }
+
+    /// The bytes of each copy of chunk `idx`, by server.
+    #[cfg(feature = "testing")]
+    pub fn copies_of(&self, idx: u64) -> Result<Vec<(u32, Vec<u8>)>> {
+        self.data.copies_of(&self.chunks, idx)
+    }
+
+    /// Writes `bytes` at `offset` of chunk `idx`'s copy on `server` only.
+    #[cfg(feature = "testing")]
+    pub fn write_one_copy(&self, idx: u64, server: u32, offset: u64, bytes: &[u8]) -> Result<()> {
+        self.data
+            .write_one_copy(&self.chunks, idx, server, offset, bytes)
+    }
+
     /// The chunk changes since the last call, for the namespace's batch.
     pub fn take_log(&mut self) -> Vec<ExtentChange> {
         self.chunks.take_log()

@@ -45,6 +45,7 @@ mod buffers;
 mod frrwp;
 mod io;
 mod read;
+mod reconcile;
 mod remote;
 mod replicas;
 mod shapes;

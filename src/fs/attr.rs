@@ -131,20 +131,25 @@ impl Fs {
                 _ => return Err(err(libc::EINVAL)),
             }
         };
-        let mut io = self.data.lock(&file);
+        // Cutting zeroes the rest of the chunk the file now ends in, in place.
+        let cut_end = size.next_multiple_of(self.data.chunk_size());
+        let mut io = self.lock_for_overwrite(ino, &file, |_| (size, cut_end))?;
         let old = inode(&self.meta.lock(), ino)?.size;
         let cut = if size < old {
             io.truncate(size)
         } else {
             Ok(())
         };
-        let mut meta = self.meta.lock();
-        let mut b = meta.batch();
-        if cut.is_ok() {
-            b.update(ino, |a| a.size = size)?;
-            b.touch(ino, true)?;
+        {
+            let mut meta = self.meta.lock();
+            let mut b = meta.batch();
+            if cut.is_ok() {
+                b.update(ino, |a| a.size = size)?;
+                b.touch(ino, true)?;
+            }
+            Self::commit_with(b, ino, &mut io)?;
         }
-        Self::commit_with(b, ino, &mut io)?;
+        self.settle_overwrite(ino, &io);
         cut
     }
 

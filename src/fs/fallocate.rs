@@ -51,7 +51,13 @@ impl Fs {
         }
         let end = self.data.check_end(offset, len)?;
         let file = self.file_data(ino)?;
-        let mut io = self.data.lock(&file);
+        // Every mode but plain allocation changes bytes the file holds in place (a punch or
+        // zeroed range, or all it holds from `offset` on when ranges shift).
+        let mut io = if op == 0 {
+            self.data.lock(&file)
+        } else {
+            self.lock_for_overwrite(ino, &file, |i| (offset, if shifts { i.size } else { end }))?
+        };
         let size = {
             let meta = self.meta.lock();
             let i = inode(&meta, ino)?;
@@ -115,6 +121,7 @@ impl Fs {
             }
             Self::commit_with(b, ino, &mut io)?;
         }
+        self.settle_overwrite(ino, &io);
         changed?;
         drop(io);
         self.drop_set_id_bits(ino, &caller)

@@ -120,6 +120,9 @@ impl Fs {
         let Some(h) = self.handles.lock().remove(&fh) else {
             return;
         };
+        if h.mode.write {
+            self.settle_overwrite_at_close(h.ino);
+        }
         let mut meta = self.meta.lock();
         meta.closed(h.ino);
         self.settle(meta, h.ino);
@@ -194,20 +197,24 @@ impl Fs {
             return Err(err(libc::EBADF));
         }
         let file = self.file_data(ino)?;
-        let mut io = self.data.lock(&file);
-        // Under the file's lock, so appends from several handles do not interleave. A file
-        // made append-only after it was opened takes appends only.
-        let offset = {
-            let meta = self.meta.lock();
-            let i = inode(&meta, ino)?;
-            check_not_immutable(i)?;
-            // Under the writeback cache the kernel placed appends itself (its size may be
-            // ahead of this one while pages wait).
+        // Under the writeback cache the kernel placed appends itself (its size may be ahead
+        // of this one while pages wait). A file made append-only after it was opened takes
+        // appends only.
+        let place = |i: &crate::meta::Inode| {
             if (mode.append || i.flags & FS_APPEND_FL != 0) && !self.config.writeback {
                 i.size
             } else {
                 offset
             }
+        };
+        let len = data.len() as u64;
+        let mut io = self.lock_for_overwrite(ino, &file, |i| (place(i), place(i) + len))?;
+        // Under the file's lock, so appends from several handles do not interleave.
+        let offset = {
+            let meta = self.meta.lock();
+            let i = inode(&meta, ino)?;
+            check_not_immutable(i)?;
+            place(i)
         };
         let end = self.data.check_end(offset, data.len() as u64)?;
         self.fault_point("write");

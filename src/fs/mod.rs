@@ -26,6 +26,7 @@ mod freeze;
 mod handles;
 mod locks;
 mod names;
+mod overwrite;
 mod rules;
 mod types;
 mod xattr;

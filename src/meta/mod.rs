@@ -114,6 +114,10 @@ pub struct Attrs {
     /// Made by `O_TMPFILE` (without `O_EXCL`) and never linked: `link` may give it a first
     /// name, which any other inode without links refuses (ENOENT).
     pub tmpfile: bool,
+    /// Bytes the file already held may be being written in place on every copy of their
+    /// chunks (volumes): after a crash its copies may disagree, so attach makes them agree
+    /// (see `fs::overwrite`). Journaled before the first such write goes out.
+    pub overwriting: bool,
 }
 
 /// A lookup count no run of forgets brings to zero, nor any run of lookups overflows (see
@@ -166,6 +170,7 @@ impl Inode {
                 btime: now,
                 flags: 0,
                 tmpfile: false,
+                overwriting: false,
             },
             lookups: 0,
             opens: 0,

@@ -186,7 +186,7 @@ fn put_attrs(out: &mut Vec<u8>, a: &Attrs) {
         put_time(out, t);
     }
     put_u32(out, a.flags);
-    out.push(u8::from(a.tmpfile));
+    out.push(u8::from(a.tmpfile) | u8::from(a.overwriting) << 1);
 }
 
 fn put_chunk(out: &mut Vec<u8>, c: &Chunk) {
@@ -371,19 +371,35 @@ impl<'a> Cursor<'a> {
         })
     }
     fn attrs(&mut self) -> Result<Attrs, String> {
+        let (perm, uid, gid, nlink, rdev, size) = (
+            self.u16()?,
+            self.u32()?,
+            self.u32()?,
+            self.u32()?,
+            self.u32()?,
+            self.u64()?,
+        );
+        let (atime, mtime, ctime, btime) = (self.time()?, self.time()?, self.time()?, self.time()?);
+        let flags = self.u32()?;
+        // One byte of state bits (a record from before the second bit holds 0 or 1).
+        let bits = self.u8()?;
+        if bits & !0b11 != 0 {
+            return Err(format!("unknown inode state bits {bits:#x}"));
+        }
         Ok(Attrs {
-            perm: self.u16()?,
-            uid: self.u32()?,
-            gid: self.u32()?,
-            nlink: self.u32()?,
-            rdev: self.u32()?,
-            size: self.u64()?,
-            atime: self.time()?,
-            mtime: self.time()?,
-            ctime: self.time()?,
-            btime: self.time()?,
-            flags: self.u32()?,
-            tmpfile: self.u8()? != 0,
+            perm,
+            uid,
+            gid,
+            nlink,
+            rdev,
+            size,
+            atime,
+            mtime,
+            ctime,
+            btime,
+            flags,
+            tmpfile: bits & 1 != 0,
+            overwriting: bits & 2 != 0,
         })
     }
     fn chunk(&mut self) -> Result<Chunk, String> {
@@ -530,6 +546,7 @@ mod tests {
             btime: t(-1, 1),
             flags: 0x30,
             tmpfile: seed.is_multiple_of(2),
+            overwriting: seed.is_multiple_of(3),
         }
     }
 

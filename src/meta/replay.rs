@@ -136,7 +136,13 @@ impl Meta {
             if i.nlink == 0 && *ino != super::ROOT_INO {
                 continue;
             }
-            let attrs = format!("{:?} {:?}", i.kind, i.attrs);
+            // The overwrite mark is the journal's bookkeeping (attach takes it away), not
+            // what the namespace holds.
+            let attrs = super::Attrs {
+                overwriting: false,
+                ..i.attrs
+            };
+            let attrs = format!("{:?} {attrs:?}", i.kind);
             let body = match &i.body {
                 Body::File(f) => {
                     files.push((*ino, f.clone()));

@@ -6,8 +6,9 @@
 //! Attach: take the newest root any server holds; read the checkpoint and the ring (every
 //! copy: the longest valid run of records wins, so a copy that missed the last group before
 //! a crash costs nothing); replay them into an empty table; forget copies on servers that
-//! restarted without the volume (the rebuild restores them); drop orphans; free every extent
-//! the volume owns that nothing names (allocations that never reached the journal, stock
+//! restarted without the volume (the rebuild restores them); drop orphans; make the copies
+//! of files a crash may have cut mid-change agree (`fs::overwrite`); free every extent the
+//! volume owns that nothing names (allocations that never reached the journal, stock
 //! granted ahead); then write a fresh checkpoint and ring, which also repairs lagging journal
 //! copies, and start the committer.
 
@@ -69,6 +70,11 @@ pub struct AttachReport {
     /// Servers of the volume attached without (`--force-without`: their copies forgotten).
     pub without: usize,
     pub orphans: usize,
+    /// Files marked as changed in place when the last holder stopped, whose copies were
+    /// made to agree (see `fs::overwrite`), and the chunks among theirs that had copies
+    /// written.
+    pub reconciled: usize,
+    pub reconciled_chunks: u64,
     /// Extents freed because nothing named them.
     pub collected: usize,
 }
@@ -234,6 +240,16 @@ pub fn attach_then(
     pool.set_free_gate(gate.clone());
     if !options.keep_orphans {
         report.orphans = fs.reap_orphans();
+    }
+    // Before the checkpoint, which then holds the copies as they agree and no marks.
+    (report.reconciled, report.reconciled_chunks) = fs.reconcile_overwritten();
+    if report.reconciled > 0 {
+        log::warn!(
+            "volume attach: {} files were being changed in place when the last holder \
+             stopped; their copies now agree ({} chunks written)",
+            report.reconciled,
+            report.reconciled_chunks
+        );
     }
     let keep: Vec<Place> = old_ckpt.iter().chain(&old_ring).copied().collect();
     report.collected = collect(&fs, &keep)?;

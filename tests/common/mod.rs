@@ -445,11 +445,12 @@ impl TestFs {
 
     /// The volume's daemon dies (nothing more sent, nothing pending committed) and a new
     /// one attaches it.
-    pub fn crash_and_reattach(&mut self) {
+    pub fn crash_and_reattach(&mut self) -> rmemfs::volume::AttachReport {
         self.fs.data().pool().crash();
         let attached = self.attach_volume(false).unwrap();
         self.fs = attached.fs;
         self.journal = Some(attached.journal);
+        attached.report
     }
 
     /// Memory server `i` dies: its data path stops answering and its control connections
