@@ -26,10 +26,21 @@
 #         restart (another boot id): the mount must take its copies for stale and read every
 #         acknowledged file back exactly, never the bytes the file held at the write-back.
 #
-# Usage: tools/chaos.sh [SECONDS]  (default 300; each phase gets half). Needs root.
+#   v2m1  a volume (`--volume`) on two servers, --replicas 2: beside freezes, link cuts and
+#         kills of servers, faults of the volume's own. daemon_kill: the mount daemon gets
+#         SIGKILL while the writers write and is mounted again (attach replays the journal);
+#         every acknowledged file reads back exactly, and every file on the volume (those
+#         the kill cut mid-write included) reads the same with either server frozen: copies
+#         a crash cut mid-overwrite were made to agree at attach. fill: the pool is filled
+#         to ENOSPC (the error must say so) while the writers go on, a server is frozen and
+#         thawed while it is full, and the filler is removed: the volume must take writes
+#         again (a full pool does not brick it).
+#
+# Usage: tools/chaos.sh [SECONDS]  (default 300; the phases share it). Needs root.
 #   CHAOS_SEED=N      replays a run's choices (printed at the start)
 #   CHAOS_PHASES="r2m2"  runs only the phases named
-#   CHAOS_KINDS="kill power_loss"  draws faults from these kinds only (power_loss: backed phases)
+#   CHAOS_KINDS="kill power_loss"  draws faults from these kinds only (power_loss: backed phases;
+#                  daemon_kill, fill: volume phases)
 #   RMEMFS_MOUNT_ARGS="-o io_uring"  runs the mounts through FUSE over io_uring
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +50,7 @@ cd "$(dirname "$0")/.."
 . mount-tests/hosts-lib.sh
 
 SECONDS_TO_RUN=${1:-300}
-PHASES=${CHAOS_PHASES:-r3m2 r2m2}
+PHASES=${CHAOS_PHASES:-r3m2 r2m2 v2m1}
 SEED=${CHAOS_SEED:-$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')}
 RANDOM=$SEED
 DETECT=2        # the mount's op timeout (failure detection) and the servers'
@@ -195,6 +206,70 @@ double_kill() {
   resume
 }
 
+# remount: the mount daemon of the phase's volume is killed (SIGKILL, mid-write) and the
+# volume mounted again at the same place (the dead mount detached), as systemd's restart
+# does.
+remount() {
+  local pid
+  for pid in $(daemon_pids "$MNT"); do kill -KILL "$pid"; done
+  wait_daemon_gone "$MNT" 10 || fail "the killed daemon is still there"
+  mount_fs "$MNT" "$(hosts_addrs)" "${MOUNT_OPTS[@]}" || fail "the volume did not mount again"
+}
+
+# digests OUT: every file under the writers' directory (not only the acknowledged ones) read
+# from the servers, its SHA-256 or its error, into OUT.
+digests() {
+  drop_caches "$MNT" || fail "cannot drop caches"
+  t python3 - "$MNT/w" >"$1" <<'PY' || fail "cannot read the writers' directory"
+import hashlib, os, sys
+for name in sorted(os.listdir(sys.argv[1])):
+    try:
+        with open(os.path.join(sys.argv[1], name), "rb") as f:
+            print(name, hashlib.sha256(f.read()).hexdigest())
+    except OSError as e:
+        print(name, "error", e.errno)
+PY
+}
+
+# same_with_each_frozen: with the writers paused, every file reads the same with each server
+# frozen in turn (each copy preferred) as with both up.
+same_with_each_frozen() {
+  local h
+  digests "$WORK/digests-$FAULTS"
+  for ((h = 0; h < HOSTS_N; h++)); do
+    host_freeze "$h"
+    wait_state "$h" down "$TRANSITION"
+    digests "$WORK/digests-$FAULTS-$h"
+    host_thaw "$h"
+    wait_state "$h" up 30
+    cmp -s "$WORK/digests-$FAULTS" "$WORK/digests-$FAULTS-$h" ||
+      fail "with host $h frozen a file reads otherwise: $(diff "$WORK/digests-$FAULTS" \
+        "$WORK/digests-$FAULTS-$h" | head -n 4 | tr '\n' ' ')"
+  done
+  echo "chaos:   $(wc -l <"$WORK/digests-$FAULTS") files read the same from either copy"
+}
+
+# fill HOST: the pool filled to ENOSPC while the writers go on, HOST frozen and thawed while
+# it is full, the filler removed; then a write must succeed again.
+fill() {
+  local h=$1 err=$WORK/fill-$FAULTS.err
+  if t dd if=/dev/zero of="$MNT/fill" bs=1M status=none conv=fsync 2>"$err"; then
+    fail "the pool never filled (dd ended without an error)"
+  fi
+  grep -q "No space left on device" "$err" ||
+    fail "filling the pool failed otherwise than ENOSPC: $(head -c 200 "$err")"
+  printf 'chaos:   full at %s MiB; host %d frozen while full\n' \
+    $(($(stat -c %s "$MNT/fill") >> 20)) "$h"
+  host_freeze "$h"
+  wait_state "$h" down "$TRANSITION"
+  host_thaw "$h"
+  wait_state "$h" up 30
+  rm -f "$MNT/fill" || fail "the filler could not be removed from a full volume"
+  must_within 60 "a write after the pool was emptied" \
+    dd if=/dev/urandom of="$MNT/probe" bs=1M count=4 conv=fsync status=none
+  rm -f "$MNT/probe"
+}
+
 # one_fault KIND HOST: a fault, its transitions checked, then every file verified.
 one_fault() {
   local kind=$1 h=$2
@@ -224,6 +299,15 @@ one_fault() {
       host_heal "$h"
       wait_state "$h" up 30
       ;;
+    daemon_kill)
+      remount
+      pause
+      verify
+      same_with_each_frozen
+      resume
+      return
+      ;;
+    fill) fill "$h" ;;
     kill_degraded) double_kill "$h" degraded ;;
     kill_rebuilding) double_kill "$h" rebuilding ;;
     power_loss)
@@ -262,20 +346,32 @@ stop_writers() {
 # phase NAME SECONDS
 phase() {
   local name=$1 secs=$2 servers copies min w start kind h i
-  local backing=() kinds=()
+  local backing=() kinds=() volume=0 first=("${OVERLAPPING[@]}")
   BACKED=0
   case $name in
     r3m2) servers=4 copies=3 min=2 ALLOW_LOSS=0 ;;
     r2m2) servers=3 copies=2 min=2 ALLOW_LOSS=1 ;;
     b2m2) servers=3 copies=2 min=2 ALLOW_LOSS=1 BACKED=1 ;;
+    # Writes the daemon's kill cuts, and those a full pool refuses, fail: they are not
+    # acknowledged, so their files leave the manifests (ALLOW_LOSS); acknowledged ones must
+    # all read back.
+    v2m1) servers=2 copies=2 min=1 ALLOW_LOSS=1 volume=1 first=(daemon_kill) ;;
     *) fail "unknown phase $name" ;;
   esac
   COPIES=$copies MIN_COPIES=$min FAULTS=0 LOST=0
   for kind in "${KINDS[@]}"; do
     [ "$kind" = power_loss ] && [ "$BACKED" != 1 ] && continue
+    # Two servers: a second kill would take every copy.
+    [ "$volume" = 1 ] && [[ " ${OVERLAPPING[*]} " == *" $kind "* ]] && continue
     kinds+=("$kind")
   done
   [ "$BACKED" = 1 ] && [ -z "${CHAOS_KINDS:-}" ] && kinds+=(power_loss)
+  [ "$volume" = 1 ] && [ -z "${CHAOS_KINDS:-}" ] && kinds+=(daemon_kill fill)
+  if [ "$volume" = 0 ]; then
+    local k vkinds=()
+    for k in "${kinds[@]}"; do [ "$k" = daemon_kill ] || [ "$k" = fill ] || vkinds+=("$k"); done
+    kinds=("${vkinds[@]}")
+  fi
   [ ${#kinds[@]} -gt 0 ] || fail "no fault kind for phase $name (CHAOS_KINDS=${CHAOS_KINDS:-})"
   WORK=$BASE/work-$name
   mkdir -p "$WORK"
@@ -287,9 +383,11 @@ phase() {
     host_start "$i" 256M --op-timeout "$DETECT" --lease "$LEASE" "${backing[@]}" \
       2>>"$BASE/logs/hosts.err"
   done
-  mount_fs "$MNT" "$(hosts_addrs)" --op-timeout "$DETECT" --replicas "$copies" \
-    --min-replicas "$min" --rebuild-delay 1 --rebuild-rate "$REBUILD_RATE" \
-    --secret-file "$HOSTS_SECRET" --log-file "$WORK/daemon.log"
+  MOUNT_OPTS=(--op-timeout "$DETECT" --replicas "$copies" --min-replicas "$min"
+    --rebuild-delay 1 --rebuild-rate "$REBUILD_RATE" --secret-file "$HOSTS_SECRET"
+    --log-file "$WORK/daemon.log")
+  [ "$volume" = 1 ] && MOUNT_OPTS+=(--volume "chaos-$SEED")
+  mount_fs "$MNT" "$(hosts_addrs)" "${MOUNT_OPTS[@]}" $([ "$volume" = 1 ] && echo --create)
   mkdir -p "$MNT/w"
   echo "chaos: phase $name: $servers servers, --replicas $copies --min-replicas $min, $secs s"
   WRITER_PIDS=()
@@ -314,7 +412,7 @@ phase() {
     wait_redundant "$MNT" 120
     h=$((RANDOM % servers))
     if [ "$FAULTS" -eq 0 ] && [ -z "${CHAOS_KINDS:-}" ]; then
-      kind=${OVERLAPPING[RANDOM % ${#OVERLAPPING[@]}]}
+      kind=${first[RANDOM % ${#first[@]}]}
     else
       kind=${kinds[RANDOM % ${#kinds[@]}]}
     fi
@@ -338,6 +436,7 @@ phase() {
   fi
   echo "chaos: $name: $FAULTS faults; operations acknowledged: $(python3 "$WORKER" counts --work "$WORK");" \
     "files lost (as predicted) $LOST"
+  [ "$volume" = 1 ] && echo "chaos:   attaches that made copies agree: $(grep -c "copies now agree" "$WORK/daemon.log" || true)"
   stats_field "$MNT" "'chunks %(healthy)d healthy, %(degraded)d degraded, %(lost)d lost' % s['chunks']" |
     sed 's/^/chaos:   /'
   unmount_fs "$MNT" || fail "unmount failed"
