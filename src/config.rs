@@ -189,6 +189,13 @@ pub const UPKEEP_PANIC_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// `rm -rf` still never waits for a round trip.
 pub const FREES_IN_FLIGHT_MAX: u64 = 64;
 
+/// How long an allocation that found the pool full waits for the frees already made and not
+/// yet back at their servers (held until the journal commits the record that dropped them,
+/// every 5 ms; or sent and unanswered) before it answers ENOSPC: so a write right after an
+/// `rm` on a full volume finds the room the `rm` made. Bounded: frees held for a lagging
+/// follower may take longer, and the writer then gets ENOSPC as it would have.
+pub const FULL_POOL_FREES_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Largest extent a client keeps in stock (granted ahead of demand, see `client::stock`): a
 /// small file's first write then costs one round trip instead of two. Above it the payload's
 /// copy time dwarfs the saved round trip, and most files of a source tree are smaller.

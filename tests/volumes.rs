@@ -1006,3 +1006,24 @@ fn copies_a_crash_cut_mid_overwrite_agree_after_attach_and_reads_never_flip() {
     t.kill_server(first as usize);
     assert!(t.read_file("db").unwrap() == seen, "a read flipped");
 }
+
+#[test]
+fn a_write_right_after_an_rm_on_a_full_volume_finds_the_room_the_rm_made() {
+    let rack = Rack::new(2);
+    let d = rack.attach("vol", true, false).unwrap();
+    d.mkdir("fill").unwrap();
+    let filled = fill_pool(&d, "fill");
+    assert!(filled.len() > 10, "filled {} files", filled.len());
+    // The first files of the fill are of 1 MiB. Their memory goes back once the unlink's
+    // record is committed (every few ms): the write right after waits for it, and does not
+    // answer ENOSPC.
+    for (round, name) in filled.iter().take(5).enumerate() {
+        d.unlink(name).unwrap();
+        let after = format!("after{round}");
+        d.write(&after, &bytes(round as u64, MIB))
+            .unwrap_or_else(|e| panic!("writing {after} right after removing {name}: errno {e}"));
+    }
+    for round in 0..5 {
+        assert_eq!(d.read(&format!("after{round}")).unwrap(), bytes(round, MIB));
+    }
+}

@@ -69,6 +69,44 @@ impl Pool {
         n: usize,
         exclude: &[ServerId],
     ) -> Result<Vec<RemoteRegion>, PoolError> {
+        match self.try_alloc_replicas(len, n, exclude) {
+            Err(PoolError::NoSpace { .. }) if self.await_frees_in_flight() => {
+                self.try_alloc_replicas(len, n, exclude)
+            }
+            other => other,
+        }
+    }
+
+    /// On a full pool: waits (at most [`crate::config::FULL_POOL_FREES_WAIT`]) for the frees
+    /// already made and not yet back at their servers (held behind a volume's journal, or
+    /// sent and unanswered), so the capacity heard counts them. False if there were none.
+    fn await_frees_in_flight(&self) -> bool {
+        let deadline = Instant::now() + crate::config::FULL_POOL_FREES_WAIT;
+        let gate = self.free_gate.lock().clone();
+        let held =
+            |g: &Option<Arc<super::volume::FreeGate>>| g.as_ref().is_some_and(|g| g.held() > 0);
+        let unanswered = self.servers.iter().filter(|s| !s.is_failed()).any(|s| {
+            let (sent, answered) = *s.frees.counts.lock();
+            answered < sent
+        });
+        if !held(&gate) && !unanswered {
+            return false;
+        }
+        // The committer releases held frees after each commit; it signals no one, so this
+        // looks again every millisecond (only ever on a full pool, and bounded).
+        while held(&gate) && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.settle_frees(deadline.saturating_duration_since(Instant::now()));
+        true
+    }
+
+    fn try_alloc_replicas(
+        &self,
+        len: u64,
+        n: usize,
+        exclude: &[ServerId],
+    ) -> Result<Vec<RemoteRegion>, PoolError> {
         let candidates: Vec<usize> = self
             .placement(len)
             .into_iter()
