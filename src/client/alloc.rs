@@ -70,7 +70,11 @@ impl Pool {
         exclude: &[ServerId],
     ) -> Result<Vec<RemoteRegion>, PoolError> {
         match self.try_alloc_replicas(len, n, exclude) {
-            Err(PoolError::NoSpace { .. }) if self.await_frees_in_flight() => {
+            // Not for a repair (`exclude`: copies placed beside existing ones, best effort,
+            // often under a rebuild's file lock).
+            Err(PoolError::NoSpace { .. })
+                if exclude.is_empty() && self.await_frees_in_flight() =>
+            {
                 self.try_alloc_replicas(len, n, exclude)
             }
             other => other,

@@ -58,9 +58,39 @@ impl DataStore {
         if c.replicas().len() < 2 {
             return Ok(false);
         }
-        let base = b.buf.addr();
         // Copies that failed: left out of every later window, and let go of at the end.
         let mut failed: Vec<u32> = Vec::new();
+        let mut source = None;
+        let copied = self.copy_first_over_others(idx, c, b, &mut failed, &mut source);
+        if let (Err(_), Some(source)) = (&copied, source) {
+            // Cut part way by an error no server is to blame for: the copies may still
+            // disagree, so only the one read from stays (the rebuild copies it again).
+            failed.extend(
+                c.replicas()
+                    .iter()
+                    .map(|r| r.server)
+                    .filter(|&s| s != source),
+            );
+        }
+        for server in failed {
+            if c.replicas().len() > 1 {
+                self.let_go(c, server);
+            }
+        }
+        copied.map(|()| true)
+    }
+
+    /// The copying of [`Self::reconcile_chunk`], window by window: the copies that fail go
+    /// into `failed`, and `source` names the copy last read from.
+    fn copy_first_over_others(
+        &self,
+        idx: u64,
+        c: &Chunk,
+        b: &Bounce,
+        failed: &mut Vec<u32>,
+        source: &mut Option<u32>,
+    ) -> Result<()> {
+        let base = b.buf.addr();
         let mut at = 0;
         while at < c.len {
             let n = (c.len - at).min(IO_SIZE as u64);
@@ -70,29 +100,30 @@ impl DataStore {
                 lkey: 0,
             };
             // The source: the first copy in the chunk's order that has not failed.
-            let source = loop {
-                let Some(source) = c.replicas().iter().find(|r| !failed.contains(&r.server)) else {
+            let from = loop {
+                let Some(from) = c.replicas().iter().find(|r| !failed.contains(&r.server)) else {
                     return Err(lost(idx));
                 };
                 let read = RemoteOp {
                     opcode: Opcode::Read,
                     local,
-                    remote: region(c, source),
+                    remote: region(c, from),
                     offset: at,
                 };
                 match self.run_ops(self.pin(base, n)?, &[read]) {
-                    Ok(()) => break source.server,
+                    Ok(()) => break from.server,
                     Err(e) => match e.failed_server() {
                         Some(s) => failed.push(s.0),
                         None => return Err(e.into()),
                     },
                 }
             };
+            *source = Some(from);
             loop {
                 let writes: Vec<RemoteOp> = c
                     .replicas()
                     .iter()
-                    .filter(|r| r.server != source && !failed.contains(&r.server))
+                    .filter(|r| r.server != from && !failed.contains(&r.server))
                     .map(|r| RemoteOp {
                         opcode: Opcode::Write,
                         local,
@@ -110,12 +141,7 @@ impl DataStore {
             }
             at += n;
         }
-        for server in failed {
-            if c.replicas().len() > 1 {
-                self.let_go(c, server);
-            }
-        }
-        Ok(true)
+        Ok(())
     }
 
     /// The bytes of each copy of chunk `idx`, by server (tests: whether copies agree).

@@ -129,6 +129,8 @@ pub struct Fs {
     barrier: std::sync::OnceLock<Arc<dyn Barrier>>,
     /// Open directory streams: the listing each one reads (see [`Fs::readdir`]).
     dir_streams: Mutex<HashMap<u64, dir::Listing>>,
+    /// Files whose overwrite mark is set but not yet known committed (see [`overwrite`]).
+    marks_in_flight: Mutex<std::collections::HashSet<Ino>>,
     /// The next handle number to issue (see [`handles`]).
     next_fh: AtomicU64,
     /// Handle numbers below this were issued by an earlier daemon of this FUSE connection.
@@ -205,6 +207,7 @@ impl Fs {
             data,
             handles: Mutex::new(HashMap::new()),
             dir_streams: Mutex::new(HashMap::new()),
+            marks_in_flight: Mutex::new(Default::default()),
             dirty_limit: std::sync::OnceLock::new(),
             attr_changed: std::sync::OnceLock::new(),
             invalidate: std::sync::OnceLock::new(),
@@ -375,9 +378,28 @@ impl Fs {
     pub fn load_image(&self, changes: &[crate::meta::Change]) -> Result<()> {
         let mut meta = self.meta.lock();
         for c in changes {
-            if !matches!(c, crate::meta::Change::Extent { .. }) {
-                meta.apply(c)?;
-            }
+            // An overwrite mark is the exporting holder's bookkeeping, not the namespace's.
+            let c = match c {
+                crate::meta::Change::Extent { .. } => continue,
+                crate::meta::Change::Make {
+                    ino,
+                    kind,
+                    attrs,
+                    seed,
+                    xattrs,
+                } => &crate::meta::Change::Make {
+                    ino: *ino,
+                    kind: *kind,
+                    attrs: crate::meta::Attrs {
+                        overwriting: false,
+                        ..*attrs
+                    },
+                    seed: seed.clone(),
+                    xattrs: xattrs.clone(),
+                },
+                other => other,
+            };
+            meta.apply(c)?;
         }
         Ok(())
     }

@@ -39,18 +39,29 @@ impl Fs {
                 let (start, end) = range(i);
                 (start, end.min(i.size), i.overwriting)
             };
-            if marked || !io.shares_copies(start, end) {
+            if !io.shares_copies(start, end) {
+                return Ok(io);
+            }
+            // Set is not enough: another writer may have set it and still be waiting for its
+            // commit. Only a mark known committed lets the bytes go.
+            let in_flight = marked && self.marks_in_flight.lock().contains(&ino);
+            if marked && !in_flight {
                 return Ok(io);
             }
             drop(io);
-            self.mark_overwriting(ino, true)?;
+            if !marked {
+                self.mark_overwriting(ino, true)?;
+            }
+            // Everything recorded before this returns is committed, the mark included.
             self.sync().unwrap_or(Ok(()))?;
+            self.marks_in_flight.lock().remove(&ino);
             // Looked at again under the lock: the last writable handle may have closed and
             // taken the mark away meanwhile.
         }
     }
 
-    /// Sets or clears `ino`'s mark (a batch of its own).
+    /// Sets or clears `ino`'s mark (a batch of its own). A mark set is in flight until a
+    /// sync after it returns.
     fn mark_overwriting(&self, ino: Ino, on: bool) -> Result<()> {
         let mut meta = self.meta.lock();
         if inode(&meta, ino)?.overwriting == on {
@@ -58,7 +69,15 @@ impl Fs {
         }
         let mut b = meta.batch();
         b.update(ino, |a| a.overwriting = on)?;
-        b.commit()
+        b.commit()?;
+        // Under the table's lock, so no writer sees the mark before it is listed here.
+        let mut in_flight = self.marks_in_flight.lock();
+        if on {
+            in_flight.insert(ino);
+        } else {
+            in_flight.remove(&ino);
+        }
+        Ok(())
     }
 
     /// Takes `ino`'s mark away if no handle is open on it for writing; call with its extent
@@ -75,6 +94,9 @@ impl Fs {
 
     /// After the last handle on `ino` is released: its mark goes (see the module doc).
     pub(super) fn settle_overwrite_at_close(&self, ino: Ino) {
+        if self.open_for_writing(ino) {
+            return; // not the last: no need to wait for the file's lock
+        }
         let file = {
             let meta = self.meta.lock();
             match meta.get(ino) {
@@ -109,11 +131,16 @@ impl Fs {
         let mut chunks = 0;
         for (ino, f) in &marked {
             let mut io = self.data.lock(f);
-            match io.reconcile() {
-                Ok(n) => chunks += n,
-                Err(e) => log::warn!("inode {ino}: its copies could not be compared ({e})"),
-            }
+            let done = io.reconcile();
             self.commit_extents(*ino, &mut io);
+            match done {
+                Ok(n) => chunks += n,
+                Err(e) => {
+                    // Kept marked: the next attach tries again.
+                    log::warn!("inode {ino}: its copies could not be compared ({e})");
+                    continue;
+                }
+            }
             if let Err(e) = self.mark_overwriting(*ino, false) {
                 log::warn!("inode {ino} keeps its overwrite mark: {e}");
             }
