@@ -371,36 +371,28 @@ impl<'a> Cursor<'a> {
         })
     }
     fn attrs(&mut self) -> Result<Attrs, String> {
-        let (perm, uid, gid, nlink, rdev, size) = (
-            self.u16()?,
-            self.u32()?,
-            self.u32()?,
-            self.u32()?,
-            self.u32()?,
-            self.u64()?,
-        );
-        let (atime, mtime, ctime, btime) = (self.time()?, self.time()?, self.time()?, self.time()?);
-        let flags = self.u32()?;
+        let mut a = Attrs {
+            perm: self.u16()?,
+            uid: self.u32()?,
+            gid: self.u32()?,
+            nlink: self.u32()?,
+            rdev: self.u32()?,
+            size: self.u64()?,
+            atime: self.time()?,
+            mtime: self.time()?,
+            ctime: self.time()?,
+            btime: self.time()?,
+            flags: self.u32()?,
+            tmpfile: false,
+            overwriting: false,
+        };
         // One byte of state bits (a record from before the second bit holds 0 or 1).
         let bits = self.u8()?;
         if bits & !0b11 != 0 {
             return Err(format!("unknown inode state bits {bits:#x}"));
         }
-        Ok(Attrs {
-            perm,
-            uid,
-            gid,
-            nlink,
-            rdev,
-            size,
-            atime,
-            mtime,
-            ctime,
-            btime,
-            flags,
-            tmpfile: bits & 1 != 0,
-            overwriting: bits & 2 != 0,
-        })
+        (a.tmpfile, a.overwriting) = (bits & 1 != 0, bits & 2 != 0);
+        Ok(a)
     }
     fn chunk(&mut self) -> Result<Chunk, String> {
         let len = self.u64()?;
