@@ -208,10 +208,13 @@ start_redis() {
 }
 
 # mount_fs MNT ADDRS [ARGS...]: `rmemfs mount MNT --servers ADDRS` (daemonizes). Its output
-# goes to logs/mount-*.log; on failure the last lines are printed on stderr.
+# goes to logs/mount-*.log; on failure the last lines are printed on stderr. MOUNT_NETNS=NS
+# runs the daemon in network namespace NS (a test host of hosts-lib.sh) and only there: the
+# mount itself stays in the test's mount namespace.
 mount_fs() {
-  local mnt=$1 addrs=$2 rc=0 mlog vol=()
+  local mnt=$1 addrs=$2 rc=0 mlog vol=() netns=()
   shift 2
+  [ -n "${MOUNT_NETNS:-}" ] && netns=(nsenter --net="/run/netns/$MOUNT_NETNS")
   mkdir -p "$mnt"
   mlog=$BASE/logs/mount-${mnt##*/}.log
   # RMEMFS_TEST_VOLUME=1: every mount is a new volume of its own, removed at unmount (the
@@ -220,7 +223,7 @@ mount_fs() {
     vol=(--volume "t${mnt##*/}-$RANDOM" --create)
     printf '%s %s %s\n' "$mnt" "$addrs" "${vol[1]}" >>"$BASE/volumes"
   fi
-  timeout -k 10 60 "$BIN" mount "$mnt" --servers "$addrs" "${MOUNT_ARGS[@]}" "${vol[@]}" "$@" \
+  timeout -k 10 60 "${netns[@]}" "$BIN" mount "$mnt" --servers "$addrs" "${MOUNT_ARGS[@]}" "${vol[@]}" "$@" \
     >"$mlog" 2>&1 </dev/null || rc=$?
   if [ "$rc" -ne 0 ]; then
     echo "rmemfs mount $mnt failed (exit $rc): $(tail -n 3 "$mlog" | tr '\n' ' ')" >&2

@@ -34,13 +34,20 @@
 #         a crash cut mid-overwrite were made to agree at attach. fill: the pool is filled
 #         to ENOSPC (the error must say so) while the writers go on, a server is frozen and
 #         thawed while it is full, and the filler is removed: the volume must take writes
-#         again (a full pool does not brick it).
+#         again (a full pool does not brick it). The phase's daemon runs on a client test host
+#         of its own (a third network namespace), so that its link alone can stall:
+#         stall_takeover: the holder's link goes down while an overwrite streams to the
+#         servers, a daemon on a fourth host takes the volume over (--takeover), the writers
+#         move to its mount and it writes the file the stalled overwrite aimed at; then the old
+#         holder's link heals. Its stalled payload must not land (the fence closed its
+#         connections and waited for the request in progress), its writes must fail, and every
+#         acknowledged file, and the new holder's file, read back from either copy.
 #
 # Usage: tools/chaos.sh [SECONDS]  (default 300; the phases share it). Needs root.
 #   CHAOS_SEED=N      replays a run's choices (printed at the start)
 #   CHAOS_PHASES="r2m2"  runs only the phases named
 #   CHAOS_KINDS="kill power_loss"  draws faults from these kinds only (power_loss: backed phases;
-#                  daemon_kill, fill: volume phases)
+#                  daemon_kill, fill, stall_takeover: volume phases)
 #   RMEMFS_MOUNT_ARGS="-o io_uring"  runs the mounts through FUSE over io_uring
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +68,8 @@ WRITERS=2
 KEEP_FILES=24   # files each writer keeps (64 KiB to 2 MiB each)
 WORKER=tools/chaos-work.py
 OVERLAPPING=(kill_degraded kill_rebuilding)
+VOLUME_KINDS=(daemon_kill fill stall_takeover)
+STALL_MIB=16    # the overwrite a takeover stalls: long enough to be mid-stream at the cut
 read -ra KINDS <<<"${CHAOS_KINDS:-kill freeze cut_short cut_long ${OVERLAPPING[*]}}"
 
 ensure_packages ip:iproute2 fusermount3:fuse3 nsenter:util-linux python3:python3
@@ -68,6 +77,8 @@ check_prereqs mount serve || exit 2
 lib_init chaos
 REASON=$BASE/reason
 MNT=$BASE/mnt
+# The writers write through this link to the phase's current mount (a takeover moves them).
+CUR=$BASE/cur
 
 echo "chaos: seed $SEED (CHAOS_SEED=$SEED tools/chaos.sh $SECONDS_TO_RUN replays the choices)"
 
@@ -138,7 +149,7 @@ verify() {
 # other_than I: sets OTHER to a random host other than I (in this shell: a $(...) subshell
 # would draw from a copy of RANDOM and leave the run's sequence where it was).
 other_than() {
-  OTHER=$(((RANDOM % (HOSTS_N - 1) + $1 + 1) % HOSTS_N))
+  OTHER=$(((RANDOM % (HOSTS_SERVERS - 1) + $1 + 1) % HOSTS_SERVERS))
 }
 
 # double_kill A MODE: kills A, then (MODE degraded: once the mount sees A down; rebuilding:
@@ -170,13 +181,13 @@ double_kill() {
   t python3 "$WORKER" dump --dir "$MNT/w" --work "$WORK" --out "$dump" >/dev/null
   host_kill "$b"
   killed="$(addr "$a"),$(addr "$b")"
-  [ $((HOSTS_N - 2)) -lt "$MIN_COPIES" ] && t_low=$(date +%s.%N)
+  [ $((HOSTS_SERVERS - 2)) -lt "$MIN_COPIES" ] && t_low=$(date +%s.%N)
   resume
   printf 'chaos:   then host %d killed (%s)\n' "$b" "$mode"
   wait_state "$b" down "$TRANSITION"
   if [ -n "$t_low" ]; then
     # Fewer servers than the minimum: a write must be refused, not acknowledged.
-    must_fail_within $((DETECT * 3 + 5)) "a write with $((HOSTS_N - 2)) servers up" "" \
+    must_fail_within $((DETECT * 3 + 5)) "a write with $((HOSTS_SERVERS - 2)) servers up" "" \
       dd if=/dev/urandom of="$MNT/probe" bs=64k count=4 conv=fsync status=none
   fi
   pause
@@ -213,8 +224,20 @@ remount() {
   local pid
   for pid in $(daemon_pids "$MNT"); do kill -KILL "$pid"; done
   wait_daemon_gone "$MNT" 10 || fail "the killed daemon is still there"
-  mount_fs "$MNT" "$(hosts_addrs)" "${MOUNT_OPTS[@]}" || fail "the volume did not mount again"
+  mount_holder || fail "the volume did not mount again"
 }
+
+# mount_holder [ARGS...]: the phase's mount at MNT, its daemon on test host CLIENT (volume
+# phases) or in the root namespace, logging to daemon_log.
+mount_holder() {
+  local ns=""
+  [ -n "$CLIENT" ] && ns=$(host_ns "$CLIENT")
+  MOUNT_NETNS=$ns mount_fs "$MNT" "$(hosts_addrs)" "${MOUNT_OPTS[@]}" --log-file "$(daemon_log)" "$@"
+}
+
+# daemon_log: the log of the phase's current daemon (one per client host: two daemons of a
+# takeover live at once).
+daemon_log() { echo "$WORK/daemon${CLIENT:+-h$CLIENT}.log"; }
 
 # digests OUT: every file under the writers' directory (not only the acknowledged ones) read
 # from the servers, its SHA-256 or its error, into OUT.
@@ -236,7 +259,7 @@ PY
 same_with_each_frozen() {
   local h
   digests "$WORK/digests-$FAULTS"
-  for ((h = 0; h < HOSTS_N; h++)); do
+  for ((h = 0; h < HOSTS_SERVERS; h++)); do
     host_freeze "$h"
     wait_state "$h" down "$TRANSITION"
     digests "$WORK/digests-$FAULTS-$h"
@@ -271,6 +294,87 @@ fill() {
   must_within 60 "a write after the pool was emptied" \
     dd if=/dev/urandom of="$MNT/probe" bs=1M count=4 conv=fsync status=none
   rm -f "$MNT/probe"
+}
+
+# queued_in NS: the bytes sent and not yet acknowledged by the peer on the TCP connections of
+# network namespace NS (a client host: its only connections are its daemon's, to the servers'
+# control and data ports).
+queued_in() {
+  nsenter --net="/run/netns/$1" ss -tnH |
+    awk '$3 > 0 { n++; b += $3 } END { printf "%d bytes on %d connections", b, n }'
+}
+
+# stall_takeover: the holder's link stalls mid-write and another client host takes the volume
+# over; the old holder's stalled payload must never land (see the header).
+stall_takeover() {
+  local old=$CLIENT old_mnt=$MNT new stream pid k want got ns queued
+  new=$((CLIENT == HOSTS_SERVERS ? HOSTS_SERVERS + 1 : HOSTS_SERVERS))
+  ns=$(host_ns "$old")
+  # The target is committed first, so its chunks are named by the journal: a payload that
+  # landed late would land in the file the new holder sees.
+  head -c $((STALL_MIB << 20)) /dev/urandom >"$WORK/stall-old"
+  head -c $((STALL_MIB << 20)) /dev/urandom >"$WORK/stall-new"
+  t dd if="$WORK/stall-old" of="$MNT/w/stall" bs=1M oflag=direct conv=fsync status=none ||
+    fail "cannot write the stall target"
+  # Overwrites in place, back to back, until the holder's writes fail: one is always
+  # streaming when the link goes down (a marker says the first pass went through).
+  stream=$WORK/stall-stream-$FAULTS
+  (
+    while dd if="$WORK/stall-old" of="$old_mnt/w/stall" bs=1M oflag=direct conv=notrunc \
+      status=none 2>>"$stream.err"; do
+      touch "$stream.ok"
+    done
+  ) &
+  pid=$!
+  for ((k = 0; k < 600; k++)); do
+    [ -e "$stream.ok" ] && break
+    kill -0 "$pid" 2>/dev/null || fail "the stalled overwrite failed before the stall: $(head -c 200 "$stream.err")"
+    sleep 0.05
+  done
+  [ -e "$stream.ok" ] || fail "the overwrite to stall made no pass in 30 s"
+  host_cut "$old"
+  # What the old holder had sent and the servers had not acknowledged when its link went
+  # down (a request whose payload was part way shows here).
+  queued=$(queued_in "$ns")
+  # Another client host takes over while the old holder's requests hang mid-way.
+  CLIENT=$new MNT=$BASE/mnt-$new
+  mount_holder --takeover || fail "the takeover from host $new failed while host $old was stalled"
+  ln -sfn "$MNT" "$CUR.new" && mv -T "$CUR.new" "$CUR"
+  t dd if="$WORK/stall-new" of="$MNT/w/stall" bs=1M oflag=direct conv=notrunc,fsync status=none ||
+    fail "the new holder cannot write the stall target"
+  want=$(sha256sum <"$WORK/stall-new" | cut -d' ' -f1)
+  host_heal "$old"
+  # The old holder learns it was fenced once its link is back; until every one of its
+  # connections to the servers has no unsent or unacknowledged data left, its stalled
+  # payload could still go out.
+  for ((k = 0; k < 600; k++)); do
+    if grep -q "this daemon is fenced" "$WORK/daemon-h$old.log" 2>/dev/null &&
+      [ "$(queued_in "$ns")" = "0 bytes on 0 connections" ]; then
+      break
+    fi
+    sleep 0.2
+  done
+  grep -q "this daemon is fenced" "$WORK/daemon-h$old.log" ||
+    fail "the old holder (host $old) never learned it was fenced"
+  [ "$(queued_in "$ns")" = "0 bytes on 0 connections" ] ||
+    fail "the old holder still has data queued to the servers 120 s after its link healed"
+  for ((k = 0; k < 300; k++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && fail "the old holder's overwrite still runs 30 s after its fence"
+  must_fail_within 30 "a write through the fenced holder" "Input/output error" \
+    dd if=/dev/zero of="$old_mnt/w/fenced" bs=4k count=1 conv=fsync status=none
+  for pid in $(daemon_pids "$old_mnt"); do kill -KILL "$pid"; done
+  timeout -k 5 10 umount -l "$old_mnt" || true
+  pause
+  verify
+  # The new holder's bytes, from either copy: nothing of the stalled payload landed.
+  digests "$WORK/digests-$FAULTS"
+  got=$(awk '$1 == "stall" { print $2 }' "$WORK/digests-$FAULTS")
+  [ "$got" = "$want" ] || fail "the stall target reads otherwise than the new holder wrote (${got:-missing})"
+  same_with_each_frozen
+  printf 'chaos:   host %d took over from host %d, whose link stalled with %s queued; none landed\n' \
+    "$new" "$old" "$queued"
+  rm -f "$MNT/w/stall" "$WORK/stall-old" "$WORK/stall-new"
+  resume
 }
 
 # one_fault KIND HOST: a fault, its transitions checked, then every file verified.
@@ -311,13 +415,17 @@ one_fault() {
       return
       ;;
     fill) fill "$h" ;;
+    stall_takeover)
+      stall_takeover
+      return
+      ;;
     kill_degraded) double_kill "$h" degraded ;;
     kill_rebuilding) double_kill "$h" rebuilding ;;
     power_loss)
       # The medium holds what was written back: a copy of the file now, while the writers go
       # on writing (and fsyncing) for two seconds more, stores the power loss then takes.
       local file=$BASE/backing-$name-$h seen
-      seen=$(grep -c "may hold less than was written" "$WORK/daemon.log" || true)
+      seen=$(grep -c "may hold less than was written" "$(daemon_log)" || true)
       cp --sparse=always "$file" "$file.written-back"
       sleep 2
       host_kill "$h"
@@ -327,7 +435,7 @@ one_fault() {
       HOST_ARGS[h]="${HOST_ARGS[h]% --boot-id *} --boot-id chaos-$SEED-$FAULTS"
       host_restart "$h" 2>>"$BASE/logs/hosts.err" || fail "host $h did not restart"
       wait_state "$h" up 30
-      [ "$(grep -c "may hold less than was written" "$WORK/daemon.log" || true)" -gt "$seen" ] ||
+      [ "$(grep -c "may hold less than was written" "$(daemon_log)" || true)" -gt "$seen" ] ||
         fail "the mount did not see host $h back from a power loss"
       ;;
   esac
@@ -358,7 +466,7 @@ phase() {
     # Writes the daemon's kill cuts, and those a full pool refuses, fail: they are not
     # acknowledged, so their files leave the manifests (ALLOW_LOSS); acknowledged ones must
     # all read back.
-    v2m1) servers=2 copies=2 min=1 ALLOW_LOSS=1 volume=1 first=(daemon_kill) ;;
+    v2m1) servers=2 copies=2 min=1 ALLOW_LOSS=1 volume=1 first=(daemon_kill stall_takeover) ;;
     *) fail "unknown phase $name" ;;
   esac
   COPIES=$copies MIN_COPIES=$min FAULTS=0 LOST=0
@@ -369,16 +477,24 @@ phase() {
     kinds+=("$kind")
   done
   [ "$BACKED" = 1 ] && [ -z "${CHAOS_KINDS:-}" ] && kinds+=(power_loss)
-  [ "$volume" = 1 ] && [ -z "${CHAOS_KINDS:-}" ] && kinds+=(daemon_kill fill)
+  [ "$volume" = 1 ] && [ -z "${CHAOS_KINDS:-}" ] && kinds+=("${VOLUME_KINDS[@]}")
   if [ "$volume" = 0 ]; then
     local k vkinds=()
-    for k in "${kinds[@]}"; do [ "$k" = daemon_kill ] || [ "$k" = fill ] || vkinds+=("$k"); done
+    for k in "${kinds[@]}"; do [[ " ${VOLUME_KINDS[*]} " == *" $k "* ]] || vkinds+=("$k"); done
     kinds=("${vkinds[@]}")
   fi
   [ ${#kinds[@]} -gt 0 ] || fail "no fault kind for phase $name (CHAOS_KINDS=${CHAOS_KINDS:-})"
   WORK=$BASE/work-$name
   mkdir -p "$WORK"
-  hosts_init "$servers"
+  # A volume's daemon runs on a client host of its own (two: a takeover moves it), so that
+  # its link alone can be cut; the servers are hosts 0 to servers - 1.
+  HOSTS_SERVERS=$servers CLIENT="" MNT=$BASE/mnt
+  if [ "$volume" = 1 ]; then
+    hosts_init $((servers + 2))
+    CLIENT=$servers MNT=$BASE/mnt-$servers
+  else
+    hosts_init "$servers"
+  fi
   trap 'stop_writers; hosts_teardown; cleanup' EXIT
   for ((i = 0; i < servers; i++)); do
     backing=()
@@ -387,15 +503,15 @@ phase() {
       2>>"$BASE/logs/hosts.err"
   done
   MOUNT_OPTS=(--op-timeout "$DETECT" --replicas "$copies" --min-replicas "$min"
-    --rebuild-delay 1 --rebuild-rate "$REBUILD_RATE" --secret-file "$HOSTS_SECRET"
-    --log-file "$WORK/daemon.log")
+    --rebuild-delay 1 --rebuild-rate "$REBUILD_RATE" --secret-file "$HOSTS_SECRET")
   [ "$volume" = 1 ] && MOUNT_OPTS+=(--volume "chaos-$SEED")
-  mount_fs "$MNT" "$(hosts_addrs)" "${MOUNT_OPTS[@]}" $([ "$volume" = 1 ] && echo --create)
+  mount_holder $([ "$volume" = 1 ] && echo --create) || fail "the phase's mount failed"
   mkdir -p "$MNT/w"
+  ln -sfn "$MNT" "$CUR"
   echo "chaos: phase $name: $servers servers, --replicas $copies --min-replicas $min, $secs s"
   WRITER_PIDS=()
   for ((w = 0; w < WRITERS; w++)); do
-    python3 "$WORKER" writer --dir "$MNT/w" --work "$WORK" --id "$w" --seed "$SEED-$name" \
+    python3 "$WORKER" writer --dir "$CUR/w" --work "$WORK" --id "$w" --seed "$SEED-$name" \
       --keep "$KEEP_FILES" $([ "$ALLOW_LOSS" = 1 ] || echo --strict) 2>>"$WORK/writer.err" &
     WRITER_PIDS+=($!)
   done
@@ -439,7 +555,7 @@ phase() {
   fi
   echo "chaos: $name: $FAULTS faults; operations acknowledged: $(python3 "$WORKER" counts --work "$WORK");" \
     "files lost (as predicted) $LOST"
-  [ "$volume" = 1 ] && echo "chaos:   attaches that made copies agree: $(grep -c "copies now agree" "$WORK/daemon.log" || true)"
+  [ "$volume" = 1 ] && echo "chaos:   attaches that made copies agree: $(cat "$WORK"/daemon*.log | grep -c "copies now agree" || true)"
   stats_field "$MNT" "'chunks %(healthy)d healthy, %(degraded)d degraded, %(lost)d lost' % s['chunks']" |
     sed 's/^/chaos:   /'
   unmount_fs "$MNT" || fail "unmount failed"
