@@ -1007,6 +1007,60 @@ fn copies_a_crash_cut_mid_overwrite_agree_after_attach_and_reads_never_flip() {
     assert!(t.read_file("db").unwrap() == seen, "a read flipped");
 }
 
+/// A crash mid-append leaves bytes past the committed size, on some copies only: a later
+/// extension (a truncate up, a write past a gap) must show zeros there, from either copy.
+#[test]
+fn bytes_a_crash_cut_mid_append_never_show_when_the_file_grows() {
+    use rmemfs::data::WritePath;
+    let mut t = common::TestFs::volume(2, 32 << 20, MIB as u64, WritePath::Frrwp, "tail");
+    let half = MIB + MIB / 2;
+    for name in ["up", "gap"] {
+        t.create(name).unwrap();
+        t.write_file(name, 0, &bytes(1, half)).unwrap();
+    }
+    t.fs.sync().expect("a volume syncs").unwrap();
+    // The appends the crash cut: on the copy of chunk 1 on server 1 only, past the committed
+    // size (server 0 is killed at the end, so that copy serves the last reads).
+    for name in ["up", "gap"] {
+        let ino = t.resolve(name).unwrap();
+        t.fs.write_one_copy(ino, 1, 1, (MIB / 2) as u64, &bytes(7, 8192))
+            .unwrap();
+    }
+    t.crash_and_reattach();
+
+    let up = t.resolve("up").unwrap();
+    let grow = rmemfs::fs::SetAttr {
+        size: Some(2 * MIB as u64),
+        ..Default::default()
+    };
+    t.fs.setattr(up, &grow, ME).unwrap();
+    let gap = t.resolve("gap").unwrap();
+    let fh = t.fs.open(gap, libc::O_WRONLY).unwrap();
+    t.fs.write(gap, fh, (half + 16384) as u64, &bytes(8, 100), ME)
+        .unwrap();
+    t.fs.release(fh);
+    let want_up = [bytes(1, half), vec![0; MIB / 2]].concat();
+    let want_gap = [bytes(1, half), vec![0; 16384], bytes(8, 100)].concat();
+    assert!(
+        t.read_file("up").unwrap() == want_up,
+        "a truncate up showed the cut append"
+    );
+    assert!(
+        t.read_file("gap").unwrap() == want_gap,
+        "a write past a gap showed the cut append"
+    );
+    // The copy that held the cut bytes alone serves the reads now.
+    t.kill_server(0);
+    assert!(
+        t.read_file("up").unwrap() == want_up,
+        "the other copy shows the cut append"
+    );
+    assert!(
+        t.read_file("gap").unwrap() == want_gap,
+        "the other copy shows the cut append"
+    );
+}
+
 #[test]
 fn a_write_right_after_an_rm_on_a_full_volume_finds_the_room_the_rm_made() {
     let rack = Rack::new(2);

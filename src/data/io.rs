@@ -162,6 +162,18 @@ impl<'a> FileIo<'a> {
         data.truncate(chunks, size)
     }
 
+    /// Before the file grows from `size`: zeroes what its chunks may hold past it from a
+    /// failed append (see [`crate::meta::ChunkMap::tail_unknown`]).
+    pub fn zero_past_end(&mut self, size: u64) -> Result<()> {
+        let (data, chunks) = self.settled();
+        data.zero_past_end(chunks, size)
+    }
+
+    /// A write past the file's end failed: some copies may hold some of its bytes there.
+    pub fn past_end_failed(&mut self) {
+        self.chunks.set_tail_unknown(true);
+    }
+
     /// Reserves remote memory for `[offset, offset+len)`.
     pub fn allocate(&mut self, offset: u64, len: u64) -> Result<()> {
         let (data, chunks) = self.settled();

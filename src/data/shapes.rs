@@ -129,6 +129,28 @@ impl DataStore {
             let c = chunks.remove(&i).expect("listed");
             self.free_chunk(&c);
         }
+        chunks.set_tail_unknown(false);
+        Ok(())
+    }
+
+    /// Before a file of `size` bytes grows (a write past its end, a truncate up, an
+    /// allocation that moves the end): if what its chunks hold past `size` may be a failed
+    /// append's bytes ([`ChunkMap::tail_unknown`]), zeroes it on every copy, so the grown
+    /// file reads zeros there. Once per such map: the rest of the chunk `size` ends in and
+    /// every chunk past it (only a preallocation keeps some) are zero after.
+    pub(super) fn zero_past_end(&self, chunks: &mut ChunkMap, size: u64) -> Result<()> {
+        if !chunks.tail_unknown() {
+            return Ok(());
+        }
+        let cs = self.chunk_size;
+        let past: Vec<u64> = chunks.range(size / cs..).map(|(i, _)| *i).collect();
+        for idx in past {
+            let from = size.saturating_sub(idx * cs);
+            if from < chunks[&idx].len {
+                self.zero_in_chunk(chunks, idx, from, cs)?;
+            }
+        }
+        chunks.set_tail_unknown(false);
         Ok(())
     }
 

@@ -137,6 +137,8 @@ impl Fs {
         let old = inode(&self.meta.lock(), ino)?.size;
         let cut = if size < old {
             io.truncate(size)
+        } else if size > old {
+            io.zero_past_end(old)
         } else {
             Ok(())
         };

@@ -93,6 +93,9 @@ impl Fs {
                 }
             }
             _ => (|| {
+                if !keep_size && end > size {
+                    io.zero_past_end(size)?;
+                }
                 if op != 0 {
                     io.punch(offset, len)?;
                 }

@@ -210,15 +210,21 @@ impl Fs {
         let len = data.len() as u64;
         let mut io = self.lock_for_overwrite(ino, &file, |i| (place(i), place(i) + len))?;
         // Under the file's lock, so appends from several handles do not interleave.
-        let offset = {
+        let (offset, size) = {
             let meta = self.meta.lock();
             let i = inode(&meta, ino)?;
             check_not_immutable(i)?;
-            place(i)
+            (place(i), i.size)
         };
         let end = self.data.check_end(offset, data.len() as u64)?;
+        if offset > size {
+            io.zero_past_end(size)?;
+        }
         self.fault_point("write");
         let written = io.write_or_defer(&file, offset, payload);
+        if written.is_err() && end > size {
+            io.past_end_failed();
+        }
         let set_id = {
             let mut meta = self.meta.lock();
             let mut b = meta.batch();

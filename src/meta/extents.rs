@@ -96,9 +96,20 @@ pub struct ChunkMap {
     map: BTreeMap<u64, Chunk>,
     held: Arc<AtomicU64>,
     log: Vec<ExtentChange>,
+    /// The bytes past the file's size, in the chunk it ends in, may not be zero (nor the same
+    /// on every copy): a write there failed, or a crash cut an append before its record (a
+    /// map a journal replayed). A grow zeroes them first (`data::shapes`), once.
+    tail_unknown: bool,
 }
 
 impl ChunkMap {
+    /// Whether the bytes past the file's end may hold what a failed append left.
+    pub fn tail_unknown(&self) -> bool {
+        self.tail_unknown
+    }
+    pub fn set_tail_unknown(&mut self, unknown: bool) {
+        self.tail_unknown = unknown;
+    }
     pub fn get(&self, idx: &u64) -> Option<&Chunk> {
         self.map.get(idx)
     }
@@ -258,6 +269,14 @@ impl Default for FileData {
 }
 
 impl FileData {
+    /// The data of a file a journal replay makes: whatever an append the crash cut wrote
+    /// past its size may still be there.
+    pub fn replayed() -> FileData {
+        let f = FileData::default();
+        f.chunks.write().set_tail_unknown(true);
+        f
+    }
+
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
     }

@@ -30,7 +30,7 @@ impl Meta {
                 xattrs,
             } => {
                 let body = match seed {
-                    Seed::File => Body::File(Arc::default()),
+                    Seed::File => Body::File(Arc::new(FileData::replayed())),
                     Seed::Dir { parent } => Body::Dir(Box::new(Dir::new(*parent))),
                     Seed::Symlink(t) => Body::Symlink(t.clone()),
                     Seed::Special => Body::Special,
