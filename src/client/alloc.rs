@@ -96,10 +96,9 @@ impl Pool {
         if !held(&gate) && !unanswered {
             return false;
         }
-        // The committer releases held frees after each commit; it signals no one, so this
-        // looks again every millisecond (only ever on a full pool, and bounded).
-        while held(&gate) && Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(1));
+        // The committer releases held frees after each commit, and says so.
+        if let Some(gate) = &gate {
+            gate.wait_released(deadline);
         }
         self.settle_frees(deadline.saturating_duration_since(Instant::now()));
         true

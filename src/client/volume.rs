@@ -18,7 +18,7 @@ use super::{control::ControlConn, Pool, PoolConfig, PoolError};
 use crate::fabric::RemoteRegion;
 use crate::proto::{ClaimMode, Message, RefusalCode, VolumeInfo};
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::sync::Mutex;
+use crate::sync::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 
@@ -79,6 +79,8 @@ pub struct FreeGate {
     pub assigned: AtomicU64,
     committed: AtomicU64,
     held: Mutex<VecDeque<(u64, RemoteRegion)>>,
+    /// Signalled when held frees go (an allocation on a full pool waits for them).
+    released: Condvar,
     followers: Mutex<FollowersHeard>,
 }
 
@@ -107,6 +109,18 @@ impl FreeGate {
     /// Frees held back now.
     pub fn held(&self) -> usize {
         self.held.lock().len()
+    }
+
+    /// Waits until no free is held back, or until `deadline`.
+    pub fn wait_released(&self, deadline: std::time::Instant) {
+        let mut held = self.held.lock();
+        while !held.is_empty() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            held = self.released.wait_timeout(held, left).0;
+        }
     }
 
     /// Whether a committed free waits only for the followers (the committer then asks them
@@ -460,10 +474,15 @@ impl Pool {
             }
             due
         };
+        let released = !due.is_empty();
         for r in due {
             if let Err(e) = self.free_now(r) {
                 log::debug!("freeing an extent on {}: {e}", r.server);
             }
+        }
+        if released {
+            // Once sent: a waiter goes on to wait for their answers (`Pool::settle_frees`).
+            gate.released.notify_all();
         }
     }
 }

@@ -61,7 +61,27 @@ impl DataStore {
         // Copies that failed: left out of every later window, and let go of at the end.
         let mut failed: Vec<u32> = Vec::new();
         let mut source = None;
-        let copied = self.copy_first_over_others(idx, c, b, &mut failed, &mut source);
+        // Window by window, from the first copy in the chunk's order that has not failed.
+        let copies = c.replicas();
+        let copied = self.copy_windows(
+            idx,
+            c.len,
+            b,
+            &mut failed,
+            &mut source,
+            |failed| {
+                let from = copies.iter().find(|r| !failed.contains(&r.server))?;
+                Some(region(c, from))
+            },
+            |from, failed| {
+                copies
+                    .iter()
+                    .filter(|r| r.server != from && !failed.contains(&r.server))
+                    .map(|r| region(c, r))
+                    .collect()
+            },
+            |_| true,
+        );
         if let (Err(_), Some(source)) = (&copied, source) {
             // Cut part way by an error no server is to blame for: the copies may still
             // disagree, so only the one read from stays (the rebuild copies it again).
@@ -78,70 +98,6 @@ impl DataStore {
             }
         }
         copied.map(|()| true)
-    }
-
-    /// The copying of [`Self::reconcile_chunk`], window by window: the copies that fail go
-    /// into `failed`, and `source` names the copy last read from.
-    fn copy_first_over_others(
-        &self,
-        idx: u64,
-        c: &Chunk,
-        b: &Bounce,
-        failed: &mut Vec<u32>,
-        source: &mut Option<u32>,
-    ) -> Result<()> {
-        let base = b.buf.addr();
-        let mut at = 0;
-        while at < c.len {
-            let n = (c.len - at).min(IO_SIZE as u64);
-            let local = Sge {
-                addr: base,
-                len: n,
-                lkey: 0,
-            };
-            // The source: the first copy in the chunk's order that has not failed.
-            let from = loop {
-                let Some(from) = c.replicas().iter().find(|r| !failed.contains(&r.server)) else {
-                    return Err(lost(idx));
-                };
-                let read = RemoteOp {
-                    opcode: Opcode::Read,
-                    local,
-                    remote: region(c, from),
-                    offset: at,
-                };
-                match self.run_ops(self.pin(base, n)?, &[read]) {
-                    Ok(()) => break from.server,
-                    Err(e) => match e.failed_server() {
-                        Some(s) => failed.push(s.0),
-                        None => return Err(e.into()),
-                    },
-                }
-            };
-            *source = Some(from);
-            loop {
-                let writes: Vec<RemoteOp> = c
-                    .replicas()
-                    .iter()
-                    .filter(|r| r.server != from && !failed.contains(&r.server))
-                    .map(|r| RemoteOp {
-                        opcode: Opcode::Write,
-                        local,
-                        remote: region(c, r),
-                        offset: at,
-                    })
-                    .collect();
-                match self.run_ops(self.pin(base, n)?, &writes) {
-                    Ok(()) => break,
-                    Err(e) => match e.failed_server() {
-                        Some(s) if !failed.contains(&s.0) => failed.push(s.0),
-                        _ => return Err(e.into()),
-                    },
-                }
-            }
-            at += n;
-        }
-        Ok(())
     }
 
     /// The bytes of each copy of chunk `idx`, by server (tests: whether copies agree).

@@ -293,48 +293,96 @@ impl DataStore {
 
     /// Copies the `from.len` bytes of chunk `from` (read from any live copy) to every region
     /// of `to`, through `buf`. A target that fails is dropped from `to` (and freed) while
-    /// another remains.
+    /// another remains; on an error `to` is left whole (the caller frees it).
     pub(super) fn copy_chunk(
         &self,
         from: &Chunk,
         to: &mut Vec<RemoteRegion>,
         buf: &Bounce,
     ) -> Result<()> {
-        let base = buf.buf.addr();
-        let mut copied = 0;
-        while copied < from.len {
-            let n = (from.len - copied).min(IO_SIZE as u64);
+        let mut failed = Vec::new();
+        let targets: &Vec<RemoteRegion> = to;
+        self.copy_windows(
+            0,
+            from.len,
+            buf,
+            &mut failed,
+            &mut None,
+            |failed| {
+                let copy = self.pick(from, 0, failed)?;
+                Some(region(from, &copy))
+            },
+            |_, failed| {
+                targets
+                    .iter()
+                    .filter(|r| !failed.contains(&r.server.0))
+                    .copied()
+                    .collect()
+            },
+            |failed| targets.iter().any(|r| !failed.contains(&r.server.0)),
+        )?;
+        let (gone, kept): (Vec<RemoteRegion>, Vec<RemoteRegion>) =
+            to.iter().partition(|r| failed.contains(&r.server.0));
+        if kept.is_empty() {
+            return Err(lost(0));
+        }
+        *to = kept;
+        self.pool.free_all(&gone);
+        Ok(())
+    }
+
+    /// Copies `len` bytes window by window through `b` (a read lands before its writes go
+    /// out): each window is read from the region `source` gives (the servers that failed so
+    /// far passed over; none left: chunk `idx` is lost) and written to the
+    /// regions `targets` gives for the server read from. A server that fails goes into
+    /// `failed` and is passed over from then on; after a failed write the copy goes on
+    /// while `go_on` says so. `read_from` names the server last read from.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn copy_windows(
+        &self,
+        idx: u64,
+        len: u64,
+        b: &Bounce,
+        failed: &mut Vec<u32>,
+        read_from: &mut Option<u32>,
+        source: impl Fn(&[u32]) -> Option<RemoteRegion>,
+        targets: impl Fn(u32, &[u32]) -> Vec<RemoteRegion>,
+        go_on: impl Fn(&[u32]) -> bool,
+    ) -> Result<()> {
+        let base = b.buf.addr();
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(IO_SIZE as u64);
             let local = Sge {
                 addr: base,
                 len: n,
                 lkey: 0,
             };
-            let mut avoid = Vec::new();
-            loop {
-                let copy = self.pick(from, 0, &avoid).ok_or_else(|| lost(0))?;
+            let from = loop {
+                let remote = source(failed).ok_or_else(|| lost(idx))?;
                 let read = RemoteOp {
                     opcode: Opcode::Read,
                     local,
-                    remote: region(from, &copy),
-                    offset: copied,
+                    remote,
+                    offset: at,
                 };
                 match self.run_ops(self.pin(base, n)?, &[read]) {
-                    Ok(()) => break,
+                    Ok(()) => break remote.server.0,
                     Err(e) => match e.failed_server() {
-                        Some(s) => avoid.push(s.0),
-                        None => return Err(e.into()),
+                        Some(s) if !failed.contains(&s.0) => failed.push(s.0),
+                        _ => return Err(e.into()),
                     },
                 }
-            }
-            // The writes start only once the read has landed (two rounds).
+            };
+            *read_from = Some(from);
             loop {
-                let writes: Vec<RemoteOp> = to
-                    .iter()
-                    .map(|r| RemoteOp {
+                let writes: Vec<RemoteOp> = targets(from, failed)
+                    .into_iter()
+                    .map(|remote| RemoteOp {
                         opcode: Opcode::Write,
                         local,
-                        remote: *r,
-                        offset: copied,
+                        remote,
+                        offset: at,
                     })
                     .collect();
                 let e = match self.run_ops(self.pin(base, n)?, &writes) {
@@ -342,15 +390,16 @@ impl DataStore {
                     Err(e) => e,
                 };
                 match e.failed_server() {
-                    Some(s) if to.len() > 1 => {
-                        let i = to.iter().position(|r| r.server == s).expect("one of ours");
-                        let gone = to.remove(i);
-                        self.pool.free_all(&[gone]);
+                    Some(s) if !failed.contains(&s.0) => {
+                        failed.push(s.0);
+                        if !go_on(failed) {
+                            return Err(e.into());
+                        }
                     }
                     _ => return Err(e.into()),
                 }
             }
-            copied += n;
+            at += n;
         }
         Ok(())
     }
