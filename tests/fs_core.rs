@@ -394,22 +394,22 @@ fn append_xattrs_fallocate_links_symlinks_fifos() {
     want.resize(10 << 10, 0);
     assert_eq!(t.read_file("f").unwrap(), want);
 
-    t.fs.setxattr(ino, b"user.k", b"v", 0).unwrap();
+    t.fs.setxattr(ino, b"user.k", b"v", 0, ME).unwrap();
     assert_eq!(t.fs.getxattr(ino, b"user.k").unwrap(), b"v");
     assert_eq!(
-        t.fs.setxattr(ino, b"user.k", b"w", libc::XATTR_CREATE)
+        t.fs.setxattr(ino, b"user.k", b"w", libc::XATTR_CREATE, ME)
             .unwrap_err()
             .errno,
         libc::EEXIST
     );
     assert_eq!(
-        t.fs.setxattr(ino, b"user.z", b"w", libc::XATTR_REPLACE)
+        t.fs.setxattr(ino, b"user.z", b"w", libc::XATTR_REPLACE, ME)
             .unwrap_err()
             .errno,
         libc::ENODATA
     );
     assert_eq!(
-        t.fs.setxattr(ino, b"os2.k", b"w", 0).unwrap_err().errno,
+        t.fs.setxattr(ino, b"os2.k", b"w", 0, ME).unwrap_err().errno,
         libc::EOPNOTSUPP
     );
     assert_eq!(t.fs.listxattr(ino).unwrap(), b"user.k\0");
@@ -892,7 +892,8 @@ fn upkeep(t: &TestFs, delay: std::time::Duration) -> rmemfs::rebuild::Rebuilder 
 /// Makes the next round of upkeep thread `thread` panic.
 fn inject_panic(t: &TestFs, thread: &str) {
     let name = rmemfs::fs::INJECT_PANIC_XATTR;
-    t.fs.setxattr(ROOT_INO, name, thread.as_bytes(), 0).unwrap();
+    t.fs.setxattr(ROOT_INO, name, thread.as_bytes(), 0, ME)
+        .unwrap();
 }
 
 /// A frozen server (connections open, nothing answered) is noticed only by the heartbeat

@@ -513,7 +513,7 @@ fn trusted_and_security_attributes_are_kept_user_ones_only_on_files_and_dirs() {
         b"security.selinux",
         b"user.note",
     ] {
-        t.fs.setxattr(f, name, b"y", 0).unwrap();
+        t.fs.setxattr(f, name, b"y", 0, ME).unwrap();
         assert_eq!(t.fs.getxattr(f, name).unwrap(), b"y");
     }
     let list = t.fs.listxattr(f).unwrap();
@@ -523,7 +523,7 @@ fn trusted_and_security_attributes_are_kept_user_ones_only_on_files_and_dirs() {
     );
     for bad in [&b"trusted."[..], b"os2.x", b"system.foo"] {
         assert_eq!(
-            t.fs.setxattr(f, bad, b"y", 0).unwrap_err().errno,
+            t.fs.setxattr(f, bad, b"y", 0, ME).unwrap_err().errno,
             libc::EOPNOTSUPP,
             "{}",
             String::from_utf8_lossy(bad)
@@ -531,10 +531,12 @@ fn trusted_and_security_attributes_are_kept_user_ones_only_on_files_and_dirs() {
     }
     let l = t.fs.symlink(ROOT_INO, b"l", b"f", ME).unwrap();
     assert_eq!(
-        t.fs.setxattr(l.ino, b"user.x", b"y", 0).unwrap_err().errno,
+        t.fs.setxattr(l.ino, b"user.x", b"y", 0, ME)
+            .unwrap_err()
+            .errno,
         libc::EPERM
     );
-    t.fs.setxattr(l.ino, b"trusted.x", b"y", 0).unwrap();
+    t.fs.setxattr(l.ino, b"trusted.x", b"y", 0, ME).unwrap();
 }
 
 #[test]
@@ -631,7 +633,10 @@ fn immutable_and_append_only_inodes_are_enforced() {
             .map_err(|e| e.errno),
     );
     eperm(t.fs.unlink(ROOT_INO, b"f").map_err(|e| e.errno));
-    eperm(t.fs.setxattr(f, b"user.x", b"1", 0).map_err(|e| e.errno));
+    eperm(
+        t.fs.setxattr(f, b"user.x", b"1", 0, ME)
+            .map_err(|e| e.errno),
+    );
     // A handle opened before the flag cannot write either.
     t.fs.set_flags(f, 0).unwrap();
     let fh = t.fs.open(f, libc::O_WRONLY).unwrap();
@@ -811,6 +816,51 @@ const ACL_MASK: u16 = 0x10;
 const ACL_OTHER: u16 = 0x20;
 const NO_ID: u32 = u32::MAX;
 
+/// An access ACL set by the owner, outside the file's group and without CAP_FSETID, clears
+/// set-group-ID as chmod does (the kernel's posix_acl_update_mode); a member keeps it.
+#[test]
+fn an_acl_set_by_an_owner_outside_the_group_clears_set_group_id() {
+    use rmemfs::acl::ACCESS_XATTR;
+    let t = TestFs::new(1, 8 << 20, 1 << 20);
+    t.create("f").unwrap();
+    t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap();
+    let all = acl_xattr(&[
+        (ACL_USER_OBJ, 7, NO_ID),
+        (ACL_GROUP_OBJ, 7, NO_ID),
+        (ACL_OTHER, 7, NO_ID),
+    ]);
+    let owner = |gid| Caller {
+        uid: 100,
+        gid,
+        pid: 0,
+        umask: 0,
+        cap_fsetid: false,
+    };
+    for name in ["f", "d"] {
+        let ino = t.resolve(name).unwrap();
+        chown(&t, name, 100, 100);
+        chmod(&t, name, 0o2755);
+        t.fs.setxattr(ino, ACCESS_XATTR, &all, 0, owner(101))
+            .unwrap();
+        assert_eq!(
+            t.fs.getattr(ino).unwrap().perm,
+            0o777,
+            "{name}: outside the group"
+        );
+        chmod(&t, name, 0o2755);
+        t.fs.setxattr(ino, ACCESS_XATTR, &all, 0, owner(100))
+            .unwrap();
+        assert_eq!(t.fs.getattr(ino).unwrap().perm, 0o2777, "{name}: a member");
+        chmod(&t, name, 0o2755);
+        t.fs.setxattr(ino, ACCESS_XATTR, &all, 0, ME).unwrap();
+        assert_eq!(
+            t.fs.getattr(ino).unwrap().perm,
+            0o2777,
+            "{name}: CAP_FSETID"
+        );
+    }
+}
+
 #[test]
 fn acls_and_modes_stay_in_step() {
     use rmemfs::acl::{Acl, ACCESS_XATTR, DEFAULT_XATTR};
@@ -826,7 +876,7 @@ fn acls_and_modes_stay_in_step() {
         (ACL_MASK, 4, NO_ID),
         (ACL_OTHER, 0, NO_ID),
     ]);
-    t.fs.setxattr(f, ACCESS_XATTR, &with_user, 0).unwrap();
+    t.fs.setxattr(f, ACCESS_XATTR, &with_user, 0, ME).unwrap();
     assert_eq!(t.fs.getattr(f).unwrap().perm, 0o640);
     assert_eq!(t.fs.getxattr(f, ACCESS_XATTR).unwrap(), with_user);
     // chmod moves the mask with the group bits; the named entry stays.
@@ -840,7 +890,7 @@ fn acls_and_modes_stay_in_step() {
         (ACL_GROUP_OBJ, 5, NO_ID),
         (ACL_OTHER, 1, NO_ID),
     ]);
-    t.fs.setxattr(f, ACCESS_XATTR, &minimal, 0).unwrap();
+    t.fs.setxattr(f, ACCESS_XATTR, &minimal, 0, ME).unwrap();
     assert_eq!(t.fs.getattr(f).unwrap().perm, 0o751);
     assert_eq!(
         t.fs.getxattr(f, ACCESS_XATTR).unwrap_err().errno,
@@ -848,13 +898,13 @@ fn acls_and_modes_stay_in_step() {
     );
     // Malformed ACLs and default ACLs on files are refused.
     assert_eq!(
-        t.fs.setxattr(f, ACCESS_XATTR, &[2, 0, 0, 0, 1], 0)
+        t.fs.setxattr(f, ACCESS_XATTR, &[2, 0, 0, 0, 1], 0, ME)
             .unwrap_err()
             .errno,
         libc::EINVAL
     );
     assert_eq!(
-        t.fs.setxattr(f, DEFAULT_XATTR, &minimal, 0)
+        t.fs.setxattr(f, DEFAULT_XATTR, &minimal, 0, ME)
             .unwrap_err()
             .errno,
         libc::EACCES
@@ -873,7 +923,7 @@ fn a_default_acl_is_inherited_and_overrules_the_umask() {
         (ACL_MASK, 7, NO_ID),
         (ACL_OTHER, 0, NO_ID),
     ]);
-    t.fs.setxattr(d, DEFAULT_XATTR, &default, 0).unwrap();
+    t.fs.setxattr(d, DEFAULT_XATTR, &default, 0, ME).unwrap();
     let masked = Caller { umask: 0o077, ..ME };
     let (f, fh) = t.fs.create(d, b"f", 0o666, libc::O_WRONLY, masked).unwrap();
     t.fs.release(fh);
@@ -949,7 +999,7 @@ fn noacl_refuses_acl_attributes() {
         (ACL_OTHER, 1, NO_ID),
     ]);
     assert_eq!(
-        t.fs.setxattr(f, rmemfs::acl::ACCESS_XATTR, &minimal, 0)
+        t.fs.setxattr(f, rmemfs::acl::ACCESS_XATTR, &minimal, 0, ME)
             .unwrap_err()
             .errno,
         libc::EOPNOTSUPP

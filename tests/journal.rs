@@ -55,8 +55,8 @@ fn a_table_replayed_from_the_journal_matches_the_live_one() {
     fs.write(a.ino, fh, 5 * MIB, b"past a hole", ME).unwrap();
     fs.symlink(d, b"s", b"a", ME).unwrap();
     fs.link(a.ino, ROOT_INO, b"a-too").unwrap();
-    fs.setxattr(a.ino, b"user.k", b"v", 0).unwrap();
-    fs.setxattr(d, b"user.gone", b"v", 0).unwrap();
+    fs.setxattr(a.ino, b"user.k", b"v", 0, ME).unwrap();
+    fs.setxattr(d, b"user.gone", b"v", 0, ME).unwrap();
     fs.removexattr(d, b"user.gone").unwrap();
     // setfacl -m u:1000:r (tags: owner 1, named user 2, owning group 4, mask 0x10, other 0x20).
     let entry = |tag, perm, id| rmemfs::acl::Entry { tag, perm, id };
@@ -67,7 +67,7 @@ fn a_table_replayed_from_the_journal_matches_the_live_one() {
         entry(0x10, 4, u32::MAX),
         entry(0x20, 0, u32::MAX),
     ]);
-    fs.setxattr(a.ino, rmemfs::acl::ACCESS_XATTR, &acl.to_xattr(), 0)
+    fs.setxattr(a.ino, rmemfs::acl::ACCESS_XATTR, &acl.to_xattr(), 0, ME)
         .unwrap();
     let chmod = SetAttr {
         mode: Some(0o600),
@@ -263,9 +263,13 @@ fn run(fs: &rmemfs::fs::Fs, dir: u64, op: &Op) -> std::result::Result<(), i32> {
         Op::Unlink(d, n) => fs.unlink(parent(d), &name(n)),
         Op::Rmdir(d, n) => fs.rmdir(parent(d), &name(n)),
         Op::Rename(d, n, e, m, f) => fs.rename(parent(d), &name(n), parent(e), &name(m), f, ME),
-        Op::SetXattr(d, n, k) => {
-            fs.setxattr(ino(d, n)?, &[b"user.k", b"user.j"][k as usize][..], b"v", 0)
-        }
+        Op::SetXattr(d, n, k) => fs.setxattr(
+            ino(d, n)?,
+            &[b"user.k", b"user.j"][k as usize][..],
+            b"v",
+            0,
+            ME,
+        ),
         Op::RemoveXattr(d, n, k) => {
             fs.removexattr(ino(d, n)?, &[b"user.k", b"user.j"][k as usize][..])
         }

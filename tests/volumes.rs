@@ -30,7 +30,7 @@ fn populate(d: &Daemon) {
     let f2 = d.resolve("a/f2").unwrap();
     let b = d.resolve("a/b").unwrap();
     d.fs().link(f2, b, b"hard").unwrap();
-    d.fs().setxattr(f2, b"user.tag", b"kept", 0).unwrap();
+    d.fs().setxattr(f2, b"user.tag", b"kept", 0, ME).unwrap();
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! tables): virtual ones the daemon answers ([`Handler::Virtual`]), POSIX ACLs kept in step
 //! with the mode ([`Handler::Acl`]), and plain `user.`, `trusted.` and `security.` ones.
 
-use super::rules::check_mutable;
+use super::rules::{check_mutable, Caller, S_ISGID};
 use super::{err, inode, Fs};
 use crate::error::{Error, Result};
 use crate::meta::{Ino, Kind, ROOT_INO};
@@ -73,8 +73,16 @@ impl Fs {
     }
 
     /// Sets a `user.*`, `trusted.*` or `security.*` extended attribute, or an ACL
-    /// (`XATTR_CREATE` / `XATTR_REPLACE` honoured).
-    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+    /// (`XATTR_CREATE` / `XATTR_REPLACE` honoured). An access ACL sets the mode, under
+    /// chmod's rule for set-group-ID (the kernel's `posix_acl_update_mode`).
+    pub fn setxattr(
+        &self,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+        caller: Caller,
+    ) -> Result<()> {
         self.writable()?;
         let handler = self.handler(ino, name, false)?;
         if value.len() > XATTR_VALUE_MAX {
@@ -87,6 +95,14 @@ impl Fs {
             }
             return Ok(());
         }
+        // Whether an ACL keeps set-group-ID: the caller's groups are read from /proc, so
+        // before the metadata lock (the group it is asked of is checked again under it).
+        let keeps_set_gid = if name == crate::acl::ACCESS_XATTR && !caller.privileged() {
+            let gid = inode(&self.meta.lock(), ino)?.gid;
+            Some((gid, caller.in_group(gid)))
+        } else {
+            None
+        };
         let mut meta = self.meta.lock();
         let i = inode(&meta, ino)?;
         // As on Linux: user.* only on regular files and directories (a symlink's or a
@@ -95,7 +111,12 @@ impl Fs {
             return Err(err(libc::EPERM));
         }
         check_mutable(i)?;
-        let (kind, perm) = (i.kind, i.perm);
+        let (kind, mut perm) = (i.kind, i.perm);
+        if let Some((gid, in_group)) = keeps_set_gid {
+            if i.gid != gid || !in_group {
+                perm &= !S_ISGID;
+            }
+        }
         let exists = i.xattrs.as_ref().is_some_and(|m| m.contains_key(name));
         let now = crate::meta::now();
         let mut b = meta.batch();

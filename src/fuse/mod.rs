@@ -792,7 +792,8 @@ impl Filesystem for FuseFs {
         self.contain("setxattr", req, || {
             empty(
                 reply,
-                self.fs.setxattr(ino.0, name.as_bytes(), value, flags),
+                self.fs
+                    .setxattr(ino.0, name.as_bytes(), value, flags, caller(req)),
             );
         });
     }
