@@ -1300,6 +1300,20 @@ test_linux_semantics() {
   assert_eq "inherited mode" "$(stat -c %a "$m/proj/inherited")" 660
   getfacl -cp "$m/proj/inherited" | grep -qx "user:nobody:rwx.*" ||
     fail "the default ACL was not inherited: $(getfacl -cp "$m/proj/inherited")"
+  # An ACL set by the owner outside the group, without CAP_FSETID, clears set-group-ID as
+  # chmod does (the kernel's posix_acl_update_mode), on a file and on a directory; the mode is
+  # the daemon's (read again after the caches are dropped).
+  must "mkdir acl-sgid-d" mkdir "$m/acl-sgid-d"
+  put "$m/acl-sgid-f" "x"
+  for x in acl-sgid-f acl-sgid-d; do
+    must "chown 100:100 $x" chown 100:100 "$m/$x"
+    must "chmod 2755 $x" chmod 2755 "$m/$x"
+    must "setfacl by the owner outside the group" setpriv --reuid=100 --regid=101 --clear-groups \
+      setfacl -m u::rwx,g::rwx,o::rwx "$m/$x"
+    assert_eq "mode of $x after the owner's setfacl" "$(stat -c %a "$m/$x")" 777
+    drop_caches "$m" || fail "cannot drop caches"
+    assert_eq "mode of $x from the daemon" "$(stat -c %a "$m/$x")" 777
+  done
 
   # chattr: immutable and append-only are enforced, lsattr shows them.
   put "$m/locked" "base"
@@ -1430,6 +1444,80 @@ print(listed, refused)' "$m/tmpdir") || fail "O_TMPFILE: $out"
 # handles, shared mmap writes, O_DIRECT beside buffered I/O, truncation of dirty data all
 # stay exact after the caches are dropped; a pool that fills under cached writes reports
 # ENOSPC at fsync rather than losing data silently.
+# Access times follow the mount's flags, a remount included: the daemon reads them where the
+# kernel keeps them (/proc/self/mountinfo), so `mount -o remount,noatime` reaches it. The
+# sequence of Linux's own check, each value read from the daemon (caches dropped first, and
+# times to the nanosecond, so no step waits for the clock); O_NOATIME at the end.
+test_atime_remount() {
+  local m=$MNT t0 t1 d0 m0 c0
+  mount_fs "$m" "$ADDRS" -o relatime || fail "mount -o relatime failed"
+  assert_eq "the rule at mount" "$("$BIN" stats "$m" | grep '^access times')" "access times: relatime"
+  # at FILE FIELD: the field (X atime, Y mtime, Z ctime) as the daemon has it.
+  at() { drop_caches "$m" || fail "cannot drop caches"; stat -c "%.9$2" "$1"; }
+  rd() { drop_caches "$m" || fail "cannot drop caches"; must "read $1" cat "$1" >/dev/null; }
+  # remount OPTION RULE: (RULE an extended regex of what `stats` names) the daemon learns of a remount from the mount table a moment after
+  # it returns; `stats` says when it has (a barrier: the reads after it must follow RULE).
+  remount() {
+    local k
+    # -i: the kernel's remount, not the mount.fuse helper (which would start a daemon).
+    must "mount -o remount,$1" mount -i -o "remount,$1" "$m"
+    for ((k = 0; k < 100; k++)); do
+      "$BIN" stats "$m" | grep -qxE "access times: $2" && return 0
+      sleep 0.1
+    done
+    fail "after remount,$1 stats says $("$BIN" stats "$m" | grep '^access times'), not $2"
+  }
+  must "mkdir" mkdir "$m/dir1" "$m/dir2"
+  put "$m/dir1/file1" "one"
+  # relatime: the first read after a change moves the access time, the next does not.
+  t0=$(at "$m/dir1/file1" X)
+  rd "$m/dir1/file1"
+  t1=$(at "$m/dir1/file1" X)
+  [[ "$t1" > "$t0" ]] || fail "relatime: the first read did not move the access time ($t0 -> $t1)"
+  rd "$m/dir1/file1"
+  assert_eq "relatime: a second read" "$(at "$m/dir1/file1" X)" "$t1"
+  # nodiratime: nothing moves by the remount; a listing leaves the directory's atime.
+  remount nodiratime relatime,nodiratime
+  assert_eq "atime after remount,nodiratime" "$(at "$m/dir1/file1" X)" "$t1"
+  d0=$(at "$m/dir2" X) m0=$(at "$m/dir2" Y) c0=$(at "$m/dir2" Z)
+  put "$m/dir2/file2" "two"
+  [[ "$(at "$m/dir2" Y)" > "$m0" && "$(at "$m/dir2" Z)" > "$c0" ]] ||
+    fail "a create did not move the directory's mtime and ctime"
+  t0=$(at "$m/dir2/file2" X)
+  rd "$m/dir2/file2"
+  [[ "$(at "$m/dir2/file2" X)" > "$t0" ]] || fail "nodiratime: a file's read did not move its atime"
+  must "list dir2" ls "$m/dir2" >/dev/null
+  assert_eq "nodiratime: the directory's atime after a listing" "$(at "$m/dir2" X)" "$d0"
+  # noatime: nothing moves.
+  remount noatime "noatime(,nodiratime)?"
+  put "$m/dir2/file3" "three"
+  t0=$(at "$m/dir2/file3" X)
+  rd "$m/dir2/file3"
+  assert_eq "noatime: atime after a read" "$(at "$m/dir2/file3" X)" "$t0"
+  m0=$(at "$m/dir1/file1" Y) c0=$(at "$m/dir1/file1" Z)
+  must "write file1" bash -c 'echo more >>"$1"' _ "$m/dir1/file1"
+  [[ "$(at "$m/dir1/file1" Y)" > "$m0" && "$(at "$m/dir1/file1" Z)" > "$c0" ]] ||
+    fail "a write did not move mtime and ctime"
+  c0=$(at "$m/dir1/file1" Z)
+  must "rename file1" mv "$m/dir1/file1" "$m/dir1/file1b"
+  [[ "$(at "$m/dir1/file1b" Z)" > "$c0" ]] || fail "a rename did not move the ctime"
+  # strictatime: every read moves it.
+  remount strictatime "strictatime(,nodiratime)?"
+  t0=$(at "$m/dir2/file3" X)
+  rd "$m/dir2/file3"
+  t1=$(at "$m/dir2/file3" X)
+  [[ "$t1" > "$t0" ]] || fail "strictatime: the first read did not move the access time"
+  rd "$m/dir2/file3"
+  [[ "$(at "$m/dir2/file3" X)" > "$t1" ]] || fail "strictatime: the second read did not move it"
+  # O_NOATIME (the owner may ask it): a read through such a handle leaves it.
+  t0=$(at "$m/dir2/file3" X)
+  drop_caches "$m" || fail "cannot drop caches"
+  must "read with O_NOATIME" python3 -c 'import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NOATIME); os.read(fd, 100); os.close(fd)' "$m/dir2/file3"
+  assert_eq "atime after an O_NOATIME read" "$(at "$m/dir2/file3" X)" "$t0"
+  unmount_fs "$m" || fail "unmount failed"
+}
+
 test_writeback() {
   local m=$MNT out
   must "append 1" bash -c 'exec 3>>"$1"; echo one >&3; echo two >>"$1"; echo three >&3' _ "$m/log"
@@ -1830,6 +1918,7 @@ ALL_TESTS=(
   "unmount_cleanup shared nomount"
   "secret shared nomount"
   "linux_semantics shared nomount"
+  "atime_remount shared nomount"
   "writeback 48M,48M mount --writeback-low-water=0"
   "writeback_room 512M mount --replicas=1"
   "mount_helper shared nomount"

@@ -69,7 +69,7 @@ echo "== real mounts on volumes (--volume; the data-path tests again, each mount
 # The shared servers twice the default size: fio_verify fills the default pair exactly, and a
 # volume's journal ring takes 1/16 of each server.
 RMEMFS_TEST_VOLUME=1 RMEMFS_TEST_SERVER_SIZE=512M mount-tests/run.sh cp_tree tar_roundtrip git sqlite posix_cases \
-  concurrent_writers fio_verify replica_failover replica_pair
+  concurrent_writers fio_verify replica_failover replica_pair atime_remount
 echo "== failures on separate test hosts (mount-tests/hosts.sh: kill, freeze, cut, restart)"
 mount-tests/hosts.sh
 echo "== chaos, short (tools/chaos.sh 60: faults on random test hosts, some overlapping, while files are written)"

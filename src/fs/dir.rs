@@ -73,7 +73,7 @@ impl Fs {
             Some(_) => None,
         };
         let mut meta = self.meta.lock();
-        if offset == 0 && self.config.dir_atime {
+        if offset == 0 && self.access_times().1 {
             let mut b = meta.batch();
             self.accessed(&mut b, ino)?;
             b.commit()?;

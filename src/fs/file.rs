@@ -131,16 +131,19 @@ impl Fs {
     /// Reads up to `size` bytes at `offset` (short at end of file), left where the fabric put
     /// them for the reply to send.
     pub fn read_buf(&self, ino: Ino, fh: u64, offset: u64, size: u32) -> Result<ReadBuf<'_>> {
-        if !self.handle(fh, ino)?.read && !self.config.writeback {
+        let mode = self.handle(fh, ino)?;
+        if !mode.read && !self.config.writeback {
             return Err(err(libc::EBADF));
         }
         let file = self.file_data(ino)?;
         let view = self.data.view(&file);
         let file_size = {
             let mut meta = self.meta.lock();
-            let mut b = meta.batch();
-            self.accessed(&mut b, ino)?;
-            b.commit()?;
+            if !mode.noatime {
+                let mut b = meta.batch();
+                self.accessed(&mut b, ino)?;
+                b.commit()?;
+            }
             inode(&meta, ino)?.size
         };
         if offset >= file_size {

@@ -17,7 +17,10 @@ const MODE_BITS: u32 = 4;
 const INCARNATION_SHIFT: u32 = 40;
 
 fn mode_bits(mode: OpenMode) -> u64 {
-    u64::from(mode.read) | u64::from(mode.write) << 1 | u64::from(mode.append) << 2
+    u64::from(mode.read)
+        | u64::from(mode.write) << 1
+        | u64::from(mode.append) << 2
+        | u64::from(mode.noatime) << 3
 }
 
 fn mode_of(fh: u64) -> OpenMode {
@@ -26,6 +29,7 @@ fn mode_of(fh: u64) -> OpenMode {
         write: fh & 2 != 0,
         append: fh & 4 != 0,
         truncate: false,
+        noatime: fh & 8 != 0,
     }
 }
 

@@ -36,7 +36,8 @@ pub use follow::{Invalidate, Invalidation};
 pub use freeze::{ChangeAdmitted, Frozen, Turns};
 pub use locks::{FileLock, HeldLock, LockKeeper, LockKind, LockType};
 pub use rules::{
-    Atime, Caller, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL, INODE_FLAGS,
+    access_flags_name, Atime, Caller, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL,
+    INODE_FLAGS,
 };
 pub use types::{Attr, DirEntry, OpenMode, SetAttr, SetTime, StatFs};
 #[cfg(feature = "testing")]
@@ -76,6 +77,9 @@ pub struct FsConfig {
     pub atime: Atime,
     /// Directory reads update the directory's access time (`-o nodiratime`: no).
     pub dir_atime: bool,
+    /// `atime` and `dir_atime` hold whatever the mount's flags become (a shared volume's
+    /// namespace keeps no access times: its reads take no turn).
+    pub fixed_access_times: bool,
     /// POSIX ACLs kept and kept in step with modes (`-o noacl`: off).
     pub acl: bool,
     /// The kernel's writeback cache is on: it owns file sizes and append positions, writes
@@ -138,6 +142,8 @@ pub struct Fs {
     /// Held shared by each change, exclusively by a freeze (see [`freeze`]).
     change_gate: crate::sync::RwLock<()>,
     config: FsConfig,
+    /// When reads move access times now (see [`rules::AccessTimes`]).
+    access_times: rules::AccessTimes,
     /// Counters the adapter and the upkeep fill, for the report.
     figures: crate::figures::Figures,
     /// The operation whose next call panics on purpose (tests of fault containment).
@@ -217,6 +223,7 @@ impl Fs {
             next_fh: AtomicU64::new(1 << 4),
             handle_base: AtomicU64::new(0),
             change_gate: crate::sync::RwLock::new(()),
+            access_times: rules::AccessTimes::new(config.atime, config.dir_atime),
             config,
             figures: Default::default(),
             #[cfg(feature = "testing")]

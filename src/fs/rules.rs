@@ -4,6 +4,7 @@
 use super::Fs;
 use crate::error::{Error, Result};
 use crate::meta::{Batch, Ino, Inode, Kind};
+use crate::sync::atomic::{AtomicU32, Ordering};
 use std::time::SystemTime;
 
 /// The caller of an operation (owner of what it creates).
@@ -130,7 +131,26 @@ pub enum Atime {
     Never,
 }
 
+/// How mount flags name a rule for files and whether directory reads count
+/// ("relatime,nodiratime").
+pub fn access_flags_name(atime: Atime, dir_atime: bool) -> String {
+    format!(
+        "{}{}",
+        atime.flag(),
+        if dir_atime { "" } else { ",nodiratime" }
+    )
+}
+
 impl Atime {
+    /// The mount flag that names this rule.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Atime::Relative => "relatime",
+            Atime::Strict => "strictatime",
+            Atime::Never => "noatime",
+        }
+    }
+
     /// Whether a read at `now` updates the access time of `i`.
     fn due(self, i: &Inode, now: SystemTime) -> bool {
         /// relatime's limit: an access time older than this is updated anyway.
@@ -155,7 +175,63 @@ impl Atime {
     }
 }
 
+/// The access-time rule in force, read at every access: it starts as the mount's options
+/// say, and follows the mount's flags when the kernel's change (`mount -o remount,noatime`:
+/// `mount::flags` reads them and calls [`Fs::set_access_times`]).
+#[derive(Debug)]
+pub(super) struct AccessTimes(AtomicU32);
+
+impl AccessTimes {
+    /// Bit set: directory reads leave the directory's access time alone (`nodiratime`).
+    const NO_DIR: u32 = 4;
+
+    pub(super) fn new(atime: Atime, dir_atime: bool) -> AccessTimes {
+        AccessTimes(AtomicU32::new(Self::encode(atime, dir_atime)))
+    }
+
+    fn encode(atime: Atime, dir_atime: bool) -> u32 {
+        let rule = match atime {
+            Atime::Relative => 0,
+            Atime::Strict => 1,
+            Atime::Never => 2,
+        };
+        rule | if dir_atime { 0 } else { Self::NO_DIR }
+    }
+
+    /// The rule for files, and whether directory reads move access times too.
+    pub(super) fn get(&self) -> (Atime, bool) {
+        let v = self.0.load(Ordering::Relaxed);
+        let atime = match v & 3 {
+            0 => Atime::Relative,
+            1 => Atime::Strict,
+            _ => Atime::Never,
+        };
+        (atime, v & Self::NO_DIR == 0)
+    }
+
+    fn set(&self, atime: Atime, dir_atime: bool) {
+        self.0
+            .store(Self::encode(atime, dir_atime), Ordering::Relaxed);
+    }
+}
+
 impl Fs {
+    /// The mount's access-time flags changed (a remount): reads follow `atime` from now on,
+    /// and directory reads only with `dir_atime`. A namespace that keeps no access times (a
+    /// shared volume's, whose reads take no turn) stays as it is: false.
+    pub fn set_access_times(&self, atime: Atime, dir_atime: bool) -> bool {
+        if self.config.fixed_access_times {
+            return false;
+        }
+        self.access_times.set(atime, dir_atime);
+        true
+    }
+
+    /// The access-time rule in force (see [`AccessTimes`]).
+    pub fn access_times(&self) -> (Atime, bool) {
+        self.access_times.get()
+    }
+
     /// An access of `ino` (a read, a directory read, a symlink read): its access time moves
     /// as the mount says, unless the mount is read-only or the inode is `chattr +A`.
     pub(super) fn accessed(&self, b: &mut Batch<'_>, ino: Ino) -> Result<()> {
@@ -164,7 +240,7 @@ impl Fs {
             return Ok(());
         }
         let now = crate::meta::now();
-        if self.config.atime.due(i, now) {
+        if self.access_times.get().0.due(i, now) {
             b.update(ino, |a| a.atime = now)?;
         }
         Ok(())

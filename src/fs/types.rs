@@ -74,6 +74,9 @@ pub struct OpenMode {
     pub write: bool,
     pub append: bool,
     pub truncate: bool,
+    /// `O_NOATIME`: reads through this handle leave the access time alone (the kernel
+    /// allows it to the owner or CAP_FOWNER only).
+    pub noatime: bool,
 }
 
 impl OpenMode {
@@ -85,6 +88,7 @@ impl OpenMode {
             write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
             append: flags & libc::O_APPEND != 0,
             truncate: flags & libc::O_TRUNC != 0,
+            noatime: flags & libc::O_NOATIME != 0,
         }
     }
 }

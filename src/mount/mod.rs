@@ -4,7 +4,9 @@
 //! server its memory back.
 
 pub mod admin;
+mod flags;
 pub mod keeper;
+mod mountinfo;
 mod options;
 mod point;
 mod session;
@@ -262,6 +264,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         None => Connection::Own,
     };
     let session = attach_fuse(&fs, &mountpoint, &fuse_config, &choices, connection)?;
+    let flag_watch = flags::FlagWatch::start(fs.clone(), &mountpoint);
     let upkeep = start_upkeep(&fs, config, &mountpoint, metrics_listener)?;
     let admin = admin::AdminServer::start(admin::Target {
         fs: fs.clone(),
@@ -288,6 +291,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         _ => None,
     };
     let result = serve_until_unmounted(session, &mountpoint, ready, taken_over, restart);
+    drop(flag_watch);
     drop(follower);
     log::info!(
         "unmounted {}; returning remote memory. Counters at unmount:\n{}",
@@ -506,6 +510,7 @@ fn build_fs(
         read_only: choices.read_only,
         atime: choices.atime,
         dir_atime: choices.dir_atime,
+        fixed_access_times: false,
         acl: choices.acl,
         writeback: choices.writeback,
         writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
@@ -598,7 +603,6 @@ fn start_upkeep(
 
 #[cfg(test)]
 mod tests {
-    use super::point::unescape_mountinfo;
     use super::*;
 
     #[test]
@@ -625,7 +629,6 @@ mod tests {
         assert!(e.contains("not a directory"), "{e}");
         let e = check_mountpoint(Path::new("/proc")).unwrap_err();
         assert!(e.contains("already a mount point"), "{e}");
-        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
     }
 
     #[test]

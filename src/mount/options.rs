@@ -89,13 +89,22 @@ pub(super) fn fuser_config(
             "rw" => read_only = false,
             "auto_unmount" => opts.push(O::AutoUnmount),
             "default_permissions" => {}
-            "noatime" => {
-                atime = crate::fs::Atime::Never;
-                opts.push(O::NoAtime);
+            // The kernel's mount flags carry the choice: they are what the daemon follows
+            // (`mount::flags`), and a remount changes them.
+            "noatime" | "relatime" | "atime" | "strictatime" => {
+                opts.retain(|x| !matches!(x, O::NoAtime | O::RelAtime | O::StrictAtime));
+                let (rule, flag) = match o {
+                    "noatime" => (crate::fs::Atime::Never, O::NoAtime),
+                    "strictatime" => (crate::fs::Atime::Strict, O::StrictAtime),
+                    _ => (crate::fs::Atime::Relative, O::RelAtime),
+                };
+                atime = rule;
+                opts.push(flag);
             }
-            "relatime" | "atime" => atime = crate::fs::Atime::Relative,
-            "strictatime" => atime = crate::fs::Atime::Strict,
-            "nodiratime" => dir_atime = false,
+            "nodiratime" => {
+                dir_atime = false;
+                opts.push(O::NoDirAtime);
+            }
             "acl" => acl = true,
             "noacl" => acl = false,
             "writeback_cache" => writeback = true,
@@ -107,7 +116,10 @@ pub(super) fn fuser_config(
             "no_write_behind" => write_behind = false,
             "io_uring" => io_uring = true,
             "no_io_uring" => io_uring = false,
-            "diratime" => dir_atime = true,
+            "diratime" => {
+                dir_atime = true;
+                opts.retain(|x| *x != O::NoDirAtime);
+            }
             // Timestamps live in the daemon's memory only: there is no disk write for
             // lazytime to put off.
             "lazytime" | "nolazytime" => {}

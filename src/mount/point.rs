@@ -52,16 +52,7 @@ pub(super) fn canonical_mountpoint(path: &Path) -> Result<PathBuf, String> {
 
 /// The file system type of the last (topmost) mount at `target`, from mountinfo.
 pub(super) fn mounted_at(target: &Path) -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let target = target.to_string_lossy();
-    info.lines()
-        .filter(|l| {
-            l.split(' ')
-                .nth(4)
-                .is_some_and(|m| unescape_mountinfo(m) == target)
-        })
-        .filter_map(|l| l.split(" - ").nth(1)?.split(' ').next().map(String::from))
-        .next_back()
+    super::mountinfo::topmost_now(target, |m| m.fstype.to_string())
 }
 
 /// How long a stat of a mounted rmemfs may take before its daemon counts as alive but stuck
@@ -162,27 +153,6 @@ pub(super) fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), String> {
     }
 }
 
-/// `/proc/self/mountinfo` escapes spaces and the like as `\040`.
-pub(super) fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Refuses a verbs mount at once when the memlock limit is below
 /// [`config::VERBS_MIN_MEMLOCK`]: every verbs buffer is pinned, so such a mount would fail
 /// its writes later instead.
@@ -246,14 +216,7 @@ pub(super) fn check_fuse_device() -> Result<(), String> {
 /// stat of the mount point would be a FUSE request to this very daemon, which may not be
 /// serving yet.
 pub(super) fn mount_device(mountpoint: &Path) -> Option<String> {
-    let target = mountpoint.to_string_lossy();
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (f.len() > 4 && unescape_mountinfo(f[4]) == target).then(|| f[2].to_string())
-        })
-        .next_back()
+    super::mountinfo::topmost_now(mountpoint, |m| m.device.to_string())
 }
 
 /// The fuse control file system's `abort` file for the FUSE connection mounted at

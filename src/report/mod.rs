@@ -145,6 +145,9 @@ pub struct FuseFigures {
     pub in_flight: u64,
     /// Requests answered that an earlier daemon of a kept connection had left unanswered.
     pub resent: u64,
+    /// The access-time rule in force, as the mount's flags name it ("relatime",
+    /// "strictatime", "noatime", with ",nodiratime"); it follows a remount.
+    pub access_times: String,
 }
 
 /// The kernel's writeback cache and the dirty limit kept for it.
@@ -322,6 +325,10 @@ impl MountReport {
                 transport: figures.fuse_transport.get().copied().unwrap_or("").into(),
                 in_flight: figures.in_flight.load(Ordering::Relaxed),
                 resent: figures.resent.load(Ordering::Relaxed),
+                access_times: {
+                    let (atime, dirs) = fs.access_times();
+                    crate::fs::access_flags_name(atime, dirs)
+                },
             },
             writeback: WritebackFigures {
                 cache: fs.writeback_enabled(),

@@ -61,6 +61,7 @@ pub fn render(r: &MountReport) -> String {
             r.fuse.in_flight, r.fuse.resent
         );
     }
+    let _ = writeln!(out, "access times: {}", r.fuse.access_times);
     let wb = &r.writeback;
     let _ = writeln!(
         out,
@@ -357,6 +358,7 @@ mod tests {
             "fabric.unpinned_bytes",
             "fabric.name",
             "fuse.transport",
+            "fuse.access_times",
             "writeback.new_handles",
             "writeback.dirty_limit_bytes",
             "writeback.free_room_bytes",

@@ -528,6 +528,7 @@ pub fn join(
     // (JuiceFS's default too).
     config.atime = crate::fs::Atime::Never;
     config.dir_atime = false;
+    config.fixed_access_times = true;
     engine
         .start_session(&who, SESSION_TTL)
         .map_err(|e| e.to_string())?;

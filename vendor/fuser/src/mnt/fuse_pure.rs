@@ -262,6 +262,19 @@ fn fuse_mount_fusermount(
     options: &[MountOption],
     acl: SessionACL,
 ) -> Result<(DevFuse, Option<UnixStream>), Error> {
+    // rmemfs patch: fusermount3 (3.14) knows none of the access-time flags but `noatime`,
+    // and refuses the mount for them; left out, the kernel's default (relatime) holds.
+    let options: Vec<MountOption> = options
+        .iter()
+        .filter(|o| {
+            !matches!(
+                o,
+                MountOption::RelAtime | MountOption::StrictAtime | MountOption::NoDirAtime
+            )
+        })
+        .cloned()
+        .collect();
+    let options = &options[..];
     let fusermount_bin = detect_fusermount_bin();
 
     if fusermount_bin.ends_with(MOUNT_FUSEFS_BIN) {

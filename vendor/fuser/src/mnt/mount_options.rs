@@ -62,6 +62,12 @@ pub enum MountOption {
     Atime,
     /// Don't update inode access time
     NoAtime,
+    /// rmemfs patch: update access times relative to modification (the kernel's default)
+    RelAtime,
+    /// rmemfs patch: update access times on every access
+    StrictAtime,
+    /// rmemfs patch: don't update directory access times
+    NoDirAtime,
     /// All modifications to directories will be done synchronously
     DirSync,
     /// All I/O will be done synchronously
@@ -142,7 +148,14 @@ fn conflicts_with(option: &MountOption) -> Vec<MountOption> {
         MountOption::Exec => vec![MountOption::NoExec],
         MountOption::NoExec => vec![MountOption::Exec],
         MountOption::Atime => vec![MountOption::NoAtime],
-        MountOption::NoAtime => vec![MountOption::Atime],
+        MountOption::NoAtime => vec![
+            MountOption::Atime,
+            MountOption::RelAtime,
+            MountOption::StrictAtime,
+        ],
+        MountOption::RelAtime => vec![MountOption::NoAtime, MountOption::StrictAtime],
+        MountOption::StrictAtime => vec![MountOption::NoAtime, MountOption::RelAtime],
+        MountOption::NoDirAtime => vec![],
         MountOption::Sync => vec![MountOption::Async],
         MountOption::Async => vec![MountOption::Sync],
     }
@@ -167,6 +180,9 @@ pub(crate) fn option_to_string(option: &MountOption) -> String {
         MountOption::NoExec => "noexec".to_string(),
         MountOption::Atime => "atime".to_string(),
         MountOption::NoAtime => "noatime".to_string(),
+        MountOption::RelAtime => "relatime".to_string(),
+        MountOption::StrictAtime => "strictatime".to_string(),
+        MountOption::NoDirAtime => "nodiratime".to_string(),
         MountOption::DirSync => "dirsync".to_string(),
         MountOption::Sync => "sync".to_string(),
         MountOption::Async => "async".to_string(),
@@ -190,6 +206,9 @@ pub(crate) fn option_group(option: &MountOption) -> MountOptionGroup {
         MountOption::NoExec => MountOptionGroup::KernelFlag,
         MountOption::Atime => MountOptionGroup::KernelFlag,
         MountOption::NoAtime => MountOptionGroup::KernelFlag,
+        MountOption::RelAtime => MountOptionGroup::KernelFlag,
+        MountOption::StrictAtime => MountOptionGroup::KernelFlag,
+        MountOption::NoDirAtime => MountOptionGroup::KernelFlag,
         MountOption::DirSync => MountOptionGroup::KernelFlag,
         MountOption::Sync => MountOptionGroup::KernelFlag,
         MountOption::Async => MountOptionGroup::KernelFlag,
@@ -211,6 +230,9 @@ pub(crate) fn option_to_flag(option: &MountOption) -> io::Result<nix::mount::MsF
         MountOption::NoExec => Ok(nix::mount::MsFlags::MS_NOEXEC),
         MountOption::Atime => Ok(nix::mount::MsFlags::empty()),
         MountOption::NoAtime => Ok(nix::mount::MsFlags::MS_NOATIME),
+        MountOption::RelAtime => Ok(nix::mount::MsFlags::MS_RELATIME),
+        MountOption::StrictAtime => Ok(nix::mount::MsFlags::MS_STRICTATIME),
+        MountOption::NoDirAtime => Ok(nix::mount::MsFlags::MS_NODIRATIME),
         MountOption::Async => Ok(nix::mount::MsFlags::empty()),
         MountOption::Sync => Ok(nix::mount::MsFlags::MS_SYNCHRONOUS),
         MountOption::DirSync => Ok(nix::mount::MsFlags::MS_DIRSYNC),
