@@ -110,17 +110,24 @@ host_start() {
   return 1
 }
 
-# host_kill I: SIGKILL to host I's server (a crash: its memory is gone). Returns once the
-# process has exited (gone or a zombie), so its port is free for a restart.
+# host_kill I: SIGKILL to host I's server (a crash: its memory is gone). Returns once every
+# thread of the process has exited (gone, or a zombie with its last thread gone), so nothing
+# of it serves a request after this returns and its port is free for a restart. (The main
+# thread of a killed process shows as a zombie while its other threads, which hold the
+# sockets, may still be exiting: a run once counted a write those threads served after the
+# zombie showed as acknowledged by a server already dead.)
 host_kill() {
   local pid=${HOST_PIDS[$1]} k
   HOST_PIDS[$1]=""
   [ -n "$pid" ] || return 0
   kill -CONT "$pid" 2>/dev/null || true
   kill -KILL "$pid" 2>/dev/null || true
-  for ((k = 0; k < 100; k++)); do
+  for ((k = 0; k < 200; k++)); do
     [ -e "/proc/$pid" ] || return 0
-    grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null && return 0
+    if grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null &&
+      [ "$(find "/proc/$pid/task" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)" -le 1 ]; then
+      return 0
+    fi
     sleep 0.05
   done
 }
