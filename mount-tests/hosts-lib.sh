@@ -130,6 +130,8 @@ host_kill() {
     fi
     sleep 0.05
   done
+  echo "host $1's server (pid $pid) has threads left 10 s after SIGKILL" >&2
+  return 1
 }
 
 # host_restart I: a killed host's server starts again: same address, a new empty arena.

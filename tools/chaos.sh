@@ -307,7 +307,7 @@ queued_in() {
 # stall_takeover: the holder's link stalls mid-write and another client host takes the volume
 # over; the old holder's stalled payload must never land (see the header).
 stall_takeover() {
-  local old=$CLIENT old_mnt=$MNT new stream pid k want got ns queued
+  local old=$CLIENT old_mnt=$MNT new stream pid k want got ns queued fenced log
   new=$((CLIENT == HOSTS_SERVERS ? HOSTS_SERVERS + 1 : HOSTS_SERVERS))
   ns=$(host_ns "$old")
   # The target is committed first, so its chunks are named by the journal: a payload that
@@ -332,6 +332,9 @@ stall_takeover() {
     sleep 0.05
   done
   [ -e "$stream.ok" ] || fail "the overwrite to stall made no pass in 30 s"
+  # The host's log holds earlier takeovers' fences too: this one's is the next line.
+  log=$WORK/daemon-h$old.log
+  fenced=$(grep -c "this daemon is fenced" "$log" || true)
   host_cut "$old"
   # What the old holder had sent and the servers had not acknowledged when its link went
   # down (a request whose payload was part way shows here).
@@ -348,13 +351,13 @@ stall_takeover() {
   # connections to the servers has no unsent or unacknowledged data left, its stalled
   # payload could still go out.
   for ((k = 0; k < 600; k++)); do
-    if grep -q "this daemon is fenced" "$WORK/daemon-h$old.log" 2>/dev/null &&
+    if [ "$(grep -c "this daemon is fenced" "$log" || true)" -gt "$fenced" ] &&
       [ "$(queued_in "$ns")" = "0 bytes on 0 connections" ]; then
       break
     fi
     sleep 0.2
   done
-  grep -q "this daemon is fenced" "$WORK/daemon-h$old.log" ||
+  [ "$(grep -c "this daemon is fenced" "$log" || true)" -gt "$fenced" ] ||
     fail "the old holder (host $old) never learned it was fenced"
   [ "$(queued_in "$ns")" = "0 bytes on 0 connections" ] ||
     fail "the old holder still has data queued to the servers 120 s after its link healed"
@@ -363,7 +366,7 @@ stall_takeover() {
   must_fail_within 30 "a write through the fenced holder" "Input/output error" \
     dd if=/dev/zero of="$old_mnt/w/fenced" bs=4k count=1 conv=fsync status=none
   for pid in $(daemon_pids "$old_mnt"); do kill -KILL "$pid"; done
-  timeout -k 5 10 umount -l "$old_mnt" || true
+  timeout -k 5 10 umount -l "$old_mnt" || fail "the old holder's mount could not be detached"
   pause
   verify
   # The new holder's bytes, from either copy: nothing of the stalled payload landed.

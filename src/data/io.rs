@@ -162,11 +162,11 @@ impl<'a> FileIo<'a> {
         data.truncate(chunks, size)
     }
 
-    /// Before the file grows from `size`: zeroes what its chunks may hold past it from a
-    /// failed append (see [`crate::meta::ChunkMap::tail_unknown`]).
-    pub fn zero_past_end(&mut self, size: u64) -> Result<()> {
+    /// Before the file grows from `size` to show `[size, to)`: zeroes what its chunks may
+    /// hold there from a failed append (see [`crate::meta::ChunkMap::tail_unknown`]).
+    pub fn zero_past_end(&mut self, size: u64, to: u64) -> Result<()> {
         let (data, chunks) = self.settled();
-        data.zero_past_end(chunks, size)
+        data.zero_past_end(chunks, size, to)
     }
 
     /// A write past the file's end failed: some copies may hold some of its bytes there.

@@ -133,24 +133,32 @@ impl DataStore {
         Ok(())
     }
 
-    /// Before a file of `size` bytes grows (a write past its end, a truncate up, an
-    /// allocation that moves the end): if what its chunks hold past `size` may be a failed
-    /// append's bytes ([`ChunkMap::tail_unknown`]), zeroes it on every copy, so the grown
-    /// file reads zeros there. Once per such map: the rest of the chunk `size` ends in and
-    /// every chunk past it (only a preallocation keeps some) are zero after.
-    pub(super) fn zero_past_end(&self, chunks: &mut ChunkMap, size: u64) -> Result<()> {
-        if !chunks.tail_unknown() {
+    /// Before a file of `size` bytes grows to show `[size, to)` (a write at `to` past its
+    /// end, a truncate up to `to`, an allocation that moves the end to `to`): if what its
+    /// chunks hold past `size` may be a failed append's bytes ([`ChunkMap::tail_unknown`]),
+    /// zeroes that range on every copy, so the grown file reads zeros there. The cost follows
+    /// the growth, never a preallocation past it; the flag goes once no chunk reaches past
+    /// `to`.
+    pub(super) fn zero_past_end(&self, chunks: &mut ChunkMap, size: u64, to: u64) -> Result<()> {
+        if !chunks.tail_unknown() || to <= size {
             return Ok(());
         }
         let cs = self.chunk_size;
-        let past: Vec<u64> = chunks.range(size / cs..).map(|(i, _)| *i).collect();
-        for idx in past {
-            let from = size.saturating_sub(idx * cs);
+        let shown: Vec<u64> = chunks
+            .range(size / cs..=(to - 1) / cs)
+            .map(|(i, _)| *i)
+            .collect();
+        for idx in shown {
+            let base = idx * cs;
+            let from = size.saturating_sub(base);
             if from < chunks[&idx].len {
-                self.zero_in_chunk(chunks, idx, from, cs)?;
+                self.zero_in_chunk(chunks, idx, from, (to - base).min(cs))?;
             }
         }
-        chunks.set_tail_unknown(false);
+        let reach = chunks.iter().next_back().map_or(0, |(i, c)| i * cs + c.len);
+        if to >= reach {
+            chunks.set_tail_unknown(false);
+        }
         Ok(())
     }
 

@@ -138,7 +138,7 @@ impl Fs {
         let cut = if size < old {
             io.truncate(size)
         } else if size > old {
-            io.zero_past_end(old)
+            io.zero_past_end(old, size)
         } else {
             Ok(())
         };

@@ -94,7 +94,7 @@ impl Fs {
             }
             _ => (|| {
                 if !keep_size && end > size {
-                    io.zero_past_end(size)?;
+                    io.zero_past_end(size, end)?;
                 }
                 if op != 0 {
                     io.punch(offset, len)?;

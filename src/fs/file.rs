@@ -220,11 +220,11 @@ impl Fs {
             (place(i), i.size)
         };
         let end = self.data.check_end(offset, data.len() as u64)?;
-        if offset > size {
-            io.zero_past_end(size)?;
-        }
         self.fault_point("write");
-        let written = io.write_or_defer(&file, offset, payload);
+        // A failed zeroing still goes through the commit below: it may have let copies go.
+        let written = io
+            .zero_past_end(size, offset)
+            .and_then(|()| io.write_or_defer(&file, offset, payload));
         if written.is_err() && end > size {
             io.past_end_failed();
         }

@@ -227,6 +227,12 @@ impl Fs {
         true
     }
 
+    /// Whether the access-time rule follows the mount's flags (not on a namespace that keeps
+    /// no access times).
+    pub fn follows_mount_flags(&self) -> bool {
+        !self.config.fixed_access_times
+    }
+
     /// The access-time rule in force (see [`AccessTimes`]).
     pub fn access_times(&self) -> (Atime, bool) {
         self.access_times.get()

@@ -25,25 +25,41 @@ pub(super) struct FlagWatch {
 }
 
 impl FlagWatch {
-    /// Finds the mount at `mountpoint` (the newest FUSE mount there), applies its flags, and
-    /// follows them from then on. None (said in the log) if it cannot be found: the rule
-    /// then stays as the mount's options set it.
-    pub(super) fn start(fs: Arc<Fs>, mountpoint: &Path) -> Option<FlagWatch> {
+    /// Finds the mount at `mountpoint` (the newest FUSE mount there) and follows its flags
+    /// from then on. A connection `taken_over` from an earlier daemon takes them at once (a
+    /// remount may have changed them since its options were given); a mount this daemon
+    /// made keeps its options' rule until they change, since a mount through fusermount3
+    /// cannot carry relatime, strictatime or nodiratime. None (said in the log) if the mount
+    /// cannot be found: the rule then stays as the options set it.
+    pub(super) fn start(fs: Arc<Fs>, mountpoint: &Path, taken_over: bool) -> Option<FlagWatch> {
+        // As the kernel lists it: the parent resolved (a symbolic link in the path), never
+        // the mount point itself, which may be a mount nobody serves yet.
+        let point = match (mountpoint.parent(), mountpoint.file_name()) {
+            (Some(p), Some(n)) => std::fs::canonicalize(p).map_or(mountpoint.into(), |p| p.join(n)),
+            _ => mountpoint.to_path_buf(),
+        };
         let started = (|| {
             let mut file = std::fs::File::open(MOUNTINFO)?;
             let text = read_all(&mut file)?;
             let not_found =
-                || std::io::Error::other(format!("no FUSE mount at {}", mountpoint.display()));
-            let id = find_mount(&text, mountpoint).ok_or_else(not_found)?;
+                || std::io::Error::other(format!("no FUSE mount at {}", point.display()));
+            let id = find_mount(&text, &point).ok_or_else(not_found)?;
             let first = access_flags(&text, id).ok_or_else(not_found)?;
-            if first != fs.access_times() {
-                // A mount through fusermount3 cannot carry relatime, strictatime or
-                // nodiratime (it refuses them): the options hold until the flags change.
-                log::info!(
-                    "the mount's flags say {}; the options' {} holds until a remount",
-                    rule_name(first),
-                    rule_name(fs.access_times())
-                );
+            let options = fs.access_times();
+            if first != options && fs.follows_mount_flags() {
+                if taken_over {
+                    fs.set_access_times(first.0, first.1);
+                    log::info!(
+                        "access times follow the mount's flags: {}",
+                        rule_name(first)
+                    );
+                } else {
+                    log::info!(
+                        "the mount's flags say {}; the options' {} holds until a remount",
+                        rule_name(first),
+                        rule_name(options)
+                    );
+                }
             }
             let (stop, wake) = UnixStream::pair()?;
             let thread = std::thread::Builder::new()

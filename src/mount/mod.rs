@@ -264,7 +264,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         None => Connection::Own,
     };
     let session = attach_fuse(&fs, &mountpoint, &fuse_config, &choices, connection)?;
-    let flag_watch = flags::FlagWatch::start(fs.clone(), &mountpoint);
+    let flag_watch = flags::FlagWatch::start(fs.clone(), &mountpoint, taken_over);
     let upkeep = start_upkeep(&fs, config, &mountpoint, metrics_listener)?;
     let admin = admin::AdminServer::start(admin::Target {
         fs: fs.clone(),
