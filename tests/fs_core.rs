@@ -980,3 +980,31 @@ fn a_panic_in_the_reconnect_thread_does_not_end_reconnecting() {
     assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
     drop(threads);
 }
+
+/// A volume's records (journal ring, checkpoint) move through the store's own bounce
+/// buffers: no heap buffer is left in the registration cache. Freed and allocated again, a
+/// heap buffer may sit on new pages while a cached registration still pins the old ones, and
+/// a device (verbs) would then send the old pages' bytes, or read into them and leave the new
+/// buffer zero (the rxe tier's volume came back with a fsynced file all zeros).
+#[test]
+fn whole_extent_transfers_leave_no_heap_buffer_in_the_registration_cache() {
+    let t = TestFs::new(1, 64 << 20, 1 << 20);
+    let data = t.fs.data();
+    let region = data.pool().alloc(4 << 20).unwrap();
+    let written = bytes(1, (2 << 20) + 123);
+    data.write_regions(&[region], 4096, &written).unwrap();
+    let back = data.read_region(region, 4096, written.len()).unwrap();
+    assert!(back == written, "the bytes read back differ");
+    let cached = data.cached_ranges();
+    assert!(
+        !cached.is_empty(),
+        "the bounce buffers are registered through the cache"
+    );
+    for (what, v) in [("written", &written), ("read", &back)] {
+        let (start, end) = (v.as_ptr() as u64, v.as_ptr() as u64 + v.len() as u64);
+        assert!(
+            !cached.iter().any(|&(a, b)| a < end && start < b),
+            "the cache holds a registration of the {what} heap buffer ({start:#x}..{end:#x}): {cached:x?}"
+        );
+    }
+}
