@@ -9,10 +9,13 @@
 //! The stock is this pool's memory on the server (statfs counts it as used; `stats` shows it
 //! per server). A server that refuses an allocation for lack of room first gets its stock back
 //! (see [`Pool::alloc_on`]). A server that goes down keeps its stock as parked frees (freed if
-//! it resumes this pool's session, forgotten if it comes back without it). A stock belongs to
-//! one session of its server: it is reset (emptied, its epoch bumped) before a server that
-//! came back without the session is reachable again, and an extent granted or taken in an
-//! earlier epoch (a late refill, a put-back racing the reset) is never stocked again.
+//! it resumes this pool's session, forgotten if it comes back without it). Each time the
+//! stock is emptied, down or reset, its epoch is bumped, and an extent granted or taken in an
+//! earlier epoch (a late refill, a put-back racing the drain) is never stocked again: a server
+//! that restarted from its backing file comes back with new keys (verbs), which the stock's
+//! old entries would not carry. Such an extent is a parked free of the session it was granted
+//! in ([`super::health::Parked::keep`]): freed if that session resumes (under its new key),
+//! forgotten with it. A reset (the server came back without the session) is the same bump.
 
 use super::{Pool, Server};
 use crate::config::{STOCK_DEPTH, STOCK_MAX_LEN};
@@ -39,16 +42,19 @@ impl Stock {
         self.classes.get_mut(&len)?.ready.pop()
     }
 
-    /// Stocks an extent granted (or taken) in `epoch`; one of an earlier session is dropped
-    /// (whether it was still that session's to free is the server's business: it is gone).
-    fn put(&mut self, epoch: u64, len: u64, addr: u64, rkey: u64) {
-        if epoch == self.epoch {
-            self.classes
-                .entry(len)
-                .or_default()
-                .ready
-                .push((addr, rkey));
+    /// Stocks an extent granted (or taken) in `epoch`; false for one of an earlier epoch,
+    /// which the caller parks as a free of its session (see the module doc).
+    #[must_use]
+    fn put(&mut self, epoch: u64, len: u64, addr: u64, rkey: u64) -> bool {
+        if epoch != self.epoch {
+            return false;
         }
+        self.classes
+            .entry(len)
+            .or_default()
+            .ready
+            .push((addr, rkey));
+        true
     }
 
     /// Forgets everything for a new session of the server.
@@ -72,8 +78,10 @@ impl Stock {
         }
     }
 
-    /// Every ready extent, taken out (address, key).
+    /// Every ready extent, taken out (address, key); from now on nothing granted or taken
+    /// before is stocked again.
     pub(super) fn drain(&mut self) -> Vec<(u64, u64)> {
+        self.epoch += 1;
         self.classes
             .values_mut()
             .flat_map(|c| std::mem::take(&mut c.ready))
@@ -107,7 +115,10 @@ impl Pool {
         }
         let mut got = Vec::with_capacity(chosen.len());
         for &i in chosen {
-            let mut stock = self.servers[i].stock.lock();
+            let s = &self.servers[i];
+            // The session before the epoch: a reset between the two shows as a newer session.
+            let session = s.unfreed.lock().session;
+            let mut stock = s.stock.lock();
             if let Some((addr, rkey)) = stock.take(len) {
                 let region = RemoteRegion {
                     server: ServerId(i as u32),
@@ -115,23 +126,24 @@ impl Pool {
                     len,
                     rkey,
                 };
-                got.push((region, stock.epoch));
+                got.push((region, stock.epoch, session));
             }
         }
         let taken = got.len() == chosen.len();
         if !taken {
             // Put back before the refill counts what is ready.
-            for (r, epoch) in &got {
-                self.servers[r.server.0 as usize]
-                    .stock
-                    .lock()
-                    .put(*epoch, len, r.addr, r.rkey);
+            for (r, epoch, session) in &got {
+                let s = &self.servers[r.server.0 as usize];
+                let stocked = s.stock.lock().put(*epoch, len, r.addr, r.rkey);
+                if !stocked {
+                    s.unfreed.lock().keep(*session, r.addr, r.rkey);
+                }
             }
         }
         for &i in chosen {
             self.refill(&self.servers[i], len);
         }
-        taken.then(|| got.into_iter().map(|(r, _)| r).collect())
+        taken.then(|| got.into_iter().map(|(r, ..)| r).collect())
     }
 
     /// Asks `s` for extents of `len` until its stock of them (ready and asked) is full; the
@@ -140,6 +152,7 @@ impl Pool {
     /// without the session has its stock reset before its new link is published, so a refill
     /// sent on the new link always carries the new epoch.
     fn refill(&self, s: &Server, len: u64) {
+        let session = s.unfreed.lock().session;
         let (n, epoch, link) = {
             let mut st = s.stock.lock();
             let (n, epoch) = st.refills_due(len);
@@ -149,20 +162,28 @@ impl Pool {
             return;
         }
         for sent in 0..n {
-            let stock = s.stock.clone();
+            let (stock, unfreed) = (s.stock.clone(), s.unfreed.clone());
             let asked = link.control.send_with_handler(
                 |tag| Message::Alloc { tag, len },
                 Box::new(move |reply| {
-                    let mut st = stock.lock();
-                    st.answered(len);
-                    match reply {
-                        Some(Message::Allocated {
-                            addr,
-                            rkey,
-                            len: granted,
-                            ..
-                        }) if granted == len => st.put(epoch, len, addr, rkey),
-                        _ => {}
+                    let late = {
+                        let mut st = stock.lock();
+                        st.answered(len);
+                        match reply {
+                            Some(Message::Allocated {
+                                addr,
+                                rkey,
+                                len: granted,
+                                ..
+                            }) if granted == len => {
+                                (!st.put(epoch, len, addr, rkey)).then_some((addr, rkey))
+                            }
+                            _ => None,
+                        }
+                    };
+                    // Granted after the stock was drained: freed with the session's frees.
+                    if let Some((addr, rkey)) = late {
+                        unfreed.lock().keep(session, addr, rkey);
                     }
                 }),
             );
@@ -213,7 +234,7 @@ mod tests {
         assert_eq!(s.refills_due(4096), (STOCK_DEPTH, 0));
         assert_eq!(s.refills_due(4096).0, 0, "all asked already");
         s.answered(4096);
-        s.put(0, 4096, 0x1000, 1);
+        assert!(s.put(0, 4096, 0x1000, 1));
         assert_eq!(s.refills_due(4096).0, 0, "one ready, the rest asked");
         s.answered(4096);
         assert_eq!(s.refills_due(4096).0, 1, "one answered without an extent");
@@ -225,8 +246,8 @@ mod tests {
     #[test]
     fn draining_takes_every_ready_extent_of_every_length() {
         let mut s = Stock::default();
-        s.put(0, 4096, 0x1000, 1);
-        s.put(0, 8192, 0x2000, 2);
+        assert!(s.put(0, 4096, 0x1000, 1));
+        assert!(s.put(0, 8192, 0x2000, 2));
         assert_eq!(s.bytes(), 4096 + 8192);
         let mut d = s.drain();
         d.sort();
@@ -239,12 +260,12 @@ mod tests {
     fn after_a_reset_an_extent_of_the_earlier_session_is_not_stocked() {
         let mut s = Stock::default();
         let (_, asked_in) = s.refills_due(4096);
-        s.put(asked_in, 4096, 0x1000, 1);
+        assert!(s.put(asked_in, 4096, 0x1000, 1));
         let taken = s.take(4096).unwrap();
         s.reset();
         // A late refill answer, and a put-back of what was taken before the reset.
-        s.put(asked_in, 4096, 0x2000, 2);
-        s.put(asked_in, 4096, taken.0, taken.1);
+        assert!(!s.put(asked_in, 4096, 0x2000, 2));
+        assert!(!s.put(asked_in, 4096, taken.0, taken.1));
         assert_eq!(s.bytes(), 0);
         let (n, epoch) = s.refills_due(4096);
         assert_eq!(
@@ -252,7 +273,28 @@ mod tests {
             (STOCK_DEPTH, asked_in + 1),
             "asked afresh in the new session"
         );
-        s.put(epoch, 4096, 0x3000, 3);
+        assert!(s.put(epoch, 4096, 0x3000, 3));
         assert_eq!(s.take(4096), Some((0x3000, 3)));
+    }
+
+    /// A refill answered after the server went down (its stock drained) carries the key of a
+    /// server process that may be gone by the time it is taken: it is handed back to be
+    /// parked, never stocked; a put-back of an extent taken before the drain likewise.
+    #[test]
+    fn nothing_granted_or_taken_before_a_drain_is_stocked_after_it() {
+        let mut st = Stock::default();
+        let (_, epoch) = st.refills_due(4096);
+        assert!(st.put(epoch, 4096, 0x1000, 7));
+        assert!(st.put(epoch, 4096, 0x2000, 8));
+        let taken = st.take(4096).expect("stocked");
+        assert_eq!(st.drain(), vec![(0x1000, 7)]);
+        assert!(!st.put(epoch, 4096, 0x3000, 9), "a refill answered late");
+        assert!(
+            !st.put(epoch, 4096, taken.0, taken.1),
+            "a put-back after the drain"
+        );
+        assert_eq!(st.take(4096), None);
+        let (_, fresh) = st.refills_due(4096);
+        assert!(st.put(fresh, 4096, 0x4000, 10), "granted after the drain");
     }
 }
