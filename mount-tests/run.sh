@@ -670,7 +670,7 @@ for p in sys.argv[1:]:
     echo "$n" >"$WORK/fio-rounds"
   ) &
   FIO_PID=$!
-  python3 "$writer_py" write "$MNT" "$manifest" 7 &
+  python3 "$writer_py" write "$MNT" "$manifest" 7 2>"$WORK/writer.err" &
   writer=$!
   out=$(timeout -k 10 300 env RMEMFS_BIN="$BIN" tools/rolling-restart.sh "$MNT" "$restart {}" 2>&1 >/dev/null) ||
     fail "rolling restart under load: $out"
@@ -700,8 +700,13 @@ for p in sys.argv[1:]:
   done
   mount_fs "$MNT" "$addrs" --volume bk --replicas 2 --rebuild-delay 20 --log-file "$WORK/daemon2.log" ||
     fail "the volume did not attach after everything stopped"
-  out=$(t python3 "$writer_py" check "$MNT" "$manifest") || fail "after the stop of everything: $out"
-  log "writer: $out"
+  if ! out=$(t python3 "$writer_py" check "$MNT" "$manifest"); then
+    # What the writer and the two daemons said, for the one who reads the failure.
+    log "$(cat "$WORK/writer.err")"
+    grep -hE "WARN|ERROR" "$mlog" "$WORK/daemon2.log" | tail -40 >&2
+    fail "after the stop of everything: $out"
+  fi
+  log "writer: $out; $(cat "$WORK/writer.err")"
   check_files 12 "after every server and the daemon stopped"
   wait_copies 2 30 "after the restart of everything" >/dev/null
   out=$(t "$BIN" stats --json "$MNT" | python3 -c 'import json, sys; print(json.load(sys.stdin)["rebuild"]["chunks_rebuilt"])')

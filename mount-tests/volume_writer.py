@@ -14,6 +14,7 @@ import random
 import sys
 
 ABSENT = "absent"
+progress = 0  # the operation the writer is at (said when it stops)
 
 
 def state_of(path):
@@ -52,12 +53,14 @@ def write(top, manifest, seed):
     log = Log()
     known = {}  # path -> content, as last confirmed
     n = 0
+    global progress
     sub = os.path.join(top, "d%d" % seed)
     os.makedirs(sub, exist_ok=True)
     fsync_path(top)
     fsync_path(sub)
     while True:
         n += 1
+        progress = n
         op = rng.choice(["create", "create", "append", "rename", "unlink", "overwrite"])
         names = sorted(known)
         if op in ("append", "rename", "unlink", "overwrite") and not names:
@@ -140,7 +143,10 @@ if __name__ == "__main__":
     if sys.argv[1] == "write":
         try:
             write(sys.argv[2], sys.argv[3], int(sys.argv[4]))
-        except OSError:
-            sys.exit(0)  # the mount died under us: that is the point
+        except OSError as e:
+            # The mount died under us (that is the point); which operation, and how, tells a
+            # writer stopped by the kill from one stopped early by an error.
+            print("volume_writer: stopped at operation %d: %s" % (progress, e), file=sys.stderr)
+            sys.exit(0)
     else:
         sys.exit(check(sys.argv[2], sys.argv[3]))
