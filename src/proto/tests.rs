@@ -1,3 +1,4 @@
+use super::wire::tag;
 use super::*;
 use proptest::prelude::*;
 
