@@ -1,0 +1,106 @@
+use super::*;
+
+#[test]
+fn counters_get_their_sample_name_in_help_and_type() {
+    let om = "# HELP x_requests Requests.\n# TYPE x_requests counter\n\
+              x_requests_total{op=\"a\"} 3\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n\
+              h_bucket{le=\"inf\"} 2\n# EOF\n";
+    assert_eq!(
+        prometheus_text(om),
+        "# HELP x_requests_total Requests.\n# TYPE x_requests_total counter\n\
+         x_requests_total{op=\"a\"} 3\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n\
+         h_bucket{le=\"+Inf\"} 2\n# EOF\n"
+    );
+}
+
+#[test]
+fn upkeep_panics_are_counted_per_thread_and_generic_sections_exported() {
+    let report: ReportSource = Arc::new(|| MountReport {
+        upkeep_panics: [
+            ("heartbeat".to_string(), 0),
+            ("reconnect".to_string(), 3),
+            ("rebuild".to_string(), 1),
+        ]
+        .into(),
+        namespace: crate::report::NamespaceFigures {
+            commits: 7,
+            changes: 19,
+        },
+        ..Default::default()
+    });
+    let collector = MountCollector {
+        report,
+        requests: Arc::new(Vec::new),
+        batches: Arc::new(Vec::new),
+    };
+    let mut om = String::new();
+    prometheus_client::encoding::text::encode(&mut om, &registry_with(Box::new(collector)))
+        .unwrap();
+    let text = prometheus_text(&om);
+    for line in [
+        "# TYPE rmemfs_upkeep_panics_total counter",
+        "rmemfs_upkeep_panics_total{thread=\"heartbeat\"} 0",
+        "rmemfs_upkeep_panics_total{thread=\"reconnect\"} 3",
+        "rmemfs_upkeep_panics_total{thread=\"rebuild\"} 1",
+        "# TYPE rmemfs_namespace_commits_total counter",
+        "rmemfs_namespace_commits_total 7",
+        "rmemfs_namespace_changes_total 19",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line:?} missing from\n{text}"
+        );
+    }
+}
+
+#[test]
+fn a_scrape_gets_the_metrics_and_nothing_else_is_served() {
+    let report = Arc::new(|| {
+        let counters = crate::proto::ServerCounters {
+            refused_secret: 2,
+            ..Default::default()
+        };
+        let cap = crate::proto::Capacity {
+            total: 9,
+            free: 5,
+            largest_free: 5,
+        };
+        ServerReport::new("127.0.0.1:7471", "tcp", 1, cap, 1, 0, &counters)
+    });
+    let server = MetricsServer::start(
+        MetricsServer::bind("127.0.0.1:0".parse().unwrap()).unwrap(),
+        registry_with(Box::new(ServerCollector { report })),
+    )
+    .unwrap();
+    let get = |request: &str| {
+        let mut c = TcpStream::connect(server.local_addr()).unwrap();
+        c.write_all(request.as_bytes()).unwrap();
+        let mut answer = Vec::new();
+        // A refused request may be reset before all of it was sent: keep what came.
+        let _ = c.read_to_end(&mut answer);
+        String::from_utf8_lossy(&answer).into_owned()
+    };
+    let ok = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
+    assert!(ok.contains("\nrmemfs_serve_free_bytes 5\n"), "{ok}");
+    assert!(
+        ok.contains("\nrmemfs_serve_refused_secret_total 2\n"),
+        "{ok}"
+    );
+    assert!(
+        ok.contains("# TYPE rmemfs_serve_refused_secret_total counter\n"),
+        "{ok}"
+    );
+    assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+    assert!(get("GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+    let huge = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(10_000));
+    let refused = get(&huge);
+    assert!(
+        refused.is_empty() || refused.starts_with("HTTP/1.1 431"),
+        "{refused}"
+    );
+    // A client that connects and sends nothing does not stop the next scrape for long.
+    let _idle = TcpStream::connect(server.local_addr()).unwrap();
+    drop(_idle);
+    assert!(get("GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200"));
+}
