@@ -24,6 +24,8 @@ pub mod alloc;
 mod arena;
 mod backing;
 mod follow;
+mod handshake;
+mod holding;
 mod report;
 mod restart;
 mod session;
