@@ -1,0 +1,207 @@
+//! Keeping a shared client's table up to the engine's log: catching up before a change,
+//! loading a checkpoint when the log was trimmed past this client, writing one, and the
+//! poller that applies other clients' changes between this client's own.
+
+use super::*;
+
+impl State {
+    /// Applies what others appended since this table's last change (only while claimed).
+    /// With `in_request` (whenever the file system is mounted), the kernel is told by the
+    /// notifier thread: never while claimed, as a request waiting for the claim may hold the
+    /// directory lock that the kernel's invalidation of a name waits for.
+    pub(super) fn catch_up(&self, fs: &Fs, in_request: bool) -> Result<usize> {
+        let mut n = 0;
+        loop {
+            let after = self.applied.load(Ordering::SeqCst);
+            let got = self
+                .engine
+                .read_after(after, READ_BATCH)
+                .map_err(engine_err)?;
+            if got.is_empty() {
+                return Ok(n);
+            }
+            if got[0].0 != after + 1 {
+                // A checkpoint trimmed changes this table lacks.
+                self.reload(fs, in_request, got[0].0)?;
+                continue;
+            }
+            self.apply(fs, &got, in_request)?;
+            n += got.len();
+            if got.len() < READ_BATCH {
+                return Ok(n);
+            }
+        }
+    }
+
+    /// Replaces the table with the engine's checkpoint (only while claimed): this client fell
+    /// behind the log's trim (its first change now is `first`).
+    pub(super) fn reload(&self, fs: &Fs, in_request: bool, first: u64) -> Result<()> {
+        let c = self
+            .engine
+            .checkpoint()
+            .map_err(engine_err)?
+            .ok_or_else(|| {
+                Error::new(
+                    libc::EIO,
+                    "the engine's log was trimmed, but it holds no checkpoint",
+                )
+            })?;
+        if c.lsn + 1 < first {
+            return Err(Error::new(
+                libc::EIO,
+                format!(
+                    "the engine's log starts at change {first}, after its checkpoint ({})",
+                    c.lsn
+                ),
+            ));
+        }
+        let meta =
+            engine_image::decode(&c.image, &self.config).map_err(|e| Error::new(libc::EIO, e))?;
+        log::warn!(
+            "shared volume: behind the engine's checkpoint (applied {}, checkpoint {}): \
+             loading it",
+            self.applied.load(Ordering::SeqCst),
+            c.lsn
+        );
+        let told = fs.replace_followed_quietly(meta);
+        if in_request {
+            let _ = self.notify.send(Notice::Tell(told));
+        } else {
+            fs.tell_followed(&told);
+        }
+        self.applied.store(c.lsn, Ordering::SeqCst);
+        self.checkpointed.fetch_max(c.lsn, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Writes a checkpoint of this client's table to the engine (which trims its log), once
+    /// [`crate::config::SHARED_CHECKPOINT_EVERY`] changes were made since the last one and
+    /// every member has applied this client's last change (none falls behind the trim);
+    /// `force`: now. Whether one was written.
+    pub(super) fn checkpoint(&self, fs: &Fs, force: bool) -> std::result::Result<bool, String> {
+        let applied = self.applied.load(Ordering::SeqCst);
+        let due = applied
+            >= self.checkpointed.load(Ordering::SeqCst) + crate::config::SHARED_CHECKPOINT_EVERY;
+        if !force && !due {
+            return Ok(false);
+        }
+        let floor = if force {
+            u64::MAX
+        } else {
+            fs.data().pool().follower_floor()
+        };
+        // The table as of exactly `lsn`: nothing is applied or changed while claimed.
+        self.claim();
+        let lsn = self.applied.load(Ordering::SeqCst);
+        if lsn > floor {
+            // This client's own changes went past what the others have applied meanwhile:
+            // trimming there would send them to the checkpoint. Another poll tries again.
+            self.release();
+            return Ok(false);
+        }
+        let image = engine_image::encode(fs);
+        self.release();
+        let bytes = image.len();
+        self.engine
+            .put_checkpoint(&crate::engine::Checkpoint { lsn, image })
+            .map_err(|e| e.to_string())?;
+        self.checkpointed.fetch_max(lsn, Ordering::SeqCst);
+        log::info!("shared volume: checkpoint of change {lsn} written ({bytes} bytes)");
+        Ok(true)
+    }
+
+    /// Applies changes read from the engine (only while claimed); see [`State::catch_up`].
+    pub(super) fn apply(&self, fs: &Fs, got: &[(u64, Vec<u8>)], in_request: bool) -> Result<()> {
+        {
+            let after = self.applied.load(Ordering::SeqCst);
+            // Never past a gap: the changes between would be lost to this table.
+            if let Some((first, _)) = got.first().filter(|(first, _)| *first != after + 1) {
+                return Err(Error::new(
+                    libc::EIO,
+                    format!("the engine's change {first} follows this table's {after}"),
+                ));
+            }
+            let mut records = Vec::with_capacity(got.len());
+            for (lsn, bytes) in got {
+                let read = record::read(bytes, *lsn);
+                if let Some(why) = read::stop_reason(&read.stop) {
+                    return Err(Error::new(libc::EIO, why));
+                }
+                let Some(r) = read.records.into_iter().next() else {
+                    return Err(Error::new(
+                        libc::EIO,
+                        format!("the engine's change {lsn} is no record"),
+                    ));
+                };
+                records.push(r);
+            }
+            let last = records.last().map_or(after, |r| r.0);
+            if in_request {
+                let told = fs.apply_followed_quietly(&records)?;
+                let _ = self.notify.send(Notice::Tell(told));
+            } else {
+                fs.apply_followed(&records)?;
+            }
+            self.applied.store(last, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+}
+
+pub(super) fn poll_loop(s: &State) {
+    while !s.stop.load(Ordering::SeqCst) {
+        std::thread::park_timeout(crate::config::FOLLOW_POLL);
+        if s.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        if s.paused.load(Ordering::SeqCst) {
+            continue;
+        }
+        let Some(fs) = s.fs.upgrade() else {
+            return;
+        };
+        if let Err(e) = poll_once(s, &fs, false) {
+            log::warn!("shared volume: {e}");
+        }
+    }
+}
+
+/// One round of the poller (see the module doc).
+/// One round of the poller. `wait`: a table claimed for a moment (the lingering turn given
+/// back, a lookup's catch-up) is waited for rather than skipped until the next round (tests,
+/// which expect a round to catch up).
+pub(super) fn poll_once(s: &State, fs: &Fs, wait: bool) -> std::result::Result<(), String> {
+    // A change under way catches up itself.
+    let claimed = match wait {
+        true => s.claim_unless_changing(),
+        false => s.try_claim(),
+    };
+    if claimed {
+        let r = s.catch_up(fs, true);
+        s.release();
+        r.map_err(|e| e.message)?;
+    }
+    let pool = fs.data().pool();
+    let applied = s.applied.load(Ordering::SeqCst);
+    pool.follow_at(applied);
+    pool.release_frees(&s.gate, applied);
+    s.checkpoint(fs, false)?;
+    s.engine
+        .heartbeat(&s.who, SESSION_TTL)
+        .map_err(|e| e.to_string())?;
+    for gone in s.engine.expired_sessions().map_err(|e| e.to_string())? {
+        if gone == s.who {
+            continue;
+        }
+        // Fenced at the servers before its session is forgotten: whatever it still sends
+        // lands nowhere.
+        let servers = pool.evict(&gone);
+        log::warn!(
+            "shared volume: '{gone}' stopped its heartbeats: evicted from {servers} servers"
+        );
+        // Then its locks go to whoever waits for them.
+        crate::engine::drop_session_locks(&*s.engine, &s.who, &gone).map_err(|e| e.to_string())?;
+        s.engine.drop_session(&gone).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
