@@ -4,6 +4,7 @@
 //! server its memory back.
 
 pub mod admin;
+mod asked;
 mod flags;
 pub mod keeper;
 mod mountinfo;
@@ -12,6 +13,7 @@ mod point;
 mod session;
 mod stats;
 
+pub use asked::MountConfig;
 use options::{default_cache_bytes, dirty_allowance, fuser_config};
 pub use options::{default_embedded_size, resolve_server, ENABLE_URING};
 use point::{check_fuse_device, check_verbs_memlock, mount_device, raise_readahead};
@@ -33,105 +35,6 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Everything `rmemfs mount` was asked for.
-#[derive(Debug, Clone)]
-pub struct MountConfig {
-    pub mountpoint: PathBuf,
-    /// `tcp` or `verbs`; `None` takes what the first server announces (tcp when embedded).
-    pub fabric: Option<String>,
-    /// Device and GID for verbs (the op timeout is `op_timeout`).
-    pub fabric_options: FabricOptions,
-    /// `host[:port]` of each memory server; empty means an embedded server.
-    pub servers: Vec<String>,
-    /// Embedded server arena size (default: a quarter of available RAM).
-    pub size: Option<u64>,
-    /// `-o` options.
-    pub options: Vec<String>,
-    pub chunk_size: u64,
-    pub threads: usize,
-    pub op_timeout: Duration,
-    /// Registration cache policy and its size in bytes (default from the memlock limit).
-    pub reg_cache: crate::regcache::Policy,
-    pub reg_cache_size: Option<u64>,
-    pub write_path: crate::data::WritePath,
-    /// The shared secret of the memory servers (also given to the embedded server).
-    pub secret: crate::auth::Secret,
-    /// Copies of every chunk; `None`: 2 with two or more servers, else 1.
-    pub replicas: Option<usize>,
-    /// Fewest copies a write may land on (fewer is EIO).
-    pub min_replicas: usize,
-    /// Bytes per second the background rebuild copies at most (0: no limit).
-    pub rebuild_rate: u64,
-    /// How long the rebuild waits after the live servers change ([`config::REBUILD_DELAY`]).
-    pub rebuild_delay: Duration,
-    /// Free pool bytes below which writes bypass the writeback cache; `None`: the dirty page
-    /// cache the mount may hold.
-    pub writeback_low_water: Option<u64>,
-    /// Where to serve Prometheus metrics (`--metrics-listen`); `None`: nowhere.
-    pub metrics_listen: Option<SocketAddr>,
-    /// Spin briefly for small ops' completions on the tcp fabric (`--busy-poll`).
-    pub busy_poll: bool,
-    /// The volume to attach (`--volume`; none: a private namespace that dies with the
-    /// daemon), made with `--create`, its live holder fenced with `--takeover`.
-    pub volume: Option<String>,
-    pub create: bool,
-    pub takeover: bool,
-    /// Follow the volume read-only beside its holder (`--read-only`, [`crate::volume::follow`]).
-    pub follow: bool,
-    /// Share the volume with other writers, its namespace in this engine (`--meta`,
-    /// [`crate::volume::shared`]).
-    pub meta: Option<String>,
-    /// Servers of the volume gone for good, attached without (`--force-without`).
-    pub force_without: Vec<String>,
-    /// Keep the FUSE connection across this daemon's end (`--keep-connection`; volumes
-    /// only): hand it to a keeper, or take over the one a keeper passed (see [`keeper`]).
-    pub keep_connection: bool,
-}
-
-impl MountConfig {
-    /// A mount at `mountpoint` with every setting at its default (an embedded server).
-    pub fn new(mountpoint: PathBuf) -> MountConfig {
-        MountConfig {
-            mountpoint,
-            fabric: None,
-            fabric_options: FabricOptions::default(),
-            servers: Vec::new(),
-            size: None,
-            options: Vec::new(),
-            chunk_size: config::CHUNK_SIZE,
-            threads: config::FUSE_THREADS,
-            op_timeout: config::OP_TIMEOUT,
-            reg_cache: crate::regcache::Policy::Mrrc,
-            reg_cache_size: None,
-            write_path: crate::data::WritePath::Frrwp,
-            secret: crate::auth::Secret::none(),
-            replicas: None,
-            min_replicas: 1,
-            rebuild_rate: config::REBUILD_RATE,
-            rebuild_delay: config::REBUILD_DELAY,
-            writeback_low_water: None,
-            metrics_listen: None,
-            busy_poll: false,
-            volume: None,
-            create: false,
-            takeover: false,
-            follow: false,
-            meta: None,
-            force_without: Vec::new(),
-            keep_connection: false,
-        }
-    }
-
-    /// The copies each chunk gets over `servers` memory servers.
-    pub fn replicas_for(&self, servers: usize) -> usize {
-        self.replicas.unwrap_or(if servers >= 2 {
-            config::DEFAULT_REPLICAS
-        } else {
-            1
-        })
-    }
-}
 
 /// Mounts and serves until unmounted, over the fabric `config` names. `ready` is called once
 /// the mount is live (the daemon's parent returns then); errors before that are returned as
@@ -602,59 +505,4 @@ fn start_upkeep(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn server_addresses_get_the_default_port() {
-        assert_eq!(
-            resolve_server("127.0.0.1").unwrap(),
-            SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))
-        );
-        assert_eq!(
-            resolve_server("127.0.0.1:9").unwrap(),
-            SocketAddr::from(([127, 0, 0, 1], 9))
-        );
-        assert_eq!(resolve_server("::1").unwrap().port(), DEFAULT_PORT);
-        assert_eq!(resolve_server("[::1]:10").unwrap().port(), 10);
-        assert!(resolve_server("localhost").is_ok());
-        assert!(resolve_server("no.such.host.invalid").is_err());
-    }
-
-    #[test]
-    fn bad_mount_points_are_named() {
-        let e = check_mountpoint(Path::new("/no/such/dir")).unwrap_err();
-        assert!(e.contains("does not exist"), "{e}");
-        let e = check_mountpoint(Path::new("/etc/hostname")).unwrap_err();
-        assert!(e.contains("not a directory"), "{e}");
-        let e = check_mountpoint(Path::new("/proc")).unwrap_err();
-        assert!(e.contains("already a mount point"), "{e}");
-    }
-
-    #[test]
-    fn mount_options_parse() {
-        let (cfg, choices) =
-            fuser_config(&["allow_other,ro".into(), "fsname=pool".into()], 4).unwrap();
-        assert!(choices.read_only);
-        assert_eq!(choices.atime, crate::fs::Atime::Relative);
-        let (_, c) = fuser_config(&["strictatime,nodiratime,lazytime".into()], 1).unwrap();
-        assert_eq!((c.atime, c.dir_atime), (crate::fs::Atime::Strict, false));
-        let (_, c) = fuser_config(&["noatime".into()], 1).unwrap();
-        assert_eq!(c.atime, crate::fs::Atime::Never);
-        assert!(c.readdirplus);
-        let (_, c) = fuser_config(&["nordirplus".into()], 1).unwrap();
-        assert!(!c.readdirplus);
-        assert!(c.io_uring, "FUSE over io_uring by default");
-        let (_, c) = fuser_config(&["no_io_uring".into()], 1).unwrap();
-        assert!(!c.io_uring);
-        let (_, c) = fuser_config(&["no_io_uring,io_uring".into()], 1).unwrap();
-        assert!(c.io_uring);
-        let (_, c) = fuser_config(&["io_uring,no_io_uring".into()], 1).unwrap();
-        assert!(!c.io_uring);
-        assert_eq!(cfg.n_threads, Some(4));
-        assert!(cfg
-            .mount_options
-            .contains(&fuser::MountOption::FSName("pool".into())));
-        assert!(fuser_config(&["bogus".into()], 1).is_err());
-    }
-}
+mod tests;
