@@ -161,7 +161,7 @@ impl Pool {
         match reused.and_then(|i| self.servers.get(i)) {
             Some(s) => {
                 // A new session there: nothing kept for the old one applies.
-                health::forget_session(&s.health, &s.unfreed);
+                super::parked::forget_session(&s.health, &s.unfreed);
                 s.stock.lock().reset();
                 *s.link.lock() = Arc::new(link);
                 s.draining.store(true, Ordering::SeqCst);

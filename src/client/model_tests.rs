@@ -1,7 +1,8 @@
 //! Model-checked races of the pool (shuttle): batch completion across servers, a server
 //! rejoining while rebuild and heal run, frees and their cap.
 
-use super::health::{back_up, forget_session, take_parked, Health, Parked};
+use super::health::{back_up, Health};
+use super::parked::{forget_session, take_parked, Parked};
 use super::*;
 use crate::meta::{Chunk, Replica};
 use crate::sync::thread;

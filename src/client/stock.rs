@@ -14,7 +14,7 @@
 //! earlier epoch (a late refill, a put-back racing the drain) is never stocked again: a server
 //! that restarted from its backing file comes back with new keys (verbs), which the stock's
 //! old entries would not carry. Such an extent is a parked free of the session it was granted
-//! in ([`super::health::Parked::keep`]): freed if that session resumes (under its new key),
+//! in ([`super::parked::Parked::keep`]): freed if that session resumes (under its new key),
 //! forgotten with it. A reset (the server came back without the session) is the same bump.
 
 use super::{Pool, Server};
