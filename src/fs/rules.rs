@@ -218,13 +218,12 @@ impl AccessTimes {
 impl Fs {
     /// The mount's access-time flags changed (a remount): reads follow `atime` from now on,
     /// and directory reads only with `dir_atime`. A namespace that keeps no access times (a
-    /// shared volume's, whose reads take no turn) stays as it is: false.
-    pub fn set_access_times(&self, atime: Atime, dir_atime: bool) -> bool {
-        if self.config.fixed_access_times {
-            return false;
+    /// shared volume's, whose reads take no turn) stays as it is; its mount follows no flags
+    /// ([`Fs::follows_mount_flags`]).
+    pub fn set_access_times(&self, atime: Atime, dir_atime: bool) {
+        if !self.config.fixed_access_times {
+            self.access_times.set(atime, dir_atime);
         }
-        self.access_times.set(atime, dir_atime);
-        true
     }
 
     /// Whether the access-time rule follows the mount's flags (not on a namespace that keeps

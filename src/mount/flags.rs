@@ -32,6 +32,9 @@ impl FlagWatch {
     /// cannot carry relatime, strictatime or nodiratime. None (said in the log) if the mount
     /// cannot be found: the rule then stays as the options set it.
     pub(super) fn start(fs: Arc<Fs>, mountpoint: &Path, taken_over: bool) -> Option<FlagWatch> {
+        if !fs.follows_mount_flags() {
+            return None; // a namespace that keeps no access times has nothing to follow
+        }
         // As the kernel lists it: the parent resolved (a symbolic link in the path), never
         // the mount point itself, which may be a mount nobody serves yet.
         let point = match (mountpoint.parent(), mountpoint.file_name()) {
@@ -46,7 +49,7 @@ impl FlagWatch {
             let id = find_mount(&text, &point).ok_or_else(not_found)?;
             let first = access_flags(&text, id).ok_or_else(not_found)?;
             let options = fs.access_times();
-            if first != options && fs.follows_mount_flags() {
+            if first != options {
                 if taken_over {
                     fs.set_access_times(first.0, first.1);
                     log::info!(
@@ -127,7 +130,8 @@ fn watch(fs: &Fs, mut file: std::fs::File, wake: UnixStream, id: u64, mut last: 
                 return;
             }
         };
-        if flags != last && fs.set_access_times(flags.0, flags.1) {
+        if flags != last {
+            fs.set_access_times(flags.0, flags.1);
             log::info!(
                 "access times now follow the mount's flags: {}",
                 rule_name(flags)
