@@ -274,7 +274,7 @@ ALL_TESTS=(
 )
 
 run_host_test() {
-  local name=$1 sargs margs reason="" i tlog
+  local name=$1 sargs margs reason="" i tlog t0=$SECONDS
   read -ra sargs <<<"$2"
   read -ra margs <<<"$3"
   tlog=$BASE/logs/hosts-$name.log
@@ -301,10 +301,10 @@ run_host_test() {
   fi
   hosts_teardown
   if [ -z "$reason" ]; then
-    echo "ok hosts/$name"
+    echo "ok hosts/$name ($((SECONDS - t0)) s)"
     PASSED=$((PASSED + 1))
   else
-    echo "FAIL hosts/$name: $reason"
+    echo "FAIL hosts/$name ($((SECONDS - t0)) s): $reason"
     tail -n 20 "$tlog" | sed 's/^/    | /'
     [ -f "$DLOG" ] && tail -n 10 "$DLOG" | sed 's/^/    d /'
     FAILED=$((FAILED + 1))

@@ -1957,7 +1957,7 @@ ensure_shared_servers() {
 
 # run_test NAME SERVERS MODE: sets up, runs test_NAME in a subshell, tears down, reports.
 run_test() {
-  local name=$1 servers=$2 mode=$3 reason="" size sizes tlog fresh=0
+  local name=$1 servers=$2 mode=$3 reason="" size sizes tlog fresh=0 t0=$SECONDS
   shift 3
   local extra=("$@")
   tlog=$BASE/logs/$name.log
@@ -2005,13 +2005,13 @@ run_test() {
   if [ "$fresh" -eq 1 ]; then kill_servers "${TEST_PIDS[@]}"; fi
 
   if [ -z "$reason" ]; then
-    echo "ok $name"
+    echo "ok $name ($((SECONDS - t0)) s)"
     PASSED=$((PASSED + 1))
   elif [ "${reason#SKIPPED: }" != "$reason" ]; then
     echo "SKIPPED $name: ${reason#SKIPPED: }"
     SKIPPED=$((SKIPPED + 1))
   else
-    echo "FAIL $name: $reason"
+    echo "FAIL $name ($((SECONDS - t0)) s): $reason"
     tail -n 15 "$tlog" | sed 's/^/    | /'
     FAILED=$((FAILED + 1))
   fi

@@ -34,23 +34,51 @@ done
 
 SKIPPED=()  # tiers this machine could not run, each with its reason (printed at the end)
 
-echo "== cargo fmt --check"
+# Every tier's wall time, printed as a table at the end (also when a tier fails), so the time
+# the command takes can be read per tier and kept under its 30-minute budget.
+TIER_NAMES=() TIER_SECS=()
+tier_started=$SECONDS tier_name=""
+tier() {
+  tier_end
+  tier_name=$1 tier_started=$SECONDS
+  echo "== $1"
+}
+tier_end() {
+  if [ -n "$tier_name" ]; then
+    TIER_NAMES+=("$tier_name") TIER_SECS+=($((SECONDS - tier_started)))
+    tier_name=""
+  fi
+}
+print_tier_times() {
+  local status=$? i
+  tier_end
+  echo "== time per tier (s)"
+  for i in "${!TIER_NAMES[@]}"; do
+    printf '%6d  %s\n' "${TIER_SECS[$i]}" "${TIER_NAMES[$i]%% (*}"
+  done
+  printf '%6d  total\n' "$SECONDS"
+  return "$status"
+}
+trap print_tier_times EXIT
+
+tier "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy -D warnings"
+tier "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --features rmemfs/testing -- -D warnings
-echo "== cargo test (unit, property, conformance, server, in-process mounts; the lab's simulator)"
+tier "cargo test (unit, property, conformance, server, in-process mounts; the lab's simulator)"
 cargo test --workspace --all-targets --features rmemfs/testing
-echo "== model-checked races (shuttle: batch completion, FRRWP, registration cache, send queue)"
+tier "model-checked races (shuttle: batch completion, FRRWP, registration cache, send queue)"
 cargo clippy --lib --tests --features shuttle -- -D warnings
 cargo test --lib --features shuttle model_
-echo "== short fuzz run (tools/fuzz.sh 45: the control-message decoder, the TCP headers, the NIC)"
+tier "short fuzz run (tools/fuzz.sh 45: the control-message decoder, the TCP headers, the NIC)"
 tools/fuzz.sh 45
 # Mounts take FUSE over io_uring by default where the kernel has it: the main run must then
 # be served by the rings (a silent fall back to /dev/fuse would test the other path twice).
 # shellcheck source=mount-tests/lib.sh
 if (. mount-tests/lib.sh && has_fuse_uring); then uring=1; else uring=0; fi
-echo "== real mounts (mount-tests/run.sh; the default: FUSE over io_uring where the kernel has it)"
+tier "release build (the binary the real mounts run)"
 cargo build --release
+tier "real mounts (mount-tests/run.sh; the default: FUSE over io_uring where the kernel has it)"
 if [ "$uring" = 1 ]; then
   RMEMFS_EXPECT_FUSE=io_uring mount-tests/run.sh
 else
@@ -59,20 +87,20 @@ else
   mount-tests/run.sh
 fi
 if [ "$uring" = 1 ]; then
-  echo "== real mounts through /dev/fuse (-o no_io_uring; the data-path tests again)"
+  tier "real mounts through /dev/fuse (-o no_io_uring; the data-path tests again)"
   RMEMFS_MOUNT_ARGS="-o no_io_uring" RMEMFS_EXPECT_FUSE=/dev/fuse mount-tests/run.sh cp_tree \
     tar_roundtrip git sqlite posix_cases concurrent_writers fio_verify enospc absurd_sizes \
     server_death replica_failover replica_freeze replica_pair writeback linux_semantics \
     daemon_death
 fi
-echo "== real mounts on volumes (--volume; the data-path tests again, each mount a new volume)"
+tier "real mounts on volumes (--volume; the data-path tests again, each mount a new volume)"
 # The shared servers twice the default size: fio_verify fills the default pair exactly, and a
 # volume's journal ring takes 1/16 of each server.
 RMEMFS_TEST_VOLUME=1 RMEMFS_TEST_SERVER_SIZE=512M mount-tests/run.sh cp_tree tar_roundtrip git sqlite posix_cases \
   concurrent_writers fio_verify replica_failover replica_pair atime_remount
-echo "== failures on separate test hosts (mount-tests/hosts.sh: kill, freeze, cut, restart)"
+tier "failures on separate test hosts (mount-tests/hosts.sh: kill, freeze, cut, restart)"
 mount-tests/hosts.sh
-echo "== chaos, short (tools/chaos.sh 60: faults on random test hosts, some overlapping, while files are written)"
+tier "chaos, short (tools/chaos.sh 60: faults on random test hosts, some overlapping, while files are written)"
 # On the default transport (FUSE over io_uring where the kernel has it, proven by stats).
 if [ "$uring" = 1 ]; then
   RMEMFS_EXPECT_FUSE=io_uring tools/chaos.sh 60
@@ -83,7 +111,7 @@ if [ "${RMEMFS_SKIP_RXE:-0}" = 1 ]; then
   echo "!! SKIPPED: the rxe tier (RMEMFS_SKIP_RXE=1)"
   SKIPPED+=("rxe tier: RMEMFS_SKIP_RXE=1")
 else
-  echo "== rxe tier (tools/test-rxe.sh)"
+  tier "rxe tier (tools/test-rxe.sh)"
   tools/test-rxe.sh
 fi
 if [ ${#SKIPPED[@]} -gt 0 ]; then
