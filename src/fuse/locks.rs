@@ -182,3 +182,28 @@ pub(super) fn release(fs: &Fs, ino: u64, owner: u64, kind: LockKind) {
         );
     }
 }
+
+impl super::FuseFs {
+    /// SETLK/SETLKW and `flock`: `lock` as parsed (none: EINVAL).
+    pub(super) fn set_lock(
+        &self,
+        req: &fuser::Request,
+        ino: fuser::INodeNo,
+        owner: fuser::LockOwner,
+        lock: Option<FileLock>,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(lock) = lock else {
+            return reply.error(Errno::EINVAL);
+        };
+        let r = LockRequest {
+            unique: req.unique().0,
+            ino: ino.0,
+            owner: owner.0,
+            lock,
+            sleep,
+        };
+        set(&self.fs, &self.interrupts, r, reply)
+    }
+}
