@@ -5,12 +5,20 @@
 # own on a loopback port): a tree, a file's bytes and an append made on one mount are seen on
 # the other; the same name made on both fails on the second (EEXIST); 500 files made on one
 # are listed on the other; `rm -rf` on one empties both. B names the servers in the other
-# order (the volume's own order is used).
+# order (the volume's own order is used). A name Redis does not hold is refused without
+# --create, naming the volumes it holds; --create makes the volume once (a shared one: a
+# second writer joins it, and the first write works).
 test_volume_shared() {
   local mnt2=$BASE/mnt/volume_shared2 i
   start_redis
   mkdir -p "$mnt2"
-  mount_fs "$MNT" "$ADDRS" --volume sv --meta "$REDIS_URL" || fail "mount --meta failed"
+  must_fail "a shared volume not made" "no volume 'sv' .*known volumes: none.*--create" \
+    "$BIN" mount "$MNT" --servers "$ADDRS" "${MOUNT_ARGS[@]}" --volume sv --meta "$REDIS_URL"
+  mount_fs "$MNT" "$ADDRS" --volume sv --create --meta "$REDIS_URL" || fail "mount --create --meta failed"
+  must_fail "a shared volume made twice" "volume 'sv' exists already" \
+    "$BIN" mount "$mnt2" --servers "$ADDRS" "${MOUNT_ARGS[@]}" --volume sv --create --meta "$REDIS_URL"
+  must_fail "a name Redis does not hold" "no volume 'nosuch' .*known volumes: sv[)]" \
+    "$BIN" mount "$mnt2" --servers "$ADDRS" "${MOUNT_ARGS[@]}" --volume nosuch --meta "$REDIS_URL"
   # B names the servers in the other order: the volume's order (kept in Redis) is used.
   local reversed
   reversed=$(tr ',' '\n' <<<"$ADDRS" | tac | paste -sd, -)
@@ -56,7 +64,7 @@ test_volume_shared_check() {
   local mnt2=$BASE/mnt/volume_shared_check2 out pid
   start_redis
   mkdir -p "$mnt2"
-  mount_fs "$MNT" "$ADDRS" --volume sc --meta "$REDIS_URL" || fail "mount --meta failed"
+  mount_fs "$MNT" "$ADDRS" --volume sc --create --meta "$REDIS_URL" || fail "mount --create --meta failed"
   mount_fs "$mnt2" "$ADDRS" --volume sc --meta "$REDIS_URL" || fail "second mount --meta failed"
   local check=mount-tests/shared_check.py
   out=$(t python3 $check locks "$MNT" "$mnt2") || fail "locks: $out"
@@ -86,7 +94,7 @@ test_volume_shared_storm() {
   local mnt2=$BASE/mnt/volume_shared_storm2 out
   start_redis
   mkdir -p "$mnt2"
-  mount_fs "$MNT" "$ADDRS" --volume st --meta "$REDIS_URL" || fail "mount --meta failed"
+  mount_fs "$MNT" "$ADDRS" --volume st --create --meta "$REDIS_URL" || fail "mount --create --meta failed"
   mount_fs "$mnt2" "$ADDRS" --volume st --meta "$REDIS_URL" || fail "second mount --meta failed"
   out=$(t python3 mount-tests/shared_check.py storm "$MNT" "$mnt2" "${RMEMFS_STORM_FILES:-1500}") ||
     fail "storm: $out"

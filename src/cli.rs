@@ -1,14 +1,13 @@
 //! The command line's grammar (clap): every subcommand and option, with the help text
 //! users read. What each command does is in `main.rs`.
 
-use clap::{Args, Parser, Subcommand};
-use rmemfs::fabric::FabricOptions;
-use rmemfs::regcache;
+use clap::{Parser, Subcommand};
+use rmemfs::fabric::FabricArgs;
+use rmemfs::mount::MountArgs;
 use rmemfs::server::DEFAULT_PORT;
 use rmemfs::size::parse_size;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -23,32 +22,6 @@ use std::time::Duration;
 pub(crate) struct Cli {
     #[command(subcommand)]
     pub(crate) command: Cmd,
-}
-
-/// Which data fabric to use, and the RDMA device for `verbs`.
-#[derive(Args, Clone)]
-pub(crate) struct FabricArgs {
-    /// Data fabric: `tcp` (software RDMA over TCP, works everywhere) or `verbs` (real RDMA
-    /// through libibverbs: RoCE, InfiniBand, soft-RoCE). `serve` defaults to tcp; `mount` uses
-    /// what the first server announces (tcp for the embedded server).
-    #[arg(long)]
-    pub(crate) fabric: Option<String>,
-    /// RDMA device for the verbs fabric (e.g. rxe0, mlx5_0); default: the first active one.
-    #[arg(long)]
-    pub(crate) device: Option<String>,
-    /// GID table index for the verbs fabric; default: a RoCE v2 GID (IPv4-mapped first).
-    #[arg(long)]
-    pub(crate) gid_index: Option<u32>,
-}
-
-impl FabricArgs {
-    pub(crate) fn options(&self, op_timeout: Duration) -> FabricOptions {
-        FabricOptions {
-            op_timeout,
-            device: self.device.clone(),
-            gid_index: self.gid_index,
-        }
-    }
 }
 
 #[derive(Subcommand)]
@@ -185,135 +158,7 @@ pub(crate) enum Cmd {
     /// the command returns once the mount is ready and the file system keeps running in the
     /// background; `umount MOUNTPOINT` (or SIGINT/SIGTERM to the daemon) unmounts it and gives
     /// the remote memory back.
-    Mount {
-        /// Where to mount (an existing, empty directory that is not a mount point).
-        mountpoint: PathBuf,
-        #[command(flatten)]
-        fabric: FabricArgs,
-        /// Memory servers, `host[:port]` separated by commas (port 7471 when omitted).
-        #[arg(long, value_delimiter = ',')]
-        servers: Vec<String>,
-        /// Arena of the embedded memory server (only without --servers); default a quarter of
-        /// the available RAM, 64M to 8G.
-        #[arg(long, value_parser = parse_size)]
-        size: Option<u64>,
-        /// Stay in the foreground (logs go to stderr).
-        #[arg(short, long)]
-        foreground: bool,
-        /// Mount options, comma separated: allow_other, allow_root, ro, rw, auto_unmount,
-        /// nodev, nosuid, noexec (and dev, suid, exec), fsname=NAME, subtype=NAME; access
-        /// times relatime (the default), strictatime, noatime, nodiratime; acl (the default)
-        /// or noacl; writeback_cache (the default) or no_writeback_cache; rdirplus (the
-        /// default: directory reads carry attributes) or nordirplus; write_behind (the
-        /// default on a private mount: small writes answered before they are remote, a
-        /// failed send reported by the next fsync) or no_write_behind; io_uring (requests
-        /// through FUSE over io_uring, Linux 6.14+: turns the fuse module's enable_uring on
-        /// if it is off; without kernel support the mount says so and uses /dev/fuse).
-        #[arg(short = 'o', value_delimiter = ',')]
-        options: Vec<String>,
-        /// Size of the chunks files are cut into (a power of two); each chunk lives on one
-        /// server, chosen by free memory.
-        #[arg(long, default_value_t = rmemfs::config::CHUNK_SIZE, value_parser = parse_size)]
-        chunk_size: u64,
-        /// FUSE worker threads.
-        #[arg(long, default_value_t = rmemfs::config::FUSE_THREADS)]
-        threads: usize,
-        /// Seconds without progress after which an operation on a server fails (EIO).
-        #[arg(long, default_value_t = rmemfs::config::OP_TIMEOUT_SECS)]
-        op_timeout: u64,
-        /// In the background, write logs here (default: discarded).
-        #[arg(long)]
-        log_file: Option<PathBuf>,
-        /// Registration cache for the buffers handed to the fabric: mrrc (the region cache
-        /// with MRE replacement), lru (a pin-down cache) or none (register per operation).
-        #[arg(long, default_value = "mrrc")]
-        reg_cache: regcache::Policy,
-        /// Most memory the registration cache keeps registered (default: 1G; on verbs, for a
-        /// user, what the memlock limit allows past 32M, at most 1G).
-        #[arg(long, value_parser = parse_size)]
-        reg_cache_size: Option<u64>,
-        /// How writes reach fresh remote memory: frrwp (tagged allocation first, local
-        /// registration meanwhile, conditional writes posted when the rkey arrives) or serial
-        /// (allocate, wait, register, write).
-        #[arg(long, default_value = "frrwp")]
-        write_path: rmemfs::data::WritePath,
-        /// File with the memory servers' shared secret (`rmemfs keygen`); also from
-        /// $RMEMFS_SECRET_FILE. The embedded server uses it too.
-        #[arg(long, value_name = "PATH")]
-        secret_file: Option<PathBuf>,
-        /// Copies of every chunk, each on a different memory server (1 to 3): a file survives
-        /// the loss of all but one. Default: 2 with two or more servers, else 1.
-        #[arg(long, value_parser = clap::value_parser!(u8).range(1..=3))]
-        replicas: Option<u8>,
-        /// Fewest copies a write may land on when servers are down or full (fewer: EIO).
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
-        min_replicas: u8,
-        /// Bytes per second (K, M, G suffixes) the background rebuild copies at most while it
-        /// restores the copies a dead server held; 0: no limit.
-        #[arg(long, default_value_t = rmemfs::config::REBUILD_RATE, value_parser = parse_size)]
-        rebuild_rate: u64,
-        /// Seconds the rebuild waits after a server goes down or comes back before it copies:
-        /// a server back within it resumes with its copies intact.
-        #[arg(long, default_value_t = rmemfs::config::REBUILD_DELAY.as_secs_f64())]
-        rebuild_delay: f64,
-        /// With the writeback cache: free pool bytes (K, M, G) below which files opened for
-        /// writing bypass it, so a full pool is ENOSPC at `write` rather than at `fsync` or
-        /// `close`. Default: as root, the kernel's dirty data for the mount is kept below the
-        /// pool's free room (the bdi's max_bytes) and files bypass the cache only when the
-        /// pool is nearly full (64M); else the dirty page cache this mount may hold.
-        #[arg(long, value_parser = parse_size)]
-        writeback_low_water: Option<u64>,
-        /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off by default; give a
-        /// loopback address unless the scraper is elsewhere).
-        #[arg(long, value_name = "ADDR:PORT")]
-        metrics_listen: Option<SocketAddr>,
-        /// On the tcp fabric, spin up to 0.1 ms for a small read's or write's completion
-        /// before sleeping: a lower median latency for small I/O, for CPU spent spinning
-        /// (verbs always polls, up to 0.5 ms).
-        #[arg(long)]
-        busy_poll: bool,
-        /// Detach (lazy unmount) whatever is mounted at MOUNTPOINT and mount over it. Without
-        /// it, only an rmemfs mount whose daemon is gone (killed: ENOTCONN) is cleaned up.
-        #[arg(long)]
-        force: bool,
-        /// Attach the named volume: a namespace journaled into the memory servers, which
-        /// outlives this daemon (a crash, kill -9 or upgrade loses nothing fsynced) and can be
-        /// attached again from any host with the secret. Needs --servers.
-        #[arg(long, value_name = "NAME", requires = "servers")]
-        volume: Option<String>,
-        /// Make the volume (without it, an unknown name fails and lists the known ones).
-        #[arg(long, requires = "volume")]
-        create: bool,
-        /// Fence the volume's live holder and take it over (its next operation fails with EIO).
-        #[arg(long, requires = "volume")]
-        takeover: bool,
-        /// Follow the volume read-only beside its holder (any number of hosts at once): the
-        /// mount replays the holder's journal as it commits, within about 0.1 s, and writes
-        /// nothing. Not the holder mounted `-o ro` (which fences any other holder).
-        #[arg(long, requires = "volume", conflicts_with_all = ["create", "takeover", "keep_connection", "supervise"])]
-        read_only: bool,
-        /// Share the volume with other clients writing it at once, its namespace kept in this
-        /// metadata engine (`redis://HOST:PORT[/DB]`) instead of one holder's journal (first
-        /// version: doc/VOLUMES.md says what it leaves out).
-        #[arg(long, value_name = "URL", requires = "volume", conflicts_with_all = ["read_only", "takeover", "keep_connection", "supervise"])]
-        meta: Option<String>,
-        /// Attach without these servers of the volume (host[:port], commas), gone for good:
-        /// their copies are forgotten and the rebuild makes new ones elsewhere.
-        #[arg(long, value_delimiter = ',', value_name = "HOST", requires = "volume")]
-        force_without: Vec<String>,
-        /// Keep the FUSE connection open across this daemon's end, so that programs keep
-        /// their open files while the next daemon re-attaches the volume: the connection is
-        /// handed to the keeper on $NOTIFY_SOCKET (systemd's file descriptor store,
-        /// FileDescriptorStoreMax=2), and taken over when the keeper passes it back
-        /// ($LISTEN_FDS). SIGHUP then ends the daemon without unmounting.
-        #[arg(long, requires = "volume")]
-        keep_connection: bool,
-        /// Run under a small supervisor that keeps the FUSE connection and starts the daemon
-        /// again when it dies (crash, kill -9, OOM) or is restarted with SIGHUP (an
-        /// upgrade): programs keep their open files (implies --keep-connection).
-        #[arg(long, requires = "volume")]
-        supervise: bool,
-    },
+    Mount(MountArgs),
     /// Manage volumes on a set of memory servers.
     Volume {
         #[command(subcommand)]

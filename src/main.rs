@@ -8,7 +8,7 @@ use cli::{AdminCmd, Cli, Cmd, VolumeCmd};
 use clap::Parser;
 use rmemfs::auth::Secret;
 use rmemfs::fabric::FabricOptions;
-use rmemfs::mount::{self, MountConfig};
+use rmemfs::mount;
 use rmemfs::server::{MemoryServer, ServerConfig};
 use rmemfs::size::format_size;
 use std::io::BufRead;
@@ -117,75 +117,16 @@ fn main() -> ExitCode {
                 .map(|text| print!("{text}")),
             (None, None) => unreachable!("clap requires one of them"),
         },
-        Cmd::Mount {
-            mountpoint,
-            fabric,
-            servers,
-            size,
-            foreground,
-            options,
-            chunk_size,
-            threads,
-            op_timeout,
-            log_file,
-            reg_cache,
-            reg_cache_size,
-            write_path,
-            secret_file,
-            replicas,
-            min_replicas,
-            rebuild_rate,
-            rebuild_delay,
-            writeback_low_water,
-            metrics_listen,
-            busy_poll,
-            force,
-            volume,
-            create,
-            takeover,
-            read_only,
-            meta,
-            force_without,
-            keep_connection,
-            supervise,
-        } => {
-            let secret = match Secret::from_option(secret_file.as_deref()) {
-                Ok(s) => s,
+        Cmd::Mount(args) => {
+            let config = match args.config() {
+                Ok(c) => c,
                 Err(e) => {
                     eprintln!("rmemfs: {e}");
                     return ExitCode::FAILURE;
                 }
             };
-            let config = MountConfig {
-                secret,
-                fabric: fabric.fabric.clone(),
-                fabric_options: fabric.options(Duration::from_secs(op_timeout)),
-                write_path,
-                reg_cache,
-                reg_cache_size,
-                mountpoint,
-                servers,
-                size,
-                options,
-                chunk_size,
-                threads,
-                op_timeout: Duration::from_secs(op_timeout),
-                replicas: replicas.map(usize::from),
-                min_replicas: usize::from(min_replicas),
-                rebuild_rate,
-                rebuild_delay: Duration::try_from_secs_f64(rebuild_delay)
-                    .unwrap_or(rmemfs::config::REBUILD_DELAY),
-                writeback_low_water,
-                metrics_listen,
-                busy_poll,
-                volume,
-                create,
-                takeover,
-                follow: read_only,
-                meta,
-                force_without,
-                keep_connection: keep_connection || supervise,
-            };
+            let (force, foreground, supervise) = (args.force, args.foreground, args.supervise);
+            let log_file = args.log_file;
             // A daemon the supervisor runs serves in the foreground; the mount point is
             // its kept connection's, which nobody serves until it does (not to be looked at).
             let supervised = std::env::var_os(mount::keeper::SUPERVISED_ENV).is_some();

@@ -186,15 +186,31 @@ fn turn_handover(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     b.give_turn("tb").unwrap();
 }
 
-/// The servers' order: the first client's is kept; a client naming the same servers in
-/// another order is given the volume's, one naming others is refused with both lists.
+/// The servers' order: the client that makes the volume gives it; a client naming the same
+/// servers in another order is given the volume's, one naming others is refused with both
+/// lists. A name the engine does not hold is refused (unless made), naming the ones it holds,
+/// and a volume is made once.
 fn servers_order(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     let first = vec!["10.0.0.1:7000".to_string(), "10.0.0.2:7000".to_string()];
     let swapped = vec![first[1].clone(), first[0].clone()];
-    assert_eq!(a.servers(&first).unwrap(), first);
-    assert_eq!(b.servers(&swapped).unwrap(), first);
-    assert_eq!(server_order(b, &swapped).unwrap(), first);
-    let why = server_order(b, &[first[0].clone()]).unwrap_err();
+    assert_eq!(b.servers().unwrap(), None);
+    let why = server_order(b, "v", &swapped, false).unwrap_err();
+    assert!(
+        why.contains("no volume 'v'") && why.contains("--create"),
+        "{why}"
+    );
+    assert_eq!(
+        b.servers().unwrap(),
+        None,
+        "a refused attach made the volume"
+    );
+    assert_eq!(server_order(a, "v", &first, true).unwrap(), first);
+    assert!(!a.volumes().unwrap().is_empty());
+    let why = server_order(b, "v", &swapped, true).unwrap_err();
+    assert!(why.contains("exists already"), "{why}");
+    assert_eq!(b.servers().unwrap(), Some(first.clone()));
+    assert_eq!(server_order(b, "v", &swapped, false).unwrap(), first);
+    let why = server_order(b, "v", &[first[0].clone()], false).unwrap_err();
     assert!(why.contains("10.0.0.1:7000,10.0.0.2:7000"), "{why}");
 }
 
@@ -335,6 +351,8 @@ fn the_redis_engine_keeps_the_contract() {
     let l = |v| Arc::new(RedisEngine::open(&redis.url, v).unwrap());
     turn_handover(&*l("t"), &*l("t"));
     servers_order(&*l("s"), &*l("s"));
+    let names = l("s").volumes().unwrap();
+    assert!(names.contains(&"s".to_string()), "{names:?}");
     locks_contract(&*l("l"), &*l("l"));
     locks_exclude(l("m"), l("m"));
     // A Redis that goes away is an error that says so, not a hang; back, it is used again.

@@ -61,7 +61,9 @@ done
 # The mounts: vol (one), shared1..N and jfs1..N (N = CLIENTS).
 mount_fs "$BASE/vol" "$addrs" --volume bv --create
 for ((i = 1; i <= CLIENTS; i++)); do
-  mount_fs "$BASE/shared$i" "$addrs" --volume bs --meta "$REDIS_URL"
+  # The first client makes the shared volume; the others join it.
+  made=(); [ "$i" = 1 ] && made=(--create)
+  mount_fs "$BASE/shared$i" "$addrs" --volume bs "${made[@]}" --meta "$REDIS_URL"
 done
 if [ -n "${JUICEFS:-}" ]; then
   mkdir -p "$jfs_bucket"

@@ -245,6 +245,11 @@ pub fn plan_claims(
         known.push(mine.is_some());
         names.extend(vols.into_iter().map(|v| v.name));
     }
+    if spec.role == VolumeRole::Share {
+        // The engine says whether the volume exists (and makes it: `--create` is its), the
+        // servers host its memory.
+        return Ok((vec![ClaimMode::Share; addrs.len()], 0));
+    }
     let any = known.iter().any(|k| *k);
     if spec.create {
         if any {
@@ -259,10 +264,6 @@ pub fn plan_claims(
             });
         }
         return Ok((vec![ClaimMode::Create; addrs.len()], 1));
-    }
-    if spec.role == VolumeRole::Share {
-        // The engine says whether the volume exists; the servers host its memory.
-        return Ok((vec![ClaimMode::Share; addrs.len()], 0));
     }
     if spec.role == VolumeRole::Follow && any {
         // A follower claims no epoch; a server that does not know the volume refuses it,

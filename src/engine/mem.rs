@@ -181,14 +181,27 @@ impl MetaEngine for MemEngine {
         Ok(())
     }
 
-    fn servers(&self, given: &[String]) -> Result<Vec<String>, EngineError> {
-        Ok(self
-            .state
-            .0
-            .lock()
-            .servers
-            .get_or_insert_with(|| given.to_vec())
-            .clone())
+    fn create_volume(&self, servers: &[String]) -> Result<bool, EngineError> {
+        let mut st = self.state.0.lock();
+        if st.servers.is_some() {
+            return Ok(false);
+        }
+        st.servers = Some(servers.to_vec());
+        Ok(true)
+    }
+
+    fn servers(&self) -> Result<Option<Vec<String>>, EngineError> {
+        Ok(self.state.0.lock().servers.clone())
+    }
+
+    /// It keeps one volume, which has no name: listed as `(in-memory)` once made.
+    fn volumes(&self) -> Result<Vec<String>, EngineError> {
+        let made = self.state.0.lock().servers.is_some();
+        Ok(if made {
+            vec!["(in-memory)".into()]
+        } else {
+            Vec::new()
+        })
     }
 
     fn locks(&self, ino: u64) -> Result<Vec<u8>, EngineError> {

@@ -123,9 +123,16 @@ pub trait MetaEngine: Send + Sync {
     /// Forgets session `who` (after it was evicted from the memory servers).
     fn drop_session(&self, who: &str) -> Result<(), EngineError>;
 
-    /// The volume's memory servers in their order (chunk maps name servers by it): `given`
-    /// when none is stored yet (it is then stored), else the stored list.
-    fn servers(&self, given: &[String]) -> Result<Vec<String>, EngineError>;
+    /// Makes the volume: stores its memory servers in their order (chunk maps name servers
+    /// by it). False, storing nothing, when the volume exists already.
+    fn create_volume(&self, servers: &[String]) -> Result<bool, EngineError>;
+
+    /// The volume's memory servers in their order; none when this engine has no such volume.
+    fn servers(&self) -> Result<Option<Vec<String>>, EngineError>;
+
+    /// The names of the volumes this engine's store holds (to name them when a mount asks
+    /// for one it does not).
+    fn volumes(&self) -> Result<Vec<String>, EngineError>;
 
     /// Inode `ino`'s lock table as stored (empty: no locks).
     fn locks(&self, ino: u64) -> Result<Vec<u8>, EngineError>;

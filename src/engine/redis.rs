@@ -434,20 +434,37 @@ impl MetaEngine for RedisEngine {
         Ok(())
     }
 
-    fn servers(&self, given: &[String]) -> Result<Vec<String>, EngineError> {
-        // One address per line; SET NX GET answers the stored value, or nil having stored.
+    fn volumes(&self) -> Result<Vec<String>, EngineError> {
+        let (head, tail) = ("rmemfs:{", "}:servers");
+        let keys: Vec<String> = self.with(|c| {
+            let found = ::redis::Commands::scan_match::<_, String>(c, format!("{head}*{tail}"))?;
+            found.collect()
+        })?;
+        let mut names: Vec<String> = keys
+            .iter()
+            .filter_map(|k| k.strip_prefix(head)?.strip_suffix(tail))
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    fn create_volume(&self, servers: &[String]) -> Result<bool, EngineError> {
+        // One address per line; SET NX answers OK having stored, nil when the key exists.
         let stored: Option<String> = self.with(|c| {
             ::redis::cmd("SET")
                 .arg(&self.keys.servers)
-                .arg(given.join("\n"))
+                .arg(servers.join("\n"))
                 .arg("NX")
-                .arg("GET")
                 .query(c)
         })?;
-        Ok(match stored {
-            Some(list) => list.lines().map(str::to_string).collect(),
-            None => given.to_vec(),
-        })
+        Ok(stored.is_some())
+    }
+
+    fn servers(&self) -> Result<Option<Vec<String>>, EngineError> {
+        let stored: Option<String> =
+            self.with(|c| ::redis::cmd("GET").arg(&self.keys.servers).query(c))?;
+        Ok(stored.map(|list| list.lines().map(str::to_string).collect()))
     }
 
     fn locks(&self, ino: u64) -> Result<Vec<u8>, EngineError> {

@@ -481,6 +481,33 @@ pub fn reachable(bound: SocketAddr) -> SocketAddr {
 /// The fabric names `serve` and `mount` accept.
 pub const FABRIC_NAMES: &[&str] = &["tcp", "verbs"];
 
+/// Which data fabric to use, and the RDMA device for `verbs`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct FabricArgs {
+    /// Data fabric: `tcp` (software RDMA over TCP, works everywhere) or `verbs` (real RDMA
+    /// through libibverbs: RoCE, InfiniBand, soft-RoCE). `serve` defaults to tcp; `mount` uses
+    /// what the first server announces (tcp for the embedded server).
+    #[arg(long)]
+    pub fabric: Option<String>,
+    /// RDMA device for the verbs fabric (e.g. rxe0, mlx5_0); default: the first active one.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// GID table index for the verbs fabric; default: a RoCE v2 GID (IPv4-mapped first).
+    #[arg(long)]
+    pub gid_index: Option<u32>,
+}
+
+impl FabricArgs {
+    /// How to open the fabric these options name, with `--op-timeout`'s `op_timeout`.
+    pub fn options(&self, op_timeout: Duration) -> FabricOptions {
+        FabricOptions {
+            op_timeout,
+            device: self.device.clone(),
+            gid_index: self.gid_index,
+        }
+    }
+}
+
 /// How to open a fabric by name (`--fabric`, `--device`, `--gid-index`, `--op-timeout`).
 #[derive(Debug, Clone)]
 pub struct FabricOptions {

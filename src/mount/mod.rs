@@ -13,7 +13,7 @@ mod point;
 mod session;
 mod stats;
 
-pub use asked::MountConfig;
+pub use asked::{MountArgs, MountConfig, Namespace};
 use options::{default_cache_bytes, dirty_allowance, fuser_config};
 pub use options::{default_embedded_size, resolve_server, ENABLE_URING};
 use point::{check_fuse_device, check_verbs_memlock, mount_device, raise_readahead};
@@ -100,7 +100,7 @@ struct Upkeep {
 fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     let config = &mount.config;
     let inherited = if config.keep_connection {
-        if config.volume.is_none() {
+        if config.namespace.volume().is_none() {
             return Err(
                 "--keep-connection needs --volume: a private namespace dies with its \
                         daemon, so the next one could not serve the files programs hold open"
@@ -118,13 +118,14 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     };
     check_fuse_device()?;
     let mut options = config.options.clone();
-    if config.follow {
+    match config.namespace {
         // A follower writes nothing, and its kernel must see the holder's sizes and times.
-        options.extend(["ro".to_string(), "no_writeback_cache".to_string()]);
-    }
-    if config.meta.is_some() {
+        Namespace::Follower { .. } => {
+            options.extend(["ro".to_string(), "no_writeback_cache".to_string()])
+        }
         // The kernel must see other writers' sizes and times.
-        options.push("no_writeback_cache".to_string());
+        Namespace::Shared { .. } => options.push("no_writeback_cache".to_string()),
+        Namespace::Private | Namespace::Held { .. } => {}
     }
     let (fuse_config, choices) = fuser_config(&options, config.threads)?;
     let fabric_options = FabricOptions {
@@ -171,7 +172,11 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     let upkeep = start_upkeep(&fs, config, &mountpoint, metrics_listener)?;
     let admin = admin::AdminServer::start(admin::Target {
         fs: fs.clone(),
-        volume: config.volume.clone().zip(journal.clone()),
+        volume: config
+            .namespace
+            .volume()
+            .map(str::to_string)
+            .zip(journal.clone()),
         rebuild_rate: config.rebuild_rate,
     })
     .inspect_err(|e| log::warn!("no admin socket ({e}): `rmemfs admin` cannot reach this mount"))
@@ -317,51 +322,58 @@ fn build_fs(
 ) -> Result<Built, String> {
     // What this daemon claims the volume as; a shared volume's member is named as its engine
     // session, unique to this daemon's life.
-    let holder = match &config.meta {
-        Some(_) => format!(
+    let namespace = &config.namespace;
+    let holder = match namespace {
+        Namespace::Shared { .. } => format!(
             "{} session {:016x}",
             crate::volume::holder_name(""),
             crate::fabric::random_u64()
         ),
-        None => crate::volume::holder_name(""),
+        _ => crate::volume::holder_name(""),
     };
-    let volume = match &config.volume {
-        None => None,
-        Some(_) if servers._embedded.is_some() => {
+    use crate::client::volume::{VolumeRole, VolumeSpec};
+    let spec = |name: &str, create, takeover, role| VolumeSpec {
+        name: name.to_string(),
+        holder: holder.clone(),
+        create,
+        takeover,
+        role,
+    };
+    let volume = match namespace {
+        Namespace::Private => None,
+        _ if servers._embedded.is_some() => {
             return Err(
                 "--volume needs --servers: an embedded memory server dies with this daemon,                  and the volume with it"
                     .into(),
             )
         }
-        Some(name) => Some(crate::client::volume::VolumeSpec {
-            name: name.clone(),
-            holder: holder.clone(),
-            // A daemon taking over a kept connection runs the first one's command line: the
-            // volume exists by then.
-            create: config.create && !taken_over,
-            takeover: config.takeover,
-            role: if config.follow {
-                crate::client::volume::VolumeRole::Follow
-            } else if config.meta.is_some() {
-                crate::client::volume::VolumeRole::Share
-            } else {
-                crate::client::volume::VolumeRole::Hold
-            },
-        }),
+        // A daemon taking over a kept connection runs the first one's command line: the
+        // volume exists by then.
+        Namespace::Held {
+            name,
+            create,
+            takeover,
+            ..
+        } => Some(spec(name, *create && !taken_over, *takeover, VolumeRole::Hold)),
+        Namespace::Follower { name } => Some(spec(name, false, false, VolumeRole::Follow)),
+        // Made in the engine (below); the servers make its memory's record as members join.
+        Namespace::Shared { name, .. } => Some(spec(name, false, false, VolumeRole::Share)),
     };
     // The engine first: one that cannot be reached fails the mount before any server
     // counts this daemon as a member.
-    let engine = match (&config.meta, &config.volume) {
-        (Some(url), Some(name)) => {
-            Some(crate::engine::redis::RedisEngine::open(url, name).map_err(|e| e.to_string())?)
+    let engine = match namespace {
+        Namespace::Shared { name, meta, create } => {
+            let engine =
+                crate::engine::redis::RedisEngine::open(meta, name).map_err(|e| e.to_string())?;
+            Some((engine, name, *create))
         }
         _ => None,
     };
     // A shared volume's servers in its own order (its chunk maps name them by place).
     let addrs = match &engine {
-        Some(e) => {
+        Some((e, name, create)) => {
             let given: Vec<String> = servers.addrs.iter().map(|a| a.to_string()).collect();
-            let order = crate::volume::shared::server_order(e, &given)?;
+            let order = crate::volume::shared::server_order(e, name, &given, *create)?;
             // The same servers (checked), placed as the volume orders them.
             order
                 .iter()
@@ -418,36 +430,41 @@ fn build_fs(
         writeback: choices.writeback,
         writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
     };
-    let (fs, journal, follower) = if let Some(engine) = engine {
-        let (fs, client) =
-            crate::volume::shared::join(data, fs_config, std::sync::Arc::new(engine), holder)?;
-        (fs, None, Some(Following::Shared(client)))
-    } else if config.follow {
-        let (fs, follower) = crate::volume::follow::follow(data, fs_config, &servers.addrs)?;
-        (fs, None, Some(Following::Journal(follower)))
-    } else if config.volume.is_some() {
-        let without: Vec<SocketAddr> = config
-            .force_without
-            .iter()
-            .map(|s| resolve_server(s))
-            .collect::<Result<_, _>>()?;
-        let options = crate::volume::JournalOptions {
-            // The kernel of a connection taken over may still hold unlinked files open.
-            keep_orphans: taken_over,
-            ..Default::default()
-        };
-        let a = crate::volume::attach_with(data, fs_config, &servers.addrs, &without, options)?;
-        log::info!("volume attached: {:?}", a.report);
-        (a.fs, Some(a.journal), None)
-    } else {
-        // A private mount: nothing outside this daemon sees its bytes, so a write may be
-        // answered before they are remote (see `data::behind`).
-        let data = if choices.write_behind {
-            data.write_behind().map_err(|e| e.message)?
-        } else {
-            data
-        };
-        (Arc::new(Fs::new(data, fs_config)), None, None)
+    let (fs, journal, follower) = match namespace {
+        Namespace::Shared { .. } => {
+            let (engine, _, _) = engine.expect("a shared volume's engine is open");
+            let (fs, client) =
+                crate::volume::shared::join(data, fs_config, std::sync::Arc::new(engine), holder)?;
+            (fs, None, Some(Following::Shared(client)))
+        }
+        Namespace::Follower { .. } => {
+            let (fs, follower) = crate::volume::follow::follow(data, fs_config, &servers.addrs)?;
+            (fs, None, Some(Following::Journal(follower)))
+        }
+        Namespace::Held { force_without, .. } => {
+            let without: Vec<SocketAddr> = force_without
+                .iter()
+                .map(|s| resolve_server(s))
+                .collect::<Result<_, _>>()?;
+            let options = crate::volume::JournalOptions {
+                // The kernel of a connection taken over may still hold unlinked files open.
+                keep_orphans: taken_over,
+                ..Default::default()
+            };
+            let a = crate::volume::attach_with(data, fs_config, &servers.addrs, &without, options)?;
+            log::info!("volume attached: {:?}", a.report);
+            (a.fs, Some(a.journal), None)
+        }
+        Namespace::Private => {
+            // A private mount: nothing outside this daemon sees its bytes, so a write may be
+            // answered before they are remote (see `data::behind`).
+            let data = if choices.write_behind {
+                data.write_behind().map_err(|e| e.message)?
+            } else {
+                data
+            };
+            (Arc::new(Fs::new(data, fs_config)), None, None)
+        }
     };
     crate::report::attach(&fs);
     Ok(Built {
@@ -473,7 +490,10 @@ fn start_upkeep(
             detection: config.op_timeout,
             // A follower's copies are the holder's to keep; a shared volume's member makes none
             // yet (its first version).
-            rebuild: !config.follow && config.meta.is_none(),
+            rebuild: matches!(
+                config.namespace,
+                Namespace::Private | Namespace::Held { .. }
+            ),
         },
     )
     .map_err(|e| format!("cannot start the rebuild thread: {e}"))?;

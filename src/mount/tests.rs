@@ -51,3 +51,57 @@ fn mount_options_parse() {
         .contains(&fuser::MountOption::FSName("pool".into())));
     assert!(fuser_config(&["bogus".into()], 1).is_err());
 }
+
+/// The command line as `rmemfs mount` gets it, turned into what the mount is asked for.
+fn asked(argv: &[&str]) -> MountConfig {
+    let argv = std::iter::once("mount").chain(argv.iter().copied());
+    let args = <asked::Defaults as clap::Parser>::try_parse_from(argv)
+        .unwrap()
+        .args;
+    args.config().unwrap()
+}
+
+#[test]
+fn the_namespace_mode_is_decided_from_the_command_line_once() {
+    let volume = |more: &[&str]| {
+        let mut argv = vec!["/m", "--servers", "a", "--volume", "v"];
+        argv.extend_from_slice(more);
+        asked(&argv).namespace
+    };
+    assert_eq!(asked(&["/m"]).namespace, Namespace::Private);
+    assert_eq!(MountConfig::new("/m".into()).namespace, Namespace::Private);
+    assert_eq!(
+        volume(&["--create", "--meta", "redis://r"]),
+        Namespace::Shared {
+            name: "v".into(),
+            meta: "redis://r".into(),
+            create: true,
+        }
+    );
+    assert_eq!(
+        volume(&["--meta", "redis://r"]),
+        Namespace::Shared {
+            name: "v".into(),
+            meta: "redis://r".into(),
+            create: false,
+        }
+    );
+    assert_eq!(
+        volume(&["--read-only"]),
+        Namespace::Follower { name: "v".into() }
+    );
+    assert_eq!(
+        volume(&["--takeover", "--force-without", "b"]),
+        Namespace::Held {
+            name: "v".into(),
+            create: false,
+            takeover: true,
+            force_without: vec!["b".into()],
+        }
+    );
+    // `--supervise` keeps the connection; the defaults are the grammar's.
+    let c = asked(&["/m", "--servers", "a", "--volume", "v", "--supervise"]);
+    assert!(c.keep_connection);
+    assert_eq!(c.chunk_size, config::CHUNK_SIZE);
+    assert_eq!(c.op_timeout, config::OP_TIMEOUT);
+}

@@ -349,11 +349,37 @@ impl crate::meta::Journal for EngineRecorder {
 /// The servers in the volume's order: chunk maps name servers by their place in it, so every
 /// client connects to them in the order the first one gave (stored in the engine). The same
 /// servers in another order are reordered; other servers are refused, naming both lists.
+/// With `create` the volume is made, `given` its order (refused when it exists); without,
+/// a name the engine does not hold is refused, naming the ones it does.
 pub fn server_order(
     engine: &dyn MetaEngine,
+    name: &str,
     given: &[String],
+    create: bool,
 ) -> std::result::Result<Vec<String>, String> {
-    let stored = engine.servers(given).map_err(|e| e.to_string())?;
+    let failed = |e: crate::engine::EngineError| e.to_string();
+    if create {
+        if !engine.create_volume(given).map_err(failed)? {
+            return Err(format!(
+                "volume '{name}' exists already in {}: attach to it without --create",
+                engine.describe()
+            ));
+        }
+        log::info!("shared volume '{name}' made in {}", engine.describe());
+        return Ok(given.to_vec());
+    }
+    let Some(stored) = engine.servers().map_err(failed)? else {
+        let known = engine.volumes().map_err(failed)?;
+        let list = if known.is_empty() {
+            "none".to_string()
+        } else {
+            known.join(", ")
+        };
+        return Err(format!(
+            "no volume '{name}' in {} (known volumes: {list}); --create makes one",
+            engine.describe()
+        ));
+    };
     let mut a = stored.clone();
     let mut b = given.to_vec();
     a.sort();
