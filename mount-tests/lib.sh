@@ -55,8 +55,9 @@ ensure_packages() {
   [ ${#need[@]} -eq 0 ] && return 0
   log "installing: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  timeout 600 apt-get update -qq
-  timeout 1200 apt-get install -y -qq "${need[@]}" >/dev/null
+  timeout 600 apt-get -o DPkg::Lock::Timeout=900 update -qq
+  # Another tier may be installing at the same moment (test.sh overlaps some): wait for it.
+  timeout 1200 apt-get install -o DPkg::Lock::Timeout=900 -y -qq "${need[@]}" >/dev/null
 }
 
 # check_prereqs: root, /dev/fuse, and a binary that has the subcommands we need.

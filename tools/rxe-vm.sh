@@ -51,8 +51,8 @@ if ! ls /boot/vmlinuz-*-amd64 >/dev/null 2>&1; then need_pkgs+=(linux-image-amd6
 if [[ ${#need_pkgs[@]} -gt 0 ]]; then
     log "installing ${need_pkgs[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+    apt-get -o DPkg::Lock::Timeout=900 update -qq >/dev/null
+    apt-get install -o DPkg::Lock::Timeout=900 -y -qq "${need_pkgs[@]}" >/dev/null
 fi
 if [[ ! -x $VENV/bin/vng ]]; then
     log "installing virtme-ng $VNG_VERSION in $VENV"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The rxe tier: real RDMA (soft-RoCE) tests in one VM boot.
 #
-#   tools/test-rxe.sh
+#   tools/test-rxe.sh [--build-only]
 #
+# --build-only: the host's part alone (builds, clippy, the verbs unit tests), which
+# tools/test.sh runs while other tiers wait, before it boots the VM.
 # Builds the verbs-enabled binary (tools/build-verbs.sh) and the conformance test binary on the
 # host, then boots
 # the rxe VM (tools/rxe-vm.sh) once and runs inside it:
@@ -20,6 +22,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The verbs builds keep to their own target directory (see tools/build-verbs.sh).
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/verbs}
 tools/build-verbs.sh
 echo "== cargo clippy -D warnings with the verbs fabric"
 cargo clippy --workspace --all-targets --features rmemfs/verbs,rmemfs/testing -- -D warnings
@@ -31,6 +35,10 @@ conformance=$(cargo test --release --features verbs,testing --test conformance -
 server_tests=$(cargo test --release --features verbs,testing --test server_bin --no-run 2>&1 |
   sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
 [ -x "$server_tests" ] || { echo "could not find the server test binary" >&2; exit 1; }
+if [ "${1:-}" = --build-only ]; then
+  echo "== rxe tier: host part done (the VM runs with tools/test-rxe.sh)"
+  exit 0
+fi
 
 tests=${RMEMFS_RXE_MOUNT_TESTS:-cp_tree fio_verify server_death replica_pair secret backed_restart}
 guest_script="set -e
