@@ -146,10 +146,6 @@ host_thaw() { kill -CONT "${HOST_PIDS[$1]}"; }
 host_cut() { ip link set "$(host_link "$1")" down; }
 host_heal() { ip link set "$(host_link "$1")" up; }
 
-# stats_field MNT EXPR: a value of `stats --json` (python expression over `s`).
-stats_field() {
-  timeout -k 5 30 "$BIN" stats --json "$1" | python3 -c "import json, sys; s = json.load(sys.stdin); print($2)"
-}
 
 # wait_redundant MNT SECONDS [any]: waits until `stats --json` shows every server up or removed (with
 # `any`: whatever their state) and every chunk with its full copy count (none degraded or

@@ -191,8 +191,7 @@ test_drain() {
   finish_fio_verify "a host drained"
   stop_copy_sampler "during the drain"
   grep -qv ' 0$' "$WORK/samples" || fail "no sample saw a copy still to move: the drain was not sampled"
-  extents=$(t "$BIN" stats --server "$(host_addr 2)" --secret-file "$HOSTS_SECRET" --json |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["extents"])')
+  extents=$(server_field "$(host_addr 2)" 's["extents"]' --secret-file "$HOSTS_SECRET")
   assert_eq "extents on the drained host" "$extents" 0
   check_files 12 "after the drain"
   out=$(t "$BIN" admin remove "$MNT" "$(host_addr 2)") || fail "remove failed: $out"
@@ -210,9 +209,8 @@ test_drain() {
 servers_used() {
   local i out="" e
   for ((i = 0; i < HOSTS_SERVERS; i++)); do
-    e=$(t "$BIN" stats --server "$(host_addr "$i")" --secret-file "$HOSTS_SECRET" --json |
-      python3 -c 'import json,sys; s=json.load(sys.stdin); print(s["extents"], s["total_bytes"] - s["free_bytes"])') ||
-      fail "stats --server $(host_addr "$i") failed"
+    e=$(server_field "$(host_addr "$i")" 's["extents"], s["total_bytes"] - s["free_bytes"]' \
+      --secret-file "$HOSTS_SECRET") || fail "stats --server $(host_addr "$i") failed"
     out+="$e;"
   done
   echo "$out"

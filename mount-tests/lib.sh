@@ -632,3 +632,28 @@ run_test_fn() {
   reason=$(head -n 1 "$REASON")
   echo "${reason:-the test exited $rc}"
 }
+
+# stats_field MNT EXPR: a value of `stats --json` of the mount at MNT (EXPR: a Python
+# expression over `s`, the parsed JSON).
+stats_field() {
+  timeout -k 5 30 "$BIN" stats --json "$1" | python3 -c "import json, sys; s = json.load(sys.stdin); print($2)"
+}
+
+# server_field ADDR EXPR [ARG...]: the same of `stats --server ADDR --json` (ARGs: more
+# options, such as --secret-file).
+server_field() {
+  local addr=$1 expr=$2
+  shift 2
+  timeout -k 5 30 "$BIN" stats --server "$addr" "$@" --json |
+    python3 -c "import json, sys; s = json.load(sys.stdin); print($expr)"
+}
+
+# servers_free: the free bytes of every server of $ADDRS, summed.
+servers_free() {
+  local a total=0 f
+  for a in ${ADDRS//,/ }; do
+    f=$(server_field "$a" 's["free_bytes"]') || return 1
+    total=$((total + f))
+  done
+  echo "$total"
+}

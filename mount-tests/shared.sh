@@ -46,8 +46,7 @@ world"
   t "$BIN" volume rm sv --servers "$ADDRS" >/dev/null || fail "volume rm of the shared volume failed"
   local a left=0 n
   for a in ${ADDRS//,/ }; do
-    n=$(t "$BIN" stats --server "$a" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["extents"])') ||
-      fail "stats --server $a"
+    n=$(server_field "$a" 's["extents"]') || fail "stats --server $a"
     left=$((left + n))
   done
   assert_eq "extents left on the servers after volume rm" "$left" 0

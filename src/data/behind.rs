@@ -255,7 +255,7 @@ impl DataStore {
         let made = (|| {
             let loan = self.loan()?;
             for (idx, in_chunk, n, _) in self.pieces(offset, len) {
-                self.ensure(chunks, idx, in_chunk + n, loan.b())?;
+                self.ensure(chunks, idx, in_chunk + n, loan.bounce())?;
                 self.heal(chunks, idx)?;
             }
             Ok(())

@@ -83,6 +83,19 @@ impl DataStore {
         self.free_retired();
     }
 
+    /// A followed change to `file`'s map (a follower applies its holder's records): chunk
+    /// `idx` is now `chunk` (none: a hole). Nothing is sent or freed: a follower writes
+    /// nothing, and the memory is the holder's.
+    pub fn apply_followed(&self, file: &FileData, idx: u64, chunk: Option<crate::meta::Chunk>) {
+        file.chunks.write().apply(idx, chunk);
+    }
+
+    /// Forgets `file`'s whole map, freeing nothing (the memory is its holder's or another
+    /// client's): reads still running finish first, later ones find no data.
+    pub fn forget_map(&self, file: &FileData) {
+        file.chunks.write().take_all();
+    }
+
     /// Lets go of `region` once this thread's operation is done (see [`RETIRED`]).
     pub(super) fn retire(&self, region: RemoteRegion) {
         RETIRED.with(|r| r.borrow_mut().push(region));

@@ -134,7 +134,7 @@ struct Loan<'a> {
 }
 
 impl Loan<'_> {
-    fn b(&self) -> &Bounce {
+    fn bounce(&self) -> &Bounce {
         self.bounce.as_ref().expect("present until drop")
     }
 }
@@ -169,7 +169,7 @@ impl ReadBuf<'_> {
             // returned (a batch waits for each of its ops, failed ones too), and the loan
             // keeps the buffer this value's alone until it is dropped: nothing writes it
             // while the view lives.
-            ReadBytes::Loaned(loan, len) => unsafe { loan.b().buf.quiet_bytes(0, *len) },
+            ReadBytes::Loaned(loan, len) => unsafe { loan.bounce().buf.quiet_bytes(0, *len) },
             ReadBytes::Owned(v) => v,
         }
     }

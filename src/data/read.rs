@@ -63,14 +63,14 @@ impl DataStore {
             return Ok(ReadBuf(ReadBytes::Owned(out)));
         }
         let loan = self.loan()?;
-        self.read_window(chunks, offset, len, loan.b())?;
+        self.read_window(chunks, offset, len, loan.bounce())?;
         Ok(ReadBuf(ReadBytes::Loaned(loan, len)))
     }
 
     /// Reads file bytes at `offset` into `out`.
     pub(super) fn read(&self, chunks: &ChunkMap, offset: u64, out: &mut [u8]) -> Result<()> {
         let loan = self.loan()?;
-        let b = loan.b();
+        let b = loan.bounce();
         for (w, window) in out.chunks_mut(IO_SIZE).enumerate() {
             self.read_window(chunks, offset + (w * IO_SIZE) as u64, window.len(), b)?;
             b.buf.read_at(0, window);

@@ -28,7 +28,7 @@ impl DataStore {
     /// live copy is left as it is (its reads fail).
     pub(super) fn reconcile(&self, chunks: &mut ChunkMap) -> Result<u64> {
         let loan = self.loan()?;
-        let b = loan.b();
+        let b = loan.bounce();
         let idxs: Vec<u64> = chunks.iter().map(|(&i, _)| i).collect();
         let mut written = 0;
         for idx in idxs {
@@ -107,7 +107,7 @@ impl DataStore {
             return Ok(Vec::new());
         };
         let loan = self.loan()?;
-        let b = loan.b();
+        let b = loan.bounce();
         let mut out = Vec::new();
         for r in c.replicas() {
             let mut bytes = vec![0u8; c.len as usize];
@@ -146,7 +146,7 @@ impl DataStore {
         let r = c.on(server).ok_or_else(|| lost(idx))?;
         assert!(bytes.len() <= IO_SIZE && offset + bytes.len() as u64 <= c.len);
         let loan = self.loan()?;
-        let b = loan.b();
+        let b = loan.bounce();
         b.buf.write_at(0, bytes);
         let write = RemoteOp {
             opcode: Opcode::Write,

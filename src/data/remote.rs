@@ -27,7 +27,7 @@ impl DataStore {
     ) -> Result<(), PoolError> {
         fits(to, offset, bytes.len())?;
         let loan = self.loan().map_err(|e| PoolError::Invalid(e.message))?;
-        let b = loan.b();
+        let b = loan.bounce();
         for (w, window) in bytes.chunks(IO_SIZE).enumerate() {
             b.buf.write_at(0, window);
             self.transfer_window(
@@ -51,7 +51,7 @@ impl DataStore {
         fits(&[from], offset, len)?;
         let mut out = vec![0u8; len];
         let loan = self.loan().map_err(|e| PoolError::Invalid(e.message))?;
-        let b = loan.b();
+        let b = loan.bounce();
         for (w, window) in out.chunks_mut(IO_SIZE).enumerate() {
             let at = offset + (w * IO_SIZE) as u64;
             self.transfer_window(Opcode::Read, &[from], at, b, window.len())?;

@@ -55,14 +55,14 @@ impl DataStore {
             if chunks.contains_key(&idx) {
                 continue;
             }
-            res = self.ensure(chunks, idx, in_chunk + n, loan.b());
+            res = self.ensure(chunks, idx, in_chunk + n, loan.bounce());
             if res.is_err() {
                 break;
             }
             added.push(idx);
         }
         if res.is_ok() && grow_head {
-            res = self.ensure(chunks, 0, (offset + len).min(cs), loan.b());
+            res = self.ensure(chunks, 0, (offset + len).min(cs), loan.bounce());
         }
         if res.is_err() {
             for idx in added {

@@ -18,7 +18,7 @@ impl DataStore {
         let stable = matches!(payload, Payload::InPlace(_));
         let data = payload.bytes();
         let loan = self.loan()?;
-        let b = loan.b();
+        let b = loan.bounce();
         for (w, window) in data.chunks(IO_SIZE).enumerate() {
             let woff = offset + (w * IO_SIZE) as u64;
             let wlen = window.len() as u64;

@@ -1,5 +1,5 @@
-//! Metadata engines: where a shared volume's namespace lives when many clients write it
-//! (issue #31's second part), instead of one holder's journal in the memory servers.
+//! Metadata engines: where a shared volume's namespace lives when many clients write it,
+//! instead of one holder's journal in the memory servers.
 //!
 //! Why a trait, and why this one: rmemfs must run on an existing distributed engine (Redis
 //! here; TiKV or FoundationDB elsewhere), not a home-made one, and the namespace's rules stay

@@ -91,13 +91,13 @@ impl Fs {
                 }
                 Change::Extent { ino, idx, chunk } if !made.contains(ino) => {
                     if let Some(f) = existing.get(ino) {
-                        f.chunks.write().apply(*idx, *chunk);
+                        self.data().apply_followed(f, *idx, *chunk);
                     }
                 }
                 Change::Drop { ino } => {
                     if let Some(f) = existing.get(ino).filter(|_| !made.contains(ino)) {
                         // Reads of it still running finish first; later ones find nothing.
-                        f.chunks.write().take_all();
+                        self.data().forget_map(f);
                     }
                     late.push(*c);
                 }
@@ -163,7 +163,7 @@ impl Fs {
         };
         // Reads still using the old maps finish first; later ones use the new table.
         for f in old_files {
-            f.chunks.write().take_all();
+            self.data().forget_map(&f);
         }
         out
     }

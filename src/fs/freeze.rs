@@ -13,14 +13,16 @@ use super::Fs;
 use crate::sync::{RwLockReadGuard, RwLockWriteGuard};
 
 /// While held, no change to the file system is being made or can begin.
-pub struct Frozen<'a>(#[allow(dead_code)] RwLockWriteGuard<'a, ()>);
+pub struct Frozen<'a> {
+    _gate: RwLockWriteGuard<'a, ()>,
+}
 
 /// While held, a change may be made (no freeze is on; on a shared volume, this client holds
 /// the write turn and its table is up to date).
-pub struct ChangeAdmitted<'a>(
-    #[allow(dead_code)] RwLockReadGuard<'a, ()>,
-    #[allow(dead_code)] Option<Box<dyn std::any::Any + Send>>,
-);
+pub struct ChangeAdmitted<'a> {
+    _gate: RwLockReadGuard<'a, ()>,
+    _turn: Option<Box<dyn std::any::Any + Send>>,
+}
 
 /// Where a change waits its turn: a shared volume's metadata engine
 /// ([`crate::volume::shared`]).
@@ -45,7 +47,10 @@ impl Fs {
     pub fn admit_change(&self) -> ChangeAdmitted<'_> {
         let gate = self.change_gate.read();
         let turn = self.turns.get().and_then(|t| t.begin(self));
-        ChangeAdmitted(gate, turn)
+        ChangeAdmitted {
+            _gate: gate,
+            _turn: turn,
+        }
     }
 
     /// On a shared volume, brings the table up to date; false (nothing done) elsewhere.
@@ -77,6 +82,8 @@ impl Fs {
     /// Waits until the changes being made end, and holds new ones until the result is
     /// dropped.
     pub fn freeze(&self) -> Frozen<'_> {
-        Frozen(self.change_gate.write())
+        Frozen {
+            _gate: self.change_gate.write(),
+        }
     }
 }

@@ -307,8 +307,12 @@ struct Built {
 
 /// What keeps a follower's or a shared volume's table in step (dropped at unmount).
 enum Following {
-    Journal(#[allow(dead_code)] crate::volume::follow::Follower),
-    Shared(#[allow(dead_code)] crate::volume::shared::SharedClient),
+    Journal {
+        _follower: crate::volume::follow::Follower,
+    },
+    Shared {
+        _client: crate::volume::shared::SharedClient,
+    },
 }
 
 /// Connects the pool and builds the data store and the file system over it.
@@ -343,7 +347,8 @@ fn build_fs(
         Namespace::Private => None,
         _ if servers._embedded.is_some() => {
             return Err(
-                "--volume needs --servers: an embedded memory server dies with this daemon,                  and the volume with it"
+                "--volume needs --servers: an embedded memory server dies with this daemon, \
+                 and the volume with it"
                     .into(),
             )
         }
@@ -435,11 +440,13 @@ fn build_fs(
             let (engine, _, _) = engine.expect("a shared volume's engine is open");
             let (fs, client) =
                 crate::volume::shared::join(data, fs_config, std::sync::Arc::new(engine), holder)?;
-            (fs, None, Some(Following::Shared(client)))
+            (fs, None, Some(Following::Shared { _client: client }))
         }
         Namespace::Follower { .. } => {
             let (fs, follower) = crate::volume::follow::follow(data, fs_config, &servers.addrs)?;
-            (fs, None, Some(Following::Journal(follower)))
+            (fs, None, Some(Following::Journal {
+                _follower: follower,
+            }))
         }
         Namespace::Held { force_without, .. } => {
             let without: Vec<SocketAddr> = force_without

@@ -36,8 +36,6 @@ pub fn default_embedded_size() -> u64 {
     }
 }
 
-/// What the registration cache may pin by default: what the locked-memory limit allows (less
-/// room for the bounce buffers), or 1 GiB where pinning is not limited (root, or unlimited).
 /// The registration cache's size unless `--reg-cache-size` says: at most
 /// [`config::REG_CACHE_MAX_BYTES`]; on verbs, whose registrations must pin, also what the
 /// memlock limit leaves past [`config::REG_CACHE_MEMLOCK_HEADROOM`]. A software fabric

@@ -251,12 +251,6 @@ impl VerbsFabric {
         Ok(fresh)
     }
 
-    /// Protection domains in use for client sessions (server side).
-    pub fn session_domains(&self) -> usize {
-        let pds = self.shared.session_pds.lock();
-        pds.values().filter(|w| w.strong_count() > 0).count()
-    }
-
     fn register_raw(
         &self,
         pd: &Arc<ProtectionDomain>,
