@@ -19,6 +19,7 @@ mod batch;
 pub mod control;
 pub mod follow;
 pub mod frrwp;
+mod error;
 mod health;
 mod members;
 mod parked;
@@ -38,64 +39,12 @@ use batch::{Batch, Dispatch, BATCH_INDEX_BITS};
 use control::ControlConn;
 use health::{open_link, Server};
 use members::{new_server, Members};
+pub use error::PoolError;
 pub use members::{Held, MAX_SERVERS};
 use parked::park_free;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
-
-/// Pool failures. Every variant that concerns one server names it.
-#[derive(Debug, thiserror::Error)]
-pub enum PoolError {
-    #[error("memory server {addr} is unreachable: {reason}")]
-    Unreachable { addr: SocketAddr, reason: String },
-    #[error("memory server {addr} refused the handshake: {reason}")]
-    Handshake { addr: SocketAddr, reason: String },
-    #[error("{reason}")]
-    Auth { addr: SocketAddr, reason: String },
-    #[error("lost the control connection to memory server {addr}: {reason}")]
-    ControlLost { addr: SocketAddr, reason: String },
-    #[error("memory server {addr} ({server}) has failed")]
-    ServerFailed { server: ServerId, addr: SocketAddr },
-    #[error("{opcode:?} on memory server {addr} ({server}) failed: {status:?}")]
-    Op {
-        server: ServerId,
-        addr: SocketAddr,
-        opcode: Opcode,
-        status: WcStatus,
-    },
-    #[error("no memory server has {requested} contiguous bytes free")]
-    NoSpace { requested: u64 },
-    /// Nothing could be placed because no server is up (not for want of room: EIO).
-    #[error("no memory server is up to hold {requested} bytes")]
-    NoServerUp { requested: u64 },
-    #[error("memory server {addr} refused: {message}")]
-    Refused {
-        addr: SocketAddr,
-        code: RefusalCode,
-        message: String,
-    },
-    #[error("{0}")]
-    Fabric(#[from] FabricError),
-    #[error("bad request: {0}")]
-    Invalid(String),
-}
-
-impl PoolError {
-    /// The server an operation failed on, or that failed, if the error is about one server's
-    /// data path (what a replicated write drops that server's copy for).
-    pub fn failed_server(&self) -> Option<ServerId> {
-        match self {
-            PoolError::ServerFailed { server, .. } => Some(*server),
-            PoolError::Op {
-                server,
-                status: WcStatus::TransportError | WcStatus::RemoteAccessError,
-                ..
-            } => Some(*server),
-            _ => None,
-        }
-    }
-}
 
 /// Client settings.
 #[derive(Debug, Clone)]
