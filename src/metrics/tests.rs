@@ -104,3 +104,103 @@ fn a_scrape_gets_the_metrics_and_nothing_else_is_served() {
     drop(_idle);
     assert!(get("GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200"));
 }
+
+/// The metric families an endpoint serves, by their `# TYPE` lines.
+fn families(collector: Box<dyn Collector>) -> Vec<String> {
+    let mut om = String::new();
+    prometheus_client::encoding::text::encode(&mut om, &registry_with(collector)).unwrap();
+    let mut names: Vec<String> = prometheus_text(&om)
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn every_metric_of_the_mount_and_the_server_is_pinned() {
+    let op = || crate::requests::OpSummary {
+        op: "read",
+        count: 1,
+        mean_us: 1,
+        p50_us: 1,
+        p99_us: 1,
+        max_us: 1,
+        total_nanos: 1000,
+        buckets: vec![(1, 1), (u64::MAX, 0)],
+    };
+    let mount = MountCollector {
+        report: Arc::new(crate::report::pinned::every_section),
+        requests: Arc::new(move || vec![op()]),
+        batches: Arc::new(move || vec![op()]),
+    };
+    let got = families(Box::new(mount));
+    crate::report::pinned::assert_pinned("the mount's metrics", MOUNT_METRICS, &got);
+    let server = ServerCollector {
+        report: Arc::new(crate::report::pinned::a_server),
+    };
+    let got = families(Box::new(server));
+    crate::report::pinned::assert_pinned("the server's metrics", SERVER_METRICS, &got);
+}
+
+const MOUNT_METRICS: &[&str] = &[
+    "rmemfs_chunk_copies gauge",
+    "rmemfs_chunks gauge",
+    "rmemfs_chunks_copied_on_write_total counter",
+    "rmemfs_contained_panics_total counter",
+    "rmemfs_drain_bytes_left gauge",
+    "rmemfs_drain_rate_bytes_per_second gauge",
+    "rmemfs_fabric_batch_duration_seconds histogram",
+    "rmemfs_fabric_bytes_total counter",
+    "rmemfs_fabric_failed_operations_total counter",
+    "rmemfs_fabric_operations_total counter",
+    "rmemfs_fabric_registrations_total counter",
+    "rmemfs_fabric_remote_access_errors_total counter",
+    "rmemfs_follower_applied gauge",
+    "rmemfs_follower_errors_total counter",
+    "rmemfs_follower_invalidations_total counter",
+    "rmemfs_follower_polls_total counter",
+    "rmemfs_follower_records_total counter",
+    "rmemfs_follower_reloads_total counter",
+    "rmemfs_inodes gauge",
+    "rmemfs_journal_bytes_total counter",
+    "rmemfs_journal_checkpoints_total counter",
+    "rmemfs_journal_committed gauge",
+    "rmemfs_journal_epoch gauge",
+    "rmemfs_journal_frees_held gauge",
+    "rmemfs_journal_groups_total counter",
+    "rmemfs_namespace_changes_total counter",
+    "rmemfs_namespace_commits_total counter",
+    "rmemfs_pinned_bytes gauge",
+    "rmemfs_rebuild_bytes_total counter",
+    "rmemfs_rebuild_chunks_left gauge",
+    "rmemfs_rebuild_chunks_total counter",
+    "rmemfs_rebuild_running gauge",
+    "rmemfs_registration_cache_lookups_total counter",
+    "rmemfs_request_duration_seconds histogram",
+    "rmemfs_requests_total counter",
+    "rmemfs_server_downs gauge",
+    "rmemfs_server_free_bytes gauge",
+    "rmemfs_server_total_bytes gauge",
+    "rmemfs_server_up gauge",
+    "rmemfs_unpinned_bytes gauge",
+    "rmemfs_upkeep_panics_total counter",
+];
+const SERVER_METRICS: &[&str] = &[
+    "rmemfs_serve_clients gauge",
+    "rmemfs_serve_extents gauge",
+    "rmemfs_serve_failed_handshakes_total counter",
+    "rmemfs_serve_free_bytes gauge",
+    "rmemfs_serve_largest_free_bytes gauge",
+    "rmemfs_serve_leased_sessions gauge",
+    "rmemfs_serve_protocol_violations_total counter",
+    "rmemfs_serve_refused_max_clients_total counter",
+    "rmemfs_serve_refused_no_space_total counter",
+    "rmemfs_serve_refused_peer_cap_total counter",
+    "rmemfs_serve_refused_quota_total counter",
+    "rmemfs_serve_refused_secret_total counter",
+    "rmemfs_serve_remote_refused_total counter",
+    "rmemfs_serve_resumed_sessions_total counter",
+    "rmemfs_serve_total_bytes gauge",
+];

@@ -359,7 +359,12 @@ fn build_fs(
             create,
             takeover,
             ..
-        } => Some(spec(name, *create && !taken_over, *takeover, VolumeRole::Hold)),
+        } => Some(spec(
+            name,
+            *create && !taken_over,
+            *takeover,
+            VolumeRole::Hold,
+        )),
         Namespace::Follower { name } => Some(spec(name, false, false, VolumeRole::Follow)),
         // Made in the engine (below); the servers make its memory's record as members join.
         Namespace::Shared { name, .. } => Some(spec(name, false, false, VolumeRole::Share)),
@@ -444,9 +449,13 @@ fn build_fs(
         }
         Namespace::Follower { .. } => {
             let (fs, follower) = crate::volume::follow::follow(data, fs_config, &servers.addrs)?;
-            (fs, None, Some(Following::Journal {
-                _follower: follower,
-            }))
+            (
+                fs,
+                None,
+                Some(Following::Journal {
+                    _follower: follower,
+                }),
+            )
         }
         Namespace::Held { force_without, .. } => {
             let without: Vec<SocketAddr> = force_without

@@ -7,6 +7,8 @@
 //! Sections declared with [`figures!`] are rendered generically: adding a field there adds
 //! it to the text, the JSON and the metrics at once (the `namespace` section shows it).
 
+#[cfg(test)]
+pub(crate) mod pinned;
 pub mod text;
 
 use crate::fabric::OpCounters;
