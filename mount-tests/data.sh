@@ -393,22 +393,7 @@ print(d, h, n)' "$m/sparse" "$m/sparse-copy") || fail "seek/copy: $out"
   # O_TMPFILE (FUSE_TMPFILE): an unnamed file, written, then named by linkat; one opened
   # with O_EXCL can never be named.
   must "mkdir tmpdir" mkdir "$m/tmpdir"
-  out=$(t python3 -c '
-import os, sys, errno, ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-AT_FDCWD, AT_SYMLINK_FOLLOW = -100, 0x400
-def name(fd, path):  # linkat through /proc, as the O_TMPFILE man page shows
-    if libc.linkat(AT_FDCWD, b"/proc/self/fd/%d" % fd, AT_FDCWD, path.encode(), AT_SYMLINK_FOLLOW):
-        return errno.errorcode[ctypes.get_errno()]
-    return "linked"
-d = sys.argv[1]
-fd = os.open(d, os.O_TMPFILE | os.O_RDWR, 0o640)
-os.write(fd, b"unnamed until now")
-listed = os.listdir(d)
-assert name(fd, d + "/named") == "linked"
-ex = os.open(d, os.O_TMPFILE | os.O_RDWR | os.O_EXCL, 0o600)
-refused = name(ex, d + "/never")
-print(listed, refused)' "$m/tmpdir") || fail "O_TMPFILE: $out"
+  out=$(t python3 mount-tests/tmpfile_check.py "$m/tmpdir") || fail "O_TMPFILE: $out"
   assert_eq "O_TMPFILE: listed before linkat, linking an O_EXCL one" "$out" "[] ENOENT"
   assert_eq "the linked O_TMPFILE file" "$(cat "$m/tmpdir/named") $(stat -c '%a %h' "$m/tmpdir/named")" \
     "unnamed until now 640 1"
@@ -644,23 +629,7 @@ print(w["new_handles"], w["dirty_limit_bytes"], w["free_room_bytes"])') ||
   rm -f "$WORK/ref-$((acked - 1))"
   acked=$((acked - 1))
   # Random 4 KiB writes over 64 MiB, into the room of one file (32 MiB): ENOSPC again.
-  out=$(t python3 - "$m/rand" <<'PY'
-import errno, os, random, sys
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
-rng = random.Random(7)
-block = os.urandom(4096)
-try:
-    for _ in range(64 * 256 * 2):
-        os.pwrite(fd, block, rng.randrange(64 * 256) * 4096)
-except OSError as e:
-    print("write", errno.errorcode[e.errno]); sys.exit(0)
-try:
-    os.fsync(fd)
-except OSError as e:
-    print("fsync", errno.errorcode[e.errno]); sys.exit(0)
-print("none")
-PY
-) || fail "random writes: $out"
+  out=$(t python3 mount-tests/random_fill.py "$m/rand") || fail "random writes: $out"
   case $out in
     "write ENOSPC" | "fsync ENOSPC") log "random fill: ENOSPC from ${out%% *}()" ;;
     *) fail "random 4 KiB writes over 64 MiB into 32 MiB of room: $out (want ENOSPC)" ;;

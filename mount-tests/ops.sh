@@ -68,16 +68,8 @@ test_add_server() {
   log "$out"
   grep -qE "rebalanced: [1-9][0-9]* chunk copies" <<<"$out" || fail "the rebalance moved nothing: $out"
   finish_fio_verify "a rebalance"
-  must "every server within 10% of the mean used fraction" python3 -c 'import json, subprocess, sys
-used = []
-for a in sys.argv[2].split(","):
-    s = json.loads(subprocess.run([sys.argv[1], "stats", "--server", a, "--json"], check=True,
-                                  capture_output=True).stdout)
-    used.append((s["total_bytes"] - s["free_bytes"]) / s["total_bytes"])
-mean = sum(used) / len(used)
-print("used fractions", ["%.3f" % u for u in used], "mean %.3f" % mean)
-sys.exit(0 if all(abs(u - mean) <= 0.1 * mean for u in used) else "not within 10% of the mean")' \
-    "$BIN" "$ADDRS,$fourth"
+  must "every server within 10% of the mean used fraction" \
+    python3 mount-tests/servers_balanced.py "$BIN" "$ADDRS,$fourth"
   wait_copies 2 30 "after the rebalance" >/dev/null
   check_files 12 "after the rebalance"
   must "cmp new" test -s "$MNT/new"
