@@ -98,7 +98,7 @@ pub const MAX_CLIENTS: u32 = 256;
 /// of the machine still get their share.
 pub const WRITEBACK_MAX_RATIO: &str = "40";
 
-/// The dirty limit (see [`crate::dirty_limit`]) leaves this share of the pool's free room
+/// The dirty limit (see [`crate::fs::dirty_limit`]) leaves this share of the pool's free room
 /// (1/8) and [`DIRTY_LIMIT_MARGIN`] unused: the kernel's throttle lets writers overshoot the
 /// limit by a few pages each, and other clients of the same servers take room meanwhile.
 pub const DIRTY_LIMIT_MARGIN_PARTS: u64 = 8;

@@ -4,19 +4,29 @@
 //! in-process, and verbs), [`proto`] (the control protocol), [`server`] (the memory server),
 //! [`client`] (the pool of servers as a client sees it), [`data`] (file bytes as remote
 //! chunks), [`meta`] (the namespace: inodes, directories, extent maps, changed through one
-//! batch per operation), [`fs`] (POSIX semantics, no FUSE), [`fuse`] (the fuser adapter),
-//! [`report`] (the mount's typed figures) and [`mount`] (putting it together), with
-//! [`regcache`] (the registration caches) and [`rebuild`] (copies restored after a server
-//! dies). The benchmarks and the cache simulator are in the `rmemfs-lab` crate (lab/), so
-//! neither this API nor the `rmemfs` binary carries them.
+//! batch per operation), [`fs`] (POSIX semantics, no FUSE), [`volume`] (namespaces that
+//! outlive the daemon: a holder's journal, followers, shared volumes) over [`engine`] (the
+//! metadata engines of shared volumes), [`fuse`] (the fuser adapter), [`upkeep`]
+//! (heartbeats, reconnects, the rebuild, server changes), [`report`] (the mount's typed
+//! figures, its text and metrics) and [`mount`] (putting it together), with [`regcache`]
+//! (the registration caches).
+//!
+//! The shared ground every layer may use: [`config`] (every tunable once), [`sync`] (the one
+//! source of locks, for the model checker), [`error`] (the errno-carrying error), [`auth`]
+//! (the shared secret and its handshake), [`size`] (sizes on the command line),
+//! [`requests`] (per-operation counts and latency buckets, kept by the adapter and the
+//! pool), [`figures`] (counters the adapter and upkeep fill for the report) and [`notify`]
+//! (systemd readiness); [`fuzz_checks`] holds what the fuzz targets check (feature
+//! `testing`).
+//!
+//! The benchmarks and the cache simulator are in the `rmemfs-lab` crate (lab/), so neither
+//! this API nor the `rmemfs` binary carries them.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod acl;
 pub mod auth;
 pub mod client;
 pub mod config;
 pub mod data;
-pub mod dirty_limit;
 pub mod engine;
 pub mod error;
 pub mod fabric;
@@ -25,17 +35,15 @@ pub mod fs;
 pub mod fuse;
 #[cfg(feature = "testing")]
 pub mod fuzz_checks;
-pub mod membership;
 pub mod meta;
-pub mod metrics;
 pub mod mount;
 pub mod notify;
 pub mod proto;
-pub mod rebuild;
 pub mod regcache;
 pub mod report;
 pub mod requests;
 pub mod server;
 pub mod size;
 pub mod sync;
+pub mod upkeep;
 pub mod volume;

@@ -271,16 +271,16 @@ fn serve(
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let metrics_listener = metrics_listen
-        .map(rmemfs::metrics::MetricsServer::bind)
+        .map(rmemfs::report::metrics::MetricsServer::bind)
         .transpose()
         .map_err(|e| e.to_string())?;
     let mut server = MemoryServer::start(&config, fabric).map_err(|e| e.to_string())?;
     let _metrics = metrics_listener
         .map(|listener| {
             let report = server.report_source();
-            rmemfs::metrics::serve(
+            rmemfs::report::metrics::serve(
                 listener,
-                Box::new(rmemfs::metrics::ServerCollector { report }),
+                Box::new(rmemfs::report::metrics::ServerCollector { report }),
             )
         })
         .transpose()?;

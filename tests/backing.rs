@@ -8,7 +8,7 @@ mod common;
 use common::{bytes, TestFs};
 use rmemfs::client::Rejoin;
 use rmemfs::fabric::ServerId;
-use rmemfs::rebuild::{pass, Stop};
+use rmemfs::upkeep::rebuild::{pass, Stop};
 
 const MIB: usize = 1 << 20;
 
@@ -170,7 +170,7 @@ fn on_a_device_that_issues_keys_a_restarted_server_resumes_under_new_keys() {
             "the server lists every extent it kept"
         );
     }
-    let changed = rmemfs::rebuild::rekey_server(&t.fs, ServerId(1), &keys);
+    let changed = rmemfs::upkeep::rebuild::rekey_server(&t.fs, ServerId(1), &keys);
     assert_eq!(
         changed as usize,
         before.len(),
@@ -219,7 +219,7 @@ fn on_a_device_that_issues_keys_a_volume_resumes_and_attaches_again() {
     let Some(Rejoin::Rekeyed { keys }) = pool.try_reconnect(ServerId(1)) else {
         panic!("a server back under new keys must say so");
     };
-    rmemfs::rebuild::rekey_server(&t.fs, ServerId(1), &keys);
+    rmemfs::upkeep::rebuild::rekey_server(&t.fs, ServerId(1), &keys);
     pool.admit(ServerId(1));
     t.create("after").unwrap();
     t.write_file("after", 0, b"written after the rekey")
@@ -283,7 +283,7 @@ fn a_server_back_from_a_power_loss_gives_no_old_bytes() {
         "in service before its copies were sorted"
     );
     let listed = listed_on(&t, 1).0;
-    let (gone, kept) = rmemfs::rebuild::let_go_of_behind_server(&t.fs, ServerId(1), None);
+    let (gone, kept) = rmemfs::upkeep::rebuild::let_go_of_behind_server(&t.fs, ServerId(1), None);
     assert_eq!(
         (gone, kept),
         (listed, 0),
@@ -344,7 +344,7 @@ fn a_server_behind_stays_behind_across_restarts_until_its_client_resumes() {
     let Some(Rejoin::Behind { keys: None }) = pool.try_reconnect(ServerId(1)) else {
         panic!("the second start forgot that the file was behind");
     };
-    rmemfs::rebuild::let_go_of_behind_server(&t.fs, ServerId(1), None);
+    rmemfs::upkeep::rebuild::let_go_of_behind_server(&t.fs, ServerId(1), None);
     assert!(pool.is_live(ServerId(1)));
     pass(&t.fs, 0, &Stop::default());
     // Told: the next restart in this boot is a plain one.

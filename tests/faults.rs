@@ -47,7 +47,7 @@ fn rejoin_empty(t: &mut TestFs, i: usize) {
     wait_down(&pool, i);
     t.restart_server(i);
     assert_eq!(pool.try_reconnect(ServerId(i as u32)), Some(Rejoin::Empty));
-    rmemfs::rebuild::forget_server(&t.fs, ServerId(i as u32));
+    rmemfs::upkeep::rebuild::forget_server(&t.fs, ServerId(i as u32));
     pool.admit(ServerId(i as u32));
 }
 
@@ -198,7 +198,7 @@ fn a_second_kill_while_degraded_loses_exactly_the_chunks_it_alone_held() {
 
 #[test]
 fn three_copies_survive_a_kill_during_the_rebuild_of_another() {
-    use rmemfs::rebuild::{pass, Stop};
+    use rmemfs::upkeep::rebuild::{pass, Stop};
     let mut t = TestFs::min_replicas(4, 64 << 20, WritePath::Frrwp, 3, 2);
     let mut want = Vec::new();
     for i in 0..10 {
@@ -276,7 +276,7 @@ fn a_write_with_every_server_down_is_eio_not_enospc() {
 /// the pass drops the extra copies and their memory goes back; the bytes stay the same.
 #[test]
 fn the_copy_count_changes_live() {
-    use rmemfs::rebuild::{pass, Stop};
+    use rmemfs::upkeep::rebuild::{pass, Stop};
     let mut t = TestFs::replicated(3, 32 << 20, MIB as u64, WritePath::Frrwp, 2);
     let data = bytes(7, 5 * MIB);
     t.create("f").unwrap();

@@ -237,7 +237,7 @@ fn a_dead_server_costs_no_byte_with_two_copies_and_writes_restore_them() {
 
 #[test]
 fn rebuild_restores_every_copy_while_files_are_written() {
-    use rmemfs::rebuild::{pass, Stop};
+    use rmemfs::upkeep::rebuild::{pass, Stop};
     let mut t = TestFs::replicated(3, 32 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 2);
     let mut want = Vec::new();
     for i in 0..8 {
@@ -560,7 +560,7 @@ fn a_session_untouched_while_cut_off_needs_no_rebuild() {
     assert!(pool.try_reconnect(ServerId(2)).is_some());
     let h = t.fs.replica_health();
     assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
-    let out = rmemfs::rebuild::pass(&t.fs, 0, &rmemfs::rebuild::Stop::default());
+    let out = rmemfs::upkeep::rebuild::pass(&t.fs, 0, &rmemfs::upkeep::rebuild::Stop::default());
     assert_eq!(out.bytes_copied, 0, "{out:?}");
 }
 
@@ -577,13 +577,13 @@ fn a_restarted_server_is_admitted_empty_and_rebuilt_onto() {
     assert_eq!(pool.try_reconnect(ServerId(1)), Some(Rejoin::Empty));
     // Not in service until every copy it listed is forgotten.
     assert!(!pool.is_live(ServerId(1)));
-    let forgot = rmemfs::rebuild::forget_server(&t.fs, ServerId(1));
+    let forgot = rmemfs::upkeep::rebuild::forget_server(&t.fs, ServerId(1));
     assert!(forgot > 0);
     pool.admit(ServerId(1));
     assert!(pool.is_live(ServerId(1)));
     let h = t.fs.replica_health();
     assert_eq!(h.degraded, forgot, "{h:?}");
-    let out = rmemfs::rebuild::pass(&t.fs, 0, &rmemfs::rebuild::Stop::default());
+    let out = rmemfs::upkeep::rebuild::pass(&t.fs, 0, &rmemfs::upkeep::rebuild::Stop::default());
     assert_eq!(out.chunks_rebuilt, forgot, "{out:?}");
     let h = t.fs.replica_health();
     assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
@@ -879,14 +879,14 @@ fn eventually(within: std::time::Duration, mut cond: impl FnMut() -> bool) -> bo
 
 /// The upkeep threads over `t`, noticing a server silent for a second, rebuilding after
 /// `delay` of unchanged live servers.
-fn upkeep(t: &TestFs, delay: std::time::Duration) -> rmemfs::rebuild::Rebuilder {
-    let upkeep = rmemfs::rebuild::Upkeep {
+fn upkeep(t: &TestFs, delay: std::time::Duration) -> rmemfs::upkeep::rebuild::Rebuilder {
+    let upkeep = rmemfs::upkeep::rebuild::Upkeep {
         rate: 0,
         delay,
         detection: std::time::Duration::from_secs(1),
         rebuild: true,
     };
-    rmemfs::rebuild::Rebuilder::start(t.fs.clone(), upkeep).unwrap()
+    rmemfs::upkeep::rebuild::Rebuilder::start(t.fs.clone(), upkeep).unwrap()
 }
 
 /// Makes the next round of upkeep thread `thread` panic.

@@ -820,7 +820,7 @@ const NO_ID: u32 = u32::MAX;
 /// set-group-ID as chmod does (the kernel's posix_acl_update_mode); a member keeps it.
 #[test]
 fn an_acl_set_by_an_owner_outside_the_group_clears_set_group_id() {
-    use rmemfs::acl::ACCESS_XATTR;
+    use rmemfs::fs::acl::ACCESS_XATTR;
     let t = TestFs::new(1, 8 << 20, 1 << 20);
     t.create("f").unwrap();
     t.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap();
@@ -863,7 +863,7 @@ fn an_acl_set_by_an_owner_outside_the_group_clears_set_group_id() {
 
 #[test]
 fn acls_and_modes_stay_in_step() {
-    use rmemfs::acl::{Acl, ACCESS_XATTR, DEFAULT_XATTR};
+    use rmemfs::fs::acl::{Acl, ACCESS_XATTR, DEFAULT_XATTR};
     let t = TestFs::new(1, 8 << 20, 1 << 20);
     t.create("f").unwrap();
     let f = t.resolve("f").unwrap();
@@ -913,7 +913,7 @@ fn acls_and_modes_stay_in_step() {
 
 #[test]
 fn a_default_acl_is_inherited_and_overrules_the_umask() {
-    use rmemfs::acl::{Acl, ACCESS_XATTR, DEFAULT_XATTR};
+    use rmemfs::fs::acl::{Acl, ACCESS_XATTR, DEFAULT_XATTR};
     let t = TestFs::new(1, 8 << 20, 1 << 20);
     let d = t.fs.mkdir(ROOT_INO, b"proj", 0o770, ME).unwrap().ino;
     let default = acl_xattr(&[
@@ -999,7 +999,7 @@ fn noacl_refuses_acl_attributes() {
         (ACL_OTHER, 1, NO_ID),
     ]);
     assert_eq!(
-        t.fs.setxattr(f, rmemfs::acl::ACCESS_XATTR, &minimal, 0, ME)
+        t.fs.setxattr(f, rmemfs::fs::acl::ACCESS_XATTR, &minimal, 0, ME)
             .unwrap_err()
             .errno,
         libc::EOPNOTSUPP

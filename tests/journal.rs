@@ -59,15 +59,15 @@ fn a_table_replayed_from_the_journal_matches_the_live_one() {
     fs.setxattr(d, b"user.gone", b"v", 0, ME).unwrap();
     fs.removexattr(d, b"user.gone").unwrap();
     // setfacl -m u:1000:r (tags: owner 1, named user 2, owning group 4, mask 0x10, other 0x20).
-    let entry = |tag, perm, id| rmemfs::acl::Entry { tag, perm, id };
-    let acl = rmemfs::acl::Acl(vec![
+    let entry = |tag, perm, id| rmemfs::fs::acl::Entry { tag, perm, id };
+    let acl = rmemfs::fs::acl::Acl(vec![
         entry(1, 6, u32::MAX),
         entry(2, 4, 1000),
         entry(4, 0, u32::MAX),
         entry(0x10, 4, u32::MAX),
         entry(0x20, 0, u32::MAX),
     ]);
-    fs.setxattr(a.ino, rmemfs::acl::ACCESS_XATTR, &acl.to_xattr(), 0, ME)
+    fs.setxattr(a.ino, rmemfs::fs::acl::ACCESS_XATTR, &acl.to_xattr(), 0, ME)
         .unwrap();
     let chmod = SetAttr {
         mode: Some(0o600),
@@ -139,7 +139,7 @@ fn a_table_replayed_from_the_journal_matches_the_live_one() {
     t.kill_server(0);
     wait_down(&t, 0);
     fs.write(a.ino, fh, 0, b"healed on write", ME).unwrap();
-    rmemfs::rebuild::pass(&fs, 0, &rmemfs::rebuild::Stop::default());
+    rmemfs::upkeep::rebuild::pass(&fs, 0, &rmemfs::upkeep::rebuild::Stop::default());
     let huge = bytes(3, 200 * MIB as usize);
     assert!(
         fs.write(a.ino, fh, 0, &huge, ME).is_err(),
@@ -148,7 +148,7 @@ fn a_table_replayed_from_the_journal_matches_the_live_one() {
     t.restart_server(0);
     let pool = fs.data().pool().clone();
     assert_eq!(pool.try_reconnect(ServerId(0)), Some(Rejoin::Empty));
-    rmemfs::rebuild::forget_server(&fs, ServerId(0));
+    rmemfs::upkeep::rebuild::forget_server(&fs, ServerId(0));
     pool.admit(ServerId(0));
     fs.release(fh);
 

@@ -9,8 +9,8 @@ use common::{bytes, TestFs};
 use rmemfs::client::ServerState;
 use rmemfs::data::WritePath;
 use rmemfs::fabric::ServerId;
-use rmemfs::membership;
-use rmemfs::rebuild::Stop;
+use rmemfs::upkeep::membership;
+use rmemfs::upkeep::rebuild::Stop;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

@@ -751,7 +751,7 @@ fn a_lost_journal_copy_is_dropped_then_made_whole_at_the_next_checkpoint() {
         pool.try_reconnect(ServerId(1)),
         Some(rmemfs::client::Rejoin::Empty)
     );
-    rmemfs::rebuild::forget_server(d.fs(), ServerId(1));
+    rmemfs::upkeep::rebuild::forget_server(d.fs(), ServerId(1));
     pool.admit(ServerId(1));
     // Enough records to fill the small ring: its checkpoint puts a copy on server 1 again.
     for i in 0..600 {
@@ -903,7 +903,7 @@ fn a_fenced_holder_lets_go_of_a_server_that_forgot_it_and_its_roots_never_win() 
         old.cut(ServerId(i));
     }
     assert_eq!(old.try_reconnect(ServerId(2)), Some(Rejoin::Empty));
-    rmemfs::rebuild::forget_server(first.fs(), ServerId(2));
+    rmemfs::upkeep::rebuild::forget_server(first.fs(), ServerId(2));
     old.admit(ServerId(2));
     // Its journal publishes there (a dropped ring copy, a checkpoint): a root far ahead in
     // generation, at its own epoch.
@@ -935,7 +935,7 @@ fn a_fenced_holder_lets_go_of_a_server_that_forgot_it_and_its_roots_never_win() 
     common::eventually("the volume's holder gets the restarted server back", || {
         pool.try_reconnect(ServerId(2)) == Some(Rejoin::Empty)
     });
-    rmemfs::rebuild::forget_server(second.fs(), ServerId(2));
+    rmemfs::upkeep::rebuild::forget_server(second.fs(), ServerId(2));
     pool.admit(ServerId(2));
     assert!(pool.is_live(ServerId(2)));
     drop(first);

@@ -14,6 +14,7 @@ command -v prlimit >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 # The metadata engine's tests (tests/engines.rs) start their own redis-server.
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -64,8 +65,9 @@ print_tier_times() {
 }
 trap print_tier_times EXIT
 
-tier "cargo fmt --check"
+tier "cargo fmt --check, and the code's map (tools/check-layout.py)"
 cargo fmt --all -- --check
+python3 tools/check-layout.py
 tier "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --features rmemfs/testing -- -D warnings
 tier "cargo test (unit, property, conformance, server, in-process mounts; the lab's simulator)"

@@ -76,8 +76,8 @@ impl Fs {
             let acl = i
                 .xattrs
                 .as_ref()
-                .and_then(|x| x.get(crate::acl::ACCESS_XATTR));
-            if let Some(Ok(mut acl)) = acl.map(|v| crate::acl::Acl::parse(v)) {
+                .and_then(|x| x.get(crate::fs::acl::ACCESS_XATTR));
+            if let Some(Ok(mut acl)) = acl.map(|v| crate::fs::acl::Acl::parse(v)) {
                 acl.chmod(perm);
                 moved_acl = Some(acl.to_xattr());
             }
@@ -88,7 +88,7 @@ impl Fs {
         };
         let mut b = meta.batch();
         if let Some(acl) = &moved_acl {
-            b.set_xattr(ino, crate::acl::ACCESS_XATTR, acl)?;
+            b.set_xattr(ino, crate::fs::acl::ACCESS_XATTR, acl)?;
         }
         b.update(ino, |a| {
             a.perm = perm;

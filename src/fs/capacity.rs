@@ -64,7 +64,7 @@ impl Fs {
     /// Whether a handle opened for writing now should bypass the kernel's writeback cache.
     /// Cached writes meet a full pool only when written back, and the kernel reports that
     /// at `fsync` or `close`: with the mount's dirty data kept below the pool's free room
-    /// ([`crate::dirty_limit`]), new handles write through only once the pool is nearly
+    /// ([`crate::fs::dirty_limit`]), new handles write through only once the pool is nearly
     /// full; without (a user's mount), whenever the pool has less room than the mount may
     /// hold dirty. Writing through, ENOSPC comes back from `write` itself.
     pub fn direct_writes(&self) -> bool {
@@ -90,7 +90,7 @@ impl Fs {
 
     /// Keeps the kernel's dirty data for this mount below the pool's free room from now on,
     /// through `limit` (the mount sets it once mounted).
-    pub fn keep_dirty_limit(&self, limit: crate::dirty_limit::DirtyLimit) {
+    pub fn keep_dirty_limit(&self, limit: crate::fs::dirty_limit::DirtyLimit) {
         if self.config.writeback && self.dirty_limit.set(limit).is_ok() {
             self.follow_room();
         }

@@ -16,9 +16,11 @@
 //! Permission checks are the kernel's (the mount uses `default_permissions`); [`Fs::access`]
 //! answers explicit `access(2)` calls from the same rules.
 
+pub mod acl;
 mod attr;
 mod capacity;
 mod dir;
+pub mod dirty_limit;
 mod fallocate;
 mod file;
 mod follow;
@@ -128,7 +130,7 @@ pub struct Fs {
     /// The report the `stats` attributes read.
     stats: std::sync::OnceLock<StatsSource>,
     /// The mount's dirty limit, once it is mounted (see [`Fs::direct_writes`]).
-    dirty_limit: std::sync::OnceLock<crate::dirty_limit::DirtyLimit>,
+    dirty_limit: std::sync::OnceLock<crate::fs::dirty_limit::DirtyLimit>,
     /// The volume's barrier for `fsync` (none: no volume).
     barrier: std::sync::OnceLock<Arc<dyn Barrier>>,
     /// Open directory streams: the listing each one reads (see [`Fs::readdir`]).

@@ -61,9 +61,9 @@ impl Fs {
         let default_acl = self
             .config
             .acl
-            .then(|| p.xattrs.as_ref()?.get(crate::acl::DEFAULT_XATTR))
+            .then(|| p.xattrs.as_ref()?.get(crate::fs::acl::DEFAULT_XATTR))
             .flatten()
-            .and_then(|v| crate::acl::Acl::parse(v).ok().map(|a| (a, v.clone())));
+            .and_then(|v| crate::fs::acl::Acl::parse(v).ok().map(|a| (a, v.clone())));
         if inode.kind != Kind::Symlink {
             match default_acl {
                 Some((acl, raw)) => {
@@ -71,10 +71,10 @@ impl Fs {
                     inode.perm = bits;
                     let x = inode.xattrs.get_or_insert_with(Default::default);
                     if let Some(a) = access {
-                        x.insert(crate::acl::ACCESS_XATTR.into(), a.to_xattr().into());
+                        x.insert(crate::fs::acl::ACCESS_XATTR.into(), a.to_xattr().into());
                     }
                     if inode.kind == Kind::Dir {
-                        x.insert(crate::acl::DEFAULT_XATTR.into(), raw);
+                        x.insert(crate::fs::acl::DEFAULT_XATTR.into(), raw);
                     }
                 }
                 None => inode.perm &= !(caller.umask as u16 & 0o777),

@@ -56,7 +56,7 @@ impl Fs {
             return Ok(Handler::Virtual);
         }
         if self.config.acl
-            && (name == crate::acl::ACCESS_XATTR || name == crate::acl::DEFAULT_XATTR)
+            && (name == crate::fs::acl::ACCESS_XATTR || name == crate::fs::acl::DEFAULT_XATTR)
         {
             return Ok(Handler::Acl);
         }
@@ -97,7 +97,7 @@ impl Fs {
         }
         // Whether an ACL keeps set-group-ID: the caller's groups are read from /proc, so
         // before the metadata lock (the group it is asked of is checked again under it).
-        let keeps_set_gid = if name == crate::acl::ACCESS_XATTR && !caller.privileged() {
+        let keeps_set_gid = if name == crate::fs::acl::ACCESS_XATTR && !caller.privileged() {
             let gid = inode(&self.meta.lock(), ino)?.gid;
             Some((gid, caller.in_group(gid)))
         } else {
@@ -122,9 +122,9 @@ impl Fs {
         let mut b = meta.batch();
         let mut value = value;
         let stored;
-        if name == crate::acl::ACCESS_XATTR {
+        if name == crate::fs::acl::ACCESS_XATTR {
             // The mode follows the ACL; an ACL the mode says all of is not kept.
-            let acl = crate::acl::Acl::parse(value)?;
+            let acl = crate::fs::acl::Acl::parse(value)?;
             b.update(ino, |a| {
                 a.perm = (perm & !0o777) | acl.mode_bits();
                 a.ctime = now;
@@ -135,11 +135,11 @@ impl Fs {
             }
             stored = acl.to_xattr();
             value = &stored;
-        } else if name == crate::acl::DEFAULT_XATTR {
+        } else if name == crate::fs::acl::DEFAULT_XATTR {
             if kind != Kind::Dir {
                 return Err(Error::new(libc::EACCES, "a default ACL is for directories"));
             }
-            crate::acl::Acl::parse(value)?;
+            crate::fs::acl::Acl::parse(value)?;
         }
         if flags & libc::XATTR_CREATE != 0 && exists {
             return Err(err(libc::EEXIST));

@@ -69,7 +69,7 @@ const MAX_REQUEST: u64 = 64 * 1024;
 pub struct AdminServer {
     path: PathBuf,
     /// Ends a drain under way (an unmount does not wait for one).
-    work: Arc<crate::rebuild::Stop>,
+    work: Arc<crate::upkeep::rebuild::Stop>,
     /// A second handle on the listening socket, to wake the thread's `accept`.
     listener: UnixListener,
     stop: Arc<AtomicBool>,
@@ -124,7 +124,7 @@ impl AdminServer {
         let waker = listener.try_clone().map_err(|e| e.to_string())?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
-        let work = Arc::new(crate::rebuild::Stop::default());
+        let work = Arc::new(crate::upkeep::rebuild::Stop::default());
         let ending = work.clone();
         let thread = std::thread::Builder::new()
             .name("admin".into())
@@ -210,7 +210,7 @@ impl Drop for Running<'_> {
 
 fn serve(
     target: &Target,
-    ending: &crate::rebuild::Stop,
+    ending: &crate::upkeep::rebuild::Stop,
     busy: &Busy,
     conn: UnixStream,
 ) -> Result<(), String> {
@@ -285,7 +285,7 @@ fn send(conn: &UnixStream, reply: &Reply) -> Result<(), String> {
 fn handle(
     target: &Target,
     req: Request,
-    ending: &crate::rebuild::Stop,
+    ending: &crate::upkeep::rebuild::Stop,
     tell: &(dyn Fn(&str) + Sync),
 ) -> Result<String, String> {
     let journal = target.volume.as_ref().map(|(_, j)| &**j);
@@ -295,7 +295,7 @@ fn handle(
         Request::SetReplicas { copies } => set_replicas(target, copies),
         Request::AddServer { server, rebalance } => {
             let addr = super::options::resolve_server(&server)?;
-            let id = crate::membership::add_server(fs, journal, addr)?;
+            let id = crate::upkeep::membership::add_server(fs, journal, addr)?;
             let joined = format!(
                 "memory server {addr} joined as server#{}: new chunks may land there now",
                 id.0
@@ -311,7 +311,14 @@ fn handle(
         Request::Rebalance => rebalance_now(target, ending, tell),
         Request::Drain { server } => {
             let addr = super::options::resolve_server(&server)?;
-            let d = crate::membership::drain(fs, journal, addr, target.rebuild_rate, ending, tell)?;
+            let d = crate::upkeep::membership::drain(
+                fs,
+                journal,
+                addr,
+                target.rebuild_rate,
+                ending,
+                tell,
+            )?;
             Ok(format!(
                 "drained {addr}: {} chunk copies ({} bytes) moved in {:.1} s ({:.0} MB/s); it \
                  holds nothing of this mount (`rmemfs admin remove` forgets it)",
@@ -323,7 +330,7 @@ fn handle(
         }
         Request::Remove { server } => {
             let addr = super::options::resolve_server(&server)?;
-            crate::membership::remove(fs, journal, addr)?;
+            crate::upkeep::membership::remove(fs, journal, addr)?;
             Ok(format!("memory server {addr} removed from this mount"))
         }
     }
@@ -331,11 +338,11 @@ fn handle(
 
 fn rebalance_now(
     target: &Target,
-    ending: &crate::rebuild::Stop,
+    ending: &crate::upkeep::rebuild::Stop,
     tell: &(dyn Fn(&str) + Sync),
 ) -> Result<String, String> {
     let fs = &*target.fs;
-    let r = crate::membership::rebalance(fs, target.rebuild_rate, ending, tell)?;
+    let r = crate::upkeep::membership::rebalance(fs, target.rebuild_rate, ending, tell)?;
     let status = fs.data().pool().status();
     let fractions: Vec<String> = r
         .fractions

@@ -93,8 +93,8 @@ struct Servers {
 
 /// What keeps running beside the FUSE session: the upkeep threads and the metrics endpoint.
 struct Upkeep {
-    _metrics: Option<crate::metrics::MetricsServer>,
-    _rebuilder: crate::rebuild::Rebuilder,
+    _metrics: Option<crate::report::metrics::MetricsServer>,
+    _rebuilder: crate::upkeep::rebuild::Rebuilder,
 }
 
 fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
@@ -139,7 +139,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     // Bound first: a port in use fails the mount before anything is set up.
     let metrics_listener = config
         .metrics_listen
-        .map(crate::metrics::MetricsServer::bind)
+        .map(crate::report::metrics::MetricsServer::bind)
         .transpose()
         .map_err(|e| e.to_string())?;
     let servers = reach_servers(config, &fabric_options, given_server)?;
@@ -498,9 +498,9 @@ fn start_upkeep(
     mountpoint: &Path,
     metrics_listener: Option<std::net::TcpListener>,
 ) -> Result<Upkeep, String> {
-    let rebuilder = crate::rebuild::Rebuilder::start(
+    let rebuilder = crate::upkeep::rebuild::Rebuilder::start(
         fs.clone(),
-        crate::rebuild::Upkeep {
+        crate::upkeep::rebuild::Upkeep {
             rate: config.rebuild_rate,
             delay: config.rebuild_delay,
             detection: config.op_timeout,
@@ -521,17 +521,20 @@ fn start_upkeep(
     if config.writeback_low_water.is_none() {
         let bdi = mount_device(mountpoint)
             .map(|dev| PathBuf::from(format!("/sys/class/bdi/{dev}/max_bytes")));
-        fs.keep_dirty_limit(crate::dirty_limit::DirtyLimit::new(bdi, dirty_allowance()));
+        fs.keep_dirty_limit(crate::fs::dirty_limit::DirtyLimit::new(
+            bdi,
+            dirty_allowance(),
+        ));
     }
     let metrics = metrics_listener
         .map(|listener| {
             let (a, b, c) = (fs.clone(), fs.clone(), fs.clone());
-            let collector = crate::metrics::MountCollector {
+            let collector = crate::report::metrics::MountCollector {
                 report: Arc::new(move || crate::report::MountReport::gather(&a)),
                 requests: Arc::new(move || b.figures().requests.summary()),
                 batches: Arc::new(move || c.data().pool().batch_latency()),
             };
-            crate::metrics::serve(listener, Box::new(collector))
+            crate::report::metrics::serve(listener, Box::new(collector))
         })
         .transpose()?;
     Ok(Upkeep {

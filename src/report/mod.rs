@@ -1,12 +1,13 @@
 //! The mount's report: one typed struct, [`MountReport`], gathered here (outside the core)
 //! from the file system, its data store and pool, the upkeep's figures and the FUSE
 //! adapter's, and rendered by `rmemfs stats` (text, [`text`]), `--json` (serde), the stats
-//! attributes and Prometheus (`crate::metrics`). Keys are the serialized field names, so a
+//! attributes and Prometheus ([`metrics`]). Keys are the serialized field names, so a
 //! misspelt one does not compile.
 //!
 //! Sections declared with [`figures!`] are rendered generically: adding a field there adds
 //! it to the text, the JSON and the metrics at once (the `namespace` section shows it).
 
+pub mod metrics;
 #[cfg(test)]
 pub(crate) mod pinned;
 pub mod text;

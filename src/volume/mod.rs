@@ -221,10 +221,10 @@ pub fn attach_then(
     report.inodes = meta.len();
     let fs = Arc::new(Fs::with_meta(data, config, meta));
     for &s in &restarted {
-        crate::rebuild::forget_server(&fs, ServerId(s));
+        crate::upkeep::rebuild::forget_server(&fs, ServerId(s));
     }
     for (&s, k) in &keys {
-        let n = crate::rebuild::rekey_server(&fs, ServerId(s), k);
+        let n = crate::upkeep::rebuild::rekey_server(&fs, ServerId(s), k);
         if n > 0 {
             log::warn!("volume attach: {n} chunk copies on server {s} took its new keys");
         }

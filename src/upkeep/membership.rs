@@ -11,7 +11,7 @@
 use crate::fabric::ServerId;
 use crate::figures::DrainRun;
 use crate::fs::Fs;
-use crate::rebuild::{pass, Stop};
+use crate::upkeep::rebuild::{pass, Stop};
 use crate::volume::VolumeJournal;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
