@@ -450,7 +450,8 @@ make_src_tree() {
   local d=$1 i size sub
   local dirs=(. a a/b a/b/c a/d e e/f e/f/g e/f/g/h "dir with space")
   for sub in "${dirs[@]}" empty_dir; do mkdir -p "$d/$sub"; done
-  for ((i = 0; i < 200; i++)); do
+  # RMEMFS_TEST_TREE_FILES: fewer files where I/O is slow (the rxe VM emulates its CPU).
+  for ((i = 0; i < ${RMEMFS_TEST_TREE_FILES:-200}; i++)); do
     size=$(((RANDOM * 32768 + RANDOM) % (300 * 1024 + 1)))
     sub=${dirs[i % ${#dirs[@]}]}
     head -c "$size" /dev/urandom >"$d/$sub/file$i.bin"

@@ -17,6 +17,7 @@
 #   RMEMFS_TEST_FIO_SIZE    file size per fio job in fio_verify (default 64M; half that in
 #                           backed_restart's rounds)
 #   RMEMFS_TEST_BACKED_SIZE arena of each server in backed_restart (default 512M)
+#   RMEMFS_TEST_TREE_FILES  files of the source tree the copy tests use (default 200)
 #   RMEMFS_TEST_KEEP        1: keep the temporary directory (logs) after the run
 #
 # Each test gets a fresh mount (and fresh servers where it kills or fills them), runs in a

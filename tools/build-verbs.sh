@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Builds rmemfs and the lab with the verbs fabric (`--workspace --features verbs`; the lab's
-# `verbs` feature forwards to rmemfs's) in its own target directory (target/verbs, so that
-# target/release keeps the default build, which other tiers may be running meanwhile) and
-# leaves the binaries at target/release/rmemfs-verbs and target/release/rmemfs-bench-verbs. The feature's binding (sideway) needs cmake, a C compiler,
+# `verbs` feature forwards to rmemfs's) and leaves the binaries at target/release/rmemfs-verbs
+# and target/release/rmemfs-bench-verbs. `--install-only`: only what the build needs. The feature's binding (sideway) needs cmake, a C compiler,
 # libclang and the libibverbs headers: installed here (Debian) when missing. Used by
 # tools/test-rxe.sh and lab/scripts/bench-rxe.sh.
 set -euo pipefail
@@ -20,8 +19,7 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get -o DPkg::Lock::Timeout=900 update -qq && apt-get install -o DPkg::Lock::Timeout=900 -y -qq "${need[@]}" >/dev/null
 fi
 echo "== building the verbs fabric (cargo --workspace --features verbs)"
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/verbs}
+[ "${1:-}" = --install-only ] && exit 0
 cargo build --release --workspace --features rmemfs/verbs
-mkdir -p target/release
-cp "$CARGO_TARGET_DIR/release/rmemfs" target/release/rmemfs-verbs
-cp "$CARGO_TARGET_DIR/release/rmemfs-bench" target/release/rmemfs-bench-verbs
+cp target/release/rmemfs target/release/rmemfs-verbs
+cp target/release/rmemfs-bench target/release/rmemfs-bench-verbs

@@ -3,9 +3,9 @@
 #
 #   tools/test-rxe.sh [--build-only]
 #
-# --build-only: the host's part alone (builds, clippy, the verbs unit tests), which
-# tools/test.sh runs while other tiers wait, before it boots the VM.
-# Builds the verbs-enabled binary (tools/build-verbs.sh) and the conformance test binary on the
+# --build-only: the host's part alone (builds, clippy, the verbs unit tests).
+# Builds the verbs-enabled binary (the packages it needs: tools/build-verbs.sh --install-only)
+# and the conformance test binary on the
 # host, then boots
 # the rxe VM (tools/rxe-vm.sh) once and runs inside it:
 #   1. the fabric conformance suite on the verbs fabric (rxe0), and the memory server's
@@ -22,13 +22,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The verbs builds keep to their own target directory (see tools/build-verbs.sh).
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/verbs}
-tools/build-verbs.sh
+tools/build-verbs.sh --install-only
+# One feature set for everything the guest runs (the binary too: `testing` adds only test
+# hooks, which stay off), so the library is compiled once for the binary and the test
+# binaries; the lab's binaries are not needed here.
+echo "== building the verbs fabric (rmemfs --features verbs,testing)"
+cargo build --release --features verbs,testing --bin rmemfs
+cp target/release/rmemfs target/release/rmemfs-verbs
 echo "== cargo clippy -D warnings with the verbs fabric"
 cargo clippy --workspace --all-targets --features rmemfs/verbs,rmemfs/testing -- -D warnings
 echo "== verbs unit tests (host: no device needed)"
-cargo test --release --features verbs --lib fabric::verbs
+cargo test --release --features verbs,testing --lib fabric::verbs
 conformance=$(cargo test --release --features verbs,testing --test conformance --no-run 2>&1 |
   sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
 [ -x "$conformance" ] || { echo "could not find the conformance test binary" >&2; exit 1; }
@@ -50,7 +54,7 @@ RMEMFS_TEST_FABRIC=verbs RMEMFS_BIN=target/release/rmemfs-verbs $server_tests --
 echo '== [rxe] mount tests over verbs'
 RMEMFS_BIN=target/release/rmemfs-verbs RMEMFS_SERVE_ARGS='--fabric verbs' \
 RMEMFS_EXPECT_FABRIC=verbs RMEMFS_TEST_SERVER_SIZE=128M RMEMFS_TEST_FIO_SIZE=16M \
-RMEMFS_TEST_BACKED_SIZE=96M \
+RMEMFS_TEST_BACKED_SIZE=96M RMEMFS_TEST_TREE_FILES=60 \
 RMEMFS_MOUNT_ARGS='--op-timeout 5' RMEMFS_TEST_TIMEOUT=240 mount-tests/run.sh $tests"
 
 echo "== rxe VM: conformance and mount tests over real soft-RoCE"
