@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds rmemfs and the lab with the verbs fabric (`--workspace --features verbs`; the lab's
 # `verbs` feature forwards to rmemfs's) and leaves the binaries at target/release/rmemfs-verbs
-# and target/release/rmemfs-bench-verbs. `--install-only`: only what the build needs. The feature's binding (sideway) needs cmake, a C compiler,
-# libclang and the libibverbs headers: installed here (Debian) when missing. Used by
-# tools/test-rxe.sh and lab/scripts/bench-rxe.sh.
+# and target/release/rmemfs-bench-verbs. The feature's binding (sideway) needs cmake, a C
+# compiler, libclang and the libibverbs headers: installed here (Debian) when missing
+# (`--install-only`: that alone). Used by tools/test-rxe.sh and lab/scripts/bench-rxe.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -18,8 +18,8 @@ if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get -o DPkg::Lock::Timeout=900 update -qq && apt-get install -o DPkg::Lock::Timeout=900 -y -qq "${need[@]}" >/dev/null
 fi
-echo "== building the verbs fabric (cargo --workspace --features verbs)"
 [ "${1:-}" = --install-only ] && exit 0
+echo "== building the verbs fabric (cargo --workspace --features verbs)"
 cargo build --release --workspace --features rmemfs/verbs
 cp target/release/rmemfs target/release/rmemfs-verbs
 cp target/release/rmemfs-bench target/release/rmemfs-bench-verbs
