@@ -49,14 +49,13 @@ for t in "${targets[@]}"; do
 done
 [ "${FUZZ_BUILD_ONLY:-0}" = 1 ] && exit 0
 
-crashed=0
-summary=()
-for t in "${targets[@]}"; do
+# run_target T: runs target T for $secs, printing its summary line last; non-zero on a crash.
+run_target() {
+  local t=$1 work seeds log extra=() asan rc execs rate artifact
   work="$root/fuzz/work/$t"
   seeds="$root/fuzz/corpus/$t"
   log="$root/fuzz/work/$t.log"
   mkdir -p "$work" "$seeds"
-  extra=()
   asan=${ASAN_OPTIONS:-}
   case $t in
     # The NIC (and the memory server) serve each connection on its own thread, which may
@@ -80,14 +79,35 @@ for t in "${targets[@]}"; do
   rate=$(sed -n 's/^stat::average_exec_per_sec: *\([0-9]*\).*/\1/p' "$log" | tail -n 1)
   artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)
   if [ "$rc" -eq 0 ]; then
-    line="$t: ${execs:-?} executions in ${secs}s (${rate:-?}/s), no crash"
+    echo "$t: ${execs:-?} executions in ${secs}s (${rate:-?}/s), no crash"
   else
-    crashed=1
     tail -n 40 "$log"
-    line="$t: CRASH (exit $rc) after ${execs:-?} executions; artifact: ${artifact:-none, see $log}"
+    echo "$t: CRASH (exit $rc) after ${execs:-?} executions; artifact: ${artifact:-none, see $log}"
+    return 1
   fi
-  echo "$line"
-  summary+=("$line")
+}
+
+# FUZZ_PARALLEL=1: every target at once (the same wall time for all, their CPU shared;
+# tools/test.sh runs them so beside the real mounts).
+crashed=0
+summary=()
+outs=()
+pids=()
+mkdir -p "$root/fuzz/work"
+for t in "${targets[@]}"; do
+  out="$root/fuzz/work/$t.out"
+  outs+=("$out")
+  if [ "${FUZZ_PARALLEL:-0}" = 1 ]; then
+    run_target "$t" >"$out" 2>&1 &
+    pids+=($!)
+  else
+    run_target "$t" 2>&1 | tee "$out" || crashed=1
+  fi
+done
+for pid in "${pids[@]}"; do wait "$pid" || crashed=1; done
+for out in "${outs[@]}"; do
+  [ "${FUZZ_PARALLEL:-0}" = 1 ] && cat "$out"
+  summary+=("$(tail -n 1 "$out")")
 done
 
 echo "== summary"

@@ -49,10 +49,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod device;
+mod endpoint;
 mod poller;
 mod qp;
 
 use device::{choose_gid, unavailable, with_causes, DeviceMr};
+use endpoint::{ack_timeout_for, Endpoint, PSN_MASK, RETRY_COUNT};
 use poller::{drain, poll_loop};
 pub use qp::VerbsQp;
 use qp::*;
@@ -68,7 +70,7 @@ const CQ_DEPTH: u32 = 8192;
 /// RDMA READs a QP keeps outstanding (initiator) and accepts (responder), or the device's
 /// limit if lower; rxe allows 128.
 const MAX_RD_ATOMIC: u8 = 16;
-const PSN_MASK: u32 = 0x00ff_ffff;
+
 /// wr_id layout: QP slot in the top 16 bits, sequence number below.
 const SEQ_BITS: u32 = 48;
 const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
