@@ -13,6 +13,7 @@
 # even older binaries keep the writeback cache on; give 1536M to see a small pool),
 # A_ARGS / B_ARGS (extra `rmemfs mount` arguments for each side), A_SERVE / B_SERVE (extra
 # `rmemfs serve` arguments, e.g. --lazy; an older binary knows none of the newer ones).
+# AB_JOBS: the jobs to run, of the four (e.g. AB_JOBS=rand-write; all four by default).
 # Needs root and /dev/fuse; installs fio when missing (Debian).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,7 +34,7 @@ read -ra A_MOUNT <<<"${A_ARGS:-}"
 read -ra B_MOUNT <<<"${B_ARGS:-}"
 read -ra A_SRV <<<"${A_SERVE:-}"
 read -ra B_SRV <<<"${B_SERVE:-}"
-JOBS=(seq-write seq-read rand-write rand-read)
+JOBS=(${AB_JOBS:-seq-write seq-read rand-write rand-read})
 export RUNTIME
 
 ensure_packages fio:fio python3:python3 fusermount3:fuse3
