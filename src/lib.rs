@@ -15,9 +15,8 @@
 //! source of locks, for the model checker), [`error`] (the errno-carrying error), [`auth`]
 //! (the shared secret and its handshake), [`size`] (sizes on the command line),
 //! [`requests`] (per-operation counts and latency buckets, kept by the adapter and the
-//! pool), [`figures`] (counters the adapter and upkeep fill for the report) and [`notify`]
-//! (systemd readiness); [`fuzz_checks`] holds what the fuzz targets check (feature
-//! `testing`).
+//! pool) and [`notify`] (systemd readiness); [`fuzz_checks`] holds what the fuzz targets
+//! check (feature `testing`).
 //!
 //! The benchmarks and the cache simulator are in the `rmemfs-lab` crate (lab/), so neither
 //! this API nor the `rmemfs` binary carries them.
@@ -30,7 +29,6 @@ pub mod data;
 pub mod engine;
 pub mod error;
 pub mod fabric;
-pub mod figures;
 pub mod fs;
 pub mod fuse;
 #[cfg(feature = "testing")]

@@ -69,7 +69,7 @@ fn a_restarted_backed_server_resumes_and_only_chunks_written_meanwhile_are_copie
     let (chunks_after, _) = listed_on(&t, 1);
     let missed = chunks_before - chunks_after;
     assert!(missed <= 1, "only f0's chunk was written meanwhile");
-    let out = pass(&t.fs, 0, &Stop::default());
+    let out = pass(&t.fs, 0, &Stop::default(), &Default::default());
     assert!(
         out.chunks_rebuilt <= missed,
         "copied {} chunks, {missed} were written while the server was away: {out:?}",
@@ -117,7 +117,7 @@ fn a_volume_attaches_again_after_every_server_and_its_daemon_stopped() {
     }
     let h = t.fs.replica_health();
     assert_eq!(h.degraded + h.lost, 0, "{h:?}");
-    let out = pass(&t.fs, 0, &Stop::default());
+    let out = pass(&t.fs, 0, &Stop::default(), &Default::default());
     assert_eq!(out.chunks_rebuilt, 0, "{out:?}");
 }
 
@@ -187,7 +187,7 @@ fn on_a_device_that_issues_keys_a_restarted_server_resumes_under_new_keys() {
         );
         assert_eq!(keys[addr], *rkey);
     }
-    let out = pass(&t.fs, 0, &Stop::default());
+    let out = pass(&t.fs, 0, &Stop::default(), &Default::default());
     assert_eq!(out.chunks_rebuilt, 0, "{out:?}");
     // Its copies are read under their new keys: lose another server and read.
     t.kill_server(0);
@@ -240,7 +240,7 @@ fn on_a_device_that_issues_keys_a_volume_resumes_and_attaches_again() {
         assert!(t.read_file(&format!("f{i}")).unwrap() == *d, "f{i}");
     }
     assert_eq!(t.read_file("after").unwrap(), b"written after the rekey");
-    let out = pass(&t.fs, 0, &Stop::default());
+    let out = pass(&t.fs, 0, &Stop::default(), &Default::default());
     assert_eq!(out.chunks_rebuilt, 0, "{out:?}");
 }
 
@@ -296,7 +296,7 @@ fn a_server_back_from_a_power_loss_gives_no_old_bytes() {
             "f{i}"
         );
     }
-    let out = pass(&t.fs, 0, &Stop::default());
+    let out = pass(&t.fs, 0, &Stop::default(), &Default::default());
     assert_eq!(out.chunks_rebuilt, listed, "{out:?}");
     let h = t.fs.replica_health();
     assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
@@ -325,7 +325,7 @@ fn a_server_stopped_in_order_is_whole_after_a_host_restart() {
     t.restart_server(1);
     let rejoin = pool.try_reconnect(ServerId(1));
     assert!(matches!(rejoin, Some(Rejoin::Resumed { .. })), "{rejoin:?}");
-    let out = pass(&t.fs, 0, &Stop::default());
+    let out = pass(&t.fs, 0, &Stop::default(), &Default::default());
     assert_eq!(out.chunks_rebuilt, 0, "{out:?}");
 }
 
@@ -346,7 +346,7 @@ fn a_server_behind_stays_behind_across_restarts_until_its_client_resumes() {
     };
     rmemfs::upkeep::rebuild::let_go_of_behind_server(&t.fs, ServerId(1), None);
     assert!(pool.is_live(ServerId(1)));
-    pass(&t.fs, 0, &Stop::default());
+    pass(&t.fs, 0, &Stop::default(), &Default::default());
     // Told: the next restart in this boot is a plain one.
     t.kill_server(1);
     common::eventually("the mount saw server 1 go", || !pool.is_live(ServerId(1)));

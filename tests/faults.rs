@@ -198,6 +198,7 @@ fn a_second_kill_while_degraded_loses_exactly_the_chunks_it_alone_held() {
 
 #[test]
 fn three_copies_survive_a_kill_during_the_rebuild_of_another() {
+    use rmemfs::upkeep::figures::RebuildStats;
     use rmemfs::upkeep::rebuild::{pass, Stop};
     let mut t = TestFs::min_replicas(4, 64 << 20, WritePath::Frrwp, 3, 2);
     let mut want = Vec::new();
@@ -209,32 +210,30 @@ fn three_copies_survive_a_kill_during_the_rebuild_of_another() {
     }
     t.kill_server(1);
     let stop = Stop::default();
-    let running = |t: &TestFs| t.fs.rebuild_stats().running.load(Ordering::Relaxed);
-    let rebuilt = |t: &TestFs| t.fs.rebuild_stats().chunks_rebuilt.load(Ordering::Relaxed);
-    let before = rebuilt(&t);
+    let shown = rmemfs::upkeep::figures::RebuildStats::default();
+    let running = |s: &RebuildStats| s.running.load(Ordering::Relaxed);
+    let rebuilt = |s: &RebuildStats| s.chunks_rebuilt.load(Ordering::Relaxed);
+    let before = rebuilt(&shown);
     let TestFs {
         fs, servers, nodes, ..
     } = &mut t;
     let fs = &*fs;
     std::thread::scope(|s| {
         // Paced at 4 MiB/s, the pass takes seconds: the second kill lands inside it.
-        let rebuild = s.spawn(|| pass(fs, 4 << 20, &stop));
+        let rebuild = s.spawn(|| pass(fs, 4 << 20, &stop, &shown));
         let deadline = Instant::now() + Duration::from_secs(30);
-        while fs.rebuild_stats().chunks_rebuilt.load(Ordering::Relaxed) < before + 2 {
+        while rebuilt(&shown) < before + 2 {
             assert!(Instant::now() < deadline, "the rebuild made no progress");
             std::thread::yield_now();
         }
-        assert!(
-            fs.rebuild_stats().running.load(Ordering::Relaxed),
-            "the pass ended before the second kill"
-        );
+        assert!(running(&shown), "the pass ended before the second kill");
         // As TestFs::kill_server: the fabric node and the server process die.
         nodes[3].kill();
         servers[3].shutdown();
         rebuild.join().unwrap();
     });
-    assert!(!running(&t));
-    assert!(rebuilt(&t) > before + 2);
+    assert!(!running(&shown));
+    assert!(rebuilt(&shown) > before + 2);
     for (p, w) in &want {
         assert!(t.read_file(p).unwrap() == *w, "{p}");
     }
@@ -300,7 +299,7 @@ fn the_copy_count_changes_live() {
         5,
         "every chunk short of a copy"
     );
-    pass(&t.fs, 0, &Stop::default());
+    pass(&t.fs, 0, &Stop::default(), &Default::default());
     assert!(
         placement(&t, "f").iter().all(|c| c.len() == 3),
         "{:?}",
@@ -310,7 +309,7 @@ fn the_copy_count_changes_live() {
     assert_eq!((h.healthy, h.degraded, h.surplus), (5, 0, 0), "{h:?}");
     store.set_replicas(1).unwrap();
     assert_eq!(t.fs.replica_health().surplus, 5);
-    pass(&t.fs, 0, &Stop::default());
+    pass(&t.fs, 0, &Stop::default(), &Default::default());
     assert!(
         placement(&t, "f").iter().all(|c| c.len() == 1),
         "{:?}",

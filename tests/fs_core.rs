@@ -7,7 +7,6 @@ mod common;
 use common::{bytes, TestFs, ME};
 use rmemfs::fs::{SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use rmemfs::meta::{Kind, ROOT_INO};
-use rmemfs::report::Report;
 use std::sync::atomic::Ordering;
 
 fn used(t: &TestFs) -> u64 {
@@ -249,6 +248,7 @@ fn rebuild_restores_every_copy_while_files_are_written() {
     }
     t.kill_server(1);
     assert!(t.fs.replica_health().degraded > 0);
+    let shown = rmemfs::upkeep::figures::RebuildStats::default();
     // A writer rewrites parts of every file while the rebuild copies their chunks.
     let start = std::sync::Barrier::new(2);
     let stop = Stop::default();
@@ -265,12 +265,12 @@ fn rebuild_restores_every_copy_while_files_are_written() {
             }
         });
         start.wait();
-        pass(&t.fs, 0, &stop)
+        pass(&t.fs, 0, &stop, &shown)
     });
     let h = t.fs.replica_health();
     assert_eq!((h.degraded, h.lost), (0, 0), "{h:?} after {outcome:?}");
     assert_eq!(
-        t.fs.rebuild_stats()
+        shown
             .left_degraded
             .load(std::sync::atomic::Ordering::Relaxed),
         0
@@ -560,7 +560,12 @@ fn a_session_untouched_while_cut_off_needs_no_rebuild() {
     assert!(pool.try_reconnect(ServerId(2)).is_some());
     let h = t.fs.replica_health();
     assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
-    let out = rmemfs::upkeep::rebuild::pass(&t.fs, 0, &rmemfs::upkeep::rebuild::Stop::default());
+    let out = rmemfs::upkeep::rebuild::pass(
+        &t.fs,
+        0,
+        &rmemfs::upkeep::rebuild::Stop::default(),
+        &Default::default(),
+    );
     assert_eq!(out.bytes_copied, 0, "{out:?}");
 }
 
@@ -583,7 +588,12 @@ fn a_restarted_server_is_admitted_empty_and_rebuilt_onto() {
     assert!(pool.is_live(ServerId(1)));
     let h = t.fs.replica_health();
     assert_eq!(h.degraded, forgot, "{h:?}");
-    let out = rmemfs::upkeep::rebuild::pass(&t.fs, 0, &rmemfs::upkeep::rebuild::Stop::default());
+    let out = rmemfs::upkeep::rebuild::pass(
+        &t.fs,
+        0,
+        &rmemfs::upkeep::rebuild::Stop::default(),
+        &Default::default(),
+    );
     assert_eq!(out.chunks_rebuilt, forgot, "{out:?}");
     let h = t.fs.replica_health();
     assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
@@ -886,7 +896,7 @@ fn upkeep(t: &TestFs, delay: std::time::Duration) -> rmemfs::upkeep::rebuild::Re
         detection: std::time::Duration::from_secs(1),
         rebuild: true,
     };
-    rmemfs::upkeep::rebuild::Rebuilder::start(t.fs.clone(), upkeep).unwrap()
+    rmemfs::upkeep::rebuild::Rebuilder::start(t.fs.clone(), upkeep, Default::default()).unwrap()
 }
 
 /// Makes the next round of upkeep thread `thread` panic.
@@ -914,7 +924,7 @@ fn a_panic_in_the_heartbeat_thread_does_not_end_failure_detection() {
         eventually(within, || !pool.is_live(ServerId(2))),
         "the frozen server was not marked down within {within:?}"
     );
-    assert_eq!(t.fs.stats_json()["upkeep_panics"]["heartbeat"], 1);
+    assert_eq!(threads.figures().panics.of("heartbeat"), 1);
     let h = t.fs.replica_health();
     assert!(h.degraded > 0 && h.lost == 0, "{h:?}");
     for i in 0..6 {
@@ -938,7 +948,11 @@ fn a_panic_in_the_rebuild_thread_does_not_end_the_rebuild() {
     t.kill_server(1);
     let rebuilt = || {
         let h = t.fs.replica_health();
-        let copied = t.fs.rebuild_stats().chunks_rebuilt.load(Ordering::Relaxed);
+        let copied = threads
+            .figures()
+            .rebuild
+            .chunks_rebuilt
+            .load(Ordering::Relaxed);
         copied > 0 && (h.healthy, h.degraded, h.lost) == (6, 0, 0)
     };
     let within = std::time::Duration::from_secs(20);
@@ -947,7 +961,7 @@ fn a_panic_in_the_rebuild_thread_does_not_end_the_rebuild() {
         "no rebuild within {within:?}: {:?}",
         t.fs.replica_health()
     );
-    assert_eq!(t.fs.stats_json()["upkeep_panics"]["rebuild"], 1);
+    assert_eq!(threads.figures().panics.of("rebuild"), 1);
     drop(threads);
     // The copies are real: lose another server and read.
     t.kill_server(0);
@@ -975,7 +989,7 @@ fn a_panic_in_the_reconnect_thread_does_not_end_reconnecting() {
         eventually(within, || pool.is_live(ServerId(2))),
         "the cut-off server was not reconnected to within {within:?}"
     );
-    assert_eq!(t.fs.stats_json()["upkeep_panics"]["reconnect"], 1);
+    assert_eq!(threads.figures().panics.of("reconnect"), 1);
     let h = t.fs.replica_health();
     assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
     drop(threads);

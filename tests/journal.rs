@@ -139,7 +139,12 @@ fn a_table_replayed_from_the_journal_matches_the_live_one() {
     t.kill_server(0);
     wait_down(&t, 0);
     fs.write(a.ino, fh, 0, b"healed on write", ME).unwrap();
-    rmemfs::upkeep::rebuild::pass(&fs, 0, &rmemfs::upkeep::rebuild::Stop::default());
+    rmemfs::upkeep::rebuild::pass(
+        &fs,
+        0,
+        &rmemfs::upkeep::rebuild::Stop::default(),
+        &Default::default(),
+    );
     let huge = bytes(3, 200 * MIB as usize);
     assert!(
         fs.write(a.ino, fh, 0, &huge, ME).is_err(),

@@ -62,7 +62,15 @@ fn a_drain_keeps_every_copy_and_ends_with_nothing_on_the_server() {
             }
             t.write_file("during", 0, &written).unwrap();
         });
-        let d = membership::drain(&t.fs, None, gone, 0, &Stop::default(), &|_| {});
+        let d = membership::drain(
+            &t.fs,
+            None,
+            &Default::default(),
+            gone,
+            0,
+            &Stop::default(),
+            &|_| {},
+        );
         stop.store(true, Ordering::SeqCst);
         d
     })
@@ -109,7 +117,16 @@ fn a_drain_that_would_leave_too_few_servers_is_refused_and_changes_nothing() {
     t.create("f").unwrap();
     t.write_file("f", 0, &bytes(1, MIB)).unwrap();
     let addr = t.servers[1].local_addr();
-    let e = membership::drain(&t.fs, None, addr, 0, &Stop::default(), &|_| {}).unwrap_err();
+    let e = membership::drain(
+        &t.fs,
+        None,
+        &Default::default(),
+        addr,
+        0,
+        &Stop::default(),
+        &|_| {},
+    )
+    .unwrap_err();
     assert!(e.contains("set-replicas"), "{e}");
     assert!(!t.fs.data().pool().is_draining(ServerId(1)));
     let e = membership::remove(&t.fs, None, addr).unwrap_err();
@@ -117,6 +134,7 @@ fn a_drain_that_would_leave_too_few_servers_is_refused_and_changes_nothing() {
     let e = membership::drain(
         &t.fs,
         None,
+        &Default::default(),
         "127.0.0.1:1".parse().unwrap(),
         0,
         &Stop::default(),
@@ -143,7 +161,16 @@ fn an_added_server_takes_new_chunks_and_a_drain_can_move_onto_it() {
     assert!(p.iter().all(|c| c.contains(&addr.to_string())), "{p:?}");
     // With three servers, one of the first two can be drained now.
     let first = t.servers[0].local_addr();
-    membership::drain(&t.fs, None, first, 0, &Stop::default(), &|_| {}).unwrap();
+    membership::drain(
+        &t.fs,
+        None,
+        &Default::default(),
+        first,
+        0,
+        &Stop::default(),
+        &|_| {},
+    )
+    .unwrap();
     assert_eq!(used_on(&t, 0), 0);
     assert_eq!(t.read_file("old").unwrap(), old);
     // add-server of a drained (not removed) server calls the drain off: it is the emptiest
@@ -177,6 +204,7 @@ fn a_volume_drain_moves_its_journal_and_a_reattach_needs_no_removed_server() {
     membership::drain(
         &t.fs,
         t.journal().as_deref(),
+        &Default::default(),
         gone,
         0,
         &Stop::default(),

@@ -40,12 +40,13 @@ fn a_volume_outlives_its_daemon_and_keeps_inode_numbers() {
     assert!(d.0.report.created);
     populate(&d);
     d.sync().unwrap();
-    let j = rmemfs::report::MountReport::gather(d.fs())
+    let parts = rmemfs::report::Parts::of(d.fs().clone());
+    let j = rmemfs::report::MountReport::gather(&parts)
         .journal
         .expect("a volume mount reports its journal");
     assert_eq!(j.epoch, 1);
     assert!(j.committed > 20 && j.groups > 0 && j.bytes > 0, "{j:?}");
-    let text = rmemfs::report::mount_text(d.fs());
+    let text = parts.stats_text();
     assert!(text.contains("journal: epoch 1, committed"), "{text}");
     let before = d.fs().namespace_digest();
     let big_ino = d.resolve("a/b/big").unwrap();

@@ -46,7 +46,7 @@ impl Fs {
     /// may then be made until the result is dropped.
     pub fn admit_change(&self) -> ChangeAdmitted<'_> {
         let gate = self.change_gate.read();
-        let turn = self.turns.get().and_then(|t| t.begin(self));
+        let turn = self.turns.as_ref().and_then(|t| t.begin(self));
         ChangeAdmitted {
             _gate: gate,
             _turn: turn,
@@ -55,7 +55,7 @@ impl Fs {
 
     /// On a shared volume, brings the table up to date; false (nothing done) elsewhere.
     pub fn refresh_shared(&self) -> bool {
-        match self.turns.get() {
+        match self.turns.as_ref() {
             Some(t) => {
                 t.refresh(self);
                 true
@@ -66,17 +66,12 @@ impl Fs {
 
     /// Whether this is a shared volume's client (many writers, see [`Turns`]).
     pub fn is_shared(&self) -> bool {
-        self.turns.get().is_some()
+        self.turns.as_ref().is_some()
     }
 
     /// On a shared volume, see [`Turns::sync_kernel`]; true (nothing to do) elsewhere.
     pub fn sync_kernel_shared(&self) -> bool {
-        self.turns.get().is_none_or(|t| t.sync_kernel(self))
-    }
-
-    /// Sets where changes wait their turn (once; later calls are ignored).
-    pub fn set_turns(&self, turns: Box<dyn Turns>) {
-        let _ = self.turns.set(turns);
+        self.turns.as_ref().is_none_or(|t| t.sync_kernel(self))
     }
 
     /// Waits until the changes being made end, and holds new ones until the result is

@@ -26,16 +26,11 @@ pub trait LockKeeper: Send + Sync {
 impl Fs {
     /// Whether locks are kept here (a shared volume), not by the kernel.
     pub fn keeps_locks(&self) -> bool {
-        self.locks.get().is_some()
-    }
-
-    /// Sets where locks are kept (once; later calls are ignored).
-    pub fn set_lock_keeper(&self, keeper: Box<dyn LockKeeper>) {
-        let _ = self.locks.set(keeper);
+        self.locks.as_ref().is_some()
     }
 
     fn keeper(&self) -> Result<&dyn LockKeeper> {
-        self.locks.get().map(|k| &**k).ok_or_else(|| {
+        self.locks.as_deref().ok_or_else(|| {
             crate::error::Error::new(libc::ENOSYS, "locks are kept by the kernel here")
         })
     }
@@ -52,7 +47,7 @@ impl Fs {
 
     /// See [`LockKeeper::release`]; nothing where the kernel keeps locks.
     pub fn release_locks(&self, ino: u64, owner: u64, kind: LockKind) -> Result<()> {
-        match self.locks.get() {
+        match self.locks.as_ref() {
             Some(k) => k.release(ino, owner, kind),
             None => Ok(()),
         }

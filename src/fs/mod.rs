@@ -26,6 +26,7 @@ mod file;
 mod follow;
 mod freeze;
 mod handles;
+mod hooks;
 mod locks;
 mod names;
 mod overwrite;
@@ -36,6 +37,7 @@ mod xattr;
 pub use capacity::placeable_chunks;
 pub use follow::{Invalidate, Invalidation};
 pub use freeze::{ChangeAdmitted, Frozen, Turns};
+pub use hooks::{Barrier, JournalStats, JournalView, VolumeHooks};
 pub use locks::{FileLock, HeldLock, LockKeeper, LockKind, LockType};
 pub use rules::{
     access_flags_name, Atime, Caller, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL,
@@ -44,12 +46,12 @@ pub use rules::{
 pub use types::{Attr, DirEntry, OpenMode, SetAttr, SetTime, StatFs};
 #[cfg(feature = "testing")]
 pub use xattr::INJECT_PANIC_XATTR;
-pub use xattr::{PLACEMENT_XATTR, STATS_JSON_XATTR, STATS_XATTR};
+pub use xattr::PLACEMENT_XATTR;
 
 use crate::data::{DataStore, FileIo};
 use crate::error::{Error, Result};
 use crate::meta::{Batch, Body, Dir, FileData, Ino, Inode, Kind, Meta, NAME_MAX};
-use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::AtomicU64;
 use crate::sync::{Arc, Mutex, MutexGuard};
 use std::collections::HashMap;
 
@@ -96,43 +98,28 @@ pub struct FsConfig {
 /// A callback for attribute changes the caller did not make itself.
 pub type AttrChanged = Box<dyn Fn(Ino) + Send + Sync>;
 
-/// What the virtual `stats` attributes of the root read: the mount's report, rendered as
-/// text (`false`) or JSON (`true`). The mount provides it; the core does not build reports.
-pub type StatsSource = Box<dyn Fn(bool) -> Vec<u8> + Send + Sync>;
-
-/// What makes `fsync` durable: a volume's journal, which returns once every metadata change
-/// made so far is committed on every live journal copy. A mount without one has nothing to
-/// make durable.
-pub trait Barrier: Send + Sync {
-    fn sync(&self) -> Result<()>;
-    /// The journal's figures, for the report.
-    fn stats(&self) -> crate::figures::JournalStats;
-    /// Server `server`'s extents have new keys, by address (a backed server restarted on a
-    /// fabric whose device issues keys): the journal's own places there take them.
-    fn rekey(&self, server: u32, keys: &HashMap<u64, u64>) -> Result<()>;
-}
-
 /// The file system.
 pub struct Fs {
-    meta: Mutex<Meta>,
-    data: DataStore,
+    /// Shared only with a volume's journal, weakly (see [`hooks::JournalView`]).
+    meta: Arc<Mutex<Meta>>,
+    data: Arc<DataStore>,
     handles: Mutex<HashMap<u64, Handle>>,
     /// Told of attribute changes the kernel did not ask for (set-ID bits a write drops, the
     /// ctime an inode-flag ioctl moves), so it can forget its cached copy (the FUSE adapter
-    /// sends an invalidation).
+    /// sends an invalidation). Set once the FUSE session exists, which needs the file system.
     attr_changed: std::sync::OnceLock<AttrChanged>,
-    /// Where a follower's invalidations go (see [`follow`]).
+    /// Where a follower's invalidations go (see [`follow`]): the FUSE session, made after
+    /// the file system.
     invalidate: std::sync::OnceLock<Invalidate>,
     /// Where a shared volume's changes wait their turn (see [`freeze`]).
-    turns: std::sync::OnceLock<Box<dyn Turns>>,
+    turns: Option<Box<dyn Turns>>,
     /// Where a shared volume's file locks are kept (see [`locks`]; none: by the kernel).
-    locks: std::sync::OnceLock<Box<dyn LockKeeper>>,
-    /// The report the `stats` attributes read.
-    stats: std::sync::OnceLock<StatsSource>,
-    /// The mount's dirty limit, once it is mounted (see [`Fs::direct_writes`]).
+    locks: Option<Box<dyn LockKeeper>>,
+    /// The mount's dirty limit: known only once the mount has its device (see
+    /// [`Fs::direct_writes`]).
     dirty_limit: std::sync::OnceLock<crate::fs::dirty_limit::DirtyLimit>,
-    /// The volume's barrier for `fsync` (none: no volume).
-    barrier: std::sync::OnceLock<Arc<dyn Barrier>>,
+    /// The volume's barrier for `fsync` (none: no volume; see [`hooks`]).
+    barrier: Option<Arc<dyn Barrier>>,
     /// Open directory streams: the listing each one reads (see [`Fs::readdir`]).
     dir_streams: Mutex<HashMap<u64, dir::Listing>>,
     /// Files whose overwrite mark is set but not yet known committed (see [`overwrite`]).
@@ -146,8 +133,6 @@ pub struct Fs {
     config: FsConfig,
     /// When reads move access times now (see [`rules::AccessTimes`]).
     access_times: rules::AccessTimes,
-    /// Counters the adapter and the upkeep fill, for the report.
-    figures: crate::figures::Figures,
     /// The operation whose next call panics on purpose (tests of fault containment).
     #[cfg(feature = "testing")]
     armed_panic: Mutex<Option<String>>,
@@ -210,24 +195,22 @@ impl Fs {
     /// A file system over a namespace built already (a volume's, replayed).
     pub fn with_meta(data: DataStore, config: FsConfig, meta: Meta) -> Fs {
         Fs {
-            barrier: std::sync::OnceLock::new(),
-            meta: Mutex::new(meta),
-            data,
+            barrier: None,
+            meta: Arc::new(Mutex::new(meta)),
+            data: Arc::new(data),
             handles: Mutex::new(HashMap::new()),
             dir_streams: Mutex::new(HashMap::new()),
             marks_in_flight: Mutex::new(Default::default()),
             dirty_limit: std::sync::OnceLock::new(),
             attr_changed: std::sync::OnceLock::new(),
             invalidate: std::sync::OnceLock::new(),
-            turns: std::sync::OnceLock::new(),
-            locks: std::sync::OnceLock::new(),
-            stats: std::sync::OnceLock::new(),
+            turns: None,
+            locks: None,
             next_fh: AtomicU64::new(1 << 4),
             handle_base: AtomicU64::new(0),
             change_gate: crate::sync::RwLock::new(()),
             access_times: rules::AccessTimes::new(config.atime, config.dir_atime),
             config,
-            figures: Default::default(),
             #[cfg(feature = "testing")]
             armed_panic: Mutex::new(None),
         }
@@ -423,27 +406,6 @@ impl Fs {
         res
     }
 
-    /// Gives the journal's places on `server` their new keys ([`Barrier::rekey`]); nothing
-    /// without a volume.
-    pub fn rekey_journal(&self, server: u32, keys: &HashMap<u64, u64>) -> Result<()> {
-        self.barrier.get().map_or(Ok(()), |b| b.rekey(server, keys))
-    }
-
-    /// Makes `fsync` wait for `barrier` (a volume mount).
-    pub fn set_barrier(&self, barrier: Arc<dyn Barrier>) {
-        let _ = self.barrier.set(barrier);
-    }
-
-    /// The volume's journal figures (none: no volume).
-    pub fn journal_stats(&self) -> Option<crate::figures::JournalStats> {
-        self.barrier.get().map(|b| b.stats())
-    }
-
-    /// `fsync`/`fsyncdir`: `None` without a volume (nothing to make durable).
-    pub fn sync(&self) -> Option<Result<()>> {
-        self.barrier.get().map(|b| b.sync())
-    }
-
     /// `fsync` of `ino`: its writes answered before they were sent are sent (and the failure
     /// of one reported), then [`Self::sync`]. `None` when there is nothing to wait for (no
     /// write-behind and no volume).
@@ -496,41 +458,5 @@ impl Fs {
         if let Some(tell) = self.attr_changed.get() {
             tell(ino);
         }
-    }
-
-    /// The counters others fill for the report (see [`crate::figures`]).
-    pub fn figures(&self) -> &crate::figures::Figures {
-        &self.figures
-    }
-
-    /// Counts a request whose handler panicked and was answered with EIO.
-    pub fn count_contained_panic(&self) {
-        self.figures
-            .contained_panics
-            .fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Requests whose handler panicked so far.
-    pub fn contained_panics(&self) -> u64 {
-        self.figures.contained_panics.load(Ordering::Relaxed)
-    }
-
-    pub fn rebuild_stats(&self) -> &crate::figures::RebuildStats {
-        &self.figures.rebuild
-    }
-
-    /// Panics of the upkeep threads so far, by thread.
-    pub fn upkeep_panics(&self) -> &crate::figures::UpkeepPanics {
-        &self.figures.upkeep_panics
-    }
-
-    /// Records how requests reach the FUSE adapter ("io_uring" or "/dev/fuse"), once.
-    pub fn set_fuse_transport(&self, transport: &'static str) {
-        let _ = self.figures.fuse_transport.set(transport);
-    }
-
-    /// Sets what the `stats` attributes of the root read (once; later calls are ignored).
-    pub fn set_stats_source(&self, source: StatsSource) {
-        let _ = self.stats.set(source);
     }
 }

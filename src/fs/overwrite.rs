@@ -30,7 +30,7 @@ impl Fs {
     ) -> Result<FileIo<'a>> {
         loop {
             let io = self.data.lock(file);
-            if self.barrier.get().is_none() {
+            if self.barrier.is_none() {
                 return Ok(io);
             }
             let (start, end, marked) = {

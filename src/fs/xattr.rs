@@ -1,17 +1,13 @@
 //! Extended attributes, dispatched by name to their handler (as the kernel's xattr handler
-//! tables): virtual ones the daemon answers ([`Handler::Virtual`]), POSIX ACLs kept in step
-//! with the mode ([`Handler::Acl`]), and plain `user.`, `trusted.` and `security.` ones.
+//! tables): virtual ones the daemon answers ([`Handler::Virtual`]; the root's report is the
+//! FUSE adapter's), POSIX ACLs kept in step with the mode ([`Handler::Acl`]), and plain
+//! `user.`, `trusted.` and `security.` ones.
 
 use super::rules::{check_mutable, Caller, S_ISGID};
 use super::{err, inode, Fs};
 use crate::error::{Error, Result};
-use crate::meta::{Ino, Kind, ROOT_INO};
+use crate::meta::{Ino, Kind};
 
-/// A virtual attribute of the root directory: reading it returns the live counters
-/// (`rmemfs stats MOUNTPOINT` does). Not listed by `listxattr`.
-pub const STATS_XATTR: &[u8] = b"user.rmemfs.stats";
-/// The same counters as one JSON object (`rmemfs stats --json`), for scripts.
-pub const STATS_JSON_XATTR: &[u8] = b"user.rmemfs.stats.json";
 /// A virtual attribute of a regular file: where each chunk's copies are, as JSON
 /// (`[[chunk index, [server address, ...]], ...]`). A fault test reads it before it kills a
 /// server, to name the chunks that server alone holds. Not listed by `listxattr`.
@@ -42,10 +38,8 @@ enum Handler {
 
 impl Fs {
     /// The handler of `name` for a get (`reading`) or a set.
-    fn handler(&self, ino: Ino, name: &[u8], reading: bool) -> Result<Handler> {
-        let virtual_get = (ino == ROOT_INO && (name == STATS_XATTR || name == STATS_JSON_XATTR))
-            || name == PLACEMENT_XATTR;
-        if reading && virtual_get {
+    fn handler(&self, name: &[u8], reading: bool) -> Result<Handler> {
+        if reading && name == PLACEMENT_XATTR {
             return Ok(Handler::Virtual);
         }
         if name.len() > XATTR_NAME_MAX || name.is_empty() {
@@ -84,7 +78,7 @@ impl Fs {
         caller: Caller,
     ) -> Result<()> {
         self.writable()?;
-        let handler = self.handler(ino, name, false)?;
+        let handler = self.handler(name, false)?;
         if value.len() > XATTR_VALUE_MAX {
             return Err(err(libc::E2BIG));
         }
@@ -153,17 +147,10 @@ impl Fs {
     }
 
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
-        if matches!(self.handler(ino, name, true), Ok(Handler::Virtual)) {
-            if name == PLACEMENT_XATTR {
-                let file = self.file_data(ino)?;
-                let placement = self.data.view(&file).placement();
-                return Ok(placement.to_string().into_bytes());
-            }
-            let source = self
-                .stats
-                .get()
-                .ok_or_else(|| Error::new(libc::ENODATA, "this file system was given no report"))?;
-            return Ok(source(name == STATS_JSON_XATTR));
+        if matches!(self.handler(name, true), Ok(Handler::Virtual)) {
+            let file = self.file_data(ino)?;
+            let placement = self.data.view(&file).placement();
+            return Ok(placement.to_string().into_bytes());
         }
         let meta = self.meta.lock();
         let i = inode(&meta, ino)?;

@@ -39,7 +39,7 @@ impl FuseFs {
     pub(super) fn contain(&self, op: &'static str, req: &Request, handler: impl FnOnce()) {
         let _admitted = (!READ_ONLY_OPS.contains(&op)).then(|| self.fs.admit_change());
         let start = std::time::Instant::now();
-        let figures = self.fs.figures();
+        let figures = &self.figures;
         figures.in_flight.fetch_add(1, Ordering::Relaxed);
         if req.unique().0 & FUSE_UNIQUE_RESEND != 0 {
             figures.resent.fetch_add(1, Ordering::Relaxed);
@@ -51,7 +51,7 @@ impl FuseFs {
             .record(op, start.elapsed().as_nanos() as u64);
         if let Err(panic) = outcome {
             let why = crate::error::panic_message(&*panic);
-            self.fs.count_contained_panic();
+            figures.contained_panics.fetch_add(1, Ordering::Relaxed);
             log::error!(
                 "bug: {op} (request {}, pid {}, uid {}) panicked: {why}; answered EIO, the mount \
                  goes on",

@@ -61,8 +61,10 @@ impl FuseFs {
                     false
                 }
             };
-        self.fs
-            .set_fuse_transport(if ring { "io_uring" } else { "/dev/fuse" });
+        let _ = self
+            .figures
+            .transport
+            .set(if ring { "io_uring" } else { "/dev/fuse" });
         // A shared volume's file locks must hold across clients: the kernel asks for them
         // (elsewhere it keeps them itself, exact for one client and free).
         if self.fs.keeps_locks() {

@@ -16,6 +16,7 @@ mod attr;
 mod connection;
 mod contain;
 mod dir;
+mod figures;
 mod file;
 mod init;
 mod ioctl;
@@ -28,6 +29,7 @@ use crate::error::Error;
 use crate::fs::{Attr, Caller, Fs, SetAttr, SetTime};
 use crate::meta::Kind;
 pub use connection::FUSECTL;
+pub use figures::{AdapterFigures, StatsSource, STATS_JSON_XATTR, STATS_XATTR};
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
     Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner,
@@ -55,6 +57,10 @@ const MAX_WRITE: u32 = crate::config::IO_SIZE as u32;
 pub struct FuseFs {
     fs: Arc<Fs>,
     offers: Offers,
+    /// What this adapter counts (see [`figures`]).
+    figures: Arc<AdapterFigures>,
+    /// The mount's report, for the root's stats attributes.
+    report: StatsSource,
     /// The fuse control file system's `abort` file of this mount's connection, known once it
     /// is mounted ([`FuseFs::connection`]): how a failed io_uring queue ends the connection.
     abort_file: Arc<std::sync::OnceLock<std::path::PathBuf>>,
@@ -81,7 +87,13 @@ pub struct Offers {
 }
 
 impl FuseFs {
-    pub fn new(fs: Arc<Fs>, offers: Offers) -> FuseFs {
+    /// The adapter of `fs`, counting into `figures` and serving `report` (see [`figures`]).
+    pub fn new(
+        fs: Arc<Fs>,
+        offers: Offers,
+        figures: Arc<AdapterFigures>,
+        report: StatsSource,
+    ) -> FuseFs {
         let ttl = if fs.is_shared() {
             crate::config::SHARED_CACHE_TTL
         } else {
@@ -91,6 +103,8 @@ impl FuseFs {
             fs,
             ttl,
             offers,
+            figures,
+            report,
             abort_file: Arc::default(),
             generations: None,
             interrupts: Arc::default(),
@@ -101,6 +115,12 @@ impl FuseFs {
     pub fn with_generations(mut self, generations: Generations) -> FuseFs {
         self.generations = Some(generations);
         self
+    }
+
+    /// Counts this adapter as served through /dev/fuse: a connection taken over sends no
+    /// INIT, and a kept connection never uses io_uring.
+    pub fn resumed_on_dev_fuse(&self) {
+        let _ = self.figures.transport.set("/dev/fuse");
     }
 
     /// The FUSE generation of inode `ino`.

@@ -79,6 +79,8 @@ pub struct AdminServer {
 /// What the daemon's admin requests act on.
 pub struct Target {
     pub fs: Arc<Fs>,
+    /// Where a drain shows itself and its passes.
+    pub upkeep: Arc<crate::upkeep::figures::UpkeepFigures>,
     /// The volume and its journal (none: a private namespace, which has nothing to export).
     pub volume: Option<(String, Arc<crate::volume::VolumeJournal>)>,
     /// Most bytes per second a drain copies (the mount's `--rebuild-rate`; 0: no limit).
@@ -97,9 +99,16 @@ fn socket_dir() -> PathBuf {
     }
 }
 
-impl AdminServer {
-    /// Listens for `target`'s admin requests; the socket's path goes into the report.
-    pub fn start(target: Target) -> Result<AdminServer, String> {
+/// The admin socket, bound but not yet served: bound before the mount, so its path is in
+/// the report from the first request on.
+pub struct Listening {
+    path: PathBuf,
+    listener: UnixListener,
+}
+
+impl Listening {
+    /// Binds this mount's admin socket.
+    pub fn bind() -> Result<Listening, String> {
         use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
         let dir = socket_dir();
         std::fs::DirBuilder::new()
@@ -116,11 +125,27 @@ impl AdminServer {
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)
             .map_err(|e| format!("admin socket {}: {e}", path.display()))?;
-        let _ = target
-            .fs
-            .figures()
-            .admin_socket
-            .set(path.display().to_string());
+        Ok(Listening { path, listener })
+    }
+
+    /// Where it listens (the report's `admin_socket`).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Serves `target`'s admin requests until the result is dropped.
+    pub fn serve(self, target: Target) -> Result<AdminServer, String> {
+        let Listening { path, listener } = self;
+        let served = AdminServer::start(path.clone(), listener, target);
+        if served.is_err() {
+            let _ = std::fs::remove_file(&path);
+        }
+        served
+    }
+}
+
+impl AdminServer {
+    fn start(path: PathBuf, listener: UnixListener, target: Target) -> Result<AdminServer, String> {
         let waker = listener.try_clone().map_err(|e| e.to_string())?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
@@ -314,6 +339,7 @@ fn handle(
             let d = crate::upkeep::membership::drain(
                 fs,
                 journal,
+                &target.upkeep,
                 addr,
                 target.rebuild_rate,
                 ending,

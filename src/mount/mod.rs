@@ -19,7 +19,7 @@ pub use options::{default_embedded_size, resolve_server, ENABLE_URING};
 use point::{check_fuse_device, check_verbs_memlock, mount_device, raise_readahead};
 pub use point::{check_mountpoint, lazy_unmount, prepare_mountpoint};
 use session::{attach_fuse, serve_until_unmounted, Connection};
-pub use stats::{print_stats, server_stats_text};
+pub use stats::{print_stats, report_json, server_stats_text};
 
 use crate::client::control::ControlConn;
 use crate::client::{Pool, PoolConfig};
@@ -154,6 +154,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         fs,
         journal,
         follower,
+        follow_counters,
     } = build_fs(
         config,
         &mountpoint,
@@ -167,20 +168,36 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         None if config.keep_connection => Connection::Keep,
         None => Connection::Own,
     };
-    let session = attach_fuse(&fs, &mountpoint, &fuse_config, &choices, connection)?;
-    let flag_watch = flags::FlagWatch::start(fs.clone(), &mountpoint, taken_over);
-    let upkeep = start_upkeep(&fs, config, &mountpoint, metrics_listener)?;
-    let admin = admin::AdminServer::start(admin::Target {
+    let no_admin =
+        |e: &String| log::warn!("no admin socket ({e}): `rmemfs admin` cannot reach this mount");
+    let admin_socket = admin::Listening::bind().inspect_err(no_admin).ok();
+    let parts = crate::report::Parts {
         fs: fs.clone(),
-        volume: config
-            .namespace
-            .volume()
-            .map(str::to_string)
-            .zip(journal.clone()),
-        rebuild_rate: config.rebuild_rate,
-    })
-    .inspect_err(|e| log::warn!("no admin socket ({e}): `rmemfs admin` cannot reach this mount"))
-    .ok();
+        adapter: Default::default(),
+        upkeep: Default::default(),
+        follower: follow_counters,
+        admin_socket: admin_socket
+            .as_ref()
+            .map(|a| a.path().display().to_string())
+            .unwrap_or_default(),
+    };
+    let session = attach_fuse(&parts, &mountpoint, &fuse_config, &choices, connection)?;
+    let flag_watch = flags::FlagWatch::start(fs.clone(), &mountpoint, taken_over);
+    let upkeep = start_upkeep(&parts, config, &mountpoint, metrics_listener)?;
+    let admin = admin_socket.and_then(|a| {
+        a.serve(admin::Target {
+            fs: fs.clone(),
+            upkeep: parts.upkeep.clone(),
+            volume: config
+                .namespace
+                .volume()
+                .map(str::to_string)
+                .zip(journal.clone()),
+            rebuild_rate: config.rebuild_rate,
+        })
+        .inspect_err(no_admin)
+        .ok()
+    });
     if let Some(f) = mount.on_mounted {
         f(fs.clone());
     }
@@ -204,7 +221,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
     log::info!(
         "unmounted {}; returning remote memory. Counters at unmount:\n{}",
         mountpoint.display(),
-        crate::report::mount_text(&fs)
+        parts.stats_text()
     );
     drop(admin);
     drop(upkeep);
@@ -214,6 +231,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
             log::error!("the volume's last commit failed: {}", e.message);
         }
     }
+    drop(parts);
     drop(fs);
     drop(servers);
     result
@@ -303,6 +321,8 @@ struct Built {
     fs: Arc<Fs>,
     journal: Option<Arc<crate::volume::VolumeJournal>>,
     follower: Option<Following>,
+    /// What a follower has done, for the report.
+    follow_counters: Option<Arc<crate::volume::follow::FollowCounters>>,
 }
 
 /// What keeps a follower's or a shared volume's table in step (dropped at unmount).
@@ -440,21 +460,23 @@ fn build_fs(
         writeback: choices.writeback,
         writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
     };
-    let (fs, journal, follower) = match namespace {
+    let (fs, journal, follower, follow_counters) = match namespace {
         Namespace::Shared { .. } => {
             let (engine, _, _) = engine.expect("a shared volume's engine is open");
             let (fs, client) =
                 crate::volume::shared::join(data, fs_config, std::sync::Arc::new(engine), holder)?;
-            (fs, None, Some(Following::Shared { _client: client }))
+            (fs, None, Some(Following::Shared { _client: client }), None)
         }
         Namespace::Follower { .. } => {
             let (fs, follower) = crate::volume::follow::follow(data, fs_config, &servers.addrs)?;
+            let counters = follower.figures();
             (
                 fs,
                 None,
                 Some(Following::Journal {
                     _follower: follower,
                 }),
+                Some(counters),
             )
         }
         Namespace::Held { force_without, .. } => {
@@ -469,7 +491,7 @@ fn build_fs(
             };
             let a = crate::volume::attach_with(data, fs_config, &servers.addrs, &without, options)?;
             log::info!("volume attached: {:?}", a.report);
-            (a.fs, Some(a.journal), None)
+            (a.fs, Some(a.journal), None, None)
         }
         Namespace::Private => {
             // A private mount: nothing outside this daemon sees its bytes, so a write may be
@@ -479,25 +501,26 @@ fn build_fs(
             } else {
                 data
             };
-            (Arc::new(Fs::new(data, fs_config)), None, None)
+            (Arc::new(Fs::new(data, fs_config)), None, None, None)
         }
     };
-    crate::report::attach(&fs);
     Ok(Built {
         fs,
         journal,
         follower,
+        follow_counters,
     })
 }
 
 /// Starts what runs beside the session: heartbeats, reconnects and the rebuild; the dirty
 /// limit kept for the mounted bdi; the metrics endpoint.
 fn start_upkeep(
-    fs: &Arc<Fs>,
+    parts: &crate::report::Parts,
     config: &MountConfig,
     mountpoint: &Path,
     metrics_listener: Option<std::net::TcpListener>,
 ) -> Result<Upkeep, String> {
+    let fs = &parts.fs;
     let rebuilder = crate::upkeep::rebuild::Rebuilder::start(
         fs.clone(),
         crate::upkeep::rebuild::Upkeep {
@@ -511,6 +534,7 @@ fn start_upkeep(
                 Namespace::Private | Namespace::Held { .. }
             ),
         },
+        parts.upkeep.clone(),
     )
     .map_err(|e| format!("cannot start the rebuild thread: {e}"))?;
     raise_readahead(mountpoint);
@@ -528,10 +552,10 @@ fn start_upkeep(
     }
     let metrics = metrics_listener
         .map(|listener| {
-            let (a, b, c) = (fs.clone(), fs.clone(), fs.clone());
+            let (a, b, c) = (parts.clone(), parts.adapter.clone(), fs.clone());
             let collector = crate::report::metrics::MountCollector {
                 report: Arc::new(move || crate::report::MountReport::gather(&a)),
-                requests: Arc::new(move || b.figures().requests.summary()),
+                requests: Arc::new(move || b.requests.summary()),
                 batches: Arc::new(move || c.data().pool().batch_latency()),
             };
             crate::report::metrics::serve(listener, Box::new(collector))

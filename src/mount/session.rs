@@ -24,12 +24,13 @@ pub(super) enum Connection {
 /// the connection's abort file known to the adapter (a failed ring ends the connection) and
 /// invalidations forwarded.
 pub(super) fn attach_fuse(
-    fs: &Arc<Fs>,
+    parts: &crate::report::Parts,
     mountpoint: &Path,
     fuse_config: &fuser::Config,
     choices: &MountChoices,
     connection: Connection,
 ) -> Result<fuser::Session<FuseFs>, String> {
+    let fs = &parts.fs;
     let keeps = !matches!(connection, Connection::Own);
     let mut fuse_config = fuse_config.clone();
     if keeps {
@@ -50,6 +51,8 @@ pub(super) fn attach_fuse(
             readdirplus: choices.readdirplus,
             io_uring: choices.io_uring && !keeps && allow_io_uring(),
         },
+        parts.adapter.clone(),
+        parts.source(),
     );
     let connection_file = fuse_fs.connection();
     let session = match connection {
@@ -111,7 +114,7 @@ fn take_over(
     let record = state.read()?;
     fs.take_over_connection(incarnation);
     let fuse_fs = fuse_fs.with_generations(Box::new(move |ino| record.generation(ino)));
-    fs.set_fuse_transport("/dev/fuse");
+    fuse_fs.resumed_on_dev_fuse();
     let session = fuser::Session::resume_fd(
         fuse_fs,
         fuse,

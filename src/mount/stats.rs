@@ -11,15 +11,21 @@ pub fn print_stats(mountpoint: &Path, json: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// The mount's report (`stats --json`), read through its virtual attribute.
+pub fn report_json(mountpoint: &Path) -> Result<serde_json::Value, String> {
+    serde_json::from_slice(&read_report(mountpoint, true)?)
+        .map_err(|e| format!("{}: the report is not JSON ({e})", mountpoint.display()))
+}
+
 /// The mount's report, as text or JSON, read through its virtual attribute.
 pub(super) fn read_report(mountpoint: &Path, json: bool) -> Result<Vec<u8>, String> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| "mount point contains a NUL byte".to_string())?;
     let name = std::ffi::CString::new(if json {
-        crate::fs::STATS_JSON_XATTR
+        crate::fuse::STATS_JSON_XATTR
     } else {
-        crate::fs::STATS_XATTR
+        crate::fuse::STATS_XATTR
     })
     .expect("no NUL");
     let mut buf = vec![0u8; 64 * 1024];

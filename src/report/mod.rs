@@ -14,10 +14,14 @@ pub mod text;
 
 use crate::fabric::OpCounters;
 use crate::fs::Fs;
+use crate::fuse::AdapterFigures;
 use crate::regcache::CacheStats;
 use crate::sync::atomic::Ordering;
+use crate::upkeep::figures::UpkeepFigures;
+use crate::volume::follow::FollowCounters;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 /// How a generic figure is exported to Prometheus.
@@ -282,8 +286,9 @@ fn epoch(t: SystemTime) -> u64 {
 }
 
 impl MountReport {
-    /// The figures of the mount `fs` now.
-    pub fn gather(fs: &Fs) -> MountReport {
+    /// The figures of the mount of `parts` now.
+    pub fn gather(parts: &Parts) -> MountReport {
+        let fs = &*parts.fs;
         let data = fs.data();
         let pool = data.pool();
         let c = data.cache_stats();
@@ -309,8 +314,8 @@ impl MountReport {
             })
             .collect();
         let h = fs.replica_health();
-        let figures = fs.figures();
-        let r = &figures.rebuild;
+        let (adapter, upkeep) = (&*parts.adapter, &*parts.upkeep);
+        let r = &upkeep.rebuild;
         let (commits, changes) = fs.commits();
         MountReport {
             registration_cache: CacheFigures {
@@ -325,9 +330,9 @@ impl MountReport {
                 unpinned_bytes: pool.fabric().unpinned_bytes(),
             },
             fuse: FuseFigures {
-                transport: figures.fuse_transport.get().copied().unwrap_or("").into(),
-                in_flight: figures.in_flight.load(Ordering::Relaxed),
-                resent: figures.resent.load(Ordering::Relaxed),
+                transport: adapter.transport.get().copied().unwrap_or("").into(),
+                in_flight: adapter.in_flight.load(Ordering::Relaxed),
+                resent: adapter.resent.load(Ordering::Relaxed),
                 access_times: {
                     let (atime, dirs) = fs.access_times();
                     crate::fs::access_flags_name(atime, dirs)
@@ -356,7 +361,7 @@ impl MountReport {
                 moving: h.moving,
                 moving_bytes: h.moving_bytes,
             },
-            drain: figures.drain.lock().as_ref().map(|d| {
+            drain: upkeep.drain.lock().as_ref().map(|d| {
                 let seconds = d.started.elapsed().as_secs_f64();
                 let bytes_moved = d.bytes_at_start.saturating_sub(h.moving_bytes);
                 let rate = (bytes_moved as f64 / seconds.max(1e-3)) as u64;
@@ -387,7 +392,7 @@ impl MountReport {
                 checkpoints: j.checkpoints,
                 frees_held: j.frees_held,
             }),
-            follower: figures.follow.get().map(|f| FollowerFigures {
+            follower: parts.follower.as_ref().map(|f| FollowerFigures {
                 applied: f.applied.load(Ordering::Relaxed),
                 records: f.records.load(Ordering::Relaxed),
                 polls: f.polls.load(Ordering::Relaxed),
@@ -396,13 +401,13 @@ impl MountReport {
                 errors: f.errors.load(Ordering::Relaxed),
             }),
             inodes: fs.inode_count() as u64,
-            admin_socket: figures.admin_socket.get().cloned().unwrap_or_default(),
-            contained_panics: fs.contained_panics(),
-            upkeep_panics: crate::figures::UPKEEP_THREADS
+            admin_socket: parts.admin_socket.clone(),
+            contained_panics: adapter.contained_panics.load(Ordering::Relaxed),
+            upkeep_panics: crate::upkeep::figures::UPKEEP_THREADS
                 .iter()
-                .map(|t| (t.to_string(), figures.upkeep_panics.of(t)))
+                .map(|t| (t.to_string(), upkeep.panics.of(t)))
                 .collect(),
-            requests: by_op(figures.requests.summary()),
+            requests: by_op(adapter.requests.summary()),
         }
     }
 
@@ -424,46 +429,57 @@ fn section<F: Figures>(f: &F) -> (&'static str, Vec<Figure>) {
     (F::SECTION, f.figures())
 }
 
-/// `stats --json` of the mount `fs`.
-pub fn mount_json(fs: &Fs) -> serde_json::Value {
-    MountReport::gather(fs).to_json()
+/// What a mount's report reads: its file system, and the figures each other part of the
+/// mount owns (the FUSE adapter, upkeep, a follower, the admin socket). The mount puts it
+/// together once; every rendering (the stats attributes, the metrics, the log at unmount)
+/// gathers from it.
+#[derive(Clone)]
+pub struct Parts {
+    pub fs: Arc<Fs>,
+    pub adapter: Arc<AdapterFigures>,
+    pub upkeep: Arc<UpkeepFigures>,
+    /// A follower's counters (none: not a follower).
+    pub follower: Option<Arc<FollowCounters>>,
+    /// Where the admin socket listens (empty: it does not).
+    pub admin_socket: String,
 }
 
-/// What `rmemfs stats` prints for the mount `fs`.
-pub fn mount_text(fs: &Fs) -> String {
-    text::render(&MountReport::gather(fs))
-}
-
-/// The report as the stats attributes read it: text, or JSON (`json`).
-pub fn render(fs: &Fs, json: bool) -> Vec<u8> {
-    let report = MountReport::gather(fs);
-    if json {
-        report.to_json().to_string().into_bytes()
-    } else {
-        text::render(&report).into_bytes()
+impl Parts {
+    /// `fs` with parts that have done nothing yet (a file system without a mount: tests and
+    /// tools).
+    pub fn of(fs: Arc<Fs>) -> Parts {
+        Parts {
+            fs,
+            adapter: Default::default(),
+            upkeep: Default::default(),
+            follower: None,
+            admin_socket: String::new(),
+        }
     }
-}
 
-/// Serves the report through `fs`'s stats attributes (a weak reference: the file system
-/// owns the source, which must not keep it alive).
-pub fn attach(fs: &std::sync::Arc<Fs>) {
-    let weak = std::sync::Arc::downgrade(fs);
-    fs.set_stats_source(Box::new(move |json| {
-        weak.upgrade().map_or_else(Vec::new, |fs| render(&fs, json))
-    }));
-}
-
-/// The report as methods of the file system (`fs.stats_json()`), for tests and tools.
-pub trait Report {
-    fn stats_json(&self) -> serde_json::Value;
-    fn stats_text(&self) -> String;
-}
-
-impl Report for Fs {
-    fn stats_json(&self) -> serde_json::Value {
-        mount_json(self)
+    /// The report as the stats attributes read it: text, or JSON (`json`).
+    pub fn render(&self, json: bool) -> Vec<u8> {
+        let report = MountReport::gather(self);
+        if json {
+            report.to_json().to_string().into_bytes()
+        } else {
+            text::render(&report).into_bytes()
+        }
     }
-    fn stats_text(&self) -> String {
-        mount_text(self)
+
+    /// `stats --json`.
+    pub fn stats_json(&self) -> serde_json::Value {
+        MountReport::gather(self).to_json()
+    }
+
+    /// What `rmemfs stats` prints.
+    pub fn stats_text(&self) -> String {
+        text::render(&MountReport::gather(self))
+    }
+
+    /// The report as the FUSE adapter serves it (see [`crate::fuse::StatsSource`]).
+    pub fn source(&self) -> crate::fuse::StatsSource {
+        let parts = self.clone();
+        Box::new(move |json| parts.render(json))
     }
 }

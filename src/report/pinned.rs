@@ -17,7 +17,7 @@ pub(crate) fn every_section() -> MountReport {
         }),
         journal: Some(JournalFigures::default()),
         follower: Some(FollowerFigures::default()),
-        upkeep_panics: ["heartbeat", "reconnect", "rebuild"]
+        upkeep_panics: crate::upkeep::figures::UPKEEP_THREADS
             .map(|t| (t.to_string(), 0))
             .into(),
         requests: [("read".to_string(), OpFigures::default())].into(),
@@ -191,6 +191,7 @@ const MOUNT_KEYS: &[&str] = &[
     "upkeep_panics.heartbeat",
     "upkeep_panics.rebuild",
     "upkeep_panics.reconnect",
+    "upkeep_panics.write-behind",
     "writeback.behind.deferred",
     "writeback.behind.failed",
     "writeback.behind.sent_by_worker",

@@ -8,8 +8,8 @@
 //! full count of live copies throughout. The drain is done when the server itself says it
 //! holds none of the mount's extents (chunks, the volume's journal and checkpoint, stock).
 
+use super::figures::{DrainRun, UpkeepFigures};
 use crate::fabric::ServerId;
-use crate::figures::DrainRun;
 use crate::fs::Fs;
 use crate::upkeep::rebuild::{pass, Stop};
 use crate::volume::VolumeJournal;
@@ -101,11 +101,13 @@ pub fn add_server(
 
 /// Drains the server at `addr`: out of placement now, every copy moved off it (at most
 /// `rate` bytes per second, 0: no limit), the journal and checkpoint too; returns once it
-/// holds nothing of the mount. `progress` hears every [`PROGRESS_EVERY`]. Refused when the
-/// other servers cannot keep the copy count.
+/// holds nothing of the mount. `progress` hears every [`PROGRESS_EVERY`]; `figures` show
+/// the drain and its rebuild passes. Refused when the other servers cannot keep the copy
+/// count.
 pub fn drain(
     fs: &Fs,
     journal: Option<&VolumeJournal>,
+    figures: &UpkeepFigures,
     addr: SocketAddr,
     rate: u64,
     stop: &Stop,
@@ -130,7 +132,7 @@ pub fn drain(
     pool.set_draining(id, true).map_err(|e| e.to_string())?;
     let start = Instant::now();
     let at_start = fs.replica_health().moving_bytes;
-    *fs.figures().drain.lock() = Some(DrainRun {
+    *figures.drain.lock() = Some(DrainRun {
         server: addr.to_string(),
         started: start,
         bytes_at_start: at_start,
@@ -162,11 +164,11 @@ pub fn drain(
                 progress(&line);
             }
         });
-        let r = move_everything(fs, journal, id, rate, stop);
+        let r = move_everything(fs, journal, &figures.rebuild, id, rate, stop);
         done.stop();
         r
     });
-    *fs.figures().drain.lock() = None;
+    *figures.drain.lock() = None;
     let (chunks_moved, bytes_moved) = outcome?;
     let seconds = start.elapsed().as_secs_f64();
     log::warn!(
@@ -184,6 +186,7 @@ pub fn drain(
 fn move_everything(
     fs: &Fs,
     journal: Option<&VolumeJournal>,
+    shown: &super::figures::RebuildStats,
     id: ServerId,
     rate: u64,
     stop: &Stop,
@@ -199,7 +202,7 @@ fn move_everything(
             );
         }
         let before = fs.replica_health().moving_bytes;
-        let out = pass(fs, rate, stop);
+        let out = pass(fs, rate, stop, shown);
         chunks += out.chunks_rebuilt;
         bytes += out.bytes_copied;
         let moved_journal = match journal {

@@ -1,7 +1,8 @@
 //! What keeps a mount whole while it runs, beside the requests: heartbeats, reconnects and the
 //! background rebuild ([`rebuild`]), and the admin's changes of its servers, step by step
-//! ([`membership`]). The core (`fs`, `data`, `meta`) never imports upkeep: upkeep drives the
+//! ([`membership`]), with what they have done for the report ([`figures`]). The core (`fs`, `data`, `meta`) never imports upkeep: upkeep drives the
 //! core from its own threads.
 
+pub mod figures;
 pub mod membership;
 pub mod rebuild;

@@ -24,7 +24,7 @@ const SCAN_MIN: Duration = Duration::from_millis(100);
 /// comes back when files are removed, without any server changing state.
 const RETRY: Duration = Duration::from_secs(30);
 
-pub use crate::figures::{RebuildStats, UpkeepPanics, UPKEEP_THREADS};
+use super::figures::{RebuildStats, UpkeepFigures, UpkeepPanics};
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -65,10 +65,9 @@ impl Stop {
 }
 
 /// One rebuild pass over every file, copying at most `rate` bytes per second (0: as fast as
-/// it goes). Stops early when `stop` is signalled.
-pub fn pass(fs: &Fs, rate: u64, stop: &Stop) -> PassOutcome {
+/// it goes), its progress shown in `stats`. Stops early when `stop` is signalled.
+pub fn pass(fs: &Fs, rate: u64, stop: &Stop, stats: &RebuildStats) -> PassOutcome {
     let data = fs.data();
-    let stats = fs.rebuild_stats();
     stats.running.store(true, Ordering::Relaxed);
     let start = Instant::now();
     let mut last_progress = start;
@@ -155,6 +154,7 @@ pub struct Upkeep {
 /// joined) on drop.
 pub struct Rebuilder {
     stop: Arc<Stop>,
+    figures: Arc<UpkeepFigures>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -265,30 +265,35 @@ fn supervised(
 }
 
 impl Rebuilder {
-    /// Starts the upkeep of `fs`. Nothing is rebuilt with one copy per chunk.
-    pub fn start(fs: Arc<Fs>, upkeep: Upkeep) -> std::io::Result<Rebuilder> {
+    /// Starts the upkeep of `fs`, its figures kept in `figures`. Nothing is rebuilt with one
+    /// copy per chunk.
+    pub fn start(
+        fs: Arc<Fs>,
+        upkeep: Upkeep,
+        figures: Arc<UpkeepFigures>,
+    ) -> std::io::Result<Rebuilder> {
         let stop = Arc::new(Stop::default());
         // The live servers the rebuild starts from, read before any thread runs: a server
         // lost before the rebuild thread's first look is a change it must see.
         let mut seen = fs.data().pool().generation();
-        let (s, f) = (stop.clone(), fs.clone());
+        let (s, f, g) = (stop.clone(), fs.clone(), figures.clone());
         let detection = upkeep.detection;
         let heartbeat = std::thread::Builder::new()
             .name("heartbeat".into())
             .spawn(move || {
                 let tick = detection / BEATS_PER_DETECTION;
-                supervised("heartbeat", &s, tick, f.upkeep_panics(), || {
+                supervised("heartbeat", &s, tick, &g.panics, || {
                     f.fault_point("heartbeat");
                     f.data().pool().heartbeat(detection);
                     // The room just heard of bounds the kernel's dirty data for the mount.
                     f.follow_room();
                 });
             })?;
-        let (s, f) = (stop.clone(), fs.clone());
+        let (s, f, g) = (stop.clone(), fs.clone(), figures.clone());
         let reconnect = std::thread::Builder::new()
             .name("reconnect".into())
             .spawn(move || {
-                supervised("reconnect", &s, RECONNECT_TICK, f.upkeep_panics(), || {
+                supervised("reconnect", &s, RECONNECT_TICK, &g.panics, || {
                     f.fault_point("reconnect");
                     let pool = f.data().pool();
                     for id in pool.due_for_reconnect() {
@@ -325,7 +330,7 @@ impl Rebuilder {
             })?;
         // Sends the writes a private mount answered before they were remote (see
         // `data::behind`); each round waits for work itself, so the tick is nothing.
-        let (s, f) = (stop.clone(), fs.clone());
+        let (s, f, g) = (stop.clone(), fs.clone(), figures.clone());
         let behind = f
             .data()
             .writes_behind()
@@ -333,19 +338,13 @@ impl Rebuilder {
                 std::thread::Builder::new()
                     .name("write-behind".into())
                     .spawn(move || {
-                        supervised(
-                            "write-behind",
-                            &s,
-                            Duration::ZERO,
-                            f.upkeep_panics(),
-                            || {
-                                f.data().flush_queued(crate::config::WRITE_BEHIND_IDLE);
-                            },
-                        );
+                        supervised("write-behind", &s, Duration::ZERO, &g.panics, || {
+                            f.data().flush_queued(crate::config::WRITE_BEHIND_IDLE);
+                        });
                     })
             })
             .transpose()?;
-        let s = stop.clone();
+        let (s, g) = (stop.clone(), figures.clone());
         let rebuild = upkeep
             .rebuild
             .then(|| {
@@ -360,7 +359,7 @@ impl Rebuilder {
                         let mut seen_copies = fs.data().replicas();
                         let mut retry_at: Option<Instant> = None;
                         let tick = SCAN_INTERVAL.min(upkeep.delay.max(SCAN_MIN));
-                        supervised("rebuild", &s, tick, fs.upkeep_panics(), || {
+                        supervised("rebuild", &s, tick, &g.panics, || {
                             fs.fault_point("rebuild");
                             let now_gen = fs.data().pool().generation();
                             // With one copy there is nothing to rebuild from.
@@ -374,7 +373,7 @@ impl Rebuilder {
                             let settled =
                                 recount || changed_at.is_some_and(|t| t.elapsed() >= upkeep.delay);
                             if settled || retry_at.is_some_and(|t| Instant::now() >= t) {
-                                let out = pass(&fs, upkeep.rate, &s);
+                                let out = pass(&fs, upkeep.rate, &s, &g.rebuild);
                                 changed_at = None;
                                 retry_at = (out.left_degraded > 0).then(|| Instant::now() + RETRY);
                             }
@@ -385,7 +384,16 @@ impl Rebuilder {
         let mut threads = vec![heartbeat, reconnect];
         threads.extend(rebuild);
         threads.extend(behind);
-        Ok(Rebuilder { stop, threads })
+        Ok(Rebuilder {
+            stop,
+            figures,
+            threads,
+        })
+    }
+
+    /// What the upkeep threads have done.
+    pub fn figures(&self) -> &UpkeepFigures {
+        &self.figures
     }
 }
 

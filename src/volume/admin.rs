@@ -174,7 +174,7 @@ fn open(
     create: bool,
     chunk_size: Option<u64>,
     doing: &str,
-    prepare: impl FnOnce(&Arc<Fs>, &AttachReport) -> Result<(), String>,
+    prepare: impl FnOnce(&Fs, &AttachReport) -> Result<(), String>,
 ) -> Result<Attached, String> {
     let probe = ControlConn::connect(
         addrs[0],

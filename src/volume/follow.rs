@@ -20,14 +20,30 @@ use super::read::{self, Records};
 use super::root::{Place, Root};
 use crate::data::DataStore;
 use crate::fabric::{RemoteRegion, ServerId};
-use crate::figures::FollowCounters;
 use crate::fs::{Fs, FsConfig};
 use crate::meta::{record, Meta};
-use crate::sync::atomic::Ordering;
+use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
 use std::net::SocketAddr;
 
 use crate::config::{FOLLOW_POLL, FOLLOW_WINDOW_MAX, FOLLOW_WINDOW_MIN};
+
+/// What a follower has done (`stats`: the `follower` section).
+#[derive(Debug, Default)]
+pub struct FollowCounters {
+    /// The last journal record applied.
+    pub applied: AtomicU64,
+    /// Records applied since the mount.
+    pub records: AtomicU64,
+    /// Looks at the journal's tail.
+    pub polls: AtomicU64,
+    /// Checkpoints loaded whole (it fell behind the ring).
+    pub reloads: AtomicU64,
+    /// Invalidations sent to the kernel.
+    pub invalidations: AtomicU64,
+    /// Polls that failed.
+    pub errors: AtomicU64,
+}
 
 /// Where a follower is in the volume's journal.
 struct Position {
@@ -127,7 +143,6 @@ pub fn follow(
     );
     let fs = Arc::new(Fs::with_meta(data, config, meta));
     let figures = Arc::new(FollowCounters::default());
-    let _ = fs.figures().follow.set(figures.clone());
     figures.applied.store(position.applied, Ordering::Relaxed);
     pool.follow_at(position.applied);
     let shared = Arc::new(Shared {

@@ -25,10 +25,10 @@ use crate::client::volume::FreeGate;
 use crate::client::Pool;
 use crate::error::{Error, Result};
 use crate::fabric::{RemoteRegion, ServerId};
-use crate::fs::{Barrier, Fs};
+use crate::fs::{Barrier, JournalStats, JournalView};
 use crate::meta::{record, Change, Journal};
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use crate::sync::{Arc, Condvar, Mutex, Weak};
+use crate::sync::{Arc, Condvar, Mutex};
 use std::time::{Instant, SystemTime};
 
 mod spare;
@@ -88,7 +88,8 @@ pub(super) struct Shared {
 /// What writes the ring and checkpoints: only the committer thread (and attach, before it
 /// starts) uses it.
 pub(super) struct Writer {
-    pub(super) fs: Weak<Fs>,
+    /// The table and data store it reads (see [`crate::fs::JournalView`]).
+    pub(super) view: JournalView,
     pub(super) pool: Arc<Pool>,
     pub(super) root: Root,
     /// Where the next record goes in the ring.
@@ -164,9 +165,9 @@ impl Barrier for VolumeJournal {
         self.shared.sync()
     }
 
-    fn stats(&self) -> crate::figures::JournalStats {
+    fn stats(&self) -> JournalStats {
         let w = &self.shared.written;
-        crate::figures::JournalStats {
+        JournalStats {
             epoch: self.epoch,
             committed: self.committed(),
             groups: w.groups.load(Ordering::Relaxed),

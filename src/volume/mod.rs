@@ -131,7 +131,7 @@ pub fn attach_then(
     addrs: &[SocketAddr],
     without: &[SocketAddr],
     options: JournalOptions,
-    prepare: impl FnOnce(&Arc<Fs>, &AttachReport) -> Result<(), String>,
+    prepare: impl FnOnce(&Fs, &AttachReport) -> Result<(), String>,
 ) -> Result<Attached, String> {
     let pool = data.pool().clone();
     let claims = pool.claims();
@@ -219,7 +219,8 @@ pub fn attach_then(
         old_ring = root.ring.iter().filter_map(renumber).collect();
     }
     report.inodes = meta.len();
-    let fs = Arc::new(Fs::with_meta(data, config, meta));
+    // Shared once the journal is its barrier (below).
+    let fs = Fs::with_meta(data, config, meta);
     for &s in &restarted {
         crate::upkeep::rebuild::forget_server(&fs, ServerId(s));
     }
@@ -258,7 +259,7 @@ pub fn attach_then(
     prepare(&fs, &report)?;
     // A fresh checkpoint and ring (the old ones freed once the root names the new).
     let mut writer = Writer {
-        fs: Arc::downgrade(&fs),
+        view: fs.journal_view(),
         pool: pool.clone(),
         root: best.unwrap_or_default(),
         tail: 0,
@@ -289,7 +290,10 @@ pub fn attach_then(
         .map_err(|e| format!("cannot start the volume's committer: {e}"))?;
     let journal = Arc::new(journal);
     fs.set_journal(Box::new(recorder));
-    fs.set_barrier(journal.clone());
+    let fs = Arc::new(fs.joined(crate::fs::VolumeHooks {
+        barrier: Some(journal.clone()),
+        ..Default::default()
+    }));
     Ok(Attached {
         fs,
         journal,

@@ -91,7 +91,6 @@ struct State {
     engine: Arc<dyn MetaEngine>,
     /// This client's session name: what it holds turns under, and what the servers evict.
     who: String,
-    fs: Weak<Fs>,
     /// The last change this client's table holds.
     applied: AtomicU64,
     /// The last checkpoint this client knows of (loaded or written).
@@ -116,6 +115,8 @@ struct State {
 /// A running shared volume client: its poller stops (and is joined) on drop.
 pub struct SharedClient {
     state: Arc<State>,
+    /// The file system this client keeps up to date (weak: the mount owns it).
+    fs: Weak<Fs>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// Gives a lingering write turn back ([`linger_loop`]).
     lingerer: Option<std::thread::JoinHandle<()>>,
@@ -425,13 +426,13 @@ pub fn join(
         Some(c) => (engine_image::decode(&c.image, &config)?, c.lsn),
         None => (Meta::new(0o755, config.root_uid, config.root_gid), 0),
     };
-    let fs = Arc::new(Fs::with_meta(data, config.clone(), meta));
+    // Shared once the engine's turns and locks are its own (below).
+    let fs = Fs::with_meta(data, config.clone(), meta);
     let gate = Arc::new(FreeGate::default());
     let (notify, told) = crossbeam_channel::unbounded::<Notice>();
     let state = Arc::new(State {
         engine,
         who,
-        fs: Arc::downgrade(&fs),
         applied: AtomicU64::new(from),
         checkpointed: AtomicU64::new(from),
         config,
@@ -454,24 +455,27 @@ pub fn join(
         fs.inode_count()
     );
     fs.set_journal(Box::new(EngineRecorder(state.clone())));
-    fs.set_turns(Box::new(SharedTurns(state.clone())));
-    fs.set_lock_keeper(Box::new(super::locks::EngineLocks::new(
-        state.engine.clone(),
-        state.who.clone(),
-    )));
+    let fs = Arc::new(fs.joined(crate::fs::VolumeHooks {
+        barrier: None,
+        turns: Some(Box::new(SharedTurns(state.clone()))),
+        locks: Some(Box::new(super::locks::EngineLocks::new(
+            state.engine.clone(),
+            state.who.clone(),
+        ))),
+    }));
     pool.set_free_gate(gate);
     pool.follow_at(state.applied.load(Ordering::SeqCst));
-    let s = state.clone();
+    let (s, weak) = (state.clone(), Arc::downgrade(&fs));
     let thread = std::thread::Builder::new()
         .name("volume-shared".into())
-        .spawn(move || poll_loop(&s))
+        .spawn(move || poll_loop(&s, &weak))
         .map_err(|e| format!("cannot start the shared volume's poller: {e}"))?;
     let s = state.clone();
     let lingerer = std::thread::Builder::new()
         .name("volume-turn".into())
         .spawn(move || linger_loop(&s))
         .map_err(|e| format!("cannot start the shared volume's turn keeper: {e}"))?;
-    let weak = Arc::downgrade(&fs);
+    let (weak, weak_fs) = (Arc::downgrade(&fs), Arc::downgrade(&fs));
     let notifier = std::thread::Builder::new()
         .name("volume-notify".into())
         .spawn(move || {
@@ -491,6 +495,7 @@ pub fn join(
         fs,
         SharedClient {
             state,
+            fs: weak_fs,
             thread: Some(thread),
             lingerer: Some(lingerer),
             _notifier: notifier,
@@ -501,7 +506,7 @@ pub fn join(
 impl SharedClient {
     /// One round of the poller now (tests): it catches up unless a change is under way.
     pub fn poll_now(&self) -> std::result::Result<(), String> {
-        let fs = self.state.fs.upgrade().ok_or("the file system is gone")?;
+        let fs = self.fs.upgrade().ok_or("the file system is gone")?;
         poll_once(&self.state, &fs, true)
     }
 
@@ -515,7 +520,7 @@ impl SharedClient {
     /// A checkpoint of this client's table now, whoever lags (tests; the poller writes them
     /// on its own).
     pub fn checkpoint_now(&self) -> std::result::Result<(), String> {
-        let fs = self.state.fs.upgrade().ok_or("the file system is gone")?;
+        let fs = self.fs.upgrade().ok_or("the file system is gone")?;
         self.state.checkpoint(&fs, true).map(|_| ())
     }
 

@@ -3,12 +3,16 @@
 //! the ring (written beside the last one, then the root pointed at them on every server).
 
 use super::*;
+use crate::data::DataStore;
+
+fn gone() -> String {
+    "the file system is gone".to_string()
+}
 
 impl Writer {
-    pub(super) fn fs(&self) -> std::result::Result<Arc<Fs>, String> {
-        self.fs
-            .upgrade()
-            .ok_or_else(|| "the file system is gone".to_string())
+    /// The data store the records go through.
+    pub(super) fn data(&self) -> std::result::Result<Arc<DataStore>, String> {
+        self.view.data().ok_or_else(gone)
     }
 
     /// Sets the root (one generation up) on every live server.
@@ -93,19 +97,26 @@ impl Writer {
         gate: &FreeGate,
         fresh_ring: bool,
     ) -> std::result::Result<u64, String> {
-        let fs = self.fs()?;
+        let data = self.data()?;
         // The sequence number first, then the table a slice at a time (see meta::image).
-        let (mut inos, lsn, grown_at) = fs.inspect_meta(|m| {
-            (
-                m.inode_numbers(),
-                gate.assigned.load(Ordering::SeqCst),
-                self.reserve.grown(),
-            )
-        });
+        let (mut inos, lsn, grown_at) = self
+            .view
+            .inspect_meta(|m| {
+                (
+                    m.inode_numbers(),
+                    gate.assigned.load(Ordering::SeqCst),
+                    self.reserve.grown(),
+                )
+            })
+            .ok_or_else(gone)?;
         inos.sort_unstable();
         let mut image = crate::meta::Image::default();
         for slice in inos.chunks(self.options.checkpoint_slice.max(1)) {
-            image.extend(fs.inspect_meta(|m| m.image_of(slice)));
+            image.extend(
+                self.view
+                    .inspect_meta(|m| m.image_of(slice))
+                    .ok_or_else(gone)?,
+            );
         }
         image.add_chunks();
         let (mut files, mut bytes) = (0u64, 0u64);
@@ -145,7 +156,7 @@ impl Writer {
             }
         };
         let regions: Vec<RemoteRegion> = checkpoint.iter().map(|p| region(p, ckpt_len)).collect();
-        if let Err(e) = fs.data().write_regions(&regions, 0, &frames) {
+        if let Err(e) = data.write_regions(&regions, 0, &frames) {
             put_back(self, checkpoint);
             return Err(format!("cannot write the volume's checkpoint: {e}"));
         }
@@ -186,7 +197,7 @@ impl Writer {
             generation: 0,
             epoch: 0,
             servers: old.servers.clone(),
-            chunk_size: fs.data().chunk_size(),
+            chunk_size: data.chunk_size(),
             checkpoint: checkpoint.clone(),
             checkpoint_len: frames.len() as u64,
             checkpoint_lsn: lsn,
@@ -291,8 +302,7 @@ impl Writer {
             }
             let regions: Vec<RemoteRegion> =
                 live.iter().map(|p| region(p, self.root.ring_len)).collect();
-            let fs = self.fs()?;
-            match fs.data().write_regions(&regions, self.tail, bytes) {
+            match self.data()?.write_regions(&regions, self.tail, bytes) {
                 Ok(()) => {
                     self.tail += bytes.len() as u64;
                     self.written.groups.fetch_add(1, Ordering::Relaxed);
@@ -329,16 +339,14 @@ impl Writer {
 impl Writer {
     /// See [`VolumeJournal::tear_next_group`].
     pub(super) fn tear(&mut self, bytes: &[u8], n: usize) {
-        let Ok(fs) = self.fs() else { return };
+        let Ok(data) = self.data() else { return };
         for (i, p) in self.root.ring.iter().enumerate() {
             let part = if i == 0 {
                 bytes
             } else {
                 &bytes[..n.min(bytes.len())]
             };
-            let _ = fs
-                .data()
-                .write_regions(&[region(p, self.root.ring_len)], self.tail, part);
+            let _ = data.write_regions(&[region(p, self.root.ring_len)], self.tail, part);
         }
     }
 }

@@ -148,7 +148,7 @@ impl State {
     }
 }
 
-pub(super) fn poll_loop(s: &State) {
+pub(super) fn poll_loop(s: &State, fs: &Weak<Fs>) {
     while !s.stop.load(Ordering::SeqCst) {
         std::thread::park_timeout(crate::config::FOLLOW_POLL);
         if s.stop.load(Ordering::SeqCst) {
@@ -157,7 +157,7 @@ pub(super) fn poll_loop(s: &State) {
         if s.paused.load(Ordering::SeqCst) {
             continue;
         }
-        let Some(fs) = s.fs.upgrade() else {
+        let Some(fs) = fs.upgrade() else {
             return;
         };
         if let Err(e) = poll_once(s, &fs, false) {
