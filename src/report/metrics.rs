@@ -4,16 +4,15 @@
 //!
 //! The figures are read at scrape time from the counters the daemon keeps anyway (one
 //! collector per process), so serving metrics costs nothing between scrapes. They are served
-//! in the Prometheus text format (see [`prometheus_text`]). The endpoint is
-//! a minimal HTTP/1.1 responder for `GET /metrics`, one connection at a time with short
+//! in the Prometheus text format (see [`prometheus_text`]). What is served is declared in
+//! [`super::families`]; encoding it is one loop. The endpoint is a minimal HTTP/1.1 responder for `GET /metrics`, one connection at a time with short
 //! timeouts: a slow or hostile client delays the next scrape, never the file system.
 
-use crate::report::{MetricKind, MountReport, ServerFigures};
+use crate::report::families::Family;
+use crate::report::{MetricKind, MountReport};
 use crate::server::ServerReport;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use std::fmt;
@@ -34,42 +33,23 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// The longest request head read (a scrape sends a few hundred bytes).
 const MAX_REQUEST_HEAD: usize = 8 << 10;
 
-fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
-    ConstCounter::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Counter)?)
-}
-
-fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> fmt::Result {
-    ConstGauge::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Gauge)?)
-}
-
-/// One counter family: `(label value, count)` under the label `label`.
-fn counter_family(
-    e: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    label: &str,
-    values: &[(String, u64)],
-) -> fmt::Result {
-    let mut m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
-    for (l, v) in values {
-        let labels = [(label.to_string(), l.clone())];
-        m.encode_family(&labels)?
-            .encode_counter::<NoLabelSet, _, u64>(v, None)?;
-    }
-    Ok(())
-}
-
-/// One gauge family, as [`counter_family`].
-fn gauge_family(
-    e: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    labels: &[Vec<(String, String)>],
-    values: &[i64],
-) -> fmt::Result {
-    let mut m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    for (l, v) in labels.iter().zip(values) {
-        m.encode_family(l)?.encode_gauge(v)?;
+/// Writes one family (see [`super::families`]).
+fn encode_family(e: &mut DescriptorEncoder, f: &Family) -> fmt::Result {
+    let kind = match f.kind {
+        MetricKind::Counter => MetricType::Counter,
+        MetricKind::Gauge => MetricType::Gauge,
+    };
+    let mut m = e.encode_descriptor(&f.name, f.help, None, kind)?;
+    for (labels, v) in &f.samples {
+        let sample = |m: &mut MetricEncoder| match f.kind {
+            MetricKind::Counter => m.encode_counter::<NoLabelSet, _, u64>(v, None),
+            MetricKind::Gauge => m.encode_gauge(&(*v as i64)),
+        };
+        if labels.is_empty() {
+            sample(&mut m)?;
+        } else {
+            sample(&mut m.encode_family(labels)?)?;
+        }
     }
     Ok(())
 }
@@ -133,18 +113,11 @@ impl Collector for MountCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
         let s = (self.report)();
         let ops = (self.requests)();
-        let m = &mut e;
-        counter_family(
-            m,
-            "rmemfs_requests",
-            "FUSE requests answered, by operation",
-            "op",
-            &ops.iter()
-                .map(|o| (o.op.to_string(), o.count))
-                .collect::<Vec<_>>(),
-        )?;
+        for family in s.families(&ops) {
+            encode_family(&mut e, &family)?;
+        }
         histograms(
-            m,
+            &mut e,
             "rmemfs_request_duration_seconds",
             "Time the daemon took to answer a FUSE request, by operation (buckets of powers of \
              two microseconds)",
@@ -152,191 +125,13 @@ impl Collector for MountCollector {
             &ops,
         )?;
         histograms(
-            m,
+            &mut e,
             "rmemfs_fabric_batch_duration_seconds",
             "Time from posting a batch of one-sided operations to its last completion, by \
              kind: read, write, write_fresh (with conditional writes to fresh memory), mixed",
             "kind",
             &(self.batches)(),
-        )?;
-        let f = &s.fabric.ops;
-        counter_family(
-            m,
-            "rmemfs_fabric_operations",
-            "One-sided operations this mount posted, by kind",
-            "kind",
-            &[("read".into(), f.reads), ("write".into(), f.writes)],
-        )?;
-        counter_family(
-            m,
-            "rmemfs_fabric_bytes",
-            "Bytes moved by one-sided operations, by direction",
-            "direction",
-            &[
-                ("read".into(), f.bytes_read),
-                ("written".into(), f.bytes_written),
-            ],
-        )?;
-        counter(
-            m,
-            "rmemfs_fabric_failed_operations",
-            "Operations that failed",
-            f.failed,
-        )?;
-        counter(
-            m,
-            "rmemfs_fabric_remote_access_errors",
-            "Operations a server refused (bad key, bounds or session)",
-            f.remote_errors,
-        )?;
-        counter(
-            m,
-            "rmemfs_fabric_registrations",
-            "Memory registrations made",
-            f.registrations,
-        )?;
-        gauge(
-            m,
-            "rmemfs_pinned_bytes",
-            "Bytes pinned by registrations",
-            s.fabric.pinned_bytes as i64,
-        )?;
-        gauge(
-            m,
-            "rmemfs_unpinned_bytes",
-            "Bytes registered unpinned because the memlock limit refused more",
-            s.fabric.unpinned_bytes as i64,
-        )?;
-        let c = &s.registration_cache.counters;
-        counter_family(
-            m,
-            "rmemfs_registration_cache_lookups",
-            "Registration cache lookups, by result",
-            "result",
-            &[
-                ("hit".into(), c.hits),
-                ("subset_hit".into(), c.subset_hits),
-                ("overlap".into(), c.overlaps),
-                ("miss".into(), c.misses),
-            ],
-        )?;
-        // One gauge per server, labelled with its address.
-        let mut per_server = |name: &str, help: &str, value: &dyn Fn(&ServerFigures) -> i64| {
-            let mut f = m.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for x in &s.servers {
-                let labels = [("server", x.addr.as_str())];
-                f.encode_family(&labels)?.encode_gauge(&value(x))?;
-            }
-            Ok::<(), fmt::Error>(())
-        };
-        per_server(
-            "rmemfs_server_up",
-            "1 while the memory server is up (draining too), 0 while down, rejoining or removed",
-            &|x| i64::from(x.state == "up" || x.state == "draining"),
-        )?;
-        per_server(
-            "rmemfs_server_free_bytes",
-            "Free memory the server last reported",
-            &|x| x.free_bytes as i64,
-        )?;
-        per_server("rmemfs_server_total_bytes", "The server's arena", &|x| {
-            x.total_bytes as i64
-        })?;
-        per_server(
-            "rmemfs_server_downs",
-            "Times the server was seen to go down since the mount",
-            &|x| x.downs as i64,
-        )?;
-        let ch = &s.chunks;
-        gauge(
-            m,
-            "rmemfs_chunk_copies",
-            "Copies kept of every chunk",
-            ch.copies as i64,
-        )?;
-        gauge_family(
-            m,
-            "rmemfs_chunks",
-            "Chunks by health: all copies, some missing (degraded), none left (lost)",
-            &["healthy", "degraded", "lost"].map(|st| vec![("state".to_string(), st.to_string())]),
-            &[ch.healthy as i64, ch.degraded as i64, ch.lost as i64],
-        )?;
-        let r = &s.rebuild;
-        gauge(
-            m,
-            "rmemfs_rebuild_running",
-            "1 while a rebuild pass runs",
-            i64::from(r.running),
-        )?;
-        counter(
-            m,
-            "rmemfs_rebuild_chunks",
-            "Chunks copied by rebuilds",
-            r.chunks_rebuilt,
-        )?;
-        counter(
-            m,
-            "rmemfs_rebuild_bytes",
-            "Bytes copied by rebuilds",
-            r.bytes_copied,
-        )?;
-        counter(
-            m,
-            "rmemfs_chunks_copied_on_write",
-            "Chunks given a new copy by a write, their copy on a down server having missed it",
-            r.chunks_copied_on_write,
-        )?;
-        gauge(
-            m,
-            "rmemfs_rebuild_chunks_left",
-            "Chunks still short of copies after the last rebuild pass",
-            r.chunks_left_degraded as i64,
-        )?;
-        gauge(
-            m,
-            "rmemfs_drain_bytes_left",
-            "Bytes of chunk copies still on draining servers (0: no drain under way)",
-            ch.moving_bytes as i64,
-        )?;
-        gauge(
-            m,
-            "rmemfs_drain_rate_bytes_per_second",
-            "Bytes per second the drain under way has moved (0: none)",
-            s.drain.as_ref().map_or(0, |d| d.rate_bytes_per_s as i64),
-        )?;
-        gauge(
-            m,
-            "rmemfs_inodes",
-            "Inodes the mount holds",
-            s.inodes as i64,
-        )?;
-        counter(
-            m,
-            "rmemfs_contained_panics",
-            "Requests failed with EIO by a contained panic",
-            s.contained_panics,
-        )?;
-        counter_family(
-            m,
-            "rmemfs_upkeep_panics",
-            "Panics of an upkeep thread, by thread (each logged, and the thread went on)",
-            "thread",
-            &s.upkeep_panics
-                .iter()
-                .map(|(t, n)| (t.clone(), *n))
-                .collect::<Vec<_>>(),
-        )?;
-        // The generic sections: each figure once, named after its section and key.
-        for (section, figures) in s.sections() {
-            for f in figures {
-                let name = format!("rmemfs_{section}_{}", f.key);
-                match f.kind {
-                    MetricKind::Counter => counter(m, &name, f.help, f.value)?,
-                    MetricKind::Gauge => gauge(m, &name, f.help, f.value as i64)?,
-                }
-            }
-        }
-        Ok(())
+        )
     }
 }
 
@@ -353,52 +148,8 @@ impl fmt::Debug for ServerCollector {
 
 impl Collector for ServerCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
-        let s = (self.report)();
-        let m = &mut e;
-        gauge(
-            m,
-            "rmemfs_serve_free_bytes",
-            "Free memory in the arena",
-            s.free_bytes as i64,
-        )?;
-        gauge(
-            m,
-            "rmemfs_serve_total_bytes",
-            "The arena",
-            s.total_bytes as i64,
-        )?;
-        gauge(
-            m,
-            "rmemfs_serve_largest_free_bytes",
-            "The largest free extent",
-            s.largest_free_bytes as i64,
-        )?;
-        gauge(
-            m,
-            "rmemfs_serve_clients",
-            "Clients connected",
-            i64::from(s.clients),
-        )?;
-        gauge(
-            m,
-            "rmemfs_serve_extents",
-            "Extents handed out",
-            s.extents as i64,
-        )?;
-        for (key, c) in &s.counters {
-            // A figure the server cannot see (remote refusals on verbs) is left out.
-            let Some(v) = c.value else { continue };
-            if *key == "leased_sessions" {
-                // Sessions held under a lease now: a gauge.
-                gauge(
-                    m,
-                    "rmemfs_serve_leased_sessions",
-                    "Sessions held under a lease (clients gone without a goodbye)",
-                    v as i64,
-                )?;
-            } else {
-                counter(m, &format!("rmemfs_serve_{key}"), c.label, v)?;
-            }
+        for family in (self.report)().families() {
+            encode_family(&mut e, &family)?;
         }
         Ok(())
     }

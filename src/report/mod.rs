@@ -5,8 +5,10 @@
 //! misspelt one does not compile.
 //!
 //! Sections declared with [`figures!`] are rendered generically: adding a field there adds
-//! it to the text, the JSON and the metrics at once (the `namespace` section shows it).
+//! it to the text, the JSON and the metrics at once (the `namespace` section shows it). Every
+//! other metric is one line of [`families`], the one list the Prometheus encoder walks.
 
+pub mod families;
 pub mod metrics;
 #[cfg(test)]
 pub(crate) mod pinned;
