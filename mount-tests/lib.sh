@@ -570,10 +570,7 @@ wait_copies() {
 # all_chunks_on FILE ADDR: every chunk of FILE has a copy on the server at ADDR (its
 # placement xattr says so).
 all_chunks_on() {
-  python3 -c 'import json, os, sys
-p = json.loads(os.getxattr(sys.argv[1], "user.rmemfs.placement"))
-bad = [c for c in p if sys.argv[2] not in c[1]]
-sys.exit(f"chunks without a copy on {sys.argv[2]}: {bad}" if bad else 0)' "$1" "$2"
+  python3 mount-tests/placement_check.py "$1" --on "$2"
 }
 
 # start_copy_sampler: samples `stats --json` of $MNT over and over, one line each (chunks
@@ -583,8 +580,7 @@ start_copy_sampler() {
   rm -f "$WORK/sampling-done"
   (
     while [ ! -e "$WORK/sampling-done" ]; do
-      timeout -k 5 30 "$BIN" stats --json "$MNT" 2>/dev/null | python3 -c 'import json, sys
-c = json.load(sys.stdin)["chunks"]; print(c["degraded"], c["lost"], c["moving"])' \
+      stats_field "$MNT" '" ".join(str(s["chunks"][k]) for k in ("degraded", "lost", "moving"))' \
         >>"$WORK/samples" 2>/dev/null || echo "stats failed" >>"$WORK/samples"
     done
   ) &
@@ -637,7 +633,7 @@ run_test_fn() {
 # stats_field MNT EXPR: a value of `stats --json` of the mount at MNT (EXPR: a Python
 # expression over `s`, the parsed JSON).
 stats_field() {
-  timeout -k 5 30 "$BIN" stats --json "$1" | python3 -c "import json, sys; s = json.load(sys.stdin); print($2)"
+  timeout -k 5 30 "$BIN" stats --json "$1" | python3 mount-tests/json_expr.py "$2"
 }
 
 # server_field ADDR EXPR [ARG...]: the same of `stats --server ADDR --json` (ARGs: more
@@ -646,7 +642,7 @@ server_field() {
   local addr=$1 expr=$2
   shift 2
   timeout -k 5 30 "$BIN" stats --server "$addr" "$@" --json |
-    python3 -c "import json, sys; s = json.load(sys.stdin); print($expr)"
+    python3 mount-tests/json_expr.py "$expr"
 }
 
 # servers_free: the free bytes of every server of $ADDRS, summed.

@@ -19,10 +19,8 @@ test_set_replicas() {
     log "$out"
     st=$(wait_copies "$copies" 120 "after set-replicas $copies")
     log "$(grep -E '^(chunks|rebuild)' <<<"$st")"
-    must "f5 at $copies copies per chunk" python3 -c 'import json, os, sys
-p = json.loads(os.getxattr(sys.argv[1], "user.rmemfs.placement"))
-bad = [c for c in p if len(c[1]) != int(sys.argv[2])]
-sys.exit(f"chunks with another count: {bad}" if bad else 0)' "$MNT/f5" "$copies"
+    must "f5 at $copies copies per chunk" \
+      python3 mount-tests/placement_check.py "$MNT/f5" --copies "$copies"
     total=0
     for a in ${ADDRS//,/ }; do
       total=$((total + $(server_field "$a" 's["total_bytes"]')))
@@ -100,12 +98,9 @@ test_rolling_restart() {
       fail "the server at $a is not the restarted process"
   done
   wait_copies 2 30 "after the rolling restart" >/dev/null
-  st=$(t "$BIN" stats --json "$MNT")
-  python3 -c 'import json, sys
-s = json.loads(sys.argv[1])["servers"]
-up = sorted(x["addr"] for x in s if x["state"] == "up")
-sys.exit(0 if up == sorted(sys.argv[2].split(",")) else f"servers up after the restart: {up}")' "$st" "$ADDRS" ||
-    fail "not every server is back in the mount"
+  st=$(stats_field "$MNT" '",".join(sorted(x["addr"] for x in s["servers"] if x["state"] == "up"))') ||
+    fail "stats --json failed"
+  assert_eq "servers up after the restart" "$st" "$(tr ',' '\n' <<<"$ADDRS" | LC_ALL=C sort | paste -sd,)"
   check_files 12 "after the rolling restart"
 }
 
@@ -188,13 +183,11 @@ test_nonroot() {
   # mount's own registrations may or may not pass the limit, so its counter may be 0.)
   out=$(t "${as_nobody[@]}" "$bin" stats "$pool" 2>&1) || fail "stats as nobody: $out"
   # The same figures for scripts: `stats --json` parses and counts the writes.
-  out=$(t "${as_nobody[@]}" "$bin" stats --json "$pool" | python3 -c '
-import json, sys
-s = json.load(sys.stdin)
-f = s["fabric"]
-print(f["name"], f["bytes_written"] >= 64 << 20, type(f["unpinned_bytes"]) is int,
-      s["requests"]["write"]["count"] > 0 and s["fabric_batches"]["read"]["count"] > 0,
-      [x["state"] for x in s["servers"]])') ||
+  out=$(t "${as_nobody[@]}" "$bin" stats --json "$pool" | python3 mount-tests/json_expr.py '
+" ".join(map(str, [s["fabric"]["name"], s["fabric"]["bytes_written"] >= 64 << 20,
+  type(s["fabric"]["unpinned_bytes"]) is int,
+  s["requests"]["write"]["count"] > 0 and s["fabric_batches"]["read"]["count"] > 0,
+  [x["state"] for x in s["servers"]]]))') ||
     fail "stats --json: $out"
   assert_eq "stats --json: fabric, bytes written, unpinned, writes, servers" "$out" \
     "tcp True True True ['up']"
@@ -309,22 +302,8 @@ test_systemd() {
   cp "$d/rmemfs-mount@.service" "$d/rmemfs-mount@a.service"
   out=$(t systemd-analyze verify "$d/rmemfs-serve@a.service" "$d/rmemfs-mount@a.service" \
     "$d/mnt-pool.mount" 2>&1) || fail "systemd-analyze verify: $out"
-  out=$(t python3 - "$BIN" "$m" "$ADDRS" <<'PY'
-import os, socket, subprocess, sys, tempfile
-binary, mnt, addrs = sys.argv[1:4]
-path = os.path.join(tempfile.mkdtemp(), "notify")
-s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-s.bind(path)
-s.settimeout(60)
-env = dict(os.environ, NOTIFY_SOCKET=path)
-p = subprocess.Popen([binary, "mount", "-f", mnt, "--servers", addrs], env=env,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-msg = s.recv(256).decode()
-live = os.path.ismount(mnt)
-subprocess.run(["umount", mnt], check=True)
-print(msg, live, p.wait(60))
-PY
-) || fail "mount -f under NOTIFY_SOCKET: $out"
+  out=$(t python3 mount-tests/notify_check.py "$BIN" "$m" "$ADDRS") ||
+    fail "mount -f under NOTIFY_SOCKET: $out"
   assert_eq "notification, mounted when told, exit status" "$out" "READY=1 True 0"
 }
 

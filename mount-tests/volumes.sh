@@ -258,20 +258,8 @@ test_volume_export_live() {
   local dest=$WORK/live-export out writer mnt2=$BASE/mnt/volume_export_live2 done_before
   mkdir -p "$mnt2"
   mount_fs "$MNT" "$ADDRS" --volume live --create || fail "mount --volume live --create failed"
-  python3 - "$MNT" "$WORK/finished" "$WORK/stop" >"$WORK/writer.out" 2>&1 <<'PY' &
-import os, sys
-mnt, finished, stop = sys.argv[1:]
-i = 0
-with open(finished, "w") as log:
-    while not os.path.exists(stop):
-        i += 1
-        data = (b"%d," % i) * (65536 // len(b"%d," % i))
-        with open(f"{mnt}/f-{i}", "wb") as f:
-            f.write(data)
-        log.write(f"{i}\n")
-        log.flush()
-print(f"wrote {i} files without an error")
-PY
+  python3 mount-tests/live_export.py write "$MNT" "$WORK/finished" "$WORK/stop" \
+    >"$WORK/writer.out" 2>&1 &
   writer=$!
   must_within 30 "the writer started" bash -c 'until [ "$(wc -l <"$1" 2>/dev/null)" -gt 20 ]; do sleep 0.1; done' _ "$WORK/finished"
   done_before=$(wc -l <"$WORK/finished")
@@ -285,15 +273,8 @@ PY
   grep -q "rmemfs admin export" <<<"$out" || fail "the refusal does not point to admin export: $out"
   out=$(t "$BIN" volume import "$dest" live-copy --servers "$ADDRS") || fail "import: $out"
   mount_fs "$mnt2" "$ADDRS" --volume live-copy || fail "mounting the imported copy failed"
-  must "every file finished before the export, in the copy" python3 - "$mnt2" "$done_before" <<'PY'
-import sys
-mnt, n = sys.argv[1], int(sys.argv[2])
-for i in range(1, n + 1):
-    want = (b"%d," % i) * (65536 // len(b"%d," % i))
-    with open(f"{mnt}/f-{i}", "rb") as f:
-        if f.read() != want:
-            sys.exit(f"f-{i} differs in the copy")
-PY
+  must "every file finished before the export, in the copy" \
+    python3 mount-tests/live_export.py check "$mnt2" "$done_before"
   unmount_fs "$mnt2" || fail "unmount failed"
 }
 
