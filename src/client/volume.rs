@@ -233,6 +233,11 @@ pub fn plan_claims(
     config: &PoolConfig,
     spec: &VolumeSpec,
 ) -> Result<(Vec<ClaimMode>, u64), PoolError> {
+    if spec.role == VolumeRole::Share {
+        // The engine says whether the volume exists (and makes it: `--create` is its), the
+        // servers host its memory.
+        return Ok((vec![ClaimMode::Share; addrs.len()], 0));
+    }
     let mut known = Vec::with_capacity(addrs.len());
     let mut names = std::collections::BTreeSet::new();
     let mut epoch = 0;
@@ -244,11 +249,6 @@ pub fn plan_claims(
         }
         known.push(mine.is_some());
         names.extend(vols.into_iter().map(|v| v.name));
-    }
-    if spec.role == VolumeRole::Share {
-        // The engine says whether the volume exists (and makes it: `--create` is its), the
-        // servers host its memory.
-        return Ok((vec![ClaimMode::Share; addrs.len()], 0));
     }
     let any = known.iter().any(|k| *k);
     if spec.create {
