@@ -70,6 +70,7 @@ ALL_TESTS=(
   "server_death 128M,128M mount --replicas=1"
   "daemon_death shared nomount"
   "volume_crash 256M,256M nomount"
+  "volume_crash_behind 256M,256M nomount"
   "volume_export 256M,256M nomount"
   "volume_keep 256M nomount"
   "volume_frozen shared nomount"

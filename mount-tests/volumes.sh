@@ -213,6 +213,37 @@ test_volume_keep() {
   [ -z "$(daemon_pids "$MNT")" ] || fail "the supervisor outlived the unmount"
 }
 
+# (servers 2 × 256M, no mount) Write-behind on a volume's holder (its default): three writers
+# append to files whose every 8-byte word names its file and place (most never fsynced, one in
+# four fsynced with its directory, one in five unlinked again so later files get memory that
+# held other files' bytes); the daemon is killed (SIGKILL) at a random moment and the volume
+# attached again, RMEMFS_VOLUME_ROUNDS times (4): every fsynced byte is there, and no file holds
+# a word of another file or anything else it was never written (zeros where the kernel's
+# writeback cache had not sent a page yet are allowed). tools/volume-kill-loop.sh runs it longer.
+test_volume_crash_behind() {
+  local round pid out manifest=$WORK/manifest writer deferred
+  local rounds=${RMEMFS_VOLUME_ROUNDS:-4} writer_py=$PWD/mount-tests/pattern_writer.py
+  : >"$manifest"
+  mount_fs "$MNT" "$ADDRS" --volume wb --create || fail "mount --volume wb --create failed"
+  for ((round = 1; round <= rounds; round++)); do
+    python3 "$writer_py" write "$MNT" "$manifest" "$round" 3 &
+    writer=$!
+    sleep "0.$((RANDOM % 8 + 2))"
+    deferred=$(stats_field "$MNT" 's["writeback"]["behind"]["deferred"]') ||
+      fail "round $round: stats --json failed"
+    [ "$deferred" -gt 0 ] || fail "round $round: no write was answered before it was sent"
+    pid=$(daemon_pids "$MNT")
+    [ -n "$pid" ] || fail "round $round: no daemon"
+    kill -9 "$pid" 2>/dev/null
+    wait_daemon_gone "$MNT" 20 || fail "round $round: the daemon outlived its kill"
+    wait "$writer" || true
+    mount_fs "$MNT" "$ADDRS" --volume wb || fail "round $round: re-attach failed"
+    out=$(t python3 "$writer_py" check "$MNT" "$manifest") || fail "round $round: $out"
+    echo "round $round: $out ($deferred writes answered before they were sent)" >&2
+  done
+  grep -q '^+' "$manifest" || fail "the writers fsynced nothing"
+}
+
 test_volume_export() {
   local src=$WORK/src dest=$WORK/export out p
   # The servers started below are this subshell's: the runner knows only the first ones.

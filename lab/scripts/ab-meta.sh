@@ -7,9 +7,11 @@
 #   lab/scripts/ab-meta.sh OLD_RMEMFS NEW_RMEMFS      # ROUNDS=3 by default
 #   OLD_ARGS="-o no_write_behind" lab/scripts/ab-meta.sh target/release/rmemfs target/release/rmemfs
 #   VOLUME=1 lab/scripts/ab-meta.sh OLD NEW          # each round on a fresh volume
+#   VOLUME=new lab/scripts/ab-meta.sh BIN BIN        # a private mount against a volume
 # OLD_ARGS / NEW_ARGS: extra `rmemfs mount` arguments for each side (one binary, two settings).
 # VOLUME=1: each side's round mounts a volume of its own (`--volume NAME --create`) and removes
-# it after (`rmemfs volume rm`), so the journal's cost is in the figures.
+# it after (`rmemfs volume rm`), so the journal's cost is in the figures. VOLUME=new: only the
+# NEW side does (one binary twice: a volume's cost beside a private mount's).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=lab/scripts/lib.sh
@@ -36,7 +38,9 @@ for r in $(seq 1 "$ROUNDS"); do
       BIN=$NEW server=$NEW_SERVER args=("${NEW_MOUNT[@]}")
     fi
     vol=ab-$which-$r
-    [ "${VOLUME:-0}" = 1 ] && args+=(--volume "$vol" --create)
+    on_volume=0
+    case ${VOLUME:-0} in 1) on_volume=1 ;; new) [ $which = new ] && on_volume=1 ;; esac
+    [ $on_volume = 1 ] && args+=(--volume "$vol" --create)
     mount_fs "$BASE/m" "$server" "${args[@]}"
     t0=$(date +%s.%N); tar xf "$tar" -C "$BASE/m"; sync -f "$BASE/m"
     t1=$(date +%s.%N); rm -rf "${BASE:?}/m/"*; t2=$(date +%s.%N)
@@ -55,7 +59,7 @@ print(" ".join(out))
 PY
 )
     unmount_fs "$BASE/m"
-    if [ "${VOLUME:-0}" = 1 ]; then "$BIN" volume rm "$vol" --servers "$server" >/dev/null; fi
+    if [ $on_volume = 1 ]; then "$BIN" volume rm "$vol" --servers "$server" >/dev/null; fi
     printf '%s round %s: tar %.2f s, rm %.2f s, %s\n' $which "$r" "$(echo "$t1 - $t0" | bc)" "$(echo "$t2 - $t1" | bc)" "$small"
   done
 done

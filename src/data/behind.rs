@@ -10,8 +10,14 @@
 //! each small file written (`tar xf`, `cp -r`, a compiler's outputs) paid one fabric round
 //! trip at its close (doc/BENCHMARKING.md). What is given up: a send that fails after the
 //! answer (fewer than `--min-replicas` servers left in between) is reported by the file's
-//! next fsync, as a local file system reports a failed writeback, not by its close. Volumes
-//! and shared mounts never write behind: there a WRITE's answer means the bytes are remote.
+//! next fsync, as a local file system reports a failed writeback, not by its close.
+//!
+//! A volume's holder writes behind too, in the journal's order: a record that names a chunk
+//! must never be durable before the bytes in it (a replay would name memory that holds
+//! another file's old bytes). So before the journal writes a group of records or a
+//! checkpoint, it has every write answered so far sent ([`DataStore::send_all_behind`]), as
+//! ext4's `data=ordered` writes a transaction's data blocks before its commit. Shared volumes
+//! never write behind: there other clients read the bytes as soon as the record is theirs.
 
 use super::*;
 use crate::config::{WRITE_BEHIND_SLOTS, WRITE_BEHIND_SLOT_BYTES};
@@ -40,7 +46,7 @@ pub(super) struct WriteBehind {
 
 struct Entry {
     /// Held so that the file's address, the entry's key, is not reused while it lives.
-    _file: Arc<FileData>,
+    file: Arc<FileData>,
     waiting: Option<Waiting>,
     /// A waiting write's send failed: the file's next fsync says so.
     failed: Option<Error>,
@@ -271,7 +277,7 @@ impl DataStore {
             .lock()
             .entry(key(file))
             .or_insert_with(|| Entry {
-                _file: file.clone(),
+                file: file.clone(),
                 waiting: None,
                 failed: None,
                 queued: false,
@@ -297,6 +303,21 @@ impl DataStore {
         let w = sending.w;
         let res = self.write_window(chunks, w.offset, wb.slot_addr(w.slot), w.len);
         sending.settle(res);
+    }
+
+    /// Every write answered so far is on its chunks' copies: each one waiting is sent now,
+    /// and each one on its way (sent under its file's lock) is waited for. A volume's
+    /// journal calls it before it writes records or a checkpoint that may name the chunks
+    /// those writes fill. Files are locked one at a time, never two.
+    pub fn send_all_behind(&self) {
+        let Some(wb) = &self.behind else { return };
+        // Every file with an entry: a waiting write, one being sent, one queued or failed.
+        let files: Vec<Arc<FileData>> = wb.files.lock().values().map(|e| e.file.clone()).collect();
+        for file in files {
+            let mut chunks = file.chunks.write();
+            self.flush_waiting(&file, &mut chunks);
+        }
+        self.free_retired();
     }
 
     /// Whether `file` has a write waiting to be sent.

@@ -489,6 +489,9 @@ fn build_fs(
                 keep_orphans: taken_over,
                 ..Default::default()
             };
+            // Written behind as on a private mount, in the journal's order: a record is
+            // written after the bytes it names (see `data::behind`).
+            let data = write_behind(data, choices)?;
             let a = crate::volume::attach_with(data, fs_config, &servers.addrs, &without, options)?;
             log::info!("volume attached: {:?}", a.report);
             (a.fs, Some(a.journal), None, None)
@@ -496,11 +499,7 @@ fn build_fs(
         Namespace::Private => {
             // A private mount: nothing outside this daemon sees its bytes, so a write may be
             // answered before they are remote (see `data::behind`).
-            let data = if choices.write_behind {
-                data.write_behind().map_err(|e| e.message)?
-            } else {
-                data
-            };
+            let data = write_behind(data, choices)?;
             (Arc::new(Fs::new(data, fs_config)), None, None, None)
         }
     };
@@ -510,6 +509,15 @@ fn build_fs(
         follower,
         follow_counters,
     })
+}
+
+/// `data`, writing behind unless `-o no_write_behind` says not to.
+fn write_behind(data: DataStore, choices: &options::MountChoices) -> Result<DataStore, String> {
+    if choices.write_behind {
+        data.write_behind().map_err(|e| e.message)
+    } else {
+        Ok(data)
+    }
 }
 
 /// Starts what runs beside the session: heartbeats, reconnects and the rebuild; the dirty

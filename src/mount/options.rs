@@ -170,8 +170,9 @@ pub(super) struct MountChoices {
     /// Requests through FUSE over io_uring where the kernel offers it (`io_uring`, the
     /// default; `no_io_uring` for /dev/fuse).
     pub(super) io_uring: bool,
-    /// Small writes answered before their bytes are remote, on a private mount
-    /// (`write_behind`, the default, or `no_write_behind`; see `data::behind`).
+    /// Small writes answered before their bytes are remote, on a private mount and a
+    /// volume's holder (`write_behind`, the default, or `no_write_behind`; see
+    /// `data::behind`).
     pub(super) write_behind: bool,
 }
 

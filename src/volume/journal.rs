@@ -314,6 +314,11 @@ impl Shared {
             writer.tear(bytes, n);
             return self.fail("the journal was torn by a test".into());
         }
+        // The bytes of writes answered before they were sent go first: a record never
+        // commits before the data it names (see `data::behind`).
+        if let Ok(data) = writer.data() {
+            data.send_all_behind();
+        }
         match writer.append(&self.gate, bytes, last) {
             Ok(lsn) => {
                 // Backed servers write the group (and the data before it) to their medium

@@ -92,6 +92,33 @@ impl Rack {
         self.attach_ring(name, create, takeover, JournalOptions::default())
     }
 
+    /// [`Rack::attach`] whose small writes are answered before they are sent (a mount's
+    /// default; no worker runs: the next operation on the file or the journal's next group
+    /// sends them).
+    pub fn attach_behind(&self, name: &str, create: bool) -> Result<Daemon, String> {
+        let spec = VolumeSpec {
+            name: name.into(),
+            holder: format!("test-host pid {}", rand_pid()),
+            create,
+            takeover: false,
+            role: Default::default(),
+        };
+        let replicas = self.servers.len().min(2);
+        let data = self
+            .store(&self.addrs(), spec, replicas)?
+            .write_behind()
+            .map_err(|e| e.message)?;
+        let addrs = self.addrs();
+        attach_with(
+            data,
+            FsConfig::default(),
+            &addrs,
+            &[],
+            JournalOptions::default(),
+        )
+        .map(Daemon)
+    }
+
     /// [`Rack::attach`] with journal ring copies of `ring` bytes.
     pub fn attach_ring(
         &self,

@@ -119,6 +119,9 @@ impl Writer {
             );
         }
         image.add_chunks();
+        // Every chunk the image names holds its bytes before the image is written (a write
+        // answered before it was sent may have made it; see `data::behind`).
+        data.send_all_behind();
         let (mut files, mut bytes) = (0u64, 0u64);
         for c in &image.changes {
             if let Change::Make {
