@@ -27,7 +27,7 @@ use crate::config;
 use crate::data::DataStore;
 use crate::fabric::mem::page_size;
 use crate::fabric::{Fabric, FabricOptions};
-use crate::fs::{Barrier, Fs, FsConfig};
+use crate::fs::{Fs, FsConfig};
 use crate::regcache::CacheConfig;
 use crate::server::{MemoryServer, ServerConfig, DEFAULT_PORT};
 use crate::size::format_size;
@@ -207,7 +207,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         (Some(j), true) => {
             let j = j.clone();
             Some(Box::new(move || {
-                if let Err(e) = j.sync() {
+                if let Err(e) = j.sync_all() {
                     log::error!("the last commit before the restart failed: {}", e.message);
                 }
                 std::process::exit(keeper::RESTART_EXIT);

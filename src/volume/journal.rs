@@ -495,11 +495,22 @@ impl VolumeJournal {
         ))
     }
 
+    /// Every write answered so far on its copies (see `data::behind`: a write into a chunk
+    /// already named waits for no record) and every change committed: before an unmount or a
+    /// planned restart, which must lose nothing.
+    pub fn sync_all(&self) -> Result<()> {
+        let data = self.shared.writer.lock().data();
+        if let Ok(data) = data {
+            data.send_all_behind();
+        }
+        self.shared.sync()
+    }
+
     /// Commits what is pending and stops the committer (an unmount).
     pub fn stop(&self) -> Result<()> {
         #[cfg(feature = "testing")]
         self.hold_commits(false);
-        let res = self.shared.sync();
+        let res = self.sync_all();
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.wake.notify_all();
         let thread = self.thread.lock().take();
