@@ -110,7 +110,8 @@ struct Counts {
 pub struct WriteBehindStats {
     /// Writes answered before their bytes were remote.
     pub deferred: u64,
-    /// Of those, sent by the worker, and by the next operation on the file.
+    /// Of those, sent in the background (by the worker, or before a volume's journal writes
+    /// its records), and by the next operation on the file.
     pub sent_by_worker: u64,
     pub sent_inline: u64,
     /// Sends that failed (reported by the file's next fsync).
@@ -312,10 +313,20 @@ impl DataStore {
     pub fn send_all_behind(&self) {
         let Some(wb) = &self.behind else { return };
         // Every file with an entry: a waiting write, one being sent, one queued or failed.
-        let files: Vec<Arc<FileData>> = wb.files.lock().values().map(|e| e.file.clone()).collect();
-        for file in files {
+        let files: Vec<(Arc<FileData>, bool)> = wb
+            .files
+            .lock()
+            .values()
+            .map(|e| (e.file.clone(), e.waiting.is_some()))
+            .collect();
+        let (waiting, rest): (Vec<_>, Vec<_>) = files.into_iter().partition(|(_, w)| *w);
+        let waiting = waiting.into_iter().map(|(f, _)| f).collect();
+        // The waiting ones in batches as the worker sends them; then every file whose lock
+        // was held (its holder may be sending its write) and every other one, waited for.
+        let (_, busy) = self.send_batches(wb, waiting);
+        for file in busy.iter().chain(rest.iter().map(|(f, _)| f)) {
             let mut chunks = file.chunks.write();
-            self.flush_waiting(&file, &mut chunks);
+            self.flush_waiting(file, &mut chunks);
         }
         self.free_retired();
     }
@@ -385,27 +396,42 @@ impl DataStore {
         for f in &batch {
             wb.unqueue(f);
         }
-        batch.sort_by_key(|f| key(f));
-        batch.dedup_by_key(|f| key(f));
         batch.retain(|f| wb.has_waiting(f));
-        let mut left: Vec<usize> = (0..batch.len()).collect();
-        let mut sent = 0;
+        let (sent, busy) = self.send_batches(wb, batch);
+        // A file whose lock is held goes back in the queue (its holder may also have sent
+        // its write).
+        for file in busy {
+            wb.enqueue(&file);
+        }
+        sent
+    }
+
+    /// Sends the waiting writes of `files`, in batches of remote writes, one per set of
+    /// servers they go to; returns how many it sent and the files whose lock another thread
+    /// held. The first file of a batch's lock is waited for, the others' only taken if free
+    /// (and kept if their writes go to the same servers): so this never waits on a lock
+    /// while it holds another.
+    fn send_batches(
+        &self,
+        wb: &WriteBehind,
+        mut files: Vec<Arc<FileData>>,
+    ) -> (usize, Vec<Arc<FileData>>) {
+        files.sort_by_key(|f| key(f));
+        files.dedup_by_key(|f| key(f));
+        let mut left: Vec<usize> = (0..files.len()).collect();
+        let (mut sent, mut busy) = (0, Vec::new());
         while let Some((&first, others)) = left.split_first() {
-            // The first file's lock is waited for, the others' only taken if free (and kept
-            // if their writes go to the same servers): so the worker never waits on a lock
-            // while it holds another. A file whose lock is held goes back in the queue (its
-            // holder may also have sent its write).
-            let guard = batch[first].chunks.write();
-            let servers = self.waiting_servers(wb, &batch[first], &guard);
-            let mut group = vec![(&*batch[first], guard)];
+            let guard = files[first].chunks.write();
+            let servers = self.waiting_servers(wb, &files[first], &guard);
+            let mut group = vec![(&*files[first], guard)];
             let mut next = Vec::new();
             for &i in others {
-                match batch[i].chunks.try_write() {
-                    Some(g) if self.waiting_servers(wb, &batch[i], &g) == servers => {
-                        group.push((&*batch[i], g))
+                match files[i].chunks.try_write() {
+                    Some(g) if self.waiting_servers(wb, &files[i], &g) == servers => {
+                        group.push((&*files[i], g))
                     }
                     Some(_) => next.push(i),
-                    None => wb.enqueue(&batch[i]),
+                    None => busy.push(files[i].clone()),
                 }
             }
             sent += self.send_batch(wb, &mut group);
@@ -413,7 +439,7 @@ impl DataStore {
             self.free_retired();
             left = next;
         }
-        sent
+        (sent, busy)
     }
 
     /// The servers `file`'s waiting write goes to (its chunks' copies), sorted.
