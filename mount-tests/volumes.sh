@@ -217,12 +217,12 @@ test_volume_keep() {
 # append to files whose every 8-byte word names its file and place (most never fsynced, one in
 # four fsynced with its directory, one in five unlinked again so later files get memory that
 # held other files' bytes); the daemon is killed (SIGKILL) at a random moment and the volume
-# attached again, RMEMFS_VOLUME_ROUNDS times (4): every fsynced byte is there, and no file holds
+# attached again, RMEMFS_VOLUME_ROUNDS times (3): every fsynced byte is there, and no file holds
 # a word of another file or anything else it was never written (zeros where the kernel's
 # writeback cache had not sent a page yet are allowed). tools/volume-kill-loop.sh runs it longer.
 test_volume_crash_behind() {
   local round pid out manifest=$WORK/manifest writer deferred
-  local rounds=${RMEMFS_VOLUME_ROUNDS:-4} writer_py=$PWD/mount-tests/pattern_writer.py
+  local rounds=${RMEMFS_VOLUME_ROUNDS:-3} writer_py=$PWD/mount-tests/pattern_writer.py
   : >"$manifest"
   mount_fs "$MNT" "$ADDRS" --volume wb --create || fail "mount --volume wb --create failed"
   for ((round = 1; round <= rounds; round++)); do
