@@ -53,11 +53,13 @@ struct Entry {
     /// In the worker's queue (so each file is there once, and the queue is bounded by the
     /// files with an entry).
     queued: bool,
+    /// Its write was taken out to be sent and is not settled yet (under the file's lock).
+    sending: bool,
 }
 
 impl Entry {
     fn idle(&self) -> bool {
-        self.waiting.is_none() && self.failed.is_none() && !self.queued
+        self.waiting.is_none() && !self.sending && self.failed.is_none() && !self.queued
     }
 }
 
@@ -151,7 +153,13 @@ impl WriteBehind {
         if self.waiting.load(Ordering::Acquire) == 0 {
             return None;
         }
-        let w = self.files.lock().get_mut(&key(file))?.waiting.take()?;
+        let w = {
+            let mut files = self.files.lock();
+            let e = files.get_mut(&key(file))?;
+            let w = e.waiting.take()?;
+            e.sending = true;
+            w
+        };
         self.waiting.fetch_sub(1, Ordering::AcqRel);
         Some(Sending {
             wb: self,
@@ -191,6 +199,7 @@ impl WriteBehind {
         {
             let mut files = self.files.lock();
             if let Some(e) = files.get_mut(&key(file)) {
+                e.sending = false;
                 if let Err(err) = res {
                     log::warn!(
                         "a write answered before it was sent failed ({} bytes at {}): {err}; \
@@ -282,6 +291,7 @@ impl DataStore {
                 waiting: None,
                 failed: None,
                 queued: false,
+                sending: false,
             })
             .waiting
             .replace(w);
@@ -310,21 +320,25 @@ impl DataStore {
     /// and each one on its way (sent under its file's lock) is waited for. A volume's
     /// journal calls it before it writes records or a checkpoint that may name the chunks
     /// those writes fill. Files are locked one at a time, never two.
+    ///
+    /// Only files with a write waiting or on its way are locked: a file's lock is held by
+    /// an operation that may be waiting for this very commit (an allocation on a full pool
+    /// waits for the frees a commit releases), and such a file has neither (taking the lock
+    /// sent its waiting write, and the operation's own is set only after it allocated).
     pub fn send_all_behind(&self) {
         let Some(wb) = &self.behind else { return };
-        // Every file with an entry: a waiting write, one being sent, one queued or failed.
-        let files: Vec<(Arc<FileData>, bool)> = wb
-            .files
-            .lock()
-            .values()
-            .map(|e| (e.file.clone(), e.waiting.is_some()))
-            .collect();
-        let (waiting, rest): (Vec<_>, Vec<_>) = files.into_iter().partition(|(_, w)| *w);
-        let waiting = waiting.into_iter().map(|(f, _)| f).collect();
-        // The waiting ones in batches as the worker sends them; then every file whose lock
-        // was held (its holder may be sending its write) and every other one, waited for.
+        let (mut waiting, mut on_the_way) = (Vec::new(), Vec::new());
+        for e in wb.files.lock().values() {
+            if e.waiting.is_some() {
+                waiting.push(e.file.clone());
+            } else if e.sending {
+                on_the_way.push(e.file.clone());
+            }
+        }
+        // The waiting ones in batches as the worker sends them; then each whose lock another
+        // thread held (its holder may be sending it) and each on its way, waited for.
         let (_, busy) = self.send_batches(wb, waiting);
-        for file in busy.iter().chain(rest.iter().map(|(f, _)| f)) {
+        for file in busy.iter().chain(&on_the_way) {
             let mut chunks = file.chunks.write();
             self.flush_waiting(file, &mut chunks);
         }
