@@ -247,7 +247,19 @@ test_volume_followers() {
     assert_eq "the data set's checksums on host $r" "$(cat "$WORK/sums$r")" "$want"
   done
   used_after=$(servers_used)
-  assert_eq "extents and bytes used on the servers (one copy set)" "$used_after" "$used_before"
+  # One copy set: the followers added no extent on any server. The holder's journal may
+  # move its checkpoint spare meanwhile (a free and a larger allocation when it retries:
+  # the same count, some KiB more), so bytes need only stay far below another copy set.
+  local before after k b a
+  IFS=';' read -ra before <<<"$used_before"
+  IFS=';' read -ra after <<<"$used_after"
+  for k in "${!before[@]}"; do
+    b=${before[k]//[() ]/} a=${after[k]//[() ]/}
+    [ "${b%%,*}" = "${a%%,*}" ] ||
+      fail "server $k holds ${a%%,*} extents after the followers read, ${b%%,*} before"
+    [ "${a##*,}" -le $((${b##*,} + (1 << 20))) ] ||
+      fail "server $k uses ${a##*,} bytes after the followers read, ${b##*,} before"
+  done
   out=$(t python3 "$check_py" visible "$MNT" "$WORK/r4" 100 5 2>&1) || fail "$out"
   log "$out"
   out=$(t python3 "$check_py" overwrite "$MNT" "$WORK/r5" 5 2>&1) || fail "$out"
