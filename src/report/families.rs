@@ -57,7 +57,6 @@ impl MountReport {
     pub fn families(&self, ops: &[OpSummary]) -> Vec<Family> {
         let (f, c) = (&self.fabric.ops, &self.registration_cache.counters);
         let (ch, r) = (&self.chunks, &self.rebuild);
-        let up = |state: &str| u64::from(state == "up" || state == "draining");
         let per_server = |value: fn(&super::ServerFigures) -> u64| {
             self.servers
                 .iter()
@@ -134,7 +133,7 @@ impl MountReport {
                 "1 while the memory server is up (draining too), 0 while down, rejoining or \
                  removed",
                 "server",
-                self.servers.iter().map(|x| (x.addr.clone(), up(&x.state))),
+                per_server(|x| u64::from(x.state == "up" || x.state == "draining")),
             ),
             Family::by(
                 "rmemfs_server_free_bytes",
