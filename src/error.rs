@@ -8,6 +8,9 @@
 pub struct Error {
     pub errno: i32,
     pub message: String,
+    /// A shared volume's change decided on a view of this inode another client changed
+    /// since: it is decided again on a table caught up, never answered with this error.
+    pub conflict: Option<u64>,
 }
 
 impl Error {
@@ -15,6 +18,16 @@ impl Error {
         Error {
             errno,
             message: message.into(),
+            conflict: None,
+        }
+    }
+
+    /// A shared volume's change that must be decided again (see [`Error::conflict`]): EIO if
+    /// it ever reached a program.
+    pub fn conflict(ino: u64, message: impl Into<String>) -> Error {
+        Error {
+            conflict: Some(ino),
+            ..Error::new(libc::EIO, message)
         }
     }
 }

@@ -8,7 +8,10 @@ mod common;
 use common::redis::Redis;
 use rmemfs::engine::mem::MemEngine;
 use rmemfs::engine::redis::RedisEngine;
-use rmemfs::engine::{change_locks, drop_session_locks, Checkpoint, EngineError, MetaEngine};
+use rmemfs::engine::{
+    change_locks, drop_session_locks, Appended, Checkpoint, EngineError, MetaEngine, Touch,
+    SHARED_FORMAT,
+};
 use rmemfs::meta::locks::{FileLock, LockKind, LockOwner, LockType};
 use rmemfs::volume::shared::server_order;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,6 +19,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const LONG: Duration = Duration::from_secs(10);
+
+fn t(key: u64, seen: u64) -> Touch {
+    Touch { key, seen }
+}
 
 fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     assert_eq!(a.head().unwrap(), 0);
@@ -25,70 +32,108 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         a.heartbeat("a", LONG),
         Err(EngineError::NoSession { .. })
     ));
-    a.take_turn("a", LONG, LONG).unwrap();
     assert!(matches!(
-        a.append("a", 1, b"one", LONG),
+        a.append("a", b"one", &[t(5, 0)], &[], LONG),
         Err(EngineError::NoSession { .. })
     ));
-    a.give_turn("a").unwrap();
     a.start_session("a", LONG).unwrap();
     b.start_session("b", LONG).unwrap();
-    // Only in turn.
-    assert!(matches!(
-        a.append("a", 1, b"one", LONG),
-        Err(EngineError::NotYourTurn { .. })
-    ));
-    a.take_turn("a", LONG, LONG).unwrap();
-    a.append("a", 1, b"one", LONG).unwrap();
-    // Only in order.
+    // The engine numbers changes, in order.
+    assert_eq!(a.append("a", b"one", &[t(5, 0)], &[], LONG).unwrap().lsn, 1);
+    assert_eq!(b.append("b", b"two", &[t(6, 0)], &[], LONG).unwrap().lsn, 2);
+    // A change decided on a view of inode 5 older than change 1 conflicts, naming it;
+    // one that saw change 1 is taken. Inodes no change touched have version 0.
     assert_eq!(
-        a.append("a", 3, b"three", LONG),
-        Err(EngineError::Behind { head: 1 })
+        b.append("b", b"stale", &[t(6, 2), t(5, 0)], &[], LONG),
+        Err(EngineError::Conflict { key: 5, lsn: 1 })
     );
     assert_eq!(
-        a.append("a", 1, b"again", LONG),
-        Err(EngineError::Behind { head: 1 })
+        b.append("b", b"three", &[t(5, 1), t(7, 0)], &[], LONG)
+            .unwrap()
+            .lsn,
+        3
     );
-    // The turn is one client's at a time.
-    match b.take_turn("b", LONG, Duration::from_millis(50)) {
-        Err(EngineError::TurnBusy { holder, .. }) => assert_eq!(holder, "a"),
-        other => panic!("b took a held turn: {other:?}"),
-    }
-    assert!(matches!(
-        b.append("b", 2, b"two", LONG),
-        Err(EngineError::NotYourTurn { .. })
-    ));
-    a.give_turn("a").unwrap();
-    b.take_turn("b", LONG, LONG).unwrap();
-    b.append("b", 2, b"two", LONG).unwrap();
-    assert_eq!(a.head().unwrap(), 2);
+    assert_eq!(a.head().unwrap(), 3);
     assert_eq!(
         a.read_after(0, 10).unwrap(),
-        vec![(1, b"one".to_vec()), (2, b"two".to_vec())]
+        vec![
+            (1, b"one".to_vec()),
+            (2, b"two".to_vec()),
+            (3, b"three".to_vec())
+        ]
     );
     assert_eq!(a.read_after(1, 1).unwrap(), vec![(2, b"two".to_vec())]);
-    assert_eq!(a.read_after(2, 10).unwrap(), vec![]);
-    b.give_turn("b").unwrap();
+    assert_eq!(a.read_after(3, 10).unwrap(), vec![]);
 
-    // A turn whose lease ran out goes to the next, and its old holder may not append.
-    let lease = Duration::from_millis(300);
-    a.take_turn("a", lease, LONG).unwrap();
-    let t = Instant::now();
-    b.take_turn("b", LONG, LONG).unwrap();
-    assert!(
-        t.elapsed() >= lease / 2,
-        "b took the turn {:?} into a's lease of {lease:?}",
-        t.elapsed()
+    // A turn: its inode's version is given with it, another client's change touching it is
+    // refused (and the holder told it is wanted), its holder's is taken.
+    assert_eq!(a.take_turn("a", 5, LONG, LONG).unwrap(), 3);
+    match b.take_turn("b", 5, LONG, Duration::from_millis(50)) {
+        Err(EngineError::TurnBusy { key: 5, holder, .. }) => assert_eq!(holder, "a"),
+        other => panic!("b took a held turn: {other:?}"),
+    }
+    assert_eq!(
+        b.append("b", b"four", &[t(5, 3)], &[], LONG),
+        Err(EngineError::Busy {
+            key: 5,
+            holder: "a".into()
+        })
     );
+    let took = a.append("a", b"four", &[t(5, 3)], &[], LONG).unwrap();
+    assert_eq!(
+        took,
+        Appended {
+            lsn: 4,
+            wanted: vec![5]
+        }
+    );
+    a.give_turns("a", &[5]).unwrap();
+    assert_eq!(b.take_turn("b", 5, LONG, LONG).unwrap(), 4);
+    // Giving back a turn one does not hold does nothing.
+    a.give_turns("a", &[5]).unwrap();
     assert!(matches!(
-        a.append("a", 3, b"late", LONG),
-        Err(EngineError::NotYourTurn { .. })
+        a.append("a", b"five", &[t(5, 4)], &[], LONG),
+        Err(EngineError::Busy { .. })
     ));
-    b.append("b", 3, b"three", LONG).unwrap();
+    b.give_turns("b", &[5]).unwrap();
+
+    // A claim makes the new inode's turn the appender's.
+    a.append("a", b"make", &[t(9, 0)], &[9], LONG).unwrap();
+    assert!(matches!(
+        b.take_turn("b", 9, LONG, Duration::from_millis(20)),
+        Err(EngineError::TurnBusy { .. })
+    ));
+    a.give_turns("a", &[9]).unwrap();
+
+    // A turn whose lease ran out goes to the next, and its old holder's change touching the
+    // inode is refused.
+    let lease = Duration::from_millis(300);
+    a.take_turn("a", 8, lease, LONG).unwrap();
+    let started = Instant::now();
+    b.take_turn("b", 8, LONG, LONG).unwrap();
+    assert!(
+        started.elapsed() >= lease / 2,
+        "b took the turn {:?} into a's lease of {lease:?}",
+        started.elapsed()
+    );
+    let head = a.head().unwrap();
+    assert!(matches!(
+        a.append("a", b"late", &[t(8, head)], &[], LONG),
+        Err(EngineError::Busy { .. })
+    ));
+    b.give_turns("b", &[8]).unwrap();
+
+    // Inode numbers: never given twice, never below a floor.
+    let first = a.alloc_inos(10, 0).unwrap();
+    let second = b.alloc_inos(10, 0).unwrap();
+    assert!(second >= first + 10, "{first} then {second}");
+    assert_eq!(a.alloc_inos(5, 1000).unwrap(), 1000);
+    assert_eq!(b.alloc_inos(5, 10).unwrap(), 1005);
 
     // A checkpoint trims the log it holds; an older one does not replace it.
+    let head = a.head().unwrap();
     let ckpt = Checkpoint {
-        lsn: 2,
+        lsn: head - 1,
         image: vec![0, 1, 2, 255],
     };
     a.put_checkpoint(&ckpt).unwrap();
@@ -98,11 +143,10 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     })
     .unwrap();
     assert_eq!(b.checkpoint().unwrap(), Some(ckpt));
-    assert_eq!(b.read_after(0, 10).unwrap(), vec![(3, b"three".to_vec())]);
-    b.give_turn("b").unwrap();
+    assert_eq!(b.read_after(0, 10).unwrap(), vec![(head, b"make".to_vec())]);
 
     // Sessions: the one whose heartbeats stop is the expired one, until dropped; then it may
-    // neither renew nor append.
+    // neither renew, append nor take a turn.
     a.heartbeat("a", Duration::from_millis(50)).unwrap();
     b.heartbeat("b", LONG).unwrap();
     let deadline = Instant::now() + LONG;
@@ -117,73 +161,97 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         a.heartbeat("a", LONG),
         Err(EngineError::NoSession { .. })
     ));
-    a.take_turn("a", LONG, LONG).unwrap();
-    let head = a.head().unwrap();
     assert!(matches!(
-        a.append("a", head + 1, b"evicted", LONG),
+        a.take_turn("a", 5, LONG, LONG),
         Err(EngineError::NoSession { .. })
     ));
-    a.give_turn("a").unwrap();
+    assert!(matches!(
+        a.append("a", b"evicted", &[t(77, u64::MAX)], &[], LONG),
+        Err(EngineError::NoSession { .. })
+    ));
 }
 
-/// Two clients appending at once, each taking the turn for every record: the log holds every
-/// record once, numbered without a gap, each client's in its own order.
+/// A volume made now carries this build's format; one of format 1 (no format) is upgraded
+/// only while no other client is live, naming those that are.
+fn formats(made: &dyn MetaEngine, old: &dyn MetaEngine) {
+    assert!(made.create_volume(&["a:1".to_string()]).unwrap());
+    assert_eq!(made.format().unwrap(), Some(SHARED_FORMAT));
+    made.upgrade("x").unwrap();
+    assert_eq!(old.format().unwrap(), None);
+    old.start_session("old-client", LONG).unwrap();
+    old.start_session("new-client", LONG).unwrap();
+    match old.upgrade("new-client") {
+        Err(e @ EngineError::Format { found: 1, .. }) => {
+            let why = e.to_string();
+            assert!(
+                why.contains("old-client") && why.contains("format 1") && why.contains("format 2"),
+                "{why}"
+            );
+        }
+        other => panic!("upgraded under a live old client: {other:?}"),
+    }
+    assert_eq!(old.format().unwrap(), None);
+    old.drop_session("old-client").unwrap();
+    old.upgrade("new-client").unwrap();
+    assert_eq!(old.format().unwrap(), Some(SHARED_FORMAT));
+}
+
+/// Two clients appending at once, each change touching an inode of its own and the one
+/// both touch (so about half conflict and are decided again after catching up): the log
+/// holds every change once, numbered without a gap, each client's in its own order, and
+/// every change saw the one before it on the shared inode.
 fn concurrent(a: Arc<dyn MetaEngine>, b: Arc<dyn MetaEngine>) {
     const EACH: u64 = 200;
+    const SHARED: u64 = 1;
     let start = a.head().unwrap();
     a.start_session("x", LONG).unwrap();
     b.start_session("y", LONG).unwrap();
-    let run = |e: Arc<dyn MetaEngine>, who: &'static str| {
+    let run = |e: Arc<dyn MetaEngine>, who: &'static str, own: u64| {
         std::thread::spawn(move || {
+            let mut conflicts = 0;
             for i in 0..EACH {
-                e.take_turn(who, LONG, LONG).unwrap();
-                let lsn = e.head().unwrap() + 1;
-                e.append(who, lsn, format!("{who} {i}").as_bytes(), LONG)
-                    .unwrap();
-                e.give_turn(who).unwrap();
+                loop {
+                    // The version of the shared inode as a client catching up knows it.
+                    let seen = e.head().unwrap();
+                    let record = format!("{who} {i} saw {seen}");
+                    match e.append(
+                        who,
+                        record.as_bytes(),
+                        &[t(own, seen), t(SHARED, seen)],
+                        &[],
+                        LONG,
+                    ) {
+                        Ok(_) => break,
+                        Err(EngineError::Conflict { key: SHARED, .. }) => conflicts += 1,
+                        Err(other) => panic!("{other}"),
+                    }
+                }
             }
+            conflicts
         })
     };
-    let (x, y) = (run(a.clone(), "x"), run(b, "y"));
+    let (x, y) = (run(a.clone(), "x", 2), run(b, "y", 3));
     x.join().unwrap();
     y.join().unwrap();
     let log = a.read_after(start, 10_000).unwrap();
     assert_eq!(log.len() as u64, 2 * EACH);
-    for (k, (lsn, _)) in log.iter().enumerate() {
+    for (k, (lsn, r)) in log.iter().enumerate() {
         assert_eq!(*lsn, start + 1 + k as u64);
+        // Serial on the shared inode: each saw every change before its own.
+        let text = String::from_utf8(r.clone()).unwrap();
+        let saw: u64 = text.rsplit(' ').next().unwrap().parse().unwrap();
+        assert_eq!(saw, lsn - 1, "{text} at {lsn}");
     }
     for who in ["x", "y"] {
         let mine: Vec<String> = log
             .iter()
             .map(|(_, r)| String::from_utf8(r.clone()).unwrap())
             .filter(|r| r.starts_with(who))
+            .map(|r| r.split(" saw").next().unwrap().to_string())
             .collect();
         let want: Vec<String> = (0..EACH).map(|i| format!("{who} {i}")).collect();
         assert_eq!(mine, want);
     }
-}
-
-/// A client that waited for the turn is named to its holder by the holder's next append;
-/// the turn taken with the log read after a change, in one step.
-fn turn_handover(a: &dyn MetaEngine, b: &dyn MetaEngine) {
-    a.start_session("ta", LONG).unwrap();
-    b.start_session("tb", LONG).unwrap();
-    a.take_turn("ta", LONG, LONG).unwrap();
-    let head = a.head().unwrap();
-    assert_eq!(a.append("ta", head + 1, b"x", LONG), Ok(false));
-    assert!(matches!(
-        b.take_turn("tb", LONG, Duration::from_millis(20)),
-        Err(EngineError::TurnBusy { .. })
-    ));
-    assert_eq!(a.append("ta", head + 2, b"y", LONG), Ok(true));
-    a.give_turn("ta").unwrap();
-    let got = b.take_turn_after("tb", LONG, LONG, head, 10).unwrap();
-    assert_eq!(
-        got,
-        vec![(head + 1, b"x".to_vec()), (head + 2, b"y".to_vec())]
-    );
-    assert_eq!(b.append("tb", head + 3, b"z", LONG), Ok(false));
-    b.give_turn("tb").unwrap();
 }
 
 /// The servers' order: the client that makes the volume gives it; a client naming the same
@@ -328,8 +396,7 @@ fn the_in_memory_engine_keeps_the_contract() {
     concurrent(Arc::new(e.clone()), Arc::new(e));
     let e = MemEngine::new();
     servers_order(&e, &e.clone());
-    let e = MemEngine::new();
-    turn_handover(&e, &e.clone());
+    formats(&MemEngine::new(), &MemEngine::format_1(&[]));
     let e = MemEngine::new();
     locks_contract(&e, &e.clone());
     locks_exclude(Arc::new(e.clone()), Arc::new(e));
@@ -349,7 +416,7 @@ fn the_redis_engine_keeps_the_contract() {
         Arc::new(RedisEngine::open(&redis.url, "c").unwrap()),
     );
     let l = |v| Arc::new(RedisEngine::open(&redis.url, v).unwrap());
-    turn_handover(&*l("t"), &*l("t"));
+    formats(&*l("f"), &*l("g"));
     servers_order(&*l("s"), &*l("s"));
     let names = l("s").volumes().unwrap();
     assert!(names.contains(&"s".to_string()), "{names:?}");

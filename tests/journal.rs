@@ -24,7 +24,7 @@ const MIB: u64 = 1 << 20;
 struct Recording(Arc<Mutex<Vec<Vec<Change>>>>);
 
 impl Journal for Recording {
-    fn record(&mut self, changes: &[Change]) -> Result<()> {
+    fn record(&mut self, changes: &[Change], _: &rmemfs::meta::TableView<'_>) -> Result<()> {
         self.0.lock().unwrap().push(changes.to_vec());
         Ok(())
     }
@@ -202,7 +202,7 @@ struct Switch {
 }
 
 impl Journal for Switch {
-    fn record(&mut self, _: &[Change]) -> Result<()> {
+    fn record(&mut self, _: &[Change], _: &rmemfs::meta::TableView<'_>) -> Result<()> {
         if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(rmemfs::error::Error::new(libc::EIO, "journal refused"));
         }

@@ -1,11 +1,12 @@
 //! An engine in this process's memory, for tests: the same rules as the Redis engine
-//! (append only in turn and in order, a checkpoint trims the log, turns and sessions run out),
+//! (an append checked against the versions and turns of what it touches, a checkpoint trims
+//! the log, turns and sessions run out),
 //! so the conformance tests hold both to one contract and the shared mount can be tested
 //! without a Redis server.
 
-use super::{Checkpoint, EngineError, MetaEngine};
+use super::{Appended, Checkpoint, EngineError, MetaEngine, Touch, SHARED_FORMAT};
 use crate::sync::{Arc, Condvar, Mutex};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 #[derive(Default)]
@@ -13,13 +14,19 @@ struct State {
     head: u64,
     log: BTreeMap<u64, Vec<u8>>,
     checkpoint: Option<Checkpoint>,
-    /// The turn's holder and when its lease runs out.
-    turn: Option<(String, Instant)>,
+    /// Each inode's version: the last change that touched it.
+    versions: HashMap<u64, u64>,
+    /// Turned inodes: the holder and when its lease runs out.
+    turns: HashMap<u64, (String, Instant)>,
+    /// Turned inodes another client asked for since they were taken.
+    wanted: HashSet<u64>,
     sessions: HashMap<String, Instant>,
     locks: BTreeMap<u64, Vec<u8>>,
     servers: Option<Vec<String>>,
-    /// Another client waited for the turn since it was last taken.
-    wanted: bool,
+    /// None: a volume of format 1 (or none yet).
+    format: Option<u32>,
+    /// The last inode number given out.
+    last_ino: u64,
 }
 
 /// One volume's engine state; clones share it (several clients of one engine).
@@ -32,6 +39,14 @@ impl MemEngine {
     pub fn new() -> MemEngine {
         MemEngine::default()
     }
+
+    /// An engine holding a volume of format 1, as a build before format 2 made it (tests of
+    /// the upgrade).
+    pub fn format_1(servers: &[String]) -> MemEngine {
+        let e = MemEngine::default();
+        e.state.0.lock().servers = Some(servers.to_vec());
+        e
+    }
 }
 
 /// Whether session `who` is there and its last heartbeat has not run out.
@@ -41,8 +56,16 @@ fn live(sessions: &HashMap<String, Instant>, who: &str) -> bool {
         .is_some_and(|until| *until >= Instant::now())
 }
 
-fn holds(turn: &Option<(String, Instant)>, who: &str) -> bool {
-    matches!(turn, Some((h, until)) if h == who && *until > Instant::now())
+/// Who else holds `key`'s turn (none: free, run out, or `who`'s own).
+fn other_holder<'a>(
+    turns: &'a HashMap<u64, (String, Instant)>,
+    key: u64,
+    who: &str,
+) -> Option<&'a str> {
+    match turns.get(&key) {
+        Some((h, until)) if h != who && *until > Instant::now() => Some(h),
+        _ => None,
+    }
 }
 
 impl MetaEngine for MemEngine {
@@ -57,24 +80,47 @@ impl MetaEngine for MemEngine {
     fn append(
         &self,
         who: &str,
-        lsn: u64,
         record: &[u8],
+        touched: &[Touch],
+        claim: &[u64],
         lease: Duration,
-    ) -> Result<bool, EngineError> {
+    ) -> Result<Appended, EngineError> {
         let mut s = self.state.0.lock();
         if !live(&s.sessions, who) {
             return Err(EngineError::NoSession { who: who.into() });
         }
-        if !holds(&s.turn, who) {
-            return Err(EngineError::NotYourTurn { who: who.into() });
+        for t in touched {
+            if let Some(holder) = other_holder(&s.turns, t.key, who) {
+                let holder = holder.to_string();
+                s.wanted.insert(t.key);
+                return Err(EngineError::Busy { key: t.key, holder });
+            }
+            let lsn = s.versions.get(&t.key).copied().unwrap_or(0);
+            if lsn > t.seen {
+                return Err(EngineError::Conflict { key: t.key, lsn });
+            }
         }
-        if s.head + 1 != lsn {
-            return Err(EngineError::Behind { head: s.head });
-        }
+        s.head += 1;
+        let lsn = s.head;
         s.log.insert(lsn, record.to_vec());
-        s.head = lsn;
-        s.turn = Some((who.to_string(), Instant::now() + lease));
-        Ok(s.wanted)
+        let until = Instant::now() + lease;
+        let mut wanted = Vec::new();
+        for t in touched {
+            s.versions.insert(t.key, lsn);
+            if let Some((h, u)) = s.turns.get_mut(&t.key) {
+                if h == who {
+                    *u = until;
+                    if s.wanted.contains(&t.key) {
+                        wanted.push(t.key);
+                    }
+                }
+            }
+        }
+        for key in claim {
+            s.turns.insert(*key, (who.to_string(), until));
+            s.wanted.remove(key);
+        }
+        Ok(Appended { lsn, wanted })
     }
 
     fn read_after(&self, after: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
@@ -103,42 +149,93 @@ impl MetaEngine for MemEngine {
         Ok(self.state.0.lock().checkpoint.clone())
     }
 
-    fn take_turn(&self, who: &str, lease: Duration, wait: Duration) -> Result<(), EngineError> {
+    fn take_turn(
+        &self,
+        who: &str,
+        key: u64,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<u64, EngineError> {
         let start = Instant::now();
         let (lock, cv) = &*self.state;
         let mut s = lock.lock();
         loop {
             let now = Instant::now();
-            match s.turn.clone() {
+            match s.turns.get(&key).cloned() {
                 Some((h, until)) if h != who && until > now => {
-                    s.wanted = true;
+                    if !live(&s.sessions, who) {
+                        return Err(EngineError::NoSession { who: who.into() });
+                    }
+                    s.wanted.insert(key);
                     let left = wait.saturating_sub(start.elapsed());
                     if left.is_zero() {
                         return Err(EngineError::TurnBusy {
+                            key,
                             holder: h,
                             waited: start.elapsed(),
                         });
                     }
-                    // Woken when the turn is given back; else when its lease may have run out.
+                    // Woken when a turn is given back; else when its lease may have run out.
                     let until = (until - now).min(left);
                     s = cv.wait_timeout(s, until).0;
                 }
                 _ => {
-                    s.turn = Some((who.to_string(), now + lease));
-                    s.wanted = false;
-                    return Ok(());
+                    if !live(&s.sessions, who) {
+                        return Err(EngineError::NoSession { who: who.into() });
+                    }
+                    s.turns.insert(key, (who.to_string(), now + lease));
+                    s.wanted.remove(&key);
+                    return Ok(s.versions.get(&key).copied().unwrap_or(0));
                 }
             }
         }
     }
 
-    fn give_turn(&self, who: &str) -> Result<(), EngineError> {
+    fn give_turns(&self, who: &str, keys: &[u64]) -> Result<(), EngineError> {
         let (lock, cv) = &*self.state;
         let mut s = lock.lock();
-        if matches!(&s.turn, Some((h, _)) if h == who) {
-            s.turn = None;
-            cv.notify_all();
+        for key in keys {
+            if matches!(s.turns.get(key), Some((h, _)) if h == who) {
+                s.turns.remove(key);
+                s.wanted.remove(key);
+            }
         }
+        cv.notify_all();
+        Ok(())
+    }
+
+    fn alloc_inos(&self, n: u64, floor: u64) -> Result<u64, EngineError> {
+        let mut s = self.state.0.lock();
+        s.last_ino = s.last_ino.max(floor.saturating_sub(1));
+        let first = s.last_ino + 1;
+        s.last_ino += n;
+        Ok(first)
+    }
+
+    fn format(&self) -> Result<Option<u32>, EngineError> {
+        Ok(self.state.0.lock().format)
+    }
+
+    fn upgrade(&self, who: &str) -> Result<(), EngineError> {
+        let mut s = self.state.0.lock();
+        if s.format.is_some() {
+            return Ok(());
+        }
+        let mut live_others: Vec<String> = s
+            .sessions
+            .keys()
+            .filter(|w| *w != who && live(&s.sessions, w))
+            .cloned()
+            .collect();
+        if !live_others.is_empty() {
+            live_others.sort();
+            return Err(EngineError::Format {
+                found: 1,
+                ours: SHARED_FORMAT,
+                live: live_others,
+            });
+        }
+        s.format = Some(SHARED_FORMAT);
         Ok(())
     }
 
@@ -187,6 +284,7 @@ impl MetaEngine for MemEngine {
             return Ok(false);
         }
         st.servers = Some(servers.to_vec());
+        st.format = Some(SHARED_FORMAT);
         Ok(true)
     }
 

@@ -4,24 +4,34 @@
 //! Why a trait, and why this one: rmemfs must run on an existing distributed engine (Redis
 //! here; TiKV or FoundationDB elsewhere), not a home-made one, and the namespace's rules stay
 //! in one place (`fs` over `meta`). So an engine keeps what the volume journal keeps, in the
-//! same records (`meta::record`: batches of typed changes, numbered): one totally ordered log
-//! of the namespace's changes, appended one record at a time under an exclusive write turn,
-//! and a checkpoint that bounds it. A client replays the checkpoint and the log into its own
-//! table (as a follower does), takes the turn for each change, catches up, validates and
-//! applies the change locally and appends it; the engine refuses an append out of turn or
-//! out of order, so a client whose turn lapsed (frozen, cut off) can never add a change.
-//! Sessions with heartbeats say which clients live; a client whose heartbeats stopped is
-//! evicted from the memory servers (`server::share`) before anything it held goes to another.
+//! same records (`meta::record`: batches of typed changes): one totally ordered log of the
+//! namespace's changes, and a checkpoint that bounds it. The engine gives each change its
+//! place (its LSN); clients do not wait for one another to append.
+//!
+//! How many clients change one namespace at once (shared format 2, optimistic): a client
+//! decides a change against its own table, as any mount does, and appends it with what it
+//! touches: each inode it changes or whose state its checks read, and the version of that
+//! inode (the LSN of the last change that touched it) its table holds. The engine appends it
+//! only if no touched inode changed since (a *conflict* otherwise: the client catches up and
+//! decides again), so every change was decided on the state the log gives it at its place,
+//! and changes of different directories and files never wait for each other. Changes a
+//! client cannot decide again (a write, whose bytes are in the servers already) take the
+//! file's **turn** first: while a client holds an inode's turn no other client appends a
+//! change touching it. Sessions with heartbeats say which clients live; a client whose
+//! heartbeats stopped is evicted from the memory servers (`server::share`) before anything it
+//! held goes to another.
 //!
 //! What another engine needs (not built here: no server package on these machines):
-//! - the log: TiKV or FoundationDB keep it as keys `log/<lsn>` (big-endian) and a `head` key;
-//!   an append is one transaction that reads `head`, checks it, writes both (FoundationDB's
-//!   serializable transactions, or TiKV's optimistic ones with `head` in the read set);
-//!   reading after an LSN is a range scan; trimming a range delete;
-//! - the turn: a key holding the owner and an expiry, taken and renewed in a transaction,
-//!   and checked inside the append's transaction (the append's fencing);
+//! - the log: TiKV or FoundationDB keep it as keys `log/<lsn>` (big-endian) and a `head` key,
+//!   and the versions as keys `ver/<ino>`; an append is one transaction that reads the
+//!   touched versions and turns, checks them, and writes `head`, the entry and the versions
+//!   (FoundationDB's serializable transactions, or TiKV's optimistic ones); reading after an
+//!   LSN is a range scan; trimming a range delete;
+//! - turns: a key per turned inode holding the owner and an expiry, read in the append's
+//!   transaction;
 //! - sessions: a key per session with its expiry, scanned for the expired;
-//! - the servers' order: one key, set if absent.
+//! - the servers' order and the format: one key each, set if absent;
+//! - inode numbers: one counter, added to in a transaction;
 //! - locks: a key per locked inode holding its table ([`crate::meta::locks`]), replaced in a
 //!   transaction that reads it and the caller's session (compare-and-swap).
 
@@ -32,24 +42,59 @@ pub mod redis;
 use crate::meta::locks::LockTable;
 use std::time::Duration;
 
+/// The shared-volume format this build speaks: 2, parallel changes (each append checked
+/// against the versions of what it touches). Format 1 (one write turn for every change)
+/// had no format key; a volume made by it is upgraded by the first client of this build
+/// once no client of the old one is live ([`MetaEngine::upgrade`]).
+pub const SHARED_FORMAT: u32 = 2;
+
+/// What a format-1 client sees holding the old global write turn once a volume is upgraded
+/// (it waits for that turn, then fails naming it).
+pub const FORMAT_1_FENCE: &str = concat!(
+    "a client of shared format 2 (this volume was upgraded: mount it with rmemfs ",
+    env!("CARGO_PKG_VERSION"),
+    " or later)"
+);
+
 /// Why an engine could not do what was asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EngineError {
     /// The engine is unreachable or failed (its message).
     #[error("metadata engine: {0}")]
     Unavailable(String),
-    /// An append out of order: the log's last change is `head`.
-    #[error("metadata engine: the log is at change {head}, not the one before this append")]
-    Behind { head: u64 },
-    /// An append, renewal or release by a client that does not hold the write turn.
-    #[error("metadata engine: '{who}' does not hold the write turn")]
-    NotYourTurn { who: String },
-    /// An append or heartbeat of a session that is not there (never started, or evicted).
+    /// An append touching inode `key`, which change `lsn` changed after the version the
+    /// appending client's table holds: decide the change again on a table caught up.
+    #[error("metadata engine: inode {key} changed at change {lsn}, after this client's view")]
+    Conflict { key: u64, lsn: u64 },
+    /// An append touching inode `key`, whose turn another client (`holder`) holds.
+    #[error("metadata engine: '{holder}' holds the turn of inode {key}")]
+    Busy { key: u64, holder: String },
+    /// An append, turn or heartbeat of a session that is not there (never started, or
+    /// evicted).
     #[error("metadata engine: there is no session '{who}' (it ended or was evicted)")]
     NoSession { who: String },
-    /// The turn stayed with another client past the wait.
-    #[error("metadata engine: the write turn stayed with '{holder}' for {waited:?}")]
-    TurnBusy { holder: String, waited: Duration },
+    /// A turn stayed with another client past the wait.
+    #[error("metadata engine: the turn of inode {key} stayed with '{holder}' for {waited:?}")]
+    TurnBusy {
+        key: u64,
+        holder: String,
+        waited: Duration,
+    },
+    /// The volume's format is not this build's (`found`: none, an old volume with clients
+    /// of the old format still live, named in `live`).
+    #[error(
+        "metadata engine: the shared volume is in format {found}, this rmemfs speaks format \
+         {ours}{}",
+        if live.is_empty() { String::new() } else {
+            format!(" (clients of format {found} are mounted: {}; unmount them, then mount \
+                     with this rmemfs to upgrade the volume)", live.join(", "))
+        }
+    )]
+    Format {
+        found: u32,
+        ours: u32,
+        live: Vec<String>,
+    },
 }
 
 /// A checkpoint: every change through `lsn`, as one image (`meta::record` frames).
@@ -57,6 +102,24 @@ pub enum EngineError {
 pub struct Checkpoint {
     pub lsn: u64,
     pub image: Vec<u8>,
+}
+
+/// An inode a change touches, and the version of it (the LSN of the last change that
+/// touched it) the appending client's table holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Touch {
+    pub key: u64,
+    pub seen: u64,
+}
+
+/// An append the engine took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    /// The change's place in the log.
+    pub lsn: u64,
+    /// Inodes whose turn this client holds and another client asked for since it was taken:
+    /// give them back once this change is done.
+    pub wanted: Vec<u64>,
 }
 
 /// What a shared volume's metadata engine keeps for one volume (see the module doc).
@@ -67,17 +130,18 @@ pub trait MetaEngine: Send + Sync {
     /// The number of the log's last change (0: none yet).
     fn head(&self) -> Result<u64, EngineError>;
 
-    /// Appends `record` as change `lsn`, if `who`'s session lives, `who` holds the write turn
-    /// and the log's last change is `lsn - 1`; the turn is then `who`'s for `lease` more.
-    /// True when another client waits for the turn (since it was last taken): the holder
-    /// should give it back once its change is done.
+    /// Appends `record` as the log's next change, if `who`'s session lives and, for every
+    /// inode touched, no other client holds its turn (`Busy`) and no change after `seen`
+    /// touched it (`Conflict`). The turns of `claim` (inodes the change makes) become `who`'s
+    /// for `lease`, and those of touched inodes `who` holds are renewed for `lease`.
     fn append(
         &self,
         who: &str,
-        lsn: u64,
         record: &[u8],
+        touched: &[Touch],
+        claim: &[u64],
         lease: Duration,
-    ) -> Result<bool, EngineError>;
+    ) -> Result<Appended, EngineError>;
 
     /// Changes after `after`, in order, at most `max` of them. Changes a checkpoint has
     /// trimmed are not there: a reader behind [`MetaEngine::checkpoint`]'s LSN reloads it.
@@ -89,26 +153,31 @@ pub trait MetaEngine: Send + Sync {
     /// The newest checkpoint, if any.
     fn checkpoint(&self) -> Result<Option<Checkpoint>, EngineError>;
 
-    /// Takes the write turn for `who` for `lease` (renews it if `who` holds it), waiting up
-    /// to `wait` while another holds it (which the holder is told by its next append).
-    fn take_turn(&self, who: &str, lease: Duration, wait: Duration) -> Result<(), EngineError>;
-
-    /// [`MetaEngine::take_turn`], then [`MetaEngine::read_after`] `after` (`max` changes):
-    /// one round trip where the engine can (a client's change needs both).
-    fn take_turn_after(
+    /// Takes inode `key`'s turn for `who` for `lease` (renews it if `who` holds it), waiting
+    /// up to `wait` while another holds it (whose next append is told it is wanted). Returns
+    /// the inode's version: a client whose table holds an older one catches up first.
+    fn take_turn(
         &self,
         who: &str,
+        key: u64,
         lease: Duration,
         wait: Duration,
-        after: u64,
-        max: usize,
-    ) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
-        self.take_turn(who, lease, wait)?;
-        self.read_after(after, max)
-    }
+    ) -> Result<u64, EngineError>;
 
-    /// Gives the write turn back (nothing if `who` does not hold it).
-    fn give_turn(&self, who: &str) -> Result<(), EngineError>;
+    /// Gives the turns of `keys` back (those `who` does not hold are left alone).
+    fn give_turns(&self, who: &str, keys: &[u64]) -> Result<(), EngineError>;
+
+    /// `n` inode numbers no other client is given: the first of them. Never below `floor`
+    /// (a volume whose numbers were given out before the engine counted them).
+    fn alloc_inos(&self, n: u64, floor: u64) -> Result<u64, EngineError>;
+
+    /// The volume's format: none for a volume of format 1 (which kept none).
+    fn format(&self) -> Result<Option<u32>, EngineError>;
+
+    /// Makes a format-1 volume one of [`SHARED_FORMAT`] (`Format` naming the live clients
+    /// other than `who` if any: they speak the old format), and fences format-1 clients out
+    /// ([`FORMAT_1_FENCE`]). Nothing if it is in this format already.
+    fn upgrade(&self, who: &str) -> Result<(), EngineError>;
 
     /// Starts session `who`, to live `ttl` unless renewed.
     fn start_session(&self, who: &str, ttl: Duration) -> Result<(), EngineError>;
@@ -123,8 +192,9 @@ pub trait MetaEngine: Send + Sync {
     /// Forgets session `who` (after it was evicted from the memory servers).
     fn drop_session(&self, who: &str) -> Result<(), EngineError>;
 
-    /// Makes the volume: stores its memory servers in their order (chunk maps name servers
-    /// by it). False, storing nothing, when the volume exists already.
+    /// Makes the volume, in [`SHARED_FORMAT`]: stores its memory servers in their order
+    /// (chunk maps name servers by it). False, storing nothing, when the volume exists
+    /// already.
     fn create_volume(&self, servers: &[String]) -> Result<bool, EngineError>;
 
     /// The volume's memory servers in their order; none when this engine has no such volume.

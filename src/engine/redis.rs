@@ -4,17 +4,22 @@
 //! the scripts below need).
 //!
 //! Every step that must be atomic is one Lua script (Redis runs a script alone): the append
-//! checks the turn and the log's head before it adds the record, so a client whose turn
-//! lapsed can never add a change; the checkpoint is stored and the log trimmed in one step;
+//! checks the versions and turns of what the change touches before it adds the record, so a
+//! change decided on a stale table, or touching a file another client holds, is never added; the checkpoint is stored and the log trimmed in one step;
 //! session times are the Redis server's clock (`TIME`), so clients' clocks may differ.
 //!
 //! Keys: `head` (the last change's number), `log` (a stream, entry `LSN-1` holding the record
-//! under `r`), `ckpt` (a hash: `lsn`, `image`), `turn` (the holder's name, with a lease
-//! expiry), `sessions` (a hash: name to the Redis time its heartbeat runs out, in ms),
-//! `locks` (a hash: inode number to its lock table, `meta::locks`), `servers` (the memory
-//! servers' addresses in the volume's order, one per line).
+//! under `r`), `vers` (a hash: inode number to the last change that touched it), `turns` (a
+//! hash: inode number to `EXPIRY_MS HOLDER`), `wanted` (a set: turned inodes another client
+//! asked for), `ckpt` (a hash: `lsn`, `image`), `sessions` (a hash: name to the Redis time its
+//! heartbeat runs out, in ms), `locks` (a hash: inode number to its lock table,
+//! `meta::locks`), `servers` (the memory servers' addresses in the volume's order, one per
+//! line), `format` (the shared format, [`super::SHARED_FORMAT`]; absent: format 1), `nextino`
+//! (the last inode number given out), and `turn`, format 1's one write turn, which an
+//! upgraded volume holds for ever ([`super::FORMAT_1_FENCE`]) so that no format-1 client
+//! appends again.
 
-use super::{Checkpoint, EngineError, MetaEngine};
+use super::{Appended, Checkpoint, EngineError, MetaEngine, Touch, FORMAT_1_FENCE, SHARED_FORMAT};
 use crate::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -41,16 +46,58 @@ macro_rules! live_session {
     };
 }
 
+/// Who holds a turn, from its value `EXPIRY_MS HOLDER` (`t`) at Redis time `now`: `h` is nil
+/// when the turn is free or run out.
+macro_rules! turn_holder {
+    () => {
+        r#"
+local function holder(t, now)
+  if not t then return nil end
+  local sp = string.find(t, ' ')
+  if tonumber(string.sub(t, 1, sp - 1)) < now then return nil end
+  return string.sub(t, sp + 1)
+end
+"#
+    };
+}
+
+/// KEYS: head, log, sessions, vers, turns, wanted. ARGV: who, record, lease (ms), the count
+/// of touched inodes, each touched inode and the version its client saw, then the inodes
+/// claimed. Returns `{code, a, b, wanted}`: 1 appended (a: the LSN, wanted: turns to give
+/// back); -1 a conflict (a: the inode, b: its version); -3 busy (a: the inode, b: its
+/// holder); -2 no session.
 const APPEND: &str = concat!(
-    live_session!("4", "3", "{-2, 0, 0}"),
+    live_session!("3", "1", "{-2, '', '', {}}"),
+    turn_holder!(),
     r#"
-if redis.call('GET', KEYS[3]) ~= ARGV[3] then return {-1, 0, 0} end
-local head = tonumber(redis.call('GET', KEYS[1]) or '0')
-if head + 1 ~= tonumber(ARGV[1]) then return {0, head, 0} end
-redis.call('XADD', KEYS[2], ARGV[1] .. '-1', 'r', ARGV[2])
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('PEXPIRE', KEYS[3], ARGV[4])
-return {1, head + 1, redis.call('EXISTS', KEYS[5])}
+local n = tonumber(ARGV[4])
+for i = 0, n - 1 do
+  local key = ARGV[5 + 2 * i]
+  local h = holder(redis.call('HGET', KEYS[5], key), now)
+  if h and h ~= ARGV[1] then
+    redis.call('SADD', KEYS[6], key)
+    return {-3, key, h, {}}
+  end
+  local v = redis.call('HGET', KEYS[4], key)
+  if v and tonumber(v) > tonumber(ARGV[6 + 2 * i]) then return {-1, key, v, {}} end
+end
+local lsn = redis.call('INCR', KEYS[1])
+redis.call('XADD', KEYS[2], lsn .. '-1', 'r', ARGV[2])
+local mine = (now + tonumber(ARGV[3])) .. ' ' .. ARGV[1]
+local wanted = {}
+for i = 0, n - 1 do
+  local key = ARGV[5 + 2 * i]
+  redis.call('HSET', KEYS[4], key, lsn)
+  if holder(redis.call('HGET', KEYS[5], key), now) == ARGV[1] then
+    redis.call('HSET', KEYS[5], key, mine)
+    if redis.call('SISMEMBER', KEYS[6], key) == 1 then table.insert(wanted, key) end
+  end
+end
+for i = 5 + 2 * n, #ARGV do
+  redis.call('HSET', KEYS[5], ARGV[i], mine)
+  redis.call('SREM', KEYS[6], ARGV[i])
+end
+return {1, tostring(lsn), '', wanted}
 "#
 );
 
@@ -73,23 +120,69 @@ redis.call('XTRIM', KEYS[2], 'MINID', (tonumber(ARGV[1]) + 1) .. '-0')
 return 1
 "#;
 
-/// Takes the turn (`KEYS[1]`) for `ARGV[1]` and reads the log (`KEYS[2]`) from id `ARGV[3]`
-/// (`ARGV[4]` entries at most; none when `ARGV[3]` is empty), or marks it wanted (`KEYS[3]`).
-const TAKE_TURN: &str = r#"
-local cur = redis.call('GET', KEYS[1])
-if cur == false or cur == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  redis.call('DEL', KEYS[3])
-  if ARGV[3] == '' then return {'', {}} end
-  return {'', redis.call('XRANGE', KEYS[2], ARGV[3], '+', 'COUNT', ARGV[4])}
+/// KEYS: turns, vers, wanted, sessions. ARGV: who, the inode, lease (ms). Returns `{1,
+/// version}` taken, `{0, holder}` held by another (now marked wanted), `{-2, ''}` no session.
+const TAKE_TURN: &str = concat!(
+    live_session!("4", "1", "{-2, ''}"),
+    turn_holder!(),
+    r#"
+local h = holder(redis.call('HGET', KEYS[1], ARGV[2]), now)
+if h and h ~= ARGV[1] then
+  redis.call('SADD', KEYS[3], ARGV[2])
+  return {0, h}
 end
-redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
-return {cur, {}}
+redis.call('HSET', KEYS[1], ARGV[2], (now + tonumber(ARGV[3])) .. ' ' .. ARGV[1])
+redis.call('SREM', KEYS[3], ARGV[2])
+return {1, redis.call('HGET', KEYS[2], ARGV[2]) or '0'}
+"#
+);
+
+/// KEYS: turns, wanted. ARGV: who, then the inodes.
+const GIVE_TURNS: &str = r#"
+for i = 2, #ARGV do
+  local t = redis.call('HGET', KEYS[1], ARGV[i])
+  if t and string.sub(t, string.find(t, ' ') + 1) == ARGV[1] then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('SREM', KEYS[2], ARGV[i])
+  end
+end
+return 1
 "#;
 
-const GIVE_TURN: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-return 1
+/// KEYS: nextino. ARGV: how many, the floor. Returns the first number given.
+const ALLOC_INOS: &str = r#"
+local floor = tonumber(ARGV[2]) - 1
+if tonumber(redis.call('GET', KEYS[1]) or '0') < floor then
+  redis.call('SET', KEYS[1], floor)
+end
+return redis.call('INCRBY', KEYS[1], ARGV[1]) - tonumber(ARGV[1]) + 1
+"#;
+
+/// KEYS: servers, format, turn. ARGV: the servers, the format, the fence. 1 made, 0 there.
+const CREATE_VOLUME: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  redis.call('SET', KEYS[2], ARGV[2])
+  redis.call('SET', KEYS[3], ARGV[3])
+  return 1
+end
+return 0
+"#;
+
+/// KEYS: format, sessions, turn. ARGV: who, the format, the fence. Returns the live sessions
+/// other than `who` (none: upgraded, or in a format already).
+const UPGRADE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then return {} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[2])
+local others = {}
+for i = 1, #all, 2 do
+  if all[i] ~= ARGV[1] and tonumber(all[i + 1]) >= now then table.insert(others, all[i]) end
+end
+if #others > 0 then return others end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[3], ARGV[3])
+return {}
 "#;
 
 const HEARTBEAT: &str = r#"
@@ -124,20 +217,27 @@ pub struct RedisEngine {
 struct Keys {
     head: String,
     log: String,
-    ckpt: String,
-    turn: String,
-    /// Set while a client waits for the turn: the holder's next append is told.
+    vers: String,
+    turns: String,
     wanted: String,
+    ckpt: String,
     sessions: String,
     locks: String,
     servers: String,
+    format: String,
+    nextino: String,
+    /// Format 1's one write turn: fenced on an upgraded volume.
+    turn: String,
 }
 
 struct Scripts {
     append: ::redis::Script,
     put_checkpoint: ::redis::Script,
     take_turn: ::redis::Script,
-    give_turn: ::redis::Script,
+    give_turns: ::redis::Script,
+    alloc_inos: ::redis::Script,
+    create_volume: ::redis::Script,
+    upgrade: ::redis::Script,
     heartbeat: ::redis::Script,
     expired: ::redis::Script,
     swap_locks: ::redis::Script,
@@ -161,18 +261,25 @@ impl RedisEngine {
             keys: Keys {
                 head: k("head"),
                 log: k("log"),
-                ckpt: k("ckpt"),
-                turn: k("turn"),
+                vers: k("vers"),
+                turns: k("turns"),
                 wanted: k("wanted"),
+                ckpt: k("ckpt"),
                 sessions: k("sessions"),
                 locks: k("locks"),
                 servers: k("servers"),
+                format: k("format"),
+                nextino: k("nextino"),
+                turn: k("turn"),
             },
             scripts: Scripts {
                 append: ::redis::Script::new(APPEND),
                 put_checkpoint: ::redis::Script::new(PUT_CHECKPOINT),
                 take_turn: ::redis::Script::new(TAKE_TURN),
-                give_turn: ::redis::Script::new(GIVE_TURN),
+                give_turns: ::redis::Script::new(GIVE_TURNS),
+                alloc_inos: ::redis::Script::new(ALLOC_INOS),
+                create_volume: ::redis::Script::new(CREATE_VOLUME),
+                upgrade: ::redis::Script::new(UPGRADE),
                 heartbeat: ::redis::Script::new(HEARTBEAT),
                 expired: ::redis::Script::new(EXPIRED),
                 swap_locks: ::redis::Script::new(SWAP_LOCKS),
@@ -265,51 +372,6 @@ fn log_entries(rows: Vec<LogEntry>) -> Result<Vec<(u64, Vec<u8>)>, EngineError> 
         .collect()
 }
 
-impl RedisEngine {
-    /// Takes the turn (see [`MetaEngine::take_turn`]), and in the same step reads the log
-    /// after `read.0` (`read.1` entries at most).
-    fn take_turn_reading(
-        &self,
-        who: &str,
-        lease: Duration,
-        wait: Duration,
-        read: Option<(u64, usize)>,
-    ) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
-        let start = Instant::now();
-        let (from, max) = match read {
-            Some((after, max)) => (format!("{}-0", after + 1), max),
-            None => (String::new(), 0),
-        };
-        // Backoff between tries: short first (a turn is held for one change), up to 1 ms.
-        let mut pause = Duration::from_micros(50);
-        loop {
-            let (holder, rows): (String, Vec<LogEntry>) = self.with(|c| {
-                self.scripts
-                    .take_turn
-                    .key(&self.keys.turn)
-                    .key(&self.keys.log)
-                    .key(&self.keys.wanted)
-                    .arg(who)
-                    .arg(lease.as_millis().max(1) as u64)
-                    .arg(&from)
-                    .arg(max)
-                    .invoke(c)
-            })?;
-            if holder.is_empty() {
-                return log_entries(rows);
-            }
-            if start.elapsed() >= wait {
-                return Err(EngineError::TurnBusy {
-                    holder,
-                    waited: start.elapsed(),
-                });
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
-        }
-    }
-}
-
 impl MetaEngine for RedisEngine {
     fn describe(&self) -> String {
         self.url.clone()
@@ -323,29 +385,54 @@ impl MetaEngine for RedisEngine {
     fn append(
         &self,
         who: &str,
-        lsn: u64,
         record: &[u8],
+        touched: &[Touch],
+        claim: &[u64],
         lease: Duration,
-    ) -> Result<bool, EngineError> {
-        let (done, head, wanted): (i64, u64, i64) = self.with(|c| {
-            self.scripts
-                .append
-                .key(&self.keys.head)
-                .key(&self.keys.log)
-                .key(&self.keys.turn)
-                .key(&self.keys.sessions)
-                .key(&self.keys.wanted)
-                .arg(lsn)
-                .arg(record)
+    ) -> Result<Appended, EngineError> {
+        let (code, a, b, wanted): (i64, String, String, Vec<u64>) = self.with(|c| {
+            let mut script = self.scripts.append.prepare_invoke();
+            for k in [
+                &self.keys.head,
+                &self.keys.log,
+                &self.keys.sessions,
+                &self.keys.vers,
+                &self.keys.turns,
+                &self.keys.wanted,
+            ] {
+                script.key(k);
+            }
+            script
                 .arg(who)
+                .arg(record)
                 .arg(lease.as_millis().max(1) as u64)
-                .invoke(c)
+                .arg(touched.len());
+            for t in touched {
+                script.arg(t.key).arg(t.seen);
+            }
+            for k in claim {
+                script.arg(*k);
+            }
+            script.invoke(c)
         })?;
-        match done {
-            1 => Ok(wanted == 1),
-            0 => Err(EngineError::Behind { head }),
-            -2 => Err(EngineError::NoSession { who: who.into() }),
-            _ => Err(EngineError::NotYourTurn { who: who.into() }),
+        let number = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| unavailable(format!("the append script answered '{v}'")))
+        };
+        match code {
+            1 => Ok(Appended {
+                lsn: number(&a)?,
+                wanted,
+            }),
+            -1 => Err(EngineError::Conflict {
+                key: number(&a)?,
+                lsn: number(&b)?,
+            }),
+            -3 => Err(EngineError::Busy {
+                key: number(&a)?,
+                holder: b,
+            }),
+            _ => Err(EngineError::NoSession { who: who.into() }),
         }
     }
 
@@ -386,30 +473,100 @@ impl MetaEngine for RedisEngine {
         Ok(lsn.zip(image).map(|(lsn, image)| Checkpoint { lsn, image }))
     }
 
-    fn take_turn(&self, who: &str, lease: Duration, wait: Duration) -> Result<(), EngineError> {
-        self.take_turn_reading(who, lease, wait, None).map(|_| ())
-    }
-
-    fn take_turn_after(
+    fn take_turn(
         &self,
         who: &str,
+        key: u64,
         lease: Duration,
         wait: Duration,
-        after: u64,
-        max: usize,
-    ) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
-        self.take_turn_reading(who, lease, wait, Some((after, max)))
+    ) -> Result<u64, EngineError> {
+        let start = Instant::now();
+        // Backoff between tries: short first (a turn is held for a few changes), up to 1 ms.
+        let mut pause = Duration::from_micros(50);
+        loop {
+            let (taken, what): (i64, String) = self.with(|c| {
+                self.scripts
+                    .take_turn
+                    .key(&self.keys.turns)
+                    .key(&self.keys.vers)
+                    .key(&self.keys.wanted)
+                    .key(&self.keys.sessions)
+                    .arg(who)
+                    .arg(key)
+                    .arg(lease.as_millis().max(1) as u64)
+                    .invoke(c)
+            })?;
+            match taken {
+                1 => {
+                    return what
+                        .parse()
+                        .map_err(|_| unavailable(format!("inode {key}'s version is '{what}'")))
+                }
+                -2 => return Err(EngineError::NoSession { who: who.into() }),
+                _ if start.elapsed() >= wait => {
+                    return Err(EngineError::TurnBusy {
+                        key,
+                        holder: what,
+                        waited: start.elapsed(),
+                    })
+                }
+                _ => {}
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
     }
 
-    fn give_turn(&self, who: &str) -> Result<(), EngineError> {
+    fn give_turns(&self, who: &str, keys: &[u64]) -> Result<(), EngineError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
         let _: i64 = self.with(|c| {
-            self.scripts
-                .give_turn
-                .key(&self.keys.turn)
-                .arg(who)
-                .invoke(c)
+            let mut script = self.scripts.give_turns.prepare_invoke();
+            script.key(&self.keys.turns).key(&self.keys.wanted).arg(who);
+            for k in keys {
+                script.arg(*k);
+            }
+            script.invoke(c)
         })?;
         Ok(())
+    }
+
+    fn alloc_inos(&self, n: u64, floor: u64) -> Result<u64, EngineError> {
+        self.with(|c| {
+            self.scripts
+                .alloc_inos
+                .key(&self.keys.nextino)
+                .arg(n)
+                .arg(floor)
+                .invoke(c)
+        })
+    }
+
+    fn format(&self) -> Result<Option<u32>, EngineError> {
+        self.with(|c| ::redis::cmd("GET").arg(&self.keys.format).query(c))
+    }
+
+    fn upgrade(&self, who: &str) -> Result<(), EngineError> {
+        let live: Vec<String> = self.with(|c| {
+            self.scripts
+                .upgrade
+                .key(&self.keys.format)
+                .key(&self.keys.sessions)
+                .key(&self.keys.turn)
+                .arg(who)
+                .arg(SHARED_FORMAT)
+                .arg(FORMAT_1_FENCE)
+                .invoke(c)
+        })?;
+        match live.is_empty() {
+            true => Ok(()),
+            false => Err(EngineError::Format {
+                found: 1,
+                ours: SHARED_FORMAT,
+                live,
+            }),
+        }
     }
 
     fn start_session(&self, who: &str, ttl: Duration) -> Result<(), EngineError> {
@@ -450,15 +607,18 @@ impl MetaEngine for RedisEngine {
     }
 
     fn create_volume(&self, servers: &[String]) -> Result<bool, EngineError> {
-        // One address per line; SET NX answers OK having stored, nil when the key exists.
-        let stored: Option<String> = self.with(|c| {
-            ::redis::cmd("SET")
-                .arg(&self.keys.servers)
+        let made: i64 = self.with(|c| {
+            self.scripts
+                .create_volume
+                .key(&self.keys.servers)
+                .key(&self.keys.format)
+                .key(&self.keys.turn)
                 .arg(servers.join("\n"))
-                .arg("NX")
-                .query(c)
+                .arg(SHARED_FORMAT)
+                .arg(FORMAT_1_FENCE)
+                .invoke(c)
         })?;
-        Ok(stored.is_some())
+        Ok(made == 1)
     }
 
     fn servers(&self) -> Result<Option<Vec<String>>, EngineError> {

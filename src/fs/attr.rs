@@ -17,6 +17,7 @@ impl Fs {
     /// bits as a write does, and a change of owner or group drops set-user-ID, and
     /// set-group-ID from a group-executable file.
     pub fn setattr(&self, ino: Ino, set: &SetAttr, caller: Caller) -> Result<Attr> {
+        let _turn = self.file_turn(ino)?;
         if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
             self.writable()?;
         }
@@ -178,6 +179,7 @@ impl Fs {
     /// (the owner; CAP_LINUX_IMMUTABLE for immutable and append-only); flags outside
     /// [`INODE_FLAGS`] are EOPNOTSUPP.
     pub fn set_flags(&self, ino: Ino, flags: u32) -> Result<()> {
+        let _turn = self.file_turn(ino)?;
         self.writable()?;
         if flags & !INODE_FLAGS != 0 {
             return Err(Error::new(

@@ -27,6 +27,7 @@ impl Fs {
         mode: i32,
         caller: Caller,
     ) -> Result<()> {
+        let _turn = self.file_turn(ino)?;
         let op = mode & !libc::FALLOC_FL_KEEP_SIZE;
         let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         let shifts = op == libc::FALLOC_FL_COLLAPSE_RANGE || op == libc::FALLOC_FL_INSERT_RANGE;

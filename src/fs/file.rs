@@ -11,6 +11,9 @@ use crate::sync::Arc;
 impl Fs {
     /// Opens `ino`; returns a file handle.
     pub fn open(&self, ino: Ino, flags: i32) -> Result<u64> {
+        // On a shared volume an open sees every change closed before it on any client
+        // (close-to-open): the table catches up first.
+        self.refresh_shared();
         let mode = OpenMode::from_flags(flags);
         if mode.write || mode.truncate {
             self.writable()?;
@@ -39,7 +42,7 @@ impl Fs {
         }
         let fh = self.new_handle(ino, mode);
         if mode.truncate && mode.write {
-            if let Err(e) = self.resize(ino, 0) {
+            if let Err(e) = self.file_turn(ino).and_then(|_turn| self.resize(ino, 0)) {
                 self.release(fh);
                 return Err(e);
             }
@@ -91,7 +94,7 @@ impl Fs {
                 "O_TMPFILE needs O_WRONLY or O_RDWR",
             ));
         }
-        let ino = {
+        let ino = self.changing(|| {
             let mut meta = self.meta.lock();
             let p = inode(&meta, parent)?;
             p.dir().ok_or_else(|| err(libc::ENOTDIR))?;
@@ -110,8 +113,8 @@ impl Fs {
             b.commit()?;
             meta.hold(ino, 1); // the kernel's reference, as for a created file
             meta.opened(ino); // the handle below: it never exists unopened
-            ino
-        };
+            Ok(ino)
+        })?;
         let fh = self.new_handle(ino, open);
         Ok((self.getattr(ino)?, fh))
     }
@@ -119,6 +122,15 @@ impl Fs {
     pub fn release(&self, fh: u64) {
         let Some(h) = self.handles.lock().remove(&fh) else {
             return;
+        };
+        // A written file's last changes (and maybe its drop) in its turn. Without the turn
+        // (the engine unreachable) they are tried anyway: refused, they are logged.
+        let _turn = match h.mode.write {
+            true => self.file_turn(h.ino).unwrap_or_else(|e| {
+                log::warn!("closing inode {}: {e}", h.ino);
+                None
+            }),
+            false => None,
         };
         if h.mode.write {
             self.settle_overwrite_at_close(h.ino);
@@ -194,6 +206,7 @@ impl Fs {
         payload: Payload<'_>,
         caller: Caller,
     ) -> Result<u32> {
+        let _turn = self.file_turn(ino)?;
         let data = payload.bytes();
         let mode = self.handle(fh, ino)?;
         if !mode.write {
@@ -313,6 +326,7 @@ impl Fs {
                 "the destination is open for appending",
             ));
         }
+        let _turn = self.file_turn(ino_out)?;
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(crate::config::IO_SIZE as u64) as u32;

@@ -151,13 +151,25 @@ impl Fs {
 
     /// As [`Fs::replace_followed`], without telling the kernel (what it must forget is
     /// returned).
-    pub fn replace_followed_quietly(&self, mut fresh: Meta) -> Vec<Invalidation> {
+    pub fn replace_followed_quietly(&self, fresh: Meta) -> Vec<Invalidation> {
+        self.replace_followed_quietly_then(fresh, || ())
+    }
+
+    /// As [`Fs::replace_followed_quietly`], running `swapped` under the table's lock once
+    /// the table is replaced (no change is made between: a shared client forgets then what
+    /// its own changes added to the old table).
+    pub fn replace_followed_quietly_then(
+        &self,
+        mut fresh: Meta,
+        swapped: impl FnOnce(),
+    ) -> Vec<Invalidation> {
         let (out, old_files) = {
             let mut meta = self.meta.lock();
             fresh.carry_refs(&meta);
             fresh.carry_journal(&mut meta);
             let out = differences(&meta, &fresh);
             let old = std::mem::replace(&mut *meta, fresh);
+            swapped();
             let files: Vec<Arc<FileData>> = old.files().map(|(_, f)| f.clone()).collect();
             (out, files)
         };

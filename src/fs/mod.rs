@@ -31,18 +31,20 @@ mod locks;
 mod names;
 mod overwrite;
 mod rules;
+mod turns;
 mod types;
 mod xattr;
 
 pub use capacity::placeable_chunks;
 pub use follow::{Invalidate, Invalidation};
-pub use freeze::{ChangeAdmitted, Frozen, Turns};
+pub use freeze::{ChangeAdmitted, Frozen};
 pub use hooks::{Barrier, JournalStats, JournalView, VolumeHooks};
 pub use locks::{FileLock, HeldLock, LockKeeper, LockKind, LockType};
 pub use rules::{
     access_flags_name, Atime, Caller, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL,
     INODE_FLAGS,
 };
+pub use turns::{HeldTurn, Turns, CHANGE_WAIT};
 pub use types::{Attr, DirEntry, OpenMode, SetAttr, SetTime, StatFs};
 #[cfg(feature = "testing")]
 pub use xattr::INJECT_PANIC_XATTR;
@@ -137,6 +139,10 @@ pub struct Fs {
     #[cfg(feature = "testing")]
     armed_panic: Mutex<Option<String>>,
 }
+
+/// How many times a shared volume's drop of an inode is decided again after losing to other
+/// clients' changes of it (each loss is another client's change landing first).
+const SETTLE_TRIES: usize = 8;
 
 fn err(errno: i32) -> Error {
     Error::new(errno, std::io::Error::from_raw_os_error(errno).to_string())
@@ -296,7 +302,24 @@ impl Fs {
 
     /// Releases an inode's data if it became an orphan, and drops it from the table once the
     /// kernel has forgotten it too. Data is freed outside the metadata lock.
-    fn settle(&self, mut meta: MutexGuard<'_, Meta>, ino: Ino) {
+    fn settle(&self, meta: MutexGuard<'_, Meta>, ino: Ino) {
+        if !self.settle_once(meta, ino) {
+            return;
+        }
+        // A shared volume's drop lost to another client's change of the inode: decided
+        // again on a table caught up (a few times: each loss means another client moved on).
+        for _ in 0..SETTLE_TRIES {
+            self.refresh_shared();
+            if !self.settle_once(self.meta.lock(), ino) {
+                return;
+            }
+        }
+        log::error!("inode {ino}: its drop kept losing to other clients' changes");
+    }
+
+    /// [`Fs::settle`] once; true if a shared volume's engine refused the drop as decided on
+    /// a stale view (nothing done: decide again).
+    fn settle_once(&self, mut meta: MutexGuard<'_, Meta>, ino: Ino) -> bool {
         let orphan_file = match meta.get(ino) {
             Some(i) if i.is_orphan() => i.file().cloned(),
             _ => None,
@@ -304,12 +327,13 @@ impl Fs {
         let (dropped, refused) = {
             let mut b = meta.batch();
             let dropped = b.drop_if_unused(ino);
-            let refused = dropped && {
-                let r = b.commit();
-                if let Err(e) = &r {
+            let refused = match dropped.then(|| b.commit()) {
+                Some(Err(e)) if e.conflict.is_some() => return true,
+                Some(Err(e)) => {
                     log::error!("the namespace refused to drop inode {ino}: {e}");
+                    true
                 }
-                r.is_err()
+                _ => false,
             };
             (dropped, refused)
         };
@@ -317,21 +341,29 @@ impl Fs {
         if refused {
             // Nothing committed says its chunks are gone: their memory stays (collected at
             // the next attach if nothing names it then).
-            return;
+            return false;
         }
         match orphan_file {
             // Its drop, committed, names its chunks gone.
             Some(f) if dropped => self.data.release_all(&f),
             // Kept for the kernel: the chunks leave in a committed batch of their own before
             // their memory is given back (dropping the lock frees it, held by a volume's
-            // journal until that batch commits).
+            // journal until that batch commits). On a shared volume, in the file's turn.
             Some(f) => {
+                let _turn = match self.file_turn(ino) {
+                    Ok(turn) => turn,
+                    Err(e) => {
+                        log::error!("inode {ino}'s chunks stay: {e}");
+                        return false;
+                    }
+                };
                 let mut io = self.data.lock_discarding(&f);
                 io.release_all();
                 self.commit_extents(ino, &mut io);
             }
             None => {}
         }
+        false
     }
 
     fn file_data(&self, ino: Ino) -> Result<Arc<FileData>> {

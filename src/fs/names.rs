@@ -82,8 +82,19 @@ impl Fs {
         }
     }
 
-    /// Adds a fresh inode under `parent/name` and counts a kernel reference to it.
-    fn make(&self, parent: Ino, name: &[u8], inode: Inode, caller: Caller) -> Result<Attr> {
+    /// Adds a fresh inode (`build` makes it) under `parent/name` and counts a kernel
+    /// reference to it.
+    fn make(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        build: impl Fn() -> Inode,
+        caller: Caller,
+    ) -> Result<Attr> {
+        self.changing(|| self.make_once(parent, name, build(), caller))
+    }
+
+    fn make_once(&self, parent: Ino, name: &[u8], inode: Inode, caller: Caller) -> Result<Attr> {
         self.writable()?;
         check_name(name)?;
         let mut meta = self.meta.lock();
@@ -116,24 +127,27 @@ impl Fs {
         caller: Caller,
     ) -> Result<Attr> {
         let kind = Kind::from_mode(mode).ok_or_else(|| err(libc::EINVAL))?;
-        let body = match kind {
-            Kind::File => Body::File(Arc::default()),
-            Kind::Dir | Kind::Symlink => return Err(err(libc::EINVAL)),
-            _ => Body::Special,
+        if matches!(kind, Kind::Dir | Kind::Symlink) {
+            return Err(err(libc::EINVAL));
+        }
+        let build = || {
+            let body = match kind {
+                Kind::File => Body::File(Arc::default()),
+                _ => Body::Special,
+            };
+            let mut inode = new_inode(kind, (mode & 0o7777) as u16, caller, body);
+            inode.rdev = rdev;
+            inode
         };
-        let mut inode = new_inode(kind, (mode & 0o7777) as u16, caller, body);
-        inode.rdev = rdev;
-        self.make(parent, name, inode, caller)
+        self.make(parent, name, build, caller)
     }
 
     pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> Result<Attr> {
-        let body = Body::Dir(Box::new(Dir::new(parent)));
-        self.make(
-            parent,
-            name,
-            new_inode(Kind::Dir, (mode & 0o7777) as u16, caller, body),
-            caller,
-        )
+        let build = || {
+            let body = Body::Dir(Box::new(Dir::new(parent)));
+            new_inode(Kind::Dir, (mode & 0o7777) as u16, caller, body)
+        };
+        self.make(parent, name, build, caller)
     }
 
     pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], caller: Caller) -> Result<Attr> {
@@ -143,12 +157,19 @@ impl Fs {
         if target.len() > libc::PATH_MAX as usize {
             return Err(err(libc::ENAMETOOLONG));
         }
-        let mut inode = new_inode(Kind::Symlink, 0o777, caller, Body::Symlink(target.into()));
-        inode.size = target.len() as u64;
-        self.make(parent, name, inode, caller)
+        let build = || {
+            let mut inode = new_inode(Kind::Symlink, 0o777, caller, Body::Symlink(target.into()));
+            inode.size = target.len() as u64;
+            inode
+        };
+        self.make(parent, name, build, caller)
     }
 
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
+        self.changing(|| self.link_once(ino, newparent, newname))
+    }
+
+    fn link_once(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
         self.writable()?;
         check_name(newname)?;
         let mut meta = self.meta.lock();
@@ -187,6 +208,10 @@ impl Fs {
     }
 
     fn remove(&self, parent: Ino, name: &[u8], want_dir: bool) -> Result<()> {
+        self.changing(|| self.remove_once(parent, name, want_dir))
+    }
+
+    fn remove_once(&self, parent: Ino, name: &[u8], want_dir: bool) -> Result<()> {
         self.writable()?;
         if name == b"." {
             return Err(err(libc::EINVAL));
@@ -244,6 +269,18 @@ impl Fs {
     }
 
     pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        flags: u32,
+        caller: Caller,
+    ) -> Result<()> {
+        self.changing(|| self.rename_once(parent, name, newparent, newname, flags, caller))
+    }
+
+    fn rename_once(
         &self,
         parent: Ino,
         name: &[u8],

@@ -77,6 +77,7 @@ impl Fs {
         flags: i32,
         caller: Caller,
     ) -> Result<()> {
+        let _turn = self.file_turn(ino)?;
         self.writable()?;
         let handler = self.handler(name, false)?;
         if value.len() > XATTR_VALUE_MAX {
@@ -174,6 +175,7 @@ impl Fs {
     }
 
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        let _turn = self.file_turn(ino)?;
         self.writable()?;
         let mut meta = self.meta.lock();
         check_mutable(inode(&meta, ino)?)?;

@@ -79,7 +79,8 @@ pub enum Change {
 /// Where committed batches go: a volume's journal records them before they count. An error
 /// fails the operation and undoes its changes.
 pub trait Journal: Send {
-    fn record(&mut self, changes: &[Change]) -> Result<()>;
+    /// `table`: the table with `changes` made (what a shared volume's append reads).
+    fn record(&mut self, changes: &[Change], table: &super::TableView<'_>) -> Result<()>;
 }
 
 /// The journal of a namespace that lives only in this process (a mount without a volume):
@@ -88,7 +89,7 @@ pub trait Journal: Send {
 pub struct InMemory;
 
 impl Journal for InMemory {
-    fn record(&mut self, _changes: &[Change]) -> Result<()> {
+    fn record(&mut self, _changes: &[Change], _table: &super::TableView<'_>) -> Result<()> {
         Ok(())
     }
 }
@@ -337,7 +338,10 @@ impl<'m> Batch<'m> {
             return Ok(());
         }
         let redo = std::mem::take(&mut self.redo);
-        match self.meta.journal.record(&redo) {
+        let table = super::TableView {
+            inodes: &self.meta.inodes,
+        };
+        match self.meta.journal.record(&redo, &table) {
             Ok(()) => {
                 self.undo.clear();
                 self.meta.commits += 1;
@@ -433,7 +437,7 @@ mod tests {
 
     struct Refusing;
     impl Journal for Refusing {
-        fn record(&mut self, _: &[Change]) -> Result<()> {
+        fn record(&mut self, _: &[Change], _: &crate::meta::TableView<'_>) -> Result<()> {
             Err(Error::new(libc::EIO, "journal unreachable"))
         }
     }

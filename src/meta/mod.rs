@@ -221,6 +221,30 @@ pub fn now() -> SystemTime {
     }
 }
 
+/// What a journal may read of the table a batch changed: a shared volume's append names the
+/// directories whose state a move's checks read.
+pub struct TableView<'a> {
+    inodes: &'a HashMap<Ino, Box<Inode>>,
+}
+
+impl TableView<'_> {
+    /// Directory `dir` and every directory above it, up to the root.
+    pub fn ancestors(&self, mut dir: Ino) -> Vec<Ino> {
+        let mut out = vec![dir];
+        while let Some(parent) = self
+            .inodes
+            .get(&dir)
+            .and_then(|i| i.dir())
+            .map(|d| d.parent())
+            .filter(|p| *p != dir && !out.contains(p))
+        {
+            out.push(parent);
+            dir = parent;
+        }
+        out
+    }
+}
+
 /// The inode table. Its inodes change only through a [`Batch`] ([`Meta::batch`]); what the
 /// kernel holds of them (lookups, open handles) through [`Meta::hold`] and its kin.
 pub struct Meta {
@@ -229,6 +253,9 @@ pub struct Meta {
     /// million files the longest create went from 465 to 62 ms (lab/scripts/bench-volume.sh).
     inodes: HashMap<Ino, Box<Inode>>,
     next_ino: Ino,
+    /// Numbers a shared volume's engine gave this client for its new inodes (others make
+    /// theirs at once); none: `next_ino` counts them.
+    given_inos: Option<std::ops::Range<Ino>>,
     journal: Box<dyn Journal>,
     /// Batches committed, and the changes they held (`stats`).
     commits: u64,
@@ -261,6 +288,7 @@ impl Meta {
         Meta {
             inodes,
             next_ino: ROOT_INO + 1,
+            given_inos: None,
             journal: Box::new(batch::InMemory),
             commits: 0,
             changes: 0,
@@ -355,10 +383,30 @@ impl Meta {
 
     /// Adds a new inode (numbers are never reused, so the FUSE generation can stay 0).
     fn insert(&mut self, inode: Inode) -> Ino {
-        let ino = self.next_ino;
-        self.next_ino += 1;
+        let ino = match &mut self.given_inos {
+            Some(given) => given
+                .next()
+                .expect("a shared volume's change has inode numbers at hand (Turns::prepare)"),
+            None => {
+                self.next_ino += 1;
+                self.next_ino - 1
+            }
+        };
         self.inodes.insert(ino, Box::new(inode));
         ino
+    }
+
+    /// New inodes take their numbers from `given` from now on (a shared volume's engine
+    /// gave them to this client).
+    pub fn give_inos(&mut self, given: std::ops::Range<Ino>) {
+        self.given_inos = Some(given);
+    }
+
+    /// How many given numbers are left (none given: unbounded).
+    pub fn inos_left(&self) -> u64 {
+        self.given_inos
+            .as_ref()
+            .map_or(u64::MAX, |r| r.end.saturating_sub(r.start))
     }
 
     /// Drops an inode from the table once nothing refers to it any more (no name, no open
@@ -390,6 +438,7 @@ impl Meta {
     /// recording its changes where the old one did).
     pub fn carry_journal(&mut self, old: &mut Meta) {
         self.journal = std::mem::replace(&mut old.journal, Box::new(batch::InMemory));
+        self.given_inos = old.given_inos.take();
     }
 
     pub fn carry_refs(&mut self, old: &Meta) {

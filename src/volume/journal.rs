@@ -133,7 +133,7 @@ pub struct VolumeJournal {
 pub struct Recorder(Arc<Shared>);
 
 impl Journal for Recorder {
-    fn record(&mut self, changes: &[Change]) -> Result<()> {
+    fn record(&mut self, changes: &[Change], _table: &crate::meta::TableView<'_>) -> Result<()> {
         if let Some(why) = &self.0.done.lock().failed {
             return Err(eio(why.clone()));
         }

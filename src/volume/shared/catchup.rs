@@ -1,22 +1,61 @@
-//! Keeping a shared client's table up to the engine's log: catching up before a change,
-//! loading a checkpoint when the log was trimmed past this client, writing one, and the
-//! poller that applies other clients' changes between this client's own.
+//! Keeping a shared client's table up to the engine's log: catching up (skipping this
+//! client's own changes, already in the table), loading a checkpoint when the log was
+//! trimmed past this client, writing one, and the poller that applies other clients'
+//! changes between this client's own.
 
 use super::*;
 
+/// The changes of one engine log entry. An entry holds one record whose frame says LSN 0
+/// (the engine numbers changes: format 2) or the entry's own (format 1).
+fn entry_changes(lsn: u64, bytes: &[u8]) -> Result<Vec<Change>> {
+    let framed = bytes
+        .get(8..16)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes);
+    let read = record::read(bytes, if framed == lsn { lsn } else { 0 });
+    if let Some(why) = read::stop_reason(&read.stop) {
+        return Err(Error::new(
+            libc::EIO,
+            format!("the engine's change {lsn}: {why}"),
+        ));
+    }
+    match read.records.into_iter().next() {
+        Some((_, changes)) => Ok(changes),
+        None => Err(Error::new(
+            libc::EIO,
+            format!("the engine's change {lsn} is no record"),
+        )),
+    }
+}
+
 impl State {
-    /// Applies what others appended since this table's last change (only while claimed).
-    /// With `in_request` (whenever the file system is mounted), the kernel is told by the
-    /// notifier thread: never while claimed, as a request waiting for the claim may hold the
-    /// directory lock that the kernel's invalidation of a name waits for.
+    /// Applies what others appended since this table's last applied change. With
+    /// `in_request` (whenever the file system is mounted), the kernel is told by the notifier
+    /// thread: never from here, as a request waiting for the table may hold the directory
+    /// lock that the kernel's invalidation of a name waits for.
     pub(super) fn catch_up(&self, fs: &Fs, in_request: bool) -> Result<usize> {
+        let _one = self.catching.lock();
+        self.catch_up_alone(fs, in_request)
+    }
+
+    /// [`State::catch_up`], the caller holding `catching`.
+    fn catch_up_alone(&self, fs: &Fs, in_request: bool) -> Result<usize> {
         let mut n = 0;
         loop {
+            let sent = self.ahead.lock().sent;
             let after = self.applied.load(Ordering::SeqCst);
             let got = self
                 .engine
                 .read_after(after, READ_BATCH)
                 .map_err(engine_err)?;
+            // Appends sent before the read are answered, so those of its changes that are
+            // this client's own are known as such (later ones come after what it read).
+            {
+                let mut a = self.ahead.lock();
+                while a.answered < sent {
+                    a = self.answered.wait(a);
+                }
+            }
             if got.is_empty() {
                 return Ok(n);
             }
@@ -33,9 +72,9 @@ impl State {
         }
     }
 
-    /// Replaces the table with the engine's checkpoint (only while claimed): this client fell
+    /// Replaces the table with the engine's checkpoint (under `catching`): this client fell
     /// behind the log's trim (its first change now is `first`).
-    pub(super) fn reload(&self, fs: &Fs, in_request: bool, first: u64) -> Result<()> {
+    fn reload(&self, fs: &Fs, in_request: bool, first: u64) -> Result<()> {
         let c = self
             .engine
             .checkpoint()
@@ -63,21 +102,25 @@ impl State {
             self.applied.load(Ordering::SeqCst),
             c.lsn
         );
-        let told = fs.replace_followed_quietly(meta);
+        // Under the table's lock, with the table: this client's changes past the checkpoint
+        // are read from the log again, as the new table lacks them.
+        let told = fs.replace_followed_quietly_then(meta, || {
+            self.ahead.lock().forget();
+            self.applied.store(c.lsn, Ordering::SeqCst);
+        });
         if in_request {
             let _ = self.notify.send(Notice::Tell(told));
         } else {
             fs.tell_followed(&told);
         }
-        self.applied.store(c.lsn, Ordering::SeqCst);
         self.checkpointed.fetch_max(c.lsn, Ordering::SeqCst);
         Ok(())
     }
 
     /// Writes a checkpoint of this client's table to the engine (which trims its log), once
     /// [`crate::config::SHARED_CHECKPOINT_EVERY`] changes were made since the last one and
-    /// every member has applied this client's last change (none falls behind the trim);
-    /// `force`: now. Whether one was written.
+    /// every member has applied them (none falls behind the trim); `force`: now, waiting
+    /// for changes under way. Whether one was written.
     pub(super) fn checkpoint(&self, fs: &Fs, force: bool) -> std::result::Result<bool, String> {
         let applied = self.applied.load(Ordering::SeqCst);
         let due = applied
@@ -90,17 +133,28 @@ impl State {
         } else {
             fs.data().pool().follower_floor()
         };
-        // The table as of exactly `lsn`: nothing is applied or changed while claimed.
-        self.claim();
+        // The table as of exactly `lsn`: no change of this client is made meanwhile (a round
+        // that finds one under way tries again later), none is ahead of the applied log,
+        // and nothing is applied.
+        let frozen = match force {
+            true => Some(fs.freeze()),
+            false => fs.try_freeze(),
+        };
+        let Some(_frozen) = frozen else {
+            return Ok(false);
+        };
+        let one = self.catching.lock();
+        if !self.ahead.lock().is_empty() {
+            self.catch_up_alone(fs, true).map_err(|e| e.message)?;
+        }
         let lsn = self.applied.load(Ordering::SeqCst);
-        if lsn > floor {
-            // This client's own changes went past what the others have applied meanwhile:
-            // trimming there would send them to the checkpoint. Another poll tries again.
-            self.release();
+        if lsn > floor || !self.ahead.lock().is_empty() {
+            // Past what the others have applied: trimming there would send them to the
+            // checkpoint. Another poll tries again.
             return Ok(false);
         }
         let image = engine_image::encode(fs);
-        self.release();
+        drop(one);
         let bytes = image.len();
         self.engine
             .put_checkpoint(&crate::engine::Checkpoint { lsn, image })
@@ -110,41 +164,33 @@ impl State {
         Ok(true)
     }
 
-    /// Applies changes read from the engine (only while claimed); see [`State::catch_up`].
-    pub(super) fn apply(&self, fs: &Fs, got: &[(u64, Vec<u8>)], in_request: bool) -> Result<()> {
-        {
-            let after = self.applied.load(Ordering::SeqCst);
-            // Never past a gap: the changes between would be lost to this table.
-            if let Some((first, _)) = got.first().filter(|(first, _)| *first != after + 1) {
-                return Err(Error::new(
-                    libc::EIO,
-                    format!("the engine's change {first} follows this table's {after}"),
-                ));
-            }
-            let mut records = Vec::with_capacity(got.len());
-            for (lsn, bytes) in got {
-                let read = record::read(bytes, *lsn);
-                if let Some(why) = read::stop_reason(&read.stop) {
-                    return Err(Error::new(libc::EIO, why));
-                }
-                let Some(r) = read.records.into_iter().next() else {
-                    return Err(Error::new(
-                        libc::EIO,
-                        format!("the engine's change {lsn} is no record"),
-                    ));
-                };
-                records.push(r);
-            }
-            let last = records.last().map_or(after, |r| r.0);
-            if in_request {
-                let told = fs.apply_followed_quietly(&records)?;
-                let _ = self.notify.send(Notice::Tell(told));
-            } else {
-                fs.apply_followed(&records)?;
-            }
-            self.applied.store(last, Ordering::SeqCst);
-            Ok(())
+    /// Applies changes read from the engine, but this client's own (under `catching`).
+    fn apply(&self, fs: &Fs, got: &[(u64, Vec<u8>)], in_request: bool) -> Result<()> {
+        let after = self.applied.load(Ordering::SeqCst);
+        // Never past a gap: the changes between would be lost to this table.
+        if let Some((first, _)) = got.first().filter(|(first, _)| *first != after + 1) {
+            return Err(Error::new(
+                libc::EIO,
+                format!("the engine's change {first} follows this table's {after}"),
+            ));
         }
+        let mut records = Vec::with_capacity(got.len());
+        {
+            let a = self.ahead.lock();
+            for (lsn, bytes) in got.iter().filter(|(lsn, _)| !a.is_own(*lsn)) {
+                records.push((*lsn, entry_changes(*lsn, bytes)?));
+            }
+        }
+        let last = got.last().map_or(after, |(lsn, _)| *lsn);
+        if in_request {
+            let told = fs.apply_followed_quietly(&records)?;
+            let _ = self.notify.send(Notice::Tell(told));
+        } else {
+            fs.apply_followed(&records)?;
+        }
+        self.applied.store(last, Ordering::SeqCst);
+        self.ahead.lock().applied(last);
+        Ok(())
     }
 }
 
@@ -166,21 +212,18 @@ pub(super) fn poll_loop(s: &State, fs: &Weak<Fs>) {
     }
 }
 
-/// One round of the poller (see the module doc).
-/// One round of the poller. `wait`: a table claimed for a moment (the lingering turn given
-/// back, a lookup's catch-up) is waited for rather than skipped until the next round (tests,
-/// which expect a round to catch up).
+/// One round of the poller (see the module doc). `wait`: a catch-up under way is waited for
+/// rather than left to catch up alone (tests, which expect a round to catch up).
 pub(super) fn poll_once(s: &State, fs: &Fs, wait: bool) -> std::result::Result<(), String> {
-    // A change under way catches up itself.
-    let claimed = match wait {
-        true => s.claim_unless_changing(),
-        false => s.try_claim(),
+    let r = match wait {
+        true => s.catch_up(fs, true).map(|_| ()),
+        // Another catch-up under way does the work.
+        false => match s.catching.try_lock() {
+            Some(_one) => s.catch_up_alone(fs, true).map(|_| ()),
+            None => Ok(()),
+        },
     };
-    if claimed {
-        let r = s.catch_up(fs, true);
-        s.release();
-        r.map_err(|e| e.message)?;
-    }
+    r.map_err(|e| e.message)?;
     let pool = fs.data().pool();
     let applied = s.applied.load(Ordering::SeqCst);
     pool.follow_at(applied);

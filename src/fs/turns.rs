@@ -1,0 +1,136 @@
+//! A shared volume's changes ([`crate::volume::shared`]): many clients change one namespace
+//! at once, each deciding its changes on its own table.
+//!
+//! Two kinds of change, because of what a change can do again. A namespace change (a
+//! create, a rename, an unlink, an xattr) has no effect outside its batch until the engine
+//! takes it, so it runs optimistically: decided here, appended with what it touched, and
+//! decided again on a table caught up when the engine says another client changed one of
+//! those inodes first ([`Fs::changing`]). A change of a file's data (a write, a truncate)
+//! has put bytes in the memory servers before its batch is appended, so it cannot be decided
+//! again: it takes the file's turn first ([`Fs::file_turn`]), which no other client's
+//! change of that file passes while it is held.
+
+use super::Fs;
+use crate::error::{Error, Result};
+use crate::meta::Ino;
+use std::time::{Duration, Instant};
+
+/// How long one change may go on losing to others (or waiting for a turn) before it fails
+/// (EIO): a turn held by a frozen client runs out within seconds, so this is well past it.
+pub const CHANGE_WAIT: Duration = Duration::from_secs(30);
+
+/// A turn held for a change: given back (or left to linger) when dropped.
+pub type HeldTurn = Box<dyn std::any::Any + Send>;
+
+/// What a shared volume's client gives the file system ([`crate::volume::shared`]).
+pub trait Turns: Send + Sync {
+    /// Before a namespace change is decided: inode numbers at hand for what it makes.
+    fn prepare(&self, fs: &Fs) -> Result<()>;
+
+    /// Takes inode `ino`'s turn and brings the table up to date with it; held until the
+    /// result is dropped. While held, no other client's change touching `ino` is appended.
+    fn take(&self, fs: &Fs, ino: Ino) -> Result<HeldTurn>;
+
+    /// Brings the table up to date (a lookup that found nothing, an open, a change decided
+    /// on a stale table).
+    fn refresh(&self, fs: &Fs);
+
+    /// Brings the table up to date and tells the kernel everything it must forget before
+    /// returning (a file lock granted); false if that failed. Only from a request whose
+    /// caller holds no directory lock (the kernel's invalidation of a name waits for it).
+    fn sync_kernel(&self, fs: &Fs) -> bool;
+}
+
+impl Fs {
+    /// Runs namespace change `op` (which must change nothing outside its batch, so that it
+    /// can run again). On a shared volume, until the engine takes it: when another client
+    /// changed an inode it touched, the table catches up, that inode's turn is taken (so the
+    /// next try cannot lose on it again) and `op` runs again; a failure decided on a table not
+    /// caught up is decided again on one that is (a name another client just made or
+    /// removed), so no answer rests on a view older than the request.
+    pub(super) fn changing<T>(&self, mut op: impl FnMut() -> Result<T>) -> Result<T> {
+        let Some(turns) = self.turns.as_deref() else {
+            return op();
+        };
+        let deadline = Instant::now() + CHANGE_WAIT;
+        let mut fresh = false;
+        // Turns taken after conflicts, in inode order (so that two clients never wait for
+        // each other's).
+        let mut held: Vec<(Ino, HeldTurn)> = Vec::new();
+        loop {
+            turns.prepare(self)?;
+            let e = match op() {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            match e.conflict {
+                Some(_) if Instant::now() >= deadline => {
+                    return Err(Error::new(
+                        libc::EIO,
+                        format!("a change lost to other clients for {CHANGE_WAIT:?}: {e}"),
+                    ))
+                }
+                // Taking the turn catches the table up with the inode.
+                Some(ino) if !held.iter().any(|(i, _)| *i == ino) => {
+                    let mut keys: Vec<Ino> = held.iter().map(|(i, _)| *i).collect();
+                    keys.push(ino);
+                    keys.sort_unstable();
+                    if keys.last() != Some(&ino) {
+                        held.clear(); // given back, to be taken again in order
+                    }
+                    for key in keys {
+                        if !held.iter().any(|(i, _)| *i == key) {
+                            held.push((key, turns.take(self, key)?));
+                        }
+                    }
+                }
+                // Lost on a turn held (its table was behind on another inode): caught up.
+                Some(_) => turns.refresh(self),
+                None if !fresh => {
+                    turns.refresh(self);
+                    fresh = true;
+                }
+                None => return Err(e),
+            }
+        }
+    }
+
+    /// On a shared volume, inode `ino`'s turn for a change of its data (see the module doc);
+    /// none elsewhere.
+    pub(super) fn file_turn(&self, ino: Ino) -> Result<Option<HeldTurn>> {
+        self.turns.as_ref().map(|t| t.take(self, ino)).transpose()
+    }
+
+    /// New inodes take their numbers from `given` (a shared volume's engine gave them).
+    pub fn give_inos(&self, given: std::ops::Range<Ino>) {
+        self.meta.lock().give_inos(given);
+    }
+
+    /// How many given inode numbers are left, and the number the table would give next by
+    /// itself (see [`crate::meta::Meta::inos_left`]).
+    pub fn inos_left(&self) -> (u64, Ino) {
+        let meta = self.meta.lock();
+        (meta.inos_left(), meta.next_ino())
+    }
+
+    /// On a shared volume, brings the table up to date; false (nothing done) elsewhere.
+    pub fn refresh_shared(&self) -> bool {
+        match self.turns.as_ref() {
+            Some(t) => {
+                t.refresh(self);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether this is a shared volume's client (many writers, see [`Turns`]).
+    pub fn is_shared(&self) -> bool {
+        self.turns.as_ref().is_some()
+    }
+
+    /// On a shared volume, see [`Turns::sync_kernel`]; true (nothing to do) elsewhere.
+    pub fn sync_kernel_shared(&self) -> bool {
+        self.turns.as_ref().is_none_or(|t| t.sync_kernel(self))
+    }
+}

@@ -1,0 +1,44 @@
+//! What a change touches, as the engine checks it ([`crate::engine::Touch`]): every inode
+//! the change writes, and every inode whose state its checks read that the change does not
+//! write. The second kind is what makes the optimistic check sound: a change's checks read
+//! its directories (a name exists or not, a directory is empty: entries live in their
+//! directory's inode) and the inodes it changes, all written by the change itself, except a
+//! directory's move, whose check that it does not go below itself reads every directory
+//! above its new parent. Those are touched too, so two moves that together would make a
+//! cycle touch each other's directory and cannot both be appended.
+
+use crate::meta::{Change, Ino, Kind, TableView};
+
+/// The inodes `changes` touch (sorted, once each), and those whose turn the change claims:
+/// the regular files it makes, which its maker writes next (no other client can know them
+/// before the change is appended).
+pub(super) fn touched(changes: &[Change], table: &TableView<'_>) -> (Vec<Ino>, Vec<Ino>) {
+    let mut keys = Vec::new();
+    let mut claim = Vec::new();
+    for c in changes {
+        match c {
+            Change::Make { ino, kind, .. } => {
+                keys.push(*ino);
+                if *kind == Kind::File {
+                    claim.push(*ino);
+                }
+            }
+            Change::Attrs { ino, .. }
+            | Change::Xattr { ino, .. }
+            | Change::Extent { ino, .. }
+            | Change::Drop { ino } => keys.push(*ino),
+            Change::Entry { dir, .. }
+            | Change::EntryAt { dir, .. }
+            | Change::Cookies { dir, .. } => keys.push(*dir),
+            Change::Parent { dir, parent } => {
+                keys.push(*dir);
+                keys.extend(table.ancestors(*parent));
+            }
+        }
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    claim.sort_unstable();
+    claim.dedup();
+    (keys, claim)
+}

@@ -1,0 +1,250 @@
+//! The inode turns this client holds ([`crate::fs::Turns`]): taken for a change of a file's
+//! data (or after a namespace change lost twice), renewed by every change that touches the
+//! inode, and kept a moment after their change ends, since the next change of the same
+//! file (the next write of a copy, the create's first write) usually follows within a FUSE
+//! round trip. A turn goes back once idle for [`TURN_LINGER`], at once if another client
+//! asked for it, and in batches from the lingering thread, off the path of any request.
+
+use super::*;
+
+/// One turn this client holds.
+struct Held {
+    /// Until when it is surely this client's (as this client's clock measures from the
+    /// request that took or renewed it, less a margin).
+    until: Instant,
+    /// Changes using it now.
+    users: usize,
+    /// When its last user ended.
+    idle_since: Instant,
+    /// Another client asked for it: it goes back once its users end.
+    wanted: bool,
+    /// Being given back: a new user waits, then takes it again.
+    giving: bool,
+}
+
+/// This client's turns, by inode.
+#[derive(Default)]
+pub(super) struct HeldTurns {
+    map: HashMap<Ino, Held>,
+}
+
+/// A turn in use by one change: its user count goes down when dropped.
+struct TurnInUse {
+    state: Arc<State>,
+    ino: Ino,
+}
+
+impl Drop for TurnInUse {
+    fn drop(&mut self) {
+        let s = &self.state;
+        let give = {
+            let mut t = s.turns.lock();
+            match t.map.get_mut(&self.ino) {
+                Some(h) => {
+                    h.users -= 1;
+                    h.idle_since = Instant::now();
+                    let now = h.users == 0 && h.wanted && !h.giving;
+                    h.giving |= now;
+                    now
+                }
+                None => false,
+            }
+        };
+        if give {
+            s.give_back(&[self.ino]);
+        }
+    }
+}
+
+impl State {
+    /// The turn of `ino` in use by one more change: taken from the engine unless held (the
+    /// table then catches up if the inode changed since this client last saw it).
+    fn take_turn(self: &Arc<State>, fs: &Fs, ino: Ino) -> Result<HeldTurn> {
+        loop {
+            {
+                let mut t = self.turns.lock();
+                match t.map.get_mut(&ino) {
+                    Some(h) if h.giving => {
+                        drop(self.given.wait_timeout(t, TURN_LINGER));
+                        continue;
+                    }
+                    // Another client asked for it and no change here uses it: it goes back
+                    // first (the asker waits with backoff, so it is likely to get it).
+                    Some(h) if h.wanted && h.users == 0 => {
+                        h.giving = true;
+                        drop(t);
+                        self.give_back(&[ino]);
+                        continue;
+                    }
+                    Some(h) if h.until > Instant::now() => {
+                        h.users += 1;
+                        return Ok(Box::new(TurnInUse {
+                            state: self.clone(),
+                            ino,
+                        }));
+                    }
+                    _ => {}
+                }
+            }
+            let sent = Instant::now();
+            let version = self
+                .engine
+                .take_turn(&self.who, ino, TURN_LEASE, crate::fs::CHANGE_WAIT)
+                .map_err(engine_err)?;
+            {
+                let mut t = self.turns.lock();
+                let h = t.map.entry(ino).or_insert(Held {
+                    until: sent,
+                    users: 0,
+                    idle_since: sent,
+                    wanted: false,
+                    giving: false,
+                });
+                if h.giving {
+                    continue; // given back meanwhile by another thread: take it again
+                }
+                h.until = sent + TURN_LEASE - TURN_MARGIN;
+                h.users += 1;
+            }
+            let guard = TurnInUse {
+                state: self.clone(),
+                ino,
+            };
+            let seen = self
+                .ahead
+                .lock()
+                .seen(ino, self.applied.load(Ordering::SeqCst));
+            if version > seen {
+                self.catch_up(fs, true)?;
+            }
+            self.linger.notify_one();
+            return Ok(Box::new(guard));
+        }
+    }
+
+    /// An append taken at `sent` renewed the turns of the inodes it touched that this
+    /// client holds, made those of `claimed` this client's, and said which are `wanted`.
+    pub(super) fn appended(&self, sent: Instant, touched: &[Ino], claimed: &[Ino], wanted: &[Ino]) {
+        let until = sent + TURN_LEASE - TURN_MARGIN;
+        let mut t = self.turns.lock();
+        for ino in touched {
+            if let Some(h) = t.map.get_mut(ino) {
+                h.until = until;
+            }
+        }
+        for ino in claimed {
+            t.map.insert(
+                *ino,
+                Held {
+                    until,
+                    users: 0,
+                    idle_since: sent,
+                    wanted: false,
+                    giving: false,
+                },
+            );
+        }
+        for ino in wanted {
+            if let Some(h) = t.map.get_mut(ino) {
+                h.wanted = true;
+            }
+        }
+        drop(t);
+        if !claimed.is_empty() {
+            self.linger.notify_one();
+        }
+    }
+
+    /// Gives the turns of `inos` (marked `giving`) back, and forgets them.
+    fn give_back(&self, inos: &[Ino]) {
+        if let Err(e) = self.engine.give_turns(&self.who, inos) {
+            log::warn!("giving turns back: {e} (they run out by themselves)");
+        }
+        let mut t = self.turns.lock();
+        for ino in inos {
+            t.map.remove(ino);
+        }
+        drop(t);
+        self.given.notify_all();
+    }
+
+    /// Gives every turn back (leaving the volume).
+    pub(super) fn give_all(&self) {
+        let all: Vec<Ino> = self.turns.lock().map.keys().copied().collect();
+        if !all.is_empty() {
+            self.give_back(&all);
+        }
+    }
+}
+
+/// The lingering thread: gives back, in one request, the turns idle for [`TURN_LINGER`] (or
+/// wanted, or about to run out).
+pub(super) fn linger_loop(s: &State) {
+    let mut t = s.turns.lock();
+    while !s.stop.load(Ordering::SeqCst) {
+        if t.map.is_empty() {
+            t = s.linger.wait_timeout(t, Duration::from_millis(100)).0;
+            continue;
+        }
+        t = s.linger.wait_timeout(t, TURN_LINGER).0;
+        let now = Instant::now();
+        let idle: Vec<Ino> = t
+            .map
+            .iter_mut()
+            .filter(|(_, h)| {
+                h.users == 0
+                    && !h.giving
+                    && (h.wanted || h.until <= now || now >= h.idle_since + TURN_LINGER)
+            })
+            .map(|(ino, h)| {
+                h.giving = true;
+                *ino
+            })
+            .collect();
+        if idle.is_empty() {
+            continue;
+        }
+        drop(t);
+        s.give_back(&idle);
+        t = s.turns.lock();
+    }
+}
+
+pub(super) struct SharedTurns(pub(super) Arc<State>);
+
+impl Turns for SharedTurns {
+    fn prepare(&self, fs: &Fs) -> Result<()> {
+        let (left, floor) = fs.inos_left();
+        if left >= INOS_LOW {
+            return Ok(());
+        }
+        let first = self
+            .0
+            .engine
+            .alloc_inos(INO_BATCH, floor)
+            .map_err(engine_err)?;
+        fs.give_inos(first..first + INO_BATCH);
+        Ok(())
+    }
+
+    fn take(&self, fs: &Fs, ino: Ino) -> Result<HeldTurn> {
+        self.0.take_turn(fs, ino)
+    }
+
+    fn refresh(&self, fs: &Fs) {
+        if let Err(e) = self.0.catch_up(fs, true) {
+            log::warn!("catching up with the engine: {}", e.message);
+        }
+    }
+
+    fn sync_kernel(&self, fs: &Fs) -> bool {
+        let s = &self.0;
+        if let Err(e) = s.catch_up(fs, true) {
+            log::warn!("catching up with the engine: {}", e.message);
+            return false;
+        }
+        // Told by the notifier, with what catch-ups before queued.
+        let (done, flushed) = crossbeam_channel::bounded(1);
+        s.notify.send(Notice::Flushed(done)).is_ok() && flushed.recv().is_ok()
+    }
+}
