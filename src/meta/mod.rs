@@ -402,11 +402,11 @@ impl Meta {
         self.given_inos = Some(given);
     }
 
-    /// How many given numbers are left (none given: unbounded).
+    /// How many given numbers are left (none given: none).
     pub fn inos_left(&self) -> u64 {
         self.given_inos
             .as_ref()
-            .map_or(u64::MAX, |r| r.end.saturating_sub(r.start))
+            .map_or(0, |r| r.end.saturating_sub(r.start))
     }
 
     /// Drops an inode from the table once nothing refers to it any more (no name, no open
