@@ -349,6 +349,9 @@ impl Fs {
             // Kept for the kernel: the chunks leave in a committed batch of their own before
             // their memory is given back (dropping the lock frees it, held by a volume's
             // journal until that batch commits). On a shared volume, in the file's turn.
+            // On a shared volume, a file with no chunks has nothing to let go (a create's
+            // empty file): no turn taken for it.
+            Some(f) if self.is_shared() && f.chunks.read().is_empty() => {}
             Some(f) => {
                 let _turn = match self.file_turn(ino) {
                     Ok(turn) => turn,

@@ -33,6 +33,8 @@
 
 mod ahead;
 mod catchup;
+#[cfg(all(test, feature = "shuttle"))]
+mod model_tests;
 mod touch;
 mod turns;
 
@@ -136,6 +138,68 @@ enum Notice {
     Flushed(crossbeam_channel::Sender<()>),
 }
 
+/// What a change's append sent and got back (see [`Appender`]).
+struct Sent {
+    /// When it was sent (turns it renewed last from then).
+    at: Instant,
+    answer: std::result::Result<crate::engine::Appended, EngineError>,
+}
+
+/// The one place a change meets the engine: a record appended as `who`, touching inodes at
+/// the versions this table holds (the applied log, or a change of this client's own ahead
+/// of it); a change the engine takes is noted as ahead of the applied log, and every answer
+/// counted, so a catch-up knows its own changes (see [`Ahead`]). The model tests run it too.
+struct Appender<'a> {
+    engine: &'a dyn MetaEngine,
+    who: &'a str,
+    ahead: &'a Mutex<Ahead>,
+    answered: &'a Condvar,
+    /// The last change the table holds with every change before it.
+    applied: &'a AtomicU64,
+}
+
+impl Appender<'_> {
+    /// Appends `record`, touching `keys`, claiming `claim`.
+    fn append(&self, record: &[u8], keys: &[Ino], claim: &[Ino]) -> Sent {
+        let touched: Vec<Touch> = {
+            let mut a = self.ahead.lock();
+            a.sent += 1;
+            let applied = self.applied.load(Ordering::SeqCst);
+            keys.iter()
+                .map(|&key| Touch {
+                    key,
+                    seen: a.seen(key, applied),
+                })
+                .collect()
+        };
+        let at = Instant::now();
+        let answer = self
+            .engine
+            .append(self.who, record, &touched, claim, TURN_LEASE);
+        {
+            let mut a = self.ahead.lock();
+            a.answered += 1;
+            if let Ok(done) = &answer {
+                a.noted(done.lsn, keys);
+            }
+        }
+        self.answered.notify_all();
+        Sent { at, answer }
+    }
+}
+
+/// An engine's refusal as the file system's error: a change decided on a stale view (or
+/// touching another client's turn) is decided again ([`Error::conflict`]), anything else
+/// fails (EIO).
+fn refused(e: EngineError) -> Error {
+    match e {
+        EngineError::Conflict { key, .. } | EngineError::Busy { key, .. } => {
+            Error::conflict(key, e.to_string())
+        }
+        e => engine_err(e),
+    }
+}
+
 /// Appends each committed batch to the engine, with what it touches.
 struct EngineRecorder(Arc<State>);
 
@@ -144,42 +208,20 @@ impl crate::meta::Journal for EngineRecorder {
         let s = &self.0;
         let (keys, claim) = touch::touched(changes, table);
         // The engine numbers the change: the frame's own LSN is left 0.
-        let bytes = record::encode(0, changes);
-        let touched: Vec<Touch> = {
-            let mut a = s.ahead.lock();
-            a.sent += 1;
-            let applied = s.applied.load(Ordering::SeqCst);
-            keys.iter()
-                .map(|&key| Touch {
-                    key,
-                    seen: a.seen(key, applied),
-                })
-                .collect()
+        let record = record::encode(0, changes);
+        let appender = Appender {
+            engine: &*s.engine,
+            who: &s.who,
+            ahead: &s.ahead,
+            answered: &s.answered,
+            applied: &s.applied,
         };
-        let sent = Instant::now();
-        let r = s
-            .engine
-            .append(&s.who, &bytes, &touched, &claim, TURN_LEASE);
-        {
-            let mut a = s.ahead.lock();
-            a.answered += 1;
-            if let Ok(done) = &r {
-                a.noted(done.lsn, &keys);
-            }
-        }
-        s.answered.notify_all();
-        match r {
-            Ok(done) => {
-                // Frees of what this change let go wait for it to be applied everywhere.
-                s.gate.assigned.fetch_max(done.lsn, Ordering::SeqCst);
-                s.appended(sent, &keys, &claim, &done.wanted);
-                Ok(())
-            }
-            Err(e @ (EngineError::Conflict { key, .. } | EngineError::Busy { key, .. })) => {
-                Err(Error::conflict(key, e.to_string()))
-            }
-            Err(e) => Err(engine_err(e)),
-        }
+        let sent = appender.append(&record, &keys, &claim);
+        let done = sent.answer.map_err(refused)?;
+        // Frees of what this change let go wait for it to be applied everywhere.
+        s.gate.assigned.fetch_max(done.lsn, Ordering::SeqCst);
+        s.appended(sent.at, &keys, &claim, &done.wanted);
+        Ok(())
     }
 }
 

@@ -7,7 +7,7 @@ use super::*;
 
 /// The changes of one engine log entry. An entry holds one record whose frame says LSN 0
 /// (the engine numbers changes: format 2) or the entry's own (format 1).
-fn entry_changes(lsn: u64, bytes: &[u8]) -> Result<Vec<Change>> {
+pub(super) fn entry_changes(lsn: u64, bytes: &[u8]) -> Result<Vec<Change>> {
     let framed = bytes
         .get(8..16)
         .and_then(|b| b.try_into().ok())
@@ -26,6 +26,15 @@ fn entry_changes(lsn: u64, bytes: &[u8]) -> Result<Vec<Change>> {
             format!("the engine's change {lsn} is no record"),
         )),
     }
+}
+
+/// The changes of `got` (read from the engine's log) that are not this client's own (which
+/// its table holds already), parsed. The model tests apply them the same way.
+pub(super) fn foreign(ahead: &Ahead, got: &[(u64, Vec<u8>)]) -> Result<Vec<(u64, Vec<Change>)>> {
+    got.iter()
+        .filter(|(lsn, _)| !ahead.is_own(*lsn))
+        .map(|(lsn, bytes)| Ok((*lsn, entry_changes(*lsn, bytes)?)))
+        .collect()
 }
 
 impl State {
@@ -174,13 +183,7 @@ impl State {
                 format!("the engine's change {first} follows this table's {after}"),
             ));
         }
-        let mut records = Vec::with_capacity(got.len());
-        {
-            let a = self.ahead.lock();
-            for (lsn, bytes) in got.iter().filter(|(lsn, _)| !a.is_own(*lsn)) {
-                records.push((*lsn, entry_changes(*lsn, bytes)?));
-            }
-        }
+        let records = foreign(&self.ahead.lock(), got)?;
         let last = got.last().map_or(after, |(lsn, _)| *lsn);
         if in_request {
             let told = fs.apply_followed_quietly(&records)?;
