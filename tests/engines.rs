@@ -79,6 +79,12 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
             holder: "a".into()
         })
     );
+    // The holder hears it once (however often the other asked), at once.
+    assert_eq!(a.wanted("a", LONG).unwrap(), vec![5]);
+    assert_eq!(
+        a.wanted("a", Duration::from_millis(20)).unwrap(),
+        Vec::<u64>::new()
+    );
     let took = a.append("a", b"four", &[t(5, 3)], &[], LONG).unwrap();
     assert_eq!(
         took,

@@ -20,6 +20,8 @@ struct State {
     turns: HashMap<u64, (String, Instant)>,
     /// Turned inodes another client asked for since they were taken.
     wanted: HashSet<u64>,
+    /// Each holder's inodes asked for, not yet heard ([`MetaEngine::wanted`]).
+    asked: HashMap<String, Vec<u64>>,
     sessions: HashMap<String, Instant>,
     locks: BTreeMap<u64, Vec<u8>>,
     servers: Option<Vec<String>>,
@@ -54,6 +56,13 @@ fn live(sessions: &HashMap<String, Instant>, who: &str) -> bool {
     sessions
         .get(who)
         .is_some_and(|until| *until >= Instant::now())
+}
+
+/// Marks `key`'s turn, held by `holder`, wanted: the holder hears it once.
+fn ask(s: &mut State, key: u64, holder: &str) {
+    if s.wanted.insert(key) {
+        s.asked.entry(holder.to_string()).or_default().push(key);
+    }
 }
 
 /// Who else holds `key`'s turn (none: free, run out, or `who`'s own).
@@ -92,7 +101,8 @@ impl MetaEngine for MemEngine {
         for t in touched {
             if let Some(holder) = other_holder(&s.turns, t.key, who) {
                 let holder = holder.to_string();
-                s.wanted.insert(t.key);
+                ask(&mut s, t.key, &holder);
+                self.state.1.notify_all();
                 return Err(EngineError::Busy { key: t.key, holder });
             }
             let lsn = s.versions.get(&t.key).copied().unwrap_or(0);
@@ -166,7 +176,8 @@ impl MetaEngine for MemEngine {
                     if !live(&s.sessions, who) {
                         return Err(EngineError::NoSession { who: who.into() });
                     }
-                    s.wanted.insert(key);
+                    ask(&mut s, key, &h);
+                    cv.notify_all();
                     let left = wait.saturating_sub(start.elapsed());
                     if left.is_zero() {
                         return Err(EngineError::TurnBusy {
@@ -202,6 +213,22 @@ impl MetaEngine for MemEngine {
         }
         cv.notify_all();
         Ok(())
+    }
+
+    fn wanted(&self, who: &str, wait: Duration) -> Result<Vec<u64>, EngineError> {
+        let (lock, cv) = &*self.state;
+        let deadline = Instant::now() + wait;
+        let mut s = lock.lock();
+        loop {
+            if let Some(asked) = s.asked.remove(who).filter(|a| !a.is_empty()) {
+                return Ok(asked);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(Vec::new());
+            }
+            s = cv.wait_timeout(s, deadline - now).0;
+        }
     }
 
     fn alloc_inos(&self, n: u64, floor: u64) -> Result<u64, EngineError> {

@@ -167,6 +167,12 @@ pub trait MetaEngine: Send + Sync {
     /// Gives the turns of `keys` back (those `who` does not hold are left alone).
     fn give_turns(&self, who: &str, keys: &[u64]) -> Result<(), EngineError>;
 
+    /// Waits up to `wait` until another client asks for a turn `who` holds (a take or an
+    /// append refused as busy: each asks once until the turn changes hands), and returns
+    /// the inodes asked for (none: the wait ran out). So a holder gives a turn back as soon
+    /// as it is wanted, however long it would keep it otherwise.
+    fn wanted(&self, who: &str, wait: Duration) -> Result<Vec<u64>, EngineError>;
+
     /// `n` inode numbers no other client is given: the first of them. Never below `floor`
     /// (a volume whose numbers were given out before the engine counted them).
     fn alloc_inos(&self, n: u64, floor: u64) -> Result<u64, EngineError>;

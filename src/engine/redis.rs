@@ -13,7 +13,8 @@
 //! hash: inode number to `EXPIRY_MS HOLDER`), `wanted` (a set: turned inodes another client
 //! asked for), `ckpt` (a hash: `lsn`, `image`), `sessions` (a hash: name to the Redis time its
 //! heartbeat runs out, in ms), `locks` (a hash: inode number to its lock table,
-//! `meta::locks`), `servers` (the memory servers' addresses in the volume's order, one per
+//! `meta::locks`), `asked:NAME` (a list: inodes of NAME's turns others asked for, which
+//! NAME waits on), `servers` (the memory servers' addresses in the volume's order, one per
 //! line), `format` (the shared format, [`super::SHARED_FORMAT`]; absent: format 1), `nextino`
 //! (the last inode number given out), and `turn`, format 1's one write turn, which an
 //! upgraded volume holds for ever ([`super::FORMAT_1_FENCE`]) so that no format-1 client
@@ -61,7 +62,8 @@ end
     };
 }
 
-/// KEYS: head, log, sessions, vers, turns, wanted. ARGV: who, record, lease (ms), the count
+/// KEYS: head, log, sessions, vers, turns, wanted, the prefix of holders' queues of asked
+/// inodes (`asked:`; see [`MetaEngine::wanted`]). ARGV: who, record, lease (ms), the count
 /// of touched inodes, each touched inode and the version its client saw, then the inodes
 /// claimed. Returns `{code, a, b, wanted}`: 1 appended (a: the LSN, wanted: turns to give
 /// back); -1 a conflict (a: the inode, b: its version); -3 busy (a: the inode, b: its
@@ -75,7 +77,7 @@ for i = 0, n - 1 do
   local key = ARGV[5 + 2 * i]
   local h = holder(redis.call('HGET', KEYS[5], key), now)
   if h and h ~= ARGV[1] then
-    redis.call('SADD', KEYS[6], key)
+    if redis.call('SADD', KEYS[6], key) == 1 then redis.call('RPUSH', KEYS[7] .. h, key) end
     return {-3, key, h, {}}
   end
   local v = redis.call('HGET', KEYS[4], key)
@@ -120,7 +122,8 @@ redis.call('XTRIM', KEYS[2], 'MINID', (tonumber(ARGV[1]) + 1) .. '-0')
 return 1
 "#;
 
-/// KEYS: turns, vers, wanted, sessions. ARGV: who, the inode, lease (ms). Returns `{1,
+/// KEYS: turns, vers, wanted, sessions, the prefix of holders' queues of asked inodes.
+/// ARGV: who, the inode, lease (ms). Returns `{1,
 /// version}` taken, `{0, holder}` held by another (now marked wanted), `{-2, ''}` no session.
 const TAKE_TURN: &str = concat!(
     live_session!("4", "1", "{-2, ''}"),
@@ -128,7 +131,7 @@ const TAKE_TURN: &str = concat!(
     r#"
 local h = holder(redis.call('HGET', KEYS[1], ARGV[2]), now)
 if h and h ~= ARGV[1] then
-  redis.call('SADD', KEYS[3], ARGV[2])
+  if redis.call('SADD', KEYS[3], ARGV[2]) == 1 then redis.call('RPUSH', KEYS[5] .. h, ARGV[2]) end
   return {0, h}
 end
 redis.call('HSET', KEYS[1], ARGV[2], (now + tonumber(ARGV[3])) .. ' ' .. ARGV[1])
@@ -210,6 +213,8 @@ pub struct RedisEngine {
     client: ::redis::Client,
     /// One connection, made again after a failure (requests are short and few per change).
     conn: Mutex<Option<::redis::Connection>>,
+    /// The connection [`MetaEngine::wanted`] blocks on.
+    waiting: Mutex<Option<::redis::Connection>>,
     keys: Keys,
     scripts: Scripts,
 }
@@ -220,6 +225,8 @@ struct Keys {
     vers: String,
     turns: String,
     wanted: String,
+    /// The prefix of each holder's queue of inodes asked for (`asked:NAME`, a list).
+    asked: String,
     ckpt: String,
     sessions: String,
     locks: String,
@@ -258,12 +265,14 @@ impl RedisEngine {
             url: url.to_string(),
             client,
             conn: Mutex::new(None),
+            waiting: Mutex::new(None),
             keys: Keys {
                 head: k("head"),
                 log: k("log"),
                 vers: k("vers"),
                 turns: k("turns"),
                 wanted: k("wanted"),
+                asked: k("asked:"),
                 ckpt: k("ckpt"),
                 sessions: k("sessions"),
                 locks: k("locks"),
@@ -399,6 +408,7 @@ impl MetaEngine for RedisEngine {
                 &self.keys.vers,
                 &self.keys.turns,
                 &self.keys.wanted,
+                &self.keys.asked,
             ] {
                 script.key(k);
             }
@@ -491,6 +501,7 @@ impl MetaEngine for RedisEngine {
                     .key(&self.keys.vers)
                     .key(&self.keys.wanted)
                     .key(&self.keys.sessions)
+                    .key(&self.keys.asked)
                     .arg(who)
                     .arg(key)
                     .arg(lease.as_millis().max(1) as u64)
@@ -530,6 +541,53 @@ impl MetaEngine for RedisEngine {
             script.invoke(c)
         })?;
         Ok(())
+    }
+
+    fn wanted(&self, who: &str, wait: Duration) -> Result<Vec<u64>, EngineError> {
+        // On a connection of its own: the wait blocks it.
+        let mut slot = self.waiting.lock();
+        if slot.is_none() {
+            let c = self
+                .client
+                .get_connection_with_timeout(REQUEST_TIMEOUT)
+                .map_err(|e| EngineError::Unavailable(format!("{}: {e}", self.url)))?;
+            *slot = Some(c);
+        }
+        let c = slot.as_mut().expect("connected above");
+        let queue = format!("{}{who}", self.keys.asked);
+        let got: ::redis::RedisResult<Option<(String, u64)>> = c
+            .set_read_timeout(Some(wait + REQUEST_TIMEOUT))
+            .and_then(|()| {
+                ::redis::cmd("BLPOP")
+                    .arg(&queue)
+                    .arg(wait.as_secs_f64().max(0.001))
+                    .query(c)
+            });
+        let first = match got {
+            Ok(Some((_, key))) => key,
+            Ok(None) => return Ok(Vec::new()),
+            Err(e) => {
+                *slot = None;
+                return Err(EngineError::Unavailable(format!("{}: {e}", self.url)));
+            }
+        };
+        // And whatever else was asked meanwhile.
+        let rest: Vec<u64> = ::redis::pipe()
+            .atomic()
+            .cmd("LRANGE")
+            .arg(&queue)
+            .arg(0)
+            .arg(-1)
+            .cmd("DEL")
+            .arg(&queue)
+            .ignore()
+            .query::<(Vec<u64>,)>(c)
+            .map(|(rest,)| rest)
+            .map_err(|e| {
+                *slot = None;
+                EngineError::Unavailable(format!("{}: {e}", self.url))
+            })?;
+        Ok(std::iter::once(first).chain(rest).collect())
     }
 
     fn alloc_inos(&self, n: u64, floor: u64) -> Result<u64, EngineError> {
@@ -582,13 +640,17 @@ impl MetaEngine for RedisEngine {
     }
 
     fn drop_session(&self, who: &str) -> Result<(), EngineError> {
-        let _: i64 = self.with(|c| {
-            ::redis::cmd("HDEL")
+        self.with(|c| {
+            ::redis::pipe()
+                .cmd("HDEL")
                 .arg(&self.keys.sessions)
                 .arg(who)
-                .query(c)
-        })?;
-        Ok(())
+                .ignore()
+                .cmd("DEL")
+                .arg(format!("{}{who}", self.keys.asked))
+                .ignore()
+                .query::<()>(c)
+        })
     }
 
     fn volumes(&self) -> Result<Vec<String>, EngineError> {

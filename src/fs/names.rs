@@ -14,8 +14,9 @@ impl Fs {
         match self.lookup_here(parent, name) {
             // On a shared volume a name another client made may not have reached this table
             // yet: it catches up once before saying there is none (a path another client just
-            // made resolves at once).
-            Err(e) if e.errno == libc::ENOENT && self.refresh_shared() => {
+            // made resolves at once), unless this client holds the directory's turn (no
+            // other client can have added a name to it).
+            Err(e) if e.errno == libc::ENOENT && self.refresh_shared_unless_held(parent) => {
                 self.lookup_here(parent, name)
             }
             r => r,

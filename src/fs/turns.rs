@@ -31,6 +31,10 @@ pub trait Turns: Send + Sync {
     /// result is dropped. While held, no other client's change touching `ino` is appended.
     fn take(&self, fs: &Fs, ino: Ino) -> Result<HeldTurn>;
 
+    /// Whether this client holds inode `ino`'s turn (its table's view of `ino` is then the
+    /// engine's: no other client's change of it can land meanwhile).
+    fn holds(&self, ino: Ino) -> bool;
+
     /// Brings the table up to date (a lookup that found nothing, an open, a change decided
     /// on a stale table).
     fn refresh(&self, fs: &Fs);
@@ -111,6 +115,18 @@ impl Fs {
     pub fn inos_left(&self) -> (u64, Ino) {
         let meta = self.meta.lock();
         (meta.inos_left(), meta.next_ino())
+    }
+
+    /// On a shared volume, brings the table up to date unless this client holds `ino`'s turn
+    /// (the table's view of it is the engine's); false (nothing done) elsewhere or then.
+    pub fn refresh_shared_unless_held(&self, ino: Ino) -> bool {
+        match self.turns.as_ref() {
+            Some(t) if !t.holds(ino) => {
+                t.refresh(self);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// On a shared volume, brings the table up to date; false (nothing done) elsewhere.

@@ -64,10 +64,12 @@ const TURN_LEASE: Duration = Duration::from_secs(2);
 /// thread and clock rates all fit well inside; past it the turn is taken again.
 const TURN_MARGIN: Duration = Duration::from_millis(500);
 
-/// How long a turn stays after its last change: the next change of the same file usually
-/// follows within a FUSE round trip (50-100 µs here), so a copy's writes take the turn once;
-/// a client that asks for a lingering turn waits this long at most.
-const TURN_LINGER: Duration = Duration::from_millis(2);
+/// How long a turn stays after its last change: the next change of the same file or
+/// directory usually follows within a few FUSE round trips (50-100 µs each here; a `tar x`
+/// spends about 2 ms on a file), so a copy's writes take the turn once. A client that asks
+/// for a lingering turn does not wait for this: the holder is told at once
+/// ([`MetaEngine::wanted`]).
+const TURN_LINGER: Duration = Duration::from_millis(50);
 
 /// How long a session lives without a heartbeat (one every poll): past it, another client
 /// evicts it from the memory servers.
@@ -101,8 +103,6 @@ struct State {
     /// One catch-up at a time (so no change is applied twice).
     catching: Mutex<()>,
     turns: Mutex<HeldTurns>,
-    /// Wakes the lingering thread.
-    linger: Condvar,
     /// Signalled when turns have been given back.
     given: Condvar,
     gate: Arc<FreeGate>,
@@ -337,7 +337,6 @@ pub fn join(
         answered: Condvar::new(),
         catching: Mutex::new(()),
         turns: Mutex::new(HeldTurns::default()),
-        linger: Condvar::new(),
         given: Condvar::new(),
         gate: gate.clone(),
         notify,
@@ -442,7 +441,6 @@ impl Drop for SharedClient {
             let _ = t.join();
         }
         if let Some(t) = self.lingerer.take() {
-            self.state.linger.notify_all();
             let _ = t.join();
         }
         self.state.give_all();

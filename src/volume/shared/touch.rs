@@ -10,8 +10,8 @@
 use crate::meta::{Change, Ino, Kind, TableView};
 
 /// The inodes `changes` touch (sorted, once each), and those whose turn the change claims:
-/// the regular files it makes, which its maker writes next (no other client can know them
-/// before the change is appended).
+/// the files and directories it makes, which its maker usually writes or fills next (no
+/// other client can know them before the change is appended).
 pub(super) fn touched(changes: &[Change], table: &TableView<'_>) -> (Vec<Ino>, Vec<Ino>) {
     touched_reading(changes, table, true)
 }
@@ -29,7 +29,7 @@ pub(super) fn touched_reading(
         match c {
             Change::Make { ino, kind, .. } => {
                 keys.push(*ino);
-                if *kind == Kind::File {
+                if matches!(kind, Kind::File | Kind::Dir) {
                     claim.push(*ino);
                 }
             }

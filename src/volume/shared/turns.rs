@@ -1,9 +1,12 @@
 //! The inode turns this client holds ([`crate::fs::Turns`]): taken for a change of a file's
-//! data (or after a namespace change lost twice), renewed by every change that touches the
-//! inode, and kept a moment after their change ends, since the next change of the same
-//! file (the next write of a copy, the create's first write) usually follows within a FUSE
-//! round trip. A turn goes back once idle for [`TURN_LINGER`], at once if another client
-//! asked for it, and in batches from the lingering thread, off the path of any request.
+//! data (or after a namespace change lost on an inode), claimed for the inodes a change
+//! makes, renewed by every change that touches the inode, and kept while this client works
+//! on it, since its next change (the next write of a copy, the create's first write, the
+//! next create in a new directory) usually follows within a FUSE round trip. While this
+//! client holds a directory's turn, no other client adds a name to it, so a lookup that
+//! finds nothing there needs no catch-up. A turn goes back once idle for [`TURN_LINGER`],
+//! and at once when another client asks for it (the engine tells the lingering thread,
+//! which gives turns back in batches, off the path of any request).
 
 use super::*;
 
@@ -117,7 +120,6 @@ impl State {
             if version > seen {
                 self.catch_up(fs, true)?;
             }
-            self.linger.notify_one();
             return Ok(Box::new(guard));
         }
     }
@@ -126,10 +128,13 @@ impl State {
     /// client holds, made those of `claimed` this client's, and said which are `wanted`.
     pub(super) fn appended(&self, sent: Instant, touched: &[Ino], claimed: &[Ino], wanted: &[Ino]) {
         let until = sent + TURN_LEASE - TURN_MARGIN;
+        let now = Instant::now();
         let mut t = self.turns.lock();
+        // Renewed, and in use: it lingers from now.
         for ino in touched {
             if let Some(h) = t.map.get_mut(ino) {
                 h.until = until;
+                h.idle_since = now;
             }
         }
         for ino in claimed {
@@ -149,10 +154,15 @@ impl State {
                 h.wanted = true;
             }
         }
-        drop(t);
-        if !claimed.is_empty() {
-            self.linger.notify_one();
-        }
+    }
+
+    /// Whether this client holds inode `ino`'s turn now (no other client's change of it can
+    /// be appended: this table's view of it is the engine's).
+    pub(super) fn holds(&self, ino: Ino) -> bool {
+        let t = self.turns.lock();
+        t.map
+            .get(&ino)
+            .is_some_and(|h| !h.giving && h.until > Instant::now())
     }
 
     /// Gives the turns of `inos` (marked `giving`) back, and forgets them.
@@ -177,36 +187,45 @@ impl State {
     }
 }
 
-/// The lingering thread: gives back, in one request, the turns idle for [`TURN_LINGER`] (or
-/// wanted, or about to run out).
+/// The lingering thread: gives back, in one request, the turns idle for [`TURN_LINGER`], about
+/// to run out, or asked for by another client, which the engine tells it at once (it waits
+/// on [`MetaEngine::wanted`] between rounds).
 pub(super) fn linger_loop(s: &State) {
-    let mut t = s.turns.lock();
     while !s.stop.load(Ordering::SeqCst) {
-        if t.map.is_empty() {
-            t = s.linger.wait_timeout(t, Duration::from_millis(100)).0;
-            continue;
-        }
-        t = s.linger.wait_timeout(t, TURN_LINGER).0;
+        let asked = match s.engine.wanted(&s.who, TURN_LINGER / 2) {
+            Ok(asked) => asked,
+            Err(e) => {
+                log::warn!("shared volume: hearing which turns are wanted: {e}");
+                std::thread::sleep(TURN_LINGER);
+                Vec::new()
+            }
+        };
         let now = Instant::now();
-        let idle: Vec<Ino> = t
-            .map
-            .iter_mut()
-            .filter(|(_, h)| {
-                h.users == 0
-                    && !h.giving
-                    && (h.wanted || h.until <= now || now >= h.idle_since + TURN_LINGER)
-            })
-            .map(|(ino, h)| {
-                h.giving = true;
-                *ino
-            })
-            .collect();
-        if idle.is_empty() {
-            continue;
+        let give: Vec<Ino> = {
+            let mut t = s.turns.lock();
+            for ino in asked {
+                if let Some(h) = t.map.get_mut(&ino) {
+                    h.wanted = true;
+                }
+            }
+            t.map
+                .iter_mut()
+                .filter(|(_, h)| {
+                    h.users == 0
+                        && !h.giving
+                        && (h.wanted
+                            || h.until <= now + TURN_LINGER
+                            || now >= h.idle_since + TURN_LINGER)
+                })
+                .map(|(ino, h)| {
+                    h.giving = true;
+                    *ino
+                })
+                .collect()
+        };
+        if !give.is_empty() {
+            s.give_back(&give);
         }
-        drop(t);
-        s.give_back(&idle);
-        t = s.turns.lock();
     }
 }
 
@@ -229,6 +248,10 @@ impl Turns for SharedTurns {
 
     fn take(&self, fs: &Fs, ino: Ino) -> Result<HeldTurn> {
         self.0.take_turn(fs, ino)
+    }
+
+    fn holds(&self, ino: Ino) -> bool {
+        self.0.holds(ino)
     }
 
     fn refresh(&self, fs: &Fs) {
