@@ -50,11 +50,8 @@ pub const SHARED_FORMAT: u32 = 2;
 
 /// What a format-1 client sees holding the old global write turn once a volume is upgraded
 /// (it waits for that turn, then fails naming it).
-pub const FORMAT_1_FENCE: &str = concat!(
-    "a client of shared format 2 (this volume was upgraded: mount it with rmemfs ",
-    env!("CARGO_PKG_VERSION"),
-    " or later)"
-);
+pub const FORMAT_1_FENCE: &str = "a client of shared format 2 (this volume was upgraded: \
+     mount it with an rmemfs that speaks shared format 2)";
 
 /// Why an engine could not do what was asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

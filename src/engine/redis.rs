@@ -491,7 +491,9 @@ impl MetaEngine for RedisEngine {
         wait: Duration,
     ) -> Result<u64, EngineError> {
         let start = Instant::now();
-        // Backoff between tries: short first (a turn is held for a few changes), up to 1 ms.
+        // Backoff between tries: short first (a turn is held for a few changes), up to a
+        // quarter of a millisecond (the holder gives it back at once when asked, after its
+        // minimum hold).
         let mut pause = Duration::from_micros(50);
         loop {
             let (taken, what): (i64, String) = self.with(|c| {
@@ -524,7 +526,7 @@ impl MetaEngine for RedisEngine {
                 _ => {}
             }
             std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
+            pause = (pause * 2).min(Duration::from_micros(250));
         }
     }
 

@@ -19,10 +19,19 @@ struct Held {
     users: usize,
     /// When its last user ended.
     idle_since: Instant,
+    /// When it was taken or claimed: a wanted turn is kept [`TURN_MIN_HOLD`] from then.
+    taken: Instant,
     /// Another client asked for it: it goes back once its users end.
     wanted: bool,
     /// Being given back: a new user waits, then takes it again.
     giving: bool,
+}
+
+impl Held {
+    /// Whether a wanted turn has been kept long enough to go back (see [`TURN_MIN_HOLD`]).
+    fn kept_enough(&self) -> bool {
+        self.taken.elapsed() >= TURN_MIN_HOLD
+    }
 }
 
 /// This client's turns, by inode.
@@ -46,7 +55,7 @@ impl Drop for TurnInUse {
                 Some(h) => {
                     h.users -= 1;
                     h.idle_since = Instant::now();
-                    let now = h.users == 0 && h.wanted && !h.giving;
+                    let now = h.users == 0 && h.wanted && !h.giving && h.kept_enough();
                     h.giving |= now;
                     now
                 }
@@ -73,7 +82,7 @@ impl State {
                     }
                     // Another client asked for it and no change here uses it: it goes back
                     // first (the asker waits with backoff, so it is likely to get it).
-                    Some(h) if h.wanted && h.users == 0 => {
+                    Some(h) if h.wanted && h.users == 0 && h.kept_enough() => {
                         h.giving = true;
                         drop(t);
                         self.give_back(&[ino]);
@@ -100,6 +109,7 @@ impl State {
                     until: sent,
                     users: 0,
                     idle_since: sent,
+                    taken: sent,
                     wanted: false,
                     giving: false,
                 });
@@ -144,6 +154,7 @@ impl State {
                     until,
                     users: 0,
                     idle_since: sent,
+                    taken: sent,
                     wanted: false,
                     giving: false,
                 },
@@ -192,7 +203,19 @@ impl State {
 /// on [`MetaEngine::wanted`] between rounds).
 pub(super) fn linger_loop(s: &State) {
     while !s.stop.load(Ordering::SeqCst) {
-        let asked = match s.engine.wanted(&s.who, TURN_LINGER / 2) {
+        // Woken by a turn asked for; else in time to give back wanted turns once kept
+        // long enough, and idle ones.
+        let wait = {
+            let t = s.turns.lock();
+            t.map
+                .values()
+                .filter(|h| h.wanted && !h.giving)
+                .map(|h| (h.taken + TURN_MIN_HOLD).saturating_duration_since(Instant::now()))
+                .min()
+                .unwrap_or(TURN_LINGER / 2)
+                .clamp(Duration::from_micros(100), TURN_LINGER / 2)
+        };
+        let asked = match s.engine.wanted(&s.who, wait) {
             Ok(asked) => asked,
             Err(e) => {
                 log::warn!("shared volume: hearing which turns are wanted: {e}");
