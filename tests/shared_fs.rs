@@ -266,3 +266,161 @@ fn checkpoints_bound_the_log_on_redis() {
     let redis = common::redis::Redis::start();
     checkpoints(|| Arc::new(rmemfs::engine::redis::RedisEngine::open(&redis.url, "ck").unwrap()));
 }
+
+/// The hard races, on real clients whose tables are stale (pollers paused, so each decides
+/// on what it saw last): the engine refuses the change decided on a stale view, and the
+/// client decides it again on a table caught up, which answers as the log's order does.
+#[test]
+fn changes_decided_on_stale_tables_are_decided_again() {
+    let rack = Rack::new(2);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client(&rack, engine.clone(), "a");
+    let b = client(&rack, engine, "b");
+    for d in [
+        "p", "p/a", "p/a/f", "p/a/f/e", "q", "q/b", "q/b/c", "q/b/c/d",
+    ] {
+        a.mkdir(d).unwrap();
+    }
+    a.create("x", b"x").unwrap();
+    b.shared.poll_now().unwrap();
+    // Two moves that together would make a cycle, neither writing an inode the other
+    // writes: B's, decided on a table without A's, is refused by the directories its check
+    // read, and decided again it is EINVAL (a directory below itself).
+    a.rename("p/a", "q/b/c/d/a").unwrap();
+    assert_eq!(b.rename("q/b", "p/a/f/e/b"), Err(libc::EINVAL));
+    // An unlink racing a move of the same entry: B, stale, unlinks a name A moved away.
+    a.rename("x", "y").unwrap();
+    assert!(resolve(&b.fs, "x").is_ok(), "b's table is not stale");
+    let stale = b.change(|fs| fs.unlink(ROOT_INO, b"x").map_err(|e| e.errno));
+    assert_eq!(stale, Err(libc::ENOENT));
+    // Two creates of one name, the second client stale.
+    a.mkdir("n").unwrap();
+    assert_eq!(
+        b.change(|fs| fs
+            .mkdir(ROOT_INO, b"n", 0o755, common::ME)
+            .map(|_| ())
+            .map_err(|e| e.errno)),
+        Err(libc::EEXIST)
+    );
+    a.shared.poll_now().unwrap();
+    b.shared.poll_now().unwrap();
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+    assert_eq!(resolve(&a.fs, "y").map(|_| ()), Ok(()));
+    assert_eq!(resolve(&a.fs, "q/b/c/d/a/f/e").map(|_| ()), Ok(()));
+}
+
+/// Three clients changing at once, each in a directory of its own and all in one directory,
+/// threads of each at once too: every name made once, every client's table the same, no
+/// inode number given twice.
+#[test]
+fn three_clients_change_at_once() {
+    const EACH: usize = 60;
+    let rack = Rack::new(2);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let clients: Vec<Arc<Client>> = ["a", "b", "c"]
+        .iter()
+        .map(|w| Arc::new(client(&rack, engine.clone(), w)))
+        .collect();
+    clients[0].mkdir("all").unwrap();
+    for (i, c) in clients.iter().enumerate() {
+        c.mkdir(&format!("own{i}")).unwrap();
+    }
+    let threads: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .flat_map(|(i, c)| {
+            (0..2).map(move |t| {
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    for n in 0..EACH {
+                        let name = format!("{i}-{t}-{n}");
+                        c.create(&format!("own{i}/{name}"), name.as_bytes())
+                            .unwrap();
+                        c.create(&format!("all/{name}"), name.as_bytes()).unwrap();
+                        if n % 3 == 0 {
+                            c.unlink(&format!("all/{name}")).unwrap();
+                        }
+                    }
+                })
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    for c in &clients {
+        c.shared.poll_now().unwrap();
+    }
+    let digest = clients[0].fs.namespace_digest();
+    for c in &clients[1..] {
+        assert_eq!(c.fs.namespace_digest(), digest);
+    }
+    for (i, c) in clients.iter().enumerate() {
+        for t in 0..2 {
+            for n in 0..EACH {
+                let name = format!("{i}-{t}-{n}");
+                assert_eq!(
+                    read(&c.fs, &format!("own{i}/{name}")).unwrap(),
+                    name.as_bytes()
+                );
+                let in_all = read(&c.fs, &format!("all/{name}"));
+                match n % 3 {
+                    0 => assert_eq!(in_all, Err(libc::ENOENT)),
+                    _ => assert_eq!(in_all.unwrap(), name.as_bytes()),
+                }
+            }
+        }
+    }
+    // No inode number made twice in the log.
+    let mut made = std::collections::HashSet::new();
+    for (lsn, bytes) in engine.read_after(0, 100_000).unwrap() {
+        let read = rmemfs::meta::record::read(&bytes, 0);
+        for (_, changes) in read.records {
+            for c in changes {
+                if let rmemfs::meta::Change::Make { ino, .. } = c {
+                    assert!(made.insert(ino), "inode {ino} made twice (change {lsn})");
+                }
+            }
+        }
+    }
+    assert!(made.len() > 3 * 2 * EACH * 2);
+}
+
+/// A volume made by a client of shared format 1 is upgraded by the first client of format 2
+/// when no other client is live, and refused (naming the live one and both formats) while
+/// one is; a volume of a newer format is refused.
+#[test]
+fn format_1_volumes_are_upgraded_when_no_old_client_is_live() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::format_1(&[]);
+    engine
+        .start_session("old", Duration::from_secs(60))
+        .unwrap();
+    let spec = |who: &str| VolumeSpec {
+        name: "sh".into(),
+        holder: who.into(),
+        create: false,
+        takeover: false,
+        role: VolumeRole::Share,
+    };
+    let data = rack.store(&rack.addrs(), spec("new"), 2).unwrap();
+    let refused = shared::join(
+        data,
+        FsConfig::default(),
+        Arc::new(engine.clone()),
+        "new".into(),
+    );
+    let why = refused.err().expect("joined beside a live format-1 client");
+    assert!(
+        why.contains("old") && why.contains("format 1") && why.contains("format 2"),
+        "{why}"
+    );
+    engine.drop_session("old").unwrap();
+    let c = client(&rack, Arc::new(engine.clone()), "new");
+    assert_eq!(
+        engine.format().unwrap(),
+        Some(rmemfs::engine::SHARED_FORMAT)
+    );
+    c.mkdir("d").unwrap();
+    assert!(resolve(&c.fs, "d").is_ok());
+}
