@@ -28,8 +28,8 @@
 //! the clients share two cores with Redis, so rmemfs's figures are capped by the machine's
 //! CPU per create (`machine_cpu`, measured), which clients on nodes of their own do not
 //! share. Where the check misses, the model is optimistic: three clients in one directory
-//! make 2,356 creates/s here against its 5,493 (the waiting clients' takes and catch-ups
-//! share the two cores with the holder), and JuiceFS's three clients 2,480 against 3,504
+//! make 3,864 creates/s here against its 5,493 (the waiting clients' takes and catch-ups
+//! share the two cores with the holder), and JuiceFS's three clients 2,362 against 4,240
 //! (its CPU per create was not measured, so not capped).
 
 use std::fmt::Write as _;
@@ -62,10 +62,10 @@ pub struct Costs {
 }
 
 impl Default for Costs {
-    /// Calibrated here: one rmemfs client made 5,686 creates/s (176 µs each: a loopback round
-    /// trip about 70 µs, the append script 16 µs in Redis, the rest the client), one JuiceFS
-    /// client 1,317/s (759 µs: five round trips of about 150 µs here, Go and FUSE included);
-    /// three rmemfs clients used 127 µs of CPU per create over all processes.
+    /// Calibrated here: one rmemfs client made 5,302 to 5,686 creates/s (about 176 µs each: a
+    /// loopback round trip about 70 µs, the append script 16 µs in Redis, the rest the
+    /// client), one JuiceFS client 1,336/s (748 µs: five round trips, Go and FUSE
+    /// included); three rmemfs clients used 127 µs of CPU per create over all processes.
     fn default() -> Costs {
         Costs {
             client: 90.0,

@@ -24,6 +24,11 @@ use super::{Appended, Checkpoint, EngineError, MetaEngine, Touch, FORMAT_1_FENCE
 use crate::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// A last line of the `servers` key of a volume in shared format 2 or later, which this
+/// build skips: a format-1 client reads it as one more server, so it refuses to mount, naming
+/// the volume's servers with this line among them (its list never matches a mount's).
+const SERVERS_FORMAT_LINE: &str = "(shared format 2: mount with an rmemfs that speaks it)";
+
 /// How long a request to Redis may take before the engine counts as unavailable: a live
 /// Redis answers in well under a millisecond here; this covers a loaded one.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -171,8 +176,9 @@ end
 return 0
 "#;
 
-/// KEYS: format, sessions, turn. ARGV: who, the format, the fence. Returns the live sessions
-/// other than `who` (none: upgraded, or in a format already).
+/// KEYS: format, sessions, turn, servers. ARGV: who, the format, the fence, the servers'
+/// format line. Returns the live sessions other than `who` (none: upgraded, or in a format
+/// already).
 const UPGRADE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then return {} end
 local t = redis.call('TIME')
@@ -185,6 +191,8 @@ end
 if #others > 0 then return others end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[3], ARGV[3])
+local servers = redis.call('GET', KEYS[4])
+if servers then redis.call('SET', KEYS[4], servers .. '\n' .. ARGV[4]) end
 return {}
 "#;
 
@@ -614,9 +622,11 @@ impl MetaEngine for RedisEngine {
                 .key(&self.keys.format)
                 .key(&self.keys.sessions)
                 .key(&self.keys.turn)
+                .key(&self.keys.servers)
                 .arg(who)
                 .arg(SHARED_FORMAT)
                 .arg(FORMAT_1_FENCE)
+                .arg(SERVERS_FORMAT_LINE)
                 .invoke(c)
         })?;
         match live.is_empty() {
@@ -677,7 +687,7 @@ impl MetaEngine for RedisEngine {
                 .key(&self.keys.servers)
                 .key(&self.keys.format)
                 .key(&self.keys.turn)
-                .arg(servers.join("\n"))
+                .arg(format!("{}\n{SERVERS_FORMAT_LINE}", servers.join("\n")))
                 .arg(SHARED_FORMAT)
                 .arg(FORMAT_1_FENCE)
                 .invoke(c)
@@ -688,7 +698,12 @@ impl MetaEngine for RedisEngine {
     fn servers(&self) -> Result<Option<Vec<String>>, EngineError> {
         let stored: Option<String> =
             self.with(|c| ::redis::cmd("GET").arg(&self.keys.servers).query(c))?;
-        Ok(stored.map(|list| list.lines().map(str::to_string).collect()))
+        Ok(stored.map(|list| {
+            list.lines()
+                .filter(|l| *l != SERVERS_FORMAT_LINE)
+                .map(str::to_string)
+                .collect()
+        }))
     }
 
     fn locks(&self, ino: u64) -> Result<Vec<u8>, EngineError> {

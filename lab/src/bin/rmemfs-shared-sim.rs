@@ -25,10 +25,10 @@ struct Cli {
     local_rtt_ms: f64,
     /// Figures measured here (bench-shared.sh, medians): rmemfs creates/s with 1 and 3
     /// clients in their own directories, and with 3 in one directory.
-    #[arg(long, value_delimiter = ',', default_value = "5686,11955,2356")]
+    #[arg(long, value_delimiter = ',', default_value = "5302,11840,3864")]
     measured_rmemfs: Vec<f64>,
     /// The same for JuiceFS on the same Redis.
-    #[arg(long, value_delimiter = ',', default_value = "1317,2480,1681")]
+    #[arg(long, value_delimiter = ',', default_value = "1336,2362,1701")]
     measured_juicefs: Vec<f64>,
     /// Directory for the CSV.
     #[arg(long, default_value = "target/shared-sim")]
