@@ -1,7 +1,7 @@
 //! The metadata engine on Redis (`--meta redis://HOST:PORT[/DB]`): one volume's log, its
-//! checkpoint, the write turn and the sessions, each a key under `rmemfs:{VOLUME}:` (the
-//! braces are a hash tag: in a Redis Cluster every key of a volume sits in one slot, which
-//! the scripts below need).
+//! checkpoint, the inodes' versions and turns, and the sessions, each a key under
+//! `rmemfs:{VOLUME}:` (the braces are a hash tag: in a Redis Cluster every key of a volume
+//! sits in one slot, which the scripts below need).
 //!
 //! Every step that must be atomic is one Lua script (Redis runs a script alone): the append
 //! checks the versions and turns of what the change touches before it adds the record, so a
