@@ -31,6 +31,9 @@ struct Shared {
     answered: Condvar,
     applied: AtomicU64,
     protocol: Protocol,
+    /// Turns this client's changes claimed (the inodes they made): given back when the
+    /// change ends (the product's lingering thread gives them back later).
+    claimed: Mutex<Vec<Ino>>,
 }
 
 struct Recorder(Arc<Shared>);
@@ -52,6 +55,9 @@ impl Journal for Recorder {
             applied: &applied,
         };
         let sent = appender.append(&record::encode(0, changes), &keys, &claim);
+        if sent.answer.is_ok() {
+            s.claimed.lock().extend(claim);
+        }
         sent.answer.map(|_| ()).map_err(refused)
     }
 }
@@ -73,6 +79,7 @@ impl Client {
             answered: Condvar::new(),
             applied: AtomicU64::new(0),
             protocol,
+            claimed: Mutex::new(Vec::new()),
         });
         let mut meta = Meta::new(0o755, 0, 0);
         meta.set_journal(Box::new(Recorder(shared.clone())));
@@ -108,23 +115,66 @@ impl Client {
         }
     }
 
-    /// A change decided on this table, as [`Fs::changing`] runs it: again after a conflict
-    /// (caught up), and a failure again once on a table caught up.
+    /// A change decided on this table, as [`Fs::changing`] runs it: again after a conflict,
+    /// caught up and holding the turn of the inode it lost on (turns taken in inode order,
+    /// so it cannot lose on one twice and two clients never wait for each other's), and a
+    /// failure again once on a table caught up.
     fn change(&self, op: impl Fn(&mut Meta) -> Result<()>) -> Result<()> {
+        let s = &self.shared;
         let mut fresh = false;
-        for _ in 0..100 {
+        let mut held: Vec<Ino> = Vec::new();
+        let mut tries = 0;
+        let answer = loop {
+            tries += 1;
+            assert!(tries < 1000, "a change lost 1000 times in a row");
             let decided = op(&mut self.meta.lock());
             match decided {
-                Ok(()) => return Ok(()),
-                Err(e) if e.conflict.is_some() => self.catch_up(),
-                Err(_) if !fresh => {
-                    self.catch_up();
-                    fresh = true;
-                }
-                Err(e) => return Err(e),
+                Ok(()) => break Ok(()),
+                Err(e) => match e.conflict {
+                    Some(ino) => {
+                        if !held.contains(&ino) {
+                            let mut keys = held.clone();
+                            keys.push(ino);
+                            keys.sort_unstable();
+                            if keys.last() != Some(&ino) {
+                                s.engine.give_turns(&s.who, &held).unwrap();
+                                held.clear();
+                            }
+                            for key in keys {
+                                if !held.contains(&key) {
+                                    self.take_turn(key);
+                                    held.push(key);
+                                }
+                            }
+                        }
+                        self.catch_up();
+                    }
+                    None if !fresh => {
+                        self.catch_up();
+                        fresh = true;
+                    }
+                    None => break Err(e),
+                },
+            }
+        };
+        held.append(&mut s.claimed.lock());
+        s.engine.give_turns(&s.who, &held).unwrap();
+        answer
+    }
+
+    /// Takes inode `key`'s turn, letting the others run while another client holds it.
+    fn take_turn(&self, key: Ino) {
+        let s = &self.shared;
+        loop {
+            match s
+                .engine
+                .take_turn(&s.who, key, Duration::from_secs(3600), Duration::ZERO)
+            {
+                Ok(_) => return,
+                Err(EngineError::TurnBusy { .. }) => thread::yield_now(),
+                Err(e) => panic!("{e}"),
             }
         }
-        panic!("a change lost 100 times in a row");
     }
 
     fn mkdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
