@@ -22,8 +22,11 @@ SIZE=${SIZE:-256M}
 RAND_SIZE=${RAND_SIZE:-64M}
 CLIENTS=${CLIENTS:-3}
 ROUNDS=${ROUNDS:-1}
+OUT=${OUT:-target/bench-shared-writes}
 ensure_packages python3:python3 fio:fio redis-server:redis-server
 check_prereqs mount serve || exit 2
+check_bench bars || exit 2
+mkdir -p "$OUT"
 lib_init benchsharedw
 start_redis --own-trap
 trap 'kill "$REDIS_PID" 2>/dev/null || true; cleanup' EXIT
@@ -95,8 +98,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
   done
 done
 
-python3 - "$results" "$CLIENTS" <<'PY'
-import statistics, sys
+python3 - "$results" "$CLIENTS" "$OUT" <<'PY'
+import json, os, statistics, sys
 got = {}
 for line in open(sys.argv[1]):
     s, c, k, x = line.split()
@@ -111,4 +114,14 @@ print(f"gain from 1 to {n} clients:")
 for k in ("seq", "rand"):
     g = lambda s: v[(s, n, k)] / v[(s, "1", k)]
     print(f"{k:<22}{g('rmemfs-volume'):>12.2f}{g('rmemfs-shared'):>12.2f}")
+systems = ("rmemfs-volume", "rmemfs-shared")
+spec = {"title": "writes of many clients, each to a file of its own (fio, end_fsync)",
+        "series": ["embedded volume", "shared (Redis)"],
+        "panels": [{"heading": heading, "unit": "MiB/s", "log": False,
+                    "groups": ["1 client", f"{n} clients"],
+                    "values": [[v[(s, c, k)] for s in systems] for c in ("1", n)]}
+                   for k, heading in (("seq", "sequential, 1 MiB writes"),
+                                      ("rand", "random, 4 KiB writes"))]}
+json.dump(spec, open(os.path.join(sys.argv[3], "spec.json"), "w"), indent=1)
 PY
+draw_chart "$OUT/spec.json" "$OUT/chart.svg"

@@ -33,6 +33,7 @@ ROUNDS=${ROUNDS:-1}
 OUT=${OUT:-target/bench-shared}
 ensure_packages python3:python3 tar:tar bc:bc redis-server:redis-server
 check_prereqs mount serve || exit 2
+check_bench bars || exit 2
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 lib_init benchshared
@@ -177,10 +178,10 @@ for ((round = 1; round <= ROUNDS; round++)); do
   [ ${#jfs_mounts[@]} -gt 0 ] && tree juicefs "$BASE/jfs1"
 done
 
-python3 - "$results" "$CLIENTS" <<'PY'
-import statistics, sys
+python3 - "$results" "$CLIENTS" "$OUT" <<'PY'
+import json, os, statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
-n = sys.argv[2]
+n, out = sys.argv[2], sys.argv[3]
 got = {}
 for s, c, f, x in rows:
     got.setdefault((s, c, f), []).append(float(x))
@@ -204,4 +205,19 @@ for layout in (n, f"{n}-one-dir"):
             one, many = v.get((s, "1", f)), v.get((s, layout, f))
             cells.append(f"{many / one:.2f}" if one and many else "skipped")
         print(f"{f + ' x' + layout:<22}{cells[0]:>12}{cells[1]:>12}{cells[2]:>12}")
+systems = ("rmemfs-volume", "rmemfs-shared", "juicefs")
+layouts = [("1", "1 client"), (n, f"{n} clients"), (f"{n}-one-dir", f"{n}, one dir")]
+panel = lambda f, unit, log: {
+    "heading": f, "unit": unit, "log": log, "groups": [name for _, name in layouts],
+    "values": [[v.get((s, c, f), 0) for s in systems] for c, _ in layouts]}
+spec = {"title": "many writers: one volume, shared through Redis, against JuiceFS",
+        "series": ["embedded volume", "shared (Redis)", "JuiceFS (Redis)"],
+        "panels": [panel("create/s", "creates per second", True),
+                   panel("remove/s", "removes per second", True),
+                   {"heading": "a tree, one client", "unit": "seconds", "log": False,
+                    "groups": ["tar x", "rm -rf"],
+                    "values": [[v.get((s, "1", f), 0) for s in systems]
+                               for f in ("tar-x-s", "rm-rf-s")]}]}
+json.dump(spec, open(os.path.join(out, "spec.json"), "w"), indent=1)
 PY
+draw_chart "$OUT/spec.json" "$OUT/chart.svg"
