@@ -1,0 +1,215 @@
+//! The Lua scripts of the Redis engine: every step that must be atomic is one script (Redis
+//! runs a script alone). Session times are the Redis server's clock (`TIME`).
+
+/// The start of a script that needs session `ARGV[who]` (of hash `KEYS[sessions]`) to live:
+/// there, and its last heartbeat not run out by Redis's clock.
+macro_rules! live_session {
+    ($sessions:literal, $who:literal, $refused:literal) => {
+        concat!(
+            "local t = redis.call('TIME')\n",
+            "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n",
+            "local exp = redis.call('HGET', KEYS[",
+            $sessions,
+            "], ARGV[",
+            $who,
+            "])\n",
+            "if not exp or tonumber(exp) < now then return ",
+            $refused,
+            " end\n"
+        )
+    };
+}
+
+/// Who holds a turn, from its value `EXPIRY_MS HOLDER` (`t`) at Redis time `now`: `h` is nil
+/// when the turn is free or run out.
+macro_rules! turn_holder {
+    () => {
+        r#"
+local function holder(t, now)
+  if not t then return nil end
+  local sp = string.find(t, ' ')
+  if tonumber(string.sub(t, 1, sp - 1)) < now then return nil end
+  return string.sub(t, sp + 1)
+end
+"#
+    };
+}
+
+/// KEYS: head, log, sessions, vers, turns, wanted, the prefix of holders' queues of asked
+/// inodes (`asked:`; see [`crate::engine::MetaEngine::wanted`]). ARGV: who, record, lease (ms), the count
+/// of touched inodes, each touched inode and the version its client saw, then the inodes
+/// claimed. Returns `{code, a, b, wanted}`: 1 appended (a: the LSN, wanted: turns to give
+/// back); -1 a conflict (a: the inode, b: its version); -3 busy (a: the inode, b: its
+/// holder); -2 no session.
+const APPEND: &str = concat!(
+    live_session!("3", "1", "{-2, '', '', {}}"),
+    turn_holder!(),
+    r#"
+local n = tonumber(ARGV[4])
+for i = 0, n - 1 do
+  local key = ARGV[5 + 2 * i]
+  local h = holder(redis.call('HGET', KEYS[5], key), now)
+  if h and h ~= ARGV[1] then
+    if redis.call('SADD', KEYS[6], key) == 1 then redis.call('RPUSH', KEYS[7] .. h, key) end
+    return {-3, key, h, {}}
+  end
+  local v = redis.call('HGET', KEYS[4], key)
+  if v and tonumber(v) > tonumber(ARGV[6 + 2 * i]) then return {-1, key, v, {}} end
+end
+local lsn = redis.call('INCR', KEYS[1])
+redis.call('XADD', KEYS[2], lsn .. '-1', 'r', ARGV[2])
+local mine = (now + tonumber(ARGV[3])) .. ' ' .. ARGV[1]
+local wanted = {}
+for i = 0, n - 1 do
+  local key = ARGV[5 + 2 * i]
+  redis.call('HSET', KEYS[4], key, lsn)
+  if holder(redis.call('HGET', KEYS[5], key), now) == ARGV[1] then
+    redis.call('HSET', KEYS[5], key, mine)
+    if redis.call('SISMEMBER', KEYS[6], key) == 1 then table.insert(wanted, key) end
+  end
+end
+for i = 5 + 2 * n, #ARGV do
+  redis.call('HSET', KEYS[5], ARGV[i], mine)
+  redis.call('SREM', KEYS[6], ARGV[i])
+end
+return {1, tostring(lsn), '', wanted}
+"#
+);
+
+const SWAP_LOCKS: &str = concat!(
+    live_session!("2", "1", "-2"),
+    r#"
+local cur = redis.call('HGET', KEYS[1], ARGV[2]) or ''
+if cur ~= ARGV[3] then return 0 end
+if ARGV[4] == '' then redis.call('HDEL', KEYS[1], ARGV[2])
+else redis.call('HSET', KEYS[1], ARGV[2], ARGV[4]) end
+return 1
+"#
+);
+
+const PUT_CHECKPOINT: &str = r#"
+local cur = redis.call('HGET', KEYS[1], 'lsn')
+if cur and tonumber(ARGV[1]) <= tonumber(cur) then return 0 end
+redis.call('HSET', KEYS[1], 'lsn', ARGV[1], 'image', ARGV[2])
+redis.call('XTRIM', KEYS[2], 'MINID', (tonumber(ARGV[1]) + 1) .. '-0')
+return 1
+"#;
+
+/// KEYS: turns, vers, wanted, sessions, the prefix of holders' queues of asked inodes.
+/// ARGV: who, the inode, lease (ms). Returns `{1,
+/// version}` taken, `{0, holder}` held by another (now marked wanted), `{-2, ''}` no session.
+const TAKE_TURN: &str = concat!(
+    live_session!("4", "1", "{-2, ''}"),
+    turn_holder!(),
+    r#"
+local h = holder(redis.call('HGET', KEYS[1], ARGV[2]), now)
+if h and h ~= ARGV[1] then
+  if redis.call('SADD', KEYS[3], ARGV[2]) == 1 then redis.call('RPUSH', KEYS[5] .. h, ARGV[2]) end
+  return {0, h}
+end
+redis.call('HSET', KEYS[1], ARGV[2], (now + tonumber(ARGV[3])) .. ' ' .. ARGV[1])
+redis.call('SREM', KEYS[3], ARGV[2])
+return {1, redis.call('HGET', KEYS[2], ARGV[2]) or '0'}
+"#
+);
+
+/// KEYS: turns, wanted. ARGV: who, then the inodes.
+const GIVE_TURNS: &str = r#"
+for i = 2, #ARGV do
+  local t = redis.call('HGET', KEYS[1], ARGV[i])
+  if t and string.sub(t, string.find(t, ' ') + 1) == ARGV[1] then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('SREM', KEYS[2], ARGV[i])
+  end
+end
+return 1
+"#;
+
+/// KEYS: nextino. ARGV: how many, the floor. Returns the first number given.
+const ALLOC_INOS: &str = r#"
+local floor = tonumber(ARGV[2]) - 1
+if tonumber(redis.call('GET', KEYS[1]) or '0') < floor then
+  redis.call('SET', KEYS[1], floor)
+end
+return redis.call('INCRBY', KEYS[1], ARGV[1]) - tonumber(ARGV[1]) + 1
+"#;
+
+/// KEYS: servers, format, turn. ARGV: the servers, the format, the fence. 1 made, 0 there.
+const CREATE_VOLUME: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  redis.call('SET', KEYS[2], ARGV[2])
+  redis.call('SET', KEYS[3], ARGV[3])
+  return 1
+end
+return 0
+"#;
+
+/// KEYS: format, sessions, turn, servers. ARGV: who, the format, the fence, the servers'
+/// format line. Returns the live sessions other than `who` (none: upgraded, or in a format
+/// already).
+const UPGRADE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then return {} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[2])
+local others = {}
+for i = 1, #all, 2 do
+  if all[i] ~= ARGV[1] and tonumber(all[i + 1]) >= now then table.insert(others, all[i]) end
+end
+if #others > 0 then return others end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[3], ARGV[3])
+local servers = redis.call('GET', KEYS[4])
+if servers then redis.call('SET', KEYS[4], servers .. '\n' .. ARGV[4]) end
+return {}
+"#;
+
+const HEARTBEAT: &str = r#"
+if ARGV[3] == '0' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
+return 1
+"#;
+
+const EXPIRED: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  if tonumber(all[i + 1]) < now then table.insert(out, all[i]) end
+end
+return out
+"#;
+
+/// Every script, loaded once per engine (each is sent by its hash after its first use).
+pub(super) struct Scripts {
+    pub(super) append: ::redis::Script,
+    pub(super) put_checkpoint: ::redis::Script,
+    pub(super) take_turn: ::redis::Script,
+    pub(super) give_turns: ::redis::Script,
+    pub(super) alloc_inos: ::redis::Script,
+    pub(super) create_volume: ::redis::Script,
+    pub(super) upgrade: ::redis::Script,
+    pub(super) heartbeat: ::redis::Script,
+    pub(super) expired: ::redis::Script,
+    pub(super) swap_locks: ::redis::Script,
+}
+
+impl Scripts {
+    pub(super) fn new() -> Scripts {
+        Scripts {
+            append: ::redis::Script::new(APPEND),
+            put_checkpoint: ::redis::Script::new(PUT_CHECKPOINT),
+            take_turn: ::redis::Script::new(TAKE_TURN),
+            give_turns: ::redis::Script::new(GIVE_TURNS),
+            alloc_inos: ::redis::Script::new(ALLOC_INOS),
+            create_volume: ::redis::Script::new(CREATE_VOLUME),
+            upgrade: ::redis::Script::new(UPGRADE),
+            heartbeat: ::redis::Script::new(HEARTBEAT),
+            expired: ::redis::Script::new(EXPIRED),
+            swap_locks: ::redis::Script::new(SWAP_LOCKS),
+        }
+    }
+}
