@@ -19,6 +19,16 @@ use std::time::{Duration, Instant};
 /// (EIO): a turn held by a frozen client runs out within seconds, so this is well past it.
 pub const CHANGE_WAIT: Duration = Duration::from_secs(30);
 
+/// The turns a change that lost on `lost` holds next, in inode order (so that two clients
+/// never wait for each other's), and whether those it holds (`held`) must be given back first
+/// to be taken again in that order.
+pub fn turns_in_order(held: &[Ino], lost: Ino) -> (bool, Vec<Ino>) {
+    let mut keys = held.to_vec();
+    keys.push(lost);
+    keys.sort_unstable();
+    (keys.last() != Some(&lost), keys)
+}
+
 /// A turn held for a change: given back (or left to linger) when dropped.
 pub type HeldTurn = Box<dyn std::any::Any + Send>;
 
@@ -76,10 +86,9 @@ impl Fs {
                 }
                 // Taking the turn catches the table up with the inode.
                 Some(ino) if !held.iter().any(|(i, _)| *i == ino) => {
-                    let mut keys: Vec<Ino> = held.iter().map(|(i, _)| *i).collect();
-                    keys.push(ino);
-                    keys.sort_unstable();
-                    if keys.last() != Some(&ino) {
+                    let held_inos: Vec<Ino> = held.iter().map(|(i, _)| *i).collect();
+                    let (again, keys) = turns_in_order(&held_inos, ino);
+                    if again {
                         held.clear(); // given back, to be taken again in order
                     }
                     for key in keys {
@@ -120,13 +129,7 @@ impl Fs {
     /// On a shared volume, brings the table up to date unless this client holds `ino`'s turn
     /// (the table's view of it is the engine's); false (nothing done) elsewhere or then.
     pub fn refresh_shared_unless_held(&self, ino: Ino) -> bool {
-        match self.turns.as_ref() {
-            Some(t) if !t.holds(ino) => {
-                t.refresh(self);
-                true
-            }
-            _ => false,
-        }
+        !self.turns.as_ref().is_some_and(|t| t.holds(ino)) && self.refresh_shared()
     }
 
     /// On a shared volume, brings the table up to date; false (nothing done) elsewhere.

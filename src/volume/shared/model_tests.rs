@@ -133,10 +133,8 @@ impl Client {
                 Err(e) => match e.conflict {
                     Some(ino) => {
                         if !held.contains(&ino) {
-                            let mut keys = held.clone();
-                            keys.push(ino);
-                            keys.sort_unstable();
-                            if keys.last() != Some(&ino) {
+                            let (again, keys) = crate::fs::turns_in_order(&held, ino);
+                            if again {
                                 s.engine.give_turns(&s.who, &held).unwrap();
                                 held.clear();
                             }
