@@ -424,3 +424,43 @@ fn format_1_volumes_are_upgraded_when_no_old_client_is_live() {
     c.mkdir("d").unwrap();
     assert!(resolve(&c.fs, "d").is_ok());
 }
+
+/// A write whose change the engine refused (unreachable) leaves nothing behind on its client:
+/// the chunk it allocated is not in that client's map (else the client's retry writes into a
+/// chunk no other client knows, and they read a hole) and its memory goes back.
+#[test]
+fn a_refused_write_leaves_nothing_behind() {
+    let rack = Rack::new(2);
+    let mem = MemEngine::new();
+    let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
+    let a = client(&rack, engine.clone(), "a");
+    let b = client(&rack, engine, "b");
+    let free_at_start = rack.free();
+    let (ino, fh) = a
+        .change(|fs| fs.create(ROOT_INO, b"f", 0o644, libc::O_RDWR, common::ME))
+        .map(|(e, fh)| (e.ino, fh))
+        .unwrap();
+    let data = bytes(7, 1 << 20);
+    mem.fail_next("append", 1);
+    let refused = a.change(|fs| fs.write(ino, fh, 0, &data, common::ME));
+    assert_eq!(refused.map_err(|e| e.errno), Err(libc::EIO));
+    // Nothing of the refused write is held: its chunk went back.
+    eventually("the refused write's chunk is back", || {
+        a.shared.poll_now().unwrap();
+        b.shared.poll_now().unwrap();
+        rack.free() == free_at_start
+    });
+    // The application writes again; every client reads what it wrote.
+    a.change(|fs| fs.write(ino, fh, 0, &data, common::ME))
+        .unwrap();
+    a.change(|fs| fs.release(fh));
+    b.shared.poll_now().unwrap();
+    assert_eq!(read(&b.fs, "f").unwrap(), data);
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+    a.unlink("f").unwrap();
+    eventually("the file's memory is back", || {
+        a.shared.poll_now().unwrap();
+        b.shared.poll_now().unwrap();
+        rack.free() == free_at_start
+    });
+}

@@ -283,6 +283,47 @@ impl<'a> FileIo<'a> {
     pub fn take_log(&mut self) -> Vec<ExtentChange> {
         self.chunks.take_log()
     }
+
+    /// Undoes `log` (taken by [`FileIo::take_log`]; the namespace refused the batch that
+    /// carried it): the map names what it named before, so nothing this client holds differs
+    /// from what the namespace (and every other client of a shared volume) holds. Memory the
+    /// changes allocated goes back; memory they let go of is kept (it is named again). A
+    /// write of this operation still waiting to be sent is dropped (it failed; `lock` sent
+    /// any earlier one).
+    pub fn undo(&mut self, log: &[ExtentChange]) {
+        if log.is_empty() {
+            return;
+        }
+        self.data.forget_waiting(self.file);
+        self.chunks.undo(log);
+        let key = |r: &RemoteRegion| (r.server, r.addr);
+        let mut named = std::collections::HashSet::new();
+        for e in log {
+            if let Some(c) = self.chunks.get(&e.idx) {
+                named.extend(c.replicas().iter().map(|r| key(&super::region(c, r))));
+            }
+        }
+        let made: Vec<RemoteRegion> = log
+            .iter()
+            .filter_map(|e| e.chunk)
+            .flat_map(|c| {
+                c.replicas()
+                    .iter()
+                    .map(|r| super::region(&c, r))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        RETIRED.with(|r| {
+            let mut retired = r.borrow_mut();
+            retired.retain(|g| !named.contains(&key(g)));
+            let mut gone: std::collections::HashSet<_> = retired.iter().map(key).collect();
+            for m in made {
+                if !named.contains(&key(&m)) && gone.insert(key(&m)) {
+                    retired.push(m);
+                }
+            }
+        });
+    }
 }
 
 impl<'d> FileView<'d, '_> {

@@ -29,6 +29,24 @@ struct State {
     format: Option<u32>,
     /// The last inode number given out.
     last_ino: u64,
+    /// Faults tests arm ([`MemEngine::fail_next`]): an operation's name and how many of its
+    /// next calls fail.
+    faults: HashMap<&'static str, u32>,
+}
+
+impl State {
+    /// Fails this call of `op` if a test armed a fault for it, as an unreachable engine would.
+    fn fault(&mut self, op: &'static str) -> Result<(), EngineError> {
+        match self.faults.get_mut(op) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                Err(EngineError::Unavailable(format!(
+                    "{op}: a fault armed by a test"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// One volume's engine state; clones share it (several clients of one engine).
@@ -48,6 +66,23 @@ impl MemEngine {
         let e = MemEngine::default();
         e.state.0.lock().servers = Some(servers.to_vec());
         e
+    }
+
+    /// Makes the next `times` calls of operation `op` (`"append"`, `"swap_locks"`,
+    /// `"heartbeat"`, `"read_after"`, `"head"`) fail as an unreachable engine's would.
+    pub fn fail_next(&self, op: &'static str, times: u32) {
+        self.state.0.lock().faults.insert(op, times);
+    }
+
+    /// Loses the last `k` changes of the log, as a Redis that restarted from an AOF written
+    /// every second, or a replica promoted before it had them, does: the head goes back, and
+    /// so do the versions those changes set.
+    pub fn lose_last(&self, k: u64) {
+        let mut s = self.state.0.lock();
+        let head = s.head.saturating_sub(k);
+        s.log.retain(|lsn, _| *lsn <= head);
+        s.head = head;
+        s.versions.retain(|_, v| *v <= head);
     }
 }
 
@@ -83,7 +118,9 @@ impl MetaEngine for MemEngine {
     }
 
     fn head(&self) -> Result<u64, EngineError> {
-        Ok(self.state.0.lock().head)
+        let mut s = self.state.0.lock();
+        s.fault("head")?;
+        Ok(s.head)
     }
 
     fn append(
@@ -95,6 +132,7 @@ impl MetaEngine for MemEngine {
         lease: Duration,
     ) -> Result<Appended, EngineError> {
         let mut s = self.state.0.lock();
+        s.fault("append")?;
         if !live(&s.sessions, who) {
             return Err(EngineError::NoSession { who: who.into() });
         }
@@ -134,7 +172,8 @@ impl MetaEngine for MemEngine {
     }
 
     fn read_after(&self, after: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
-        let s = self.state.0.lock();
+        let mut s = self.state.0.lock();
+        s.fault("read_after")?;
         Ok(s.log
             .range(after + 1..)
             .take(max)
@@ -342,6 +381,7 @@ impl MetaEngine for MemEngine {
 
     fn swap_locks(&self, who: &str, ino: u64, old: &[u8], new: &[u8]) -> Result<bool, EngineError> {
         let mut s = self.state.0.lock();
+        s.fault("swap_locks")?;
         if !live(&s.sessions, who) {
             return Err(EngineError::NoSession { who: who.into() });
         }

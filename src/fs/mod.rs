@@ -277,12 +277,13 @@ impl Fs {
     }
 
     /// Commits `b`, with the chunk changes `io` logged for file `ino` (if any).
+    /// If the namespace refuses the batch, the chunk changes are undone with the rest of it.
     fn commit_with(mut b: Batch<'_>, ino: Ino, io: &mut FileIo<'_>) -> Result<()> {
         let log = io.take_log();
         if !log.is_empty() {
-            b.extents(ino, log);
+            b.extents(ino, log.clone());
         }
-        b.commit()
+        b.commit().inspect_err(|_| io.undo(&log))
     }
 
     /// Hands the chunk changes of file `ino` to the namespace in a batch of their own (for
@@ -294,9 +295,10 @@ impl Fs {
         }
         let mut meta = self.meta.lock();
         let mut b = meta.batch();
-        b.extents(ino, log);
+        b.extents(ino, log.clone());
         if let Err(e) = b.commit() {
             log::error!("the namespace refused chunk changes of inode {ino}: {e}");
+            io.undo(&log);
         }
     }
 

@@ -81,11 +81,14 @@ impl Chunk {
     }
 }
 
-/// One change to an extent map: chunk `idx` is now `chunk` (none: gone).
+/// One change to an extent map: chunk `idx` is now `chunk` (none: gone). `before` is what
+/// it replaced, so a change the namespace refused can be undone ([`ChunkMap::undo`]); only
+/// `idx` and `chunk` are recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExtentChange {
     pub idx: u64,
     pub chunk: Option<Chunk>,
+    pub before: Option<Chunk>,
 }
 
 /// A file's chunks by index. Every change goes through a mutator here: it keeps `held`
@@ -150,6 +153,7 @@ impl ChunkMap {
         self.log.push(ExtentChange {
             idx,
             chunk: Some(chunk),
+            before: old,
         });
         old
     }
@@ -161,6 +165,7 @@ impl ChunkMap {
         self.log.push(ExtentChange {
             idx: *idx,
             chunk: None,
+            before: Some(old),
         });
         Some(old)
     }
@@ -176,6 +181,7 @@ impl ChunkMap {
             self.log.push(ExtentChange {
                 idx,
                 chunk: Some(after),
+                before: Some(before),
             });
         }
         Some(r)
@@ -222,6 +228,16 @@ impl ChunkMap {
     /// The changes since the last call, for the namespace's batch.
     pub fn take_log(&mut self) -> Vec<ExtentChange> {
         std::mem::take(&mut self.log)
+    }
+
+    /// Undoes `log` (changes taken from this map that the namespace refused), last first,
+    /// unlogged.
+    pub fn undo(&mut self, log: &[ExtentChange]) {
+        let pending = std::mem::take(&mut self.log);
+        for e in log.iter().rev() {
+            self.apply(e.idx, e.before);
+        }
+        self.log = pending;
     }
 
     /// Whether changes wait to be handed to the namespace.
@@ -325,5 +341,28 @@ mod tests {
         assert_eq!((f.held(), m.len()), (40, 1));
         m.take_all();
         assert_eq!(f.held(), 0);
+    }
+
+    #[test]
+    fn refused_changes_are_undone_last_first() {
+        let f = FileData::default();
+        let mut m = f.chunks.write();
+        m.insert(0, chunk(100, 0));
+        m.take_log();
+        let start: Vec<(u64, Chunk)> = m.iter().map(|(i, c)| (*i, *c)).collect();
+        m.update(0, |c| c.len = 60);
+        m.insert(0, chunk(80, 1));
+        m.insert(3, chunk(10, 1));
+        m.remove(&0);
+        let log = m.take_log();
+        m.insert(9, chunk(5, 0));
+        m.undo(&log);
+        let after: Vec<(u64, Chunk)> = m.iter().map(|(i, c)| (*i, *c)).collect();
+        let mut want = start;
+        want.push((9, chunk(5, 0)));
+        assert_eq!(after, want);
+        assert_eq!(f.held(), 105);
+        // Changes made since are still to be logged; the undo logs nothing of its own.
+        assert_eq!(m.take_log().len(), 1);
     }
 }
