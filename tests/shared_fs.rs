@@ -464,3 +464,43 @@ fn a_refused_write_leaves_nothing_behind() {
         rack.free() == free_at_start
     });
 }
+
+/// A lock released while the engine could not be reached (a close during a Redis blip) is
+/// released once it can: another client's lock is not kept waiting for good.
+#[test]
+fn a_lock_release_the_engine_missed_is_sent_again() {
+    let rack = Rack::new(2);
+    let mem = MemEngine::new();
+    let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
+    let a = client(&rack, engine.clone(), "a");
+    let b = client(&rack, engine, "b");
+    a.create("f", b"locked").unwrap();
+    b.shared.poll_now().unwrap();
+    let file = resolve(&a.fs, "f").unwrap();
+    let write = FileLock {
+        kind: LockKind::Flock,
+        typ: Some(LockType::Write),
+        start: 0,
+        end: u64::MAX,
+        pid: 1,
+    };
+    assert_eq!(a.fs.set_lock(file, 7, &write).unwrap(), None);
+    assert!(b.fs.set_lock(file, 8, &write).unwrap().is_some());
+    // The close's release does not reach the engine.
+    mem.fail_next("swap_locks", 1);
+    assert!(a.fs.release_locks(file, 7, LockKind::Flock).is_err());
+    // A's next poll sends it again.
+    a.shared.poll_now().unwrap();
+    assert_eq!(b.fs.set_lock(file, 8, &write).unwrap(), None);
+    // And a release that waits does not undo a lock A takes after it.
+    assert!(a.fs.set_lock(file, 7, &write).unwrap().is_some());
+    b.fs.release_locks(file, 8, LockKind::Flock).unwrap();
+    mem.fail_next("swap_locks", 1);
+    assert_eq!(
+        a.fs.set_lock(file, 7, &write).map_err(|e| e.errno),
+        Err(libc::EIO)
+    );
+    assert_eq!(a.fs.set_lock(file, 7, &write).unwrap(), None);
+    a.shared.poll_now().unwrap();
+    assert!(b.fs.set_lock(file, 8, &write).unwrap().is_some());
+}

@@ -23,6 +23,20 @@ pub trait LockKeeper: Send + Sync {
     fn release(&self, ino: u64, owner: u64, kind: LockKind) -> Result<()>;
 }
 
+impl<K: LockKeeper> LockKeeper for crate::sync::Arc<K> {
+    fn set(&self, ino: u64, owner: u64, lock: &FileLock) -> Result<Option<HeldLock>> {
+        (**self).set(ino, owner, lock)
+    }
+
+    fn test(&self, ino: u64, owner: u64, lock: &FileLock) -> Result<Option<HeldLock>> {
+        (**self).test(ino, owner, lock)
+    }
+
+    fn release(&self, ino: u64, owner: u64, kind: LockKind) -> Result<()> {
+        (**self).release(ino, owner, kind)
+    }
+}
+
 impl Fs {
     /// Whether locks are kept here (a shared volume), not by the kernel.
     pub fn keeps_locks(&self) -> bool {

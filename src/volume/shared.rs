@@ -115,6 +115,8 @@ struct State {
     /// Signalled when turns have been given back.
     given: Condvar,
     gate: Arc<FreeGate>,
+    /// This client's file locks in the engine (releases that failed are retried by polls).
+    locks: Arc<super::locks::EngineLocks>,
     /// Invalidations of changes applied inside a request, sent by the notifier thread once
     /// the request may have been answered (see [`Fs::tell_followed`]).
     notify: crossbeam_channel::Sender<Notice>,
@@ -336,9 +338,11 @@ pub fn join(
     let fs = Fs::with_meta(data, config.clone(), meta);
     let gate = Arc::new(FreeGate::default());
     let (notify, told) = crossbeam_channel::unbounded::<Notice>();
+    let locks = Arc::new(super::locks::EngineLocks::new(engine.clone(), who.clone()));
     let state = Arc::new(State {
         engine,
         who,
+        locks,
         applied: AtomicU64::new(from),
         checkpointed: AtomicU64::new(from),
         config,
@@ -365,10 +369,7 @@ pub fn join(
     let fs = Arc::new(fs.joined(crate::fs::VolumeHooks {
         barrier: None,
         turns: Some(Box::new(SharedTurns(state.clone()))),
-        locks: Some(Box::new(super::locks::EngineLocks::new(
-            state.engine.clone(),
-            state.who.clone(),
-        ))),
+        locks: Some(Box::new(state.locks.clone())),
     }));
     pool.set_free_gate(gate);
     pool.follow_at(state.applied.load(Ordering::SeqCst));

@@ -232,6 +232,7 @@ pub(super) fn poll_once(s: &State, fs: &Fs, wait: bool) -> std::result::Result<(
     pool.follow_at(applied);
     pool.release_frees(&s.gate, applied);
     s.checkpoint(fs, false)?;
+    s.locks.retry_releases();
     s.engine
         .heartbeat(&s.who, SESSION_TTL)
         .map_err(|e| e.to_string())?;
