@@ -504,3 +504,53 @@ fn a_lock_release_the_engine_missed_is_sent_again() {
     a.shared.poll_now().unwrap();
     assert!(b.fs.set_lock(file, 8, &write).unwrap().is_some());
 }
+
+/// The engine lost changes a client had applied (Redis restarted from an AOF written every
+/// second, or a replica was promoted before it had them), and another client appended past
+/// them: the first client stops with EIO naming the loss, rather than apply the others'
+/// changes over ones the log no longer holds (a name would open another file's bytes).
+#[test]
+fn a_client_stops_when_the_engine_lost_changes_it_applied() {
+    let rack = Rack::new(2);
+    let mem = MemEngine::new();
+    let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
+    let a = client(&rack, engine.clone(), "a");
+    let b = client(&rack, engine.clone(), "b");
+    a.create("kept", b"kept").unwrap();
+    b.shared.poll_now().unwrap();
+    a.create("lost-1", b"1").unwrap();
+    a.create("lost-2", b"2").unwrap();
+    a.shared.poll_now().unwrap();
+    let head = engine.head().unwrap();
+    mem.lose_last(4);
+    // B never saw the lost changes; it goes on past them.
+    for i in 0..4 {
+        b.create(&format!("after-{i}"), b"b").unwrap();
+    }
+    assert!(engine.head().unwrap() > head);
+    let why = a.shared.poll_now().unwrap_err();
+    assert!(why.contains("lost"), "{why}");
+    assert_eq!(a.create("x", b"x"), Err(libc::EIO));
+    assert_eq!(a.mkdir("d"), Err(libc::EIO));
+    // A client that joins now sees the engine's history, B's changes on it.
+    let c = client(&rack, engine, "c");
+    assert_eq!(read(&c.fs, "after-3").unwrap(), b"b");
+    assert_eq!(c.fs.namespace_digest(), b.fs.namespace_digest());
+}
+
+/// The same loss seen before anyone appended past it: the engine's log ends before the
+/// client's table does.
+#[test]
+fn a_client_stops_when_the_engine_log_ends_before_its_table() {
+    let rack = Rack::new(2);
+    let mem = MemEngine::new();
+    let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
+    let a = client(&rack, engine, "a");
+    a.create("one", b"1").unwrap();
+    a.create("two", b"2").unwrap();
+    a.shared.poll_now().unwrap();
+    mem.lose_last(2);
+    let why = a.shared.poll_now().unwrap_err();
+    assert!(why.contains("lost"), "{why}");
+    assert_eq!(a.create("x", b"x"), Err(libc::EIO));
+}

@@ -123,6 +123,12 @@ struct State {
     stop: AtomicBool,
     /// The poller's rounds are left to [`SharedClient::poll_now`] (a test freezing a client).
     paused: AtomicBool,
+    /// The last change applied, as the engine's log held it (its LSN and bytes): read again
+    /// by each catch-up, to find a log that lost changes this table holds.
+    tip: Mutex<Option<(u64, Vec<u8>)>>,
+    /// Set once the engine lost changes this table holds: every change and catch-up fails
+    /// (EIO) naming it, for good.
+    lost: Mutex<Option<String>>,
 }
 
 /// A running shared volume client: its poller stops (and is joined) on drop.
@@ -217,6 +223,7 @@ struct EngineRecorder(Arc<State>);
 impl crate::meta::Journal for EngineRecorder {
     fn record(&mut self, changes: &[Change], table: &TableView<'_>) -> Result<()> {
         let s = &self.0;
+        s.still_whole()?;
         let (keys, claim) = touch::touched(changes, table);
         // The engine numbers the change: the frame's own LSN is left 0.
         let record = record::encode(0, changes);
@@ -229,6 +236,8 @@ impl crate::meta::Journal for EngineRecorder {
         };
         let sent = appender.append(&record, &keys, &claim);
         let done = sent.answer.map_err(refused)?;
+        // A place the engine gave before: its log went back past this table.
+        s.check_place(done.lsn)?;
         // Frees of what this change let go wait for it to be applied everywhere.
         s.gate.assigned.fetch_max(done.lsn, Ordering::SeqCst);
         s.appended(sent.at, &keys, &claim, &done.wanted);
@@ -354,6 +363,8 @@ pub fn join(
         gate: gate.clone(),
         notify,
         stop: AtomicBool::new(false),
+        tip: Mutex::new(None),
+        lost: Mutex::new(None),
         paused: AtomicBool::new(false),
     });
     let replayed = state

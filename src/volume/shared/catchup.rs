@@ -51,12 +51,10 @@ impl State {
     fn catch_up_alone(&self, fs: &Fs, in_request: bool) -> Result<usize> {
         let mut n = 0;
         loop {
+            self.still_whole()?;
             let sent = self.ahead.lock().sent;
             let after = self.applied.load(Ordering::SeqCst);
-            let got = self
-                .engine
-                .read_after(after, READ_BATCH)
-                .map_err(engine_err)?;
+            let got = self.read_past_tip(after)?;
             // Appends sent before the read are answered, so those of its changes that are
             // this client's own are known as such (later ones come after what it read).
             {
@@ -75,10 +73,96 @@ impl State {
             }
             self.apply(fs, &got, in_request)?;
             n += got.len();
-            if got.len() < READ_BATCH {
+            if got.len() < READ_BATCH - 1 {
                 return Ok(n);
             }
         }
+    }
+
+    /// The log's entries after `after` (at most `READ_BATCH - 1`), once the entry at `after`
+    /// (read with them) is found to be the one this table applied: a log that lost changes
+    /// this table holds stops the client ([`State::lose`]), whether others appended past
+    /// them since or not.
+    fn read_past_tip(&self, after: u64) -> Result<Vec<(u64, Vec<u8>)>> {
+        let tip = self.tip.lock().clone().filter(|(lsn, _)| *lsn == after);
+        let Some((_, applied_bytes)) = tip else {
+            // Just joined or reloaded (the tip's bytes are not known): only the head tells.
+            let got = self
+                .engine
+                .read_after(after, READ_BATCH - 1)
+                .map_err(engine_err)?;
+            if got.is_empty() && after > 0 {
+                self.check_head(after)?;
+            }
+            return Ok(got);
+        };
+        let mut got = self
+            .engine
+            .read_after(after - 1, READ_BATCH)
+            .map_err(engine_err)?;
+        match got.first() {
+            Some((lsn, bytes)) if *lsn == after => {
+                if *bytes != applied_bytes {
+                    return Err(self.lose(format!(
+                        "its change {after} is not the one this client applied"
+                    )));
+                }
+                got.remove(0);
+            }
+            // Gone: trimmed by a checkpoint (which never passes what every client applied),
+            // or lost.
+            _ => self.check_head(after)?,
+        }
+        Ok(got)
+    }
+
+    /// Fails if the engine's log ends before `applied`.
+    fn check_head(&self, applied: u64) -> Result<()> {
+        let head = self.engine.head().map_err(engine_err)?;
+        match head < applied {
+            true => Err(self.lose(format!(
+                "its log ends at change {head}, this client applied {applied}"
+            ))),
+            false => Ok(()),
+        }
+    }
+
+    /// Fails (for good) if the engine lost changes this table holds.
+    pub(super) fn still_whole(&self) -> Result<()> {
+        match &*self.lost.lock() {
+            Some(why) => Err(Error::new(libc::EIO, why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails if the engine gave a change of this client's place `lsn`, which this table had
+    /// applied already: its log went back.
+    pub(super) fn check_place(&self, lsn: u64) -> Result<()> {
+        let applied = self.applied.load(Ordering::SeqCst);
+        match lsn <= applied {
+            true => Err(self.lose(format!(
+                "it gave this client's change place {lsn}, which this client applied already \
+                 ({applied})"
+            ))),
+            false => Ok(()),
+        }
+    }
+
+    /// Stops this client: the engine lost changes its table holds (Redis restarted from an
+    /// AOF written every second or without one, or a replica was promoted before it had
+    /// them). Going on would apply others' changes over ones the log no longer holds, and
+    /// reuse inode numbers and versions; the error names what happened and what to do.
+    fn lose(&self, what: String) -> Error {
+        let why = format!(
+            "the metadata engine lost changes this client had applied ({what}): {} restarted \
+             without them or failed over to a replica that lacked them. This client stops \
+             changing the volume; unmount it and mount again to go on from the engine's \
+             history as it is now",
+            self.engine.describe()
+        );
+        log::error!("shared volume: {why}");
+        let why = self.lost.lock().get_or_insert(why).clone();
+        Error::new(libc::EIO, why)
     }
 
     /// Replaces the table with the engine's checkpoint (under `catching`): this client fell
@@ -115,6 +199,7 @@ impl State {
         // are read from the log again, as the new table lacks them.
         let told = fs.replace_followed_quietly_then(meta, || {
             self.ahead.lock().forget();
+            *self.tip.lock() = None;
             self.applied.store(c.lsn, Ordering::SeqCst);
         });
         if in_request {
@@ -190,6 +275,9 @@ impl State {
             let _ = self.notify.send(Notice::Tell(told));
         } else {
             fs.apply_followed(&records)?;
+        }
+        if let Some((lsn, bytes)) = got.last() {
+            *self.tip.lock() = Some((*lsn, bytes.clone()));
         }
         self.applied.store(last, Ordering::SeqCst);
         self.ahead.lock().applied(last);
