@@ -161,6 +161,11 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(b.expired_sessions().unwrap(), vec!["a".to_string()]);
+    // An expired session is never renewed: whoever saw it expired may be evicting it.
+    assert!(matches!(
+        a.heartbeat("a", LONG),
+        Err(EngineError::NoSession { .. })
+    ));
     b.drop_session("a").unwrap();
     assert_eq!(b.expired_sessions().unwrap(), Vec::<String>::new());
     assert!(matches!(
@@ -175,6 +180,36 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         a.append("a", b"evicted", &[t(77, u64::MAX)], &[], LONG),
         Err(EngineError::NoSession { .. })
     ));
+}
+
+/// Sessions through an engine's absence: an engine that heard no heartbeat for its time away
+/// (`away`) was away itself (a restart, a failover), so no session is judged on the clock of
+/// that outage, and the next heartbeat renews them all; a session that runs out while others'
+/// heartbeats arrive is judged expired and never renewed.
+fn engine_away(e: &dyn MetaEngine, away: Duration) {
+    let short = Duration::from_millis(20);
+    e.start_session("x", short).unwrap();
+    e.start_session("y", short).unwrap();
+    let quiet = Instant::now() + away * 2;
+    while Instant::now() < quiet {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(e.expired_sessions().unwrap(), Vec::<String>::new());
+    e.heartbeat("x", LONG).unwrap();
+    assert_eq!(e.expired_sessions().unwrap(), Vec::<String>::new());
+    // Y was renewed with X: it beats on.
+    e.heartbeat("y", short).unwrap();
+    let deadline = Instant::now() + away;
+    while e.expired_sessions().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "y's session never expired");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(e.expired_sessions().unwrap(), vec!["y".to_string()]);
+    assert!(matches!(
+        e.heartbeat("y", LONG),
+        Err(EngineError::NoSession { .. })
+    ));
+    e.heartbeat("x", LONG).unwrap();
 }
 
 /// A volume made now carries this build's format; one of format 1 (no format) is upgraded
@@ -406,7 +441,11 @@ fn the_in_memory_engine_keeps_the_contract() {
     let e = MemEngine::new();
     locks_contract(&e, &e.clone());
     locks_exclude(Arc::new(e.clone()), Arc::new(e));
+    engine_away(&MemEngine::new().with_away(AWAY), AWAY);
 }
+
+/// A short time away for [`engine_away`].
+const AWAY: Duration = Duration::from_millis(300);
 
 #[test]
 fn the_redis_engine_keeps_the_contract() {
@@ -460,6 +499,12 @@ fn the_redis_engine_keeps_the_contract() {
     assert!(names.contains(&"s".to_string()), "{names:?}");
     locks_contract(&*l("l"), &*l("l"));
     locks_exclude(l("m"), l("m"));
+    engine_away(
+        &RedisEngine::open(&redis.url, "away")
+            .unwrap()
+            .with_away(AWAY),
+        AWAY,
+    );
     // A Redis that goes away is an error that says so, not a hang; back, it is used again.
     drop(redis);
     match a.head() {

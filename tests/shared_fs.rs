@@ -534,8 +534,11 @@ fn a_client_stops_when_the_engine_lost_changes_it_applied() {
     assert_eq!(a.mkdir("d"), Err(libc::EIO));
     // A client that joins now sees the engine's history, B's changes on it.
     let c = client(&rack, engine, "c");
-    assert_eq!(read(&c.fs, "after-3").unwrap(), b"b");
-    assert_eq!(c.fs.namespace_digest(), b.fs.namespace_digest());
+    for i in 0..4 {
+        assert_eq!(read(&c.fs, &format!("after-{i}")).unwrap(), b"b");
+    }
+    assert_eq!(read(&c.fs, "kept").unwrap(), b"kept");
+    assert_eq!(resolve(&c.fs, "lost-1"), Err(libc::ENOENT));
 }
 
 /// The same loss seen before anyone appended past it: the engine's log ends before the
@@ -553,4 +556,35 @@ fn a_client_stops_when_the_engine_log_ends_before_its_table() {
     let why = a.shared.poll_now().unwrap_err();
     assert!(why.contains("lost"), "{why}");
     assert_eq!(a.create("x", b"x"), Err(libc::EIO));
+}
+
+/// Eviction is all or nothing: a client whose session ran out keeps it (and its locks) until
+/// every memory server of the volume has closed it, since it may still reach the one that did
+/// not and write there.
+#[test]
+fn a_client_is_evicted_only_once_every_server_closed_it() {
+    let mut rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    let c = client(&rack, Arc::new(engine.clone()), "c");
+    c.create("c-file", b"c").unwrap();
+    a.shared.poll_now().unwrap();
+    let file = resolve(&a.fs, "c-file").unwrap();
+    let write = FileLock {
+        kind: LockKind::Flock,
+        typ: Some(LockType::Write),
+        start: 0,
+        end: u64::MAX,
+        pid: 1,
+    };
+    assert_eq!(c.fs.set_lock(file, 7, &write).unwrap(), None);
+    engine.heartbeat("c", Duration::ZERO).unwrap();
+    eventually("c's session ran out", || {
+        engine.expired_sessions().unwrap() == vec!["c".to_string()]
+    });
+    // A server A cannot reach has not closed C.
+    rack.stop(1);
+    let _ = a.shared.poll_now();
+    assert_eq!(engine.expired_sessions().unwrap(), vec!["c".to_string()]);
+    assert!(a.fs.set_lock(file, 8, &write).unwrap().is_some());
 }

@@ -74,10 +74,10 @@ impl Pool {
             .collect()
     }
 
-    /// Fences member `who` of this pool's shared volume at every live server (its engine
-    /// session ended): its connections are closed and the name refused from then on. How
-    /// many servers did it.
-    pub fn evict(&self, who: &str) -> usize {
+    /// Fences member `who` of this pool's shared volume at every server (its engine session
+    /// ended): its connections are closed and the name refused from then on. How many
+    /// servers did it, of how many (a failed server did not: `who` may still reach it).
+    pub fn evict(&self, who: &str) -> (usize, usize) {
         let mut done = 0;
         for s in self.servers.iter().filter(|s| !s.is_failed()) {
             match s.link().control.request(|tag| Message::Evict {
@@ -89,7 +89,7 @@ impl Pool {
                 Err(e) => log::warn!("memory server {}: cannot evict '{who}': {e}", s.addr),
             }
         }
-        done
+        (done, self.servers.len())
     }
 
     /// The lowest journal sequence number every follower of this pool's volume has applied,

@@ -4,7 +4,7 @@
 //! so the conformance tests hold both to one contract and the shared mount can be tested
 //! without a Redis server.
 
-use super::{Appended, Checkpoint, EngineError, MetaEngine, Touch, SHARED_FORMAT};
+use super::{Appended, Checkpoint, EngineError, MetaEngine, Touch, ENGINE_AWAY, SHARED_FORMAT};
 use crate::sync::{Arc, Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -29,12 +29,35 @@ struct State {
     format: Option<u32>,
     /// The last inode number given out.
     last_ino: u64,
+    /// When a session's heartbeat (or start) last reached the engine (see
+    /// [`super::ENGINE_AWAY`]).
+    last_beat: Option<Instant>,
+    /// [`ENGINE_AWAY`] unless a test shortened it.
+    away: Option<Duration>,
     /// Faults tests arm ([`MemEngine::fail_next`]): an operation's name and how many of its
     /// next calls fail.
     faults: HashMap<&'static str, u32>,
 }
 
 impl State {
+    /// Whether no heartbeat reached the engine for [`ENGINE_AWAY`].
+    fn away(&self) -> bool {
+        let away = self.away.unwrap_or(ENGINE_AWAY);
+        self.last_beat.is_some_and(|b| b.elapsed() > away)
+    }
+
+    /// A heartbeat reached the engine: after [`ENGINE_AWAY`] without one (the engine was
+    /// away), every session is renewed for `ttl` first.
+    fn beat(&mut self, ttl: Duration) {
+        let now = Instant::now();
+        if self.away() {
+            for until in self.sessions.values_mut() {
+                *until = (*until).max(now + ttl);
+            }
+        }
+        self.last_beat = Some(now);
+    }
+
     /// Fails this call of `op` if a test armed a fault for it, as an unreachable engine would.
     fn fault(&mut self, op: &'static str) -> Result<(), EngineError> {
         match self.faults.get_mut(op) {
@@ -72,6 +95,12 @@ impl MemEngine {
     /// `"heartbeat"`, `"read_after"`, `"head"`) fail as an unreachable engine's would.
     pub fn fail_next(&self, op: &'static str, times: u32) {
         self.state.0.lock().faults.insert(op, times);
+    }
+
+    /// Takes `away` for [`ENGINE_AWAY`] (tests of an engine away, in less time).
+    pub fn with_away(self, away: Duration) -> MemEngine {
+        self.state.0.lock().away = Some(away);
+        self
     }
 
     /// Loses the last `k` changes of the log, as a Redis that restarted from an AOF written
@@ -306,30 +335,30 @@ impl MetaEngine for MemEngine {
     }
 
     fn start_session(&self, who: &str, ttl: Duration) -> Result<(), EngineError> {
-        self.state
-            .0
-            .lock()
-            .sessions
-            .insert(who.to_string(), Instant::now() + ttl);
+        let mut s = self.state.0.lock();
+        s.beat(ttl);
+        s.sessions.insert(who.to_string(), Instant::now() + ttl);
         Ok(())
     }
 
     fn heartbeat(&self, who: &str, ttl: Duration) -> Result<(), EngineError> {
-        match self.state.0.lock().sessions.get_mut(who) {
-            Some(until) => {
-                *until = Instant::now() + ttl;
-                Ok(())
-            }
-            None => Err(EngineError::NoSession { who: who.into() }),
+        let mut s = self.state.0.lock();
+        s.fault("heartbeat")?;
+        s.beat(ttl);
+        if !live(&s.sessions, who) {
+            return Err(EngineError::NoSession { who: who.into() });
         }
+        s.sessions.insert(who.to_string(), Instant::now() + ttl);
+        Ok(())
     }
 
     fn expired_sessions(&self) -> Result<Vec<String>, EngineError> {
         let now = Instant::now();
-        let mut out: Vec<String> = self
-            .state
-            .0
-            .lock()
+        let s = self.state.0.lock();
+        if s.away() {
+            return Ok(Vec::new());
+        }
+        let mut out: Vec<String> = s
             .sessions
             .iter()
             .filter(|(_, until)| **until < now)

@@ -48,6 +48,13 @@ use std::time::Duration;
 /// once no client of the old one is live ([`MetaEngine::upgrade`]).
 pub const SHARED_FORMAT: u32 = 2;
 
+/// No session's heartbeat reached the engine for this long (clients beat every second,
+/// `volume::shared::HEARTBEAT_EVERY`): the engine was away (restarted, failed over,
+/// unreachable), not every client, so no session is judged expired on the clock of that
+/// outage ([`MetaEngine::heartbeat`]). Half the session's lease (10 s), so an outage shorter
+/// than that expires none either way.
+pub const ENGINE_AWAY: Duration = Duration::from_secs(5);
+
 /// What a format-1 client sees holding the old global write turn once a volume is upgraded
 /// (it waits for that turn, then fails naming it).
 pub const FORMAT_1_FENCE: &str = "a client of shared format 2 (this volume was upgraded: \
@@ -185,11 +192,15 @@ pub trait MetaEngine: Send + Sync {
     /// Starts session `who`, to live `ttl` unless renewed.
     fn start_session(&self, who: &str, ttl: Duration) -> Result<(), EngineError>;
 
-    /// `who` lives for `ttl` more (a heartbeat); `NoSession` if it ended or was evicted (it
-    /// never comes back).
+    /// `who` lives for `ttl` more (a heartbeat); `NoSession` if it ended, was evicted or ran
+    /// out (an expired session is never renewed: another client may be evicting it). When no
+    /// session's heartbeat reached the engine for [`ENGINE_AWAY`], the engine was away, not
+    /// the clients: every session is renewed for `ttl` first.
     fn heartbeat(&self, who: &str, ttl: Duration) -> Result<(), EngineError>;
 
-    /// Sessions whose heartbeats stopped: their last one ran out.
+    /// Sessions whose heartbeats stopped: their last one ran out. None while no heartbeat
+    /// has reached the engine for [`ENGINE_AWAY`] (it was away: the clients' next heartbeats
+    /// renew their sessions).
     fn expired_sessions(&self) -> Result<Vec<String>, EngineError>;
 
     /// Forgets session `who` (after it was evicted from the memory servers).

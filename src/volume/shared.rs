@@ -18,9 +18,10 @@
 //! (the engine checked), so their order does not matter there ([`ahead`]). A poller keeps
 //! the table (and the kernel, told what to forget) within [`crate::config::FOLLOW_POLL`] of
 //! the engine, reports how far it has applied to the memory servers (frees wait for every
-//! member), renews this client's session, and evicts clients whose sessions expired: fenced
-//! at every memory server first, so nothing they still send lands in memory given to
-//! another, and only then are their file locks ([`super::locks`]) dropped.
+//! member), and evicts clients whose sessions expired: fenced at every memory server first,
+//! so nothing they still send lands in memory given to another, and only then are their
+//! file locks ([`super::locks`]) dropped; heartbeats have a thread of their own
+//! ([`session`]).
 //!
 //! The engine's log is bounded by checkpoints ([`super::engine_image`]): a client whose
 //! table is [`crate::config::SHARED_CHECKPOINT_EVERY`] changes past the last one, once every
@@ -35,6 +36,7 @@ mod ahead;
 mod catchup;
 #[cfg(all(test, feature = "shuttle"))]
 mod model_tests;
+mod session;
 mod touch;
 mod turns;
 
@@ -80,8 +82,8 @@ const TURN_LINGER: Duration = Duration::from_millis(50);
 /// recently waits this long at most.
 const TURN_MIN_HOLD: Duration = Duration::from_millis(10);
 
-/// How long a session lives without a heartbeat (one every poll): past it, another client
-/// evicts it from the memory servers.
+/// How long a session lives without a heartbeat (one a second, [`session::HEARTBEAT_EVERY`]):
+/// past it, another client evicts it from the memory servers.
 pub const SESSION_TTL: Duration = Duration::from_secs(10);
 
 /// Changes read from the engine in one request.
@@ -137,6 +139,8 @@ pub struct SharedClient {
     /// The file system this client keeps up to date (weak: the mount owns it).
     fs: Weak<Fs>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Renews the session ([`session::beat_loop`]).
+    beater: Option<std::thread::JoinHandle<()>>,
     /// Gives lingering turns back ([`linger_loop`]).
     lingerer: Option<std::thread::JoinHandle<()>>,
     /// Not joined: it ends once the file system (which keeps its channel open) is gone.
@@ -390,6 +394,11 @@ pub fn join(
         .spawn(move || poll_loop(&s, &weak))
         .map_err(|e| format!("cannot start the shared volume's poller: {e}"))?;
     let s = state.clone();
+    let beater = std::thread::Builder::new()
+        .name("volume-beat".into())
+        .spawn(move || session::beat_loop(&s))
+        .map_err(|e| format!("cannot start the shared volume's heartbeats: {e}"))?;
+    let s = state.clone();
     let lingerer = std::thread::Builder::new()
         .name("volume-turn".into())
         .spawn(move || linger_loop(&s))
@@ -416,6 +425,7 @@ pub fn join(
             state,
             fs: weak_fs,
             thread: Some(thread),
+            beater: Some(beater),
             lingerer: Some(lingerer),
             _notifier: notifier,
         },
@@ -457,7 +467,10 @@ impl SharedClient {
 impl Drop for SharedClient {
     fn drop(&mut self) {
         self.state.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
+        for t in [self.thread.take(), self.beater.take()]
+            .into_iter()
+            .flatten()
+        {
             t.thread().unpark();
             let _ = t.join();
         }

@@ -207,6 +207,12 @@ impl Rack {
         self.servers.iter().map(|s| s.capacity().free).collect()
     }
 
+    /// Stops server `i` for good (its memory gone with it).
+    pub fn stop(&mut self, i: usize) {
+        self.nodes[i].kill();
+        self.servers[i].shutdown();
+    }
+
     pub fn restart(&mut self, i: usize) {
         self.nodes[i].kill();
         self.servers[i].shutdown();

@@ -14,7 +14,8 @@
 //! under `r`), `vers` (a hash: inode number to the last change that touched it), `turns` (a
 //! hash: inode number to `EXPIRY_MS HOLDER`), `wanted` (a set: turned inodes another client
 //! asked for), `ckpt` (a hash: `lsn`, `image`), `sessions` (a hash: name to the Redis time its
-//! heartbeat runs out, in ms), `locks` (a hash: inode number to its lock table,
+//! heartbeat runs out, in ms), `beat` (the Redis time a heartbeat last arrived, in ms: see
+//! [`super::ENGINE_AWAY`]), `locks` (a hash: inode number to its lock table,
 //! `meta::locks`), `asked:NAME` (a list: inodes of NAME's turns others asked for, which
 //! NAME waits on), `servers` (the memory servers' addresses in the volume's order, one per
 //! line), `format` (the shared format, [`super::SHARED_FORMAT`]; absent: format 1), `nextino`
@@ -49,6 +50,8 @@ pub struct RedisEngine {
     waiting: Mutex<Option<::redis::Connection>>,
     keys: Keys,
     scripts: Scripts,
+    /// [`super::ENGINE_AWAY`] unless a test shortened it.
+    away: Duration,
 }
 
 struct Keys {
@@ -61,6 +64,7 @@ struct Keys {
     asked: String,
     ckpt: String,
     sessions: String,
+    beat: String,
     locks: String,
     servers: String,
     format: String,
@@ -94,6 +98,7 @@ impl RedisEngine {
                 asked: k("asked:"),
                 ckpt: k("ckpt"),
                 sessions: k("sessions"),
+                beat: k("beat"),
                 locks: k("locks"),
                 servers: k("servers"),
                 format: k("format"),
@@ -101,10 +106,17 @@ impl RedisEngine {
                 turn: k("turn"),
             },
             scripts: Scripts::new(),
+            away: super::ENGINE_AWAY,
         };
         engine.with(|_| Ok(()))?;
         engine.warn_without_aof();
         Ok(engine)
+    }
+
+    /// Takes `away` for [`super::ENGINE_AWAY`] (tests of an engine away, in less time).
+    pub fn with_away(mut self, away: Duration) -> RedisEngine {
+        self.away = away;
+        self
     }
 
     /// Says so when Redis keeps no append-only file: a restart of it would lose the whole
@@ -155,9 +167,11 @@ impl RedisEngine {
             self.scripts
                 .heartbeat
                 .key(&self.keys.sessions)
+                .key(&self.keys.beat)
                 .arg(who)
                 .arg(ttl.as_millis() as u64)
                 .arg(if start { "1" } else { "0" })
+                .arg(self.away.as_millis() as u64)
                 .invoke(c)
         })?;
         match set {
@@ -357,7 +371,14 @@ impl MetaEngine for RedisEngine {
     }
 
     fn expired_sessions(&self) -> Result<Vec<String>, EngineError> {
-        self.with(|c| self.scripts.expired.key(&self.keys.sessions).invoke(c))
+        self.with(|c| {
+            self.scripts
+                .expired
+                .key(&self.keys.sessions)
+                .key(&self.keys.beat)
+                .arg(self.away.as_millis() as u64)
+                .invoke(c)
+        })
     }
 
     fn drop_session(&self, who: &str) -> Result<(), EngineError> {

@@ -164,17 +164,37 @@ if servers then redis.call('SET', KEYS[4], servers .. '\n' .. ARGV[4]) end
 return {}
 "#;
 
+/// KEYS: sessions, beat. ARGV: who, the lease (ms), "1" to start the session, the engine's
+/// time away (ms, [`super::super::ENGINE_AWAY`]). After that long without a heartbeat,
+/// every session is renewed first (the engine was away, not the clients); an expired
+/// session is never renewed. Returns 1, or 0 (no such live session).
 const HEARTBEAT: &str = r#"
-if ARGV[3] == '0' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
+local ttl = tonumber(ARGV[2])
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+if last > 0 and now - last > tonumber(ARGV[4]) then
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    if tonumber(all[i + 1]) < now + ttl then redis.call('HSET', KEYS[1], all[i], now + ttl) end
+  end
+end
+redis.call('SET', KEYS[2], now)
+if ARGV[3] == '0' then
+  local exp = redis.call('HGET', KEYS[1], ARGV[1])
+  if not exp or tonumber(exp) < now then return 0 end
+end
+redis.call('HSET', KEYS[1], ARGV[1], now + ttl)
 return 1
 "#;
 
+/// KEYS: sessions, beat. ARGV: the engine's time away (ms). None while no heartbeat arrived
+/// for that long.
 const EXPIRED: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+if last > 0 and now - last > tonumber(ARGV[1]) then return {} end
 local all = redis.call('HGETALL', KEYS[1])
 local out = {}
 for i = 1, #all, 2 do

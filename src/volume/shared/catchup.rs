@@ -306,6 +306,10 @@ pub(super) fn poll_loop(s: &State, fs: &Weak<Fs>) {
 /// One round of the poller (see the module doc). `wait`: a catch-up under way is waited for
 /// rather than left to catch up alone (tests, which expect a round to catch up).
 pub(super) fn poll_once(s: &State, fs: &Fs, wait: bool) -> std::result::Result<(), String> {
+    if wait {
+        // Tests pause the heartbeats' thread with the poller: a round they ask for beats.
+        s.beat()?;
+    }
     let r = match wait {
         true => s.catch_up(fs, true).map(|_| ()),
         // Another catch-up under way does the work.
@@ -321,22 +325,5 @@ pub(super) fn poll_once(s: &State, fs: &Fs, wait: bool) -> std::result::Result<(
     pool.release_frees(&s.gate, applied);
     s.checkpoint(fs, false)?;
     s.locks.retry_releases();
-    s.engine
-        .heartbeat(&s.who, SESSION_TTL)
-        .map_err(|e| e.to_string())?;
-    for gone in s.engine.expired_sessions().map_err(|e| e.to_string())? {
-        if gone == s.who {
-            continue;
-        }
-        // Fenced at the servers before its session is forgotten: whatever it still sends
-        // lands nowhere.
-        let servers = pool.evict(&gone);
-        log::warn!(
-            "shared volume: '{gone}' stopped its heartbeats: evicted from {servers} servers"
-        );
-        // Then its locks go to whoever waits for them.
-        crate::engine::drop_session_locks(&*s.engine, &s.who, &gone).map_err(|e| e.to_string())?;
-        s.engine.drop_session(&gone).map_err(|e| e.to_string())?;
-    }
-    Ok(())
+    s.evict_expired(pool)
 }

@@ -1,0 +1,65 @@
+//! A shared client's session in the engine: its heartbeats, on a thread of their own, and the
+//! eviction of clients whose heartbeats stopped.
+//!
+//! Why a thread of its own: the poller waits for the memory servers (`follow_at`, frees), and
+//! one frozen server holds it for the control timeout (10 s, as long as a session's lease):
+//! heartbeats sent from there let every healthy session run out at once, and the first
+//! client back evicted all the others. Why eviction is all or nothing: a client not yet
+//! closed at one server could still write its copies there (and free memory others name) after
+//! its locks went to another, so its session and locks stay until every server of the volume
+//! has closed it (tried again each poll).
+
+use super::*;
+
+/// A heartbeat every second: a tenth of the session's lease, so nine may be lost (or late,
+/// on a loaded machine) before it runs out, and well under [`crate::engine::ENGINE_AWAY`].
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+
+/// Beats until the client stops (not while paused by a test freezing it).
+pub(super) fn beat_loop(s: &State) {
+    while !s.stop.load(Ordering::SeqCst) {
+        std::thread::park_timeout(HEARTBEAT_EVERY);
+        if s.stop.load(Ordering::SeqCst) || s.paused.load(Ordering::SeqCst) {
+            continue;
+        }
+        if let Err(e) = s.beat() {
+            log::warn!("shared volume: {e}");
+        }
+    }
+}
+
+impl State {
+    /// One heartbeat.
+    pub(super) fn beat(&self) -> std::result::Result<(), String> {
+        self.engine
+            .heartbeat(&self.who, SESSION_TTL)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Evicts every client whose session ran out: fenced at every server of the volume, then
+    /// its locks dropped and its session forgotten. One that some server has not closed yet
+    /// keeps its session and locks (tried again by the next poll).
+    pub(super) fn evict_expired(
+        &self,
+        pool: &crate::client::Pool,
+    ) -> std::result::Result<(), String> {
+        for gone in self.engine.expired_sessions().map_err(|e| e.to_string())? {
+            if gone == self.who {
+                continue;
+            }
+            let (closed, of) = pool.evict(&gone);
+            if closed < of {
+                log::warn!(
+                    "shared volume: '{gone}' stopped its heartbeats: closed at {closed} of \
+                     {of} servers; its locks stay until every server has closed it"
+                );
+                continue;
+            }
+            log::warn!("shared volume: '{gone}' stopped its heartbeats: evicted from {of} servers");
+            crate::engine::drop_session_locks(&*self.engine, &self.who, &gone)
+                .map_err(|e| e.to_string())?;
+            self.engine.drop_session(&gone).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
