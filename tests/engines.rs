@@ -526,3 +526,25 @@ fn a_redis_that_is_not_there_is_named() {
         Ok(_) => panic!("connected to nothing"),
     }
 }
+
+/// `--meta` chooses the engine by its URL's scheme; one this build does not have is refused,
+/// naming the ones it has (not taken for Redis).
+#[test]
+fn the_engine_is_chosen_by_its_url() {
+    for url in [
+        "tikv://127.0.0.1:2379",
+        "rediss://127.0.0.1:6379",
+        "127.0.0.1:6379",
+    ] {
+        match rmemfs::engine::open(url, "vol") {
+            Err(why) => assert!(
+                why.contains("no metadata engine") && why.contains("redis://"),
+                "{url}: {why}"
+            ),
+            Ok(e) => panic!("{url} opened {}", e.describe()),
+        }
+    }
+    let redis = Redis::start();
+    let e = rmemfs::engine::open(&redis.url, "vol").unwrap();
+    assert!(e.describe().contains("redis"), "{}", e.describe());
+}

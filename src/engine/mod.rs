@@ -60,6 +60,24 @@ pub const ENGINE_AWAY: Duration = Duration::from_secs(5);
 pub const FORMAT_1_FENCE: &str = "a client of shared format 2 (this volume was upgraded: \
      mount it with an rmemfs that speaks shared format 2)";
 
+/// The URL schemes of the engines this build has (`--meta`).
+pub const ENGINE_SCHEMES: &str = "redis://HOST[:PORT][/DB] or redis+unix:///PATH[?db=DB] \
+     (Redis; TLS, `rediss://`, is not built in)";
+
+/// Opens the engine `url` names for volume `volume`: the scheme chooses it. Any other scheme
+/// is refused, naming the ones there are.
+pub fn open(url: &str, volume: &str) -> Result<crate::sync::Arc<dyn MetaEngine>, String> {
+    let scheme = url.split_once("://").map(|(s, _)| s);
+    match scheme {
+        Some("redis" | "redis+unix" | "unix") => Ok(crate::sync::Arc::new(
+            redis::RedisEngine::open(url, volume).map_err(|e| e.to_string())?,
+        )),
+        _ => Err(format!(
+            "--meta {url}: no metadata engine for this URL; this rmemfs has {ENGINE_SCHEMES}"
+        )),
+    }
+}
+
 /// Why an engine could not do what was asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EngineError {

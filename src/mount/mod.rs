@@ -393,8 +393,7 @@ fn build_fs(
     // counts this daemon as a member.
     let engine = match namespace {
         Namespace::Shared { name, meta, create } => {
-            let engine =
-                crate::engine::redis::RedisEngine::open(meta, name).map_err(|e| e.to_string())?;
+            let engine = crate::engine::open(meta, name)?;
             Some((engine, name, *create))
         }
         _ => None,
@@ -403,7 +402,7 @@ fn build_fs(
     let addrs = match &engine {
         Some((e, name, create)) => {
             let given: Vec<String> = servers.addrs.iter().map(|a| a.to_string()).collect();
-            let order = crate::volume::shared::server_order(e, name, &given, *create)?;
+            let order = crate::volume::shared::server_order(&**e, name, &given, *create)?;
             // The same servers (checked), placed as the volume orders them.
             order
                 .iter()
@@ -463,8 +462,7 @@ fn build_fs(
     let (fs, journal, follower, follow_counters) = match namespace {
         Namespace::Shared { .. } => {
             let (engine, _, _) = engine.expect("a shared volume's engine is open");
-            let (fs, client) =
-                crate::volume::shared::join(data, fs_config, std::sync::Arc::new(engine), holder)?;
+            let (fs, client) = crate::volume::shared::join(data, fs_config, engine, holder)?;
             (fs, None, Some(Following::Shared { _client: client }), None)
         }
         Namespace::Follower { .. } => {
