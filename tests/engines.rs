@@ -9,7 +9,7 @@ use common::redis::Redis;
 use rmemfs::engine::mem::MemEngine;
 use rmemfs::engine::redis::RedisEngine;
 use rmemfs::engine::{
-    change_locks, drop_session_locks, Appended, Checkpoint, EngineError, MetaEngine, Touch,
+    change_locks, drop_session_locks, Appended, Checkpoint, EngineError, Marks, MetaEngine, Touch,
     SHARED_FORMAT,
 };
 use rmemfs::meta::locks::{FileLock, LockKind, LockOwner, LockType};
@@ -19,6 +19,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const LONG: Duration = Duration::from_secs(10);
+
+/// An append that marks nothing open and drops nothing.
+const NONE: Marks<'static> = Marks {
+    opened: &[],
+    dropped: &[],
+};
 
 fn t(key: u64, seen: u64) -> Touch {
     Touch { key, seen }
@@ -33,22 +39,32 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         Err(EngineError::NoSession { .. })
     ));
     assert!(matches!(
-        a.append("a", b"one", &[t(5, 0)], &[], LONG),
+        a.append("a", b"one", &[t(5, 0)], &[], NONE, LONG),
         Err(EngineError::NoSession { .. })
     ));
     a.start_session("a", LONG).unwrap();
     b.start_session("b", LONG).unwrap();
     // The engine numbers changes, in order.
-    assert_eq!(a.append("a", b"one", &[t(5, 0)], &[], LONG).unwrap().lsn, 1);
-    assert_eq!(b.append("b", b"two", &[t(6, 0)], &[], LONG).unwrap().lsn, 2);
+    assert_eq!(
+        a.append("a", b"one", &[t(5, 0)], &[], NONE, LONG)
+            .unwrap()
+            .lsn,
+        1
+    );
+    assert_eq!(
+        b.append("b", b"two", &[t(6, 0)], &[], NONE, LONG)
+            .unwrap()
+            .lsn,
+        2
+    );
     // A change decided on a view of inode 5 older than change 1 conflicts, naming it;
     // one that saw change 1 is taken. Inodes no change touched have version 0.
     assert_eq!(
-        b.append("b", b"stale", &[t(6, 2), t(5, 0)], &[], LONG),
+        b.append("b", b"stale", &[t(6, 2), t(5, 0)], &[], NONE, LONG),
         Err(EngineError::Conflict { key: 5, lsn: 1 })
     );
     assert_eq!(
-        b.append("b", b"three", &[t(5, 1), t(7, 0)], &[], LONG)
+        b.append("b", b"three", &[t(5, 1), t(7, 0)], &[], NONE, LONG)
             .unwrap()
             .lsn,
         3
@@ -73,7 +89,7 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         other => panic!("b took a held turn: {other:?}"),
     }
     assert_eq!(
-        b.append("b", b"four", &[t(5, 3)], &[], LONG),
+        b.append("b", b"four", &[t(5, 3)], &[], NONE, LONG),
         Err(EngineError::Busy {
             key: 5,
             holder: "a".into()
@@ -85,7 +101,7 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         a.wanted("a", Duration::from_millis(20)).unwrap(),
         Vec::<u64>::new()
     );
-    let took = a.append("a", b"four", &[t(5, 3)], &[], LONG).unwrap();
+    let took = a.append("a", b"four", &[t(5, 3)], &[], NONE, LONG).unwrap();
     assert_eq!(
         took,
         Appended {
@@ -98,13 +114,14 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     // Giving back a turn one does not hold does nothing.
     a.give_turns("a", &[5]).unwrap();
     assert!(matches!(
-        a.append("a", b"five", &[t(5, 4)], &[], LONG),
+        a.append("a", b"five", &[t(5, 4)], &[], NONE, LONG),
         Err(EngineError::Busy { .. })
     ));
     b.give_turns("b", &[5]).unwrap();
 
     // A claim makes the new inode's turn the appender's.
-    a.append("a", b"make", &[t(9, 0)], &[9], LONG).unwrap();
+    a.append("a", b"make", &[t(9, 0)], &[9], NONE, LONG)
+        .unwrap();
     assert!(matches!(
         b.take_turn("b", 9, LONG, Duration::from_millis(20)),
         Err(EngineError::TurnBusy { .. })
@@ -124,7 +141,7 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     );
     let head = a.head().unwrap();
     assert!(matches!(
-        a.append("a", b"late", &[t(8, head)], &[], LONG),
+        a.append("a", b"late", &[t(8, head)], &[], NONE, LONG),
         Err(EngineError::Busy { .. })
     ));
     b.give_turns("b", &[8]).unwrap();
@@ -177,7 +194,7 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         Err(EngineError::NoSession { .. })
     ));
     assert!(matches!(
-        a.append("a", b"evicted", &[t(77, u64::MAX)], &[], LONG),
+        a.append("a", b"evicted", &[t(77, u64::MAX)], &[], NONE, LONG),
         Err(EngineError::NoSession { .. })
     ));
 }
@@ -210,6 +227,53 @@ fn engine_away(e: &dyn MetaEngine, away: Duration) {
         Err(EngineError::NoSession { .. })
     ));
     e.heartbeat("x", LONG).unwrap();
+}
+
+/// Files marked open: a drop of one another client marks is refused naming that client, a
+/// client's own mark does not stop its own drop, and a client's marks go with its session.
+fn open_marks(a: &dyn MetaEngine, b: &dyn MetaEngine) {
+    a.start_session("a", LONG).unwrap();
+    b.start_session("b", LONG).unwrap();
+    // A makes file 10 and opens it (marked by its append); B opens file 11.
+    let made = Marks {
+        opened: &[10],
+        dropped: &[],
+    };
+    a.append("a", b"make", &[t(10, 0)], &[], made, LONG)
+        .unwrap();
+    b.mark_open("b", 11).unwrap();
+    assert_eq!(a.open_elsewhere("a", 11).unwrap(), Some("b".to_string()));
+    assert_eq!(a.open_elsewhere("a", 10).unwrap(), None);
+    assert_eq!(b.open_elsewhere("b", 10).unwrap(), Some("a".to_string()));
+    let head = a.head().unwrap();
+    let drop = |who: &str, e: &dyn MetaEngine, ino: u64| {
+        let marks = Marks {
+            opened: &[],
+            dropped: &[ino],
+        };
+        e.append(who, b"drop", &[t(ino, head)], &[], marks, LONG)
+    };
+    match drop("b", b, 10) {
+        Err(EngineError::Held { key: 10, holder }) => assert_eq!(holder, "a"),
+        other => panic!("a drop of a file open elsewhere: {other:?}"),
+    }
+    assert_eq!(a.head().unwrap(), head, "a refused drop was appended");
+    // Its own mark does not stop A.
+    b.unmark_open("b", &[11]).unwrap();
+    assert_eq!(a.open_elsewhere("a", 11).unwrap(), None);
+    b.mark_open("b", 12).unwrap();
+    assert_eq!(a.marked_by("a").unwrap(), vec![10]);
+    assert_eq!(b.marked_by("b").unwrap(), vec![12]);
+    drop("a", a, 10).unwrap();
+    a.unmark_open("a", &[10]).unwrap();
+    // B's marks go with its session; one that ended marks nothing.
+    b.drop_session("b").unwrap();
+    assert_eq!(a.open_elsewhere("a", 12).unwrap(), None);
+    assert_eq!(b.marked_by("b").unwrap(), Vec::<u64>::new());
+    assert!(matches!(
+        b.mark_open("b", 13),
+        Err(EngineError::NoSession { .. })
+    ));
 }
 
 /// A volume made now carries this build's format; one of format 1 (no format) is upgraded
@@ -260,6 +324,7 @@ fn concurrent(a: Arc<dyn MetaEngine>, b: Arc<dyn MetaEngine>) {
                         record.as_bytes(),
                         &[t(own, seen), t(SHARED, seen)],
                         &[],
+                        NONE,
                         LONG,
                     ) {
                         Ok(_) => break,
@@ -442,6 +507,8 @@ fn the_in_memory_engine_keeps_the_contract() {
     locks_contract(&e, &e.clone());
     locks_exclude(Arc::new(e.clone()), Arc::new(e));
     engine_away(&MemEngine::new().with_away(AWAY), AWAY);
+    let e = MemEngine::new();
+    open_marks(&e, &e.clone());
 }
 
 /// A short time away for [`engine_away`].

@@ -128,8 +128,10 @@ fn two_writers(engine: Arc<dyn MetaEngine>) {
         "A applied it without a poll"
     );
     a.shared.poll_now().unwrap();
-    // Three 1 MiB chunks, two copies each.
+    // Three 1 MiB chunks, two copies each; once A, which made the file, has let go of it
+    // too (its creation marked it open there until A's poller saw it closed).
     eventually("the unlinked file's memory is back", || {
+        a.shared.poll_now().unwrap();
         b.shared.poll_now().unwrap();
         rack.free().iter().sum::<u64>() >= before.iter().sum::<u64>() + (6 << 20)
     });
@@ -587,4 +589,60 @@ fn a_client_is_evicted_only_once_every_server_closed_it() {
     let _ = a.shared.poll_now();
     assert_eq!(engine.expired_sessions().unwrap(), vec!["c".to_string()]);
     assert!(a.fs.set_lock(file, 8, &write).unwrap().is_some());
+}
+
+/// A file unlinked on one client while open on another stays readable and writable there
+/// until its last close on any client; then its memory goes back. So does the memory of one
+/// held open by a client that died (its drop falls to the client that evicts it).
+#[test]
+fn a_file_unlinked_elsewhere_stays_open_here() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    let b = client(&rack, Arc::new(engine.clone()), "b");
+    let free_at_start = rack.free();
+    let data = bytes(3, 2 << 20);
+    a.create("f", &data).unwrap();
+    b.shared.poll_now().unwrap();
+    let ino = resolve(&b.fs, "f").unwrap();
+    let fh = b.change(|fs| fs.open(ino, libc::O_RDWR)).unwrap();
+    // A removes it, and its kernel forgets it: nothing of A's holds it any more.
+    a.unlink("f").unwrap();
+    a.change(|fs| fs.forget(ino, 1));
+    a.shared.poll_now().unwrap();
+    b.shared.poll_now().unwrap();
+    assert_eq!(resolve(&b.fs, "f"), Err(libc::ENOENT));
+    // B reads and writes it still.
+    let got = b
+        .change(|fs| fs.read(ino, fh, 0, data.len() as u32))
+        .unwrap();
+    assert_eq!(got, data);
+    b.change(|fs| fs.write(ino, fh, 0, b"still here", common::ME))
+        .unwrap();
+    let got = b.change(|fs| fs.read(ino, fh, 0, 10)).unwrap();
+    assert_eq!(got, b"still here");
+    // Its last close anywhere lets its memory go.
+    b.change(|fs| fs.release(fh));
+    b.change(|fs| fs.forget(ino, 1));
+    eventually("the file's memory is back after its last close", || {
+        a.shared.poll_now().unwrap();
+        b.shared.poll_now().unwrap();
+        rack.free() == free_at_start
+    });
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+
+    // B opens another file, which A removes; then B dies: A evicts it and drops the file.
+    a.create("g", &data).unwrap();
+    b.shared.poll_now().unwrap();
+    let ino = resolve(&b.fs, "g").unwrap();
+    let _held = b.change(|fs| fs.open(ino, libc::O_RDONLY)).unwrap();
+    a.unlink("g").unwrap();
+    a.change(|fs| fs.forget(ino, 1));
+    a.shared.poll_now().unwrap();
+    assert!(rack.free() != free_at_start, "freed while open on B");
+    engine.heartbeat("b", Duration::ZERO).unwrap();
+    eventually("B is evicted and the file it held is freed", || {
+        a.shared.poll_now().unwrap();
+        rack.free() == free_at_start
+    });
 }

@@ -4,7 +4,9 @@
 //! so the conformance tests hold both to one contract and the shared mount can be tested
 //! without a Redis server.
 
-use super::{Appended, Checkpoint, EngineError, MetaEngine, Touch, ENGINE_AWAY, SHARED_FORMAT};
+use super::{
+    Appended, Checkpoint, EngineError, Marks, MetaEngine, Touch, ENGINE_AWAY, SHARED_FORMAT,
+};
 use crate::sync::{Arc, Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -23,6 +25,8 @@ struct State {
     /// Each holder's inodes asked for, not yet heard ([`MetaEngine::wanted`]).
     asked: HashMap<String, Vec<u64>>,
     sessions: HashMap<String, Instant>,
+    /// Files marked open, by the clients marking them.
+    open: HashMap<u64, HashSet<String>>,
     locks: BTreeMap<u64, Vec<u8>>,
     servers: Option<Vec<String>>,
     /// None: a volume of format 1 (or none yet).
@@ -40,6 +44,13 @@ struct State {
 }
 
 impl State {
+    /// A client other than `who` marking `ino` open.
+    fn open_elsewhere(&self, who: &str, ino: u64) -> Option<String> {
+        let mut others: Vec<&String> = self.open.get(&ino)?.iter().filter(|w| *w != who).collect();
+        others.sort();
+        others.first().map(|w| w.to_string())
+    }
+
     /// Whether no heartbeat reached the engine for [`ENGINE_AWAY`].
     fn away(&self) -> bool {
         let away = self.away.unwrap_or(ENGINE_AWAY);
@@ -158,12 +169,18 @@ impl MetaEngine for MemEngine {
         record: &[u8],
         touched: &[Touch],
         claim: &[u64],
+        marks: Marks<'_>,
         lease: Duration,
     ) -> Result<Appended, EngineError> {
         let mut s = self.state.0.lock();
         s.fault("append")?;
         if !live(&s.sessions, who) {
             return Err(EngineError::NoSession { who: who.into() });
+        }
+        for key in marks.dropped {
+            if let Some(holder) = s.open_elsewhere(who, *key) {
+                return Err(EngineError::Held { key: *key, holder });
+            }
         }
         for t in touched {
             if let Some(holder) = other_holder(&s.turns, t.key, who) {
@@ -196,6 +213,9 @@ impl MetaEngine for MemEngine {
         for key in claim {
             s.turns.insert(*key, (who.to_string(), until));
             s.wanted.remove(key);
+        }
+        for key in marks.opened {
+            s.open.entry(*key).or_default().insert(who.to_string());
         }
         Ok(Appended { lsn, wanted })
     }
@@ -369,8 +389,51 @@ impl MetaEngine for MemEngine {
     }
 
     fn drop_session(&self, who: &str) -> Result<(), EngineError> {
-        self.state.0.lock().sessions.remove(who);
+        let mut s = self.state.0.lock();
+        s.sessions.remove(who);
+        s.open.retain(|_, by| {
+            by.remove(who);
+            !by.is_empty()
+        });
         Ok(())
+    }
+
+    fn mark_open(&self, who: &str, ino: u64) -> Result<(), EngineError> {
+        let mut s = self.state.0.lock();
+        if !live(&s.sessions, who) {
+            return Err(EngineError::NoSession { who: who.into() });
+        }
+        s.open.entry(ino).or_default().insert(who.to_string());
+        Ok(())
+    }
+
+    fn unmark_open(&self, who: &str, inos: &[u64]) -> Result<(), EngineError> {
+        let mut s = self.state.0.lock();
+        for ino in inos {
+            if let Some(by) = s.open.get_mut(ino) {
+                by.remove(who);
+                if by.is_empty() {
+                    s.open.remove(ino);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn open_elsewhere(&self, who: &str, ino: u64) -> Result<Option<String>, EngineError> {
+        Ok(self.state.0.lock().open_elsewhere(who, ino))
+    }
+
+    fn marked_by(&self, who: &str) -> Result<Vec<u64>, EngineError> {
+        let s = self.state.0.lock();
+        let mut out: Vec<u64> = s
+            .open
+            .iter()
+            .filter(|(_, by)| by.contains(who))
+            .map(|(ino, _)| *ino)
+            .collect();
+        out.sort_unstable();
+        Ok(out)
     }
 
     fn create_volume(&self, servers: &[String]) -> Result<bool, EngineError> {

@@ -95,6 +95,10 @@ pub enum EngineError {
     /// evicted).
     #[error("metadata engine: there is no session '{who}' (it ended or was evicted)")]
     NoSession { who: String },
+    /// A drop of inode `key`, which another client (`holder`) has open: it stays until that
+    /// client lets it go (and drops it then).
+    #[error("metadata engine: inode {key} is open on '{holder}'")]
+    Held { key: u64, holder: String },
     /// A turn stayed with another client past the wait.
     #[error("metadata engine: the turn of inode {key} stayed with '{holder}' for {waited:?}")]
     TurnBusy {
@@ -134,6 +138,14 @@ pub struct Touch {
     pub seen: u64,
 }
 
+/// What a change's append marks besides turns: the files it opens (a create's, marked open
+/// by the appending client) and the inodes it drops (refused while open elsewhere).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Marks<'a> {
+    pub opened: &'a [u64],
+    pub dropped: &'a [u64],
+}
+
 /// An append the engine took.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Appended {
@@ -154,16 +166,33 @@ pub trait MetaEngine: Send + Sync {
 
     /// Appends `record` as the log's next change, if `who`'s session lives and, for every
     /// inode touched, no other client holds its turn (`Busy`) and no change after `seen`
-    /// touched it (`Conflict`). The turns of `claim` (inodes the change makes) become `who`'s
-    /// for `lease`, and those of touched inodes `who` holds are renewed for `lease`.
+    /// touched it (`Conflict`), and no inode it drops is open on another client (`Held`).
+    /// The turns of `claim` (inodes the change makes) become `who`'s for `lease`, and those
+    /// of touched inodes `who` holds are renewed for `lease`; the files it opens are marked
+    /// open by `who` ([`MetaEngine::mark_open`]).
     fn append(
         &self,
         who: &str,
         record: &[u8],
         touched: &[Touch],
         claim: &[u64],
+        marks: Marks<'_>,
         lease: Duration,
     ) -> Result<Appended, EngineError>;
+
+    /// Marks file `ino` open on `who` (`NoSession` unless its session lives): while it is, no
+    /// other client's change drops it ([`MetaEngine::append`]), so a file unlinked elsewhere
+    /// stays readable and writable here until this client lets it go.
+    fn mark_open(&self, who: &str, ino: u64) -> Result<(), EngineError>;
+
+    /// Takes `who`'s marks off `inos`.
+    fn unmark_open(&self, who: &str, inos: &[u64]) -> Result<(), EngineError>;
+
+    /// A client other than `who` that marks `ino` open, if any.
+    fn open_elsewhere(&self, who: &str, ino: u64) -> Result<Option<String>, EngineError>;
+
+    /// The inodes `who` marks open (an evicted client's, whose drops fall to the evictor).
+    fn marked_by(&self, who: &str) -> Result<Vec<u64>, EngineError>;
 
     /// Changes after `after`, in order, at most `max` of them. Changes a checkpoint has
     /// trimmed are not there: a reader behind [`MetaEngine::checkpoint`]'s LSN reloads it.
@@ -221,7 +250,8 @@ pub trait MetaEngine: Send + Sync {
     /// renew their sessions).
     fn expired_sessions(&self) -> Result<Vec<String>, EngineError>;
 
-    /// Forgets session `who` (after it was evicted from the memory servers).
+    /// Forgets session `who` (after it was evicted from the memory servers), with its marks
+    /// of open files.
     fn drop_session(&self, who: &str) -> Result<(), EngineError>;
 
     /// Makes the volume, in [`SHARED_FORMAT`]: stores its memory servers in their order

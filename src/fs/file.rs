@@ -11,9 +11,28 @@ use crate::sync::Arc;
 impl Fs {
     /// Opens `ino`; returns a file handle.
     pub fn open(&self, ino: Ino, flags: i32) -> Result<u64> {
+        let Some(turns) = self.turns.as_deref() else {
+            return self.open_here(ino, flags);
+        };
         // On a shared volume an open sees every change closed before it on any client
-        // (close-to-open): the table catches up first.
-        self.refresh_shared();
+        // (close-to-open): the table catches up first. A file is marked open here before
+        // that, so no client drops it under this handle; one that, caught up, has no name
+        // and no handle here lost the race with an unlink elsewhere.
+        let file = self
+            .meta
+            .lock()
+            .get(ino)
+            .is_some_and(|i| i.kind == Kind::File);
+        if file {
+            turns.opening(ino)?;
+        }
+        turns.refresh(self);
+        if file && self.meta.lock().get(ino).is_some_and(|i| i.is_orphan()) {
+            return Err(Error::new(
+                libc::ENOENT,
+                "the file was removed by another client",
+            ));
+        }
         self.open_here(ino, flags)
     }
 

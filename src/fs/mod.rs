@@ -331,6 +331,8 @@ impl Fs {
             let dropped = b.drop_if_unused(ino);
             let refused = match dropped.then(|| b.commit()) {
                 Some(Err(e)) if e.conflict.is_some() => return true,
+                // Open on another client of a shared volume: it drops it once it lets go.
+                Some(Err(e)) if e.errno == libc::EBUSY && self.is_shared() => true,
                 Some(Err(e)) => {
                     log::error!("the namespace refused to drop inode {ino}: {e}");
                     true
@@ -354,6 +356,8 @@ impl Fs {
             // On a shared volume, a file with no chunks has nothing to let go (a create's
             // empty file): no turn taken for it.
             Some(f) if self.is_shared() && f.chunks.read().is_empty() => {}
+            // Open on another client: its data stays for it (that client settles it).
+            Some(_) if self.open_elsewhere(ino) => {}
             Some(f) => {
                 let _turn = match self.file_turn(ino) {
                     Ok(turn) => turn,
@@ -369,6 +373,19 @@ impl Fs {
             None => {}
         }
         false
+    }
+
+    /// Whether another client of a shared volume has file `ino` open (unknown: yes, so that
+    /// its data stays).
+    fn open_elsewhere(&self, ino: Ino) -> bool {
+        match self.turns.as_deref().map(|t| t.open_elsewhere(ino)) {
+            None | Some(Ok(false)) => false,
+            Some(Ok(true)) => true,
+            Some(Err(e)) => {
+                log::warn!("inode {ino}'s data stays: {e}");
+                true
+            }
+        }
     }
 
     fn file_data(&self, ino: Ino) -> Result<Arc<FileData>> {
@@ -389,6 +406,18 @@ impl Fs {
     /// Reads the namespace under its lock (a volume's checkpoint takes its image so).
     pub fn inspect_meta<R>(&self, f: impl FnOnce(&Meta) -> R) -> R {
         f(&self.meta.lock())
+    }
+
+    /// Whether inode `ino` has a handle open here.
+    pub fn is_open_here(&self, ino: Ino) -> bool {
+        self.meta.lock().get(ino).is_some_and(|i| i.opens > 0)
+    }
+
+    /// Settles inode `ino`: its data goes if it has no name and no handle, and it leaves the
+    /// table once the kernel has forgotten it too (a shared volume's file another client had
+    /// open, let go).
+    pub fn settle_unused(&self, ino: Ino) {
+        self.settle(self.meta.lock(), ino);
     }
 
     /// Drops the inodes that have no name and no handle (a replayed volume's files unlinked

@@ -49,6 +49,14 @@ pub trait Turns: Send + Sync {
     /// on a stale table).
     fn refresh(&self, fs: &Fs);
 
+    /// Before an open of file `ino` catches up: marks it open on this client, so that no
+    /// other client drops it while it is (it stays readable here after an unlink there).
+    fn opening(&self, ino: Ino) -> Result<()>;
+
+    /// Whether another client has file `ino` open (its data must stay when it has no name
+    /// and no handle here).
+    fn open_elsewhere(&self, ino: Ino) -> Result<bool>;
+
     /// Brings the table up to date and tells the kernel everything it must forget before
     /// returning (a file lock granted); false if that failed. Only from a request whose
     /// caller holds no directory lock (the kernel's invalidation of a name waits for it).

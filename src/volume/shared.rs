@@ -36,6 +36,7 @@ mod ahead;
 mod catchup;
 #[cfg(all(test, feature = "shuttle"))]
 mod model_tests;
+mod open;
 mod session;
 mod touch;
 mod turns;
@@ -47,7 +48,7 @@ use turns::{linger_loop, HeldTurns, SharedTurns};
 use super::{engine_image, read};
 use crate::client::volume::FreeGate;
 use crate::data::DataStore;
-use crate::engine::{EngineError, MetaEngine, Touch, SHARED_FORMAT};
+use crate::engine::{EngineError, Marks, MetaEngine, Touch, SHARED_FORMAT};
 use crate::error::{Error, Result};
 use crate::fs::{Fs, FsConfig, HeldTurn, Turns};
 use crate::meta::{record, Change, Ino, Meta, TableView};
@@ -128,6 +129,10 @@ struct State {
     /// The last change applied, as the engine's log held it (its LSN and bytes): read again
     /// by each catch-up, to find a log that lost changes this table holds.
     tip: Mutex<Option<(u64, Vec<u8>)>>,
+    /// Files this client marks open in the engine, and since when ([`open`]).
+    marked: Mutex<HashMap<Ino, Instant>>,
+    /// Inodes whose drop fell to this client (their marks went), settled by the poller.
+    to_settle: Mutex<Vec<Ino>>,
     /// Set once the engine lost changes this table holds: every change and catch-up fails
     /// (EIO) naming it, for good.
     lost: Mutex<Option<String>>,
@@ -180,8 +185,8 @@ struct Appender<'a> {
 }
 
 impl Appender<'_> {
-    /// Appends `record`, touching `keys`, claiming `claim`.
-    fn append(&self, record: &[u8], keys: &[Ino], claim: &[Ino]) -> Sent {
+    /// Appends `record`, touching `keys`, claiming `claim`, marking `marks`.
+    fn append(&self, record: &[u8], keys: &[Ino], claim: &[Ino], marks: Marks<'_>) -> Sent {
         let touched: Vec<Touch> = {
             let mut a = self.ahead.lock();
             a.sent += 1;
@@ -196,7 +201,7 @@ impl Appender<'_> {
         let at = Instant::now();
         let answer = self
             .engine
-            .append(self.who, record, &touched, claim, TURN_LEASE);
+            .append(self.who, record, &touched, claim, marks, TURN_LEASE);
         {
             let mut a = self.ahead.lock();
             a.answered += 1;
@@ -217,6 +222,8 @@ fn refused(e: EngineError) -> Error {
         EngineError::Conflict { key, .. } | EngineError::Busy { key, .. } => {
             Error::conflict(key, e.to_string())
         }
+        // A drop of a file open on another client: that client drops it once it lets go.
+        EngineError::Held { .. } => Error::new(libc::EBUSY, e.to_string()),
         e => engine_err(e),
     }
 }
@@ -229,6 +236,7 @@ impl crate::meta::Journal for EngineRecorder {
         let s = &self.0;
         s.still_whole()?;
         let (keys, claim) = touch::touched(changes, table);
+        let (opened, dropped) = touch::opened_and_dropped(changes);
         // The engine numbers the change: the frame's own LSN is left 0.
         let record = record::encode(0, changes);
         let appender = Appender {
@@ -238,8 +246,13 @@ impl crate::meta::Journal for EngineRecorder {
             answered: &s.answered,
             applied: &s.applied,
         };
-        let sent = appender.append(&record, &keys, &claim);
+        let marks = Marks {
+            opened: &opened,
+            dropped: &dropped,
+        };
+        let sent = appender.append(&record, &keys, &claim, marks);
         let done = sent.answer.map_err(refused)?;
+        s.marked_by_append(&opened);
         // A place the engine gave before: its log went back past this table.
         s.check_place(done.lsn)?;
         // Frees of what this change let go wait for it to be applied everywhere.
@@ -368,6 +381,8 @@ pub fn join(
         notify,
         stop: AtomicBool::new(false),
         tip: Mutex::new(None),
+        marked: Mutex::new(HashMap::new()),
+        to_settle: Mutex::new(Vec::new()),
         lost: Mutex::new(None),
         paused: AtomicBool::new(false),
     });

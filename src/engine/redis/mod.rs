@@ -16,7 +16,8 @@
 //! asked for), `ckpt` (a hash: `lsn`, `image`), `sessions` (a hash: name to the Redis time its
 //! heartbeat runs out, in ms), `beat` (the Redis time a heartbeat last arrived, in ms: see
 //! [`super::ENGINE_AWAY`]), `locks` (a hash: inode number to its lock table,
-//! `meta::locks`), `asked:NAME` (a list: inodes of NAME's turns others asked for, which
+//! `meta::locks`), `open:INO` and `opened:NAME` (sets: the clients that mark a file open, and
+//! the files a client marks), `asked:NAME` (a list: inodes of NAME's turns others asked for, which
 //! NAME waits on), `servers` (the memory servers' addresses in the volume's order, one per
 //! line), `format` (the shared format, [`super::SHARED_FORMAT`]; absent: format 1), `nextino`
 //! (the last inode number given out), and `turn`, format 1's one write turn, which an
@@ -26,7 +27,9 @@
 mod scripts;
 mod turns;
 
-use super::{Appended, Checkpoint, EngineError, MetaEngine, Touch, FORMAT_1_FENCE, SHARED_FORMAT};
+use super::{
+    Appended, Checkpoint, EngineError, Marks, MetaEngine, Touch, FORMAT_1_FENCE, SHARED_FORMAT,
+};
 use crate::sync::Mutex;
 use scripts::Scripts;
 use std::time::Duration;
@@ -62,6 +65,10 @@ struct Keys {
     wanted: String,
     /// The prefix of each holder's queue of inodes asked for (`asked:NAME`, a list).
     asked: String,
+    /// The prefix of each file's open marks (`open:INO`, a set of clients).
+    open: String,
+    /// The prefix of each client's marks (`opened:NAME`, a set of inodes).
+    opened: String,
     ckpt: String,
     sessions: String,
     beat: String,
@@ -96,6 +103,8 @@ impl RedisEngine {
                 turns: k("turns"),
                 wanted: k("wanted"),
                 asked: k("asked:"),
+                open: k("open:"),
+                opened: k("opened:"),
                 ckpt: k("ckpt"),
                 sessions: k("sessions"),
                 beat: k("beat"),
@@ -219,6 +228,7 @@ impl MetaEngine for RedisEngine {
         record: &[u8],
         touched: &[Touch],
         claim: &[u64],
+        marks: Marks<'_>,
         lease: Duration,
     ) -> Result<Appended, EngineError> {
         let (code, a, b, wanted): (i64, String, String, Vec<u64>) = self.with(|c| {
@@ -231,6 +241,8 @@ impl MetaEngine for RedisEngine {
                 &self.keys.turns,
                 &self.keys.wanted,
                 &self.keys.asked,
+                &self.keys.open,
+                &self.keys.opened,
             ] {
                 script.key(k);
             }
@@ -238,11 +250,14 @@ impl MetaEngine for RedisEngine {
                 .arg(who)
                 .arg(record)
                 .arg(lease.as_millis().max(1) as u64)
-                .arg(touched.len());
+                .arg(touched.len())
+                .arg(claim.len())
+                .arg(marks.opened.len())
+                .arg(marks.dropped.len());
             for t in touched {
                 script.arg(t.key).arg(t.seen);
             }
-            for k in claim {
+            for k in claim.iter().chain(marks.opened).chain(marks.dropped) {
                 script.arg(*k);
             }
             script.invoke(c)
@@ -261,6 +276,10 @@ impl MetaEngine for RedisEngine {
                 lsn: number(&b)?,
             }),
             -3 => Err(EngineError::Busy {
+                key: number(&a)?,
+                holder: b,
+            }),
+            -4 => Err(EngineError::Held {
                 key: number(&a)?,
                 holder: b,
             }),
@@ -382,17 +401,84 @@ impl MetaEngine for RedisEngine {
     }
 
     fn drop_session(&self, who: &str) -> Result<(), EngineError> {
+        let marked = self.marked_by(who)?;
         self.with(|c| {
-            ::redis::pipe()
-                .cmd("HDEL")
+            let mut p = ::redis::pipe();
+            p.cmd("HDEL")
                 .arg(&self.keys.sessions)
                 .arg(who)
                 .ignore()
                 .cmd("DEL")
                 .arg(format!("{}{who}", self.keys.asked))
                 .ignore()
-                .query::<()>(c)
+                .cmd("DEL")
+                .arg(format!("{}{who}", self.keys.opened))
+                .ignore();
+            for ino in &marked {
+                p.cmd("SREM")
+                    .arg(format!("{}{ino}", self.keys.open))
+                    .arg(who)
+                    .ignore();
+            }
+            p.query::<()>(c)
         })
+    }
+
+    fn mark_open(&self, who: &str, ino: u64) -> Result<(), EngineError> {
+        let done: i64 = self.with(|c| {
+            self.scripts
+                .mark_open
+                .key(&self.keys.sessions)
+                .key(&self.keys.open)
+                .key(&self.keys.opened)
+                .arg(who)
+                .arg(ino)
+                .invoke(c)
+        })?;
+        match done {
+            1 => Ok(()),
+            _ => Err(EngineError::NoSession { who: who.into() }),
+        }
+    }
+
+    fn unmark_open(&self, who: &str, inos: &[u64]) -> Result<(), EngineError> {
+        if inos.is_empty() {
+            return Ok(());
+        }
+        self.with(|c| {
+            let mut p = ::redis::pipe();
+            for ino in inos {
+                p.cmd("SREM")
+                    .arg(format!("{}{ino}", self.keys.open))
+                    .arg(who)
+                    .ignore()
+                    .cmd("SREM")
+                    .arg(format!("{}{who}", self.keys.opened))
+                    .arg(*ino)
+                    .ignore();
+            }
+            p.query::<()>(c)
+        })
+    }
+
+    fn open_elsewhere(&self, who: &str, ino: u64) -> Result<Option<String>, EngineError> {
+        let mut by: Vec<String> = self.with(|c| {
+            ::redis::cmd("SMEMBERS")
+                .arg(format!("{}{ino}", self.keys.open))
+                .query(c)
+        })?;
+        by.sort();
+        Ok(by.into_iter().find(|w| w != who))
+    }
+
+    fn marked_by(&self, who: &str) -> Result<Vec<u64>, EngineError> {
+        let mut inos: Vec<u64> = self.with(|c| {
+            ::redis::cmd("SMEMBERS")
+                .arg(format!("{}{who}", self.keys.opened))
+                .query(c)
+        })?;
+        inos.sort_unstable();
+        Ok(inos)
     }
 
     fn volumes(&self) -> Result<Vec<String>, EngineError> {

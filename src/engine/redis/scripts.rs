@@ -36,43 +36,68 @@ end
 }
 
 /// KEYS: head, log, sessions, vers, turns, wanted, the prefix of holders' queues of asked
-/// inodes (`asked:`; see [`crate::engine::MetaEngine::wanted`]). ARGV: who, record, lease (ms), the count
-/// of touched inodes, each touched inode and the version its client saw, then the inodes
-/// claimed. Returns `{code, a, b, wanted}`: 1 appended (a: the LSN, wanted: turns to give
-/// back); -1 a conflict (a: the inode, b: its version); -3 busy (a: the inode, b: its
-/// holder); -2 no session.
+/// inodes (`asked:`; see [`crate::engine::MetaEngine::wanted`]), the prefix of files' open
+/// marks (`open:INO`, a set of clients), the prefix of clients' marks (`opened:NAME`, a set
+/// of inodes). ARGV: who, record, lease (ms), the counts of touched, claimed, opened and
+/// dropped inodes, each touched inode and the version its client saw, then the inodes
+/// claimed, opened, dropped. Returns `{code, a, b, wanted}`: 1 appended (a: the LSN, wanted:
+/// turns to give back); -1 a conflict (a: the inode, b: its version); -3 busy (a: the inode,
+/// b: its holder); -4 held open (a: the inode, b: a client that has it open); -2 no session.
 const APPEND: &str = concat!(
     live_session!("3", "1", "{-2, '', '', {}}"),
     turn_holder!(),
     r#"
 local n = tonumber(ARGV[4])
+local cbase = 8 + 2 * n
+local obase = cbase + tonumber(ARGV[5])
+local dbase = obase + tonumber(ARGV[6])
+for i = dbase, dbase + tonumber(ARGV[7]) - 1 do
+  for _, w in ipairs(redis.call('SMEMBERS', KEYS[8] .. ARGV[i])) do
+    if w ~= ARGV[1] then return {-4, ARGV[i], w, {}} end
+  end
+end
 for i = 0, n - 1 do
-  local key = ARGV[5 + 2 * i]
+  local key = ARGV[8 + 2 * i]
   local h = holder(redis.call('HGET', KEYS[5], key), now)
   if h and h ~= ARGV[1] then
     if redis.call('SADD', KEYS[6], key) == 1 then redis.call('RPUSH', KEYS[7] .. h, key) end
     return {-3, key, h, {}}
   end
   local v = redis.call('HGET', KEYS[4], key)
-  if v and tonumber(v) > tonumber(ARGV[6 + 2 * i]) then return {-1, key, v, {}} end
+  if v and tonumber(v) > tonumber(ARGV[9 + 2 * i]) then return {-1, key, v, {}} end
 end
 local lsn = redis.call('INCR', KEYS[1])
 redis.call('XADD', KEYS[2], lsn .. '-1', 'r', ARGV[2])
 local mine = (now + tonumber(ARGV[3])) .. ' ' .. ARGV[1]
 local wanted = {}
 for i = 0, n - 1 do
-  local key = ARGV[5 + 2 * i]
+  local key = ARGV[8 + 2 * i]
   redis.call('HSET', KEYS[4], key, lsn)
   if holder(redis.call('HGET', KEYS[5], key), now) == ARGV[1] then
     redis.call('HSET', KEYS[5], key, mine)
     if redis.call('SISMEMBER', KEYS[6], key) == 1 then table.insert(wanted, key) end
   end
 end
-for i = 5 + 2 * n, #ARGV do
+for i = cbase, obase - 1 do
   redis.call('HSET', KEYS[5], ARGV[i], mine)
   redis.call('SREM', KEYS[6], ARGV[i])
 end
+for i = obase, dbase - 1 do
+  redis.call('SADD', KEYS[8] .. ARGV[i], ARGV[1])
+  redis.call('SADD', KEYS[9] .. ARGV[1], ARGV[i])
+end
 return {1, tostring(lsn), '', wanted}
+"#
+);
+
+/// KEYS: sessions, the prefix of files' open marks, the prefix of clients' marks. ARGV: who,
+/// the inode. Returns 1 marked, -2 no session.
+const MARK_OPEN: &str = concat!(
+    live_session!("1", "1", "-2"),
+    r#"
+redis.call('SADD', KEYS[2] .. ARGV[2], ARGV[1])
+redis.call('SADD', KEYS[3] .. ARGV[1], ARGV[2])
+return 1
 "#
 );
 
@@ -215,6 +240,7 @@ pub(super) struct Scripts {
     pub(super) heartbeat: ::redis::Script,
     pub(super) expired: ::redis::Script,
     pub(super) swap_locks: ::redis::Script,
+    pub(super) mark_open: ::redis::Script,
 }
 
 impl Scripts {
@@ -230,6 +256,7 @@ impl Scripts {
             heartbeat: ::redis::Script::new(HEARTBEAT),
             expired: ::redis::Script::new(EXPIRED),
             swap_locks: ::redis::Script::new(SWAP_LOCKS),
+            mark_open: ::redis::Script::new(MARK_OPEN),
         }
     }
 }

@@ -310,6 +310,8 @@ pub(super) fn poll_once(s: &State, fs: &Fs, wait: bool) -> std::result::Result<(
         // Tests pause the heartbeats' thread with the poller: a round they ask for beats.
         s.beat()?;
     }
+    // Before the catch-up: what it brings (another client's refused drop) is settled after.
+    s.let_go_marks(fs);
     let r = match wait {
         true => s.catch_up(fs, true).map(|_| ()),
         // Another catch-up under way does the work.
@@ -319,6 +321,7 @@ pub(super) fn poll_once(s: &State, fs: &Fs, wait: bool) -> std::result::Result<(
         },
     };
     r.map_err(|e| e.message)?;
+    s.settle_let_go(fs);
     let pool = fs.data().pool();
     let applied = s.applied.load(Ordering::SeqCst);
     pool.follow_at(applied);

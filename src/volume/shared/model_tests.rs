@@ -54,7 +54,12 @@ impl Journal for Recorder {
             answered: &s.answered,
             applied: &applied,
         };
-        let sent = appender.append(&record::encode(0, changes), &keys, &claim);
+        let sent = appender.append(
+            &record::encode(0, changes),
+            &keys,
+            &claim,
+            crate::engine::Marks::default(),
+        );
         if sent.answer.is_ok() {
             s.claimed.lock().extend(claim);
         }

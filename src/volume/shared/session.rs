@@ -58,7 +58,11 @@ impl State {
             log::warn!("shared volume: '{gone}' stopped its heartbeats: evicted from {of} servers");
             crate::engine::drop_session_locks(&*self.engine, &self.who, &gone)
                 .map_err(|e| e.to_string())?;
+            // Files it had open: their drops fall to this client (settled after the next
+            // poll's catch-up).
+            let marked = self.engine.marked_by(&gone).map_err(|e| e.to_string())?;
             self.engine.drop_session(&gone).map_err(|e| e.to_string())?;
+            self.to_settle.lock().extend(marked);
         }
         Ok(())
     }

@@ -54,3 +54,23 @@ pub(super) fn touched_reading(
     claim.dedup();
     (keys, claim)
 }
+
+/// The files `changes` make (marked open by the appending client: a create opens what it
+/// makes; one made and not opened, `mknod`, has its mark taken off by the poller) and the
+/// inodes they drop (refused while another client has them open).
+pub(super) fn opened_and_dropped(changes: &[Change]) -> (Vec<Ino>, Vec<Ino>) {
+    let mut opened = Vec::new();
+    let mut dropped = Vec::new();
+    for c in changes {
+        match c {
+            Change::Make {
+                ino,
+                kind: Kind::File,
+                ..
+            } => opened.push(*ino),
+            Change::Drop { ino } => dropped.push(*ino),
+            _ => {}
+        }
+    }
+    (opened, dropped)
+}

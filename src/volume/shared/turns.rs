@@ -273,6 +273,16 @@ impl Turns for SharedTurns {
         self.0.take_turn(fs, ino)
     }
 
+    fn opening(&self, ino: Ino) -> Result<()> {
+        self.0.mark_open(ino)
+    }
+
+    fn open_elsewhere(&self, ino: Ino) -> Result<bool> {
+        let s = &self.0;
+        let other = s.engine.open_elsewhere(&s.who, ino).map_err(engine_err)?;
+        Ok(other.is_some())
+    }
+
     fn holds(&self, ino: Ino) -> bool {
         self.0.holds(ino)
     }
