@@ -30,7 +30,7 @@
 //! newest one, and one that fell behind the trim loads it whole (as a follower does).
 //!
 //! What this version leaves out (say so in doc/VOLUMES.md): the rebuild (a member makes no
-//! new copies), and a file unlinked by one client while open on another (gone there).
+//! new copies), and the collection of extents a dead client allocated and never logged.
 
 mod ahead;
 mod catchup;
