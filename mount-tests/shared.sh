@@ -42,8 +42,15 @@ world"
   assert_eq "entries on A after B's rm -rf" "$(ls "$MNT")" "e"
   unmount_fs "$mnt2" || fail "unmount of B failed"
   unmount_fs "$MNT" || fail "unmount of A failed"
-  # The volume's memory stays with the servers until it is removed.
-  t "$BIN" volume rm sv --servers "$ADDRS" >/dev/null || fail "volume rm of the shared volume failed"
+  # The volume's memory stays with the servers until it is removed, with its namespace in
+  # Redis (named by --meta: without it the servers' memory is not freed under a namespace
+  # that names it).
+  must_fail "volume rm of a shared volume without --meta" "is shared: .*--meta" \
+    "$BIN" volume rm sv --servers "$ADDRS"
+  t "$BIN" volume rm sv --servers "$ADDRS" --meta "$REDIS_URL" >/dev/null ||
+    fail "volume rm of the shared volume failed"
+  must_fail "a mount of the removed volume" "no volume 'sv'" \
+    "$BIN" mount "$mnt2" --servers "$ADDRS" "${MOUNT_ARGS[@]}" --volume sv --meta "$REDIS_URL"
   local a left=0 n
   for a in ${ADDRS//,/ }; do
     n=$(server_field "$a" 's["extents"]') || fail "stats --server $a"
@@ -83,7 +90,8 @@ test_volume_shared_check() {
   unmount_fs "$mnt2" || fail "unmount of B failed"
   # A was evicted: its unmount must still end it.
   unmount_fs "$MNT" || fail "unmount of the evicted A failed"
-  t "$BIN" volume rm sc --servers "$ADDRS" >/dev/null || fail "volume rm of the shared volume failed"
+  t "$BIN" volume rm sc --servers "$ADDRS" --meta "$REDIS_URL" >/dev/null ||
+    fail "volume rm of the shared volume failed"
 }
 
 # A storm (tools/shared-storm.sh runs it ROUNDS times under CPU load): four processes, two per

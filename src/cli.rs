@@ -72,8 +72,15 @@ pub(crate) enum VolumeCmd {
     Ls,
     /// One volume in detail: its holder, each server's share, its checkpoint and journal.
     Status { name: String },
-    /// Remove a detached volume, freeing every extent of it on every server.
-    Rm { name: String },
+    /// Remove a detached volume, freeing every extent of it on every server (a shared
+    /// volume's namespace too, from its metadata engine, named by --meta).
+    Rm {
+        name: String,
+        /// The metadata engine of a shared volume (redis://HOST:PORT[/DB]): its keys are
+        /// removed first (refused while clients are mounted).
+        #[arg(long, value_name = "URL")]
+        meta: Option<String>,
+    },
     /// Copy a detached volume into DEST, a directory or s3://BUCKET/PREFIX (content-addressed
     /// chunks and a manifest written last; a second export into DEST copies only what
     /// changed). S3 takes AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION and

@@ -207,7 +207,7 @@ fn volume_cmd(action: VolumeCmd, servers: &[String], secret: Option<&Path>) -> R
     let text = match action {
         VolumeCmd::Ls => admin::ls(&addrs, &config)?,
         VolumeCmd::Status { name } => admin::status(&addrs, &config, &name)?,
-        VolumeCmd::Rm { name } => admin::rm(&addrs, &config, &name)?,
+        VolumeCmd::Rm { name, meta } => admin::rm(&addrs, &config, &name, meta.as_deref())?,
         VolumeCmd::Export { name, dest } => admin::export(&addrs, &config, &name, &dest)?,
         VolumeCmd::Import { src, name } => admin::import(&addrs, &config, &src, &name)?,
     };

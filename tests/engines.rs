@@ -276,6 +276,28 @@ fn open_marks(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     ));
 }
 
+/// Removing a volume: refused while a client's session lives, then every key goes (the
+/// volume is as if never made).
+fn removal(e: &dyn MetaEngine) {
+    assert!(e.create_volume(&["a:1".to_string()]).unwrap());
+    e.start_session("r", LONG).unwrap();
+    e.append("r", b"make", &[t(3, 0)], &[3], NONE, LONG)
+        .unwrap();
+    e.mark_open("r", 3).unwrap();
+    match e.remove_volume() {
+        Err(EngineError::InUse { live }) => assert_eq!(live, vec!["r".to_string()]),
+        other => panic!("a volume with a client was removed: {other:?}"),
+    }
+    assert_eq!(e.head().unwrap(), 1);
+    e.drop_session("r").unwrap();
+    e.remove_volume().unwrap();
+    assert_eq!(e.servers().unwrap(), None);
+    assert_eq!(e.head().unwrap(), 0);
+    assert_eq!(e.read_after(0, 10).unwrap(), Vec::new());
+    assert_eq!(e.format().unwrap(), None);
+    assert!(e.create_volume(&["b:2".to_string()]).unwrap());
+}
+
 /// A volume made now carries this build's format; one of format 1 (no format) is upgraded
 /// only while no other client is live, naming those that are.
 fn formats(made: &dyn MetaEngine, old: &dyn MetaEngine) {
@@ -509,6 +531,7 @@ fn the_in_memory_engine_keeps_the_contract() {
     engine_away(&MemEngine::new().with_away(AWAY), AWAY);
     let e = MemEngine::new();
     open_marks(&e, &e.clone());
+    removal(&MemEngine::new());
 }
 
 /// A short time away for [`engine_away`].
@@ -572,6 +595,24 @@ fn the_redis_engine_keeps_the_contract() {
             .with_away(AWAY),
         AWAY,
     );
+    open_marks(&*l("o"), &*l("o"));
+    removal(&*l("r"));
+    // Nothing of it is left in Redis but the keys of the one made again after.
+    let mut c = ::redis::Client::open(redis.url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = ::redis::cmd("DEL")
+        .arg("rmemfs:{r}:servers")
+        .arg("rmemfs:{r}:format")
+        .arg("rmemfs:{r}:turn")
+        .query(&mut c)
+        .unwrap();
+    let left: Vec<String> = ::redis::cmd("KEYS")
+        .arg("rmemfs:{r}:*")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(left, Vec::<String>::new());
     // A Redis that goes away is an error that says so, not a hang; back, it is used again.
     drop(redis);
     match a.head() {

@@ -204,7 +204,7 @@ fn removing_every_file_gives_the_memory_back_and_volume_rm_frees_the_rest() {
     // A crashed daemon's stock and everything else is the volume's until `volume rm`.
     assert!(rack.free().iter().sum::<u64>() < start.iter().sum::<u64>());
     let config = PoolConfig::default();
-    let out = rmemfs::volume::admin::rm(&rack.addrs(), &config, "vol").unwrap();
+    let out = rmemfs::volume::admin::rm(&rack.addrs(), &config, "vol", None).unwrap();
     assert!(out.contains("removed volume 'vol'"), "{out}");
     assert_eq!(
         rack.free(),

@@ -398,6 +398,22 @@ impl MetaEngine for MemEngine {
         Ok(())
     }
 
+    fn remove_volume(&self) -> Result<(), EngineError> {
+        let mut s = self.state.0.lock();
+        let mut live: Vec<String> = s
+            .sessions
+            .keys()
+            .filter(|w| live(&s.sessions, w))
+            .cloned()
+            .collect();
+        if !live.is_empty() {
+            live.sort();
+            return Err(EngineError::InUse { live });
+        }
+        *s = State::default();
+        Ok(())
+    }
+
     fn mark_open(&self, who: &str, ino: u64) -> Result<(), EngineError> {
         let mut s = self.state.0.lock();
         if !live(&s.sessions, who) {

@@ -99,6 +99,9 @@ pub enum EngineError {
     /// client lets it go (and drops it then).
     #[error("metadata engine: inode {key} is open on '{holder}'")]
     Held { key: u64, holder: String },
+    /// The volume has clients (their sessions live): it is not removed.
+    #[error("metadata engine: the volume has clients mounted ({}): unmount them first", live.join(", "))]
+    InUse { live: Vec<String> },
     /// A turn stayed with another client past the wait.
     #[error("metadata engine: the turn of inode {key} stayed with '{holder}' for {waited:?}")]
     TurnBusy {
@@ -261,6 +264,10 @@ pub trait MetaEngine: Send + Sync {
 
     /// The volume's memory servers in their order; none when this engine has no such volume.
     fn servers(&self) -> Result<Option<Vec<String>>, EngineError>;
+
+    /// Removes the volume: every key of it (`InUse`, removing nothing, while a client's
+    /// session lives).
+    fn remove_volume(&self) -> Result<(), EngineError>;
 
     /// The names of the volumes this engine's store holds (to name them when a mount asks
     /// for one it does not).

@@ -340,7 +340,10 @@ pub enum Message {
     Evict { tag: u64, who: String },
 }
 
-pub use volume::{ClaimMode, VolumeInfo, EXTENTS_PER_LIST, MAX_ROOT_LEN, MAX_VOLUMES_PER_LIST};
+pub use volume::{
+    ClaimMode, VolumeInfo, EXTENTS_PER_LIST, MAX_ROOT_LEN, MAX_VOLUMES_PER_LIST,
+    SHARED_VOLUME_HOLDER,
+};
 
 /// Why bytes could not be decoded into a [`Message`].
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -36,6 +36,10 @@ pub struct VolumeInfo {
     pub root: Vec<u8>,
 }
 
+/// The holder a shared volume's record names (it has members, no one holder): how `volume`
+/// commands tell it from a held one.
+pub const SHARED_VOLUME_HOLDER: &str = "many writers";
+
 /// Most extents one `ExtentList` carries (24 bytes each, well inside a frame).
 pub const EXTENTS_PER_LIST: usize = 2048;
 

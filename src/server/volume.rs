@@ -120,7 +120,7 @@ impl Volume {
     pub(super) fn shared(session_id: u64) -> Volume {
         Volume {
             shared: true,
-            ..Volume::new(session_id, 1, "many writers".into())
+            ..Volume::new(session_id, 1, crate::proto::SHARED_VOLUME_HOLDER.into())
         }
     }
 

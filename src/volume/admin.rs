@@ -127,11 +127,29 @@ pub fn status(addrs: &[SocketAddr], config: &PoolConfig, name: &str) -> Result<S
     Ok(out)
 }
 
-/// `volume rm NAME`: frees every extent of it on every server (refused while attached).
-pub fn rm(addrs: &[SocketAddr], config: &PoolConfig, name: &str) -> Result<String, String> {
+/// `volume rm NAME [--meta URL]`: frees every extent of it on every server (refused while
+/// attached); a shared volume's namespace goes from its metadata engine `meta` first (a
+/// shared volume without `meta` is refused: its namespace would name freed memory).
+pub fn rm(
+    addrs: &[SocketAddr],
+    config: &PoolConfig,
+    name: &str,
+    meta: Option<&str>,
+) -> Result<String, String> {
     let all = gather(addrs, config)?;
+    let mut out = String::new();
+    if let Some(url) = meta {
+        let engine = crate::engine::open(url, name)?;
+        if engine.servers().map_err(|e| e.to_string())?.is_some() {
+            engine.remove_volume().map_err(|e| e.to_string())?;
+            out += &format!("removed volume '{name}' from {}\n", engine.describe());
+        }
+    }
     let Some(a) = all.get(name) else {
-        return Err(unknown(name, &all));
+        return match out.is_empty() {
+            true => Err(unknown(name, &all)),
+            false => Ok(out),
+        };
     };
     let (v, live) = a.holder();
     if live {
@@ -140,16 +158,26 @@ pub fn rm(addrs: &[SocketAddr], config: &PoolConfig, name: &str) -> Result<Strin
             v.holder, v.epoch
         ));
     }
+    let shared =
+        a.on.iter()
+            .any(|(_, v)| v.holder == crate::proto::SHARED_VOLUME_HOLDER);
+    if shared && meta.is_none() {
+        return Err(format!(
+            "volume '{name}' is shared: its namespace is in its metadata engine, which would \
+             name memory freed here; remove both with `rmemfs volume rm {name} --meta URL`"
+        ));
+    }
     let mut freed = 0;
     for (addr, v) in &a.on {
         drop_volume(*addr, config, name).map_err(|e| e.to_string())?;
         freed += v.bytes;
     }
-    Ok(format!(
-        "removed volume '{name}': {} freed on {} servers\n",
-        format_size(freed),
-        a.on.len()
-    ))
+    Ok(out
+        + &format!(
+            "removed volume '{name}': {} freed on {} servers\n",
+            format_size(freed),
+            a.on.len()
+        ))
 }
 
 fn unknown(name: &str, all: &BTreeMap<String, Across>) -> String {

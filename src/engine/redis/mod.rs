@@ -424,6 +424,33 @@ impl MetaEngine for RedisEngine {
         })
     }
 
+    fn remove_volume(&self) -> Result<(), EngineError> {
+        let live: Vec<String> = self.with(|c| {
+            let t: (u64, u64) = ::redis::cmd("TIME").query(c)?;
+            let now = t.0 * 1000 + t.1 / 1000;
+            let all: Vec<(String, u64)> =
+                ::redis::cmd("HGETALL").arg(&self.keys.sessions).query(c)?;
+            Ok(all
+                .into_iter()
+                .filter(|(_, until)| *until >= now)
+                .map(|(w, _)| w)
+                .collect())
+        })?;
+        if !live.is_empty() {
+            return Err(EngineError::InUse { live });
+        }
+        // Every key of the volume shares its prefix (`rmemfs:{VOLUME}:`).
+        let prefix = self.keys.head.trim_end_matches("head").to_string();
+        let keys: Vec<String> = self.with(|c| {
+            let found = ::redis::Commands::scan_match::<_, String>(c, format!("{prefix}*"))?;
+            found.collect()
+        })?;
+        for batch in keys.chunks(512) {
+            self.with(|c| ::redis::cmd("DEL").arg(batch).query::<()>(c))?;
+        }
+        Ok(())
+    }
+
     fn mark_open(&self, who: &str, ino: u64) -> Result<(), EngineError> {
         let done: i64 = self.with(|c| {
             self.scripts
