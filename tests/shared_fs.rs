@@ -646,3 +646,34 @@ fn a_file_unlinked_elsewhere_stays_open_here() {
         rack.free() == free_at_start
     });
 }
+
+/// Memory a client allocated and never logged (it died between a write's allocation and its
+/// append) is collected once it is evicted; what its logged changes name stays.
+#[test]
+fn what_an_evicted_client_never_logged_is_collected() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    let c = client(&rack, Arc::new(engine.clone()), "c");
+    let data = bytes(9, 1 << 20);
+    c.create("kept", &data).unwrap();
+    a.shared.poll_now().unwrap();
+    let before = rack.free();
+    // A write's allocation, never appended: C dies here.
+    let pool = c.fs.data().pool().clone();
+    for _ in 0..3 {
+        pool.alloc(1 << 20).unwrap();
+    }
+    assert!(rack.free().iter().sum::<u64>() < before.iter().sum::<u64>());
+    // A live member's allocations are not listed (it may not have logged them yet).
+    let a_pool = a.fs.data().pool();
+    assert!(a_pool
+        .member_extents(rmemfs::fabric::ServerId(0), "c")
+        .is_err());
+    engine.heartbeat("c", Duration::ZERO).unwrap();
+    eventually("C's stray allocations are collected", || {
+        a.shared.poll_now().unwrap();
+        rack.free() == before
+    });
+    assert_eq!(read(&a.fs, "kept").unwrap(), data);
+}

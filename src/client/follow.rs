@@ -92,6 +92,35 @@ impl Pool {
         (done, self.servers.len())
     }
 
+    /// The extents of this pool's shared volume on server `id` that evicted member `who`
+    /// allocated and no one freed (`(addr, len, rkey)`).
+    pub fn member_extents(
+        &self,
+        id: crate::fabric::ServerId,
+        who: &str,
+    ) -> Result<Vec<(u64, u64, u64)>, super::PoolError> {
+        let s = self.server(id)?;
+        let mut all = Vec::new();
+        let mut after = 0;
+        loop {
+            match s.link().control.request(|tag| Message::MemberExtents {
+                tag,
+                who: who.to_string(),
+                after,
+            })? {
+                Message::ExtentList { extents, more, .. } => {
+                    let last = extents.last().map(|e| e.0);
+                    all.extend(extents);
+                    match (more, last) {
+                        (true, Some(l)) => after = l,
+                        _ => return Ok(all),
+                    }
+                }
+                other => return Err(unexpected(s.addr, &other)),
+            }
+        }
+    }
+
     /// The lowest journal sequence number every follower of this pool's volume has applied,
     /// over the live servers that answer (`u64::MAX`: none follows).
     pub fn follower_floor(&self) -> u64 {

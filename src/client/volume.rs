@@ -17,7 +17,7 @@
 use super::{control::ControlConn, Pool, PoolConfig, PoolError};
 use crate::fabric::RemoteRegion;
 use crate::proto::{ClaimMode, Message, RefusalCode, VolumeInfo};
-use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -82,6 +82,9 @@ pub struct FreeGate {
     /// Signalled when held frees go (an allocation on a full pool waits for them).
     released: Condvar,
     followers: Mutex<FollowersHeard>,
+    /// Every free waits for the floor, even one whose change is committed already (a shared
+    /// volume: its members may read by maps older than what this client applied).
+    always_floor: AtomicBool,
 }
 
 /// The followers' floor as last heard.
@@ -99,11 +102,31 @@ impl FreeGate {
     fn hold(&self, region: RemoteRegion) -> bool {
         let mut held = self.held.lock();
         let lsn = self.assigned.load(Ordering::SeqCst);
-        if lsn <= self.committed.load(Ordering::SeqCst) {
+        let committed = self.committed.load(Ordering::SeqCst);
+        let free_from = match self.always_floor.load(Ordering::SeqCst) {
+            true => self.release_limit(committed),
+            false => committed,
+        };
+        if lsn <= free_from {
             return false;
         }
         held.push_back((lsn, region));
         true
+    }
+
+    /// A gate whose every free waits for the floor (a shared volume's, see `always_floor`).
+    pub fn waiting_for_the_floor() -> FreeGate {
+        let gate = FreeGate::default();
+        gate.always_floor.store(true, Ordering::SeqCst);
+        gate
+    }
+
+    /// Keeps `region` until change `lsn` (or a later one held before it) is committed and
+    /// applied by every follower and member: memory nothing names any more as of `lsn`.
+    pub fn hold_after(&self, lsn: u64, region: RemoteRegion) {
+        let mut held = self.held.lock();
+        let lsn = held.back().map_or(lsn, |(l, _)| lsn.max(*l));
+        held.push_back((lsn, region));
     }
 
     /// Frees held back now.

@@ -496,6 +496,18 @@ impl Fs {
             .collect()
     }
 
+    /// Every copy the table's files name, as (server, address): memory in use.
+    pub fn named_extents(&self) -> std::collections::HashSet<(u32, u64)> {
+        let mut named = std::collections::HashSet::new();
+        for (_, f) in self.files_by_ino() {
+            let view = self.data.view(&f);
+            for c in view.values() {
+                named.extend(c.replicas().iter().map(|r| (r.server, r.addr)));
+            }
+        }
+        named
+    }
+
     /// Chunks by how many of their copies are on live servers. Taken file by file (the
     /// table's lock is not held while a file's chunk map is read).
     pub fn replica_health(&self) -> crate::data::ReplicaHealth {

@@ -217,6 +217,11 @@ impl Message {
                 tag: r.u64()?,
                 who: r.string("member name")?,
             },
+            tag::MEMBER_EXTENTS => Message::MemberExtents {
+                tag: r.u64()?,
+                who: r.string("member name")?,
+                after: r.u64()?,
+            },
             other => return Err(ProtoError::UnknownType(other)),
         };
         if !r.buf.is_empty() {

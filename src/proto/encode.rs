@@ -283,6 +283,12 @@ impl Message {
                 w.u64(*t);
                 w.string(who);
             }
+            Message::MemberExtents { tag: t, who, after } => {
+                w.u8(tag::MEMBER_EXTENTS);
+                w.u64(*t);
+                w.string(who);
+                w.u64(*after);
+            }
         }
         w.0
     }

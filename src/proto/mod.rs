@@ -338,6 +338,10 @@ pub enum Message {
     /// (its engine session ended): its connections are closed and the name is refused from
     /// then on. Answered `VolumeDone`.
     Evict { tag: u64, who: String },
+    /// Member to server: the extents of its shared volume that evicted member `who`
+    /// allocated and no one freed, above address `after` (the collection of what it never
+    /// logged). Answered `ExtentList`.
+    MemberExtents { tag: u64, who: String, after: u64 },
 }
 
 pub use volume::{

@@ -155,5 +155,10 @@ pub fn sample_messages() -> Vec<Message> {
             tag: 20,
             who: "host-b pid 77 session 4".into(),
         },
+        Message::MemberExtents {
+            tag: 21,
+            who: "host-b pid 77 session 4".into(),
+            after: 0x1000,
+        },
     ]
 }

@@ -37,6 +37,7 @@ pub(super) mod tag {
     pub const FOLLOWERS: u8 = 31;
     pub const FOLLOWER_FLOOR: u8 = 32;
     pub const EVICT: u8 = 33;
+    pub const MEMBER_EXTENTS: u8 = 34;
 }
 
 pub(super) struct Writer(pub(super) Vec<u8>);

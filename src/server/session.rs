@@ -275,6 +275,7 @@ impl Session {
             Message::FollowAt { tag, lsn } => return self.follow_at(tag, lsn),
             Message::Followers { tag } => return self.followers(tag),
             Message::Evict { tag, who } => return self.evict(tag, who),
+            Message::MemberExtents { tag, who, after } => self.member_extents(tag, &who, after),
             Message::Stat { tag } => Message::Stats {
                 tag,
                 capacity: self.shared.capacity(),
@@ -326,6 +327,7 @@ pub(super) fn kind(m: &Message) -> &'static str {
         Message::Followers { .. } => "Followers",
         Message::FollowerFloor { .. } => "FollowerFloor",
         Message::Evict { .. } => "Evict",
+        Message::MemberExtents { .. } => "MemberExtents",
     }
 }
 

@@ -116,6 +116,47 @@ impl Session {
             v.bytes += extent.len;
             v.parked.insert(addr, extent);
             v.extents = v.parked.len() as u64;
+            if let Some(me) = v.members.get(&self.conn) {
+                v.allocated_by.insert(addr, me.who.clone());
+            }
+        }
+    }
+
+    /// `MemberExtents`: the extents of the volume that evicted member `who` allocated and no
+    /// one freed, above `after` (refused for a member not evicted: a live one may not have
+    /// logged its newest yet).
+    pub(super) fn member_extents(&self, tag: u64, who: &str, after: u64) -> Message {
+        let Some(m) = self.member.as_ref() else {
+            return refuse(
+                tag,
+                RefusalCode::NoVolume,
+                "MemberExtents from a session that is no member of a shared volume".into(),
+            );
+        };
+        let vols = self.shared.volumes.lock();
+        let Some(v) = vols.get(&m.volume) else {
+            return refuse(tag, RefusalCode::NoVolume, "the volume was removed".into());
+        };
+        if !v.evicted.iter().any(|e| e == who) {
+            return refuse(
+                tag,
+                RefusalCode::NotFound,
+                format!("'{who}' is no evicted member of volume '{}'", m.volume),
+            );
+        }
+        let mut all: Vec<(u64, u64, u64)> = v
+            .allocated_by
+            .iter()
+            .filter(|(&a, by)| by.as_str() == who && (a > after || (after == 0 && a == 0)))
+            .filter_map(|(a, _)| v.parked.get(a).map(|e| (*a, e.len, e.mr.rkey())))
+            .collect();
+        all.sort_unstable();
+        let more = all.len() > crate::proto::EXTENTS_PER_LIST;
+        all.truncate(crate::proto::EXTENTS_PER_LIST);
+        Message::ExtentList {
+            tag,
+            extents: all,
+            more,
         }
     }
 
@@ -138,6 +179,7 @@ impl Session {
                 }
             }
             let e = v.parked.remove(&addr).expect("checked above");
+            v.allocated_by.remove(&addr);
             v.bytes -= e.len;
             v.extents = v.parked.len() as u64;
             e

@@ -67,6 +67,10 @@ pub(super) struct Volume {
     pub(super) shared: bool,
     pub(super) members: HashMap<u64, super::share::Member>,
     pub(super) evicted: Vec<String>,
+    /// Which member allocated each of a shared volume's extents (by address), so that the
+    /// extents of one evicted before it logged them can be collected
+    /// ([`super::share`]'s `member_extents`). Not kept across a backed server's restart.
+    pub(super) allocated_by: HashMap<u64, String>,
     /// Its extents were registered again under new keys since its holder last resumed (a
     /// backed server's restart on a fabric whose device issues keys).
     rekeyed: bool,
@@ -113,6 +117,7 @@ impl Volume {
             shared: false,
             members: HashMap::new(),
             evicted: Vec::new(),
+            allocated_by: HashMap::new(),
         }
     }
 

@@ -33,7 +33,7 @@ use crate::meta::Meta;
 use crate::sync::Arc;
 use journal::Writer;
 use root::Place;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 
 /// `host pid N` (and what it is doing, if not a mount): how a volume's holder is named
@@ -305,15 +305,8 @@ pub fn attach_then(
 /// one of `keep` (the old checkpoint and ring, freed once the new root is set). Returns how
 /// many.
 fn collect(fs: &Fs, keep: &[Place]) -> Result<usize, String> {
-    let mut named: HashSet<(u32, u64)> = keep.iter().map(|p| (p.server, p.addr)).collect();
-    for (_, f) in fs.files_by_ino() {
-        let view = fs.data().view(&f);
-        for c in view.values() {
-            for r in c.replicas() {
-                named.insert((r.server, r.addr));
-            }
-        }
-    }
+    let mut named = fs.named_extents();
+    named.extend(keep.iter().map(|p| (p.server, p.addr)));
     let pool = fs.data().pool();
     let mut freed = 0;
     for s in pool.status().iter().filter(|s| !s.failed) {

@@ -30,7 +30,7 @@
 //! newest one, and one that fell behind the trim loads it whole (as a follower does).
 //!
 //! What this version leaves out (say so in doc/VOLUMES.md): the rebuild (a member makes no
-//! new copies), and the collection of extents a dead client allocated and never logged.
+//! new copies).
 
 mod ahead;
 mod catchup;
@@ -133,6 +133,9 @@ struct State {
     marked: Mutex<HashMap<Ino, Instant>>,
     /// Inodes whose drop fell to this client (their marks went), settled by the poller.
     to_settle: Mutex<Vec<Ino>>,
+    /// Evicted clients whose unlogged allocations are still to be collected
+    /// ([`State::collect_evicted`]).
+    to_collect: Mutex<Vec<String>>,
     /// Set once the engine lost changes this table holds: every change and catch-up fails
     /// (EIO) naming it, for good.
     lost: Mutex<Option<String>>,
@@ -362,7 +365,7 @@ pub fn join(
     };
     // Shared once the engine's turns and locks are its own (below).
     let fs = Fs::with_meta(data, config.clone(), meta);
-    let gate = Arc::new(FreeGate::default());
+    let gate = Arc::new(FreeGate::waiting_for_the_floor());
     let (notify, told) = crossbeam_channel::unbounded::<Notice>();
     let locks = Arc::new(super::locks::EngineLocks::new(engine.clone(), who.clone()));
     let state = Arc::new(State {
@@ -383,6 +386,7 @@ pub fn join(
         tip: Mutex::new(None),
         marked: Mutex::new(HashMap::new()),
         to_settle: Mutex::new(Vec::new()),
+        to_collect: Mutex::new(Vec::new()),
         lost: Mutex::new(None),
         paused: AtomicBool::new(false),
     });

@@ -322,6 +322,7 @@ pub(super) fn poll_once(s: &State, fs: &Fs, wait: bool) -> std::result::Result<(
     };
     r.map_err(|e| e.message)?;
     s.settle_let_go(fs);
+    s.collect_evicted(fs);
     let pool = fs.data().pool();
     let applied = s.applied.load(Ordering::SeqCst);
     pool.follow_at(applied);

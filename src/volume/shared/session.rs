@@ -63,7 +63,62 @@ impl State {
             let marked = self.engine.marked_by(&gone).map_err(|e| e.to_string())?;
             self.engine.drop_session(&gone).map_err(|e| e.to_string())?;
             self.to_settle.lock().extend(marked);
+            // What it allocated and never logged: collected after the next catch-up.
+            self.to_collect.lock().push(gone);
         }
         Ok(())
+    }
+
+    /// Frees what evicted clients allocated and no change names: memory a client took for a
+    /// write and died before appending the write's change. Run after a catch-up that followed
+    /// their sessions' end, so the table holds every change they appended; each free waits
+    /// until every member has applied what this client has (a copy a change let go of is
+    /// freed by that change's client, and may still be read until then). A server that did
+    /// not answer is asked again by the next poll. How many extents went.
+    pub(super) fn collect_evicted(&self, fs: &Fs) -> usize {
+        let gone = std::mem::take(&mut *self.to_collect.lock());
+        if gone.is_empty() {
+            return 0;
+        }
+        let named = fs.named_extents();
+        let applied = self.applied.load(Ordering::SeqCst);
+        let pool = fs.data().pool();
+        let mut freed = 0;
+        for who in gone {
+            let mut answered = true;
+            for s in pool.status().iter().filter(|s| !s.failed) {
+                match pool.member_extents(s.id, &who) {
+                    Ok(extents) => {
+                        for (addr, len, rkey) in extents {
+                            if named.contains(&(s.id.0, addr)) {
+                                continue;
+                            }
+                            let region = crate::fabric::RemoteRegion {
+                                server: s.id,
+                                addr,
+                                len,
+                                rkey,
+                            };
+                            self.gate.hold_after(applied, region);
+                            freed += 1;
+                        }
+                    }
+                    Err(e) => {
+                        log::warn!("shared volume: what '{who}' left on {}: {e}", s.addr);
+                        answered = false;
+                    }
+                }
+            }
+            if !answered {
+                self.to_collect.lock().push(who.clone());
+            }
+            if freed > 0 {
+                log::warn!(
+                    "shared volume: '{who}' left {freed} extents no change names: freed once \
+                     every member has applied change {applied}"
+                );
+            }
+        }
+        freed
     }
 }
