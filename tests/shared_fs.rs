@@ -677,3 +677,47 @@ fn what_an_evicted_client_never_logged_is_collected() {
     });
     assert_eq!(read(&a.fs, "kept").unwrap(), data);
 }
+
+/// Copies lost with a server are made again on a shared volume, by one member at a time
+/// (the rebuilder, chosen through the engine), each file in its turn; every client sees the
+/// new copies, so a second server's loss loses nothing.
+#[test]
+fn copies_lost_with_a_server_are_made_again() {
+    use rmemfs::fabric::ServerId;
+    use rmemfs::upkeep::rebuild::{pass, Stop};
+    let mut rack = Rack::new(3);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client(&rack, engine.clone(), "a");
+    let b = client(&rack, engine, "b");
+    for i in 0..6 {
+        a.create(&format!("f{i}"), &bytes(i, 1 << 20)).unwrap();
+    }
+    b.shared.poll_now().unwrap();
+    // Server 2 is lost: both clients see their chunks short of a copy.
+    rack.stop(2);
+    for c in [&a, &b] {
+        c.fs.data().pool().cut(ServerId(2));
+    }
+    let short = a.fs.replica_health().degraded;
+    assert!(short > 0, "no chunk had a copy on server 2");
+    // One rebuilder: while A holds the role, B's pass makes no copy.
+    assert!(a.fs.may_rebuild());
+    let none = pass(&b.fs, 0, &Stop::default(), &Default::default());
+    assert_eq!(none.chunks_rebuilt, 0, "{none:?}");
+    let out = pass(&a.fs, 0, &Stop::default(), &Default::default());
+    assert_eq!(out.chunks_rebuilt, short, "{out:?}");
+    assert_eq!(a.fs.replica_health().degraded, 0);
+    b.shared.poll_now().unwrap();
+    let h = b.fs.replica_health();
+    assert_eq!((h.degraded, h.lost), (0, 0), "{h:?}");
+    // Server 1 goes too: B reads every file from the copies the rebuild made.
+    rack.stop(1);
+    b.fs.data().pool().cut(ServerId(1));
+    for i in 0..6 {
+        assert_eq!(
+            read(&b.fs, &format!("f{i}")).unwrap(),
+            bytes(i, 1 << 20),
+            "f{i}"
+        );
+    }
+}

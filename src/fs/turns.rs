@@ -57,6 +57,11 @@ pub trait Turns: Send + Sync {
     /// and no handle here).
     fn open_elsewhere(&self, ino: Ino) -> Result<bool>;
 
+    /// Whether this client is the volume's rebuilder now: one member at a time makes copies
+    /// again (taken, or renewed, through the engine without waiting; false while another
+    /// holds it).
+    fn rebuild_role(&self) -> bool;
+
     /// Brings the table up to date and tells the kernel everything it must forget before
     /// returning (a file lock granted); false if that failed. Only from a request whose
     /// caller holds no directory lock (the kernel's invalidation of a name waits for it).
@@ -120,6 +125,18 @@ impl Fs {
     /// none elsewhere.
     pub(super) fn file_turn(&self, ino: Ino) -> Result<Option<HeldTurn>> {
         self.turns.as_ref().map(|t| t.take(self, ino)).transpose()
+    }
+
+    /// Takes file `ino`'s turn on a shared volume (none elsewhere), catching up with it: no
+    /// other client changes the file while it is held (the rebuild's copy of a chunk).
+    pub fn take_file_turn(&self, ino: Ino) -> Result<Option<HeldTurn>> {
+        self.file_turn(ino)
+    }
+
+    /// Whether this mount makes copies again now: always, but on a shared volume only its
+    /// rebuilder ([`Turns::rebuild_role`]).
+    pub fn may_rebuild(&self) -> bool {
+        self.turns.as_ref().is_none_or(|t| t.rebuild_role())
     }
 
     /// New inodes take their numbers from `given` (a shared volume's engine gave them).

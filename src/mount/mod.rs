@@ -533,12 +533,9 @@ fn start_upkeep(
             rate: config.rebuild_rate,
             delay: config.rebuild_delay,
             detection: config.op_timeout,
-            // A follower's copies are the holder's to keep; a shared volume's member makes none
-            // yet (its first version).
-            rebuild: matches!(
-                config.namespace,
-                Namespace::Private | Namespace::Held { .. }
-            ),
+            // A follower's copies are the holder's to keep; a shared volume's are made again
+            // by one member at a time (`Fs::may_rebuild`), each file in its turn.
+            rebuild: !matches!(config.namespace, Namespace::Follower { .. }),
         },
         parts.upkeep.clone(),
     )

@@ -73,6 +73,22 @@ pub fn pass(fs: &Fs, rate: u64, stop: &Stop, stats: &RebuildStats) -> PassOutcom
     let mut last_progress = start;
     let mut out = PassOutcome::default();
     for (ino, file) in fs.files_by_ino() {
+        if data.view(&file).out_of_step().is_empty() {
+            continue;
+        }
+        // On a shared volume one member rebuilds (the role renewed before each file), each
+        // file in its turn: caught up with it, and no other client writes it meanwhile.
+        if !fs.may_rebuild() {
+            break;
+        }
+        let _turn = match fs.take_file_turn(ino) {
+            Ok(turn) => turn,
+            Err(e) => {
+                log::warn!("rebuild: inode {ino} waits for the next pass: {e}");
+                out.left_degraded += data.view(&file).degraded().len() as u64;
+                continue;
+            }
+        };
         let todo = data.view(&file).out_of_step();
         for idx in todo {
             if stop.is_stopped() {
@@ -170,7 +186,7 @@ const RECONNECT_TICK: Duration = Duration::from_millis(100);
 /// copies, and a chunk that had none elsewhere is lost (reads of it fail with EIO, never
 /// see the empty server's zeros). Returns the copies forgotten.
 pub fn forget_server(fs: &Fs, server: ServerId) -> u64 {
-    over_chunk_maps(fs, |io| io.forget_copies(server))
+    over_chunk_maps(fs, server, |io| io.forget_copies(server))
 }
 
 /// Server `server` came back from a backing file that may hold less than was written to it
@@ -185,7 +201,9 @@ pub fn let_go_of_behind_server(
     keys: Option<&std::collections::HashMap<u64, u64>>,
 ) -> (u64, u64) {
     let mut gone = Vec::new();
-    let kept = over_chunk_maps(fs, |io| io.let_go_of_behind_copies(server, keys, &mut gone));
+    let kept = over_chunk_maps(fs, server, |io| {
+        io.let_go_of_behind_copies(server, keys, &mut gone)
+    });
     if let Some(keys) = keys {
         rekey_journal(fs, server, keys);
     }
@@ -199,12 +217,27 @@ pub fn let_go_of_behind_server(
     (gone.len() as u64, kept)
 }
 
-/// Runs `change` over every file's chunk map, committing what it changed (journaled on a
-/// volume); the sum of what it returns.
-fn over_chunk_maps(fs: &Fs, mut change: impl FnMut(&mut crate::data::FileIo) -> u64) -> u64 {
+/// Runs `change` over the chunk map of every file with a copy on `server`, committing what
+/// it changed (journaled on a volume; on a shared volume in the file's turn, caught up with
+/// it); the sum of what it returns.
+fn over_chunk_maps(
+    fs: &Fs,
+    server: ServerId,
+    mut change: impl FnMut(&mut crate::data::FileIo) -> u64,
+) -> u64 {
+    let on_server =
+        |f: &crate::meta::FileData| fs.data().view(f).values().any(|c| c.on(server.0).is_some());
     fs.files_by_ino()
         .iter()
+        .filter(|(_, f)| on_server(f))
         .map(|(ino, f)| {
+            let _turn = match fs.take_file_turn(*ino) {
+                Ok(turn) => turn,
+                Err(e) => {
+                    log::error!("inode {ino}'s copies on {server} stay as they are: {e}");
+                    return 0;
+                }
+            };
             let mut io = fs.data().lock(f);
             let n = change(&mut io);
             fs.commit_extents(*ino, &mut io);
@@ -217,7 +250,7 @@ fn over_chunk_maps(fs: &Fs, mut change: impl FnMut(&mut crate::data::FileIo) -> 
 /// every chunk copy there and the journal's places there take them (journaled like any
 /// change of a chunk map). Returns how many chunk copies changed.
 pub fn rekey_server(fs: &Fs, server: ServerId, keys: &std::collections::HashMap<u64, u64>) -> u64 {
-    let n = over_chunk_maps(fs, |io| io.rekey_copies(server, keys));
+    let n = over_chunk_maps(fs, server, |io| io.rekey_copies(server, keys));
     rekey_journal(fs, server, keys);
     n
 }

@@ -10,6 +10,14 @@
 
 use super::*;
 
+/// The turn whose holder is the volume's rebuilder: a key no inode has.
+const REBUILD_ROLE: Ino = u64::MAX;
+
+/// The rebuilder's lease, renewed before each file it repairs: a rebuilder that dies hands
+/// the role on this long after; one that lost it (a long stall) stops before its next file,
+/// and whatever it copies meanwhile lands only under the file's own turn.
+const REBUILD_ROLE_LEASE: Duration = Duration::from_secs(30);
+
 /// One turn this client holds.
 struct Held {
     /// Until when it is surely this client's (as this client's clock measures from the
@@ -271,6 +279,21 @@ impl Turns for SharedTurns {
 
     fn take(&self, fs: &Fs, ino: Ino) -> Result<HeldTurn> {
         self.0.take_turn(fs, ino)
+    }
+
+    fn rebuild_role(&self) -> bool {
+        let s = &self.0;
+        match s
+            .engine
+            .take_turn(&s.who, REBUILD_ROLE, REBUILD_ROLE_LEASE, Duration::ZERO)
+        {
+            Ok(_) => true,
+            Err(EngineError::TurnBusy { .. }) => false,
+            Err(e) => {
+                log::warn!("shared volume: the rebuild waits: {e}");
+                false
+            }
+        }
     }
 
     fn opening(&self, ino: Ino) -> Result<()> {
