@@ -635,6 +635,58 @@ fn a_redis_that_is_not_there_is_named() {
     }
 }
 
+/// A Redis that evicts keys when full is refused, naming the setting.
+#[test]
+fn a_redis_that_evicts_keys_is_refused() {
+    let redis = Redis::start();
+    let mut c = ::redis::Client::open(redis.url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let set = |c: &mut ::redis::Connection, policy: &str| {
+        ::redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg(policy)
+            .query::<()>(c)
+            .unwrap()
+    };
+    set(&mut c, "allkeys-lru");
+    match RedisEngine::open(&redis.url, "vol") {
+        Err(e) => assert!(e.to_string().contains("noeviction"), "{e}"),
+        Ok(_) => panic!("a Redis that evicts keys was taken"),
+    }
+    set(&mut c, "volatile-lru");
+    RedisEngine::open(&redis.url, "vol").unwrap();
+}
+
+/// A Redis that asks for a password is reached with it in the URL (`redis://:PASS@HOST`),
+/// and refused, saying so, without it.
+#[test]
+fn a_redis_password_goes_in_the_url() {
+    let redis = Redis::start();
+    let mut c = ::redis::Client::open(redis.url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    ::redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("s3cret")
+        .query::<()>(&mut c)
+        .unwrap();
+    match RedisEngine::open(&redis.url, "vol") {
+        Err(e) => assert!(
+            e.to_string().contains("NOAUTH") || e.to_string().contains("auth"),
+            "{e}"
+        ),
+        Ok(_) => panic!("a Redis that asks for a password was reached without it"),
+    }
+    let with = redis.url.replacen("redis://", "redis://:s3cret@", 1);
+    let e = RedisEngine::open(&with, "vol").unwrap();
+    assert!(e.create_volume(&["a:1".to_string()]).unwrap());
+}
+
 /// `--meta` chooses the engine by its URL's scheme; one this build does not have is refused,
 /// naming the ones it has (not taken for Redis).
 #[test]

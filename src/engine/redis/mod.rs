@@ -117,8 +117,11 @@ impl RedisEngine {
             scripts: Scripts::new(),
             away: super::ENGINE_AWAY,
         };
-        engine.with(|_| Ok(()))?;
+        // A ping, not only a connection: a Redis that asks for a password (or refuses this
+        // user) says so at the mount, not at the first change.
+        engine.with(|c| ::redis::cmd("PING").query::<()>(c))?;
         engine.warn_without_aof();
+        engine.refuse_eviction()?;
         Ok(engine)
     }
 
@@ -141,6 +144,30 @@ impl RedisEngine {
                     self.url
                 );
             }
+        }
+    }
+
+    /// Refuses a Redis that evicts any key under memory pressure (`maxmemory-policy allkeys-*`):
+    /// it would drop log entries, versions or sessions of the namespace silently. Its keys have
+    /// no expiry, so the `volatile-*` policies leave them; with `noeviction` a full Redis
+    /// refuses the append, and the change fails (EIO) and is undone. (A Redis that hides
+    /// `CONFIG` is taken as it is.)
+    fn refuse_eviction(&self) -> Result<(), EngineError> {
+        let got: Result<Vec<String>, _> = self.with(|c| {
+            ::redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("maxmemory-policy")
+                .query(c)
+        });
+        match got.ok().and_then(|pair| pair.get(1).cloned()) {
+            Some(policy) if policy.starts_with("allkeys") => {
+                Err(EngineError::Unavailable(format!(
+                    "{}: Redis evicts keys when full (maxmemory-policy {policy}), which would \
+                     lose the volume's namespace; set maxmemory-policy noeviction",
+                    self.url
+                )))
+            }
+            _ => Ok(()),
         }
     }
 
