@@ -685,6 +685,25 @@ fn a_redis_password_goes_in_the_url() {
     let with = redis.url.replacen("redis://", "redis://:s3cret@", 1);
     let e = RedisEngine::open(&with, "vol").unwrap();
     assert!(e.create_volume(&["a:1".to_string()]).unwrap());
+    // Never shown: not in what names the engine, nor in an error.
+    assert!(!e.describe().contains("s3cret"), "{}", e.describe());
+    let bad = redis.url.replacen("redis://", "redis://:wrong@", 1);
+    match RedisEngine::open(&bad, "vol") {
+        Err(e) => assert!(!e.to_string().contains("wrong"), "{e}"),
+        Ok(_) => panic!("a wrong password was taken"),
+    }
+    // Or from the environment (RMEMFS_META_PASSWORD), off the command line.
+    let from_env = rmemfs::engine::with_password(&redis.url, Some("s3cret".into()));
+    let e = rmemfs::engine::open(&from_env, "vol").unwrap();
+    assert_eq!(e.servers().unwrap(), Some(vec!["a:1".to_string()]));
+    assert_eq!(
+        rmemfs::engine::with_password("redis://u:p@h:1", Some("x".into())),
+        "redis://u:p@h:1"
+    );
+    assert_eq!(
+        rmemfs::engine::redacted("redis://u:p@h:1/2"),
+        "redis://u:***@h:1/2"
+    );
 }
 
 /// `--meta` chooses the engine by its URL's scheme; one this build does not have is refused,

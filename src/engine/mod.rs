@@ -64,16 +64,51 @@ pub const FORMAT_1_FENCE: &str = "a client of shared format 2 (this volume was u
 pub const ENGINE_SCHEMES: &str = "redis://HOST[:PORT][/DB] or redis+unix:///PATH[?db=DB] \
      (Redis; TLS, `rediss://`, is not built in)";
 
+/// The environment variable a password for the engine may come in, so that it is not on the
+/// command line (where `ps` shows it): put into a URL that names none.
+pub const PASSWORD_VAR: &str = "RMEMFS_META_PASSWORD";
+
+/// `url` as messages show it: a password in it replaced by `***`.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let user = rest[..at].split_once(':').map_or("", |(u, _)| u);
+            format!("{scheme}://{user}:***@{}", &rest[at + 1..])
+        }
+        None => url.to_string(),
+    }
+}
+
+/// `url` with `password` (from [`PASSWORD_VAR`]) when it names none.
+pub fn with_password(url: &str, password: Option<String>) -> String {
+    let Some(password) = password else {
+        return url.to_string();
+    };
+    match url.split_once("://") {
+        Some((scheme, rest)) if !rest[..rest.find('/').unwrap_or(rest.len())].contains('@') => {
+            format!("{scheme}://:{password}@{rest}")
+        }
+        _ => url.to_string(),
+    }
+}
+
 /// Opens the engine `url` names for volume `volume`: the scheme chooses it. Any other scheme
-/// is refused, naming the ones there are.
+/// is refused, naming the ones there are. A password comes in the URL or in
+/// [`PASSWORD_VAR`]; no message shows it.
 pub fn open(url: &str, volume: &str) -> Result<crate::sync::Arc<dyn MetaEngine>, String> {
+    let url = &with_password(url, std::env::var(PASSWORD_VAR).ok());
     let scheme = url.split_once("://").map(|(s, _)| s);
     match scheme {
         Some("redis" | "redis+unix" | "unix") => Ok(crate::sync::Arc::new(
             redis::RedisEngine::open(url, volume).map_err(|e| e.to_string())?,
         )),
         _ => Err(format!(
-            "--meta {url}: no metadata engine for this URL; this rmemfs has {ENGINE_SCHEMES}"
+            "--meta {}: no metadata engine for this URL; this rmemfs has {ENGINE_SCHEMES}",
+            redacted(url)
         )),
     }
 }

@@ -45,6 +45,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One volume's keys on one Redis server.
 pub struct RedisEngine {
+    /// Its URL as messages show it (a password replaced by `***`).
     url: String,
     client: ::redis::Client,
     /// One connection, made again after a failure (requests are short and few per change).
@@ -88,11 +89,12 @@ impl RedisEngine {
     /// The engine for volume `volume` at `url` (`redis://HOST:PORT[/DB]`); connects once to
     /// say early if Redis is not there.
     pub fn open(url: &str, volume: &str) -> Result<RedisEngine, EngineError> {
+        let shown = super::redacted(url);
         let client = ::redis::Client::open(url)
-            .map_err(|e| EngineError::Unavailable(format!("{url}: {e}")))?;
+            .map_err(|e| EngineError::Unavailable(format!("{shown}: {e}")))?;
         let k = |what: &str| format!("rmemfs:{{{volume}}}:{what}");
         let engine = RedisEngine {
-            url: url.to_string(),
+            url: shown,
             client,
             conn: Mutex::new(None),
             waiting: Mutex::new(None),
