@@ -59,6 +59,34 @@ world"
   assert_eq "extents left on the servers after volume rm" "$left" 0
 }
 
+# The extents every server holds, summed.
+servers_extents() {
+  local a n sum=0
+  for a in ${ADDRS//,/ }; do
+    n=$(server_field "$a" 's["extents"]') || return 1
+    sum=$((sum + n))
+  done
+  echo "$sum"
+}
+
+# The servers' extents once frees under way are done: the same for 2 s (past a mark's linger
+# and a poll), within 20 s.
+settled_extents() {
+  local last now same=0
+  last=$(servers_extents) || return 1
+  for _ in $(seq 200); do
+    sleep 0.1
+    now=$(servers_extents) || return 1
+    if [ "$now" = "$last" ]; then
+      same=$((same + 1))
+      [ "$same" -ge 20 ] && { echo "$now"; return 0; }
+    else
+      same=0 last=$now
+    fi
+  done
+  return 1
+}
+
 # Many writers checked (mount-tests/shared_check.py), two mounts of one volume on Redis:
 # locks (flock and fcntl) exclude across clients and a blocked one is granted on release;
 # a blocked one ends at once when its process is killed or signalled (EINTR);
@@ -81,6 +109,18 @@ test_volume_shared_check() {
   echo "$out" >&2
   out=$(t python3 $check c2o "$MNT" "$mnt2" 24) || fail "close-to-open: $out"
   echo "$out" >&2
+  # A file unlinked on A while open on B: kept for B's handle, its memory back after.
+  local before after
+  before=$(settled_extents) || fail "the servers' extents never settled"
+  out=$(t python3 $check sustain "$MNT" "$mnt2" "${RMEMFS_TEST_SUSTAIN_SECS:-3}") ||
+    fail "sustain: $out"
+  echo "$out" >&2
+  for _ in $(seq 100); do
+    after=$(servers_extents) || fail "stats of the servers"
+    [ "$after" = "$before" ] && break
+    sleep 0.1
+  done
+  assert_eq "extents on the servers after the sustained file's last close" "$after" "$before"
   out=$(t python3 $check model "$MNT" "$mnt2" 4 40 "${RMEMFS_TEST_SEED:-1}") || fail "model: $out"
   echo "$out" >&2
   pid=$(daemon_pids "$MNT" | head -1)

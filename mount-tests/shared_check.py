@@ -15,6 +15,10 @@
   shared_check.py c2o A B ROUNDS
       Close-to-open: a file written and closed on one mount, opened on the other, reads every
       byte (sizes from 0 to 3 MiB, growing and shrinking, alternating sides).
+  shared_check.py sustain A B SECS
+      A file written on A is opened on B and unlinked on A: its name goes on both mounts,
+      and for SECS seconds B writes random spans through its handle and reads the whole file
+      back from the servers (its cached pages dropped first): every byte as written.
   shared_check.py model A B WORKERS OPS SEED
       WORKERS processes, alternately on A and B, each change a tree of their own and, under a
       flock of shared/.lock, a shared directory (creates, renames over names, unlinks, appends).
@@ -289,6 +293,42 @@ def check_c2o(a, b, rounds):
     print(f"close-to-open: {rounds} rounds, every byte seen on the other mount")
 
 
+def check_sustain(a, b, secs):
+    size = 4 << 20
+    data = bytearray(os.urandom(size))
+    write_file(f"{a}/sustained", data)
+    fd = os.open(f"{b}/sustained", os.O_RDWR)
+    rounds = 0
+    try:
+        os.unlink(f"{a}/sustained")
+        eventually("the unlinked name gone on B",
+                   lambda: "still listed" if "sustained" in os.listdir(b) else None)
+        rng = random.Random(3)
+        end = time.monotonic() + secs
+        while time.monotonic() < end:
+            off = rng.randrange(size)
+            n = min(rng.randrange(1, 1 << 16), size - off)
+            chunk = os.urandom(n)
+            if os.pwrite(fd, chunk, off) != n:
+                fail("a short write through the handle")
+            data[off:off + n] = chunk
+            # From the servers, not B's page cache.
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            got = os.pread(fd, size, 0)
+            if got != data:
+                bad = next(i for i in range(min(len(got), size)) if got[i] != data[i]) \
+                    if len(got) == size else len(got)
+                fail(f"round {rounds}: the unlinked file read through B's handle differs "
+                     f"at byte {bad}")
+            rounds += 1
+    except OSError as e:
+        fail(f"round {rounds}: {e} through B's handle of the file unlinked on A")
+    finally:
+        os.close(fd)
+    print(f"sustained: a file unlinked on A, read and written through B's handle for "
+          f"{secs:g} s ({rounds} rounds): every byte right")
+
+
 # --- the model checker ---
 
 def replay(log):
@@ -504,6 +544,8 @@ def main():
         check_interrupt(a, b, int(rest[0]))
     elif cmd == "c2o":
         check_c2o(a, b, int(rest[0]))
+    elif cmd == "sustain":
+        check_sustain(a, b, float(rest[0]))
     elif cmd == "model":
         check_model(a, b, int(rest[0]), int(rest[1]), int(rest[2]))
     elif cmd == "storm":
