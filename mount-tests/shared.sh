@@ -134,6 +134,68 @@ test_volume_shared_check() {
     fail "volume rm of the shared volume failed"
 }
 
+# Redis restarted under three writers (one per mount), its append-only file synced at every
+# write: changes made while it is down fail and are undone, every file a writer was told is
+# written (fsynced) reads back whole on every mount, and the mounts list the same names. Then
+# Redis comes back empty (its file lost): every mount stops changing the volume with EIO and
+# its log names the loss.
+test_volume_shared_redis() {
+  local aof=$BASE/redis-aof port mnts=() i out
+  command -v redis-server >/dev/null 2>&1 || ensure_packages redis-server:redis-server
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  mkdir -p "$aof"
+  redis_up() {
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly yes \
+      --appendfsync always --dir "$aof" >>"$BASE/logs/redis-aof.log" 2>&1 &
+    RR_PID=$!
+    for _ in $(seq 100); do
+      python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' \
+        "$port" 2>/dev/null && return 0
+      sleep 0.05
+    done
+    return 1
+  }
+  redis_up || fail "redis-server did not start"
+  # RR_PID (global: the trap runs after this function) is Redis's pid of the moment.
+  trap 'kill "${RR_PID:-}" 2>/dev/null || true' EXIT
+  local url=redis://127.0.0.1:$port
+  for i in 1 2 3; do
+    mnts+=("$BASE/mnt/volume_shared_redis$i")
+    made=(); [ "$i" = 1 ] && made=(--create)
+    mount_fs "${mnts[-1]}" "$ADDRS" --volume rr "${made[@]}" --meta "$url" \
+      --log-file "$BASE/logs/daemon-rr$i.log" || fail "mount $i failed"
+  done
+  local check=mount-tests/shared_check.py pids=()
+  for i in 0 1 2; do
+    python3 $check writers "${mnts[$i]}/d$i" 6 "$BASE/manifest$i" >"$BASE/logs/writers$i.log" 2>&1 &
+    pids+=($!)
+  done
+  sleep 2
+  kill -9 "$RR_PID"
+  wait "$RR_PID" 2>/dev/null || true
+  sleep 1
+  redis_up || fail "redis-server did not start again"
+  for p in "${pids[@]}"; do wait "$p" || fail "a writer failed: $(cat "$BASE"/logs/writers*.log)"; done
+  cat "$BASE"/logs/writers*.log >&2
+  for i in 0 1 2; do
+    out=$(t python3 $check verify "$BASE/manifest$i" "${mnts[@]}" -- "d$i") || fail "verify d$i: $out"
+    echo "$out" >&2
+  done
+  # Redis back empty: every mount stops (EIO), naming the loss.
+  kill -9 "$RR_PID"
+  wait "$RR_PID" 2>/dev/null || true
+  rm -rf "$aof"
+  mkdir -p "$aof"
+  redis_up || fail "redis-server did not start empty"
+  for i in 1 2 3; do
+    local m=${mnts[$((i - 1))]} log=$BASE/logs/daemon-rr$i.log
+    wait_log "$log" "lost changes" 10 || fail "mount $i did not name the loss: $(tail -3 "$log")"
+    must_fail "a change on mount $i after the loss" "Input/output error" touch "$m/after-loss"
+  done
+  for m in "${mnts[@]}"; do unmount_fs "$m" || fail "unmount of $m failed"; done
+  kill "$RR_PID" 2>/dev/null || true
+}
+
 # A storm (tools/shared-storm.sh runs it ROUNDS times under CPU load): four processes, two per
 # mount, make and remove 1,500 files each in one directory with no lock (past a checkpoint of
 # the engine's log); nothing may hang, and the directory must end empty on both mounts.

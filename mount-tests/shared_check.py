@@ -19,6 +19,13 @@
       A file written on A is opened on B and unlinked on A: its name goes on both mounts,
       and for SECS seconds B writes random spans through its handle and reads the whole file
       back from the servers (its cached pages dropped first): every byte as written.
+  shared_check.py writers DIR SECS MANIFEST
+      Writes files into DIR for SECS seconds (random sizes, each fsynced and closed); each
+      one the file system acknowledged (every call succeeded) is added to MANIFEST (outside
+      the mounts) with its digest; failures (EIO while the engine is away) are counted.
+  shared_check.py verify MANIFEST MOUNT... -- DIR
+      Every file of MANIFEST (written under DIR of the first mount) reads back with its digest
+      on every mount, and DIR lists the same names on every mount.
   shared_check.py model A B WORKERS OPS SEED
       WORKERS processes, alternately on A and B, each change a tree of their own and, under a
       flock of shared/.lock, a shared directory (creates, renames over names, unlinks, appends).
@@ -329,6 +336,53 @@ def check_sustain(a, b, secs):
           f"{secs:g} s ({rounds} rounds): every byte right")
 
 
+def check_writers(d, secs, manifest):
+    import hashlib
+    os.makedirs(d, exist_ok=True)
+    rng = random.Random(os.getpid())
+    n = failed = 0
+    end = time.monotonic() + secs
+    with open(manifest, "a") as m:
+        while time.monotonic() < end:
+            name = f"w{n}"
+            n += 1
+            data = os.urandom(rng.randrange(1, 256 << 10))
+            try:
+                fd = os.open(f"{d}/{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError:
+                failed += 1
+                time.sleep(0.05)
+                continue
+            m.write(f"{name} {hashlib.sha256(data).hexdigest()}\n")
+            m.flush()
+    print(f"writers: {n - failed} files acknowledged, {failed} refused")
+
+
+def check_verify(manifest, mounts, d):
+    import hashlib
+    with open(manifest) as m:
+        entries = [line.split() for line in m if line.strip()]
+    for mnt in mounts:
+        for name, digest in entries:
+            got = hashlib.sha256(read_file(f"{mnt}/{d}/{name}")).hexdigest()
+            if got != digest:
+                fail(f"{mnt}/{d}/{name}: acknowledged bytes differ")
+    listings = {mnt: sorted(os.listdir(f"{mnt}/{d}")) for mnt in mounts}
+    first = listings[mounts[0]]
+    for mnt, names in listings.items():
+        if names != first:
+            fail(f"{d} lists {len(names)} names on {mnt}, {len(first)} on {mounts[0]}")
+    print(f"verify: {len(entries)} acknowledged files of {d} whole on {len(mounts)} mounts, "
+          f"listings equal")
+
+
 # --- the model checker ---
 
 def replay(log):
@@ -536,6 +590,11 @@ except OSError as e:
 
 
 def main():
+    if sys.argv[1] == "writers":
+        return check_writers(sys.argv[2], float(sys.argv[3]), sys.argv[4])
+    if sys.argv[1] == "verify":
+        split = sys.argv.index("--")
+        return check_verify(sys.argv[2], sys.argv[3:split], sys.argv[split + 1])
     cmd, a, b = sys.argv[1:4]
     rest = sys.argv[4:]
     if cmd == "locks":
