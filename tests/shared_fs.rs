@@ -721,3 +721,58 @@ fn copies_lost_with_a_server_are_made_again() {
         );
     }
 }
+
+/// One memory server frozen past a session's lease (a mount's op timeout is as long: every
+/// request to it waits that long) while the clients keep working: their heartbeats, on a
+/// thread of their own, keep every healthy session alive, so no client is evicted.
+#[test]
+fn a_frozen_memory_server_expires_no_healthy_session() {
+    use rmemfs::volume::shared::SESSION_TTL;
+    let rack = Rack::new(2);
+    let relay = common::Relay::start(rack.servers[1].local_addr());
+    let addrs = vec![rack.addrs()[0], relay.addr];
+    let engine = MemEngine::new();
+    let join = |who: &str| {
+        let spec = VolumeSpec {
+            name: "sh".into(),
+            holder: who.into(),
+            create: false,
+            takeover: false,
+            role: VolumeRole::Share,
+        };
+        let data = rack
+            .store_waiting(&addrs, spec, 2, SESSION_TTL + Duration::from_secs(2))
+            .unwrap();
+        let (fs, shared) = shared::join(
+            data,
+            FsConfig::default(),
+            Arc::new(engine.clone()),
+            who.into(),
+        )
+        .unwrap();
+        Client { fs, shared }
+    };
+    let (a, b) = (join("a"), join("b"));
+    a.create("f", b"before").unwrap();
+    // A witness beats throughout, so the engine is not taken for away.
+    engine
+        .start_session("witness", Duration::from_secs(60))
+        .unwrap();
+    let frozen = relay.freeze();
+    let until = std::time::Instant::now() + SESSION_TTL + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        engine
+            .heartbeat("witness", Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(
+            engine.expired_sessions().unwrap(),
+            Vec::<String>::new(),
+            "a healthy client's session ran out while a server was frozen"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(frozen);
+    b.shared.poll_now().unwrap();
+    assert_eq!(read(&b.fs, "f").unwrap(), b"before");
+    drop((a, b));
+}

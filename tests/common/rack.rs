@@ -65,11 +65,22 @@ impl Rack {
         spec: VolumeSpec,
         replicas: usize,
     ) -> Result<DataStore, String> {
+        self.store_waiting(addrs, spec, replicas, Duration::from_secs(5))
+    }
+
+    /// [`Rack::store`] whose requests wait `timeout` for a server (a mount's op timeout).
+    pub fn store_waiting(
+        &self,
+        addrs: &[SocketAddr],
+        spec: VolumeSpec,
+        replicas: usize,
+        timeout: Duration,
+    ) -> Result<DataStore, String> {
         let pool = Pool::connect(
             self.net.node(),
             addrs,
             &PoolConfig {
-                timeout: Duration::from_secs(5),
+                timeout,
                 volume: Some(spec),
                 ..PoolConfig::default()
             },
