@@ -776,3 +776,41 @@ fn a_frozen_memory_server_expires_no_healthy_session() {
     assert_eq!(read(&b.fs, "f").unwrap(), b"before");
     drop((a, b));
 }
+
+/// A memory server restarted empty under a shared volume: the members forget the copies it
+/// held (each file in its turn) before they use it again, and the rebuilder makes them again
+/// there or elsewhere; every file reads whole.
+#[test]
+fn a_server_back_empty_is_forgotten_and_rebuilt_onto() {
+    use rmemfs::client::Rejoin;
+    use rmemfs::fabric::ServerId;
+    use rmemfs::upkeep::rebuild::{forget_server, pass, Stop};
+    let mut rack = Rack::new(3);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client(&rack, engine.clone(), "a");
+    let b = client(&rack, engine, "b");
+    for i in 0..6 {
+        a.create(&format!("f{i}"), &bytes(i, 1 << 20)).unwrap();
+    }
+    b.shared.poll_now().unwrap();
+    rack.restart(1);
+    for c in [&a, &b] {
+        let pool = c.fs.data().pool().clone();
+        pool.cut(ServerId(1));
+        assert_eq!(pool.try_reconnect(ServerId(1)), Some(Rejoin::Empty));
+        forget_server(&c.fs, ServerId(1));
+        pool.admit(ServerId(1));
+    }
+    let out = pass(&a.fs, 0, &Stop::default(), &Default::default());
+    assert!(out.chunks_rebuilt > 0, "{out:?}");
+    b.shared.poll_now().unwrap();
+    let h = b.fs.replica_health();
+    assert_eq!((h.degraded, h.lost), (0, 0), "{h:?}");
+    for i in 0..6 {
+        assert_eq!(
+            read(&b.fs, &format!("f{i}")).unwrap(),
+            bytes(i, 1 << 20),
+            "f{i}"
+        );
+    }
+}
