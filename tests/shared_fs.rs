@@ -414,7 +414,7 @@ fn format_1_volumes_are_upgraded_when_no_old_client_is_live() {
     );
     let why = refused.err().expect("joined beside a live format-1 client");
     assert!(
-        why.contains("old") && why.contains("format 1") && why.contains("format 2"),
+        why.contains("old") && why.contains("format 1") && why.contains("format 3"),
         "{why}"
     );
     engine.drop_session("old").unwrap();
@@ -425,6 +425,42 @@ fn format_1_volumes_are_upgraded_when_no_old_client_is_live() {
     );
     c.mkdir("d").unwrap();
     assert!(resolve(&c.fs, "d").is_ok());
+}
+
+/// A volume of format 2 (a build before files open were marked: its clients drop a file
+/// another client has open) is upgraded by this build only once no other client is live:
+/// the two never write it at once.
+#[test]
+fn format_2_volumes_are_upgraded_when_no_old_client_is_live() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::format_2(&[]);
+    engine
+        .start_session("old", Duration::from_secs(60))
+        .unwrap();
+    let spec = VolumeSpec {
+        name: "sh".into(),
+        holder: "new".into(),
+        create: false,
+        takeover: false,
+        role: VolumeRole::Share,
+    };
+    let data = rack.store(&rack.addrs(), spec, 2).unwrap();
+    let refused = shared::join(
+        data,
+        FsConfig::default(),
+        Arc::new(engine.clone()),
+        "new".into(),
+    );
+    let why = refused.err().expect("joined beside a live format-2 client");
+    assert!(
+        why.contains("old") && why.contains("format 2") && why.contains("format 3"),
+        "{why}"
+    );
+    assert_eq!(engine.format().unwrap(), Some(2));
+    engine.drop_session("old").unwrap();
+    let c = client(&rack, Arc::new(engine.clone()), "new");
+    assert_eq!(engine.format().unwrap(), Some(3));
+    c.mkdir("d").unwrap();
 }
 
 /// A write whose change the engine refused (unreachable) leaves nothing behind on its client:

@@ -102,6 +102,13 @@ impl MemEngine {
         e
     }
 
+    /// An engine holding a volume of format 2, as a build before format 3 made it.
+    pub fn format_2(servers: &[String]) -> MemEngine {
+        let e = MemEngine::format_1(servers);
+        e.state.0.lock().format = Some(2);
+        e
+    }
+
     /// Makes the next `times` calls of operation `op` (`"append"`, `"swap_locks"`,
     /// `"heartbeat"`, `"read_after"`, `"head"`) fail as an unreachable engine's would.
     pub fn fail_next(&self, op: &'static str, times: u32) {
@@ -333,7 +340,8 @@ impl MetaEngine for MemEngine {
 
     fn upgrade(&self, who: &str) -> Result<(), EngineError> {
         let mut s = self.state.0.lock();
-        if s.format.is_some() {
+        let found = s.format.unwrap_or(1);
+        if found >= SHARED_FORMAT {
             return Ok(());
         }
         let mut live_others: Vec<String> = s
@@ -345,7 +353,7 @@ impl MetaEngine for MemEngine {
         if !live_others.is_empty() {
             live_others.sort();
             return Err(EngineError::Format {
-                found: 1,
+                found,
                 ours: SHARED_FORMAT,
                 live: live_others,
             });

@@ -42,11 +42,14 @@ pub mod redis;
 use crate::meta::locks::LockTable;
 use std::time::Duration;
 
-/// The shared-volume format this build speaks: 2, parallel changes (each append checked
-/// against the versions of what it touches). Format 1 (one write turn for every change)
-/// had no format key; a volume made by it is upgraded by the first client of this build
-/// once no client of the old one is live ([`MetaEngine::upgrade`]).
-pub const SHARED_FORMAT: u32 = 2;
+/// The shared-volume format this build speaks: 3, files open on a client marked in the
+/// engine (a drop of one refused while another client holds it, [`Marks`]). Format 2 had
+/// the same records and parallel changes, but its clients drop a file another client has
+/// open, so the two never write one volume at once. Format 1 (one write turn for every
+/// change) had no format key. A volume of an older format is upgraded by the first client
+/// of this build once no other client is live ([`MetaEngine::upgrade`]); a client of an
+/// older build then refuses it, naming its format.
+pub const SHARED_FORMAT: u32 = 3;
 
 /// No session's heartbeat reached the engine for this long (clients beat every second,
 /// `volume::shared::HEARTBEAT_EVERY`): the engine was away (restarted, failed over,
@@ -57,8 +60,8 @@ pub const ENGINE_AWAY: Duration = Duration::from_secs(5);
 
 /// What a format-1 client sees holding the old global write turn once a volume is upgraded
 /// (it waits for that turn, then fails naming it).
-pub const FORMAT_1_FENCE: &str = "a client of shared format 2 (this volume was upgraded: \
-     mount it with an rmemfs that speaks shared format 2)";
+pub const FORMAT_1_FENCE: &str = "a client of a newer shared format (this volume was \
+     upgraded: mount it with an rmemfs that speaks its format)";
 
 /// The URL schemes of the engines this build has (`--meta`).
 pub const ENGINE_SCHEMES: &str = "redis://HOST[:PORT][/DB] or redis+unix:///PATH[?db=DB] \
@@ -269,9 +272,10 @@ pub trait MetaEngine: Send + Sync {
     /// The volume's format: none for a volume of format 1 (which kept none).
     fn format(&self) -> Result<Option<u32>, EngineError>;
 
-    /// Makes a format-1 volume one of [`SHARED_FORMAT`] (`Format` naming the live clients
-    /// other than `who` if any: they speak the old format), and fences format-1 clients out
-    /// ([`FORMAT_1_FENCE`]). Nothing if it is in this format already.
+    /// Makes a volume of an older format (none: format 1) one of [`SHARED_FORMAT`] (`Format`
+    /// naming the live clients other than `who` if any: they may speak the old format), and
+    /// fences older clients out ([`FORMAT_1_FENCE`], and the servers' format line). Nothing
+    /// if it is in this format (or a newer one) already.
     fn upgrade(&self, who: &str) -> Result<(), EngineError>;
 
     /// Starts session `who`, to live `ttl` unless renewed.

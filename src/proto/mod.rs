@@ -17,9 +17,9 @@ mod encode;
 mod volume;
 mod wire;
 
-/// Wire protocol version; bumped on any incompatible change (6: `Stats` says what the asking
-/// session holds, for a drain to know when a server holds nothing of the mount).
-pub const PROTOCOL_VERSION: u16 = 9;
+/// Wire protocol version; bumped on any incompatible change (10: `MemberExtents`, what an
+/// evicted member of a shared volume allocated, for its collection).
+pub const PROTOCOL_VERSION: u16 = 10;
 
 /// Magic at the start of `Hello`, so a stray client (HTTP, a port scanner) is rejected at once.
 pub const HELLO_MAGIC: u32 = 0x524d_4653; // "RMFS"

@@ -341,7 +341,7 @@ pub fn join(
         .map_err(|e| e.to_string())?;
     match engine.format().map_err(|e| e.to_string())? {
         Some(SHARED_FORMAT) => {}
-        Some(found) => {
+        Some(found) if found > SHARED_FORMAT => {
             return Err(EngineError::Format {
                 found,
                 ours: SHARED_FORMAT,
@@ -349,11 +349,13 @@ pub fn join(
             }
             .to_string())
         }
-        None => {
+        // An older format (none: format 1): upgraded once no other client is live.
+        older => {
+            let found = older.unwrap_or(1);
             engine.upgrade(&who).map_err(|e| e.to_string())?;
             log::warn!(
-                "shared volume on {}: upgraded from format 1 to {SHARED_FORMAT} (clients of \
-                 an older rmemfs can no longer change it)",
+                "shared volume on {}: upgraded from format {found} to {SHARED_FORMAT} \
+                 (clients of an older rmemfs can no longer change it)",
                 engine.describe()
             );
         }

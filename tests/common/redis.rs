@@ -14,13 +14,25 @@ pub struct Redis {
 }
 
 impl Redis {
+    /// Starts one on a free port. Tests start several at once, so a port may be taken
+    /// between its choice and the server's bind: the server that answers must be this one
+    /// (its `process_id`), else another port is tried.
     pub fn start() -> Redis {
+        for _ in 0..10 {
+            if let Some(redis) = Redis::try_start() {
+                return redis;
+            }
+        }
+        panic!("redis-server never listened on a port of its own");
+    }
+
+    fn try_start() -> Option<Redis> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let child = Command::new("redis-server")
+        let mut child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())
@@ -30,12 +42,42 @@ impl Redis {
             });
         let url = format!("redis://127.0.0.1:{port}/0");
         let deadline = Instant::now() + LONG;
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        loop {
+            if child.try_wait().ok().flatten().is_some() {
+                return None; // it could not bind: another took the port
+            }
+            if let Some(pid) = server_pid(port) {
+                if pid == child.id() {
+                    return Some(Redis { child, url });
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
             assert!(Instant::now() < deadline, "redis-server did not listen");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Redis { child, url }
     }
+}
+
+/// The process id of the Redis answering on `port` (none: nothing answers yet).
+fn server_pid(port: u16) -> Option<u32> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    conn.write_all(b"INFO server\r\n").ok()?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("process_id:") || !got.ends_with(b"\r\n") {
+        let n = conn.read(&mut buf).ok()?;
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    let line = text.lines().find(|l| l.starts_with("process_id:"))?;
+    line["process_id:".len()..].trim().parse().ok()
 }
 
 impl Drop for Redis {

@@ -37,7 +37,11 @@ use std::time::Duration;
 /// A last line of the `servers` key of a volume in shared format 2 or later, which this
 /// build skips: a format-1 client reads it as one more server, so it refuses to mount, naming
 /// the volume's servers with this line among them (its list never matches a mount's).
-const SERVERS_FORMAT_LINE: &str = "(shared format 2: mount with an rmemfs that speaks it)";
+const SERVERS_FORMAT_LINE: &str = "(shared format 3: mount with an rmemfs that speaks it)";
+
+/// How every format line starts (an older one, left by a build that upgraded the volume
+/// before this one, is skipped as well).
+const SERVERS_FORMAT_PREFIX: &str = "(shared format";
 
 /// How long a request to Redis may take before the engine counts as unavailable: a live
 /// Redis answers in well under a millisecond here; this covers a loaded one.
@@ -403,7 +407,7 @@ impl MetaEngine for RedisEngine {
         match live.is_empty() {
             true => Ok(()),
             false => Err(EngineError::Format {
-                found: 1,
+                found: self.format()?.unwrap_or(1),
                 ours: SHARED_FORMAT,
                 live,
             }),
@@ -572,7 +576,7 @@ impl MetaEngine for RedisEngine {
             self.with(|c| ::redis::cmd("GET").arg(&self.keys.servers).query(c))?;
         Ok(stored.map(|list| {
             list.lines()
-                .filter(|l| *l != SERVERS_FORMAT_LINE)
+                .filter(|l| !l.starts_with(SERVERS_FORMAT_PREFIX))
                 .map(str::to_string)
                 .collect()
         }))

@@ -173,7 +173,8 @@ return 0
 /// format line. Returns the live sessions other than `who` (none: upgraded, or in a format
 /// already).
 const UPGRADE: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 1 then return {} end
+local found = tonumber(redis.call('GET', KEYS[1]) or '1')
+if found >= tonumber(ARGV[2]) then return {} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local all = redis.call('HGETALL', KEYS[2])
@@ -185,7 +186,14 @@ if #others > 0 then return others end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[3], ARGV[3])
 local servers = redis.call('GET', KEYS[4])
-if servers then redis.call('SET', KEYS[4], servers .. '\n' .. ARGV[4]) end
+if servers then
+  local kept = {}
+  for line in string.gmatch(servers, '[^\n]+') do
+    if string.sub(line, 1, 14) ~= '(shared format' then table.insert(kept, line) end
+  end
+  table.insert(kept, ARGV[4])
+  redis.call('SET', KEYS[4], table.concat(kept, '\n'))
+end
 return {}
 "#;
 
