@@ -196,6 +196,105 @@ test_volume_shared_redis() {
   kill "$RR_PID" 2>/dev/null || true
 }
 
+# Clients killed and memory servers lost under writers (issue 45's loop; bounded here,
+# longer in tools/shared-kill-loop.sh): three mounts of one volume (two copies of each chunk)
+# each run a writer that records every file it fsynced in a manifest outside the mounts; for
+# RMEMFS_KILL_LOOP_SECS (default 20) a random mount's daemon is killed with SIGKILL every 3 s
+# and mounted again, and twice a memory server is killed and started empty on its address.
+# Then: every fsynced file of every writer whole on every mount, every chunk back at two
+# copies (the rebuild), and after `rm -rf` and `volume rm --meta` every server's memory back
+# and no key of the volume left in Redis.
+test_volume_shared_kill_loop() {
+  local secs=${RMEMFS_KILL_LOOP_SECS:-20} mnts=() i out check=mount-tests/shared_check.py
+  local addrs=() started=() writers=() restarted=0 killed=0
+  IFS=, read -r -a addrs <<<"$ADDRS"
+  start_redis
+  # shellcheck disable=SC2064 # the list is meant to be expanded at exit
+  trap 'for p in "${started[@]}"; do kill -9 "$p" 2>/dev/null; done; kill "$REDIS_PID" 2>/dev/null || true' EXIT
+  remount() {
+    local n=$1 made=()
+    [ "${2:-}" = create ] && made=(--create)
+    mount_fs "${mnts[$n]}" "$ADDRS" --volume kl "${made[@]}" --meta "$REDIS_URL" --replicas 2 \
+      --rebuild-delay 1 --log-file "$BASE/logs/daemon-kl$n.log"
+  }
+  for i in 0 1 2; do
+    mnts+=("$BASE/mnt/volume_shared_kill_loop$i")
+    if [ "$i" = 0 ]; then remount 0 create || fail "mount 0 failed"; else remount "$i" || fail "mount $i failed"; fi
+  done
+  for i in 0 1 2; do
+    python3 $check writers "${mnts[$i]}/w$i" "$((secs + 2))" "$BASE/manifest$i" \
+      >"$BASE/logs/kl-writer$i.log" 2>&1 &
+    writers+=($!)
+  done
+  local end=$((SECONDS + secs)) round=0 victim pid server
+  while [ "$SECONDS" -lt "$end" ]; do
+    sleep 3
+    round=$((round + 1))
+    if [ $((round % 3)) = 2 ] && [ "$restarted" -lt 2 ]; then
+      # A memory server killed and started empty on its address.
+      server=$((restarted % ${#addrs[@]}))
+      kill -9 "${TEST_PIDS[$server]}" 2>/dev/null || true
+      for p in "${started[@]}"; do
+        [ "$(ps -o args= -p "$p" 2>/dev/null)" = "" ] && continue
+        ps -o args= -p "$p" | grep -q -- "--listen ${addrs[$server]} " && kill -9 "$p"
+      done
+      sleep 0.5
+      "$BIN" serve --listen "${addrs[$server]}" --size 256M "${SERVE_ARGS[@]}" \
+        >>"$BASE/logs/kl-server$server.log" 2>&1 </dev/null &
+      started+=($!)
+      restarted=$((restarted + 1))
+      log "round $round: server ${addrs[$server]} killed and started empty"
+      continue
+    fi
+    victim=$((RANDOM % 3))
+    pid=$(daemon_pids "${mnts[$victim]}" | head -1)
+    [ -n "$pid" ] || fail "no daemon for mount $victim"
+    kill -9 "$pid"
+    wait_daemon_gone "${mnts[$victim]}" 10 || fail "mount $victim's daemon outlived kill -9"
+    umount -l "${mnts[$victim]}" 2>/dev/null || true
+    remount "$victim" || fail "mount $victim again after its kill failed"
+    killed=$((killed + 1))
+  done
+  for p in "${writers[@]}"; do wait "$p" || fail "a writer failed: $(cat "$BASE"/logs/kl-writer*.log)"; done
+  cat "$BASE"/logs/kl-writer*.log >&2
+  log "$killed clients killed and mounted again, $restarted servers started empty"
+  # Every chunk back at two copies: the rebuild (its delay 1 s) on every mount's view.
+  local short
+  for _ in $(seq 120); do
+    short=0
+    for m in "${mnts[@]}"; do
+      n=$(stats_field "$m" 's["chunks"]["degraded"] + s["chunks"]["lost"]') || n=1
+      short=$((short + n))
+    done
+    [ "$short" = 0 ] && break
+    sleep 0.5
+  done
+  assert_eq "chunks short of copies after the rebuild" "$short" 0
+  for i in 0 1 2; do
+    out=$(t python3 $check verify "$BASE/manifest$i" "${mnts[@]}" -- "w$i") || fail "verify w$i: $out"
+    echo "$out" >&2
+  done
+  must "rm -rf on mount 0" rm -rf "${mnts[0]}/w0" "${mnts[0]}/w1" "${mnts[0]}/w2"
+  for m in "${mnts[@]}"; do unmount_fs "$m" || fail "unmount of $m failed"; done
+  # Clients killed last may still have sessions: they run out and the volume is removed.
+  for _ in $(seq 40); do
+    "$BIN" volume rm kl --servers "$ADDRS" --meta "$REDIS_URL" >"$BASE/logs/kl-rm.log" 2>&1 && break
+    sleep 0.5
+  done
+  grep -q "removed volume 'kl'" "$BASE/logs/kl-rm.log" || fail "volume rm: $(cat "$BASE/logs/kl-rm.log")"
+  local a left=0 n
+  for a in "${addrs[@]}"; do
+    n=$(server_field "$a" 's["extents"]') || fail "stats --server $a"
+    left=$((left + n))
+  done
+  assert_eq "extents left on the servers after volume rm" "$left" 0
+  out=$(python3 -c 'import socket,sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"KEYS rmemfs:{kl}:*\r\n")
+print(s.recv(65536).decode().split("\r\n")[0])' "${REDIS_URL##*:}")
+  assert_eq "keys of the volume left in Redis" "$out" "*0"
+}
+
 # A storm (tools/shared-storm.sh runs it ROUNDS times under CPU load): four processes, two per
 # mount, make and remove 1,500 files each in one directory with no lock (past a checkpoint of
 # the engine's log); nothing may hang, and the directory must end empty on both mounts.

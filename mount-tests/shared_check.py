@@ -20,7 +20,8 @@
       and for SECS seconds B writes random spans through its handle and reads the whole file
       back from the servers (its cached pages dropped first): every byte as written.
   shared_check.py writers DIR SECS MANIFEST
-      Writes files into DIR for SECS seconds (random sizes, each fsynced and closed); each
+      Writes files into DIR for SECS seconds (random sizes below 16 KiB, a pause of 20 ms
+      after each, so three writers stay within small servers; each fsynced and closed); each
       one the file system acknowledged (every call succeeded) is added to MANIFEST (outside
       the mounts) with its digest; failures (EIO while the engine is away) are counted.
   shared_check.py verify MANIFEST MOUNT... -- DIR
@@ -336,7 +337,7 @@ def check_sustain(a, b, secs):
           f"{secs:g} s ({rounds} rounds): every byte right")
 
 
-def check_writers(d, secs, manifest):
+def check_writers(d, secs, manifest, size_max=16 << 10, pause=0.02):
     import hashlib
     os.makedirs(d, exist_ok=True)
     rng = random.Random(os.getpid())
@@ -346,7 +347,7 @@ def check_writers(d, secs, manifest):
         while time.monotonic() < end:
             name = f"w{n}"
             n += 1
-            data = os.urandom(rng.randrange(1, 256 << 10))
+            data = os.urandom(rng.randrange(1, size_max))
             try:
                 fd = os.open(f"{d}/{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 try:
@@ -362,6 +363,7 @@ def check_writers(d, secs, manifest):
                 continue
             m.write(f"{name} {hashlib.sha256(data).hexdigest()}\n")
             m.flush()
+            time.sleep(pause)
     print(f"writers: {n - failed} files acknowledged, {failed} refused")
 
 

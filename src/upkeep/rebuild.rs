@@ -23,6 +23,9 @@ const SCAN_MIN: Duration = Duration::from_millis(100);
 /// A pass that left chunks degraded (no server with room) is tried again this often: room
 /// comes back when files are removed, without any server changing state.
 const RETRY: Duration = Duration::from_secs(30);
+/// A shared volume's member that is not its rebuilder asks for the role again this often
+/// while chunks are short: it takes over within this once the rebuilder's lease ran out.
+const ROLE_RETRY: Duration = Duration::from_secs(2);
 
 use super::figures::{RebuildStats, UpkeepFigures, UpkeepPanics};
 
@@ -32,6 +35,8 @@ pub struct PassOutcome {
     pub chunks_rebuilt: u64,
     pub bytes_copied: u64,
     pub left_degraded: u64,
+    /// Another member of a shared volume is its rebuilder: this pass copied nothing.
+    pub left_to_another: bool,
 }
 
 /// A stop signal the rebuild waits on (so unmount does not wait out a pause).
@@ -78,8 +83,10 @@ pub fn pass(fs: &Fs, rate: u64, stop: &Stop, stats: &RebuildStats) -> PassOutcom
         }
         // On a shared volume one member rebuilds (the role renewed before each file), each
         // file in its turn: caught up with it, and no other client writes it meanwhile.
-        if !fs.may_rebuild() {
-            break;
+        if out.left_to_another || !fs.may_rebuild() {
+            out.left_to_another = true;
+            out.left_degraded += data.view(&file).degraded().len() as u64;
+            continue;
         }
         let _turn = match fs.take_file_turn(ino) {
             Ok(turn) => turn,
@@ -408,7 +415,11 @@ impl Rebuilder {
                             if settled || retry_at.is_some_and(|t| Instant::now() >= t) {
                                 let out = pass(&fs, upkeep.rate, &s, &g.rebuild);
                                 changed_at = None;
-                                retry_at = (out.left_degraded > 0).then(|| Instant::now() + RETRY);
+                                let wait = match out.left_to_another {
+                                    true => ROLE_RETRY,
+                                    false => RETRY,
+                                };
+                                retry_at = (out.left_degraded > 0).then(|| Instant::now() + wait);
                             }
                         });
                     })

@@ -14,9 +14,10 @@ use super::*;
 const REBUILD_ROLE: Ino = u64::MAX;
 
 /// The rebuilder's lease, renewed before each file it repairs: a rebuilder that dies hands
-/// the role on this long after; one that lost it (a long stall) stops before its next file,
-/// and whatever it copies meanwhile lands only under the file's own turn.
-const REBUILD_ROLE_LEASE: Duration = Duration::from_secs(30);
+/// the role on this long after (as long as a session's lease: by then it is evicted too);
+/// one that lost it (a long stall) stops before its next file, and whatever it copies
+/// meanwhile lands only under the file's own turn.
+const REBUILD_ROLE_LEASE: Duration = SESSION_TTL;
 
 /// One turn this client holds.
 struct Held {
