@@ -99,26 +99,11 @@ impl Pool {
         id: crate::fabric::ServerId,
         who: &str,
     ) -> Result<Vec<(u64, u64, u64)>, super::PoolError> {
-        let s = self.server(id)?;
-        let mut all = Vec::new();
-        let mut after = 0;
-        loop {
-            match s.link().control.request(|tag| Message::MemberExtents {
-                tag,
-                who: who.to_string(),
-                after,
-            })? {
-                Message::ExtentList { extents, more, .. } => {
-                    let last = extents.last().map(|e| e.0);
-                    all.extend(extents);
-                    match (more, last) {
-                        (true, Some(l)) => after = l,
-                        _ => return Ok(all),
-                    }
-                }
-                other => return Err(unexpected(s.addr, &other)),
-            }
-        }
+        self.extent_list(id, |tag, after| Message::MemberExtents {
+            tag,
+            who: who.to_string(),
+            after,
+        })
     }
 
     /// The lowest journal sequence number every follower of this pool's volume has applied,

@@ -407,15 +407,21 @@ impl Pool {
         &self,
         id: crate::fabric::ServerId,
     ) -> Result<Vec<(u64, u64, u64)>, PoolError> {
+        self.extent_list(id, |tag, after| Message::VolumeExtents { tag, after })
+    }
+
+    /// Every extent server `id` lists in answer to `ask` (a request for the extents above an
+    /// address), page by page (`ExtentList`s, each cut short at `more`).
+    pub(super) fn extent_list(
+        &self,
+        id: crate::fabric::ServerId,
+        ask: impl Fn(u64, u64) -> Message,
+    ) -> Result<Vec<(u64, u64, u64)>, PoolError> {
         let s = self.server(id)?;
         let mut all = Vec::new();
         let mut after = 0;
         loop {
-            match s
-                .link()
-                .control
-                .request(|tag| Message::VolumeExtents { tag, after })?
-            {
+            match s.link().control.request(|tag| ask(tag, after))? {
                 Message::ExtentList { extents, more, .. } => {
                     let last = extents.last().map(|e| e.0);
                     all.extend(extents);
