@@ -311,7 +311,7 @@ fn formats(made: &dyn MetaEngine, old: &dyn MetaEngine) {
         Err(e @ EngineError::Format { found: 1, .. }) => {
             let why = e.to_string();
             assert!(
-                why.contains("old-client") && why.contains("format 1") && why.contains("format 3"),
+                why.contains("old-client") && why.contains("format 1") && why.contains("format 4"),
                 "{why}"
             );
         }
@@ -565,7 +565,7 @@ fn the_redis_engine_keeps_the_contract() {
             .query(&mut c)
             .unwrap()
     };
-    assert!(raw("f").contains("shared format 3"), "{}", raw("f"));
+    assert!(raw("f").contains("shared format 4"), "{}", raw("f"));
     assert_eq!(l("f").servers().unwrap(), Some(vec!["a:1".to_string()]));
     {
         let mut c = ::redis::Client::open(redis.url.as_str())
@@ -579,7 +579,7 @@ fn the_redis_engine_keeps_the_contract() {
             .unwrap();
     }
     l("h").upgrade("new").unwrap();
-    assert!(raw("h").starts_with("a:1\nb:2\n") && raw("h").contains("shared format 3"));
+    assert!(raw("h").starts_with("a:1\nb:2\n") && raw("h").contains("shared format 4"));
     // A volume of format 2 (made by the build before marks of open files): upgraded once no
     // other client lives, its servers' format line replaced, so a format-2 client refuses it.
     {
@@ -606,7 +606,7 @@ fn the_redis_engine_keeps_the_contract() {
     assert_eq!(v2.format().unwrap(), Some(SHARED_FORMAT));
     assert_eq!(v2.servers().unwrap(), Some(vec!["a:1".to_string()]));
     assert!(
-        !raw("v2").contains("format 2") && raw("v2").contains("format 3"),
+        !raw("v2").contains("format 2") && raw("v2").contains("format 4"),
         "{}",
         raw("v2")
     );

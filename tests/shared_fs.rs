@@ -414,7 +414,7 @@ fn format_1_volumes_are_upgraded_when_no_old_client_is_live() {
     );
     let why = refused.err().expect("joined beside a live format-1 client");
     assert!(
-        why.contains("old") && why.contains("format 1") && why.contains("format 3"),
+        why.contains("old") && why.contains("format 1") && why.contains("format 4"),
         "{why}"
     );
     engine.drop_session("old").unwrap();
@@ -453,13 +453,13 @@ fn format_2_volumes_are_upgraded_when_no_old_client_is_live() {
     );
     let why = refused.err().expect("joined beside a live format-2 client");
     assert!(
-        why.contains("old") && why.contains("format 2") && why.contains("format 3"),
+        why.contains("old") && why.contains("format 2") && why.contains("format 4"),
         "{why}"
     );
     assert_eq!(engine.format().unwrap(), Some(2));
     engine.drop_session("old").unwrap();
     let c = client(&rack, Arc::new(engine.clone()), "new");
-    assert_eq!(engine.format().unwrap(), Some(3));
+    assert_eq!(engine.format().unwrap(), Some(4));
     c.mkdir("d").unwrap();
 }
 
@@ -820,7 +820,7 @@ fn a_frozen_memory_server_expires_no_healthy_session() {
 fn a_server_back_empty_is_forgotten_and_rebuilt_onto() {
     use rmemfs::client::Rejoin;
     use rmemfs::fabric::ServerId;
-    use rmemfs::upkeep::rebuild::{forget_server, pass, Stop};
+    use rmemfs::upkeep::rebuild::{pass, Stop};
     let mut rack = Rack::new(3);
     let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
     let a = client(&rack, engine.clone(), "a");
@@ -834,7 +834,8 @@ fn a_server_back_empty_is_forgotten_and_rebuilt_onto() {
         let pool = c.fs.data().pool().clone();
         pool.cut(ServerId(1));
         assert_eq!(pool.try_reconnect(ServerId(1)), Some(Rejoin::Empty));
-        forget_server(&c.fs, ServerId(1));
+        // As the reconnect thread does on a shared volume: the birth in the history first.
+        c.fs.server_reborn(ServerId(1)).unwrap().unwrap();
         pool.admit(ServerId(1));
     }
     let out = pass(&a.fs, 0, &Stop::default(), &Default::default());
@@ -849,4 +850,40 @@ fn a_server_back_empty_is_forgotten_and_rebuilt_onto() {
             "f{i}"
         );
     }
+}
+
+/// A memory server that restarted empty while no client saw it go (here: the one client that
+/// wrote is gone, another joins): the joiner finds the server's new birth, puts it in the
+/// history, and no client reads the copies the server lost; a client that was running, its
+/// session there dead, forgets them too as it catches up. Before births were in the history,
+/// the joiner counted every chunk whole (its rebuild never made those copies again) and kept
+/// the restarted server's old addresses in its maps, for reads and writes to use.
+#[test]
+fn a_server_restarted_unseen_is_forgotten_by_every_client() {
+    let mut rack = Rack::new(3);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client(&rack, engine.clone(), "a");
+    for i in 0..6 {
+        a.create(&format!("f{i}"), &bytes(i, 1 << 20)).unwrap();
+    }
+    rack.restart(1);
+    let c = client(&rack, engine, "c");
+    let h = c.fs.replica_health();
+    assert!(h.degraded > 0, "the lost copies still counted: {h:?}");
+    assert_eq!(h.lost, 0, "{h:?}");
+    // New files on the restarted server land where the lost copies were.
+    for i in 6..12 {
+        c.create(&format!("f{i}"), &bytes(i, 1 << 20)).unwrap();
+    }
+    a.shared.poll_now().unwrap();
+    for client in [&a, &c] {
+        for i in 0..12 {
+            assert_eq!(
+                read(&client.fs, &format!("f{i}")).unwrap(),
+                bytes(i, 1 << 20),
+                "f{i}"
+            );
+        }
+    }
+    assert!(a.fs.replica_health().degraded > 0);
 }

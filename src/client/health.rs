@@ -242,7 +242,11 @@ impl Pool {
             .volume
             .as_ref()
             .map(|spec| (spec.rejoin_mode(), self.epoch()));
-        let Opened { link, resumed, .. } = match open_link(
+        let Opened {
+            link,
+            resumed,
+            claimed,
+        } = match open_link(
             &self.fabric,
             &self.cq,
             &self.config,
@@ -279,6 +283,11 @@ impl Pool {
             s.stock.lock().reset();
         }
         *s.link.lock() = link.clone();
+        if let Some(c) = claimed {
+            if let Some(old) = self.claims.lock().get_mut(id.0 as usize) {
+                *old = c;
+            }
+        }
         let Some((extents, bytes, rekeyed, behind)) = resumed else {
             log::warn!(
                 "memory server {} ({id}) is back without this mount's session (restarted, \

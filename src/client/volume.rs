@@ -322,9 +322,16 @@ pub fn plan_claims(
 }
 
 impl Pool {
-    /// The claims made at connect, by server (none: not a volume mount).
+    /// The claims made at connect, by server (none: not a volume mount); a server that came
+    /// back empty, its claim then.
     pub fn claims(&self) -> Vec<Claim> {
         self.claims.lock().clone()
+    }
+
+    /// Server `id`'s claim now (see [`Pool::claims`]): a shared volume's birth there is its
+    /// root.
+    pub fn claim(&self, id: crate::fabric::ServerId) -> Option<Claim> {
+        self.claims.lock().get(id.0 as usize).cloned()
     }
 
     /// The volume's epoch (the highest any server granted).

@@ -90,6 +90,15 @@ impl DataStore {
         file.chunks.write().apply(idx, chunk);
     }
 
+    /// A followed birth of server `server` ([`crate::meta::Change::Born`]): every copy of
+    /// `file` listed there is forgotten, freeing nothing (the server lost that memory).
+    /// Reads still using the old map finish first.
+    pub fn forget_followed(&self, file: &FileData, server: u32) {
+        file.chunks.write().update_all(|c| {
+            c.remove(server);
+        });
+    }
+
     /// Forgets `file`'s whole map, freeing nothing (the memory is its holder's or another
     /// client's): reads still running finish first, later ones find no data.
     pub fn forget_map(&self, file: &FileData) {

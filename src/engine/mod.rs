@@ -42,14 +42,17 @@ pub mod redis;
 use crate::meta::locks::LockTable;
 use std::time::Duration;
 
-/// The shared-volume format this build speaks: 3, files open on a client marked in the
-/// engine (a drop of one refused while another client holds it, [`Marks`]). Format 2 had
+/// The shared-volume format this build speaks: 4, memory servers' births in the log
+/// ([`crate::meta::Change::Born`]: a server that restarted empty is forgotten at one place
+/// in the history, which a format-3 client cannot read). Format 3 marked files open on a
+/// client in the engine (a drop of one refused while another client holds it, [`Marks`]),
+/// as this format does. Format 2 had
 /// the same records and parallel changes, but its clients drop a file another client has
 /// open, so the two never write one volume at once. Format 1 (one write turn for every
 /// change) had no format key. A volume of an older format is upgraded by the first client
 /// of this build once no other client is live ([`MetaEngine::upgrade`]); a client of an
 /// older build then refuses it, naming its format.
-pub const SHARED_FORMAT: u32 = 3;
+pub const SHARED_FORMAT: u32 = 4;
 
 /// No session's heartbeat reached the engine for this long (clients beat every second,
 /// `volume::shared::HEARTBEAT_EVERY`): the engine was away (restarted, failed over,

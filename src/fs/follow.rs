@@ -68,6 +68,50 @@ impl Fs {
         records: &[(u64, Vec<Change>)],
     ) -> Result<Vec<Invalidation>> {
         let changes: Vec<&Change> = records.iter().flat_map(|(_, c)| c).collect();
+        let mut out = Vec::new();
+        // A server's birth changes every file's map: applied between the changes before it
+        // and those after, each part as a whole.
+        for part in changes.split_inclusive(|c| matches!(c, Change::Born { .. })) {
+            match part.split_last() {
+                Some((
+                    Change::Born {
+                        server,
+                        birth,
+                        stale,
+                    },
+                    before,
+                )) => {
+                    out.extend(self.apply_changes(before)?);
+                    self.apply_birth(*server, birth, *stale);
+                }
+                _ => out.extend(self.apply_changes(part)?),
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`Change::Born`] on a live table: the copies on the server are forgotten file by
+    /// file with no namespace lock (as a chunk change is, see the module doc), then the
+    /// birth is noted.
+    fn apply_birth(&self, server: u32, birth: &[u8], stale: bool) {
+        let files: Vec<Arc<FileData>> = {
+            let meta = self.meta.lock();
+            match meta.born_forgets(server, birth, stale) {
+                true => meta.files().map(|(_, f)| f.clone()).collect(),
+                false => Vec::new(),
+            }
+        };
+        for f in &files {
+            self.data().forget_followed(f, server);
+        }
+        self.meta.lock().set_birth(server, birth);
+    }
+
+    /// Applies `changes` (no birth among them), as [`Fs::apply_followed_quietly`].
+    fn apply_changes(&self, changes: &[&Change]) -> Result<Vec<Invalidation>> {
+        if changes.is_empty() {
+            return Ok(Vec::new());
+        }
         // The files the table has now, for the changes to their maps.
         let existing: HashMap<Ino, Arc<FileData>> = {
             let meta = self.meta.lock();
@@ -83,7 +127,7 @@ impl Fs {
         // Files made (again) in these records: their maps are applied with the namespace.
         let mut made: HashSet<Ino> = HashSet::new();
         let mut late = Vec::with_capacity(changes.len());
-        for c in &changes {
+        for c in changes {
             match c {
                 Change::Make { ino, .. } => {
                     made.insert(*ino);
@@ -134,7 +178,8 @@ impl Fs {
                         name: name.clone(),
                     })
                 }
-                Change::Make { .. } | Change::Cookies { .. } => {}
+                // The file's bytes are the same on its other copies.
+                Change::Make { .. } | Change::Cookies { .. } | Change::Born { .. } => {}
             }
         }
         Ok(out)

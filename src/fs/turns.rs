@@ -57,6 +57,11 @@ pub trait Turns: Send + Sync {
     /// and no handle here).
     fn open_elsewhere(&self, ino: Ino) -> Result<bool>;
 
+    /// Server `server` came back empty (its session there is new): its birth is put in the
+    /// history and the table caught up with it, so the copies listed there before are
+    /// forgotten on every client ([`crate::meta::Change::Born`]). Only then is it used.
+    fn server_reborn(&self, fs: &Fs, server: u32) -> Result<()>;
+
     /// Whether this client is the volume's rebuilder now: one member at a time makes copies
     /// again (taken, or renewed, through the engine without waiting; false while another
     /// holds it).
@@ -131,6 +136,12 @@ impl Fs {
     /// other client changes the file while it is held (the rebuild's copy of a chunk).
     pub fn take_file_turn(&self, ino: Ino) -> Result<Option<HeldTurn>> {
         self.file_turn(ino)
+    }
+
+    /// On a shared volume, puts the birth of server `server` (back empty) in the history
+    /// ([`Turns::server_reborn`]); none elsewhere (the caller forgets the copies there).
+    pub fn server_reborn(&self, server: crate::fabric::ServerId) -> Option<Result<()>> {
+        self.turns.as_ref().map(|t| t.server_reborn(self, server.0))
     }
 
     /// Whether this mount makes copies again now: always, but on a shared volume only its

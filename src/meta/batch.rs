@@ -74,6 +74,18 @@ pub enum Change {
     /// Directory `dir` gives its next entry cookie `next` (a checkpoint's image: cookies are
     /// never reused, even those of entries gone since).
     Cookies { dir: Ino, next: u64 },
+    /// Memory server `server` (by its place in the volume's order) holds the volume since
+    /// its birth `birth` (a token the server made when it made the volume: a server that
+    /// restarted empty has a new one). On a shared volume, where no one client sees every
+    /// restart, this puts the restart at one place in the history: every copy listed on the
+    /// server before it is forgotten there (when the birth is not the one the table knew,
+    /// or none was known and `stale`), so no client ever reads another birth's memory; the
+    /// copies listed after it were made in it.
+    Born {
+        server: u32,
+        birth: Box<[u8]>,
+        stale: bool,
+    },
 }
 
 /// Where committed batches go: a volume's journal records them before they count. An error

@@ -257,6 +257,9 @@ pub struct Meta {
     /// theirs at once); none: `next_ino` counts them.
     given_inos: Option<std::ops::Range<Ino>>,
     journal: Box<dyn Journal>,
+    /// Each memory server's birth as a shared volume's history last gave it
+    /// ([`Change::Born`]): the chunk copies the table lists there were made in it.
+    births: std::collections::BTreeMap<u32, Box<[u8]>>,
     /// Batches committed, and the changes they held (`stats`).
     commits: u64,
     changes: u64,
@@ -290,6 +293,7 @@ impl Meta {
             next_ino: ROOT_INO + 1,
             given_inos: None,
             journal: Box::new(batch::InMemory),
+            births: Default::default(),
             commits: 0,
             changes: 0,
         }
@@ -439,6 +443,39 @@ impl Meta {
     pub fn carry_journal(&mut self, old: &mut Meta) {
         self.journal = std::mem::replace(&mut old.journal, Box::new(batch::InMemory));
         self.given_inos = old.given_inos.take();
+    }
+
+    /// Server `server`'s birth as the history last gave it (see [`Change::Born`]).
+    pub fn birth(&self, server: u32) -> Option<&[u8]> {
+        self.births.get(&server).map(|b| &**b)
+    }
+
+    /// Every server's birth the table knows, as the changes that give them (a checkpoint's
+    /// image starts with them).
+    pub fn births(&self) -> Vec<Change> {
+        self.births
+            .iter()
+            .map(|(&server, birth)| Change::Born {
+                server,
+                birth: birth.clone(),
+                stale: false,
+            })
+            .collect()
+    }
+
+    /// Whether [`Change::Born`] `(server, birth, stale)` forgets the copies listed on
+    /// `server`: a birth other than the one the table knows (the server restarted empty
+    /// since), or the first one given for a server whose copies are known `stale`.
+    pub fn born_forgets(&self, server: u32, birth: &[u8], stale: bool) -> bool {
+        match self.births.get(&server) {
+            Some(known) => **known != *birth,
+            None => stale,
+        }
+    }
+
+    /// Notes server `server`'s birth (the caller forgot its copies there, if due).
+    pub fn set_birth(&mut self, server: u32, birth: &[u8]) {
+        self.births.insert(server, birth.into());
     }
 
     pub fn carry_refs(&mut self, old: &Meta) {

@@ -299,6 +299,16 @@ fn put_change(out: &mut Vec<u8>, c: &Change) {
             put_u64(out, *dir);
             put_u64(out, *next);
         }
+        Change::Born {
+            server,
+            birth,
+            stale,
+        } => {
+            out.push(10);
+            put_u32(out, *server);
+            put_bytes(out, birth);
+            out.push(u8::from(*stale));
+        }
     }
 }
 
@@ -506,6 +516,11 @@ fn parse_change(c: &mut Cursor<'_>) -> Result<Change, String> {
         9 => Change::Cookies {
             dir: c.ino()?,
             next: c.u64()?,
+        },
+        10 => Change::Born {
+            server: c.u32()?,
+            birth: c.bytes()?,
+            stale: c.u8()? != 0,
         },
         t => return Err(format!("unknown change tag {t}")),
     })

@@ -113,6 +113,22 @@ impl Meta {
                 .and_then(Inode::dir_mut)
                 .ok_or_else(|| missing("the cookies", *dir))?
                 .keep_cookies_from(*next),
+            // A table nothing else uses (a replay, a checkpoint's image): a live one forgets
+            // the copies with no namespace lock held (`fs::follow`).
+            Change::Born {
+                server,
+                birth,
+                stale,
+            } => {
+                if self.born_forgets(*server, birth, *stale) {
+                    for (_, f) in self.files() {
+                        f.chunks.write().update_all(|c| {
+                            c.remove(*server);
+                        });
+                    }
+                }
+                self.set_birth(*server, birth);
+            }
         }
         Ok(())
     }
@@ -173,4 +189,65 @@ pub fn add_chunks(digest: &mut Digest, files: &[(Ino, Arc<FileData>)]) {
 
 fn chunks_of(f: &FileData) -> String {
     format!("{:?}", f.chunks.read().iter().collect::<Vec<_>>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::{Chunk, Kind, Replica};
+
+    fn copies(meta: &Meta, ino: Ino) -> Vec<u32> {
+        let f = meta.get(ino).and_then(Inode::file).unwrap();
+        let map = f.chunks.read();
+        let c = map.get(&0).unwrap();
+        c.replicas().iter().map(|r| r.server).collect()
+    }
+
+    #[test]
+    fn a_new_birth_forgets_the_copies_there_and_the_same_one_nothing() {
+        let mut meta = Meta::new(0o755, 0, 0);
+        let mut b = meta.batch();
+        let ino = b.make(Inode::new(
+            Kind::File,
+            0o644,
+            0,
+            0,
+            Body::File(Default::default()),
+        ));
+        b.commit().unwrap();
+        let on = |server| Replica {
+            server,
+            addr: 0x1000,
+            rkey: 1,
+        };
+        let born = |birth: &[u8], stale| Change::Born {
+            server: 1,
+            birth: birth.into(),
+            stale,
+        };
+        let chunk = Change::Extent {
+            ino,
+            idx: 0,
+            chunk: Some(Chunk::with_replicas(4096, &[on(0), on(1)])),
+        };
+        meta.apply(&chunk).unwrap();
+        // A first birth of a volume the server kept: its copies stay.
+        meta.apply(&born(b"one", false)).unwrap();
+        assert_eq!(copies(&meta, ino), [0, 1]);
+        // The same birth again (two clients found it at once): nothing.
+        meta.apply(&born(b"one", true)).unwrap();
+        assert_eq!(copies(&meta, ino), [0, 1]);
+        // Another birth: the copies there are forgotten, the others kept.
+        meta.apply(&born(b"two", false)).unwrap();
+        assert_eq!(copies(&meta, ino), [0]);
+        assert_eq!(meta.birth(1), Some(&b"two"[..]));
+        // A first birth whose claim had to make the volume again: stale.
+        meta.apply(&Change::Born {
+            server: 0,
+            birth: (*b"zero").into(),
+            stale: true,
+        })
+        .unwrap();
+        assert_eq!(copies(&meta, ino), Vec::<u32>::new());
+    }
 }

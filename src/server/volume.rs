@@ -28,6 +28,9 @@ use std::time::Instant;
 /// holder): enough for any realistic run of takeovers between two resumes.
 const FENCED_REMEMBERED: usize = 16;
 
+/// Bytes of a shared volume's birth: random, so two births of one volume never match.
+const SHARED_BIRTH_LEN: usize = 16;
+
 /// Longest volume name; names are `[A-Za-z0-9._-]`, so they are safe in logs and paths.
 pub const MAX_VOLUME_NAME: usize = 64;
 
@@ -122,9 +125,14 @@ impl Volume {
     }
 
     /// A new shared volume whose extents are registered to `session_id`.
+    /// A shared volume made now. Its root (no member sets it) is its birth: random bytes
+    /// every member is given when it joins, kept in a backing file, new when the server
+    /// restarted empty and made the volume again. Members put each birth in the volume's
+    /// history ([`crate::meta::Change::Born`]), so none reads memory of an earlier one.
     pub(super) fn shared(session_id: u64) -> Volume {
         Volume {
             shared: true,
+            root: crate::auth::random_bytes::<SHARED_BIRTH_LEN>().to_vec(),
             ..Volume::new(session_id, 1, crate::proto::SHARED_VOLUME_HOLDER.into())
         }
     }

@@ -196,6 +196,21 @@ pub fn forget_server(fs: &Fs, server: ServerId) -> u64 {
     over_chunk_maps(fs, server, |io| io.forget_copies(server))
 }
 
+/// A shared volume's server `server`, back empty, is admitted once its birth is in the
+/// history ([`Fs::server_reborn`]); false if that failed (tried again next round).
+fn admit_reborn(fs: &Fs, server: ServerId) -> bool {
+    match fs.server_reborn(server) {
+        Some(Err(e)) => {
+            log::error!("{server} stays out of use until its birth is in the history: {e}");
+            false
+        }
+        _ => {
+            fs.data().pool().admit(server);
+            true
+        }
+    }
+}
+
 /// Server `server` came back from a backing file that may hold less than was written to it
 /// ([`Rejoin::Behind`]): each chunk with a copy elsewhere lets go of its copy there (the
 /// rebuild makes a new one); the rest keep theirs, under the new keys if `keys`, as do the
@@ -333,9 +348,12 @@ impl Rebuilder {
         let reconnect = std::thread::Builder::new()
             .name("reconnect".into())
             .spawn(move || {
+                // Servers back empty whose birth the shared history does not hold yet.
+                let mut unborn: Vec<ServerId> = Vec::new();
                 supervised("reconnect", &s, RECONNECT_TICK, &g.panics, || {
                     f.fault_point("reconnect");
                     let pool = f.data().pool();
+                    unborn.retain(|&id| !admit_reborn(&f, id));
                     for id in pool.due_for_reconnect() {
                         if s.is_stopped() {
                             return;
@@ -345,6 +363,10 @@ impl Rebuilder {
                             Some(
                                 Rejoin::Empty | Rejoin::Rekeyed { .. } | Rejoin::Behind { .. },
                             ) if !upkeep.rebuild => pool.admit(id),
+                            Some(Rejoin::Empty) if f.is_shared() && !admit_reborn(&f, id) => {
+                                unborn.push(id)
+                            }
+                            Some(Rejoin::Empty) if f.is_shared() => {}
                             Some(Rejoin::Empty) => {
                                 let n = forget_server(&f, id);
                                 log::warn!("forgot {n} chunk copies the restarted {id} held");

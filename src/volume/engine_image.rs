@@ -12,8 +12,10 @@ use crate::meta::{record, Meta};
 
 /// The image of `fs`'s table (which must not change meanwhile).
 pub(super) fn encode(fs: &Fs) -> Vec<u8> {
-    let mut image = fs.inspect_meta(|m| m.image());
+    let (mut image, births) = fs.inspect_meta(|m| (m.image(), m.births()));
     image.add_chunks();
+    // The servers' births first: replayed into an empty table they forget nothing.
+    image.changes.splice(0..0, births);
     let mut out = image.next_ino.to_le_bytes().to_vec();
     for (i, group) in image.changes.chunks(CHANGES_PER_FRAME).enumerate() {
         out.extend(record::encode(i as u64, group));

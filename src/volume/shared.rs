@@ -33,6 +33,7 @@
 //! new copies).
 
 mod ahead;
+mod births;
 mod catchup;
 #[cfg(all(test, feature = "shuttle"))]
 mod model_tests;
@@ -188,8 +189,26 @@ struct Appender<'a> {
 }
 
 impl Appender<'_> {
-    /// Appends `record`, touching `keys`, claiming `claim`, marking `marks`.
+    /// Appends `record` (a change in the table already), touching `keys`, claiming `claim`,
+    /// marking `marks`.
     fn append(&self, record: &[u8], keys: &[Ino], claim: &[Ino], marks: Marks<'_>) -> Sent {
+        self.send(record, keys, claim, marks, true)
+    }
+
+    /// Appends `record`, touching `keys`: a change not in the table, which a catch-up
+    /// applies from the log as it does another client's ([`births`]).
+    fn append_unapplied(&self, record: &[u8], keys: &[Ino]) -> Sent {
+        self.send(record, keys, &[], Marks::default(), false)
+    }
+
+    fn send(
+        &self,
+        record: &[u8],
+        keys: &[Ino],
+        claim: &[Ino],
+        marks: Marks<'_>,
+        in_table: bool,
+    ) -> Sent {
         let touched: Vec<Touch> = {
             let mut a = self.ahead.lock();
             a.sent += 1;
@@ -208,7 +227,7 @@ impl Appender<'_> {
         {
             let mut a = self.ahead.lock();
             a.answered += 1;
-            if let Ok(done) = &answer {
+            if let (Ok(done), true) = (&answer, in_table) {
                 a.noted(done.lsn, keys);
             }
         }
@@ -231,6 +250,19 @@ fn refused(e: EngineError) -> Error {
     }
 }
 
+impl State {
+    /// Where this client's changes meet the engine.
+    fn appender(&self) -> Appender<'_> {
+        Appender {
+            engine: &*self.engine,
+            who: &self.who,
+            ahead: &self.ahead,
+            answered: &self.answered,
+            applied: &self.applied,
+        }
+    }
+}
+
 /// Appends each committed batch to the engine, with what it touches.
 struct EngineRecorder(Arc<State>);
 
@@ -242,13 +274,7 @@ impl crate::meta::Journal for EngineRecorder {
         let (opened, dropped) = touch::opened_and_dropped(changes);
         // The engine numbers the change: the frame's own LSN is left 0.
         let record = record::encode(0, changes);
-        let appender = Appender {
-            engine: &*s.engine,
-            who: &s.who,
-            ahead: &s.ahead,
-            answered: &s.answered,
-            applied: &s.applied,
-        };
+        let appender = s.appender();
         let marks = Marks {
             opened: &opened,
             dropped: &dropped,
@@ -401,6 +427,10 @@ pub fn join(
         state.engine.describe(),
         fs.inode_count()
     );
+    // Each server's birth in the history before anything is read there.
+    state
+        .record_births(&fs)
+        .map_err(|e| format!("recording the memory servers' births: {}", e.message))?;
     fs.set_journal(Box::new(EngineRecorder(state.clone())));
     let fs = Arc::new(fs.joined(crate::fs::VolumeHooks {
         barrier: None,

@@ -38,7 +38,7 @@ use std::time::Duration;
 /// A last line of the `servers` key of a volume in shared format 2 or later, which this
 /// build skips: a format-1 client reads it as one more server, so it refuses to mount, naming
 /// the volume's servers with this line among them (its list never matches a mount's).
-const SERVERS_FORMAT_LINE: &str = "(shared format 3: mount with an rmemfs that speaks it)";
+const SERVERS_FORMAT_LINE: &str = "(shared format 4: mount with an rmemfs that speaks it)";
 
 /// How every format line starts (an older one, left by a build that upgraded the volume
 /// before this one, is skipped as well).

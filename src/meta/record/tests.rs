@@ -115,6 +115,11 @@ fn every_kind_of_change() -> Vec<Change> {
             cookie: 77,
         },
         Change::Cookies { dir: 1, next: 80 },
+        Change::Born {
+            server: 2,
+            birth: (*b"a birth").into(),
+            stale: true,
+        },
     ]
 }
 

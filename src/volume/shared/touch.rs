@@ -9,6 +9,13 @@
 
 use crate::meta::{Change, Ino, Kind, TableView};
 
+/// The key a server's births are appended under ([`Change::Born`]): two clients that find a
+/// server reborn at once append one birth, the other's is refused and caught up. Counted
+/// down from below the rebuild role's key (`turns::REBUILD_ROLE`), far above any inode.
+pub(super) fn server_key(server: u32) -> Ino {
+    u64::MAX - 1 - u64::from(server)
+}
+
 /// The inodes `changes` touch (sorted, once each), and those whose turn the change claims:
 /// the files and directories it makes, which its maker usually writes or fills next (no
 /// other client can know them before the change is appended).
@@ -46,6 +53,7 @@ pub(super) fn touched_reading(
                     keys.extend(table.ancestors(*parent));
                 }
             }
+            Change::Born { server, .. } => keys.push(server_key(*server)),
         }
     }
     keys.sort_unstable();

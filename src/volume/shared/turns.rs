@@ -297,6 +297,10 @@ impl Turns for SharedTurns {
         }
     }
 
+    fn server_reborn(&self, fs: &Fs, server: u32) -> Result<()> {
+        self.0.record_birth(fs, server)
+    }
+
     fn opening(&self, ino: Ino) -> Result<()> {
         self.0.mark_open(ino)
     }

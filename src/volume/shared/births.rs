@@ -1,0 +1,73 @@
+//! Memory servers' births in the shared history ([`Change::Born`]).
+//!
+//! Why: a memory server that restarted empty makes the volume again, and its memory at the
+//! addresses the chunk maps list now holds other extents (or nothing). A held volume's one
+//! daemon sees every restart and forgets the copies there; a shared volume's clients each
+//! see some, at their own times, and one that joins later sees none. So a client that finds
+//! a server's birth (its claim's root, made by the server with the volume) other than the one
+//! its caught-up table holds appends the birth, and every client forgets the copies listed
+//! there at that one place in the log, as it applies it. A client reads or writes a server
+//! only once its table holds the birth its own session there has: at join, before anything
+//! is served, and after a reconnect to a server that came back empty, before it is admitted.
+
+use super::*;
+use crate::fabric::ServerId;
+
+/// Appends of one birth that may lose to other clients' before it gives up (each loss means
+/// another client appended a birth of that server: the next round usually finds it there).
+const BIRTH_TRIES: usize = 8;
+
+impl State {
+    /// Every server's birth as this client's sessions have them, in the table (at join).
+    pub(super) fn record_births(&self, fs: &Fs) -> Result<()> {
+        let pool = fs.data().pool();
+        for id in 0..pool.claims().len() as u32 {
+            // A server down now is reconciled when it is back (`Fs::server_reborn`).
+            if pool.is_live(ServerId(id)) {
+                self.record_birth(fs, id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Server `server`'s birth as this client's session there has it (its claim's root), in
+    /// the table: appended unless the caught-up table holds it, then applied.
+    pub(super) fn record_birth(&self, fs: &Fs, server: u32) -> Result<()> {
+        let Some(claim) = fs.data().pool().claim(ServerId(server)) else {
+            return Ok(());
+        };
+        let key = touch::server_key(server);
+        for _ in 0..BIRTH_TRIES {
+            self.catch_up(fs, false)?;
+            let known = fs.inspect_meta(|m| m.birth(server) == Some(&claim.root[..]));
+            if known {
+                return Ok(());
+            }
+            let change = Change::Born {
+                server,
+                birth: claim.root.clone().into(),
+                // A volume whose history names no birth of this server yet (made by an
+                // older rmemfs): its copies there are stale only if this client's claim had
+                // to make the volume again.
+                stale: claim.created,
+            };
+            let record = record::encode(0, &[change]);
+            match self.appender().append_unapplied(&record, &[key]).answer {
+                Ok(done) => {
+                    self.check_place(done.lsn)?;
+                    log::warn!(
+                        "memory server {server}: its birth is change {} of the shared \
+                         volume (the copies listed there before it are forgotten)",
+                        done.lsn
+                    );
+                }
+                Err(EngineError::Conflict { .. }) => {}
+                Err(e) => return Err(engine_err(e)),
+            }
+        }
+        Err(Error::new(
+            libc::EIO,
+            format!("memory server {server}'s birth lost to other clients' {BIRTH_TRIES} times"),
+        ))
+    }
+}
