@@ -740,11 +740,7 @@ fn a_redis_password_goes_in_the_url() {
 /// naming the ones it has (not taken for Redis).
 #[test]
 fn the_engine_is_chosen_by_its_url() {
-    for url in [
-        "tikv://127.0.0.1:2379",
-        "rediss://127.0.0.1:6379",
-        "127.0.0.1:6379",
-    ] {
+    for url in ["tikv://127.0.0.1:2379", "127.0.0.1:6379"] {
         match rmemfs::engine::open(url, "vol") {
             Err(why) => assert!(
                 why.contains("no metadata engine") && why.contains("redis://"),
@@ -756,4 +752,55 @@ fn the_engine_is_chosen_by_its_url() {
     let redis = Redis::start();
     let e = rmemfs::engine::open(&redis.url, "vol").unwrap();
     assert!(e.describe().contains("redis"), "{}", e.describe());
+}
+
+/// `rediss://` reaches Redis over TLS: its certificate is checked (against the authority
+/// given, not taken on trust: the same Redis with the system's roots is refused), and the
+/// engine works over it as over plain TCP.
+#[test]
+fn a_redis_over_tls_is_reached_with_its_authority() {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let dir = tempfile_dir();
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (cert_file, key_file) = (dir.join("redis.crt"), dir.join("redis.key"));
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    let (redis, tls_url) = Redis::start_tls(&cert_file, &key_file);
+    let ca_pem = ca.pem().into_bytes();
+    let e = RedisEngine::open_with_ca(&tls_url, "vol", Some(ca_pem.clone())).unwrap();
+    assert!(e.create_volume(&["a:1".to_string()]).unwrap());
+    e.start_session("c", LONG).unwrap();
+    let done = e.append("c", b"one", &[t(5, 0)], &[], NONE, LONG).unwrap();
+    assert_eq!(
+        e.read_after(done.lsn - 1, 8).unwrap(),
+        vec![(done.lsn, b"one".to_vec())]
+    );
+    // What plain TCP on the same Redis holds: one history.
+    let plain = RedisEngine::open(&redis.url, "vol").unwrap();
+    assert_eq!(plain.servers().unwrap(), Some(vec!["a:1".to_string()]));
+    // Not taken on trust: the system's roots do not know this authority.
+    match RedisEngine::open(&tls_url, "vol") {
+        Err(why) => assert!(
+            why.to_string().to_lowercase().contains("certificate"),
+            "{why}"
+        ),
+        Ok(_) => panic!("a certificate no known authority signed was taken"),
+    }
+    // Nor spoken to in the clear.
+    let clear = tls_url.replacen("rediss://", "redis://", 1);
+    assert!(RedisEngine::open(&clear, "vol").is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("rmemfs-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }

@@ -67,8 +67,12 @@ pub const FORMAT_1_FENCE: &str = "a client of a newer shared format (this volume
      upgraded: mount it with an rmemfs that speaks its format)";
 
 /// The URL schemes of the engines this build has (`--meta`).
-pub const ENGINE_SCHEMES: &str = "redis://HOST[:PORT][/DB] or redis+unix:///PATH[?db=DB] \
-     (Redis; TLS, `rediss://`, is not built in)";
+pub const ENGINE_SCHEMES: &str = "redis://HOST[:PORT][/DB], rediss://HOST[:PORT][/DB] \
+     (TLS) or redis+unix:///PATH[?db=DB] (Redis)";
+
+/// The environment variable that names a PEM file of the certificate authority a
+/// `rediss://` engine's certificate is checked against (unset: the system's roots).
+pub const CA_VAR: &str = "RMEMFS_META_CA";
 
 /// The environment variable a password for the engine may come in, so that it is not on the
 /// command line (where `ps` shows it): put into a URL that names none.
@@ -104,7 +108,8 @@ pub fn with_password(url: &str, password: Option<String>) -> String {
 
 /// Opens the engine `url` names for volume `volume`: the scheme chooses it. Any other scheme
 /// is refused, naming the ones there are. A password comes in the URL or in
-/// [`PASSWORD_VAR`]; no message shows it.
+/// [`PASSWORD_VAR`]; no message shows it. `rediss://` speaks TLS, the server's certificate
+/// checked against the system's roots or the authority [`CA_VAR`] names.
 pub fn open(url: &str, volume: &str) -> Result<crate::sync::Arc<dyn MetaEngine>, String> {
     let url = &with_password(url, std::env::var(PASSWORD_VAR).ok());
     let scheme = url.split_once("://").map(|(s, _)| s);
@@ -112,6 +117,17 @@ pub fn open(url: &str, volume: &str) -> Result<crate::sync::Arc<dyn MetaEngine>,
         Some("redis" | "redis+unix" | "unix") => Ok(crate::sync::Arc::new(
             redis::RedisEngine::open(url, volume).map_err(|e| e.to_string())?,
         )),
+        Some("rediss") => {
+            let ca = match std::env::var_os(CA_VAR) {
+                Some(path) => Some(std::fs::read(&path).map_err(|e| {
+                    format!("{CA_VAR}={}: {e}", std::path::Path::new(&path).display())
+                })?),
+                None => None,
+            };
+            Ok(crate::sync::Arc::new(
+                redis::RedisEngine::open_with_ca(url, volume, ca).map_err(|e| e.to_string())?,
+            ))
+        }
         _ => Err(format!(
             "--meta {}: no metadata engine for this URL; this rmemfs has {ENGINE_SCHEMES}",
             redacted(url)

@@ -116,8 +116,9 @@ pub struct MountArgs {
     #[arg(long, requires = "volume", conflicts_with_all = ["create", "takeover", "keep_connection", "supervise"])]
     pub read_only: bool,
     /// Share the volume with other clients writing it at once, its namespace kept in this
-    /// metadata engine (`redis://HOST:PORT[/DB]`) instead of one holder's journal (first
-    /// version: doc/VOLUMES.md says what it leaves out).
+    /// metadata engine (`redis://HOST:PORT[/DB]`, `rediss://…` over TLS, its authority in
+    /// RMEMFS_META_CA; `redis+unix:///PATH`) instead of one holder's journal
+    /// (doc/VOLUMES.md).
     #[arg(long, value_name = "URL", requires = "volume", conflicts_with_all = ["read_only", "takeover", "keep_connection", "supervise"])]
     pub meta: Option<String>,
     /// Attach without these servers of the volume (host[:port], commas), gone for good:

@@ -26,15 +26,38 @@ impl Redis {
         panic!("redis-server never listened on a port of its own");
     }
 
+    /// Starts one that also speaks TLS, on its own port (`tls_url`), with the certificate
+    /// and key in PEM files `cert` and `key` (clients show none).
+    pub fn start_tls(cert: &std::path::Path, key: &std::path::Path) -> (Redis, String) {
+        for _ in 0..10 {
+            let tls = free_port();
+            let args = [
+                "--tls-port".to_string(),
+                tls.to_string(),
+                "--tls-cert-file".into(),
+                cert.display().to_string(),
+                "--tls-key-file".into(),
+                key.display().to_string(),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ];
+            if let Some(redis) = Redis::try_start_with(&args) {
+                return (redis, format!("rediss://127.0.0.1:{tls}/0"));
+            }
+        }
+        panic!("redis-server never listened on ports of its own");
+    }
+
     fn try_start() -> Option<Redis> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        Redis::try_start_with(&[])
+    }
+
+    fn try_start_with(extra: &[String]) -> Option<Redis> {
+        let port = free_port();
         let mut child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(extra)
             .stdout(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| {
@@ -58,6 +81,14 @@ impl Redis {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// The process id of the Redis answering on `port` (none: nothing answers yet).

@@ -91,12 +91,32 @@ fn unavailable(e: impl std::fmt::Display) -> EngineError {
 }
 
 impl RedisEngine {
-    /// The engine for volume `volume` at `url` (`redis://HOST:PORT[/DB]`); connects once to
-    /// say early if Redis is not there.
+    /// The engine for volume `volume` at `url` (`redis://HOST:PORT[/DB]`, `rediss://…` over
+    /// TLS checked against the system's roots); connects once to say early if Redis is not
+    /// there.
     pub fn open(url: &str, volume: &str) -> Result<RedisEngine, EngineError> {
+        RedisEngine::open_with_ca(url, volume, None)
+    }
+
+    /// [`RedisEngine::open`]; a `rediss://` URL's server certificate checked against `ca`
+    /// (PEM) when given, instead of the system's roots.
+    pub fn open_with_ca(
+        url: &str,
+        volume: &str,
+        ca: Option<Vec<u8>>,
+    ) -> Result<RedisEngine, EngineError> {
         let shown = super::redacted(url);
-        let client = ::redis::Client::open(url)
-            .map_err(|e| EngineError::Unavailable(format!("{shown}: {e}")))?;
+        let client = match ca {
+            Some(root_cert) => ::redis::Client::build_with_tls(
+                url,
+                ::redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                },
+            ),
+            None => ::redis::Client::open(url),
+        }
+        .map_err(|e| EngineError::Unavailable(format!("{shown}: {e}")))?;
         let k = |what: &str| format!("rmemfs:{{{volume}}}:{what}");
         let engine = RedisEngine {
             url: shown,
