@@ -788,14 +788,15 @@ fn a_frozen_memory_server_expires_no_healthy_session() {
         .unwrap();
         Client { fs, shared }
     };
-    let (a, b) = (join("a"), join("b"));
+    let (a, b, c) = (join("a"), join("b"), join("c"));
     a.create("f", b"before").unwrap();
     // A witness beats throughout, so the engine is not taken for away.
     engine
         .start_session("witness", Duration::from_secs(60))
         .unwrap();
     let frozen = relay.freeze();
-    let until = std::time::Instant::now() + SESSION_TTL + Duration::from_secs(3);
+    // Frozen for 15 s (issue 45's figure), half again the session's lease.
+    let until = std::time::Instant::now() + SESSION_TTL + Duration::from_secs(5);
     while std::time::Instant::now() < until {
         engine
             .heartbeat("witness", Duration::from_secs(60))
@@ -808,14 +809,16 @@ fn a_frozen_memory_server_expires_no_healthy_session() {
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(frozen);
-    b.shared.poll_now().unwrap();
-    assert_eq!(read(&b.fs, "f").unwrap(), b"before");
-    drop((a, b));
+    for client in [&b, &c] {
+        client.shared.poll_now().unwrap();
+        assert_eq!(read(&client.fs, "f").unwrap(), b"before");
+    }
+    drop((a, b, c));
 }
 
 /// A memory server restarted empty under a shared volume: the members forget the copies it
-/// held (each file in its turn) before they use it again, and the rebuilder makes them again
-/// there or elsewhere; every file reads whole.
+/// held (its new birth put in the history) before they use it again, and the rebuilder makes
+/// them again there or elsewhere; every file reads whole.
 #[test]
 fn a_server_back_empty_is_forgotten_and_rebuilt_onto() {
     use rmemfs::client::Rejoin;
