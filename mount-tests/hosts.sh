@@ -271,7 +271,99 @@ test_volume_followers() {
   for r in 3 4 5; do unmount_fs "$WORK/r$r" || fail "unmount of the follower on host $r failed"; done
 }
 
-# name, extra serve arguments, extra mount arguments
+# Issue 45's kill loop (longer in tools/shared-kill-loop.sh): three clients of one shared
+# volume (two copies of each chunk), each on a test host of its own (3 to 5), their Redis on
+# the hosts' bridge, each run a writer that records every file it fsynced in a manifest
+# outside the mounts. For RMEMFS_KILL_LOOP_SECS (default 20) a random client's daemon is
+# killed with SIGKILL every 3 s and mounted again, and twice a memory server host is killed
+# and started empty. Then: every fsynced file of every writer whole on every mount, every
+# chunk back at two copies (the rebuild), and after `rm -rf` and `volume rm --meta` every
+# server's memory back and no key of the volume left in Redis.
+test_volume_shared_kill_loop() {
+  local secs=${RMEMFS_KILL_LOOP_SECS:-20} mnts=() i n out check=$PWD/mount-tests/shared_check.py
+  local writers=() restarted=0 killed=0 end round=0 victim pid server short a left
+  REDIS_BIND=$HOSTS_NET.1 start_redis --own-trap
+  # shellcheck disable=SC2064 # the pid is meant to be expanded now
+  trap "kill $REDIS_PID 2>/dev/null || true" EXIT
+  remount() {
+    local n=$1 made=()
+    [ "${2:-}" = create ] && made=(--create)
+    client_mount $((3 + n)) "${mnts[$n]}" --volume kl "${made[@]}" --meta "$REDIS_URL" \
+      --rebuild-delay 1
+  }
+  for i in 0 1 2; do
+    mnts+=("$WORK/kl$i")
+    if [ "$i" = 0 ]; then remount 0 create || fail "mount on host 3 failed"; else remount "$i" || fail "mount on host $((3 + i)) failed"; fi
+  done
+  for i in 0 1 2; do
+    python3 "$check" writers "${mnts[$i]}/w$i" "$((secs + 2))" "$WORK/manifest$i" \
+      >"$WORK/writer$i.log" 2>&1 &
+    writers+=($!)
+  done
+  end=$((SECONDS + secs))
+  while [ "$SECONDS" -lt "$end" ]; do
+    sleep 3
+    round=$((round + 1))
+    if [ $((round % 3)) = 2 ] && [ "$restarted" -lt 2 ]; then
+      server=$restarted
+      host_kill "$server" || fail "host $server outlived its kill"
+      host_restart "$server" || fail "host $server did not start again"
+      restarted=$((restarted + 1))
+      log "round $round: memory server host $server killed and started empty"
+      continue
+    fi
+    victim=$((RANDOM % 3))
+    pid=$(daemon_pids "${mnts[$victim]}" | head -1)
+    [ -n "$pid" ] || fail "no daemon for the client on host $((3 + victim))"
+    kill -9 "$pid"
+    wait_daemon_gone "${mnts[$victim]}" 10 || fail "the daemon on host $((3 + victim)) outlived kill -9"
+    umount -l "${mnts[$victim]}" 2>/dev/null || true
+    remount "$victim" || fail "mount on host $((3 + victim)) again after its kill failed"
+    killed=$((killed + 1))
+  done
+  for pid in "${writers[@]}"; do wait "$pid" || fail "a writer failed: $(cat "$WORK"/writer*.log)"; done
+  cat "$WORK"/writer*.log
+  log "$killed clients killed and mounted again, $restarted memory servers started empty"
+  # Every chunk back at two copies: the rebuild (its delay 1 s) on every client's view.
+  for _ in $(seq 120); do
+    short=0
+    for m in "${mnts[@]}"; do
+      n=$(stats_field "$m" 's["chunks"]["degraded"] + s["chunks"]["lost"]') || n=1
+      short=$((short + n))
+    done
+    [ "$short" = 0 ] && break
+    sleep 0.5
+  done
+  assert_eq "chunks short of copies after the rebuild" "$short" 0
+  for i in 0 1 2; do
+    out=$(t python3 "$check" verify "$WORK/manifest$i" "${mnts[@]}" -- "w$i") || fail "verify w$i: $out"
+    log "$out"
+  done
+  must "rm -rf on host 3" rm -rf "${mnts[0]}/w0" "${mnts[0]}/w1" "${mnts[0]}/w2"
+  for m in "${mnts[@]}"; do unmount_fs "$m" || fail "unmount of $m failed"; done
+  # Clients killed last may still have sessions: they run out and the volume is removed.
+  for _ in $(seq 40); do
+    "$BIN" volume rm kl --servers "$(hosts_addrs)" --secret-file "$HOSTS_SECRET" \
+      --meta "$REDIS_URL" >"$WORK/rm.log" 2>&1 && break
+    sleep 0.5
+  done
+  grep -q "removed volume 'kl'" "$WORK/rm.log" || fail "volume rm: $(cat "$WORK/rm.log")"
+  left=0
+  for ((i = 0; i < 3; i++)); do
+    n=$(server_field "$(host_addr "$i")" 's["extents"]' --secret-file "$HOSTS_SECRET") ||
+      fail "stats --server of host $i"
+    left=$((left + n))
+  done
+  assert_eq "extents left on the servers after volume rm" "$left" 0
+  a=${REDIS_URL#redis://}
+  out=$(python3 -c 'import socket,sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+s.sendall(b"KEYS rmemfs:{kl}:*\r\n")
+print(s.recv(65536).decode().split("\r\n")[0])' "${a%%:*}" "${a##*:}")
+  assert_eq "keys of the volume left in Redis" "$out" "*0"
+}
+
+# name, extra serve arguments, extra mount arguments ("nomount": the test mounts its own)
 ALL_TESTS=(
   "kill_restart||--rebuild-delay 8"
   "kill_seq_write||--rebuild-delay 1"
@@ -281,6 +373,7 @@ ALL_TESTS=(
   "volume_other_host||"
   "drain||--rebuild-delay 60 --rebuild-rate 30M"
   "volume_followers||--volume shared --create"
+  "volume_shared_kill_loop||nomount"
 )
 
 run_host_test() {
@@ -299,8 +392,9 @@ run_host_test() {
     [ -z "$reason" ] || break
     host_start "$i" "${RMEMFS_HOSTS_SIZE:-256M}" "${SERVE[@]}" "${sargs[@]}" 2>>"$tlog" || reason="host $i did not start"
   done
-  if [ -z "$reason" ] && ! RUST_LOG=${RMEMFS_TEST_RUST_LOG:-info} mount_fs "$MNT" "$(hosts_addrs)" "${MOUNT[@]}" \
-    --secret-file "$HOSTS_SECRET" --log-file "$DLOG" "${margs[@]}" 2>>"$tlog"; then
+  if [ -z "$reason" ] && [ "${margs[*]}" != nomount ] &&
+    ! RUST_LOG=${RMEMFS_TEST_RUST_LOG:-info} mount_fs "$MNT" "$(hosts_addrs)" "${MOUNT[@]}" \
+      --secret-file "$HOSTS_SECRET" --log-file "$DLOG" "${margs[@]}" 2>>"$tlog"; then
     reason="mount failed: $(tail -n 1 "$tlog")"
   fi
   if [ -z "$reason" ]; then

@@ -190,22 +190,25 @@ wait_daemon_gone() {
   return 1
 }
 
-# start_redis: a redis-server of the test's own on a free loopback port (installed if
-# missing), stopped when the test ends (an EXIT trap; with `--own-trap` the caller's trap
-# stops REDIS_PID); REDIS_URL says where.
+# start_redis: a redis-server of the test's own on a free loopback port (REDIS_BIND: on that
+# address instead, the test hosts' bridge), installed if missing, stopped when the test ends
+# (an EXIT trap; with `--own-trap` the caller's trap stops REDIS_PID); REDIS_URL says where.
 start_redis() {
-  local port i
+  local port i bind=${REDIS_BIND:-127.0.0.1}
   command -v redis-server >/dev/null 2>&1 || ensure_packages redis-server:redis-server
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >"${WORK:-$BASE}/redis.log" 2>&1 &
+  port=$(python3 -c 'import socket,sys; s=socket.socket(); s.bind((sys.argv[1],0)); print(s.getsockname()[1])' "$bind")
+  # Off loopback Redis refuses clients without a password (protected mode): the bridge is
+  # the test's own network.
+  redis-server --port "$port" --bind "$bind" --save "" --appendonly no --protected-mode no \
+    >"${WORK:-$BASE}/redis.log" 2>&1 &
   REDIS_PID=$!
   # shellcheck disable=SC2064 # the pid is meant to be expanded now
   [ "${1:-}" = --own-trap ] || trap "kill $REDIS_PID 2>/dev/null || true" EXIT
   for ((i = 0; i < 100; i++)); do
-    python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' "$port" 2>/dev/null && break
+    python3 -c 'import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 1)' "$bind" "$port" 2>/dev/null && break
     sleep 0.05
   done
-  REDIS_URL=redis://127.0.0.1:$port
+  REDIS_URL=redis://$bind:$port
 }
 
 # mount_fs MNT ADDRS [ARGS...]: `rmemfs mount MNT --servers ADDRS` (daemonizes). Its output

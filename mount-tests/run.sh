@@ -53,11 +53,9 @@ SHARED_SIZE=${RMEMFS_TEST_SERVER_SIZE:-256M}
 # sizes), whether the runner mounts before the test, and further mount options. Two or more
 # servers mean two copies of every chunk unless the test says otherwise.
 # Run only when named (stress, for tools/ scripts): not in the default run. The shared
-# storm joined the default run once 115 rounds under load passed; the shared kill loop
-# (tools/shared-kill-loop.sh) found an fsynced file read back wrong once in CI: not yet.
-STRESS_TESTS=(
-  "volume_shared_kill_loop 256M,256M,256M nomount"
-)
+# storm joined the default run once 115 rounds under load passed; issue 45's kill loop runs
+# on test hosts (mount-tests/hosts.sh volume_shared_kill_loop).
+STRESS_TESTS=()
 
 ALL_TESTS=(
   "cp_tree shared mount"

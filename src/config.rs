@@ -20,8 +20,9 @@ pub fn server_op_timeout(client_op_timeout: Duration) -> Duration {
 
 /// How long a memory server waits for a control step of a client (its `Hello`), and for
 /// one-sided operations still running on an extent being freed (bounded by
-/// [`server_op_timeout`]) before it drops the registration anyway. Shorter than the
-/// client's op timeout, so the client's `Free` is answered before the client gives up.
+/// [`server_op_timeout`]) before it drops the registration anyway, and for an evicted
+/// member's connections to close. Shorter than the client's op timeout, so the client's
+/// `Free` (or `Evict`) is answered before the client gives up.
 pub fn server_control_timeout(client_op_timeout: Duration) -> Duration {
     client_op_timeout * 3 / 4
 }

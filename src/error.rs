@@ -11,6 +11,9 @@ pub struct Error {
     /// A shared volume's change decided on a view of this inode another client changed
     /// since: it is decided again on a table caught up, never answered with this error.
     pub conflict: Option<u64>,
+    /// A shared volume's drop of this inode, refused because another client has it open:
+    /// that client drops it once it lets go (EBUSY if it ever reached a program).
+    pub held_elsewhere: Option<u64>,
 }
 
 impl Error {
@@ -19,6 +22,7 @@ impl Error {
             errno,
             message: message.into(),
             conflict: None,
+            held_elsewhere: None,
         }
     }
 
@@ -28,6 +32,17 @@ impl Error {
         Error {
             conflict: Some(ino),
             ..Error::new(libc::EIO, message)
+        }
+    }
+}
+
+impl Error {
+    /// A shared volume's drop of inode `ino` refused: open on another client (see
+    /// [`Error::held_elsewhere`]).
+    pub fn held_elsewhere(ino: u64, message: impl Into<String>) -> Error {
+        Error {
+            held_elsewhere: Some(ino),
+            ..Error::new(libc::EBUSY, message)
         }
     }
 }

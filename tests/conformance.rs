@@ -13,7 +13,7 @@ use rmemfs::fabric::{
     Access, AlignedBuf, Completion, CompletionQueue, DeregisterError, Fabric, FabricError, LocalMr,
     Opcode, QueuePair, Sge, WcStatus, WorkRequest,
 };
-use rmemfs::proto::Message;
+use rmemfs::proto::{ClaimMode, Message};
 use rmemfs::server::{MemoryServer, ServerConfig};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -447,6 +447,50 @@ fn another_sessions_extent_is_out_of_reach(h: &Harness) {
     );
 }
 
+/// A shared volume's member evicted by another (its engine session ran out): once the server
+/// grants the eviction, the member's queue pairs are closed, and a one-sided write it posts
+/// lands nowhere; the volume's memory keeps what it held (as a taken-over holder's writes
+/// fail, so the evictor may hand the memory to others at once).
+fn an_evicted_members_writes_fail(h: &Harness) {
+    let claim =
+        |control: &ControlConn, who: &str| match control.request(|tag| Message::VolumeClaim {
+            tag,
+            name: "shared".into(),
+            holder: who.into(),
+            mode: ClaimMode::Share,
+            takeover: false,
+            min_epoch: 0,
+        }) {
+            Ok(Message::VolumeClaimed { .. }) => {}
+            other => panic!("{who}'s claim: {other:?}"),
+        };
+    let a = Harness::session(&h.server);
+    claim(&a, "a");
+    let (qa, cqa) = h.qp_in(&a);
+    let r = remote_in(&a, 8192);
+    let (src, smr) = h.buf(8192, Access::LOCAL);
+    src.write_at(0, &bytes(21, 8192));
+    assert_eq!(
+        run_one(&*qa, &cqa, wr(1, Opcode::Write, smr.sge(0, 8192), r, 0)),
+        WcStatus::Success
+    );
+    let b = Harness::session(&h.server);
+    claim(&b, "b");
+    match b.request(|tag| Message::Evict {
+        tag,
+        who: "a".into(),
+    }) {
+        Ok(Message::VolumeDone { .. }) => {}
+        other => panic!("the eviction: {other:?}"),
+    }
+    src.write_at(0, &bytes(22, 8192));
+    let late = run_one(&*qa, &cqa, wr(2, Opcode::Write, smr.sge(0, 8192), r, 0));
+    assert_ne!(late, WcStatus::Success, "an evicted member's write landed");
+    // Another member reads the volume's extent: what the evicted one wrote before.
+    let (qb, cqb) = h.qp_in(&b);
+    assert_eq!(read_back(h, &*qb, &cqb, r, 0, 8192), bytes(21, 8192));
+}
+
 fn remote_in(control: &ControlConn, len: u64) -> Remote {
     match control.request(|tag| Message::Alloc { tag, len }) {
         Ok(Message::Allocated {
@@ -630,6 +674,10 @@ macro_rules! conformance {
             #[test]
             fn in_use_regions_stay_registered() {
                 region_in_use_is_not_deregistered(&$make);
+            }
+            #[test]
+            fn evicted_members() {
+                an_evicted_members_writes_fail(&$make);
             }
             #[test]
             fn server_killed_mid_batch() {

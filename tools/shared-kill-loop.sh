@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Issue 45's kill loop, longer than the mount tests' bounded run (`volume_shared_kill_loop`):
-# three mounts of one shared volume write fsynced files under manifests while a random
-# client is killed with SIGKILL every 3 s and mounted again and two memory servers are
-# started empty; then every fsynced file is checked on every mount, every chunk's copies,
-# and that `rm -rf` and `volume rm --meta` leave no extent and no Redis key. ROUNDS times.
+# Issue 45's kill loop, longer than the mount tests' bounded run (`mount-tests/hosts.sh
+# volume_shared_kill_loop`): three clients of one shared volume, each on a test host (a
+# network namespace), write fsynced files under manifests while a random client is killed
+# with SIGKILL every 3 s and mounted again and two memory server hosts are started empty;
+# then every fsynced file is checked on every mount, every chunk's copies, and that `rm -rf`
+# and `volume rm --meta` leave no extent and no Redis key. ROUNDS times.
 #
 #   tools/shared-kill-loop.sh             # SECS=120 ROUNDS=1
 set -uo pipefail
@@ -12,10 +13,10 @@ SECS=${SECS:-120}
 ROUNDS=${ROUNDS:-1}
 failed=0
 for ((r = 1; r <= ROUNDS; r++)); do
-  if out=$(RMEMFS_TEST_KEEP=1 RMEMFS_KILL_LOOP_SECS=$SECS mount-tests/run.sh volume_shared_kill_loop 2>&1); then
+  if out=$(RMEMFS_TEST_KEEP=1 RMEMFS_KILL_LOOP_SECS=$SECS mount-tests/hosts.sh volume_shared_kill_loop 2>&1); then
     kept=$(sed -n 's/^# kept //p' <<<"$out" | tail -1)
     echo "round $r: passed"
-    grep -hE "clients killed|writers:|verify:" "$kept"/logs/volume_shared_kill_loop.log 2>/dev/null | sed 's/^/  /'
+    grep -hE "clients killed|writers:|verify:" "$kept"/logs/hosts-volume_shared_kill_loop.log 2>/dev/null | sed 's/^/  /'
     [ -n "$kept" ] && rm -rf "$kept"
   else
     failed=$((failed + 1))

@@ -332,7 +332,7 @@ impl Fs {
             let refused = match dropped.then(|| b.commit()) {
                 Some(Err(e)) if e.conflict.is_some() => return true,
                 // Open on another client of a shared volume: it drops it once it lets go.
-                Some(Err(e)) if e.errno == libc::EBUSY && self.is_shared() => true,
+                Some(Err(e)) if e.held_elsewhere.is_some() => true,
                 Some(Err(e)) => {
                     log::error!("the namespace refused to drop inode {ino}: {e}");
                     true

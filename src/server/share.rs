@@ -23,6 +23,10 @@ use std::time::Instant;
 /// enough for any realistic run of evictions; older ones are refused by the engine itself.
 const EVICTED_REMEMBERED: usize = 256;
 
+/// How often an eviction looks again for its member's departure, should a departure come
+/// between a look and the wait (each is also woken by every departure).
+const EVICT_LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// One member of a shared volume, by its control connection.
 pub(super) struct Member {
     /// The name it joined under (the engine's session name): what `Evict` names.
@@ -218,15 +222,49 @@ impl Session {
                 .map(|(c, _)| *c)
                 .collect()
         };
+        let volume = m.volume.clone();
         log::warn!(
-            "shared volume '{}': evicting '{who}' ({} connections closed)",
-            m.volume,
+            "shared volume '{volume}': evicting '{who}' ({} connections closed)",
             conns.len()
         );
         // Its control connections close; each departure closes its data connections.
         self.shared.close_connections(&conns);
         self.shared.save_owners();
-        Ok(Message::VolumeDone { tag })
+        // Granted only once each has departed, its data connections closed
+        // (`depart_member`): nothing it posted lands after the answer, so the evictor may
+        // hand its memory to others.
+        let open = || {
+            let vols = self.shared.volumes.lock();
+            vols.get(&volume).map_or(0, |v| {
+                v.members.keys().filter(|c| conns.contains(c)).count()
+            })
+        };
+        let deadline = Instant::now() + self.shared.control_timeout;
+        loop {
+            let left_open = open();
+            if left_open == 0 {
+                return Ok(Message::VolumeDone { tag });
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(refuse(
+                    tag,
+                    RefusalCode::Held,
+                    format!(
+                        "'{who}' is evicted, but {left_open} of its connections did not close \
+                         within {:?}: ask again",
+                        self.shared.control_timeout
+                    ),
+                ));
+            }
+            // Bounded: a departure between the look and the wait is seen a tick later.
+            let departed = self.shared.departed.lock();
+            drop(
+                self.shared
+                    .departures
+                    .wait_timeout(departed, left.min(EVICT_LOOK_EVERY)),
+            );
+        }
     }
 
     /// Notes that a member was heard, and how far it has applied (from `FollowAt`).
@@ -265,6 +303,8 @@ impl Session {
                 );
             }
         }
+        // An eviction waits for this.
+        self.shared.departures.notify_all();
         true
     }
 }

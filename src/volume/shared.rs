@@ -245,7 +245,7 @@ fn refused(e: EngineError) -> Error {
             Error::conflict(key, e.to_string())
         }
         // A drop of a file open on another client: that client drops it once it lets go.
-        EngineError::Held { .. } => Error::new(libc::EBUSY, e.to_string()),
+        EngineError::Held { key, .. } => Error::held_elsewhere(key, e.to_string()),
         e => engine_err(e),
     }
 }

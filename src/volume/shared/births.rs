@@ -39,7 +39,10 @@ impl State {
         let key = touch::server_key(server);
         for _ in 0..BIRTH_TRIES {
             self.catch_up(fs, false)?;
-            let known = fs.inspect_meta(|m| m.birth(server) == Some(&claim.root[..]));
+            let (known, had) = fs.inspect_meta(|m| {
+                let had = m.birth(server);
+                (had == Some(&claim.root[..]), had.is_some())
+            });
             if known {
                 return Ok(());
             }
@@ -55,11 +58,18 @@ impl State {
             match self.appender().append_unapplied(&record, &[key]).answer {
                 Ok(done) => {
                     self.check_place(done.lsn)?;
-                    log::warn!(
-                        "memory server {server}: its birth is change {} of the shared \
-                         volume (the copies listed there before it are forgotten)",
-                        done.lsn
-                    );
+                    match had || claim.created {
+                        true => log::warn!(
+                            "memory server {server} made the shared volume again (restarted \
+                             empty): its new birth is change {}, and the copies listed there \
+                             before it are forgotten",
+                            done.lsn
+                        ),
+                        false => log::info!(
+                            "memory server {server}: its birth is change {} of the shared volume",
+                            done.lsn
+                        ),
+                    }
                 }
                 Err(EngineError::Conflict { .. }) => {}
                 Err(e) => return Err(engine_err(e)),
