@@ -24,6 +24,7 @@ const LONG: Duration = Duration::from_secs(10);
 const NONE: Marks<'static> = Marks {
     opened: &[],
     dropped: &[],
+    checked: &[],
 };
 
 fn t(key: u64, seen: u64) -> Touch {
@@ -197,6 +198,33 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         a.append("a", b"evicted", &[t(77, u64::MAX)], &[], NONE, LONG),
         Err(EngineError::NoSession { .. })
     ));
+    // A key only checked (a server's birth, which a chunk's copy there reads): a change
+    // after the version seen refuses the append, naming it; checking does not write it, so
+    // every append that checks it at that version is taken.
+    let head = b.head().unwrap();
+    let written = b
+        .append("b", b"born", &[t(90, head)], &[], NONE, LONG)
+        .unwrap()
+        .lsn;
+    let stale = [t(90, head)];
+    fn checking(seen: &[Touch]) -> Marks<'_> {
+        Marks {
+            checked: seen,
+            ..NONE
+        }
+    }
+    assert_eq!(
+        b.append("b", b"copy", &[t(91, 0)], &[], checking(&stale), LONG),
+        Err(EngineError::Conflict {
+            key: 90,
+            lsn: written
+        })
+    );
+    let seen = [t(90, written)];
+    for ino in [92, 93] {
+        b.append("b", b"copy", &[t(ino, 0)], &[], checking(&seen), LONG)
+            .unwrap();
+    }
 }
 
 /// Sessions through an engine's absence: an engine that heard no heartbeat for its time away
@@ -237,7 +265,7 @@ fn open_marks(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     // A makes file 10 and opens it (marked by its append); B opens file 11.
     let made = Marks {
         opened: &[10],
-        dropped: &[],
+        ..NONE
     };
     a.append("a", b"make", &[t(10, 0)], &[], made, LONG)
         .unwrap();
@@ -248,8 +276,8 @@ fn open_marks(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     let head = a.head().unwrap();
     let drop = |who: &str, e: &dyn MetaEngine, ino: u64| {
         let marks = Marks {
-            opened: &[],
             dropped: &[ino],
+            ..NONE
         };
         e.append(who, b"drop", &[t(ino, head)], &[], marks, LONG)
     };

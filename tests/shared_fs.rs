@@ -890,3 +890,30 @@ fn a_server_restarted_unseen_is_forgotten_by_every_client() {
     }
     assert!(a.fs.replica_health().degraded > 0);
 }
+
+/// A change naming a chunk copy on a memory server whose new birth another client appended
+/// after this client's view (the server restarted between the copy's write and the change's
+/// append, played here by a birth appended by another client): the engine refuses it (the
+/// change reads the server's birth), and it goes again without that copy, after the birth.
+/// Every client then lists the chunk on its other server only. Before the check, the late
+/// change put the copy of the earlier birth after the birth, and the other clients listed it.
+#[test]
+fn a_copy_of_an_earlier_birth_is_left_out_of_a_late_change() {
+    let rack = Rack::new(2);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client(&rack, engine.clone(), "a");
+    let c = client(&rack, engine, "c");
+    c.shared.append_birth(1, b"a later birth").unwrap();
+    a.create("f", &bytes(7, 1 << 20)).unwrap();
+    for client in [&a, &c] {
+        client.shared.poll_now().unwrap();
+        let h = client.fs.replica_health();
+        assert_eq!(
+            (h.degraded, h.lost),
+            (1, 0),
+            "{}: {h:?}",
+            client.shared.who()
+        );
+        assert_eq!(read(&client.fs, "f").unwrap(), bytes(7, 1 << 20));
+    }
+}

@@ -201,6 +201,12 @@ impl MetaEngine for MemEngine {
                 return Err(EngineError::Conflict { key: t.key, lsn });
             }
         }
+        for t in marks.checked {
+            let lsn = s.versions.get(&t.key).copied().unwrap_or(0);
+            if lsn > t.seen {
+                return Err(EngineError::Conflict { key: t.key, lsn });
+            }
+        }
         s.head += 1;
         let lsn = s.head;
         s.log.insert(lsn, record.to_vec());

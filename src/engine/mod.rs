@@ -198,12 +198,16 @@ pub struct Touch {
     pub seen: u64,
 }
 
-/// What a change's append marks besides turns: the files it opens (a create's, marked open
-/// by the appending client) and the inodes it drops (refused while open elsewhere).
+/// What a change's append marks and checks besides turns: the files it opens (a create's,
+/// marked open by the appending client), the inodes it drops (refused while open
+/// elsewhere), and the keys it reads without writing (`checked`: refused as a conflict if
+/// a change after `seen` wrote one; a chunk's copy on a memory server reads that server's
+/// birth, which only a birth writes: see `crate::meta::Change::Born`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Marks<'a> {
     pub opened: &'a [u64],
     pub dropped: &'a [u64],
+    pub checked: &'a [Touch],
 }
 
 /// An append the engine took.

@@ -58,6 +58,10 @@ use crate::sync::{Arc, Condvar, Mutex, Weak};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+/// Appends of one change that a server's new birth may refuse before it fails: each means
+/// that server restarted empty again meanwhile.
+const BORN_RETRIES: usize = 4;
+
 /// How long a turn lasts if it is not renewed or given back (a client frozen or cut off
 /// while holding it): others wait that long at most. Renewed by every change that touches
 /// its inode.
@@ -190,15 +194,23 @@ struct Appender<'a> {
 
 impl Appender<'_> {
     /// Appends `record` (a change in the table already), touching `keys`, claiming `claim`,
-    /// marking `marks`.
-    fn append(&self, record: &[u8], keys: &[Ino], claim: &[Ino], marks: Marks<'_>) -> Sent {
-        self.send(record, keys, claim, marks, true)
+    /// marking `marks`, checking `checked` (keys it reads and does not write, each at the
+    /// version this table holds or the one given, whichever is newer).
+    fn append(
+        &self,
+        record: &[u8],
+        keys: &[Ino],
+        claim: &[Ino],
+        marks: Marks<'_>,
+        checked: &[(Ino, u64)],
+    ) -> Sent {
+        self.send(record, keys, claim, marks, checked, true)
     }
 
     /// Appends `record`, touching `keys`: a change not in the table, which a catch-up
     /// applies from the log as it does another client's ([`births`]).
     fn append_unapplied(&self, record: &[u8], keys: &[Ino]) -> Sent {
-        self.send(record, keys, &[], Marks::default(), false)
+        self.send(record, keys, &[], Marks::default(), &[], false)
     }
 
     fn send(
@@ -207,18 +219,25 @@ impl Appender<'_> {
         keys: &[Ino],
         claim: &[Ino],
         marks: Marks<'_>,
+        checked: &[(Ino, u64)],
         in_table: bool,
     ) -> Sent {
-        let touched: Vec<Touch> = {
+        let (touched, checked): (Vec<Touch>, Vec<Touch>) = {
             let mut a = self.ahead.lock();
             a.sent += 1;
             let applied = self.applied.load(Ordering::SeqCst);
-            keys.iter()
-                .map(|&key| Touch {
-                    key,
-                    seen: a.seen(key, applied),
-                })
-                .collect()
+            let touch = |key, at_least| Touch {
+                key,
+                seen: a.seen(key, applied).max(at_least),
+            };
+            (
+                keys.iter().map(|&key| touch(key, 0)).collect(),
+                checked.iter().map(|&(key, at)| touch(key, at)).collect(),
+            )
+        };
+        let marks = Marks {
+            checked: &checked,
+            ..marks
         };
         let at = Instant::now();
         let answer = self
@@ -272,14 +291,40 @@ impl crate::meta::Journal for EngineRecorder {
         s.still_whole()?;
         let (keys, claim) = touch::touched(changes, table);
         let (opened, dropped) = touch::opened_and_dropped(changes);
-        // The engine numbers the change: the frame's own LSN is left 0.
-        let record = record::encode(0, changes);
-        let appender = s.appender();
         let marks = Marks {
             opened: &opened,
             dropped: &dropped,
+            checked: &[],
         };
-        let sent = appender.append(&record, &keys, &claim, marks);
+        // Each server a chunk copy of the change is on: its birth is checked.
+        let mut checked: Vec<(Ino, u64)> = touch::servers_named(changes)
+            .into_iter()
+            .map(|key| (key, 0))
+            .collect();
+        let mut changes = std::borrow::Cow::Borrowed(changes);
+        let mut tries = 0;
+        let sent = loop {
+            // The engine numbers the change: the frame's own LSN is left 0.
+            let record = record::encode(0, &changes);
+            let sent = s.appender().append(&record, &keys, &claim, marks, &checked);
+            match &sent.answer {
+                Err(EngineError::Conflict { key, lsn }) if tries < BORN_RETRIES => {
+                    let Some(server) = touch::server_of_key(*key) else {
+                        break sent;
+                    };
+                    // The server was born again after this table's view (it restarted
+                    // empty, and another client put that in the log): the copies this
+                    // change names there were written to its earlier birth and are gone.
+                    // Left out, the change goes after the birth.
+                    changes = std::borrow::Cow::Owned(touch::without_copies_on(&changes, server)?);
+                    if let Some(c) = checked.iter_mut().find(|(k, _)| k == key) {
+                        c.1 = *lsn;
+                    }
+                    tries += 1;
+                }
+                _ => break sent,
+            }
+        };
         let done = sent.answer.map_err(refused)?;
         s.marked_by_append(&opened);
         // A place the engine gave before: its log went back past this table.
@@ -502,6 +547,15 @@ impl SharedClient {
     pub fn checkpoint_now(&self) -> std::result::Result<(), String> {
         let fs = self.fs.upgrade().ok_or("the file system is gone")?;
         self.state.checkpoint(&fs, true).map(|_| ())
+    }
+
+    /// Appends a birth of server `server` as a client that found it restarted would (tests:
+    /// a restart this client's own changes have not seen yet); its place in the log.
+    #[cfg(feature = "testing")]
+    pub fn append_birth(&self, server: u32, birth: &[u8]) -> std::result::Result<u64, String> {
+        self.state
+            .append_birth(server, birth, false)
+            .map_err(|e| e.to_string())
     }
 
     /// This client's session name.

@@ -274,6 +274,9 @@ impl MetaEngine for RedisEngine {
             for k in claim.iter().chain(marks.opened).chain(marks.dropped) {
                 script.arg(*k);
             }
+            for t in marks.checked {
+                script.arg(t.key).arg(t.seen);
+            }
             script.invoke(c)
         })?;
         let number = |v: &str| {

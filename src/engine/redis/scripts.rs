@@ -40,7 +40,7 @@ end
 /// marks (`open:INO`, a set of clients), the prefix of clients' marks (`opened:NAME`, a set
 /// of inodes). ARGV: who, record, lease (ms), the counts of touched, claimed, opened and
 /// dropped inodes, each touched inode and the version its client saw, then the inodes
-/// claimed, opened, dropped. Returns `{code, a, b, wanted}`: 1 appended (a: the LSN, wanted:
+/// claimed, opened, dropped, then each key only checked and the version seen. Returns `{code, a, b, wanted}`: 1 appended (a: the LSN, wanted:
 /// turns to give back); -1 a conflict (a: the inode, b: its version); -3 busy (a: the inode,
 /// b: its holder); -4 held open (a: the inode, b: a client that has it open); -2 no session.
 const APPEND: &str = concat!(
@@ -65,6 +65,10 @@ for i = 0, n - 1 do
   end
   local v = redis.call('HGET', KEYS[4], key)
   if v and tonumber(v) > tonumber(ARGV[9 + 2 * i]) then return {-1, key, v, {}} end
+end
+for i = dbase + tonumber(ARGV[7]), #ARGV - 1, 2 do
+  local v = redis.call('HGET', KEYS[4], ARGV[i])
+  if v and tonumber(v) > tonumber(ARGV[i + 1]) then return {-1, ARGV[i], v, {}} end
 end
 local lsn = redis.call('INCR', KEYS[1])
 redis.call('XADD', KEYS[2], lsn .. '-1', 'r', ARGV[2])

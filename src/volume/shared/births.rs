@@ -36,7 +36,6 @@ impl State {
         let Some(claim) = fs.data().pool().claim(ServerId(server)) else {
             return Ok(());
         };
-        let key = touch::server_key(server);
         for _ in 0..BIRTH_TRIES {
             self.catch_up(fs, false)?;
             let (known, had) = fs.inspect_meta(|m| {
@@ -46,30 +45,17 @@ impl State {
             if known {
                 return Ok(());
             }
-            let change = Change::Born {
-                server,
-                birth: claim.root.clone().into(),
-                // A volume whose history names no birth of this server yet (made by an
-                // older rmemfs): its copies there are stale only if this client's claim had
-                // to make the volume again.
-                stale: claim.created,
-            };
-            let record = record::encode(0, &[change]);
-            match self.appender().append_unapplied(&record, &[key]).answer {
-                Ok(done) => {
-                    self.check_place(done.lsn)?;
-                    match had || claim.created {
-                        true => log::warn!(
-                            "memory server {server} made the shared volume again (restarted \
-                             empty): its new birth is change {}, and the copies listed there \
-                             before it are forgotten",
-                            done.lsn
-                        ),
-                        false => log::info!(
-                            "memory server {server}: its birth is change {} of the shared volume",
-                            done.lsn
-                        ),
-                    }
+            // A volume whose history names no birth of this server yet (made by an older
+            // rmemfs): its copies there are stale only if this client's claim had to make
+            // the volume again.
+            match self.append_birth(server, &claim.root, claim.created) {
+                Ok(lsn) if had || claim.created => log::warn!(
+                    "memory server {server} made the shared volume again (restarted empty): \
+                     its new birth is change {lsn}, and the copies listed there before it are \
+                     forgotten"
+                ),
+                Ok(lsn) => {
+                    log::info!("memory server {server}: its birth is change {lsn} of the volume")
                 }
                 Err(EngineError::Conflict { .. }) => {}
                 Err(e) => return Err(engine_err(e)),
@@ -79,5 +65,28 @@ impl State {
             libc::EIO,
             format!("memory server {server}'s birth lost to other clients' {BIRTH_TRIES} times"),
         ))
+    }
+
+    /// Appends server `server`'s birth `birth` (a change not in the table: a catch-up applies
+    /// it); its place in the log.
+    pub(super) fn append_birth(
+        &self,
+        server: u32,
+        birth: &[u8],
+        stale: bool,
+    ) -> std::result::Result<u64, EngineError> {
+        let change = Change::Born {
+            server,
+            birth: birth.into(),
+            stale,
+        };
+        let record = record::encode(0, &[change]);
+        let done = self
+            .appender()
+            .append_unapplied(&record, &[touch::server_key(server)])
+            .answer?;
+        self.check_place(done.lsn)
+            .map_err(|e| EngineError::Unavailable(e.message))?;
+        Ok(done.lsn)
     }
 }

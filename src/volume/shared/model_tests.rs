@@ -59,6 +59,7 @@ impl Journal for Recorder {
             &keys,
             &claim,
             crate::engine::Marks::default(),
+            &[],
         );
         if sent.answer.is_ok() {
             s.claimed.lock().extend(claim);

@@ -16,6 +16,68 @@ pub(super) fn server_key(server: u32) -> Ino {
     u64::MAX - 1 - u64::from(server)
 }
 
+/// The server whose births `key` is the key of ([`server_key`]), if it is one.
+pub(super) fn server_of_key(key: Ino) -> Option<u32> {
+    let below = (u64::MAX - 1).checked_sub(key)?;
+    (below < crate::client::MAX_SERVERS as u64).then_some(below as u32)
+}
+
+/// The birth keys of every server a chunk copy `changes` name is on (sorted, once each):
+/// the change reads each server's birth (its copies there were made in the one this table
+/// holds), and is refused if another was appended since.
+pub(super) fn servers_named(changes: &[Change]) -> Vec<Ino> {
+    let mut keys: Vec<Ino> = changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::Extent {
+                chunk: Some(chunk), ..
+            } => Some(chunk.replicas()),
+            _ => None,
+        })
+        .flatten()
+        .map(|r| server_key(r.server))
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
+}
+
+/// `changes` without their chunk copies on `server` (written to a birth of it that is gone).
+/// A chunk left with no copy fails: the write it records is lost.
+pub(super) fn without_copies_on(
+    changes: &[Change],
+    server: u32,
+) -> crate::error::Result<Vec<Change>> {
+    changes
+        .iter()
+        .map(|c| match c {
+            Change::Extent {
+                ino,
+                idx,
+                chunk: Some(chunk),
+            } if chunk.on(server).is_some() => {
+                let mut kept = *chunk;
+                kept.remove(server);
+                if kept.replicas().is_empty() {
+                    return Err(crate::error::Error::new(
+                        libc::EIO,
+                        format!(
+                            "chunk {idx} of inode {ino} had its only copy on memory server \
+                             {server}, which restarted empty before the write was logged"
+                        ),
+                    ));
+                }
+                Ok(Change::Extent {
+                    ino: *ino,
+                    idx: *idx,
+                    chunk: Some(kept),
+                })
+            }
+            c => Ok(c.clone()),
+        })
+        .collect()
+}
+
 /// The inodes `changes` touch (sorted, once each), and those whose turn the change claims:
 /// the files and directories it makes, which its maker usually writes or fills next (no
 /// other client can know them before the change is appended).
