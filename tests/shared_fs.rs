@@ -917,3 +917,32 @@ fn a_copy_of_an_earlier_birth_is_left_out_of_a_late_change() {
         assert_eq!(read(&client.fs, "f").unwrap(), bytes(7, 1 << 20));
     }
 }
+
+/// A client whose log was trimmed past its table by a checkpoint with nothing appended after
+/// it (it joined while another client wrote the checkpoint, so its progress was not yet in
+/// the floor): it finds the log's head past its table and loads the checkpoint. Before, it
+/// read nothing after its last change and took its table for up to date until the next
+/// change: a client that joined a 100,000-file volume during a checkpoint listed 1,019 files
+/// (`lab/scripts/bench-shared-join.sh`).
+#[test]
+fn a_client_behind_a_trim_with_nothing_after_it_loads_the_checkpoint() {
+    let rack = Rack::new(2);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client(&rack, engine.clone(), "a");
+    let b = client(&rack, engine, "b");
+    a.create("first", b"1").unwrap();
+    b.shared.poll_now().unwrap();
+    for i in 0..20 {
+        a.create(&format!("f{i}"), b"x").unwrap();
+    }
+    // Forced past b, as a checkpoint whose floor was read before b joined.
+    a.shared.checkpoint_now().unwrap();
+    b.shared.poll_now().unwrap();
+    assert!(
+        b.shared.applied() >= a.shared.applied(),
+        "b stayed behind the trim"
+    );
+    for i in 0..20 {
+        assert_eq!(read(&b.fs, &format!("f{i}")).unwrap(), b"x", "f{i}");
+    }
+}

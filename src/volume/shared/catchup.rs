@@ -5,6 +5,9 @@
 
 use super::*;
 
+/// One entry of the engine's log: its LSN and its record's bytes.
+type Entry = (u64, Vec<u8>);
+
 /// The changes of one engine log entry. An entry holds one record whose frame says LSN 0
 /// (the engine numbers changes: format 2) or the entry's own (format 1).
 pub(super) fn entry_changes(lsn: u64, bytes: &[u8]) -> Result<Vec<Change>> {
@@ -54,7 +57,7 @@ impl State {
             self.still_whole()?;
             let sent = self.ahead.lock().sent;
             let after = self.applied.load(Ordering::SeqCst);
-            let got = self.read_past_tip(after)?;
+            let (got, head) = self.read_past_tip(after)?;
             // Appends sent before the read are answered, so those of its changes that are
             // this client's own are known as such (later ones come after what it read).
             {
@@ -64,6 +67,12 @@ impl State {
                 }
             }
             if got.is_empty() {
+                // Nothing after this table's change, though the log's head is past it: a
+                // checkpoint trimmed the changes between, and none came after it (a client
+                // that joined while another wrote one). Else the table is up to date.
+                if head.is_some_and(|h| h > after) && self.reload_if_newer(fs, in_request, after)? {
+                    continue;
+                }
                 return Ok(n);
             }
             if got[0].0 != after + 1 {
@@ -82,8 +91,9 @@ impl State {
     /// The log's entries after `after` (at most `READ_BATCH - 1`), once the entry at `after`
     /// (read with them) is found to be the one this table applied: a log that lost changes
     /// this table holds stops the client ([`State::lose`]), whether others appended past
-    /// them since or not.
-    fn read_past_tip(&self, after: u64) -> Result<Vec<(u64, Vec<u8>)>> {
+    /// them since or not. With them, the log's head when it was read (where the entry at
+    /// `after` is not known or gone).
+    fn read_past_tip(&self, after: u64) -> Result<(Vec<Entry>, Option<u64>)> {
         let tip = self.tip.lock().clone().filter(|(lsn, _)| *lsn == after);
         let Some((_, applied_bytes)) = tip else {
             // Just joined or reloaded (the tip's bytes are not known): only the head tells.
@@ -91,16 +101,17 @@ impl State {
                 .engine
                 .read_after(after, READ_BATCH - 1)
                 .map_err(engine_err)?;
-            if got.is_empty() && after > 0 {
-                self.check_head(after)?;
-            }
-            return Ok(got);
+            let head = match got.is_empty() {
+                true => Some(self.check_head(after)?),
+                false => None,
+            };
+            return Ok((got, head));
         };
         let mut got = self
             .engine
             .read_after(after - 1, READ_BATCH)
             .map_err(engine_err)?;
-        match got.first() {
+        let head = match got.first() {
             Some((lsn, bytes)) if *lsn == after => {
                 if *bytes != applied_bytes {
                     return Err(self.lose(format!(
@@ -108,22 +119,36 @@ impl State {
                     )));
                 }
                 got.remove(0);
+                None
             }
-            // Gone: trimmed by a checkpoint (which never passes what every client applied),
-            // or lost.
-            _ => self.check_head(after)?,
-        }
-        Ok(got)
+            // Gone: trimmed by a checkpoint (which never passes what every client applied
+            // but one that joined as it was written), or lost.
+            _ => Some(self.check_head(after)?),
+        };
+        Ok((got, head))
     }
 
-    /// Fails if the engine's log ends before `applied`.
-    fn check_head(&self, applied: u64) -> Result<()> {
+    /// The engine's head; fails if its log ends before `applied`.
+    fn check_head(&self, applied: u64) -> Result<u64> {
         let head = self.engine.head().map_err(engine_err)?;
         match head < applied {
             true => Err(self.lose(format!(
                 "its log ends at change {head}, this client applied {applied}"
             ))),
-            false => Ok(()),
+            false => Ok(head),
+        }
+    }
+
+    /// Loads the engine's checkpoint if it is past `applied` (the log was trimmed past this
+    /// table); whether it did. A checkpoint not past it: the head moved with an append this
+    /// read missed, which the next read finds.
+    fn reload_if_newer(&self, fs: &Fs, in_request: bool, applied: u64) -> Result<bool> {
+        match self.engine.checkpoint().map_err(engine_err)? {
+            Some(c) if c.lsn > applied => {
+                self.load_checkpoint(fs, in_request, c)?;
+                Ok(true)
+            }
+            _ => Ok(false),
         }
     }
 
@@ -187,6 +212,16 @@ impl State {
                 ),
             ));
         }
+        self.load_checkpoint(fs, in_request, c)
+    }
+
+    /// Replaces the table with checkpoint `c` (under `catching`).
+    fn load_checkpoint(
+        &self,
+        fs: &Fs,
+        in_request: bool,
+        c: crate::engine::Checkpoint,
+    ) -> Result<()> {
         let meta =
             engine_image::decode(&c.image, &self.config).map_err(|e| Error::new(libc::EIO, e))?;
         log::warn!(
