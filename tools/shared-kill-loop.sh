@@ -5,12 +5,21 @@
 # with SIGKILL every 3 s and mounted again and two memory server hosts are started empty;
 # then every fsynced file is checked on every mount, every chunk's copies, and that `rm -rf`
 # and `volume rm --meta` leave no extent and no Redis key. ROUNDS times.
+# LOAD=1: two CPU hogs run throughout, as the 2-core CI machine is loaded by the test itself.
 #
 #   tools/shared-kill-loop.sh             # SECS=120 ROUNDS=1
+#   LOAD=1 ROUNDS=12 SECS=20 tools/shared-kill-loop.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SECS=${SECS:-120}
 ROUNDS=${ROUNDS:-1}
+if [ "${LOAD:-0}" = 1 ]; then
+  yes >/dev/null &
+  hog1=$!
+  yes >/dev/null &
+  hog2=$!
+  trap 'kill $hog1 $hog2 2>/dev/null' EXIT
+fi
 failed=0
 for ((r = 1; r <= ROUNDS; r++)); do
   if out=$(RMEMFS_TEST_KEEP=1 RMEMFS_KILL_LOOP_SECS=$SECS mount-tests/hosts.sh volume_shared_kill_loop 2>&1); then
