@@ -336,7 +336,12 @@ test_volume_shared_kill_loop() {
   done
   assert_eq "chunks short of copies after the rebuild" "$short" 0
   for i in 0 1 2; do
-    out=$(t python3 "$check" verify "$WORK/manifest$i" "${mnts[@]}" -- "w$i") || fail "verify w$i: $out"
+    if ! out=$(t python3 "$check" verify "$WORK/manifest$i" "${mnts[@]}" -- "w$i"); then
+      # What each client saw of servers' births and checkpoints, for the report (the work
+      # directory goes with the run).
+      grep -hE "birth|checkpoint|lost changes|evict" "$WORK"/client*.log | tail -n 15 >&2 || true
+      fail "verify w$i: $out"
+    fi
     log "$out"
   done
   must "rm -rf on host 3" rm -rf "${mnts[0]}/w0" "${mnts[0]}/w1" "${mnts[0]}/w2"
