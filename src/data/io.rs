@@ -94,9 +94,7 @@ impl DataStore {
     /// `file` listed there is forgotten, freeing nothing (the server lost that memory).
     /// Reads still using the old map finish first.
     pub fn forget_followed(&self, file: &FileData, server: u32) {
-        file.chunks.write().update_all(|c| {
-            c.remove(server);
-        });
+        file.chunks.write().forget_server(server);
     }
 
     /// Forgets `file`'s whole map, freeing nothing (the memory is its holder's or another

@@ -90,13 +90,7 @@ impl DataStore {
     /// returns how many. A chunk left with no copy is lost: it stays listed, so reads of it
     /// fail with EIO instead of reading a hole.
     pub(super) fn forget_copies(&self, chunks: &mut ChunkMap, server: ServerId) -> u64 {
-        let mut n = 0;
-        chunks.update_all(|c| {
-            if c.remove(server.0).is_some() {
-                n += 1;
-            }
-        });
-        n
+        chunks.forget_server(server.0)
     }
 
     /// Gives every copy on `server` the key `keys` lists for its address (the server

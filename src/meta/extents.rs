@@ -195,6 +195,18 @@ impl ChunkMap {
         }
     }
 
+    /// Takes every copy on `server` out (it lost them: it restarted empty); how many. A chunk
+    /// left with no copy stays listed, so reads of it fail instead of reading a hole.
+    pub fn forget_server(&mut self, server: u32) -> u64 {
+        let mut n = 0;
+        self.update_all(|c| {
+            if c.remove(server).is_some() {
+                n += 1;
+            }
+        });
+        n
+    }
+
     /// Takes the chunks at `from` and above out, in order.
     pub fn split_off(&mut self, from: u64) -> Vec<(u64, Chunk)> {
         let idxs: Vec<u64> = self.map.range(from..).map(|(i, _)| *i).collect();

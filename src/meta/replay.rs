@@ -122,9 +122,7 @@ impl Meta {
             } => {
                 if self.born_forgets(*server, birth, *stale) {
                     for (_, f) in self.files() {
-                        f.chunks.write().update_all(|c| {
-                            c.remove(*server);
-                        });
+                        f.chunks.write().forget_server(*server);
                     }
                 }
                 self.set_birth(*server, birth);

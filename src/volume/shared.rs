@@ -193,27 +193,16 @@ struct Appender<'a> {
 }
 
 impl Appender<'_> {
-    /// Appends `record` (a change in the table already), touching `keys`, claiming `claim`,
-    /// marking `marks`, checking `checked` (keys it reads and does not write, each at the
-    /// version this table holds or the one given, whichever is newer).
-    fn append(
-        &self,
-        record: &[u8],
-        keys: &[Ino],
-        claim: &[Ino],
-        marks: Marks<'_>,
-        checked: &[(Ino, u64)],
-    ) -> Sent {
-        self.send(record, keys, claim, marks, checked, true)
-    }
-
     /// Appends `record`, touching `keys`: a change not in the table, which a catch-up
     /// applies from the log as it does another client's ([`births`]).
     fn append_unapplied(&self, record: &[u8], keys: &[Ino]) -> Sent {
-        self.send(record, keys, &[], Marks::default(), &[], false)
+        self.append(record, keys, &[], Marks::default(), &[], false)
     }
 
-    fn send(
+    /// Appends `record` (a change in the table already, if `in_table`), touching `keys`,
+    /// claiming `claim`, marking `marks`, checking `checked` (keys it reads and does not
+    /// write, each at the version this table holds or the one given, whichever is newer).
+    fn append(
         &self,
         record: &[u8],
         keys: &[Ino],
@@ -306,7 +295,9 @@ impl crate::meta::Journal for EngineRecorder {
         let sent = loop {
             // The engine numbers the change: the frame's own LSN is left 0.
             let record = record::encode(0, &changes);
-            let sent = s.appender().append(&record, &keys, &claim, marks, &checked);
+            let sent = s
+                .appender()
+                .append(&record, &keys, &claim, marks, &checked, true);
             match &sent.answer {
                 Err(EngineError::Conflict { key, lsn }) if tries < BORN_RETRIES => {
                     let Some(server) = touch::server_of_key(*key) else {

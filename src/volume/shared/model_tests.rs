@@ -60,6 +60,7 @@ impl Journal for Recorder {
             &claim,
             crate::engine::Marks::default(),
             &[],
+            true,
         );
         if sent.answer.is_ok() {
             s.claimed.lock().extend(claim);
