@@ -4,7 +4,7 @@
 # Sourced by run.sh.
 
 # (servers 3 × 256M, two copies) The copy count changed live (`rmemfs admin set-replicas`)
-# while fio writes and verifies: 4 copies refused (3 at most); 3, then 1, reached by the
+# while fio writes and verifies: 5 copies refused (4 at most); 3, then 1, reached by the
 # background rebuild (stats: every chunk healthy at the count, none with extra copies, and a
 # file's placement shows that many copies per chunk); fio ends with zero errors; every file
 # reads back; the servers' used memory at one copy under half of what three held.
@@ -12,8 +12,8 @@ test_set_replicas() {
   local out st i total used3 used1 copies a
   seed_files 12
   start_fio_verify
-  out=$(t "$BIN" admin set-replicas "$MNT" 4 2>&1) && fail "4 copies were accepted: $out"
-  grep -q "between 1 and 3" <<<"$out" || fail "the refusal does not say why: $out"
+  out=$(t "$BIN" admin set-replicas "$MNT" 5 2>&1) && fail "5 copies were accepted: $out"
+  grep -q "between 1 and 4" <<<"$out" || fail "the refusal does not say why: $out"
   for copies in 3 1; do
     out=$(t "$BIN" admin set-replicas "$MNT" "$copies") || fail "set-replicas $copies: $out"
     log "$out"

@@ -32,6 +32,21 @@ pub fn server_control_timeout(client_op_timeout: Duration) -> Duration {
 /// over servers and a nearly full server still takes some.
 pub const CHUNK_SIZE: u64 = 1 << 20;
 
+/// Erasure coding (`--redundancy ec:K+M`, `data::coding`): a chunk is encoded once no write
+/// has touched its file for this long. Data being written keeps copies (a write to a stripe
+/// would have to update its parity in place, the write hole), and most files are written once
+/// and then read: HDFS and Ceph encode cold data the same way.
+pub const EC_COLD_AFTER: Duration = Duration::from_secs(5);
+
+/// Chunks shorter than this keep copies even under an erasure code: a small file's fragments
+/// would be a few pages each, and a read of it would touch several servers for the memory
+/// of one page saved.
+pub const EC_MIN_CHUNK: u64 = 64 << 10;
+
+/// Fragments are a multiple of this many bytes: the coder works on 64-byte blocks (and
+/// Reed-Solomon over GF(2^16) needs an even length).
+pub const EC_FRAGMENT_ALIGN: u64 = 64;
+
 /// Largest read or write FUSE hands the daemon in one request (the kernel's cap is 1 MiB with
 /// `max_pages` 256), and so the size of the pooled I/O buffers and the readahead window.
 pub const IO_SIZE: usize = 1 << 20;

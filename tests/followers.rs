@@ -78,7 +78,7 @@ fn a_follower_cannot_write_the_volume_one_sided() {
             .into_iter()
             .find(|(i, _)| *i == ino)
             .unwrap();
-    let chunk = *file.chunks.read().values().next().unwrap();
+    let chunk = file.chunks.read().values().next().unwrap().clone();
     let replica = chunk.replicas()[0];
     let region = RemoteRegion {
         server: ServerId(replica.server),

@@ -785,7 +785,7 @@ fn a_truncate_whose_zeroing_fails_frees_nothing_and_keeps_the_size() {
     t.write_file("f", 0, &data).unwrap();
     let holder = |idx: u64| {
         let files = t.fs.files();
-        let c = files[0].chunks.read()[&idx];
+        let c = files[0].chunks.read()[&idx].clone();
         c.replicas()[0].server
     };
     let (ends_in, past) = (holder(1), holder(2));
@@ -817,7 +817,7 @@ fn a_punch_whose_zeroing_fails_frees_nothing() {
     t.write_file("f", 0, &data).unwrap();
     let holder = |idx: u64| {
         let files = t.fs.files();
-        let c = files[0].chunks.read()[&idx];
+        let c = files[0].chunks.read()[&idx].clone();
         c.replicas()[0].server
     };
     let (whole, cut) = (holder(1), holder(2));

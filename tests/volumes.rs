@@ -150,7 +150,7 @@ fn a_fenced_holder_lands_no_byte_through_its_old_queue_pairs() {
         .filter(|(i, _)| *i == ino)
         .flat_map(|(_, f)| {
             let view = first.fs().data().view(&f);
-            let c = *view.get(&0).expect("one chunk");
+            let c = view.get(&0).expect("one chunk").clone();
             c.replicas()
                 .iter()
                 .map(|r| rmemfs::fabric::RemoteRegion {

@@ -94,6 +94,9 @@ impl DataStore {
     ) -> u64 {
         chunks
             .update(idx, |c| {
+                if c.stripe().is_some() {
+                    return 0; // a stripe's fragments stay where the encoder put them
+                }
                 let holders: Vec<u32> = c.replicas().iter().map(|r| r.server).collect();
                 if holders.iter().any(|&h| !self.pool.is_live(ServerId(h))) {
                     return 0; // the rebuild's to mend first

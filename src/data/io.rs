@@ -132,9 +132,21 @@ impl<'a> FileIo<'a> {
         (self.data, &mut self.chunks)
     }
 
+    /// As [`Self::settled`], for a change of the file's bytes in `[start, end)`: the file
+    /// is marked changed now (an erasure code waits for it to be left alone), and encoded
+    /// chunks holding those bytes are made copies first (a stripe is never written in place:
+    /// `coding`).
+    fn changing(&mut self, start: u64, end: u64) -> Result<(&'a DataStore, &mut ChunkMap)> {
+        self.file.touch();
+        let (data, chunks) = self.settled();
+        data.thaw_range(chunks, start, end)?;
+        Ok((data, chunks))
+    }
+
     /// Writes `payload` at file `offset`, allocating or growing chunks as needed.
     pub fn write(&mut self, offset: u64, payload: Payload<'_>) -> Result<()> {
-        let (data, chunks) = self.settled();
+        let end = offset.saturating_add(payload.bytes().len() as u64);
+        let (data, chunks) = self.changing(offset, end)?;
         data.write(chunks, offset, payload)
     }
 
@@ -150,6 +162,9 @@ impl<'a> FileIo<'a> {
             std::ptr::eq(&**file, self.file),
             "write_or_defer names the file it locked"
         );
+        let end = offset.saturating_add(payload.bytes().len() as u64);
+        self.file.touch();
+        self.data.thaw_range(&mut self.chunks, offset, end)?;
         if self
             .data
             .defer_write(file, &mut self.chunks, offset, &payload)?
@@ -178,14 +193,19 @@ impl<'a> FileIo<'a> {
 
     /// Cuts the file's data at `size` (zeroing the tail of the chunk it ends in).
     pub fn truncate(&mut self, size: u64) -> Result<()> {
-        let (data, chunks) = self.settled();
+        // Only the chunk the file now ends inside keeps bytes that change (its tail zeroed).
+        let inside = match size % self.data.chunk_size {
+            0 => size,
+            _ => size + 1,
+        };
+        let (data, chunks) = self.changing(size, inside)?;
         data.truncate(chunks, size)
     }
 
     /// Before the file grows from `size` to show `[size, to)`: zeroes what its chunks may
     /// hold there from a failed append (see [`crate::meta::ChunkMap::tail_unknown`]).
     pub fn zero_past_end(&mut self, size: u64, to: u64) -> Result<()> {
-        let (data, chunks) = self.settled();
+        let (data, chunks) = self.changing(size, to)?;
         data.zero_past_end(chunks, size, to)
     }
 
@@ -196,25 +216,28 @@ impl<'a> FileIo<'a> {
 
     /// Reserves remote memory for `[offset, offset+len)`.
     pub fn allocate(&mut self, offset: u64, len: u64) -> Result<()> {
-        let (data, chunks) = self.settled();
+        let (data, chunks) = self.changing(offset, offset.saturating_add(len))?;
         data.allocate(chunks, offset, len)
     }
 
     /// Punches a hole over `[offset, offset+len)`.
     pub fn punch(&mut self, offset: u64, len: u64) -> Result<()> {
-        let (data, chunks) = self.settled();
+        // Chunks the hole covers whole go as they are; those at its edges are changed.
+        let end = offset.saturating_add(len);
+        self.changing(offset, (offset + 1).min(end))?;
+        let (data, chunks) = self.changing(end.saturating_sub(1).max(offset), end)?;
         data.punch(chunks, offset, len)
     }
 
     /// Removes `[offset, offset+len)` of a file of `size` bytes, moving what follows down.
     pub fn collapse(&mut self, offset: u64, len: u64, size: u64) -> Result<()> {
-        let (data, chunks) = self.settled();
+        let (data, chunks) = self.changing(offset, size)?;
         data.collapse(chunks, offset, len, size)
     }
 
     /// Opens a hole of `len` bytes at `offset` in a file of `size` bytes.
     pub fn insert(&mut self, offset: u64, len: u64, size: u64) -> Result<()> {
-        let (data, chunks) = self.settled();
+        let (data, chunks) = self.changing(offset, size)?;
         data.insert(chunks, offset, len, size)
     }
 
@@ -223,6 +246,13 @@ impl<'a> FileIo<'a> {
     pub fn rebuild_chunk(&mut self, idx: u64) -> u64 {
         let (data, chunks) = self.settled();
         data.rebuild_chunk(chunks, idx)
+    }
+
+    /// Encodes chunk `idx` with the store's erasure code (see `coding`); the bytes written
+    /// (0: not encodable now).
+    pub fn encode_chunk(&mut self, idx: u64) -> Result<u64> {
+        let (data, chunks) = self.settled();
+        data.encode_chunk(chunks, idx)
     }
 
     /// Moves one copy of chunk `idx` toward even use of the servers (see
@@ -307,18 +337,13 @@ impl<'a> FileIo<'a> {
         let mut named = std::collections::HashSet::new();
         for e in log {
             if let Some(c) = self.chunks.get(&e.idx) {
-                named.extend(c.replicas().iter().map(|r| key(&super::region(c, r))));
+                named.extend(super::regions(c).iter().map(key));
             }
         }
         let made: Vec<RemoteRegion> = log
             .iter()
-            .filter_map(|e| e.chunk)
-            .flat_map(|c| {
-                c.replicas()
-                    .iter()
-                    .map(|r| super::region(&c, r))
-                    .collect::<Vec<_>>()
-            })
+            .filter_map(|e| e.chunk.clone())
+            .flat_map(|c| super::regions(&c))
             .collect();
         RETIRED.with(|r| {
             let mut retired = r.borrow_mut();
@@ -354,6 +379,11 @@ impl<'d> FileView<'d, '_> {
     /// [`DataStore::set_replicas`]).
     pub fn out_of_step(&self) -> Vec<u64> {
         self.data.out_of_step(&self.chunks)
+    }
+
+    /// The chunks the store's erasure code would encode now (see `coding`).
+    pub fn to_encode(&self) -> Vec<u64> {
+        self.data.to_encode(&self.chunks)
     }
 
     /// Where each chunk's copies are (`[[index, [address, ...]], ...]`).

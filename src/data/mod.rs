@@ -42,6 +42,7 @@ pub use io::{FileIo, FileView};
 mod balance;
 mod behind;
 mod buffers;
+mod coding;
 mod frrwp;
 mod io;
 mod read;
@@ -104,6 +105,15 @@ pub struct DataStore {
     /// Chunks given a new copy on the write path (a copy was on a server that was down),
     /// beside the rebuild's own count: what a restarted server's absence cost in copies.
     copied_on_write: crate::sync::atomic::AtomicU64,
+    /// The erasure code cold chunks are encoded with (`--redundancy ec:K+M`; see `coding`).
+    coding: Option<crate::meta::Coding>,
+    /// How long a file goes unwritten before its chunks are encoded.
+    cold_after: std::time::Duration,
+    /// What degraded reads of encoded chunks read fragments into: one at a time, and only
+    /// with a server down, so one buffer is enough (and stays registered in the cache).
+    decode_buf: Mutex<Bounce>,
+    /// The stripe last decoded.
+    decoded: Mutex<coding::Decoded>,
     /// Writes answered before they are remote (private mounts; see `behind`). After `cache`,
     /// so its arena's registrations go first.
     behind: Option<behind::WriteBehind>,
@@ -121,6 +131,8 @@ pub struct ReplicaHealth {
     /// Of the healthy ones, chunks with more copies than `--replicas` (lowered live: the
     /// rebuild drops the extra ones).
     pub surplus: u64,
+    /// Of all of them, chunks held as erasure-coded stripes (the others are copies).
+    pub encoded: u64,
     /// Chunks with a copy on a server being drained, and the bytes of those copies (what a
     /// drain has left to move).
     pub moving: u64,
@@ -183,14 +195,19 @@ impl ReadBuf<'_> {
     }
 }
 
-/// The copy `r` of chunk `c`, as the pool addresses it.
+/// The copy (or fragment) `r` of chunk `c`, as the pool addresses it.
 fn region(c: &Chunk, r: &Replica) -> RemoteRegion {
     RemoteRegion {
         server: ServerId(r.server),
         addr: r.addr,
-        len: c.len,
+        len: c.extent_len(),
         rkey: r.rkey,
     }
+}
+
+/// Every extent of chunk `c` (its copies, or its fragments), as the pool addresses them.
+fn regions(c: &Chunk) -> Vec<RemoteRegion> {
+    c.extents().iter().map(|r| region(c, r)).collect()
 }
 
 fn replica(r: &RemoteRegion) -> Replica {
@@ -306,6 +323,10 @@ impl DataStore {
             min_replicas: 1,
             repair_buf: Mutex::new(Self::make_bounce()?),
             copied_on_write: Default::default(),
+            coding: None,
+            cold_after: crate::config::EC_COLD_AFTER,
+            decode_buf: Mutex::new(Self::make_bounce()?),
+            decoded: Mutex::new(Default::default()),
             behind: None,
         })
     }
@@ -395,7 +416,7 @@ impl DataStore {
         let list: Vec<serde_json::Value> = chunks
             .iter()
             .map(|(idx, c)| {
-                let copies: Vec<_> = c.replicas().iter().map(|r| addr(r.server)).collect();
+                let copies: Vec<_> = c.extents().iter().map(|r| addr(r.server)).collect();
                 serde_json::json!([idx, copies])
             })
             .collect();

@@ -1,5 +1,6 @@
 //! Reads: one live copy of each chunk, spread by chunk index, moving to another copy when one
-//! fails; EIO only when none is left.
+//! fails; EIO only when none is left. An encoded chunk is read from the data fragments that
+//! hold the range, or decoded from any K fragments when one of those is gone (`coding`).
 
 use super::*;
 
@@ -105,12 +106,21 @@ impl DataStore {
         let mut avoid: Vec<u32> = Vec::new();
         loop {
             let mut ops = Vec::new();
+            // Pieces of encoded chunks missing a fragment they need: decoded after the batch.
+            let mut degraded = Vec::new();
             for (idx, in_chunk, n, at) in self.pieces(woff, len as u64) {
                 let covered = covered(idx, in_chunk, n);
                 if covered == 0 {
                     continue;
                 }
                 let c = &chunks[&idx];
+                if c.stripe().is_some() {
+                    match self.fragment_reads(c, in_chunk, covered, base + at, &avoid) {
+                        Some(reads) => ops.extend(reads),
+                        None => degraded.push((idx, in_chunk, covered, at)),
+                    }
+                    continue;
+                }
                 let copy = self.pick(c, idx, &avoid).ok_or_else(|| lost(idx))?;
                 ops.push(RemoteOp {
                     opcode: Opcode::Read,
@@ -123,11 +133,17 @@ impl DataStore {
                     offset: in_chunk,
                 });
             }
-            if ops.is_empty() {
-                return Ok(());
-            }
-            match self.run_ops(self.pin(base, len as u64)?, &ops) {
-                Ok(()) => return Ok(()),
+            let done = match ops.is_empty() {
+                true => Ok(()),
+                false => self.run_ops(self.pin(base, len as u64)?, &ops),
+            };
+            match done {
+                Ok(()) => {
+                    for piece in degraded {
+                        self.read_degraded(&chunks[&piece.0], piece, b, &avoid)?;
+                    }
+                    return Ok(());
+                }
                 Err(e) => match e.failed_server() {
                     Some(s) if !avoid.contains(&s.0) => {
                         log::warn!("read from {s} failed ({e}); reading another copy");

@@ -11,7 +11,19 @@ impl DataStore {
             let moving = self.moving_copies(c) as u64;
             if moving > 0 {
                 into.moving += 1;
-                into.moving_bytes += moving * c.len;
+                into.moving_bytes += moving * c.extent_len();
+            }
+            if let Some(s) = c.stripe() {
+                let live = self.live_fragment_count(s);
+                into.encoded += 1;
+                if live < s.k as usize {
+                    into.lost += 1;
+                } else if live < s.frags.len() {
+                    into.degraded += 1;
+                } else {
+                    into.healthy += 1;
+                }
+                continue;
             }
             let live = self.live_copies(c).count();
             if live == 0 {
@@ -109,8 +121,7 @@ impl DataStore {
             match keys.get(&r.addr) {
                 Some(&rkey) if rkey == r.rkey => {}
                 Some(&rkey) => {
-                    c.remove(server.0);
-                    c.add(crate::meta::Replica { rkey, ..r });
+                    c.rekey(server.0, rkey);
                     n += 1;
                 }
                 None => {
@@ -148,10 +159,13 @@ impl DataStore {
                 return;
             };
             if rkey != r.rkey {
-                c.remove(server.0);
-                c.add(crate::meta::Replica { rkey, ..r });
+                c.rekey(server.0, rkey);
             }
-            if self.live_copies(c).next().is_some() {
+            let readable_elsewhere = match c.stripe() {
+                Some(s) => self.live_fragment_count(s) >= s.k as usize,
+                None => self.live_copies(c).next().is_some(),
+            };
+            if readable_elsewhere {
                 if let Some(copy) = c.remove(server.0) {
                     gone.push(super::region(c, &copy));
                 }
@@ -167,7 +181,10 @@ impl DataStore {
         let want = self.replicas();
         chunks
             .iter()
-            .filter(|(_, c)| self.live_copies(c).count() < want)
+            .filter(|(_, c)| match c.stripe() {
+                Some(s) => self.live_fragment_count(s) < s.frags.len(),
+                None => self.live_copies(c).count() < want,
+            })
             .map(|(i, _)| *i)
             .collect()
     }
@@ -179,17 +196,19 @@ impl DataStore {
         chunks
             .iter()
             .filter(|(_, c)| {
-                self.live_copies(c).count() < want
-                    || c.replicas().len() > want
-                    || self.moving_copies(c) > 0
+                let short = match c.stripe() {
+                    Some(s) => self.live_fragment_count(s) < s.frags.len(),
+                    None => self.live_copies(c).count() < want || c.replicas().len() > want,
+                };
+                short || self.moving_copies(c) > 0
             })
             .map(|(i, _)| *i)
             .collect()
     }
 
-    /// Copies of `c` on servers being drained (to be moved off).
+    /// Copies (or fragments) of `c` on servers being drained (to be moved off).
     pub(super) fn moving_copies(&self, c: &Chunk) -> usize {
-        c.replicas()
+        c.extents()
             .iter()
             .filter(|r| self.pool.is_draining(ServerId(r.server)))
             .count()
@@ -206,6 +225,15 @@ impl DataStore {
     /// copy): copies on dead servers leave it while a live copy remains, and missing copies
     /// are placed and copied. Returns the bytes copied (0: nothing to do, or no room).
     pub(super) fn rebuild_chunk(&self, chunks: &mut ChunkMap, idx: u64) -> u64 {
+        // An encoded chunk short of fragments (or with one on a draining server) becomes
+        // copies again, decoded from what is left; the encoder makes it a whole stripe
+        // again once its file is cold (see `coding`).
+        if chunks.get(&idx).is_some_and(|c| c.stripe().is_some()) {
+            return self.thaw(chunks, idx).unwrap_or_else(|e| {
+                log::warn!("chunk {idx} stays degraded: decoding it failed: {e}");
+                0
+            });
+        }
         chunks
             .update(idx, |c| self.rebuild_copies(idx, c))
             .unwrap_or(0)

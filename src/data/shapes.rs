@@ -215,7 +215,7 @@ impl DataStore {
             let base = idx * cs;
             let from = offset.max(base) - base;
             let to = end.min(base + cs) - base;
-            let c = chunks[&idx];
+            let c = chunks[&idx].clone();
             if from == 0 && to >= c.len {
                 whole.push(idx);
             } else if from < c.len {
@@ -310,8 +310,8 @@ impl DataStore {
     /// Gives every copy of a chunk back once the operation is done (see `io::RETIRED`; a
     /// server that is gone took its memory with it).
     pub(super) fn free_chunk(&self, c: &Chunk) {
-        for copy in c.replicas() {
-            self.retire(region(c, copy));
+        for r in regions(c) {
+            self.retire(r);
         }
     }
 

@@ -190,11 +190,11 @@ impl DataStore {
         needed: u64,
         b: &Bounce,
     ) -> Result<()> {
-        let current = chunks.get(&idx).copied();
-        if current.is_some_and(|c| c.len >= needed) {
+        let current = chunks.get(&idx).cloned();
+        if current.as_ref().is_some_and(|c| c.len >= needed) {
             return Ok(());
         }
-        let len = self.target_len(idx, current.map_or(0, |c| c.len), needed);
+        let len = self.target_len(idx, current.as_ref().map_or(0, |c| c.len), needed);
         let mut regions = self.place(len)?;
         if let Some(old) = current {
             if let Err(e) = self.copy_chunk(&old, &mut regions, b) {

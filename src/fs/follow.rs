@@ -135,7 +135,7 @@ impl Fs {
                 }
                 Change::Extent { ino, idx, chunk } if !made.contains(ino) => {
                     if let Some(f) = existing.get(ino) {
-                        self.data().apply_followed(f, *idx, *chunk);
+                        self.data().apply_followed(f, *idx, chunk.clone());
                     }
                 }
                 Change::Drop { ino } => {

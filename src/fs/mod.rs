@@ -502,7 +502,7 @@ impl Fs {
         for (_, f) in self.files_by_ino() {
             let view = self.data.view(&f);
             for c in view.values() {
-                named.extend(c.replicas().iter().map(|r| (r.server, r.addr)));
+                named.extend(c.extents().iter().map(|r| (r.server, r.addr)));
             }
         }
         named

@@ -10,9 +10,10 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{Arc, RwLock};
 use std::collections::BTreeMap;
 
-/// Most copies of a chunk a mount keeps (`--replicas`): three survive any two failures, and
-/// every further copy costs a full write to one more server.
-pub const MAX_REPLICAS: usize = 3;
+/// Most copies of a chunk a mount keeps (`--replicas`): four survive any three failures, as
+/// an `ec:K+3` code's stripes do (its data being written keeps four copies), and every
+/// further copy costs a full write to one more server.
+pub const MAX_REPLICAS: usize = 4;
 
 /// One copy of a chunk: an extent on one memory server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -22,15 +23,111 @@ pub struct Replica {
     pub rkey: u64,
 }
 
+/// An erasure code's shape (`--redundancy ec:K+M`): `k` data fragments and `m` parity
+/// fragments, any `k` of which give the chunk back, so `m` servers may be lost at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Coding {
+    pub k: u8,
+    pub m: u8,
+}
+
+impl Coding {
+    /// Most data fragments: 16 keeps a 1 MiB chunk's fragments at 64 KiB or more (a
+    /// fragment shorter than that costs a round trip for too few bytes).
+    pub const MAX_K: usize = 16;
+    /// Most parity fragments: 4 faults at once is beyond what a rack's spare memory is
+    /// asked to survive (three copies survive two).
+    pub const MAX_M: usize = 4;
+
+    /// Whether `k` and `m` make a code this build uses: 2 to [`Self::MAX_K`] data fragments
+    /// (one would be a copy) and 1 to [`Self::MAX_M`] parity fragments.
+    pub fn valid(k: usize, m: usize) -> bool {
+        (2..=Self::MAX_K).contains(&k) && (1..=Self::MAX_M).contains(&m)
+    }
+
+    /// Servers a stripe spans.
+    pub fn width(&self) -> usize {
+        self.k as usize + self.m as usize
+    }
+}
+
+impl std::str::FromStr for Coding {
+    type Err = String;
+    /// `K+M`, as in `4+2`.
+    fn from_str(s: &str) -> Result<Coding, String> {
+        let bad = || {
+            format!(
+                "'{s}': an erasure code is K+M, K data fragments (2 to {}) and M parity \
+                 fragments (1 to {}), as in 4+2",
+                Self::MAX_K,
+                Self::MAX_M
+            )
+        };
+        let (k, m) = s.split_once('+').ok_or_else(bad)?;
+        let (k, m): (usize, usize) = (
+            k.trim().parse().map_err(|_| bad())?,
+            m.trim().parse().map_err(|_| bad())?,
+        );
+        if !Coding::valid(k, m) {
+            return Err(bad());
+        }
+        Ok(Coding {
+            k: k as u8,
+            m: m as u8,
+        })
+    }
+}
+
+impl std::fmt::Display for Coding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}+{}", self.k, self.m)
+    }
+}
+
+/// An erasure-coded chunk's fragments (`--redundancy ec:K+M`, see `data::coding`): the
+/// chunk's bytes cut into `k` data fragments of `frag_len` bytes each (fragment `i` holds
+/// chunk bytes `[i*frag_len, (i+1)*frag_len)`, the last one zero-padded), then `m` parity
+/// fragments, each on its own server. A stripe is never written in place: a write to the
+/// chunk makes it copies again first, so the fragments always decode to the chunk's bytes
+/// (no write hole). `id` names this stripe's bytes (a decoded stripe is cached under it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stripe {
+    pub id: u64,
+    pub k: u8,
+    pub m: u8,
+    pub frag_len: u64,
+    /// `k + m` fragments in order, data first; none: lost (its server restarted empty).
+    pub frags: Vec<Option<Replica>>,
+}
+
+impl Stripe {
+    pub fn coding(&self) -> Coding {
+        Coding {
+            k: self.k,
+            m: self.m,
+        }
+    }
+
+    /// The fragments still listed, with their positions.
+    pub fn present(&self) -> impl Iterator<Item = (usize, Replica)> + '_ {
+        self.frags
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| f.map(|r| (i, r)))
+    }
+}
+
 /// One remote chunk of a file: `len` bytes of server memory, on every replica, holding the
 /// file bytes from the chunk's start offset. `len` may be less than the chunk size (a small
 /// file's only chunk). Every listed replica holds the chunk's current bytes: a replica that
-/// misses a write is taken out of the list before that write is acknowledged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// misses a write is taken out of the list before that write is acknowledged. An encoded
+/// chunk has no replica but a [`Stripe`] of fragments.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunk {
     pub len: u64,
     count: u8,
     replicas: [Replica; MAX_REPLICAS],
+    stripe: Option<Arc<Stripe>>,
 }
 
 impl Chunk {
@@ -40,6 +137,7 @@ impl Chunk {
             len,
             count: 0,
             replicas: [Replica::default(); MAX_REPLICAS],
+            stripe: None,
         }
     }
 
@@ -52,13 +150,44 @@ impl Chunk {
         c
     }
 
+    /// A chunk of `len` bytes held as the fragments of `stripe`.
+    pub fn encoded(len: u64, stripe: Stripe) -> Chunk {
+        Chunk {
+            stripe: Some(Arc::new(stripe)),
+            ..Chunk::new(len)
+        }
+    }
+
+    /// The fragments of an encoded chunk.
+    pub fn stripe(&self) -> Option<&Stripe> {
+        self.stripe.as_deref()
+    }
+
+    /// The copies (none for an encoded chunk).
     pub fn replicas(&self) -> &[Replica] {
         &self.replicas[..self.count as usize]
     }
 
-    /// Adds a replica; false if the chunk has [`MAX_REPLICAS`] already or one on that server.
+    /// Every extent that holds a part of the chunk: its copies, or its fragments.
+    pub fn extents(&self) -> Vec<Replica> {
+        match self.stripe() {
+            Some(s) => s.present().map(|(_, r)| r).collect(),
+            None => self.replicas().to_vec(),
+        }
+    }
+
+    /// The bytes each of [`Chunk::extents`] is long.
+    pub fn extent_len(&self) -> u64 {
+        self.stripe().map_or(self.len, |s| s.frag_len)
+    }
+
+    /// Adds a replica; false if the chunk has [`MAX_REPLICAS`] already, one on that server,
+    /// or is encoded.
     pub fn add(&mut self, r: Replica) -> bool {
-        if self.count as usize == MAX_REPLICAS || self.on(r.server).is_some() {
+        if self.stripe.is_some()
+            || self.count as usize == MAX_REPLICAS
+            || self.on(r.server).is_some()
+        {
             return false;
         }
         self.replicas[self.count as usize] = r;
@@ -66,25 +195,78 @@ impl Chunk {
         true
     }
 
-    /// The replica on `server`, if any.
+    /// The replica (or fragment) on `server`, if any.
     pub fn on(&self, server: u32) -> Option<Replica> {
-        self.replicas().iter().find(|r| r.server == server).copied()
+        match self.stripe() {
+            Some(s) => s.present().map(|(_, r)| r).find(|r| r.server == server),
+            None => self.replicas().iter().find(|r| r.server == server).copied(),
+        }
     }
 
-    /// Takes the replica on `server` out (it missed a write or its server is gone).
+    /// Takes the replica on `server` out (it missed a write or its server is gone); of an
+    /// encoded chunk, the fragment there is marked lost (the others keep their positions).
     pub fn remove(&mut self, server: u32) -> Option<Replica> {
+        if let Some(s) = &mut self.stripe {
+            let i = s
+                .frags
+                .iter()
+                .position(|f| f.is_some_and(|r| r.server == server))?;
+            return Arc::make_mut(s).frags[i].take();
+        }
         let i = self.replicas().iter().position(|r| r.server == server)?;
         let r = self.replicas[i];
         self.replicas.copy_within(i + 1..self.count as usize, i);
         self.count -= 1;
         Some(r)
     }
+
+    /// The chunk with each extent's server renumbered by `to` (none: that server's extents
+    /// are gone: copies leave the list, fragments are marked lost).
+    pub fn renumbered(&self, to: impl Fn(u32) -> Option<u32>) -> Chunk {
+        let moved = |r: &Replica| {
+            Some(Replica {
+                server: to(r.server)?,
+                ..*r
+            })
+        };
+        match self.stripe() {
+            Some(s) => Chunk::encoded(
+                self.len,
+                Stripe {
+                    frags: s.frags.iter().map(|f| f.as_ref().and_then(moved)).collect(),
+                    ..s.clone()
+                },
+            ),
+            None => {
+                let copies: Vec<Replica> = self.replicas().iter().filter_map(moved).collect();
+                Chunk::with_replicas(self.len, &copies)
+            }
+        }
+    }
+
+    /// Gives the extent on `server` the key `rkey` (its server restarted with new keys).
+    pub fn rekey(&mut self, server: u32, rkey: u64) {
+        if let Some(s) = &mut self.stripe {
+            for r in Arc::make_mut(s).frags.iter_mut().flatten() {
+                if r.server == server {
+                    r.rkey = rkey;
+                }
+            }
+            return;
+        }
+        if let Some(r) = self.replicas[..self.count as usize]
+            .iter_mut()
+            .find(|r| r.server == server)
+        {
+            r.rkey = rkey;
+        }
+    }
 }
 
 /// One change to an extent map: chunk `idx` is now `chunk` (none: gone). `before` is what
 /// it replaced, so a change the namespace refused can be undone ([`ChunkMap::undo`]); only
 /// `idx` and `chunk` are recorded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExtentChange {
     pub idx: u64,
     pub chunk: Option<Chunk>,
@@ -148,12 +330,13 @@ impl ChunkMap {
 
     /// Sets chunk `idx`, returning the one it replaces.
     pub fn insert(&mut self, idx: u64, chunk: Chunk) -> Option<Chunk> {
-        let old = self.map.insert(idx, chunk);
-        self.account(chunk.len, old.map_or(0, |c| c.len));
+        let len = chunk.len;
+        let old = self.map.insert(idx, chunk.clone());
+        self.account(len, old.as_ref().map_or(0, |c| c.len));
         self.log.push(ExtentChange {
             idx,
             chunk: Some(chunk),
-            before: old,
+            before: old.clone(),
         });
         old
     }
@@ -165,7 +348,7 @@ impl ChunkMap {
         self.log.push(ExtentChange {
             idx: *idx,
             chunk: None,
-            before: Some(old),
+            before: Some(old.clone()),
         });
         Some(old)
     }
@@ -173,9 +356,9 @@ impl ChunkMap {
     /// Changes chunk `idx` in place (its copies, its length); none if there is no such chunk.
     pub fn update<R>(&mut self, idx: u64, change: impl FnOnce(&mut Chunk) -> R) -> Option<R> {
         let c = self.map.get_mut(&idx)?;
-        let before = *c;
+        let before = c.clone();
         let r = change(c);
-        let after = *c;
+        let after = c.clone();
         if after != before {
             self.account(after.len, before.len);
             self.log.push(ExtentChange {
@@ -247,7 +430,7 @@ impl ChunkMap {
     pub fn undo(&mut self, log: &[ExtentChange]) {
         let pending = std::mem::take(&mut self.log);
         for e in log.iter().rev() {
-            self.apply(e.idx, e.before);
+            self.apply(e.idx, e.before.clone());
         }
         self.log = pending;
     }
@@ -284,6 +467,15 @@ pub struct FileData {
     pub chunks: RwLock<ChunkMap>,
     /// Bytes the chunks hold (of one copy): `st_blocks`, kept by the map's mutators.
     held: Arc<AtomicU64>,
+    /// When a write last changed the file's bytes, in milliseconds since [`epoch`] (0:
+    /// not since this process started): an erasure code encodes only files left alone.
+    changed_ms: AtomicU64,
+}
+
+/// The process's start, as [`FileData`]'s change times count it.
+fn epoch() -> std::time::Instant {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(std::time::Instant::now)
 }
 
 impl Default for FileData {
@@ -292,6 +484,7 @@ impl Default for FileData {
         FileData {
             held: map.held.clone(),
             chunks: RwLock::new(map),
+            changed_ms: AtomicU64::new(0),
         }
     }
 }
@@ -307,6 +500,19 @@ impl FileData {
 
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
+    }
+
+    /// A write is changing the file's bytes now.
+    pub fn touch(&self) {
+        let ms = epoch().elapsed().as_millis() as u64;
+        self.changed_ms.store(ms.max(1), Ordering::Relaxed);
+    }
+
+    /// How long since a write last changed the file's bytes (since the process started, if
+    /// none did).
+    pub fn changed_ago(&self) -> std::time::Duration {
+        let then = std::time::Duration::from_millis(self.changed_ms.load(Ordering::Relaxed));
+        epoch().elapsed().saturating_sub(then)
     }
 }
 
@@ -341,7 +547,7 @@ mod tests {
         let log = m.take_log();
         let idxs: Vec<_> = log
             .iter()
-            .map(|e| (e.idx, e.chunk.map(|c| c.len)))
+            .map(|e| (e.idx, e.chunk.as_ref().map(|c| c.len)))
             .collect();
         assert_eq!(
             idxs,
@@ -361,7 +567,7 @@ mod tests {
         let mut m = f.chunks.write();
         m.insert(0, chunk(100, 0));
         m.take_log();
-        let start: Vec<(u64, Chunk)> = m.iter().map(|(i, c)| (*i, *c)).collect();
+        let start: Vec<(u64, Chunk)> = m.iter().map(|(i, c)| (*i, c.clone())).collect();
         m.update(0, |c| c.len = 60);
         m.insert(0, chunk(80, 1));
         m.insert(3, chunk(10, 1));
@@ -369,7 +575,7 @@ mod tests {
         let log = m.take_log();
         m.insert(9, chunk(5, 0));
         m.undo(&log);
-        let after: Vec<(u64, Chunk)> = m.iter().map(|(i, c)| (*i, *c)).collect();
+        let after: Vec<(u64, Chunk)> = m.iter().map(|(i, c)| (*i, c.clone())).collect();
         let mut want = start;
         want.push((9, chunk(5, 0)));
         assert_eq!(after, want);

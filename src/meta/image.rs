@@ -149,7 +149,7 @@ impl Image {
                 self.changes.push(Change::Extent {
                     ino,
                     idx: *idx,
-                    chunk: Some(*c),
+                    chunk: Some(c.clone()),
                 });
             }
         }

@@ -90,7 +90,7 @@ impl Meta {
                     .get(*ino)
                     .and_then(Inode::file)
                     .ok_or_else(|| missing("a chunk", *ino))?;
-                f.chunks.write().apply(*idx, *chunk);
+                f.chunks.write().apply(*idx, chunk.clone());
             }
             Change::Drop { ino } => {
                 self.remove(*ino);

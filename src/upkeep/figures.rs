@@ -9,6 +9,8 @@ use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub struct UpkeepFigures {
     /// What the background rebuild has done.
     pub rebuild: RebuildStats,
+    /// What the encoder of cold chunks has done (`--redundancy ec:K+M`).
+    pub encode: super::encode::EncodeStats,
     /// Panics of the upkeep threads, each contained.
     pub panics: UpkeepPanics,
     /// The drain running now (`rmemfs admin drain`), if any.
@@ -38,7 +40,13 @@ pub struct RebuildStats {
 }
 
 /// The upkeep threads, by the names `stats` counts their panics under.
-pub const UPKEEP_THREADS: [&str; 4] = ["heartbeat", "reconnect", "rebuild", "write-behind"];
+pub const UPKEEP_THREADS: [&str; 5] = [
+    "heartbeat",
+    "reconnect",
+    "rebuild",
+    "write-behind",
+    "encode",
+];
 
 /// Panics of each upkeep thread (in [`UPKEEP_THREADS`] order): each one logged, and the
 /// thread went on with its next round.

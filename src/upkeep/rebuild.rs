@@ -406,6 +406,19 @@ impl Rebuilder {
                     })
             })
             .transpose()?;
+        let (s, f, g) = (stop.clone(), fs.clone(), figures.clone());
+        let encode = (upkeep.rebuild && f.data().coding().is_some())
+            .then(|| {
+                std::thread::Builder::new()
+                    .name("encode".into())
+                    .spawn(move || {
+                        supervised("encode", &s, super::encode::ENCODE_SCAN, &g.panics, || {
+                            f.fault_point("encode");
+                            super::encode::pass(&f, &s, &g.encode);
+                        });
+                    })
+            })
+            .transpose()?;
         let (s, g) = (stop.clone(), figures.clone());
         let rebuild = upkeep
             .rebuild
@@ -448,6 +461,7 @@ impl Rebuilder {
             })
             .transpose()?;
         let mut threads = vec![heartbeat, reconnect];
+        threads.extend(encode);
         threads.extend(rebuild);
         threads.extend(behind);
         Ok(Rebuilder {

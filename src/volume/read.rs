@@ -6,7 +6,7 @@ use super::journal::region;
 use super::root::{Place, Root};
 use crate::data::DataStore;
 use crate::fabric::RemoteRegion;
-use crate::meta::{record, Change, Chunk, Meta, Replica};
+use crate::meta::{record, Change, Chunk, Meta};
 
 /// Records as the journal frames them: sequence number and changes.
 pub(super) type Records = Vec<(u64, Vec<Change>)>;
@@ -53,17 +53,7 @@ pub(super) fn permutation(
 /// `c` with its copies renumbered to this pool's servers; copies on a server attached
 /// without (`--force-without`) are gone.
 fn remap_chunk(c: &Chunk, perm: &[Option<u32>]) -> Chunk {
-    let replicas: Vec<Replica> = c
-        .replicas()
-        .iter()
-        .filter_map(|r| {
-            Some(Replica {
-                server: perm[r.server as usize]?,
-                ..*r
-            })
-        })
-        .collect();
-    Chunk::with_replicas(c.len, &replicas)
+    c.renumbered(|server| perm[server as usize])
 }
 
 /// `records`' changes with their chunk copies renumbered to this pool's servers.
@@ -75,7 +65,7 @@ pub(super) fn renumber(records: &mut Records, perm: &[Option<u32>]) -> Result<()
             } = c
             {
                 if chunk
-                    .replicas()
+                    .extents()
                     .iter()
                     .any(|r| r.server as usize >= perm.len())
                 {

@@ -238,7 +238,7 @@ impl TestFs {
         relayed: bool,
     ) -> TestFs {
         Self::build_full(
-            servers, size, chunk, path, copies, lease, config, relayed, false, false,
+            servers, size, chunk, path, copies, lease, config, relayed, false, Ok,
         )
     }
 
@@ -255,7 +255,7 @@ impl TestFs {
             FsConfig::default(),
             false,
             true,
-            false,
+            Ok,
         )
     }
 
@@ -278,13 +278,32 @@ impl TestFs {
             FsConfig::default(),
             false,
             true,
-            false,
+            Ok,
         );
         t.volume = Some((name.to_string(), chunk, WritePath::Frrwp));
         let attached = t.attach_volume(true).unwrap();
         t.fs = attached.fs;
         t.journal = Some(attached.journal);
         t
+    }
+
+    /// `servers` memory servers of `size` bytes, 1 MiB chunks, keeping `coding.m + 1` copies
+    /// of chunks being written and encoding cold ones with `coding` (`--redundancy ec:K+M`).
+    pub fn encoded(servers: usize, size: u64, coding: rmemfs::meta::Coding) -> TestFs {
+        let (lease, config) = (rmemfs::config::LEASE, FsConfig::default());
+        let copies = (coding.m as usize + 1, 1);
+        Self::build_full(
+            servers,
+            size,
+            1 << 20,
+            WritePath::Frrwp,
+            copies,
+            lease,
+            config,
+            false,
+            false,
+            move |d| Ok(d.encoded(coding).cold_after(Duration::ZERO)),
+        )
     }
 
     /// As [`TestFs::min_replicas`] with `chunk`-byte chunks, and small writes answered
@@ -304,7 +323,16 @@ impl TestFs {
         };
         let lease = rmemfs::config::LEASE;
         Self::build_full(
-            servers, size, chunk, path, copies, lease, config, false, false, true,
+            servers,
+            size,
+            chunk,
+            path,
+            copies,
+            lease,
+            config,
+            false,
+            false,
+            DataStore::write_behind,
         )
     }
 
@@ -319,7 +347,7 @@ impl TestFs {
         config: FsConfig,
         relayed: bool,
         backed: bool,
-        behind: bool,
+        finish: impl FnOnce(DataStore) -> rmemfs::error::Result<DataStore>,
     ) -> TestFs {
         let net = LocalNetwork::new();
         let mut srv = Vec::new();
@@ -368,7 +396,7 @@ impl TestFs {
             path,
         )
         .and_then(|d| d.replicated(replicas, min_replicas))
-        .and_then(|d| if behind { d.write_behind() } else { Ok(d) })
+        .and_then(finish)
         .unwrap();
         let fs = Arc::new(Fs::new(data, config));
         TestFs {

@@ -107,6 +107,11 @@ fn every_kind_of_change() -> Vec<Change> {
             idx: 9,
             chunk: None,
         },
+        Change::Extent {
+            ino: 5,
+            idx: 10,
+            chunk: Some(encoded_chunk()),
+        },
         Change::Drop { ino: 4 },
         Change::EntryAt {
             dir: 1,
@@ -121,6 +126,58 @@ fn every_kind_of_change() -> Vec<Change> {
             stale: true,
         },
     ]
+}
+
+/// A 4+2 stripe with its fifth fragment lost.
+fn encoded_chunk() -> Chunk {
+    let r = |server: u32| Replica {
+        server,
+        addr: 0x10000 * server as u64,
+        rkey: 0xabc + server as u64,
+    };
+    let mut frags: Vec<Option<Replica>> = (0..6).map(|s| Some(r(s))).collect();
+    frags[4] = None;
+    Chunk::encoded(
+        (1 << 20) - 5,
+        crate::meta::Stripe {
+            id: 0x1234_5678_9abc,
+            k: 4,
+            m: 2,
+            frag_len: 1 << 18,
+            frags,
+        },
+    )
+}
+
+#[test]
+fn only_a_record_naming_a_stripe_or_four_copies_takes_the_newer_format() {
+    let version =
+        |changes: &[Change]| u16::from_le_bytes(encode(1, changes)[4..6].try_into().unwrap());
+    let extent = |chunk: Chunk| Change::Extent {
+        ino: 2,
+        idx: 0,
+        chunk: Some(chunk),
+    };
+    let r = |server: u32| Replica {
+        server,
+        addr: 1,
+        rkey: 2,
+    };
+    assert_eq!(version(&[]), 1);
+    assert_eq!(
+        version(&[extent(Chunk::with_replicas(9, &[r(0), r(1), r(2)]))]),
+        1
+    );
+    assert_eq!(
+        version(&[extent(Chunk::with_replicas(9, &[r(0), r(1), r(2), r(3)]))]),
+        2
+    );
+    assert_eq!(version(&[extent(encoded_chunk())]), RECORD_VERSION);
+    // A stripe whose fragments cannot hold its length is damage.
+    let mut bad = encoded_chunk();
+    bad.len = 5 << 20;
+    let frame = encode(1, &[extent(bad)]);
+    assert!(matches!(read(&frame, 1).stop, Stop::Malformed(_)));
 }
 
 #[test]

@@ -56,7 +56,7 @@ pub(super) fn without_copies_on(
                 idx,
                 chunk: Some(chunk),
             } if chunk.on(server).is_some() => {
-                let mut kept = *chunk;
+                let mut kept = chunk.clone();
                 kept.remove(server);
                 if kept.replicas().is_empty() {
                     return Err(crate::error::Error::new(

@@ -1,0 +1,167 @@
+//! Erasure-coded chunks (`--redundancy ec:K+M`) over in-process servers: cold chunks become
+//! stripes holding (K+M)/K of the data, read back whole; with M servers gone they decode;
+//! a write to a stripe makes it copies first (never a stripe written in place); the rebuild
+//! brings a stripe short of a fragment back to full strength.
+
+mod common;
+
+use common::{bytes, TestFs};
+use rmemfs::meta::Coding;
+use rmemfs::upkeep::encode::{self, EncodeStats};
+use rmemfs::upkeep::figures::RebuildStats;
+use rmemfs::upkeep::rebuild::{self, Stop};
+
+const MIB: usize = 1 << 20;
+
+fn code(s: &str) -> Coding {
+    s.parse().unwrap()
+}
+
+/// One encoder pass; the chunks it left as copies.
+fn encode_all(t: &TestFs) -> u64 {
+    encode::pass(&t.fs, &Stop::default(), &EncodeStats::default())
+}
+
+/// Chunks held as stripes.
+fn stripes(t: &TestFs) -> u64 {
+    t.fs.replica_health().encoded
+}
+
+#[test]
+fn cold_chunks_become_stripes_that_read_back_and_hold_half_of_three_copies() {
+    let t = TestFs::encoded(6, 32 << 20, code("4+2"));
+    // Five whole chunks and a 256 KiB tail (encoded too: it is longer than EC_MIN_CHUNK).
+    let data = bytes(1, 5 * MIB + 256 * 1024);
+    t.create("big").unwrap();
+    t.write_file("big", 0, &data).unwrap();
+    let copied = t.remote_used();
+    // Chunks after the first are allocated whole: six chunks of 1 MiB.
+    assert_eq!(copied, 3 * 6 * MIB as u64, "three copies while hot");
+    assert_eq!(stripes(&t), 0, "nothing is encoded before the encoder runs");
+    assert_eq!(encode_all(&t), 0, "every chunk of the big file was encoded");
+    assert_eq!(stripes(&t), 6);
+    t.fs.data().settle_frees(std::time::Duration::from_secs(5));
+    // Three copies held 3x the chunks; their stripes hold 1.5x.
+    assert_eq!(t.remote_used(), copied / 2);
+    // A small file keeps its copies.
+    t.create("small").unwrap();
+    t.write_file("small", 0, &bytes(2, 8192)).unwrap();
+    assert_eq!(encode_all(&t), 0);
+    assert_eq!(stripes(&t), 6);
+    // Each stripe spans six servers.
+    let places = t.placement_addrs("big");
+    assert!(places.iter().all(|p| p.len() == 6), "{places:?}");
+    assert_eq!(t.read_file("big").unwrap(), data);
+    assert_eq!(t.read_file("small").unwrap(), bytes(2, 8192));
+    // Unaligned reads across fragment and chunk boundaries.
+    let ino = t.resolve("big").unwrap();
+    let fh = t.fs.open(ino, libc::O_RDONLY).unwrap();
+    for (off, len) in [
+        (262_000u64, 5000u32),
+        (MIB as u64 - 10, 20),
+        (3_333_333, 1 << 20),
+    ] {
+        let got = t.fs.read(ino, fh, off, len).unwrap();
+        let end = (off as usize + len as usize).min(data.len());
+        assert_eq!(got, &data[off as usize..end], "read of {len} at {off}");
+    }
+    t.fs.release(fh);
+}
+
+#[test]
+fn with_m_servers_lost_every_stripe_still_reads_back() {
+    for (servers, c) in [(6, "4+2"), (3, "2+1"), (11, "8+3")] {
+        let mut t = TestFs::encoded(servers, 32 << 20, code(c));
+        let data = bytes(3, 3 * MIB + 12345);
+        t.create("f").unwrap();
+        t.write_file("f", 0, &data).unwrap();
+        assert_eq!(encode_all(&t), 0);
+        assert_eq!(stripes(&t), 4, "{c}");
+        let m = code(c).m as usize;
+        for i in 0..m {
+            t.kill_server(i);
+        }
+        assert_eq!(t.read_file("f").unwrap(), data, "{c} with {m} servers gone");
+    }
+}
+
+#[test]
+fn one_server_more_than_m_lost_is_eio_not_wrong_bytes() {
+    let mut t = TestFs::encoded(3, 32 << 20, code("2+1"));
+    t.create("f").unwrap();
+    t.write_file("f", 0, &bytes(4, 2 * MIB)).unwrap();
+    assert_eq!(encode_all(&t), 0);
+    t.kill_server(0);
+    t.kill_server(1);
+    assert_eq!(t.read_file("f"), Err(libc::EIO));
+}
+
+#[test]
+fn a_write_to_a_stripe_makes_its_chunk_copies_again_and_the_rest_stays_encoded() {
+    let t = TestFs::encoded(6, 32 << 20, code("4+2"));
+    let mut data = bytes(5, 4 * MIB);
+    t.create("f").unwrap();
+    t.write_file("f", 0, &data).unwrap();
+    assert_eq!(encode_all(&t), 0);
+    assert_eq!(stripes(&t), 4);
+    let patch = bytes(6, 4096);
+    t.write_file("f", MIB as u64 + 1000, &patch).unwrap();
+    data[MIB + 1000..MIB + 1000 + 4096].copy_from_slice(&patch);
+    assert_eq!(stripes(&t), 3, "only the chunk written to left its stripe");
+    let places = t.placement_addrs("f");
+    assert_eq!(places[1].len(), 3, "the chunk written to has M+1 copies");
+    assert_eq!(t.read_file("f").unwrap(), data);
+    // A truncate into a stripe, then growing again: the cut bytes read as zeros.
+    let ino = t.resolve("f").unwrap();
+    t.fs.setattr(
+        ino,
+        &rmemfs::fs::SetAttr {
+            size: Some(2 * MIB as u64 + 100),
+            ..Default::default()
+        },
+        common::ME,
+    )
+    .unwrap();
+    t.fs.setattr(
+        ino,
+        &rmemfs::fs::SetAttr {
+            size: Some(3 * MIB as u64),
+            ..Default::default()
+        },
+        common::ME,
+    )
+    .unwrap();
+    data.truncate(2 * MIB + 100);
+    data.resize(3 * MIB, 0);
+    assert_eq!(t.read_file("f").unwrap(), data);
+    // Cold again, all of it is encoded again.
+    assert_eq!(encode_all(&t), 0);
+    assert_eq!(t.read_file("f").unwrap(), data);
+}
+
+#[test]
+fn a_stripe_short_of_a_fragment_is_rebuilt_and_encoded_again() {
+    let mut t = TestFs::encoded(7, 32 << 20, code("4+2"));
+    let data = bytes(7, 3 * MIB);
+    t.create("f").unwrap();
+    t.write_file("f", 0, &data).unwrap();
+    assert_eq!(encode_all(&t), 0);
+    let holders = t.placement_addrs("f");
+    let victim = t
+        .servers
+        .iter()
+        .position(|s| holders[0].contains(&s.local_addr().to_string()))
+        .unwrap();
+    t.kill_server(victim);
+    t.fs.data().pool().refresh();
+    let health = t.fs.replica_health();
+    assert!(health.degraded >= 1, "{health:?}");
+    let out = rebuild::pass(&t.fs, 0, &Stop::default(), &RebuildStats::default());
+    assert_eq!(out.left_degraded, 0, "{out:?}");
+    assert_eq!(t.read_file("f").unwrap(), data);
+    // The rebuilt chunks are copies until the encoder makes them stripes on live servers.
+    assert_eq!(encode_all(&t), 0);
+    let health = t.fs.replica_health();
+    assert_eq!((health.encoded, health.degraded), (3, 0), "{health:?}");
+    assert_eq!(t.read_file("f").unwrap(), data);
+}
