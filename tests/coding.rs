@@ -165,3 +165,53 @@ fn a_stripe_short_of_a_fragment_is_rebuilt_and_encoded_again() {
     assert_eq!((health.encoded, health.degraded), (3, 0), "{health:?}");
     assert_eq!(t.read_file("f").unwrap(), data);
 }
+
+#[test]
+fn a_volumes_stripes_are_in_its_journal_and_outlive_its_daemon() {
+    let mut t = TestFs::encoded_volume(6, 32 << 20, code("4+2"), "ec");
+    let data = bytes(8, 3 * MIB + 4321);
+    t.create("f").unwrap();
+    t.write_file("f", 0, &data).unwrap();
+    assert_eq!(encode_all(&t), 0);
+    assert_eq!(stripes(&t), 4);
+    t.fs.sync().expect("a volume mount syncs").unwrap();
+    t.crash_and_reattach();
+    assert_eq!(stripes(&t), 4, "the stripes were replayed from the journal");
+    assert_eq!(t.read_file("f").unwrap(), data);
+    // The copies the stripes replaced were freed, and nothing else was: every extent the
+    // servers hold is named by the table or the journal.
+    let h = t.fs.replica_health();
+    assert_eq!((h.copy_bytes, h.stripes_degraded), (0, 0), "{h:?}");
+    t.kill_server(0);
+    t.kill_server(1);
+    assert_eq!(
+        t.read_file("f").unwrap(),
+        data,
+        "decoded with two servers gone"
+    );
+}
+
+#[test]
+fn a_daemon_killed_between_the_fragments_and_the_switch_leaves_the_copies_whole() {
+    let mut t = TestFs::encoded_volume(6, 32 << 20, code("4+2"), "hole");
+    let data = bytes(9, 2 * MIB);
+    t.create("f").unwrap();
+    t.write_file("f", 0, &data).unwrap();
+    t.fs.sync().expect("a volume mount syncs").unwrap();
+    let copies = t.remote_used();
+    t.fs.data().die_before_switch();
+    assert_eq!(encode_all(&t), 2, "no chunk was switched to its stripe");
+    t.fs.data().settle_frees(std::time::Duration::from_secs(5));
+    assert!(t.remote_used() > copies, "the fragments were written");
+    t.crash_and_reattach();
+    assert_eq!(stripes(&t), 0);
+    assert_eq!(t.read_file("f").unwrap(), data);
+    // The fragments no record names were collected at attach.
+    t.fs.data().settle_frees(std::time::Duration::from_secs(5));
+    assert_eq!(t.remote_used(), copies);
+    // The next daemon encodes the chunks whole.
+    assert_eq!(encode_all(&t), 0);
+    t.kill_server(2);
+    t.kill_server(5);
+    assert_eq!(t.read_file("f").unwrap(), data);
+}

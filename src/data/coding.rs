@@ -43,6 +43,13 @@ impl DataStore {
         self
     }
 
+    /// Tests: the encoder stops for good between a stripe's fragments written and the map
+    /// switched to them, as a daemon killed at that moment does.
+    #[cfg(feature = "testing")]
+    pub fn die_before_switch(&self) {
+        self.die_before_switch.store(true, Ordering::Relaxed);
+    }
+
     /// Counts a file cold once no write touched it for `after` (tests: at once; the mount
     /// keeps [`EC_COLD_AFTER`]).
     pub fn cold_after(mut self, after: std::time::Duration) -> DataStore {
@@ -126,6 +133,11 @@ impl DataStore {
         if let Err(e) = self.write_fragments(&regions, &frags) {
             self.pool.free_all(&regions);
             return Err(e);
+        }
+        #[cfg(feature = "testing")]
+        if self.die_before_switch.load(Ordering::Relaxed) {
+            // The daemon dies here: fragments written, no map names them.
+            return Err(Error::new(libc::EIO, "died before the map switch (test)"));
         }
         let mut id = [0u8; 8];
         getrandom::fill(&mut id).map_err(|e| Error::new(libc::EIO, format!("random id: {e}")))?;

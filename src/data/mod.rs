@@ -114,6 +114,8 @@ pub struct DataStore {
     decode_buf: Mutex<Bounce>,
     /// The stripe last decoded.
     decoded: Mutex<coding::Decoded>,
+    #[cfg(feature = "testing")]
+    die_before_switch: crate::sync::atomic::AtomicBool,
     /// Writes answered before they are remote (private mounts; see `behind`). After `cache`,
     /// so its arena's registrations go first.
     behind: Option<behind::WriteBehind>,
@@ -131,8 +133,14 @@ pub struct ReplicaHealth {
     /// Of the healthy ones, chunks with more copies than `--replicas` (lowered live: the
     /// rebuild drops the extra ones).
     pub surplus: u64,
-    /// Of all of them, chunks held as erasure-coded stripes (the others are copies).
+    /// Of all of them, chunks held as erasure-coded stripes (the others are copies), and
+    /// of those, stripes with a fragment lost or on a server down.
     pub encoded: u64,
+    pub stripes_degraded: u64,
+    /// Bytes of server memory the chunks' copies hold (every copy), and the stripes'
+    /// fragments.
+    pub copy_bytes: u64,
+    pub stripe_bytes: u64,
     /// Chunks with a copy on a server being drained, and the bytes of those copies (what a
     /// drain has left to move).
     pub moving: u64,
@@ -327,6 +335,8 @@ impl DataStore {
             cold_after: crate::config::EC_COLD_AFTER,
             decode_buf: Mutex::new(Self::make_bounce()?),
             decoded: Mutex::new(Default::default()),
+            #[cfg(feature = "testing")]
+            die_before_switch: Default::default(),
             behind: None,
         })
     }

@@ -16,6 +16,10 @@ impl DataStore {
             if let Some(s) = c.stripe() {
                 let live = self.live_fragment_count(s);
                 into.encoded += 1;
+                into.stripe_bytes += s.present().count() as u64 * s.frag_len;
+                if live < s.frags.len() {
+                    into.stripes_degraded += 1;
+                }
                 if live < s.k as usize {
                     into.lost += 1;
                 } else if live < s.frags.len() {
@@ -25,6 +29,7 @@ impl DataStore {
                 }
                 continue;
             }
+            into.copy_bytes += c.replicas().len() as u64 * c.len;
             let live = self.live_copies(c).count();
             if live == 0 {
                 into.lost += 1;

@@ -64,13 +64,19 @@ pub struct MountArgs {
     /// $RMEMFS_SECRET_FILE. The embedded server uses it too.
     #[arg(long, value_name = "PATH")]
     pub secret_file: Option<PathBuf>,
-    /// Copies of every chunk, each on a different memory server (1 to 3): a file survives
+    /// Copies of every chunk, each on a different memory server (1 to 4): a file survives
     /// the loss of all but one. Default: 2 with two or more servers, else 1.
-    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=3))]
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=4))]
     pub replicas: Option<u8>,
     /// Fewest copies a write may land on when servers are down or full (fewer: EIO).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=4))]
     pub min_replicas: u8,
+    /// Erasure-code cold data: `ec:K+M` (K data and M parity fragments on K+M servers, as
+    /// in ec:4+2; M servers may be lost for (K+M)/K times the data). Data being written
+    /// keeps M+1 copies; chunks of files left unwritten for 5 s are encoded in the
+    /// background (doc/FAILURES.md). Private mounts and volumes; not with --replicas.
+    #[arg(long, value_name = "ec:K+M", value_parser = parse_redundancy, conflicts_with_all = ["replicas", "read_only", "meta"])]
+    pub redundancy: Option<crate::meta::Coding>,
     /// Bytes per second (K, M, G suffixes) the background rebuild copies at most while it
     /// restores the copies a dead server held; 0: no limit.
     #[arg(long, default_value_t = crate::config::REBUILD_RATE, value_parser = crate::size::parse_size)]
@@ -139,6 +145,16 @@ pub struct MountArgs {
     pub supervise: bool,
 }
 
+/// `--redundancy`'s grammar: `ec:K+M`.
+fn parse_redundancy(s: &str) -> Result<crate::meta::Coding, String> {
+    match s.split_once(':') {
+        Some(("ec", code)) => code.parse(),
+        _ => Err(format!(
+            "'{s}': --redundancy takes ec:K+M (as in ec:4+2); copies are --replicas N"
+        )),
+    }
+}
+
 impl MountArgs {
     /// What the mount is asked for: the secret read from its file (or
     /// `$RMEMFS_SECRET_FILE`), the namespace mode decided.
@@ -165,6 +181,7 @@ impl MountArgs {
             write_path: self.write_path,
             secret,
             replicas: self.replicas.map(usize::from),
+            coding: self.redundancy,
             min_replicas: usize::from(self.min_replicas),
             rebuild_rate: self.rebuild_rate,
             rebuild_delay: Duration::try_from_secs_f64(self.rebuild_delay)
@@ -269,8 +286,11 @@ pub struct MountConfig {
     pub write_path: crate::data::WritePath,
     /// The shared secret of the memory servers (also given to the embedded server).
     pub secret: crate::auth::Secret,
-    /// Copies of every chunk; `None`: 2 with two or more servers, else 1.
+    /// Copies of every chunk; `None`: 2 with two or more servers, else 1 (M+1 with an
+    /// erasure code).
     pub replicas: Option<usize>,
+    /// The erasure code cold chunks are encoded with (`--redundancy ec:K+M`), if any.
+    pub coding: Option<crate::meta::Coding>,
     /// Fewest copies a write may land on (fewer is EIO).
     pub min_replicas: usize,
     /// Bytes per second the background rebuild copies at most (0: no limit).
@@ -306,6 +326,10 @@ impl MountConfig {
 
     /// The copies each chunk gets over `servers` memory servers.
     pub fn replicas_for(&self, servers: usize) -> usize {
+        if let Some(coding) = self.coding {
+            // The same faults survived while the data is copies as once it is a stripe.
+            return coding.m as usize + 1;
+        }
         self.replicas.unwrap_or(if servers >= 2 {
             config::DEFAULT_REPLICAS
         } else {

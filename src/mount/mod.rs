@@ -303,6 +303,25 @@ fn reach_servers(
             _embedded: None,
         }
     };
+    if let Some(coding) = config.coding {
+        let journal = crate::config::JOURNAL_COPIES;
+        if matches!(config.namespace, Namespace::Held { .. }) && coding.m as usize >= journal {
+            return Err(format!(
+                "--redundancy ec:{coding} on a volume: its journal keeps {journal} copies, \
+                 which survive {} lost servers, not {}; use M of at most {}",
+                journal - 1,
+                coding.m,
+                journal - 1
+            ));
+        }
+        if coding.width() > servers.addrs.len() {
+            return Err(format!(
+                "--redundancy ec:{coding} needs at least {} memory servers ({} given)",
+                coding.width(),
+                servers.addrs.len()
+            ));
+        }
+    }
     let replicas = config.replicas_for(servers.addrs.len());
     if replicas > servers.addrs.len() {
         return Err(format!(
@@ -444,6 +463,10 @@ fn build_fs(
             config.replicas_for(servers.addrs.len()),
             config.min_replicas,
         )
+    })
+    .map(|d| match config.coding {
+        Some(coding) => d.encoded(coding),
+        None => d,
     })
     .map_err(|e| e.message)?;
     // SAFETY: geteuid/getegid have no preconditions.

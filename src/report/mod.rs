@@ -89,6 +89,33 @@ figures! {
 }
 
 figures! {
+    /// Redundancy by kind: what copies and erasure-coded stripes hold, and the encoder of
+    /// cold chunks (`--redundancy ec:K+M`; its figures stay 0 without it).
+    pub struct EncodingFigures ("encoding") {
+        /// Data fragments of the mount's erasure code (0: copies only)
+        k: Gauge,
+        /// Parity fragments of the mount's erasure code
+        m: Gauge,
+        /// Bytes the servers hold for chunk copies (every copy counted)
+        copy_bytes: Gauge,
+        /// Bytes the servers hold for stripes' fragments
+        stripe_bytes: Gauge,
+        /// Chunks held as stripes
+        stripes: Gauge,
+        /// Stripes with a fragment lost or on a server down (read by decoding)
+        stripes_degraded: Gauge,
+        /// Chunks the encoder left as copies in its last pass (0: encoding finished)
+        pending: Gauge,
+        /// Chunks the encoder made stripes since the mount
+        stripes_made: Counter,
+        /// Bytes of fragments the encoder wrote
+        bytes_encoded: Counter,
+        /// Passes of the encoder
+        passes: Counter,
+    }
+}
+
+figures! {
     /// A volume's journal (only on a mount with `--volume`).
     pub struct JournalFigures ("journal") {
         /// The epoch this daemon holds the volume at
@@ -253,6 +280,7 @@ pub struct MountReport {
     /// None unless a drain is running.
     pub drain: Option<DrainFigures>,
     pub namespace: NamespaceFigures,
+    pub encoding: EncodingFigures,
     /// None without a volume.
     pub journal: Option<JournalFigures>,
     /// None unless following a volume.
@@ -386,6 +414,22 @@ impl MountReport {
                 chunks_copied_on_write: fs.data().copied_on_write(),
             },
             namespace: NamespaceFigures { commits, changes },
+            encoding: {
+                let e = &upkeep.encode;
+                let code = data.coding();
+                EncodingFigures {
+                    k: code.map_or(0, |c| c.k as u64),
+                    m: code.map_or(0, |c| c.m as u64),
+                    copy_bytes: h.copy_bytes,
+                    stripe_bytes: h.stripe_bytes,
+                    stripes: h.encoded,
+                    stripes_degraded: h.stripes_degraded,
+                    pending: e.pending.load(Ordering::Relaxed),
+                    stripes_made: e.stripes_made.load(Ordering::Relaxed),
+                    bytes_encoded: e.bytes_written.load(Ordering::Relaxed),
+                    passes: e.passes.load(Ordering::Relaxed),
+                }
+            },
             journal: fs.journal_stats().map(|j| JournalFigures {
                 epoch: j.epoch,
                 committed: j.committed,
@@ -420,7 +464,7 @@ impl MountReport {
 
     /// The generic sections, for the text and the metrics.
     pub fn sections(&self) -> Vec<(&'static str, Vec<Figure>)> {
-        let mut sections = vec![section(&self.namespace)];
+        let mut sections = vec![section(&self.namespace), section(&self.encoding)];
         sections.extend(self.journal.as_ref().map(section));
         sections.extend(self.follower.as_ref().map(section));
         sections

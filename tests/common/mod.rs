@@ -39,6 +39,8 @@ pub struct TestFs {
     /// The servers' fabric nodes issue their own keys, as a verbs device does (a backed
     /// server's restart gives its extents new keys).
     pub device_keys: bool,
+    /// The erasure code a volume attached here encodes cold chunks with.
+    pub coding: Option<rmemfs::meta::Coding>,
 }
 
 /// A directory removed when dropped: on tmpfs (`/dev/shm`) where there is one.
@@ -411,6 +413,7 @@ impl TestFs {
             backing,
             backing_dir,
             device_keys: false,
+            coding: None,
         }
     }
 
@@ -428,6 +431,32 @@ impl TestFs {
             false,
         );
         t.volume = Some((name.to_string(), chunk, path));
+        let attached = t.attach_volume(true).unwrap();
+        t.fs = attached.fs;
+        t.journal = Some(attached.journal);
+        t
+    }
+
+    /// As [`TestFs::volume`] (1 MiB chunks), the volume's cold chunks encoded with `coding`.
+    pub fn encoded_volume(
+        servers: usize,
+        size: u64,
+        coding: rmemfs::meta::Coding,
+        name: &str,
+    ) -> TestFs {
+        let (lease, config) = (rmemfs::config::LEASE, FsConfig::default());
+        let mut t = Self::build(
+            servers,
+            size,
+            1 << 20,
+            WritePath::Frrwp,
+            (1, 1),
+            lease,
+            config,
+            false,
+        );
+        t.coding = Some(coding);
+        t.volume = Some((name.to_string(), 1 << 20, WritePath::Frrwp));
         let attached = t.attach_volume(true).unwrap();
         t.fs = attached.fs;
         t.journal = Some(attached.journal);
@@ -461,7 +490,13 @@ impl TestFs {
             CacheConfig::default(),
             path,
         )
-        .and_then(|d| d.replicated(addrs.len().min(2), 1))
+        .and_then(|d| match self.coding {
+            Some(c) => Ok(d
+                .replicated(c.m as usize + 1, 1)?
+                .encoded(c)
+                .cold_after(Duration::ZERO)),
+            None => d.replicated(addrs.len().min(2), 1),
+        })
         .map_err(|e| e.message)?;
         let config = FsConfig {
             dir_atime: true,
