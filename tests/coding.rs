@@ -215,3 +215,36 @@ fn a_daemon_killed_between_the_fragments_and_the_switch_leaves_the_copies_whole(
     t.kill_server(5);
     assert_eq!(t.read_file("f").unwrap(), data);
 }
+
+#[test]
+fn a_drain_moves_every_fragment_off_its_server() {
+    let t = TestFs::encoded(7, 32 << 20, code("4+2"));
+    let data = bytes(10, 3 * MIB);
+    t.create("f").unwrap();
+    t.write_file("f", 0, &data).unwrap();
+    assert_eq!(encode_all(&t), 0);
+    let gone = t.servers[0].local_addr();
+    let holds = |t: &TestFs| {
+        t.placement_addrs("f")
+            .iter()
+            .any(|c| c.contains(&gone.to_string()))
+    };
+    assert!(holds(&t), "server 0 held fragments (all seven servers take part)");
+    rmemfs::upkeep::membership::drain(
+        &t.fs,
+        None,
+        &Default::default(),
+        gone,
+        0,
+        &Stop::default(),
+        &|_| {},
+    )
+    .unwrap();
+    assert!(!holds(&t), "{:?}", t.placement_addrs("f"));
+    assert_eq!(t.read_file("f").unwrap(), data);
+    // The chunks the drain made copies become stripes again, on the six servers left.
+    assert_eq!(encode_all(&t), 0);
+    assert_eq!(stripes(&t), 3);
+    assert!(!holds(&t));
+    assert_eq!(t.read_file("f").unwrap(), data);
+}
