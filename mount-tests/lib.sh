@@ -648,6 +648,16 @@ server_field() {
     python3 mount-tests/json_expr.py "$expr"
 }
 
+# servers_total: the size of every server of $ADDRS, summed.
+servers_total() {
+  local a total=0 f
+  for a in ${ADDRS//,/ }; do
+    f=$(server_field "$a" 's["total_bytes"]') || return 1
+    total=$((total + f))
+  done
+  echo "$total"
+}
+
 # servers_free: the free bytes of every server of $ADDRS, summed.
 servers_free() {
   local a total=0 f

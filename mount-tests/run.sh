@@ -86,6 +86,7 @@ ALL_TESTS=(
   "replica_freeze 256M,256M,256M mount --op-timeout=2"
   "replica_pair 256M,256M mount --replicas=2"
   "set_replicas 256M,256M,256M mount"
+  "erasure_coded 64M,64M,64M,64M,64M,64M,64M mount --redundancy=ec:4+2"
   "add_server 256M,256M,256M mount --replicas=2"
   "rolling_restart 256M,256M,256M mount --replicas=2"
   "backed_restart shared nomount"
