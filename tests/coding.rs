@@ -229,7 +229,10 @@ fn a_drain_moves_every_fragment_off_its_server() {
             .iter()
             .any(|c| c.contains(&gone.to_string()))
     };
-    assert!(holds(&t), "server 0 held fragments (all seven servers take part)");
+    assert!(
+        holds(&t),
+        "server 0 held fragments (all seven servers take part)"
+    );
     rmemfs::upkeep::membership::drain(
         &t.fs,
         None,

@@ -100,7 +100,7 @@ wait_rebuilt() {
   local st k
   for ((k = 0; k < 6000; k++)); do
     st=$("$BIN" stats "$1")
-    grep -qE "^chunks: 2 copies each; .* degraded 0, lost 0$" <<<"$st" &&
+    grep -qE "^chunks: [0-9]+ copies each; .* degraded 0, lost 0$" <<<"$st" &&
       grep -q "DOWN" <<<"$st" && break
     sleep 0.1
   done

@@ -13,9 +13,10 @@
 //! two updates of one stripe's parity can race.
 //!
 //! Reads: a byte range reads the data fragments that hold it (fragment `i` holds chunk bytes
-//! `[i*f, (i+1)*f)`), one-sided as ever; a 4 KiB read touches one server. With a data
-//! fragment's server down, any K fragments are read whole and decoded; the last decoded
-//! stripe is kept, so a sequential read of a degraded chunk decodes it once.
+//! `[i*f, (i+1)*f)`), one-sided as ever; a 4 KiB read touches one server. A part of a read
+//! whose data fragment is gone is decoded from the same bytes of any K other fragments (the
+//! code works on each 64-byte column apart), so a degraded read costs K times its bytes and
+//! the decoding of them, never a whole stripe.
 
 use super::*;
 use crate::config::{EC_FRAGMENT_ALIGN, EC_MIN_CHUNK};
@@ -26,10 +27,67 @@ pub(super) fn frag_len(len: u64, k: u8) -> u64 {
     crate::fabric::mem::round_up(len.div_ceil(k as u64).max(1), EC_FRAGMENT_ALIGN)
 }
 
-/// The stripe last decoded, by its id (a degraded sequential read decodes it once).
-#[derive(Default)]
-pub(super) struct Decoded {
-    last: Option<(u64, Arc<Vec<u8>>)>,
+/// The buffers degraded reads read fragments into, taken one per decode: as many as decodes
+/// may run at once (a degraded sequential read has several FUSE threads decoding
+/// neighbouring parts; each decode is CPU-bound).
+pub(super) struct DecodeBuffers {
+    free: Mutex<Vec<Bounce>>,
+    returned: Condvar,
+}
+
+impl DecodeBuffers {
+    /// Decodes at once: the FUSE threads' default (more would wait for the cores anyway).
+    const COUNT: usize = 4;
+
+    pub(super) fn new() -> Result<DecodeBuffers> {
+        let bufs = (0..Self::COUNT)
+            .map(|_| DataStore::make_bounce())
+            .collect::<Result<Vec<_>>>()?;
+        Ok(DecodeBuffers {
+            free: Mutex::new(bufs),
+            returned: Condvar::new(),
+        })
+    }
+
+    fn take(&self) -> DecodeBuffer<'_> {
+        let mut free = self.free.lock();
+        loop {
+            if let Some(b) = free.pop() {
+                return DecodeBuffer {
+                    bufs: self,
+                    buf: Some(b),
+                };
+            }
+            free = self.returned.wait(free);
+        }
+    }
+}
+
+/// A decode buffer in use; back to the pool on drop.
+struct DecodeBuffer<'a> {
+    bufs: &'a DecodeBuffers,
+    buf: Option<Bounce>,
+}
+
+impl DecodeBuffer<'_> {
+    fn get(&self) -> &Bounce {
+        self.buf.as_ref().expect("present until drop")
+    }
+}
+
+impl Drop for DecodeBuffer<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            self.bufs.free.lock().push(b);
+            self.bufs.returned.notify_one();
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's decoder (see `decode_columns`).
+    static DECODER: std::cell::RefCell<Option<reed_solomon_simd::ReedSolomonDecoder>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 fn code_error(e: reed_solomon_simd::Error) -> Error {
@@ -231,9 +289,9 @@ impl DataStore {
         Ok(())
     }
 
-    /// The read ops for `n` bytes at `in_chunk` of encoded chunk `c`, landing at local
-    /// address `dst`: one per data fragment the range crosses. None if a fragment needed is
-    /// lost, on a server down, or in `avoid` (the range is read degraded instead).
+    /// The reads of `n` bytes at `in_chunk` of encoded chunk `c`, landing at local address
+    /// `dst`: a read op for each part of the range in a data fragment that is readable, and
+    /// a [`LostPart`] for each part in one that is lost, on a server down, or in `avoid`.
     pub(super) fn fragment_reads(
         &self,
         c: &Chunk,
@@ -241,73 +299,103 @@ impl DataStore {
         n: u64,
         dst: u64,
         avoid: &[u32],
-    ) -> Option<Vec<RemoteOp>> {
-        let s = c.stripe()?;
+    ) -> (Vec<RemoteOp>, Vec<LostPart>) {
+        let (mut ops, mut lost) = (Vec::new(), Vec::new());
+        let Some(s) = c.stripe() else {
+            return (ops, lost);
+        };
         let f = s.frag_len;
-        let mut ops = Vec::new();
         let mut pos = in_chunk;
         while pos < in_chunk + n {
-            let i = (pos / f) as usize;
+            let frag = (pos / f) as usize;
             let off = pos % f;
             let len = (f - off).min(in_chunk + n - pos);
-            let r = s.frags.get(i).copied().flatten()?;
-            if !self.pool.is_live(ServerId(r.server)) || avoid.contains(&r.server) {
-                return None;
-            }
-            ops.push(RemoteOp {
-                opcode: Opcode::Read,
-                local: Sge {
-                    addr: dst + (pos - in_chunk),
+            let at = dst + (pos - in_chunk);
+            match s.frags.get(frag).copied().flatten() {
+                Some(r) if self.pool.is_live(ServerId(r.server)) && !avoid.contains(&r.server) => {
+                    ops.push(RemoteOp {
+                        opcode: Opcode::Read,
+                        local: Sge {
+                            addr: at,
+                            len,
+                            lkey: 0,
+                        },
+                        remote: region(c, &r),
+                        offset: off,
+                    })
+                }
+                _ => lost.push(LostPart {
+                    frag,
+                    off,
                     len,
-                    lkey: 0,
-                },
-                remote: region(c, &r),
-                offset: off,
-            });
+                    dst: at,
+                }),
+            }
             pos += len;
         }
-        Some(ops)
+        (ops, lost)
     }
 
-    /// Reads piece `(idx, in_chunk, n, at)` of encoded chunk `c` (`n` bytes at `in_chunk`
-    /// of chunk `idx`) by decoding it from any K fragments, into `b` at `at`.
-    pub(super) fn read_degraded(
+    /// Reads `part` of encoded chunk `c` (chunk `idx`), whose data fragment is gone, by
+    /// decoding the same bytes of any K other fragments: the code works on each 64-byte
+    /// column of the fragments apart, so only the columns the part covers are read and
+    /// decoded (a degraded read costs K times its bytes, not a whole stripe). The bytes land
+    /// at `part.dst`, inside `b`.
+    pub(super) fn read_lost_part(
         &self,
         c: &Chunk,
-        (idx, in_chunk, n, at): (u64, u64, u64, u64),
+        idx: u64,
+        part: &LostPart,
         b: &Bounce,
         avoid: &[u32],
     ) -> Result<()> {
         let s = c.stripe().ok_or_else(|| lost(idx))?;
-        let cached = self
-            .decoded
-            .lock()
-            .last
-            .as_ref()
-            .filter(|(id, _)| *id == s.id)
-            .map(|(_, bytes)| bytes.clone());
-        let bytes = match cached {
-            Some(bytes) => bytes,
-            None => {
-                let bytes = Arc::new(self.decode(c, idx, avoid)?);
-                self.decoded.lock().last = Some((s.id, bytes.clone()));
-                bytes
-            }
-        };
-        let from = in_chunk as usize;
-        b.buf.write_at(at as usize, &bytes[from..from + n as usize]);
+        let k = s.k as u64;
+        // Columns per round: K of them fill the decode buffer at most.
+        let per_round = (IO_SIZE as u64 / k) / EC_FRAGMENT_ALIGN * EC_FRAGMENT_ALIGN;
+        let end = part.off + part.len;
+        let mut col = part.off / EC_FRAGMENT_ALIGN * EC_FRAGMENT_ALIGN;
+        while col < end {
+            let cols = (crate::fabric::mem::round_up(end, EC_FRAGMENT_ALIGN) - col).min(per_round);
+            // The part's bytes within these columns.
+            let from = part.off.max(col);
+            let to = end.min(col + cols);
+            let at = part.dst + (from - part.off) - b.buf.addr();
+            self.decode_columns(c, idx, part.frag, (col, cols), avoid, |bytes| {
+                b.buf.write_at(
+                    at as usize,
+                    &bytes[(from - col) as usize..(to - col) as usize],
+                )
+            })?;
+            col += cols;
+        }
         Ok(())
     }
 
-    /// The `c.len` bytes of encoded chunk `c`, from any K of its fragments (data ones
-    /// first: with all K of them no arithmetic is needed). A fragment whose read fails is
-    /// passed over; fewer than K left is EIO.
-    fn decode(&self, c: &Chunk, idx: u64, avoid: &[u32]) -> Result<Vec<u8>> {
+    /// Fragment `frag`'s bytes `[col, col+cols)` (64-byte aligned), decoded from the same
+    /// bytes of K other live fragments (a fragment whose read fails is passed over; fewer
+    /// than K left is EIO).
+    fn decode_columns(
+        &self,
+        c: &Chunk,
+        idx: u64,
+        frag: usize,
+        (col, cols): (u64, u64),
+        avoid: &[u32],
+        take: impl FnOnce(&[u8]),
+    ) -> Result<()> {
         let s = c.stripe().ok_or_else(|| lost(idx))?;
-        let (k, m, f) = (s.k as usize, s.m as usize, s.frag_len as usize);
+        let (k, m) = (s.k as usize, s.m as usize);
         let mut failed: Vec<u32> = avoid.to_vec();
-        let read = loop {
-            let chosen: Vec<(usize, Replica)> = self.live_fragments(s, &failed).take(k).collect();
+        let taken = self.decode_bufs.take();
+        let buf = taken.get();
+        let base = buf.buf.addr();
+        loop {
+            let chosen: Vec<(usize, Replica)> = self
+                .live_fragments(s, &failed)
+                .filter(|(i, _)| *i != frag)
+                .take(k)
+                .collect();
             if chosen.len() < k {
                 return Err(Error::new(
                     libc::EIO,
@@ -318,91 +406,75 @@ impl DataStore {
                     ),
                 ));
             }
-            match self.read_fragments(c, &chosen)? {
-                Ok(read) => break read,
+            let ops: Vec<RemoteOp> = chosen
+                .iter()
+                .enumerate()
+                .map(|(j, (_, r))| RemoteOp {
+                    opcode: Opcode::Read,
+                    local: Sge {
+                        addr: base + j as u64 * cols,
+                        len: cols,
+                        lkey: 0,
+                    },
+                    remote: region(c, r),
+                    offset: col,
+                })
+                .collect();
+            match self.run_ops(self.pin(base, cols * k as u64)?, &ops) {
+                Ok(()) => {}
                 Err(e) => match e.failed_server() {
-                    Some(s) if !failed.contains(&s.0) => failed.push(s.0),
+                    Some(server) if !failed.contains(&server.0) => {
+                        failed.push(server.0);
+                        continue;
+                    }
                     _ => return Err(e.into()),
                 },
             }
-        };
-        let mut out = vec![0u8; f * k];
-        let (data, parity): (Vec<_>, Vec<_>) = read.into_iter().partition(|(i, _)| *i < k);
-        for (i, bytes) in &data {
-            out[i * f..(i + 1) * f].copy_from_slice(bytes);
-        }
-        if data.len() < k {
-            let parity = parity.into_iter().map(|(i, b)| (i - k, b));
-            let restored = reed_solomon_simd::decode(k, m, data, parity).map_err(code_error)?;
-            for (i, bytes) in restored {
-                out[i * f..(i + 1) * f].copy_from_slice(&bytes);
-            }
-        }
-        out.truncate(c.len as usize);
-        Ok(out)
-    }
-
-    /// Reads the whole of each fragment `frags` names, as many at once as one buffer holds
-    /// (the inner error: a fragment's read failed, naming its server).
-    #[allow(clippy::type_complexity)]
-    fn read_fragments(
-        &self,
-        c: &Chunk,
-        frags: &[(usize, Replica)],
-    ) -> Result<std::result::Result<Vec<(usize, Vec<u8>)>, crate::client::PoolError>> {
-        let f = c.extent_len();
-        let buf = self.decode_buf.lock();
-        let base = buf.buf.addr();
-        let mut out: Vec<(usize, Vec<u8>)> = frags.iter().map(|(i, _)| (*i, Vec::new())).collect();
-        // (fragment's place in `frags`, offset in the fragment, bytes, offset in the buffer)
-        let mut round: Vec<(usize, u64, u64, u64)> = Vec::new();
-        let mut used = 0u64;
-        let run = |round: &mut Vec<(usize, u64, u64, u64)>,
-                   used: &mut u64,
-                   out: &mut Vec<(usize, Vec<u8>)>|
-         -> Result<std::result::Result<(), crate::client::PoolError>> {
-            if round.is_empty() {
-                return Ok(Ok(()));
-            }
-            let ops: Vec<RemoteOp> = round
-                .iter()
-                .map(|&(j, off, len, at)| RemoteOp {
-                    opcode: Opcode::Read,
-                    local: Sge {
-                        addr: base + at,
-                        len,
-                        lkey: 0,
-                    },
-                    remote: region(c, &frags[j].1),
-                    offset: off,
-                })
-                .collect();
-            if let Err(e) = self.run_ops(self.pin(base, *used)?, &ops) {
-                return Ok(Err(e));
-            }
-            for &(j, _, len, at) in round.iter() {
-                out[j]
-                    .1
-                    .extend_from_slice(&buf.buf.to_vec(at as usize, len as usize));
-            }
-            round.clear();
-            *used = 0;
-            Ok(Ok(()))
-        };
-        for j in 0..frags.len() {
-            let mut off = 0;
-            while off < f {
-                let len = (f - off).min(IO_SIZE as u64);
-                if used + len > IO_SIZE as u64 {
-                    if let Err(e) = run(&mut round, &mut used, &mut out)? {
-                        return Ok(Err(e));
+            // SAFETY: every read into the buffer completed (a batch waits for each of its
+            // ops), and the buffer is this thread's alone while `taken` is held: nothing
+            // writes it while these views live.
+            let shard = |j: usize| unsafe { buf.buf.quiet_bytes(j * cols as usize, cols as usize) };
+            // The decoder and its work memory are kept per thread: a fresh one maps and
+            // faults in new pages for every part.
+            return DECODER.with(|d| {
+                let mut d = d.borrow_mut();
+                let dec = match d.as_mut() {
+                    Some(dec) => {
+                        dec.reset(k, m, cols as usize).map_err(code_error)?;
+                        dec
                     }
+                    None => d.insert(
+                        reed_solomon_simd::ReedSolomonDecoder::new(k, m, cols as usize)
+                            .map_err(code_error)?,
+                    ),
+                };
+                for (j, (i, _)) in chosen.iter().enumerate() {
+                    match *i < k {
+                        true => dec.add_original_shard(*i, shard(j)),
+                        false => dec.add_recovery_shard(*i - k, shard(j)),
+                    }
+                    .map_err(code_error)?;
                 }
-                round.push((j, off, len, used));
-                used += len;
-                off += len;
-            }
+                let restored = dec.decode().map_err(code_error)?;
+                let bytes = restored.restored_original(frag).ok_or_else(|| {
+                    Error::new(
+                        libc::EIO,
+                        format!("chunk {idx}: fragment {frag} was not decoded"),
+                    )
+                })?;
+                take(bytes);
+                Ok(())
+            });
         }
-        Ok(run(&mut round, &mut used, &mut out)?.map(|()| out))
     }
+}
+
+/// A part of a read in a data fragment that cannot be read: decoded instead.
+pub(super) struct LostPart {
+    /// The data fragment, the offset in it and the bytes.
+    pub frag: usize,
+    pub off: u64,
+    pub len: u64,
+    /// Where the bytes go (a local address inside the read's buffer).
+    pub dst: u64,
 }

@@ -109,11 +109,9 @@ pub struct DataStore {
     coding: Option<crate::meta::Coding>,
     /// How long a file goes unwritten before its chunks are encoded.
     cold_after: std::time::Duration,
-    /// What degraded reads of encoded chunks read fragments into: one at a time, and only
-    /// with a server down, so one buffer is enough (and stays registered in the cache).
-    decode_buf: Mutex<Bounce>,
-    /// The stripe last decoded.
-    decoded: Mutex<coding::Decoded>,
+    /// What degraded reads of encoded chunks read fragments into (`coding::DecodeBuffers`):
+    /// a few, registered in the cache once, so decodes run on every core at once.
+    decode_bufs: coding::DecodeBuffers,
     #[cfg(feature = "testing")]
     die_before_switch: crate::sync::atomic::AtomicBool,
     /// Writes answered before they are remote (private mounts; see `behind`). After `cache`,
@@ -333,8 +331,7 @@ impl DataStore {
             copied_on_write: Default::default(),
             coding: None,
             cold_after: crate::config::EC_COLD_AFTER,
-            decode_buf: Mutex::new(Self::make_bounce()?),
-            decoded: Mutex::new(Default::default()),
+            decode_bufs: coding::DecodeBuffers::new()?,
             #[cfg(feature = "testing")]
             die_before_switch: Default::default(),
             behind: None,

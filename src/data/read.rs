@@ -106,7 +106,7 @@ impl DataStore {
         let mut avoid: Vec<u32> = Vec::new();
         loop {
             let mut ops = Vec::new();
-            // Pieces of encoded chunks missing a fragment they need: decoded after the batch.
+            // Parts of encoded chunks in a fragment that is gone: decoded after the batch.
             let mut degraded = Vec::new();
             for (idx, in_chunk, n, at) in self.pieces(woff, len as u64) {
                 let covered = covered(idx, in_chunk, n);
@@ -115,10 +115,10 @@ impl DataStore {
                 }
                 let c = &chunks[&idx];
                 if c.stripe().is_some() {
-                    match self.fragment_reads(c, in_chunk, covered, base + at, &avoid) {
-                        Some(reads) => ops.extend(reads),
-                        None => degraded.push((idx, in_chunk, covered, at)),
-                    }
+                    let (reads, lost) =
+                        self.fragment_reads(c, in_chunk, covered, base + at, &avoid);
+                    ops.extend(reads);
+                    degraded.extend(lost.into_iter().map(|part| (idx, part)));
                     continue;
                 }
                 let copy = self.pick(c, idx, &avoid).ok_or_else(|| lost(idx))?;
@@ -139,8 +139,8 @@ impl DataStore {
             };
             match done {
                 Ok(()) => {
-                    for piece in degraded {
-                        self.read_degraded(&chunks[&piece.0], piece, b, &avoid)?;
+                    for (idx, part) in &degraded {
+                        self.read_lost_part(&chunks[idx], *idx, part, b, &avoid)?;
                     }
                     return Ok(());
                 }
