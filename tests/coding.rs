@@ -251,3 +251,126 @@ fn a_drain_moves_every_fragment_off_its_server() {
     assert!(!holds(&t));
     assert_eq!(t.read_file("f").unwrap(), data);
 }
+
+#[test]
+fn writes_racing_the_encoder_and_the_rebuild_lose_nothing() {
+    let mut t = TestFs::encoded(7, 64 << 20, code("4+2"));
+    let mut model = bytes(11, 6 * MIB);
+    t.create("f").unwrap();
+    t.write_file("f", 0, &model).unwrap();
+    assert_eq!(encode_all(&t), 0);
+    t.kill_server(6);
+    let barrier = std::sync::Barrier::new(3);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            barrier.wait();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                encode_all(&t);
+            }
+        });
+        s.spawn(|| {
+            barrier.wait();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                rebuild::pass(&t.fs, 0, &Stop::default(), &RebuildStats::default());
+            }
+        });
+        barrier.wait();
+        // Writes of 4 KiB to 64 KiB spread over every chunk, each also made to the model.
+        for i in 0..200u64 {
+            let len = 4096 * (1 + (i * 7) % 16) as usize;
+            let off = ((i * 2_654_435_761) % (6 * MIB as u64 - len as u64)) as usize;
+            let patch = bytes(100 + i, len);
+            t.write_file("f", off as u64, &patch).unwrap();
+            model[off..off + len].copy_from_slice(&patch);
+        }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    assert_eq!(t.read_file("f").unwrap(), model);
+    // Cold at last, every chunk a whole stripe on the six live servers.
+    assert_eq!(encode_all(&t), 0);
+    let h = t.fs.replica_health();
+    assert_eq!((h.encoded, h.degraded, h.lost), (6, 0, 0), "{h:?}");
+    assert_eq!(t.read_file("f").unwrap(), model);
+}
+
+/// `mkdir PATH` from the root.
+fn mkdir(t: &TestFs, name: &str) {
+    let (p, n) = t.parent(name).unwrap();
+    t.fs.mkdir(p, n.as_bytes(), 0o755, common::ME).unwrap();
+}
+
+fn set_redundancy(t: &TestFs, path: &str, value: &str) -> Result<(), i32> {
+    let ino = t.resolve(path).unwrap();
+    t.fs.setxattr(
+        ino,
+        rmemfs::fs::REDUNDANCY_XATTR,
+        value.as_bytes(),
+        0,
+        common::ME,
+    )
+    .map_err(|e| e.errno)
+}
+
+#[test]
+fn a_directorys_redundancy_is_what_new_files_in_it_keep() {
+    // Three servers, two copies, no --redundancy: only files given a code are encoded.
+    let t = TestFs::copies_encoding_on_request(3, 32 << 20, 2);
+    mkdir(&t, "bulk");
+    set_redundancy(&t, "bulk", "ec:2+1").unwrap();
+    mkdir(&t, "bulk/sub");
+    let data = bytes(12, 2 * MIB);
+    for f in ["bulk/a", "bulk/sub/b", "c"] {
+        t.create(f).unwrap();
+        t.write_file(f, 0, &data).unwrap();
+    }
+    assert_eq!(encode_all(&t), 0);
+    let stripes_of = |f: &str| t.placement_addrs(f).iter().filter(|c| c.len() == 3).count();
+    assert_eq!(
+        (
+            stripes_of("bulk/a"),
+            stripes_of("bulk/sub/b"),
+            stripes_of("c")
+        ),
+        (2, 2, 0),
+        "files in the directory (and in its new subdirectory) are encoded, the other not"
+    );
+    let ino = t.resolve("bulk/sub/b").unwrap();
+    assert_eq!(
+        t.fs.getxattr(ino, rmemfs::fs::REDUNDANCY_XATTR).unwrap(),
+        b"ec:2+1"
+    );
+    for f in ["bulk/a", "bulk/sub/b", "c"] {
+        assert_eq!(t.read_file(f).unwrap(), data, "{f}");
+    }
+}
+
+#[test]
+fn a_file_set_to_copies_keeps_them_on_an_encoding_mount() {
+    let t = TestFs::encoded(6, 32 << 20, code("4+2"));
+    let data = bytes(13, 2 * MIB);
+    for f in ["hot", "cold"] {
+        t.create(f).unwrap();
+        t.write_file(f, 0, &data).unwrap();
+    }
+    set_redundancy(&t, "hot", "copies").unwrap();
+    assert_eq!(encode_all(&t), 0);
+    assert_eq!(stripes(&t), 2, "only the cold file's two chunks");
+    assert!(t.placement_addrs("hot").iter().all(|c| c.len() == 3));
+}
+
+#[test]
+fn a_redundancy_the_mount_cannot_keep_is_refused_at_setxattr() {
+    let t = TestFs::encoded(6, 32 << 20, code("4+2"));
+    t.create("f").unwrap();
+    for bad in ["ec:4", "ec:1+1", "ec:4+9", "raid6", "copies:2", ""] {
+        assert_eq!(set_redundancy(&t, "f", bad), Err(libc::EINVAL), "{bad:?}");
+    }
+    assert_eq!(
+        set_redundancy(&t, "f", "ec:8+3"),
+        Err(libc::ENOSPC),
+        "11 fragments on six"
+    );
+    set_redundancy(&t, "f", "ec:3+3").unwrap();
+    set_redundancy(&t, "f", "copies").unwrap();
+}

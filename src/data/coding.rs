@@ -125,12 +125,9 @@ impl DataStore {
         file.changed_ago() >= self.cold_after
     }
 
-    /// Whether chunk `c` is to be encoded: copies (all live) of at least [`EC_MIN_CHUNK`]
-    /// bytes, on a store that encodes, with K+M servers up to take the fragments.
-    fn encodable(&self, c: &Chunk) -> bool {
-        let Some(coding) = self.coding else {
-            return false;
-        };
+    /// Whether chunk `c` is to be encoded with `coding`: copies (all live) of at least
+    /// [`EC_MIN_CHUNK`] bytes, with K+M servers up to take the fragments.
+    fn encodable(&self, c: &Chunk, coding: Coding) -> bool {
         c.stripe().is_none()
             && c.len >= EC_MIN_CHUNK
             && !c.replicas().is_empty()
@@ -138,11 +135,11 @@ impl DataStore {
             && self.pool.placeable_servers() >= coding.width()
     }
 
-    /// Chunk indexes of `chunks` the encoder would take.
-    pub(super) fn to_encode(&self, chunks: &ChunkMap) -> Vec<u64> {
+    /// Chunk indexes of `chunks` the encoder would take with `coding`.
+    pub(super) fn to_encode(&self, chunks: &ChunkMap, coding: Coding) -> Vec<u64> {
         chunks
             .iter()
-            .filter(|(_, c)| self.encodable(c))
+            .filter(|(_, c)| self.encodable(c, coding))
             .map(|(i, _)| *i)
             .collect()
     }
@@ -162,15 +159,21 @@ impl DataStore {
         self.live_fragments(s, &[]).count()
     }
 
-    /// Encodes chunk `idx` (the file's map locked, so no write races it): its bytes read
+    /// Encodes chunk `idx` with `coding` (the file's map locked, so no write races it): its bytes read
     /// from a copy, the parity computed, K+M fragments written to fresh extents on distinct
     /// servers, then the map switched to them and the copies let go of. Returns the bytes
     /// written (0: not encodable now; the chunk keeps its copies).
-    pub(super) fn encode_chunk(&self, chunks: &mut ChunkMap, idx: u64) -> Result<u64> {
-        let Some(c) = chunks.get(&idx).cloned() else {
-            return Ok(0);
-        };
-        let Some(coding) = self.coding.filter(|_| self.encodable(&c)) else {
+    pub(super) fn encode_chunk(
+        &self,
+        chunks: &mut ChunkMap,
+        idx: u64,
+        coding: Coding,
+    ) -> Result<u64> {
+        let Some(c) = chunks
+            .get(&idx)
+            .cloned()
+            .filter(|c| self.encodable(c, coding))
+        else {
             return Ok(0);
         };
         let (k, m) = (coding.k as usize, coding.m as usize);

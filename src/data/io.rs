@@ -248,11 +248,11 @@ impl<'a> FileIo<'a> {
         data.rebuild_chunk(chunks, idx)
     }
 
-    /// Encodes chunk `idx` with the store's erasure code (see `coding`); the bytes written
-    /// (0: not encodable now).
-    pub fn encode_chunk(&mut self, idx: u64) -> Result<u64> {
+    /// Encodes chunk `idx` with `coding` (see `coding`); the bytes written (0: not
+    /// encodable now).
+    pub fn encode_chunk(&mut self, idx: u64, coding: crate::meta::Coding) -> Result<u64> {
         let (data, chunks) = self.settled();
-        data.encode_chunk(chunks, idx)
+        data.encode_chunk(chunks, idx, coding)
     }
 
     /// Moves one copy of chunk `idx` toward even use of the servers (see
@@ -381,9 +381,9 @@ impl<'d> FileView<'d, '_> {
         self.data.out_of_step(&self.chunks)
     }
 
-    /// The chunks the store's erasure code would encode now (see `coding`).
-    pub fn to_encode(&self) -> Vec<u64> {
-        self.data.to_encode(&self.chunks)
+    /// The chunks `coding` would encode now (see `coding`).
+    pub fn to_encode(&self, coding: crate::meta::Coding) -> Vec<u64> {
+        self.data.to_encode(&self.chunks, coding)
     }
 
     /// Where each chunk's copies are (`[[index, [address, ...]], ...]`).

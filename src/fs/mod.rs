@@ -30,6 +30,7 @@ mod hooks;
 mod locks;
 mod names;
 mod overwrite;
+mod redundancy;
 mod rules;
 mod turns;
 mod types;
@@ -40,6 +41,7 @@ pub use follow::{Invalidate, Invalidation};
 pub use freeze::{ChangeAdmitted, Frozen};
 pub use hooks::{Barrier, JournalStats, JournalView, VolumeHooks};
 pub use locks::{FileLock, HeldLock, LockKeeper, LockKind, LockType};
+pub use redundancy::REDUNDANCY_XATTR;
 pub use rules::{
     access_flags_name, Atime, Caller, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL,
     INODE_FLAGS,

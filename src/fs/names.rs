@@ -58,6 +58,7 @@ impl Fs {
     /// new inode's ACLs) instead of the caller's umask.
     pub(super) fn inherit_from_parent(&self, p: &Inode, inode: &mut Inode, caller: Caller) {
         inherit_group(p, inode);
+        super::redundancy::inherit(p, inode);
         // Symlinks have neither ACLs nor a umask.
         let default_acl = self
             .config

@@ -130,6 +130,8 @@ impl Fs {
             }
             stored = acl.to_xattr();
             value = &stored;
+        } else if name == super::redundancy::REDUNDANCY_XATTR {
+            self.check_redundancy(value)?;
         } else if name == crate::fs::acl::DEFAULT_XATTR {
             if kind != Kind::Dir {
                 return Err(Error::new(libc::EACCES, "a default ACL is for directories"));

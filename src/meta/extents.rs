@@ -84,6 +84,37 @@ impl std::fmt::Display for Coding {
     }
 }
 
+/// What keeps a file's data: copies (as many as the mount keeps), or stripes of an erasure
+/// code once cold. A file's or directory's `user.rmemfs.redundancy` attribute says it
+/// (`copies` or `ec:K+M`); without one, the mount's `--redundancy` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Redundancy {
+    Copies,
+    Coded(Coding),
+}
+
+impl std::str::FromStr for Redundancy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Redundancy, String> {
+        match s.split_once(':') {
+            None if s == "copies" => Ok(Redundancy::Copies),
+            Some(("ec", code)) => code.parse().map(Redundancy::Coded),
+            _ => Err(format!(
+                "'{s}': redundancy is copies or ec:K+M (as in ec:4+2)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Redundancy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Redundancy::Copies => write!(f, "copies"),
+            Redundancy::Coded(c) => write!(f, "ec:{c}"),
+        }
+    }
+}
+
 /// An erasure-coded chunk's fragments (`--redundancy ec:K+M`, see `data::coding`): the
 /// chunk's bytes cut into `k` data fragments of `frag_len` bytes each (fragment `i` holds
 /// chunk bytes `[i*frag_len, (i+1)*frag_len)`, the last one zero-padded), then `m` parity

@@ -20,7 +20,9 @@ mod replay;
 
 pub use batch::{Batch, Change, Journal};
 pub use dir::{Dir, FIRST_ENTRY_COOKIE};
-pub use extents::{Chunk, ChunkMap, Coding, ExtentChange, FileData, Replica, Stripe, MAX_REPLICAS};
+pub use extents::{
+    Chunk, ChunkMap, Coding, ExtentChange, FileData, Redundancy, Replica, Stripe, MAX_REPLICAS,
+};
 pub use image::Image;
 pub use replay::{add_chunks, Digest};
 

@@ -12,8 +12,10 @@ use crate::fs::Fs;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-/// How often the encoder looks for cold chunks.
+/// How often the encoder looks for cold chunks, on a mount with `--redundancy` (a mount
+/// without one looks every [`ENCODE_SCAN_UNASKED`], for files given a code of their own).
 pub const ENCODE_SCAN: Duration = Duration::from_secs(1);
+pub const ENCODE_SCAN_UNASKED: Duration = Duration::from_secs(10);
 
 /// What `stats` shows of the encoder.
 #[derive(Debug, Default)]
@@ -28,16 +30,17 @@ pub struct EncodeStats {
     pub pending: AtomicU64,
 }
 
-/// One pass of the encoder over every file; returns the chunks left to encode.
+/// One pass of the encoder over every file (each file's code: its own redundancy attribute,
+/// else the mount's); returns the chunks left to encode.
 pub fn pass(fs: &Fs, stop: &Stop, stats: &EncodeStats) -> u64 {
     let data = fs.data();
-    if data.coding().is_none() {
-        return 0;
-    }
     stats.running.store(true, Ordering::Relaxed);
     let mut pending = 0;
     for (ino, file) in fs.files_by_ino() {
-        let todo = data.view(&file).to_encode();
+        let Some(coding) = fs.file_coding(ino) else {
+            continue;
+        };
+        let todo = data.view(&file).to_encode(coding);
         if todo.is_empty() {
             continue;
         }
@@ -52,7 +55,7 @@ pub fn pass(fs: &Fs, stop: &Stop, stats: &EncodeStats) -> u64 {
                 break;
             }
             let mut io = data.lock(&file);
-            let done = io.encode_chunk(*idx);
+            let done = io.encode_chunk(*idx, coding);
             fs.commit_extents(ino, &mut io);
             match done {
                 Ok(0) => pending += 1,

@@ -407,12 +407,18 @@ impl Rebuilder {
             })
             .transpose()?;
         let (s, f, g) = (stop.clone(), fs.clone(), figures.clone());
-        let encode = (upkeep.rebuild && f.data().coding().is_some())
+        // Shared volumes keep copies (their clients would each encode chunks another may
+        // be writing); a follower's maps are its holder's.
+        let encode = (upkeep.rebuild && !f.is_shared())
             .then(|| {
+                let scan = match f.data().coding() {
+                    Some(_) => super::encode::ENCODE_SCAN,
+                    None => super::encode::ENCODE_SCAN_UNASKED,
+                };
                 std::thread::Builder::new()
                     .name("encode".into())
                     .spawn(move || {
-                        supervised("encode", &s, super::encode::ENCODE_SCAN, &g.panics, || {
+                        supervised("encode", &s, scan, &g.panics, || {
                             f.fault_point("encode");
                             super::encode::pass(&f, &s, &g.encode);
                         });

@@ -308,6 +308,24 @@ impl TestFs {
         )
     }
 
+    /// `servers` memory servers of `size` bytes, 1 MiB chunks and `replicas` copies, no
+    /// `--redundancy`; files given a code of their own are encoded once their writes end.
+    pub fn copies_encoding_on_request(servers: usize, size: u64, replicas: usize) -> TestFs {
+        let (lease, config) = (rmemfs::config::LEASE, FsConfig::default());
+        Self::build_full(
+            servers,
+            size,
+            1 << 20,
+            WritePath::Frrwp,
+            (replicas, 1),
+            lease,
+            config,
+            false,
+            false,
+            |d| Ok(d.cold_after(Duration::ZERO)),
+        )
+    }
+
     /// As [`TestFs::min_replicas`] with `chunk`-byte chunks, and small writes answered
     /// before they are remote, as on a private mount (`data::behind`). Nothing sends them in
     /// the background unless the test runs [`DataStore::flush_queued`].
