@@ -26,6 +26,13 @@
 #         restart (another boot id): the mount must take its copies for stale and read every
 #         acknowledged file back exactly, never the bytes the file held at the write-back.
 #
+#   e42   eight servers, --redundancy ec:4+2 --min-replicas 2: data written keeps three copies,
+#         cold chunks become stripes of four data and two parity fragments (the writers'
+#         overwrites, truncates and punches make them copies again); as r3m2, nothing
+#         acknowledged may be lost and no operation may fail, two servers killed at once
+#         included, and every stripe is whole again once the servers are back (the rebuild
+#         decodes the degraded ones, the encoder makes stripes of them again). Run it with
+#         CHAOS_PHASES="e42" (not in the default phases).
 #   v2m1  a volume (`--volume`) on two servers, --replicas 2: beside freezes, link cuts and
 #         kills of servers, faults of the volume's own. daemon_kill: the mount daemon gets
 #         SIGKILL while the writers write and is mounted again (attach replays the journal);
@@ -459,12 +466,13 @@ stop_writers() {
 
 # phase NAME SECONDS
 phase() {
-  local name=$1 secs=$2 servers copies min w start kind h i
+  local name=$1 secs=$2 servers copies min w start kind h i code=""
   local backing=() kinds=() volume=0 first=("${OVERLAPPING[@]}")
   BACKED=0
   case $name in
     r3m2) servers=4 copies=3 min=2 ALLOW_LOSS=0 ;;
     r2m2) servers=3 copies=2 min=2 ALLOW_LOSS=1 ;;
+    e42) servers=8 copies=3 min=2 ALLOW_LOSS=0 code=ec:4+2 ;;
     b2m2) servers=3 copies=2 min=2 ALLOW_LOSS=1 BACKED=1 ;;
     # Writes the daemon's kill cuts, and those a full pool refuses, fail: they are not
     # acknowledged, so their files leave the manifests (ALLOW_LOSS); acknowledged ones must
@@ -505,13 +513,18 @@ phase() {
     host_start "$i" 256M --op-timeout "$DETECT" --lease "$LEASE" "${backing[@]}" \
       2>>"$BASE/logs/hosts.err"
   done
-  MOUNT_OPTS=(--op-timeout "$DETECT" --replicas "$copies" --min-replicas "$min"
+  MOUNT_OPTS=(--op-timeout "$DETECT" --min-replicas "$min"
     --rebuild-delay 1 --rebuild-rate "$REBUILD_RATE" --secret-file "$HOSTS_SECRET")
+  if [ -n "$code" ]; then
+    MOUNT_OPTS+=(--redundancy "$code")
+  else
+    MOUNT_OPTS+=(--replicas "$copies")
+  fi
   [ "$volume" = 1 ] && MOUNT_OPTS+=(--volume "chaos-$SEED")
   mount_holder $([ "$volume" = 1 ] && echo --create) || fail "the phase's mount failed"
   mkdir -p "$MNT/w"
   ln -sfn "$MNT" "$CUR"
-  echo "chaos: phase $name: $servers servers, --replicas $copies --min-replicas $min, $secs s"
+  echo "chaos: phase $name: $servers servers, ${code:---replicas $copies} --min-replicas $min, $secs s"
   WRITER_PIDS=()
   for ((w = 0; w < WRITERS; w++)); do
     python3 "$WORKER" writer --dir "$CUR/w" --work "$WORK" --id "$w" --seed "$SEED-$name" \
