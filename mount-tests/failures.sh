@@ -126,29 +126,30 @@ test_replica_failover() {
   must "cmp the new file after a second kill" cmp "$WORK/after" "$MNT/after"
 }
 
-# (seven 64 MiB servers, --redundancy ec:4+2) Erasure-coded data: files written (three copies while
+# (seven 64 MiB servers, --redundancy ec:4+2; RMEMFS_TEST_EC_FILES files of 4 MiB, default 8)
+# Erasure-coded data: files written (three copies while
 # written) become stripes once cold, and the servers then hold 1.5x the files' bytes
 # (stats: stripe bytes, none pending; the servers' own used bytes within 1.6x plus what the
 # empty mount held); two servers killed at once, every file still reads back from the
 # servers (decoded); the rebuild brings every stripe back to six live fragments; a write into
 # an encoded file lands and reads back.
 test_erasure_coded() {
-  local i st used0 used data pend stripes
+  local i st used0 used data pend stripes files=${RMEMFS_TEST_EC_FILES:-8}
   used0=$(($(servers_total) - $(servers_free)))
-  for ((i = 0; i < 8; i++)); do
+  for ((i = 0; i < files; i++)); do
     dd if=/dev/urandom of="$WORK/f$i" bs=1M count=4 status=none
     must "write f$i" cp "$WORK/f$i" "$MNT/f$i"
   done
   must "sync" sync -f "$MNT"
-  data=$((8 * 4 << 20))
+  data=$((files * 4 << 20))
   # Encoded once the files have been left alone for 5 s (EC_COLD_AFTER), in a pass a second.
   for ((i = 0; i < 60; i++)); do
     pend=$(stats_field "$MNT" 's["encoding"]["pending"]')
     stripes=$(stats_field "$MNT" 's["encoding"]["stripes"]')
-    [ "$pend" -eq 0 ] && [ "$stripes" -eq 32 ] && break
+    [ "$pend" -eq 0 ] && [ "$stripes" -eq $((files * 4)) ] && break
     sleep 0.5
   done
-  [ "$stripes" -eq 32 ] && [ "$pend" -eq 0 ] ||
+  [ "$stripes" -eq $((files * 4)) ] && [ "$pend" -eq 0 ] ||
     fail "not encoded within 30 s: $stripes stripes, $pend pending"
   assert_eq "bytes held by stripes" "$(stats_field "$MNT" 's["encoding"]["stripe_bytes"]')" \
     $((data * 3 / 2))
@@ -158,7 +159,7 @@ test_erasure_coded() {
   [ "$used" -le $((data * 16 / 10)) ] || fail "servers hold $used bytes for $data of files"
   kill -KILL "${TEST_PIDS[0]}" "${TEST_PIDS[3]}"
   log "killed two of seven servers"
-  check_files 8 "with two servers killed"
+  check_files "$files" "with two servers killed"
   st=$(t "$BIN" stats "$MNT") || fail "rmemfs stats failed"
   grep -q "lost 0$" <<<"$(grep '^chunks' <<<"$st")" || fail "stats: $(grep '^chunks' <<<"$st")"
   # The rebuild decodes the degraded stripes into copies, the encoder makes stripes of them
@@ -166,11 +167,11 @@ test_erasure_coded() {
   # three copies, each on a live server.
   st=$(wait_copies 3 60 "after two kills")
   log "$(grep -E '^(chunks|rebuild|encoding)' <<<"$st")"
-  check_files 8 "after the rebuild"
+  check_files "$files" "after the rebuild"
   dd if=/dev/urandom of="$WORK/patch" bs=4K count=1 status=none
   must "write into f1" dd if="$WORK/patch" of="$MNT/f1" bs=4K seek=300 conv=notrunc status=none
   must "write into the copy" dd if="$WORK/patch" of="$WORK/f1" bs=4K seek=300 conv=notrunc status=none
-  check_files 8 "after a write into a file"
+  check_files "$files" "after a write into a file"
 }
 
 # (its own three 512 MiB servers with --backing; no mount) Backed memory servers keep what they lent

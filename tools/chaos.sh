@@ -574,6 +574,8 @@ phase() {
   [ "$volume" = 1 ] && echo "chaos:   attaches that made copies agree: $(cat "$WORK"/daemon*.log | grep -c "copies now agree" || true)"
   stats_field "$MNT" "'chunks %(healthy)d healthy, %(degraded)d degraded, %(lost)d lost' % s['chunks']" |
     sed 's/^/chaos:   /'
+  [ -n "$code" ] && stats_field "$MNT" "'stripes now %(stripes)d, made %(stripes_made)d in all, chunks left to encode %(pending)d' % s['encoding']" |
+    sed 's/^/chaos:   /'
   unmount_fs "$MNT" || fail "unmount failed"
   hosts_teardown
 }

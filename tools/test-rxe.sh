@@ -15,10 +15,12 @@
 #      compare, fio with crc32c verify, a memory server killed mid-use (EIO, no hang), and
 #      one of two servers killed during fio verify with two copies (no error at all), and
 #      backed servers (`serve --backing` on tmpfs) restarted in place: the mount resumes under
-#      the device's new keys, and a volume attaches again after everything was killed.
+#      the device's new keys, and a volume attaches again after everything was killed;
+#      erasure-coded files (ec:4+2 on seven servers) read back decoded with two servers
+#      killed, and rebuilt.
 # Settings: RMEMFS_RXE_TIMEOUT (seconds for the VM, default 840: the tier must stay under 15
 # minutes), RMEMFS_RXE_MOUNT_TESTS (default "cp_tree fio_verify server_death
-# replica_pair secret backed_restart")..
+# replica_pair secret backed_restart erasure_coded").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,7 +46,7 @@ if [ "${1:-}" = --build-only ]; then
   exit 0
 fi
 
-tests=${RMEMFS_RXE_MOUNT_TESTS:-cp_tree fio_verify server_death replica_pair secret backed_restart}
+tests=${RMEMFS_RXE_MOUNT_TESTS:-cp_tree fio_verify server_death replica_pair secret backed_restart erasure_coded}
 guest_script="set -e
 echo '== [rxe] fabric conformance on verbs (rxe0)'
 $conformance verbs --test-threads=1
@@ -54,7 +56,7 @@ RMEMFS_TEST_FABRIC=verbs RMEMFS_BIN=target/release/rmemfs-verbs $server_tests --
 echo '== [rxe] mount tests over verbs'
 RMEMFS_BIN=target/release/rmemfs-verbs RMEMFS_SERVE_ARGS='--fabric verbs' \
 RMEMFS_EXPECT_FABRIC=verbs RMEMFS_TEST_SERVER_SIZE=128M RMEMFS_TEST_FIO_SIZE=16M \
-RMEMFS_TEST_BACKED_SIZE=96M RMEMFS_TEST_TREE_FILES=60 \
+RMEMFS_TEST_BACKED_SIZE=96M RMEMFS_TEST_TREE_FILES=60 RMEMFS_TEST_EC_FILES=2 \
 RMEMFS_MOUNT_ARGS='--op-timeout 5' RMEMFS_TEST_TIMEOUT=240 mount-tests/run.sh $tests"
 
 echo "== rxe VM: conformance and mount tests over real soft-RoCE"

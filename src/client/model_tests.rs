@@ -236,7 +236,7 @@ impl RejoinModel {
     /// twice on a server.
     fn check_chunks(&self) {
         for (f, file) in self.files.iter().enumerate() {
-            let c = file.read()[&0];
+            let c = file.read()[&0].clone();
             let servers: Vec<u32> = c.replicas().iter().map(|r| r.server).collect();
             assert!(
                 servers.contains(&0),
@@ -328,7 +328,7 @@ fn model_rejoin_resumed_versus_rebuild_and_heal() {
             let_go.sort();
             assert_eq!(freed, let_go, "freed (sent or kept) against let go");
             for (f, file) in w.files.iter().enumerate() {
-                let c = file.read()[&0];
+                let c = file.read()[&0].clone();
                 assert_eq!(c.replicas().len(), REPLICAS, "file {f} left short");
                 let old = old_copy(f as u64);
                 let kept = c.on(GONE).is_some();
