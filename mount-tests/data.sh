@@ -449,6 +449,11 @@ print(d, h, n)' "$m/sparse" "$m/sparse-copy") || fail "seek/copy: $out"
   # (On a directory: under the writeback cache the kernel keeps a regular file's ctime itself
   # and FUSE's chattr path does not touch it, a kernel limit doc/SEMANTICS.md names.)
   before=$(stat -c %.9Z "$m/imm")
+  # Times come from the coarse clock (as the kernel's own: a tick of a few ms): wait for it to
+  # pass the ctime before, or a chattr within the same tick would leave it equal.
+  # (5: CLOCK_REALTIME_COARSE, which Python does not name.)
+  python3 -c 'import sys, time
+while time.clock_gettime(5) <= float(sys.argv[1]): time.sleep(0.001)' "$before"
   must "chattr +d" chattr +d "$m/imm"
   python3 -c 'import sys; sys.exit(0 if float(sys.argv[2]) > float(sys.argv[1]) else 1)' \
     "$before" "$(stat -c %.9Z "$m/imm")" || fail "chattr +d did not move the directory's ctime"

@@ -297,8 +297,9 @@ pub const CHECKPOINT_SLICE: usize = 10_000;
 /// needs more names than this per server.
 pub const MAX_VOLUMES_PER_SERVER: usize = 1024;
 
-/// Copies of a volume's journal and checkpoint, each on another server: as many as a chunk
-/// may have ([`crate::meta::MAX_REPLICAS`]), so the namespace survives whatever its files do.
+/// Copies of a volume's journal and checkpoint, each on another server: three survive any
+/// two lost servers, what `--replicas 3` and `ec:K+2` promise of the files (a volume refuses
+/// an erasure code with more parity; `--replicas 4` is for private mounts' sake).
 pub const JOURNAL_COPIES: usize = 3;
 
 #[cfg(test)]

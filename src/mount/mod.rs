@@ -323,6 +323,15 @@ fn reach_servers(
         }
     }
     let replicas = config.replicas_for(servers.addrs.len());
+    let journal = crate::config::JOURNAL_COPIES;
+    if replicas > journal && !matches!(config.namespace, Namespace::Private) {
+        return Err(format!(
+            "--replicas {replicas} on a volume: its journal keeps {journal} copies, which \
+             survive {} lost servers, not {}; use at most {journal}",
+            journal - 1,
+            replicas - 1
+        ));
+    }
     if replicas > servers.addrs.len() {
         return Err(format!(
             "--replicas {replicas} needs at least {replicas} memory servers ({} given)",

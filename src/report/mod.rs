@@ -92,10 +92,10 @@ figures! {
     /// Redundancy by kind: what copies and erasure-coded stripes hold, and the encoder of
     /// cold chunks (`--redundancy ec:K+M`; its figures stay 0 without it).
     pub struct EncodingFigures ("encoding") {
-        /// Data fragments of the mount's erasure code (0: copies only)
-        k: Gauge,
-        /// Parity fragments of the mount's erasure code
-        m: Gauge,
+        /// Data fragments (K) of the mount's erasure code (0: copies only)
+        data_fragments: Gauge,
+        /// Parity fragments (M) of the mount's erasure code
+        parity_fragments: Gauge,
         /// Bytes the servers hold for chunk copies (every copy counted)
         copy_bytes: Gauge,
         /// Bytes the servers hold for stripes' fragments
@@ -418,8 +418,8 @@ impl MountReport {
                 let e = &upkeep.encode;
                 let code = data.coding();
                 EncodingFigures {
-                    k: code.map_or(0, |c| c.k as u64),
-                    m: code.map_or(0, |c| c.m as u64),
+                    data_fragments: code.map_or(0, |c| c.k as u64),
+                    parity_fragments: code.map_or(0, |c| c.m as u64),
                     copy_bytes: h.copy_bytes,
                     stripe_bytes: h.stripe_bytes,
                     stripes: h.encoded,
