@@ -374,3 +374,15 @@ fn a_redundancy_the_mount_cannot_keep_is_refused_at_setxattr() {
     set_redundancy(&t, "f", "ec:3+3").unwrap();
     set_redundancy(&t, "f", "copies").unwrap();
 }
+
+#[test]
+fn chunks_waiting_for_servers_are_counted_pending() {
+    let mut t = TestFs::encoded(6, 32 << 20, code("4+2"));
+    t.create("f").unwrap();
+    t.write_file("f", 0, &bytes(14, 2 * MIB)).unwrap();
+    t.kill_server(5);
+    t.fs.data().pool().refresh();
+    // Five servers cannot take six fragments: encoding has not finished, and says so.
+    assert_eq!(encode_all(&t), 2);
+    assert_eq!(stripes(&t), 0);
+}

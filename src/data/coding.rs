@@ -125,21 +125,30 @@ impl DataStore {
         file.changed_ago() >= self.cold_after
     }
 
-    /// Whether chunk `c` is to be encoded with `coding`: copies (all live) of at least
-    /// [`EC_MIN_CHUNK`] bytes, with K+M servers up to take the fragments.
-    fn encodable(&self, c: &Chunk, coding: Coding) -> bool {
-        c.stripe().is_none()
-            && c.len >= EC_MIN_CHUNK
-            && !c.replicas().is_empty()
-            && self.live_copies(c).count() == c.replicas().len()
-            && self.pool.placeable_servers() >= coding.width()
+    /// Whether chunk `c` is for an erasure code to take: copies of at least
+    /// [`EC_MIN_CHUNK`] bytes.
+    fn wants_encoding(c: &Chunk) -> bool {
+        c.stripe().is_none() && c.len >= EC_MIN_CHUNK && !c.replicas().is_empty()
     }
 
-    /// Chunk indexes of `chunks` the encoder would take with `coding`.
-    pub(super) fn to_encode(&self, chunks: &ChunkMap, coding: Coding) -> Vec<u64> {
+    /// Whether `coding`'s fragments have servers enough to go to now (K+M up, not draining).
+    pub fn may_encode(&self, coding: Coding) -> bool {
+        self.pool.placeable_servers() >= coding.width()
+    }
+
+    /// Whether chunk `c` can be encoded with `coding` now: it wants it, its copies are all
+    /// live, and the fragments have servers to go to.
+    fn encodable(&self, c: &Chunk, coding: Coding) -> bool {
+        Self::wants_encoding(c)
+            && self.live_copies(c).count() == c.replicas().len()
+            && self.may_encode(coding)
+    }
+
+    /// Chunk indexes of `chunks` an erasure code is to take (now or once it can).
+    pub(super) fn to_encode(&self, chunks: &ChunkMap) -> Vec<u64> {
         chunks
             .iter()
-            .filter(|(_, c)| self.encodable(c, coding))
+            .filter(|(_, c)| Self::wants_encoding(c))
             .map(|(i, _)| *i)
             .collect()
     }

@@ -381,9 +381,9 @@ impl<'d> FileView<'d, '_> {
         self.data.out_of_step(&self.chunks)
     }
 
-    /// The chunks `coding` would encode now (see `coding`).
-    pub fn to_encode(&self, coding: crate::meta::Coding) -> Vec<u64> {
-        self.data.to_encode(&self.chunks, coding)
+    /// The chunks an erasure code is to take, now or once it can (see `coding`).
+    pub fn to_encode(&self) -> Vec<u64> {
+        self.data.to_encode(&self.chunks)
     }
 
     /// Where each chunk's copies are (`[[index, [address, ...]], ...]`).

@@ -25,8 +25,9 @@ pub struct EncodeStats {
     /// Chunks made stripes, and the bytes their fragments took.
     pub stripes_made: AtomicU64,
     pub bytes_written: AtomicU64,
-    /// Chunks left as copies at the end of the last pass that an erasure code would encode:
-    /// their files were written to too lately, or encoding failed (0: all encoded).
+    /// Chunks left as copies at the end of the last pass that an erasure code is to encode:
+    /// their files were written to too lately, too few servers are up for the fragments, or
+    /// encoding failed (0: all encoded).
     pub pending: AtomicU64,
 }
 
@@ -40,11 +41,12 @@ pub fn pass(fs: &Fs, stop: &Stop, stats: &EncodeStats) -> u64 {
         let Some(coding) = fs.file_coding(ino) else {
             continue;
         };
-        let todo = data.view(&file).to_encode(coding);
+        let todo = data.view(&file).to_encode();
         if todo.is_empty() {
             continue;
         }
-        if stop.is_stopped() || !data.is_cold(&file) {
+        // Written to lately, or too few servers up for the fragments: the next pass.
+        if stop.is_stopped() || !data.is_cold(&file) || !data.may_encode(coding) {
             pending += todo.len() as u64;
             continue;
         }
