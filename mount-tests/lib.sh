@@ -648,22 +648,16 @@ server_field() {
     python3 mount-tests/json_expr.py "$expr"
 }
 
-# servers_total: the size of every server of $ADDRS, summed.
-servers_total() {
+# servers_sum FIELD: FIELD (of `stats --server --json`) of every server of $ADDRS, summed.
+servers_sum() {
   local a total=0 f
   for a in ${ADDRS//,/ }; do
-    f=$(server_field "$a" 's["total_bytes"]') || return 1
+    f=$(server_field "$a" "s[\"$1\"]") || return 1
     total=$((total + f))
   done
   echo "$total"
 }
 
-# servers_free: the free bytes of every server of $ADDRS, summed.
-servers_free() {
-  local a total=0 f
-  for a in ${ADDRS//,/ }; do
-    f=$(server_field "$a" 's["free_bytes"]') || return 1
-    total=$((total + f))
-  done
-  echo "$total"
-}
+# servers_total, servers_free: the size, and the free bytes, of every server of $ADDRS.
+servers_total() { servers_sum total_bytes; }
+servers_free() { servers_sum free_bytes; }

@@ -17,6 +17,7 @@ pub mod image;
 pub mod locks;
 pub mod record;
 mod replay;
+mod stripe;
 
 pub use batch::{Batch, Change, Journal};
 pub use dir::{Dir, FIRST_ENTRY_COOKIE};

@@ -14,8 +14,11 @@
 //! CRC covers the header (its own field as zero) and the payload.
 
 use super::batch::{Change, Seed};
-use super::{Attrs, Chunk, Ino, Kind, Replica, Xattrs, MAX_REPLICAS};
+use super::{Attrs, Ino, Kind, Xattrs};
 use std::time::{Duration, SystemTime};
+
+mod chunk;
+use chunk::put_chunk;
 
 /// "RMJ1": a journal record (and not the ring's zeroed or older bytes).
 pub const RECORD_MAGIC: u32 = 0x314a_4d52;
@@ -25,8 +28,6 @@ pub const RECORD_MAGIC: u32 = 0x314a_4d52;
 pub const RECORD_VERSION: u16 = 2;
 /// The format of records that name no encoded chunk.
 const PLAIN_VERSION: u16 = 1;
-/// A chunk's copy count with this bit set: an encoded chunk (a stripe follows).
-const ENCODED: u8 = 0x80;
 /// Bytes of a frame's header.
 pub const HEADER_LEN: usize = 24;
 /// The longest payload a frame may claim: a batch of one operation's changes (a rename over
@@ -203,34 +204,6 @@ fn put_attrs(out: &mut Vec<u8>, a: &Attrs) {
     }
     put_u32(out, a.flags);
     out.push(u8::from(a.tmpfile) | u8::from(a.overwriting) << 1);
-}
-
-fn put_replica(out: &mut Vec<u8>, r: &Replica) {
-    put_u32(out, r.server);
-    put_u64(out, r.addr);
-    put_u64(out, r.rkey);
-}
-
-fn put_chunk(out: &mut Vec<u8>, c: &Chunk) {
-    put_u64(out, c.len);
-    if let Some(s) = c.stripe() {
-        out.push(ENCODED);
-        put_u64(out, s.id);
-        out.push(s.k);
-        out.push(s.m);
-        put_u64(out, s.frag_len);
-        for f in &s.frags {
-            out.push(u8::from(f.is_some()));
-            if let Some(r) = f {
-                put_replica(out, r);
-            }
-        }
-        return;
-    }
-    out.push(c.replicas().len() as u8);
-    for r in c.replicas() {
-        put_replica(out, r);
-    }
 }
 
 fn put_change(out: &mut Vec<u8>, c: &Change) {
@@ -437,59 +410,6 @@ impl<'a> Cursor<'a> {
         }
         (a.tmpfile, a.overwriting) = (bits & 1 != 0, bits & 2 != 0);
         Ok(a)
-    }
-    fn replica(&mut self) -> Result<Replica, String> {
-        Ok(Replica {
-            server: self.u32()?,
-            addr: self.u64()?,
-            rkey: self.u64()?,
-        })
-    }
-    fn chunk(&mut self) -> Result<Chunk, String> {
-        let len = self.u64()?;
-        let n = self.u8()?;
-        if n == ENCODED {
-            return self.stripe(len);
-        }
-        let n = n as usize;
-        if n > MAX_REPLICAS {
-            return Err(format!("a chunk with {n} copies"));
-        }
-        let mut replicas = Vec::with_capacity(n);
-        for _ in 0..n {
-            replicas.push(self.replica()?);
-        }
-        Ok(Chunk::with_replicas(len, &replicas))
-    }
-    fn stripe(&mut self, len: u64) -> Result<Chunk, String> {
-        let id = self.u64()?;
-        let (k, m) = (self.u8()?, self.u8()?);
-        let frag_len = self.u64()?;
-        if !super::Coding::valid(k as usize, m as usize)
-            || frag_len.checked_mul(k as u64).is_none_or(|all| all < len)
-        {
-            return Err(format!(
-                "an encoded chunk of {len} bytes as {k}+{m} fragments of {frag_len}"
-            ));
-        }
-        let mut frags = Vec::with_capacity((k + m) as usize);
-        for _ in 0..k + m {
-            frags.push(match self.u8()? {
-                0 => None,
-                1 => Some(self.replica()?),
-                b => return Err(format!("a fragment marked {b:#x}")),
-            });
-        }
-        Ok(Chunk::encoded(
-            len,
-            super::Stripe {
-                id,
-                k,
-                m,
-                frag_len,
-                frags,
-            },
-        ))
     }
     fn opt<T>(
         &mut self,

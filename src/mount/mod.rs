@@ -10,6 +10,7 @@ pub mod keeper;
 mod mountinfo;
 mod options;
 mod point;
+mod redundancy;
 mod session;
 mod stats;
 
@@ -303,41 +304,7 @@ fn reach_servers(
             _embedded: None,
         }
     };
-    if let Some(coding) = config.coding {
-        let journal = crate::config::JOURNAL_COPIES;
-        if matches!(config.namespace, Namespace::Held { .. }) && coding.m as usize >= journal {
-            return Err(format!(
-                "--redundancy ec:{coding} on a volume: its journal keeps {journal} copies, \
-                 which survive {} lost servers, not {}; use M of at most {}",
-                journal - 1,
-                coding.m,
-                journal - 1
-            ));
-        }
-        if coding.width() > servers.addrs.len() {
-            return Err(format!(
-                "--redundancy ec:{coding} needs at least {} memory servers ({} given)",
-                coding.width(),
-                servers.addrs.len()
-            ));
-        }
-    }
-    let replicas = config.replicas_for(servers.addrs.len());
-    let journal = crate::config::JOURNAL_COPIES;
-    if replicas > journal && !matches!(config.namespace, Namespace::Private) {
-        return Err(format!(
-            "--replicas {replicas} on a volume: its journal keeps {journal} copies, which \
-             survive {} lost servers, not {}; use at most {journal}",
-            journal - 1,
-            replicas - 1
-        ));
-    }
-    if replicas > servers.addrs.len() {
-        return Err(format!(
-            "--replicas {replicas} needs at least {replicas} memory servers ({} given)",
-            servers.addrs.len()
-        ));
-    }
+    config.check_redundancy(servers.addrs.len())?;
     if servers.fabric_name == "verbs" {
         check_verbs_memlock()?;
     }

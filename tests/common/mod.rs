@@ -292,25 +292,22 @@ impl TestFs {
     /// `servers` memory servers of `size` bytes, 1 MiB chunks, keeping `coding.m + 1` copies
     /// of chunks being written and encoding cold ones with `coding` (`--redundancy ec:K+M`).
     pub fn encoded(servers: usize, size: u64, coding: rmemfs::meta::Coding) -> TestFs {
-        let (lease, config) = (rmemfs::config::LEASE, FsConfig::default());
-        let copies = (coding.m as usize + 1, 1);
-        Self::build_full(
-            servers,
-            size,
-            1 << 20,
-            WritePath::Frrwp,
-            copies,
-            lease,
-            config,
-            false,
-            false,
-            move |d| Ok(d.encoded(coding).cold_after(Duration::ZERO)),
-        )
+        Self::encoding(servers, size, coding.m as usize + 1, Some(coding))
     }
 
     /// `servers` memory servers of `size` bytes, 1 MiB chunks and `replicas` copies, no
     /// `--redundancy`; files given a code of their own are encoded once their writes end.
     pub fn copies_encoding_on_request(servers: usize, size: u64, replicas: usize) -> TestFs {
+        Self::encoding(servers, size, replicas, None)
+    }
+
+    /// `replicas` copies, the mount's code `coding`, files cold as soon as written.
+    fn encoding(
+        servers: usize,
+        size: u64,
+        replicas: usize,
+        coding: Option<rmemfs::meta::Coding>,
+    ) -> TestFs {
         let (lease, config) = (rmemfs::config::LEASE, FsConfig::default());
         Self::build_full(
             servers,
@@ -322,7 +319,13 @@ impl TestFs {
             config,
             false,
             false,
-            |d| Ok(d.cold_after(Duration::ZERO)),
+            move |d| {
+                let d = d.cold_after(Duration::ZERO);
+                Ok(match coding {
+                    Some(c) => d.encoded(c),
+                    None => d,
+                })
+            },
         )
     }
 

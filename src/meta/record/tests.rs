@@ -1,4 +1,5 @@
 use super::*;
+use crate::meta::{Chunk, Replica};
 use proptest::prelude::*;
 
 fn attrs(seed: u64) -> Attrs {
