@@ -247,7 +247,7 @@ for p in sys.argv[1:]:
   log "$out"
   touch "$WORK/fio-stop"
   wait "$FIO_PID" || true
-  [ ! -e "$WORK/fio-failed" ] || fail "fio round $(cat "$WORK/fio-failed") failed: $(tail -5 "$WORK/fio.$(cat "$WORK/fio-failed").out")"
+  [ ! -e "$WORK/fio-failed" ] || fail "fio round $(cat "$WORK/fio-failed") failed: $(grep -iE "err|verify|bad|fail" "$WORK/fio.$(cat "$WORK/fio-failed").out" | head -20)"
   ! grep -qiE "verify.*(bad|fail)|Input/output error" "$WORK"/fio.*.out || fail "fio errors during the rolling restart"
   [ "$(cat "$WORK/fio-rounds")" -ge 2 ] || fail "fio ran $(cat "$WORK/fio-rounds") rounds: the restarts may have missed it"
   log "fio rounds verified across the rolling restart: $(cat "$WORK/fio-rounds")"

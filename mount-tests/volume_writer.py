@@ -5,7 +5,7 @@ mount) what the path must hold from then on. Before each operation it records th
 state before and after ("pending"), so a check after a crash knows the one operation that
 may or may not have landed (its paths need only read without error). Runs until killed or until the mount fails.
 
-    volume_writer.py write DIR MANIFEST SEED
+    volume_writer.py write DIR MANIFEST SEED [MAX_BYTES]
     volume_writer.py check DIR MANIFEST       (prints "ok N" or the first mismatch; exit 1)
 """
 import hashlib
@@ -38,7 +38,13 @@ def fsync_path(path):
         os.close(fd)
 
 
-def write(top, manifest, seed):
+# What the writer's live files hold at most (it unlinks once past it): it runs as long as
+# its test does, and a test's pool must not fill with its files (a longer run is not a
+# full pool).
+MAX_BYTES = 128 << 20
+
+
+def write(top, manifest, seed, max_bytes=MAX_BYTES):
     rng = random.Random(seed)
     raw = open(manifest, "a", buffering=1)
 
@@ -65,6 +71,8 @@ def write(top, manifest, seed):
         names = sorted(known)
         if op in ("append", "rename", "unlink", "overwrite") and not names:
             op = "create"
+        elif names and sum(len(d) for d in known.values()) > max_bytes:
+            op = "unlink"
         if op == "create":
             path = os.path.join(sub, "f%d" % n)
             data = rng.randbytes(rng.choice([0, 10, 4000, 70000, 1 << 20]))
@@ -142,7 +150,8 @@ def check(top, manifest):
 if __name__ == "__main__":
     if sys.argv[1] == "write":
         try:
-            write(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+            limit = int(sys.argv[5]) if len(sys.argv) > 5 else MAX_BYTES
+            write(sys.argv[2], sys.argv[3], int(sys.argv[4]), limit)
         except OSError as e:
             # The mount died under us (that is the point); which operation, and how, tells a
             # writer stopped by the kill from one stopped early by an error.
