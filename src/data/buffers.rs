@@ -22,13 +22,13 @@ impl DataStore {
 
     /// Splits the local range `[addr, addr+len)` at the boundaries of `pinned`'s
     /// registrations: `(sge, offset into the range, already registered)` for each part.
-    pub(super) fn split(pinned: &Pinned, addr: u64, len: u64) -> Vec<(Sge, u64, bool)> {
+    pub(super) fn split(pinned: &[Pinned], addr: u64, len: u64) -> Vec<(Sge, u64, bool)> {
         let mut out = Vec::new();
         let (mut at, end) = (addr, addr + len);
         while at < end {
             let piece = pinned
-                .pieces
                 .iter()
+                .flat_map(|p| &p.pieces)
                 .find(|p| p.addr <= at && at < p.addr + p.len)
                 .expect("local ranges lie inside the pinned range");
             let n = (piece.addr + piece.len).min(end) - at;
@@ -52,6 +52,16 @@ impl DataStore {
         pinned: Pinned,
         ops: &[RemoteOp],
     ) -> std::result::Result<(), crate::client::PoolError> {
+        self.run_ops_pinned(vec![pinned], ops)
+    }
+
+    /// As [`Self::run_ops`], with local ranges in any of several pinned buffers (a read's
+    /// window and a decode buffer filled in one batch).
+    pub(super) fn run_ops_pinned(
+        &self,
+        pinned: Vec<Pinned>,
+        ops: &[RemoteOp],
+    ) -> std::result::Result<(), crate::client::PoolError> {
         let mut split = Vec::with_capacity(ops.len());
         for op in ops {
             for (local, delta, cached) in Self::split(&pinned, op.local.addr, op.local.len) {
@@ -66,7 +76,9 @@ impl DataStore {
         split.sort_by_key(|(cached, _)| !*cached); // stable: cached pieces first
         let ops: Vec<RemoteOp> = split.into_iter().map(|(_, op)| op).collect();
         let res = self.pool.execute(&ops);
-        self.cache.release(pinned);
+        for p in pinned {
+            self.cache.release(p);
+        }
         res
     }
 

@@ -84,12 +84,6 @@ impl Drop for DecodeBuffer<'_> {
     }
 }
 
-thread_local! {
-    /// This thread's decoder (see `decode_columns`).
-    static DECODER: std::cell::RefCell<Option<reed_solomon_simd::ReedSolomonDecoder>> =
-        const { std::cell::RefCell::new(None) };
-}
-
 fn code_error(e: reed_solomon_simd::Error) -> Error {
     Error::new(libc::EIO, format!("erasure code: {e}"))
 }
@@ -317,6 +311,14 @@ impl DataStore {
             return (ops, lost);
         };
         let f = s.frag_len;
+        let readable =
+            |r: &Replica| self.pool.is_live(ServerId(r.server)) && !avoid.contains(&r.server);
+        // Decided once, so the decoding later takes from the window exactly what was read.
+        let read: Vec<bool> = s
+            .frags
+            .iter()
+            .map(|r| r.as_ref().is_some_and(readable))
+            .collect();
         let mut pos = in_chunk;
         while pos < in_chunk + n {
             let frag = (pos / f) as usize;
@@ -324,23 +326,27 @@ impl DataStore {
             let len = (f - off).min(in_chunk + n - pos);
             let at = dst + (pos - in_chunk);
             match s.frags.get(frag).copied().flatten() {
-                Some(r) if self.pool.is_live(ServerId(r.server)) && !avoid.contains(&r.server) => {
-                    ops.push(RemoteOp {
-                        opcode: Opcode::Read,
-                        local: Sge {
-                            addr: at,
-                            len,
-                            lkey: 0,
-                        },
-                        remote: region(c, &r),
-                        offset: off,
-                    })
-                }
+                Some(r) if read[frag] => ops.push(RemoteOp {
+                    opcode: Opcode::Read,
+                    local: Sge {
+                        addr: at,
+                        len,
+                        lkey: 0,
+                    },
+                    remote: region(c, &r),
+                    offset: off,
+                }),
                 _ => lost.push(LostPart {
                     frag,
                     off,
                     len,
                     dst: at,
+                    window: ReadWindow {
+                        read: read.clone(),
+                        from: in_chunk,
+                        to: in_chunk + n,
+                        dst,
+                    },
                 }),
             }
             pos += len;
@@ -350,9 +356,10 @@ impl DataStore {
 
     /// Reads `part` of encoded chunk `c` (chunk `idx`), whose data fragment is gone, by
     /// decoding the same bytes of any K other fragments: the code works on each 64-byte
-    /// column of the fragments apart, so only the columns the part covers are read and
-    /// decoded (a degraded read costs K times its bytes, not a whole stripe). The bytes land
-    /// at `part.dst`, inside `b`.
+    /// column of the fragments apart, so only the columns the part covers are decoded, from
+    /// shards the read's batch brought (a sequential read's other data fragments) and
+    /// shards read now (a degraded read costs at most K times its bytes, never a whole
+    /// stripe). The bytes land at `part.dst`, inside `b`.
     pub(super) fn read_lost_part(
         &self,
         c: &Chunk,
@@ -362,122 +369,220 @@ impl DataStore {
         avoid: &[u32],
     ) -> Result<()> {
         let s = c.stripe().ok_or_else(|| lost(idx))?;
-        let k = s.k as u64;
-        // Columns per round: K of them fill the decode buffer at most.
-        let per_round = (IO_SIZE as u64 / k) / EC_FRAGMENT_ALIGN * EC_FRAGMENT_ALIGN;
-        let end = part.off + part.len;
-        let mut col = part.off / EC_FRAGMENT_ALIGN * EC_FRAGMENT_ALIGN;
-        while col < end {
-            let cols = (crate::fabric::mem::round_up(end, EC_FRAGMENT_ALIGN) - col).min(per_round);
-            // The part's bytes within these columns.
-            let from = part.off.max(col);
-            let to = end.min(col + cols);
-            let at = part.dst + (from - part.off) - b.buf.addr();
-            self.decode_columns(c, idx, part.frag, (col, cols), avoid, |bytes| {
-                b.buf.write_at(
-                    at as usize,
-                    &bytes[(from - col) as usize..(to - col) as usize],
-                )
-            })?;
-            col += cols;
+        for cols in part.rounds(s.k) {
+            let mut failed: Vec<u32> = avoid.to_vec();
+            let taken = self.decode_bufs.take();
+            loop {
+                let mut plan = self.plan_decode(c, idx, part, cols, b, &failed)?;
+                let buf = taken.get();
+                let ops = plan.reads(c, buf.buf.addr());
+                let done = match ops.is_empty() {
+                    true => Ok(()),
+                    false => self.run_ops(self.pin(buf.buf.addr(), plan.read_bytes())?, &ops),
+                };
+                match done {
+                    Ok(()) => {}
+                    Err(e) => match e.failed_server() {
+                        Some(server) if !failed.contains(&server.0) => {
+                            failed.push(server.0);
+                            continue;
+                        }
+                        _ => return Err(e.into()),
+                    },
+                }
+                plan.take_reads();
+                self.decode_planned(s, idx, part, &plan, b, buf)?;
+                break;
+            }
         }
         Ok(())
     }
 
-    /// Fragment `frag`'s bytes `[col, col+cols)` (64-byte aligned), decoded from the same
-    /// bytes of K other live fragments (a fragment whose read fails is passed over; fewer
-    /// than K left is EIO).
-    fn decode_columns(
+    /// The first round of decoding `part` (see [`Self::read_lost_part`]) planned to run in
+    /// the read's own batch: its shards to read go to a decode buffer beside the window's
+    /// reads, so a degraded sequential read costs one round trip as a healthy one does.
+    /// None: the part takes more than one round (it is read after the batch).
+    pub(super) fn early_decode(
         &self,
         c: &Chunk,
         idx: u64,
-        frag: usize,
-        (col, cols): (u64, u64),
+        part: &LostPart,
+        b: &Bounce,
         avoid: &[u32],
-        take: impl FnOnce(&[u8]),
+    ) -> Result<Option<EarlyDecode<'_>>> {
+        let s = c.stripe().ok_or_else(|| lost(idx))?;
+        let mut rounds = part.rounds(s.k);
+        let (Some(cols), None) = (rounds.next(), rounds.next()) else {
+            return Ok(None);
+        };
+        let plan = self.plan_decode(c, idx, part, cols, b, avoid)?;
+        let buf = self.decode_bufs.take();
+        let ops = plan.reads(c, buf.get().buf.addr());
+        Ok(Some(EarlyDecode { plan, buf, ops }))
+    }
+
+    /// Decodes `part` with the shards an [`EarlyDecode`] read in the window's batch.
+    pub(super) fn finish_early_decode(
+        &self,
+        c: &Chunk,
+        idx: u64,
+        part: &LostPart,
+        mut early: EarlyDecode<'_>,
+        b: &Bounce,
     ) -> Result<()> {
         let s = c.stripe().ok_or_else(|| lost(idx))?;
+        early.plan.take_reads();
+        self.decode_planned(s, idx, part, &early.plan, b, early.buf.get())
+    }
+
+    /// Which K fragments decode `part`'s columns `cols`: those the read's batch brought into
+    /// `b` first, then live ones not in `failed` to read; fewer than K is EIO.
+    fn plan_decode(
+        &self,
+        c: &Chunk,
+        idx: u64,
+        part: &LostPart,
+        (col, cols): (u64, u64),
+        b: &Bounce,
+        failed: &[u32],
+    ) -> Result<DecodePlan> {
+        let s = c.stripe().ok_or_else(|| lost(idx))?;
         let (k, m) = (s.k as usize, s.m as usize);
-        let mut failed: Vec<u32> = avoid.to_vec();
-        let taken = self.decode_bufs.take();
-        let buf = taken.get();
-        let base = buf.buf.addr();
-        loop {
-            let chosen: Vec<(usize, Replica)> = self
-                .live_fragments(s, &failed)
-                .filter(|(i, _)| *i != frag)
-                .take(k)
-                .collect();
-            if chosen.len() < k {
-                return Err(Error::new(
-                    libc::EIO,
-                    format!(
-                        "chunk {idx}: {} of its {} fragments are readable; {k} are needed",
-                        chosen.len(),
-                        k + m
-                    ),
-                ));
+        let others = || (0..s.frags.len()).filter(|&i| i != part.frag);
+        let shards: Vec<(usize, Source)> = others()
+            .filter_map(|i| {
+                let at = part.window.holds(i, s.frag_len, col, cols, b.buf.addr())?;
+                Some((i, Source::Window(at)))
+            })
+            .take(k)
+            .collect();
+        let mut to_read = Vec::new();
+        for (i, r) in self.live_fragments(s, failed) {
+            if shards.len() + to_read.len() == k {
+                break;
             }
-            let ops: Vec<RemoteOp> = chosen
-                .iter()
-                .enumerate()
-                .map(|(j, (_, r))| RemoteOp {
-                    opcode: Opcode::Read,
-                    local: Sge {
-                        addr: base + j as u64 * cols,
-                        len: cols,
-                        lkey: 0,
-                    },
-                    remote: region(c, r),
-                    offset: col,
-                })
-                .collect();
-            match self.run_ops(self.pin(base, cols * k as u64)?, &ops) {
-                Ok(()) => {}
-                Err(e) => match e.failed_server() {
-                    Some(server) if !failed.contains(&server.0) => {
-                        failed.push(server.0);
-                        continue;
-                    }
-                    _ => return Err(e.into()),
-                },
+            if i != part.frag && !shards.iter().any(|(j, _)| *j == i) {
+                to_read.push((i, r));
             }
-            // SAFETY: every read into the buffer completed (a batch waits for each of its
-            // ops), and the buffer is this thread's alone while `taken` is held: nothing
-            // writes it while these views live.
-            let shard = |j: usize| unsafe { buf.buf.quiet_bytes(j * cols as usize, cols as usize) };
-            // The decoder and its work memory are kept per thread: a fresh one maps and
-            // faults in new pages for every part.
-            return DECODER.with(|d| {
-                let mut d = d.borrow_mut();
-                let dec = match d.as_mut() {
-                    Some(dec) => {
-                        dec.reset(k, m, cols as usize).map_err(code_error)?;
-                        dec
-                    }
-                    None => d.insert(
-                        reed_solomon_simd::ReedSolomonDecoder::new(k, m, cols as usize)
-                            .map_err(code_error)?,
-                    ),
-                };
-                for (j, (i, _)) in chosen.iter().enumerate() {
-                    match *i < k {
-                        true => dec.add_original_shard(*i, shard(j)),
-                        false => dec.add_recovery_shard(*i - k, shard(j)),
-                    }
-                    .map_err(code_error)?;
-                }
-                let restored = dec.decode().map_err(code_error)?;
-                let bytes = restored.restored_original(frag).ok_or_else(|| {
-                    Error::new(
-                        libc::EIO,
-                        format!("chunk {idx}: fragment {frag} was not decoded"),
-                    )
-                })?;
-                take(bytes);
-                Ok(())
-            });
         }
+        if shards.len() + to_read.len() < k {
+            return Err(Error::new(
+                libc::EIO,
+                format!(
+                    "chunk {idx}: {} of its {} fragments are readable; {k} are needed",
+                    shards.len() + to_read.len(),
+                    k + m
+                ),
+            ));
+        }
+        Ok(DecodePlan {
+            col,
+            cols,
+            shards,
+            to_read,
+        })
+    }
+
+    /// Decodes `plan`'s columns of `part`'s fragment from its shards (in `b` and `buf`) and
+    /// writes the part's bytes among them to `b`.
+    fn decode_planned(
+        &self,
+        s: &Stripe,
+        idx: u64,
+        part: &LostPart,
+        plan: &DecodePlan,
+        b: &Bounce,
+        buf: &Bounce,
+    ) -> Result<()> {
+        let (k, m) = (s.k as usize, s.m as usize);
+        let (col, cols) = (plan.col, plan.cols);
+        // SAFETY: every read into either buffer completed (a batch waits for each of its
+        // ops), and both are this thread's alone (`b` is the read's loan, the decode buffer
+        // held by the caller): nothing writes these bytes while the views live. The decoded
+        // bytes written to `b` meanwhile are the lost fragment's, which no view covers (the
+        // views in `b` are other fragments' bytes).
+        let shard = |src: &Source| unsafe {
+            match *src {
+                Source::Window(at) => b.buf.quiet_bytes(at as usize, cols as usize),
+                Source::Read(at) => buf.buf.quiet_bytes(at as usize, cols as usize),
+            }
+        };
+        let shards: Vec<(usize, &[u8])> = plan
+            .shards
+            .iter()
+            .map(|(i, src)| (*i, shard(src)))
+            .collect();
+        // The part's bytes within these columns.
+        let end = part.off + part.len;
+        let (from, to) = (part.off.max(col), end.min(col + cols));
+        let at = part.dst + (from - part.off) - b.buf.addr();
+        super::decode::restore(k, m, part.frag, &shards, |bytes| {
+            b.buf.write_at(
+                at as usize,
+                &bytes[(from - col) as usize..(to - col) as usize],
+            )
+        })
+        .map_err(|e| Error::new(e.errno, format!("chunk {idx}: {e}")))
+    }
+}
+
+/// How one round of a lost part's decoding gets its K shards.
+struct DecodePlan {
+    /// The fragment columns decoded, `[col, col+cols)`.
+    col: u64,
+    cols: u64,
+    /// Shards at hand: in the read's window, or (after [`DecodePlan::take_reads`]) read.
+    shards: Vec<(usize, Source)>,
+    /// Fragments to read the columns of, into a decode buffer one after another.
+    to_read: Vec<(usize, Replica)>,
+}
+
+impl DecodePlan {
+    /// The reads of `to_read`'s columns into the decode buffer at `base`.
+    fn reads(&self, c: &Chunk, base: u64) -> Vec<RemoteOp> {
+        self.to_read
+            .iter()
+            .enumerate()
+            .map(|(j, (_, r))| RemoteOp {
+                opcode: Opcode::Read,
+                local: Sge {
+                    addr: base + j as u64 * self.cols,
+                    len: self.cols,
+                    lkey: 0,
+                },
+                remote: region(c, r),
+                offset: self.col,
+            })
+            .collect()
+    }
+
+    /// The decode buffer's bytes the reads fill.
+    fn read_bytes(&self) -> u64 {
+        self.to_read.len() as u64 * self.cols
+    }
+
+    /// The reads done: their shards join the others.
+    fn take_reads(&mut self) {
+        let cols = self.cols;
+        let read = std::mem::take(&mut self.to_read);
+        let at = |j: usize| Source::Read(j as u64 * cols);
+        self.shards
+            .extend(read.iter().enumerate().map(|(j, (i, _))| (*i, at(j))));
+    }
+}
+
+/// A lost part's first decoding round planned into a read's batch ([`DataStore::early_decode`]):
+/// the reads to add to the batch, and the buffer they fill.
+pub(super) struct EarlyDecode<'a> {
+    plan: DecodePlan,
+    buf: DecodeBuffer<'a>,
+    pub ops: Vec<RemoteOp>,
+}
+
+impl EarlyDecode<'_> {
+    /// The decode buffer's range the reads fill (to pin beside the window).
+    pub fn pinned_range(&self) -> (u64, u64) {
+        (self.buf.get().buf.addr(), self.plan.read_bytes())
     }
 }
 
@@ -489,4 +594,48 @@ pub(super) struct LostPart {
     pub len: u64,
     /// Where the bytes go (a local address inside the read's buffer).
     pub dst: u64,
+    /// What the read's batch brought of the same chunk (the decoding takes shards from it).
+    pub window: ReadWindow,
+}
+
+impl LostPart {
+    /// The part's fragment columns, in rounds that fill a decode buffer with K shards at
+    /// most: `(col, cols)` each.
+    fn rounds(&self, k: u8) -> impl Iterator<Item = (u64, u64)> {
+        let per_round = (IO_SIZE as u64 / k as u64) / EC_FRAGMENT_ALIGN * EC_FRAGMENT_ALIGN;
+        let end = crate::fabric::mem::round_up(self.off + self.len, EC_FRAGMENT_ALIGN);
+        let start = self.off / EC_FRAGMENT_ALIGN * EC_FRAGMENT_ALIGN;
+        (start..end)
+            .step_by(per_round as usize)
+            .map(move |col| (col, (end - col).min(per_round)))
+    }
+}
+
+/// The bytes of one encoded chunk a read's batch brought into its buffer: chunk bytes
+/// `[from, to)` at local address `dst`, from the fragments `read` marks.
+pub(super) struct ReadWindow {
+    read: Vec<bool>,
+    from: u64,
+    to: u64,
+    dst: u64,
+}
+
+impl ReadWindow {
+    /// The offset in the buffer at `base` of data fragment `i`'s columns `[col, col+cols)`
+    /// (each `frag_len` long), if the batch read them.
+    fn holds(&self, i: usize, frag_len: u64, col: u64, cols: u64, base: u64) -> Option<u64> {
+        let start = i as u64 * frag_len + col;
+        let whole = self.read.get(i) == Some(&true)
+            && col + cols <= frag_len
+            && self.from <= start
+            && start + cols <= self.to;
+        whole.then(|| self.dst + (start - self.from) - base)
+    }
+}
+
+/// Where a shard for decoding is: in the read's own buffer, or read into the decode buffer
+/// (offsets in each).
+enum Source {
+    Window(u64),
+    Read(u64),
 }

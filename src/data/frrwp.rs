@@ -55,7 +55,7 @@ impl DataStore {
         let mut crws: Vec<(&Ticket, Vec<(Sge, u64)>)> =
             tickets.iter().map(|(_, t)| (t, Vec::new())).collect();
         for (idx, in_chunk, n, at) in self.pieces(woff, wlen) {
-            let parts = Self::split(&pinned, base + at, n);
+            let parts = Self::split(std::slice::from_ref(&pinned), base + at, n);
             let mine: Vec<usize> = (0..tickets.len())
                 .filter(|&k| tickets[k].0 == idx)
                 .collect();

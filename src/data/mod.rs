@@ -43,6 +43,7 @@ mod balance;
 mod behind;
 mod buffers;
 mod coding;
+mod decode;
 mod frrwp;
 mod io;
 mod read;

@@ -133,13 +133,33 @@ impl DataStore {
                     offset: in_chunk,
                 });
             }
+            // The first lost part's missing shards are read in this batch too (a degraded
+            // sequential read: one lost fragment per chunk).
+            let early = match degraded.first() {
+                Some((idx, part)) => self.early_decode(&chunks[idx], *idx, part, b, &avoid)?,
+                None => None,
+            };
+            let mut pins = Vec::new();
+            if let Some(e) = early.as_ref().filter(|e| !e.ops.is_empty()) {
+                let (at, n) = e.pinned_range();
+                pins.push(self.pin(at, n)?);
+                ops.extend_from_slice(&e.ops);
+            }
             let done = match ops.is_empty() {
                 true => Ok(()),
-                false => self.run_ops(self.pin(base, len as u64)?, &ops),
+                false => {
+                    pins.push(self.pin(base, len as u64)?);
+                    self.run_ops_pinned(pins, &ops)
+                }
             };
             match done {
                 Ok(()) => {
-                    for (idx, part) in &degraded {
+                    let mut rest = degraded.iter();
+                    if let Some(e) = early {
+                        let (idx, part) = rest.next().expect("planned from the first");
+                        self.finish_early_decode(&chunks[idx], *idx, part, e, b)?;
+                    }
+                    for (idx, part) in rest {
                         self.read_lost_part(&chunks[idx], *idx, part, b, &avoid)?;
                     }
                     return Ok(());
