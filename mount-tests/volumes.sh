@@ -256,6 +256,9 @@ test_volume_export() {
   truncate -s 5M "$src/d/holes" && printf 'tail' | dd of="$src/d/holes" bs=1 seek=4194304 conv=notrunc status=none
   chown 1234:2345 "$src/d/e/small" && chmod 640 "$src/d/e/small"
   mount_fs "$MNT" "$ADDRS" --volume exp --create || fail "mount --volume exp --create failed"
+  # A volume keeps no more copies than its journal (three): four refused, saying why.
+  out=$(t "$BIN" admin set-replicas "$MNT" 4 2>&1) && fail "4 copies on a volume were accepted: $out"
+  grep -q "journal keeps 3" <<<"$out" || fail "the refusal does not say why: $out"
   must "cp -a" cp -a "$src/d" "$MNT/"
   command -v setfattr >/dev/null && must "setfattr" setfattr -n user.tag -v kept "$MNT/d/big"
   command -v setfacl >/dev/null && must "setfacl" setfacl -m u:1234:r "$MNT/d/big"

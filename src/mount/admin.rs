@@ -386,6 +386,17 @@ fn rebalance_now(
 }
 
 fn set_replicas(target: &Target, copies: usize) -> Result<String, String> {
+    // A volume survives no more lost servers than its journal's copies do (as `--replicas`
+    // at mount: `mount::redundancy`).
+    let journal = crate::config::JOURNAL_COPIES;
+    if target.volume.is_some() && copies > journal {
+        return Err(format!(
+            "{copies} copies on a volume: its journal keeps {journal}, which survive {} lost \
+             servers, not {}; use at most {journal}",
+            journal - 1,
+            copies - 1
+        ));
+    }
     let data = target.fs.data();
     let was = data.replicas();
     data.set_replicas(copies).map_err(|e| e.message)?;
