@@ -9,7 +9,8 @@
 //! metadata engines of shared volumes), [`fuse`] (the fuser adapter), [`upkeep`]
 //! (heartbeats, reconnects, the rebuild, server changes), [`report`] (the mount's typed
 //! figures, its text and metrics) and [`mount`] (putting it together), with [`regcache`]
-//! (the registration caches).
+//! (the registration caches); [`library`] opens a volume inside a program instead of a
+//! mount.
 //!
 //! The shared ground every layer may use: [`config`] (every tunable once), [`sync`] (the one
 //! source of locks, for the model checker), [`error`] (the errno-carrying error), [`auth`]
@@ -33,6 +34,7 @@ pub mod fs;
 pub mod fuse;
 #[cfg(feature = "testing")]
 pub mod fuzz_checks;
+pub mod library;
 pub mod meta;
 pub mod mount;
 pub mod notify;

@@ -59,6 +59,28 @@ impl DataStore {
         }
     }
 
+    /// Reads many ranges of many files at once (a program's `read_many`, see
+    /// `read::read_many`): `(file, offset, out)` each, holes as zeros. Each file's map is
+    /// viewed once, the files in one fixed order (by address), so two such reads never wait
+    /// on each other's writers in a cycle.
+    pub fn read_many(&self, reads: &mut [(&FileData, u64, &mut [u8])]) -> Result<()> {
+        let key = |f: &FileData| f as *const FileData as usize;
+        let mut files: Vec<&FileData> = reads.iter().map(|r| r.0).collect();
+        files.sort_by_key(|f| key(f));
+        files.dedup_by_key(|f| key(f));
+        let views: Vec<FileView<'_, '_>> = files.iter().map(|f| self.view(f)).collect();
+        let mut plan: Vec<(&ChunkMap, u64, &mut [u8])> = reads
+            .iter_mut()
+            .map(|(f, offset, out)| {
+                let v = files
+                    .binary_search_by_key(&key(f), |g| key(g))
+                    .expect("every file is viewed");
+                (&*views[v].chunks, *offset, &mut **out)
+            })
+            .collect();
+        self.read_ranges(&mut plan)
+    }
+
     /// Locks `file`'s extent map for reading, once no write of it waits to be sent.
     pub fn view<'f>(&self, file: &'f FileData) -> FileView<'_, 'f> {
         loop {

@@ -195,6 +195,33 @@ impl Fs {
         view.read_buf(offset, len)
     }
 
+    /// Reads many ranges of open files at once (the library's `read_many`): `(ino, fh,
+    /// offset, out)` each; the bytes read into each (short at the end of its file). Every
+    /// range's reads go out together (see `data::read`). Access times are not changed: a
+    /// batch of reads is a program's, not a path's.
+    pub fn read_many(&self, reads: &mut [(Ino, u64, u64, &mut [u8])]) -> Result<Vec<usize>> {
+        let mut files = Vec::with_capacity(reads.len());
+        let mut lens = Vec::with_capacity(reads.len());
+        for (ino, fh, offset, out) in reads.iter() {
+            let mode = self.handle(*fh, *ino)?;
+            if !mode.read {
+                return Err(err(libc::EBADF));
+            }
+            let size = inode(&self.meta.lock(), *ino)?.size;
+            lens.push((out.len() as u64).min(size.saturating_sub(*offset)) as usize);
+            files.push(self.file_data(*ino)?);
+        }
+        let mut plan: Vec<(&crate::meta::FileData, u64, &mut [u8])> = reads
+            .iter_mut()
+            .zip(&files)
+            .zip(&lens)
+            .map(|(((_, _, offset, out), f), &len)| (&**f, *offset, &mut out[..len]))
+            .collect();
+        self.fault_point("read");
+        self.data.read_many(&mut plan)?;
+        Ok(lens)
+    }
+
     /// As [`Fs::read_buf`], copied out.
     pub fn read(&self, ino: Ino, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         Ok(self.read_buf(ino, fh, offset, size)?.into_vec())

@@ -156,7 +156,7 @@ pub(super) fn fuser_config(
 
 /// What the `-o` options decide beyond fuser's configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct MountChoices {
+pub(crate) struct MountChoices {
     pub(super) read_only: bool,
     pub(super) atime: crate::fs::Atime,
     pub(super) dir_atime: bool,
@@ -174,6 +174,23 @@ pub(super) struct MountChoices {
     /// volume's holder (`write_behind`, the default, or `no_write_behind`; see
     /// `data::behind`).
     pub(super) write_behind: bool,
+}
+
+/// What a program's volume (`crate::library`) takes of a mount's choices: no kernel in
+/// between (no writeback cache, no readdirplus, no io_uring), reads that change no access
+/// time (a follower could not write one; a holder's reader is a program, not a path),
+/// ACLs checked, writes behind as on a holder mount.
+pub(crate) fn library_choices(read_only: bool) -> MountChoices {
+    MountChoices {
+        read_only,
+        atime: crate::fs::Atime::Never,
+        dir_atime: false,
+        acl: true,
+        writeback: false,
+        readdirplus: false,
+        io_uring: false,
+        write_behind: true,
+    }
 }
 
 /// Roughly the most dirty page cache this mount may hold: the machine's dirty threshold

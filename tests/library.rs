@@ -1,0 +1,236 @@
+//! The library (`rmemfs::library`): a volume opened in the program, no FUSE. A holder
+//! writes, a follower beside it reads what was committed; `read_many` reads many ranges of
+//! many files in one batch; names, handles and errors behave as the calls they mirror; a
+//! second holder is refused; a volume dropped and opened again has every fsynced byte.
+
+mod common;
+
+use common::bytes;
+use rmemfs::library::{open_volume, Mode, ReadRequest, Volume, VolumeOptions};
+use rmemfs::server::{MemoryServer, ServerConfig};
+use std::time::{Duration, Instant};
+
+const MIB: usize = 1 << 20;
+
+/// Memory servers on the tcp fabric, as a program's volume reaches them.
+fn servers(n: usize) -> Vec<MemoryServer> {
+    (0..n)
+        .map(|_| {
+            let fabric =
+                rmemfs::fabric::open("tcp", &rmemfs::fabric::FabricOptions::default()).unwrap();
+            let config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), 128 << 20);
+            MemoryServer::start(&config, fabric).unwrap()
+        })
+        .collect()
+}
+
+fn options(servers: &[MemoryServer], name: &str, mode: Mode, create: bool) -> VolumeOptions {
+    VolumeOptions {
+        servers: servers.iter().map(|s| s.local_addr().to_string()).collect(),
+        name: name.into(),
+        secret_file: None,
+        mode,
+        create,
+    }
+}
+
+fn write_file(v: &Volume, path: &str, data: &[u8]) {
+    let fh = v
+        .open(path, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o644)
+        .unwrap();
+    assert_eq!(v.write(fh, data).unwrap(), data.len());
+    v.fsync(fh).unwrap();
+    v.close(fh).unwrap();
+}
+
+fn read_file(v: &Volume, path: &str) -> Vec<u8> {
+    let fh = v.open(path, libc::O_RDONLY, 0).unwrap();
+    let mut out = vec![0u8; v.stat(path).unwrap().size as usize];
+    assert_eq!(v.read(fh, &mut out).unwrap(), out.len());
+    v.close(fh).unwrap();
+    out
+}
+
+/// Waits (bounded) for `done`: a follower sees a commit within its poll.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < Duration::from_secs(20), "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_holder_writes_and_a_follower_beside_it_reads_what_was_committed() {
+    let s = servers(2);
+    let holder = open_volume(&options(&s, "lib", Mode::Hold, true)).unwrap();
+    holder.mkdir("/ckpt", 0o755).unwrap();
+    let a = bytes(1, 3 * MIB + 777);
+    write_file(&holder, "/ckpt/a", &a);
+    holder.sync().unwrap();
+    let follower = open_volume(&options(&s, "lib", Mode::Follow, false)).unwrap();
+    assert_eq!(read_file(&follower, "/ckpt/a"), a);
+    // Written after the follower opened: seen within a poll.
+    let b = bytes(2, 100_000);
+    write_file(&holder, "/ckpt/b", &b);
+    holder.sync().unwrap();
+    eventually("the follower sees /ckpt/b", || {
+        follower.stat("/ckpt/b").is_ok()
+    });
+    assert_eq!(read_file(&follower, "/ckpt/b"), b);
+    let mut names: Vec<Vec<u8>> = follower
+        .listdir("/ckpt")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    names.sort();
+    assert_eq!(names, vec![b"a".to_vec(), b"b".to_vec()]);
+    // A follower writes nothing.
+    let e = follower
+        .open("/ckpt/c", libc::O_WRONLY | libc::O_CREAT, 0o644)
+        .unwrap_err();
+    assert_eq!(e.errno, libc::EROFS, "{e}");
+    // Renames and removals, seen by the follower.
+    holder.rename("/ckpt/a", "/ckpt/a2").unwrap();
+    holder.unlink("/ckpt/b").unwrap();
+    holder.sync().unwrap();
+    eventually("the follower sees the rename", || {
+        follower.stat("/ckpt/a2").is_ok() && follower.stat("/ckpt/b").is_err()
+    });
+    assert_eq!(follower.stat("/ckpt/a").unwrap_err().errno, libc::ENOENT);
+    assert_eq!(read_file(&follower, "/ckpt/a2"), a);
+}
+
+#[test]
+fn read_many_reads_every_range_of_many_files_in_one_call() {
+    let s = servers(2);
+    let v = open_volume(&options(&s, "many", Mode::Hold, true)).unwrap();
+    let files: Vec<Vec<u8>> = (0..4)
+        .map(|i| bytes(10 + i, 2 * MIB + 1000 * i as usize))
+        .collect();
+    for (i, f) in files.iter().enumerate() {
+        write_file(&v, &format!("/f{i}"), f);
+    }
+    let fhs: Vec<u64> = (0..4)
+        .map(|i| v.open(&format!("/f{i}"), libc::O_RDONLY, 0).unwrap())
+        .collect();
+    // 300 reads of 4 KiB (more than one pooled buffer holds), across chunk edges, one past
+    // the end of its file (short), and one larger than a pack.
+    let mut wants: Vec<(usize, u64, usize)> = (0..300)
+        .map(|n| {
+            (
+                n % 4,
+                (n as u64 * 7919 * 4096 + 13) % (2 * MIB as u64),
+                4096,
+            )
+        })
+        .collect();
+    wants.push((1, MIB as u64 - 100, 200));
+    wants.push((3, files[3].len() as u64 - 10, 4096));
+    wants.push((2, 1000, MIB + 5000));
+    let mut bufs: Vec<Vec<u8>> = wants.iter().map(|w| vec![0xAA; w.2]).collect();
+    let mut reqs: Vec<ReadRequest<'_>> = wants
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(w, buf)| ReadRequest {
+            fh: fhs[w.0],
+            offset: w.1,
+            buf,
+        })
+        .collect();
+    let got = v.read_many(&mut reqs).unwrap();
+    drop(reqs);
+    for ((w, buf), n) in wants.iter().zip(&bufs).zip(&got) {
+        let f = &files[w.0];
+        let end = (w.1 as usize + w.2).min(f.len());
+        assert_eq!(
+            *n,
+            end - w.1 as usize,
+            "read of {} at {} in f{}",
+            w.2,
+            w.1,
+            w.0
+        );
+        assert!(
+            buf[..*n] == f[w.1 as usize..end],
+            "read of {} at {} in f{}",
+            w.2,
+            w.1,
+            w.0
+        );
+    }
+    // A handle not open is EBADF, and nothing is read.
+    let mut one = [0u8; 10];
+    let e = v
+        .read_many(&mut [ReadRequest {
+            fh: 999_999,
+            offset: 0,
+            buf: &mut one,
+        }])
+        .unwrap_err();
+    assert_eq!(e.errno, libc::EBADF);
+}
+
+#[test]
+fn names_and_handles_fail_as_the_calls_they_mirror() {
+    let s = servers(1);
+    let v = open_volume(&options(&s, "errs", Mode::Hold, true)).unwrap();
+    assert_eq!(v.stat("/nope").unwrap_err().errno, libc::ENOENT);
+    assert_eq!(
+        v.open("/nope", libc::O_RDONLY, 0).unwrap_err().errno,
+        libc::ENOENT
+    );
+    v.mkdir("/d", 0o755).unwrap();
+    assert_eq!(v.mkdir("/d", 0o755).unwrap_err().errno, libc::EEXIST);
+    assert_eq!(
+        v.open("/d", libc::O_RDONLY, 0).unwrap_err().errno,
+        libc::EISDIR
+    );
+    write_file(&v, "/d/f", b"hello");
+    assert_eq!(v.rmdir("/d").unwrap_err().errno, libc::ENOTEMPTY);
+    assert_eq!(v.stat("/d/f/x").unwrap_err().errno, libc::ENOTDIR);
+    assert_eq!(v.stat("/d/../d").unwrap_err().errno, libc::EINVAL);
+    assert_eq!(
+        v.open("/d/f", libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o644)
+            .unwrap_err()
+            .errno,
+        libc::EEXIST
+    );
+    // Append, positions and pread/pwrite.
+    let fh = v.open("/d/f", libc::O_WRONLY | libc::O_APPEND, 0).unwrap();
+    v.write(fh, b" world").unwrap();
+    v.close(fh).unwrap();
+    assert_eq!(read_file(&v, "/d/f"), b"hello world");
+    let fh = v.open("/d/f", libc::O_RDWR, 0).unwrap();
+    v.pwrite(fh, 6, b"W").unwrap();
+    let mut five = [0u8; 5];
+    assert_eq!(v.pread(fh, 6, &mut five).unwrap(), 5);
+    assert_eq!(&five, b"World");
+    assert_eq!(
+        v.pread(fh, 100, &mut five).unwrap(),
+        0,
+        "past the end reads nothing"
+    );
+    v.close(fh).unwrap();
+    assert_eq!(v.close(fh).unwrap_err().errno, libc::EBADF, "closed twice");
+    v.unlink("/d/f").unwrap();
+    v.rmdir("/d").unwrap();
+    assert!(v.listdir("/").unwrap().is_empty());
+}
+
+#[test]
+fn a_second_holder_is_refused_and_a_reopened_volume_has_every_fsynced_byte() {
+    let s = servers(2);
+    let data = bytes(7, 5 * MIB + 3);
+    {
+        let v = open_volume(&options(&s, "again", Mode::Hold, true)).unwrap();
+        write_file(&v, "/big", &data);
+        let e = open_volume(&options(&s, "again", Mode::Hold, false))
+            .err()
+            .expect("a second holder was let in");
+        assert_eq!(e.errno, libc::EBUSY, "{e}");
+    }
+    let v = open_volume(&options(&s, "again", Mode::Hold, false)).unwrap();
+    assert_eq!(read_file(&v, "/big"), data);
+}
