@@ -41,6 +41,8 @@ cd "$(dirname "$0")/.."
 . mount-tests/shared.sh
 # shellcheck source=mount-tests/ops.sh
 . mount-tests/ops.sh
+# shellcheck source=mount-tests/library.sh
+. mount-tests/library.sh
 
 SHARED_SIZE=${RMEMFS_TEST_SERVER_SIZE:-256M}
 
@@ -102,6 +104,8 @@ ALL_TESTS=(
   "metrics shared nomount"
   "package shared nomount"
   "io_uring shared mount -o io_uring"
+  "library 256M,256M nomount"
+  "library_c 256M,256M nomount"
 )
 
 SHARED_PIDS=()

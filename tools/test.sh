@@ -80,7 +80,7 @@ cargo test --lib --features shuttle model_
 # shellcheck source=mount-tests/lib.sh
 if (. mount-tests/lib.sh && has_fuse_uring); then uring=1; else uring=0; fi
 tier "release build (the binary the real mounts run)"
-cargo build --release
+cargo build --release -p rmemfs -p rmemfs-c
 
 # Overlapped: the fuzz targets' build, then their runs (45 s of wall time each, all four at
 # once), at idle priority beside the real-mount tiers, which wait much of the time (daemons
