@@ -8,7 +8,8 @@ library):
                                                  the same with read and with read_many; a
                                                  write is refused (EROFS); a forked child's
                                                  call fails with EBADF
-    library_check.py killed SERVERS NAME MANIFEST  a holder writing files and fsyncing each,
+    library_check.py killed SERVERS NAME MANIFEST ROUND  a holder (making the volume in round
+                                                 1) writing files and fsyncing each,
                                                  recording it in MANIFEST, until killed
     library_check.py manifest MNT MANIFEST       every file MANIFEST records is in MNT whole
 """
@@ -82,16 +83,16 @@ def follow(servers, name, src):
           % (len(files_of(src)), reads))
 
 
-def killed(servers, name, manifest):
-    v = rmemfs.open_volume(servers, name, mode="hold", create=True)
-    v.mkdir("/k")
+def killed(servers, name, manifest, round_):
+    v = rmemfs.open_volume(servers, name, mode="hold", create=round_ == "1")
+    v.mkdir("/k" + round_)
     log = open(manifest, "a", buffering=1)
-    rng = random.Random(7)
+    rng = random.Random(round_)
     n = 0
     while True:
         n += 1
         data = rng.randbytes(rng.choice([10, 5000, 300000, 1 << 20]))
-        path = "/k/f%d" % n
+        path = "/k%s/f%d" % (round_, n)
         fh = v.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         v.write(fh, data)
         v.fsync(fh)
@@ -120,6 +121,6 @@ if __name__ == "__main__":
     elif cmd == "follow":
         follow(*sys.argv[2:5])
     elif cmd == "killed":
-        killed(*sys.argv[2:5])
+        killed(*sys.argv[2:6])
     else:
         check_manifest(*sys.argv[2:4])

@@ -60,6 +60,25 @@ fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// A volume is used from many threads at once (the C ABI and Python hand it to any).
+#[test]
+fn a_volume_is_shared_between_threads() {
+    fn shared<T: Send + Sync>() {}
+    shared::<Volume>();
+    let s = servers(1);
+    let v = open_volume(&options(&s, "threads", Mode::Hold, true)).unwrap();
+    let data = bytes(3, 300_000);
+    std::thread::scope(|scope| {
+        for i in 0..4 {
+            let (v, data) = (&v, &data);
+            scope.spawn(move || write_file(v, &format!("/t{i}"), data));
+        }
+    });
+    for i in 0..4 {
+        assert_eq!(read_file(&v, &format!("/t{i}")), data);
+    }
+}
+
 #[test]
 fn a_holder_writes_and_a_follower_beside_it_reads_what_was_committed() {
     let s = servers(2);

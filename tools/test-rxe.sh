@@ -31,6 +31,9 @@ tools/build-verbs.sh --install-only
 echo "== building the verbs fabric (rmemfs --features verbs,testing)"
 cargo build --release --features verbs,testing --bin rmemfs
 cp target/release/rmemfs target/release/rmemfs-verbs
+# The library's C ABI over verbs too (mount-tests library_c reads through it in the VM; it
+# finds librmemfs_c.so beside the binary).
+cargo build --release --features rmemfs/verbs,rmemfs/testing -p rmemfs-c
 echo "== cargo clippy -D warnings with the verbs fabric"
 cargo clippy --workspace --all-targets --features rmemfs/verbs,rmemfs/testing -- -D warnings
 # The verbs fabric's unit tests need no device: they run in every build's `cargo test`
@@ -46,7 +49,7 @@ if [ "${1:-}" = --build-only ]; then
   exit 0
 fi
 
-tests=${RMEMFS_RXE_MOUNT_TESTS:-cp_tree fio_verify server_death replica_pair secret backed_restart erasure_coded}
+tests=${RMEMFS_RXE_MOUNT_TESTS:-cp_tree fio_verify server_death replica_pair secret backed_restart erasure_coded library_c}
 guest_script="set -e
 echo '== [rxe] fabric conformance on verbs (rxe0)'
 $conformance verbs --test-threads=1

@@ -66,7 +66,9 @@ pub struct Volume {
     caller: Caller,
     /// The process that opened the volume (see the module doc on fork).
     pid: u32,
-    _rebuilder: crate::upkeep::rebuild::Rebuilder,
+    /// Stopped first at close, before the journal's last commit (as a mount stops its
+    /// upkeep before it).
+    rebuilder: Option<crate::upkeep::rebuild::Rebuilder>,
     _following: Option<Following>,
     _servers: Servers,
 }
@@ -144,7 +146,7 @@ impl Volume {
                 cap_fsetid: uid == 0,
             },
             pid: std::process::id(),
-            _rebuilder: rebuilder,
+            rebuilder: Some(rebuilder),
             _following: built.follower,
             _servers: servers,
         })
@@ -187,6 +189,7 @@ impl Drop for Volume {
         for fh in fhs {
             let _ = self.close(fh);
         }
+        drop(self.rebuilder.take());
         if let Some(j) = &self.journal {
             if let Err(e) = j.stop() {
                 log::error!("the volume's last commit failed: {}", e.message);
