@@ -1,12 +1,12 @@
 //! Local buffers for remote I/O: bounce buffers on loan from a small pool, registered through
 //! the registration cache, and the running of a batch of ops over them.
 
-use super::{Bounce, DataStore, Loan, IO_SIZE};
+use super::{Bounce, DataStore, IO_SIZE};
 use crate::client::RemoteOp;
 use crate::error::Result;
 use crate::fabric::{AlignedBuf, Sge};
 use crate::regcache::Pinned;
-use crate::sync::Arc;
+use crate::sync::{Arc, Condvar, Mutex};
 
 impl DataStore {
     pub(super) fn make_bounce() -> Result<Bounce> {
@@ -82,34 +82,83 @@ impl DataStore {
         res
     }
 
-    pub(super) fn loan(&self) -> Result<Loan<'_>> {
-        let mut free = self.free_bufs.lock();
+    /// A bounce buffer from the I/O pool (see [`BouncePool`]).
+    pub(super) fn loan(&self) -> Result<Lent<'_>> {
+        self.io_bufs.take()
+    }
+}
+
+/// Bounce buffers lent one at a time, made on first need up to a bound and kept (each is
+/// registered through the cache once, on its first use): the I/O pool every read and write
+/// borrows from, and the decode buffers of degraded reads (`coding`).
+pub(super) struct BouncePool {
+    free: Mutex<Vec<Bounce>>,
+    returned: Condvar,
+    made: Mutex<usize>,
+    max: usize,
+}
+
+impl BouncePool {
+    /// A pool of at most `max` buffers (at least one).
+    pub(super) fn new(max: usize) -> BouncePool {
+        BouncePool {
+            free: Mutex::new(Vec::new()),
+            returned: Condvar::new(),
+            made: Mutex::new(0),
+            max: max.max(1),
+        }
+    }
+
+    /// A free buffer, a new one while fewer than the bound exist, else the next returned.
+    pub(super) fn take(&self) -> Result<Lent<'_>> {
+        let mut free = self.free.lock();
         loop {
             if let Some(b) = free.pop() {
-                return Ok(Loan {
-                    store: self,
+                return Ok(Lent {
+                    pool: self,
                     bounce: Some(b),
                 });
             }
             {
-                let mut made = self.bufs_made.lock();
-                if *made < self.max_bufs {
+                let mut made = self.made.lock();
+                if *made < self.max {
                     *made += 1;
                     drop(made);
                     drop(free);
-                    return match Self::make_bounce() {
-                        Ok(b) => Ok(Loan {
-                            store: self,
+                    return match DataStore::make_bounce() {
+                        Ok(b) => Ok(Lent {
+                            pool: self,
                             bounce: Some(b),
                         }),
                         Err(e) => {
-                            *self.bufs_made.lock() -= 1;
+                            *self.made.lock() -= 1;
                             Err(e)
                         }
                     };
                 }
             }
-            free = self.buf_returned.wait(free);
+            free = self.returned.wait(free);
+        }
+    }
+}
+
+/// A bounce buffer lent from a [`BouncePool`]; back to it on drop.
+pub(super) struct Lent<'a> {
+    pool: &'a BouncePool,
+    bounce: Option<Bounce>,
+}
+
+impl Lent<'_> {
+    pub(super) fn bounce(&self) -> &Bounce {
+        self.bounce.as_ref().expect("present until drop")
+    }
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.bounce.take() {
+            self.pool.free.lock().push(b);
+            self.pool.returned.notify_one();
         }
     }
 }

@@ -27,62 +27,9 @@ pub(super) fn frag_len(len: u64, k: u8) -> u64 {
     crate::fabric::mem::round_up(len.div_ceil(k as u64).max(1), EC_FRAGMENT_ALIGN)
 }
 
-/// The buffers degraded reads read fragments into, taken one per decode: as many as decodes
-/// may run at once (a degraded sequential read has several FUSE threads decoding
-/// neighbouring parts; each decode is CPU-bound).
-pub(super) struct DecodeBuffers {
-    free: Mutex<Vec<Bounce>>,
-    returned: Condvar,
-}
-
-impl DecodeBuffers {
-    /// Decodes at once: the FUSE threads' default (more would wait for the cores anyway).
-    const COUNT: usize = 4;
-
-    pub(super) fn new() -> Result<DecodeBuffers> {
-        let bufs = (0..Self::COUNT)
-            .map(|_| DataStore::make_bounce())
-            .collect::<Result<Vec<_>>>()?;
-        Ok(DecodeBuffers {
-            free: Mutex::new(bufs),
-            returned: Condvar::new(),
-        })
-    }
-
-    fn take(&self) -> DecodeBuffer<'_> {
-        let mut free = self.free.lock();
-        loop {
-            if let Some(b) = free.pop() {
-                return DecodeBuffer {
-                    bufs: self,
-                    buf: Some(b),
-                };
-            }
-            free = self.returned.wait(free);
-        }
-    }
-}
-
-/// A decode buffer in use; back to the pool on drop.
-struct DecodeBuffer<'a> {
-    bufs: &'a DecodeBuffers,
-    buf: Option<Bounce>,
-}
-
-impl DecodeBuffer<'_> {
-    fn get(&self) -> &Bounce {
-        self.buf.as_ref().expect("present until drop")
-    }
-}
-
-impl Drop for DecodeBuffer<'_> {
-    fn drop(&mut self) {
-        if let Some(b) = self.buf.take() {
-            self.bufs.free.lock().push(b);
-            self.bufs.returned.notify_one();
-        }
-    }
-}
+/// Decode buffers (degraded reads read fragments into them, one per decode): as many as
+/// decodes may run at once, the FUSE threads' default (more would wait for the cores anyway).
+pub(super) const DECODE_BUFFERS: usize = 4;
 
 fn code_error(e: reed_solomon_simd::Error) -> Error {
     Error::new(libc::EIO, format!("erasure code: {e}"))
@@ -371,10 +318,10 @@ impl DataStore {
         let s = c.stripe().ok_or_else(|| lost(idx))?;
         for cols in part.rounds(s.k) {
             let mut failed: Vec<u32> = avoid.to_vec();
-            let taken = self.decode_bufs.take();
+            let taken = self.decode_bufs.take()?;
             loop {
                 let mut plan = self.plan_decode(c, idx, part, cols, b, &failed)?;
-                let buf = taken.get();
+                let buf = taken.bounce();
                 let ops = plan.reads(c, buf.buf.addr());
                 let done = match ops.is_empty() {
                     true => Ok(()),
@@ -416,8 +363,8 @@ impl DataStore {
             return Ok(None);
         };
         let plan = self.plan_decode(c, idx, part, cols, b, avoid)?;
-        let buf = self.decode_bufs.take();
-        let ops = plan.reads(c, buf.get().buf.addr());
+        let buf = self.decode_bufs.take()?;
+        let ops = plan.reads(c, buf.bounce().buf.addr());
         Ok(Some(EarlyDecode { plan, buf, ops }))
     }
 
@@ -432,7 +379,7 @@ impl DataStore {
     ) -> Result<()> {
         let s = c.stripe().ok_or_else(|| lost(idx))?;
         early.plan.take_reads();
-        self.decode_planned(s, idx, part, &early.plan, b, early.buf.get())
+        self.decode_planned(s, idx, part, &early.plan, b, early.buf.bounce())
     }
 
     /// Which K fragments decode `part`'s columns `cols`: those the read's batch brought into
@@ -575,14 +522,14 @@ impl DecodePlan {
 /// the reads to add to the batch, and the buffer they fill.
 pub(super) struct EarlyDecode<'a> {
     plan: DecodePlan,
-    buf: DecodeBuffer<'a>,
+    buf: super::buffers::Lent<'a>,
     pub ops: Vec<RemoteOp>,
 }
 
 impl EarlyDecode<'_> {
     /// The decode buffer's range the reads fill (to pin beside the window).
     pub fn pinned_range(&self) -> (u64, u64) {
-        (self.buf.get().buf.addr(), self.plan.read_bytes())
+        (self.buf.bounce().buf.addr(), self.plan.read_bytes())
     }
 }
 

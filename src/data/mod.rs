@@ -89,10 +89,7 @@ pub struct DataStore {
     pool: Arc<Pool>,
     chunk_size: u64,
     write_path: WritePath,
-    free_bufs: Mutex<Vec<Bounce>>,
-    buf_returned: Condvar,
-    bufs_made: Mutex<usize>,
-    max_bufs: usize,
+    io_bufs: buffers::BouncePool,
     /// Zeros, for clearing the tail of a chunk on truncate.
     zeros: Bounce,
     /// Copies kept of every chunk (`--replicas`; `rmemfs admin set-replicas` changes it live,
@@ -112,7 +109,7 @@ pub struct DataStore {
     cold_after: std::time::Duration,
     /// What degraded reads of encoded chunks read fragments into (`coding::DecodeBuffers`):
     /// a few, registered in the cache once, so decodes run on every core at once.
-    decode_bufs: coding::DecodeBuffers,
+    decode_bufs: buffers::BouncePool,
     #[cfg(feature = "testing")]
     die_before_switch: crate::sync::atomic::AtomicBool,
     /// Writes answered before they are remote (private mounts; see `behind`). After `cache`,
@@ -146,33 +143,12 @@ pub struct ReplicaHealth {
     pub moving_bytes: u64,
 }
 
-/// A bounce buffer on loan; goes back to the pool on drop.
-struct Loan<'a> {
-    store: &'a DataStore,
-    bounce: Option<Bounce>,
-}
-
-impl Loan<'_> {
-    fn bounce(&self) -> &Bounce {
-        self.bounce.as_ref().expect("present until drop")
-    }
-}
-
-impl Drop for Loan<'_> {
-    fn drop(&mut self) {
-        if let Some(b) = self.bounce.take() {
-            self.store.free_bufs.lock().push(b);
-            self.store.buf_returned.notify_one();
-        }
-    }
-}
-
 /// File bytes read for a reply: in the pooled buffer the fabric read them into (a FUSE-sized
 /// read), or owned (larger ones).
 pub struct ReadBuf<'a>(ReadBytes<'a>);
 
 enum ReadBytes<'a> {
-    Loaned(Loan<'a>, usize),
+    Loaned(buffers::Lent<'a>, usize),
     Owned(Vec<u8>),
 }
 
@@ -321,10 +297,7 @@ impl DataStore {
             pool,
             chunk_size,
             write_path,
-            free_bufs: Mutex::new(Vec::new()),
-            buf_returned: Condvar::new(),
-            bufs_made: Mutex::new(0),
-            max_bufs: max_bufs.max(1),
+            io_bufs: buffers::BouncePool::new(max_bufs),
             zeros,
             replicas: AtomicUsize::new(1),
             min_replicas: 1,
@@ -332,7 +305,7 @@ impl DataStore {
             copied_on_write: Default::default(),
             coding: None,
             cold_after: crate::config::EC_COLD_AFTER,
-            decode_bufs: coding::DecodeBuffers::new()?,
+            decode_bufs: buffers::BouncePool::new(coding::DECODE_BUFFERS),
             #[cfg(feature = "testing")]
             die_before_switch: Default::default(),
             behind: None,
