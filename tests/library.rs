@@ -239,7 +239,7 @@ fn names_and_handles_fail_as_the_calls_they_mirror() {
 }
 
 #[test]
-fn a_second_holder_is_refused_and_a_reopened_volume_has_every_fsynced_byte() {
+fn a_second_holder_is_busy_a_missing_volume_absent_and_a_reopened_one_whole() {
     let s = servers(2);
     let data = bytes(7, 5 * MIB + 3);
     {
@@ -249,7 +249,50 @@ fn a_second_holder_is_refused_and_a_reopened_volume_has_every_fsynced_byte() {
             .err()
             .expect("a second holder was let in");
         assert_eq!(e.errno, libc::EBUSY, "{e}");
+        let e = open_volume(&options(&s, "none", Mode::Follow, false))
+            .err()
+            .expect("a missing volume was followed");
+        assert_eq!(e.errno, libc::ENOENT, "{e}");
+        let e = open_volume(&options(&s, "again", Mode::Hold, true))
+            .err()
+            .expect("an existing volume was made again");
+        assert_eq!(e.errno, libc::EEXIST, "{e}");
     }
     let v = open_volume(&options(&s, "again", Mode::Hold, false)).unwrap();
     assert_eq!(read_file(&v, "/big"), data);
+}
+
+/// The secret is the mount's: a program without it (or with another) is refused with
+/// EACCES and a message; with it, let in.
+#[test]
+fn a_program_without_the_servers_secret_is_refused() {
+    let dir = std::env::temp_dir().join(format!("rmemfs-lib-secret-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (key, other) = (dir.join("key"), dir.join("other"));
+    rmemfs::auth::keygen(&key, true).unwrap();
+    rmemfs::auth::keygen(&other, true).unwrap();
+    let fabric = rmemfs::fabric::open("tcp", &rmemfs::fabric::FabricOptions::default()).unwrap();
+    let config = ServerConfig {
+        secret: rmemfs::auth::Secret::from_file(&key).unwrap(),
+        ..ServerConfig::new("127.0.0.1:0".parse().unwrap(), 64 << 20)
+    };
+    let s = vec![MemoryServer::start(&config, fabric).unwrap()];
+    for wrong in [None, Some(other.clone())] {
+        let e = open_volume(&VolumeOptions {
+            secret_file: wrong.clone(),
+            ..options(&s, "sec", Mode::Hold, true)
+        })
+        .err()
+        .expect("let in without the secret");
+        assert_eq!(e.errno, libc::EACCES, "{wrong:?}: {e}");
+    }
+    let v = open_volume(&VolumeOptions {
+        secret_file: Some(key),
+        ..options(&s, "sec", Mode::Hold, true)
+    })
+    .unwrap();
+    write_file(&v, "/f", b"kept");
+    assert_eq!(read_file(&v, "/f"), b"kept");
+    drop(v);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

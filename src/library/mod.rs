@@ -112,15 +112,14 @@ impl Volume {
             op_timeout: config.op_timeout,
             ..config.fabric_options.clone()
         };
-        let servers = reach_servers(&config, &fabric_options, None).map_err(fail)?;
+        let servers = reach_servers(&config, &fabric_options, None)
+            .map_err(|e| Error::new(open_errno(&e), e))?;
         let fabric = crate::fabric::open(&servers.fabric_name, &fabric_options)
             .map_err(|e| fail(e.to_string()))?;
         let choices = crate::mount::library_choices(options.mode == Mode::Follow);
         let label = PathBuf::from(format!("library pid {}", std::process::id()));
-        let built = build_fs(&config, &label, &servers, fabric, &choices, false).map_err(|e| {
-            // A holder alive elsewhere, or a fenced one: said as the mount says it.
-            Error::new(libc::EBUSY, e)
-        })?;
+        let built = build_fs(&config, &label, &servers, fabric, &choices, false)
+            .map_err(|e| Error::new(open_errno(&e), e))?;
         let rebuilder = crate::upkeep::rebuild::Rebuilder::start(
             built.fs.clone(),
             crate::upkeep::rebuild::Upkeep {
@@ -195,6 +194,22 @@ impl Drop for Volume {
                 log::error!("the volume's last commit failed: {}", e.message);
             }
         }
+    }
+}
+
+/// The errno for a volume the servers would not open, from what they said (the mount's
+/// words: the builder's refusals are text for a user).
+fn open_errno(refusal: &str) -> i32 {
+    if refusal.contains("is held by") || refusal.contains("writers attached") {
+        libc::EBUSY
+    } else if refusal.contains("no volume '") {
+        libc::ENOENT
+    } else if refusal.contains("exists already") {
+        libc::EEXIST
+    } else if refusal.contains("secret") {
+        libc::EACCES
+    } else {
+        libc::EIO
     }
 }
 
