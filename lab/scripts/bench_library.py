@@ -34,16 +34,21 @@ def offsets(n, size, align, seed):
     return [rng.randrange(size // align) * align for _ in range(n)]
 
 
-def mount_random(path, offs):
-    drop_caches(path)
+def mount_preads(path, offs, length):
+    """Seconds for os.pread of `length` at each of `offs` through the mount, readahead off."""
     fd = os.open(path, os.O_RDONLY)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
     t = time.perf_counter()
     for o in offs:
-        assert len(os.pread(fd, KIB4, o)) == KIB4
+        assert len(os.pread(fd, length, o)) == length
     dt = time.perf_counter() - t
     os.close(fd)
-    return len(offs) / dt
+    return dt
+
+
+def mount_random(path, offs):
+    drop_caches(path)
+    return len(offs) / mount_preads(path, offs, KIB4)
 
 
 def lib_random(v, fh, offs):
@@ -97,13 +102,7 @@ def loader_worker(args):
     offs = offsets(samples, size, SAMPLE, seed)
     # Timed from the first read (a worker's volume is opened before: once per worker).
     if kind == "mount":
-        fd = os.open(path, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        t = time.perf_counter()
-        for o in offs:
-            assert len(os.pread(fd, SAMPLE, o)) == SAMPLE
-        dt = time.perf_counter() - t
-        os.close(fd)
+        dt = mount_preads(path, offs, SAMPLE)
     else:
         with rmemfs.open_volume(servers, name, mode="follow") as v:
             fh = v.open(path)

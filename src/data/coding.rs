@@ -327,15 +327,9 @@ impl DataStore {
                     true => Ok(()),
                     false => self.run_ops(self.pin(buf.buf.addr(), plan.read_bytes())?, &ops),
                 };
-                match done {
-                    Ok(()) => {}
-                    Err(e) => match e.failed_server() {
-                        Some(server) if !failed.contains(&server.0) => {
-                            failed.push(server.0);
-                            continue;
-                        }
-                        _ => return Err(e.into()),
-                    },
+                if let Err(e) = done {
+                    self.avoid_failed(e, &mut failed)?;
+                    continue;
                 }
                 plan.take_reads();
                 self.decode_planned(s, idx, part, &plan, b, buf)?;

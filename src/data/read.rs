@@ -195,7 +195,11 @@ impl DataStore {
 
     /// A batch failed: its server is avoided from now on (the caller reads again), unless it
     /// was avoided already or no server is named (the error is the read's).
-    fn avoid_failed(&self, e: crate::client::PoolError, avoid: &mut Vec<u32>) -> Result<()> {
+    pub(super) fn avoid_failed(
+        &self,
+        e: crate::client::PoolError,
+        avoid: &mut Vec<u32>,
+    ) -> Result<()> {
         match e.failed_server() {
             Some(s) if !avoid.contains(&s.0) => {
                 log::warn!("read from {s} failed ({e}); reading another copy");

@@ -200,16 +200,21 @@ impl Fs {
     /// range's reads go out together (see `data::read`). Access times are not changed: a
     /// batch of reads is a program's, not a path's.
     pub fn read_many(&self, reads: &mut [(Ino, u64, u64, &mut [u8])]) -> Result<Vec<usize>> {
-        let mut files = Vec::with_capacity(reads.len());
-        let mut lens = Vec::with_capacity(reads.len());
-        for (ino, fh, offset, out) in reads.iter() {
-            let mode = self.handle(*fh, *ino)?;
-            if !mode.read {
+        for (ino, fh, _, _) in reads.iter() {
+            if !self.handle(*fh, *ino)?.read {
                 return Err(err(libc::EBADF));
             }
-            let size = inode(&self.meta.lock(), *ino)?.size;
-            lens.push((out.len() as u64).min(size.saturating_sub(*offset)) as usize);
-            files.push(self.file_data(*ino)?);
+        }
+        // Every file and size from one look at the table.
+        let mut files = Vec::with_capacity(reads.len());
+        let mut lens = Vec::with_capacity(reads.len());
+        {
+            let meta = self.meta.lock();
+            for (ino, _, offset, out) in reads.iter() {
+                let size = inode(&meta, *ino)?.size;
+                lens.push((out.len() as u64).min(size.saturating_sub(*offset)) as usize);
+                files.push(super::file_in(&meta, *ino)?);
+            }
         }
         let mut plan: Vec<(&crate::meta::FileData, u64, &mut [u8])> = reads
             .iter_mut()

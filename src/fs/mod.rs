@@ -186,6 +186,16 @@ fn new_inode(kind: Kind, perm: u16, caller: Caller, body: Body) -> Inode {
     Inode::new(kind, perm, caller.uid, caller.gid, body)
 }
 
+/// The data of file `ino` in `meta` (EISDIR for a directory, EINVAL for another kind).
+fn file_in(meta: &Meta, ino: Ino) -> Result<Arc<FileData>> {
+    let i = inode(meta, ino)?;
+    match (&i.body, i.kind) {
+        (Body::File(f), _) => Ok(f.clone()),
+        (_, Kind::Dir) => Err(err(libc::EISDIR)),
+        _ => Err(err(libc::EINVAL)),
+    }
+}
+
 fn inode(meta: &Meta, ino: Ino) -> Result<&Inode> {
     meta.get(ino).ok_or_else(|| err(libc::ENOENT))
 }
@@ -391,13 +401,7 @@ impl Fs {
     }
 
     fn file_data(&self, ino: Ino) -> Result<Arc<FileData>> {
-        let meta = self.meta.lock();
-        let i = inode(&meta, ino)?;
-        match (&i.body, i.kind) {
-            (Body::File(f), _) => Ok(f.clone()),
-            (_, Kind::Dir) => Err(err(libc::EISDIR)),
-            _ => Err(err(libc::EINVAL)),
-        }
+        file_in(&self.meta.lock(), ino)
     }
 
     /// Every regular file's data, taken under the table's lock (released on return).

@@ -58,10 +58,10 @@ impl Volume {
             };
             if let Err(e) = self.fs.setattr(ino, &size, self.caller) {
                 self.fs.release(fh);
-                Looked {
+                drop(Looked {
                     fs: &self.fs,
                     inos: looked,
-                };
+                });
                 return Err(e);
             }
         }

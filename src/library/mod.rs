@@ -23,7 +23,7 @@ use crate::auth::Secret;
 use crate::error::{Error, Result};
 use crate::fs::{Caller, Fs};
 use crate::meta::Ino;
-use crate::mount::build::{build_fs, reach_servers, Following, Servers};
+use crate::mount::build::{build_fs, fabric_options, reach_servers, upkeep, Following, Servers};
 use crate::mount::{MountConfig, Namespace};
 use crate::sync::Mutex;
 use std::collections::HashMap;
@@ -108,10 +108,7 @@ impl Volume {
                 force_without: Vec::new(),
             },
         };
-        let fabric_options = crate::fabric::FabricOptions {
-            op_timeout: config.op_timeout,
-            ..config.fabric_options.clone()
-        };
+        let fabric_options = fabric_options(&config);
         let servers = reach_servers(&config, &fabric_options, None)
             .map_err(|e| Error::new(open_errno(&e), e))?;
         let fabric = crate::fabric::open(&servers.fabric_name, &fabric_options)
@@ -122,12 +119,7 @@ impl Volume {
             .map_err(|e| Error::new(open_errno(&e), e))?;
         let rebuilder = crate::upkeep::rebuild::Rebuilder::start(
             built.fs.clone(),
-            crate::upkeep::rebuild::Upkeep {
-                rate: config.rebuild_rate,
-                delay: config.rebuild_delay,
-                detection: config.op_timeout,
-                rebuild: options.mode == Mode::Hold,
-            },
+            upkeep(&config),
             Default::default(),
         )
         .map_err(|e| fail(format!("cannot start the upkeep threads: {e}")))?;

@@ -30,6 +30,26 @@ pub(crate) struct Servers {
     _embedded: Option<MemoryServer>,
 }
 
+/// The client fabric's options: the configuration's, with its op timeout.
+pub(crate) fn fabric_options(config: &MountConfig) -> FabricOptions {
+    FabricOptions {
+        op_timeout: config.op_timeout,
+        ..config.fabric_options.clone()
+    }
+}
+
+/// What the upkeep threads keep for the namespace `config` serves.
+pub(crate) fn upkeep(config: &MountConfig) -> crate::upkeep::rebuild::Upkeep {
+    crate::upkeep::rebuild::Upkeep {
+        rate: config.rebuild_rate,
+        delay: config.rebuild_delay,
+        detection: config.op_timeout,
+        // A follower's copies are the holder's to keep; a shared volume's are made again by
+        // one member at a time (`Fs::may_rebuild`), each file in its turn.
+        rebuild: !matches!(config.namespace, Namespace::Follower { .. }),
+    }
+}
+
 /// Starts the embedded memory server (without `--servers`), or resolves the servers given
 /// and learns their fabric (from the first one's hello unless `--fabric` names it).
 pub(crate) fn reach_servers(

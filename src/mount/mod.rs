@@ -118,10 +118,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         Namespace::Private | Namespace::Held { .. } => {}
     }
     let (fuse_config, choices) = fuser_config(&options, config.threads)?;
-    let fabric_options = FabricOptions {
-        op_timeout: config.op_timeout,
-        ..config.fabric_options.clone()
-    };
+    let fabric_options = build::fabric_options(config);
     let (given_client, given_server) = match mount.fabrics {
         Some((c, s)) => (Some(c), Some(s)),
         None => (None, None),
@@ -238,14 +235,7 @@ fn start_upkeep(
     let fs = &parts.fs;
     let rebuilder = crate::upkeep::rebuild::Rebuilder::start(
         fs.clone(),
-        crate::upkeep::rebuild::Upkeep {
-            rate: config.rebuild_rate,
-            delay: config.rebuild_delay,
-            detection: config.op_timeout,
-            // A follower's copies are the holder's to keep; a shared volume's are made again
-            // by one member at a time (`Fs::may_rebuild`), each file in its turn.
-            rebuild: !matches!(config.namespace, Namespace::Follower { .. }),
-        },
+        build::upkeep(config),
         parts.upkeep.clone(),
     )
     .map_err(|e| format!("cannot start the rebuild thread: {e}"))?;
