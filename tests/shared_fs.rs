@@ -465,7 +465,9 @@ fn format_2_volumes_are_upgraded_when_no_old_client_is_live() {
 
 /// A write whose change the engine refused (unreachable) leaves nothing behind on its client:
 /// the chunk it allocated is not in that client's map (else the client's retry writes into a
-/// chunk no other client knows, and they read a hole) and its memory goes back.
+/// chunk no other client knows, and they read a hole) and its memory goes back. The write
+/// is one appended at once (it moves the file's first chunk to a larger one: a write held
+/// back is the next test's).
 #[test]
 fn a_refused_write_leaves_nothing_behind() {
     let rack = Rack::new(2);
@@ -473,12 +475,19 @@ fn a_refused_write_leaves_nothing_behind() {
     let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
     let a = client(&rack, engine.clone(), "a");
     let b = client(&rack, engine, "b");
-    let free_at_start = rack.free();
+    let free_before = rack.free();
     let (ino, fh) = a
         .change(|fs| fs.create(ROOT_INO, b"f", 0o644, libc::O_RDWR, common::ME))
         .map(|(e, fh)| (e.ino, fh))
         .unwrap();
+    // A first chunk past the stock's lengths (granted ahead, which would stay used).
+    a.change(|fs| fs.write(ino, fh, 0, &bytes(8, 128 << 10), common::ME))
+        .unwrap();
+    a.fs.fsync(ino).unwrap().unwrap();
+    b.shared.poll_now().unwrap();
+    let free_at_start = rack.free();
     let data = bytes(7, 1 << 20);
+    assert!(data.len() > 256 << 10, "a write that moves the first chunk");
     mem.fail_next("append", 1);
     let refused = a.change(|fs| fs.write(ino, fh, 0, &data, common::ME));
     assert_eq!(refused.map_err(|e| e.errno), Err(libc::EIO));
@@ -499,8 +508,105 @@ fn a_refused_write_leaves_nothing_behind() {
     eventually("the file's memory is back", || {
         a.shared.poll_now().unwrap();
         b.shared.poll_now().unwrap();
-        rack.free() == free_at_start
+        rack.free() == free_before
     });
+}
+
+/// Writes held back (a write's size and new chunks, in the file's turn): a write appends
+/// nothing; `fsync` appends it, and another client then reads every byte; a change this
+/// client makes next carries the writes before it (a client that sees the change sees
+/// them); an append the engine refuses at `fsync` fails that `fsync` and is kept, sent by
+/// the next one; a close sends them too.
+#[test]
+fn writes_held_back_reach_the_engine_before_what_follows_them() {
+    let rack = Rack::new(2);
+    let mem = MemEngine::new();
+    let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
+    let a = client(&rack, engine.clone(), "a");
+    let b = client(&rack, engine.clone(), "b");
+    let (ino, fh) = a
+        .change(|fs| fs.create(ROOT_INO, b"f", 0o644, libc::O_RDWR, common::ME))
+        .map(|(e, fh)| (e.ino, fh))
+        .unwrap();
+    let size_on_b = |b: &Client| {
+        b.shared.poll_now().unwrap();
+        b.fs.getattr(ino).map(|a| a.size).unwrap_or(u64::MAX)
+    };
+    // Held back: the engine's log does not grow.
+    let head = engine.head().unwrap();
+    let one = bytes(1, 3 << 20);
+    a.change(|fs| fs.write(ino, fh, 0, &one, common::ME))
+        .unwrap();
+    assert_eq!(engine.head().unwrap(), head, "a write was appended at once");
+    assert_eq!(size_on_b(&b), 0);
+    // fsync appends it: B reads every byte.
+    a.fs.fsync(ino).unwrap().unwrap();
+    assert!(engine.head().unwrap() > head);
+    assert_eq!(size_on_b(&b), one.len() as u64);
+    assert_eq!(read(&b.fs, "f").unwrap(), one);
+    // A write, then a change of another file: the change carries the write before it.
+    let two = bytes(2, 1 << 20);
+    a.change(|fs| fs.write(ino, fh, one.len() as u64, &two, common::ME))
+        .unwrap();
+    a.create("after", b"x").unwrap();
+    assert!(resolve(&b.fs, "after").is_ok()); // B caught up with A's create
+    assert_eq!(size_on_b(&b), (one.len() + two.len()) as u64);
+    // Refused at fsync: the fsync fails, the write is kept and the next fsync sends it.
+    let three = bytes(3, 1 << 20);
+    let at = (one.len() + two.len()) as u64;
+    a.change(|fs| fs.write(ino, fh, at, &three, common::ME))
+        .unwrap();
+    mem.fail_next("append", 1);
+    assert_eq!(
+        a.fs.fsync(ino).unwrap().map_err(|e| e.errno),
+        Err(libc::EIO)
+    );
+    a.fs.fsync(ino).unwrap().unwrap();
+    assert_eq!(size_on_b(&b), at + three.len() as u64);
+    // A close sends what is held back.
+    let four = bytes(4, 4096);
+    let at = at + three.len() as u64;
+    a.change(|fs| fs.write(ino, fh, at, &four, common::ME))
+        .unwrap();
+    a.change(|fs| fs.release(fh));
+    let whole = [one, two, three, four].concat();
+    assert_eq!(size_on_b(&b), whole.len() as u64);
+    assert_eq!(read(&b.fs, "f").unwrap(), whole);
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+}
+
+/// Writes held back on one client, and another client writes the same file: the turn goes
+/// back only after the writes are appended, so the second writer's append lands after them
+/// and both clients end with the same bytes and size.
+#[test]
+fn a_turn_goes_back_after_the_writes_held_in_it() {
+    let rack = Rack::new(2);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client(&rack, engine.clone(), "a");
+    let b = client(&rack, engine, "b");
+    let (ino, fh) = a
+        .change(|fs| fs.create(ROOT_INO, b"f", 0o644, libc::O_RDWR, common::ME))
+        .map(|(e, fh)| (e.ino, fh))
+        .unwrap();
+    let first = bytes(5, 256 << 10);
+    a.change(|fs| fs.write(ino, fh, 0, &first, common::ME))
+        .unwrap();
+    // B appends after A's bytes: it must take the file's turn, which A gives back once its
+    // write is appended.
+    b.shared.poll_now().unwrap();
+    let bfh = b
+        .change(|fs| fs.open(ino, libc::O_WRONLY | libc::O_APPEND))
+        .unwrap();
+    let second = bytes(6, 4096);
+    b.change(|fs| fs.write(ino, bfh, 0, &second, common::ME))
+        .unwrap();
+    b.change(|fs| fs.release(bfh));
+    a.change(|fs| fs.release(fh));
+    a.shared.poll_now().unwrap();
+    let whole = [first, second].concat();
+    assert_eq!(read(&a.fs, "f").unwrap(), whole);
+    assert_eq!(read(&b.fs, "f").unwrap(), whole);
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
 }
 
 /// A lock released while the engine could not be reached (a close during a Redis blip) is

@@ -172,13 +172,23 @@ impl DataStore {
     }
 
     /// The length to give chunk `idx` so it covers `needed` bytes, growing from `current`.
+    /// A first chunk that must grow is given twice what is needed (at least twice what it
+    /// had): a file written in small appends without the writeback cache (a shared volume's
+    /// `tar x`, in 10 KiB records) would otherwise move its bytes at nearly every write (a
+    /// move is an allocation, a copy and a free, about 600 µs here against 150 for an
+    /// append that fits). Room left stays within what doubling leaves: under half the chunk.
     pub(super) fn target_len(&self, idx: u64, current: u64, needed: u64) -> u64 {
         if idx > 0 {
             return self.chunk_size;
         }
         let page = page_size() as u64;
-        let needed = needed.div_ceil(page) * page;
-        needed.max(current * 2).min(self.chunk_size)
+        let grown = match current {
+            0 => needed,
+            _ => needed.saturating_mul(2),
+        };
+        (grown.div_ceil(page) * page)
+            .max(current * 2)
+            .min(self.chunk_size)
     }
 
     /// Makes chunk `idx` at least `needed` bytes long: allocates it (every copy), or moves a

@@ -163,6 +163,12 @@ impl Fs {
         };
         if h.mode.write {
             self.settle_overwrite_at_close(h.ino);
+            // A shared volume's writes held back go with the last close too (the FUSE
+            // adapter's flush sends them before `close(2)` returns; a library's close is
+            // this).
+            if let Err(e) = self.send_shared_writes() {
+                log::warn!("closing inode {}: {e}", h.ino);
+            }
         }
         let mut meta = self.meta.lock();
         meta.closed(h.ino);
@@ -314,7 +320,10 @@ impl Fs {
                 })?;
             }
             let set_id = inode(&b, ino)?.perm & (S_ISUID | S_ISGID) != 0;
-            Self::commit_with(b, ino, &mut io)?;
+            match written.is_ok() {
+                true => Self::commit_write_with(b, ino, &mut io)?,
+                false => Self::commit_with(b, ino, &mut io)?,
+            }
             written?;
             set_id
         };

@@ -75,6 +75,11 @@ impl Fs {
 
     /// `fsync`/`fsyncdir`: `None` without a volume (nothing to make durable).
     pub fn sync(&self) -> Option<Result<()>> {
+        // A shared volume's changes are in the engine once answered, but its writes' may be
+        // held back.
+        if let Some(t) = &self.turns {
+            return Some(t.send_writes());
+        }
         self.barrier.as_ref().map(|b| b.sync())
     }
 }

@@ -49,9 +49,14 @@ impl Fs {
         })
     }
 
-    /// See [`LockKeeper::set`].
+    /// See [`LockKeeper::set`]. An unlock comes after this client's writes held back are
+    /// in the engine: who locks next sees them.
     pub fn set_lock(&self, ino: u64, owner: u64, lock: &FileLock) -> Result<Option<HeldLock>> {
-        self.keeper()?.set(ino, owner, lock)
+        let keeper = self.keeper()?;
+        if lock.typ.is_none() {
+            self.send_shared_writes()?;
+        }
+        keeper.set(ino, owner, lock)
     }
 
     /// See [`LockKeeper::test`].
@@ -62,7 +67,10 @@ impl Fs {
     /// See [`LockKeeper::release`]; nothing where the kernel keeps locks.
     pub fn release_locks(&self, ino: u64, owner: u64, kind: LockKind) -> Result<()> {
         match self.locks.as_ref() {
-            Some(k) => k.release(ino, owner, kind),
+            Some(k) => {
+                self.send_shared_writes()?;
+                k.release(ino, owner, kind)
+            }
             None => Ok(()),
         }
     }

@@ -298,6 +298,24 @@ impl Fs {
         b.commit().inspect_err(|_| io.undo(&log))
     }
 
+    /// [`Self::commit_with`] of a write that succeeded: when its chunk changes only add new
+    /// chunks (of copies, letting no memory go), the journal may hold the batch back
+    /// ([`crate::meta::Journal::record_write`]).
+    fn commit_write_with(mut b: Batch<'_>, ino: Ino, io: &mut FileIo<'_>) -> Result<()> {
+        let log = io.take_log();
+        let adds_only = log
+            .iter()
+            .all(|e| e.before.is_none() && e.chunk.as_ref().is_some_and(|c| c.stripe().is_none()));
+        if !log.is_empty() {
+            b.extents(ino, log.clone());
+        }
+        let committed = match adds_only {
+            true => b.commit_write(ino),
+            false => b.commit(),
+        };
+        committed.inspect_err(|_| io.undo(&log))
+    }
+
     /// Hands the chunk changes of file `ino` to the namespace in a batch of their own (for
     /// changes made outside an operation on the file: rebuild, forgetting a server).
     pub fn commit_extents(&self, ino: Ino, io: &mut FileIo<'_>) {

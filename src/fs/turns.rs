@@ -67,6 +67,10 @@ pub trait Turns: Send + Sync {
     /// holds it).
     fn rebuild_role(&self) -> bool;
 
+    /// Appends every write's changes held back so far ([`crate::meta::Journal::record_write`]):
+    /// `fsync`, a close, and anything that must see them in the engine first.
+    fn send_writes(&self) -> Result<()>;
+
     /// Brings the table up to date and tells the kernel everything it must forget before
     /// returning (a file lock granted); false if that failed. Only from a request whose
     /// caller holds no directory lock (the kernel's invalidation of a name waits for it).
@@ -177,6 +181,13 @@ impl Fs {
             }
             None => false,
         }
+    }
+
+    /// On a shared volume, sends the writes held back ([`Turns::send_writes`]): a close
+    /// answered after them is seen by every client that opens the file next (close-to-open,
+    /// as NFS and JuiceFS give). Nothing elsewhere.
+    pub fn send_shared_writes(&self) -> Result<()> {
+        self.turns.as_ref().map_or(Ok(()), |t| t.send_writes())
     }
 
     /// Whether this is a shared volume's client (many writers, see [`Turns`]).

@@ -88,7 +88,11 @@ pub(super) fn flush(f: &FuseFs, ino: INodeNo, lock_owner: LockOwner, reply: Repl
         return nothing_to_sync(reply);
     }
     locks::release(&f.fs, ino.0, lock_owner.0, crate::fs::LockKind::Posix);
-    reply.ok();
+    // A shared volume's writes held back reach the engine before the close returns.
+    match f.fs.send_shared_writes() {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
 }
 
 pub(super) fn release(

@@ -93,6 +93,21 @@ pub enum Change {
 pub trait Journal: Send {
     /// `table`: the table with `changes` made (what a shared volume's append reads).
     fn record(&mut self, changes: &[Change], table: &super::TableView<'_>) -> Result<()>;
+
+    /// A write's changes of file `ino` (its size, times and new chunks, whose bytes are on
+    /// every copy already, letting no memory go): a journal may hold them back until
+    /// [`Journal::record`] of the next batch, which then carries them first. A shared
+    /// volume's client does, while it holds the file's turn (see
+    /// `volume::shared::behind`); others record them at once.
+    fn record_write(
+        &mut self,
+        ino: Ino,
+        changes: &[Change],
+        table: &super::TableView<'_>,
+    ) -> Result<()> {
+        let _ = ino;
+        self.record(changes, table)
+    }
 }
 
 /// The journal of a namespace that lives only in this process (a mount without a volume):
@@ -345,7 +360,16 @@ impl<'m> Batch<'m> {
 
     /// Hands the changes to the journal; if it refuses them they are undone and its error
     /// returned.
-    pub fn commit(mut self) -> Result<()> {
+    pub fn commit(self) -> Result<()> {
+        self.commit_as(None)
+    }
+
+    /// [`Batch::commit`] of a write's changes of file `ino` (see [`Journal::record_write`]).
+    pub fn commit_write(self, ino: Ino) -> Result<()> {
+        self.commit_as(Some(ino))
+    }
+
+    fn commit_as(mut self, write_of: Option<Ino>) -> Result<()> {
         if self.redo.is_empty() {
             return Ok(());
         }
@@ -353,7 +377,11 @@ impl<'m> Batch<'m> {
         let table = super::TableView {
             inodes: &self.meta.inodes,
         };
-        match self.meta.journal.record(&redo, &table) {
+        let recorded = match write_of {
+            Some(ino) => self.meta.journal.record_write(ino, &redo, &table),
+            None => self.meta.journal.record(&redo, &table),
+        };
+        match recorded {
             Ok(()) => {
                 self.undo.clear();
                 self.meta.commits += 1;

@@ -11,7 +11,10 @@
 //! ([`turns`]). So clients working on different directories and files append at once, each
 //! change in one engine round trip, and the log is still one serial history: every change
 //! was decided on exactly the state of the inodes it touched that the log gives at its
-//! place. No change is answered before the engine holds it.
+//! place. No change is answered before the engine holds it; a write's size and times may be
+//! held back while this client holds the file's turn, until its next change, `fsync`, a
+//! close or an unlock ([`behind`]), as a local file system holds a write's data until
+//! `fsync`.
 //!
 //! A change is in this client's table before its place is known: the table may hold it
 //! ahead of other clients' changes the log puts before it, which touch none of its inodes
@@ -33,6 +36,7 @@
 //! new copies).
 
 mod ahead;
+mod behind;
 mod births;
 mod catchup;
 #[cfg(all(test, feature = "shuttle"))]
@@ -141,6 +145,9 @@ struct State {
     /// Evicted clients whose unlogged allocations are still to be collected
     /// ([`State::collect_evicted`]).
     to_collect: Mutex<Vec<String>>,
+    /// Writes answered and not appended yet ([`behind`]). Taken under the table's lock by
+    /// an append (never the other way round).
+    behind: Mutex<behind::Behind>,
     /// Set once the engine lost changes this table holds: every change and catch-up fails
     /// (EIO) naming it, for good.
     lost: Mutex<Option<String>>,
@@ -271,7 +278,8 @@ impl State {
     }
 }
 
-/// Appends each committed batch to the engine, with what it touches.
+/// Appends each committed batch to the engine, with what it touches; a write's may be held
+/// back ([`behind`]).
 struct EngineRecorder(Arc<State>);
 
 impl crate::meta::Journal for EngineRecorder {
@@ -280,9 +288,34 @@ impl crate::meta::Journal for EngineRecorder {
         s.still_whole()?;
         let (keys, claim) = touch::touched(changes, table);
         let (opened, dropped) = touch::opened_and_dropped(changes);
+        s.append_after_writes(changes, &keys, &claim, &opened, &dropped)
+    }
+
+    fn record_write(&mut self, ino: Ino, changes: &[Change], table: &TableView<'_>) -> Result<()> {
+        let s = &self.0;
+        s.still_whole()?;
+        match s.hold_back(ino, changes) {
+            true => Ok(()),
+            false => self.record(changes, table),
+        }
+    }
+}
+
+impl State {
+    /// Appends `changes` (in the table already), touching `keys`, claiming `claim`, marking
+    /// `opened` and `dropped`, checking the birth of each server a chunk copy of theirs is
+    /// on; a copy on a server born again since is left out and the change appended again.
+    fn append_changes(
+        &self,
+        changes: &[Change],
+        keys: &[Ino],
+        claim: &[Ino],
+        opened: &[Ino],
+        dropped: &[Ino],
+    ) -> Result<()> {
         let marks = Marks {
-            opened: &opened,
-            dropped: &dropped,
+            opened,
+            dropped,
             checked: &[],
         };
         // Each server a chunk copy of the change is on: its birth is checked.
@@ -295,9 +328,9 @@ impl crate::meta::Journal for EngineRecorder {
         let sent = loop {
             // The engine numbers the change: the frame's own LSN is left 0.
             let record = record::encode(0, &changes);
-            let sent = s
+            let sent = self
                 .appender()
-                .append(&record, &keys, &claim, marks, &checked, true);
+                .append(&record, keys, claim, marks, &checked, true);
             match &sent.answer {
                 Err(EngineError::Conflict { key, lsn }) if tries < BORN_RETRIES => {
                     let Some(server) = touch::server_of_key(*key) else {
@@ -317,12 +350,12 @@ impl crate::meta::Journal for EngineRecorder {
             }
         };
         let done = sent.answer.map_err(refused)?;
-        s.marked_by_append(&opened);
+        self.marked_by_append(opened);
         // A place the engine gave before: its log went back past this table.
-        s.check_place(done.lsn)?;
+        self.check_place(done.lsn)?;
         // Frees of what this change let go wait for it to be applied everywhere.
-        s.gate.assigned.fetch_max(done.lsn, Ordering::SeqCst);
-        s.appended(sent.at, &keys, &claim, &done.wanted);
+        self.gate.assigned.fetch_max(done.lsn, Ordering::SeqCst);
+        self.appended(sent.at, keys, claim, &done.wanted);
         Ok(())
     }
 }
@@ -452,6 +485,7 @@ pub fn join(
         to_settle: Mutex::new(Vec::new()),
         to_collect: Mutex::new(Vec::new()),
         lost: Mutex::new(None),
+        behind: Mutex::new(Default::default()),
         paused: AtomicBool::new(false),
     });
     let replayed = state

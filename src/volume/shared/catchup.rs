@@ -185,6 +185,12 @@ impl State {
              history as it is now",
             self.engine.describe()
         );
+        self.stop_for_good(why)
+    }
+
+    /// Stops this client for good (every change and catch-up fails with EIO naming `why`):
+    /// its table holds what the engine does not, and going on would build on it.
+    pub(super) fn stop_for_good(&self, why: String) -> Error {
         log::error!("shared volume: {why}");
         let why = self.lost.lock().get_or_insert(why).clone();
         Error::new(libc::EIO, why)
@@ -233,6 +239,14 @@ impl State {
         // Under the table's lock, with the table: this client's changes past the checkpoint
         // are read from the log again, as the new table lacks them.
         let told = fs.replace_followed_quietly_then(meta, || {
+            // Writes held back go into the log first (read back from it below): the new
+            // table lacks them too. No write is answered meanwhile (the table's lock).
+            if let Err(e) = self.send_behind() {
+                self.stop_for_good(format!(
+                    "writes held back could not be appended before a checkpoint's load: {}",
+                    e.message
+                ));
+            }
             self.ahead.lock().forget();
             *self.tip.lock() = None;
             self.applied.store(c.lsn, Ordering::SeqCst);
@@ -273,6 +287,8 @@ impl State {
             return Ok(false);
         };
         let one = self.catching.lock();
+        // The image must not hold writes the log lacks (none is answered while frozen).
+        self.send_behind().map_err(|e| e.message)?;
         if !self.ahead.lock().is_empty() {
             self.catch_up_alone(fs, true).map_err(|e| e.message)?;
         }

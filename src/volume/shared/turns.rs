@@ -179,14 +179,32 @@ impl State {
     /// Whether this client holds inode `ino`'s turn now (no other client's change of it can
     /// be appended: this table's view of it is the engine's).
     pub(super) fn holds(&self, ino: Ino) -> bool {
+        self.holds_for(ino, Duration::ZERO)
+    }
+
+    /// Whether this client holds inode `ino`'s turn for at least `left` more.
+    pub(super) fn holds_for(&self, ino: Ino, left: Duration) -> bool {
         let t = self.turns.lock();
         t.map
             .get(&ino)
-            .is_some_and(|h| !h.giving && h.until > Instant::now())
+            .is_some_and(|h| !h.giving && h.until > Instant::now() + left)
     }
 
-    /// Gives the turns of `inos` (marked `giving`) back, and forgets them.
+    /// Gives the turns of `inos` (marked `giving`) back, and forgets them; the writes held
+    /// back go first (kept, with the turns, if the engine does not take them).
     fn give_back(&self, inos: &[Ino]) {
+        if let Err(e) = self.send_behind() {
+            log::warn!("shared volume: turns kept: writes held back: {}", e.message);
+            let mut t = self.turns.lock();
+            for ino in inos {
+                if let Some(h) = t.map.get_mut(ino) {
+                    h.giving = false;
+                }
+            }
+            drop(t);
+            self.given.notify_all();
+            return;
+        }
         if let Err(e) = self.engine.give_turns(&self.who, inos) {
             log::warn!("giving turns back: {e} (they run out by themselves)");
         }
@@ -258,6 +276,7 @@ pub(super) fn linger_loop(s: &State) {
         if !give.is_empty() {
             s.give_back(&give);
         }
+        s.send_behind_if_old();
     }
 }
 
@@ -313,6 +332,11 @@ impl Turns for SharedTurns {
 
     fn holds(&self, ino: Ino) -> bool {
         self.0.holds(ino)
+    }
+
+    fn send_writes(&self) -> Result<()> {
+        self.0.still_whole()?;
+        self.0.send_behind()
     }
 
     fn refresh(&self, fs: &Fs) {
