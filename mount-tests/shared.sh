@@ -203,8 +203,10 @@ test_volume_shared_storm() {
   local mnt2=$BASE/mnt/volume_shared_storm2 out
   start_redis
   mkdir -p "$mnt2"
-  mount_fs "$MNT" "$ADDRS" --volume st --create --meta "$REDIS_URL" || fail "mount --create --meta failed"
-  mount_fs "$mnt2" "$ADDRS" --volume st --meta "$REDIS_URL" || fail "second mount --meta failed"
+  mount_fs "$MNT" "$ADDRS" --volume st --create --meta "$REDIS_URL" \
+    --log-file "$BASE/logs/daemon-storm1.log" || fail "mount --create --meta failed"
+  mount_fs "$mnt2" "$ADDRS" --volume st --meta "$REDIS_URL" \
+    --log-file "$BASE/logs/daemon-storm2.log" || fail "second mount --meta failed"
   out=$(t python3 mount-tests/shared_check.py storm "$MNT" "$mnt2" "${RMEMFS_STORM_FILES:-1500}") ||
     fail "storm: $out"
   echo "$out" >&2

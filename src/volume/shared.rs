@@ -183,6 +183,10 @@ enum Notice {
 struct Sent {
     /// When it was sent (turns it renewed last from then).
     at: Instant,
+    /// The last change the table held with every change before it, when it was sent: the
+    /// engine's place for it must come after (a catch-up on another thread may apply it
+    /// before its answer is looked at).
+    applied: u64,
     answer: std::result::Result<crate::engine::Appended, EngineError>,
 }
 
@@ -218,7 +222,7 @@ impl Appender<'_> {
         checked: &[(Ino, u64)],
         in_table: bool,
     ) -> Sent {
-        let (touched, checked): (Vec<Touch>, Vec<Touch>) = {
+        let (touched, checked, applied): (Vec<Touch>, Vec<Touch>, u64) = {
             let mut a = self.ahead.lock();
             a.sent += 1;
             let applied = self.applied.load(Ordering::SeqCst);
@@ -229,6 +233,7 @@ impl Appender<'_> {
             (
                 keys.iter().map(|&key| touch(key, 0)).collect(),
                 checked.iter().map(|&(key, at)| touch(key, at)).collect(),
+                applied,
             )
         };
         let marks = Marks {
@@ -247,7 +252,11 @@ impl Appender<'_> {
             }
         }
         self.answered.notify_all();
-        Sent { at, answer }
+        Sent {
+            at,
+            applied,
+            answer,
+        }
     }
 }
 
@@ -352,7 +361,7 @@ impl State {
         let done = sent.answer.map_err(refused)?;
         self.marked_by_append(opened);
         // A place the engine gave before: its log went back past this table.
-        self.check_place(done.lsn)?;
+        self.check_place(done.lsn, sent.applied)?;
         // Frees of what this change let go wait for it to be applied everywhere.
         self.gate.assigned.fetch_max(done.lsn, Ordering::SeqCst);
         self.appended(sent.at, keys, claim, &done.wanted);

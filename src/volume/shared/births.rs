@@ -81,11 +81,11 @@ impl State {
             stale,
         };
         let record = record::encode(0, &[change]);
-        let done = self
+        let sent = self
             .appender()
-            .append_unapplied(&record, &[touch::server_key(server)])
-            .answer?;
-        self.check_place(done.lsn)
+            .append_unapplied(&record, &[touch::server_key(server)]);
+        let done = sent.answer?;
+        self.check_place(done.lsn, sent.applied)
             .map_err(|e| EngineError::Unavailable(e.message))?;
         Ok(done.lsn)
     }

@@ -161,9 +161,8 @@ impl State {
     }
 
     /// Fails if the engine gave a change of this client's place `lsn`, which this table had
-    /// applied already: its log went back.
-    pub(super) fn check_place(&self, lsn: u64) -> Result<()> {
-        let applied = self.applied.load(Ordering::SeqCst);
+    /// applied already when the change was sent (`applied`): its log went back.
+    pub(super) fn check_place(&self, lsn: u64, applied: u64) -> Result<()> {
         match lsn <= applied {
             true => Err(self.lose(format!(
                 "it gave this client's change place {lsn}, which this client applied already \
