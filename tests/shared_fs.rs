@@ -465,9 +465,8 @@ fn format_2_volumes_are_upgraded_when_no_old_client_is_live() {
 
 /// A write whose change the engine refused (unreachable) leaves nothing behind on its client:
 /// the chunk it allocated is not in that client's map (else the client's retry writes into a
-/// chunk no other client knows, and they read a hole) and its memory goes back. The write
-/// is one appended at once (it moves the file's first chunk to a larger one: a write held
-/// back is the next test's).
+/// chunk no other client knows, and they read a hole) and its memory goes back. Writes are
+/// appended at once here (held back, a refusal fails the fsync: the next test).
 #[test]
 fn a_refused_write_leaves_nothing_behind() {
     let rack = Rack::new(2);
@@ -475,19 +474,13 @@ fn a_refused_write_leaves_nothing_behind() {
     let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
     let a = client(&rack, engine.clone(), "a");
     let b = client(&rack, engine, "b");
-    let free_before = rack.free();
+    a.shared.hold_writes(false);
+    let free_at_start = rack.free();
     let (ino, fh) = a
         .change(|fs| fs.create(ROOT_INO, b"f", 0o644, libc::O_RDWR, common::ME))
         .map(|(e, fh)| (e.ino, fh))
         .unwrap();
-    // A first chunk past the stock's lengths (granted ahead, which would stay used).
-    a.change(|fs| fs.write(ino, fh, 0, &bytes(8, 128 << 10), common::ME))
-        .unwrap();
-    a.fs.fsync(ino).unwrap().unwrap();
-    b.shared.poll_now().unwrap();
-    let free_at_start = rack.free();
     let data = bytes(7, 1 << 20);
-    assert!(data.len() > 256 << 10, "a write that moves the first chunk");
     mem.fail_next("append", 1);
     let refused = a.change(|fs| fs.write(ino, fh, 0, &data, common::ME));
     assert_eq!(refused.map_err(|e| e.errno), Err(libc::EIO));
@@ -508,7 +501,7 @@ fn a_refused_write_leaves_nothing_behind() {
     eventually("the file's memory is back", || {
         a.shared.poll_now().unwrap();
         b.shared.poll_now().unwrap();
-        rack.free() == free_before
+        rack.free() == free_at_start
     });
 }
 
@@ -573,6 +566,56 @@ fn writes_held_back_reach_the_engine_before_what_follows_them() {
     assert_eq!(size_on_b(&b), whole.len() as u64);
     assert_eq!(read(&b.fs, "f").unwrap(), whole);
     assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+}
+
+/// A held-back write that moved the file's first chunk to a larger one: the old chunk's
+/// memory is freed only once the write is appended (another client, whose table still names
+/// the old chunk, reads its bytes there meanwhile), and then it is.
+#[test]
+fn a_moved_chunk_is_freed_once_its_write_is_appended() {
+    let rack = Rack::new(2);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client(&rack, engine.clone(), "a");
+    let b = client(&rack, engine.clone(), "b");
+    let (ino, fh) = a
+        .change(|fs| fs.create(ROOT_INO, b"f", 0o644, libc::O_RDWR, common::ME))
+        .map(|(e, fh)| (e.ino, fh))
+        .unwrap();
+    // Past the stock's lengths (granted ahead, which would move the free figures).
+    const FIRST: usize = 80 << 10;
+    let first = bytes(1, FIRST);
+    a.change(|fs| fs.write(ino, fh, 0, &first, common::ME))
+        .unwrap();
+    a.fs.fsync(ino).unwrap().unwrap();
+    b.shared.poll_now().unwrap();
+    assert_eq!(read(&b.fs, "f").unwrap(), first);
+    let head = engine.head().unwrap();
+    let second = bytes(2, FIRST);
+    a.change(|fs| fs.write(ino, fh, FIRST as u64, &second, common::ME))
+        .unwrap();
+    assert_eq!(
+        engine.head().unwrap(),
+        head,
+        "the move was appended at once"
+    );
+    let held = rack.free();
+    // B reads by the old map: the old chunk's bytes, still there.
+    b.shared.poll_now().unwrap();
+    assert_eq!(read(&b.fs, "f").unwrap(), first);
+    assert_eq!(
+        rack.free(),
+        held,
+        "memory went back before the write was appended"
+    );
+    a.fs.fsync(ino).unwrap().unwrap();
+    let freed: Vec<u64> = held.iter().map(|f| f + FIRST as u64).collect();
+    eventually("the old chunk is freed", || {
+        a.shared.poll_now().unwrap();
+        b.shared.poll_now().unwrap();
+        rack.free() == freed
+    });
+    assert_eq!(read(&b.fs, "f").unwrap(), [first, second].concat());
+    a.change(|fs| fs.release(fh));
 }
 
 /// Writes held back on one client, and another client writes the same file: the turn goes

@@ -130,6 +130,22 @@ impl DataStore {
         RETIRED.with(|r| r.borrow_mut().push(region));
     }
 
+    /// What this thread's operation let go of so far, to be freed by the returned call
+    /// (once the write's changes are recorded, [`crate::meta::Journal::record_write`]) instead
+    /// of when its [`FileIo`] is dropped; dropped unrun (the changes refused), nothing is
+    /// freed, and [`FileIo::undo`] frees what the write made.
+    pub fn free_once_recorded(&self) -> crate::meta::AfterRecord {
+        let retired = RETIRED.with(|r| std::mem::take(&mut *r.borrow_mut()));
+        let pool = self.pool.clone();
+        Box::new(move || {
+            for region in retired {
+                if let Err(e) = pool.free(region) {
+                    log::debug!("freeing an extent on {}: {e}", region.server);
+                }
+            }
+        })
+    }
+
     pub(super) fn free_retired(&self) {
         let retired = RETIRED.with(|r| std::mem::take(&mut *r.borrow_mut()));
         for region in retired {
@@ -147,6 +163,11 @@ impl Drop for FileIo<'_> {
 }
 
 impl<'a> FileIo<'a> {
+    /// See [`DataStore::free_once_recorded`].
+    pub fn free_once_recorded(&self) -> crate::meta::AfterRecord {
+        self.data.free_once_recorded()
+    }
+
     /// The store and the file's map, once a write of the file still waiting to be sent has
     /// been (every change of the map goes through here, so none runs ahead of such a write).
     fn settled(&mut self) -> (&'a DataStore, &mut ChunkMap) {

@@ -298,19 +298,20 @@ impl Fs {
         b.commit().inspect_err(|_| io.undo(&log))
     }
 
-    /// [`Self::commit_with`] of a write that succeeded: when its chunk changes only add new
-    /// chunks (of copies, letting no memory go), the journal may hold the batch back
-    /// ([`crate::meta::Journal::record_write`]).
+    /// [`Self::commit_with`] of a write that succeeded: when its chunk changes keep every
+    /// chunk (made, grown or with a copy fewer, none dropped or encoded), the journal may hold
+    /// the batch back ([`crate::meta::Journal::record_write`]), and the memory the write let
+    /// go of goes back only once the batch is recorded.
     fn commit_write_with(mut b: Batch<'_>, ino: Ino, io: &mut FileIo<'_>) -> Result<()> {
         let log = io.take_log();
-        let adds_only = log
+        let keeps_chunks = log
             .iter()
-            .all(|e| e.before.is_none() && e.chunk.as_ref().is_some_and(|c| c.stripe().is_none()));
+            .all(|e| e.chunk.as_ref().is_some_and(|c| c.stripe().is_none()));
         if !log.is_empty() {
             b.extents(ino, log.clone());
         }
-        let committed = match adds_only {
-            true => b.commit_write(ino),
+        let committed = match keeps_chunks {
+            true => b.commit_write(ino, io.free_once_recorded()),
             false => b.commit(),
         };
         committed.inspect_err(|_| io.undo(&log))

@@ -94,21 +94,28 @@ pub trait Journal: Send {
     /// `table`: the table with `changes` made (what a shared volume's append reads).
     fn record(&mut self, changes: &[Change], table: &super::TableView<'_>) -> Result<()>;
 
-    /// A write's changes of file `ino` (its size, times and new chunks, whose bytes are on
-    /// every copy already, letting no memory go): a journal may hold them back until
-    /// [`Journal::record`] of the next batch, which then carries them first. A shared
-    /// volume's client does, while it holds the file's turn (see
-    /// `volume::shared::behind`); others record them at once.
+    /// A write's changes of file `ino` (its size, times and chunks, whose bytes are on every
+    /// copy already): a journal may hold them back until [`Journal::record`] of the next
+    /// batch, which then carries them first. `then` runs once they are recorded (it gives
+    /// back the memory the write let go of: never before a record stops naming it), and is
+    /// dropped unrun if they are refused. A shared volume's client holds them back while it
+    /// holds the file's turn (see `volume::shared::behind`); others record them at once.
     fn record_write(
         &mut self,
         ino: Ino,
         changes: &[Change],
         table: &super::TableView<'_>,
+        then: AfterRecord,
     ) -> Result<()> {
         let _ = ino;
-        self.record(changes, table)
+        self.record(changes, table)?;
+        then();
+        Ok(())
     }
 }
+
+/// What runs once a write's changes are recorded ([`Journal::record_write`]).
+pub type AfterRecord = Box<dyn FnOnce() + Send>;
 
 /// The journal of a namespace that lives only in this process (a mount without a volume):
 /// nothing to record.
@@ -364,13 +371,17 @@ impl<'m> Batch<'m> {
         self.commit_as(None)
     }
 
-    /// [`Batch::commit`] of a write's changes of file `ino` (see [`Journal::record_write`]).
-    pub fn commit_write(self, ino: Ino) -> Result<()> {
-        self.commit_as(Some(ino))
+    /// [`Batch::commit`] of a write's changes of file `ino`, `then` run once they are
+    /// recorded (see [`Journal::record_write`]).
+    pub fn commit_write(self, ino: Ino, then: AfterRecord) -> Result<()> {
+        self.commit_as(Some((ino, then)))
     }
 
-    fn commit_as(mut self, write_of: Option<Ino>) -> Result<()> {
+    fn commit_as(mut self, write_of: Option<(Ino, AfterRecord)>) -> Result<()> {
         if self.redo.is_empty() {
+            if let Some((_, then)) = write_of {
+                then();
+            }
             return Ok(());
         }
         let redo = std::mem::take(&mut self.redo);
@@ -378,7 +389,7 @@ impl<'m> Batch<'m> {
             inodes: &self.meta.inodes,
         };
         let recorded = match write_of {
-            Some(ino) => self.meta.journal.record_write(ino, &redo, &table),
+            Some((ino, then)) => self.meta.journal.record_write(ino, &redo, &table, then),
             None => self.meta.journal.record(&redo, &table),
         };
         match recorded {

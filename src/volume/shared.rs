@@ -145,6 +145,9 @@ struct State {
     /// Evicted clients whose unlogged allocations are still to be collected
     /// ([`State::collect_evicted`]).
     to_collect: Mutex<Vec<String>>,
+    /// Whether writes may be held back ([`behind`]; tests turn it off to reach the
+    /// immediate append's failures).
+    hold_writes: AtomicBool,
     /// Writes answered and not appended yet ([`behind`]). Taken under the table's lock by
     /// an append (never the other way round).
     behind: Mutex<behind::Behind>,
@@ -300,12 +303,22 @@ impl crate::meta::Journal for EngineRecorder {
         s.append_after_writes(changes, &keys, &claim, &opened, &dropped)
     }
 
-    fn record_write(&mut self, ino: Ino, changes: &[Change], table: &TableView<'_>) -> Result<()> {
+    fn record_write(
+        &mut self,
+        ino: Ino,
+        changes: &[Change],
+        table: &TableView<'_>,
+        then: crate::meta::AfterRecord,
+    ) -> Result<()> {
         let s = &self.0;
         s.still_whole()?;
-        match s.hold_back(ino, changes) {
-            true => Ok(()),
-            false => self.record(changes, table),
+        match s.hold_back(ino, changes, then) {
+            Ok(()) => Ok(()),
+            Err(then) => {
+                self.record(changes, table)?;
+                then();
+                Ok(())
+            }
         }
     }
 }
@@ -495,6 +508,7 @@ pub fn join(
         to_collect: Mutex::new(Vec::new()),
         lost: Mutex::new(None),
         behind: Mutex::new(Default::default()),
+        hold_writes: AtomicBool::new(true),
         paused: AtomicBool::new(false),
     });
     let replayed = state
@@ -574,6 +588,12 @@ impl SharedClient {
     #[cfg(feature = "testing")]
     pub fn pause(&self, paused: bool) {
         self.state.paused.store(paused, Ordering::SeqCst);
+    }
+
+    /// Whether writes may be held back ([`behind`]): off, each is appended at once (tests).
+    #[cfg(feature = "testing")]
+    pub fn hold_writes(&self, on: bool) {
+        self.state.hold_writes.store(on, Ordering::SeqCst);
     }
 
     /// A checkpoint of this client's table now, whoever lags (tests; the poller writes them

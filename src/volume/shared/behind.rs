@@ -23,9 +23,11 @@
 //! - **Close-to-open**: a close returns after its file's writes are appended, so a client
 //!   that opens the file afterwards sees them (as NFS and JuiceFS give); one that reads it
 //!   while it is written sees its size at most [`TURN_LINGER`] (and a poll) old.
-//! - **Nothing lets memory go**: a write that replaces or drops a copy (a server failed) or
-//!   changes an encoded chunk is appended at once (`Fs::commit_write_with` decides), so no
-//!   memory is freed while the engine still names it.
+//! - **No memory goes back while the engine names it**: what a held-back write let go of (a
+//!   first chunk moved to a larger one, a copy on a failed server) is freed once the write
+//!   is appended, and the frees then wait for every member to apply it, as every shared
+//!   free does. A write that drops a chunk or changes an encoded one is appended at once
+//!   (`Fs::commit_write_with` decides).
 //! - Checkpoints and a checkpoint's load append what is held back first (a table with
 //!   changes the log lacks is never written, nor thrown away).
 
@@ -39,13 +41,19 @@ pub(super) struct Behind {
     files: Vec<Ino>,
     /// When the first of them was answered.
     since: Option<Instant>,
+    /// What runs once they are appended: the memory they let go of is freed.
+    then: Vec<crate::meta::AfterRecord>,
 }
 
 impl Behind {
-    fn clear(&mut self) {
+    /// Appended: what waited for it runs.
+    fn appended(&mut self) {
         self.changes.clear();
         self.files.clear();
         self.since = None;
+        for then in self.then.drain(..) {
+            then();
+        }
     }
 }
 
@@ -58,11 +66,17 @@ fn union(a: &[Ino], b: &[Ino]) -> Vec<Ino> {
 }
 
 impl State {
-    /// Holds back write `changes` of file `ino` (true), if this client holds its turn long
-    /// enough for the linger thread to append them first.
-    pub(super) fn hold_back(&self, ino: Ino, changes: &[Change]) -> bool {
-        if !self.holds_for(ino, TURN_LINGER * 2) {
-            return false;
+    /// Holds back write `changes` of file `ino`, `then` to run once they are appended, if
+    /// this client holds its turn long enough for the linger thread to append them first;
+    /// else gives `then` back.
+    pub(super) fn hold_back(
+        &self,
+        ino: Ino,
+        changes: &[Change],
+        then: crate::meta::AfterRecord,
+    ) -> std::result::Result<(), crate::meta::AfterRecord> {
+        if !self.hold_writes.load(Ordering::SeqCst) || !self.holds_for(ino, TURN_LINGER * 2) {
+            return Err(then);
         }
         let mut b = self.behind.lock();
         b.changes.extend_from_slice(changes);
@@ -70,7 +84,8 @@ impl State {
             b.files.insert(at, ino);
         }
         b.since.get_or_insert_with(Instant::now);
-        true
+        b.then.push(then);
+        Ok(())
     }
 
     /// Appends `changes` (touching `keys`, claiming `claim`, marking `opened` and `dropped`)
@@ -95,7 +110,7 @@ impl State {
             .append_changes(&both, &both_keys, claim, opened, dropped)
             .is_ok()
         {
-            b.clear();
+            b.appended();
             return Ok(());
         }
         // Refused (most often the change lost to another client's): the writes alone, then
@@ -131,14 +146,15 @@ impl State {
         }
         match self.append_changes(&b.changes, &b.files, &[], &[], &[]) {
             Ok(()) => {
-                b.clear();
+                b.appended();
                 Ok(())
             }
             // Another client changed one of the files: its turn ran out before the writes
             // went (the engine unreachable past the lease). They cannot be ordered any more.
             Err(e) if e.conflict.is_some() => {
+                // Their memory stays (the engine still names what they let go of).
                 let files = b.files.clone();
-                b.clear();
+                *b = Behind::default();
                 Err(self.stop_for_good(format!(
                     "writes of inodes {files:?} answered here could not be appended before \
                      their turn ran out: {}; unmount and mount again to go on",
