@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# A/B of a shared volume's writes (#44, writes held back): OLD and NEW binaries alternate
+# ROUNDS times, each one client of a fresh shared volume (`--meta`, Redis on loopback) over
+# two memory servers of its own binary: `tar xf` of the TAR_FILES-file tree (and the Redis
+# scripts it ran per file), then 500 new files of three 10 KiB writes each (each write
+# timed: the first allocates the file's first chunk, the second moves it to a larger one,
+# the third fits or moves it again), 1,000 4 KiB appends to one file and 1,000 4 KiB
+# overwrites in it. Prints one line per binary and figure, then medians.
+#
+#   lab/scripts/ab-shared-writes.sh OLD_RMEMFS NEW_RMEMFS     # ROUNDS=3 TAR_FILES=3000
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=lab/scripts/lib.sh
+. lab/scripts/lib.sh
+OLD=$1 NEW=$2 ROUNDS=${ROUNDS:-3} TAR_FILES=${TAR_FILES:-3000}
+ensure_packages python3:python3 tar:tar bc:bc redis-server:redis-server
+lib_init abshared
+start_redis --own-trap
+trap 'kill "$REDIS_PID" 2>/dev/null || true; cleanup' EXIT
+mkdir -p target/bench-shared
+tar=$(tree_tar "$(cd target/bench-shared && pwd)" "$TAR_FILES")
+results=$BASE/results
+: >"$results"
+
+# one_side NAME BINARY ROUND: a fresh volume, its servers and mount, the figures.
+one_side() {
+  local name=$1 round=$3 addrs="" mnt=$BASE/m-$1-$3 t0 t1 scripts pids=()
+  BIN=$2
+  for _ in 1 2; do
+    start_server 1G
+    addrs+=${addrs:+,}$SERVER_ADDR
+    pids+=("$SERVER_PID")
+  done
+  mount_fs "$mnt" "$addrs" --volume "ab$name$round" --create --meta "$REDIS_URL"
+  redis-cli -u "$REDIS_URL" config resetstat >/dev/null
+  mkdir "$mnt/tree"
+  t0=$(date +%s.%N)
+  tar xf "$tar" -C "$mnt/tree"
+  t1=$(date +%s.%N)
+  scripts=$(redis-cli -u "$REDIS_URL" info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')
+  echo "$name tar-x-s $(echo "$t1 - $t0" | bc)" >>"$results"
+  echo "$name scripts-per-file $(echo "scale=2; ${scripts:-0} / $TAR_FILES" | bc)" >>"$results"
+  python3 - "$mnt" "$name" >>"$results" <<'PY'
+import os, sys, time
+d, name = sys.argv[1], sys.argv[2]
+spent = [0.0, 0.0, 0.0]
+for n in range(500):
+    fd = os.open(f"{d}/f{n}", os.O_CREAT | os.O_WRONLY, 0o644)
+    for k in range(3):
+        t = time.perf_counter()
+        os.write(fd, b"x" * 10240)
+        spent[k] += time.perf_counter() - t
+    os.close(fd)
+for k in range(3):
+    print(f"{name} write{k + 1}-us {spent[k] / 500 * 1e6:.0f}")
+fd = os.open(f"{d}/big", os.O_CREAT | os.O_WRONLY, 0o644)
+t = time.perf_counter()
+for k in range(1000):
+    os.pwrite(fd, b"y" * 4096, k * 4096)
+print(f"{name} append4k-us {(time.perf_counter() - t) / 1000 * 1e6:.0f}")
+t = time.perf_counter()
+for k in range(1000):
+    os.pwrite(fd, b"z" * 4096, (k * 7919 % 1000) * 4096)
+print(f"{name} overwrite4k-us {(time.perf_counter() - t) / 1000 * 1e6:.0f}")
+os.close(fd)
+PY
+  unmount_fs "$mnt"
+  kill "${pids[@]}" 2>/dev/null || true
+}
+
+for ((r = 1; r <= ROUNDS; r++)); do
+  one_side old "$OLD" "$r"
+  one_side new "$NEW" "$r"
+done
+sed 's/^/   /' "$results"
+python3 - "$results" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    side, fig, v = line.split()
+    rows.setdefault(fig, {}).setdefault(side, []).append(float(v))
+print(f"{'figure (median)':<22}{'old':>10}{'new':>10}{'new/old':>10}")
+for fig, sides in rows.items():
+    o, n = statistics.median(sides["old"]), statistics.median(sides["new"])
+    print(f"{fig:<22}{o:>10.2f}{n:>10.2f}{n / o if o else 0:>10.2f}")
+PY
