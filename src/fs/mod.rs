@@ -302,7 +302,7 @@ impl Fs {
     /// chunk (made, grown or with a copy fewer, none dropped or encoded), the journal may hold
     /// the batch back ([`crate::meta::Journal::record_write`]), and the memory the write let
     /// go of goes back only once the batch is recorded.
-    fn commit_write_with(mut b: Batch<'_>, ino: Ino, io: &mut FileIo<'_>) -> Result<()> {
+    fn commit_write_with(&self, mut b: Batch<'_>, ino: Ino, io: &mut FileIo<'_>) -> Result<()> {
         let log = io.take_log();
         let keeps_chunks = log
             .iter()
@@ -310,9 +310,12 @@ impl Fs {
         if !log.is_empty() {
             b.extents(ino, log.clone());
         }
-        let committed = match keeps_chunks {
-            true => b.commit_write(ino, io.free_once_recorded()),
-            false => b.commit(),
+        // Only a shared volume holds writes back: elsewhere the write's frees stay where they
+        // were (when its `FileIo` goes, after the table's lock).
+        let committed = match (keeps_chunks, self.is_shared()) {
+            (true, true) => b.commit_write(ino, io.free_once_recorded()),
+            (true, false) => b.commit_write(ino, Box::new(|| {})),
+            (false, _) => b.commit(),
         };
         committed.inspect_err(|_| io.undo(&log))
     }
