@@ -36,6 +36,7 @@
 //! new copies).
 
 mod ahead;
+mod append;
 mod behind;
 mod births;
 mod catchup;
@@ -47,6 +48,7 @@ mod touch;
 mod turns;
 
 use ahead::Ahead;
+use append::EngineRecorder;
 use catchup::{poll_loop, poll_once};
 use turns::{linger_loop, HeldTurns, SharedTurns};
 
@@ -180,206 +182,6 @@ enum Notice {
     Tell(Vec<crate::fs::Invalidation>),
     /// Answered once everything sent before it has been told.
     Flushed(crossbeam_channel::Sender<()>),
-}
-
-/// What a change's append sent and got back (see [`Appender`]).
-struct Sent {
-    /// When it was sent (turns it renewed last from then).
-    at: Instant,
-    /// The last change the table held with every change before it, when it was sent: the
-    /// engine's place for it must come after (a catch-up on another thread may apply it
-    /// before its answer is looked at).
-    applied: u64,
-    answer: std::result::Result<crate::engine::Appended, EngineError>,
-}
-
-/// The one place a change meets the engine: a record appended as `who`, touching inodes at
-/// the versions this table holds (the applied log, or a change of this client's own ahead
-/// of it); a change the engine takes is noted as ahead of the applied log, and every answer
-/// counted, so a catch-up knows its own changes (see [`Ahead`]). The model tests run it too.
-struct Appender<'a> {
-    engine: &'a dyn MetaEngine,
-    who: &'a str,
-    ahead: &'a Mutex<Ahead>,
-    answered: &'a Condvar,
-    /// The last change the table holds with every change before it.
-    applied: &'a AtomicU64,
-}
-
-impl Appender<'_> {
-    /// Appends `record`, touching `keys`: a change not in the table, which a catch-up
-    /// applies from the log as it does another client's ([`births`]).
-    fn append_unapplied(&self, record: &[u8], keys: &[Ino]) -> Sent {
-        self.append(record, keys, &[], Marks::default(), &[], false)
-    }
-
-    /// Appends `record` (a change in the table already, if `in_table`), touching `keys`,
-    /// claiming `claim`, marking `marks`, checking `checked` (keys it reads and does not
-    /// write, each at the version this table holds or the one given, whichever is newer).
-    fn append(
-        &self,
-        record: &[u8],
-        keys: &[Ino],
-        claim: &[Ino],
-        marks: Marks<'_>,
-        checked: &[(Ino, u64)],
-        in_table: bool,
-    ) -> Sent {
-        let (touched, checked, applied): (Vec<Touch>, Vec<Touch>, u64) = {
-            let mut a = self.ahead.lock();
-            a.sent += 1;
-            let applied = self.applied.load(Ordering::SeqCst);
-            let touch = |key, at_least| Touch {
-                key,
-                seen: a.seen(key, applied).max(at_least),
-            };
-            (
-                keys.iter().map(|&key| touch(key, 0)).collect(),
-                checked.iter().map(|&(key, at)| touch(key, at)).collect(),
-                applied,
-            )
-        };
-        let marks = Marks {
-            checked: &checked,
-            ..marks
-        };
-        let at = Instant::now();
-        let answer = self
-            .engine
-            .append(self.who, record, &touched, claim, marks, TURN_LEASE);
-        {
-            let mut a = self.ahead.lock();
-            a.answered += 1;
-            if let (Ok(done), true) = (&answer, in_table) {
-                a.noted(done.lsn, keys);
-            }
-        }
-        self.answered.notify_all();
-        Sent {
-            at,
-            applied,
-            answer,
-        }
-    }
-}
-
-/// An engine's refusal as the file system's error: a change decided on a stale view (or
-/// touching another client's turn) is decided again ([`Error::conflict`]), anything else
-/// fails (EIO).
-fn refused(e: EngineError) -> Error {
-    match e {
-        EngineError::Conflict { key, .. } | EngineError::Busy { key, .. } => {
-            Error::conflict(key, e.to_string())
-        }
-        // A drop of a file open on another client: that client drops it once it lets go.
-        EngineError::Held { key, .. } => Error::held_elsewhere(key, e.to_string()),
-        e => engine_err(e),
-    }
-}
-
-impl State {
-    /// Where this client's changes meet the engine.
-    fn appender(&self) -> Appender<'_> {
-        Appender {
-            engine: &*self.engine,
-            who: &self.who,
-            ahead: &self.ahead,
-            answered: &self.answered,
-            applied: &self.applied,
-        }
-    }
-}
-
-/// Appends each committed batch to the engine, with what it touches; a write's may be held
-/// back ([`behind`]).
-struct EngineRecorder(Arc<State>);
-
-impl crate::meta::Journal for EngineRecorder {
-    fn record(&mut self, changes: &[Change], table: &TableView<'_>) -> Result<()> {
-        let s = &self.0;
-        s.still_whole()?;
-        let (keys, claim) = touch::touched(changes, table);
-        let (opened, dropped) = touch::opened_and_dropped(changes);
-        s.append_after_writes(changes, &keys, &claim, &opened, &dropped)
-    }
-
-    fn record_write(
-        &mut self,
-        ino: Ino,
-        changes: &[Change],
-        table: &TableView<'_>,
-        then: crate::meta::AfterRecord,
-    ) -> Result<()> {
-        let s = &self.0;
-        s.still_whole()?;
-        match s.hold_back(ino, changes, then) {
-            Ok(()) => Ok(()),
-            Err(then) => {
-                self.record(changes, table)?;
-                then();
-                Ok(())
-            }
-        }
-    }
-}
-
-impl State {
-    /// Appends `changes` (in the table already), touching `keys`, claiming `claim`, marking
-    /// `opened` and `dropped`, checking the birth of each server a chunk copy of theirs is
-    /// on; a copy on a server born again since is left out and the change appended again.
-    fn append_changes(
-        &self,
-        changes: &[Change],
-        keys: &[Ino],
-        claim: &[Ino],
-        opened: &[Ino],
-        dropped: &[Ino],
-    ) -> Result<()> {
-        let marks = Marks {
-            opened,
-            dropped,
-            checked: &[],
-        };
-        // Each server a chunk copy of the change is on: its birth is checked.
-        let mut checked: Vec<(Ino, u64)> = touch::servers_named(changes)
-            .into_iter()
-            .map(|key| (key, 0))
-            .collect();
-        let mut changes = std::borrow::Cow::Borrowed(changes);
-        let mut tries = 0;
-        let sent = loop {
-            // The engine numbers the change: the frame's own LSN is left 0.
-            let record = record::encode(0, &changes);
-            let sent = self
-                .appender()
-                .append(&record, keys, claim, marks, &checked, true);
-            match &sent.answer {
-                Err(EngineError::Conflict { key, lsn }) if tries < BORN_RETRIES => {
-                    let Some(server) = touch::server_of_key(*key) else {
-                        break sent;
-                    };
-                    // The server was born again after this table's view (it restarted
-                    // empty, and another client put that in the log): the copies this
-                    // change names there were written to its earlier birth and are gone.
-                    // Left out, the change goes after the birth.
-                    changes = std::borrow::Cow::Owned(touch::without_copies_on(&changes, server)?);
-                    if let Some(c) = checked.iter_mut().find(|(k, _)| k == key) {
-                        c.1 = *lsn;
-                    }
-                    tries += 1;
-                }
-                _ => break sent,
-            }
-        };
-        let done = sent.answer.map_err(refused)?;
-        self.marked_by_append(opened);
-        // A place the engine gave before: its log went back past this table.
-        self.check_place(done.lsn, sent.applied)?;
-        // Frees of what this change let go wait for it to be applied everywhere.
-        self.gate.assigned.fetch_max(done.lsn, Ordering::SeqCst);
-        self.appended(sent.at, keys, claim, &done.wanted);
-        Ok(())
-    }
 }
 
 /// The servers in the volume's order: chunk maps name servers by their place in it, so every

@@ -8,6 +8,7 @@
 //! the log's order gives. Mutants of the protocol (a move that does not name the directories
 //! its check reads; appends that claim to have seen everything) must be caught.
 
+use super::append::{refused, Appender};
 use super::catchup::foreign;
 use super::*;
 use crate::engine::mem::MemEngine;
