@@ -72,6 +72,13 @@ impl Client {
         r.map(|_| ())
     }
 
+    /// Makes file `name` in the root, open for reading and writing: its inode and handle.
+    fn create_open(&self, name: &str) -> (u64, u64) {
+        self.change(|fs| fs.create(ROOT_INO, name.as_bytes(), 0o644, libc::O_RDWR, common::ME))
+            .map(|(e, fh)| (e.ino, fh))
+            .unwrap()
+    }
+
     fn unlink(&self, path: &str) -> Result<(), i32> {
         let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
         self.change(|fs| {
@@ -476,10 +483,7 @@ fn a_refused_write_leaves_nothing_behind() {
     let b = client(&rack, engine, "b");
     a.shared.hold_writes(false);
     let free_at_start = rack.free();
-    let (ino, fh) = a
-        .change(|fs| fs.create(ROOT_INO, b"f", 0o644, libc::O_RDWR, common::ME))
-        .map(|(e, fh)| (e.ino, fh))
-        .unwrap();
+    let (ino, fh) = a.create_open("f");
     let data = bytes(7, 1 << 20);
     mem.fail_next("append", 1);
     let refused = a.change(|fs| fs.write(ino, fh, 0, &data, common::ME));
@@ -517,10 +521,7 @@ fn writes_held_back_reach_the_engine_before_what_follows_them() {
     let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
     let a = client(&rack, engine.clone(), "a");
     let b = client(&rack, engine.clone(), "b");
-    let (ino, fh) = a
-        .change(|fs| fs.create(ROOT_INO, b"f", 0o644, libc::O_RDWR, common::ME))
-        .map(|(e, fh)| (e.ino, fh))
-        .unwrap();
+    let (ino, fh) = a.create_open("f");
     let size_on_b = |b: &Client| {
         b.shared.poll_now().unwrap();
         b.fs.getattr(ino).map(|a| a.size).unwrap_or(u64::MAX)
@@ -577,10 +578,7 @@ fn a_moved_chunk_is_freed_once_its_write_is_appended() {
     let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
     let a = client(&rack, engine.clone(), "a");
     let b = client(&rack, engine.clone(), "b");
-    let (ino, fh) = a
-        .change(|fs| fs.create(ROOT_INO, b"f", 0o644, libc::O_RDWR, common::ME))
-        .map(|(e, fh)| (e.ino, fh))
-        .unwrap();
+    let (ino, fh) = a.create_open("f");
     // Past the stock's lengths (granted ahead, which would move the free figures).
     const FIRST: usize = 80 << 10;
     let first = bytes(1, FIRST);
@@ -627,10 +625,7 @@ fn a_turn_goes_back_after_the_writes_held_in_it() {
     let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
     let a = client(&rack, engine.clone(), "a");
     let b = client(&rack, engine, "b");
-    let (ino, fh) = a
-        .change(|fs| fs.create(ROOT_INO, b"f", 0o644, libc::O_RDWR, common::ME))
-        .map(|(e, fh)| (e.ino, fh))
-        .unwrap();
+    let (ino, fh) = a.create_open("f");
     let first = bytes(5, 256 << 10);
     a.change(|fs| fs.write(ino, fh, 0, &first, common::ME))
         .unwrap();
