@@ -569,6 +569,70 @@ fn writes_held_back_reach_the_engine_before_what_follows_them() {
     assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
 }
 
+/// Appends of held-back writes that the engine took but whose answer was lost (Redis killed
+/// as it answered): found in the log, by a catch-up or by the next append, they count as
+/// appended. The client does not stop itself as if another client had changed the file, its
+/// table neither applies them a second time (over writes made since) nor loses them, and a
+/// change that carried them is applied from the log.
+#[test]
+fn held_writes_whose_answer_was_lost_are_found_in_the_log() {
+    let rack = Rack::new(2);
+    let mem = MemEngine::new();
+    let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
+    let a = client(&rack, engine.clone(), "a");
+    let b = client(&rack, engine.clone(), "b");
+    let (ino, fh) = a.create_open("f");
+    let size = |c: &Client| c.fs.getattr(ino).unwrap().size;
+    let mut whole = Vec::new();
+    let write = |whole: &mut Vec<u8>, seed: u64| {
+        let data = bytes(seed, 8192);
+        a.change(|fs| fs.write(ino, fh, whole.len() as u64, &data, common::ME))
+            .unwrap();
+        whole.extend_from_slice(&data);
+        whole.len() as u64
+    };
+    let lost_fsync = || {
+        mem.fail_next("append_answer", 1);
+        assert_eq!(
+            a.fs.fsync(ino).unwrap().map_err(|e| e.errno),
+            Err(libc::EIO)
+        );
+    };
+    // Found by a catch-up, with a write held since: the log's copy of the first does not take
+    // the size back.
+    write(&mut whole, 1);
+    lost_fsync();
+    let now = write(&mut whole, 2);
+    a.shared.poll_now().unwrap();
+    assert_eq!(size(&a), now);
+    a.fs.fsync(ino).unwrap().unwrap();
+    // Found by the next append (no catch-up first).
+    write(&mut whole, 3);
+    lost_fsync();
+    let now = write(&mut whole, 4);
+    a.fs.fsync(ino).unwrap().unwrap();
+    assert_eq!(size(&a), now);
+    b.shared.poll_now().unwrap();
+    assert_eq!(read(&b.fs, "f").unwrap(), whole);
+    // Carried by a mkdir: the mkdir fails here (undone), its catch-up finds both in the log.
+    let now = write(&mut whole, 5);
+    mem.fail_next("append_answer", 1);
+    let _ = a.mkdir("d"); // EIO, then EEXIST on the retry: the engine has it (as NFS's retries)
+    a.shared.poll_now().unwrap();
+    assert!(
+        resolve(&a.fs, "d").is_ok(),
+        "the mkdir carried with the writes is lost"
+    );
+    assert_eq!(size(&a), now);
+    a.fs.fsync(ino).unwrap().unwrap();
+    // Still changing the volume, and agreeing with B.
+    a.create("after", b"x").unwrap();
+    b.shared.poll_now().unwrap();
+    assert_eq!(read(&b.fs, "f").unwrap(), whole);
+    assert!(resolve(&b.fs, "d").is_ok() && resolve(&b.fs, "after").is_ok());
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+}
+
 /// A held-back write that moved the file's first chunk to a larger one: the old chunk's
 /// memory is freed only once the write is appended (another client, whose table still names
 /// the old chunk, reads its bytes there meanwhile), and then it is.

@@ -110,7 +110,8 @@ impl MemEngine {
     }
 
     /// Makes the next `times` calls of operation `op` (`"append"`, `"swap_locks"`,
-    /// `"heartbeat"`, `"read_after"`, `"head"`) fail as an unreachable engine's would.
+    /// `"heartbeat"`, `"read_after"`, `"head"`) fail as an unreachable engine's would;
+    /// `"append_answer"`: the next appends are taken, but fail as if their answer was lost.
     pub fn fail_next(&self, op: &'static str, times: u32) {
         self.state.0.lock().faults.insert(op, times);
     }
@@ -230,6 +231,8 @@ impl MetaEngine for MemEngine {
         for key in marks.opened {
             s.open.entry(*key).or_default().insert(who.to_string());
         }
+        // Taken, but the answer lost on the way (Redis killed as it answered).
+        s.fault("append_answer")?;
         Ok(Appended { lsn, wanted })
     }
 

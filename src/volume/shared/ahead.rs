@@ -13,6 +13,10 @@ pub(super) struct Ahead {
     changes: BTreeMap<u64, Vec<u64>>,
     /// Each inode touched by an own change past the applied log: the newest such change.
     latest: HashMap<u64, u64>,
+    /// Changes past the applied log whose first changes are this client's own, in the table
+    /// already: the writes held back of an append whose answer was lost ([`super::behind`]).
+    /// LSN to how many.
+    prefixes: BTreeMap<u64, usize>,
     /// Appends sent, and those answered (noted here if taken): a catch-up waits for every
     /// append sent before its read, so it knows which of the changes it read are its own.
     pub(super) sent: u64,
@@ -34,6 +38,22 @@ impl Ahead {
         self.changes.insert(lsn, keys.to_vec());
     }
 
+    /// The first `n` changes of change `lsn`, touching `keys`, are in the table (the rest
+    /// is applied from the log as another client's).
+    pub(super) fn noted_prefix(&mut self, lsn: u64, n: usize, keys: &[u64]) {
+        for k in keys {
+            let at = self.latest.entry(*k).or_default();
+            *at = (*at).max(lsn);
+        }
+        self.prefixes.insert(lsn, n);
+    }
+
+    /// How many of change `lsn`'s first changes the table holds already (see
+    /// [`Ahead::noted_prefix`]).
+    pub(super) fn own_prefix(&self, lsn: u64) -> usize {
+        self.prefixes.get(&lsn).copied().unwrap_or(0)
+    }
+
     /// Whether change `lsn` is one of this client's own ahead of the applied log.
     pub(super) fn is_own(&self, lsn: u64) -> bool {
         self.changes.contains_key(&lsn)
@@ -43,6 +63,8 @@ impl Ahead {
     pub(super) fn applied(&mut self, applied: u64) {
         let later = self.changes.split_off(&(applied + 1));
         self.changes = later;
+        let later = self.prefixes.split_off(&(applied + 1));
+        self.prefixes = later;
         self.latest.retain(|_, lsn| *lsn > applied);
     }
 
@@ -51,10 +73,11 @@ impl Ahead {
     pub(super) fn forget(&mut self) {
         self.changes.clear();
         self.latest.clear();
+        self.prefixes.clear();
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.changes.is_empty()
+        self.changes.is_empty() && self.prefixes.is_empty()
     }
 }
 
@@ -76,6 +99,18 @@ mod tests {
         assert_eq!(a.seen(3, 8), 9);
         assert!(!a.is_own(7) && a.is_own(9));
         a.applied(9);
+        assert!(a.is_empty());
+    }
+
+    #[test]
+    fn an_own_prefix_raises_what_is_seen_and_goes_with_the_log() {
+        let mut a = Ahead::default();
+        a.noted_prefix(12, 2, &[5]);
+        assert_eq!(a.seen(5, 10), 12);
+        assert_eq!(a.own_prefix(12), 2);
+        assert!(!a.is_own(12) && !a.is_empty());
+        a.applied(12);
+        assert_eq!(a.own_prefix(12), 0);
         assert!(a.is_empty());
     }
 }

@@ -85,6 +85,23 @@ impl Appender<'_> {
     }
 }
 
+/// An append of changes the engine did not take, or whose answer was lost.
+pub(super) struct NotTaken {
+    pub(super) error: Error,
+    /// The record sent, when its answer was lost on the way (the engine went away while it
+    /// ran): the engine may hold it.
+    pub(super) unanswered: Option<Vec<u8>>,
+}
+
+impl From<Error> for NotTaken {
+    fn from(error: Error) -> NotTaken {
+        NotTaken {
+            error,
+            unanswered: None,
+        }
+    }
+}
+
 /// An engine's refusal as the file system's error: a change decided on a stale view (or
 /// touching another client's turn) is decided again ([`Error::conflict`]), anything else
 /// fails (EIO).
@@ -157,6 +174,19 @@ impl State {
         opened: &[Ino],
         dropped: &[Ino],
     ) -> Result<()> {
+        self.offer_changes(changes, keys, claim, opened, dropped)
+            .map_err(|n| n.error)
+    }
+
+    /// [`State::append_changes`], saying when the engine may have taken what it failed.
+    pub(super) fn offer_changes(
+        &self,
+        changes: &[Change],
+        keys: &[Ino],
+        claim: &[Ino],
+        opened: &[Ino],
+        dropped: &[Ino],
+    ) -> std::result::Result<(), NotTaken> {
         let marks = Marks {
             opened,
             dropped,
@@ -169,9 +199,10 @@ impl State {
             .collect();
         let mut changes = std::borrow::Cow::Borrowed(changes);
         let mut tries = 0;
+        let mut record;
         let sent = loop {
             // The engine numbers the change: the frame's own LSN is left 0.
-            let record = record::encode(0, &changes);
+            record = record::encode(0, &changes);
             let sent = self
                 .appender()
                 .append(&record, keys, claim, marks, &checked, true);
@@ -184,7 +215,9 @@ impl State {
                     // empty, and another client put that in the log): the copies this
                     // change names there were written to its earlier birth and are gone.
                     // Left out, the change goes after the birth.
-                    changes = std::borrow::Cow::Owned(touch::without_copies_on(&changes, server)?);
+                    changes = std::borrow::Cow::Owned(
+                        touch::without_copies_on(&changes, server).map_err(NotTaken::from)?,
+                    );
                     if let Some(c) = checked.iter_mut().find(|(k, _)| k == key) {
                         c.1 = *lsn;
                     }
@@ -193,7 +226,16 @@ impl State {
                 _ => break sent,
             }
         };
-        let done = sent.answer.map_err(refused)?;
+        let done = match sent.answer {
+            Ok(done) => done,
+            Err(e @ EngineError::Unavailable(_)) => {
+                return Err(NotTaken {
+                    error: refused(e),
+                    unanswered: Some(record),
+                })
+            }
+            Err(e) => return Err(refused(e).into()),
+        };
         self.marked_by_append(opened);
         // A place the engine gave before: its log went back past this table.
         self.check_place(done.lsn, sent.applied)?;

@@ -28,32 +28,105 @@
 //!   is appended, and the frees then wait for every member to apply it, as every shared
 //!   free does. A write that drops a chunk or changes an encoded one is appended at once
 //!   (`Fs::commit_write_with` decides).
+//! - **An answer lost is not a write lost**: an append of them that the engine took as it
+//!   went away (Redis killed as it answered) is found in the log, by the next catch-up or
+//!   the next try's refusal, and counts as appended; the table applies only what else it
+//!   carried (never the writes again, over writes made since).
 //! - Checkpoints and a checkpoint's load append what is held back first (a table with
 //!   changes the log lacks is never written, nor thrown away).
 
+use super::append::NotTaken;
 use super::*;
 
 /// Writes' changes held back, in the order they were answered.
 #[derive(Default)]
 pub(super) struct Behind {
     changes: Vec<Change>,
-    /// The files they touch (sorted, once each).
-    files: Vec<Ino>,
+    /// Each write held back: its file, where its changes end in `changes`, and what runs
+    /// once they are appended (the memory it let go of is freed).
+    holds: Vec<Hold>,
     /// When the first of them was answered.
     since: Option<Instant>,
-    /// What runs once they are appended: the memory they let go of is freed.
-    then: Vec<crate::meta::AfterRecord>,
+    /// Appends of what is held back whose answer was lost (the engine went away as it ran
+    /// them): the engine may hold one. The log tells ([`State::settle_unanswered`]): a
+    /// catch-up that finds one there applies only the rest of it, and the writes it carried
+    /// are appended; one that reads to the log's head without finding them forgets them.
+    unanswered: Vec<Unanswered>,
+    /// Unanswered appends noted so far (their numbers).
+    unanswered_count: u64,
+}
+
+struct Hold {
+    file: Ino,
+    end: usize,
+    then: crate::meta::AfterRecord,
+}
+
+/// An append whose answer was lost: its record, and how many of the writes' changes held
+/// back it carried first.
+struct Unanswered {
+    number: u64,
+    record: Vec<u8>,
+    held: usize,
 }
 
 impl Behind {
-    /// Appended: what waited for it runs.
-    fn appended(&mut self) {
-        self.changes.clear();
-        self.files.clear();
-        self.since = None;
-        for then in self.then.drain(..) {
-            then();
+    /// The files the writes held back touch (sorted, once each).
+    fn files(&self) -> Vec<Ino> {
+        self.files_of(self.holds.len())
+    }
+
+    /// The files of the first `n` writes held back.
+    fn files_of(&self, n: usize) -> Vec<Ino> {
+        let mut files: Vec<Ino> = self.holds[..n].iter().map(|h| h.file).collect();
+        files.sort_unstable();
+        files.dedup();
+        files
+    }
+
+    /// The first `n` changes are appended: what waited for their writes runs.
+    fn appended(&mut self, n: usize) {
+        self.changes.drain(..n);
+        let done = self.holds.iter().take_while(|h| h.end <= n).count();
+        for h in self.holds.drain(..done) {
+            (h.then)();
         }
+        for h in &mut self.holds {
+            h.end -= n;
+        }
+        if self.changes.is_empty() {
+            self.since = None;
+        }
+    }
+
+    /// Every change held back is appended.
+    fn all_appended(&mut self) {
+        self.appended(self.changes.len())
+    }
+
+    /// An append of `record`, carrying every change held back first, lost its answer.
+    fn note_unanswered(&mut self, record: Vec<u8>) {
+        // Sent again as it was (the engine unreachable): once is enough.
+        if self.unanswered.iter().any(|u| u.record == record) {
+            return;
+        }
+        self.unanswered_count += 1;
+        self.unanswered.push(Unanswered {
+            number: self.unanswered_count,
+            record,
+            held: self.changes.len(),
+        });
+    }
+
+    /// The number of the last unanswered append noted (0: none yet).
+    pub(super) fn last_unanswered(&self) -> u64 {
+        self.unanswered_count
+    }
+
+    /// The log was read to its head after unanswered appends through `number` were noted,
+    /// and held none of them: the engine never took them.
+    pub(super) fn forget_unanswered_through(&mut self, number: u64) {
+        self.unanswered.retain(|u| u.number > number);
     }
 }
 
@@ -80,11 +153,13 @@ impl State {
         }
         let mut b = self.behind.lock();
         b.changes.extend_from_slice(changes);
-        if let Err(at) = b.files.binary_search(&ino) {
-            b.files.insert(at, ino);
-        }
+        let end = b.changes.len();
+        b.holds.push(Hold {
+            file: ino,
+            end,
+            then,
+        });
         b.since.get_or_insert_with(Instant::now);
-        b.then.push(then);
         Ok(())
     }
 
@@ -105,13 +180,22 @@ impl State {
             return self.append_changes(changes, keys, claim, opened, dropped);
         }
         let both = [&b.changes[..], changes].concat();
-        let both_keys = union(&b.files, keys);
-        if self
-            .append_changes(&both, &both_keys, claim, opened, dropped)
-            .is_ok()
-        {
-            b.appended();
-            return Ok(());
+        let both_keys = union(&b.files(), keys);
+        match self.offer_changes(&both, &both_keys, claim, opened, dropped) {
+            Ok(()) => {
+                b.all_appended();
+                return Ok(());
+            }
+            // The change fails (undone here), and the writes stay until the log tells
+            // whether the engine took them.
+            Err(NotTaken {
+                error,
+                unanswered: Some(record),
+            }) => {
+                b.note_unanswered(record);
+                return Err(error);
+            }
+            Err(_) => {}
         }
         // Refused (most often the change lost to another client's): the writes alone, then
         // the change, which decides again if it loses again.
@@ -144,25 +228,92 @@ impl State {
         if b.changes.is_empty() {
             return Ok(());
         }
-        match self.append_changes(&b.changes, &b.files, &[], &[], &[]) {
+        let error = match self.offer_changes(&b.changes, &b.files(), &[], &[], &[]) {
             Ok(()) => {
-                b.appended();
-                Ok(())
+                b.all_appended();
+                return Ok(());
             }
-            // Another client changed one of the files: its turn ran out before the writes
-            // went (the engine unreachable past the lease). They cannot be ordered any more.
-            Err(e) if e.conflict.is_some() => {
-                // Their memory stays (the engine still names what they let go of).
-                let files = b.files.clone();
-                *b = Behind::default();
-                Err(self.stop_for_good(format!(
-                    "writes of inodes {files:?} answered here could not be appended before \
-                     their turn ran out: {}; unmount and mount again to go on",
-                    e.message
-                )))
+            // Kept, and tried again; the log tells whether the engine took this one.
+            Err(NotTaken {
+                error,
+                unanswered: Some(record),
+            }) => {
+                b.note_unanswered(record);
+                return Err(error);
             }
+            Err(NotTaken { error, .. }) => error,
+        };
+        if error.conflict.is_none() {
             // The engine unreachable: kept, and tried again.
-            Err(e) => Err(e),
+            return Err(error);
         }
+        // The files changed after this table's view: by an append of these writes whose
+        // answer was lost (then the rest goes), or by another client, whose turn ran out
+        // before the writes went (the engine unreachable past the lease).
+        if !b.unanswered.is_empty() && self.find_unanswered(b)? {
+            return self.append_held(b);
+        }
+        // They cannot be ordered any more. Their memory stays (the engine still names what
+        // they let go of).
+        let files = b.files();
+        *b = Behind::default();
+        Err(self.stop_for_good(format!(
+            "writes of inodes {files:?} answered here could not be appended before their turn \
+             ran out: {}; unmount and mount again to go on",
+            error.message
+        )))
+    }
+
+    /// Reads the log past this table for an unanswered append of the writes held back;
+    /// whether it was there (see [`State::settle_unanswered`]).
+    fn find_unanswered(&self, b: &mut Behind) -> Result<bool> {
+        let mut after = self.applied.load(Ordering::SeqCst);
+        loop {
+            let got = self
+                .engine
+                .read_after(after, READ_BATCH)
+                .map_err(engine_err)?;
+            if self.settle_unanswered(b, &got) {
+                return Ok(true);
+            }
+            match got.last() {
+                Some((lsn, _)) if got.len() == READ_BATCH => after = *lsn,
+                _ => return Ok(false),
+            }
+        }
+    }
+
+    /// If one of `got` (entries of the log past this table) is an append of the writes held
+    /// back whose answer was lost, those writes are appended: the table applies only the rest
+    /// of it (another change of this client's it carried, undone here when it failed), and
+    /// the writes held since go next. Whether one was. Under `behind`'s lock, so no append of
+    /// them races it; before the catch-up applies `got`.
+    pub(super) fn settle_unanswered(&self, b: &mut Behind, got: &[(u64, Vec<u8>)]) -> bool {
+        if b.unanswered.is_empty() {
+            return false;
+        }
+        let found = got.iter().find_map(|(lsn, bytes)| {
+            b.unanswered
+                .iter()
+                .find(|u| u.record == *bytes)
+                .map(|u| (*lsn, u.held))
+        });
+        let Some((lsn, held)) = found else {
+            return false;
+        };
+        log::warn!(
+            "shared volume: the engine took writes held back (change {lsn}) though their \
+             answer was lost"
+        );
+        // At most one of them is in the log: each carries every write held back before it,
+        // so any after the first taken is refused.
+        b.unanswered.clear();
+        let holds = b.holds.iter().take_while(|h| h.end <= held).count();
+        let files = b.files_of(holds);
+        self.ahead.lock().noted_prefix(lsn, held, &files);
+        // Frees of what they let go wait for it to be applied everywhere.
+        self.gate.assigned.fetch_max(lsn, Ordering::SeqCst);
+        b.appended(held);
+        true
     }
 }

@@ -33,10 +33,16 @@ pub(super) fn entry_changes(lsn: u64, bytes: &[u8]) -> Result<Vec<Change>> {
 
 /// The changes of `got` (read from the engine's log) that are not this client's own (which
 /// its table holds already), parsed. The model tests apply them the same way.
+/// Of a change whose first changes are its own (see [`Ahead::noted_prefix`]), the rest.
 pub(super) fn foreign(ahead: &Ahead, got: &[(u64, Vec<u8>)]) -> Result<Vec<(u64, Vec<Change>)>> {
     got.iter()
         .filter(|(lsn, _)| !ahead.is_own(*lsn))
-        .map(|(lsn, bytes)| Ok((*lsn, entry_changes(*lsn, bytes)?)))
+        .map(|(lsn, bytes)| {
+            let mut changes = entry_changes(*lsn, bytes)?;
+            let own = ahead.own_prefix(*lsn).min(changes.len());
+            changes.drain(..own);
+            Ok((*lsn, changes))
+        })
         .collect()
 }
 
@@ -53,6 +59,13 @@ impl State {
     /// [`State::catch_up`], the caller holding `catching`.
     fn catch_up_alone(&self, fs: &Fs, in_request: bool) -> Result<usize> {
         let mut n = 0;
+        // Appends of writes held back whose answer was lost before this read: a read to the
+        // log's head that did not find them shows the engine never took them.
+        let unanswered = self.behind.lock().last_unanswered();
+        let at_head = |n| {
+            self.behind.lock().forget_unanswered_through(unanswered);
+            Ok(n)
+        };
         loop {
             self.still_whole()?;
             let sent = self.ahead.lock().sent;
@@ -73,7 +86,7 @@ impl State {
                 if head.is_some_and(|h| h > after) && self.reload_if_newer(fs, in_request, after)? {
                     continue;
                 }
-                return Ok(n);
+                return at_head(n);
             }
             if got[0].0 != after + 1 {
                 // A checkpoint trimmed changes this table lacks.
@@ -83,7 +96,7 @@ impl State {
             self.apply(fs, &got, in_request)?;
             n += got.len();
             if got.len() < READ_BATCH - 1 {
-                return Ok(n);
+                return at_head(n);
             }
         }
     }
@@ -318,6 +331,8 @@ impl State {
                 format!("the engine's change {first} follows this table's {after}"),
             ));
         }
+        // Behind's lock before the ahead's, as an append takes them.
+        self.settle_unanswered(&mut self.behind.lock(), got);
         let records = foreign(&self.ahead.lock(), got)?;
         let last = got.last().map_or(after, |(lsn, _)| *lsn);
         if in_request {
