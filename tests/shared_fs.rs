@@ -835,6 +835,48 @@ fn a_client_is_evicted_only_once_every_server_closed_it() {
     assert!(a.fs.set_lock(file, 8, &write).unwrap().is_some());
 }
 
+/// An unlink of a file's last name drops it in the same append when no handle on this client
+/// holds it, though the kernel holds a reference until its FORGET (as JuiceFS deletes a
+/// file at its unlink): one round trip to the engine per remove, not two. Its memory goes
+/// back; the FORGET that follows finds nothing. A file open here stays until its close.
+#[test]
+fn an_unlink_drops_the_file_in_its_own_append() {
+    let rack = Rack::new(2);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client(&rack, engine.clone(), "a");
+    let b = client(&rack, engine.clone(), "b");
+    let free_at_start = rack.free();
+    a.create("f", &bytes(1, 256 << 10)).unwrap();
+    let ino = resolve(&a.fs, "f").unwrap(); // a second kernel reference
+    let head = engine.head().unwrap();
+    a.unlink("f").unwrap();
+    assert_eq!(engine.head().unwrap(), head + 1, "not one append");
+    assert_eq!(a.fs.getattr(ino).map_err(|e| e.errno), Err(libc::ENOENT));
+    a.change(|fs| fs.forget(ino, 2));
+    assert_eq!(engine.head().unwrap(), head + 1, "the FORGET appended");
+    eventually("the file's memory is back", || {
+        a.shared.poll_now().unwrap();
+        b.shared.poll_now().unwrap();
+        rack.free() == free_at_start
+    });
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+    // Open here: unlinked, it stays (read through its handle) until its close and FORGET.
+    let (ino, fh) = a.create_open("g");
+    a.change(|fs| fs.write(ino, fh, 0, b"kept", common::ME))
+        .unwrap();
+    a.unlink("g").unwrap();
+    assert_eq!(a.change(|fs| fs.read(ino, fh, 0, 4)).unwrap(), b"kept");
+    a.change(|fs| fs.release(fh));
+    assert!(
+        a.fs.getattr(ino).is_ok(),
+        "dropped while the kernel held it"
+    );
+    a.change(|fs| fs.forget(ino, 1));
+    assert_eq!(a.fs.getattr(ino).map_err(|e| e.errno), Err(libc::ENOENT));
+    b.shared.poll_now().unwrap();
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+}
+
 /// A file unlinked on one client while open on another stays readable and writable there
 /// until its last close on any client; then its memory goes back. So does the memory of one
 /// held open by a client that died (its drop falls to the client that evicts it).

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# A/B of a shared volume's writes (#44, writes held back): OLD and NEW binaries alternate
-# ROUNDS times, each one client of a fresh shared volume (`--meta`, Redis on loopback) over
-# two memory servers of its own binary: `tar xf` of the TAR_FILES-file tree (and the Redis
-# scripts it ran per file), then 500 new files of three 10 KiB writes each (each write
-# timed: the first allocates the file's first chunk, the second moves it to a larger one,
-# the third fits or moves it again), 1,000 4 KiB appends to one file and 1,000 4 KiB
-# overwrites in it. Prints one line per binary and figure, then medians.
+# A/B of one shared-volume client (#44: writes held back, drops with their unlink): OLD and
+# NEW binaries alternate ROUNDS times, each one client of a fresh shared volume (`--meta`,
+# Redis on loopback) over two memory servers of its own binary: `tar xf` of the
+# TAR_FILES-file tree (and the Redis scripts it ran per file), then 500 new files of three
+# 10 KiB writes each (each write timed: the first allocates the file's first chunk, the
+# second moves it to a larger one, the third fits or moves it again), 1,000 4 KiB appends
+# to one file and 1,000 4 KiB overwrites in it; then the 500 files unlinked (each timed)
+# and the tree removed with `rm -rf` (and the Redis scripts it ran per file). Prints one
+# line per binary and figure, then medians.
 #
-#   lab/scripts/ab-shared-writes.sh OLD_RMEMFS NEW_RMEMFS     # ROUNDS=3 TAR_FILES=3000
+#   lab/scripts/ab-shared.sh OLD_RMEMFS NEW_RMEMFS     # ROUNDS=3 TAR_FILES=3000
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=lab/scripts/lib.sh
@@ -63,7 +65,18 @@ for k in range(1000):
     os.pwrite(fd, b"z" * 4096, (k * 7919 % 1000) * 4096)
 print(f"{name} overwrite4k-us {(time.perf_counter() - t) / 1000 * 1e6:.0f}")
 os.close(fd)
+t = time.perf_counter()
+for n in range(500):
+    os.unlink(f"{d}/f{n}")
+print(f"{name} unlink-us {(time.perf_counter() - t) / 500 * 1e6:.0f}")
 PY
+  redis-cli -u "$REDIS_URL" config resetstat >/dev/null
+  t0=$(date +%s.%N)
+  rm -rf "$mnt/tree"
+  t1=$(date +%s.%N)
+  scripts=$(redis-cli -u "$REDIS_URL" info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')
+  echo "$name rm-rf-s $(echo "$t1 - $t0" | bc)" >>"$results"
+  echo "$name rm-scripts-per-file $(echo "scale=2; ${scripts:-0} / $TAR_FILES" | bc)" >>"$results"
   unmount_fs "$mnt"
   kill "${pids[@]}" 2>/dev/null || true
 }

@@ -210,10 +210,28 @@ impl Fs {
     }
 
     fn remove(&self, parent: Ino, name: &[u8], want_dir: bool) -> Result<()> {
-        self.changing(|| self.remove_once(parent, name, want_dir))
+        self.removing(|drop_now| self.remove_once(parent, name, want_dir, drop_now))
     }
 
-    fn remove_once(&self, parent: Ino, name: &[u8], want_dir: bool) -> Result<()> {
+    /// Runs change `op`, which may take a file's last name away. On a shared volume, a file
+    /// that no handle here holds goes in the same change (`op(true)`, as JuiceFS deletes a
+    /// file at its unlink): its drop at the kernel's FORGET cost a second round trip to the
+    /// engine. Open on another client, the engine refuses that drop: the name goes alone
+    /// (`op(false)`), and that client drops the file once it lets go. Elsewhere the file goes
+    /// at the kernel's FORGET, as a local file system's does.
+    fn removing(&self, op: impl Fn(bool) -> Result<()>) -> Result<()> {
+        if !self.is_shared() {
+            return self.changing(|| op(false));
+        }
+        match self.changing(|| op(true)) {
+            Err(e) if e.held_elsewhere.is_some() => self.changing(|| op(false)),
+            r => r,
+        }
+    }
+
+    /// Removes `name` from `parent`; with `drop_now`, drops the file it named at once if
+    /// that was its last name and no handle here holds it (see [`Fs::removing`]).
+    fn remove_once(&self, parent: Ino, name: &[u8], want_dir: bool, drop_now: bool) -> Result<()> {
         self.writable()?;
         if name == b"." {
             return Err(err(libc::EINVAL));
@@ -241,9 +259,31 @@ impl Fs {
             a.nlink = if want_dir { 0 } else { a.nlink - 1 };
             a.ctime = now;
         })?;
+        let dropped = drop_now.then(|| b.drop_unlinked(ino)).flatten();
         b.commit()?;
-        self.settle(meta, ino);
+        self.settle_removed(meta, ino, dropped);
         Ok(())
+    }
+
+    /// After a committed change that took inode `ino`'s name: its data goes if the change
+    /// dropped it (`dropped`: what [`crate::meta::Batch::drop_unlinked`] gave), else it is
+    /// settled as any inode the kernel may still hold.
+    fn settle_removed(
+        &self,
+        meta: crate::sync::MutexGuard<'_, Meta>,
+        ino: Ino,
+        dropped: Option<Option<Arc<crate::meta::FileData>>>,
+    ) {
+        match dropped {
+            // Its drop, committed, names its chunks gone.
+            Some(file) => {
+                drop(meta);
+                if let Some(f) = file {
+                    self.data.release_all(&f);
+                }
+            }
+            None => self.settle(meta, ino),
+        }
     }
 
     /// Whether `victim` may go away in favour of (or as) a directory (`as_dir`) or not: the
@@ -279,9 +319,14 @@ impl Fs {
         flags: u32,
         caller: Caller,
     ) -> Result<()> {
-        self.changing(|| self.rename_once(parent, name, newparent, newname, flags, caller))
+        self.removing(|drop_now| {
+            self.rename_once(parent, name, newparent, newname, flags, caller, drop_now)
+        })
     }
 
+    /// With `drop_now`, a file whose last name the rename replaces goes with it if no handle
+    /// here holds it (see [`Fs::removing`]).
+    #[allow(clippy::too_many_arguments)]
     fn rename_once(
         &self,
         parent: Ino,
@@ -290,6 +335,7 @@ impl Fs {
         newname: &[u8],
         flags: u32,
         caller: Caller,
+        drop_now: bool,
     ) -> Result<()> {
         self.writable()?;
         check_name(name)?;
@@ -386,8 +432,9 @@ impl Fs {
             if was_dir {
                 b.update(newparent, |a| a.nlink -= 1)?;
             }
+            let dropped = drop_now.then(|| b.drop_unlinked(old)).flatten();
             b.commit()?;
-            self.settle(meta, old);
+            self.settle_removed(meta, old, dropped);
             return Ok(());
         }
         b.commit()

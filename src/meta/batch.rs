@@ -14,9 +14,10 @@
 //! What the kernel holds (lookup counts, open handles) is the mount's session state, not
 //! the namespace's, and is kept beside it (see [`super::Meta::hold`]).
 
-use super::extents::{Chunk, ExtentChange};
+use super::extents::{Chunk, ExtentChange, FileData};
 use super::{Attrs, Ino, Inode, Kind, Meta, Name, Xattrs};
 use crate::error::{Error, Result};
+use crate::sync::Arc;
 
 /// What a new inode holds besides its attributes, as a journal records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -358,6 +359,18 @@ impl<'m> Batch<'m> {
             }
             None => false,
         }
+    }
+
+    /// Drops `ino` if no name and no handle hold it and it is no directory, though the kernel
+    /// may still hold references to it (a shared volume's unlink: the kernel's FORGET then
+    /// finds it gone). Its data, if it was a file that was dropped (`Some(None)`: dropped,
+    /// no data).
+    pub fn drop_unlinked(&mut self, ino: Ino) -> Option<Option<Arc<FileData>>> {
+        let inode = self.meta.reap_unlinked(ino)?;
+        let file = inode.file().cloned();
+        self.redo.push(Change::Drop { ino });
+        self.undo.push(Undo::Restore(ino, Box::new(inode)));
+        Some(file)
     }
 
     /// The changes so far.

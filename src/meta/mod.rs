@@ -427,6 +427,17 @@ impl Meta {
         }
     }
 
+    /// Takes `ino` out of the table if no name and no handle hold it and it is no directory,
+    /// whatever references the kernel holds (see [`Batch::drop_unlinked`]).
+    fn reap_unlinked(&mut self, ino: Ino) -> Option<Inode> {
+        match self.inodes.get(&ino) {
+            Some(i) if i.is_orphan() && i.kind != Kind::Dir && ino != ROOT_INO => {
+                self.inodes.remove(&ino).map(|i| *i)
+            }
+            _ => None,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.inodes.len()
     }
