@@ -85,6 +85,17 @@ impl Appender<'_> {
     }
 }
 
+/// A change on its way to the engine: its changes (in the table already), the inodes it
+/// touches and those whose turn it claims, the files it marks open and the inodes it drops.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Outgoing<'a> {
+    pub(super) changes: &'a [Change],
+    pub(super) keys: &'a [Ino],
+    pub(super) claim: &'a [Ino],
+    pub(super) opened: &'a [Ino],
+    pub(super) dropped: &'a [Ino],
+}
+
 /// An append of changes the engine did not take, or whose answer was lost.
 pub(super) struct NotTaken {
     pub(super) error: Error,
@@ -139,7 +150,13 @@ impl crate::meta::Journal for EngineRecorder {
         s.still_whole()?;
         let (keys, claim) = touch::touched(changes, table);
         let (opened, dropped) = touch::opened_and_dropped(changes);
-        s.append_after_writes(changes, &keys, &claim, &opened, &dropped)
+        s.append_after_writes(Outgoing {
+            changes,
+            keys: &keys,
+            claim: &claim,
+            opened: &opened,
+            dropped: &dropped,
+        })
     }
 
     fn record_write(
@@ -163,30 +180,21 @@ impl crate::meta::Journal for EngineRecorder {
 }
 
 impl State {
-    /// Appends `changes` (in the table already), touching `keys`, claiming `claim`, marking
-    /// `opened` and `dropped`, checking the birth of each server a chunk copy of theirs is
+    /// Appends change `out`, checking the birth of each server a chunk copy of its changes is
     /// on; a copy on a server born again since is left out and the change appended again.
-    pub(super) fn append_changes(
-        &self,
-        changes: &[Change],
-        keys: &[Ino],
-        claim: &[Ino],
-        opened: &[Ino],
-        dropped: &[Ino],
-    ) -> Result<()> {
-        self.offer_changes(changes, keys, claim, opened, dropped)
-            .map_err(|n| n.error)
+    pub(super) fn append_changes(&self, out: Outgoing<'_>) -> Result<()> {
+        self.offer_changes(out).map_err(|n| n.error)
     }
 
     /// [`State::append_changes`], saying when the engine may have taken what it failed.
-    pub(super) fn offer_changes(
-        &self,
-        changes: &[Change],
-        keys: &[Ino],
-        claim: &[Ino],
-        opened: &[Ino],
-        dropped: &[Ino],
-    ) -> std::result::Result<(), NotTaken> {
+    pub(super) fn offer_changes(&self, out: Outgoing<'_>) -> std::result::Result<(), NotTaken> {
+        let Outgoing {
+            changes,
+            keys,
+            claim,
+            opened,
+            dropped,
+        } = out;
         let marks = Marks {
             opened,
             dropped,

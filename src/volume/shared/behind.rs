@@ -35,7 +35,7 @@
 //! - Checkpoints and a checkpoint's load append what is held back first (a table with
 //!   changes the log lacks is never written, nor thrown away).
 
-use super::append::NotTaken;
+use super::append::{NotTaken, Outgoing};
 use super::*;
 
 /// Writes' changes held back, in the order they were answered.
@@ -163,25 +163,22 @@ impl State {
         Ok(())
     }
 
-    /// Appends `changes` (touching `keys`, claiming `claim`, marking `opened` and `dropped`)
-    /// after every write held back: in one append when the engine takes both, else the
-    /// writes first on their own. The table's lock is held (a batch's commit).
-    pub(super) fn append_after_writes(
-        &self,
-        changes: &[Change],
-        keys: &[Ino],
-        claim: &[Ino],
-        opened: &[Ino],
-        dropped: &[Ino],
-    ) -> Result<()> {
+    /// Appends change `out` after every write held back: in one append when the engine takes
+    /// both, else the writes first on their own. The table's lock is held (a batch's commit).
+    pub(super) fn append_after_writes(&self, out: Outgoing<'_>) -> Result<()> {
         let mut b = self.behind.lock();
         if b.changes.is_empty() {
             drop(b);
-            return self.append_changes(changes, keys, claim, opened, dropped);
+            return self.append_changes(out);
         }
-        let both = [&b.changes[..], changes].concat();
-        let both_keys = union(&b.files(), keys);
-        match self.offer_changes(&both, &both_keys, claim, opened, dropped) {
+        let both = [&b.changes[..], out.changes].concat();
+        let both_keys = union(&b.files(), out.keys);
+        let with_writes = Outgoing {
+            changes: &both,
+            keys: &both_keys,
+            ..out
+        };
+        match self.offer_changes(with_writes) {
             Ok(()) => {
                 b.all_appended();
                 return Ok(());
@@ -201,7 +198,7 @@ impl State {
         // the change, which decides again if it loses again.
         self.append_held(&mut b)?;
         drop(b);
-        self.append_changes(changes, keys, claim, opened, dropped)
+        self.append_changes(out)
     }
 
     /// Appends every write held back (see the module doc).
@@ -228,7 +225,13 @@ impl State {
         if b.changes.is_empty() {
             return Ok(());
         }
-        let error = match self.offer_changes(&b.changes, &b.files(), &[], &[], &[]) {
+        let files = b.files();
+        let writes = Outgoing {
+            changes: &b.changes,
+            keys: &files,
+            ..Outgoing::default()
+        };
+        let error = match self.offer_changes(writes) {
             Ok(()) => {
                 b.all_appended();
                 return Ok(());
@@ -255,7 +258,6 @@ impl State {
         }
         // They cannot be ordered any more. Their memory stays (the engine still names what
         // they let go of).
-        let files = b.files();
         *b = Behind::default();
         Err(self.stop_for_good(format!(
             "writes of inodes {files:?} answered here could not be appended before their turn \
