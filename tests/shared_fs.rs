@@ -36,6 +36,14 @@ fn client(rack: &Rack, engine: Arc<dyn MetaEngine>, who: &str) -> Client {
     Client { fs, shared }
 }
 
+/// Clients "a" and "b" of `engine`, over `rack`.
+fn two_clients(rack: &Rack, engine: &Arc<dyn MetaEngine>) -> (Client, Client) {
+    (
+        client(rack, engine.clone(), "a"),
+        client(rack, engine.clone(), "b"),
+    )
+}
+
 impl Client {
     /// A change, as the FUSE adapter makes it: at the door, in turn.
     fn change<R>(&self, f: impl FnOnce(&Fs) -> R) -> R {
@@ -101,8 +109,7 @@ impl Client {
 /// Two clients' changes on one history: each sees the other's before its own.
 fn two_writers(engine: Arc<dyn MetaEngine>) {
     let rack = Rack::new(2);
-    let a = client(&rack, engine.clone(), "a");
-    let b = client(&rack, engine, "b");
+    let (a, b) = two_clients(&rack, &engine);
     let free_at_start = rack.free();
     a.mkdir("d").unwrap();
     a.create("d/from-a", &bytes(1, 3 << 20)).unwrap();
@@ -283,8 +290,7 @@ fn checkpoints_bound_the_log_on_redis() {
 fn changes_decided_on_stale_tables_are_decided_again() {
     let rack = Rack::new(2);
     let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
-    let a = client(&rack, engine.clone(), "a");
-    let b = client(&rack, engine, "b");
+    let (a, b) = two_clients(&rack, &engine);
     for d in [
         "p", "p/a", "p/a/f", "p/a/f/e", "q", "q/b", "q/b/c", "q/b/c/d",
     ] {
@@ -479,8 +485,7 @@ fn a_refused_write_leaves_nothing_behind() {
     let rack = Rack::new(2);
     let mem = MemEngine::new();
     let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
-    let a = client(&rack, engine.clone(), "a");
-    let b = client(&rack, engine, "b");
+    let (a, b) = two_clients(&rack, &engine);
     a.shared.hold_writes(false);
     let free_at_start = rack.free();
     let (ino, fh) = a.create_open("f");
@@ -519,8 +524,7 @@ fn writes_held_back_reach_the_engine_before_what_follows_them() {
     let rack = Rack::new(2);
     let mem = MemEngine::new();
     let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
-    let a = client(&rack, engine.clone(), "a");
-    let b = client(&rack, engine.clone(), "b");
+    let (a, b) = two_clients(&rack, &engine);
     let (ino, fh) = a.create_open("f");
     let size_on_b = |b: &Client| {
         b.shared.poll_now().unwrap();
@@ -579,8 +583,7 @@ fn held_writes_whose_answer_was_lost_are_found_in_the_log() {
     let rack = Rack::new(2);
     let mem = MemEngine::new();
     let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
-    let a = client(&rack, engine.clone(), "a");
-    let b = client(&rack, engine.clone(), "b");
+    let (a, b) = two_clients(&rack, &engine);
     let (ino, fh) = a.create_open("f");
     let size = |c: &Client| c.fs.getattr(ino).unwrap().size;
     let mut whole = Vec::new();
@@ -640,8 +643,7 @@ fn held_writes_whose_answer_was_lost_are_found_in_the_log() {
 fn a_moved_chunk_is_freed_once_its_write_is_appended() {
     let rack = Rack::new(2);
     let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
-    let a = client(&rack, engine.clone(), "a");
-    let b = client(&rack, engine.clone(), "b");
+    let (a, b) = two_clients(&rack, &engine);
     let (ino, fh) = a.create_open("f");
     // Past the stock's lengths (granted ahead, which would move the free figures).
     const FIRST: usize = 80 << 10;
@@ -687,8 +689,7 @@ fn a_moved_chunk_is_freed_once_its_write_is_appended() {
 fn a_turn_goes_back_after_the_writes_held_in_it() {
     let rack = Rack::new(2);
     let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
-    let a = client(&rack, engine.clone(), "a");
-    let b = client(&rack, engine, "b");
+    let (a, b) = two_clients(&rack, &engine);
     let (ino, fh) = a.create_open("f");
     let first = bytes(5, 256 << 10);
     a.change(|fs| fs.write(ino, fh, 0, &first, common::ME))
@@ -718,8 +719,7 @@ fn a_lock_release_the_engine_missed_is_sent_again() {
     let rack = Rack::new(2);
     let mem = MemEngine::new();
     let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
-    let a = client(&rack, engine.clone(), "a");
-    let b = client(&rack, engine, "b");
+    let (a, b) = two_clients(&rack, &engine);
     a.create("f", b"locked").unwrap();
     b.shared.poll_now().unwrap();
     let file = resolve(&a.fs, "f").unwrap();
@@ -760,8 +760,7 @@ fn a_client_stops_when_the_engine_lost_changes_it_applied() {
     let rack = Rack::new(2);
     let mem = MemEngine::new();
     let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
-    let a = client(&rack, engine.clone(), "a");
-    let b = client(&rack, engine.clone(), "b");
+    let (a, b) = two_clients(&rack, &engine);
     a.create("kept", b"kept").unwrap();
     b.shared.poll_now().unwrap();
     a.create("lost-1", b"1").unwrap();
@@ -843,8 +842,7 @@ fn a_client_is_evicted_only_once_every_server_closed_it() {
 fn an_unlink_drops_the_file_in_its_own_append() {
     let rack = Rack::new(2);
     let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
-    let a = client(&rack, engine.clone(), "a");
-    let b = client(&rack, engine.clone(), "b");
+    let (a, b) = two_clients(&rack, &engine);
     let free_at_start = rack.free();
     a.create("f", &bytes(1, 256 << 10)).unwrap();
     let ino = resolve(&a.fs, "f").unwrap(); // a second kernel reference
@@ -973,8 +971,7 @@ fn copies_lost_with_a_server_are_made_again() {
     use rmemfs::upkeep::rebuild::{pass, Stop};
     let mut rack = Rack::new(3);
     let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
-    let a = client(&rack, engine.clone(), "a");
-    let b = client(&rack, engine, "b");
+    let (a, b) = two_clients(&rack, &engine);
     for i in 0..6 {
         a.create(&format!("f{i}"), &bytes(i, 1 << 20)).unwrap();
     }
@@ -1076,8 +1073,7 @@ fn a_server_back_empty_is_forgotten_and_rebuilt_onto() {
     use rmemfs::upkeep::rebuild::{pass, Stop};
     let mut rack = Rack::new(3);
     let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
-    let a = client(&rack, engine.clone(), "a");
-    let b = client(&rack, engine, "b");
+    let (a, b) = two_clients(&rack, &engine);
     for i in 0..6 {
         a.create(&format!("f{i}"), &bytes(i, 1 << 20)).unwrap();
     }
@@ -1178,8 +1174,7 @@ fn a_copy_of_an_earlier_birth_is_left_out_of_a_late_change() {
 fn a_client_behind_a_trim_with_nothing_after_it_loads_the_checkpoint() {
     let rack = Rack::new(2);
     let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
-    let a = client(&rack, engine.clone(), "a");
-    let b = client(&rack, engine, "b");
+    let (a, b) = two_clients(&rack, &engine);
     a.create("first", b"1").unwrap();
     b.shared.poll_now().unwrap();
     for i in 0..20 {

@@ -351,14 +351,8 @@ impl<'m> Batch<'m> {
     /// Drops `ino` from the table if nothing refers to it any more (no name, no open handle,
     /// no kernel reference); true if it went.
     pub fn drop_if_unused(&mut self, ino: Ino) -> bool {
-        match self.meta.reap(ino) {
-            Some(inode) => {
-                self.redo.push(Change::Drop { ino });
-                self.undo.push(Undo::Restore(ino, Box::new(inode)));
-                true
-            }
-            None => false,
-        }
+        let reaped = self.meta.reap(ino);
+        self.dropped(ino, reaped).is_some()
     }
 
     /// Drops `ino` if no name and no handle hold it and it is no directory, though the kernel
@@ -366,7 +360,14 @@ impl<'m> Batch<'m> {
     /// finds it gone). Its data, if it was a file that was dropped (`Some(None)`: dropped,
     /// no data).
     pub fn drop_unlinked(&mut self, ino: Ino) -> Option<Option<Arc<FileData>>> {
-        let inode = self.meta.reap_unlinked(ino)?;
+        let reaped = self.meta.reap_unlinked(ino);
+        self.dropped(ino, reaped)
+    }
+
+    /// `reaped` (inode `ino`, taken out of the table) is dropped, undone by putting it back:
+    /// its data, if it was a file.
+    fn dropped(&mut self, ino: Ino, reaped: Option<Inode>) -> Option<Option<Arc<FileData>>> {
+        let inode = reaped?;
         let file = inode.file().cloned();
         self.redo.push(Change::Drop { ino });
         self.undo.push(Undo::Restore(ino, Box::new(inode)));

@@ -419,19 +419,20 @@ impl Meta {
     /// Drops an inode from the table once nothing refers to it any more (no name, no open
     /// handle, no kernel reference). Returns it so the caller can release its data.
     fn reap(&mut self, ino: Ino) -> Option<Inode> {
-        match self.inodes.get(&ino) {
-            Some(i) if i.is_orphan() && i.lookups == 0 && ino != ROOT_INO => {
-                self.inodes.remove(&ino).map(|i| *i)
-            }
-            _ => None,
-        }
+        self.reap_if(ino, |i| i.lookups == 0)
     }
 
     /// Takes `ino` out of the table if no name and no handle hold it and it is no directory,
     /// whatever references the kernel holds (see [`Batch::drop_unlinked`]).
     fn reap_unlinked(&mut self, ino: Ino) -> Option<Inode> {
+        self.reap_if(ino, |i| i.kind != Kind::Dir)
+    }
+
+    /// Takes orphan `ino` (no name, no open handle; never the root) out of the table if
+    /// `also` holds for it.
+    fn reap_if(&mut self, ino: Ino, also: impl Fn(&Inode) -> bool) -> Option<Inode> {
         match self.inodes.get(&ino) {
-            Some(i) if i.is_orphan() && i.kind != Kind::Dir && ino != ROOT_INO => {
+            Some(i) if i.is_orphan() && also(i) && ino != ROOT_INO => {
                 self.inodes.remove(&ino).map(|i| *i)
             }
             _ => None,

@@ -104,6 +104,26 @@ impl Behind {
         self.appended(self.changes.len())
     }
 
+    /// What an append carrying every change held back first came to: taken, they are
+    /// appended (`Ok(None)`); its answer lost, it is noted (the log tells later) and its
+    /// error returned; refused, the refusal (`Ok(Some)`).
+    fn outcome(&mut self, sent: std::result::Result<(), NotTaken>) -> Result<Option<Error>> {
+        match sent {
+            Ok(()) => {
+                self.all_appended();
+                Ok(None)
+            }
+            Err(NotTaken {
+                error,
+                unanswered: Some(record),
+            }) => {
+                self.note_unanswered(record);
+                Err(error)
+            }
+            Err(NotTaken { error, .. }) => Ok(Some(error)),
+        }
+    }
+
     /// An append of `record`, carrying every change held back first, lost its answer.
     fn note_unanswered(&mut self, record: Vec<u8>) {
         // Sent again as it was (the engine unreachable): once is enough.
@@ -178,21 +198,11 @@ impl State {
             keys: &both_keys,
             ..out
         };
-        match self.offer_changes(with_writes) {
-            Ok(()) => {
-                b.all_appended();
-                return Ok(());
-            }
-            // The change fails (undone here), and the writes stay until the log tells
-            // whether the engine took them.
-            Err(NotTaken {
-                error,
-                unanswered: Some(record),
-            }) => {
-                b.note_unanswered(record);
-                return Err(error);
-            }
-            Err(_) => {}
+        // Answer lost: the change fails (undone here), and the writes stay until the log
+        // tells whether the engine took them.
+        let sent = self.offer_changes(with_writes);
+        if b.outcome(sent)?.is_none() {
+            return Ok(());
         }
         // Refused (most often the change lost to another client's): the writes alone, then
         // the change, which decides again if it loses again.
@@ -231,20 +241,10 @@ impl State {
             keys: &files,
             ..Outgoing::default()
         };
-        let error = match self.offer_changes(writes) {
-            Ok(()) => {
-                b.all_appended();
-                return Ok(());
-            }
-            // Kept, and tried again; the log tells whether the engine took this one.
-            Err(NotTaken {
-                error,
-                unanswered: Some(record),
-            }) => {
-                b.note_unanswered(record);
-                return Err(error);
-            }
-            Err(NotTaken { error, .. }) => error,
+        // Answer lost: kept, and tried again; the log tells whether the engine took this one.
+        let sent = self.offer_changes(writes);
+        let Some(error) = b.outcome(sent)? else {
+            return Ok(());
         };
         if error.conflict.is_none() {
             // The engine unreachable: kept, and tried again.

@@ -63,7 +63,9 @@ impl State {
         // log's head that did not find them shows the engine never took them.
         let unanswered = self.behind.lock().last_unanswered();
         let at_head = |n| {
-            self.behind.lock().forget_unanswered_through(unanswered);
+            if unanswered > 0 {
+                self.behind.lock().forget_unanswered_through(unanswered);
+            }
             Ok(n)
         };
         loop {
