@@ -875,6 +875,45 @@ fn an_unlink_drops_the_file_in_its_own_append() {
     assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
 }
 
+/// A client changing a directory no other client works in claims its turn with the change
+/// (no round trip of its own): while it holds it, a lookup there that finds nothing needs no
+/// catch-up, since no other client can add a name. Another client's change there waits for
+/// the turn to pass over, and then each sees the other's names at once.
+#[test]
+fn a_quiet_directory_is_claimed_by_a_change_in_it() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    let b = client(&rack, Arc::new(engine.clone()), "b");
+    // The turn lingers for a while after each change (tens of ms): of these rounds, each a
+    // create and then a lookup of a missing name, those whose lookup came while it lingered
+    // read nothing from the engine. Before, every such lookup read the log.
+    let mut without_a_read = 0;
+    for n in 0..20 {
+        a.create(&format!("f{n}"), b"").unwrap();
+        let reads = engine.reads();
+        assert_eq!(resolve(&a.fs, &format!("missing{n}")), Err(libc::ENOENT));
+        if engine.reads() == reads {
+            without_a_read += 1;
+        }
+    }
+    assert!(
+        without_a_read > 0,
+        "every lookup in the quiet directory read the log"
+    );
+    // B changes the directory: the turn passes (or had run out), and each client finds the
+    // other's new name without a poll.
+    a.create("by-a", b"").unwrap();
+    b.create("by-b", b"").unwrap();
+    assert!(resolve(&a.fs, "by-b").is_ok(), "A did not see B's new name");
+    assert!(resolve(&b.fs, "by-a").is_ok(), "B did not see A's new name");
+    a.create("by-a-again", b"").unwrap();
+    assert!(resolve(&b.fs, "by-a-again").is_ok());
+    a.shared.poll_now().unwrap();
+    b.shared.poll_now().unwrap();
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+}
+
 /// A file unlinked on one client while open on another stays readable and writable there
 /// until its last close on any client; then its memory goes back. So does the memory of one
 /// held open by a client that died (its drop falls to the client that evicts it).

@@ -41,6 +41,8 @@ struct State {
     /// Faults tests arm ([`MemEngine::fail_next`]): an operation's name and how many of its
     /// next calls fail.
     faults: HashMap<&'static str, u32>,
+    /// Reads of the log so far ([`MemEngine::reads`]).
+    reads: u64,
 }
 
 impl State {
@@ -114,6 +116,11 @@ impl MemEngine {
     /// `"append_answer"`: the next appends are taken, but fail as if their answer was lost.
     pub fn fail_next(&self, op: &'static str, times: u32) {
         self.state.0.lock().faults.insert(op, times);
+    }
+
+    /// How many times clients read the log (tests of what needs no catch-up).
+    pub fn reads(&self) -> u64 {
+        self.state.0.lock().reads
     }
 
     /// Takes `away` for [`ENGINE_AWAY`] (tests of an engine away, in less time).
@@ -239,6 +246,7 @@ impl MetaEngine for MemEngine {
     fn read_after(&self, after: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
         let mut s = self.state.0.lock();
         s.fault("read_after")?;
+        s.reads += 1;
         Ok(s.log
             .range(after + 1..)
             .take(max)

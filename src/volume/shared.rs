@@ -94,6 +94,15 @@ const TURN_LINGER: Duration = Duration::from_millis(50);
 /// recently waits this long at most.
 const TURN_MIN_HOLD: Duration = Duration::from_millis(10);
 
+/// How long after another client wanted a directory's turn (or changed the directory first)
+/// this client's changes there stop claiming it unasked: a directory one client works in
+/// alone is claimed by its next change, so that a lookup there finding nothing needs no
+/// round trip (about a third of a create's time in an existing directory here), while one
+/// that clients share passes between them only when a change needs it. Long beside a turn's
+/// pass (four round trips), so a shared directory is claimed again a few times a minute at
+/// most.
+const QUIET_DIR_AFTER: Duration = Duration::from_secs(5);
+
 /// How long a session lives without a heartbeat (one a second, [`session::HEARTBEAT_EVERY`]):
 /// past it, another client evicts it from the memory servers.
 pub const SESSION_TTL: Duration = Duration::from_secs(10);

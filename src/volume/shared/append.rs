@@ -148,7 +148,8 @@ impl crate::meta::Journal for EngineRecorder {
     fn record(&mut self, changes: &[Change], table: &TableView<'_>) -> Result<()> {
         let s = &self.0;
         s.still_whole()?;
-        let (keys, claim) = touch::touched(changes, table);
+        let (keys, mut claim) = touch::touched(changes, table);
+        s.claim_quiet_dirs(changes, &mut claim);
         let (opened, dropped) = touch::opened_and_dropped(changes);
         s.append_after_writes(Outgoing {
             changes,
@@ -242,7 +243,12 @@ impl State {
                     unanswered: Some(record),
                 })
             }
-            Err(e) => return Err(refused(e).into()),
+            Err(e) => {
+                if let EngineError::Conflict { key, .. } | EngineError::Busy { key, .. } = &e {
+                    self.contested(*key);
+                }
+                return Err(refused(e).into());
+            }
         };
         self.marked_by_append(opened);
         // A place the engine gave before: its log went back past this table.

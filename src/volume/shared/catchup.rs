@@ -336,6 +336,12 @@ impl State {
         // Behind's lock before the ahead's, as an append takes them.
         self.settle_unanswered(&mut self.behind.lock(), got);
         let records = foreign(&self.ahead.lock(), got)?;
+        // Directories other clients add names to or remove names from: not claimed unasked.
+        for (_, changes) in &records {
+            for dir in touch::dirs_named(changes) {
+                self.contested(dir);
+            }
+        }
         let last = got.last().map_or(after, |(lsn, _)| *lsn);
         if in_request {
             let told = fs.apply_followed_quietly(&records)?;

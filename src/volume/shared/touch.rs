@@ -125,6 +125,22 @@ pub(super) fn touched_reading(
     (keys, claim)
 }
 
+/// The directories whose names `changes` add or remove (sorted, once each): a client that
+/// changes a directory no other client is working in claims its turn with the change
+/// ([`super::State::claim_quiet_dirs`]).
+pub(super) fn dirs_named(changes: &[Change]) -> Vec<Ino> {
+    let mut dirs: Vec<Ino> = changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::Entry { dir, .. } | Change::EntryAt { dir, .. } => Some(*dir),
+            _ => None,
+        })
+        .collect();
+    dirs.sort_unstable();
+    dirs.dedup();
+    dirs
+}
+
 /// The files `changes` make (marked open by the appending client: a create opens what it
 /// makes; one made and not opened, `mknod`, has its mark taken off by the poller) and the
 /// inodes they drop (refused while another client has them open).

@@ -1,6 +1,7 @@
 //! The inode turns this client holds ([`crate::fs::Turns`]): taken for a change of a file's
 //! data (or after a namespace change lost on an inode), claimed for the inodes a change
-//! makes, renewed by every change that touches the inode, and kept while this client works
+//! makes and for the directories it names in that no other client worked in lately
+//! ([`QUIET_DIR_AFTER`]), renewed by every change that touches the inode, and kept while this client works
 //! on it, since its next change (the next write of a copy, the create's first write, the
 //! next create in a new directory) usually follows within a FUSE round trip. While this
 //! client holds a directory's turn, no other client adds a name to it, so a lookup that
@@ -47,6 +48,39 @@ impl Held {
 #[derive(Default)]
 pub(super) struct HeldTurns {
     map: HashMap<Ino, Held>,
+    /// Inodes another client wanted the turn of, or changed first, and when: their
+    /// directories are not claimed unasked for [`QUIET_DIR_AFTER`].
+    contested: HashMap<Ino, Instant>,
+}
+
+/// Contested inodes remembered before the old ones are forgotten.
+const CONTESTED_KEPT: usize = 4096;
+
+impl HeldTurns {
+    /// Another client works on `ino` too: it wanted its turn, changed it first, or held it.
+    fn contest(&mut self, ino: Ino) {
+        let now = Instant::now();
+        if self.contested.len() >= CONTESTED_KEPT {
+            self.contested
+                .retain(|_, at| now.duration_since(*at) < QUIET_DIR_AFTER);
+            // Still full (a burst of writes to many files): forgotten, at worst a shared
+            // directory is claimed once more.
+            if self.contested.len() >= CONTESTED_KEPT {
+                self.contested.clear();
+            }
+        }
+        self.contested.insert(ino, now);
+    }
+
+    /// Whether this client may claim directory `dir`'s turn unasked: not held, and not
+    /// contested lately.
+    fn quiet(&self, dir: Ino) -> bool {
+        !self.map.contains_key(&dir)
+            && self
+                .contested
+                .get(&dir)
+                .is_none_or(|at| at.elapsed() >= QUIET_DIR_AFTER)
+    }
 }
 
 /// A turn in use by one change: its user count goes down when dropped.
@@ -137,6 +171,8 @@ impl State {
                 .lock()
                 .seen(ino, self.applied.load(Ordering::SeqCst));
             if version > seen {
+                // Another client changed it since this one last did: it works there too.
+                self.turns.lock().contest(ino);
                 self.catch_up(fs, true)?;
             }
             return Ok(Box::new(guard));
@@ -157,22 +193,48 @@ impl State {
             }
         }
         for ino in claimed {
-            t.map.insert(
-                *ino,
-                Held {
+            // Taken meanwhile by another of this client's changes (a directory's, which the
+            // engine gave as this client's already): renewed, its users kept.
+            t.map
+                .entry(*ino)
+                .and_modify(|h| h.until = h.until.max(until))
+                .or_insert(Held {
                     until,
                     users: 0,
                     idle_since: sent,
                     taken: sent,
                     wanted: false,
                     giving: false,
-                },
-            );
+                });
         }
         for ino in wanted {
             if let Some(h) = t.map.get_mut(ino) {
                 h.wanted = true;
             }
+        }
+    }
+
+    /// A change of this client's lost on `ino` to another client's (its turn held there,
+    /// or its version newer than this table's).
+    pub(super) fn contested(&self, ino: Ino) {
+        self.turns.lock().contest(ino);
+    }
+
+    /// Adds to `claim` the directories whose names `changes` add or remove that no other
+    /// client worked in lately ([`QUIET_DIR_AFTER`]): claimed with the change (which touches
+    /// them, so the engine refuses the claim of one another client holds), then held while
+    /// this client goes on changing them.
+    pub(super) fn claim_quiet_dirs(&self, changes: &[Change], claim: &mut Vec<Ino>) {
+        let dirs = touch::dirs_named(changes);
+        if dirs.is_empty() {
+            return;
+        }
+        let t = self.turns.lock();
+        let before = claim.len();
+        claim.extend(dirs.into_iter().filter(|d| t.quiet(*d)));
+        if claim.len() > before {
+            claim.sort_unstable();
+            claim.dedup();
         }
     }
 
@@ -210,7 +272,9 @@ impl State {
         }
         let mut t = self.turns.lock();
         for ino in inos {
-            t.map.remove(ino);
+            if t.map.remove(ino).is_some_and(|h| h.wanted) {
+                t.contest(*ino);
+            }
         }
         drop(t);
         self.given.notify_all();
