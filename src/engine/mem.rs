@@ -76,9 +76,12 @@ impl State {
         match self.faults.get_mut(op) {
             Some(n) if *n > 0 => {
                 *n -= 1;
-                Err(EngineError::Unavailable(format!(
-                    "{op}: a fault armed by a test"
-                )))
+                let why = format!("{op}: a fault armed by a test");
+                // Taken, its answer lost; else never reached.
+                Err(match op {
+                    "append_answer" => EngineError::Unavailable(why),
+                    _ => EngineError::Unreached(why),
+                })
             }
             _ => Ok(()),
         }

@@ -138,9 +138,14 @@ pub fn open(url: &str, volume: &str) -> Result<crate::sync::Arc<dyn MetaEngine>,
 /// Why an engine could not do what was asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EngineError {
-    /// The engine is unreachable or failed (its message).
+    /// The engine is unreachable or failed (its message) while it ran a request: a change
+    /// sent may have been taken.
     #[error("metadata engine: {0}")]
     Unavailable(String),
+    /// The engine could not be reached (its message): the request was not sent, nothing was
+    /// done.
+    #[error("metadata engine: {0}")]
+    Unreached(String),
     /// An append touching inode `key`, which change `lsn` changed after the version the
     /// appending client's table holds: decide the change again on a table caught up.
     #[error("metadata engine: inode {key} changed at change {lsn}, after this client's view")]

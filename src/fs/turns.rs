@@ -97,6 +97,9 @@ impl Fs {
             turns.prepare(self)?;
             let e = match op() {
                 Ok(v) => return Ok(v),
+                // A drop refused for a file open on another client: no catch-up changes
+                // that, the caller decides what goes instead ([`Fs::removing`]).
+                Err(e) if e.held_elsewhere.is_some() => return Err(e),
                 Err(e) => e,
             };
             match e.conflict {

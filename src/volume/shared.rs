@@ -103,6 +103,19 @@ const TURN_MIN_HOLD: Duration = Duration::from_millis(10);
 /// most.
 const QUIET_DIR_AFTER: Duration = Duration::from_secs(5);
 
+/// How long an append whose answer was lost (the engine went away as it ran: Redis killed
+/// or restarted, the connection cut) waits for the engine to come back and show, in its log,
+/// whether it took it: answered by what the log says, a create the engine took is not failed
+/// (then, tried again, refused as existing). As long as a session lives: past it, this client
+/// is evicted anyway. The table's lock is held meanwhile (the engine is away for every
+/// change alike).
+const LOST_ANSWER_WAIT: Duration = SESSION_TTL;
+
+/// The first pause between reads of the log while the engine is away, doubled up to
+/// [`LOST_ANSWER_MAX_PAUSE`] (a Redis restart takes a fraction of a second to seconds).
+const LOST_ANSWER_FIRST_PAUSE: Duration = Duration::from_millis(10);
+const LOST_ANSWER_MAX_PAUSE: Duration = Duration::from_secs(1);
+
 /// How long a session lives without a heartbeat (one a second, [`session::HEARTBEAT_EVERY`]):
 /// past it, another client evicts it from the memory servers.
 pub const SESSION_TTL: Duration = Duration::from_secs(10);
@@ -159,6 +172,9 @@ struct State {
     /// Whether writes may be held back ([`behind`]; tests turn it off to reach the
     /// immediate append's failures).
     hold_writes: AtomicBool,
+    /// How long an append whose answer was lost waits for the engine to tell whether it took
+    /// it (ms; [`LOST_ANSWER_WAIT`], tests shorten it).
+    lost_answer_wait_ms: AtomicU64,
     /// Writes answered and not appended yet ([`behind`]). Taken under the table's lock by
     /// an append (never the other way round).
     behind: Mutex<behind::Behind>,
@@ -320,6 +336,7 @@ pub fn join(
         lost: Mutex::new(None),
         behind: Mutex::new(Default::default()),
         hold_writes: AtomicBool::new(true),
+        lost_answer_wait_ms: AtomicU64::new(LOST_ANSWER_WAIT.as_millis() as u64),
         paused: AtomicBool::new(false),
     });
     let replayed = state
@@ -405,6 +422,15 @@ impl SharedClient {
     #[cfg(feature = "testing")]
     pub fn hold_writes(&self, on: bool) {
         self.state.hold_writes.store(on, Ordering::SeqCst);
+    }
+
+    /// How long an append whose answer was lost waits for the engine's log to say whether it
+    /// was taken ([`LOST_ANSWER_WAIT`]; zero: one read, tests of what follows when it cannot).
+    #[cfg(feature = "testing")]
+    pub fn lost_answer_wait(&self, wait: Duration) {
+        self.state
+            .lost_answer_wait_ms
+            .store(wait.as_millis() as u64, Ordering::SeqCst);
     }
 
     /// A checkpoint of this client's table now, whoever lags (tests; the poller writes them

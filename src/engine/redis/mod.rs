@@ -169,10 +169,10 @@ impl RedisEngine {
             let c = self
                 .client
                 .get_connection_with_timeout(REQUEST_TIMEOUT)
-                .map_err(|e| EngineError::Unavailable(format!("{}: {e}", self.url)))?;
+                .map_err(|e| EngineError::Unreached(format!("{}: {e}", self.url)))?;
             c.set_read_timeout(Some(REQUEST_TIMEOUT))
                 .and_then(|()| c.set_write_timeout(Some(REQUEST_TIMEOUT)))
-                .map_err(unavailable)?;
+                .map_err(|e| EngineError::Unreached(format!("{}: {e}", self.url)))?;
             *slot = Some(c);
         }
         let c = slot.as_mut().expect("connected above");

@@ -1,6 +1,7 @@
 //! Where a change meets the engine: a committed batch appended with what it touches
 //! ([`EngineRecorder`], the shared volume's [`crate::meta::Journal`]), a write's held back
-//! ([`super::behind`]), an engine's refusal turned into the file system's error.
+//! ([`super::behind`]), an engine's refusal turned into the file system's error, and an
+//! answer lost on the way read from the log ([`Appender::find_lost`]).
 
 use super::*;
 
@@ -26,6 +27,9 @@ pub(super) struct Appender<'a> {
     pub(super) answered: &'a Condvar,
     /// The last change the table holds with every change before it.
     pub(super) applied: &'a AtomicU64,
+    /// How long an append whose answer was lost waits for the engine to read its log again
+    /// ([`Appender::find_lost`]).
+    pub(super) lost_answer_wait: Duration,
 }
 
 impl Appender<'_> {
@@ -66,9 +70,23 @@ impl Appender<'_> {
             ..marks
         };
         let at = Instant::now();
-        let answer = self
+        let mut answer = self
             .engine
             .append(self.who, record, &touched, claim, marks, TURN_LEASE);
+        // Before it counts as answered, so that no catch-up meanwhile takes it for another
+        // client's.
+        if let Err(EngineError::Unavailable(why)) = &answer {
+            if let Some(lsn) = self.find_lost(record, applied) {
+                log::warn!(
+                    "shared volume: the engine took change {lsn} though its answer was lost \
+                     ({why})"
+                );
+                answer = Ok(crate::engine::Appended {
+                    lsn,
+                    wanted: Vec::new(),
+                });
+            }
+        }
         {
             let mut a = self.ahead.lock();
             a.answered += 1;
@@ -81,6 +99,46 @@ impl Appender<'_> {
             at,
             applied,
             answer,
+        }
+    }
+}
+
+impl Appender<'_> {
+    /// Where the engine put `record`, an append whose answer was lost (the engine went away
+    /// as it ran: Redis killed, the connection cut), if it did: the log past `after` (what the
+    /// table held when it was sent) is read for it, the engine waited for up to
+    /// `lost_answer_wait`. The same bytes from another client would be the same change
+    /// decided on the same view (a change's record names the inodes it makes, which the engine
+    /// gave this client alone, and the times it set).
+    fn find_lost(&self, record: &[u8], mut after: u64) -> Option<u64> {
+        let deadline = Instant::now() + self.lost_answer_wait;
+        let mut pause = LOST_ANSWER_FIRST_PAUSE;
+        loop {
+            match self.engine.read_after(after, READ_BATCH) {
+                Ok(got) => {
+                    let a = self.ahead.lock();
+                    if let Some((lsn, _)) = got
+                        .iter()
+                        .find(|(lsn, bytes)| bytes == record && !a.is_own(*lsn))
+                    {
+                        return Some(*lsn);
+                    }
+                    match got.last() {
+                        Some((lsn, _)) if got.len() == READ_BATCH => after = *lsn,
+                        _ => return None,
+                    }
+                }
+                Err(e) if Instant::now() + pause > deadline => {
+                    log::warn!(
+                        "shared volume: an append's answer was lost, and so is the log: {e}"
+                    );
+                    return None;
+                }
+                Err(_) => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(LOST_ANSWER_MAX_PAUSE);
+                }
+            }
         }
     }
 }
@@ -136,6 +194,9 @@ impl State {
             ahead: &self.ahead,
             answered: &self.answered,
             applied: &self.applied,
+            lost_answer_wait: Duration::from_millis(
+                self.lost_answer_wait_ms.load(Ordering::SeqCst),
+            ),
         }
     }
 }

@@ -29,8 +29,9 @@
 //!   free does. A write that drops a chunk or changes an encoded one is appended at once
 //!   (`Fs::commit_write_with` decides).
 //! - **An answer lost is not a write lost**: an append of them that the engine took as it
-//!   went away (Redis killed as it answered) is found in the log, by the next catch-up or
-//!   the next try's refusal, and counts as appended; the table applies only what else it
+//!   went away (Redis killed as it answered), and that the append's own look at the log did
+//!   not find (the engine away longer, [`super::append`]), is found in the log by the next
+//!   catch-up or the next try's refusal, and counts as appended; the table applies only what else it
 //!   carried (never the writes again, over writes made since).
 //! - Checkpoints and a checkpoint's load append what is held back first (a table with
 //!   changes the log lacks is never written, nor thrown away).

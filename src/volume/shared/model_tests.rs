@@ -54,6 +54,7 @@ impl Journal for Recorder {
             ahead: &s.ahead,
             answered: &s.answered,
             applied: &applied,
+            lost_answer_wait: Duration::ZERO,
         };
         let sent = appender.append(
             &record::encode(0, changes),
