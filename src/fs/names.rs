@@ -11,12 +11,15 @@ use crate::sync::Arc;
 impl Fs {
     /// Looks `name` up in `parent`; counts a kernel reference on success.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        // Asked before the table is read: held then, the table's view of the directory was
+        // the engine's when it was read.
+        let held = self.holds_turn(parent);
         match self.lookup_here(parent, name) {
             // On a shared volume a name another client made may not have reached this table
             // yet: it catches up once before saying there is none (a path another client just
             // made resolves at once), unless this client holds the directory's turn (no
             // other client can have added a name to it).
-            Err(e) if e.errno == libc::ENOENT && self.refresh_shared_unless_held(parent) => {
+            Err(e) if e.errno == libc::ENOENT && !held && self.refresh_shared() => {
                 self.lookup_here(parent, name)
             }
             r => r,

@@ -169,10 +169,10 @@ impl Fs {
         (meta.inos_left(), meta.next_ino())
     }
 
-    /// On a shared volume, brings the table up to date unless this client holds `ino`'s turn
-    /// (the table's view of it is the engine's); false (nothing done) elsewhere or then.
-    pub fn refresh_shared_unless_held(&self, ino: Ino) -> bool {
-        !self.turns.as_ref().is_some_and(|t| t.holds(ino)) && self.refresh_shared()
+    /// Whether this client holds `ino`'s turn on a shared volume (the table's view of it is
+    /// the engine's: no other client's change of it can land meanwhile).
+    pub fn holds_turn(&self, ino: Ino) -> bool {
+        self.turns.as_ref().is_some_and(|t| t.holds(ino))
     }
 
     /// On a shared volume, brings the table up to date; false (nothing done) elsewhere.

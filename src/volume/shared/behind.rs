@@ -112,6 +112,10 @@ impl Behind {
         match sent {
             Ok(()) => {
                 self.all_appended();
+                // An earlier append of them whose answer was lost is this one (the same
+                // record, found in the log by the append itself) or was never taken (this
+                // one would have been refused): either way nothing is left to find.
+                self.unanswered.clear();
                 Ok(None)
             }
             Err(NotTaken {

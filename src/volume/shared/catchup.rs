@@ -70,11 +70,14 @@ impl State {
         };
         loop {
             self.still_whole()?;
-            let sent = self.ahead.lock().sent;
             let after = self.applied.load(Ordering::SeqCst);
             let (got, head) = self.read_past_tip(after)?;
-            // Appends sent before the read are answered, so those of its changes that are
-            // this client's own are known as such (later ones come after what it read).
+            // Appends sent before the read ended are answered, so those of its changes that
+            // are this client's own are known as such (later ones come after what it read).
+            // Counted after the read: an append sent while it waited for the engine may be
+            // in it (and one whose answer was lost looks for itself in the log before it
+            // counts as answered).
+            let sent = self.ahead.lock().sent;
             {
                 let mut a = self.ahead.lock();
                 while a.answered < sent {

@@ -185,9 +185,11 @@ impl State {
         let until = sent + TURN_LEASE - TURN_MARGIN;
         let now = Instant::now();
         let mut t = self.turns.lock();
-        // Renewed, and in use: it lingers from now.
+        // Renewed, and in use: it lingers from now. Only a turn still this client's when the
+        // append was sent: the engine renews only its holder's (one run out meanwhile may be
+        // another client's now).
         for ino in touched {
-            if let Some(h) = t.map.get_mut(ino) {
+            if let Some(h) = t.map.get_mut(ino).filter(|h| h.until > sent) {
                 h.until = until;
                 h.idle_since = now;
             }
