@@ -60,6 +60,26 @@ def wait_new_daemon(mnt, old, seconds=60):
     fail(f"no new daemon within {seconds} s")
 
 
+def wait_stopped(pid, seconds=30):
+    """Returns once every thread of `pid` is stopped: kill(SIGSTOP) returns when the signal is
+    queued, and the process stops only once one of its threads takes it, so a request sent
+    just after kill() could still be served."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                continue
+        if states and all(s in ("T", "t") for s in states):
+            return
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGCONT)
+    fail(f"the server {pid} did not stop within {seconds} s of SIGSTOP")
+
+
 def stats(mnt):
     """The mount's report, read in this process (what `rmemfs stats --json` reads): a child
     process would flush, at its exit, the files it inherited, which waits on a frozen
@@ -163,6 +183,7 @@ def main():
     written += chunk
     os.fsync(w)
     os.kill(server, signal.SIGSTOP)
+    wait_stopped(server)
     os.fchmod(w, 0o640)
     outcome = []
 
