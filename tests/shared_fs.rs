@@ -961,6 +961,44 @@ fn a_quiet_directory_is_claimed_by_a_change_in_it() {
     assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
 }
 
+/// A claim's answer on its way back while another client asks for the directory: the
+/// engine holds the turn as A's, A does not know it yet. A gives it back when asked (before,
+/// the asker waited for the turn to run out), and the claim's answer, when it comes, finds
+/// the turn given back since it was sent and does not count it as held: A's lookups there
+/// catch up and find the names B made meanwhile (counted as held, A would answer ENOENT
+/// for them without reading the log until its lease ran out).
+#[test]
+fn a_claim_answered_after_its_turn_went_back_does_not_vouch_for_the_directory() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = Arc::new(client(&rack, Arc::new(engine.clone()), "a"));
+    let b = client(&rack, Arc::new(engine.clone()), "b");
+    a.mkdir("d").unwrap();
+    let d = resolve(&a.fs, "d").unwrap();
+    eventually("A's turn of its new directory went back", || {
+        engine.turn_holder(d).is_none()
+    });
+    engine.hold_claim_answers("a");
+    let creating = {
+        let a = a.clone();
+        std::thread::spawn(move || a.create("d/by-a", b""))
+    };
+    // A's create is in the engine, which gave d's turn to A with it; its answer waits.
+    engine.wait_for_held_claim();
+    assert_eq!(engine.turn_holder(d).as_deref(), Some("a"));
+    b.create("d/by-b", b"").unwrap();
+    engine.release_claim_answers();
+    creating.join().unwrap().unwrap();
+    assert!(
+        resolve(&a.fs, "d/by-b").is_ok(),
+        "A counted d's turn as held after giving it back, and missed B's name in it"
+    );
+    assert!(resolve(&b.fs, "d/by-a").is_ok());
+    a.shared.poll_now().unwrap();
+    b.shared.poll_now().unwrap();
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+}
+
 /// A file unlinked on one client while open on another stays readable and writable there
 /// until its last close on any client; then its memory goes back. So does the memory of one
 /// held open by a client that died (its drop falls to the client that evicts it).

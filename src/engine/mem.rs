@@ -43,6 +43,10 @@ struct State {
     faults: HashMap<&'static str, u32>,
     /// Reads of the log so far ([`MemEngine::reads`]).
     reads: u64,
+    /// The client whose appends that claim a turn wait, once taken, before they answer
+    /// ([`MemEngine::hold_claim_answers`]), and how many wait now.
+    claims_held_for: Option<String>,
+    claims_waiting: usize,
 }
 
 impl State {
@@ -124,6 +128,36 @@ impl MemEngine {
     /// How many times clients read the log (tests of what needs no catch-up).
     pub fn reads(&self) -> u64 {
         self.state.0.lock().reads
+    }
+
+    /// Appends of client `who` that claim a turn are taken, then wait to answer until
+    /// [`MemEngine::release_claim_answers`] (tests of what happens while a claim's answer is
+    /// on its way back).
+    pub fn hold_claim_answers(&self, who: &str) {
+        self.state.0.lock().claims_held_for = Some(who.to_string());
+    }
+
+    /// Waits until an append held by [`MemEngine::hold_claim_answers`] is waiting.
+    pub fn wait_for_held_claim(&self) {
+        let mut s = self.state.0.lock();
+        while s.claims_waiting == 0 {
+            s = self.state.1.wait(s);
+        }
+    }
+
+    /// Lets the held appends answer.
+    pub fn release_claim_answers(&self) {
+        self.state.0.lock().claims_held_for = None;
+        self.state.1.notify_all();
+    }
+
+    /// The client holding inode `ino`'s turn now, if any.
+    pub fn turn_holder(&self, ino: u64) -> Option<String> {
+        let s = self.state.0.lock();
+        s.turns
+            .get(&ino)
+            .filter(|(_, until)| *until > Instant::now())
+            .map(|(h, _)| h.clone())
     }
 
     /// Takes `away` for [`ENGINE_AWAY`] (tests of an engine away, in less time).
@@ -240,6 +274,14 @@ impl MetaEngine for MemEngine {
         }
         for key in marks.opened {
             s.open.entry(*key).or_default().insert(who.to_string());
+        }
+        if !claim.is_empty() && s.claims_held_for.as_deref() == Some(who) {
+            s.claims_waiting += 1;
+            self.state.1.notify_all();
+            while s.claims_held_for.as_deref() == Some(who) {
+                s = self.state.1.wait(s);
+            }
+            s.claims_waiting -= 1;
         }
         // Taken, but the answer lost on the way (Redis killed as it answered).
         s.fault("append_answer")?;

@@ -51,10 +51,25 @@ pub(super) struct HeldTurns {
     /// Inodes another client wanted the turn of, or changed first, and when: their
     /// directories are not claimed unasked for [`QUIET_DIR_AFTER`].
     contested: HashMap<Ino, Instant>,
+    /// Turns this client is giving back or gave back lately: an engine's answer that the
+    /// turn is this client's (a take, a claim) vouches for nothing if a give-back of it
+    /// ended after the request was sent (the engine may have run the give-back last).
+    given: HashMap<Ino, GivenBack>,
 }
 
 /// Contested inodes remembered before the old ones are forgotten.
 const CONTESTED_KEPT: usize = 4096;
+
+/// Give-backs remembered before those older than a turn's lease are forgotten (a claim or a
+/// take sent before one of those would have run out by now anyway).
+const GIVEN_KEPT: usize = 4096;
+
+/// Give-backs of one inode's turn: how many are running, and when the last one ended.
+#[derive(Clone, Copy)]
+struct GivenBack {
+    running: usize,
+    ended: Instant,
+}
 
 impl HeldTurns {
     /// Another client works on `ino` too: it wanted its turn, changed it first, or held it.
@@ -70,6 +85,43 @@ impl HeldTurns {
             }
         }
         self.contested.insert(ino, now);
+    }
+
+    /// A give-back of these turns starts (see [`HeldTurns::given`]).
+    fn giving_back(&mut self, inos: &[Ino]) {
+        let now = Instant::now();
+        if self.given.len() >= GIVEN_KEPT {
+            self.given
+                .retain(|_, g| g.running > 0 || now.duration_since(g.ended) < TURN_LEASE);
+        }
+        for ino in inos {
+            self.given
+                .entry(*ino)
+                .or_insert(GivenBack {
+                    running: 0,
+                    ended: now,
+                })
+                .running += 1;
+        }
+    }
+
+    /// A give-back of these turns ended (the engine answered, or failed to).
+    fn given_back(&mut self, inos: &[Ino]) {
+        let now = Instant::now();
+        for ino in inos {
+            if let Some(g) = self.given.get_mut(ino) {
+                g.running = g.running.saturating_sub(1);
+                g.ended = now;
+            }
+        }
+    }
+
+    /// Whether the engine may have run a give-back of `ino`'s turn after a request of this
+    /// client's sent at `sent`: one is running, or one ended after it.
+    fn given_since(&self, ino: Ino, sent: Instant) -> bool {
+        self.given
+            .get(&ino)
+            .is_some_and(|g| g.running > 0 || g.ended >= sent)
     }
 
     /// Whether this client may claim directory `dir`'s turn unasked: not held, and not
@@ -148,6 +200,9 @@ impl State {
                 .map_err(engine_err)?;
             {
                 let mut t = self.turns.lock();
+                if !t.map.contains_key(&ino) && t.given_since(ino, sent) {
+                    continue; // given back as the engine answered: what it said may be undone
+                }
                 let h = t.map.entry(ino).or_insert(Held {
                     until: sent,
                     users: 0,
@@ -195,19 +250,29 @@ impl State {
             }
         }
         for ino in claimed {
-            // Taken meanwhile by another of this client's changes (a directory's, which the
-            // engine gave as this client's already): renewed, its users kept.
-            t.map
-                .entry(*ino)
-                .and_modify(|h| h.until = h.until.max(until))
-                .or_insert(Held {
-                    until,
-                    users: 0,
-                    idle_since: sent,
-                    taken: sent,
-                    wanted: false,
-                    giving: false,
-                });
+            let given = t.given_since(*ino, sent);
+            match t.map.get_mut(ino) {
+                // Taken meanwhile by another of this client's changes (a directory's, which
+                // the engine gave as this client's already): renewed, its users kept.
+                Some(h) => h.until = h.until.max(until),
+                // Given back (by this client's own take and give-back of it, or because
+                // another client asked for it) after the append was sent: the engine may
+                // hold it for no one now, so it is not recorded as held.
+                None if given => {}
+                None => {
+                    t.map.insert(
+                        *ino,
+                        Held {
+                            until,
+                            users: 0,
+                            idle_since: sent,
+                            taken: sent,
+                            wanted: false,
+                            giving: false,
+                        },
+                    );
+                }
+            }
         }
         for ino in wanted {
             if let Some(h) = t.map.get_mut(ino) {
@@ -269,10 +334,12 @@ impl State {
             self.given.notify_all();
             return;
         }
+        self.turns.lock().giving_back(inos);
         if let Err(e) = self.engine.give_turns(&self.who, inos) {
             log::warn!("giving turns back: {e} (they run out by themselves)");
         }
         let mut t = self.turns.lock();
+        t.given_back(inos);
         for ino in inos {
             if t.map.remove(ino).is_some_and(|h| h.wanted) {
                 t.contest(*ino);
@@ -280,6 +347,31 @@ impl State {
         }
         drop(t);
         self.given.notify_all();
+    }
+
+    /// Gives back turns another client asked for that this client does not record as held:
+    /// the engine gave them with an append or a take whose answer is not recorded yet (or
+    /// never will be: it was given back meanwhile). The engine gives back only its holder's,
+    /// so one another client holds by now stays its; the answer, when recorded, finds the
+    /// give-back and does not vouch for the turn. Before, the asker waited for the turn to
+    /// run out (its lease).
+    fn give_back_unrecorded(&self, inos: &[Ino]) {
+        let mut t = self.turns.lock();
+        let inos: Vec<Ino> = inos
+            .iter()
+            .copied()
+            .filter(|i| !t.map.contains_key(i))
+            .collect();
+        t.giving_back(&inos);
+        drop(t);
+        if let Err(e) = self.engine.give_turns(&self.who, &inos) {
+            log::warn!("giving asked turns back: {e} (they run out by themselves)");
+        }
+        let mut t = self.turns.lock();
+        t.given_back(&inos);
+        for ino in &inos {
+            t.contest(*ino);
+        }
     }
 
     /// Gives every turn back (leaving the volume).
@@ -317,11 +409,13 @@ pub(super) fn linger_loop(s: &State) {
             }
         };
         let now = Instant::now();
+        let mut unrecorded = Vec::new();
         let give: Vec<Ino> = {
             let mut t = s.turns.lock();
             for ino in asked {
-                if let Some(h) = t.map.get_mut(&ino) {
-                    h.wanted = true;
+                match t.map.get_mut(&ino) {
+                    Some(h) => h.wanted = true,
+                    None => unrecorded.push(ino),
                 }
             }
             t.map
@@ -341,6 +435,9 @@ pub(super) fn linger_loop(s: &State) {
         };
         if !give.is_empty() {
             s.give_back(&give);
+        }
+        if !unrecorded.is_empty() {
+            s.give_back_unrecorded(&unrecorded);
         }
         s.send_behind_if_old();
     }
