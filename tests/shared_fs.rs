@@ -525,6 +525,9 @@ fn writes_held_back_reach_the_engine_before_what_follows_them() {
     let mem = MemEngine::new();
     let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
     let (a, b) = two_clients(&rack, &engine);
+    // Held writes are sent by this test's own requests only (a stall of the test past the
+    // 50 ms linger let the lingering thread send them, or use up the armed fault, first).
+    a.shared.pause_linger(true);
     let (ino, fh) = a.create_open("f");
     let size_on_b = |b: &Client| {
         b.shared.poll_now().unwrap();
@@ -587,6 +590,9 @@ fn held_writes_whose_answer_was_lost_are_found_in_the_log() {
     // The append's own look at the log (`a_change_whose_answer_was_lost_is_answered_by_the_log`)
     // fails here, once: what follows when the engine is away past it.
     a.shared.lost_answer_wait(Duration::ZERO);
+    // Held writes are sent by this test's requests only, not by the lingering thread (which
+    // could use up the armed faults first if the test stalled).
+    a.shared.pause_linger(true);
     let (ino, fh) = a.create_open("f");
     let size = |c: &Client| c.fs.getattr(ino).unwrap().size;
     let mut whole = Vec::new();

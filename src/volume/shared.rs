@@ -172,6 +172,9 @@ struct State {
     /// Whether writes may be held back ([`behind`]; tests turn it off to reach the
     /// immediate append's failures).
     hold_writes: AtomicBool,
+    /// The lingering thread hears which turns are wanted but gives none back and sends no
+    /// held writes ([`SharedClient::pause_linger`]: tests of what a request sends itself).
+    linger_paused: AtomicBool,
     /// How long an append whose answer was lost waits for the engine to tell whether it took
     /// it (ms; [`LOST_ANSWER_WAIT`], tests shorten it).
     lost_answer_wait_ms: AtomicU64,
@@ -336,6 +339,7 @@ pub fn join(
         lost: Mutex::new(None),
         behind: Mutex::new(Default::default()),
         hold_writes: AtomicBool::new(true),
+        linger_paused: AtomicBool::new(false),
         lost_answer_wait_ms: AtomicU64::new(LOST_ANSWER_WAIT.as_millis() as u64),
         paused: AtomicBool::new(false),
     });
@@ -422,6 +426,14 @@ impl SharedClient {
     #[cfg(feature = "testing")]
     pub fn hold_writes(&self, on: bool) {
         self.state.hold_writes.store(on, Ordering::SeqCst);
+    }
+
+    /// Stops (or resumes) the lingering thread's give-backs and sends of held writes: what a
+    /// test holds back stays held until a request of its own sends it, however slow the
+    /// test runs.
+    #[cfg(feature = "testing")]
+    pub fn pause_linger(&self, paused: bool) {
+        self.state.linger_paused.store(paused, Ordering::SeqCst);
     }
 
     /// How long an append whose answer was lost waits for the engine's log to say whether it

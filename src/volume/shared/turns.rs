@@ -408,6 +408,15 @@ pub(super) fn linger_loop(s: &State) {
                 Vec::new()
             }
         };
+        if s.linger_paused.load(Ordering::SeqCst) {
+            let mut t = s.turns.lock();
+            for ino in asked {
+                if let Some(h) = t.map.get_mut(&ino) {
+                    h.wanted = true;
+                }
+            }
+            continue;
+        }
         let now = Instant::now();
         let mut unrecorded = Vec::new();
         let give: Vec<Ino> = {
