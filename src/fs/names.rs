@@ -322,24 +322,26 @@ impl Fs {
         flags: u32,
         caller: Caller,
     ) -> Result<()> {
-        self.removing(|drop_now| {
-            self.rename_once(parent, name, newparent, newname, flags, caller, drop_now)
-        })
+        let asked = RenameAsked {
+            parent,
+            name,
+            newparent,
+            newname,
+            flags,
+        };
+        self.removing(|drop_now| self.rename_once(asked, caller, drop_now))
     }
 
     /// With `drop_now`, a file whose last name the rename replaces goes with it if no handle
     /// here holds it (see [`Fs::removing`]).
-    #[allow(clippy::too_many_arguments)]
-    fn rename_once(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        newparent: Ino,
-        newname: &[u8],
-        flags: u32,
-        caller: Caller,
-        drop_now: bool,
-    ) -> Result<()> {
+    fn rename_once(&self, asked: RenameAsked<'_>, caller: Caller, drop_now: bool) -> Result<()> {
+        let RenameAsked {
+            parent,
+            name,
+            newparent,
+            newname,
+            flags,
+        } = asked;
         self.writable()?;
         check_name(name)?;
         check_name(newname)?;
@@ -442,4 +444,14 @@ impl Fs {
         }
         b.commit()
     }
+}
+
+/// What a `rename(2)` asks: `parent/name` to `newparent/newname`, with `RENAME_*` flags.
+#[derive(Clone, Copy)]
+struct RenameAsked<'a> {
+    parent: Ino,
+    name: &'a [u8],
+    newparent: Ino,
+    newname: &'a [u8],
+    flags: u32,
 }
