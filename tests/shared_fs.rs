@@ -1100,7 +1100,8 @@ fn copies_lost_with_a_server_are_made_again() {
     use rmemfs::fabric::ServerId;
     use rmemfs::upkeep::rebuild::{pass, Stop};
     let mut rack = Rack::new(3);
-    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let mem = MemEngine::new();
+    let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
     let (a, b) = two_clients(&rack, &engine);
     for i in 0..6 {
         a.create(&format!("f{i}"), &bytes(i, 1 << 20)).unwrap();
@@ -1117,6 +1118,18 @@ fn copies_lost_with_a_server_are_made_again() {
     assert!(a.fs.may_rebuild());
     let none = pass(&b.fs, 0, &Stop::default(), &Default::default());
     assert_eq!(none.chunks_rebuilt, 0, "{none:?}");
+    // B's refusal asked A for the role; A heard it (two rounds of its lingering thread ended
+    // since) and keeps it: the role is no inode's turn, given back when asked.
+    let rounds = a.shared.linger_rounds();
+    eventually("A's lingering thread ran twice", || {
+        a.shared.linger_rounds() >= rounds + 2
+    });
+    assert_eq!(
+        mem.turn_holder(u64::MAX).as_deref(),
+        Some("a"),
+        "A gave the rebuilder's role away when B asked"
+    );
+    assert!(!b.fs.may_rebuild(), "B took the role A holds");
     let out = pass(&a.fs, 0, &Stop::default(), &Default::default());
     assert_eq!(out.chunks_rebuilt, short, "{out:?}");
     assert_eq!(a.fs.replica_health().degraded, 0);
@@ -1202,7 +1215,8 @@ fn a_server_back_empty_is_forgotten_and_rebuilt_onto() {
     use rmemfs::fabric::ServerId;
     use rmemfs::upkeep::rebuild::{pass, Stop};
     let mut rack = Rack::new(3);
-    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let mem = MemEngine::new();
+    let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
     let (a, b) = two_clients(&rack, &engine);
     for i in 0..6 {
         a.create(&format!("f{i}"), &bytes(i, 1 << 20)).unwrap();

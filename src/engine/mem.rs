@@ -139,9 +139,12 @@ impl MemEngine {
 
     /// Waits until an append held by [`MemEngine::hold_claim_answers`] is waiting.
     pub fn wait_for_held_claim(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
         let mut s = self.state.0.lock();
         while s.claims_waiting == 0 {
-            s = self.state.1.wait(s);
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "no append claiming a turn came in 30 s");
+            s = self.state.1.wait_timeout(s, left).0;
         }
     }
 

@@ -175,6 +175,9 @@ struct State {
     /// The lingering thread hears which turns are wanted but gives none back and sends no
     /// held writes ([`SharedClient::pause_linger`]: tests of what a request sends itself).
     linger_paused: AtomicBool,
+    /// Rounds the lingering thread has ended, what it heard handled
+    /// ([`SharedClient::linger_rounds`]).
+    linger_rounds: AtomicU64,
     /// How long an append whose answer was lost waits for the engine to tell whether it took
     /// it (ms; [`LOST_ANSWER_WAIT`], tests shorten it).
     lost_answer_wait_ms: AtomicU64,
@@ -340,6 +343,7 @@ pub fn join(
         behind: Mutex::new(Default::default()),
         hold_writes: AtomicBool::new(true),
         linger_paused: AtomicBool::new(false),
+        linger_rounds: AtomicU64::new(0),
         lost_answer_wait_ms: AtomicU64::new(LOST_ANSWER_WAIT.as_millis() as u64),
         paused: AtomicBool::new(false),
     });
@@ -434,6 +438,13 @@ impl SharedClient {
     #[cfg(feature = "testing")]
     pub fn pause_linger(&self, paused: bool) {
         self.state.linger_paused.store(paused, Ordering::SeqCst);
+    }
+
+    /// Rounds the lingering thread has ended (a round ends after handling what it heard: two
+    /// rounds ended after a turn was asked for have handled the ask).
+    #[cfg(feature = "testing")]
+    pub fn linger_rounds(&self) -> u64 {
+        self.state.linger_rounds.load(Ordering::SeqCst)
     }
 
     /// How long an append whose answer was lost waits for the engine's log to say whether it

@@ -45,8 +45,10 @@ const SERVERS_FORMAT_LINE: &str = "(shared format 4: mount with an rmemfs that s
 const SERVERS_FORMAT_PREFIX: &str = "(shared format";
 
 /// How long a request to Redis may take before the engine counts as unavailable: a live
-/// Redis answers in well under a millisecond here; this covers a loaded one.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Redis answers in well under a millisecond here; this covers a loaded one. (A request
+/// whose answer timed out may still run until about then: see the shared client's
+/// give-backs.)
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One volume's keys on one Redis server.
 pub struct RedisEngine {

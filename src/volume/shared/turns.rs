@@ -55,6 +55,9 @@ pub(super) struct HeldTurns {
     /// turn is this client's (a take, a claim) vouches for nothing if a give-back of it
     /// ended after the request was sent (the engine may have run the give-back last).
     given: HashMap<Ino, GivenBack>,
+    /// `given`'s size at which it is pruned next (doubled past what a pruning leaves, so
+    /// a burst of give-backs does not scan it at every one).
+    given_prune_at: usize,
 }
 
 /// Contested inodes remembered before the old ones are forgotten.
@@ -63,6 +66,11 @@ const CONTESTED_KEPT: usize = 4096;
 /// Give-backs remembered before those older than a turn's lease are forgotten (a claim or a
 /// take sent before one of those would have run out by now anyway).
 const GIVEN_KEPT: usize = 4096;
+
+/// How long a give-back whose request failed may still run at the engine (a request sent,
+/// its answer timed out: the engine may run it until about its timeout): answers about
+/// that turn are not trusted until then.
+const GIVE_BACK_UNSURE: Duration = crate::engine::redis::REQUEST_TIMEOUT;
 
 /// Give-backs of one inode's turn: how many are running, and when the last one ended.
 #[derive(Clone, Copy)]
@@ -90,9 +98,12 @@ impl HeldTurns {
     /// A give-back of these turns starts (see [`HeldTurns::given`]).
     fn giving_back(&mut self, inos: &[Ino]) {
         let now = Instant::now();
-        if self.given.len() >= GIVEN_KEPT {
-            self.given
-                .retain(|_, g| g.running > 0 || now.duration_since(g.ended) < TURN_LEASE);
+        if self.given.len() >= self.given_prune_at.max(GIVEN_KEPT) {
+            // (An `ended` still to come, after a failed give-back, counts as recent.)
+            self.given.retain(|_, g| {
+                g.running > 0 || now.saturating_duration_since(g.ended) < TURN_LEASE
+            });
+            self.given_prune_at = self.given.len() * 2;
         }
         for ino in inos {
             self.given
@@ -105,9 +116,14 @@ impl HeldTurns {
         }
     }
 
-    /// A give-back of these turns ended (the engine answered, or failed to).
-    fn given_back(&mut self, inos: &[Ino]) {
-        let now = Instant::now();
+    /// A give-back of these turns ended: the engine answered, or (`answered` false) failed
+    /// to, and may still run it for [`GIVE_BACK_UNSURE`].
+    fn given_back(&mut self, inos: &[Ino], answered: bool) {
+        let now = if answered {
+            Instant::now()
+        } else {
+            Instant::now() + GIVE_BACK_UNSURE
+        };
         for ino in inos {
             if let Some(g) = self.given.get_mut(ino) {
                 g.running = g.running.saturating_sub(1);
@@ -201,7 +217,10 @@ impl State {
             {
                 let mut t = self.turns.lock();
                 if !t.map.contains_key(&ino) && t.given_since(ino, sent) {
-                    continue; // given back as the engine answered: what it said may be undone
+                    // Given back as the engine answered: what it said may be undone. Asked
+                    // again once that give-back ends.
+                    drop(self.given.wait_timeout(t, TURN_LINGER));
+                    continue;
                 }
                 let h = t.map.entry(ino).or_insert(Held {
                     until: sent,
@@ -335,11 +354,12 @@ impl State {
             return;
         }
         self.turns.lock().giving_back(inos);
-        if let Err(e) = self.engine.give_turns(&self.who, inos) {
+        let answered = self.engine.give_turns(&self.who, inos);
+        if let Err(e) = &answered {
             log::warn!("giving turns back: {e} (they run out by themselves)");
         }
         let mut t = self.turns.lock();
-        t.given_back(inos);
+        t.given_back(inos, answered.is_ok());
         for ino in inos {
             if t.map.remove(ino).is_some_and(|h| h.wanted) {
                 t.contest(*ino);
@@ -364,14 +384,17 @@ impl State {
             .collect();
         t.giving_back(&inos);
         drop(t);
-        if let Err(e) = self.engine.give_turns(&self.who, &inos) {
+        let answered = self.engine.give_turns(&self.who, &inos);
+        if let Err(e) = &answered {
             log::warn!("giving asked turns back: {e} (they run out by themselves)");
         }
         let mut t = self.turns.lock();
-        t.given_back(&inos);
+        t.given_back(&inos, answered.is_ok());
         for ino in &inos {
             t.contest(*ino);
         }
+        drop(t);
+        self.given.notify_all();
     }
 
     /// Gives every turn back (leaving the volume).
@@ -415,6 +438,7 @@ pub(super) fn linger_loop(s: &State) {
                     h.wanted = true;
                 }
             }
+            s.linger_rounds.fetch_add(1, Ordering::SeqCst);
             continue;
         }
         let now = Instant::now();
@@ -424,6 +448,10 @@ pub(super) fn linger_loop(s: &State) {
             for ino in asked {
                 match t.map.get_mut(&ino) {
                     Some(h) => h.wanted = true,
+                    // The rebuilder's role is no inode's turn: asked for by a member refused
+                    // it, it stays this member's until its lease runs out (given away here,
+                    // two members would rebuild at once, each at the set rate).
+                    None if ino == REBUILD_ROLE => {}
                     None => unrecorded.push(ino),
                 }
             }
@@ -449,6 +477,7 @@ pub(super) fn linger_loop(s: &State) {
             s.give_back_unrecorded(&unrecorded);
         }
         s.send_behind_if_old();
+        s.linger_rounds.fetch_add(1, Ordering::SeqCst);
     }
 }
 
