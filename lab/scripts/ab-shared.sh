@@ -16,25 +16,17 @@ cd "$(dirname "$0")/../.."
 # shellcheck source=lab/scripts/lib.sh
 . lab/scripts/lib.sh
 OLD=$1 NEW=$2 ROUNDS=${ROUNDS:-3} TAR_FILES=${TAR_FILES:-3000}
-ensure_packages python3:python3 tar:tar bc:bc redis-server:redis-server
-lib_init abshared
-start_redis --own-trap
-trap 'kill "$REDIS_PID" 2>/dev/null || true; cleanup' EXIT
-mkdir -p target/bench-shared
-tar=$(tree_tar "$(cd target/bench-shared && pwd)" "$TAR_FILES")
+shared_bench_init abshared
+tar=$TREE_TAR
 results=$BASE/results
 : >"$results"
 
 # one_side NAME BINARY ROUND: a fresh volume, its servers and mount, the figures.
 one_side() {
-  local name=$1 round=$3 addrs="" mnt=$BASE/m-$1-$3 t0 t1 scripts pids=()
+  local name=$1 round=$3 mnt=$BASE/m-$1-$3 t0 t1 scripts
   BIN=$2
-  for _ in 1 2; do
-    start_server 1G
-    addrs+=${addrs:+,}$SERVER_ADDR
-    pids+=("$SERVER_PID")
-  done
-  mount_fs "$mnt" "$addrs" --volume "ab$name$round" --create --meta "$REDIS_URL"
+  start_servers 2 1G
+  mount_fs "$mnt" "$SERVER_ADDRS" --volume "ab$name$round" --create --meta "$REDIS_URL"
   redis-cli -u "$REDIS_URL" config resetstat >/dev/null
   mkdir "$mnt/tree"
   t0=$(date +%s.%N)
@@ -86,7 +78,7 @@ PY
   echo "$name rm-rf-s $(echo "$t1 - $t0" | bc)" >>"$results"
   echo "$name rm-scripts-per-file $(echo "scale=2; ${scripts:-0} / $TAR_FILES" | bc)" >>"$results"
   unmount_fs "$mnt"
-  kill "${pids[@]}" 2>/dev/null || true
+  kill "${SERVER_PIDS[@]}" 2>/dev/null || true
 }
 
 for ((r = 1; r <= ROUNDS; r++)); do

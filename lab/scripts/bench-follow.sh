@@ -30,11 +30,8 @@ check_prereqs mount serve || exit 2
 lib_init benchfollow
 trap 'kill_readers; cleanup' EXIT
 
-addrs=""
-for _ in 1 2; do
-  start_server 1G
-  addrs+=${addrs:+,}$SERVER_ADDR
-done
+start_servers 2 1G
+addrs=$SERVER_ADDRS
 holder=$BASE/holder
 mount_fs "$holder" "$addrs" --volume bf --create
 mkdir -p "$holder/tree"

@@ -106,3 +106,27 @@ wait_rebuilt() {
   done
   printf '%s\n' "$st"
 }
+
+# start_servers N SIZE: N memory servers of SIZE each (start_server); their addresses,
+# comma-separated, in SERVER_ADDRS, their pids in SERVER_PIDS.
+start_servers() {
+  local i
+  SERVER_ADDRS="" SERVER_PIDS=()
+  for ((i = 0; i < $1; i++)); do
+    start_server "$2"
+    SERVER_ADDRS+=${SERVER_ADDRS:+,}$SERVER_ADDR
+    SERVER_PIDS+=("$SERVER_PID")
+  done
+}
+
+# shared_bench_init NAME: the start of a benchmark of shared volumes: its packages, lib_init
+# NAME, a Redis of its own (stopped on exit, with the cleanup), and TREE_TAR, the tar of the
+# TAR_FILES-file tree (made once, kept in target/bench-shared).
+shared_bench_init() {
+  ensure_packages python3:python3 tar:tar bc:bc redis-server:redis-server
+  lib_init "$1"
+  start_redis --own-trap
+  trap 'kill "$REDIS_PID" 2>/dev/null || true; cleanup' EXIT
+  mkdir -p target/bench-shared
+  TREE_TAR=$(tree_tar "$(cd target/bench-shared && pwd)" "$TAR_FILES")
+}

@@ -13,26 +13,18 @@ cd "$(dirname "$0")/../.."
 . lab/scripts/lib.sh
 BIN=$(realpath "${1:-target/release/rmemfs}")
 ROUNDS=${ROUNDS:-3} TAR_FILES=${TAR_FILES:-3000}
-ensure_packages python3:python3 tar:tar bc:bc redis-server:redis-server
-lib_init sharedcosts
-start_redis --own-trap
-trap 'kill "$REDIS_PID" 2>/dev/null || true; cleanup' EXIT
-mkdir -p target/bench-shared
-tar=$(tree_tar "$(cd target/bench-shared && pwd)" "$TAR_FILES")
+shared_bench_init sharedcosts
+tar=$TREE_TAR
 empty=$BASE/empty.tar
 mkdir "$BASE/emptied"
 tar xf "$tar" -C "$BASE/emptied"
 find "$BASE/emptied" -type f -exec truncate -s 0 {} +
 tar cf "$empty" -C "$BASE/emptied" .
 rm -rf "$BASE/emptied"
-addrs=""
-for _ in 1 2; do
-  start_server 1G
-  addrs+=${addrs:+,}$SERVER_ADDR
-done
+start_servers 2 1G
 mnt=$BASE/mnt
 mkdir -p "$mnt"
-mount_fs "$mnt" "$addrs" --volume costs --create --meta "$REDIS_URL"
+mount_fs "$mnt" "$SERVER_ADDRS" --volume costs --create --meta "$REDIS_URL"
 for ((r = 1; r <= ROUNDS; r++)); do
   for kind in full emptied; do
     from=$tar

@@ -10,6 +10,7 @@
 //! which gives turns back in batches, off the path of any request).
 
 use super::*;
+use crate::sync::MutexGuard;
 
 /// The turn whose holder is the volume's rebuilder: a key no inode has.
 const REBUILD_ROLE: Ino = u64::MAX;
@@ -353,13 +354,7 @@ impl State {
             self.given.notify_all();
             return;
         }
-        self.turns.lock().giving_back(inos);
-        let answered = self.engine.give_turns(&self.who, inos);
-        if let Err(e) = &answered {
-            log::warn!("giving turns back: {e} (they run out by themselves)");
-        }
-        let mut t = self.turns.lock();
-        t.given_back(inos, answered.is_ok());
+        let mut t = self.give_at_engine(self.turns.lock(), inos);
         for ino in inos {
             if t.map.remove(ino).is_some_and(|h| h.wanted) {
                 t.contest(*ino);
@@ -376,25 +371,37 @@ impl State {
     /// give-back and does not vouch for the turn. Before, the asker waited for the turn to
     /// run out (its lease).
     fn give_back_unrecorded(&self, inos: &[Ino]) {
-        let mut t = self.turns.lock();
+        let t = self.turns.lock();
         let inos: Vec<Ino> = inos
             .iter()
             .copied()
             .filter(|i| !t.map.contains_key(i))
             .collect();
-        t.giving_back(&inos);
-        drop(t);
-        let answered = self.engine.give_turns(&self.who, &inos);
-        if let Err(e) = &answered {
-            log::warn!("giving asked turns back: {e} (they run out by themselves)");
-        }
-        let mut t = self.turns.lock();
-        t.given_back(&inos, answered.is_ok());
+        let mut t = self.give_at_engine(t, &inos);
         for ino in &inos {
             t.contest(*ino);
         }
         drop(t);
         self.given.notify_all();
+    }
+
+    /// Gives the turns of `inos` back at the engine, the give-back recorded as running from
+    /// under `t` (so no take recorded after that lock vouches for them) until the engine's
+    /// answer; returns the turns' lock, taken again after it.
+    fn give_at_engine<'a>(
+        &'a self,
+        mut t: MutexGuard<'a, HeldTurns>,
+        inos: &[Ino],
+    ) -> MutexGuard<'a, HeldTurns> {
+        t.giving_back(inos);
+        drop(t);
+        let answered = self.engine.give_turns(&self.who, inos);
+        if let Err(e) = &answered {
+            log::warn!("giving turns back: {e} (they run out by themselves)");
+        }
+        let mut t = self.turns.lock();
+        t.given_back(inos, answered.is_ok());
+        t
     }
 
     /// Gives every turn back (leaving the volume).
@@ -431,17 +438,8 @@ pub(super) fn linger_loop(s: &State) {
                 Vec::new()
             }
         };
-        if s.linger_paused.load(Ordering::SeqCst) {
-            let mut t = s.turns.lock();
-            for ino in asked {
-                if let Some(h) = t.map.get_mut(&ino) {
-                    h.wanted = true;
-                }
-            }
-            s.linger_rounds.fetch_add(1, Ordering::SeqCst);
-            continue;
-        }
         let now = Instant::now();
+        let paused = s.linger_paused.load(Ordering::SeqCst);
         let mut unrecorded = Vec::new();
         let give: Vec<Ino> = {
             let mut t = s.turns.lock();
@@ -455,20 +453,25 @@ pub(super) fn linger_loop(s: &State) {
                     None => unrecorded.push(ino),
                 }
             }
-            t.map
-                .iter_mut()
-                .filter(|(_, h)| {
-                    h.users == 0
-                        && !h.giving
-                        && (h.wanted
-                            || h.until <= now + TURN_LINGER
-                            || now >= h.idle_since + TURN_LINGER)
-                })
-                .map(|(ino, h)| {
-                    h.giving = true;
-                    *ino
-                })
-                .collect()
+            if paused {
+                unrecorded.clear();
+                Vec::new()
+            } else {
+                t.map
+                    .iter_mut()
+                    .filter(|(_, h)| {
+                        h.users == 0
+                            && !h.giving
+                            && (h.wanted
+                                || h.until <= now + TURN_LINGER
+                                || now >= h.idle_since + TURN_LINGER)
+                    })
+                    .map(|(ino, h)| {
+                        h.giving = true;
+                        *ino
+                    })
+                    .collect()
+            }
         };
         if !give.is_empty() {
             s.give_back(&give);
@@ -476,7 +479,9 @@ pub(super) fn linger_loop(s: &State) {
         if !unrecorded.is_empty() {
             s.give_back_unrecorded(&unrecorded);
         }
-        s.send_behind_if_old();
+        if !paused {
+            s.send_behind_if_old();
+        }
         s.linger_rounds.fetch_add(1, Ordering::SeqCst);
     }
 }
