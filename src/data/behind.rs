@@ -18,6 +18,12 @@
 //! checkpoint, it has every write answered so far sent ([`DataStore::send_all_behind`]), as
 //! ext4's `data=ordered` writes a transaction's data blocks before its commit. Shared volumes
 //! never write behind: there other clients read the bytes as soon as the record is theirs.
+//!
+//! Whoever needs a write settled while holding a lock that a file's writer may wait for (the
+//! journal's committer: a writer on a full pool waits for the frees a commit releases) never
+//! waits for that file's lock, only for the write to settle (see
+//! [`WriteBehind::send_through`]): each write answered before it was sent is numbered, so
+//! the one to wait for is known.
 
 use super::*;
 use crate::config::{WRITE_BEHIND_SLOTS, WRITE_BEHIND_SLOT_BYTES};
@@ -42,6 +48,12 @@ pub(super) struct WriteBehind {
     queue: Mutex<VecDeque<Arc<FileData>>>,
     queued: Condvar,
     counts: Counts,
+    /// Told (under `files`) whenever a write settles or is dropped ([`WriteBehind::send_through`]).
+    settles: Condvar,
+    /// The last number given to a write answered before it was sent: a file's writes are
+    /// numbered in order, so one number says whether a given write has been sent
+    /// ([`WriteBehind::send_through`]).
+    numbered: AtomicU64,
 }
 
 struct Entry {
@@ -53,13 +65,13 @@ struct Entry {
     /// In the worker's queue (so each file is there once, and the queue is bounded by the
     /// files with an entry).
     queued: bool,
-    /// Its write was taken out to be sent and is not settled yet (under the file's lock).
-    sending: bool,
+    /// Its write taken out to be sent and not settled yet (under the file's lock): its number.
+    sending: Option<u64>,
 }
 
 impl Entry {
     fn idle(&self) -> bool {
-        self.waiting.is_none() && !self.sending && self.failed.is_none() && !self.queued
+        self.waiting.is_none() && self.sending.is_none() && self.failed.is_none() && !self.queued
     }
 }
 
@@ -97,6 +109,8 @@ struct Waiting {
     offset: u64,
     slot: usize,
     len: u64,
+    /// Its place in the order of writes answered before they were sent.
+    number: u64,
 }
 
 #[derive(Default)]
@@ -124,6 +138,21 @@ fn key(file: &FileData) -> usize {
     file as *const FileData as usize
 }
 
+/// How long [`WriteBehind::send_through`] waits for a write to settle before it tries the
+/// file's lock again: a backstop only (a settle wakes it at once), short beside a fabric
+/// round trip's tens of microseconds times the handful a send takes.
+const SETTLE_POLL: Duration = Duration::from_millis(2);
+
+/// Whether write `number` of `file` is settled, given the entries (see
+/// [`WriteBehind::settled`]).
+fn settled_in(files: &HashMap<usize, Entry>, file: &FileData, number: u64) -> bool {
+    let Some(e) = files.get(&key(file)) else {
+        return true;
+    };
+    let unsettled = |n: Option<u64>| n.is_some_and(|n| n <= number);
+    !unsettled(e.waiting.map(|w| w.number)) && !unsettled(e.sending)
+}
+
 impl WriteBehind {
     fn new() -> Result<WriteBehind> {
         Ok(WriteBehind {
@@ -134,6 +163,8 @@ impl WriteBehind {
             queue: Mutex::new(VecDeque::new()),
             queued: Condvar::new(),
             counts: Counts::default(),
+            settles: Condvar::new(),
+            numbered: AtomicU64::new(0),
         })
     }
 
@@ -143,6 +174,86 @@ impl WriteBehind {
 
     fn has_waiting(&self, file: &FileData) -> bool {
         self.waiting.load(Ordering::Acquire) > 0 && self.peek_waiting(file).is_some()
+    }
+
+    /// Whether write `number` of `file` is settled: sent (or its send failed, kept for the
+    /// file's next fsync, or dropped with the file's data).
+    fn settled(&self, file: &FileData, number: u64) -> bool {
+        settled_in(&self.files.lock(), file, number)
+    }
+
+    /// Write `number` of `file` is settled when this returns ([`DataStore::send_all_behind`]):
+    /// sent now through `flush` if the file's lock is free, else waited for. It never waits
+    /// for the file's lock (its holder may be a writer waiting for the caller's locks), and
+    /// need not: every thread that takes a file's lock for change sends or drops its waiting
+    /// write before it does anything else (`DataStore::lock`, the worker, `lock_discarding`),
+    /// so a write unsettled under a held lock is being settled by its holder, which tells
+    /// `settles`. The wait is bounded by [`SETTLE_POLL`] only to look at the lock again.
+    fn send_through(&self, file: &FileData, number: u64, flush: impl FnOnce(&mut ChunkMap)) {
+        loop {
+            if self.settled(file, number) {
+                return;
+            }
+            if let Some(mut chunks) = file.chunks.try_write() {
+                flush(&mut chunks);
+                return;
+            }
+            let files = self.files.lock();
+            if settled_in(&files, file, number) {
+                return;
+            }
+            drop(self.settles.wait_timeout(files, SETTLE_POLL));
+        }
+    }
+
+    /// `file`'s write of `len` bytes at `offset`, copied to `slot`, now waits to be sent (its
+    /// lock held for change by the caller, its earlier one sent): numbered, and queued for
+    /// the worker.
+    fn put_waiting(&self, file: &Arc<FileData>, offset: u64, slot: usize, len: u64) -> u64 {
+        let number = self.numbered.fetch_add(1, Ordering::AcqRel) + 1;
+        let w = Waiting {
+            offset,
+            slot,
+            len,
+            number,
+        };
+        let before = self
+            .files
+            .lock()
+            .entry(key(file))
+            .or_insert_with(|| Entry {
+                file: file.clone(),
+                waiting: None,
+                failed: None,
+                queued: false,
+                sending: None,
+            })
+            .waiting
+            .replace(w);
+        debug_assert!(before.is_none(), "the file's waiting write was sent first");
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        self.enqueue(file);
+        number
+    }
+
+    /// Every write answered before it was sent and not settled yet: its file and number.
+    fn answered(&self) -> Vec<(Arc<FileData>, u64)> {
+        self.files
+            .lock()
+            .values()
+            .filter_map(|e| Some((e.file.clone(), e.waiting.map(|w| w.number).or(e.sending)?)))
+            .collect()
+    }
+
+    /// Each of `answered` settled ([`Self::send_through`], sent through `flush`).
+    fn settle_all(
+        &self,
+        answered: &[(Arc<FileData>, u64)],
+        flush: impl Fn(&FileData, &mut ChunkMap),
+    ) {
+        for (file, number) in answered {
+            self.send_through(file, *number, |chunks| flush(file, chunks));
+        }
     }
 
     fn peek_waiting(&self, file: &FileData) -> Option<Waiting> {
@@ -157,7 +268,7 @@ impl WriteBehind {
             let mut files = self.files.lock();
             let e = files.get_mut(&key(file))?;
             let w = e.waiting.take()?;
-            e.sending = true;
+            e.sending = Some(w.number);
             w
         };
         self.waiting.fetch_sub(1, Ordering::AcqRel);
@@ -199,7 +310,7 @@ impl WriteBehind {
         {
             let mut files = self.files.lock();
             if let Some(e) = files.get_mut(&key(file)) {
-                e.sending = false;
+                e.sending = None;
                 if let Err(err) = res {
                     log::warn!(
                         "a write answered before it was sent failed ({} bytes at {}): {err}; \
@@ -214,6 +325,7 @@ impl WriteBehind {
                     files.remove(&key(file));
                 }
             }
+            self.settles.notify_all();
         }
         self.free.lock().push(w.slot);
     }
@@ -281,24 +393,8 @@ impl DataStore {
             return Err(e);
         }
         wb.arena.write_at(slot * WRITE_BEHIND_SLOT_BYTES, data);
-        let w = Waiting { offset, slot, len };
-        let before = wb
-            .files
-            .lock()
-            .entry(key(file))
-            .or_insert_with(|| Entry {
-                file: file.clone(),
-                waiting: None,
-                failed: None,
-                queued: false,
-                sending: false,
-            })
-            .waiting
-            .replace(w);
-        debug_assert!(before.is_none(), "the file's waiting write was sent first");
-        wb.waiting.fetch_add(1, Ordering::AcqRel);
+        wb.put_waiting(file, offset, slot, len);
         wb.counts.deferred.fetch_add(1, Ordering::Relaxed);
-        wb.enqueue(file);
         Ok(true)
     }
 
@@ -319,29 +415,22 @@ impl DataStore {
     /// Every write answered so far is on its chunks' copies: each one waiting is sent now,
     /// and each one on its way (sent under its file's lock) is waited for. A volume's
     /// journal calls it before it writes records or a checkpoint that may name the chunks
-    /// those writes fill. Files are locked one at a time, never two.
+    /// those writes fill.
     ///
-    /// Only files with a write waiting or on its way are locked: a file's lock is held by
-    /// an operation that may be waiting for this very commit (an allocation on a full pool
-    /// waits for the frees a commit releases), and such a file has neither (taking the lock
-    /// sent its waiting write, and the operation's own is set only after it allocated).
+    /// It never waits for a file's lock, only for a write to settle (`WriteBehind::
+    /// send_through`): the committer calls it, and a file's lock may be held by an operation
+    /// waiting for that very commit (an allocation on a full pool waits for the frees a
+    /// commit releases). Such an operation sent the file's waiting write when it took the
+    /// lock, but it may have taken the lock after this looked at the file: waiting for the
+    /// lock then would wait for ever.
     pub fn send_all_behind(&self) {
         let Some(wb) = &self.behind else { return };
-        let (mut waiting, mut on_the_way) = (Vec::new(), Vec::new());
-        for e in wb.files.lock().values() {
-            if e.waiting.is_some() {
-                waiting.push(e.file.clone());
-            } else if e.sending {
-                on_the_way.push(e.file.clone());
-            }
-        }
-        // The waiting ones in batches as the worker sends them; then each whose lock another
-        // thread held (its holder may be sending it) and each on its way, waited for.
-        let (_, busy) = self.send_batches(wb, waiting);
-        for file in busy.iter().chain(&on_the_way) {
-            let mut chunks = file.chunks.write();
-            self.flush_waiting(file, &mut chunks);
-        }
+        let answered = wb.answered();
+        // The waiting ones in batches as the worker sends them (each file's lock taken only
+        // if free); then each left, settled by whoever holds its lock or sent now.
+        let files = answered.iter().map(|(f, _)| f.clone()).collect();
+        self.send_batches(wb, files, false);
+        wb.settle_all(&answered, |file, chunks| self.flush_waiting(file, chunks));
         self.free_retired();
     }
 
@@ -375,6 +464,7 @@ impl DataStore {
         if e.idle() {
             files.remove(&key(file));
         }
+        wb.settles.notify_all();
         drop(files);
         if let Some(w) = dropped {
             wb.waiting.fetch_sub(1, Ordering::AcqRel);
@@ -411,7 +501,7 @@ impl DataStore {
             wb.unqueue(f);
         }
         batch.retain(|f| wb.has_waiting(f));
-        let (sent, busy) = self.send_batches(wb, batch);
+        let (sent, busy) = self.send_batches(wb, batch, true);
         // A file whose lock is held goes back in the queue (its holder may also have sent
         // its write).
         for file in busy {
@@ -422,20 +512,31 @@ impl DataStore {
 
     /// Sends the waiting writes of `files`, in batches of remote writes, one per set of
     /// servers they go to; returns how many it sent and the files whose lock another thread
-    /// held. The first file of a batch's lock is waited for, the others' only taken if free
-    /// (and kept if their writes go to the same servers): so this never waits on a lock
-    /// while it holds another.
+    /// held. The first file of a batch's lock is waited for if `wait_first`, the others'
+    /// only taken if free (and kept if their writes go to the same servers): so this never
+    /// waits on a lock while it holds another.
     fn send_batches(
         &self,
         wb: &WriteBehind,
         mut files: Vec<Arc<FileData>>,
+        wait_first: bool,
     ) -> (usize, Vec<Arc<FileData>>) {
         files.sort_by_key(|f| key(f));
         files.dedup_by_key(|f| key(f));
         let mut left: Vec<usize> = (0..files.len()).collect();
         let (mut sent, mut busy) = (0, Vec::new());
         while let Some((&first, others)) = left.split_first() {
-            let guard = files[first].chunks.write();
+            let guard = match wait_first {
+                true => files[first].chunks.write(),
+                false => match files[first].chunks.try_write() {
+                    Some(g) => g,
+                    None => {
+                        busy.push(files[first].clone());
+                        left = others.to_vec();
+                        continue;
+                    }
+                },
+            };
             let servers = self.waiting_servers(wb, &files[first], &guard);
             let mut group = vec![(&*files[first], guard)];
             let mut next = Vec::new();
@@ -517,5 +618,78 @@ impl DataStore {
             sending.settle(res);
         }
         n
+    }
+}
+
+/// Model-checked (shuttle): the journal's committer has every write answered so far settled
+/// ([`DataStore::send_all_behind`]) while a writer of one of those files, holding its lock,
+/// waits for that commit (an allocation on a full pool waits for the frees a commit
+/// releases), and the worker sends too. With the committer waiting for the file's lock
+/// instead (as it did), some interleaving deadlocks: the writer took the lock, sending the
+/// write, after the committer saw it unsent. (In the product the writer's wait is bounded,
+/// `FULL_POOL_FREES_WAIT`: that race stalled every commit half a second and answered the
+/// writer ENOSPC though the room it waited for was about to come back.)
+#[cfg(all(test, feature = "shuttle"))]
+mod model_tests {
+    use super::*;
+    use crate::sync::thread;
+
+    /// What [`DataStore::flush_waiting`] does to the state (the send itself left out).
+    fn flush(wb: &WriteBehind, file: &FileData) {
+        if let Some(sending) = wb.take_waiting(file) {
+            sending.settle(Ok(()));
+        }
+    }
+
+    /// A write answered before it was sent (the caller holds the file's lock).
+    fn write(wb: &WriteBehind, file: &Arc<FileData>) {
+        let slot = wb.free.lock().pop().expect("a free slot");
+        wb.put_waiting(file, 0, slot, 1);
+    }
+
+    #[test]
+    fn model_a_commit_settles_written_behind_bytes_without_waiting_for_their_files() {
+        shuttle::check_random(
+            || {
+                let wb = Arc::new(WriteBehind::new().unwrap());
+                let file = Arc::new(FileData::default());
+                {
+                    let _lock = file.chunks.write();
+                    write(&wb, &file);
+                }
+                let committed = Arc::new((Mutex::new(false), Condvar::new()));
+                let writer = {
+                    let (wb, file, committed) = (wb.clone(), file.clone(), committed.clone());
+                    thread::spawn(move || {
+                        let _lock = file.chunks.write();
+                        flush(&wb, &file); // `DataStore::lock`
+                                           // An allocation on a full pool: it waits for the commit's frees.
+                        let (done, told) = &*committed;
+                        let mut done = done.lock();
+                        while !*done {
+                            done = told.wait(done);
+                        }
+                    })
+                };
+                let worker = {
+                    let (wb, file) = (wb.clone(), file.clone());
+                    thread::spawn(move || {
+                        let _lock = file.chunks.write();
+                        flush(&wb, &file);
+                    })
+                };
+                // The committer.
+                let answered = wb.answered();
+                wb.settle_all(&answered, |f, _| flush(&wb, f));
+                for (f, n) in &answered {
+                    assert!(wb.settled(f, *n), "write {n} committed before it was sent");
+                }
+                *committed.0.lock() = true;
+                committed.1.notify_all();
+                writer.join().unwrap();
+                worker.join().unwrap();
+            },
+            2000,
+        );
     }
 }
