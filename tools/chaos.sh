@@ -272,6 +272,10 @@ same_with_each_frozen() {
     digests "$WORK/digests-$FAULTS-$h"
     host_thaw "$h"
     wait_state "$h" up 30
+    # A freeze past the rebuild delay (1 s) has the mount let go of the host's copies (no
+    # other server to rebuild onto) and make them again once it is back: the next host is
+    # frozen only once every chunk has both copies again (else it reads EIO, rightly).
+    wait_redundant "$MNT" 120
     cmp -s "$WORK/digests-$FAULTS" "$WORK/digests-$FAULTS-$h" ||
       fail "with host $h frozen a file reads otherwise: $(diff "$WORK/digests-$FAULTS" \
         "$WORK/digests-$FAULTS-$h" | head -n 4 | tr '\n' ' ')"
