@@ -1,0 +1,71 @@
+//! Model-checked (shuttle): the journal's committer has every write answered so far settled
+//! ([`DataStore::send_all_behind`]) while a writer of one of those files, holding its lock,
+//! waits for that commit (an allocation on a full pool waits for the frees a commit
+//! releases), and the worker sends too. With the committer waiting for the file's lock
+//! instead (as it did), some interleaving deadlocks: the writer took the lock, sending the
+//! write, after the committer saw it unsent. (In the product the writer's wait is bounded,
+//! `FULL_POOL_FREES_WAIT`: that race stalled every commit half a second and answered the
+//! writer ENOSPC though the room it waited for was about to come back.)
+
+use super::*;
+use crate::sync::thread;
+
+/// What [`DataStore::flush_waiting`] does to the state (the send itself left out).
+fn flush(wb: &WriteBehind, file: &FileData) {
+    if let Some(sending) = wb.take_waiting(file) {
+        sending.settle(Ok(()));
+    }
+}
+
+/// A write answered before it was sent (the caller holds the file's lock).
+fn write(wb: &WriteBehind, file: &Arc<FileData>) {
+    let slot = wb.free.lock().pop().expect("a free slot");
+    wb.put_waiting(file, 0, slot, 1);
+}
+
+#[test]
+fn model_a_commit_settles_written_behind_bytes_without_waiting_for_their_files() {
+    shuttle::check_random(
+        || {
+            let wb = Arc::new(WriteBehind::new().unwrap());
+            let file = Arc::new(FileData::default());
+            {
+                let _lock = file.chunks.write();
+                write(&wb, &file);
+            }
+            let committed = Arc::new((Mutex::new(false), Condvar::new()));
+            let writer = {
+                let (wb, file, committed) = (wb.clone(), file.clone(), committed.clone());
+                thread::spawn(move || {
+                    let _lock = file.chunks.write();
+                    // `DataStore::lock` sends the waiting write.
+                    flush(&wb, &file);
+                    // An allocation on a full pool: it waits for the commit's frees.
+                    let (done, told) = &*committed;
+                    let mut done = done.lock();
+                    while !*done {
+                        done = told.wait(done);
+                    }
+                })
+            };
+            let worker = {
+                let (wb, file) = (wb.clone(), file.clone());
+                thread::spawn(move || {
+                    let _lock = file.chunks.write();
+                    flush(&wb, &file);
+                })
+            };
+            // The committer.
+            let answered = wb.answered();
+            wb.settle_all(&answered, |f, _| flush(&wb, f));
+            for (f, n) in &answered {
+                assert!(wb.settled(f, *n), "write {n} committed before it was sent");
+            }
+            *committed.0.lock() = true;
+            committed.1.notify_all();
+            writer.join().unwrap();
+            worker.join().unwrap();
+        },
+        2000,
+    );
+}
