@@ -27,24 +27,28 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tools/build-verbs.sh --install-only
-# One feature set for everything the guest runs (the binary too: `testing` adds only test
-# hooks, which stay off), so the library is compiled once for the binary and the test
-# binaries; the lab's binaries are not needed here.
-echo "== building the verbs fabric (rmemfs --features verbs,testing)"
-cargo build --release --features verbs,testing --bin rmemfs
+# One cargo invocation, one feature set, for everything the guest runs: the binary (`testing`
+# adds only test hooks, which stay off), the C library, and the two test binaries. Built apart,
+# they compiled the library twice: a test target brings in the dev-dependencies, whose
+# features (num-traits' std, bitflags' std) change the hash of every crate above them, so
+# `cargo build` and `cargo test` could not share one build of the library (about 200 s).
+echo "== building the verbs fabric (rmemfs --features verbs,testing: binary, C library, tests)"
+features=rmemfs/verbs,rmemfs/testing
+cargo build --release -p rmemfs -p rmemfs-c --features "$features" --lib --bin rmemfs \
+  --test conformance --test server_bin
 cp target/release/rmemfs target/release/rmemfs-verbs
-# The library's C ABI over verbs too (mount-tests library_c reads through it in the VM; it
-# finds librmemfs_c.so beside the binary).
-cargo build --release --features rmemfs/verbs,rmemfs/testing -p rmemfs-c
 echo "== cargo clippy -D warnings with the verbs fabric"
-cargo clippy --workspace --all-targets --features rmemfs/verbs,rmemfs/testing -- -D warnings
+cargo clippy --workspace --all-targets --features "$features" -- -D warnings
 # The verbs fabric's unit tests need no device: they run in every build's `cargo test`
-# (src/fabric/verbs/endpoint.rs), so none is built here.
-conformance=$(cargo test --release --features verbs,testing --test conformance --no-run 2>&1 |
-  sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
+# (src/fabric/verbs/endpoint.rs), so none is built here. The two test binaries' paths (the
+# build above left them fresh: this only names them).
+test_binary() {
+  cargo test --release -p rmemfs --features "$features" --test "$1" --no-run 2>&1 |
+    sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1
+}
+conformance=$(test_binary conformance)
 [ -x "$conformance" ] || { echo "could not find the conformance test binary" >&2; exit 1; }
-server_tests=$(cargo test --release --features verbs,testing --test server_bin --no-run 2>&1 |
-  sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -n 1)
+server_tests=$(test_binary server_bin)
 [ -x "$server_tests" ] || { echo "could not find the server test binary" >&2; exit 1; }
 if [ "${1:-}" = --build-only ]; then
   echo "== rxe tier: host part done (the VM runs with tools/test-rxe.sh)"

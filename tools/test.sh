@@ -35,35 +35,99 @@ done
 
 SKIPPED=()  # tiers this machine could not run, each with its reason (printed at the end)
 
-# Every tier's wall time, printed as a table at the end (also when a tier fails), so the time
-# the command takes can be read per tier and kept under its 30-minute budget.
-TIER_NAMES=() TIER_SECS=() OVERLAP_TIMES=()
-tier_started=$SECONDS tier_name=""
+# Every tier's wall time and CPU time, printed as a table at the end (also when a tier fails),
+# so the time the command takes can be read per tier and kept under its 30-minute budget. The
+# CPU time (user and system, of every process the tier ran) over the wall time says how busy
+# the tier kept the two cores: a tier that mostly waits is one to overlap.
+TIER_NAMES=() TIER_SECS=() TIER_CPU=() OVERLAP_TIMES=()
+TIMES_FILE=$(mktemp -u)  # one file per shell ($BASHPID): the overlapped jobs count too
+# children_cpu: sets CHILDREN_CPU to the CPU seconds of the processes this shell has waited
+# for, so far. It runs `times` as a builtin in this shell, never in a command substitution,
+# whose subshell has children of its own (none).
+children_cpu() {
+  local file=$TIMES_FILE.$BASHPID line
+  times >"$file"
+  line=$(tail -n 1 "$file")  # "1m2.345s 0m6.789s": the children's user and system time
+  CHILDREN_CPU=0
+  if [[ $line =~ ^([0-9]+)m([0-9]+)[.0-9]*s\ ([0-9]+)m([0-9]+) ]]; then
+    CHILDREN_CPU=$((BASH_REMATCH[1] * 60 + 10#${BASH_REMATCH[2]} + BASH_REMATCH[3] * 60 + 10#${BASH_REMATCH[4]}))
+  fi
+}
+tier_started=$SECONDS tier_cpu_started=0 tier_name=""
 tier() {
   tier_end
-  tier_name=$1 tier_started=$SECONDS
+  children_cpu
+  tier_name=$1 tier_started=$SECONDS tier_cpu_started=$CHILDREN_CPU
   echo "== $1"
 }
 tier_end() {
   if [ -n "$tier_name" ]; then
     TIER_NAMES+=("$tier_name") TIER_SECS+=($((SECONDS - tier_started)))
+    children_cpu
+    TIER_CPU+=($((CHILDREN_CPU - tier_cpu_started)))
     tier_name=""
   fi
 }
 print_tier_times() {
   local status=${1:-$?} i
   tier_end
-  echo "== time per tier (s)"
+  echo "== time per tier (s): wall, CPU"
   for i in "${!TIER_NAMES[@]}"; do
-    printf '%6d  %s\n' "${TIER_SECS[$i]}" "${TIER_NAMES[$i]%% (*}"
+    printf '%6d %6d  %s\n' "${TIER_SECS[$i]}" "${TIER_CPU[$i]}" "${TIER_NAMES[$i]%% (*}"
   done
   for i in "${!OVERLAP_TIMES[@]}"; do
-    printf '%6d%s\n' "${OVERLAP_TIMES[$i]%% *}" "${OVERLAP_TIMES[$i]#* }"
+    printf '%6d %6d%s\n' ${OVERLAP_TIMES[$i]%%  *} "  ${OVERLAP_TIMES[$i]#*  }"
   done
-  printf '%6d  total (wall)\n' "$SECONDS"
+  children_cpu
+  printf '%6d %6d  total\n' "$SECONDS" "$CHILDREN_CPU"
+  rm -f "$TIMES_FILE".*
   return "$status"
 }
 trap print_tier_times EXIT
+
+# A clean clone builds everything cold: incremental compilation's caches only cost time then.
+if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL=0; fi
+
+# Overlapped, at idle priority: the fuzz targets' build (its own target directory, with
+# sanitizers) from the start, on the core the main builds leave idle (one crate's codegen, a
+# link); then, once the real mounts start, their runs (45 s of wall time each, all four at
+# once) beside the real-mount tiers, which wait much of the time (daemons starting, timeouts,
+# failovers). Their output (executions per target) is printed, and a crash fails the run, once
+# the mounts are done. (The rxe tier's builds are not overlapped: they share cargo's target
+# directory, and would hold its lock while the package test builds.)
+OVERLAP_DIR=$(mktemp -d)
+# The runs start when the mounts do: told through a FIFO that this shell holds open for
+# reading and writing, so that neither side's open blocks and the word waits in the pipe.
+mkfifo "$OVERLAP_DIR/mounts-started"
+exec 3<>"$OVERLAP_DIR/mounts-started"
+# Each job: its name (what it covers), whether it waits for the mounts, then its command.
+overlap_names=("fuzz targets' build (tools/fuzz.sh: cargo fuzz build, with sanitizers)"
+  "short fuzz run (tools/fuzz.sh 45, every target at once: the control-message decoder, the TCP headers, the NIC)")
+overlap_after_mounts=(no yes)
+overlap_cmds=("env FUZZ_BUILD_ONLY=1 tools/fuzz.sh" "env FUZZ_PARALLEL=1 tools/fuzz.sh 45")
+at_idle_priority() {
+  if chrt --idle 0 true 2>/dev/null; then chrt --idle 0 "$@"; else nice -n 19 "$@"; fi
+}
+overlapped() {
+  local i t0 c0 rc
+  for i in "${!overlap_cmds[@]}"; do
+    [ "${overlap_after_mounts[$i]}" = no ] || read -r _ <&3
+    children_cpu
+    t0=$SECONDS c0=$CHILDREN_CPU rc=0
+    # shellcheck disable=SC2086 # a command's words
+    at_idle_priority ${overlap_cmds[$i]} >"$OVERLAP_DIR/$i.log" 2>&1 </dev/null || rc=$?
+    children_cpu
+    echo "$((SECONDS - t0)) $((CHILDREN_CPU - c0)) $rc" >"$OVERLAP_DIR/$i.done"
+    [ "$rc" = 0 ] || break
+  done
+}
+# Its own process group (set -m), so that a failing run can stop it.
+set -m
+overlapped &
+OVERLAP_PID=$!
+set +m
+stop_overlapped() { kill -- "-$OVERLAP_PID" 2>/dev/null || true; }
+trap 'status=$?; stop_overlapped; print_tier_times "$status"' EXIT
 
 tier "cargo fmt --check, and the code's map (tools/check-layout.py)"
 cargo fmt --all -- --check
@@ -82,35 +146,7 @@ if (. mount-tests/lib.sh && has_fuse_uring); then uring=1; else uring=0; fi
 tier "release build (the binary the real mounts run)"
 cargo build --release -p rmemfs -p rmemfs-c
 
-# Overlapped: the fuzz targets' build, then their runs (45 s of wall time each, all four at
-# once), at idle priority beside the real-mount tiers, which wait much of the time (daemons
-# starting, timeouts, failovers): they take only the CPU the mounts leave. Their output
-# (executions per target) is printed, and a crash fails the run, once the mounts are done.
-# (The rxe tier's builds are not overlapped: they share cargo's target directory, and would
-# hold its lock while the package test builds.)
-OVERLAP_DIR=$(mktemp -d)
-# Each job: its name (what it covers), then its command.
-overlap_names=("short fuzz run (tools/fuzz.sh 45, every target at once: the control-message decoder, the TCP headers, the NIC)")
-overlap_cmds=("env FUZZ_PARALLEL=1 tools/fuzz.sh 45")
-at_idle_priority() {
-  if chrt --idle 0 true 2>/dev/null; then chrt --idle 0 "$@"; else nice -n 19 "$@"; fi
-}
-overlapped() {
-  local i t0 rc
-  for i in "${!overlap_cmds[@]}"; do
-    t0=$SECONDS rc=0
-    # shellcheck disable=SC2086 # a command's words
-    at_idle_priority ${overlap_cmds[$i]} >"$OVERLAP_DIR/$i.log" 2>&1 </dev/null || rc=$?
-    echo "$((SECONDS - t0)) $rc" >"$OVERLAP_DIR/$i.done"
-  done
-}
-# Its own process group (set -m), so that a failing run can stop it.
-set -m
-overlapped &
-OVERLAP_PID=$!
-set +m
-stop_overlapped() { kill -- "-$OVERLAP_PID" 2>/dev/null || true; }
-trap 'status=$?; stop_overlapped; print_tier_times "$status"' EXIT
+echo go >&3
 tier "real mounts (mount-tests/run.sh; the default: FUSE over io_uring where the kernel has it)"
 if [ "$uring" = 1 ]; then
   RMEMFS_EXPECT_FUSE=io_uring mount-tests/run.sh
@@ -146,8 +182,8 @@ overlap_failed=0
 for i in "${!overlap_cmds[@]}"; do
   echo "== (overlapped) ${overlap_names[$i]}"
   cat "$OVERLAP_DIR/$i.log" 2>/dev/null || true
-  read -r secs rc <"$OVERLAP_DIR/$i.done" 2>/dev/null || { secs=0 rc=unfinished; }
-  OVERLAP_TIMES+=("$secs  (overlapped) ${overlap_names[$i]%% (*}")
+  read -r secs cpu rc <"$OVERLAP_DIR/$i.done" 2>/dev/null || { secs=0 cpu=0 rc=unfinished; }
+  OVERLAP_TIMES+=("$secs $cpu  (overlapped) ${overlap_names[$i]%% (*}")
   if [ "$rc" != 0 ]; then
     echo "!! (overlapped) ${overlap_names[$i]%% (*} failed (exit $rc)"
     overlap_failed=1
