@@ -136,7 +136,7 @@ tier "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --features rmemfs/testing -- -D warnings
 tier "cargo test (unit, property, conformance, server, in-process mounts; the lab's simulator)"
 cargo test --workspace --all-targets --features rmemfs/testing
-tier "model-checked races (shuttle: batch completion, FRRWP, registration cache, send queue, shared volumes' protocol, the journal's commit of writes answered before they were sent)"
+tier "model-checked races (shuttle: batch completion, FRRWP, registration cache, send queue, shared volumes' protocol and a client's turns, the journal's commit of writes answered before they were sent)"
 cargo clippy --lib --tests --features shuttle -- -D warnings
 cargo test --lib --features shuttle model_
 # Mounts take FUSE over io_uring by default where the kernel has it: the main run must then

@@ -189,6 +189,47 @@ struct State {
     lost: Mutex<Option<String>>,
 }
 
+impl State {
+    /// A client's state before it catches up: its table holds the log up to `from`.
+    fn new(
+        engine: Arc<dyn MetaEngine>,
+        who: String,
+        config: FsConfig,
+        from: u64,
+        gate: Arc<FreeGate>,
+        notify: crossbeam_channel::Sender<Notice>,
+    ) -> State {
+        let locks = Arc::new(super::locks::EngineLocks::new(engine.clone(), who.clone()));
+        State {
+            engine,
+            who,
+            locks,
+            applied: AtomicU64::new(from),
+            checkpointed: AtomicU64::new(from),
+            config,
+            ahead: Mutex::new(Ahead::default()),
+            answered: Condvar::new(),
+            catching: Mutex::new(()),
+            turns: Mutex::new(HeldTurns::default()),
+            given: Condvar::new(),
+            gate,
+            notify,
+            stop: AtomicBool::new(false),
+            tip: Mutex::new(None),
+            marked: Mutex::new(HashMap::new()),
+            to_settle: Mutex::new(Vec::new()),
+            to_collect: Mutex::new(Vec::new()),
+            lost: Mutex::new(None),
+            behind: Mutex::new(Default::default()),
+            hold_writes: AtomicBool::new(true),
+            linger_paused: AtomicBool::new(false),
+            linger_rounds: AtomicU64::new(0),
+            lost_answer_wait_ms: AtomicU64::new(LOST_ANSWER_WAIT.as_millis() as u64),
+            paused: AtomicBool::new(false),
+        }
+    }
+}
+
 /// A running shared volume client: its poller stops (and is joined) on drop.
 pub struct SharedClient {
     state: Arc<State>,
@@ -319,34 +360,7 @@ pub fn join(
     let fs = Fs::with_meta(data, config.clone(), meta);
     let gate = Arc::new(FreeGate::waiting_for_the_floor());
     let (notify, told) = crossbeam_channel::unbounded::<Notice>();
-    let locks = Arc::new(super::locks::EngineLocks::new(engine.clone(), who.clone()));
-    let state = Arc::new(State {
-        engine,
-        who,
-        locks,
-        applied: AtomicU64::new(from),
-        checkpointed: AtomicU64::new(from),
-        config,
-        ahead: Mutex::new(Ahead::default()),
-        answered: Condvar::new(),
-        catching: Mutex::new(()),
-        turns: Mutex::new(HeldTurns::default()),
-        given: Condvar::new(),
-        gate: gate.clone(),
-        notify,
-        stop: AtomicBool::new(false),
-        tip: Mutex::new(None),
-        marked: Mutex::new(HashMap::new()),
-        to_settle: Mutex::new(Vec::new()),
-        to_collect: Mutex::new(Vec::new()),
-        lost: Mutex::new(None),
-        behind: Mutex::new(Default::default()),
-        hold_writes: AtomicBool::new(true),
-        linger_paused: AtomicBool::new(false),
-        linger_rounds: AtomicU64::new(0),
-        lost_answer_wait_ms: AtomicU64::new(LOST_ANSWER_WAIT.as_millis() as u64),
-        paused: AtomicBool::new(false),
-    });
+    let state = Arc::new(State::new(engine, who, config, from, gate.clone(), notify));
     let replayed = state
         .catch_up(&fs, false)
         .map_err(|e| format!("replaying the engine's log: {}", e.message))?;

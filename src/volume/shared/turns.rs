@@ -21,6 +21,9 @@ const REBUILD_ROLE: Ino = u64::MAX;
 /// meanwhile lands only under the file's own turn.
 const REBUILD_ROLE_LEASE: Duration = SESSION_TTL;
 
+#[cfg(all(test, feature = "shuttle"))]
+mod model_tests;
+
 /// One turn this client holds.
 struct Held {
     /// Until when it is surely this client's (as this client's clock measures from the
@@ -141,6 +144,14 @@ impl HeldTurns {
             .is_some_and(|g| g.running > 0 || g.ended >= sent)
     }
 
+    /// Whether every give-back of `ino`'s turn has ended and is known to have (none is
+    /// running, and none failed less than [`GIVE_BACK_UNSURE`] ago).
+    fn given_settled(&self, ino: Ino) -> bool {
+        self.given
+            .get(&ino)
+            .is_none_or(|g| g.running == 0 && g.ended <= Instant::now())
+    }
+
     /// Whether this client may claim directory `dir`'s turn unasked: not held, and not
     /// contested lately.
     fn quiet(&self, dir: Ino) -> bool {
@@ -184,6 +195,18 @@ impl State {
     /// The turn of `ino` in use by one more change: taken from the engine unless held (the
     /// table then catches up if the inode changed since this client last saw it).
     fn take_turn(self: &Arc<State>, fs: &Fs, ino: Ino) -> Result<HeldTurn> {
+        let (turn, changed) = self.turn_in_use(ino)?;
+        if changed {
+            // Another client changed it since this one last did: it works there too.
+            self.turns.lock().contest(ino);
+            self.catch_up(fs, true)?;
+        }
+        Ok(Box::new(turn))
+    }
+
+    /// [`State::take_turn`] without the table: the turn, and whether another client changed
+    /// the inode since this table last saw it (the caller catches up then).
+    fn turn_in_use(self: &Arc<State>, ino: Ino) -> Result<(TurnInUse, bool)> {
         loop {
             {
                 let mut t = self.turns.lock();
@@ -202,10 +225,11 @@ impl State {
                     }
                     Some(h) if h.until > Instant::now() => {
                         h.users += 1;
-                        return Ok(Box::new(TurnInUse {
+                        let turn = TurnInUse {
                             state: self.clone(),
                             ino,
-                        }));
+                        };
+                        return Ok((turn, false));
                     }
                     _ => {}
                 }
@@ -219,8 +243,10 @@ impl State {
                 let mut t = self.turns.lock();
                 if !t.map.contains_key(&ino) && t.given_since(ino, sent) {
                     // Given back as the engine answered: what it said may be undone. Asked
-                    // again once that give-back ends.
-                    drop(self.given.wait_timeout(t, TURN_LINGER));
+                    // again once that give-back ends: at once if it has.
+                    if !t.given_settled(ino) {
+                        drop(self.given.wait_timeout(t, TURN_LINGER));
+                    }
                     continue;
                 }
                 let h = t.map.entry(ino).or_insert(Held {
@@ -245,12 +271,7 @@ impl State {
                 .ahead
                 .lock()
                 .seen(ino, self.applied.load(Ordering::SeqCst));
-            if version > seen {
-                // Another client changed it since this one last did: it works there too.
-                self.turns.lock().contest(ino);
-                self.catch_up(fs, true)?;
-            }
-            return Ok(Box::new(guard));
+            return Ok((guard, version > seen));
         }
     }
 
@@ -418,72 +439,84 @@ impl State {
 /// on [`MetaEngine::wanted`] between rounds).
 pub(super) fn linger_loop(s: &State) {
     while !s.stop.load(Ordering::SeqCst) {
-        // Woken by a turn asked for; else in time to give back wanted turns once kept
-        // long enough, and idle ones.
-        let wait = {
-            let t = s.turns.lock();
-            t.map
-                .values()
-                .filter(|h| h.wanted && !h.giving)
-                .map(|h| (h.taken + TURN_MIN_HOLD).saturating_duration_since(Instant::now()))
-                .min()
-                .unwrap_or(TURN_LINGER / 2)
-                .clamp(Duration::from_micros(100), TURN_LINGER / 2)
-        };
-        let asked = match s.engine.wanted(&s.who, wait) {
-            Ok(asked) => asked,
-            Err(e) => {
-                log::warn!("shared volume: hearing which turns are wanted: {e}");
-                std::thread::sleep(TURN_LINGER);
-                Vec::new()
-            }
-        };
-        let now = Instant::now();
-        let paused = s.linger_paused.load(Ordering::SeqCst);
-        let mut unrecorded = Vec::new();
-        let give: Vec<Ino> = {
-            let mut t = s.turns.lock();
-            for ino in asked {
-                match t.map.get_mut(&ino) {
-                    Some(h) => h.wanted = true,
-                    // The rebuilder's role is no inode's turn: asked for by a member refused
-                    // it, it stays this member's until its lease runs out (given away here,
-                    // two members would rebuild at once, each at the set rate).
-                    None if ino == REBUILD_ROLE => {}
-                    None => unrecorded.push(ino),
-                }
-            }
-            if paused {
-                unrecorded.clear();
-                Vec::new()
-            } else {
-                t.map
-                    .iter_mut()
-                    .filter(|(_, h)| {
-                        h.users == 0
-                            && !h.giving
-                            && (h.wanted
-                                || h.until <= now + TURN_LINGER
-                                || now >= h.idle_since + TURN_LINGER)
-                    })
-                    .map(|(ino, h)| {
-                        h.giving = true;
-                        *ino
-                    })
-                    .collect()
-            }
-        };
-        if !give.is_empty() {
-            s.give_back(&give);
-        }
-        if !unrecorded.is_empty() {
-            s.give_back_unrecorded(&unrecorded);
-        }
-        if !paused {
-            s.send_behind_if_old();
-        }
-        s.linger_rounds.fetch_add(1, Ordering::SeqCst);
+        linger_round(s);
     }
+}
+
+/// One round of the lingering thread: waits to hear which turns are wanted (at most until the
+/// next wanted turn has been kept long enough), then gives back what is due.
+fn linger_round(s: &State) {
+    // Woken by a turn asked for; else in time to give back wanted turns once kept
+    // long enough, and idle ones.
+    let wait = {
+        let t = s.turns.lock();
+        t.map
+            .values()
+            .filter(|h| h.wanted && !h.giving)
+            .map(|h| (h.taken + TURN_MIN_HOLD).saturating_duration_since(Instant::now()))
+            .min()
+            .unwrap_or(TURN_LINGER / 2)
+            .clamp(Duration::from_micros(100), TURN_LINGER / 2)
+    };
+    let asked = match s.engine.wanted(&s.who, wait) {
+        Ok(asked) => asked,
+        Err(e) => {
+            log::warn!("shared volume: hearing which turns are wanted: {e}");
+            std::thread::sleep(TURN_LINGER);
+            Vec::new()
+        }
+    };
+    give_due(s, asked);
+}
+
+/// Gives back, in one request, the turns `asked` for by other clients (once kept long
+/// enough) and those idle or about to run out; and the writes held back too long.
+fn give_due(s: &State, asked: Vec<Ino>) {
+    let now = Instant::now();
+    let paused = s.linger_paused.load(Ordering::SeqCst);
+    let mut unrecorded = Vec::new();
+    let give: Vec<Ino> = {
+        let mut t = s.turns.lock();
+        for ino in asked {
+            match t.map.get_mut(&ino) {
+                Some(h) => h.wanted = true,
+                // The rebuilder's role is no inode's turn: asked for by a member refused
+                // it, it stays this member's until its lease runs out (given away here,
+                // two members would rebuild at once, each at the set rate).
+                None if ino == REBUILD_ROLE => {}
+                None => unrecorded.push(ino),
+            }
+        }
+        if paused {
+            unrecorded.clear();
+            Vec::new()
+        } else {
+            t.map
+                .iter_mut()
+                .filter(|(_, h)| {
+                    h.users == 0
+                        && !h.giving
+                        && (h.wanted
+                            || h.until <= now + TURN_LINGER
+                            || now >= h.idle_since + TURN_LINGER)
+                })
+                .map(|(ino, h)| {
+                    h.giving = true;
+                    *ino
+                })
+                .collect()
+        }
+    };
+    if !give.is_empty() {
+        s.give_back(&give);
+    }
+    if !unrecorded.is_empty() {
+        s.give_back_unrecorded(&unrecorded);
+    }
+    if !paused {
+        s.send_behind_if_old();
+    }
+    s.linger_rounds.fetch_add(1, Ordering::SeqCst);
 }
 
 pub(super) struct SharedTurns(pub(super) Arc<State>);
