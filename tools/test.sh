@@ -89,8 +89,9 @@ trap print_tier_times EXIT
 if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL=0; fi
 
 # Overlapped, at idle priority: the fuzz targets' build (its own target directory, with
-# sanitizers) from the start, on the core the main builds leave idle (one crate's codegen, a
-# link); then, once the real mounts start, their runs (45 s of wall time each, all four at
+# sanitizers) from the start, taking whatever CPU the main builds leave (little: they keep
+# both cores busy; most of it is built beside the mounts); then, once the real mounts start,
+# their runs (45 s of wall time each, all four at
 # once) beside the real-mount tiers, which wait much of the time (daemons starting, timeouts,
 # failovers). Their output (executions per target) is printed, and a crash fails the run, once
 # the mounts are done. (The rxe tier's builds are not overlapped: they share cargo's target
@@ -184,6 +185,8 @@ for i in "${!overlap_cmds[@]}"; do
   cat "$OVERLAP_DIR/$i.log" 2>/dev/null || true
   read -r secs cpu rc <"$OVERLAP_DIR/$i.done" 2>/dev/null || { secs=0 cpu=0 rc=unfinished; }
   OVERLAP_TIMES+=("$secs $cpu  (overlapped) ${overlap_names[$i]%% (*}")
+  # Reaped by this tier's wait, the job's CPU is its own line, not this tier's.
+  tier_cpu_started=$((tier_cpu_started + cpu))
   if [ "$rc" != 0 ]; then
     echo "!! (overlapped) ${overlap_names[$i]%% (*} failed (exit $rc)"
     overlap_failed=1

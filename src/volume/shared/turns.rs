@@ -439,34 +439,28 @@ impl State {
 /// on [`MetaEngine::wanted`] between rounds).
 pub(super) fn linger_loop(s: &State) {
     while !s.stop.load(Ordering::SeqCst) {
-        linger_round(s);
+        // Woken by a turn asked for; else in time to give back wanted turns once kept
+        // long enough, and idle ones.
+        let wait = {
+            let t = s.turns.lock();
+            t.map
+                .values()
+                .filter(|h| h.wanted && !h.giving)
+                .map(|h| (h.taken + TURN_MIN_HOLD).saturating_duration_since(Instant::now()))
+                .min()
+                .unwrap_or(TURN_LINGER / 2)
+                .clamp(Duration::from_micros(100), TURN_LINGER / 2)
+        };
+        let asked = match s.engine.wanted(&s.who, wait) {
+            Ok(asked) => asked,
+            Err(e) => {
+                log::warn!("shared volume: hearing which turns are wanted: {e}");
+                std::thread::sleep(TURN_LINGER);
+                Vec::new()
+            }
+        };
+        give_due(s, asked);
     }
-}
-
-/// One round of the lingering thread: waits to hear which turns are wanted (at most until the
-/// next wanted turn has been kept long enough), then gives back what is due.
-fn linger_round(s: &State) {
-    // Woken by a turn asked for; else in time to give back wanted turns once kept
-    // long enough, and idle ones.
-    let wait = {
-        let t = s.turns.lock();
-        t.map
-            .values()
-            .filter(|h| h.wanted && !h.giving)
-            .map(|h| (h.taken + TURN_MIN_HOLD).saturating_duration_since(Instant::now()))
-            .min()
-            .unwrap_or(TURN_LINGER / 2)
-            .clamp(Duration::from_micros(100), TURN_LINGER / 2)
-    };
-    let asked = match s.engine.wanted(&s.who, wait) {
-        Ok(asked) => asked,
-        Err(e) => {
-            log::warn!("shared volume: hearing which turns are wanted: {e}");
-            std::thread::sleep(TURN_LINGER);
-            Vec::new()
-        }
-    };
-    give_due(s, asked);
 }
 
 /// Gives back, in one request, the turns `asked` for by other clients (once kept long
