@@ -1,5 +1,6 @@
 //! Fabric conformance: one suite, run against every fabric (`tcp` and `local` everywhere;
-//! `verbs`, built with the `verbs` feature, inside the rxe VM by `tools/test-rxe.sh`). Each
+//! `rdma_device`, the verbs fabric on a real device: built with the `verbs` feature, run inside
+//! the rxe VM by `tools/test-rxe.sh`, and skipped by name on the host, which has none). Each
 //! fabric gets a real memory server (in-process) whose extents are the remote memory, and a
 //! client fabric instance that connects to it.
 
@@ -690,7 +691,7 @@ macro_rules! conformance {
 conformance!(tcp, Harness::tcp());
 conformance!(local, Harness::local().0);
 #[cfg(feature = "verbs")]
-conformance!(verbs, Harness::verbs());
+conformance!(rdma_device, Harness::verbs());
 
 /// Things only the in-process fabric can do on demand.
 mod local_faults {
