@@ -200,7 +200,7 @@ test_nonroot() {
 # it takes the helper links away. Skips installing over an rmemfs package already there.
 test_package() {
   local m=$MNT deb out f
-  deb=$(t tools/package.sh 2>"$WORK/package.log") || fail "tools/package.sh: $(tail -n 5 "$WORK/package.log")"
+  deb=$(RMEMFS_PACKAGE_BIN=$BIN t tools/package.sh 2>"$WORK/package.log") || fail "tools/package.sh: $(tail -n 5 "$WORK/package.log")"
   [ -f "$deb" ] || fail "no package at '$deb'"
   out=$(dpkg-deb -c "$deb")
   for f in ./usr/bin/rmemfs ./lib/systemd/system/rmemfs-serve@.service \
