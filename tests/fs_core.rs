@@ -569,6 +569,60 @@ fn a_session_untouched_while_cut_off_needs_no_rebuild() {
     assert_eq!(out.bytes_copied, 0, "{out:?}");
 }
 
+/// Two servers, two copies, one cut off: the rebuild has nowhere to put the missing copies,
+/// so it keeps those on the unreachable server listed (they missed no write). When the
+/// server resumes, only the chunk written meanwhile is copied again, and every copy it kept
+/// is read back exactly with the other server gone.
+#[test]
+fn a_rebuild_with_nowhere_to_copy_keeps_the_copies_a_server_may_resume_with() {
+    use rmemfs::client::Rejoin;
+    use rmemfs::fabric::ServerId;
+    let mut t = TestFs::replicated(2, 16 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 2);
+    six_files(&t);
+    let pool = t.fs.data().pool().clone();
+    let held = listed_on(&t, 1);
+    assert_eq!(held, 6 << 20);
+    pool.cut(ServerId(1));
+    let pass = |t: &TestFs| {
+        rmemfs::upkeep::rebuild::pass(
+            &t.fs,
+            0,
+            &rmemfs::upkeep::rebuild::Stop::default(),
+            &Default::default(),
+        )
+    };
+    let out = pass(&t);
+    assert_eq!((out.bytes_copied, out.left_degraded), (0, 6), "{out:?}");
+    assert_eq!(
+        listed_on(&t, 1),
+        held,
+        "the rebuild let go of copies it could not replace"
+    );
+    // A write lets go of the copy that misses it.
+    t.write_file("f3", 100, b"again").unwrap();
+    assert_eq!(listed_on(&t, 1), held - (1 << 20));
+    assert!(matches!(
+        pool.try_reconnect(ServerId(1)),
+        Some(Rejoin::Resumed { .. })
+    ));
+    let h = t.fs.replica_health();
+    assert_eq!((h.healthy, h.degraded, h.lost), (5, 1, 0), "{h:?}");
+    let out = pass(&t);
+    assert_eq!(
+        (out.chunks_rebuilt, out.bytes_copied),
+        (1, 1 << 20),
+        "{out:?}"
+    );
+    t.kill_server(0);
+    for i in 0..6 {
+        let mut want = bytes(i, 1 << 20);
+        if i == 3 {
+            want[100..105].copy_from_slice(b"again");
+        }
+        assert!(t.read_file(&format!("f{i}")).unwrap() == want, "f{i}");
+    }
+}
+
 #[test]
 fn a_restarted_server_is_admitted_empty_and_rebuilt_onto() {
     use rmemfs::client::Rejoin;

@@ -227,8 +227,8 @@ impl DataStore {
     }
 
     /// Rebuild of one chunk (called with the file's chunk map locked, so no write races the
-    /// copy): copies on dead servers leave it while a live copy remains, and missing copies
-    /// are placed and copied. Returns the bytes copied (0: nothing to do, or no room).
+    /// copy): missing copies are placed and copied, and copies on dead servers leave it once
+    /// the live ones make the count. Returns the bytes copied (0: nothing to do, or no room).
     pub(super) fn rebuild_chunk(&self, chunks: &mut ChunkMap, idx: u64) -> u64 {
         // An encoded chunk short of fragments (or with one on a draining server) becomes
         // copies again, decoded from what is left; the encoder makes it a whole stripe
@@ -245,7 +245,7 @@ impl DataStore {
     }
 
     pub(super) fn rebuild_copies(&self, idx: u64, c: &mut Chunk) -> u64 {
-        if !self.let_go_of_dead_copies(c) {
+        if self.live_copies(c).next().is_none() {
             return 0; // lost: nothing to copy from
         }
         let want = self.replicas();
@@ -256,6 +256,15 @@ impl DataStore {
         } else {
             0
         };
+        // Copies on servers that are down missed no write (a write lets go of them first:
+        // `heal_chunk`), and are whole again if their server resumes this mount's session.
+        // They go once the live copies make the count without them; until then (no server
+        // with room, or none but the holders: two servers, one frozen) they stay listed,
+        // and a server that resumes needs no copy of what was not written meanwhile.
+        if self.live_copies(c).count() < want {
+            return added as u64 * c.len;
+        }
+        self.let_go_of_dead_copies(c);
         // Copies beyond the count go: those on draining servers first, then the last placed
         // (their extents given back once the chunk map without them is committed, as any
         // free).

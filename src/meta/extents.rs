@@ -125,6 +125,9 @@ impl Chunk {
         let r = self.replicas[i];
         self.replicas.copy_within(i + 1..self.count as usize, i);
         self.count -= 1;
+        // The slot let go of is cleared: chunks with the same copies compare equal (a change
+        // of a chunk map is one only if something listed changed: `ChunkMap::update`).
+        self.replicas[self.count as usize] = Replica::default();
         Some(r)
     }
 
@@ -427,6 +430,23 @@ impl FileData {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A copy taken out leaves nothing behind: the chunk equals one made with the copies
+    /// left, so a map whose chunk lost a copy and got it back logs no change.
+    #[test]
+    fn a_chunk_without_a_copy_equals_one_made_without_it() {
+        let r = |server| Replica {
+            server,
+            addr: 0x1000 * u64::from(server + 1),
+            rkey: 7,
+        };
+        let mut c = Chunk::with_replicas(4096, &[r(0), r(1), r(2)]);
+        assert_eq!(c.remove(1), Some(r(1)));
+        assert_eq!(c, Chunk::with_replicas(4096, &[r(0), r(2)]));
+        assert_eq!(c.remove(2), Some(r(2)));
+        assert!(c.add(r(2)));
+        assert_eq!(c, Chunk::with_replicas(4096, &[r(0), r(2)]));
+    }
 
     fn chunk(len: u64, server: u32) -> Chunk {
         Chunk::with_replicas(
