@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2016 # '$1' in bash -c scripts is meant literally
-# Real-mount tests: the release binary mounts rmemfs over memory servers started as local
-# processes (loopback only), and ordinary programs (cp, rsync, tar, git, sqlite3, fio) run on it.
+# Real-mount tests: the binary (RMEMFS_BIN: the release one, or the test command's build)
+# mounts rmemfs over memory servers started as local processes (loopback only), and ordinary
+# programs (cp, rsync, tar, git, sqlite3, fio) run on it.
 #
 #   mount-tests/run.sh              # every test
 #   mount-tests/run.sh git sqlite   # only the named tests

@@ -145,18 +145,26 @@ test_volume_frozen() {
 # checksums, sees files the holder fsyncs and an overwrite of a file it holds open, cannot
 # write, and adds no extent to the servers.
 test_volume_follow() {
-  local mnt2=$BASE/mnt/volume_follow2 want got used out
+  local mnt2=$BASE/mnt/volume_follow2 want got free extents out
   local check_py=$PWD/mount-tests/follow_check.py
   mount_fs "$MNT" "$ADDRS" --volume fl --create || fail "mount --volume fl --create failed"
   mkdir -p "$MNT/d" "$mnt2"
   must "write d/big" dd if=/dev/urandom of="$MNT/d/big" bs=1M count=24 conv=fsync status=none
   must "write d/small" sh -c "echo small >'$MNT/d/small' && sync '$MNT/d/small'"
   want=$(cd "$MNT/d" && t sha256sum -- *) || fail "sha256sum on the holder failed"
-  used=$(servers_free) || fail "servers' free bytes"
+  free=$(servers_free) || fail "servers' free bytes"
+  extents=$(servers_sum extents) || fail "servers' extents"
   mount_fs "$mnt2" "$ADDRS" --volume fl --read-only || fail "mount --read-only failed"
   got=$(cd "$mnt2/d" && t sha256sum -- *) || fail "sha256sum on the follower failed"
   assert_eq "checksums on the follower" "$got" "$want"
-  assert_eq "servers' free bytes with a follower reading" "$(servers_free)" "$used"
+  # The follower takes no extent. The holder may give some back meanwhile (its stock) or
+  # move its journal's checkpoint spare (a free and a slightly larger allocation), so the
+  # count may only fall and the free bytes only by less than a MiB.
+  got=$(servers_sum extents) || fail "servers' extents"
+  [ "$got" -le "$extents" ] || fail "the servers hold $got extents with a follower reading, $extents before"
+  got=$(servers_free) || fail "servers' free bytes"
+  [ "$got" -ge $((free - (1 << 20))) ] ||
+    fail "the servers have $got bytes free with a follower reading, $free before"
   out=$(t python3 "$check_py" visible "$MNT" "$mnt2" 20 5 2>&1) || fail "$out"
   log "$out"
   out=$(t python3 "$check_py" overwrite "$MNT" "$mnt2" 5 2>&1) || fail "$out"

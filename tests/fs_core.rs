@@ -623,6 +623,42 @@ fn a_rebuild_with_nowhere_to_copy_keeps_the_copies_a_server_may_resume_with() {
     }
 }
 
+/// Four copies on five servers, one cut off: a chunk has no slot for a fifth copy, so the
+/// rebuild lets go of the unreachable one to list the new one, and leaves no extent copied
+/// and unlisted on any server.
+#[test]
+fn a_rebuild_of_a_chunk_with_every_slot_taken_lists_each_new_copy() {
+    use rmemfs::fabric::ServerId;
+    let t = TestFs::replicated(5, 16 << 20, 1 << 20, rmemfs::data::WritePath::Frrwp, 4);
+    six_files(&t);
+    let pool = t.fs.data().pool().clone();
+    let on_0 = listed_on(&t, 0) >> 20;
+    assert!(on_0 > 0);
+    pool.cut(ServerId(0));
+    let out = rmemfs::upkeep::rebuild::pass(
+        &t.fs,
+        0,
+        &rmemfs::upkeep::rebuild::Stop::default(),
+        &Default::default(),
+    );
+    assert_eq!(
+        (out.chunks_rebuilt, out.left_degraded),
+        (on_0, 0),
+        "{out:?}"
+    );
+    let h = t.fs.replica_health();
+    assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
+    assert_eq!(listed_on(&t, 0), 0);
+    for i in 1..5 {
+        let cap = t.servers[i].capacity();
+        assert_eq!(
+            cap.total - cap.free,
+            listed_on(&t, i as u32) + pool.stocked_bytes(ServerId(i as u32)),
+            "server {i} holds extents no chunk lists"
+        );
+    }
+}
+
 #[test]
 fn a_restarted_server_is_admitted_empty_and_rebuilt_onto() {
     use rmemfs::client::Rejoin;

@@ -88,8 +88,7 @@ run_target() {
   fi
 }
 
-# FUZZ_PARALLEL=1: every target at once (the same wall time for all, their CPU shared;
-# tools/test.sh runs them so beside the real mounts).
+# FUZZ_PARALLEL=1: every target at once (the same wall time for all, their CPU shared).
 crashed=0
 summary=()
 outs=()

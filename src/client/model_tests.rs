@@ -147,9 +147,10 @@ impl RejoinModel {
         wire.push((addr, rkey));
     }
 
-    /// `DataStore::rebuild_chunk`, or `heal` before a write, of file `f`'s chunk (under
-    /// its chunk map's write lock): copies on dead servers leave it (`let_go`: taken out,
-    /// then freed), and a chunk short of copies gets one on server 2.
+    /// `heal` before a write of file `f`'s chunk (under its chunk map's write lock), or
+    /// `DataStore::rebuild_chunk` where it can place the missing copy, which ends the same:
+    /// copies on dead servers leave it (`let_go`: taken out, then freed), and a chunk short
+    /// of copies gets one on server 2.
     fn upkeep(&self, f: usize) {
         let mut chunks = self.files[f].write();
         let Some(c) = chunks.get_mut(&0) else { return };

@@ -118,8 +118,12 @@ impl DataStore {
                     log::warn!("chunk {idx} stays: copying it failed: {e}");
                     return 0;
                 }
-                c.add(replica(&new[0]));
+                // The leaving copy goes first, so the new one has a slot (a chunk with four
+                // copies has none free); both in this one change of the map. `to` holds
+                // none of the chunk (`best_move`), so the new copy is listed.
                 self.let_go(c, from);
+                let listed = c.add(replica(&new[0]));
+                debug_assert!(listed, "chunk {idx}: a moved copy onto a holder");
                 ledger.used[to] += c.len;
                 ledger.used[from as usize] -= c.len.min(ledger.used[from as usize]);
                 c.len

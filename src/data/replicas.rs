@@ -249,13 +249,15 @@ impl DataStore {
             return 0; // lost: nothing to copy from
         }
         let want = self.replicas();
+        let missing = want.saturating_sub(self.settled_copies(c));
+        // The new copies need slots: where the chunk cannot list them beside its copies on
+        // down servers (four copies, one server down), those go first.
+        if c.replicas().len() + missing > crate::meta::extents::MAX_REPLICAS {
+            self.let_go_of_dead_copies(c);
+        }
         // A drain: the new copies are written before the ones on the draining server go,
         // so the chunk never has fewer than `want`.
-        let added = if self.settled_copies(c) < want {
-            self.repair(idx, c)
-        } else {
-            0
-        };
+        let added = if missing > 0 { self.repair(idx, c) } else { 0 };
         // Copies on servers that are down missed no write (a write lets go of them first:
         // `heal_chunk`), and are whole again if their server resumes this mount's session.
         // They go once the live copies make the count without them; until then (no server
@@ -287,7 +289,13 @@ impl DataStore {
     /// without room or another live server the chunk stays degraded (and counted so in
     /// `stats`).
     pub(super) fn repair(&self, idx: u64, c: &mut Chunk) -> usize {
-        let missing = self.replicas().saturating_sub(self.settled_copies(c));
+        // No more than the chunk has slots for (a drain of a chunk with every slot taken
+        // waits: its new copy would have nowhere to be listed).
+        let room = crate::meta::extents::MAX_REPLICAS.saturating_sub(c.replicas().len());
+        let missing = self
+            .replicas()
+            .saturating_sub(self.settled_copies(c))
+            .min(room);
         if missing == 0 {
             return 0;
         }
@@ -309,15 +317,20 @@ impl DataStore {
         let buf = self.repair_buf.lock();
         match self.copy_chunk(c, &mut new, &buf) {
             Ok(()) => {
-                for r in &new {
-                    c.add(replica(r));
+                // Each one listed (on a server that holds none of the chunk, within its
+                // slots): one that could not be is given back, never left unlisted.
+                let (listed, unlisted): (Vec<_>, Vec<_>) =
+                    new.into_iter().partition(|r| c.add(replica(r)));
+                if !unlisted.is_empty() {
+                    log::warn!("chunk {idx}: {} new copies had no slot", unlisted.len());
+                    self.pool.free_all(&unlisted);
                 }
                 log::debug!(
                     "chunk {idx}: {} new copies ({} bytes each)",
-                    new.len(),
+                    listed.len(),
                     c.len
                 );
-                new.len()
+                listed.len()
             }
             Err(e) => {
                 self.pool.free_all(&new);

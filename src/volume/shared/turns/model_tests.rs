@@ -81,14 +81,18 @@ fn two_clients_one_inode(how: Getting) {
         let (changing, changed) = (changing.clone(), changed.clone());
         thread::spawn(move || {
             if let Getting::Claimed = how {
-                // Refused, nothing was claimed, and the take below asks for the turn.
-                let _ = a.offer_changes(Outgoing {
+                // Nobody else knows the inode before this append: it is taken.
+                let made = a.offer_changes(Outgoing {
                     changes: &[],
                     keys: &[],
                     claim: &[INO],
                     opened: &[],
                     dropped: &[],
                 });
+                assert!(
+                    made.is_ok(),
+                    "the append that makes inode {INO} was refused"
+                );
             }
             let (turn, _) = a.turn_in_use(INO).unwrap();
             let holder = engine.turn_holder(INO);
