@@ -485,6 +485,28 @@ fn six_files(t: &TestFs) {
     }
 }
 
+/// One rebuild pass over `t`, at no rate limit.
+fn rebuild_pass(t: &TestFs) -> rmemfs::upkeep::rebuild::PassOutcome {
+    rmemfs::upkeep::rebuild::pass(
+        &t.fs,
+        0,
+        &rmemfs::upkeep::rebuild::Stop::default(),
+        &Default::default(),
+    )
+}
+
+/// Files f0.. f`files - 1` read back as written (`bytes(i, 1 MiB)`), with "again" at byte
+/// 100 of those `again` picks.
+fn reads_back(t: &TestFs, files: u64, again: impl Fn(u64) -> bool) {
+    for i in 0..files {
+        let mut want = bytes(i, 1 << 20);
+        if again(i) {
+            want[100..105].copy_from_slice(b"again");
+        }
+        assert!(t.read_file(&format!("f{i}")).unwrap() == want, "f{i}");
+    }
+}
+
 /// Bytes of server `server`'s memory the file system's chunk maps list.
 fn listed_on(t: &TestFs, server: u32) -> u64 {
     t.fs.files()
@@ -540,13 +562,7 @@ fn a_cut_off_server_resumes_its_session_with_every_copy_intact() {
     }
     assert!(listed_on(&t, 1) > 0);
     t.kill_server(0);
-    for i in 0..12 {
-        let mut want = bytes(i, 1 << 20);
-        if i < 6 {
-            want[100..105].copy_from_slice(b"again");
-        }
-        assert!(t.read_file(&format!("f{i}")).unwrap() == want, "f{i}");
-    }
+    reads_back(&t, 12, |i| i < 6);
 }
 
 #[test]
@@ -560,12 +576,7 @@ fn a_session_untouched_while_cut_off_needs_no_rebuild() {
     assert!(pool.try_reconnect(ServerId(2)).is_some());
     let h = t.fs.replica_health();
     assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
-    let out = rmemfs::upkeep::rebuild::pass(
-        &t.fs,
-        0,
-        &rmemfs::upkeep::rebuild::Stop::default(),
-        &Default::default(),
-    );
+    let out = rebuild_pass(&t);
     assert_eq!(out.bytes_copied, 0, "{out:?}");
 }
 
@@ -583,15 +594,7 @@ fn a_rebuild_with_nowhere_to_copy_keeps_the_copies_a_server_may_resume_with() {
     let held = listed_on(&t, 1);
     assert_eq!(held, 6 << 20);
     pool.cut(ServerId(1));
-    let pass = |t: &TestFs| {
-        rmemfs::upkeep::rebuild::pass(
-            &t.fs,
-            0,
-            &rmemfs::upkeep::rebuild::Stop::default(),
-            &Default::default(),
-        )
-    };
-    let out = pass(&t);
+    let out = rebuild_pass(&t);
     assert_eq!((out.bytes_copied, out.left_degraded), (0, 6), "{out:?}");
     assert_eq!(
         listed_on(&t, 1),
@@ -607,20 +610,14 @@ fn a_rebuild_with_nowhere_to_copy_keeps_the_copies_a_server_may_resume_with() {
     ));
     let h = t.fs.replica_health();
     assert_eq!((h.healthy, h.degraded, h.lost), (5, 1, 0), "{h:?}");
-    let out = pass(&t);
+    let out = rebuild_pass(&t);
     assert_eq!(
         (out.chunks_rebuilt, out.bytes_copied),
         (1, 1 << 20),
         "{out:?}"
     );
     t.kill_server(0);
-    for i in 0..6 {
-        let mut want = bytes(i, 1 << 20);
-        if i == 3 {
-            want[100..105].copy_from_slice(b"again");
-        }
-        assert!(t.read_file(&format!("f{i}")).unwrap() == want, "f{i}");
-    }
+    reads_back(&t, 6, |i| i == 3);
 }
 
 /// Four copies on five servers, one cut off: a chunk has no slot for a fifth copy, so the
@@ -635,12 +632,7 @@ fn a_rebuild_of_a_chunk_with_every_slot_taken_lists_each_new_copy() {
     let on_0 = listed_on(&t, 0) >> 20;
     assert!(on_0 > 0);
     pool.cut(ServerId(0));
-    let out = rmemfs::upkeep::rebuild::pass(
-        &t.fs,
-        0,
-        &rmemfs::upkeep::rebuild::Stop::default(),
-        &Default::default(),
-    );
+    let out = rebuild_pass(&t);
     assert_eq!(
         (out.chunks_rebuilt, out.left_degraded),
         (on_0, 0),
@@ -678,12 +670,7 @@ fn a_restarted_server_is_admitted_empty_and_rebuilt_onto() {
     assert!(pool.is_live(ServerId(1)));
     let h = t.fs.replica_health();
     assert_eq!(h.degraded, forgot, "{h:?}");
-    let out = rmemfs::upkeep::rebuild::pass(
-        &t.fs,
-        0,
-        &rmemfs::upkeep::rebuild::Stop::default(),
-        &Default::default(),
-    );
+    let out = rebuild_pass(&t);
     assert_eq!(out.chunks_rebuilt, forgot, "{out:?}");
     let h = t.fs.replica_health();
     assert_eq!((h.healthy, h.degraded, h.lost), (6, 0, 0), "{h:?}");
