@@ -99,12 +99,11 @@ if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL=0; fi
 # stops it).
 OVERLAP_DIR=$(mktemp -d)
 RXE_PID=""
-at_low_priority() { nice -n 10 "$@"; }
 rxe_overlapped() {
   local t0 c0 rc=0
   children_cpu
   t0=$SECONDS c0=$CHILDREN_CPU
-  at_low_priority tools/test-rxe.sh >"$OVERLAP_DIR/rxe.log" 2>&1 </dev/null || rc=$?
+  nice -n 10 tools/test-rxe.sh >"$OVERLAP_DIR/rxe.log" 2>&1 </dev/null || rc=$?
   children_cpu
   echo "$((SECONDS - t0)) $((CHILDREN_CPU - c0)) $rc" >"$OVERLAP_DIR/rxe.done"
 }
