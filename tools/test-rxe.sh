@@ -53,7 +53,7 @@ RMEMFS_TEST_FABRIC=verbs RMEMFS_BIN=$TEST_BIN $server_tests --test-threads=1 \
 echo '== [rxe] mount tests over verbs'
 RMEMFS_BIN=$TEST_BIN RMEMFS_SERVE_ARGS='--fabric verbs' \
 RMEMFS_EXPECT_FABRIC=verbs RMEMFS_TEST_SERVER_SIZE=128M RMEMFS_TEST_FIO_SIZE=16M \
-RMEMFS_TEST_BACKED_SIZE=96M RMEMFS_TEST_TREE_FILES=60 RMEMFS_TEST_EC_FILES=2 \
+RMEMFS_TEST_BACKED_SIZE=96M RMEMFS_TEST_TREE_FILES=30 RMEMFS_TEST_EC_FILES=2 \
 RMEMFS_MOUNT_ARGS='--op-timeout 5' RMEMFS_TEST_TIMEOUT=240 mount-tests/run.sh $tests"
 
 echo "== rxe VM: conformance and mount tests over real soft-RoCE"
