@@ -111,6 +111,45 @@ fn a_drain_keeps_every_copy_and_ends_with_nothing_on_the_server() {
     assert_eq!(t.fs.replica_health().degraded, 0);
 }
 
+/// Four copies, the most a chunk lists: a drain's new copy takes the slot of the copy it
+/// replaces (before, it had no slot, and the drain waited until it gave up as stuck).
+#[test]
+fn a_drain_of_chunks_with_every_slot_taken_replaces_each_copy_in_place() {
+    let t = TestFs::replicated(5, 16 << 20, MIB as u64, WritePath::Frrwp, 4);
+    let files: Vec<Vec<u8>> = (0..3).map(|i| bytes(i, 2 * MIB + 555)).collect();
+    for (i, d) in files.iter().enumerate() {
+        t.create(&format!("f{i}")).unwrap();
+        t.write_file(&format!("f{i}"), 0, d).unwrap();
+    }
+    let gone = t.servers[1].local_addr();
+    assert!(placement(&t, "f0")
+        .iter()
+        .any(|c| c.contains(&gone.to_string())));
+    let drained = membership::drain(
+        &t.fs,
+        None,
+        &Default::default(),
+        gone,
+        0,
+        &Stop::default(),
+        &|_| {},
+    )
+    .unwrap();
+    assert!(drained.chunks_moved > 0, "{drained:?}");
+    for (i, d) in files.iter().enumerate() {
+        let p = placement(&t, &format!("f{i}"));
+        assert!(
+            p.iter()
+                .all(|c| c.len() == 4 && !c.contains(&gone.to_string())),
+            "f{i}: {p:?}"
+        );
+        assert_eq!(&t.read_file(&format!("f{i}")).unwrap(), d);
+    }
+    let h = t.fs.replica_health();
+    assert_eq!((h.degraded, h.lost, h.moving), (0, 0, 0), "{h:?}");
+    assert_eq!(used_on(&t, 1), 0, "the drained server gave out nothing");
+}
+
 #[test]
 fn a_drain_that_would_leave_too_few_servers_is_refused_and_changes_nothing() {
     let t = TestFs::replicated(2, 16 << 20, MIB as u64, WritePath::Frrwp, 2);

@@ -103,6 +103,17 @@ impl DataStore {
         }
     }
 
+    /// Lets go of one copy of `c` on a draining server, if it has one; whether it did.
+    fn let_go_of_a_draining_copy(&self, c: &mut Chunk) -> bool {
+        let leaving = c
+            .replicas()
+            .iter()
+            .rev()
+            .find(|r| self.pool.is_draining(ServerId(r.server)))
+            .map(|r| r.server);
+        leaving.inspect(|&server| self.let_go(c, server)).is_some()
+    }
+
     /// Takes every copy on `server` out of `chunks` (that server came back without them);
     /// returns how many. A chunk left with no copy is lost: it stays listed, so reads of it
     /// fail with EIO instead of reading a hole.
@@ -271,14 +282,10 @@ impl DataStore {
         // (their extents given back once the chunk map without them is committed, as any
         // free).
         while c.replicas().len() > want {
-            let leaving = c
-                .replicas()
-                .iter()
-                .rev()
-                .find(|r| self.pool.is_draining(ServerId(r.server)))
-                .unwrap_or(&c.replicas()[c.replicas().len() - 1])
-                .server;
-            self.let_go(c, leaving);
+            if !self.let_go_of_a_draining_copy(c) {
+                let last = c.replicas()[c.replicas().len() - 1].server;
+                self.let_go(c, last);
+            }
         }
         added as u64 * c.len
     }
@@ -289,9 +296,15 @@ impl DataStore {
     /// without room or another live server the chunk stays degraded (and counted so in
     /// `stats`).
     pub(super) fn repair(&self, idx: u64, c: &mut Chunk) -> usize {
-        // No more than the chunk has slots for (a drain of a chunk with every slot taken
-        // waits: its new copy would have nowhere to be listed).
-        let room = crate::meta::extents::MAX_REPLICAS.saturating_sub(c.replicas().len());
+        // No more than the chunk has slots for: its free ones, and those of its copies on
+        // draining servers, each of which a new copy replaces in place (a chunk with every
+        // slot taken, four copies, is drained too).
+        let holders: Vec<ServerId> = c.replicas().iter().map(|r| ServerId(r.server)).collect();
+        let draining = holders
+            .iter()
+            .filter(|&&h| self.pool.is_draining(h))
+            .count();
+        let room = crate::meta::extents::MAX_REPLICAS.saturating_sub(c.replicas().len()) + draining;
         let missing = self
             .replicas()
             .saturating_sub(self.settled_copies(c))
@@ -299,7 +312,6 @@ impl DataStore {
         if missing == 0 {
             return 0;
         }
-        let holders: Vec<ServerId> = c.replicas().iter().map(|r| ServerId(r.server)).collect();
         let placeable_holders = holders
             .iter()
             .filter(|&&h| self.pool.is_live(h) && !self.pool.is_draining(h))
@@ -318,9 +330,12 @@ impl DataStore {
         match self.copy_chunk(c, &mut new, &buf) {
             Ok(()) => {
                 // Each one listed (on a server that holds none of the chunk, within its
-                // slots): one that could not be is given back, never left unlisted.
-                let (listed, unlisted): (Vec<_>, Vec<_>) =
-                    new.into_iter().partition(|r| c.add(replica(r)));
+                // slots, or in the slot of a copy on a draining server, which goes now that
+                // its bytes are on the new one): one that could not be is given back, never
+                // left unlisted.
+                let (listed, unlisted): (Vec<_>, Vec<_>) = new.into_iter().partition(|r| {
+                    c.add(replica(r)) || (self.let_go_of_a_draining_copy(c) && c.add(replica(r)))
+                });
                 if !unlisted.is_empty() {
                     log::warn!("chunk {idx}: {} new copies had no slot", unlisted.len());
                     self.pool.free_all(&unlisted);
