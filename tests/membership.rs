@@ -12,6 +12,7 @@ use rmemfs::fabric::ServerId;
 use rmemfs::upkeep::membership;
 use rmemfs::upkeep::rebuild::Stop;
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 const MIB: usize = 1 << 20;
@@ -27,14 +28,47 @@ fn used_on(t: &TestFs, i: usize) -> u64 {
     c.total - c.free
 }
 
-#[test]
-fn a_drain_keeps_every_copy_and_ends_with_nothing_on_the_server() {
-    let t = TestFs::replicated(3, 32 << 20, MIB as u64, WritePath::Frrwp, 2);
-    let files: Vec<Vec<u8>> = (0..4).map(|i| bytes(i, 3 * MIB + 777)).collect();
+/// Files `f0`.. `f{n-1}`, each `len` bytes of pattern `seed + i`, written; their bytes.
+fn write_files(t: &TestFs, n: u64, seed: u64, len: usize) -> Vec<Vec<u8>> {
+    let files: Vec<Vec<u8>> = (0..n).map(|i| bytes(seed + i, len)).collect();
     for (i, d) in files.iter().enumerate() {
         t.create(&format!("f{i}")).unwrap();
         t.write_file(&format!("f{i}"), 0, d).unwrap();
     }
+    files
+}
+
+/// Every chunk of each of `files` (see [`write_files`]) has `copies` copies, none on `gone`,
+/// and the file reads back whole.
+fn each_file_has_copies_off(t: &TestFs, files: &[Vec<u8>], copies: usize, gone: SocketAddr) {
+    for (i, d) in files.iter().enumerate() {
+        let p = placement(t, &format!("f{i}"));
+        assert!(
+            p.iter()
+                .all(|c| c.len() == copies && !c.contains(&gone.to_string())),
+            "f{i}: {p:?}"
+        );
+        assert_eq!(&t.read_file(&format!("f{i}")).unwrap(), d);
+    }
+}
+
+/// `rmemfs admin drain` of the server at `addr`, at no rate limit.
+fn drain(t: &TestFs, addr: SocketAddr) -> Result<membership::Drained, String> {
+    membership::drain(
+        &t.fs,
+        None,
+        &Default::default(),
+        addr,
+        0,
+        &Stop::default(),
+        &|_| {},
+    )
+}
+
+#[test]
+fn a_drain_keeps_every_copy_and_ends_with_nothing_on_the_server() {
+    let t = TestFs::replicated(3, 32 << 20, MIB as u64, WritePath::Frrwp, 2);
+    let files = write_files(&t, 4, 0, 3 * MIB + 777);
     let gone = t.servers[2].local_addr();
     assert!(placement(&t, "f0")
         .iter()
@@ -62,15 +96,7 @@ fn a_drain_keeps_every_copy_and_ends_with_nothing_on_the_server() {
             }
             t.write_file("during", 0, &written).unwrap();
         });
-        let d = membership::drain(
-            &t.fs,
-            None,
-            &Default::default(),
-            gone,
-            0,
-            &Stop::default(),
-            &|_| {},
-        );
+        let d = drain(&t, gone);
         stop.store(true, Ordering::SeqCst);
         d
     })
@@ -82,15 +108,7 @@ fn a_drain_keeps_every_copy_and_ends_with_nothing_on_the_server() {
         "a chunk had fewer than 2 live copies during the drain"
     );
     assert!(drained.bytes_moved > 0, "{drained:?}");
-    for (i, d) in files.iter().enumerate() {
-        let p = placement(&t, &format!("f{i}"));
-        assert!(
-            p.iter()
-                .all(|c| c.len() == 2 && !c.contains(&gone.to_string())),
-            "f{i}: {p:?}"
-        );
-        assert_eq!(&t.read_file(&format!("f{i}")).unwrap(), d);
-    }
+    each_file_has_copies_off(&t, &files, 2, gone);
     assert_eq!(t.read_file("during").unwrap(), written);
     let held = pool.held_on(ServerId(2)).unwrap();
     assert_eq!((held.extents, held.bytes), (0, 0));
@@ -116,35 +134,14 @@ fn a_drain_keeps_every_copy_and_ends_with_nothing_on_the_server() {
 #[test]
 fn a_drain_of_chunks_with_every_slot_taken_replaces_each_copy_in_place() {
     let t = TestFs::replicated(5, 16 << 20, MIB as u64, WritePath::Frrwp, 4);
-    let files: Vec<Vec<u8>> = (0..3).map(|i| bytes(i, 2 * MIB + 555)).collect();
-    for (i, d) in files.iter().enumerate() {
-        t.create(&format!("f{i}")).unwrap();
-        t.write_file(&format!("f{i}"), 0, d).unwrap();
-    }
+    let files = write_files(&t, 3, 0, 2 * MIB + 555);
     let gone = t.servers[1].local_addr();
     assert!(placement(&t, "f0")
         .iter()
         .any(|c| c.contains(&gone.to_string())));
-    let drained = membership::drain(
-        &t.fs,
-        None,
-        &Default::default(),
-        gone,
-        0,
-        &Stop::default(),
-        &|_| {},
-    )
-    .unwrap();
+    let drained = drain(&t, gone).unwrap();
     assert!(drained.chunks_moved > 0, "{drained:?}");
-    for (i, d) in files.iter().enumerate() {
-        let p = placement(&t, &format!("f{i}"));
-        assert!(
-            p.iter()
-                .all(|c| c.len() == 4 && !c.contains(&gone.to_string())),
-            "f{i}: {p:?}"
-        );
-        assert_eq!(&t.read_file(&format!("f{i}")).unwrap(), d);
-    }
+    each_file_has_copies_off(&t, &files, 4, gone);
     let h = t.fs.replica_health();
     assert_eq!((h.degraded, h.lost, h.moving), (0, 0, 0), "{h:?}");
     assert_eq!(used_on(&t, 1), 0, "the drained server gave out nothing");
@@ -156,30 +153,12 @@ fn a_drain_that_would_leave_too_few_servers_is_refused_and_changes_nothing() {
     t.create("f").unwrap();
     t.write_file("f", 0, &bytes(1, MIB)).unwrap();
     let addr = t.servers[1].local_addr();
-    let e = membership::drain(
-        &t.fs,
-        None,
-        &Default::default(),
-        addr,
-        0,
-        &Stop::default(),
-        &|_| {},
-    )
-    .unwrap_err();
+    let e = drain(&t, addr).unwrap_err();
     assert!(e.contains("set-replicas"), "{e}");
     assert!(!t.fs.data().pool().is_draining(ServerId(1)));
     let e = membership::remove(&t.fs, None, addr).unwrap_err();
     assert!(e.contains("not drained"), "{e}");
-    let e = membership::drain(
-        &t.fs,
-        None,
-        &Default::default(),
-        "127.0.0.1:1".parse().unwrap(),
-        0,
-        &Stop::default(),
-        &|_| {},
-    )
-    .unwrap_err();
+    let e = drain(&t, "127.0.0.1:1".parse().unwrap()).unwrap_err();
     assert!(e.contains("not in this mount"), "{e}");
 }
 
@@ -200,16 +179,7 @@ fn an_added_server_takes_new_chunks_and_a_drain_can_move_onto_it() {
     assert!(p.iter().all(|c| c.contains(&addr.to_string())), "{p:?}");
     // With three servers, one of the first two can be drained now.
     let first = t.servers[0].local_addr();
-    membership::drain(
-        &t.fs,
-        None,
-        &Default::default(),
-        first,
-        0,
-        &Stop::default(),
-        &|_| {},
-    )
-    .unwrap();
+    drain(&t, first).unwrap();
     assert_eq!(used_on(&t, 0), 0);
     assert_eq!(t.read_file("old").unwrap(), old);
     // add-server of a drained (not removed) server calls the drain off: it is the emptiest
@@ -272,11 +242,7 @@ fn a_volume_drain_moves_its_journal_and_a_reattach_needs_no_removed_server() {
 #[test]
 fn a_rebalance_evens_the_servers_out_after_one_is_added() {
     let mut t = TestFs::replicated(2, 32 << 20, MIB as u64, WritePath::Frrwp, 2);
-    let files: Vec<Vec<u8>> = (0..6).map(|i| bytes(20 + i, 2 * MIB + 99)).collect();
-    for (i, d) in files.iter().enumerate() {
-        t.create(&format!("f{i}")).unwrap();
-        t.write_file(&format!("f{i}"), 0, d).unwrap();
-    }
+    let files = write_files(&t, 6, 20, 2 * MIB + 99);
     let addr = t.start_server();
     membership::add_server(&t.fs, None, addr).unwrap();
     assert_eq!(used_on(&t, 2), 0);
