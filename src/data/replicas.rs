@@ -299,10 +299,10 @@ impl DataStore {
         // No more than the chunk has slots for: its free ones, and those of its copies on
         // draining servers, each of which a new copy replaces in place (a chunk with every
         // slot taken, four copies, is drained too).
-        let holders: Vec<ServerId> = c.replicas().iter().map(|r| ServerId(r.server)).collect();
-        let draining = holders
+        let draining = c
+            .replicas()
             .iter()
-            .filter(|&&h| self.pool.is_draining(h))
+            .filter(|r| self.pool.is_draining(ServerId(r.server)))
             .count();
         let room = crate::meta::extents::MAX_REPLICAS.saturating_sub(c.replicas().len()) + draining;
         let missing = self
@@ -312,6 +312,7 @@ impl DataStore {
         if missing == 0 {
             return 0;
         }
+        let holders: Vec<ServerId> = c.replicas().iter().map(|r| ServerId(r.server)).collect();
         let placeable_holders = holders
             .iter()
             .filter(|&&h| self.pool.is_live(h) && !self.pool.is_draining(h))
