@@ -23,6 +23,12 @@ struct Client {
 }
 
 fn client(rack: &Rack, engine: Arc<dyn MetaEngine>, who: &str) -> Client {
+    client_with(rack, engine, who, false)
+}
+
+/// As [`client`], answering small writes before their bytes are sent if `behind` (as a
+/// mount does by default; no worker runs here, so only the client's appends send them).
+fn client_with(rack: &Rack, engine: Arc<dyn MetaEngine>, who: &str, behind: bool) -> Client {
     let spec = VolumeSpec {
         name: "sh".into(),
         holder: who.into(),
@@ -30,7 +36,10 @@ fn client(rack: &Rack, engine: Arc<dyn MetaEngine>, who: &str) -> Client {
         takeover: false,
         role: VolumeRole::Share,
     };
-    let data = rack.store(&rack.addrs(), spec, 2).unwrap();
+    let mut data = rack.store(&rack.addrs(), spec, 2).unwrap();
+    if behind {
+        data = data.write_behind().unwrap();
+    }
     let (fs, shared) = shared::join(data, FsConfig::default(), engine, who.into()).unwrap();
     shared.pause(true);
     Client { fs, shared }
@@ -574,6 +583,90 @@ fn writes_held_back_reach_the_engine_before_what_follows_them() {
     assert_eq!(size_on_b(&b), whole.len() as u64);
     assert_eq!(read(&b.fs, "f").unwrap(), whole);
     assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+}
+
+/// A shared client writes behind (`data::behind`): a small write is answered before its
+/// bytes are on the copies, and they are sent before the append that names its chunks, held
+/// back or made at once, so another client reads them as soon as it has the record (no
+/// worker runs here: only those appends send them).
+#[test]
+fn written_behind_bytes_are_on_the_copies_before_the_append_that_names_them() {
+    let rack = Rack::new(2);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client_with(&rack, engine.clone(), "a", true);
+    let b = client(&rack, engine.clone(), "b");
+    a.shared.pause_linger(true);
+    let (ino, fh) = a.create_open("f");
+    let deferred = || a.fs.data().write_behind_stats().deferred;
+    let before = deferred();
+    // Held back, then carried by the next append (another file's create).
+    let one = bytes(1, 4096);
+    a.change(|fs| fs.write(ino, fh, 0, &one, common::ME))
+        .unwrap();
+    assert_eq!(
+        deferred(),
+        before + 1,
+        "the write was sent before its answer"
+    );
+    a.create("after", b"x").unwrap();
+    b.shared.poll_now().unwrap();
+    assert_eq!(read(&b.fs, "f").unwrap(), one);
+    // Appended at once: its writer sends it first.
+    a.shared.hold_writes(false);
+    let before = deferred();
+    let two = bytes(2, 4096);
+    let head = engine.head().unwrap();
+    a.change(|fs| fs.write(ino, fh, 4096, &two, common::ME))
+        .unwrap();
+    assert_eq!(
+        deferred(),
+        before + 1,
+        "the write was sent before its answer"
+    );
+    assert!(engine.head().unwrap() > head, "the write was held back");
+    b.shared.poll_now().unwrap();
+    assert_eq!(read(&b.fs, "f").unwrap(), [one, two].concat());
+    a.change(|fs| fs.release(fh));
+    assert_eq!(a.fs.data().write_behind_stats().failed, 0);
+}
+
+/// A write answered before it was sent whose send finds a copy's server gone: the copy is
+/// taken out and the bytes go to the others, and that change goes in the append that names
+/// the write, so the other client's map names no copy without the write's bytes.
+#[test]
+fn a_send_that_lost_a_copy_after_the_answer_takes_it_out_for_every_client() {
+    let mut rack = Rack::new(3);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client_with(&rack, engine.clone(), "a", true);
+    let b = client(&rack, engine.clone(), "b");
+    a.shared.pause_linger(true);
+    let (ino, fh) = a.create_open("f");
+    let one = bytes(1, 4096);
+    a.change(|fs| fs.write(ino, fh, 0, &one, common::ME))
+        .unwrap();
+    let file = a.fs.files_by_ino().into_iter().find(|(i, _)| *i == ino);
+    let copies: Vec<u32> = file
+        .expect("f has data")
+        .1
+        .chunks
+        .read()
+        .get(&0)
+        .unwrap()
+        .replicas()
+        .iter()
+        .map(|r| r.server)
+        .collect();
+    assert_eq!(copies.len(), 2, "{copies:?}");
+    rack.stop(copies[0] as usize);
+    a.create("after", b"x").unwrap();
+    b.shared.poll_now().unwrap();
+    assert_eq!(read(&b.fs, "f").unwrap(), one);
+    common::rack::assert_same(&b.fs.namespace_digest(), &a.fs.namespace_digest());
+    let on_b = b.fs.files_by_ino().into_iter().find(|(i, _)| *i == ino);
+    let chunks = on_b.expect("f has data on B").1;
+    let chunk = chunks.chunks.read().get(&0).cloned().unwrap();
+    assert!(chunk.on(copies[0]).is_none(), "B's map names the lost copy");
+    a.change(|fs| fs.release(fh));
 }
 
 /// Appends of held-back writes that the engine took but whose answer was lost (Redis killed

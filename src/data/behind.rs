@@ -16,8 +16,13 @@
 //! must never be durable before the bytes in it (a replay would name memory that holds
 //! another file's old bytes). So before the journal writes a group of records or a
 //! checkpoint, it has every write answered so far sent ([`DataStore::send_all_behind`]), as
-//! ext4's `data=ordered` writes a transaction's data blocks before its commit. Shared volumes
-//! never write behind: there other clients read the bytes as soon as the record is theirs.
+//! ext4's `data=ordered` writes a transaction's data blocks before its commit. A shared
+//! volume's client too, write by write: other clients read the bytes as soon as the record
+//! that names them is theirs, so a write's bytes are sent before the append that carries it
+//! ([`DataStore::send_later`], `volume::shared::behind`): its writer sends them when the
+//! change is appended at once, and whoever appends a write held back sends its bytes by the
+//! write's number, never waiting for its file's lock (the writer of the file's next write
+//! holds it and may wait for that append).
 //!
 //! Whoever needs a write settled while holding a lock that a file's writer may wait for (the
 //! journal's committer: a writer on a full pool waits for the frees a commit releases) never
@@ -437,6 +442,30 @@ impl DataStore {
         self.send_batches(wb, files, false);
         wb.settle_all(&answered, |file, chunks| self.flush_waiting(file, chunks));
         self.free_retired();
+    }
+
+    /// How to send `file`'s waiting write (the caller's, just answered, the file's lock held)
+    /// later from any thread ([`crate::meta::SendLater`]); None if none waits. A shared
+    /// volume's client sends it before the append that names its chunks.
+    pub fn send_later(self: &Arc<Self>, file: &Arc<FileData>) -> Option<crate::meta::SendLater> {
+        let number = self.behind.as_ref()?.peek_waiting(file)?.number;
+        let (data, file) = (self.clone(), file.clone());
+        Some(Box::new(move || data.send_through_waiting(&file, number)))
+    }
+
+    /// Write `number` of `file` is settled when this returns (see [`WriteBehind::send_through`]);
+    /// the changes its send made to the file's map (copies on servers that failed taken out),
+    /// when its lock is free (else its holder's record carries them: a map's changes are
+    /// taken by the operation that holds its lock, and only a send of a write answered before
+    /// changes it outside one).
+    fn send_through_waiting(&self, file: &FileData, number: u64) -> Vec<crate::meta::ExtentChange> {
+        let Some(wb) = &self.behind else {
+            return Vec::new();
+        };
+        wb.send_through(file, number, |chunks| self.flush_waiting(file, chunks));
+        file.chunks
+            .try_write()
+            .map_or_else(Vec::new, |mut chunks| chunks.take_log())
     }
 
     /// Whether `file` has a write waiting to be sent.

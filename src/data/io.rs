@@ -163,6 +163,12 @@ impl Drop for FileIo<'_> {
 }
 
 impl<'a> FileIo<'a> {
+    /// Sends the file's write still waiting to be sent, if any (a failure is kept for its next
+    /// fsync).
+    pub fn send_waiting(&mut self) {
+        self.data.flush_waiting(self.file, &mut self.chunks);
+    }
+
     /// See [`DataStore::free_once_recorded`].
     pub fn free_once_recorded(&self) -> crate::meta::AfterRecord {
         self.data.free_once_recorded()

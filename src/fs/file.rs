@@ -321,7 +321,7 @@ impl Fs {
             }
             let set_id = inode(&b, ino)?.perm & (S_ISUID | S_ISGID) != 0;
             match written.is_ok() {
-                true => self.commit_write_with(b, ino, &mut io)?,
+                true => self.commit_write_with(b, ino, &file, &mut io)?,
                 false => Self::commit_with(b, ino, &mut io)?,
             }
             written?;

@@ -302,7 +302,18 @@ impl Fs {
     /// chunk (made, grown or with a copy fewer, none dropped or encoded), the journal may hold
     /// the batch back ([`crate::meta::Journal::record_write`]), and the memory the write let
     /// go of goes back only once the batch is recorded.
-    fn commit_write_with(&self, mut b: Batch<'_>, ino: Ino, io: &mut FileIo<'_>) -> Result<()> {
+    ///
+    /// On a shared volume a write answered before its bytes were sent (`data::behind`) is sent
+    /// before any append names its chunks: now, by this writer, when the change is appended at
+    /// once, or by whoever appends it when it is held back
+    /// ([`crate::meta::Journal::record_write`]).
+    fn commit_write_with(
+        &self,
+        mut b: Batch<'_>,
+        ino: Ino,
+        file: &Arc<FileData>,
+        io: &mut FileIo<'_>,
+    ) -> Result<()> {
         let log = io.take_log();
         let keeps_chunks = log
             .iter()
@@ -313,9 +324,26 @@ impl Fs {
         // Only a shared volume holds writes back: elsewhere the write's frees stay where they
         // were (when its `FileIo` goes, after the table's lock).
         let committed = match (keeps_chunks, self.is_shared()) {
-            (true, true) => b.commit_write(ino, io.free_once_recorded()),
-            (true, false) => b.commit_write(ino, Box::new(|| {})),
-            (false, _) => b.commit(),
+            (true, true) => {
+                let then = io.free_once_recorded();
+                match self.data.send_later(file) {
+                    Some(later) => {
+                        let unsent = crate::meta::UnsentWrite {
+                            now: &mut || io.send_waiting(),
+                            later,
+                        };
+                        b.commit_write(ino, then, Some(unsent))
+                    }
+                    None => b.commit_write(ino, then, None),
+                }
+            }
+            (true, false) => b.commit_write(ino, Box::new(|| {}), None),
+            (false, shared) => {
+                if shared {
+                    io.send_waiting();
+                }
+                b.commit()
+            }
         };
         committed.inspect_err(|_| io.undo(&log))
     }

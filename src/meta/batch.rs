@@ -101,14 +101,21 @@ pub trait Journal: Send {
     /// back the memory the write let go of: never before a record stops naming it), and is
     /// dropped unrun if they are refused. A shared volume's client holds them back while it
     /// holds the file's turn (see `volume::shared::behind`); others record them at once.
+    ///
+    /// `unsent`: the write was answered before its bytes reached the copies (`data::behind`);
+    /// a journal has them sent before any record names the chunks they fill.
     fn record_write(
         &mut self,
         ino: Ino,
         changes: &[Change],
         table: &super::TableView<'_>,
         then: AfterRecord,
+        unsent: Option<UnsentWrite<'_>>,
     ) -> Result<()> {
         let _ = ino;
+        if let Some(u) = unsent {
+            (u.now)();
+        }
         self.record(changes, table)?;
         then();
         Ok(())
@@ -117,6 +124,19 @@ pub trait Journal: Send {
 
 /// What runs once a write's changes are recorded ([`Journal::record_write`]).
 pub type AfterRecord = Box<dyn FnOnce() + Send>;
+
+/// Sends a write answered before its bytes were sent, from any thread, never waiting for its
+/// file's lock (whose holder may wait for the caller); the chunk changes a failed send made
+/// (copies taken out), if this call found them, for the record that names the write.
+pub type SendLater = Box<dyn FnMut() -> Vec<ExtentChange> + Send>;
+
+/// A write answered before its bytes reached the copies ([`Journal::record_write`]): sent
+/// `now` by its writer, under the file's lock (for a record made at once), or `later` by
+/// whoever records it (for a record held back).
+pub struct UnsentWrite<'a> {
+    pub now: &'a mut dyn FnMut(),
+    pub later: SendLater,
+}
 
 /// The journal of a namespace that lives only in this process (a mount without a volume):
 /// nothing to record.
@@ -387,13 +407,26 @@ impl<'m> Batch<'m> {
 
     /// [`Batch::commit`] of a write's changes of file `ino`, `then` run once they are
     /// recorded (see [`Journal::record_write`]).
-    pub fn commit_write(self, ino: Ino, then: AfterRecord) -> Result<()> {
-        self.commit_as(Some((ino, then)))
+    /// `unsent`: see [`Journal::record_write`].
+    pub fn commit_write(
+        self,
+        ino: Ino,
+        then: AfterRecord,
+        unsent: Option<UnsentWrite<'_>>,
+    ) -> Result<()> {
+        self.commit_as(Some((ino, then, unsent)))
     }
 
-    fn commit_as(mut self, write_of: Option<(Ino, AfterRecord)>) -> Result<()> {
+    fn commit_as(
+        mut self,
+        write_of: Option<(Ino, AfterRecord, Option<UnsentWrite<'_>>)>,
+    ) -> Result<()> {
         if self.redo.is_empty() {
-            if let Some((_, then)) = write_of {
+            if let Some((_, then, unsent)) = write_of {
+                // Nothing recorded names it, and nothing will carry it: sent now.
+                if let Some(u) = unsent {
+                    (u.now)();
+                }
                 then();
             }
             return Ok(());
@@ -403,7 +436,10 @@ impl<'m> Batch<'m> {
             inodes: &self.meta.inodes,
         };
         let recorded = match write_of {
-            Some((ino, then)) => self.meta.journal.record_write(ino, &redo, &table, then),
+            Some((ino, then, unsent)) => self
+                .meta
+                .journal
+                .record_write(ino, &redo, &table, then, unsent),
             None => self.meta.journal.record(&redo, &table),
         };
         match recorded {

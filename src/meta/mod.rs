@@ -19,7 +19,7 @@ pub mod record;
 mod replay;
 mod stripe;
 
-pub use batch::{AfterRecord, Batch, Change, Journal};
+pub use batch::{AfterRecord, Batch, Change, Journal, SendLater, UnsentWrite};
 pub use dir::{Dir, FIRST_ENTRY_COOKIE};
 pub use extents::{
     Chunk, ChunkMap, Coding, ExtentChange, FileData, Redundancy, Replica, Stripe, MAX_REPLICAS,

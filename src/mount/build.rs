@@ -273,6 +273,9 @@ pub(crate) fn build_fs(
     let (fs, journal, follower, follow_counters) = match namespace {
         Namespace::Shared { .. } => {
             let (engine, _, _) = engine.expect("a shared volume's engine is open");
+            // Written behind too, in the engine's order: an append that names a write's
+            // chunks goes after its bytes (see `volume::shared::behind`).
+            let data = write_behind(data, choices)?;
             let (fs, client) = crate::volume::shared::join(data, fs_config, engine, holder)?;
             (fs, None, Some(Following::Shared { _client: client }), None)
         }

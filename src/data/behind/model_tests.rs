@@ -69,3 +69,61 @@ fn model_a_commit_settles_written_behind_bytes_without_waiting_for_their_files()
         2000,
     );
 }
+
+/// Model-checked (shuttle): a shared volume's client appends a write held back
+/// (`volume::shared::behind`), holding what is held back, and sends that write's bytes first
+/// by its number ([`DataStore::send_later`]), while the file's writer, holding the file's
+/// lock, has answered the next write before it was sent and waits to hold it back too. Sending
+/// every write answered so far instead (as the holder's journal does) deadlocks: the next
+/// write waits under a lock whose holder waits for the append.
+#[test]
+fn model_a_held_write_is_sent_by_its_number_while_its_file_is_written_again() {
+    shuttle::check_random(
+        || {
+            let wb = Arc::new(WriteBehind::new().unwrap());
+            let file = Arc::new(FileData::default());
+            let held = {
+                let _lock = file.chunks.write();
+                write(&wb, &file);
+                wb.peek_waiting(&file).expect("it waits").number
+            };
+            // What the client holds back (the writes' changes), under one lock.
+            let behind = Arc::new(Mutex::new(vec![held]));
+            let writer = {
+                let (wb, file, behind) = (wb.clone(), file.clone(), behind.clone());
+                thread::spawn(move || {
+                    let _lock = file.chunks.write();
+                    // `DataStore::lock` sends the waiting write.
+                    flush(&wb, &file);
+                    write(&wb, &file);
+                    let next = wb.peek_waiting(&file).expect("it waits").number;
+                    // Held back: it waits for the append under way.
+                    behind.lock().push(next);
+                })
+            };
+            let worker = {
+                let (wb, file) = (wb.clone(), file.clone());
+                thread::spawn(move || {
+                    let _lock = file.chunks.write();
+                    flush(&wb, &file);
+                })
+            };
+            // The append of what is held back.
+            {
+                let held = behind.lock();
+                for &n in held.iter() {
+                    wb.send_through(&file, n, |_| flush(&wb, &file));
+                }
+                for &n in held.iter() {
+                    assert!(
+                        wb.settled(&file, n),
+                        "write {n} appended before it was sent"
+                    );
+                }
+            }
+            writer.join().unwrap();
+            worker.join().unwrap();
+        },
+        2000,
+    );
+}

@@ -227,12 +227,21 @@ impl crate::meta::Journal for EngineRecorder {
         changes: &[Change],
         table: &TableView<'_>,
         then: crate::meta::AfterRecord,
+        unsent: Option<crate::meta::UnsentWrite<'_>>,
     ) -> Result<()> {
         let s = &self.0;
         s.still_whole()?;
-        match s.hold_back(ino, changes, then) {
+        let (now, later) = match unsent {
+            Some(u) => (Some(u.now), Some(u.later)),
+            None => (None, None),
+        };
+        match s.hold_back(ino, changes, then, later) {
             Ok(()) => Ok(()),
             Err(then) => {
+                // Appended at once: its bytes go first.
+                if let Some(now) = now {
+                    now();
+                }
                 self.record(changes, table)?;
                 then();
                 Ok(())

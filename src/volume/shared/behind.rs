@@ -7,10 +7,14 @@
 //! writer changes the file's times with every one; appended one by one, each waits a Redis
 //! round trip (a `tar x` of small files spent a third of its round trips on them). Held
 //! back, they cost none, and what a write promises is kept as a local file system keeps
-//! it: its bytes are on every copy before it is answered (a shared mount does not write
-//! behind), and its size is durable at `fsync` (a crash of this client before loses it, as
-//! POSIX allows for data never synced; its memory is collected with the evicted client's).
-//! Every namespace change is still answered only once the engine holds it.
+//! it: its bytes and size are durable at `fsync` (a crash of this client before loses them,
+//! as POSIX allows for data never synced; its memory is collected with the evicted
+//! client's). A small write is answered before its bytes are on the copies, as on a private
+//! mount (`data::behind`, `-o no_write_behind` turns it off), and they are sent before the
+//! append that carries the write: no other client is ever given a record naming chunks
+//! whose bytes are not there yet. A send that fails after the answer takes the failed
+//! copies out, and that change goes in the same append. Every namespace change is still
+//! answered only once the engine holds it.
 //!
 //! What stays true:
 //! - **No other client changes the file meanwhile**: a write is held back only while this
@@ -61,6 +65,8 @@ struct Hold {
     file: Ino,
     end: usize,
     then: crate::meta::AfterRecord,
+    /// Its bytes, answered before they were sent: sent before any append carries it.
+    unsent: Option<crate::meta::SendLater>,
 }
 
 /// An append whose answer was lost: its record, and how many of the writes' changes held
@@ -83,6 +89,24 @@ impl Behind {
         files.sort_unstable();
         files.dedup();
         files
+    }
+
+    /// The bytes of every write held back are on their copies: those answered before they
+    /// were sent are sent now (each once), and the chunk changes a failed send made (copies
+    /// taken out) are held back after them, so the append that names the write's chunks
+    /// names only copies that hold its bytes.
+    fn send_unsent(&mut self) {
+        let mut made = Vec::new();
+        for h in &mut self.holds {
+            if let Some(mut send) = h.unsent.take() {
+                made.extend(send().into_iter().map(|e| Change::Extent {
+                    ino: h.file,
+                    idx: e.idx,
+                    chunk: e.chunk,
+                }));
+            }
+        }
+        self.changes.extend(made);
     }
 
     /// The first `n` changes are appended: what waited for their writes runs.
@@ -167,11 +191,15 @@ impl State {
     /// Holds back write `changes` of file `ino`, `then` to run once they are appended, if
     /// this client holds its turn long enough for the linger thread to append them first;
     /// else gives `then` back.
+    ///
+    /// `unsent`: the write was answered before its bytes were sent; they are sent before the
+    /// append that carries it ([`Behind::send_unsent`]).
     pub(super) fn hold_back(
         &self,
         ino: Ino,
         changes: &[Change],
         then: crate::meta::AfterRecord,
+        unsent: Option<crate::meta::SendLater>,
     ) -> std::result::Result<(), crate::meta::AfterRecord> {
         if !self.hold_writes.load(Ordering::SeqCst) || !self.holds_for(ino, TURN_LINGER * 2) {
             return Err(then);
@@ -183,6 +211,7 @@ impl State {
             file: ino,
             end,
             then,
+            unsent,
         });
         b.since.get_or_insert_with(Instant::now);
         Ok(())
@@ -196,6 +225,7 @@ impl State {
             drop(b);
             return self.append_changes(out);
         }
+        b.send_unsent();
         let both = [&b.changes[..], out.changes].concat();
         let both_keys = union(&b.files(), out.keys);
         let with_writes = Outgoing {
@@ -240,6 +270,7 @@ impl State {
         if b.changes.is_empty() {
             return Ok(());
         }
+        b.send_unsent();
         let files = b.files();
         let writes = Outgoing {
             changes: &b.changes,
