@@ -17,7 +17,7 @@
 //! another file's old bytes). So before the journal writes a group of records or a
 //! checkpoint, it has every write answered so far sent ([`DataStore::send_all_behind`]), as
 //! ext4's `data=ordered` writes a transaction's data blocks before its commit. A shared
-//! volume's client too, write by write: other clients read the bytes as soon as the record
+//! volume's client that asks for it (`-o write_behind`) too, write by write: other clients read the bytes as soon as the record
 //! that names them is theirs, so a write's bytes are sent before the append that carries it
 //! ([`DataStore::send_later`], `volume::shared::behind`): its writer sends them when the
 //! change is appended at once, and whoever appends a write held back sends its bytes by the

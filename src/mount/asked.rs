@@ -27,8 +27,9 @@ pub struct MountArgs {
     /// times relatime (the default), strictatime, noatime, nodiratime; acl (the default)
     /// or noacl; writeback_cache (the default) or no_writeback_cache; rdirplus (the
     /// default: directory reads carry attributes) or nordirplus; write_behind (the
-    /// default on a private mount and a volume's holder: small writes answered before they
-    /// are remote, a failed send reported by the next fsync) or no_write_behind; io_uring
+    /// default on a private mount and a volume's holder, asked for on a shared volume's
+    /// client: small writes answered before they are remote, a failed send reported by the
+    /// next fsync) or no_write_behind; io_uring
     /// (requests through FUSE over io_uring, Linux 6.14+: turns the fuse module's
     /// enable_uring on if it is off; without kernel support the mount says so and uses
     /// /dev/fuse).

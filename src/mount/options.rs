@@ -68,7 +68,7 @@ pub(super) fn fuser_config(
     let mut acl = true;
     let mut writeback = true;
     let mut readdirplus = true;
-    let mut write_behind = true;
+    let mut write_behind = None;
     // FUSE over io_uring wherever the kernel offers it (see [`allow_io_uring`]).
     let mut io_uring = true;
     let mut opts = vec![O::DefaultPermissions, O::Subtype("rmemfs".into())];
@@ -110,8 +110,8 @@ pub(super) fn fuser_config(
             // NFS's names for the same choice.
             "rdirplus" => readdirplus = true,
             "nordirplus" => readdirplus = false,
-            "write_behind" => write_behind = true,
-            "no_write_behind" => write_behind = false,
+            "write_behind" => write_behind = Some(true),
+            "no_write_behind" => write_behind = Some(false),
             "io_uring" => io_uring = true,
             "no_io_uring" => io_uring = false,
             "diratime" => {
@@ -170,10 +170,10 @@ pub(crate) struct MountChoices {
     /// Requests through FUSE over io_uring where the kernel offers it (`io_uring`, the
     /// default; `no_io_uring` for /dev/fuse).
     pub(super) io_uring: bool,
-    /// Small writes answered before their bytes are remote, on a private mount and a
-    /// volume's holder (`write_behind`, the default, or `no_write_behind`; see
-    /// `data::behind`).
-    pub(super) write_behind: bool,
+    /// Small writes answered before their bytes are remote (`write_behind` or
+    /// `no_write_behind`; see `data::behind`); unsaid (None), on for a private mount and a
+    /// volume's holder, off for a shared volume's client (`mount::build`).
+    pub(super) write_behind: Option<bool>,
 }
 
 /// What a program's volume (`crate::library`) takes of a mount's choices: no kernel in
@@ -189,7 +189,7 @@ pub(crate) fn library_choices(read_only: bool) -> MountChoices {
         writeback: false,
         readdirplus: false,
         io_uring: false,
-        write_behind: true,
+        write_behind: None,
     }
 }
 

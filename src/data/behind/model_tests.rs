@@ -23,6 +23,15 @@ fn write(wb: &WriteBehind, file: &Arc<FileData>) {
     wb.put_waiting(file, 0, slot, 1);
 }
 
+/// The write-behind worker's round on `file`: it takes the lock and sends the waiting write.
+fn worker(wb: &Arc<WriteBehind>, file: &Arc<FileData>) -> thread::JoinHandle<()> {
+    let (wb, file) = (wb.clone(), file.clone());
+    thread::spawn(move || {
+        let _lock = file.chunks.write();
+        flush(&wb, &file);
+    })
+}
+
 #[test]
 fn model_a_commit_settles_written_behind_bytes_without_waiting_for_their_files() {
     shuttle::check_random(
@@ -48,13 +57,7 @@ fn model_a_commit_settles_written_behind_bytes_without_waiting_for_their_files()
                     }
                 })
             };
-            let worker = {
-                let (wb, file) = (wb.clone(), file.clone());
-                thread::spawn(move || {
-                    let _lock = file.chunks.write();
-                    flush(&wb, &file);
-                })
-            };
+            let worker = worker(&wb, &file);
             // The committer.
             let answered = wb.answered();
             wb.settle_all(&answered, |f, _| flush(&wb, f));
@@ -101,13 +104,7 @@ fn model_a_held_write_is_sent_by_its_number_while_its_file_is_written_again() {
                     behind.lock().push(next);
                 })
             };
-            let worker = {
-                let (wb, file) = (wb.clone(), file.clone());
-                thread::spawn(move || {
-                    let _lock = file.chunks.write();
-                    flush(&wb, &file);
-                })
-            };
+            let worker = worker(&wb, &file);
             // The append of what is held back.
             {
                 let held = behind.lock();

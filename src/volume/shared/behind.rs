@@ -9,9 +9,9 @@
 //! back, they cost none, and what a write promises is kept as a local file system keeps
 //! it: its bytes and size are durable at `fsync` (a crash of this client before loses them,
 //! as POSIX allows for data never synced; its memory is collected with the evicted
-//! client's). A small write is answered before its bytes are on the copies, as on a private
-//! mount (`data::behind`, `-o no_write_behind` turns it off), and they are sent before the
-//! append that carries the write: no other client is ever given a record naming chunks
+//! client's). With `-o write_behind` a small write is answered before its bytes are on the
+//! copies, as on a private mount (`data::behind`), and they are sent before the append that
+//! carries the write: no other client is ever given a record naming chunks
 //! whose bytes are not there yet. A send that fails after the answer takes the failed
 //! copies out, and that change goes in the same append. Every namespace change is still
 //! answered only once the engine holds it.
