@@ -23,6 +23,17 @@ fn write(wb: &WriteBehind, file: &Arc<FileData>) {
     wb.put_waiting(file, 0, slot, 1);
 }
 
+/// A store writing behind and a file with one write waiting to be sent (its number).
+fn one_written() -> (Arc<WriteBehind>, Arc<FileData>, u64) {
+    let wb = Arc::new(WriteBehind::new().unwrap());
+    let file = Arc::new(FileData::default());
+    let lock = file.chunks.write();
+    write(&wb, &file);
+    let number = wb.peek_waiting(&file).expect("it waits").number;
+    drop(lock);
+    (wb, file, number)
+}
+
 /// The write-behind worker's round on `file`: it takes the lock and sends the waiting write.
 fn worker(wb: &Arc<WriteBehind>, file: &Arc<FileData>) -> thread::JoinHandle<()> {
     let (wb, file) = (wb.clone(), file.clone());
@@ -36,12 +47,7 @@ fn worker(wb: &Arc<WriteBehind>, file: &Arc<FileData>) -> thread::JoinHandle<()>
 fn model_a_commit_settles_written_behind_bytes_without_waiting_for_their_files() {
     shuttle::check_random(
         || {
-            let wb = Arc::new(WriteBehind::new().unwrap());
-            let file = Arc::new(FileData::default());
-            {
-                let _lock = file.chunks.write();
-                write(&wb, &file);
-            }
+            let (wb, file, _) = one_written();
             let committed = Arc::new((Mutex::new(false), Condvar::new()));
             let writer = {
                 let (wb, file, committed) = (wb.clone(), file.clone(), committed.clone());
@@ -83,13 +89,7 @@ fn model_a_commit_settles_written_behind_bytes_without_waiting_for_their_files()
 fn model_a_held_write_is_sent_by_its_number_while_its_file_is_written_again() {
     shuttle::check_random(
         || {
-            let wb = Arc::new(WriteBehind::new().unwrap());
-            let file = Arc::new(FileData::default());
-            let held = {
-                let _lock = file.chunks.write();
-                write(&wb, &file);
-                wb.peek_waiting(&file).expect("it waits").number
-            };
+            let (wb, file, held) = one_written();
             // What the client holds back (the writes' changes), under one lock.
             let behind = Arc::new(Mutex::new(vec![held]));
             let writer = {
