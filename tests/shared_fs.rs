@@ -145,7 +145,12 @@ fn two_writers(engine: Arc<dyn MetaEngine>) {
     let before = rack.free();
     b.unlink("moved").unwrap();
     b.shared.poll_now().unwrap();
-    assert_eq!(rack.free(), before, "freed before A applied the unlink");
+    // No server has more free (a stock refill answered meanwhile may have taken a little).
+    let now = rack.free();
+    assert!(
+        now.iter().zip(&before).all(|(n, b)| n <= b),
+        "freed before A applied the unlink: {now:?} against {before:?}"
+    );
     assert!(
         resolve(&a.fs, "moved").is_ok(),
         "A applied it without a poll"
