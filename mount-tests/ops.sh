@@ -200,6 +200,12 @@ test_nonroot() {
 # it takes the helper links away. Skips installing over an rmemfs package already there.
 test_package() {
   local m=$MNT deb out f
+  # cargo-deb, once per machine: a build of its own (minutes on two busy cores), so outside
+  # the request timeout that bounds the packaging itself.
+  if ! cargo deb --version >/dev/null 2>&1; then
+    timeout -k 10 1800 cargo install cargo-deb --locked >"$WORK/cargo-deb.log" 2>&1 ||
+      fail "installing cargo-deb: $(tail -n 5 "$WORK/cargo-deb.log")"
+  fi
   deb=$(RMEMFS_PACKAGE_BIN=$BIN t tools/package.sh 2>"$WORK/package.log") || fail "tools/package.sh: $(tail -n 5 "$WORK/package.log")"
   [ -f "$deb" ] || fail "no package at '$deb'"
   out=$(dpkg-deb -c "$deb")

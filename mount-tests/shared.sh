@@ -98,9 +98,7 @@ test_volume_shared_check() {
   local mnt2=$BASE/mnt/volume_shared_check2 out pid
   start_redis
   mkdir -p "$mnt2"
-  # A writes behind (asked for), B does not: every check below runs both ways.
-  mount_fs "$MNT" "$ADDRS" --volume sc --create --meta "$REDIS_URL" -o write_behind ||
-    fail "mount --create --meta failed"
+  mount_fs "$MNT" "$ADDRS" --volume sc --create --meta "$REDIS_URL" || fail "mount --create --meta failed"
   mount_fs "$mnt2" "$ADDRS" --volume sc --meta "$REDIS_URL" || fail "second mount --meta failed"
   local check=mount-tests/shared_check.py
   out=$(t python3 $check locks "$MNT" "$mnt2") || fail "locks: $out"
@@ -111,11 +109,6 @@ test_volume_shared_check() {
   echo "$out" >&2
   out=$(t python3 $check c2o "$MNT" "$mnt2" 24) || fail "close-to-open: $out"
   echo "$out" >&2
-  local deferred
-  deferred=$(stats_field "$MNT" 's["writeback"]["behind"]["deferred"]') || fail "stats --json of A"
-  [ "$deferred" -gt 0 ] || fail "A answered no write before it was sent (-o write_behind)"
-  deferred=$(stats_field "$mnt2" 's["writeback"]["behind"]["deferred"]') || fail "stats --json of B"
-  assert_eq "writes B answered before they were sent (a shared mount's default)" "$deferred" 0
   # A file unlinked on A while open on B: kept for B's handle, its memory back after.
   local before after
   before=$(settled_extents) || fail "the servers' extents never settled"
