@@ -166,7 +166,7 @@ impl<'a> FileIo<'a> {
     /// Sends the file's write still waiting to be sent, if any (a failure is kept for its next
     /// fsync).
     pub fn send_waiting(&mut self) {
-        self.data.flush_waiting(self.file, &mut self.chunks);
+        self.settled();
     }
 
     /// See [`DataStore::free_once_recorded`].

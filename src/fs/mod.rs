@@ -326,16 +326,15 @@ impl Fs {
         let committed = match (keeps_chunks, self.is_shared()) {
             (true, true) => {
                 let then = io.free_once_recorded();
-                match self.data.send_later(file) {
-                    Some(later) => {
-                        let unsent = crate::meta::UnsentWrite {
-                            now: &mut || io.send_waiting(),
-                            later,
-                        };
-                        b.commit_write(ino, then, Some(unsent))
-                    }
-                    None => b.commit_write(ino, then, None),
-                }
+                let mut send_now = || io.send_waiting();
+                let unsent = self
+                    .data
+                    .send_later(file)
+                    .map(|later| crate::meta::UnsentWrite {
+                        now: &mut send_now,
+                        later,
+                    });
+                b.commit_write(ino, then, unsent)
             }
             (true, false) => b.commit_write(ino, Box::new(|| {}), None),
             (false, shared) => {

@@ -5,7 +5,7 @@
 //! able to implement the same calls. So `fs` never holds a `&mut Inode`: it opens a batch on
 //! the table, makes its changes through the batch's methods (each fallible, each applied at
 //! once so the operation reads its own writes), and commits. The commit hands the changes to
-//! the [`Journal`] whole; if the journal refuses them, or the batch is dropped uncommitted
+//! the [`super::Journal`] whole; if the journal refuses them, or the batch is dropped uncommitted
 //! (an error part way through an operation), every change is undone, so an operation's
 //! changes count whole or not at all.
 //!
@@ -15,6 +15,7 @@
 //! the namespace's, and is kept beside it (see [`super::Meta::hold`]).
 
 use super::extents::{Chunk, ExtentChange, FileData};
+use super::journal::{AfterRecord, UnsentWrite};
 use super::{Attrs, Ino, Inode, Kind, Meta, Name, Xattrs};
 use crate::error::{Error, Result};
 use crate::sync::Arc;
@@ -87,66 +88,6 @@ pub enum Change {
         birth: Box<[u8]>,
         stale: bool,
     },
-}
-
-/// Where committed batches go: a volume's journal records them before they count. An error
-/// fails the operation and undoes its changes.
-pub trait Journal: Send {
-    /// `table`: the table with `changes` made (what a shared volume's append reads).
-    fn record(&mut self, changes: &[Change], table: &super::TableView<'_>) -> Result<()>;
-
-    /// A write's changes of file `ino` (its size, times and chunks, whose bytes are on every
-    /// copy already): a journal may hold them back until [`Journal::record`] of the next
-    /// batch, which then carries them first. `then` runs once they are recorded (it gives
-    /// back the memory the write let go of: never before a record stops naming it), and is
-    /// dropped unrun if they are refused. A shared volume's client holds them back while it
-    /// holds the file's turn (see `volume::shared::behind`); others record them at once.
-    ///
-    /// `unsent`: the write was answered before its bytes reached the copies (`data::behind`);
-    /// a journal has them sent before any record names the chunks they fill.
-    fn record_write(
-        &mut self,
-        ino: Ino,
-        changes: &[Change],
-        table: &super::TableView<'_>,
-        then: AfterRecord,
-        unsent: Option<UnsentWrite<'_>>,
-    ) -> Result<()> {
-        let _ = ino;
-        if let Some(u) = unsent {
-            (u.now)();
-        }
-        self.record(changes, table)?;
-        then();
-        Ok(())
-    }
-}
-
-/// What runs once a write's changes are recorded ([`Journal::record_write`]).
-pub type AfterRecord = Box<dyn FnOnce() + Send>;
-
-/// Sends a write answered before its bytes were sent, from any thread, never waiting for its
-/// file's lock (whose holder may wait for the caller); the chunk changes a failed send made
-/// (copies taken out), if this call found them, for the record that names the write.
-pub type SendLater = Box<dyn FnMut() -> Vec<ExtentChange> + Send>;
-
-/// A write answered before its bytes reached the copies ([`Journal::record_write`]): sent
-/// `now` by its writer, under the file's lock (for a record made at once), or `later` by
-/// whoever records it (for a record held back).
-pub struct UnsentWrite<'a> {
-    pub now: &'a mut dyn FnMut(),
-    pub later: SendLater,
-}
-
-/// The journal of a namespace that lives only in this process (a mount without a volume):
-/// nothing to record.
-#[derive(Debug, Default)]
-pub struct InMemory;
-
-impl Journal for InMemory {
-    fn record(&mut self, _changes: &[Change], _table: &super::TableView<'_>) -> Result<()> {
-        Ok(())
-    }
 }
 
 /// How to take one change back.
@@ -406,8 +347,8 @@ impl<'m> Batch<'m> {
     }
 
     /// [`Batch::commit`] of a write's changes of file `ino`, `then` run once they are
-    /// recorded (see [`Journal::record_write`]).
-    /// `unsent`: see [`Journal::record_write`].
+    /// recorded (see [`super::Journal::record_write`]).
+    /// `unsent`: see [`super::Journal::record_write`].
     pub fn commit_write(
         self,
         ino: Ino,
@@ -530,7 +471,7 @@ impl std::ops::DerefMut for Batch<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::{Body, Dir, ROOT_INO};
+    use crate::meta::{Body, Dir, Journal, ROOT_INO};
 
     fn file() -> Inode {
         Inode::new(Kind::File, 0o644, 0, 0, Body::File(Default::default()))

@@ -14,17 +14,19 @@ pub mod batch;
 mod dir;
 pub mod extents;
 pub mod image;
+mod journal;
 pub mod locks;
 pub mod record;
 mod replay;
 mod stripe;
 
-pub use batch::{AfterRecord, Batch, Change, Journal, SendLater, UnsentWrite};
+pub use batch::{Batch, Change};
 pub use dir::{Dir, FIRST_ENTRY_COOKIE};
 pub use extents::{
     Chunk, ChunkMap, Coding, ExtentChange, FileData, Redundancy, Replica, Stripe, MAX_REPLICAS,
 };
 pub use image::Image;
+pub use journal::{AfterRecord, Journal, SendLater, UnsentWrite};
 pub use replay::{add_chunks, Digest};
 
 use crate::sync::Arc;
@@ -295,7 +297,7 @@ impl Meta {
             inodes,
             next_ino: ROOT_INO + 1,
             given_inos: None,
-            journal: Box::new(batch::InMemory),
+            journal: Box::new(journal::InMemory),
             births: Default::default(),
             commits: 0,
             changes: 0,
@@ -456,7 +458,7 @@ impl Meta {
     /// Takes over `old`'s journal (a shared client's table replaced by a checkpoint goes on
     /// recording its changes where the old one did).
     pub fn carry_journal(&mut self, old: &mut Meta) {
-        self.journal = std::mem::replace(&mut old.journal, Box::new(batch::InMemory));
+        self.journal = std::mem::replace(&mut old.journal, Box::new(journal::InMemory));
         self.given_inos = old.given_inos.take();
     }
 

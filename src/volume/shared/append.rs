@@ -231,10 +231,7 @@ impl crate::meta::Journal for EngineRecorder {
     ) -> Result<()> {
         let s = &self.0;
         s.still_whole()?;
-        let (now, later) = match unsent {
-            Some(u) => (Some(u.now), Some(u.later)),
-            None => (None, None),
-        };
+        let (now, later) = unsent.map(|u| (u.now, u.later)).unzip();
         match s.hold_back(ino, changes, then, later) {
             Ok(()) => Ok(()),
             Err(then) => {
