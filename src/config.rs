@@ -124,6 +124,10 @@ pub const DIRTY_LIMIT_MARGIN: u64 = 32 << 20;
 /// once the pool's free room is below this: 64 MiB, where the limit (under 24 MiB) would
 /// throttle cached writes more than writing through costs.
 pub const WRITE_THROUGH_BELOW: u64 = 64 << 20;
+/// The dirty limit once the pool has refused data for room: what a handle still cached
+/// dirties is refused at write-back either way, so the limit only batches those write-backs
+/// (1 MiB requests, not one per page); the margin's 32 MiB, the least memory that does.
+pub const FULL_POOL_DIRTY_LIMIT: u64 = DIRTY_LIMIT_MARGIN;
 
 /// Most control connections one peer address may hold open at once: a mount holds one per
 /// server (plus a short-lived probe), so 16 leaves room for several mounts on one host while

@@ -96,6 +96,14 @@ impl Fs {
         }
     }
 
+    /// The pool refused a write for room (ENOSPC): writers still cached stop being throttled
+    /// ([`crate::fs::dirty_limit::DirtyLimit::refused`]).
+    pub fn pool_refused_room(&self) {
+        if let Some(limit) = self.dirty_limit.get() {
+            limit.refused(self.free_room());
+        }
+    }
+
     /// Brings the dirty limit in step with the pool's free room (the upkeep does this every
     /// heartbeat, so the limit follows room taken by other clients too).
     pub fn follow_room(&self) {

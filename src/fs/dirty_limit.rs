@@ -7,11 +7,16 @@
 //! FUSE bdis have `strict_limit`, so writers are throttled at it), set to the room less a
 //! margin and lowered as the room shrinks. So the cache stays on until the pool is nearly
 //! full, and only then do new writable handles write through ([`DirtyLimit::direct`]).
+//! Once the pool has refused data for room ([`DirtyLimit::refused`]), a handle still cached
+//! is no longer throttled: its dirty pages cannot be written back anyway, and a one-page
+//! limit would hold its writer to a round trip per page until it learns so at `fsync`.
 //! A mount that cannot write the bdi's settings (a user's) keeps the older rule: write
 //! through whenever the room is below what the mount may hold dirty at most.
 
-use crate::config::{DIRTY_LIMIT_MARGIN, DIRTY_LIMIT_MARGIN_PARTS, WRITE_THROUGH_BELOW};
-use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::config::{
+    DIRTY_LIMIT_MARGIN, DIRTY_LIMIT_MARGIN_PARTS, FULL_POOL_DIRTY_LIMIT, WRITE_THROUGH_BELOW,
+};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::Mutex;
 use std::path::PathBuf;
 
@@ -45,6 +50,8 @@ pub struct DirtyLimit {
     ceiling: u64,
     /// What `max_bytes` was last set to (0: never set).
     set: AtomicU64,
+    /// The pool refused data for room, and has not had [`WRITE_THROUGH_BELOW`] free since.
+    full: AtomicBool,
 }
 
 impl DirtyLimit {
@@ -54,6 +61,7 @@ impl DirtyLimit {
             max_bytes: Mutex::new(max_bytes),
             ceiling,
             set: AtomicU64::new(0),
+            full: AtomicBool::new(false),
         }
     }
 
@@ -69,7 +77,13 @@ impl DirtyLimit {
         let Some(path) = file.as_ref() else {
             return false;
         };
-        let target = limit_for(room, self.ceiling);
+        if room >= WRITE_THROUGH_BELOW {
+            self.full.store(false, Ordering::Relaxed);
+        }
+        let target = match self.full.load(Ordering::Relaxed) {
+            true => FULL_POOL_DIRTY_LIMIT.min(self.ceiling),
+            false => limit_for(room, self.ceiling),
+        };
         let current = self.set.load(Ordering::Relaxed);
         if current != 0 && !needs_change(current, target) {
             return true;
@@ -99,6 +113,16 @@ impl DirtyLimit {
                 self.set.store(0, Ordering::Relaxed);
                 false
             }
+        }
+    }
+
+    /// The pool refused a write for room (ENOSPC) with `room` free as last heard: until it has
+    /// [`WRITE_THROUGH_BELOW`] free again, cached writers are not throttled (what they dirty
+    /// is refused at write-back and reported at `fsync` or `close`, as it would be later).
+    pub fn refused(&self, room: u64) {
+        if room < WRITE_THROUGH_BELOW {
+            self.full.store(true, Ordering::Relaxed);
+            self.follow(room);
         }
     }
 
@@ -171,6 +195,22 @@ mod tests {
         assert_eq!(l.bytes(), read());
         // Nearly full: written through.
         assert!(l.direct(WRITE_THROUGH_BELOW - 1, 1 << 30));
+        // Full, a cached writer's pages refused: no longer throttled to a crawl...
+        l.follow(MIB);
+        assert_eq!(read(), PAGE, "one page with 1 MiB of room");
+        l.refused(0);
+        assert_eq!(read(), FULL_POOL_DIRTY_LIMIT);
+        l.follow(MIB);
+        assert_eq!(read(), FULL_POOL_DIRTY_LIMIT, "still full");
+        assert!(l.direct(MIB, 1 << 30), "new handles still write through");
+        // ...until the pool has room again: the limit follows it, lowered at once.
+        l.follow(WRITE_THROUGH_BELOW);
+        assert_eq!(read(), limit_for(WRITE_THROUGH_BELOW, 1 << 30));
+        l.follow(MIB);
+        assert_eq!(read(), PAGE);
+        // A refusal with room enough is another client's doing, not a full pool.
+        l.refused(WRITE_THROUGH_BELOW);
+        assert_eq!(read(), PAGE);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

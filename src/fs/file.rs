@@ -308,6 +308,9 @@ impl Fs {
         if written.is_err() && end > size {
             io.past_end_failed();
         }
+        if written.as_ref().is_err_and(|e| e.errno == libc::ENOSPC) {
+            self.pool_refused_room();
+        }
         let set_id = {
             let mut meta = self.meta.lock();
             let mut b = meta.batch();
