@@ -902,6 +902,52 @@ fn a_lock_release_the_engine_missed_is_sent_again() {
     assert!(b.fs.set_lock(file, 8, &write).unwrap().is_some());
 }
 
+/// A lock taken is answered only once the table has caught up, so it shows what the lock's
+/// last holder changed before letting go, even when the first reads of the engine fail; a
+/// client that cannot catch up (stopped) lets the lock go again and answers EIO, never a
+/// lock over a stale view.
+#[test]
+fn a_lock_is_answered_only_once_the_table_caught_up() {
+    let rack = Rack::new(2);
+    let mem = MemEngine::new();
+    let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
+    let (a, b) = two_clients(&rack, &engine);
+    a.create("f", b"locked").unwrap();
+    a.create("x", b"x").unwrap();
+    b.shared.poll_now().unwrap();
+    let file = resolve(&a.fs, "f").unwrap();
+    let write = FileLock {
+        kind: LockKind::Flock,
+        typ: Some(LockType::Write),
+        start: 0,
+        end: u64::MAX,
+        pid: 1,
+    };
+    assert_eq!(a.fs.set_lock(file, 7, &write).unwrap(), None);
+    a.rename("x", "y").unwrap();
+    a.fs.release_locks(file, 7, LockKind::Flock).unwrap();
+    assert!(
+        resolve(&b.fs, "x").is_ok(),
+        "b's table is stale before the lock"
+    );
+    mem.fail_next("read_after", 2);
+    assert_eq!(b.fs.set_lock(file, 8, &write).unwrap(), None);
+    // A name found is not looked for again: "x" would still be there on a stale table.
+    assert_eq!(resolve(&b.fs, "x"), Err(libc::ENOENT));
+    b.fs.release_locks(file, 8, LockKind::Flock).unwrap();
+    // A stops: the engine lost changes it applied.
+    a.create("one", b"1").unwrap();
+    a.create("two", b"2").unwrap();
+    a.shared.poll_now().unwrap();
+    mem.lose_last(2);
+    assert!(a.shared.poll_now().is_err());
+    assert_eq!(
+        a.fs.set_lock(file, 7, &write).map_err(|e| e.errno),
+        Err(libc::EIO)
+    );
+    assert_eq!(b.fs.set_lock(file, 8, &write).unwrap(), None, "a let it go");
+}
+
 /// The engine lost changes a client had applied (Redis restarted from an AOF written every
 /// second, or a replica was promoted before it had them), and another client appended past
 /// them: the first client stops with EIO naming the loss, rather than apply the others'

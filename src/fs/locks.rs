@@ -7,7 +7,7 @@
 //! its session (after it is fenced at the memory servers).
 
 use super::Fs;
-use crate::error::Result;
+use crate::error::{Error, Result};
 pub use crate::meta::locks::{FileLock, HeldLock, LockKind, LockType};
 
 /// Where a shared volume keeps its locks.
@@ -50,13 +50,47 @@ impl Fs {
     }
 
     /// See [`LockKeeper::set`]. An unlock comes after this client's writes held back are
-    /// in the engine: who locks next sees them.
+    /// in the engine: who locks next sees them. A lock taken is answered only once the table
+    /// has caught up with the engine, so it shows what the lock's last holder changed before
+    /// letting go; if that cannot be read ([`Fs::catch_up_shared`]), the lock is let go again
+    /// and the answer is EIO, never a lock over a stale view. (Letting go a record lock
+    /// unlocks its range: a lock the owner held there before goes too, as when `fcntl`
+    /// converts a lock and fails.)
     pub fn set_lock(&self, ino: u64, owner: u64, lock: &FileLock) -> Result<Option<HeldLock>> {
         let keeper = self.keeper()?;
         if lock.typ.is_none() {
             self.send_shared_writes()?;
         }
-        keeper.set(ino, owner, lock)
+        let conflict = keeper.set(ino, owner, lock)?;
+        if conflict.is_some() || lock.typ.is_none() {
+            return Ok(conflict);
+        }
+        if let Err(e) = self.catch_up_shared() {
+            let undone = match lock.kind {
+                LockKind::Flock => keeper.release(ino, owner, LockKind::Flock),
+                LockKind::Posix => keeper
+                    .set(
+                        ino,
+                        owner,
+                        &FileLock {
+                            typ: None,
+                            ..lock.clone()
+                        },
+                    )
+                    .map(drop),
+            };
+            if let Err(u) = undone {
+                log::warn!("letting go a lock taken on a stale view: {}", u.message);
+            }
+            return Err(Error::new(
+                libc::EIO,
+                format!(
+                    "a lock was taken, but what others changed before could not be read: {}",
+                    e.message
+                ),
+            ));
+        }
+        Ok(None)
     }
 
     /// See [`LockKeeper::test`].

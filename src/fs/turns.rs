@@ -46,8 +46,13 @@ pub trait Turns: Send + Sync {
     fn holds(&self, ino: Ino) -> bool;
 
     /// Brings the table up to date (a lookup that found nothing, an open, a change decided
-    /// on a stale table).
+    /// on a stale table); a failure is logged and the table stays as it was.
     fn refresh(&self, fs: &Fs);
+
+    /// Brings the table up to date, trying again for up to `patience` while the engine
+    /// cannot be read; fails at once if this client stopped (its table no longer the
+    /// engine's history).
+    fn catch_up(&self, fs: &Fs, patience: Duration) -> Result<()>;
 
     /// Before an open of file `ino` catches up: marks it open on this client, so that no
     /// other client drops it while it is (it stays readable here after an unlink there).
@@ -184,6 +189,15 @@ impl Fs {
             }
             None => false,
         }
+    }
+
+    /// On a shared volume, brings the table up to date, trying again for up to
+    /// [`CHANGE_WAIT`] while the engine cannot be read (for what must not rest on a stale
+    /// view: a lock taken). Nothing elsewhere.
+    pub fn catch_up_shared(&self) -> Result<()> {
+        self.turns
+            .as_deref()
+            .map_or(Ok(()), |t| t.catch_up(self, CHANGE_WAIT))
     }
 
     /// On a shared volume, sends the writes held back ([`Turns::send_writes`]): a close

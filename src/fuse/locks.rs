@@ -163,12 +163,13 @@ fn wait(fs: &Fs, r: &LockRequest, interrupted: &AtomicBool, reply: ReplyEmpty) {
     }
 }
 
-/// A lock taken: what other clients changed before they let it go is seen first (the
-/// table caught up, the kernel told), as NFS revalidates its caches when a lock is taken.
-/// (A lock request holds no directory lock: the kernel may be told of names here.)
+/// A lock taken: what other clients changed before they let it go is seen first, as NFS
+/// revalidates its caches when a lock is taken: the table caught up ([`Fs::set_lock`]
+/// answers only then), and here the kernel told what to forget. (A lock request holds no
+/// directory lock: the kernel may be told of names here.)
 fn granted(fs: &Fs, lock: &FileLock, reply: ReplyEmpty) {
     if lock.typ.is_some() && !fs.sync_kernel_shared() {
-        log::warn!("a lock was taken, but the namespace could not be brought up to date");
+        log::warn!("a lock was taken, but the kernel could not be told what changed");
     }
     reply.ok()
 }
