@@ -107,6 +107,8 @@ test_volume_shared_check() {
   [ -n "$pid" ] || fail "no daemon for $mnt2"
   out=$(t python3 $check interrupt "$MNT" "$mnt2" "$pid") || fail "interrupt: $out"
   echo "$out" >&2
+  out=$(t python3 $check waiters "$MNT" "$mnt2" "$pid" 6) || fail "waiters: $out"
+  echo "$out" >&2
   out=$(t python3 $check c2o "$MNT" "$mnt2" 24) || fail "close-to-open: $out"
   echo "$out" >&2
   # A file unlinked on A while open on B: kept for B's handle, its memory back after.

@@ -12,6 +12,12 @@
       each ends at once (the kernel's INTERRUPT ends the daemon's wait: EINTR), neither took
       the lock, and once A lets go B takes both. PID_B (B's daemon) is the barrier: its
       thread named lock-wait shows the request is waiting there.
+  shared_check.py waiters A B PID_B K
+      K processes on B, all on one CPU, wait in flock for a file B's own process (on that CPU
+      too) holds: that process's next requests on B (a create, a write, its close) still end
+      (with FUSE over io_uring, requests go to the queue of the caller's CPU, and each
+      waiting lock holds one of its entries: the daemon adds entries rather than let the
+      waits take them all), and once it lets go every waiter takes the lock in turn.
   shared_check.py c2o A B ROUNDS
       Close-to-open: a file written and closed on one mount, opened on the other, reads every
       byte (sizes from 0 to 3 MiB, growing and shrinking, alternating sides).
@@ -282,6 +288,69 @@ def check_interrupt(a, b, pid_b):
     os.close(ha)
     print(f"interrupt: a killed flock wait ended in {killed_ms:.0f} ms, a signalled fcntl "
           f"wait in {signalled_ms:.0f} ms (EINTR); no lock left behind")
+
+
+def waits_within(pid, n, bound):
+    deadline = time.monotonic() + bound
+    while lock_waits(pid) != n:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def fail_off_cpu(cpu, children, msg):
+    """Fails, leaving CPU `cpu` first (requests made there may never be served, and the exit
+    closes this process's files on B) and killing `children` (waiting there, they would keep
+    the caller's pipe open)."""
+    for c in children:
+        os.kill(c, signal.SIGKILL)
+    others = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
+    os.sched_setaffinity(0, (others - {cpu}) or others)
+    print(msg, flush=True)
+    fail(msg)
+
+
+def check_waiters(a, b, pid_b, k):
+    fa, fb = f"{a}/waited", f"{b}/waited"
+    write_file(fa, b"")
+    eventually("B sees the file", lambda: None if os.path.exists(fb) else "not there")
+    cpu = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    held = os.open(fb, os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    until_waits(pid_b, 0, "B's daemon waits on a lock before the test")
+    children = []
+    for i in range(k):
+        child = os.fork()
+        if child == 0:
+            os.close(held)
+            fd = os.open(fb, os.O_RDWR | os.O_APPEND)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, f"{i}\n".encode())
+            os._exit(0)
+        children.append(child)
+    if not waits_within(pid_b, k, 10):
+        fail_off_cpu(cpu, children, f"{lock_waits(pid_b)} of {k} blocked flocks on B reached its daemon "
+                     "in 10 s (the others wait for an entry of their CPU's queue)")
+    # The holder's own requests, on the waiters' CPU, in a child so a hang is seen.
+    child = os.fork()
+    if child == 0:
+        write_file(f"{b}/while-waited", b"w" * 4096)
+        os._exit(0)
+    if exited_within(child, 10) is None:
+        fail_off_cpu(cpu, children + [child], f"a create, write and close on B did not end in 10 s while {k} "
+                     "flocks waited on its CPU (their waits took every entry of its queue)")
+    os.close(held)
+    for c in children:
+        status = exited_within(c, 10)
+        if status is None or os.waitstatus_to_exitcode(status) != 0:
+            fail(f"a waiter on B did not take the lock and write after the holder let go: {status}")
+    lines = sorted(read_file(fb).decode().split())
+    if lines != sorted(str(i) for i in range(k)):
+        fail(f"the waiters wrote {lines}, not each once")
+    print(f"waiters: {k} flocks waited on CPU {cpu} of B; its other requests went on, "
+          "each waiter took the lock in turn")
 
 
 def check_c2o(a, b, rounds):
@@ -603,6 +672,8 @@ def main():
         check_locks(a, b)
     elif cmd == "interrupt":
         check_interrupt(a, b, int(rest[0]))
+    elif cmd == "waiters":
+        check_waiters(a, b, int(rest[0]), int(rest[1]))
     elif cmd == "c2o":
         check_c2o(a, b, int(rest[0]))
     elif cmd == "sustain":

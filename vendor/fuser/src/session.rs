@@ -154,7 +154,9 @@ impl<FS: Filesystem> AsFd for Session<FS> {
 
 /// Joins event loop threads: Err if one panicked, else the first error one of them returned
 /// (rmemfs patch: shared by the /dev/fuse and the ring threads).
-fn join_event_loops(threads: Vec<JoinHandle<io::Result<()>>>) -> io::Result<io::Result<()>> {
+pub(crate) fn join_event_loops(
+    threads: Vec<JoinHandle<io::Result<()>>>,
+) -> io::Result<io::Result<()>> {
     let mut reply = Ok(());
     for thread in threads {
         let res = thread
@@ -357,9 +359,7 @@ impl<FS: Filesystem> Session<FS> {
         // rmemfs patch: the ring threads, started once the /dev/fuse ones are (forgets and
         // interrupts still come that way); stopped after those ended with the session.
         #[cfg(target_os = "linux")]
-        let ring_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        #[cfg(target_os = "linux")]
-        let ring_threads = match ring {
+        let rings = match ring {
             Some(payload) => {
                 let template = SessionEventLoop {
                     thread_name: "fuser-ring".into(),
@@ -370,9 +370,9 @@ impl<FS: Filesystem> Session<FS> {
                 };
                 let queues = crate::uring::queues();
                 let per_queue = n_threads.div_ceil(queues);
-                crate::uring::start(&template, payload, queues, per_queue, &ring_stop)?
+                Some(crate::uring::start(&template, payload, queues, per_queue)?)
             }
-            None => Vec::new(),
+            None => None,
         };
 
         for (i, ch) in channels.into_iter().enumerate() {
@@ -395,9 +395,8 @@ impl<FS: Filesystem> Session<FS> {
         let mut reply = join_event_loops(threads)?;
         // rmemfs patch: the ring threads go once the /dev/fuse ones ended with the session.
         #[cfg(target_os = "linux")]
-        {
-            ring_stop.store(true, std::sync::atomic::Ordering::SeqCst);
-            let ring_reply = join_event_loops(ring_threads)?;
+        if let Some(rings) = rings {
+            let ring_reply = rings.stop_and_join()?;
             if reply.is_ok() {
                 reply = ring_reply;
             }

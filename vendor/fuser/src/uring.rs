@@ -11,6 +11,14 @@
 //! kernel wakes the thread on its caller's CPU. Forgets and interrupts still come through
 //! /dev/fuse, whose threads keep running.
 //!
+//! An entry holds its request until the reply is committed, and a queue has only the entries
+//! registered for it: a handler that answers later, from another thread (a blocked `flock`
+//! or `F_SETLKW` waits for the lock), keeps its entry. So that such waits never take every
+//! entry of a queue (the holder of the lock, closing on that CPU, would then wait for an
+//! entry forever: a deadlock), a thread whose request is answered later first adds a ring
+//! thread to its queue whenever fewer than the queue's first count of entries would be free,
+//! up to [`MOST_ENTRIES_PER_QUEUE`].
+//!
 //! An entry's buffers belong to its [`RingReply`] (shared with the reply objects handed to
 //! the file system), so they outlive any reply; and they are leaked, never freed, if the
 //! thread ends while the kernel may still write into them. A queue the kernel would wait on
@@ -69,6 +77,10 @@ const REGISTER_TRIES: u32 = 5000;
 /// After the session ended, how many POLL periods a thread waits for the kernel to give its
 /// entry back before leaking the buffers.
 const LAST_WAITS: u32 = 20;
+/// The most entries (ring threads) one queue is given while answers are deferred: each holds
+/// a payload buffer (max_write, 1 MiB), so 32 bounds that at 32 MiB per CPU, past which
+/// requests of that CPU wait for a deferred answer (as they would for any full queue).
+const MOST_ENTRIES_PER_QUEUE: usize = 32;
 /// Completion results that mean the connection is gone (the entry is the kernel's no more).
 const TEARDOWN: [i32; 4] = [
     libc::ENOTCONN,
@@ -218,6 +230,12 @@ impl RingReply {
         }
         self.answered.notify_all();
         Ok(())
+    }
+
+    /// Whether the reply is still awaited (the handler returned without answering: it
+    /// answers later, from another thread).
+    fn still_awaited(&self) -> bool {
+        matches!(*self.state.lock(), Answer::Awaited { .. })
     }
 
     fn await_reply(&self, in_place: bool) {
@@ -384,46 +402,43 @@ fn with_iovec_count(sqe: squeue::Entry128, count: u32) -> squeue::Entry128 {
     }
 }
 
-/// Starts the ring threads: `per_queue` on each of the kernel's `queues`. Returns once each
-/// has submitted its entry (the kernel uses the ring once every queue has one). `stop` ends
+/// Starts the ring threads: `per_queue` on each of the kernel's `queues` (more are added
+/// while answers are deferred, see the module doc). Returns once each has submitted its
+/// entry (the kernel uses the ring once every queue has one); [`Rings::stop_and_join`] ends
 /// them (after the session ended).
 pub(crate) fn start<FS: Filesystem>(
     se: &SessionEventLoop<FS>,
     payload: usize,
     queues: usize,
     per_queue: usize,
-    stop: &Arc<AtomicBool>,
-) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
-    let mut threads = Vec::new();
+) -> io::Result<Arc<Rings<FS>>> {
+    let per_queue = per_queue.max(1);
+    let rings = Arc::new(Rings {
+        filesystem: se.filesystem.clone(),
+        ch: se.ch.clone(),
+        allowed: se.allowed,
+        session_owner: se.session_owner,
+        payload,
+        per_queue,
+        stop: Arc::new(AtomicBool::new(false)),
+        counts: (0..queues).map(|_| Mutex::new(QueueCount::default())).collect(),
+        threads: Mutex::new(Vec::new()),
+    });
     for qid in 0..queues {
-        for k in 0..per_queue.max(1) {
+        for k in 0..per_queue {
             let (tx, rx) = std::sync::mpsc::channel();
-            let thread_name = format!("fuser-ring-{qid}-{k}");
-            let event_loop = SessionEventLoop {
-                thread_name: thread_name.clone(),
-                filesystem: se.filesystem.clone(),
-                ch: se.ch.clone(),
-                allowed: se.allowed,
-                session_owner: se.session_owner,
-            };
-            let stop_thread = stop.clone();
-            let t = std::thread::Builder::new()
-                .name(thread_name)
-                .spawn(move || serve(&event_loop, qid as u16, payload, &stop_thread, tx))?;
-            let submitted = rx
-                .recv()
-                .unwrap_or_else(|_| Err(io::Error::other("a ring thread ended at start")));
-            threads.push(t);
-            if let Err(e) = submitted {
-                stop.store(true, Ordering::SeqCst);
-                for t in threads {
-                    let _ = t.join();
-                }
+            let started = rings.spawn(qid, k, tx).and_then(|()| {
+                rx.recv()
+                    .unwrap_or_else(|_| Err(io::Error::other("a ring thread ended at start")))
+            });
+            if let Err(e) = started {
+                let _ = rings.stop_and_join();
                 return Err(e);
             }
+            rings.counts[qid].lock().entries += 1;
         }
     }
-    Ok(threads)
+    Ok(rings)
 }
 
 fn pin_to_cpu(cpu: usize) {
@@ -477,13 +492,109 @@ impl RingThread {
     }
 }
 
+/// The ring threads of one session, and what it takes to add one to a queue.
+pub(crate) struct Rings<FS: Filesystem> {
+    filesystem: Arc<crate::session::FilesystemHolder<FS>>,
+    ch: crate::channel::Channel,
+    allowed: crate::session::SessionACL,
+    session_owner: nix::unistd::Uid,
+    payload: usize,
+    /// Ring threads each queue starts with: the entries kept free of deferred answers.
+    per_queue: usize,
+    stop: Arc<AtomicBool>,
+    /// Per queue: its entries, and how many of them hold a deferred answer.
+    counts: Vec<Mutex<QueueCount>>,
+    threads: Mutex<Vec<JoinHandle<io::Result<()>>>>,
+}
+
+#[derive(Default)]
+struct QueueCount {
+    entries: usize,
+    deferred: usize,
+}
+
+impl<FS: Filesystem> Rings<FS> {
+    fn event_loop(&self, thread_name: String) -> SessionEventLoop<FS> {
+        SessionEventLoop {
+            thread_name,
+            filesystem: self.filesystem.clone(),
+            ch: self.ch.clone(),
+            allowed: self.allowed,
+            session_owner: self.session_owner,
+        }
+    }
+
+    /// Starts ring thread `k` of queue `qid`; `submitted` hears once its entry is.
+    fn spawn(
+        self: &Arc<Self>,
+        qid: usize,
+        k: usize,
+        submitted: std::sync::mpsc::Sender<io::Result<()>>,
+    ) -> io::Result<()> {
+        let thread_name = format!("fuser-ring-{qid}-{k}");
+        let event_loop = self.event_loop(thread_name.clone());
+        let rings = self.clone();
+        let t = std::thread::Builder::new()
+            .name(thread_name)
+            .spawn(move || serve(&event_loop, &rings, qid as u16, submitted))?;
+        self.threads.lock().push(t);
+        Ok(())
+    }
+
+    /// A request of queue `qid` is answered later: its entry is held until then. Adds an
+    /// entry to the queue if fewer than `per_queue` others would be free.
+    fn deferring(self: &Arc<Self>, qid: u16) {
+        let mut c = self.counts[qid as usize].lock();
+        c.deferred += 1;
+        if c.entries - c.deferred >= self.per_queue || self.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        if c.entries >= MOST_ENTRIES_PER_QUEUE {
+            warn!(
+                "ring {qid}: {} of its {} entries wait for deferred answers; its requests \
+                 wait for them too",
+                c.deferred, c.entries
+            );
+            return;
+        }
+        // Not waited for: the new thread registers its entry on its own.
+        let (submitted, _) = std::sync::mpsc::channel();
+        match self.spawn(qid as usize, c.entries, submitted) {
+            Ok(()) => c.entries += 1,
+            Err(e) => warn!("ring {qid}: no thread for another entry: {e}"),
+        }
+    }
+
+    /// A deferred answer of queue `qid` came: its entry is free again.
+    fn answered_later(&self, qid: u16) {
+        self.counts[qid as usize].lock().deferred -= 1;
+    }
+
+    /// Stops every ring thread (the session ended) and waits for them, the ones added
+    /// meanwhile too.
+    pub(crate) fn stop_and_join(&self) -> io::Result<io::Result<()>> {
+        self.stop.store(true, Ordering::SeqCst);
+        let mut reply = Ok(());
+        loop {
+            let threads = std::mem::take(&mut *self.threads.lock());
+            if threads.is_empty() {
+                return Ok(reply);
+            }
+            let r = crate::session::join_event_loops(threads)?;
+            if reply.is_ok() {
+                reply = r;
+            }
+        }
+    }
+}
+
 fn serve<FS: Filesystem>(
     se: &SessionEventLoop<FS>,
+    rings: &Arc<Rings<FS>>,
     qid: u16,
-    payload: usize,
-    stop: &AtomicBool,
     submitted: std::sync::mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
+    let payload = rings.payload;
     pin_to_cpu(qid as usize);
     let fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(&se.ch));
     let setup = || -> io::Result<RingThread> {
@@ -507,7 +618,7 @@ fn serve<FS: Filesystem>(
             return Err(e);
         }
     };
-    let result = serve_entry(se, &mut rt, fd, qid, payload, stop);
+    let result = serve_entry(se, rings, &mut rt, fd, qid);
     // The session ended (or this thread failed): give the kernel a moment to hand the entry
     // back; if it still holds it, the buffers are leaked, never freed under it.
     let mut waits = 0;
@@ -547,12 +658,12 @@ pub fn fail_a_ring_for_test() {
 /// the entry back for good).
 fn serve_entry<FS: Filesystem>(
     se: &SessionEventLoop<FS>,
+    rings: &Arc<Rings<FS>>,
     rt: &mut RingThread,
     fd: i32,
     qid: u16,
-    payload: usize,
-    stop: &AtomicBool,
 ) -> io::Result<()> {
+    let (payload, stop) = (rings.payload, &*rings.stop);
     let mut refusals = 0;
     while !stop.load(Ordering::SeqCst) {
         if RING_FAULT.load(Ordering::Relaxed) && RING_FAULT.swap(false, Ordering::SeqCst) {
@@ -597,7 +708,15 @@ fn serve_entry<FS: Filesystem>(
                         let _ = entry.reply.send(&[IoSlice::new(&eio_reply(unique))]);
                     }
                 }
-                entry.reply.take()
+                let later = entry.reply.still_awaited();
+                if later {
+                    rings.deferring(qid);
+                }
+                let answered = entry.reply.take();
+                if later {
+                    rings.answered_later(qid);
+                }
+                answered
             }
             _ => {
                 warn!("ring {qid}: a request of {len} bytes with {payload_len} of payload; answered EIO");
