@@ -45,6 +45,17 @@ fn client_with(rack: &Rack, engine: Arc<dyn MetaEngine>, who: &str, behind: bool
     Client { fs, shared }
 }
 
+/// An exclusive `flock` of a whole file.
+fn whole_file_flock() -> FileLock {
+    FileLock {
+        kind: LockKind::Flock,
+        typ: Some(LockType::Write),
+        start: 0,
+        end: u64::MAX,
+        pid: 1,
+    }
+}
+
 /// Clients "a" and "b" of `engine`, over `rack`.
 fn two_clients(rack: &Rack, engine: &Arc<dyn MetaEngine>) -> (Client, Client) {
     (
@@ -186,13 +197,7 @@ fn a_client_whose_heartbeats_stopped_is_fenced() {
     c.create("c-file", b"before").unwrap();
     // C holds a lock on it; A's owner is refused.
     let file = resolve(&a.fs, "c-file").unwrap();
-    let write = FileLock {
-        kind: LockKind::Flock,
-        typ: Some(LockType::Write),
-        start: 0,
-        end: u64::MAX,
-        pid: 1,
-    };
+    let write = whole_file_flock();
     assert!(a.fs.keeps_locks());
     assert_eq!(c.fs.set_lock(file, 7, &write).unwrap(), None);
     let held =
@@ -874,13 +879,7 @@ fn a_lock_release_the_engine_missed_is_sent_again() {
     a.create("f", b"locked").unwrap();
     b.shared.poll_now().unwrap();
     let file = resolve(&a.fs, "f").unwrap();
-    let write = FileLock {
-        kind: LockKind::Flock,
-        typ: Some(LockType::Write),
-        start: 0,
-        end: u64::MAX,
-        pid: 1,
-    };
+    let write = whole_file_flock();
     assert_eq!(a.fs.set_lock(file, 7, &write).unwrap(), None);
     assert!(b.fs.set_lock(file, 8, &write).unwrap().is_some());
     // The close's release does not reach the engine.
@@ -916,13 +915,7 @@ fn a_lock_is_answered_only_once_the_table_caught_up() {
     a.create("x", b"x").unwrap();
     b.shared.poll_now().unwrap();
     let file = resolve(&a.fs, "f").unwrap();
-    let write = FileLock {
-        kind: LockKind::Flock,
-        typ: Some(LockType::Write),
-        start: 0,
-        end: u64::MAX,
-        pid: 1,
-    };
+    let write = whole_file_flock();
     assert_eq!(a.fs.set_lock(file, 7, &write).unwrap(), None);
     a.rename("x", "y").unwrap();
     a.fs.release_locks(file, 7, LockKind::Flock).unwrap();
@@ -1012,13 +1005,7 @@ fn a_client_is_evicted_only_once_every_server_closed_it() {
     c.create("c-file", b"c").unwrap();
     a.shared.poll_now().unwrap();
     let file = resolve(&a.fs, "c-file").unwrap();
-    let write = FileLock {
-        kind: LockKind::Flock,
-        typ: Some(LockType::Write),
-        start: 0,
-        end: u64::MAX,
-        pid: 1,
-    };
+    let write = whole_file_flock();
     assert_eq!(c.fs.set_lock(file, 7, &write).unwrap(), None);
     engine.heartbeat("c", Duration::ZERO).unwrap();
     eventually("c's session ran out", || {
