@@ -76,10 +76,11 @@ pub trait Turns: Send + Sync {
     /// `fsync`, a close, and anything that must see them in the engine first.
     fn send_writes(&self) -> Result<()>;
 
-    /// Brings the table up to date and tells the kernel everything it must forget before
-    /// returning (a file lock granted); false if that failed. Only from a request whose
-    /// caller holds no directory lock (the kernel's invalidation of a name waits for it).
-    fn sync_kernel(&self, fs: &Fs) -> bool;
+    /// Tells the kernel, before returning, everything it must forget from the catch-ups so
+    /// far (a file lock granted: [`Fs::set_lock`] caught up first); false if that failed.
+    /// Only from a request whose caller holds no directory lock (the kernel's invalidation
+    /// of a name waits for it).
+    fn tell_kernel(&self) -> bool;
 }
 
 impl Fs {
@@ -212,8 +213,8 @@ impl Fs {
         self.turns.as_ref().is_some()
     }
 
-    /// On a shared volume, see [`Turns::sync_kernel`]; true (nothing to do) elsewhere.
-    pub fn sync_kernel_shared(&self) -> bool {
-        self.turns.as_ref().is_none_or(|t| t.sync_kernel(self))
+    /// On a shared volume, see [`Turns::tell_kernel`]; true (nothing to do) elsewhere.
+    pub fn tell_kernel_shared(&self) -> bool {
+        self.turns.as_ref().is_none_or(|t| t.tell_kernel())
     }
 }

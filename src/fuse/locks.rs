@@ -168,7 +168,7 @@ fn wait(fs: &Fs, r: &LockRequest, interrupted: &AtomicBool, reply: ReplyEmpty) {
 /// answers only then), and here the kernel told what to forget. (A lock request holds no
 /// directory lock: the kernel may be told of names here.)
 fn granted(fs: &Fs, lock: &FileLock, reply: ReplyEmpty) {
-    if lock.typ.is_some() && !fs.sync_kernel_shared() {
+    if lock.typ.is_some() && !fs.tell_kernel_shared() {
         log::warn!("a lock was taken, but the kernel could not be told what changed");
     }
     reply.ok()

@@ -604,14 +604,9 @@ impl Turns for SharedTurns {
         }
     }
 
-    fn sync_kernel(&self, fs: &Fs) -> bool {
-        let s = &self.0;
-        if let Err(e) = s.catch_up(fs, true) {
-            log::warn!("catching up with the engine: {}", e.message);
-            return false;
-        }
+    fn tell_kernel(&self) -> bool {
         // Told by the notifier, with what catch-ups before queued.
         let (done, flushed) = crossbeam_channel::bounded(1);
-        s.notify.send(Notice::Flushed(done)).is_ok() && flushed.recv().is_ok()
+        self.0.notify.send(Notice::Flushed(done)).is_ok() && flushed.recv().is_ok()
     }
 }

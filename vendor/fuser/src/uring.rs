@@ -546,7 +546,10 @@ impl<FS: Filesystem> Rings<FS> {
     fn deferring(self: &Arc<Self>, qid: u16) {
         let mut c = self.counts[qid as usize].lock();
         c.deferred += 1;
-        if c.entries - c.deferred >= self.per_queue || self.stop.load(Ordering::SeqCst) {
+        // Saturating: a request may be deferred on a queue whose first entries are still
+        // being counted at start.
+        let free = c.entries.saturating_sub(c.deferred);
+        if free >= self.per_queue || self.stop.load(Ordering::SeqCst) {
             return;
         }
         if c.entries >= MOST_ENTRIES_PER_QUEUE {
