@@ -5,6 +5,14 @@
 
 use super::*;
 
+/// The first pause before a catch-up that failed is tried again ([`State::catch_up_within`]; an
+/// engine that refused a connection answers at once), doubled each time up to
+/// [`CATCH_UP_RETRY_MOST`].
+const CATCH_UP_RETRY_FIRST: Duration = Duration::from_millis(10);
+/// The longest pause between catch-ups tried again: one second, a fifth of the engine's
+/// request timeout, so what waits for one goes on soon after the engine is back.
+const CATCH_UP_RETRY_MOST: Duration = Duration::from_secs(1);
+
 /// One entry of the engine's log: its LSN and its record's bytes.
 type Entry = (u64, Vec<u8>);
 
@@ -47,6 +55,26 @@ pub(super) fn foreign(ahead: &Ahead, got: &[(u64, Vec<u8>)]) -> Result<Vec<(u64,
 }
 
 impl State {
+    /// [`State::catch_up`] in a request, tried again for up to `patience` while the engine
+    /// cannot be read; at once the failure if this client stopped.
+    pub(super) fn catch_up_within(&self, fs: &Fs, patience: Duration) -> Result<()> {
+        let deadline = Instant::now() + patience;
+        let mut pause = CATCH_UP_RETRY_FIRST;
+        loop {
+            let e = match self.catch_up(fs, true) {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            };
+            self.still_whole()?;
+            if Instant::now() + pause >= deadline {
+                return Err(e);
+            }
+            log::warn!("catching up with the engine (trying again): {}", e.message);
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(CATCH_UP_RETRY_MOST);
+        }
+    }
+
     /// Applies what others appended since this table's last applied change. With
     /// `in_request` (whenever the file system is mounted), the kernel is told by the notifier
     /// thread: never from here, as a request waiting for the table may hold the directory

@@ -76,14 +76,6 @@ const GIVEN_KEPT: usize = 4096;
 /// that turn are not trusted until then.
 const GIVE_BACK_UNSURE: Duration = crate::engine::redis::REQUEST_TIMEOUT;
 
-/// The first pause before a catch-up that failed is tried again ([`Turns::catch_up`]; an
-/// engine that refused a connection answers at once), doubled each time up to
-/// [`CATCH_UP_RETRY_MOST`].
-const CATCH_UP_RETRY_FIRST: Duration = Duration::from_millis(10);
-/// The longest pause between catch-ups tried again: one second, a fifth of the engine's
-/// request timeout, so what waits for one goes on soon after the engine is back.
-const CATCH_UP_RETRY_MOST: Duration = Duration::from_secs(1);
-
 /// Give-backs of one inode's turn: how many are running, and when the last one ended.
 #[derive(Clone, Copy)]
 struct GivenBack {
@@ -587,21 +579,7 @@ impl Turns for SharedTurns {
     }
 
     fn catch_up(&self, fs: &Fs, patience: Duration) -> Result<()> {
-        let deadline = Instant::now() + patience;
-        let mut pause = CATCH_UP_RETRY_FIRST;
-        loop {
-            let e = match self.0.catch_up(fs, true) {
-                Ok(_) => return Ok(()),
-                Err(e) => e,
-            };
-            self.0.still_whole()?;
-            if Instant::now() + pause >= deadline {
-                return Err(e);
-            }
-            log::warn!("catching up with the engine (trying again): {}", e.message);
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(CATCH_UP_RETRY_MOST);
-        }
+        self.0.catch_up_within(fs, patience)
     }
 
     fn tell_kernel(&self) -> bool {

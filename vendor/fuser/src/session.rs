@@ -370,7 +370,7 @@ impl<FS: Filesystem> Session<FS> {
                 };
                 let queues = crate::uring::queues();
                 let per_queue = n_threads.div_ceil(queues);
-                Some(crate::uring::start(&template, payload, queues, per_queue)?)
+                Some(crate::uring::start(template, payload, queues, per_queue)?)
             }
             None => None,
         };

@@ -407,17 +407,14 @@ fn with_iovec_count(sqe: squeue::Entry128, count: u32) -> squeue::Entry128 {
 /// entry (the kernel uses the ring once every queue has one); [`Rings::stop_and_join`] ends
 /// them (after the session ended).
 pub(crate) fn start<FS: Filesystem>(
-    se: &SessionEventLoop<FS>,
+    template: SessionEventLoop<FS>,
     payload: usize,
     queues: usize,
     per_queue: usize,
 ) -> io::Result<Arc<Rings<FS>>> {
     let per_queue = per_queue.max(1);
     let rings = Arc::new(Rings {
-        filesystem: se.filesystem.clone(),
-        ch: se.ch.clone(),
-        allowed: se.allowed,
-        session_owner: se.session_owner,
+        template,
         payload,
         per_queue,
         stop: Arc::new(AtomicBool::new(false)),
@@ -494,10 +491,8 @@ impl RingThread {
 
 /// The ring threads of one session, and what it takes to add one to a queue.
 pub(crate) struct Rings<FS: Filesystem> {
-    filesystem: Arc<crate::session::FilesystemHolder<FS>>,
-    ch: crate::channel::Channel,
-    allowed: crate::session::SessionACL,
-    session_owner: nix::unistd::Uid,
+    /// What each ring thread's event loop is made from (its name aside).
+    template: SessionEventLoop<FS>,
     payload: usize,
     /// Ring threads each queue starts with: the entries kept free of deferred answers.
     per_queue: usize,
@@ -515,12 +510,13 @@ struct QueueCount {
 
 impl<FS: Filesystem> Rings<FS> {
     fn event_loop(&self, thread_name: String) -> SessionEventLoop<FS> {
+        let t = &self.template;
         SessionEventLoop {
             thread_name,
-            filesystem: self.filesystem.clone(),
-            ch: self.ch.clone(),
-            allowed: self.allowed,
-            session_owner: self.session_owner,
+            filesystem: t.filesystem.clone(),
+            ch: t.ch.clone(),
+            allowed: t.allowed,
+            session_owner: t.session_owner,
         }
     }
 
