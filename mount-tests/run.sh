@@ -58,7 +58,9 @@ SHARED_SIZE=${RMEMFS_TEST_SERVER_SIZE:-256M}
 # Run only when named (stress, for tools/ scripts): not in the default run. The shared
 # storm joined the default run once 115 rounds under load passed; issue 45's kill loop runs
 # on test hosts (mount-tests/hosts.sh volume_shared_kill_loop).
-STRESS_TESTS=()
+STRESS_TESTS=(
+  "volume_shared_model 256M,256M nomount"
+)
 
 ALL_TESTS=(
   "cp_tree shared mount"

@@ -89,6 +89,8 @@ settled_extents() {
 
 # Many writers checked (mount-tests/shared_check.py), two mounts of one volume on Redis:
 # locks (flock and fcntl) exclude across clients and a blocked one is granted on release;
+# a flock is its open file's (a file opened again while the closed one's release is held
+# back does not take it over);
 # a blocked one ends at once when its process is killed or signalled (EINTR);
 # close-to-open in 24 rounds; four workers (two per mount) change trees of their own and,
 # under a flock, a shared directory, checked against models; then A's daemon is frozen
@@ -98,10 +100,15 @@ test_volume_shared_check() {
   local mnt2=$BASE/mnt/volume_shared_check2 out pid
   start_redis
   mkdir -p "$mnt2"
-  mount_fs "$MNT" "$ADDRS" --volume sc --create --meta "$REDIS_URL" || fail "mount --create --meta failed"
+  # A's daemon holds a flock's RELEASE back while this file exists (the testing build's gate).
+  local gate=$BASE/flock-release-gate
+  RMEMFS_TESTING_FLOCK_RELEASE_GATE=$gate mount_fs "$MNT" "$ADDRS" --volume sc --create \
+    --meta "$REDIS_URL" || fail "mount --create --meta failed"
   mount_fs "$mnt2" "$ADDRS" --volume sc --meta "$REDIS_URL" || fail "second mount --meta failed"
   local check=mount-tests/shared_check.py
   out=$(t python3 $check locks "$MNT" "$mnt2") || fail "locks: $out"
+  echo "$out" >&2
+  out=$(t python3 $check reopen "$MNT" "$mnt2" "$gate") || fail "reopen: $out"
   echo "$out" >&2
   pid=$(daemon_pids "$mnt2" | head -1)
   [ -n "$pid" ] || fail "no daemon for $mnt2"
@@ -134,6 +141,24 @@ test_volume_shared_check() {
   unmount_fs "$MNT" || fail "unmount of the evicted A failed"
   t "$BIN" volume rm sc --servers "$ADDRS" --meta "$REDIS_URL" >/dev/null ||
     fail "volume rm of the shared volume failed"
+}
+
+# The shared model check alone, many rounds on one pair of mounts (stress, for
+# tools/shared-model.sh): ROUNDS rounds of `shared_check.py model` with seeds 1..ROUNDS, each
+# in a directory of its own; stops at the first failure, naming the seed.
+test_volume_shared_model() {
+  local mnt2=$BASE/mnt/volume_shared_model2 out r
+  start_redis
+  mkdir -p "$mnt2"
+  mount_fs "$MNT" "$ADDRS" --volume sm --create --meta "$REDIS_URL" || fail "mount --create --meta failed"
+  mount_fs "$mnt2" "$ADDRS" --volume sm --meta "$REDIS_URL" || fail "second mount --meta failed"
+  for ((r = 1; r <= ${RMEMFS_MODEL_ROUNDS:-20}; r++)); do
+    mkdir "$MNT/round$r"
+    out=$(t python3 mount-tests/shared_check.py model "$MNT/round$r" "$mnt2/round$r" \
+      "${RMEMFS_MODEL_WORKERS:-4}" 40 "$r") || fail "model, round $r (seed $r): $out"
+    echo "round $r: $out" >&2
+    rm -rf "${MNT:?}/round$r"
+  done
 }
 
 # Redis restarted under three writers (one per mount), its append-only file synced at every

@@ -6,6 +6,13 @@
       (EWOULDBLOCK, and F_GETLK on B names A's lock), a read lock on each is shared, an
       fcntl lock goes with any close by its process, and a blocked flock on B is granted
       once A lets go.
+  shared_check.py reopen A B GATE
+      A flock is its open file's: a process opens a file on A, flocks it and closes it while
+      A's daemon holds that file's RELEASE back (GATE exists: the testing build's
+      RMEMFS_TESTING_FLOCK_RELEASE_GATE), then opens the file again (on one CPU, so the
+      kernel's lock owner, the address of its open file, is most likely the closed one's):
+      a non-blocking flock is refused while the old file's lock is not let go; GATE removed,
+      a blocking one is granted, and B cannot take the lock while it is held.
   shared_check.py interrupt A B PID_B
       While A holds a flock and an fcntl lock of a file, a process on B blocked in flock is
       killed (SIGKILL) and one blocked in fcntl(F_SETLKW) gets a signal whose handler raises:
@@ -57,6 +64,7 @@ import errno
 import fcntl
 import multiprocessing
 import os
+import queue
 import random
 import signal
 import struct
@@ -188,6 +196,35 @@ def check_locks(a, b):
     os.close(ha)
     print(f"locks: exclusive across mounts; a blocked flock granted "
           f"{(time.monotonic() - t) * 1000:.0f} ms after the release")
+
+
+def check_reopen(a, b, gate):
+    fa, fb = f"{a}/reopened", f"{b}/reopened"
+    write_file(fa, b"")
+    eventually("B sees the file", lambda: None if os.path.exists(fb) else "not there")
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    write_file(gate, b"")
+    try:
+        old = os.open(fa, os.O_RDWR)
+        fcntl.flock(old, fcntl.LOCK_EX)
+        os.close(old)  # its RELEASE waits at the gate
+        fd = os.open(fa, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fail("a flock of a file opened again was granted while the closed file's lock "
+                 "was not let go yet (it counted as the closed file's own)")
+        except BlockingIOError:
+            pass
+    finally:
+        os.unlink(gate)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    if not blocked_flock(fb):
+        fail("B took the flock of a file opened again on A while A holds it")
+    os.close(fd)
+    eventually("B takes the lock once A let go",
+               lambda: "still refused" if blocked_flock(fb) else None)
+    print("reopen: a flock taken by a file opened again waited for the closed file's "
+          "release, and held against B")
 
 
 def lock_waits(pid):
@@ -488,7 +525,15 @@ def shared_step(root, rng, who, k):
         for name, want in model.items():
             got = read_file(f"{d}/{name}")
             if got != want:
-                fail(f"{who}: shared/{name} holds {got!r}, the model {want!r}")
+                # What tells a stale read from a lost line: the log read again (size and
+                # tail) after a moment, still under the lock.
+                size = os.stat(f"{d}/.log").st_size
+                time.sleep(0.5)
+                again = read_file(f"{d}/.log")
+                fail(f"{who}: shared/{name} holds {got!r}, the model {want!r} (the log: "
+                     f"{len(log)} bytes read, stat {size}; read again {len(again)} bytes, its "
+                     f"model {'the same' if replay(again) == model else 'differs'}; its last "
+                     f"lines {again.decode(errors='replace').splitlines()[-3:]})")
         names = sorted(model)
         choice = rng.random()
         if not names or choice < 0.35:
@@ -568,7 +613,18 @@ def check_model(a, b, workers, ops, seed):
     t = time.monotonic()
     for p in procs:
         p.start()
-    models = dict(out.get() for _ in procs)
+    models = {}
+    while len(models) < len(procs):
+        try:
+            who, model = out.get(timeout=1)
+            models[who] = model
+        except queue.Empty:
+            # A worker that failed said why and never reports: fail now, not at the timeout.
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                for p in procs:
+                    p.kill()
+                fail(f"a worker failed (exit {failed[0]})")
     for p in procs:
         p.join()
         if p.exitcode != 0:
@@ -676,6 +732,8 @@ def main():
     rest = sys.argv[4:]
     if cmd == "locks":
         check_locks(a, b)
+    elif cmd == "reopen":
+        check_reopen(a, b, rest[0])
     elif cmd == "interrupt":
         check_interrupt(a, b, int(rest[0]))
     elif cmd == "waiters":

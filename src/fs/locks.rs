@@ -12,8 +12,9 @@ pub use crate::meta::locks::{FileLock, HeldLock, LockKind, LockType};
 
 /// Where a shared volume keeps its locks.
 pub trait LockKeeper: Send + Sync {
-    /// Takes or releases (`lock.typ` None) a lock of `owner` (the kernel's lock owner) on
-    /// `ino`; `Some` (nothing taken) is another owner's conflicting lock.
+    /// Takes or releases (`lock.typ` None) a lock of `owner` on `ino` (a record lock's: the
+    /// kernel's lock owner; a `flock`'s: the open file's handle, as the FUSE adapter says);
+    /// `Some` (nothing taken) is another owner's conflicting lock.
     fn set(&self, ino: u64, owner: u64, lock: &FileLock) -> Result<Option<HeldLock>>;
 
     /// The lock of another owner that `lock` would conflict with, if any.

@@ -102,9 +102,10 @@ pub(super) fn release(
     lock_owner: Option<LockOwner>,
     reply: ReplyEmpty,
 ) {
-    // The kernel names the owner when this file took a `flock`.
-    if let Some(owner) = lock_owner {
-        locks::release(&f.fs, ino.0, owner.0, crate::fs::LockKind::Flock);
+    // The kernel names an owner when this file took a `flock`, which is the file's own
+    // (`locks::flock_owner`): let go before its handle goes.
+    if lock_owner.is_some() {
+        locks::release(&f.fs, ino.0, locks::flock_owner(fh), crate::fs::LockKind::Flock);
     }
     f.fs.release(fh.0);
     reply.ok();

@@ -174,8 +174,23 @@ fn granted(fs: &Fs, lock: &FileLock, reply: ReplyEmpty) {
     reply.ok()
 }
 
+/// Who holds a `flock`: the open file (its handle here), never the kernel's lock owner. A
+/// flock belongs to the open file description, and the kernel names it by the address of
+/// its `struct file`, which a new open may be given while the RELEASE of the old one (sent
+/// after `close()` returned) is still on its way: the new file's lock would count as the
+/// old one's, already held, and that RELEASE would then let it go while its process holds it
+/// (another client took the lock with it held: CI saw a shared log lose a line so). A handle
+/// is never given twice.
+pub(super) fn flock_owner(fh: fuser::FileHandle) -> u64 {
+    fh.0
+}
+
 /// A POSIX owner's close of `ino` (FLUSH), or the release of a `flock` owner's file.
 pub(super) fn release(fs: &Fs, ino: u64, owner: u64, kind: LockKind) {
+    #[cfg(feature = "testing")]
+    if kind == LockKind::Flock {
+        flock_release_gate();
+    }
     if let Err(e) = fs.release_locks(ino, owner, kind) {
         log::warn!(
             "releasing the locks of owner {owner:#x} on inode {ino}: {}",
@@ -184,13 +199,29 @@ pub(super) fn release(fs: &Fs, ino: u64, owner: u64, kind: LockKind) {
     }
 }
 
+/// Tests only (the mount tests' build): while the file named by
+/// `RMEMFS_TESTING_FLOCK_RELEASE_GATE` exists, a flock's release waits (30 s at most), so a
+/// mount test holds a closed file's RELEASE back while its process opens the file again: a
+/// barrier the test lifts, never a pause.
+#[cfg(feature = "testing")]
+fn flock_release_gate() {
+    let Some(gate) = std::env::var_os("RMEMFS_TESTING_FLOCK_RELEASE_GATE") else {
+        return;
+    };
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    while std::path::Path::new(&gate).exists() && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 impl super::FuseFs {
-    /// SETLK/SETLKW and `flock`: `lock` as parsed (none: EINVAL).
+    /// SETLK/SETLKW and `flock`: `lock` as parsed (none: EINVAL), taken for `owner` (see
+    /// [`flock_owner`]).
     pub(super) fn set_lock(
         &self,
         req: &fuser::Request,
         ino: fuser::INodeNo,
-        owner: fuser::LockOwner,
+        owner: u64,
         lock: Option<FileLock>,
         sleep: bool,
         reply: ReplyEmpty,
@@ -201,7 +232,7 @@ impl super::FuseFs {
         let r = LockRequest {
             unique: req.unique().0,
             ino: ino.0,
-            owner: owner.0,
+            owner,
             lock,
             sleep,
         };

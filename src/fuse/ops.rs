@@ -269,7 +269,7 @@ impl Filesystem for FuseFs {
     ) {
         self.contain("setlk", req, || {
             let lock = locks::file_lock(crate::fs::LockKind::Posix, typ, start, end, pid);
-            self.set_lock(req, ino, lock_owner, lock, sleep, reply)
+            self.set_lock(req, ino, lock_owner.0, lock, sleep, reply)
         });
     }
 
@@ -288,8 +288,8 @@ impl Filesystem for FuseFs {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
-        lock_owner: LockOwner,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
         typ: i32,
         pid: u32,
         sleep: bool,
@@ -297,7 +297,7 @@ impl Filesystem for FuseFs {
     ) {
         self.contain("flock", req, || {
             let lock = locks::file_lock(crate::fs::LockKind::Flock, typ, 0, u64::MAX, pid);
-            self.set_lock(req, ino, lock_owner, lock, sleep, reply)
+            self.set_lock(req, ino, locks::flock_owner(fh), lock, sleep, reply)
         });
     }
 
