@@ -20,12 +20,14 @@
       the lock, and once A lets go B takes both. PID_B (B's daemon) is the barrier: its
       thread named lock-wait shows the request is waiting there.
   shared_check.py waiters A B PID_B K
-      K processes on B, all on one CPU, wait in flock for a file B's own process (on that CPU
-      too) holds, started one at a time: that process's next requests on B (a create, a
-      write, its close) still end
+      2K processes on B, all on one CPU, wait in flock for a file B's own process (on that
+      CPU too) holds, K started one at a time, then K at once: every one reaches B's daemon,
+      and that process's next requests on B (a create, a write, its close) still end
       (with FUSE over io_uring, requests go to the queue of the caller's CPU, and each
       waiting lock holds one of its entries: the daemon adds entries rather than let the
-      waits take them all), and once it lets go every waiter takes the lock in turn.
+      waits take them all, and each added entry makes a request of its own on that CPU, so
+      the kernel hands out requests it queued before the entry came), and once it lets go
+      every waiter takes the lock in turn.
   shared_check.py c2o A B ROUNDS
       Close-to-open: a file written and closed on one mount, opened on the other, reads every
       byte (sizes from 0 to 3 MiB, growing and shrinking, alternating sides).
@@ -359,12 +361,14 @@ def check_waiters(a, b, pid_b, k):
     held = os.open(fb, os.O_RDWR)
     fcntl.flock(held, fcntl.LOCK_EX)
     until_waits(pid_b, 0, "B's daemon waits on a lock before the test")
-    # One waiter at a time, each in B's daemon before the next starts: the entry the daemon
-    # adds for each is registered before the next request comes. (Requests that come in a
-    # burst, while an added entry is not yet registered, wait in the kernel until the
-    # queue's next answer: it hands queued requests out only then. Not checked here.)
+    # K waiters one at a time, each in B's daemon before the next starts (the entry the
+    # daemon adds for each is registered before the next request comes), then K more in a
+    # burst: a request that comes while every entry is taken waits in the kernel for the
+    # queue's next answer (it is not handed to an entry registered later), so each added
+    # entry makes a request of its own there, whose answer hands the queued ones out.
     children = []
-    for i in range(k):
+
+    def waiter(i):
         child = os.fork()
         if child == 0:
             os.close(held)
@@ -373,9 +377,18 @@ def check_waiters(a, b, pid_b, k):
             os.write(fd, f"{i}\n".encode())
             os._exit(0)
         children.append(child)
+
+    for i in range(k):
+        waiter(i)
         if not waits_within(pid_b, i + 1, 10):
             fail_off_cpu(cpu, children, f"{lock_waits(pid_b)} of {i + 1} blocked flocks on B "
                          "reached its daemon in 10 s")
+    for i in range(k, 2 * k):
+        waiter(i)
+    if not waits_within(pid_b, 2 * k, 10):
+        fail_off_cpu(cpu, children, f"{lock_waits(pid_b)} of {2 * k} blocked flocks on B "
+                     f"reached its daemon in 10 s (the last {k} started at once)")
+    k *= 2
     # The holder's own requests, on the waiters' CPU, in a child so a hang is seen.
     child = os.fork()
     if child == 0:

@@ -941,6 +941,60 @@ fn a_lock_is_answered_only_once_the_table_caught_up() {
     assert_eq!(b.fs.set_lock(file, 8, &write).unwrap(), None, "a let it go");
 }
 
+/// A lock's answer goes once the kernel was told what the lock's last holder changed, from
+/// the thread that tells it: the request's own thread does not wait for it (the kernel's
+/// invalidation of a name may wait for a directory lock held by a request queued behind it
+/// on a FUSE ring: a deadlock, seen in the shared model check).
+#[test]
+fn a_granted_lock_is_answered_after_the_kernel_was_told_without_waiting_for_it() {
+    use rmemfs::fs::Invalidation;
+    use std::sync::mpsc;
+    let rack = Rack::new(2);
+    let mem = MemEngine::new();
+    let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
+    let (a, b) = two_clients(&rack, &engine);
+    a.create("f", b"locked").unwrap();
+    a.create("x", b"x").unwrap();
+    b.shared.poll_now().unwrap();
+    b.shared.pause(true);
+    // B's kernel, here: told names one batch at a time, each batch held until the test
+    // lets it go (as the kernel holds an invalidation while a lookup holds the directory).
+    let (told_tx, told) = mpsc::channel::<Vec<Invalidation>>();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    b.fs.on_followed(Box::new(move |batch| {
+        let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+        let _ = told_tx.send(batch.to_vec());
+    }));
+    let file = resolve(&a.fs, "f").unwrap();
+    let write = whole_file_flock();
+    assert_eq!(a.fs.set_lock(file, 7, &write).unwrap(), None);
+    a.rename("x", "y").unwrap();
+    a.fs.release_locks(file, 7, LockKind::Flock).unwrap();
+    assert_eq!(b.fs.set_lock(file, 8, &write).unwrap(), None);
+    let (answered_tx, answered) = mpsc::channel();
+    b.fs.tell_kernel_then(Box::new(move |ok| {
+        let _ = answered_tx.send(ok);
+    }));
+    // Returned while the kernel is still being told (the telling thread waits for `go`).
+    assert!(
+        answered.try_recv().is_err(),
+        "answered before the kernel was told"
+    );
+    go.send(()).unwrap();
+    let batch = told.recv_timeout(Duration::from_secs(10)).unwrap();
+    let names: Vec<&[u8]> = batch
+        .iter()
+        .filter_map(|i| match i {
+            Invalidation::Entry { name, .. } => Some(&name[..]),
+            Invalidation::Inode(_) => None,
+        })
+        .collect();
+    assert!(names.contains(&&b"x"[..]), "told {batch:?}");
+    assert_eq!(answered.recv_timeout(Duration::from_secs(10)), Ok(true));
+    b.shared.pause(false);
+}
+
 /// The engine lost changes a client had applied (Redis restarted from an AOF written every
 /// second, or a replica was promoted before it had them), and another client appended past
 /// them: the first client stops with EIO naming the loss, rather than apply the others'

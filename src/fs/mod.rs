@@ -46,7 +46,7 @@ pub use rules::{
     access_flags_name, Atime, Caller, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL,
     INODE_FLAGS,
 };
-pub use turns::{turns_in_order, HeldTurn, Turns, CHANGE_WAIT};
+pub use turns::{turns_in_order, HeldTurn, KernelTold, Turns, CHANGE_WAIT};
 pub use types::{Attr, DirEntry, OpenMode, SetAttr, SetTime, StatFs};
 #[cfg(feature = "testing")]
 pub use xattr::INJECT_PANIC_XATTR;

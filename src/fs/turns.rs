@@ -32,6 +32,10 @@ pub fn turns_in_order(held: &[Ino], lost: Ino) -> (bool, Vec<Ino>) {
 /// A turn held for a change: given back (or left to linger) when dropped.
 pub type HeldTurn = Box<dyn std::any::Any + Send>;
 
+/// What runs once the kernel was told what to forget ([`Turns::tell_kernel_then`]): whether
+/// it was.
+pub type KernelTold = Box<dyn FnOnce(bool) + Send>;
+
 /// What a shared volume's client gives the file system ([`crate::volume::shared`]).
 pub trait Turns: Send + Sync {
     /// Before a namespace change is decided: inode numbers at hand for what it makes.
@@ -76,11 +80,12 @@ pub trait Turns: Send + Sync {
     /// `fsync`, a close, and anything that must see them in the engine first.
     fn send_writes(&self) -> Result<()>;
 
-    /// Tells the kernel, before returning, everything it must forget from the catch-ups so
-    /// far (a file lock granted: [`Fs::set_lock`] caught up first); false if that failed.
-    /// Only from a request whose caller holds no directory lock (the kernel's invalidation
-    /// of a name waits for it).
-    fn tell_kernel(&self) -> bool;
+    /// Tells the kernel everything it must forget from the catch-ups so far (a file lock
+    /// granted: [`Fs::set_lock`] caught up first), then runs `then` (false: it could not be
+    /// told), on the thread that tells it: the caller does not wait, since that thread may
+    /// wait for a directory lock that a request (perhaps one queued behind the caller's on a
+    /// FUSE ring) holds.
+    fn tell_kernel_then(&self, then: KernelTold);
 }
 
 impl Fs {
@@ -213,8 +218,12 @@ impl Fs {
         self.turns.as_ref().is_some()
     }
 
-    /// On a shared volume, see [`Turns::tell_kernel`]; true (nothing to do) elsewhere.
-    pub fn tell_kernel_shared(&self) -> bool {
-        self.turns.as_ref().is_none_or(|t| t.tell_kernel())
+    /// On a shared volume, see [`Turns::tell_kernel_then`]; elsewhere `then(true)` at once
+    /// (nothing to tell).
+    pub fn tell_kernel_then(&self, then: KernelTold) {
+        match self.turns.as_ref() {
+            Some(t) => t.tell_kernel_then(then),
+            None => then(true),
+        }
     }
 }

@@ -105,7 +105,12 @@ pub(super) fn release(
     // The kernel names an owner when this file took a `flock`, which is the file's own
     // (`locks::flock_owner`): let go before its handle goes.
     if lock_owner.is_some() {
-        locks::release(&f.fs, ino.0, locks::flock_owner(fh), crate::fs::LockKind::Flock);
+        locks::release(
+            &f.fs,
+            ino.0,
+            locks::flock_owner(fh),
+            crate::fs::LockKind::Flock,
+        );
     }
     f.fs.release(fh.0);
     reply.ok();

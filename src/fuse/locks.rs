@@ -165,13 +165,21 @@ fn wait(fs: &Fs, r: &LockRequest, interrupted: &AtomicBool, reply: ReplyEmpty) {
 
 /// A lock taken: what other clients changed before they let it go is seen first, as NFS
 /// revalidates its caches when a lock is taken: the table caught up ([`Fs::set_lock`]
-/// answers only then), and here the kernel told what to forget. (A lock request holds no
-/// directory lock: the kernel may be told of names here.)
+/// answers only then), and the answer goes once the kernel was told what to forget, from
+/// the thread that tells it. The request's thread does not wait for that: the kernel's
+/// invalidation of a name waits for its directory's lock, which a lookup may hold while it
+/// waits for a ring entry that this request would hold (so the answer is deferred, and the
+/// ring adds entries while answers are).
 fn granted(fs: &Fs, lock: &FileLock, reply: ReplyEmpty) {
-    if lock.typ.is_some() && !fs.tell_kernel_shared() {
-        log::warn!("a lock was taken, but the kernel could not be told what changed");
+    if lock.typ.is_none() {
+        return reply.ok();
     }
-    reply.ok()
+    fs.tell_kernel_then(Box::new(move |told| {
+        if !told {
+            log::warn!("a lock was taken, but the kernel could not be told what changed");
+        }
+        reply.ok()
+    }));
 }
 
 /// Who holds a `flock`: the open file (its handle here), never the kernel's lock owner. A

@@ -252,8 +252,8 @@ fn engine_err(e: EngineError) -> Error {
 enum Notice {
     /// Invalidations of changes applied inside a request.
     Tell(Vec<crate::fs::Invalidation>),
-    /// Answered once everything sent before it has been told.
-    Flushed(crossbeam_channel::Sender<()>),
+    /// Run (with true) once everything sent before it has been told.
+    Flushed(crate::fs::KernelTold),
 }
 
 /// The servers in the volume's order: chunk maps name servers by their place in it, so every
@@ -405,9 +405,8 @@ pub fn join(
             for notice in told {
                 match (notice, weak.upgrade()) {
                     (Notice::Tell(batch), Some(fs)) => fs.tell_followed(&batch),
-                    (Notice::Flushed(done), Some(_)) => {
-                        let _ = done.send(());
-                    }
+                    (Notice::Flushed(then), Some(_)) => then(true),
+                    (Notice::Flushed(then), None) => return then(false),
                     (_, None) => return,
                 }
             }

@@ -582,9 +582,12 @@ impl Turns for SharedTurns {
         self.0.catch_up_within(fs, patience)
     }
 
-    fn tell_kernel(&self) -> bool {
-        // Told by the notifier, with what catch-ups before queued.
-        let (done, flushed) = crossbeam_channel::bounded(1);
-        self.0.notify.send(Notice::Flushed(done)).is_ok() && flushed.recv().is_ok()
+    fn tell_kernel_then(&self, then: crate::fs::KernelTold) {
+        // Run by the notifier, after what catch-ups before queued.
+        if let Err(crossbeam_channel::SendError(Notice::Flushed(then))) =
+            self.0.notify.send(Notice::Flushed(then))
+        {
+            then(false);
+        }
     }
 }

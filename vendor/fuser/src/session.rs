@@ -144,6 +144,10 @@ pub struct Session<FS: Filesystem> {
     /// refuses smaller ring entries).
     #[cfg(target_os = "linux")]
     pub(crate) ring: Option<usize>,
+    /// rmemfs patch: where the session is mounted, if it mounted it: a ring entry added to
+    /// a queue makes a request there from that queue's CPU (see `uring`).
+    #[cfg(target_os = "linux")]
+    pub(crate) mountpoint: Option<std::path::PathBuf>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -212,6 +216,8 @@ impl<FS: Filesystem> Session<FS> {
             config: options.clone(),
             #[cfg(target_os = "linux")]
             ring: None,
+            #[cfg(target_os = "linux")]
+            mountpoint: Some(mountpoint.to_path_buf()),
         };
 
         session.handshake()?;
@@ -242,6 +248,8 @@ impl<FS: Filesystem> Session<FS> {
             config,
             #[cfg(target_os = "linux")]
             ring: None,
+            #[cfg(target_os = "linux")]
+            mountpoint: None,
         };
 
         session.handshake()?;
@@ -277,6 +285,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: Some(Version(abi::FUSE_KERNEL_VERSION, proto_minor)),
             config,
             ring: None,
+            mountpoint: None,
         }
     }
 
@@ -319,6 +328,8 @@ impl<FS: Filesystem> Session<FS> {
             config,
             #[cfg(target_os = "linux")]
             ring,
+            #[cfg(target_os = "linux")]
+            mountpoint,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -370,7 +381,7 @@ impl<FS: Filesystem> Session<FS> {
                 };
                 let queues = crate::uring::queues();
                 let per_queue = n_threads.div_ceil(queues);
-                Some(crate::uring::start(template, payload, queues, per_queue)?)
+                Some(crate::uring::start(template, payload, queues, per_queue, mountpoint)?)
             }
             None => None,
         };

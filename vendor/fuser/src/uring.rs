@@ -17,7 +17,12 @@
 //! entry of a queue (the holder of the lock, closing on that CPU, would then wait for an
 //! entry forever: a deadlock), a thread whose request is answered later first adds a ring
 //! thread to its queue whenever fewer than the queue's first count of entries would be free,
-//! up to [`MOST_ENTRIES_PER_QUEUE`].
+//! up to [`MOST_ENTRIES_PER_QUEUE`]. The kernel hands a request that came while every entry
+//! of its queue was taken to the queue's next commit, not to an entry registered later: an
+//! added entry would wait idle beside it (a lookup queued so held its directory's lock, which
+//! the invalidation a granted lock waited for needed: a deadlock, seen). So once an added
+//! entry is registered, a thread on its CPU makes a request of its own (a `statfs` of the
+//! mount): it takes a free entry, and that entry's commit hands out what was queued.
 //!
 //! An entry's buffers belong to its [`RingReply`] (shared with the reply objects handed to
 //! the file system), so they outlive any reply; and they are leaked, never freed, if the
@@ -411,12 +416,14 @@ pub(crate) fn start<FS: Filesystem>(
     payload: usize,
     queues: usize,
     per_queue: usize,
+    mountpoint: Option<std::path::PathBuf>,
 ) -> io::Result<Arc<Rings<FS>>> {
     let per_queue = per_queue.max(1);
     let rings = Arc::new(Rings {
         template,
         payload,
         per_queue,
+        mountpoint,
         stop: Arc::new(AtomicBool::new(false)),
         counts: (0..queues).map(|_| Mutex::new(QueueCount::default())).collect(),
         threads: Mutex::new(Vec::new()),
@@ -496,6 +503,9 @@ pub(crate) struct Rings<FS: Filesystem> {
     payload: usize,
     /// Ring threads each queue starts with: the entries kept free of deferred answers.
     per_queue: usize,
+    /// Where the session is mounted (none: taken over, not mounted here): an added entry's
+    /// `statfs` goes there ([`poke`]).
+    mountpoint: Option<std::path::PathBuf>,
     stop: Arc<AtomicBool>,
     /// Per queue: its entries, and how many of them hold a deferred answer.
     counts: Vec<Mutex<QueueCount>>,
@@ -520,7 +530,8 @@ impl<FS: Filesystem> Rings<FS> {
         }
     }
 
-    /// Starts ring thread `k` of queue `qid`; `submitted` hears once its entry is.
+    /// Starts ring thread `k` of queue `qid`; `submitted` hears once its entry is. An added
+    /// one (`k` past the first count) then pokes its queue ([`poke`]).
     fn spawn(
         self: &Arc<Self>,
         qid: usize,
@@ -530,9 +541,10 @@ impl<FS: Filesystem> Rings<FS> {
         let thread_name = format!("fuser-ring-{qid}-{k}");
         let event_loop = self.event_loop(thread_name.clone());
         let rings = self.clone();
+        let added = k >= self.per_queue;
         let t = std::thread::Builder::new()
             .name(thread_name)
-            .spawn(move || serve(&event_loop, &rings, qid as u16, submitted))?;
+            .spawn(move || serve(&event_loop, &rings, qid as u16, added, submitted))?;
         self.threads.lock().push(t);
         Ok(())
     }
@@ -587,10 +599,37 @@ impl<FS: Filesystem> Rings<FS> {
     }
 }
 
+/// Makes the kernel hand out what queue `qid` holds queued: a detached thread on its CPU
+/// `statfs`es the mount (a request the kernel never answers from a cache), which a free
+/// entry (one just added) takes; its commit fetches the next queued request. The thread is
+/// not joined: its request ends when answered, or with the connection.
+fn poke(mountpoint: &std::path::Path, qid: u16) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
+        return;
+    };
+    let poked = std::thread::Builder::new()
+        .name(format!("fuser-ring-{qid}-poke"))
+        .spawn(move || {
+            pin_to_cpu(qid as usize);
+            // SAFETY: `path` is NUL-terminated and outlives the call; `st` is a zeroed
+            // statfs the call writes into.
+            let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            if unsafe { libc::statfs(path.as_ptr(), &mut st) } != 0 {
+                warn!("ring {qid}: statfs of the mount after an entry was added: {}", io::Error::last_os_error());
+            }
+        });
+    if let Err(e) = poked {
+        warn!("ring {qid}: no thread to hand out requests queued before an added entry: {e}");
+    }
+}
+
 fn serve<FS: Filesystem>(
     se: &SessionEventLoop<FS>,
     rings: &Arc<Rings<FS>>,
     qid: u16,
+    added: bool,
     submitted: std::sync::mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
     let payload = rings.payload;
@@ -610,6 +649,10 @@ fn serve<FS: Filesystem>(
     let mut rt = match setup() {
         Ok(rt) => {
             let _ = submitted.send(Ok(()));
+            // Registered (the kernel took the entry as the submission ran).
+            if let (true, Some(at)) = (added, rings.mountpoint.as_deref()) {
+                poke(at, qid);
+            }
             rt
         }
         Err(e) => {
