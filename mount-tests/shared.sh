@@ -145,12 +145,15 @@ test_volume_shared_check() {
 
 # The shared model check alone, many rounds on one pair of mounts (stress, for
 # tools/shared-model.sh): ROUNDS rounds of `shared_check.py model` with seeds 1..ROUNDS, each
-# in a directory of its own; stops at the first failure, naming the seed.
+# in a directory of its own; stops at the first failure, naming the seed. RMEMFS_MODEL_A_ARGS:
+# more arguments for the first mount (e.g. "-o write_behind").
 test_volume_shared_model() {
-  local mnt2=$BASE/mnt/volume_shared_model2 out r
+  local mnt2=$BASE/mnt/volume_shared_model2 out r a_args
+  read -ra a_args <<<"${RMEMFS_MODEL_A_ARGS:-}"
   start_redis
   mkdir -p "$mnt2"
-  mount_fs "$MNT" "$ADDRS" --volume sm --create --meta "$REDIS_URL" || fail "mount --create --meta failed"
+  mount_fs "$MNT" "$ADDRS" --volume sm --create --meta "$REDIS_URL" "${a_args[@]}" ||
+    fail "mount --create --meta failed"
   mount_fs "$mnt2" "$ADDRS" --volume sm --meta "$REDIS_URL" || fail "second mount --meta failed"
   for ((r = 1; r <= ${RMEMFS_MODEL_ROUNDS:-20}; r++)); do
     mkdir "$MNT/round$r"

@@ -907,22 +907,8 @@ fn a_lock_release_the_engine_missed_is_sent_again() {
 /// lock over a stale view.
 #[test]
 fn a_lock_is_answered_only_once_the_table_caught_up() {
-    let rack = Rack::new(2);
-    let mem = MemEngine::new();
-    let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
-    let (a, b) = two_clients(&rack, &engine);
-    a.create("f", b"locked").unwrap();
-    a.create("x", b"x").unwrap();
-    b.shared.poll_now().unwrap();
-    let file = resolve(&a.fs, "f").unwrap();
+    let (_rack, mem, a, b, file) = renamed_under_a_lock();
     let write = whole_file_flock();
-    assert_eq!(a.fs.set_lock(file, 7, &write).unwrap(), None);
-    a.rename("x", "y").unwrap();
-    a.fs.release_locks(file, 7, LockKind::Flock).unwrap();
-    assert!(
-        resolve(&b.fs, "x").is_ok(),
-        "b's table is stale before the lock"
-    );
     mem.fail_next("read_after", 2);
     assert_eq!(b.fs.set_lock(file, 8, &write).unwrap(), None);
     // A name found is not looked for again: "x" would still be there on a stale table.
@@ -941,6 +927,28 @@ fn a_lock_is_answered_only_once_the_table_caught_up() {
     assert_eq!(b.fs.set_lock(file, 8, &write).unwrap(), None, "a let it go");
 }
 
+/// Two clients of one volume with files `f` and `x`: A took a flock of `f`, renamed `x` to
+/// `y` and let go, while B's table (caught up before) still holds `x`. The rack, the engine,
+/// A, B and `f`.
+fn renamed_under_a_lock() -> (Rack, MemEngine, Client, Client, u64) {
+    let rack = Rack::new(2);
+    let mem = MemEngine::new();
+    let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
+    let (a, b) = two_clients(&rack, &engine);
+    a.create("f", b"locked").unwrap();
+    a.create("x", b"x").unwrap();
+    b.shared.poll_now().unwrap();
+    let file = resolve(&a.fs, "f").unwrap();
+    assert_eq!(a.fs.set_lock(file, 7, &whole_file_flock()).unwrap(), None);
+    a.rename("x", "y").unwrap();
+    a.fs.release_locks(file, 7, LockKind::Flock).unwrap();
+    assert!(
+        resolve(&b.fs, "x").is_ok(),
+        "b's table is stale before the lock"
+    );
+    (rack, mem, a, b, file)
+}
+
 /// A lock's answer goes once the kernel was told what the lock's last holder changed, from
 /// the thread that tells it: the request's own thread does not wait for it (the kernel's
 /// invalidation of a name may wait for a directory lock held by a request queued behind it
@@ -949,14 +957,7 @@ fn a_lock_is_answered_only_once_the_table_caught_up() {
 fn a_granted_lock_is_answered_after_the_kernel_was_told_without_waiting_for_it() {
     use rmemfs::fs::Invalidation;
     use std::sync::mpsc;
-    let rack = Rack::new(2);
-    let mem = MemEngine::new();
-    let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
-    let (a, b) = two_clients(&rack, &engine);
-    a.create("f", b"locked").unwrap();
-    a.create("x", b"x").unwrap();
-    b.shared.poll_now().unwrap();
-    b.shared.pause(true);
+    let (_rack, _mem, _a, b, file) = renamed_under_a_lock();
     // B's kernel, here: told names one batch at a time, each batch held until the test
     // lets it go (as the kernel holds an invalidation while a lookup holds the directory).
     let (told_tx, told) = mpsc::channel::<Vec<Invalidation>>();
@@ -966,12 +967,7 @@ fn a_granted_lock_is_answered_after_the_kernel_was_told_without_waiting_for_it()
         let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
         let _ = told_tx.send(batch.to_vec());
     }));
-    let file = resolve(&a.fs, "f").unwrap();
-    let write = whole_file_flock();
-    assert_eq!(a.fs.set_lock(file, 7, &write).unwrap(), None);
-    a.rename("x", "y").unwrap();
-    a.fs.release_locks(file, 7, LockKind::Flock).unwrap();
-    assert_eq!(b.fs.set_lock(file, 8, &write).unwrap(), None);
+    assert_eq!(b.fs.set_lock(file, 8, &whole_file_flock()).unwrap(), None);
     let (answered_tx, answered) = mpsc::channel();
     b.fs.tell_kernel_then(Box::new(move |ok| {
         let _ = answered_tx.send(ok);
@@ -992,7 +988,6 @@ fn a_granted_lock_is_answered_after_the_kernel_was_told_without_waiting_for_it()
         .collect();
     assert!(names.contains(&&b"x"[..]), "told {batch:?}");
     assert_eq!(answered.recv_timeout(Duration::from_secs(10)), Ok(true));
-    b.shared.pause(false);
 }
 
 /// The engine lost changes a client had applied (Redis restarted from an AOF written every

@@ -7,6 +7,7 @@
 # lock owner named a reopened file as the closed one's), 6 workers failed within 11 rounds.
 #
 #   ROUNDS=150 WORKERS=6 tools/shared-model.sh
+#   A_ARGS="-o write_behind" tools/shared-model.sh   # the first mount writes behind
 set -uo pipefail
 cd "$(dirname "$0")/.."
 yes >/dev/null &
@@ -14,4 +15,5 @@ hog1=$!
 yes >/dev/null &
 hog2=$!
 trap 'kill $hog1 $hog2 2>/dev/null' EXIT
-RMEMFS_MODEL_ROUNDS=${ROUNDS:-50} RMEMFS_MODEL_WORKERS=${WORKERS:-6} mount-tests/run.sh volume_shared_model
+RMEMFS_MODEL_ROUNDS=${ROUNDS:-50} RMEMFS_MODEL_WORKERS=${WORKERS:-6} RMEMFS_MODEL_A_ARGS=${A_ARGS:-} \
+  mount-tests/run.sh volume_shared_model
