@@ -102,8 +102,9 @@ test_volume_shared_check() {
   mkdir -p "$mnt2"
   # A's daemon holds a flock's RELEASE back while this file exists (the testing build's gate).
   local gate=$BASE/flock-release-gate
+  # A writes behind (asked for), B does not: every check below runs both ways.
   RMEMFS_TESTING_FLOCK_RELEASE_GATE=$gate mount_fs "$MNT" "$ADDRS" --volume sc --create \
-    --meta "$REDIS_URL" || fail "mount --create --meta failed"
+    --meta "$REDIS_URL" -o write_behind || fail "mount --create --meta failed"
   mount_fs "$mnt2" "$ADDRS" --volume sc --meta "$REDIS_URL" || fail "second mount --meta failed"
   local check=mount-tests/shared_check.py
   out=$(t python3 $check locks "$MNT" "$mnt2") || fail "locks: $out"
