@@ -552,27 +552,33 @@ impl<FS: Filesystem> Rings<FS> {
     /// A request of queue `qid` is answered later: its entry is held until then. Adds an
     /// entry to the queue if fewer than `per_queue` others would be free.
     fn deferring(self: &Arc<Self>, qid: u16) {
-        let mut c = self.counts[qid as usize].lock();
-        c.deferred += 1;
-        // Saturating: a request may be deferred on a queue whose first entries are still
-        // being counted at start.
-        let free = c.entries.saturating_sub(c.deferred);
-        if free >= self.per_queue || self.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        if c.entries >= MOST_ENTRIES_PER_QUEUE {
-            warn!(
-                "ring {qid}: {} of its {} entries wait for deferred answers; its requests \
-                 wait for them too",
-                c.deferred, c.entries
-            );
-            return;
-        }
+        let k = {
+            let mut c = self.counts[qid as usize].lock();
+            c.deferred += 1;
+            // Saturating: a request may be deferred on a queue whose first entries are still
+            // being counted at start.
+            let free = c.entries.saturating_sub(c.deferred);
+            if free >= self.per_queue || self.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            if c.entries >= MOST_ENTRIES_PER_QUEUE {
+                warn!(
+                    "ring {qid}: {} of its {} entries wait for deferred answers; its requests \
+                     wait for them too",
+                    c.deferred, c.entries
+                );
+                return;
+            }
+            // Counted before it is started (outside the count's lock, which the queue's
+            // answers take), so a deferral meanwhile counts it.
+            c.entries += 1;
+            c.entries - 1
+        };
         // Not waited for: the new thread registers its entry on its own.
         let (submitted, _) = std::sync::mpsc::channel();
-        match self.spawn(qid as usize, c.entries, submitted) {
-            Ok(()) => c.entries += 1,
-            Err(e) => warn!("ring {qid}: no thread for another entry: {e}"),
+        if let Err(e) = self.spawn(qid as usize, k, submitted) {
+            self.counts[qid as usize].lock().entries -= 1;
+            warn!("ring {qid}: no thread for another entry: {e}");
         }
     }
 
@@ -612,12 +618,13 @@ fn poke(mountpoint: &std::path::Path, qid: u16) {
         .name(format!("fuser-ring-{qid}-poke"))
         .spawn(move || {
             pin_to_cpu(qid as usize);
-            // SAFETY: `path` is NUL-terminated and outlives the call; `st` is a zeroed
-            // statfs the call writes into.
+            // SAFETY: `libc::statfs` is plain integers, for which all zeros is a valid value.
             let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-            // SAFETY: as above.
+            // SAFETY: `path` is NUL-terminated and outlives the call; `st` is a statfs the
+            // call writes into.
             if unsafe { libc::statfs(path.as_ptr(), &mut st) } != 0 {
-                warn!("ring {qid}: statfs of the mount after an entry was added: {}", io::Error::last_os_error());
+                let e = io::Error::last_os_error();
+                warn!("ring {qid}: statfs of the mount after an entry was added: {e}");
             }
         });
     if let Err(e) = poked {
