@@ -50,8 +50,13 @@ pub trait Turns: Send + Sync {
     fn holds(&self, ino: Ino) -> bool;
 
     /// Brings the table up to date (a lookup that found nothing, an open, a change decided
-    /// on a stale table); a failure is logged and the table stays as it was.
-    fn refresh(&self, fs: &Fs);
+    /// on a stale table): [`Turns::catch_up`] tried once; a failure is logged and the table
+    /// stays as it was.
+    fn refresh(&self, fs: &Fs) {
+        if let Err(e) = self.catch_up(fs, Duration::ZERO) {
+            log::warn!("catching up with the engine: {}", e.message);
+        }
+    }
 
     /// Brings the table up to date, trying again for up to `patience` while the engine
     /// cannot be read; fails at once if this client stopped (its table no longer the

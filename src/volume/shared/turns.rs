@@ -572,12 +572,6 @@ impl Turns for SharedTurns {
         self.0.send_behind()
     }
 
-    fn refresh(&self, fs: &Fs) {
-        if let Err(e) = self.0.catch_up(fs, true) {
-            log::warn!("catching up with the engine: {}", e.message);
-        }
-    }
-
     fn catch_up(&self, fs: &Fs, patience: Duration) -> Result<()> {
         self.0.catch_up_within(fs, patience)
     }

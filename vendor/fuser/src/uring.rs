@@ -424,7 +424,7 @@ pub(crate) fn start<FS: Filesystem>(
         payload,
         per_queue,
         mountpoint,
-        stop: Arc::new(AtomicBool::new(false)),
+        stop: AtomicBool::new(false),
         counts: (0..queues).map(|_| Mutex::new(QueueCount::default())).collect(),
         threads: Mutex::new(Vec::new()),
     });
@@ -506,7 +506,7 @@ pub(crate) struct Rings<FS: Filesystem> {
     /// Where the session is mounted (none: taken over, not mounted here): an added entry's
     /// `statfs` goes there ([`poke`]).
     mountpoint: Option<std::path::PathBuf>,
-    stop: Arc<AtomicBool>,
+    stop: AtomicBool,
     /// Per queue: its entries, and how many of them hold a deferred answer.
     counts: Vec<Mutex<QueueCount>>,
     threads: Mutex<Vec<JoinHandle<io::Result<()>>>>,
@@ -712,7 +712,7 @@ fn serve_entry<FS: Filesystem>(
     fd: i32,
     qid: u16,
 ) -> io::Result<()> {
-    let (payload, stop) = (rings.payload, &*rings.stop);
+    let (payload, stop) = (rings.payload, &rings.stop);
     let mut refusals = 0;
     while !stop.load(Ordering::SeqCst) {
         if RING_FAULT.load(Ordering::Relaxed) && RING_FAULT.swap(false, Ordering::SeqCst) {
