@@ -352,12 +352,15 @@ impl Shared {
     }
 
     fn committed(&self, pool: &Pool, lsn: u64) {
+        // The frees the commit lets go are sent before a waiting `fsync` learns of it: an
+        // `rm` then `fsync` then a write (or `statfs`, which waits for the frees sent) finds
+        // the room the `rm` made.
+        pool.release_frees(&self.gate, lsn);
         {
             let mut d = self.done.lock();
             d.committed = d.committed.max(lsn);
         }
         self.done_cv.notify_all();
-        pool.release_frees(&self.gate, lsn);
     }
 
     fn fail(&self, why: String) {
