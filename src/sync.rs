@@ -167,6 +167,54 @@ impl<T: ?Sized + std::fmt::Debug> std::fmt::Debug for RwLock<T> {
     }
 }
 
+/// A pause that doubles at each use up to a ceiling: how every retry loop here waits (a lock,
+/// a turn, a catch-up, a lost answer, a reconnect, an upkeep round that panicked), so that a
+/// busy peer is asked again soon at first and is never flooded after.
+#[derive(Clone, Copy, Debug)]
+pub struct Backoff {
+    first: std::time::Duration,
+    current: std::time::Duration,
+    most: std::time::Duration,
+}
+
+impl Backoff {
+    /// Starts at `first`, doubling up to `most`.
+    pub const fn new(first: std::time::Duration, most: std::time::Duration) -> Backoff {
+        Backoff {
+            first,
+            current: first,
+            most,
+        }
+    }
+
+    /// The pause to wait now.
+    pub fn current(&self) -> std::time::Duration {
+        self.current
+    }
+
+    /// Doubles the pause (at most the ceiling) and returns it.
+    pub fn grow(&mut self) -> std::time::Duration {
+        self.current = self.current.saturating_mul(2).min(self.most);
+        self.current
+    }
+
+    /// Sleeps the current pause, then doubles it.
+    pub fn sleep(&mut self) {
+        std::thread::sleep(self.current);
+        self.grow();
+    }
+
+    /// Back to the first pause (the peer answered).
+    pub fn reset(&mut self) {
+        self.current = self.first;
+    }
+
+    /// Straight to the ceiling (asking again soon would not help).
+    pub fn exhaust(&mut self) {
+        self.current = self.most;
+    }
+}
+
 #[cfg(all(test, not(feature = "shuttle")))]
 mod tests {
     use super::*;
@@ -183,5 +231,18 @@ mod tests {
         .join();
         assert!(r.is_err());
         assert_eq!(*m.lock(), 2);
+    }
+
+    #[test]
+    fn a_backoff_doubles_to_its_ceiling_and_starts_over() {
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        let mut b = Backoff::new(ms(1), ms(5));
+        let seen: Vec<Duration> = (0..5).map(|_| b.grow()).collect();
+        assert_eq!(seen, [ms(2), ms(4), ms(5), ms(5), ms(5)]);
+        b.reset();
+        assert_eq!(b.current(), ms(1));
+        b.exhaust();
+        assert_eq!(b.current(), ms(5));
     }
 }

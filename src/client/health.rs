@@ -16,7 +16,7 @@ pub(super) struct Health {
     pub(super) since: SystemTime,
     /// The next reconnect attempt is not before this, and the wait after a failed one.
     pub(super) next_attempt: Instant,
-    pub(super) backoff: Duration,
+    pub(super) backoff: crate::sync::Backoff,
 }
 
 impl Health {
@@ -81,8 +81,8 @@ impl Server {
                 let mut h = self.health.lock();
                 h.state = ServerState::Down;
                 h.since = SystemTime::now();
-                h.backoff = crate::config::RECONNECT_BACKOFF_MIN;
-                h.next_attempt = Instant::now() + h.backoff;
+                h.backoff.reset();
+                h.next_attempt = Instant::now() + h.backoff.current();
             }
             *self.beat_sent.lock() = None;
             // Its stock is this session's memory there: freed if the session resumes.
@@ -262,15 +262,14 @@ impl Pool {
             }) => {
                 self.set_fenced(format!("memory server {}: {message}", s.addr));
                 let mut h = s.health.lock();
-                h.backoff = crate::config::RECONNECT_BACKOFF_MAX;
-                h.next_attempt = Instant::now() + h.backoff;
+                h.backoff.exhaust();
+                h.next_attempt = Instant::now() + h.backoff.current();
                 return None;
             }
             Err(e) => {
                 let mut h = s.health.lock();
                 log::debug!("memory server {} ({id}) still unreachable: {e}", s.addr);
-                h.backoff = (h.backoff * 2).min(crate::config::RECONNECT_BACKOFF_MAX);
-                h.next_attempt = Instant::now() + h.backoff;
+                h.next_attempt = Instant::now() + h.backoff.grow();
                 return None;
             }
         };
@@ -308,7 +307,7 @@ impl Pool {
                     );
                     link.control.kill();
                     let mut h = s.health.lock();
-                    h.next_attempt = Instant::now() + h.backoff;
+                    h.next_attempt = Instant::now() + h.backoff.current();
                     return None;
                 }
             }

@@ -80,7 +80,10 @@ pub(super) fn new_server(id: ServerId, addr: SocketAddr, link: health::Link) -> 
             state: ServerState::Up,
             since: SystemTime::now(),
             next_attempt: Instant::now(),
-            backoff: crate::config::RECONNECT_BACKOFF_MIN,
+            backoff: crate::sync::Backoff::new(
+                crate::config::RECONNECT_BACKOFF_MIN,
+                crate::config::RECONNECT_BACKOFF_MAX,
+            ),
         }),
         beat_sent: Arc::new(Mutex::new(None)),
         unfreed: Arc::default(),

@@ -115,7 +115,10 @@ impl RejoinModel {
                 state: ServerState::Down,
                 since: SystemTime::now(),
                 next_attempt: Instant::now(),
-                backoff: Duration::from_millis(100),
+                backoff: crate::sync::Backoff::new(
+                    Duration::from_millis(100),
+                    Duration::from_millis(100),
+                ),
             }),
             unfreed: Mutex::new(Parked {
                 session: 0,

@@ -148,10 +148,12 @@ pub(super) fn set(fs: &Arc<Fs>, interrupts: &Arc<Interrupts>, r: LockRequest, re
 }
 
 fn wait(fs: &Fs, r: &LockRequest, interrupted: &AtomicBool, reply: ReplyEmpty) {
-    let mut pause = std::time::Duration::from_millis(1);
+    let mut pause = crate::sync::Backoff::new(
+        std::time::Duration::from_millis(1),
+        crate::config::LOCK_WAIT_POLL,
+    );
     loop {
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(crate::config::LOCK_WAIT_POLL);
+        pause.sleep();
         if interrupted.load(Ordering::SeqCst) {
             return reply.error(Errno::from_i32(libc::EINTR));
         }

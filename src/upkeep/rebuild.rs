@@ -301,21 +301,22 @@ fn supervised(
     mut round: impl FnMut(),
 ) {
     use crate::config::{UPKEEP_PANIC_BACKOFF_MAX, UPKEEP_PANIC_BACKOFF_MIN};
-    let mut backoff = UPKEEP_PANIC_BACKOFF_MIN;
+    let mut backoff = crate::sync::Backoff::new(UPKEEP_PANIC_BACKOFF_MIN, UPKEEP_PANIC_BACKOFF_MAX);
     while !stop.wait(tick) {
         let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut round)) else {
-            backoff = UPKEEP_PANIC_BACKOFF_MIN;
+            backoff.reset();
             continue;
         };
         panics.count(thread);
         log::error!(
-            "bug: a round of the {thread} thread panicked: {}; the next one in {backoff:?}",
-            crate::error::panic_message(&*panic)
+            "bug: a round of the {thread} thread panicked: {}; the next one in {:?}",
+            crate::error::panic_message(&*panic),
+            backoff.current()
         );
-        if stop.wait(backoff) {
+        if stop.wait(backoff.current()) {
             break;
         }
-        backoff = (backoff * 2).min(UPKEEP_PANIC_BACKOFF_MAX);
+        backoff.grow();
     }
 }
 

@@ -18,7 +18,8 @@ impl RedisEngine {
         // Backoff between tries: short first (a turn is held for a few changes), up to a
         // quarter of a millisecond (the holder gives it back at once when asked, after its
         // minimum hold).
-        let mut pause = Duration::from_micros(50);
+        let mut pause =
+            crate::sync::Backoff::new(Duration::from_micros(50), Duration::from_micros(250));
         loop {
             let (taken, what): (i64, String) = self.with(|c| {
                 self.scripts
@@ -49,8 +50,7 @@ impl RedisEngine {
                 }
                 _ => {}
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_micros(250));
+            pause.sleep();
         }
     }
 

@@ -112,7 +112,7 @@ impl Appender<'_> {
     /// gave this client alone, and the times it set).
     fn find_lost(&self, record: &[u8], mut after: u64) -> Option<u64> {
         let deadline = Instant::now() + self.lost_answer_wait;
-        let mut pause = LOST_ANSWER_FIRST_PAUSE;
+        let mut pause = crate::sync::Backoff::new(LOST_ANSWER_FIRST_PAUSE, LOST_ANSWER_MAX_PAUSE);
         loop {
             match self.engine.read_after(after, READ_BATCH) {
                 Ok(got) => {
@@ -128,16 +128,13 @@ impl Appender<'_> {
                         _ => return None,
                     }
                 }
-                Err(e) if Instant::now() + pause > deadline => {
+                Err(e) if Instant::now() + pause.current() > deadline => {
                     log::warn!(
                         "shared volume: an append's answer was lost, and so is the log: {e}"
                     );
                     return None;
                 }
-                Err(_) => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(LOST_ANSWER_MAX_PAUSE);
-                }
+                Err(_) => pause.sleep(),
             }
         }
     }

@@ -59,19 +59,18 @@ impl State {
     /// cannot be read; at once the failure if this client stopped.
     pub(super) fn catch_up_within(&self, fs: &Fs, patience: Duration) -> Result<()> {
         let deadline = Instant::now() + patience;
-        let mut pause = CATCH_UP_RETRY_FIRST;
+        let mut pause = crate::sync::Backoff::new(CATCH_UP_RETRY_FIRST, CATCH_UP_RETRY_MOST);
         loop {
             let e = match self.catch_up(fs, true) {
                 Ok(_) => return Ok(()),
                 Err(e) => e,
             };
             self.still_whole()?;
-            if Instant::now() + pause >= deadline {
+            if Instant::now() + pause.current() >= deadline {
                 return Err(e);
             }
             log::warn!("catching up with the engine (trying again): {}", e.message);
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(CATCH_UP_RETRY_MOST);
+            pause.sleep();
         }
     }
 
