@@ -635,6 +635,20 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) session_owner: Uid,
 }
 
+// rmemfs patch: a loop like another, for the ring pool's threads (no `FS: Clone` needed:
+// the file system is shared behind its Arc).
+impl<FS: Filesystem> Clone for SessionEventLoop<FS> {
+    fn clone(&self) -> Self {
+        SessionEventLoop {
+            thread_name: self.thread_name.clone(),
+            ch: self.ch.clone(),
+            filesystem: self.filesystem.clone(),
+            allowed: self.allowed,
+            session_owner: self.session_owner,
+        }
+    }
+}
+
 impl<FS: Filesystem> SessionEventLoop<FS> {
     fn event_loop(&self) -> io::Result<()> {
         // Buffer for receiving requests from the kernel. Only one is allocated and

@@ -520,13 +520,9 @@ struct QueueCount {
 
 impl<FS: Filesystem> Rings<FS> {
     fn event_loop(&self, thread_name: String) -> SessionEventLoop<FS> {
-        let t = &self.template;
         SessionEventLoop {
             thread_name,
-            filesystem: t.filesystem.clone(),
-            ch: t.ch.clone(),
-            allowed: t.allowed,
-            session_owner: t.session_owner,
+            ..self.template.clone()
         }
     }
 
