@@ -26,6 +26,18 @@ test_volume_shared() {
   must "mkdir on A" mkdir "$MNT/d"
   must "write on A" dd if=/dev/urandom of="$MNT/d/big" bs=1M count=16 conv=fsync status=none
   must "small on A" sh -c "echo hello >'$MNT/d/x'"
+  # A handle opened only to write writes directly (FOPEN_DIRECT_IO): none of its bytes stay
+  # in A's page cache (the next open drops them anyway). One that reads too leaves them
+  # there, so a cache that shows nothing is not the check's blindness.
+  local cached
+  cached=$(python3 mount-tests/cached_pages.py "$MNT/d/direct" w $((256 << 10))) ||
+    fail "a write-only handle's write on A"
+  assert_eq "pages of a write-only handle's writes in A's page cache" "$cached" 0
+  cached=$(python3 mount-tests/cached_pages.py "$MNT/d/cached" rw $((256 << 10))) ||
+    fail "a read-write handle's write on A"
+  [ "$cached" -gt 0 ] ||
+    fail "a read-write handle's writes left nothing in A's page cache (the check sees no cache)"
+  must "rm on A" rm "$MNT/d/direct" "$MNT/d/cached"
   # B sees A's changes once it makes one of its own (it catches up first), or within a poll.
   must "mkdir on B" mkdir "$mnt2/d/sub"
   must "cmp A's file on B" cmp "$MNT/d/big" "$mnt2/d/big"

@@ -86,6 +86,11 @@ const LAST_WAITS: u32 = 20;
 /// a payload buffer (max_write, 1 MiB), so 32 bounds that at 32 MiB per CPU, past which
 /// requests of that CPU wait for a deferred answer (as they would for any full queue).
 const MOST_ENTRIES_PER_QUEUE: usize = 32;
+/// How long a handler's answer from another thread may take before it counts as deferred
+/// (and its queue may be given an entry, see [`Rings::deferring`]): a lock granted by the
+/// shared volume's notifier is answered within well under this once the kernel was told, and
+/// counted at once it added entries that were not needed (up to the 32 above).
+const DEFERRED_AFTER: Duration = Duration::from_millis(1);
 /// Completion results that mean the connection is gone (the entry is the kernel's no more).
 const TEARDOWN: [i32; 4] = [
     libc::ENOTCONN,
@@ -237,10 +242,15 @@ impl RingReply {
         Ok(())
     }
 
-    /// Whether the reply is still awaited (the handler returned without answering: it
-    /// answers later, from another thread).
-    fn still_awaited(&self) -> bool {
-        matches!(*self.state.lock(), Answer::Awaited { .. })
+    /// Whether the reply is still awaited `grace` after the handler returned without
+    /// answering (it answers later, from another thread): one sent a moment later (a granted
+    /// lock answered once the kernel was told) does not hold the entry for long.
+    fn awaited_after(&self, grace: Duration) -> bool {
+        let mut st = self.state.lock();
+        if matches!(*st, Answer::Awaited { .. }) {
+            let _ = self.answered.wait_for(&mut st, grace);
+        }
+        matches!(*st, Answer::Awaited { .. })
     }
 
     fn await_reply(&self, in_place: bool) {
@@ -753,7 +763,7 @@ fn serve_entry<FS: Filesystem>(
                         let _ = entry.reply.send(&[IoSlice::new(&eio_reply(unique))]);
                     }
                 }
-                let later = entry.reply.still_awaited();
+                let later = entry.reply.awaited_after(DEFERRED_AFTER);
                 if later {
                     rings.deferring(qid);
                 }
