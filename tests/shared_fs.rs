@@ -1516,42 +1516,36 @@ fn a_client_behind_a_trim_with_nothing_after_it_loads_the_checkpoint() {
     }
 }
 
-/// A client that leaves cleanly right after a removal still gives the removed file's memory
-/// back: its frees wait for every member to apply the removal, and leaving must not drop them.
+/// Memory a removal lets go of (another client allocated it) comes back though the removing
+/// client goes right after: it leaves cleanly, or it is evicted with its frees still waiting
+/// for the other members to apply the removal (its own rounds stopped: nothing it holds is
+/// sent by it from there).
 #[test]
-fn a_removal_just_before_a_clean_leave_frees_its_memory() {
-    let rack = Rack::new(2);
-    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
-    let (a, b) = two_clients(&rack, &engine);
-    let free_at_start = rack.free();
-    a.create("f", &bytes(1, 1 << 20)).unwrap();
-    b.shared.poll_now().unwrap();
-    b.unlink("f").unwrap();
-    drop(b);
-    eventually("the removed file's memory is back", || {
-        a.shared.poll_now().unwrap();
-        rack.free() == free_at_start
-    });
-}
-
-/// A client evicted right after a removal, its frees still waiting for the other members to
-/// apply it: the removed file's memory, which another client allocated, is not lost.
-#[test]
-fn a_removal_whose_client_was_evicted_before_its_frees_frees_its_memory() {
-    let rack = Rack::new(2);
-    let engine = MemEngine::new();
-    let a = client(&rack, Arc::new(engine.clone()), "a");
-    let b = client(&rack, Arc::new(engine.clone()), "b");
-    let free_at_start = rack.free();
-    a.create("f", &bytes(1, 1 << 20)).unwrap();
-    b.shared.poll_now().unwrap();
-    // B's own rounds stop: nothing it holds is sent by it from here.
-    b.shared.pause_linger(true);
-    b.unlink("f").unwrap();
-    engine.heartbeat("b", Duration::ZERO).unwrap();
-    eventually("the removed file's memory is back", || {
-        a.shared.poll_now().unwrap();
-        rack.free() == free_at_start
-    });
-    drop(b);
+fn a_removal_frees_its_memory_though_its_client_goes_right_after() {
+    for evicted in [false, true] {
+        let rack = Rack::new(2);
+        let engine = MemEngine::new();
+        let a = client(&rack, Arc::new(engine.clone()), "a");
+        let b = client(&rack, Arc::new(engine.clone()), "b");
+        let free_at_start = rack.free();
+        a.create("f", &bytes(1, 1 << 20)).unwrap();
+        b.shared.poll_now().unwrap();
+        b.shared.pause_linger(evicted);
+        b.unlink("f").unwrap();
+        let b = match evicted {
+            true => {
+                engine.heartbeat("b", Duration::ZERO).unwrap();
+                Some(b)
+            }
+            false => {
+                drop(b);
+                None
+            }
+        };
+        eventually("the removed file's memory is back", || {
+            a.shared.poll_now().unwrap();
+            rack.free() == free_at_start
+        });
+        drop(b);
+    }
 }
