@@ -861,6 +861,32 @@ fn a_full_pool_answers_enospc_for_growth_and_still_frees_and_reattaches() {
     sync_or_say(&d);
 }
 
+/// The frees a commit lets go are sent before the commit's waiters learn of it: with the
+/// committer stopped right after it woke them, an unlinked file's memory still comes back.
+/// (With the frees sent after the wake, an `rm`, `fsync` and write found ENOSPC on a full
+/// pool: `a_full_pool_answers_enospc_for_growth_and_still_frees_and_reattaches` on CI.)
+#[test]
+fn a_commit_sends_its_frees_before_its_waiters_learn_of_it() {
+    let rack = Rack::new(2);
+    let d = rack.attach("vol", true, false).unwrap();
+    d.write("f", &bytes(1, MIB)).unwrap();
+    sync_or_say(&d);
+    let written = rack.free();
+    let before = d.0.journal.committed();
+    d.0.journal.stop_after_next_commit();
+    d.unlink("f").unwrap();
+    common::eventually("the unlink is committed", || {
+        d.0.journal.committed() > before
+    });
+    common::eventually("the unlinked file's memory is back", || {
+        let free = rack.free();
+        free.iter()
+            .zip(&written)
+            .all(|(now, then)| *now >= then + MIB as u64)
+    });
+    d.0.journal.go_on();
+}
+
 /// A file unlinked while the kernel still knows it (its inode stays until FORGET) gives its
 /// memory back: the chunks must leave the journal before that memory goes, or a replay names
 /// memory another file holds by then, and attach hands the new file's bytes to the orphan

@@ -83,6 +83,20 @@ pub(super) struct Shared {
     done_cv: Condvar,
     pub(super) gate: Arc<FreeGate>,
     stop: AtomicBool,
+    /// Test hook ([`VolumeJournal::stop_after_next_commit`]).
+    #[cfg(feature = "testing")]
+    stop_after: Mutex<StopAfter>,
+    #[cfg(feature = "testing")]
+    stop_after_cv: Condvar,
+}
+
+/// Where a test holds the committer ([`VolumeJournal::stop_after_next_commit`]).
+#[cfg(feature = "testing")]
+#[derive(PartialEq)]
+enum StopAfter {
+    Run,
+    Next,
+    Stopped,
 }
 
 /// What writes the ring and checkpoints: only the committer thread (and attach, before it
@@ -361,6 +375,20 @@ impl Shared {
             d.committed = d.committed.max(lsn);
         }
         self.done_cv.notify_all();
+        #[cfg(feature = "testing")]
+        self.stop_here_if_asked();
+    }
+
+    /// The test hook of [`VolumeJournal::stop_after_next_commit`].
+    #[cfg(feature = "testing")]
+    fn stop_here_if_asked(&self) {
+        let mut s = self.stop_after.lock();
+        if *s == StopAfter::Next {
+            *s = StopAfter::Stopped;
+            while *s == StopAfter::Stopped {
+                s = self.stop_after_cv.wait(s);
+            }
+        }
     }
 
     fn fail(&self, why: String) {
@@ -471,6 +499,10 @@ impl VolumeJournal {
             done_cv: Condvar::new(),
             gate: gate.clone(),
             stop: AtomicBool::new(false),
+            #[cfg(feature = "testing")]
+            stop_after: Mutex::new(StopAfter::Run),
+            #[cfg(feature = "testing")]
+            stop_after_cv: Condvar::new(),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -513,6 +545,8 @@ impl VolumeJournal {
     pub fn stop(&self) -> Result<()> {
         #[cfg(feature = "testing")]
         self.hold_commits(false);
+        #[cfg(feature = "testing")]
+        self.go_on();
         let res = self.sync_all();
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.wake.notify_all();
@@ -538,6 +572,20 @@ impl VolumeJournal {
     pub fn checkpoint(&self) -> Result<()> {
         let mut w = self.shared.writer.lock();
         self.shared.checkpoint_now(&mut w)
+    }
+
+    /// Test hook: whoever makes the next commit stops once it has woken that commit's
+    /// waiters (its frees already sent), until [`VolumeJournal::go_on`].
+    #[cfg(feature = "testing")]
+    pub fn stop_after_next_commit(&self) {
+        *self.shared.stop_after.lock() = StopAfter::Next;
+    }
+
+    /// Test hook: ends [`VolumeJournal::stop_after_next_commit`].
+    #[cfg(feature = "testing")]
+    pub fn go_on(&self) {
+        *self.shared.stop_after.lock() = StopAfter::Run;
+        self.shared.stop_after_cv.notify_all();
     }
 
     #[cfg(feature = "testing")]
