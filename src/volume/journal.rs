@@ -31,6 +31,9 @@ use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Condvar, Mutex};
 use std::time::{Instant, SystemTime};
 
+#[cfg(feature = "testing")]
+mod hooks;
+mod members;
 mod spare;
 mod writer;
 pub(super) use spare::session_marks;
@@ -85,18 +88,9 @@ pub(super) struct Shared {
     stop: AtomicBool,
     /// Test hook ([`VolumeJournal::stop_after_next_commit`]).
     #[cfg(feature = "testing")]
-    stop_after: Mutex<StopAfter>,
+    stop_after: Mutex<hooks::StopAfter>,
     #[cfg(feature = "testing")]
     stop_after_cv: Condvar,
-}
-
-/// Where a test holds the committer ([`VolumeJournal::stop_after_next_commit`]).
-#[cfg(feature = "testing")]
-#[derive(PartialEq)]
-enum StopAfter {
-    Run,
-    Next,
-    Stopped,
 }
 
 /// What writes the ring and checkpoints: only the committer thread (and attach, before it
@@ -379,18 +373,6 @@ impl Shared {
         self.stop_here_if_asked();
     }
 
-    /// The test hook of [`VolumeJournal::stop_after_next_commit`].
-    #[cfg(feature = "testing")]
-    fn stop_here_if_asked(&self) {
-        let mut s = self.stop_after.lock();
-        if *s == StopAfter::Next {
-            *s = StopAfter::Stopped;
-            while *s == StopAfter::Stopped {
-                s = self.stop_after_cv.wait(s);
-            }
-        }
-    }
-
     fn fail(&self, why: String) {
         log::error!("volume journal stopped: {why}; every operation now fails (EIO)");
         self.done.lock().failed = Some(why);
@@ -414,60 +396,7 @@ impl Shared {
     }
 }
 
-/// Membership (`rmemfs admin add-server`, `drain`, `remove`): the root names every server
-/// the volume's records may name, by the pool's index.
 impl VolumeJournal {
-    /// Names the server that joined the pool as `id` at `addr` in the root, before anything
-    /// of the volume is placed there.
-    pub fn add_member(&self, id: u32, addr: &str) -> Result<()> {
-        let mut w = self.shared.writer.lock();
-        let mut root = w.root.clone();
-        match root.servers.get(id as usize) {
-            Some(name) if !name.is_empty() => {
-                return Err(eio(format!(
-                    "the volume's root names a server#{id} already ({name})"
-                )))
-            }
-            // A removed server's place (an empty name), taken again.
-            Some(_) => root.servers[id as usize] = addr.to_string(),
-            None => {
-                // Removed servers keep their place, so indexes never move.
-                root.servers.resize(id as usize, String::new());
-                root.servers.push(addr.to_string());
-            }
-        }
-        w.publish(root).map_err(eio)
-    }
-
-    /// Moves the journal ring and checkpoint off draining servers (a checkpoint to the
-    /// others); false if none was there.
-    pub fn move_off_draining(&self) -> Result<bool> {
-        let mut w = self.shared.writer.lock();
-        let on_draining = w
-            .root
-            .ring
-            .iter()
-            .chain(&w.root.checkpoint)
-            .any(|p| w.pool.is_draining(ServerId(p.server)));
-        if !on_draining {
-            return Ok(false);
-        }
-        self.shared.checkpoint_now(&mut w)?;
-        Ok(true)
-    }
-
-    /// Forgets drained server `id`: a checkpoint first (so no record left in the ring names
-    /// it), then its name leaves the root; a later attach does not look for it.
-    pub fn forget_member(&self, id: u32) -> Result<()> {
-        let mut w = self.shared.writer.lock();
-        self.shared.checkpoint_now(&mut w)?;
-        let mut root = w.root.clone();
-        if let Some(name) = root.servers.get_mut(id as usize) {
-            name.clear();
-        }
-        w.publish(root).map_err(eio)
-    }
-
     /// Starts the committer over `writer`, records numbered after `last_lsn` (what attach
     /// replayed and checkpointed).
     pub(super) fn start(
@@ -500,7 +429,7 @@ impl VolumeJournal {
             gate: gate.clone(),
             stop: AtomicBool::new(false),
             #[cfg(feature = "testing")]
-            stop_after: Mutex::new(StopAfter::Run),
+            stop_after: Mutex::new(hooks::StopAfter::Run),
             #[cfg(feature = "testing")]
             stop_after_cv: Condvar::new(),
         });
@@ -555,42 +484,6 @@ impl VolumeJournal {
             let _ = t.join();
         }
         res
-    }
-
-    /// Test hook: holds commits back (`true`) until released, so a test can crash the
-    /// daemon between an operation and its commit.
-    #[cfg(feature = "testing")]
-    pub fn hold_commits(&self, hold: bool) {
-        self.shared.pending.lock().held = hold;
-        self.shared.wake.notify_all();
-    }
-
-    /// Test hook: the next group is written whole to the first ring copy and only its first
-    /// `bytes` to the others, then the journal stops, as a crash between the copies' writes.
-    /// A checkpoint and a fresh ring now (tests of followers across a new ring).
-    #[cfg(feature = "testing")]
-    pub fn checkpoint(&self) -> Result<()> {
-        let mut w = self.shared.writer.lock();
-        self.shared.checkpoint_now(&mut w)
-    }
-
-    /// Test hook: whoever makes the next commit stops once it has woken that commit's
-    /// waiters (its frees already sent), until [`VolumeJournal::go_on`].
-    #[cfg(feature = "testing")]
-    pub fn stop_after_next_commit(&self) {
-        *self.shared.stop_after.lock() = StopAfter::Next;
-    }
-
-    /// Test hook: ends [`VolumeJournal::stop_after_next_commit`].
-    #[cfg(feature = "testing")]
-    pub fn go_on(&self) {
-        *self.shared.stop_after.lock() = StopAfter::Run;
-        self.shared.stop_after_cv.notify_all();
-    }
-
-    #[cfg(feature = "testing")]
-    pub fn tear_next_group(&self, bytes: usize) {
-        self.shared.pending.lock().tear = Some(bytes);
     }
 
     /// Sequence number of the last commit (`stats`).
