@@ -88,9 +88,7 @@ pub(super) struct Shared {
     stop: AtomicBool,
     /// Test hook ([`VolumeJournal::stop_after_next_commit`]).
     #[cfg(feature = "testing")]
-    stop_after: Mutex<hooks::StopAfter>,
-    #[cfg(feature = "testing")]
-    stop_after_cv: Condvar,
+    stop_after: hooks::CommitStop,
 }
 
 /// What writes the ring and checkpoints: only the committer thread (and attach, before it
@@ -370,7 +368,7 @@ impl Shared {
         }
         self.done_cv.notify_all();
         #[cfg(feature = "testing")]
-        self.stop_here_if_asked();
+        self.stop_after.here();
     }
 
     fn fail(&self, why: String) {
@@ -429,9 +427,7 @@ impl VolumeJournal {
             gate: gate.clone(),
             stop: AtomicBool::new(false),
             #[cfg(feature = "testing")]
-            stop_after: Mutex::new(hooks::StopAfter::Run),
-            #[cfg(feature = "testing")]
-            stop_after_cv: Condvar::new(),
+            stop_after: hooks::CommitStop::default(),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()

@@ -5,23 +5,35 @@
 use super::*;
 
 /// Where a test holds the committer ([`VolumeJournal::stop_after_next_commit`]).
-#[derive(PartialEq)]
-pub(super) enum StopAfter {
+#[derive(Default)]
+pub(super) struct CommitStop {
+    state: Mutex<StopAfter>,
+    changed: Condvar,
+}
+
+#[derive(Default, PartialEq)]
+enum StopAfter {
+    #[default]
     Run,
     Next,
     Stopped,
 }
 
-impl Shared {
-    /// The test hook of [`VolumeJournal::stop_after_next_commit`].
-    pub(super) fn stop_here_if_asked(&self) {
-        let mut s = self.stop_after.lock();
+impl CommitStop {
+    /// At the end of a commit: stops here if the next one was asked to, until let go.
+    pub(super) fn here(&self) {
+        let mut s = self.state.lock();
         if *s == StopAfter::Next {
             *s = StopAfter::Stopped;
             while *s == StopAfter::Stopped {
-                s = self.stop_after_cv.wait(s);
+                s = self.changed.wait(s);
             }
         }
+    }
+
+    fn set(&self, to: StopAfter) {
+        *self.state.lock() = to;
+        self.changed.notify_all();
     }
 }
 
@@ -42,13 +54,12 @@ impl VolumeJournal {
     /// Test hook: whoever makes the next commit stops once it has woken that commit's
     /// waiters (its frees already sent), until [`VolumeJournal::go_on`].
     pub fn stop_after_next_commit(&self) {
-        *self.shared.stop_after.lock() = StopAfter::Next;
+        self.shared.stop_after.set(StopAfter::Next);
     }
 
     /// Test hook: ends [`VolumeJournal::stop_after_next_commit`].
     pub fn go_on(&self) {
-        *self.shared.stop_after.lock() = StopAfter::Run;
-        self.shared.stop_after_cv.notify_all();
+        self.shared.stop_after.set(StopAfter::Run);
     }
 
     /// Test hook: the next group is written whole to the first ring copy and only its first
