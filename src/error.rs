@@ -11,6 +11,10 @@ pub struct Error {
     /// A shared volume's change decided on a view of this inode another client changed
     /// since: it is decided again on a table caught up, never answered with this error.
     pub conflict: Option<u64>,
+    /// The change touched [`Error::conflict`]'s key shared (a directory it adds a name to,
+    /// as other clients may at once): the table catches up and the change runs again
+    /// without holding that key's turn ([`crate::fs::Turns::pass`]).
+    pub conflict_shared: bool,
     /// A shared volume's drop of this inode, refused because another client has it open:
     /// that client drops it once it lets go (EBUSY if it ever reached a program).
     pub held_elsewhere: Option<u64>,
@@ -22,6 +26,7 @@ impl Error {
             errno,
             message: message.into(),
             conflict: None,
+            conflict_shared: false,
             held_elsewhere: None,
         }
     }

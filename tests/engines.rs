@@ -28,7 +28,7 @@ const NONE: Marks<'static> = Marks {
 };
 
 fn t(key: u64, seen: u64) -> Touch {
-    Touch { key, seen }
+    Touch::exclusive(key, seen)
 }
 
 fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
@@ -339,7 +339,7 @@ fn formats(made: &dyn MetaEngine, old: &dyn MetaEngine) {
         Err(e @ EngineError::Format { found: 1, .. }) => {
             let why = e.to_string();
             assert!(
-                why.contains("old-client") && why.contains("format 1") && why.contains("format 4"),
+                why.contains("old-client") && why.contains("format 1") && why.contains("format 5"),
                 "{why}"
             );
         }
@@ -544,6 +544,60 @@ fn locks_exclude(a: Arc<dyn MetaEngine>, b: Arc<dyn MetaEngine>) {
     assert_eq!(a.locks(9).unwrap(), Vec::<u8>::new());
 }
 
+/// Shared touches of one key (changes of different names in one directory) are appended at
+/// once; an exclusive touch of it (its emptiness read, its attributes set) sees every one,
+/// and every later touch of either kind sees the exclusive one. A take's version is the
+/// newer of the two.
+fn shared_touches(a: &dyn MetaEngine, b: &dyn MetaEngine) {
+    a.start_session("a", LONG).unwrap();
+    b.start_session("b", LONG).unwrap();
+    let s = Touch::shared;
+    let x = Touch::exclusive;
+    let dir = 40;
+    // Two clients that saw the directory at 0 each add a name: both taken.
+    let one = a
+        .append("a", b"a1", &[s(dir, 0), x(41, 0)], &[], NONE, LONG)
+        .unwrap()
+        .lsn;
+    let two = b
+        .append("b", b"b1", &[s(dir, 0), x(42, 0)], &[], NONE, LONG)
+        .unwrap()
+        .lsn;
+    assert!(two > one);
+    // An exclusive touch decided before the second is refused, naming it.
+    match a.append("a", b"rmdir", &[x(dir, one)], &[], NONE, LONG) {
+        Err(EngineError::Conflict { key, lsn }) => assert_eq!((key, lsn), (dir, two)),
+        other => panic!("an exclusive touch missed a shared one: {other:?}"),
+    }
+    // A checked key is read against its exclusive version only.
+    let checked = [x(dir, 0)];
+    let marks = Marks {
+        checked: &checked,
+        ..NONE
+    };
+    a.append("a", b"move", &[x(43, 0)], &[], marks, LONG)
+        .unwrap();
+    // Decided on everything, it is taken; then a shared touch decided before it is refused.
+    let three = a
+        .append("a", b"chmod", &[x(dir, two)], &[], NONE, LONG)
+        .unwrap()
+        .lsn;
+    match b.append("b", b"b2", &[s(dir, two)], &[], NONE, LONG) {
+        Err(EngineError::Conflict { key, lsn }) => assert_eq!((key, lsn), (dir, three)),
+        other => panic!("a shared touch missed an exclusive one: {other:?}"),
+    }
+    let four = b
+        .append("b", b"b2", &[s(dir, three)], &[], NONE, LONG)
+        .unwrap()
+        .lsn;
+    assert_eq!(b.take_turn("b", dir, LONG, LONG).unwrap(), four);
+    // A shared touch still waits for another's turn.
+    match a.append("a", b"a2", &[s(dir, four)], &[], NONE, LONG) {
+        Err(EngineError::Busy { key, holder }) => assert_eq!((key, holder.as_str()), (dir, "b")),
+        other => panic!("a shared touch passed another's turn: {other:?}"),
+    }
+}
+
 #[test]
 fn the_in_memory_engine_keeps_the_contract() {
     let e = MemEngine::new();
@@ -560,6 +614,8 @@ fn the_in_memory_engine_keeps_the_contract() {
     let e = MemEngine::new();
     open_marks(&e, &e.clone());
     removal(&MemEngine::new());
+    let e = MemEngine::new();
+    shared_touches(&e, &e.clone());
 }
 
 /// A short time away for [`engine_away`].
@@ -593,7 +649,7 @@ fn the_redis_engine_keeps_the_contract() {
             .query(&mut c)
             .unwrap()
     };
-    assert!(raw("f").contains("shared format 4"), "{}", raw("f"));
+    assert!(raw("f").contains("shared format 5"), "{}", raw("f"));
     assert_eq!(l("f").servers().unwrap(), Some(vec!["a:1".to_string()]));
     {
         let mut c = ::redis::Client::open(redis.url.as_str())
@@ -607,7 +663,7 @@ fn the_redis_engine_keeps_the_contract() {
             .unwrap();
     }
     l("h").upgrade("new").unwrap();
-    assert!(raw("h").starts_with("a:1\nb:2\n") && raw("h").contains("shared format 4"));
+    assert!(raw("h").starts_with("a:1\nb:2\n") && raw("h").contains("shared format 5"));
     // A volume of format 2 (made by the build before marks of open files): upgraded once no
     // other client lives, its servers' format line replaced, so a format-2 client refuses it.
     {
@@ -634,7 +690,7 @@ fn the_redis_engine_keeps_the_contract() {
     assert_eq!(v2.format().unwrap(), Some(SHARED_FORMAT));
     assert_eq!(v2.servers().unwrap(), Some(vec!["a:1".to_string()]));
     assert!(
-        !raw("v2").contains("format 2") && raw("v2").contains("format 4"),
+        !raw("v2").contains("format 2") && raw("v2").contains("format 5"),
         "{}",
         raw("v2")
     );
@@ -655,6 +711,7 @@ fn the_redis_engine_keeps_the_contract() {
     );
     open_marks(&*l("o"), &*l("o"));
     removal(&*l("r"));
+    shared_touches(&*l("st"), &*l("st"));
     // Nothing of it is left in Redis but the keys of the one made again after.
     let mut c = ::redis::Client::open(redis.url.as_str())
         .unwrap()

@@ -446,7 +446,7 @@ fn format_1_volumes_are_upgraded_when_no_old_client_is_live() {
     );
     let why = refused.err().expect("joined beside a live format-1 client");
     assert!(
-        why.contains("old") && why.contains("format 1") && why.contains("format 4"),
+        why.contains("old") && why.contains("format 1") && why.contains("format 5"),
         "{why}"
     );
     engine.drop_session("old").unwrap();
@@ -485,14 +485,106 @@ fn format_2_volumes_are_upgraded_when_no_old_client_is_live() {
     );
     let why = refused.err().expect("joined beside a live format-2 client");
     assert!(
-        why.contains("old") && why.contains("format 2") && why.contains("format 4"),
+        why.contains("old") && why.contains("format 2") && why.contains("format 5"),
         "{why}"
     );
     assert_eq!(engine.format().unwrap(), Some(2));
     engine.drop_session("old").unwrap();
     let c = client(&rack, Arc::new(engine.clone()), "new");
-    assert_eq!(engine.format().unwrap(), Some(4));
+    assert_eq!(
+        engine.format().unwrap(),
+        Some(rmemfs::engine::SHARED_FORMAT)
+    );
     c.mkdir("d").unwrap();
+}
+
+/// A volume of format 4 (a build before names had keys of their own: its clients check a
+/// change of a directory against its one version, and cannot read a directory's stamp) is
+/// upgraded only once no format-4 client is live, and its log, written as that build wrote
+/// it (the directory's attributes whole, a new entry with its cookie), is read by this one.
+#[test]
+fn format_4_volumes_are_upgraded_and_their_log_read() {
+    use rmemfs::engine::{Marks, Touch};
+    use rmemfs::meta::{record, Body, Change, Dir, Inode, Kind, Meta};
+    let rack = Rack::new(2);
+    let engine = MemEngine::format_4(&[]);
+    engine
+        .start_session("old", Duration::from_secs(60))
+        .unwrap();
+    // A directory made by a format-4 client (a table whose journal keeps exact attributes).
+    let (record, made) = {
+        let mut old = Meta::new(0o755, 0, 0);
+        let mut b = old.batch();
+        let made = b.make(Inode::new(
+            Kind::Dir,
+            0o755,
+            0,
+            0,
+            Body::Dir(Box::new(Dir::new(ROOT_INO))),
+        ));
+        b.insert_entry(ROOT_INO, b"old", made).unwrap();
+        b.stamp_dir(ROOT_INO, 1).unwrap();
+        let changes = b.changes().to_vec();
+        assert!(changes.iter().any(|c| matches!(c, Change::EntryAt { .. })));
+        assert!(changes.iter().any(|c| matches!(
+            c,
+            Change::Attrs { ino, attrs } if *ino == ROOT_INO && attrs.nlink == 3
+        )));
+        (record::encode(0, &changes), made)
+    };
+    let touched = [Touch::exclusive(ROOT_INO, 0), Touch::exclusive(made, 0)];
+    engine
+        .append(
+            "old",
+            &record,
+            &touched,
+            &[],
+            Marks::default(),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    let spec = VolumeSpec {
+        name: "sh".into(),
+        holder: "new".into(),
+        create: false,
+        takeover: false,
+        role: VolumeRole::Share,
+    };
+    let data = rack.store(&rack.addrs(), spec, 2).unwrap();
+    let refused = shared::join(
+        data,
+        FsConfig::default(),
+        Arc::new(engine.clone()),
+        "new".into(),
+    );
+    let why = refused.err().expect("joined beside a live format-4 client");
+    assert!(
+        why.contains("old") && why.contains("format 4") && why.contains("format 5"),
+        "{why}"
+    );
+    assert_eq!(engine.format().unwrap(), Some(4));
+    engine.drop_session("old").unwrap();
+    let engine: Arc<dyn MetaEngine> = Arc::new(engine);
+    let (a, b) = (
+        client(&rack, engine.clone(), "new"),
+        client(&rack, engine.clone(), "other"),
+    );
+    assert_eq!(
+        engine.format().unwrap(),
+        Some(rmemfs::engine::SHARED_FORMAT)
+    );
+    // The old directory is there, and both new clients add names to it and to the root.
+    assert_eq!(resolve(&a.fs, "old"), Ok(made));
+    a.mkdir("old/x").unwrap();
+    b.mkdir("old/y").unwrap();
+    b.mkdir("z").unwrap();
+    for c in [&a, &b] {
+        c.fs.refresh_shared();
+        assert!(resolve(&c.fs, "old/x").is_ok() && resolve(&c.fs, "old/y").is_ok());
+        let root = c.fs.getattr(ROOT_INO).unwrap();
+        assert_eq!(root.nlink, 4, "the root's links: . .. old z");
+        assert_eq!(c.fs.getattr(made).unwrap().nlink, 4, "old's links");
+    }
 }
 
 /// A write whose change the engine refused (unreachable) leaves nothing behind on its client:
@@ -1144,6 +1236,45 @@ fn a_quiet_directory_is_claimed_by_a_change_in_it() {
     assert!(resolve(&b.fs, "by-a-again").is_ok());
     a.shared.poll_now().unwrap();
     b.shared.poll_now().unwrap();
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+}
+
+/// Two clients adding names to one directory at once: each appends its own without first
+/// reading the other's (the directory touched shared, each name exclusively), once the
+/// directory's turn has passed between them and neither claims it any more. Before, every
+/// name each added after the other's was refused and read the log first.
+#[test]
+fn two_clients_add_names_to_one_directory_without_reading_each_others() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    let b = client(&rack, Arc::new(engine.clone()), "b");
+    a.mkdir("d").unwrap();
+    b.shared.poll_now().unwrap();
+    // The first of each: A claims the quiet directory, B's name waits for the turn to pass
+    // over, and from then on neither claims it (each saw the other work there).
+    a.create("d/a0", b"").unwrap();
+    b.create("d/b0", b"").unwrap();
+    let reads = engine.reads();
+    for n in 1..=20 {
+        a.create(&format!("d/a{n}"), b"").unwrap();
+        b.create(&format!("d/b{n}"), b"").unwrap();
+    }
+    assert_eq!(
+        engine.reads(),
+        reads,
+        "a client read the log before adding a name beside the other's"
+    );
+    a.shared.poll_now().unwrap();
+    b.shared.poll_now().unwrap();
+    for c in [&a, &b] {
+        for n in 0..=20 {
+            assert!(resolve(&c.fs, &format!("d/a{n}")).is_ok());
+            assert!(resolve(&c.fs, &format!("d/b{n}")).is_ok());
+        }
+        let d = resolve(&c.fs, "d").unwrap();
+        assert_eq!(c.fs.getattr(d).unwrap().nlink, 2);
+    }
     assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
 }
 

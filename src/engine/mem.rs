@@ -18,6 +18,8 @@ struct State {
     checkpoint: Option<Checkpoint>,
     /// Each inode's version: the last change that touched it.
     versions: HashMap<u64, u64>,
+    /// Each key's shared version (see [`crate::engine::Touch`]).
+    shared_versions: HashMap<u64, u64>,
     /// Turned inodes: the holder and when its lease runs out.
     turns: HashMap<u64, (String, Instant)>,
     /// Turned inodes another client asked for since they were taken.
@@ -50,6 +52,16 @@ struct State {
 }
 
 impl State {
+    /// The version of `key` a touch (`shared` or not) is checked against: a shared one
+    /// against the exclusive version, an exclusive one against both (see [`Touch`]).
+    fn checked_version(&self, key: u64, shared: bool) -> u64 {
+        let exclusive = self.versions.get(&key).copied().unwrap_or(0);
+        if shared {
+            return exclusive;
+        }
+        exclusive.max(self.shared_versions.get(&key).copied().unwrap_or(0))
+    }
+
     /// A client other than `who` marking `ino` open.
     fn open_elsewhere(&self, who: &str, ino: u64) -> Option<String> {
         let mut others: Vec<&String> = self.open.get(&ino)?.iter().filter(|w| *w != who).collect();
@@ -118,6 +130,13 @@ impl MemEngine {
         e
     }
 
+    /// An engine holding a volume of format 4, as a build before format 5 made it.
+    pub fn format_4(servers: &[String]) -> MemEngine {
+        let e = MemEngine::format_1(servers);
+        e.state.0.lock().format = Some(4);
+        e
+    }
+
     /// Makes the next `times` calls of operation `op` (`"append"`, `"swap_locks"`,
     /// `"heartbeat"`, `"read_after"`, `"head"`) fail as an unreachable engine's would;
     /// `"append_answer"`: the next appends are taken, but fail as if their answer was lost.
@@ -178,6 +197,7 @@ impl MemEngine {
         s.log.retain(|lsn, _| *lsn <= head);
         s.head = head;
         s.versions.retain(|_, v| *v <= head);
+        s.shared_versions.retain(|_, v| *v <= head);
     }
 }
 
@@ -244,7 +264,7 @@ impl MetaEngine for MemEngine {
                 self.state.1.notify_all();
                 return Err(EngineError::Busy { key: t.key, holder });
             }
-            let lsn = s.versions.get(&t.key).copied().unwrap_or(0);
+            let lsn = s.checked_version(t.key, t.shared);
             if lsn > t.seen {
                 return Err(EngineError::Conflict { key: t.key, lsn });
             }
@@ -261,7 +281,11 @@ impl MetaEngine for MemEngine {
         let until = Instant::now() + lease;
         let mut wanted = Vec::new();
         for t in touched {
-            s.versions.insert(t.key, lsn);
+            if t.shared {
+                s.shared_versions.insert(t.key, lsn);
+            } else {
+                s.versions.insert(t.key, lsn);
+            }
             if let Some((h, u)) = s.turns.get_mut(&t.key) {
                 if h == who {
                     *u = until;
@@ -356,7 +380,7 @@ impl MetaEngine for MemEngine {
                     }
                     s.turns.insert(key, (who.to_string(), now + lease));
                     s.wanted.remove(&key);
-                    return Ok(s.versions.get(&key).copied().unwrap_or(0));
+                    return Ok(s.checked_version(key, false));
                 }
             }
         }

@@ -42,9 +42,12 @@ pub mod redis;
 use crate::meta::locks::LockTable;
 use std::time::Duration;
 
-/// The shared-volume format this build speaks: 4, memory servers' births in the log
-/// ([`crate::meta::Change::Born`]: a server that restarted empty is forgotten at one place
-/// in the history, which a format-3 client cannot read). Format 3 marked files open on a
+/// The shared-volume format this build speaks: 5, names with keys of their own and
+/// directories changed by many clients at once ([`Touch`]'s shared versions; a name added
+/// or removed logged with a [`crate::meta::Change::DirStamp`] and no `readdir` cookie),
+/// which a format-4 client can neither read nor check its changes against. Format 4 put
+/// memory servers' births in the log ([`crate::meta::Change::Born`]: a server that restarted
+/// empty is forgotten at one place in the history), as this format does. Format 3 marked files open on a
 /// client in the engine (a drop of one refused while another client holds it, [`Marks`]),
 /// as this format does. Format 2 had
 /// the same records and parallel changes, but its clients drop a file another client has
@@ -52,7 +55,7 @@ use std::time::Duration;
 /// change) had no format key. A volume of an older format is upgraded by the first client
 /// of this build once no other client is live ([`MetaEngine::upgrade`]); a client of an
 /// older build then refuses it, naming its format.
-pub const SHARED_FORMAT: u32 = 4;
+pub const SHARED_FORMAT: u32 = 5;
 
 /// No session's heartbeat reached the engine for this long (clients beat every second,
 /// `volume::shared::HEARTBEAT_EVERY`): the engine was away (restarted, failed over,
@@ -195,18 +198,46 @@ pub struct Checkpoint {
     pub image: Vec<u8>,
 }
 
-/// An inode a change touches, and the version of it (the LSN of the last change that
-/// touched it) the appending client's table holds.
+/// A key a change touches, and the version of it (the LSN of the last change that touched
+/// it) the appending client's table holds.
+///
+/// A key keeps two versions. An *exclusive* touch (the default) is refused if either is
+/// newer than `seen`, and sets the exclusive one. A *shared* touch (`shared`: a change that
+/// adds or removes one name in a directory, which commutes with another client's change of
+/// another name there) is refused only if the exclusive version is newer, and sets the
+/// shared one: changes of different names in one directory are appended at once, while a
+/// change that reads the whole directory (its emptiness, its attributes) sees every one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Touch {
     pub key: u64,
     pub seen: u64,
+    pub shared: bool,
+}
+
+impl Touch {
+    /// An exclusive touch of `key` at version `seen`.
+    pub fn exclusive(key: u64, seen: u64) -> Touch {
+        Touch {
+            key,
+            seen,
+            shared: false,
+        }
+    }
+
+    /// A shared touch of `key` at version `seen`.
+    pub fn shared(key: u64, seen: u64) -> Touch {
+        Touch {
+            key,
+            seen,
+            shared: true,
+        }
+    }
 }
 
 /// What a change's append marks and checks besides turns: the files it opens (a create's,
 /// marked open by the appending client), the inodes it drops (refused while open
 /// elsewhere), and the keys it reads without writing (`checked`: refused as a conflict if
-/// a change after `seen` wrote one; a chunk's copy on a memory server reads that server's
+/// a change after `seen` wrote one exclusively; a chunk's copy on a memory server reads that server's
 /// birth, which only a birth writes: see `crate::meta::Change::Born`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Marks<'a> {
@@ -275,7 +306,8 @@ pub trait MetaEngine: Send + Sync {
 
     /// Takes inode `key`'s turn for `who` for `lease` (renews it if `who` holds it), waiting
     /// up to `wait` while another holds it (whose next append is told it is wanted). Returns
-    /// the inode's version: a client whose table holds an older one catches up first.
+    /// the inode's newest version (exclusive or shared, see [`Touch`]): a client whose table
+    /// holds an older one catches up first.
     fn take_turn(
         &self,
         who: &str,

@@ -167,7 +167,8 @@ impl Fs {
                 | Change::Extent { ino, .. }
                 | Change::Xattr { ino, .. }
                 | Change::Drop { ino }
-                | Change::Parent { dir: ino, .. } => {
+                | Change::Parent { dir: ino, .. }
+                | Change::DirStamp { dir: ino, .. } => {
                     if seen.insert(*ino) {
                         out.push(Invalidation::Inode(*ino));
                     }

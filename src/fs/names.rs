@@ -113,11 +113,8 @@ impl Fs {
         self.inherit_from_parent(p, &mut inode, caller);
         let mut b = meta.batch();
         let ino = b.make(inode);
-        if is_dir {
-            b.update(parent, |a| a.nlink += 1)?;
-        }
         b.insert_entry(parent, name, ino)?;
-        b.touch(parent, true)?;
+        b.stamp_dir(parent, i32::from(is_dir))?;
         b.commit()?;
         meta.hold(ino, 1);
         Ok(attr_of(ino, super::inode(&meta, ino)?))
@@ -192,7 +189,7 @@ impl Fs {
         }
         let mut b = meta.batch();
         b.insert_entry(newparent, newname, ino)?;
-        b.touch(newparent, true)?;
+        b.stamp_dir(newparent, 0)?;
         let now = crate::meta::now();
         b.update(ino, |a| {
             a.tmpfile = false;
@@ -253,10 +250,7 @@ impl Fs {
         Self::check_removable(inode(&meta, ino)?, want_dir)?;
         let mut b = meta.batch();
         b.remove_entry(parent, name)?;
-        b.touch(parent, true)?;
-        if want_dir {
-            b.update(parent, |a| a.nlink -= 1)?;
-        }
+        b.stamp_dir(parent, -i32::from(want_dir))?;
         let now = crate::meta::now();
         b.update(ino, |a| {
             a.nlink = if want_dir { 0 } else { a.nlink - 1 };
@@ -384,23 +378,26 @@ impl Fs {
             let mut b = meta.batch();
             b.replace_entry(parent, name, dst)?;
             b.replace_entry(newparent, newname, src)?;
+            // Links `parent` gains (a directory moved in, less one moved out).
+            let mut gained = 0;
             if parent != newparent {
-                for (moved, is_dir, to, from) in [
-                    (src, src_is_dir, newparent, parent),
-                    (dst, dst_is_dir, parent, newparent),
+                for (moved, is_dir, to, into_parent) in [
+                    (src, src_is_dir, newparent, -1),
+                    (dst, dst_is_dir, parent, 1),
                 ] {
                     if is_dir {
                         b.set_parent(moved, to)?;
-                        b.update(to, |a| a.nlink += 1)?;
-                        b.update(from, |a| a.nlink -= 1)?;
+                        gained += into_parent;
                     }
                 }
             }
             for ino in [src, dst] {
                 b.update(ino, |a| a.ctime = now)?;
             }
-            b.touch(parent, true)?;
-            b.touch(newparent, true)?;
+            b.stamp_dir(parent, gained)?;
+            if newparent != parent {
+                b.stamp_dir(newparent, -gained)?;
+            }
             return b.commit();
         }
         if let Some(dst) = dst {
@@ -420,14 +417,15 @@ impl Fs {
         }
         let replaced = b.remove_entry(newparent, newname)?;
         b.insert_entry(newparent, newname, src)?;
-        if src_is_dir && parent != newparent {
+        let moved_dir = src_is_dir && parent != newparent;
+        if moved_dir {
             b.set_parent(src, newparent)?;
-            b.update(parent, |a| a.nlink -= 1)?;
-            b.update(newparent, |a| a.nlink += 1)?;
         }
         b.update(src, |a| a.ctime = now)?;
-        b.touch(parent, true)?;
-        b.touch(newparent, true)?;
+        b.stamp_dir(parent, -i32::from(moved_dir))?;
+        if newparent != parent {
+            b.stamp_dir(newparent, i32::from(moved_dir))?;
+        }
         if let Some(old) = replaced {
             let was_dir = inode(&b, old)?.kind == Kind::Dir;
             b.update(old, |a| {
@@ -435,7 +433,7 @@ impl Fs {
                 a.ctime = now;
             })?;
             if was_dir {
-                b.update(newparent, |a| a.nlink -= 1)?;
+                b.stamp_dir(newparent, -1)?;
             }
             let dropped = drop_now.then(|| b.drop_unlinked(old)).flatten();
             b.commit()?;

@@ -45,6 +45,11 @@ pub trait Turns: Send + Sync {
     /// result is dropped. While held, no other client's change touching `ino` is appended.
     fn take(&self, fs: &Fs, ino: Ino) -> Result<HeldTurn>;
 
+    /// Waits until no other client holds inode `ino`'s turn and brings the table up to date
+    /// with it, holding nothing after: a change that lost on a directory it shares with
+    /// other clients (adding a name there) runs again beside theirs, not in turn with them.
+    fn pass(&self, fs: &Fs, ino: Ino) -> Result<()>;
+
     /// Whether this client holds inode `ino`'s turn (its table's view of `ino` is then the
     /// engine's: no other client's change of it can land meanwhile).
     fn holds(&self, ino: Ino) -> bool;
@@ -97,7 +102,8 @@ impl Fs {
     /// Runs namespace change `op` (which must change nothing outside its batch, so that it
     /// can run again). On a shared volume, until the engine takes it: when another client
     /// changed an inode it touched, the table catches up, that inode's turn is taken (so the
-    /// next try cannot lose on it again) and `op` runs again; a failure decided on a table not
+    /// next try cannot lose on it again; a directory it only adds or removes a name in is
+    /// passed instead, [`Turns::pass`]) and `op` runs again; a failure decided on a table not
     /// caught up is decided again on one that is (a name another client just made or
     /// removed), so no answer rests on a view older than the request.
     pub(super) fn changing<T>(&self, mut op: impl FnMut() -> Result<T>) -> Result<T> {
@@ -124,6 +130,13 @@ impl Fs {
                         libc::EIO,
                         format!("a change lost to other clients for {CHANGE_WAIT:?}: {e}"),
                     ))
+                }
+                // A directory this change adds a name to, as others may at once: caught up
+                // once no other client holds its turn, and run again beside theirs. Turns
+                // held go back first (nothing is held while waiting for another's).
+                Some(ino) if e.conflict_shared => {
+                    held.clear();
+                    turns.pass(self, ino)?;
                 }
                 // Taking the turn catches the table up with the inode.
                 Some(ino) if !held.iter().any(|(i, _)| *i == ino) => {

@@ -88,6 +88,23 @@ pub enum Change {
         birth: Box<[u8]>,
         stale: bool,
     },
+    /// Directory `dir` had a name added or removed at `time`, which moved its link count by
+    /// `links` (a subdirectory made or moved in: 1; gone or moved out: -1). Its times become
+    /// `time` unless later already, so stamps of different clients' changes, applied in any
+    /// order, leave one result ([`stamp`]; see [`super::Journal::commuting_dirs`]).
+    DirStamp {
+        dir: Ino,
+        time: std::time::SystemTime,
+        links: i32,
+    },
+}
+
+/// What a [`Change::DirStamp`] does to its directory's attributes: commutes with every other
+/// stamp (the times only move forward, the link counts add).
+pub(super) fn stamp(a: &mut Attrs, time: std::time::SystemTime, links: i32) {
+    a.nlink = a.nlink.wrapping_add_signed(links);
+    a.mtime = a.mtime.max(time);
+    a.ctime = a.ctime.max(time);
 }
 
 /// How to take one change back.
@@ -182,6 +199,31 @@ impl<'m> Batch<'m> {
         })
     }
 
+    /// A name was added to or removed from directory `dir`, which moved its link count by
+    /// `links`: its times become now. Logged as a [`Change::DirStamp`] where the journal
+    /// asks for commuting directory changes, else as its attributes.
+    pub fn stamp_dir(&mut self, dir: Ino, links: i32) -> Result<()> {
+        let now = super::now();
+        if !self.meta.journal.commuting_dirs() {
+            return self.update(dir, |a| {
+                a.nlink = a.nlink.wrapping_add_signed(links);
+                a.ctime = now;
+                a.mtime = now;
+            });
+        }
+        self.dir_mut(dir)?;
+        let i = self.inode_mut(dir)?;
+        let old = i.attrs;
+        stamp(&mut i.attrs, now, links);
+        self.redo.push(Change::DirStamp {
+            dir,
+            time: now,
+            links,
+        });
+        self.undo.push(Undo::Attrs(dir, old));
+        Ok(())
+    }
+
     fn entry(&mut self, dir: Ino, name: &[u8], ino: Option<Ino>) -> Result<Option<Ino>> {
         let d = self.dir_mut(dir)?;
         let old = d.get(name);
@@ -203,7 +245,9 @@ impl<'m> Batch<'m> {
         };
         let name: Name = name.into();
         // A new entry is journaled with its cookie, so a replay over a checkpoint taken while
-        // operations went on places it exactly where it was.
+        // operations went on places it exactly where it was; in a log of commuting changes
+        // each table places it (two clients would give one cookie to two names).
+        let placed = placed.filter(|_| !self.meta.journal.commuting_dirs());
         self.redo.push(match (ino, placed) {
             (Some(ino), Some(cookie)) => Change::EntryAt {
                 dir,

@@ -40,6 +40,15 @@ pub trait Journal: Send {
         then();
         Ok(())
     }
+
+    /// Whether a change of a name in a directory is logged as one that commutes with another
+    /// client's change of another name there: a [`super::Change::DirStamp`] for the
+    /// directory's times and link count, and a new entry without its `readdir` cookie (each
+    /// table places it). A shared volume's log, whose clients change one directory at once,
+    /// asks for it; a single writer's journal keeps exact attributes and places.
+    fn commuting_dirs(&self) -> bool {
+        false
+    }
 }
 
 /// What runs once a write's changes are recorded ([`Journal::record_write`]).

@@ -304,6 +304,20 @@ impl Meta {
         }
     }
 
+    /// A shared volume's table before its log ([`Meta::new`]): the root's times are the
+    /// epoch, the same on every client (the log's changes of the root move them forward;
+    /// its name changes only as [`Change::DirStamp`]s, which leave the rest as they are),
+    /// not each client's clock at its join.
+    pub fn new_shared(root_perm: u16, uid: u32, gid: u32) -> Meta {
+        let mut meta = Meta::new(root_perm, uid, gid);
+        if let Some(root) = meta.get_mut(ROOT_INO) {
+            let epoch = SystemTime::UNIX_EPOCH;
+            (root.attrs.atime, root.attrs.mtime) = (epoch, epoch);
+            (root.attrs.ctime, root.attrs.btime) = (epoch, epoch);
+        }
+        meta
+    }
+
     /// Opens a batch of changes (see [`batch`]).
     pub fn batch(&mut self) -> Batch<'_> {
         Batch::new(self)

@@ -316,6 +316,12 @@ fn put_change(out: &mut Vec<u8>, c: &Change) {
             put_bytes(out, birth);
             out.push(u8::from(*stale));
         }
+        Change::DirStamp { dir, time, links } => {
+            out.push(11);
+            put_u64(out, *dir);
+            put_time(out, *time);
+            put_u32(out, *links as u32);
+        }
     }
 }
 
@@ -512,6 +518,11 @@ fn parse_change(c: &mut Cursor<'_>) -> Result<Change, String> {
             server: c.u32()?,
             birth: c.bytes()?,
             stale: c.u8()? != 0,
+        },
+        11 => Change::DirStamp {
+            dir: c.ino()?,
+            time: c.time()?,
+            links: c.u32()? as i32,
         },
         t => return Err(format!("unknown change tag {t}")),
     })

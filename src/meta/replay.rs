@@ -113,6 +113,13 @@ impl Meta {
                 .and_then(Inode::dir_mut)
                 .ok_or_else(|| missing("the cookies", *dir))?
                 .keep_cookies_from(*next),
+            Change::DirStamp { dir, time, links } => {
+                let d = self
+                    .get_mut(*dir)
+                    .filter(|i| i.dir().is_some())
+                    .ok_or_else(|| missing("a directory's stamp", *dir))?;
+                super::batch::stamp(&mut d.attrs, *time, *links);
+            }
             // A table nothing else uses (a replay, a checkpoint's image): a live one forgets
             // the copies with no namespace lock held (`fs::follow`).
             Change::Born {
@@ -143,7 +150,20 @@ impl Meta {
 
     /// [`Meta::digest`] with the files' chunk maps left out, and the files to read them from
     /// (with [`add_chunks`], once the table's lock is released: chunk locks come first).
+    /// A table whose journal has each table place the names others add
+    /// ([`super::Journal::commuting_dirs`]) leaves the places out ([`Meta::digest_of_names`]).
     pub fn digest_without_chunks(&self) -> (Digest, Vec<(Ino, Arc<FileData>)>) {
+        self.digest_placed(!self.journal.commuting_dirs())
+    }
+
+    /// [`Meta::digest_without_chunks`] with each directory's entries by name, their
+    /// `readdir` cookies left out: the tables of a shared volume's clients, each of which
+    /// places the names others add ([`super::Journal::commuting_dirs`]), agree on this.
+    pub fn digest_of_names(&self) -> Digest {
+        self.digest_placed(false).0
+    }
+
+    fn digest_placed(&self, places: bool) -> (Digest, Vec<(Ino, Arc<FileData>)>) {
         let mut out = BTreeMap::new();
         let mut files = Vec::new();
         for (ino, i) in &self.inodes {
@@ -162,11 +182,16 @@ impl Meta {
                     files.push((*ino, f.clone()));
                     String::new()
                 }
-                Body::Dir(d) => format!(
+                Body::Dir(d) if places => format!(
                     "in {} {:?}",
                     d.parent(),
                     d.entries_after(0).collect::<Vec<_>>()
                 ),
+                Body::Dir(d) => {
+                    let mut names: Vec<_> = d.entries_after(0).map(|(_, n, i)| (n, i)).collect();
+                    names.sort_unstable();
+                    format!("in {} {names:?}", d.parent())
+                }
                 Body::Symlink(t) => format!("-> {t:?}"),
                 Body::Special => String::new(),
             };

@@ -354,7 +354,7 @@ pub fn join(
     // The newest checkpoint, then the log after it.
     let (meta, from) = match engine.checkpoint().map_err(|e| e.to_string())? {
         Some(c) => (engine_image::decode(&c.image, &config)?, c.lsn),
-        None => (Meta::new(0o755, config.root_uid, config.root_gid), 0),
+        None => (Meta::new_shared(0o755, config.root_uid, config.root_gid), 0),
     };
     // Shared once the engine's turns and locks are its own (below).
     let fs = Fs::with_meta(data, config.clone(), meta);

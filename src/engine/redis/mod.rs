@@ -11,7 +11,8 @@
 //! waits (a take tried again, a holder blocked on its queue) are in `turns.rs`.
 //!
 //! Keys: `head` (the last change's number), `log` (a stream, entry `LSN-1` holding the record
-//! under `r`), `vers` (a hash: inode number to the last change that touched it), `turns` (a
+//! under `r`), `vers` and `svers` (hashes: a key, an inode or a name, to the last change
+//! that touched it exclusively, and shared: [`super::Touch`]), `turns` (a
 //! hash: inode number to `EXPIRY_MS HOLDER`), `wanted` (a set: turned inodes another client
 //! asked for), `ckpt` (a hash: `lsn`, `image`), `sessions` (a hash: name to the Redis time its
 //! heartbeat runs out, in ms), `beat` (the Redis time a heartbeat last arrived, in ms: see
@@ -38,7 +39,7 @@ use std::time::Duration;
 /// A last line of the `servers` key of a volume in shared format 2 or later, which this
 /// build skips: a format-1 client reads it as one more server, so it refuses to mount, naming
 /// the volume's servers with this line among them (its list never matches a mount's).
-const SERVERS_FORMAT_LINE: &str = "(shared format 4: mount with an rmemfs that speaks it)";
+const SERVERS_FORMAT_LINE: &str = "(shared format 5: mount with an rmemfs that speaks it)";
 
 /// How every format line starts (an older one, left by a build that upgraded the volume
 /// before this one, is skipped as well).
@@ -69,6 +70,8 @@ struct Keys {
     head: String,
     log: String,
     vers: String,
+    /// The shared versions (see [`crate::engine::Touch`]).
+    svers: String,
     turns: String,
     wanted: String,
     /// The prefix of each holder's queue of inodes asked for (`asked:NAME`, a list).
@@ -129,6 +132,7 @@ impl RedisEngine {
                 head: k("head"),
                 log: k("log"),
                 vers: k("vers"),
+                svers: k("svers"),
                 turns: k("turns"),
                 wanted: k("wanted"),
                 asked: k("asked:"),
@@ -259,6 +263,7 @@ impl MetaEngine for RedisEngine {
                 &self.keys.asked,
                 &self.keys.open,
                 &self.keys.opened,
+                &self.keys.svers,
             ] {
                 script.key(k);
             }
@@ -271,7 +276,10 @@ impl MetaEngine for RedisEngine {
                 .arg(marks.opened.len())
                 .arg(marks.dropped.len());
             for t in touched {
-                script.arg(t.key).arg(t.seen);
+                script
+                    .arg(t.key)
+                    .arg(t.seen)
+                    .arg(if t.shared { "s" } else { "x" });
             }
             for k in claim.iter().chain(marks.opened).chain(marks.dropped) {
                 script.arg(*k);

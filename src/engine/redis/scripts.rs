@@ -38,9 +38,11 @@ end
 /// KEYS: head, log, sessions, vers, turns, wanted, the prefix of holders' queues of asked
 /// inodes (`asked:`; see [`crate::engine::MetaEngine::wanted`]), the prefix of files' open
 /// marks (`open:INO`, a set of clients), the prefix of clients' marks (`opened:NAME`, a set
-/// of inodes). ARGV: who, record, lease (ms), the counts of touched, claimed, opened and
-/// dropped inodes, each touched inode and the version its client saw, then the inodes
-/// claimed, opened, dropped, then each key only checked and the version seen. Returns `{code, a, b, wanted}`: 1 appended (a: the LSN, wanted:
+/// of inodes), svers (the shared versions: [`crate::engine::Touch`]). ARGV: who, record,
+/// lease (ms), the counts of touched, claimed, opened and dropped inodes, each touched key,
+/// the version its client saw and `s` (shared) or `x` (exclusive), then the inodes claimed,
+/// opened, dropped, then each key only checked (against its exclusive version) and the
+/// version seen. Returns `{code, a, b, wanted}`: 1 appended (a: the LSN, wanted:
 /// turns to give back); -1 a conflict (a: the inode, b: its version); -3 busy (a: the inode,
 /// b: its holder); -4 held open (a: the inode, b: a client that has it open); -2 no session.
 const APPEND: &str = concat!(
@@ -48,7 +50,7 @@ const APPEND: &str = concat!(
     turn_holder!(),
     r#"
 local n = tonumber(ARGV[4])
-local cbase = 8 + 2 * n
+local cbase = 8 + 3 * n
 local obase = cbase + tonumber(ARGV[5])
 local dbase = obase + tonumber(ARGV[6])
 for i = dbase, dbase + tonumber(ARGV[7]) - 1 do
@@ -57,14 +59,19 @@ for i = dbase, dbase + tonumber(ARGV[7]) - 1 do
   end
 end
 for i = 0, n - 1 do
-  local key = ARGV[8 + 2 * i]
+  local key = ARGV[8 + 3 * i]
   local h = holder(redis.call('HGET', KEYS[5], key), now)
   if h and h ~= ARGV[1] then
     if redis.call('SADD', KEYS[6], key) == 1 then redis.call('RPUSH', KEYS[7] .. h, key) end
     return {-3, key, h, {}}
   end
+  local seen = tonumber(ARGV[9 + 3 * i])
   local v = redis.call('HGET', KEYS[4], key)
-  if v and tonumber(v) > tonumber(ARGV[9 + 2 * i]) then return {-1, key, v, {}} end
+  if v and tonumber(v) > seen then return {-1, key, v, {}} end
+  if ARGV[10 + 3 * i] == 'x' then
+    v = redis.call('HGET', KEYS[10], key)
+    if v and tonumber(v) > seen then return {-1, key, v, {}} end
+  end
 end
 for i = dbase + tonumber(ARGV[7]), #ARGV - 1, 2 do
   local v = redis.call('HGET', KEYS[4], ARGV[i])
@@ -75,8 +82,12 @@ redis.call('XADD', KEYS[2], lsn .. '-1', 'r', ARGV[2])
 local mine = (now + tonumber(ARGV[3])) .. ' ' .. ARGV[1]
 local wanted = {}
 for i = 0, n - 1 do
-  local key = ARGV[8 + 2 * i]
-  redis.call('HSET', KEYS[4], key, lsn)
+  local key = ARGV[8 + 3 * i]
+  if ARGV[10 + 3 * i] == 'x' then
+    redis.call('HSET', KEYS[4], key, lsn)
+  else
+    redis.call('HSET', KEYS[10], key, lsn)
+  end
   if holder(redis.call('HGET', KEYS[5], key), now) == ARGV[1] then
     redis.call('HSET', KEYS[5], key, mine)
     if redis.call('SISMEMBER', KEYS[6], key) == 1 then table.insert(wanted, key) end
@@ -124,9 +135,9 @@ redis.call('XTRIM', KEYS[2], 'MINID', (tonumber(ARGV[1]) + 1) .. '-0')
 return 1
 "#;
 
-/// KEYS: turns, vers, wanted, sessions, the prefix of holders' queues of asked inodes.
-/// ARGV: who, the inode, lease (ms). Returns `{1,
-/// version}` taken, `{0, holder}` held by another (now marked wanted), `{-2, ''}` no session.
+/// KEYS: turns, vers, wanted, sessions, the prefix of holders' queues of asked inodes,
+/// svers. ARGV: who, the inode, lease (ms). Returns `{1, version}` taken (the newer of the
+/// two), `{0, holder}` held by another (now marked wanted), `{-2, ''}` no session.
 const TAKE_TURN: &str = concat!(
     live_session!("4", "1", "{-2, ''}"),
     turn_holder!(),
@@ -138,7 +149,9 @@ if h and h ~= ARGV[1] then
 end
 redis.call('HSET', KEYS[1], ARGV[2], (now + tonumber(ARGV[3])) .. ' ' .. ARGV[1])
 redis.call('SREM', KEYS[3], ARGV[2])
-return {1, redis.call('HGET', KEYS[2], ARGV[2]) or '0'}
+local v = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
+local sv = tonumber(redis.call('HGET', KEYS[6], ARGV[2]) or '0')
+return {1, tostring(math.max(v, sv))}
 "#
 );
 

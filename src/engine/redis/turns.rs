@@ -29,6 +29,7 @@ impl RedisEngine {
                     .key(&self.keys.wanted)
                     .key(&self.keys.sessions)
                     .key(&self.keys.asked)
+                    .key(&self.keys.svers)
                     .arg(who)
                     .arg(key)
                     .arg(lease.as_millis().max(1) as u64)

@@ -126,6 +126,11 @@ fn every_kind_of_change() -> Vec<Change> {
             birth: (*b"a birth").into(),
             stale: true,
         },
+        Change::DirStamp {
+            dir: 1,
+            time: std::time::UNIX_EPOCH + std::time::Duration::new(1_700_000_000, 5),
+            links: -1,
+        },
     ]
 }
 

@@ -36,7 +36,8 @@ impl Appender<'_> {
     /// Appends `record`, touching `keys`: a change not in the table, which a catch-up
     /// applies from the log as it does another client's ([`births`]).
     pub(super) fn append_unapplied(&self, record: &[u8], keys: &[Ino]) -> Sent {
-        self.append(record, keys, &[], Marks::default(), &[], false)
+        let keys = touch::Touched::exclusive(keys.to_vec());
+        self.append(record, &keys, &[], Marks::default(), &[], false)
     }
 
     /// Appends `record` (a change in the table already, if `in_table`), touching `keys`,
@@ -45,7 +46,7 @@ impl Appender<'_> {
     pub(super) fn append(
         &self,
         record: &[u8],
-        keys: &[Ino],
+        keys: &touch::Touched,
         claim: &[Ino],
         marks: Marks<'_>,
         checked: &[(Ino, u64)],
@@ -55,13 +56,23 @@ impl Appender<'_> {
             let mut a = self.ahead.lock();
             a.sent += 1;
             let applied = self.applied.load(Ordering::SeqCst);
-            let touch = |key, at_least| Touch {
-                key,
-                seen: a.seen(key, applied).max(at_least),
-            };
+            let seen = |key, at_least| a.seen(key, applied).max(at_least);
+            let touched = keys
+                .exclusive
+                .iter()
+                .map(|&key| Touch::exclusive(key, seen(key, 0)))
+                .chain(
+                    keys.shared
+                        .iter()
+                        .map(|&key| Touch::shared(key, seen(key, 0))),
+                )
+                .collect();
             (
-                keys.iter().map(|&key| touch(key, 0)).collect(),
-                checked.iter().map(|&(key, at)| touch(key, at)).collect(),
+                touched,
+                checked
+                    .iter()
+                    .map(|&(key, at)| Touch::exclusive(key, seen(key, at)))
+                    .collect(),
                 applied,
             )
         };
@@ -91,7 +102,9 @@ impl Appender<'_> {
             let mut a = self.ahead.lock();
             a.answered += 1;
             if let (Ok(done), true) = (&answer, in_table) {
-                a.noted(done.lsn, keys);
+                // Not the shared keys: this change says nothing of another client's change of
+                // another name there before it, which the table may not hold yet.
+                a.noted(done.lsn, &keys.exclusive);
             }
         }
         self.answered.notify_all();
@@ -142,13 +155,30 @@ impl Appender<'_> {
 
 /// A change on its way to the engine: its changes (in the table already), the inodes it
 /// touches and those whose turn it claims, the files it marks open and the inodes it drops.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 pub(super) struct Outgoing<'a> {
     pub(super) changes: &'a [Change],
-    pub(super) keys: &'a [Ino],
+    pub(super) keys: &'a touch::Touched,
     pub(super) claim: &'a [Ino],
     pub(super) opened: &'a [Ino],
     pub(super) dropped: &'a [Ino],
+}
+
+impl Default for Outgoing<'_> {
+    fn default() -> Self {
+        static NOTHING: touch::Touched = touch::Touched {
+            exclusive: Vec::new(),
+            shared: Vec::new(),
+            claimed: Vec::new(),
+        };
+        Outgoing {
+            changes: &[],
+            keys: &NOTHING,
+            claim: &[],
+            opened: &[],
+            dropped: &[],
+        }
+    }
 }
 
 /// An append of changes the engine did not take, or whose answer was lost.
@@ -168,14 +198,16 @@ impl From<Error> for NotTaken {
     }
 }
 
-/// An engine's refusal as the file system's error: a change decided on a stale view (or
-/// touching another client's turn) is decided again ([`Error::conflict`]), anything else
-/// fails (EIO).
-pub(super) fn refused(e: EngineError) -> Error {
+/// An engine's refusal of a change touching `keys` as the file system's error: a change
+/// decided on a stale view (or touching another client's turn) is decided again
+/// ([`Error::conflict`]; on a key it touched shared, [`Error::conflict_shared`]), anything
+/// else fails (EIO).
+pub(super) fn refused(e: EngineError, keys: &touch::Touched) -> Error {
     match e {
-        EngineError::Conflict { key, .. } | EngineError::Busy { key, .. } => {
-            Error::conflict(key, e.to_string())
-        }
+        EngineError::Conflict { key, .. } | EngineError::Busy { key, .. } => Error {
+            conflict_shared: keys.passes(key),
+            ..Error::conflict(key, e.to_string())
+        },
         // A drop of a file open on another client: that client drops it once it lets go.
         EngineError::Held { key, .. } => Error::held_elsewhere(key, e.to_string()),
         e => engine_err(e),
@@ -203,11 +235,17 @@ impl State {
 pub(super) struct EngineRecorder(pub(super) Arc<State>);
 
 impl crate::meta::Journal for EngineRecorder {
+    /// Clients change one directory at once (see [`touch`]).
+    fn commuting_dirs(&self) -> bool {
+        true
+    }
+
     fn record(&mut self, changes: &[Change], table: &TableView<'_>) -> Result<()> {
         let s = &self.0;
         s.still_whole()?;
-        let (keys, mut claim) = touch::touched(changes, table);
+        let (mut keys, mut claim) = touch::touched(changes, table);
         s.claim_quiet_dirs(changes, &mut claim);
+        keys.claiming(&claim);
         let (opened, dropped) = touch::opened_and_dropped(changes);
         s.append_after_writes(Outgoing {
             changes,
@@ -303,7 +341,7 @@ impl State {
             Ok(done) => done,
             Err(e @ EngineError::Unavailable(_)) => {
                 return Err(NotTaken {
-                    error: refused(e),
+                    error: refused(e, keys),
                     unanswered: Some(record),
                 })
             }
@@ -311,7 +349,7 @@ impl State {
                 if let EngineError::Conflict { key, .. } | EngineError::Busy { key, .. } = &e {
                     self.contested(*key);
                 }
-                return Err(refused(e).into());
+                return Err(refused(e, keys).into());
             }
         };
         self.marked_by_append(opened);
@@ -319,7 +357,7 @@ impl State {
         self.check_place(done.lsn, sent.applied)?;
         // Frees of what this change let go wait for it to be applied everywhere.
         self.gate.assigned.fetch_max(done.lsn, Ordering::SeqCst);
-        self.appended(sent.at, keys, claim, &done.wanted);
+        self.appended(sent.at, &keys.all(), claim, &done.wanted);
         Ok(())
     }
 }

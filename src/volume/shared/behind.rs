@@ -180,13 +180,6 @@ impl Behind {
 }
 
 /// `a` and `b` together, sorted, once each.
-fn union(a: &[Ino], b: &[Ino]) -> Vec<Ino> {
-    let mut all = [a, b].concat();
-    all.sort_unstable();
-    all.dedup();
-    all
-}
-
 impl State {
     /// Holds back write `changes` of file `ino`, `then` to run once they are appended, if
     /// this client holds its turn long enough for the linger thread to append them first;
@@ -227,7 +220,7 @@ impl State {
         }
         b.send_unsent();
         let both = [&b.changes[..], out.changes].concat();
-        let both_keys = union(&b.files(), out.keys);
+        let both_keys = touch::Touched::exclusive(b.files()).with(out.keys);
         let with_writes = Outgoing {
             changes: &both,
             keys: &both_keys,
@@ -272,9 +265,10 @@ impl State {
         }
         b.send_unsent();
         let files = b.files();
+        let keys = touch::Touched::exclusive(files.clone());
         let writes = Outgoing {
             changes: &b.changes,
-            keys: &files,
+            keys: &keys,
             ..Outgoing::default()
         };
         // Answer lost: kept, and tried again; the log tells whether the engine took this one.

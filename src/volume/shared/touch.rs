@@ -1,13 +1,112 @@
-//! What a change touches, as the engine checks it ([`crate::engine::Touch`]): every inode
-//! the change writes, and every inode whose state its checks read that the change does not
+//! What a change touches, as the engine checks it ([`crate::engine::Touch`]): every key
+//! the change writes, and every key whose state its checks read that the change does not
 //! write. The second kind is what makes the optimistic check sound: a change's checks read
-//! its directories (a name exists or not, a directory is empty: entries live in their
-//! directory's inode) and the inodes it changes, all written by the change itself, except a
-//! directory's move, whose check that it does not go below itself reads every directory
-//! above its new parent. Those are touched too, so two moves that together would make a
-//! cycle touch each other's directory and cannot both be appended.
+//! its names (one exists or not), its directories (one is empty) and the inodes it changes,
+//! all written by the change itself, except a directory's move, whose check that it does
+//! not go below itself reads every directory above its new parent. Those are touched too,
+//! so two moves that together would make a cycle touch each other's directory and cannot
+//! both be appended.
+//!
+//! A name in a directory has a key of its own ([`name_key`]), touched exclusively by the
+//! change that adds, removes or reads it; the directory itself is touched *shared* by such
+//! a change, whose effect on it (the entry, a [`Change::DirStamp`] of its times and link
+//! count) commutes with another client's change of another name there. So clients making
+//! different names in one directory are appended at once, while a change that reads or
+//! sets the directory as a whole (`rmdir`'s emptiness, a `chmod`, a move of it) touches it
+//! exclusively and is refused past any of theirs it has not seen.
 
 use crate::meta::{Change, Ino, Kind, TableView};
+use sha2::{Digest, Sha256};
+
+/// The first key of names ([`name_key`]): far above any inode number the engine gives, far
+/// below the servers' keys ([`server_key`]) and the rebuilder's role.
+const NAME_KEYS: u64 = 1 << 62;
+
+/// The key of name `name` in directory `dir`: a hash into `NAME_KEYS..NAME_KEYS + 2^61`, the
+/// same on every client and build (SHA-256; two names that collide only refuse each other's
+/// changes for nothing).
+pub(super) fn name_key(dir: Ino, name: &[u8]) -> Ino {
+    let mut h = Sha256::new();
+    h.update(dir.to_le_bytes());
+    h.update(name);
+    let digest = h.finalize();
+    let bits = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes of 32"));
+    NAME_KEYS | (bits & ((1 << 61) - 1))
+}
+
+/// What a change touches (each sorted, once, and no key in both).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Touched {
+    /// Keys the change writes, or reads whole.
+    pub(super) exclusive: Vec<Ino>,
+    /// Directories it adds or removes a name in (see the module doc).
+    pub(super) shared: Vec<Ino>,
+    /// Of those, the ones whose turn it claims ([`Touched::claiming`]), touched whole.
+    pub(super) claimed: Vec<Ino>,
+}
+
+impl Touched {
+    /// `keys`, all touched exclusively.
+    pub(super) fn exclusive(mut keys: Vec<Ino>) -> Touched {
+        keys.sort_unstable();
+        keys.dedup();
+        Touched {
+            exclusive: keys,
+            ..Touched::default()
+        }
+    }
+
+    /// The change claims the turns of `claim` (directories no other client worked in lately:
+    /// [`super::State::claim_quiet_dirs`]): those it adds a name to are touched whole, since
+    /// their holder answers for their names from its table (a lookup that finds nothing
+    /// there does not catch up), so the engine must refuse the claim if another client added
+    /// a name this table has not seen. A refusal there is still passed, not held
+    /// ([`Touched::passes`]): the change runs again beside the others, claiming nothing.
+    pub(super) fn claiming(&mut self, claim: &[Ino]) {
+        for dir in claim {
+            if let Ok(i) = self.shared.binary_search(dir) {
+                self.shared.remove(i);
+                self.exclusive.push(*dir);
+                self.claimed.push(*dir);
+            }
+        }
+        self.exclusive.sort_unstable();
+    }
+
+    /// Sorted, once each; a key touched both ways is touched exclusively.
+    fn settled(mut self) -> Touched {
+        self.exclusive.sort_unstable();
+        self.exclusive.dedup();
+        self.shared.sort_unstable();
+        self.shared.dedup();
+        let exclusive = &self.exclusive;
+        self.shared.retain(|k| exclusive.binary_search(k).is_err());
+        self
+    }
+
+    /// What this change and `other` touch together.
+    pub(super) fn with(&self, other: &Touched) -> Touched {
+        Touched {
+            exclusive: [&self.exclusive[..], &other.exclusive].concat(),
+            shared: [&self.shared[..], &other.shared].concat(),
+            claimed: [&self.claimed[..], &other.claimed].concat(),
+        }
+        .settled()
+    }
+
+    /// Every key touched, either way.
+    pub(super) fn all(&self) -> Vec<Ino> {
+        let mut all = [&self.exclusive[..], &self.shared].concat();
+        all.sort_unstable();
+        all
+    }
+
+    /// Whether a refusal on `key` is passed rather than held: a directory this change
+    /// touches shared, or would have but for its claim ([`crate::fs::Turns::pass`]).
+    pub(super) fn passes(&self, key: Ino) -> bool {
+        self.shared.binary_search(&key).is_ok() || self.claimed.contains(&key)
+    }
+}
 
 /// The key a server's births are appended under ([`Change::Born`]): two clients that find a
 /// server reborn at once append one birth, the other's is refused and caught up. Counted
@@ -78,51 +177,67 @@ pub(super) fn without_copies_on(
         .collect()
 }
 
-/// The inodes `changes` touch (sorted, once each), and those whose turn the change claims:
+/// What `changes` touch, and the inodes whose turn the change claims (sorted, once each):
 /// the files and directories it makes, which its maker usually writes or fills next (no
 /// other client can know them before the change is appended).
-pub(super) fn touched(changes: &[Change], table: &TableView<'_>) -> (Vec<Ino>, Vec<Ino>) {
-    touched_reading(changes, table, true)
+pub(super) fn touched(changes: &[Change], table: &TableView<'_>) -> (Touched, Vec<Ino>) {
+    touched_as(changes, table, Protocol::Real)
 }
 
-/// [`touched`]; without `ancestors`, a move's checks are not named (the model tests' mutant,
-/// which must let two moves make a cycle).
-pub(super) fn touched_reading(
+/// How [`touched_as`] names what a change touches: the protocol, or a mutant of it (the
+/// model tests', which must be caught).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Protocol {
+    Real,
+    /// A move's check of the directories above its new parent goes unnamed.
+    NoAncestors,
+    /// Every inode is touched shared, even by a change that reads it whole (names are not).
+    AllShared,
+}
+
+/// [`touched`], as `protocol` names it.
+pub(super) fn touched_as(
     changes: &[Change],
     table: &TableView<'_>,
-    ancestors: bool,
-) -> (Vec<Ino>, Vec<Ino>) {
-    let mut keys = Vec::new();
+    protocol: Protocol,
+) -> (Touched, Vec<Ino>) {
+    let mut keys = Touched::default();
     let mut claim = Vec::new();
     for c in changes {
         match c {
             Change::Make { ino, kind, .. } => {
-                keys.push(*ino);
+                keys.exclusive.push(*ino);
                 if matches!(kind, Kind::File | Kind::Dir) {
                     claim.push(*ino);
                 }
             }
-            Change::Attrs { ino, .. }
-            | Change::Xattr { ino, .. }
-            | Change::Extent { ino, .. }
-            | Change::Drop { ino } => keys.push(*ino),
-            Change::Entry { dir, .. }
-            | Change::EntryAt { dir, .. }
-            | Change::Cookies { dir, .. } => keys.push(*dir),
+            Change::Xattr { ino, .. } | Change::Extent { ino, .. } | Change::Drop { ino } => {
+                keys.exclusive.push(*ino)
+            }
+            Change::Attrs { ino, .. } => keys.exclusive.push(*ino),
+            Change::Entry { dir, name, .. } | Change::EntryAt { dir, name, .. } => {
+                keys.exclusive.push(name_key(*dir, name));
+                keys.shared.push(*dir);
+            }
+            Change::DirStamp { dir, .. } => keys.shared.push(*dir),
+            Change::Cookies { dir, .. } => keys.exclusive.push(*dir),
             Change::Parent { dir, parent } => {
-                keys.push(*dir);
-                if ancestors {
-                    keys.extend(table.ancestors(*parent));
+                keys.exclusive.push(*dir);
+                if protocol != Protocol::NoAncestors {
+                    keys.exclusive.extend(table.ancestors(*parent));
                 }
             }
-            Change::Born { server, .. } => keys.push(server_key(*server)),
+            Change::Born { server, .. } => keys.exclusive.push(server_key(*server)),
         }
     }
-    keys.sort_unstable();
-    keys.dedup();
+    if protocol == Protocol::AllShared {
+        let (names, inodes) = keys.exclusive.iter().partition(|k| **k >= NAME_KEYS);
+        keys.exclusive = names;
+        keys.shared.extend::<Vec<Ino>>(inodes);
+    }
     claim.sort_unstable();
     claim.dedup();
-    (keys, claim)
+    (keys.settled(), claim)
 }
 
 /// The directories whose names `changes` add or remove (sorted, once each): a client that

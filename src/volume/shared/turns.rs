@@ -204,6 +204,27 @@ impl State {
         Ok(Box::new(turn))
     }
 
+    /// [`crate::fs::Turns::pass`]: the turn taken (the table caught up with it) and given
+    /// back at once, not left to linger: other clients add names to the directory too, and
+    /// held, it would stop their changes there until they asked for it.
+    fn pass_turn(self: &Arc<State>, fs: &Fs, ino: Ino) -> Result<()> {
+        drop(self.take_turn(fs, ino)?);
+        let give = {
+            let mut t = self.turns.lock();
+            match t.map.get_mut(&ino) {
+                Some(h) if h.users == 0 && !h.giving => {
+                    h.giving = true;
+                    true
+                }
+                _ => false,
+            }
+        };
+        if give {
+            self.give_back(&[ino]);
+        }
+        Ok(())
+    }
+
     /// [`State::take_turn`] without the table: the turn, and whether another client changed
     /// the inode since this table last saw it (the caller catches up then).
     fn turn_in_use(self: &Arc<State>, ino: Ino) -> Result<(TurnInUse, bool)> {
@@ -532,6 +553,10 @@ impl Turns for SharedTurns {
 
     fn take(&self, fs: &Fs, ino: Ino) -> Result<HeldTurn> {
         self.0.take_turn(fs, ino)
+    }
+
+    fn pass(&self, fs: &Fs, ino: Ino) -> Result<()> {
+        self.0.pass_turn(fs, ino)
     }
 
     fn rebuild_role(&self) -> bool {

@@ -83,11 +83,8 @@ fn two_clients_one_inode(how: Getting) {
             if let Getting::Claimed = how {
                 // Nobody else knows the inode before this append: it is taken.
                 let made = a.offer_changes(Outgoing {
-                    changes: &[],
-                    keys: &[],
                     claim: &[INO],
-                    opened: &[],
-                    dropped: &[],
+                    ..Outgoing::default()
                 });
                 assert!(
                     made.is_ok(),
