@@ -107,7 +107,8 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         took,
         Appended {
             lsn: 4,
-            wanted: vec![5]
+            wanted: vec![5],
+            held: vec![],
         }
     );
     a.give_turns("a", &[5]).unwrap();
@@ -588,9 +589,15 @@ fn shared_touches(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     }
     let four = b
         .append("b", b"b2", &[s(dir, three)], &[], NONE, LONG)
-        .unwrap()
-        .lsn;
-    assert_eq!(b.take_turn("b", dir, LONG, LONG).unwrap(), four);
+        .unwrap();
+    assert!(four.held.is_empty(), "no turn was held: {four:?}");
+    assert_eq!(b.take_turn("b", dir, LONG, LONG).unwrap(), four.lsn);
+    // A shared touch under its own turn says so: no other client's came between.
+    let five = b
+        .append("b", b"b3", &[s(dir, four.lsn), x(44, 0)], &[], NONE, LONG)
+        .unwrap();
+    assert_eq!(five.held, vec![dir]);
+    let four = five.lsn;
     // A shared touch still waits for another's turn.
     match a.append("a", b"a2", &[s(dir, four)], &[], NONE, LONG) {
         Err(EngineError::Busy { key, holder }) => assert_eq!((key, holder.as_str()), (dir, "b")),

@@ -280,7 +280,12 @@ impl MetaEngine for MemEngine {
         s.log.insert(lsn, record.to_vec());
         let until = Instant::now() + lease;
         let mut wanted = Vec::new();
+        let mut held = Vec::new();
         for t in touched {
+            let mine = s.turns.get(&t.key);
+            if t.shared && mine.is_some_and(|(h, until)| h == who && *until > Instant::now()) {
+                held.push(t.key);
+            }
             if t.shared {
                 s.shared_versions.insert(t.key, lsn);
             } else {
@@ -312,7 +317,7 @@ impl MetaEngine for MemEngine {
         }
         // Taken, but the answer lost on the way (Redis killed as it answered).
         s.fault("append_answer")?;
-        Ok(Appended { lsn, wanted })
+        Ok(Appended { lsn, wanted, held })
     }
 
     fn read_after(&self, after: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {

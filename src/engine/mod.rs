@@ -254,6 +254,10 @@ pub struct Appended {
     /// Inodes whose turn this client holds and another client asked for since it was taken:
     /// give them back once this change is done.
     pub wanted: Vec<u64>,
+    /// The keys touched shared whose turn this client held: no other client changed them
+    /// since it took or claimed the turn (its table then held them whole), so its table
+    /// holds every change of them up to this one.
+    pub held: Vec<u64>,
 }
 
 /// What a shared volume's metadata engine keeps for one volume (see the module doc).

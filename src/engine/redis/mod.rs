@@ -251,44 +251,45 @@ impl MetaEngine for RedisEngine {
         marks: Marks<'_>,
         lease: Duration,
     ) -> Result<Appended, EngineError> {
-        let (code, a, b, wanted): (i64, String, String, Vec<u64>) = self.with(|c| {
-            let mut script = self.scripts.append.prepare_invoke();
-            for k in [
-                &self.keys.head,
-                &self.keys.log,
-                &self.keys.sessions,
-                &self.keys.vers,
-                &self.keys.turns,
-                &self.keys.wanted,
-                &self.keys.asked,
-                &self.keys.open,
-                &self.keys.opened,
-                &self.keys.svers,
-            ] {
-                script.key(k);
-            }
-            script
-                .arg(who)
-                .arg(record)
-                .arg(lease.as_millis().max(1) as u64)
-                .arg(touched.len())
-                .arg(claim.len())
-                .arg(marks.opened.len())
-                .arg(marks.dropped.len());
-            for t in touched {
+        let (code, a, b, wanted, held): (i64, String, String, Vec<u64>, Vec<u64>) =
+            self.with(|c| {
+                let mut script = self.scripts.append.prepare_invoke();
+                for k in [
+                    &self.keys.head,
+                    &self.keys.log,
+                    &self.keys.sessions,
+                    &self.keys.vers,
+                    &self.keys.turns,
+                    &self.keys.wanted,
+                    &self.keys.asked,
+                    &self.keys.open,
+                    &self.keys.opened,
+                    &self.keys.svers,
+                ] {
+                    script.key(k);
+                }
                 script
-                    .arg(t.key)
-                    .arg(t.seen)
-                    .arg(if t.shared { "s" } else { "x" });
-            }
-            for k in claim.iter().chain(marks.opened).chain(marks.dropped) {
-                script.arg(*k);
-            }
-            for t in marks.checked {
-                script.arg(t.key).arg(t.seen);
-            }
-            script.invoke(c)
-        })?;
+                    .arg(who)
+                    .arg(record)
+                    .arg(lease.as_millis().max(1) as u64)
+                    .arg(touched.len())
+                    .arg(claim.len())
+                    .arg(marks.opened.len())
+                    .arg(marks.dropped.len());
+                for t in touched {
+                    script
+                        .arg(t.key)
+                        .arg(t.seen)
+                        .arg(if t.shared { "s" } else { "x" });
+                }
+                for k in claim.iter().chain(marks.opened).chain(marks.dropped) {
+                    script.arg(*k);
+                }
+                for t in marks.checked {
+                    script.arg(t.key).arg(t.seen);
+                }
+                script.invoke(c)
+            })?;
         let number = |v: &str| {
             v.parse::<u64>()
                 .map_err(|_| unavailable(format!("the append script answered '{v}'")))
@@ -297,6 +298,7 @@ impl MetaEngine for RedisEngine {
             1 => Ok(Appended {
                 lsn: number(&a)?,
                 wanted,
+                held,
             }),
             -1 => Err(EngineError::Conflict {
                 key: number(&a)?,

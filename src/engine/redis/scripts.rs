@@ -42,11 +42,11 @@ end
 /// lease (ms), the counts of touched, claimed, opened and dropped inodes, each touched key,
 /// the version its client saw and `s` (shared) or `x` (exclusive), then the inodes claimed,
 /// opened, dropped, then each key only checked (against its exclusive version) and the
-/// version seen. Returns `{code, a, b, wanted}`: 1 appended (a: the LSN, wanted:
-/// turns to give back); -1 a conflict (a: the inode, b: its version); -3 busy (a: the inode,
+/// version seen. Returns `{code, a, b, wanted, held}`: 1 appended (a: the LSN, wanted:
+/// turns to give back, held: the keys touched shared whose turn `who` held); -1 a conflict (a: the inode, b: its version); -3 busy (a: the inode,
 /// b: its holder); -4 held open (a: the inode, b: a client that has it open); -2 no session.
 const APPEND: &str = concat!(
-    live_session!("3", "1", "{-2, '', '', {}}"),
+    live_session!("3", "1", "{-2, '', '', {}, {}}"),
     turn_holder!(),
     r#"
 local n = tonumber(ARGV[4])
@@ -55,7 +55,7 @@ local obase = cbase + tonumber(ARGV[5])
 local dbase = obase + tonumber(ARGV[6])
 for i = dbase, dbase + tonumber(ARGV[7]) - 1 do
   for _, w in ipairs(redis.call('SMEMBERS', KEYS[8] .. ARGV[i])) do
-    if w ~= ARGV[1] then return {-4, ARGV[i], w, {}} end
+    if w ~= ARGV[1] then return {-4, ARGV[i], w, {}, {}} end
   end
 end
 for i = 0, n - 1 do
@@ -63,32 +63,35 @@ for i = 0, n - 1 do
   local h = holder(redis.call('HGET', KEYS[5], key), now)
   if h and h ~= ARGV[1] then
     if redis.call('SADD', KEYS[6], key) == 1 then redis.call('RPUSH', KEYS[7] .. h, key) end
-    return {-3, key, h, {}}
+    return {-3, key, h, {}, {}}
   end
   local seen = tonumber(ARGV[9 + 3 * i])
   local v = redis.call('HGET', KEYS[4], key)
-  if v and tonumber(v) > seen then return {-1, key, v, {}} end
+  if v and tonumber(v) > seen then return {-1, key, v, {}, {}} end
   if ARGV[10 + 3 * i] == 'x' then
     v = redis.call('HGET', KEYS[10], key)
-    if v and tonumber(v) > seen then return {-1, key, v, {}} end
+    if v and tonumber(v) > seen then return {-1, key, v, {}, {}} end
   end
 end
 for i = dbase + tonumber(ARGV[7]), #ARGV - 1, 2 do
   local v = redis.call('HGET', KEYS[4], ARGV[i])
-  if v and tonumber(v) > tonumber(ARGV[i + 1]) then return {-1, ARGV[i], v, {}} end
+  if v and tonumber(v) > tonumber(ARGV[i + 1]) then return {-1, ARGV[i], v, {}, {}} end
 end
 local lsn = redis.call('INCR', KEYS[1])
 redis.call('XADD', KEYS[2], lsn .. '-1', 'r', ARGV[2])
 local mine = (now + tonumber(ARGV[3])) .. ' ' .. ARGV[1]
 local wanted = {}
+local held = {}
 for i = 0, n - 1 do
   local key = ARGV[8 + 3 * i]
-  if ARGV[10 + 3 * i] == 'x' then
+  local mode = ARGV[10 + 3 * i]
+  if mode == 'x' then
     redis.call('HSET', KEYS[4], key, lsn)
   else
     redis.call('HSET', KEYS[10], key, lsn)
   end
   if holder(redis.call('HGET', KEYS[5], key), now) == ARGV[1] then
+    if mode == 's' then table.insert(held, key) end
     redis.call('HSET', KEYS[5], key, mine)
     if redis.call('SISMEMBER', KEYS[6], key) == 1 then table.insert(wanted, key) end
   end
@@ -101,7 +104,7 @@ for i = obase, dbase - 1 do
   redis.call('SADD', KEYS[8] .. ARGV[i], ARGV[1])
   redis.call('SADD', KEYS[9] .. ARGV[1], ARGV[i])
 end
-return {1, tostring(lsn), '', wanted}
+return {1, tostring(lsn), '', wanted, held}
 "#
 );
 

@@ -92,9 +92,11 @@ impl Appender<'_> {
                     "shared volume: the engine took change {lsn} though its answer was lost \
                      ({why})"
                 );
+                // Which turns it held is lost with the answer: none counted.
                 answer = Ok(crate::engine::Appended {
                     lsn,
                     wanted: Vec::new(),
+                    held: Vec::new(),
                 });
             }
         }
@@ -102,9 +104,11 @@ impl Appender<'_> {
             let mut a = self.ahead.lock();
             a.answered += 1;
             if let (Ok(done), true) = (&answer, in_table) {
-                // Not the shared keys: this change says nothing of another client's change of
-                // another name there before it, which the table may not hold yet.
-                a.noted(done.lsn, &keys.exclusive);
+                // Of the shared keys, only those whose turn this client held: otherwise this
+                // change says nothing of another client's change of another name there
+                // before it, which the table may not hold yet.
+                let seen: Vec<Ino> = keys.exclusive.iter().chain(&done.held).copied().collect();
+                a.noted(done.lsn, &seen);
             }
         }
         self.answered.notify_all();
