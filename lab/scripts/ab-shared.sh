@@ -35,16 +35,28 @@ one_side() {
   scripts=$(redis-cli -u "$REDIS_URL" info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')
   echo "$name tar-x-s $(echo "$t1 - $t0" | bc)" >>"$results"
   echo "$name scripts-per-file $(echo "scale=2; ${scripts:-0} / $TAR_FILES" | bc)" >>"$results"
-  python3 - "$mnt" "$name" >>"$results" <<'PY'
-import os, sys, time
-d, name = sys.argv[1], sys.argv[2]
+  python3 - "$mnt" "$name" "$REDIS_URL" >>"$results" <<'PY'
+import os, re, subprocess, sys, time
+d, name, redis = sys.argv[1], sys.argv[2], sys.argv[3]
+def calls():
+    # Scripts run and log reads (XRANGE) so far.
+    out = subprocess.run(["redis-cli", "-u", redis, "info", "commandstats"],
+                         capture_output=True, text=True).stdout
+    n = lambda cmd: int((re.search(rf"cmdstat_{cmd}:calls=(\d+)", out) or [0, 0])[1])
+    usec = int((re.search(r"cmdstat_evalsha:calls=\d+,usec=(\d+)", out) or [0, 0])[1])
+    return n("evalsha"), n("xrange"), usec
 # Creates in a directory made well before: its turn, held from the tar's last change there,
 # has gone back (it lingers 50 ms), as in a directory made by an earlier job.
 time.sleep(0.2)
+before = calls()
 t = time.perf_counter()
 for n in range(1000):
     os.close(os.open(f"{d}/tree/c{n}", os.O_CREAT | os.O_WRONLY, 0o644))
 print(f"{name} create-in-old-dir-us {(time.perf_counter() - t) / 1000 * 1e6:.0f}")
+after = calls()
+print(f"{name} create-scripts-per-file {(after[0] - before[0]) / 1000:.2f}")
+print(f"{name} create-reads-per-file {(after[1] - before[1]) / 1000:.2f}")
+print(f"{name} create-redis-us-per-file {(after[2] - before[2]) / 1000:.1f}")
 spent = [0.0, 0.0, 0.0]
 for n in range(500):
     fd = os.open(f"{d}/f{n}", os.O_CREAT | os.O_WRONLY, 0o644)

@@ -1,5 +1,5 @@
 //! A model of many clients changing one shared volume (#44): how many creates per second N
-//! clients make together, for rmemfs's shared format 2 and for JuiceFS's protocol on the same
+//! clients make together, for rmemfs's shared format 5 and for JuiceFS's protocol on the same
 //! engine, at a given round-trip time to the engine.
 //!
 //! Why a model and not a cluster: this machine has two cores, so three clients already share
@@ -14,9 +14,13 @@
 //!   read_entry`. Every client also applies every change: a client's daemon spends
 //!   `apply` per change of the whole volume, a ceiling of `1 / apply` changes per second
 //!   (one core for it).
-//! - rmemfs, one shared directory: the directory's turn passes between clients; a holder keeps
-//!   it `hold` (10 ms) once asked, making creates at one client's speed, and a pass costs
-//!   four round trips and four scripts. At one client, none pass.
+//! - rmemfs, one shared directory (format 5): clients add names there at once (each name a
+//!   key of its own, the directory touched shared), but none holds the directory's turn, so
+//!   a create's lookup that finds nothing catches up first: two round trips per create (the
+//!   catch-up's range read, `read_call`, then the append), the engine's work `append +
+//!   name_key + read_call + (N-1) * read_entry`. At one client, the client holds the turn
+//!   (one round trip, as in its own directory). Before format 5 the turn passed between
+//!   clients, a holder keeping it 10 ms once asked: `one_dir_passing`, kept for the record.
 //! - JuiceFS, own directories: a create is a lookup and a transaction watching the parent
 //!   (`pkg/meta/redis.go` doMknod: WATCH, reads, MULTI/EXEC): `juicefs_calls` round trips and
 //!   as many engine calls, no replay (clients cache with a TTL).
@@ -28,9 +32,10 @@
 //! the clients share two cores with Redis, so rmemfs's figures are capped by the machine's
 //! CPU per create (`machine_cpu`, measured), which clients on nodes of their own do not
 //! share. Where the check misses, the model is optimistic: three clients in one directory
-//! make 3,864 creates/s here against its 5,493 (the waiting clients' takes and catch-ups
-//! share the two cores with the holder), and JuiceFS's three clients 2,362 against 4,240
-//! (its CPU per create was not measured, so not capped).
+//! make 5,188 creates/s here against its 9,560 (each create's catch-up reads and applies
+//! the others' changes on the same two cores, which the cap, measured in clients' own
+//! directories, does not count), and JuiceFS's three clients 2,410 against 4,240 (its CPU
+//! per create was not measured, so not capped).
 
 use std::fmt::Write as _;
 
@@ -46,7 +51,13 @@ pub struct Costs {
     /// A client's work to apply another client's change (a ceiling: one core applies at most
     /// `1e6 / apply` changes per second).
     pub apply: f64,
-    /// How long a wanted directory turn is kept (`TURN_MIN_HOLD`).
+    /// The engine's extra work for a change that touches a name's key too (format 5: one
+    /// more key, and a second version read for each exclusive one): Redis's own time per
+    /// create went from 45.5 to 54.0 µs with it (`lab/scripts/ab-shared.sh`, 2026-12-05).
+    pub name_key: f64,
+    /// The engine's work for one catch-up's range read of the log, besides the changes read.
+    pub read_call: f64,
+    /// How long a wanted directory turn is kept (`TURN_MIN_HOLD`; before format 5).
     pub hold: f64,
     /// JuiceFS's client time per create besides the network.
     pub juicefs_client: f64,
@@ -62,21 +73,26 @@ pub struct Costs {
 }
 
 impl Default for Costs {
-    /// Calibrated here: one rmemfs client made 5,302 to 5,686 creates/s (about 176 µs each: a
-    /// loopback round trip about 70 µs, the append script 16 µs in Redis, the rest the
-    /// client), one JuiceFS client 1,336/s (748 µs: five round trips, Go and FUSE
-    /// included); three rmemfs clients used 127 µs of CPU per create over all processes.
+    /// Calibrated here on 2026-12-05 (format 5; `lab/scripts/shared-cpu.sh`, medians of
+    /// three rounds): one rmemfs client made 4,508 creates/s (222 µs each: a loopback round
+    /// trip about 70 µs, Redis's own time per script 35 to 47 µs, the rest the client), three
+    /// used 193 µs of CPU per create over all processes; one JuiceFS client 1,336/s (748 µs:
+    /// five round trips, Go and FUSE included; 2026-11-30). On 2026-11-30 (format 2) a script
+    /// took 16 µs and the machine 127 µs per create: the scripts have grown since (open
+    /// marks, servers' births, names' keys) and the day was faster.
     fn default() -> Costs {
         Costs {
-            client: 90.0,
-            append: 16.0,
+            client: 110.0,
+            append: 32.0,
             read_entry: 1.0,
+            name_key: 8.0,
+            read_call: 5.0,
             apply: 8.0,
             hold: 10_000.0,
             juicefs_client: 300.0,
             juicefs_calls: 5.0,
             juicefs_call: 10.0,
-            machine_cpu: 127.0,
+            machine_cpu: 193.0,
             machine_cores: 2.0,
         }
     }
@@ -102,25 +118,36 @@ pub struct Point {
     pub clients: usize,
     pub rmemfs_own: f64,
     pub rmemfs_one_dir: f64,
+    /// One directory before format 5 (its turn passing between clients).
+    pub rmemfs_one_dir_passing: f64,
     pub juicefs_own: f64,
     pub juicefs_one_dir: f64,
 }
 
 pub fn point(c: &Costs, n: usize, rtt: f64) -> Point {
+    let append = c.append + c.name_key;
     let own = mva(n, c.client + rtt, |n| {
-        c.append + (n as f64 - 1.0) * c.read_entry
+        append + (n as f64 - 1.0) * c.read_entry
     })
     .min(1e6 / c.apply);
-    // One directory: creates at one client's speed while the turn is held, a pass (four
+    // One directory: side by side, each create a catch-up and an append.
+    let one_dir = if n == 1 {
+        own
+    } else {
+        mva(n, c.client + 2.0 * rtt, |n| {
+            append + c.read_call + (n as f64 - 1.0) * c.read_entry
+        })
+        .min(1e6 / c.apply)
+    };
+    // Before format 5: creates at one client's speed while the turn is held, a pass (four
     // round trips and scripts) per hold once several clients ask.
     let single = 1e6 / (c.client + rtt + c.append);
-    let one_dir = if n == 1 {
+    let passing = if n == 1 {
         single
     } else {
         let pass = 4.0 * (rtt + c.append);
         single * c.hold / (c.hold + pass)
-    }
-    .min(own);
+    };
     let jfs_think = c.juicefs_client + c.juicefs_calls * rtt;
     let jfs_own = mva(n, jfs_think, |_| c.juicefs_calls * c.juicefs_call);
     // One committed transaction per window of its last two round trips (WATCH … EXEC).
@@ -130,6 +157,7 @@ pub fn point(c: &Costs, n: usize, rtt: f64) -> Point {
         clients: n,
         rmemfs_own: own,
         rmemfs_one_dir: one_dir,
+        rmemfs_one_dir_passing: passing,
         juicefs_own: jfs_own,
         juicefs_one_dir: jfs_one,
     }
@@ -142,6 +170,7 @@ pub fn on_this_machine(c: &Costs, n: usize, rtt: f64) -> Point {
     Point {
         rmemfs_own: p.rmemfs_own.min(cap),
         rmemfs_one_dir: p.rmemfs_one_dir.min(cap),
+        rmemfs_one_dir_passing: p.rmemfs_one_dir_passing.min(cap),
         ..p
     }
 }
@@ -206,6 +235,9 @@ mod tests {
         assert!(at(best).rmemfs_own > 5.0 * at(1).rmemfs_own);
         assert!(at(128).rmemfs_own < at(best).rmemfs_own);
         assert!(at(128).rmemfs_one_dir <= at(128).rmemfs_own);
+        // In one directory, clients side by side gain on one; the turn passing did not.
+        assert!(at(3).rmemfs_one_dir > 1.5 * at(1).rmemfs_one_dir);
+        assert!(at(3).rmemfs_one_dir_passing <= at(1).rmemfs_one_dir_passing);
         assert!(at(128).juicefs_one_dir <= at(128).juicefs_own);
     }
 }

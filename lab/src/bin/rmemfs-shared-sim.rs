@@ -23,12 +23,13 @@ struct Cli {
     /// This machine's round trip to Redis on loopback, in milliseconds (for the check).
     #[arg(long, default_value_t = 0.07)]
     local_rtt_ms: f64,
-    /// Figures measured here (bench-shared.sh, medians): rmemfs creates/s with 1 and 3
-    /// clients in their own directories, and with 3 in one directory.
-    #[arg(long, value_delimiter = ',', default_value = "5302,11840,3864")]
+    /// Figures measured here (bench-shared.sh, medians of three rounds, 2026-12-05, format
+    /// 5): rmemfs creates/s with 1 and 3 clients in their own directories, and with 3 in one
+    /// directory.
+    #[arg(long, value_delimiter = ',', default_value = "4208,7933,5188")]
     measured_rmemfs: Vec<f64>,
     /// The same for JuiceFS on the same Redis.
-    #[arg(long, value_delimiter = ',', default_value = "1336,2362,1701")]
+    #[arg(long, value_delimiter = ',', default_value = "1431,2410,1887")]
     measured_juicefs: Vec<f64>,
     /// Directory for the CSV.
     #[arg(long, default_value = "target/shared-sim")]
