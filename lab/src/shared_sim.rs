@@ -183,16 +183,23 @@ pub fn tables(c: &Costs, rtts_ms: &[f64], clients: &[usize]) -> (String, String)
     for &rtt in rtts_ms {
         let _ = writeln!(
             text,
-            "round trip {rtt} ms: creates/s\n{:>8}{:>14}{:>16}{:>14}{:>16}{:>10}",
-            "clients", "rmemfs own", "rmemfs one-dir", "juicefs own", "juicefs one-dir", "own x"
+            "round trip {rtt} ms: creates/s\n{:>8}{:>14}{:>16}{:>14}{:>14}{:>16}{:>10}",
+            "clients",
+            "rmemfs own",
+            "rmemfs one-dir",
+            "(format 4)",
+            "juicefs own",
+            "juicefs one-dir",
+            "own x"
         );
         for &n in clients {
             let p = point(c, n, rtt * 1000.0);
             let _ = writeln!(
                 text,
-                "{n:>8}{:>14.0}{:>16.0}{:>14.0}{:>16.0}{:>10.1}",
+                "{n:>8}{:>14.0}{:>16.0}{:>14.0}{:>14.0}{:>16.0}{:>10.1}",
                 p.rmemfs_own,
                 p.rmemfs_one_dir,
+                p.rmemfs_one_dir_passing,
                 p.juicefs_own,
                 p.juicefs_one_dir,
                 p.rmemfs_own / p.juicefs_own
