@@ -292,7 +292,8 @@ impl MetaEngine for MemEngine {
                 s.versions.insert(t.key, lsn);
             }
             if let Some((h, u)) = s.turns.get_mut(&t.key) {
-                if h == who {
+                // Only a turn that has not run out, as Redis's (one run out is no one's).
+                if h == who && *u > Instant::now() {
                     *u = until;
                     if s.wanted.contains(&t.key) {
                         wanted.push(t.key);

@@ -107,7 +107,8 @@ impl Appender<'_> {
                 // Of the shared keys, only those whose turn this client held: otherwise this
                 // change says nothing of another client's change of another name there
                 // before it, which the table may not hold yet.
-                let seen: Vec<Ino> = keys.exclusive.iter().chain(&done.held).copied().collect();
+                let held = done.held.iter().filter(|k| keys.under_turn.contains(k));
+                let seen: Vec<Ino> = keys.exclusive.iter().chain(held).copied().collect();
                 a.noted(done.lsn, &seen);
             }
         }
@@ -174,6 +175,7 @@ impl Default for Outgoing<'_> {
             exclusive: Vec::new(),
             shared: Vec::new(),
             claimed: Vec::new(),
+            under_turn: Vec::new(),
         };
         Outgoing {
             changes: &[],
@@ -313,6 +315,10 @@ impl State {
             .map(|key| (key, 0))
             .collect();
         let mut changes = std::borrow::Cow::Borrowed(changes);
+        let keys = &touch::Touched {
+            under_turn: self.under_turn(&keys.shared),
+            ..keys.clone()
+        };
         let mut tries = 0;
         let mut record;
         let sent = loop {

@@ -43,6 +43,9 @@ pub(super) struct Touched {
     pub(super) shared: Vec<Ino>,
     /// Of those, the ones whose turn it claims ([`Touched::claiming`]), touched whole.
     pub(super) claimed: Vec<Ino>,
+    /// Of the shared ones, those whose turn this client held, its table caught up with
+    /// them, when the change was sent ([`super::State::under_turn`]).
+    pub(super) under_turn: Vec<Ino>,
 }
 
 impl Touched {
@@ -90,6 +93,7 @@ impl Touched {
             exclusive: [&self.exclusive[..], &other.exclusive].concat(),
             shared: [&self.shared[..], &other.shared].concat(),
             claimed: [&self.claimed[..], &other.claimed].concat(),
+            under_turn: [&self.under_turn[..], &other.under_turn].concat(),
         }
         .settled()
     }

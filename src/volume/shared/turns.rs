@@ -39,6 +39,13 @@ struct Held {
     wanted: bool,
     /// Being given back: a new user waits, then takes it again.
     giving: bool,
+    /// The table holds every change of the inode that came before this client held it: set
+    /// once the take's catch-up ended (or by a claim, whose change touched it whole). Until
+    /// then the turn vouches for nothing: a lookup there that finds nothing catches up, and
+    /// this client's own name changes there do not count as seen ([`State::under_turn`]):
+    /// the engine says the turn was this client's from the moment it gave it, before the
+    /// table caught up with the changes before it.
+    caught_up: bool,
 }
 
 impl Held {
@@ -201,7 +208,16 @@ impl State {
             self.turns.lock().contest(ino);
             self.catch_up(fs, true)?;
         }
+        self.caught_up_with(ino);
         Ok(Box::new(turn))
+    }
+
+    /// The table holds every change of `ino` from before this client's turn of it (see
+    /// [`Held::caught_up`]).
+    fn caught_up_with(&self, ino: Ino) {
+        if let Some(h) = self.turns.lock().map.get_mut(&ino) {
+            h.caught_up = true;
+        }
     }
 
     /// [`crate::fs::Turns::pass`]: the turn taken (the table caught up with it) and given
@@ -277,12 +293,15 @@ impl State {
                     taken: sent,
                     wanted: false,
                     giving: false,
+                    caught_up: false,
                 });
                 if h.giving {
                     continue; // given back meanwhile by another thread: take it again
                 }
                 h.until = sent + TURN_LEASE - TURN_MARGIN;
                 h.users += 1;
+                // Taken again (the one recorded had run out): caught up anew.
+                h.caught_up = false;
             }
             let guard = TurnInUse {
                 state: self.clone(),
@@ -315,8 +334,12 @@ impl State {
             let given = t.given_since(*ino, sent);
             match t.map.get_mut(ino) {
                 // Taken meanwhile by another of this client's changes (a directory's, which
-                // the engine gave as this client's already): renewed, its users kept.
-                Some(h) => h.until = h.until.max(until),
+                // the engine gave as this client's already): renewed, its users kept; the
+                // claim's change touched it whole, so the table held all of it then.
+                Some(h) => {
+                    h.until = h.until.max(until);
+                    h.caught_up = true;
+                }
                 // Given back (by this client's own take and give-back of it, or because
                 // another client asked for it) after the append was sent: the engine may
                 // hold it for no one now, so it is not recorded as held.
@@ -331,6 +354,7 @@ impl State {
                             taken: sent,
                             wanted: false,
                             giving: false,
+                            caught_up: true,
                         },
                     );
                 }
@@ -373,12 +397,21 @@ impl State {
         self.holds_for(ino, Duration::ZERO)
     }
 
-    /// Whether this client holds inode `ino`'s turn for at least `left` more.
+    /// Whether this client holds inode `ino`'s turn for at least `left` more, its table
+    /// caught up with it.
     pub(super) fn holds_for(&self, ino: Ino, left: Duration) -> bool {
         let t = self.turns.lock();
         t.map
             .get(&ino)
-            .is_some_and(|h| !h.giving && h.until > Instant::now() + left)
+            .is_some_and(|h| !h.giving && h.caught_up && h.until > Instant::now() + left)
+    }
+
+    /// Of `keys` (those a change touches shared), the ones whose turn this client holds with
+    /// its table caught up ([`Held::caught_up`]): if the engine says the change was appended
+    /// under those turns ([`crate::engine::Appended::held`]), no other client's change of
+    /// them came between, and the change counts as seeing them whole.
+    pub(super) fn under_turn(&self, keys: &[Ino]) -> Vec<Ino> {
+        keys.iter().copied().filter(|k| self.holds(*k)).collect()
     }
 
     /// Gives the turns of `inos` (marked `giving`) back, and forgets them; the writes held
@@ -608,5 +641,37 @@ impl Turns for SharedTurns {
         {
             then(false);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::mem::MemEngine;
+
+    /// The engine counts a turn as this client's from the moment it gives it, before the
+    /// table caught up with the changes before it: until then, another thread's change under
+    /// it must not count as having seen them, nor a lookup there trust the table.
+    #[test]
+    fn a_turn_taken_vouches_for_nothing_until_the_table_caught_up() {
+        let engine = Arc::new(MemEngine::new());
+        engine.start_session("a", SESSION_TTL).unwrap();
+        let (notify, _) = crossbeam_channel::unbounded();
+        let s = Arc::new(State::new(
+            engine.clone(),
+            "a".into(),
+            FsConfig::default(),
+            0,
+            Arc::new(FreeGate::waiting_for_the_floor()),
+            notify,
+        ));
+        let (turn, _) = s.turn_in_use(7).unwrap();
+        assert_eq!(engine.turn_holder(7).as_deref(), Some("a"));
+        assert!(!s.holds(7), "held before the table caught up");
+        assert!(s.under_turn(&[7, 8]).is_empty());
+        s.caught_up_with(7);
+        assert!(s.holds(7));
+        assert_eq!(s.under_turn(&[7, 8]), vec![7]);
+        drop(turn);
     }
 }
