@@ -597,7 +597,20 @@ fn shared_touches(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         .append("b", b"b3", &[s(dir, four.lsn), x(44, 0)], &[], NONE, LONG)
         .unwrap();
     assert_eq!(five.held, vec![dir]);
-    let four = five.lsn;
+    // A change touching many keys (a move's ancestors, many files' writes held back) is
+    // checked and written whole: a conflict on a key past its first thousand is found.
+    let many: Vec<Touch> = (10_000..11_200).map(|k| x(k, 0)).collect();
+    let wide = a.append("a", b"wide", &many, &[], NONE, LONG).unwrap().lsn;
+    let mut again: Vec<Touch> = (10_000..11_200).map(|k| x(k, wide)).collect();
+    again[1_100].seen = wide - 1;
+    match a.append("a", b"wide2", &again, &[], NONE, LONG) {
+        Err(EngineError::Conflict { key, lsn }) => assert_eq!((key, lsn), (11_100, wide)),
+        other => panic!("a stale key among many was missed: {other:?}"),
+    }
+    let four = a
+        .append("a", b"wide3", &again[..1_100], &[], NONE, LONG)
+        .unwrap()
+        .lsn;
     // A shared touch still waits for another's turn.
     match a.append("a", b"a2", &[s(dir, four)], &[], NONE, LONG) {
         Err(EngineError::Busy { key, holder }) => assert_eq!((key, holder.as_str()), (dir, "b")),

@@ -43,11 +43,24 @@ end
 /// the version its client saw and `s` (shared) or `x` (exclusive), then the inodes claimed,
 /// opened, dropped, then each key only checked (against its exclusive version) and the
 /// version seen. Returns `{code, a, b, wanted, held}`: 1 appended (a: the LSN, wanted:
-/// turns to give back, held: the keys touched shared whose turn `who` held); -1 a conflict (a: the inode, b: its version); -3 busy (a: the inode,
-/// b: its holder); -4 held open (a: the inode, b: a client that has it open); -2 no session.
+/// turns to give back, held: the keys touched shared whose turn `who` held); -1 a conflict
+/// (a: the key, b: its version); -3 busy (a: the key, b: its holder); -4 held open (a: the
+/// inode, b: a client that has it open); -2 no session. The touched keys' turns and
+/// versions are read, and their versions written, one call per hash.
 const APPEND: &str = concat!(
     live_session!("3", "1", "{-2, '', '', {}, {}}"),
     turn_holder!(),
+    r#"
+-- HMGET of `keys` in `hash`, 500 at a time (Lua's unpack has a limit): each value, or false.
+local function many(hash, keys)
+  local out = {}
+  for s = 1, #keys, 500 do
+    local got = redis.call('HMGET', hash, unpack(keys, s, math.min(s + 499, #keys)))
+    for j = 1, #got do out[s + j - 1] = got[j] end
+  end
+  return out
+end
+"#,
     r#"
 local n = tonumber(ARGV[4])
 local cbase = 8 + 3 * n
@@ -58,19 +71,26 @@ for i = dbase, dbase + tonumber(ARGV[7]) - 1 do
     if w ~= ARGV[1] then return {-4, ARGV[i], w, {}, {}} end
   end
 end
-for i = 0, n - 1 do
-  local key = ARGV[8 + 3 * i]
-  local h = holder(redis.call('HGET', KEYS[5], key), now)
+-- Each touched key's turn and versions, read in one call per hash.
+local keys, exclusive = {}, {}
+for i = 1, n do
+  keys[i] = ARGV[5 + 3 * i]
+  exclusive[i] = ARGV[7 + 3 * i] == 'x'
+end
+local turns, vers, svers = many(KEYS[5], keys), many(KEYS[4], keys), many(KEYS[10], keys)
+local mine_before = {}
+for i = 1, n do
+  local key = keys[i]
+  local h = holder(turns[i], now)
   if h and h ~= ARGV[1] then
     if redis.call('SADD', KEYS[6], key) == 1 then redis.call('RPUSH', KEYS[7] .. h, key) end
     return {-3, key, h, {}, {}}
   end
-  local seen = tonumber(ARGV[9 + 3 * i])
-  local v = redis.call('HGET', KEYS[4], key)
-  if v and tonumber(v) > seen then return {-1, key, v, {}, {}} end
-  if ARGV[10 + 3 * i] == 'x' then
-    v = redis.call('HGET', KEYS[10], key)
-    if v and tonumber(v) > seen then return {-1, key, v, {}, {}} end
+  mine_before[i] = h == ARGV[1]
+  local seen = tonumber(ARGV[6 + 3 * i])
+  if vers[i] and tonumber(vers[i]) > seen then return {-1, key, vers[i], {}, {}} end
+  if exclusive[i] and svers[i] and tonumber(svers[i]) > seen then
+    return {-1, key, svers[i], {}, {}}
   end
 end
 for i = dbase + tonumber(ARGV[7]), #ARGV - 1, 2 do
@@ -82,19 +102,27 @@ redis.call('XADD', KEYS[2], lsn .. '-1', 'r', ARGV[2])
 local mine = (now + tonumber(ARGV[3])) .. ' ' .. ARGV[1]
 local wanted = {}
 local held = {}
-for i = 0, n - 1 do
-  local key = ARGV[8 + 3 * i]
-  local mode = ARGV[10 + 3 * i]
-  if mode == 'x' then
-    redis.call('HSET', KEYS[4], key, lsn)
+local xset, sset = {}, {}
+for i = 1, n do
+  local key = keys[i]
+  if exclusive[i] then
+    table.insert(xset, key)
+    table.insert(xset, lsn)
   else
-    redis.call('HSET', KEYS[10], key, lsn)
+    table.insert(sset, key)
+    table.insert(sset, lsn)
   end
-  if holder(redis.call('HGET', KEYS[5], key), now) == ARGV[1] then
-    if mode == 's' then table.insert(held, key) end
+  if mine_before[i] then
+    if not exclusive[i] then table.insert(held, key) end
     redis.call('HSET', KEYS[5], key, mine)
     if redis.call('SISMEMBER', KEYS[6], key) == 1 then table.insert(wanted, key) end
   end
+end
+for s = 1, #xset, 1000 do
+  redis.call('HSET', KEYS[4], unpack(xset, s, math.min(s + 999, #xset)))
+end
+for s = 1, #sset, 1000 do
+  redis.call('HSET', KEYS[10], unpack(sset, s, math.min(s + 999, #sset)))
 end
 for i = cbase, obase - 1 do
   redis.call('HSET', KEYS[5], ARGV[i], mine)
