@@ -1250,6 +1250,34 @@ fn two_clients_add_names_to_one_directory_without_reading_each_others() {
     assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
 }
 
+/// A lookup that finds nothing in a directory this client does not hold the turn of reads
+/// the log only if the engine says the name changed since this table's view of it (its
+/// key's version): a missing name costs one small read, not a catch-up, and a name another
+/// client just made still resolves at once.
+#[test]
+fn a_lookup_that_finds_nothing_reads_the_log_only_if_the_name_changed() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    let b = client(&rack, Arc::new(engine.clone()), "b");
+    b.mkdir("d").unwrap();
+    a.shared.poll_now().unwrap();
+    let d = resolve(&a.fs, "d").unwrap();
+    assert!(!a.fs.holds_turn(d));
+    let reads = engine.reads();
+    for n in 0..10 {
+        assert_eq!(resolve(&a.fs, &format!("d/missing{n}")), Err(libc::ENOENT));
+    }
+    assert_eq!(
+        engine.reads(),
+        reads,
+        "a lookup of a name never made read the log"
+    );
+    b.create("d/new", b"").unwrap();
+    assert!(resolve(&a.fs, "d/new").is_ok(), "A missed B's new name");
+    assert!(engine.reads() > reads);
+}
+
 /// A directory's attributes set after names were added to it (`tar x` sets each
 /// directory's times and mode after its files): under the turn this client claimed with the
 /// directory, its own names there count as seen (no other client's came between), and

@@ -321,6 +321,12 @@ impl MetaEngine for MemEngine {
         Ok(Appended { lsn, wanted, held })
     }
 
+    fn version(&self, key: u64) -> Result<u64, EngineError> {
+        let mut s = self.state.0.lock();
+        s.fault("version")?;
+        Ok(s.versions.get(&key).copied().unwrap_or(0))
+    }
+
     fn read_after(&self, after: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
         let mut s = self.state.0.lock();
         s.fault("read_after")?;

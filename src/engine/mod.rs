@@ -268,6 +268,10 @@ pub trait MetaEngine: Send + Sync {
     /// The number of the log's last change (0: none yet).
     fn head(&self) -> Result<u64, EngineError>;
 
+    /// Key `key`'s exclusive version (see [`Touch`]; 0: never touched): what a lookup that
+    /// found no name reads of the name's key, to know whether its table may lack it.
+    fn version(&self, key: u64) -> Result<u64, EngineError>;
+
     /// Appends `record` as the log's next change, if `who`'s session lives and, for every
     /// inode touched, no other client holds its turn (`Busy`) and no change after `seen`
     /// touched it (`Conflict`), and no inode it drops is open on another client (`Held`).

@@ -18,8 +18,11 @@ impl Fs {
             // On a shared volume a name another client made may not have reached this table
             // yet: it catches up once before saying there is none (a path another client just
             // made resolves at once), unless this client holds the directory's turn (no
-            // other client can have added a name to it).
-            Err(e) if e.errno == libc::ENOENT && !held && self.refresh_shared() => {
+            // other client can have added a name to it) or the engine says no change touched
+            // the name since this table's view of it.
+            Err(e)
+                if e.errno == libc::ENOENT && !held && self.refresh_shared_name(parent, name) =>
+            {
                 self.lookup_here(parent, name)
             }
             r => r,

@@ -63,6 +63,15 @@ pub trait Turns: Send + Sync {
         }
     }
 
+    /// A lookup of `name` in directory `dir` found nothing: brings the table up to date
+    /// with that name ([`Turns::refresh`]), unless the engine says no change touched the
+    /// name since this table's view of it (then nothing is read: the table's answer is the
+    /// engine's now).
+    fn refresh_name(&self, fs: &Fs, dir: Ino, name: &[u8]) {
+        let _ = (dir, name);
+        self.refresh(fs);
+    }
+
     /// Brings the table up to date, trying again for up to `patience` while the engine
     /// cannot be read; fails at once if this client stopped (its table no longer the
     /// engine's history).
@@ -202,6 +211,18 @@ impl Fs {
     /// the engine's: no other client's change of it can land meanwhile).
     pub fn holds_turn(&self, ino: Ino) -> bool {
         self.turns.as_ref().is_some_and(|t| t.holds(ino))
+    }
+
+    /// On a shared volume, brings the table up to date with name `name` of directory `dir`
+    /// ([`Turns::refresh_name`]); false (nothing done) elsewhere.
+    pub fn refresh_shared_name(&self, dir: Ino, name: &[u8]) -> bool {
+        match self.turns.as_ref() {
+            Some(t) => {
+                t.refresh_name(self, dir, name);
+                true
+            }
+            None => false,
+        }
     }
 
     /// On a shared volume, brings the table up to date; false (nothing done) elsewhere.

@@ -316,6 +316,12 @@ impl MetaEngine for RedisEngine {
         }
     }
 
+    fn version(&self, key: u64) -> Result<u64, EngineError> {
+        let v: Option<u64> =
+            self.with(|c| ::redis::cmd("HGET").arg(&self.keys.vers).arg(key).query(c))?;
+        Ok(v.unwrap_or(0))
+    }
+
     fn read_after(&self, after: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
         let rows: Vec<LogEntry> = self.with(|c| {
             ::redis::cmd("XRANGE")

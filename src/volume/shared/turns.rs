@@ -592,6 +592,18 @@ impl Turns for SharedTurns {
         self.0.pass_turn(fs, ino)
     }
 
+    fn refresh_name(&self, fs: &Fs, dir: Ino, name: &[u8]) {
+        let s = &self.0;
+        let key = touch::name_key(dir, name);
+        if let Ok(version) = s.engine.version(key) {
+            let seen = s.ahead.lock().seen(key, s.applied.load(Ordering::SeqCst));
+            if version <= seen {
+                return;
+            }
+        }
+        self.refresh(fs);
+    }
+
     fn rebuild_role(&self) -> bool {
         let s = &self.0;
         match s
