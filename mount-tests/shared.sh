@@ -38,7 +38,8 @@ test_volume_shared() {
   [ "$cached" -gt 0 ] ||
     fail "a read-write handle's writes left nothing in A's page cache (the check sees no cache)"
   must "rm on A" rm "$MNT/d/direct" "$MNT/d/cached"
-  # B sees A's changes once it makes one of its own (it catches up first), or within a poll.
+  # B sees A's changes when it opens the file or lists the directory (each catches up
+  # first), or within a poll.
   must "mkdir on B" mkdir "$mnt2/d/sub"
   must "cmp A's file on B" cmp "$MNT/d/big" "$mnt2/d/big"
   must "append on B" sh -c "echo world >>'$mnt2/d/x'"
@@ -47,10 +48,10 @@ test_volume_shared() {
 world"
   must_fail "the same name made on both" "File exists" mkdir "$MNT/d/sub"
   for ((i = 0; i < 500; i++)); do : >"$MNT/d/f$i" || fail "create f$i on A"; done
-  must "mkdir on B (catches up)" mkdir "$mnt2/d/last"
-  assert_eq "entries on B" "$(ls "$mnt2/d" | wc -l)" 505
+  must "mkdir on B" mkdir "$mnt2/d/last"
+  assert_eq "entries on B (its listing catches up)" "$(ls "$mnt2/d" | wc -l)" 505
   must "rm -rf on B" rm -rf "$mnt2/d"
-  must "mkdir on A (catches up)" mkdir "$MNT/e"
+  must "mkdir on A" mkdir "$MNT/e"
   assert_eq "entries on A after B's rm -rf" "$(ls "$MNT")" "e"
   unmount_fs "$mnt2" || fail "unmount of B failed"
   unmount_fs "$MNT" || fail "unmount of A failed"

@@ -11,7 +11,13 @@ pub(super) type Listing = Option<std::sync::Arc<Vec<(u64, crate::meta::Name)>>>;
 
 impl Fs {
     /// Opens a directory stream; [`Fs::releasedir`] ends it.
+    /// On a shared volume the table catches up first (as an open of a file does), unless
+    /// this client holds the directory's turn: a listing shows every name added or removed
+    /// on any client before it began.
     pub fn opendir(&self, ino: Ino) -> Result<u64> {
+        if !self.holds_turn(ino) {
+            self.refresh_shared();
+        }
         dir_of(&self.meta.lock(), ino)?;
         let fh = self.issue_fh(crate::fs::OpenMode::from_flags(libc::O_RDONLY));
         self.dir_streams.lock().insert(fh, None);
