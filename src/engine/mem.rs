@@ -104,6 +104,8 @@ impl State {
     }
 }
 
+mod controls;
+
 /// One volume's engine state; clones share it (several clients of one engine).
 #[derive(Clone, Default)]
 pub struct MemEngine {
@@ -113,91 +115,6 @@ pub struct MemEngine {
 impl MemEngine {
     pub fn new() -> MemEngine {
         MemEngine::default()
-    }
-
-    /// An engine holding a volume of format 1, as a build before format 2 made it (tests of
-    /// the upgrade).
-    pub fn format_1(servers: &[String]) -> MemEngine {
-        let e = MemEngine::default();
-        e.state.0.lock().servers = Some(servers.to_vec());
-        e
-    }
-
-    /// An engine holding a volume of format 2, as a build before format 3 made it.
-    pub fn format_2(servers: &[String]) -> MemEngine {
-        let e = MemEngine::format_1(servers);
-        e.state.0.lock().format = Some(2);
-        e
-    }
-
-    /// An engine holding a volume of format 4, as a build before format 5 made it.
-    pub fn format_4(servers: &[String]) -> MemEngine {
-        let e = MemEngine::format_1(servers);
-        e.state.0.lock().format = Some(4);
-        e
-    }
-
-    /// Makes the next `times` calls of operation `op` (`"append"`, `"swap_locks"`,
-    /// `"heartbeat"`, `"read_after"`, `"head"`) fail as an unreachable engine's would;
-    /// `"append_answer"`: the next appends are taken, but fail as if their answer was lost.
-    pub fn fail_next(&self, op: &'static str, times: u32) {
-        self.state.0.lock().faults.insert(op, times);
-    }
-
-    /// How many times clients read the log (tests of what needs no catch-up).
-    pub fn reads(&self) -> u64 {
-        self.state.0.lock().reads
-    }
-
-    /// Appends of client `who` that claim a turn are taken, then wait to answer until
-    /// [`MemEngine::release_claim_answers`] (tests of what happens while a claim's answer is
-    /// on its way back).
-    pub fn hold_claim_answers(&self, who: &str) {
-        self.state.0.lock().claims_held_for = Some(who.to_string());
-    }
-
-    /// Waits until an append held by [`MemEngine::hold_claim_answers`] is waiting.
-    pub fn wait_for_held_claim(&self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut s = self.state.0.lock();
-        while s.claims_waiting == 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            assert!(!left.is_zero(), "no append claiming a turn came in 30 s");
-            s = self.state.1.wait_timeout(s, left).0;
-        }
-    }
-
-    /// Lets the held appends answer.
-    pub fn release_claim_answers(&self) {
-        self.state.0.lock().claims_held_for = None;
-        self.state.1.notify_all();
-    }
-
-    /// The client holding inode `ino`'s turn now, if any.
-    pub fn turn_holder(&self, ino: u64) -> Option<String> {
-        let s = self.state.0.lock();
-        s.turns
-            .get(&ino)
-            .filter(|(_, until)| *until > Instant::now())
-            .map(|(h, _)| h.clone())
-    }
-
-    /// Takes `away` for [`ENGINE_AWAY`] (tests of an engine away, in less time).
-    pub fn with_away(self, away: Duration) -> MemEngine {
-        self.state.0.lock().away = Some(away);
-        self
-    }
-
-    /// Loses the last `k` changes of the log, as a Redis that restarted from an AOF written
-    /// every second, or a replica promoted before it had them, does: the head goes back, and
-    /// so do the versions those changes set.
-    pub fn lose_last(&self, k: u64) {
-        let mut s = self.state.0.lock();
-        let head = s.head.saturating_sub(k);
-        s.log.retain(|lsn, _| *lsn <= head);
-        s.head = head;
-        s.versions.retain(|_, v| *v <= head);
-        s.shared_versions.retain(|_, v| *v <= head);
     }
 }
 

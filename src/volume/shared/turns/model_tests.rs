@@ -13,6 +13,7 @@
 //! [`State::appended`] after the lingering thread gave the turn back unrecorded, must not
 //! count as held either (with `given_since` left out there, it fails: checked).
 
+use super::linger::give_due;
 use super::*;
 use crate::engine::mem::MemEngine;
 use crate::sync::thread;
