@@ -67,10 +67,7 @@ pub trait Turns: Send + Sync {
     /// with that name ([`Turns::refresh`]), unless the engine says no change touched the
     /// name since this table's view of it (then nothing is read: the table's answer is the
     /// engine's now).
-    fn refresh_name(&self, fs: &Fs, dir: Ino, name: &[u8]) {
-        let _ = (dir, name);
-        self.refresh(fs);
-    }
+    fn refresh_name(&self, fs: &Fs, dir: Ino, name: &[u8]);
 
     /// Brings the table up to date, trying again for up to `patience` while the engine
     /// cannot be read; fails at once if this client stopped (its table no longer the
@@ -216,24 +213,15 @@ impl Fs {
     /// On a shared volume, brings the table up to date with name `name` of directory `dir`
     /// ([`Turns::refresh_name`]); false (nothing done) elsewhere.
     pub fn refresh_shared_name(&self, dir: Ino, name: &[u8]) -> bool {
-        match self.turns.as_ref() {
-            Some(t) => {
-                t.refresh_name(self, dir, name);
-                true
-            }
-            None => false,
-        }
+        self.turns
+            .as_deref()
+            .map(|t| t.refresh_name(self, dir, name))
+            .is_some()
     }
 
     /// On a shared volume, brings the table up to date; false (nothing done) elsewhere.
     pub fn refresh_shared(&self) -> bool {
-        match self.turns.as_ref() {
-            Some(t) => {
-                t.refresh(self);
-                true
-            }
-            None => false,
-        }
+        self.turns.as_deref().map(|t| t.refresh(self)).is_some()
     }
 
     /// On a shared volume, brings the table up to date, trying again for up to
