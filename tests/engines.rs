@@ -340,7 +340,7 @@ fn formats(made: &dyn MetaEngine, old: &dyn MetaEngine) {
         Err(e @ EngineError::Format { found: 1, .. }) => {
             let why = e.to_string();
             assert!(
-                why.contains("old-client") && why.contains("format 1") && why.contains("format 5"),
+                why.contains("old-client") && why.contains("format 1") && why.contains("format 6"),
                 "{why}"
             );
         }
@@ -618,6 +618,83 @@ fn shared_touches(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     }
 }
 
+/// Versions trimmed read as the floor: a change decided on a table older than it is refused,
+/// one that saw it is taken, a take and a version read say it; versions set after it stay,
+/// and so do those of keys from `kept` up (a server's births); the floor never passes the
+/// head.
+fn trimmed_versions(a: &dyn MetaEngine, b: &dyn MetaEngine) {
+    a.start_session("a", LONG).unwrap();
+    b.start_session("b", LONG).unwrap();
+    let kept = 1_000;
+    let birth = a
+        .append("a", b"born", &[t(kept + 1, 0)], &[], NONE, LONG)
+        .unwrap()
+        .lsn;
+    a.append("a", b"x", &[t(70, 0)], &[], NONE, LONG).unwrap();
+    let shared = [Touch::shared(71, 0), t(72, 0)];
+    let floor = b.append("b", b"y", &shared, &[], NONE, LONG).unwrap().lsn;
+    assert_eq!(
+        a.trim_versions(floor, kept).unwrap(),
+        3,
+        "70, 71 shared, 72"
+    );
+    assert_eq!(a.version(70).unwrap(), floor);
+    assert_eq!(
+        a.version(99).unwrap(),
+        floor,
+        "never touched: the floor too"
+    );
+    assert_eq!(a.version(kept + 1).unwrap(), birth, "a kept key's version");
+    // A table older than the floor is sent to catch up, whatever the key.
+    match b.append("b", b"stale", &[t(99, floor - 1)], &[], NONE, LONG) {
+        Err(EngineError::Conflict { key, lsn }) => assert_eq!((key, lsn), (99, floor)),
+        other => panic!("a change older than the floor was taken: {other:?}"),
+    }
+    match b.append(
+        "b",
+        b"stale",
+        &[Touch::shared(71, floor - 1)],
+        &[],
+        NONE,
+        LONG,
+    ) {
+        Err(EngineError::Conflict { key, lsn }) => assert_eq!((key, lsn), (71, floor)),
+        other => panic!("a shared touch older than the floor was taken: {other:?}"),
+    }
+    let checked = [t(72, floor - 1)];
+    let marks = Marks {
+        checked: &checked,
+        ..NONE
+    };
+    match b.append("b", b"stale", &[t(98, floor)], &[], marks, LONG) {
+        Err(EngineError::Conflict { key, lsn }) => assert_eq!((key, lsn), (72, floor)),
+        other => panic!("a checked key older than the floor was taken: {other:?}"),
+    }
+    // One that saw the floor is taken; the version it sets stays through the next trim.
+    let after = b
+        .append(
+            "b",
+            b"fresh",
+            &[t(70, floor), t(99, floor)],
+            &[],
+            NONE,
+            LONG,
+        )
+        .unwrap()
+        .lsn;
+    assert_eq!(b.take_turn("b", 72, LONG, LONG).unwrap(), floor);
+    assert_eq!(b.take_turn("b", 70, LONG, LONG).unwrap(), after);
+    b.give_turns("b", &[70, 72]).unwrap();
+    assert_eq!(a.trim_versions(floor, kept).unwrap(), 0);
+    assert_eq!(a.version(70).unwrap(), after);
+    // The floor never goes back, nor past the head.
+    a.trim_versions(1, kept).unwrap();
+    assert_eq!(a.version(72).unwrap(), floor);
+    assert_eq!(a.trim_versions(after + 100, kept).unwrap(), 2, "70 and 99");
+    assert_eq!(a.version(72).unwrap(), after);
+    assert_eq!(a.head().unwrap(), after);
+}
+
 #[test]
 fn the_in_memory_engine_keeps_the_contract() {
     let e = MemEngine::new();
@@ -636,6 +713,9 @@ fn the_in_memory_engine_keeps_the_contract() {
     removal(&MemEngine::new());
     let e = MemEngine::new();
     shared_touches(&e, &e.clone());
+    let e = MemEngine::new();
+    trimmed_versions(&e, &e.clone());
+    assert_eq!(e.versions_kept(), 1, "the kept key's");
 }
 
 /// A short time away for [`engine_away`].
@@ -669,7 +749,7 @@ fn the_redis_engine_keeps_the_contract() {
             .query(&mut c)
             .unwrap()
     };
-    assert!(raw("f").contains("shared format 5"), "{}", raw("f"));
+    assert!(raw("f").contains("shared format 6"), "{}", raw("f"));
     assert_eq!(l("f").servers().unwrap(), Some(vec!["a:1".to_string()]));
     {
         let mut c = ::redis::Client::open(redis.url.as_str())
@@ -683,7 +763,7 @@ fn the_redis_engine_keeps_the_contract() {
             .unwrap();
     }
     l("h").upgrade("new").unwrap();
-    assert!(raw("h").starts_with("a:1\nb:2\n") && raw("h").contains("shared format 5"));
+    assert!(raw("h").starts_with("a:1\nb:2\n") && raw("h").contains("shared format 6"));
     // A volume of format 2 (made by the build before marks of open files): upgraded once no
     // other client lives, its servers' format line replaced, so a format-2 client refuses it.
     {
@@ -710,7 +790,7 @@ fn the_redis_engine_keeps_the_contract() {
     assert_eq!(v2.format().unwrap(), Some(SHARED_FORMAT));
     assert_eq!(v2.servers().unwrap(), Some(vec!["a:1".to_string()]));
     assert!(
-        !raw("v2").contains("format 2") && raw("v2").contains("format 5"),
+        !raw("v2").contains("format 2") && raw("v2").contains("format 6"),
         "{}",
         raw("v2")
     );
@@ -732,6 +812,23 @@ fn the_redis_engine_keeps_the_contract() {
     open_marks(&*l("o"), &*l("o"));
     removal(&*l("r"));
     shared_touches(&*l("st"), &*l("st"));
+    trimmed_versions(&*l("tv"), &*l("tv"));
+    {
+        let mut c = ::redis::Client::open(redis.url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let kept: Vec<u64> = ["vers", "svers"]
+            .iter()
+            .map(|h| {
+                ::redis::cmd("HLEN")
+                    .arg(format!("rmemfs:{{tv}}:{h}"))
+                    .query(&mut c)
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(kept, vec![1, 0], "the kept key's version only");
+    }
     // Nothing of it is left in Redis but the keys of the one made again after.
     let mut c = ::redis::Client::open(redis.url.as_str())
         .unwrap()

@@ -477,17 +477,22 @@ fn format_1_volumes_are_upgraded_when_no_old_client_is_live() {
 /// A volume of format 2 (a build before files open were marked: its clients drop a file
 /// another client has open) is upgraded by this build only once no other client is live:
 /// the two never write it at once.
+///
+/// So is one of format 5 (a build before versions were trimmed: its clients read a trimmed
+/// version as never touched, and would take a change decided on a table older than it).
 #[test]
-fn format_2_volumes_are_upgraded_when_no_old_client_is_live() {
-    let rack = Rack::new(2);
-    let engine = MemEngine::format_2(&[]);
-    refused_beside_an_old_client(&rack, &engine, 2);
-    let c = client(&rack, Arc::new(engine.clone()), "new");
-    assert_eq!(
-        engine.format().unwrap(),
-        Some(rmemfs::engine::SHARED_FORMAT)
-    );
-    c.mkdir("d").unwrap();
+fn format_2_and_5_volumes_are_upgraded_when_no_old_client_is_live() {
+    for found in [2, 5] {
+        let rack = Rack::new(2);
+        let engine = MemEngine::of_format(found, &[]);
+        refused_beside_an_old_client(&rack, &engine, found);
+        let c = client(&rack, Arc::new(engine.clone()), "new");
+        assert_eq!(
+            engine.format().unwrap(),
+            Some(rmemfs::engine::SHARED_FORMAT)
+        );
+        c.mkdir("d").unwrap();
+    }
 }
 
 /// A volume of format 4 (a build before names had keys of their own: its clients check a
@@ -499,7 +504,7 @@ fn format_4_volumes_are_upgraded_and_their_log_read() {
     use rmemfs::engine::{Marks, Touch};
     use rmemfs::meta::{record, Body, Change, Dir, Inode, Kind, Meta};
     let rack = Rack::new(2);
-    let engine = MemEngine::format_4(&[]);
+    let engine = MemEngine::of_format(4, &[]);
     engine
         .start_session("old", Duration::from_secs(60))
         .unwrap();
@@ -1684,6 +1689,39 @@ fn a_client_behind_a_trim_with_nothing_after_it_loads_the_checkpoint() {
     for i in 0..20 {
         assert_eq!(read(&b.fs, &format!("f{i}")).unwrap(), b"x", "f{i}");
     }
+}
+
+/// A checkpoint trims the engine's versions to those changed since (each inode and name a
+/// change ever touched kept one before, for ever), and a client whose table is older than
+/// the trim still finds what it lacks: a lookup of a name made meanwhile reads the floor
+/// for its key and catches up, and a change decided on its old table is refused and
+/// decided again (where the trimmed keys read as never touched, the lookup said ENOENT).
+#[test]
+fn a_checkpoint_trims_the_versions_and_a_stale_client_still_catches_up() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    let b = client(&rack, Arc::new(engine.clone()), "b");
+    a.mkdir("d").unwrap();
+    for i in 0..50 {
+        a.create(&format!("d/f{i}"), b"x").unwrap();
+    }
+    b.shared.poll_now().unwrap();
+    a.create("d/new", b"new").unwrap();
+    a.mkdir("d/taken").unwrap();
+    let before = engine.versions_kept();
+    a.shared.checkpoint_now().unwrap();
+    let after = engine.versions_kept();
+    assert!(
+        before > 100 && after <= 2,
+        "versions kept: {before} before the checkpoint, {after} after (the servers' births)"
+    );
+    assert_eq!(read(&b.fs, "d/new").unwrap(), b"new");
+    assert_eq!(b.mkdir("d/taken"), Err(libc::EEXIST));
+    b.mkdir("d/b").unwrap();
+    a.shared.poll_now().unwrap();
+    assert!(resolve(&a.fs, "d/b").is_ok());
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
 }
 
 /// Memory a removal lets go of (another client allocated it) comes back though the removing

@@ -20,6 +20,10 @@ struct State {
     versions: HashMap<u64, u64>,
     /// Each key's shared version (see [`crate::engine::Touch`]).
     shared_versions: HashMap<u64, u64>,
+    /// What a key with no version kept reads as ([`MetaEngine::trim_versions`]).
+    version_floor: u64,
+    /// A mutant: keys with no version kept read as 0 ([`MemEngine::floorless`]).
+    floorless: bool,
     /// Turned inodes: the holder and when its lease runs out.
     turns: HashMap<u64, (String, Instant)>,
     /// Turned inodes another client asked for since they were taken.
@@ -55,11 +59,25 @@ impl State {
     /// The version of `key` a touch (`shared` or not) is checked against: a shared one
     /// against the exclusive version, an exclusive one against both (see [`Touch`]).
     fn checked_version(&self, key: u64, shared: bool) -> u64 {
-        let exclusive = self.versions.get(&key).copied().unwrap_or(0);
+        let exclusive = self.exclusive_version(key);
         if shared {
             return exclusive;
         }
-        exclusive.max(self.shared_versions.get(&key).copied().unwrap_or(0))
+        let floor = self.floor();
+        exclusive.max(self.shared_versions.get(&key).copied().unwrap_or(floor))
+    }
+
+    /// Key `key`'s exclusive version (the floor where none is kept).
+    fn exclusive_version(&self, key: u64) -> u64 {
+        self.versions.get(&key).copied().unwrap_or(self.floor())
+    }
+
+    /// What a key with no version kept reads as.
+    fn floor(&self) -> u64 {
+        match self.floorless {
+            true => 0,
+            false => self.version_floor,
+        }
     }
 
     /// A client other than `who` marking `ino` open.
@@ -187,7 +205,7 @@ impl MetaEngine for MemEngine {
             }
         }
         for t in marks.checked {
-            let lsn = s.versions.get(&t.key).copied().unwrap_or(0);
+            let lsn = s.exclusive_version(t.key);
             if lsn > t.seen {
                 return Err(EngineError::Conflict { key: t.key, lsn });
             }
@@ -241,7 +259,18 @@ impl MetaEngine for MemEngine {
     fn version(&self, key: u64) -> Result<u64, EngineError> {
         let mut s = self.state.0.lock();
         s.fault("version")?;
-        Ok(s.versions.get(&key).copied().unwrap_or(0))
+        Ok(s.exclusive_version(key))
+    }
+
+    fn trim_versions(&self, upto: u64, kept: u64) -> Result<u64, EngineError> {
+        let mut s = self.state.0.lock();
+        s.fault("trim_versions")?;
+        let floor = s.version_floor.max(upto.min(s.head));
+        s.version_floor = floor;
+        let before = s.versions.len() + s.shared_versions.len();
+        s.versions.retain(|k, v| *v > floor || *k >= kept);
+        s.shared_versions.retain(|k, v| *v > floor || *k >= kept);
+        Ok((before - s.versions.len() - s.shared_versions.len()) as u64)
     }
 
     fn read_after(&self, after: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {

@@ -42,8 +42,11 @@ pub mod redis;
 use crate::meta::locks::LockTable;
 use std::time::Duration;
 
-/// The shared-volume format this build speaks: 5, names with keys of their own and
-/// directories changed by many clients at once ([`Touch`]'s shared versions; a name added
+/// The shared-volume format this build speaks: 6, versions trimmed
+/// ([`MetaEngine::trim_versions`]: a key with no version kept reads as the versions' floor,
+/// where a format-5 client reads it as never touched, and would take a change decided on a
+/// table older than the floor). Format 5 gave names keys of their own and let
+/// directories be changed by many clients at once ([`Touch`]'s shared versions; a name added
 /// or removed logged with a [`crate::meta::Change::DirStamp`] and no `readdir` cookie),
 /// which a format-4 client can neither read nor check its changes against. Format 4 put
 /// memory servers' births in the log ([`crate::meta::Change::Born`]: a server that restarted
@@ -55,7 +58,7 @@ use std::time::Duration;
 /// change) had no format key. A volume of an older format is upgraded by the first client
 /// of this build once no other client is live ([`MetaEngine::upgrade`]); a client of an
 /// older build then refuses it, naming its format.
-pub const SHARED_FORMAT: u32 = 5;
+pub const SHARED_FORMAT: u32 = 6;
 
 /// No session's heartbeat reached the engine for this long (clients beat every second,
 /// `volume::shared::HEARTBEAT_EVERY`): the engine was away (restarted, failed over,
@@ -268,9 +271,22 @@ pub trait MetaEngine: Send + Sync {
     /// The number of the log's last change (0: none yet).
     fn head(&self) -> Result<u64, EngineError>;
 
-    /// Key `key`'s exclusive version (see [`Touch`]; 0: never touched): what a lookup that
-    /// found no name reads of the name's key, to know whether its table may lack it.
+    /// Key `key`'s exclusive version (see [`Touch`]; 0: never touched; the versions' floor
+    /// where none is kept, [`MetaEngine::trim_versions`]): what a lookup that found no name
+    /// reads of the name's key, to know whether its table may lack it.
     fn version(&self, key: u64) -> Result<u64, EngineError>;
+
+    /// Forgets the versions no change after `upto` set (never past the log's head): each such
+    /// key, and every key with no version kept, reads as the versions' *floor* from then on,
+    /// `upto` (or a higher floor set before). Reading a key as newer than its last change is
+    /// safe: an append that saw it is taken all the same, one decided on a table older than
+    /// the floor is refused as a conflict (its client catches up and decides again), as are
+    /// a take and a version read, which then say the floor. So the versions kept are those
+    /// of keys changed since the floor, not of every key ever touched. Keys from `kept` up
+    /// keep their versions whatever they are (a memory server's births: a conflict on one
+    /// tells its client that the server was born again). Returns how many versions it
+    /// forgot.
+    fn trim_versions(&self, upto: u64, kept: u64) -> Result<u64, EngineError>;
 
     /// Appends `record` as the log's next change, if `who`'s session lives and, for every
     /// inode touched, no other client holds its turn (`Busy`) and no change after `seen`

@@ -14,18 +14,24 @@ impl MemEngine {
         e
     }
 
-    /// An engine holding a volume of format 2, as a build before format 3 made it.
-    pub fn format_2(servers: &[String]) -> MemEngine {
+    /// An engine holding a volume of `format` (2 or later), as the build before the next
+    /// format made it.
+    pub fn of_format(format: u32, servers: &[String]) -> MemEngine {
         let e = MemEngine::format_1(servers);
-        e.state.0.lock().format = Some(2);
+        e.state.0.lock().format = Some(format);
         e
     }
 
-    /// An engine holding a volume of format 4, as a build before format 5 made it.
-    pub fn format_4(servers: &[String]) -> MemEngine {
-        let e = MemEngine::format_1(servers);
-        e.state.0.lock().format = Some(4);
-        e
+    /// A mutant of the engine for the model checker to catch: versions trimmed read as
+    /// never touched (0), not as the versions' floor.
+    pub fn floorless(&self) {
+        self.state.0.lock().floorless = true;
+    }
+
+    /// How many versions the engine keeps, exclusive and shared (tests of their trim).
+    pub fn versions_kept(&self) -> usize {
+        let s = self.state.0.lock();
+        s.versions.len() + s.shared_versions.len()
     }
 
     /// Makes the next `times` calls of operation `op` (`"append"`, `"swap_locks"`,
@@ -89,5 +95,6 @@ impl MemEngine {
         s.head = head;
         s.versions.retain(|_, v| *v <= head);
         s.shared_versions.retain(|_, v| *v <= head);
+        s.version_floor = s.version_floor.min(head);
     }
 }

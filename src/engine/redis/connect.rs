@@ -46,6 +46,7 @@ impl RedisEngine {
                 log: k("log"),
                 vers: k("vers"),
                 svers: k("svers"),
+                vfloor: k("vfloor"),
                 turns: k("turns"),
                 wanted: k("wanted"),
                 asked: k("asked:"),

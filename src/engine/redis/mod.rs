@@ -12,7 +12,8 @@
 //!
 //! Keys: `head` (the last change's number), `log` (a stream, entry `LSN-1` holding the record
 //! under `r`), `vers` and `svers` (hashes: a key, an inode or a name, to the last change
-//! that touched it exclusively, and shared: [`super::Touch`]), `turns` (a
+//! that touched it exclusively, and shared: [`super::Touch`]), `vfloor` (what a key with no
+//! version kept reads as: [`super::MetaEngine::trim_versions`]), `turns` (a
 //! hash: inode number to `EXPIRY_MS HOLDER`), `wanted` (a set: turned inodes another client
 //! asked for), `ckpt` (a hash: `lsn`, `image`), `sessions` (a hash: name to the Redis time its
 //! heartbeat runs out, in ms), `beat` (the Redis time a heartbeat last arrived, in ms: see
@@ -40,7 +41,7 @@ use std::time::Duration;
 /// A last line of the `servers` key of a volume in shared format 2 or later, which this
 /// build skips: a format-1 client reads it as one more server, so it refuses to mount, naming
 /// the volume's servers with this line among them (its list never matches a mount's).
-const SERVERS_FORMAT_LINE: &str = "(shared format 5: mount with an rmemfs that speaks it)";
+const SERVERS_FORMAT_LINE: &str = "(shared format 6: mount with an rmemfs that speaks it)";
 
 /// How every format line starts (an older one, left by a build that upgraded the volume
 /// before this one, is skipped as well).
@@ -73,6 +74,8 @@ struct Keys {
     vers: String,
     /// The shared versions (see [`crate::engine::Touch`]).
     svers: String,
+    /// What a key with no version kept reads as ([`MetaEngine::trim_versions`]).
+    vfloor: String,
     turns: String,
     wanted: String,
     /// The prefix of each holder's queue of inodes asked for (`asked:NAME`, a list).
@@ -172,6 +175,7 @@ impl MetaEngine for RedisEngine {
                     &self.keys.open,
                     &self.keys.opened,
                     &self.keys.svers,
+                    &self.keys.vfloor,
                 ] {
                     script.key(k);
                 }
@@ -224,9 +228,66 @@ impl MetaEngine for RedisEngine {
     }
 
     fn version(&self, key: u64) -> Result<u64, EngineError> {
-        let v: Option<u64> =
-            self.with(|c| ::redis::cmd("HGET").arg(&self.keys.vers).arg(key).query(c))?;
-        Ok(v.unwrap_or(0))
+        // One transaction: a version trimmed between the two reads would read as an older
+        // floor.
+        let (v, floor): (Option<u64>, Option<u64>) = self.with(|c| {
+            ::redis::pipe()
+                .atomic()
+                .cmd("HGET")
+                .arg(&self.keys.vers)
+                .arg(key)
+                .cmd("GET")
+                .arg(&self.keys.vfloor)
+                .query(c)
+        })?;
+        Ok(v.or(floor).unwrap_or(0))
+    }
+
+    fn trim_versions(&self, upto: u64, kept: u64) -> Result<u64, EngineError> {
+        /// Keys listed, and checked by the script, per call: a call's time in Redis stays
+        /// short (about a millisecond) however many versions the volume keeps.
+        const BATCH: usize = 1000;
+        // Raises the floor, then removes the keys of `stale` in `hash` at or below it.
+        let trim = |hash: &String, stale: &[u64]| -> Result<u64, EngineError> {
+            self.with(|c| {
+                self.scripts
+                    .trim_versions
+                    .key(&self.keys.vfloor)
+                    .key(&self.keys.head)
+                    .key(hash)
+                    .arg(upto)
+                    .arg(stale)
+                    .invoke(c)
+            })
+        };
+        // The floor first, so every key listed below it is one the script may remove.
+        let mut removed = trim(&self.keys.vers, &[])?;
+        for hash in [&self.keys.vers, &self.keys.svers] {
+            let mut cursor = 0u64;
+            loop {
+                let (next, listed): (u64, Vec<(u64, u64)>) = self.with(|c| {
+                    ::redis::cmd("HSCAN")
+                        .arg(hash)
+                        .arg(cursor)
+                        .arg("COUNT")
+                        .arg(BATCH)
+                        .query(c)
+                })?;
+                let stale: Vec<u64> = listed
+                    .iter()
+                    .filter(|(k, v)| *v <= upto && *k < kept)
+                    .map(|(k, _)| *k)
+                    .collect();
+                if !stale.is_empty() {
+                    removed += trim(hash, &stale)?;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(removed)
     }
 
     fn read_after(&self, after: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {

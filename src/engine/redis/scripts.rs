@@ -38,7 +38,8 @@ end
 /// KEYS: head, log, sessions, vers, turns, wanted, the prefix of holders' queues of asked
 /// inodes (`asked:`; see [`crate::engine::MetaEngine::wanted`]), the prefix of files' open
 /// marks (`open:INO`, a set of clients), the prefix of clients' marks (`opened:NAME`, a set
-/// of inodes), svers (the shared versions: [`crate::engine::Touch`]). ARGV: who, record,
+/// of inodes), svers (the shared versions: [`crate::engine::Touch`]), vfloor (what a key
+/// with no version kept reads as: [`crate::engine::MetaEngine::trim_versions`]). ARGV: who, record,
 /// lease (ms), the counts of touched, claimed, opened and dropped inodes, each touched key,
 /// the version its client saw and `s` (shared) or `x` (exclusive), then the inodes claimed,
 /// opened, dropped, then each key only checked (against its exclusive version) and the
@@ -78,6 +79,7 @@ for i = 1, n do
   exclusive[i] = ARGV[7 + 3 * i] == 'x'
 end
 local turns, vers, svers = many(KEYS[5], keys), many(KEYS[4], keys), many(KEYS[10], keys)
+local vfloor = redis.call('GET', KEYS[11]) or '0'
 local mine_before = {}
 for i = 1, n do
   local key = keys[i]
@@ -88,14 +90,13 @@ for i = 1, n do
   end
   mine_before[i] = h == ARGV[1]
   local seen = tonumber(ARGV[6 + 3 * i])
-  if vers[i] and tonumber(vers[i]) > seen then return {-1, key, vers[i], {}, {}} end
-  if exclusive[i] and svers[i] and tonumber(svers[i]) > seen then
-    return {-1, key, svers[i], {}, {}}
-  end
+  local v, sv = vers[i] or vfloor, svers[i] or vfloor
+  if tonumber(v) > seen then return {-1, key, v, {}, {}} end
+  if exclusive[i] and tonumber(sv) > seen then return {-1, key, sv, {}, {}} end
 end
 for i = dbase + tonumber(ARGV[7]), #ARGV - 1, 2 do
-  local v = redis.call('HGET', KEYS[4], ARGV[i])
-  if v and tonumber(v) > tonumber(ARGV[i + 1]) then return {-1, ARGV[i], v, {}, {}} end
+  local v = redis.call('HGET', KEYS[4], ARGV[i]) or vfloor
+  if tonumber(v) > tonumber(ARGV[i + 1]) then return {-1, ARGV[i], v, {}, {}} end
 end
 local lsn = redis.call('INCR', KEYS[1])
 redis.call('XADD', KEYS[2], lsn .. '-1', 'r', ARGV[2])
@@ -167,8 +168,9 @@ return 1
 "#;
 
 /// KEYS: turns, vers, wanted, sessions, the prefix of holders' queues of asked inodes,
-/// svers. ARGV: who, the inode, lease (ms). Returns `{1, version}` taken (the newer of the
-/// two), `{0, holder}` held by another (now marked wanted), `{-2, ''}` no session.
+/// svers, vfloor. ARGV: who, the inode, lease (ms). Returns `{1, version}` taken (the newer
+/// of the two; the floor for a version not kept), `{0, holder}` held by another (now marked
+/// wanted), `{-2, ''}` no session.
 const TAKE_TURN: &str = concat!(
     live_session!("4", "1", "{-2, ''}"),
     turn_holder!(),
@@ -180,11 +182,31 @@ if h and h ~= ARGV[1] then
 end
 redis.call('HSET', KEYS[1], ARGV[2], (now + tonumber(ARGV[3])) .. ' ' .. ARGV[1])
 redis.call('SREM', KEYS[3], ARGV[2])
-local v = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
-local sv = tonumber(redis.call('HGET', KEYS[6], ARGV[2]) or '0')
+local vfloor = redis.call('GET', KEYS[7]) or '0'
+local v = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or vfloor)
+local sv = tonumber(redis.call('HGET', KEYS[6], ARGV[2]) or vfloor)
 return {1, tostring(math.max(v, sv))}
 "#
 );
+
+/// KEYS: vfloor, head, one hash of versions (vers or svers). ARGV: the floor asked for, then
+/// keys of that hash. Raises the floor to the one asked for (never past the head), then
+/// removes each key whose version is at or below it (read here: an append may have set it
+/// since the caller listed it). Returns how many it removed.
+const TRIM_VERSIONS: &str = r#"
+local head = tonumber(redis.call('GET', KEYS[2]) or '0')
+local floor = math.max(tonumber(redis.call('GET', KEYS[1]) or '0'), math.min(tonumber(ARGV[1]), head))
+redis.call('SET', KEYS[1], floor)
+local removed = 0
+for i = 2, #ARGV do
+  local v = redis.call('HGET', KEYS[3], ARGV[i])
+  if v and tonumber(v) <= floor then
+    redis.call('HDEL', KEYS[3], ARGV[i])
+    removed = removed + 1
+  end
+end
+return removed
+"#;
 
 /// KEYS: turns, wanted. ARGV: who, then the inodes.
 const GIVE_TURNS: &str = r#"
@@ -288,6 +310,7 @@ return out
 pub(super) struct Scripts {
     pub(super) append: ::redis::Script,
     pub(super) put_checkpoint: ::redis::Script,
+    pub(super) trim_versions: ::redis::Script,
     pub(super) take_turn: ::redis::Script,
     pub(super) give_turns: ::redis::Script,
     pub(super) alloc_inos: ::redis::Script,
@@ -304,6 +327,7 @@ impl Scripts {
         Scripts {
             append: ::redis::Script::new(APPEND),
             put_checkpoint: ::redis::Script::new(PUT_CHECKPOINT),
+            trim_versions: ::redis::Script::new(TRIM_VERSIONS),
             take_turn: ::redis::Script::new(TAKE_TURN),
             give_turns: ::redis::Script::new(GIVE_TURNS),
             alloc_inos: ::redis::Script::new(ALLOC_INOS),

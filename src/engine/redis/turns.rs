@@ -30,6 +30,7 @@ impl RedisEngine {
                     .key(&self.keys.sessions)
                     .key(&self.keys.asked)
                     .key(&self.keys.svers)
+                    .key(&self.keys.vfloor)
                     .arg(who)
                     .arg(key)
                     .arg(lease.as_millis().max(1) as u64)

@@ -304,7 +304,8 @@ impl State {
         Ok(())
     }
 
-    /// Writes a checkpoint of this client's table to the engine (which trims its log), once
+    /// Writes a checkpoint of this client's table to the engine (which trims its log and the
+    /// versions older than it: [`MetaEngine::trim_versions`]), once
     /// [`crate::config::SHARED_CHECKPOINT_EVERY`] changes were made since the last one and
     /// every member has applied them (none falls behind the trim); `force`: now, waiting
     /// for changes under way. Whether one was written.
@@ -327,7 +328,7 @@ impl State {
             true => Some(fs.freeze()),
             false => fs.try_freeze(),
         };
-        let Some(_frozen) = frozen else {
+        let Some(frozen) = frozen else {
             return Ok(false);
         };
         let one = self.catching.lock();
@@ -349,7 +350,14 @@ impl State {
             .put_checkpoint(&crate::engine::Checkpoint { lsn, image })
             .map_err(|e| e.to_string())?;
         self.checkpointed.fetch_max(lsn, Ordering::SeqCst);
+        drop(frozen);
         log::info!("shared volume: checkpoint of change {lsn} written ({bytes} bytes)");
+        // The versions of keys no change after the checkpoint touched go too: a client that
+        // lags behind it is sent to catch up by the floor they leave.
+        match self.engine.trim_versions(lsn, touch::BIRTH_KEYS) {
+            Ok(n) => log::info!("shared volume: {n} versions up to change {lsn} trimmed"),
+            Err(e) => log::warn!("shared volume: versions not trimmed (next checkpoint): {e}"),
+        }
         Ok(true)
     }
 

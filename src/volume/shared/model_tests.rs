@@ -7,7 +7,9 @@
 //! twice); every client's table ends equal to that replay; each operation's answer is the one
 //! the log's order gives. Mutants of the protocol (a move that does not name the directories
 //! its check reads; appends that claim to have seen everything; every inode touched shared;
-//! a client's own shared touches counted as having seen the directory) must be caught.
+//! a client's own shared touches counted as having seen the directory; trimmed versions
+//! read as never touched) must be caught. A trim of the engine's versions up to its head
+//! lands somewhere in every run.
 
 use super::append::{refused, Appender};
 use super::catchup::foreign;
@@ -26,6 +28,29 @@ enum Protocol {
     /// A client's own change that touched a directory shared counts as its table having
     /// seen every change of that directory before it ([`Ahead::noted`] raising shared keys).
     AheadRaisesShared,
+    /// The engine's trimmed versions read as never touched, not as the versions' floor
+    /// ([`MemEngine::floorless`]).
+    FloorlessTrim,
+}
+
+/// The engine a run of `protocol` appends to.
+fn engine_for(protocol: Protocol) -> Arc<MemEngine> {
+    let engine = MemEngine::new();
+    if matches!(protocol, Protocol::FloorlessTrim) {
+        engine.floorless();
+    }
+    Arc::new(engine)
+}
+
+/// Trims the engine's versions up to its head at some point of the run, as a checkpoint
+/// does up to its own (which every member has applied; here clients may lag behind it,
+/// which the floor must catch).
+fn trimmer(engine: &Arc<MemEngine>) -> thread::JoinHandle<()> {
+    let e = engine.clone();
+    thread::spawn(move || {
+        let head = e.head().unwrap();
+        e.trim_versions(head, touch::BIRTH_KEYS).unwrap();
+    })
 }
 
 const REAL: Protocol = Protocol::Touch(touch::Protocol::Real);
@@ -348,7 +373,7 @@ fn digest(meta: &Meta) -> crate::meta::Digest {
 /// inode is written by both, only the directories above each new parent are read by the
 /// other's check), two creates of one name, a removal racing a move of the same entry.
 fn races(protocol: Protocol) {
-    let engine = Arc::new(MemEngine::new());
+    let engine = engine_for(protocol);
     let setup = Client::join(&engine, "setup", REAL, 1000);
     for path in [
         &[&b"p"[..]][..],
@@ -389,14 +414,16 @@ fn races(protocol: Protocol) {
             (moved, made, renamed)
         })
     };
-    // A client joining while the changes land.
+    // A client joining while the changes land, and the versions trimmed.
     let late = {
         let e = engine.clone();
         thread::spawn(move || Client::join(&e, "late", REAL, 4000))
     };
+    let trim = trimmer(&engine);
     let (moved1, made1, removed) = t1.join().unwrap();
     let (moved2, made2, renamed) = t2.join().unwrap();
     let late = late.join().unwrap();
+    trim.join().unwrap();
     let truth = replayed(&engine);
     assert!(!(moved1 && moved2), "both moves were taken: a cycle");
     assert!(moved1 || moved2, "neither move was taken");
@@ -433,7 +460,7 @@ fn agree(clients: &[&Client], truth: &Meta) {
 /// that made and removed a name of its own there first (`/box2`: its own changes there say
 /// nothing of the other's, which its table may not hold yet).
 fn one_directory(protocol: Protocol) {
-    let engine = Arc::new(MemEngine::new());
+    let engine = engine_for(protocol);
     let setup = Client::join(&engine, "setup", REAL, 1000);
     for name in [&b"many"[..], b"box", b"box2"] {
         setup.mkdir(ROOT_INO, name).unwrap();
@@ -462,7 +489,9 @@ fn one_directory(protocol: Protocol) {
             (beside, unboxed, unboxed2)
         })
     };
+    let trim = trimmer(&engine);
     let (beside1, boxed, in_box2) = t1.join().unwrap();
+    trim.join().unwrap();
     let (beside2, unboxed, unboxed2) = t2.join().unwrap();
     let truth = replayed(&engine);
     assert!(
@@ -510,6 +539,19 @@ fn model_shared_protocol_mutants_are_caught() {
             Protocol::AheadRaisesShared,
             "own shared touches counted as seeing the directory",
             &["cut off", "missing inode", "differs", "box2 removed true"],
+        ),
+        (
+            Protocol::FloorlessTrim,
+            "trimmed versions read as never touched",
+            &[
+                "made 2 times",
+                "cycle",
+                "missing inode",
+                "differs",
+                "removed true, moved true",
+                "box removed true",
+                "box2 removed true",
+            ],
         ),
         (
             Protocol::SeenEverything,

@@ -119,6 +119,11 @@ pub(super) fn server_key(server: u32) -> Ino {
     u64::MAX - 1 - u64::from(server)
 }
 
+/// The lowest of the servers' birth keys ([`server_key`]): the engine keeps their versions
+/// when it trims the others (`MetaEngine::trim_versions`), since a conflict on one is taken
+/// for the server's new birth ([`super::append`]), never for the floor of the versions.
+pub(super) const BIRTH_KEYS: Ino = u64::MAX - crate::client::MAX_SERVERS as u64;
+
 /// The server whose births `key` is the key of ([`server_key`]), if it is one.
 pub(super) fn server_of_key(key: Ino) -> Option<u32> {
     let below = (u64::MAX - 1).checked_sub(key)?;

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# What a shared volume leaves in Redis's versions (#44, shared format 6: versions trimmed at
+# each checkpoint): one client creates N empty files (DIR_FILES to a directory), removes
+# them all, then creates N more; after each step (and a pause for the poller's checkpoint)
+# the versions Redis keeps (`HLEN` of `vers` and `svers`) and their memory (`MEMORY USAGE`).
+# With OLD_BIN (an rmemfs of an older format, e.g. a build of 29be9db) the same runs with it
+# first, on a volume of its own, side by side.
+#
+#   lab/scripts/shared-versions.sh                       # N=60000
+#   OLD_BIN=/tmp/old/rmemfs lab/scripts/shared-versions.sh
+#
+# Needs root and /dev/fuse; installs redis-server if missing.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=lab/scripts/lib.sh
+. lab/scripts/lib.sh
+
+N=${N:-60000}
+DIR_FILES=${DIR_FILES:-1000}
+# Seconds the versions kept must stay unchanged to count as settled (the poller checks every
+# 100 ms whether a checkpoint is due, then trims).
+SETTLE=${SETTLE:-3}
+ensure_packages python3:python3 redis-server:redis-server
+check_prereqs mount serve || exit 2
+lib_init sharedversions
+start_redis --own-trap
+trap 'kill "$REDIS_PID" 2>/dev/null || true; cleanup' EXIT
+start_servers 2 2G
+
+# kept VOLUME: "versions bytes" Redis keeps for VOLUME, exclusive and shared together.
+kept() {
+  python3 - "$REDIS_URL" "$1" <<'PY'
+import socket, sys
+host, port = sys.argv[1].removeprefix("redis://").split(":")
+s = socket.create_connection((host, int(port)))
+f = s.makefile("rb")
+def ask(*args):
+    out = b"*%d\r\n" % len(args)
+    for a in args:
+        a = str(a).encode()
+        out += b"$%d\r\n%s\r\n" % (len(a), a)
+    s.sendall(out)
+    line = f.readline()
+    return 0 if line[:1] == b"$" else int(line[1:])
+n = b = 0
+for h in ("vers", "svers"):
+    key = f"rmemfs:{{{sys.argv[2]}}}:{h}"
+    n += ask("HLEN", key)
+    b += ask("MEMORY", "USAGE", key)
+print(n, b)
+PY
+}
+
+# fill MNT FROM TO: empty files FROM..TO-1, DIR_FILES to a directory.
+fill() {
+  python3 - "$1" "$2" "$3" "$DIR_FILES" <<'PY'
+import os, sys
+root, lo, hi, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+for i in range(lo, hi):
+    d = f"{root}/d{i // per}"
+    if i % per == 0:
+        os.makedirs(d, exist_ok=True)
+    os.close(os.open(f"{d}/f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+PY
+}
+
+# settle VOLUME: waits until the versions kept stop changing (the poller's checkpoint and
+# its trim done) for SETTLE seconds in a row, 120 s at most; their count and bytes in n, b.
+settle() {
+  local last="" same=0 k
+  for ((k = 0; k < 120 && same < SETTLE; k++)); do
+    sleep 1
+    read -r n b < <(kept "$1")
+    if [ "$n" = "$last" ]; then same=$((same + 1)); else same=0; fi
+    last=$n
+  done
+}
+
+rows=$BASE/rows.tsv
+: >"$rows"
+run() { # LABEL BINARY VOLUME
+  local label=$1 vol=$3 mnt=$BASE/m-$3
+  BIN=$2 mount_fs "$mnt" "$SERVER_ADDRS" --volume "$vol" --create --meta "$REDIS_URL"
+  local step
+  for step in "created $N" "removed them" "created $N more"; do
+    case $step in
+      created*more) fill "$mnt" "$N" "$((2 * N))" ;;
+      created*) fill "$mnt" 0 "$N" ;;
+      removed*) find "$mnt" -mindepth 1 -maxdepth 1 -exec rm -rf {} + ;;
+    esac
+    settle "$vol"
+    printf '%s\t%s\t%s\t%s\n' "$label" "$step" "$n" "$b" >>"$rows"
+  done
+  BIN=$2 unmount_fs "$mnt"
+}
+[ -n "${OLD_BIN:-}" ] && run "old ($(basename "$(dirname "$OLD_BIN")"))" "$OLD_BIN" vold
+run "this build" "$BIN" vnew
+
+python3 - "$rows" <<'PY'
+import sys
+print(f"{'binary':<28}{'after':<20}{'versions kept':>15}{'Redis bytes':>14}{'bytes/version':>15}")
+for line in open(sys.argv[1]):
+    label, step, n, b = line.rstrip("\n").split("\t")
+    n, b = int(n), int(b)
+    per = f"{b / n:.0f}" if n else "-"
+    print(f"{label:<28}{step:<20}{n:>15,}{b:>14,}{per:>15}")
+PY
