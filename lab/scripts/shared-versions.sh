@@ -20,14 +20,19 @@ DIR_FILES=${DIR_FILES:-1000}
 # Seconds the versions kept must stay unchanged to count as settled (the poller checks every
 # 100 ms whether a checkpoint is due, then trims).
 SETTLE=${SETTLE:-3}
+OUT=${OUT:-target/shared-versions}
 ensure_packages python3:python3 redis-server:redis-server
 check_prereqs mount serve || exit 2
+check_bench bars || exit 2
+mkdir -p "$OUT"
 lib_init sharedversions
 start_redis --own-trap
 trap 'kill "$REDIS_PID" 2>/dev/null || true; cleanup' EXIT
 start_servers 2 2G
 
-# kept VOLUME: "versions bytes" Redis keeps for VOLUME, exclusive and shared together.
+# kept VOLUME: "versions bytes head checkpoint floor": the versions Redis keeps for VOLUME
+# (exclusive and shared together) and their bytes, the log's head, the newest checkpoint's
+# change and the versions' floor.
 kept() {
   python3 - "$REDIS_URL" "$1" <<'PY'
 import socket, sys
@@ -41,13 +46,15 @@ def ask(*args):
         out += b"$%d\r\n%s\r\n" % (len(a), a)
     s.sendall(out)
     line = f.readline()
-    return 0 if line[:1] == b"$" else int(line[1:])
+    if line[:1] == b"$":
+        return 0 if int(line[1:]) < 0 else int(f.read(int(line[1:]) + 2)[:-2])
+    return int(line[1:])
 n = b = 0
+key = lambda k: f"rmemfs:{{{sys.argv[2]}}}:{k}"
 for h in ("vers", "svers"):
-    key = f"rmemfs:{{{sys.argv[2]}}}:{h}"
-    n += ask("HLEN", key)
-    b += ask("MEMORY", "USAGE", key)
-print(n, b)
+    n += ask("HLEN", key(h))
+    b += ask("MEMORY", "USAGE", key(h))
+print(n, b, ask("GET", key("head")), ask("HGET", key("ckpt"), "lsn"), ask("GET", key("vfloor")))
 PY
 }
 
@@ -70,7 +77,7 @@ settle() {
   local last="" same=0 k
   for ((k = 0; k < 120 && same < SETTLE; k++)); do
     sleep 1
-    read -r n b < <(kept "$1")
+    read -r n b head ckpt floor < <(kept "$1")
     if [ "$n" = "$last" ]; then same=$((same + 1)); else same=0; fi
     last=$n
   done
@@ -89,19 +96,30 @@ run() { # LABEL BINARY VOLUME
       removed*) find "$mnt" -mindepth 1 -maxdepth 1 -exec rm -rf {} + ;;
     esac
     settle "$vol"
-    printf '%s\t%s\t%s\t%s\n' "$label" "$step" "$n" "$b" >>"$rows"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$step" "$n" "$b" "$head" "$ckpt" >>"$rows"
   done
   BIN=$2 unmount_fs "$mnt"
 }
 [ -n "${OLD_BIN:-}" ] && run "old ($(basename "$(dirname "$OLD_BIN")"))" "$OLD_BIN" vold
 run "this build" "$BIN" vnew
 
-python3 - "$rows" <<'PY'
-import sys
-print(f"{'binary':<28}{'after':<20}{'versions kept':>15}{'Redis bytes':>14}{'bytes/version':>15}")
+python3 - "$rows" "$OUT" <<'PY'
+import json, os, sys
+print(f"{'binary':<22}{'after':<20}{'changes':>9}{'checkpoint':>11}{'versions kept':>15}"
+      f"{'Redis bytes':>13}{'B/version':>10}")
 for line in open(sys.argv[1]):
-    label, step, n, b = line.rstrip("\n").split("\t")
+    label, step, n, b, head, ckpt = line.rstrip("\n").split("\t")
     n, b = int(n), int(b)
     per = f"{b / n:.0f}" if n else "-"
-    print(f"{label:<28}{step:<20}{n:>15,}{b:>14,}{per:>15}")
+    print(f"{label:<22}{step:<20}{int(head):>9,}{int(ckpt):>11,}{n:>15,}{b:>13,}{per:>10}")
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+series = list(dict.fromkeys(r[0] for r in rows))
+groups = list(dict.fromkeys(r[1] for r in rows))
+kib = {(r[0], r[1]): int(r[3]) / 1024 for r in rows}
+spec = {"title": "what a shared volume keeps in Redis's versions", "series": series,
+        "panels": [{"heading": "versions' memory in Redis", "unit": "KiB", "log": False,
+                    "groups": groups,
+                    "values": [[kib[(s, g)] for s in series] for g in groups]}]}
+json.dump(spec, open(os.path.join(sys.argv[2], "spec.json"), "w"), indent=1)
 PY
+draw_chart "$OUT/spec.json" "$OUT/chart.svg"
