@@ -159,16 +159,18 @@ test_volume_shared_check() {
 
 # The shared model check alone, many rounds on one pair of mounts (stress, for
 # tools/shared-model.sh): ROUNDS rounds of `shared_check.py model` with seeds 1..ROUNDS, each
-# in a directory of its own; stops at the first failure, naming the seed. RMEMFS_MODEL_A_ARGS:
-# more arguments for the first mount (e.g. "-o write_behind").
+# in a directory of its own, checkpoints every 200 changes; stops at the first failure, naming
+# the seed. RMEMFS_MODEL_A_ARGS: more arguments for the first mount (e.g. "-o write_behind").
 test_volume_shared_model() {
   local mnt2=$BASE/mnt/volume_shared_model2 out r a_args
   read -ra a_args <<<"${RMEMFS_MODEL_A_ARGS:-}"
   start_redis
   mkdir -p "$mnt2"
-  mount_fs "$MNT" "$ADDRS" --volume sm --create --meta "$REDIS_URL" "${a_args[@]}" ||
-    fail "mount --create --meta failed"
-  mount_fs "$mnt2" "$ADDRS" --volume sm --meta "$REDIS_URL" || fail "second mount --meta failed"
+  # A checkpoint (and the trims after it) every 200 changes, as in the storm.
+  RMEMFS_TESTING_CHECKPOINT_EVERY=200 mount_fs "$MNT" "$ADDRS" --volume sm --create \
+    --meta "$REDIS_URL" "${a_args[@]}" || fail "mount --create --meta failed"
+  RMEMFS_TESTING_CHECKPOINT_EVERY=200 mount_fs "$mnt2" "$ADDRS" --volume sm --meta "$REDIS_URL" ||
+    fail "second mount --meta failed"
   for ((r = 1; r <= ${RMEMFS_MODEL_ROUNDS:-20}; r++)); do
     mkdir "$MNT/round$r"
     out=$(t python3 mount-tests/shared_check.py model "$MNT/round$r" "$mnt2/round$r" \
@@ -241,19 +243,32 @@ test_volume_shared_redis() {
 }
 
 # A storm (tools/shared-storm.sh runs it ROUNDS times under CPU load): four processes, two per
-# mount, make and remove 1,500 files each in one directory with no lock (past a checkpoint of
-# the engine's log); nothing may hang, and the directory must end empty on both mounts.
+# mount, make and remove 1,500 files each in one directory with no lock, the mounts writing a
+# checkpoint every 500 changes (RMEMFS_TESTING_CHECKPOINT_EVERY; 20,000 in a product build),
+# so the log and the versions are trimmed under the storm and a mount behind a trim is sent
+# back by it; nothing may hang, the directory must end empty on both mounts, and Redis's
+# versions must have been trimmed (their floor past 0).
 test_volume_shared_storm() {
-  local mnt2=$BASE/mnt/volume_shared_storm2 out
+  local mnt2=$BASE/mnt/volume_shared_storm2 out floor i
   start_redis
   mkdir -p "$mnt2"
-  mount_fs "$MNT" "$ADDRS" --volume st --create --meta "$REDIS_URL" \
-    --log-file "$BASE/logs/daemon-storm1.log" || fail "mount --create --meta failed"
-  mount_fs "$mnt2" "$ADDRS" --volume st --meta "$REDIS_URL" \
+  RMEMFS_TESTING_CHECKPOINT_EVERY=500 mount_fs "$MNT" "$ADDRS" --volume st --create \
+    --meta "$REDIS_URL" --log-file "$BASE/logs/daemon-storm1.log" ||
+    fail "mount --create --meta failed"
+  RMEMFS_TESTING_CHECKPOINT_EVERY=500 mount_fs "$mnt2" "$ADDRS" --volume st --meta "$REDIS_URL" \
     --log-file "$BASE/logs/daemon-storm2.log" || fail "second mount --meta failed"
   out=$(t python3 mount-tests/shared_check.py storm "$MNT" "$mnt2" "${RMEMFS_STORM_FILES:-1500}") ||
     fail "storm: $out"
   echo "$out" >&2
+  # A checkpoint waits for a moment with no change under way: the storm's end at the latest
+  # (a poll every 100 ms), so within 10 s of it.
+  for ((i = 0; i < 100; i++)); do
+    floor=$(redis-cli -u "$REDIS_URL" GET 'rmemfs:{st}:vfloor')
+    [ "${floor:-0}" -gt 0 ] && break
+    sleep 0.1
+  done
+  [ "${floor:-0}" -gt 0 ] || fail "no checkpoint trimmed Redis's versions (vfloor '$floor')"
+  echo "versions trimmed up to change $floor, $(redis-cli -u "$REDIS_URL" HLEN 'rmemfs:{st}:vers') kept" >&2
   unmount_fs "$mnt2" || fail "unmount of B failed"
   unmount_fs "$MNT" || fail "unmount of A failed"
 }

@@ -34,6 +34,7 @@ fn t(key: u64, seen: u64) -> Touch {
 fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     assert_eq!(a.head().unwrap(), 0);
     assert_eq!(a.checkpoint().unwrap(), None);
+    assert_eq!(a.checkpoint_lsn().unwrap(), None);
     // Only a live session appends, and a heartbeat does not start one.
     assert!(matches!(
         a.heartbeat("a", LONG),
@@ -155,20 +156,42 @@ fn contract(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     assert_eq!(a.alloc_inos(5, 1000).unwrap(), 1000);
     assert_eq!(b.alloc_inos(5, 10).unwrap(), 1005);
 
-    // A checkpoint trims the log it holds; an older one does not replace it.
+    // A checkpoint trims the log up to where it is told (changes after it stay for clients
+    // that lag), never past itself; an older one does not replace it.
     let head = a.head().unwrap();
+    let lsns = |e: &dyn MetaEngine| -> Vec<u64> {
+        e.read_after(0, 10)
+            .unwrap()
+            .iter()
+            .map(|(l, _)| *l)
+            .collect()
+    };
     let ckpt = Checkpoint {
         lsn: head - 1,
         image: vec![0, 1, 2, 255],
     };
-    a.put_checkpoint(&ckpt).unwrap();
-    a.put_checkpoint(&Checkpoint {
-        lsn: 1,
-        image: b"older".to_vec(),
-    })
+    a.put_checkpoint(&ckpt, head - 2).unwrap();
+    assert_eq!(lsns(b), vec![head - 1, head]);
+    a.put_checkpoint(
+        &Checkpoint {
+            lsn: 1,
+            image: b"older".to_vec(),
+        },
+        head,
+    )
     .unwrap();
-    assert_eq!(b.checkpoint().unwrap(), Some(ckpt));
-    assert_eq!(b.read_after(0, 10).unwrap(), vec![(head, b"make".to_vec())]);
+    assert_eq!(b.checkpoint().unwrap(), Some(ckpt.clone()));
+    assert_eq!(lsns(b), vec![head - 1, head]);
+    a.put_checkpoint(&ckpt, head).unwrap();
+    assert_eq!(lsns(b), vec![head - 1, head], "not newer: nothing trimmed");
+    let newer = Checkpoint {
+        lsn: head,
+        image: b"newer".to_vec(),
+    };
+    a.put_checkpoint(&newer, u64::MAX).unwrap();
+    assert_eq!(b.checkpoint().unwrap(), Some(newer));
+    assert_eq!(b.checkpoint_lsn().unwrap(), Some(head));
+    assert_eq!(b.read_after(0, 10).unwrap(), vec![]);
 
     // Sessions: the one whose heartbeats stop is the expired one, until dropped; then it may
     // neither renew, append nor take a turn.

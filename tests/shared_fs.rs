@@ -1724,6 +1724,49 @@ fn a_checkpoint_trims_the_versions_and_a_stale_client_still_catches_up() {
     assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
 }
 
+/// A checkpoint written while another client lags (as under steady changes from both, where
+/// the others always lag a poll behind): the log and the versions are trimmed only up to
+/// what every member has applied, so the lagging client reads on from the log, not from the
+/// checkpoint. Before, such a checkpoint was not written at all, and under steady changes
+/// the log and the versions grew until the changes stopped.
+#[test]
+fn a_checkpoint_beside_a_lagging_client_trims_only_what_it_applied() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    let b = client(&rack, Arc::new(engine.clone()), "b");
+    a.mkdir("d").unwrap();
+    for i in 0..10 {
+        a.create(&format!("d/f{i}"), b"x").unwrap();
+    }
+    // Both report how far they applied (a poll does).
+    b.shared.poll_now().unwrap();
+    a.shared.poll_now().unwrap();
+    let lagging = b.shared.applied();
+    for i in 10..20 {
+        a.create(&format!("d/f{i}"), b"y").unwrap();
+    }
+    assert!(a.shared.checkpoint_as_due().unwrap());
+    let ckpt = engine.checkpoint().unwrap().expect("a checkpoint");
+    assert_eq!(ckpt.lsn, a.shared.applied());
+    let log = engine.read_after(0, 100).unwrap();
+    assert_eq!(
+        log.first().map(|(lsn, _)| *lsn),
+        Some(lagging + 1),
+        "the log trimmed past what b applied ({lagging}; checkpoint {})",
+        ckpt.lsn
+    );
+    assert_eq!(
+        engine.version(u64::MAX / 3).unwrap(),
+        lagging,
+        "the versions' floor"
+    );
+    b.shared.poll_now().unwrap();
+    assert_eq!(b.shared.applied(), a.shared.applied());
+    assert_eq!(read(&b.fs, "d/f15").unwrap(), b"y");
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+}
+
 /// Memory a removal lets go of (another client allocated it) comes back though the removing
 /// client goes right after: it leaves cleanly, or it is evicted with its frees still waiting
 /// for the other members to apply the removal (its own rounds stopped: nothing it holds is

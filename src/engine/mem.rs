@@ -284,7 +284,7 @@ impl MetaEngine for MemEngine {
             .collect())
     }
 
-    fn put_checkpoint(&self, checkpoint: &Checkpoint) -> Result<(), EngineError> {
+    fn put_checkpoint(&self, checkpoint: &Checkpoint, trim: u64) -> Result<(), EngineError> {
         let mut s = self.state.0.lock();
         if s.checkpoint
             .as_ref()
@@ -292,13 +292,17 @@ impl MetaEngine for MemEngine {
         {
             return Ok(());
         }
-        s.log = s.log.split_off(&(checkpoint.lsn + 1));
+        s.log = s.log.split_off(&(trim.min(checkpoint.lsn) + 1));
         s.checkpoint = Some(checkpoint.clone());
         Ok(())
     }
 
     fn checkpoint(&self) -> Result<Option<Checkpoint>, EngineError> {
         Ok(self.state.0.lock().checkpoint.clone())
+    }
+
+    fn checkpoint_lsn(&self) -> Result<Option<u64>, EngineError> {
+        Ok(self.state.0.lock().checkpoint.as_ref().map(|c| c.lsn))
     }
 
     fn take_turn(

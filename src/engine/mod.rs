@@ -322,11 +322,16 @@ pub trait MetaEngine: Send + Sync {
     /// trimmed are not there: a reader behind [`MetaEngine::checkpoint`]'s LSN reloads it.
     fn read_after(&self, after: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, EngineError>;
 
-    /// Stores `checkpoint` (unless a newer one is there) and trims the log up to its LSN.
-    fn put_checkpoint(&self, checkpoint: &Checkpoint) -> Result<(), EngineError>;
+    /// Stores `checkpoint` (unless a newer one is there) and trims the log up to `trim` (at
+    /// most its LSN: the changes after it stay for clients that have not applied them).
+    fn put_checkpoint(&self, checkpoint: &Checkpoint, trim: u64) -> Result<(), EngineError>;
 
     /// The newest checkpoint, if any.
     fn checkpoint(&self) -> Result<Option<Checkpoint>, EngineError>;
+
+    /// The newest checkpoint's LSN, if any (without its image: a client due to write one
+    /// first asks whether another client just did).
+    fn checkpoint_lsn(&self) -> Result<Option<u64>, EngineError>;
 
     /// Takes inode `key`'s turn for `who` for `lease` (renews it if `who` holds it), waiting
     /// up to `wait` while another holds it (whose next append is told it is wanted). Returns

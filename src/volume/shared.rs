@@ -138,6 +138,8 @@ struct State {
     applied: AtomicU64,
     /// The last checkpoint this client knows of (loaded or written).
     checkpointed: AtomicU64,
+    /// How many changes past it the next is due ([`checkpoint_every`]).
+    checkpoint_every: u64,
     /// For loading checkpoints (the root's owner).
     config: FsConfig,
     /// This client's changes in its table past `applied`. Taken under the table's lock by
@@ -189,6 +191,21 @@ struct State {
     lost: Mutex<Option<String>>,
 }
 
+/// How many changes a checkpoint follows the last by: [`crate::config::SHARED_CHECKPOINT_EVERY`],
+/// or in the mount tests' build `RMEMFS_TESTING_CHECKPOINT_EVERY`, so that a mount test's few
+/// thousand changes meet checkpoints, the trims of the log and versions after them, and
+/// clients sent back by those.
+fn checkpoint_every() -> u64 {
+    #[cfg(feature = "testing")]
+    if let Some(n) = std::env::var("RMEMFS_TESTING_CHECKPOINT_EVERY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return n;
+    }
+    crate::config::SHARED_CHECKPOINT_EVERY
+}
+
 impl State {
     /// A client's state before it catches up: its table holds the log up to `from`.
     fn new(
@@ -206,6 +223,7 @@ impl State {
             locks,
             applied: AtomicU64::new(from),
             checkpointed: AtomicU64::new(from),
+            checkpoint_every: checkpoint_every(),
             config,
             ahead: Mutex::new(Ahead::default()),
             answered: Condvar::new(),
@@ -469,11 +487,20 @@ impl SharedClient {
             .store(wait.as_millis() as u64, Ordering::SeqCst);
     }
 
-    /// A checkpoint of this client's table now, whoever lags (tests; the poller writes them
-    /// on its own).
+    /// A checkpoint of this client's table now, the log trimmed up to it whoever lags
+    /// (tests; the poller writes them on its own).
     pub fn checkpoint_now(&self) -> std::result::Result<(), String> {
         let fs = self.fs.upgrade().ok_or("the file system is gone")?;
-        self.state.checkpoint(&fs, true).map(|_| ())
+        self.state
+            .checkpoint(&fs, catchup::Checkpointing::Forced)
+            .map(|_| ())
+    }
+
+    /// A checkpoint of this client's table now, the log trimmed as the poller's would be (up
+    /// to what every member has applied); whether one was written (tests).
+    pub fn checkpoint_as_due(&self) -> std::result::Result<bool, String> {
+        let fs = self.fs.upgrade().ok_or("the file system is gone")?;
+        self.state.checkpoint(&fs, catchup::Checkpointing::Due)
     }
 
     /// Appends a birth of server `server` as a client that found it restarted would (tests:

@@ -303,7 +303,7 @@ impl MetaEngine for RedisEngine {
         log_entries(rows)
     }
 
-    fn put_checkpoint(&self, checkpoint: &Checkpoint) -> Result<(), EngineError> {
+    fn put_checkpoint(&self, checkpoint: &Checkpoint, trim: u64) -> Result<(), EngineError> {
         let _: i64 = self.with(|c| {
             self.scripts
                 .put_checkpoint
@@ -311,6 +311,7 @@ impl MetaEngine for RedisEngine {
                 .key(&self.keys.log)
                 .arg(checkpoint.lsn)
                 .arg(checkpoint.image.as_slice())
+                .arg(trim.min(checkpoint.lsn))
                 .invoke(c)
         })?;
         Ok(())
@@ -325,6 +326,15 @@ impl MetaEngine for RedisEngine {
                 .query(c)
         })?;
         Ok(lsn.zip(image).map(|(lsn, image)| Checkpoint { lsn, image }))
+    }
+
+    fn checkpoint_lsn(&self) -> Result<Option<u64>, EngineError> {
+        self.with(|c| {
+            ::redis::cmd("HGET")
+                .arg(&self.keys.ckpt)
+                .arg("lsn")
+                .query(c)
+        })
     }
 
     fn take_turn(

@@ -159,11 +159,13 @@ return 1
 "#
 );
 
+/// KEYS: ckpt, log. ARGV: the checkpoint's LSN, its image, the LSN the log is trimmed up to
+/// (at most the checkpoint's). Returns 1 stored, 0 a newer one is there.
 const PUT_CHECKPOINT: &str = r#"
 local cur = redis.call('HGET', KEYS[1], 'lsn')
 if cur and tonumber(ARGV[1]) <= tonumber(cur) then return 0 end
 redis.call('HSET', KEYS[1], 'lsn', ARGV[1], 'image', ARGV[2])
-redis.call('XTRIM', KEYS[2], 'MINID', (tonumber(ARGV[1]) + 1) .. '-0')
+redis.call('XTRIM', KEYS[2], 'MINID', (tonumber(ARGV[3]) + 1) .. '-0')
 return 1
 "#;
 

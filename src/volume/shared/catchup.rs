@@ -304,27 +304,48 @@ impl State {
         Ok(())
     }
 
-    /// Writes a checkpoint of this client's table to the engine (which trims its log and the
-    /// versions older than it: [`MetaEngine::trim_versions`]), once
-    /// [`crate::config::SHARED_CHECKPOINT_EVERY`] changes were made since the last one and
-    /// every member has applied them (none falls behind the trim); `force`: now, waiting
-    /// for changes under way. Whether one was written.
-    pub(super) fn checkpoint(&self, fs: &Fs, force: bool) -> std::result::Result<bool, String> {
+    /// Writes a checkpoint of this client's table to the engine once
+    /// [`crate::config::SHARED_CHECKPOINT_EVERY`] changes were made since the last one; the
+    /// engine trims its log, and the versions ([`MetaEngine::trim_versions`]), up to what
+    /// every member has applied (the servers' floor; none is sent to the checkpoint by the
+    /// trim) or the checkpoint's change if that is older; `when` says whether it is due
+    /// (see [`Checkpointing`]). Whether one was written.
+    ///
+    /// The table must be as of exactly one change: no change of this client under way. A
+    /// round finding one under way tries again later; once twice the changes are due (a
+    /// client whose changes never pause), it waits for those under way and holds new ones
+    /// back while the image is taken. Before, a checkpoint also waited for every member to
+    /// have applied this client's last change, which under steady changes from two clients
+    /// was never the case: the log and the versions grew until the changes stopped.
+    pub(super) fn checkpoint(
+        &self,
+        fs: &Fs,
+        when: Checkpointing,
+    ) -> std::result::Result<bool, String> {
         let applied = self.applied.load(Ordering::SeqCst);
-        let due = applied
-            >= self.checkpointed.load(Ordering::SeqCst) + crate::config::SHARED_CHECKPOINT_EVERY;
-        if !force && !due {
-            return Ok(false);
+        let mut last = self.checkpointed.load(Ordering::SeqCst);
+        if when == Checkpointing::IfDue {
+            if applied < last + self.checkpoint_every {
+                return Ok(false);
+            }
+            // Another client may have written one since (every client counts its own).
+            if let Some(newest) = self.engine.checkpoint_lsn().map_err(|e| e.to_string())? {
+                last = self
+                    .checkpointed
+                    .fetch_max(newest, Ordering::SeqCst)
+                    .max(newest);
+            }
+            if applied < last + self.checkpoint_every {
+                return Ok(false);
+            }
         }
-        let floor = if force {
-            u64::MAX
-        } else {
-            fs.data().pool().follower_floor()
+        let overdue = applied >= last + 2 * self.checkpoint_every;
+        // Read before the table's change is: a floor lower than it may be, never higher.
+        let floor = match when {
+            Checkpointing::Forced => u64::MAX,
+            _ => fs.data().pool().follower_floor(),
         };
-        // The table as of exactly `lsn`: no change of this client is made meanwhile (a round
-        // that finds one under way tries again later), none is ahead of the applied log,
-        // and nothing is applied.
-        let frozen = match force {
+        let frozen = match when != Checkpointing::IfDue || overdue {
             true => Some(fs.freeze()),
             false => fs.try_freeze(),
         };
@@ -338,24 +359,26 @@ impl State {
             self.catch_up_alone(fs, true).map_err(|e| e.message)?;
         }
         let lsn = self.applied.load(Ordering::SeqCst);
-        if lsn > floor || !self.ahead.lock().is_empty() {
-            // Past what the others have applied: trimming there would send them to the
-            // checkpoint. Another poll tries again.
-            return Ok(false);
+        if !self.ahead.lock().is_empty() {
+            return Ok(false); // another poll tries again
         }
+        let trim = lsn.min(floor);
         let image = engine_image::encode(fs);
         drop(one);
         let bytes = image.len();
         self.engine
-            .put_checkpoint(&crate::engine::Checkpoint { lsn, image })
+            .put_checkpoint(&crate::engine::Checkpoint { lsn, image }, trim)
             .map_err(|e| e.to_string())?;
         self.checkpointed.fetch_max(lsn, Ordering::SeqCst);
         drop(frozen);
-        log::info!("shared volume: checkpoint of change {lsn} written ({bytes} bytes)");
-        // The versions of keys no change after the checkpoint touched go too: a client that
+        log::info!(
+            "shared volume: checkpoint of change {lsn} written ({bytes} bytes), the log \
+             trimmed up to change {trim}"
+        );
+        // The versions of keys no change after the trim touched go too: a client that
         // lags behind it is sent to catch up by the floor they leave.
-        match self.engine.trim_versions(lsn, touch::BIRTH_KEYS) {
-            Ok(n) => log::info!("shared volume: {n} versions up to change {lsn} trimmed"),
+        match self.engine.trim_versions(trim, touch::BIRTH_KEYS) {
+            Ok(n) => log::info!("shared volume: {n} versions up to change {trim} trimmed"),
             Err(e) => log::warn!("shared volume: versions not trimmed (next checkpoint): {e}"),
         }
         Ok(true)
@@ -394,6 +417,18 @@ impl State {
         self.ahead.lock().applied(last);
         Ok(())
     }
+}
+
+/// When [`State::checkpoint`] writes one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Checkpointing {
+    /// The poller's: once due, at a moment with no change under way (or waiting for those
+    /// under way once overdue); the log trimmed up to what every member applied.
+    IfDue,
+    /// Now, as if due (tests): waiting for changes under way; trimmed as `IfDue`.
+    Due,
+    /// Now, the log trimmed up to the checkpoint whoever lags (tests: clients sent to it).
+    Forced,
 }
 
 pub(super) fn poll_loop(s: &State, fs: &Weak<Fs>) {
@@ -438,7 +473,7 @@ pub(super) fn poll_once(s: &State, fs: &Fs, wait: bool) -> std::result::Result<(
     let applied = s.applied.load(Ordering::SeqCst);
     pool.follow_at(applied);
     pool.release_frees(&s.gate, applied);
-    s.checkpoint(fs, false)?;
+    s.checkpoint(fs, Checkpointing::IfDue)?;
     s.locks.retry_releases();
     s.evict_expired(pool)
 }
