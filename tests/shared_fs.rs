@@ -1724,6 +1724,31 @@ fn a_checkpoint_trims_the_versions_and_a_stale_client_still_catches_up() {
     assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
 }
 
+/// A new shared volume's root is dated by its first client, once: every client shows the
+/// same birth and access times, of the join, not the epoch each table starts the root with
+/// (before, `stat` of a new shared mount showed a birth in 1970).
+#[test]
+fn a_new_volumes_root_is_dated_once() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    // The clock the file system's times come from (coarse: a jiffy behind SystemTime).
+    let before = rmemfs::meta::now();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    let head = engine.head().unwrap();
+    let root = a.fs.getattr(ROOT_INO).unwrap();
+    assert!(
+        root.btime >= before && root.atime >= before && root.mtime >= before,
+        "{before:?}: {root:?}"
+    );
+    a.mkdir("d").unwrap();
+    let b = client(&rack, Arc::new(engine.clone()), "b");
+    assert_eq!(engine.head().unwrap(), head + 1, "dated again: {head}");
+    let seen = b.fs.getattr(ROOT_INO).unwrap();
+    assert_eq!((seen.btime, seen.atime), (root.btime, root.atime));
+    a.shared.poll_now().unwrap();
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+}
+
 /// A checkpoint written while another client lags (as under steady changes from both, where
 /// the others always lag a poll behind): the log and the versions are trimmed only up to
 /// what every member has applied, so the lagging client reads on from the log, not from the

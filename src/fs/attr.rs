@@ -120,6 +120,42 @@ impl Fs {
         Ok(attr)
     }
 
+    /// Dates a shared volume's root, which every client's table starts with the epoch for
+    /// its times ([`crate::meta::Meta::new_shared`]: a name's change moves only the
+    /// directory's change and modification times, so tables started at different times
+    /// would differ): birth and access now, and the other two now where no change moved
+    /// them yet. Under the root's turn (the table caught up with it), so one client does it
+    /// once; whether this one did.
+    pub fn date_new_root(&self) -> Result<bool> {
+        let epoch = std::time::SystemTime::UNIX_EPOCH;
+        let undated = |fs: &Fs| -> Result<bool> {
+            Ok(inode(&fs.meta.lock(), crate::meta::ROOT_INO)?.btime == epoch)
+        };
+        // The turn only for a root not dated yet: held, it would keep other clients' changes
+        // of the root waiting.
+        if !undated(self)? {
+            return Ok(false);
+        }
+        let _turn = self.file_turn(crate::meta::ROOT_INO)?;
+        if !undated(self)? {
+            return Ok(false);
+        }
+        let mut meta = self.meta.lock();
+        let now = crate::meta::now();
+        let mut b = meta.batch();
+        b.update(crate::meta::ROOT_INO, |a| {
+            a.btime = now;
+            a.atime = now;
+            for t in [&mut a.mtime, &mut a.ctime] {
+                if *t == epoch {
+                    *t = now;
+                }
+            }
+        })?;
+        b.commit()?;
+        Ok(true)
+    }
+
     /// Sets a regular file's size (truncate or extend with a hole).
     pub(super) fn resize(&self, ino: Ino, size: u64) -> Result<()> {
         self.data.check_end(size, 0)?;

@@ -398,6 +398,16 @@ pub fn join(
         turns: Some(Box::new(SharedTurns(state.clone()))),
         locks: Some(Box::new(state.locks.clone())),
     }));
+    // A new volume's root is dated once, by its first client (before, it showed 1970).
+    let dated = {
+        let _door = fs.admit_change();
+        fs.date_new_root()
+    };
+    match dated {
+        Ok(true) => log::info!("shared volume: its root dated now (a new volume)"),
+        Ok(false) => {}
+        Err(e) => log::warn!("shared volume: its root is not dated: {}", e.message),
+    }
     pool.set_free_gate(gate);
     pool.follow_at(state.applied.load(Ordering::SeqCst));
     let (s, weak) = (state.clone(), Arc::downgrade(&fs));
