@@ -38,15 +38,7 @@ rows=$BASE/rows.tsv
 have=0
 echo "# inodes, join (s), the joined daemon's resident memory (MiB)" >&2
 for n in $SIZES; do
-  python3 - "$BASE/a" "$have" "$n" "$DIR_FILES" <<'PY'
-import os, sys
-root, have, want, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-for i in range(have, want):
-    d = f"{root}/d{i // per}"
-    if i % per == 0:
-        os.makedirs(d, exist_ok=True)
-    os.close(os.open(f"{d}/f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-PY
+  fill_empty "$BASE/a" "$have" "$n" "$DIR_FILES"
   have=$n
   t0=$(date +%s.%N)
   mount_fs "$BASE/b" "$addrs" --volume bj --meta "$REDIS_URL"

@@ -130,3 +130,17 @@ shared_bench_init() {
   mkdir -p target/bench-shared
   TREE_TAR=$(tree_tar "$(cd target/bench-shared && pwd)" "$TAR_FILES")
 }
+
+# fill_empty MNT FROM TO PER: empty files f<FROM>..f<TO-1> under MNT, PER to a directory
+# (d<i / PER>, made as needed).
+fill_empty() {
+  python3 - "$1" "$2" "$3" "$4" <<'PY'
+import os, sys
+root, lo, hi, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+for i in range(lo, hi):
+    d = f"{root}/d{i // per}"
+    if i % per == 0:
+        os.makedirs(d, exist_ok=True)
+    os.close(os.open(f"{d}/f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+PY
+}

@@ -58,19 +58,6 @@ print(n, b, ask("GET", key("head")), ask("HGET", key("ckpt"), "lsn"), ask("GET",
 PY
 }
 
-# fill MNT FROM TO: empty files FROM..TO-1, DIR_FILES to a directory.
-fill() {
-  python3 - "$1" "$2" "$3" "$DIR_FILES" <<'PY'
-import os, sys
-root, lo, hi, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-for i in range(lo, hi):
-    d = f"{root}/d{i // per}"
-    if i % per == 0:
-        os.makedirs(d, exist_ok=True)
-    os.close(os.open(f"{d}/f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-PY
-}
-
 # settle VOLUME: waits until the versions kept stop changing (the poller's checkpoint and
 # its trim done) for SETTLE seconds in a row, 120 s at most; their count and bytes in n, b.
 settle() {
@@ -91,8 +78,8 @@ run() { # LABEL BINARY VOLUME
   local step
   for step in "created $N" "removed them" "created $N more"; do
     case $step in
-      created*more) fill "$mnt" "$N" "$((2 * N))" ;;
-      created*) fill "$mnt" 0 "$N" ;;
+      created*more) fill_empty "$mnt" "$N" "$((2 * N))" "$DIR_FILES" ;;
+      created*) fill_empty "$mnt" 0 "$N" "$DIR_FILES" ;;
       removed*) find "$mnt" -mindepth 1 -maxdepth 1 -exec rm -rf {} + ;;
     esac
     settle "$vol"
