@@ -312,9 +312,9 @@ impl State {
     /// (see [`Checkpointing`]). Whether one was written.
     ///
     /// The table must be as of exactly one change: no change of this client under way. A
-    /// round finding one under way tries again later; once twice the changes are due (a
-    /// client whose changes never pause), it waits for those under way and holds new ones
-    /// back while the image is taken. Before, a checkpoint also waited for every member to
+    /// round finding one under way tries again later; once twice the changes are due it
+    /// looks harder, and at last waits for those under way, holding new ones back while the
+    /// image is taken ([`freeze_overdue`]). Before, a checkpoint also waited for every member to
     /// have applied this client's last change, which under steady changes from two clients
     /// was never the case: the log and the versions grew until the changes stopped.
     pub(super) fn checkpoint(
@@ -345,9 +345,10 @@ impl State {
             Checkpointing::Forced => u64::MAX,
             _ => fs.data().pool().follower_floor(),
         };
-        let frozen = match when != Checkpointing::IfDue || overdue {
-            true => Some(fs.freeze()),
-            false => fs.try_freeze(),
+        let frozen = match (when, overdue) {
+            (Checkpointing::IfDue, false) => fs.try_freeze(),
+            (Checkpointing::IfDue, true) => Some(freeze_overdue(fs)),
+            _ => Some(fs.freeze()),
         };
         let Some(frozen) = frozen else {
             return Ok(false);
@@ -417,6 +418,27 @@ impl State {
         self.ahead.lock().applied(last);
         Ok(())
     }
+}
+
+/// How long an overdue checkpoint looks for a moment with no change under way before it
+/// waits for those under way, holding new ones back: between one process's changes there is
+/// such a moment every round trip, and holding changes back is for clients that never pause
+/// (a change under way may wait seconds for a turn a frozen client holds, and every new one
+/// would wait behind it).
+const OVERDUE_LOOK: Duration = Duration::from_millis(100);
+
+/// [`Fs::freeze`] for an overdue checkpoint: at the first moment no change is under way within
+/// [`OVERDUE_LOOK`], else once those under way end.
+fn freeze_overdue(fs: &Fs) -> crate::fs::Frozen<'_> {
+    let until = Instant::now() + OVERDUE_LOOK;
+    let mut pause = crate::sync::Backoff::new(Duration::from_micros(50), Duration::from_millis(2));
+    while Instant::now() < until {
+        if let Some(frozen) = fs.try_freeze() {
+            return frozen;
+        }
+        pause.sleep();
+    }
+    fs.freeze()
 }
 
 /// When [`State::checkpoint`] writes one.
