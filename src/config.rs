@@ -261,10 +261,10 @@ pub const FOLLOWER_FLOOR_POLL: Duration = Duration::from_millis(20);
 pub const FOLLOW_POLL: Duration = Duration::from_millis(100);
 
 /// A shared volume's client writes a checkpoint of its table to the metadata engine (which
-/// then trims its log) once this many changes were made since the last one and every member
-/// has applied them all: a record is a few hundred bytes, so the log stays within some
-/// megabytes in Redis and a client that joins replays at most this many changes after the
-/// image; the image (the whole table) is written once per this many changes.
+/// then trims its log and versions up to what every member has applied) once this many
+/// changes were made since the last one: a record is a few hundred bytes, so the log stays
+/// within some megabytes in Redis and a client that joins replays about this many changes
+/// after the image; the image (the whole table) is written once per this many changes.
 pub const SHARED_CHECKPOINT_EVERY: u64 = 20_000;
 
 /// How often a blocked lock request on a shared volume (`F_SETLKW`, `flock` without

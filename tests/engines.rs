@@ -642,9 +642,11 @@ fn shared_touches(a: &dyn MetaEngine, b: &dyn MetaEngine) {
 }
 
 /// Versions trimmed read as the floor: a change decided on a table older than it is refused,
-/// one that saw it is taken, a take and a version read say it; versions set after it stay,
-/// and so do those of keys from `kept` up (a server's births); the floor never passes the
-/// head.
+/// one that saw it is taken, a take and a version read say it; under the appender's own turn
+/// a key not kept reads as never touched (no other client changed it since the take, which
+/// said the floor); keys only checked (births, which callers keep) read as never touched
+/// too; versions set after the floor stay, and so do those of keys from `kept` up; the floor
+/// never passes the head.
 fn trimmed_versions(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     a.start_session("a", LONG).unwrap();
     b.start_session("b", LONG).unwrap();
@@ -653,13 +655,14 @@ fn trimmed_versions(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         .append("a", b"born", &[t(kept + 1, 0)], &[], NONE, LONG)
         .unwrap()
         .lsn;
-    a.append("a", b"x", &[t(70, 0)], &[], NONE, LONG).unwrap();
+    a.append("a", b"x", &[t(70, 0), t(80, 0)], &[], NONE, LONG)
+        .unwrap();
     let shared = [Touch::shared(71, 0), t(72, 0)];
     let floor = b.append("b", b"y", &shared, &[], NONE, LONG).unwrap().lsn;
     assert_eq!(
         a.trim_versions(floor, kept).unwrap(),
-        3,
-        "70, 71 shared, 72"
+        4,
+        "70, 80, 71 shared, 72"
     );
     assert_eq!(a.version(70).unwrap(), floor);
     assert_eq!(
@@ -684,25 +687,26 @@ fn trimmed_versions(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         Err(EngineError::Conflict { key, lsn }) => assert_eq!((key, lsn), (71, floor)),
         other => panic!("a shared touch older than the floor was taken: {other:?}"),
     }
-    let checked = [t(72, floor - 1)];
+    // Under its own turn (taken: the take says the floor), a client's change of a key not
+    // kept is taken whatever it saw; another's is still refused at the floor.
+    assert_eq!(b.take_turn("b", 80, LONG, LONG).unwrap(), floor);
+    let checked = [t(kept + 2, 0)];
     let marks = Marks {
         checked: &checked,
         ..NONE
     };
-    match b.append("b", b"stale", &[t(98, floor)], &[], marks, LONG) {
-        Err(EngineError::Conflict { key, lsn }) => assert_eq!((key, lsn), (72, floor)),
-        other => panic!("a checked key older than the floor was taken: {other:?}"),
+    let own = b
+        .append("b", b"own", &[t(80, 0)], &[], marks, LONG)
+        .unwrap()
+        .lsn;
+    b.give_turns("b", &[80]).unwrap();
+    match a.append("a", b"stale", &[t(81, 0)], &[], NONE, LONG) {
+        Err(EngineError::Conflict { key, lsn }) => assert_eq!((key, lsn), (81, floor)),
+        other => panic!("a change older than the floor was taken: {other:?}"),
     }
     // One that saw the floor is taken; the version it sets stays through the next trim.
     let after = b
-        .append(
-            "b",
-            b"fresh",
-            &[t(70, floor), t(99, floor)],
-            &[],
-            NONE,
-            LONG,
-        )
+        .append("b", b"fresh", &[t(70, own), t(99, own)], &[], NONE, LONG)
         .unwrap()
         .lsn;
     assert_eq!(b.take_turn("b", 72, LONG, LONG).unwrap(), floor);
@@ -713,7 +717,11 @@ fn trimmed_versions(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     // The floor never goes back, nor past the head.
     a.trim_versions(1, kept).unwrap();
     assert_eq!(a.version(72).unwrap(), floor);
-    assert_eq!(a.trim_versions(after + 100, kept).unwrap(), 2, "70 and 99");
+    assert_eq!(
+        a.trim_versions(after + 100, kept).unwrap(),
+        3,
+        "80, 70 and 99"
+    );
     assert_eq!(a.version(72).unwrap(), after);
     assert_eq!(a.head().unwrap(), after);
 }

@@ -1724,6 +1724,40 @@ fn a_checkpoint_trims_the_versions_and_a_stale_client_still_catches_up() {
     assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
 }
 
+/// Writes held back under a file's turn reach the engine though a checkpoint trimmed the
+/// versions past this client's table (its report of what it applied missed, as a client's
+/// whose connection to the servers dropped for a moment): a key whose turn the appender
+/// holds reads as never touched, not as the floor. With the floor, the append was refused
+/// as a conflict, and the client stopped for good, its answered writes lost.
+#[test]
+fn writes_held_back_under_a_turn_go_past_a_trim() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    let b = client(&rack, Arc::new(engine.clone()), "b");
+    a.shared.pause_linger(true);
+    b.mkdir("bd").unwrap();
+    let (ino, fh) = a.create_open("f");
+    let data = bytes(5, 1 << 20);
+    a.change(|fs| fs.write(ino, fh, 0, &data, common::ME))
+        .unwrap();
+    // B changes its own directory (nothing A holds), past A's table.
+    for i in 0..10 {
+        b.mkdir(&format!("bd/b{i}")).unwrap();
+    }
+    // Forced past A, as a checkpoint whose floor missed A's report.
+    b.shared.checkpoint_now().unwrap();
+    assert!(engine.versions_kept() <= 2, "{}", engine.versions_kept());
+    assert_eq!(engine.turn_holder(ino).as_deref(), Some("a"));
+    a.fs.fsync(ino).unwrap().unwrap();
+    a.change(|fs| fs.release(fh));
+    b.shared.poll_now().unwrap();
+    assert_eq!(read(&b.fs, "f").unwrap(), data);
+    a.mkdir("after").unwrap();
+    b.shared.poll_now().unwrap();
+    assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+}
+
 /// A new shared volume's root is dated by its first client, once: every client shows the
 /// same birth and access times, of the join, not the epoch each table starts the root with
 /// (before, `stat` of a new shared mount showed a birth in 1970).

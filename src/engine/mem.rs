@@ -58,13 +58,25 @@ struct State {
 impl State {
     /// The version of `key` a touch (`shared` or not) is checked against: a shared one
     /// against the exclusive version, an exclusive one against both (see [`Touch`]).
-    fn checked_version(&self, key: u64, shared: bool) -> u64 {
-        let exclusive = self.exclusive_version(key);
+    /// What a version not kept reads as where `who` (if any) appends: never touched under
+    /// its own turn (no other client changed the key since it took it), the floor elsewhere.
+    fn no_version(&self, key: u64, who: Option<&str>) -> u64 {
+        let own = who.is_some_and(|w| {
+            matches!(self.turns.get(&key), Some((h, until)) if h == w && *until > Instant::now())
+        });
+        match own {
+            true => 0,
+            false => self.floor(),
+        }
+    }
+
+    fn checked_version(&self, key: u64, shared: bool, who: Option<&str>) -> u64 {
+        let none = self.no_version(key, who);
+        let exclusive = self.versions.get(&key).copied().unwrap_or(none);
         if shared {
             return exclusive;
         }
-        let floor = self.floor();
-        exclusive.max(self.shared_versions.get(&key).copied().unwrap_or(floor))
+        exclusive.max(self.shared_versions.get(&key).copied().unwrap_or(none))
     }
 
     /// Key `key`'s exclusive version (the floor where none is kept).
@@ -199,13 +211,14 @@ impl MetaEngine for MemEngine {
                 self.state.1.notify_all();
                 return Err(EngineError::Busy { key: t.key, holder });
             }
-            let lsn = s.checked_version(t.key, t.shared);
+            let lsn = s.checked_version(t.key, t.shared, Some(who));
             if lsn > t.seen {
                 return Err(EngineError::Conflict { key: t.key, lsn });
             }
         }
+        // Keys only checked (servers' births) are kept by every trim.
         for t in marks.checked {
-            let lsn = s.exclusive_version(t.key);
+            let lsn = s.versions.get(&t.key).copied().unwrap_or(0);
             if lsn > t.seen {
                 return Err(EngineError::Conflict { key: t.key, lsn });
             }
@@ -342,7 +355,7 @@ impl MetaEngine for MemEngine {
                     }
                     s.turns.insert(key, (who.to_string(), now + lease));
                     s.wanted.remove(&key);
-                    return Ok(s.checked_version(key, false));
+                    return Ok(s.checked_version(key, false, None));
                 }
             }
         }

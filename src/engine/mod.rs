@@ -280,12 +280,16 @@ pub trait MetaEngine: Send + Sync {
     /// key, and every key with no version kept, reads as the versions' *floor* from then on,
     /// `upto` (or a higher floor set before). Reading a key as newer than its last change is
     /// safe: an append that saw it is taken all the same, one decided on a table older than
-    /// the floor is refused as a conflict (its client catches up and decides again), as are
-    /// a take and a version read, which then say the floor. So the versions kept are those
-    /// of keys changed since the floor, not of every key ever touched. Keys from `kept` up
-    /// keep their versions whatever they are (a memory server's births: a conflict on one
-    /// tells its client that the server was born again). Returns how many versions it
-    /// forgot.
+    /// the floor is refused as a conflict (its client catches up and decides again), and a
+    /// take and a version read say the floor. Two exceptions read such a key as never
+    /// touched: an append's touch of a key whose turn the appender holds (no other client
+    /// changed it since the take, which caught the appender's table up with it: so the
+    /// writes a client holds back under its turns go whatever the trim), and a key only
+    /// checked ([`Marks::checked`]), which callers keep from trims (`kept`). So the versions
+    /// kept are those of keys changed since the floor, not of every key ever touched. Keys
+    /// from `kept` up keep their versions whatever they are (a memory server's births: a
+    /// conflict on one tells its client that the server was born again). Returns how many
+    /// versions it forgot.
     fn trim_versions(&self, upto: u64, kept: u64) -> Result<u64, EngineError>;
 
     /// Appends `record` as the log's next change, if `who`'s session lives and, for every

@@ -90,13 +90,18 @@ for i = 1, n do
   end
   mine_before[i] = h == ARGV[1]
   local seen = tonumber(ARGV[6 + 3 * i])
-  local v, sv = vers[i] or vfloor, svers[i] or vfloor
+  -- A version not kept reads as the floor, but under the appender's own turn as never
+  -- touched: no other client changed the key since the turn was taken, and the take caught
+  -- its table up with the key.
+  local none = mine_before[i] and '0' or vfloor
+  local v, sv = vers[i] or none, svers[i] or none
   if tonumber(v) > seen then return {-1, key, v, {}, {}} end
   if exclusive[i] and tonumber(sv) > seen then return {-1, key, sv, {}, {}} end
 end
+-- Keys only checked (servers' births) are kept by every trim: one not there was never touched.
 for i = dbase + tonumber(ARGV[7]), #ARGV - 1, 2 do
-  local v = redis.call('HGET', KEYS[4], ARGV[i]) or vfloor
-  if tonumber(v) > tonumber(ARGV[i + 1]) then return {-1, ARGV[i], v, {}, {}} end
+  local v = redis.call('HGET', KEYS[4], ARGV[i])
+  if v and tonumber(v) > tonumber(ARGV[i + 1]) then return {-1, ARGV[i], v, {}, {}} end
 end
 local lsn = redis.call('INCR', KEYS[1])
 redis.call('XADD', KEYS[2], lsn .. '-1', 'r', ARGV[2])

@@ -115,8 +115,16 @@ impl State {
                 // Nothing after this table's change, though the log's head is past it: a
                 // checkpoint trimmed the changes between, and none came after it (a client
                 // that joined while another wrote one). Else the table is up to date.
-                if head.is_some_and(|h| h > after) && self.reload_if_newer(fs, in_request, after)? {
-                    continue;
+                if head.is_some_and(|h| h > after) {
+                    // An append after the read, or a trim past this table with nothing
+                    // after it: the log's next change says which (a checkpoint may be past
+                    // this table while the log is not trimmed past it).
+                    let next = self.engine.read_after(after, 1).map_err(engine_err)?;
+                    if next.first().is_some_and(|(lsn, _)| *lsn == after + 1)
+                        || self.reload_if_newer(fs, in_request, after)?
+                    {
+                        continue;
+                    }
                 }
                 return at_head(n);
             }
@@ -495,7 +503,11 @@ pub(super) fn poll_once(s: &State, fs: &Fs, wait: bool) -> std::result::Result<(
     let applied = s.applied.load(Ordering::SeqCst);
     pool.follow_at(applied);
     pool.release_frees(&s.gate, applied);
-    s.checkpoint(fs, Checkpointing::IfDue)?;
+    // A checkpoint not written now is tried again at the next round; the rest of this one
+    // goes on.
+    if let Err(e) = s.checkpoint(fs, Checkpointing::IfDue) {
+        log::warn!("shared volume: no checkpoint this round: {e}");
+    }
     s.locks.retry_releases();
     s.evict_expired(pool)
 }
