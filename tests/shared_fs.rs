@@ -1758,6 +1758,32 @@ fn writes_held_back_under_a_turn_go_past_a_trim() {
     assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
 }
 
+/// One client at a time writes a checkpoint (the checkpoint's role, a turn): while another
+/// holds it, a client due writes none, and counts from the one the other wrote; the writer
+/// gives the role back. Before, under steady changes every client found one due at once and
+/// each wrote the whole table.
+#[test]
+fn a_checkpoint_is_written_by_one_client_at_a_time() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    let b = client(&rack, Arc::new(engine.clone()), "b");
+    for i in 0..10 {
+        a.mkdir(&format!("d{i}")).unwrap();
+    }
+    let long = Duration::from_secs(60);
+    engine
+        .take_turn("b", shared::CHECKPOINT_ROLE, long, Duration::ZERO)
+        .unwrap();
+    assert!(!a.shared.checkpoint_as_due().unwrap(), "written beside b's");
+    assert_eq!(engine.checkpoint_lsn().unwrap(), None);
+    engine.give_turns("b", &[shared::CHECKPOINT_ROLE]).unwrap();
+    assert!(a.shared.checkpoint_as_due().unwrap());
+    assert_eq!(engine.checkpoint_lsn().unwrap(), Some(a.shared.applied()));
+    assert_eq!(engine.turn_holder(shared::CHECKPOINT_ROLE), None, "kept");
+    drop(b);
+}
+
 /// A new shared volume's root is dated by its first client, once: every client shows the
 /// same birth and access times, of the join, not the epoch each table starts the root with
 /// (before, `stat` of a new shared mount showed a birth in 1970).

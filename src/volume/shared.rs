@@ -50,6 +50,7 @@ mod turns;
 use ahead::Ahead;
 use append::EngineRecorder;
 use catchup::{poll_loop, poll_once};
+pub use turns::CHECKPOINT_ROLE;
 use turns::{linger_loop, HeldTurns, SharedTurns};
 
 use super::{engine_image, read};

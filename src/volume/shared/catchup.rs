@@ -317,7 +317,8 @@ impl State {
     /// engine trims its log, and the versions ([`MetaEngine::trim_versions`]), up to what
     /// every member has applied (the servers' floor; none is sent to the checkpoint by the
     /// trim) or the checkpoint's change if that is older; `when` says whether it is due
-    /// (see [`Checkpointing`]). Whether one was written.
+    /// (see [`Checkpointing`]). One client at a time writes one (the checkpoint's role, a
+    /// turn: [`turns::CHECKPOINT_ROLE`]). Whether one was written.
     ///
     /// The table must be as of exactly one change: no change of this client under way. A
     /// round finding one under way tries again later; once twice the changes are due it
@@ -332,10 +333,24 @@ impl State {
     ) -> std::result::Result<bool, String> {
         let applied = self.applied.load(Ordering::SeqCst);
         let mut last = self.checkpointed.load(Ordering::SeqCst);
-        if when == Checkpointing::IfDue {
-            if applied < last + self.checkpoint_every {
+        let mut _role = None;
+        if when != Checkpointing::Forced {
+            if when == Checkpointing::IfDue && applied < last + self.checkpoint_every {
                 return Ok(false);
             }
+            // One client writes it; the others count from the one it wrote.
+            match self.engine.take_turn(
+                &self.who,
+                turns::CHECKPOINT_ROLE,
+                turns::CHECKPOINT_ROLE_LEASE,
+                Duration::ZERO,
+            ) {
+                Ok(_) => _role = Some(CheckpointRole(self)),
+                Err(EngineError::TurnBusy { .. }) => return Ok(false),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        if when == Checkpointing::IfDue {
             // Another client may have written one since (every client counts its own).
             if let Some(newest) = self.engine.checkpoint_lsn().map_err(|e| e.to_string())? {
                 last = self
@@ -449,13 +464,27 @@ fn freeze_overdue(fs: &Fs) -> crate::fs::Frozen<'_> {
     fs.freeze()
 }
 
+/// The checkpoint's role held ([`turns::CHECKPOINT_ROLE`]): given back when dropped.
+struct CheckpointRole<'a>(&'a State);
+
+impl Drop for CheckpointRole<'_> {
+    fn drop(&mut self) {
+        let s = self.0;
+        if let Err(e) = s.engine.give_turns(&s.who, &[turns::CHECKPOINT_ROLE]) {
+            // Its lease hands it on.
+            log::warn!("shared volume: the checkpoint's role not given back: {e}");
+        }
+    }
+}
+
 /// When [`State::checkpoint`] writes one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Checkpointing {
     /// The poller's: once due, at a moment with no change under way (or waiting for those
     /// under way once overdue); the log trimmed up to what every member applied.
     IfDue,
-    /// Now, as if due (tests): waiting for changes under way; trimmed as `IfDue`.
+    /// Now, as if due (tests): waiting for changes under way; trimmed as `IfDue`; none if
+    /// another client holds the checkpoint's role.
     Due,
     /// Now, the log trimmed up to the checkpoint whoever lags (tests: clients sent to it).
     Forced,

@@ -15,6 +15,16 @@ use crate::sync::MutexGuard;
 /// The turn whose holder is the volume's rebuilder: a key no inode has.
 const REBUILD_ROLE: Ino = u64::MAX;
 
+/// The turn whose holder writes the volume's next checkpoint ([`State::checkpoint`]): every
+/// client counts the changes since the last one it knows, so under steady changes from many
+/// clients each found one due at once and wrote the whole table, all but one for nothing.
+/// A key no inode has, below the servers' births ([`touch::BIRTH_KEYS`]).
+pub const CHECKPOINT_ROLE: Ino = touch::BIRTH_KEYS - 1;
+
+/// How long the checkpoint's writer keeps its role at most: it gives it back once written (an
+/// image of a million inodes takes a second or two); one that died hands it on after this.
+pub(super) const CHECKPOINT_ROLE_LEASE: Duration = Duration::from_secs(30);
+
 /// The rebuilder's lease, renewed before each file it repairs: a rebuilder that dies hands
 /// the role on this long after (as long as a session's lease: by then it is evicted too);
 /// one that lost it (a long stall) stops before its next file, and whatever it copies
