@@ -320,12 +320,14 @@ impl State {
     /// (see [`Checkpointing`]). One client at a time writes one (the checkpoint's role, a
     /// turn: [`turns::CHECKPOINT_ROLE`]). Whether one was written.
     ///
-    /// The table must be as of exactly one change: no change of this client under way. A
-    /// round finding one under way tries again later; once twice the changes are due it
-    /// looks harder, and at last waits for those under way, holding new ones back while the
-    /// image is taken ([`freeze_overdue`]). Before, a checkpoint also waited for every member to
-    /// have applied this client's last change, which under steady changes from two clients
-    /// was never the case: the log and the versions grew until the changes stopped.
+    /// A due one waits for a quiet volume (every member has applied this client's last
+    /// change, and none of its changes is under way: a pause between bursts, where its work
+    /// slows no change), as it always did; once twice the changes are due it is written
+    /// under steady changes too: it looks harder for a moment with none of this client's
+    /// under way, and at last waits for those under way, holding new ones back while the
+    /// image is taken ([`freeze_overdue`]). Before, it waited for a quiet volume whatever
+    /// the changes since, which steady changes from two clients (each a poll behind the
+    /// other) never gave: the log and the versions grew until the changes stopped.
     pub(super) fn checkpoint(
         &self,
         fs: &Fs,
@@ -333,11 +335,22 @@ impl State {
     ) -> std::result::Result<bool, String> {
         let applied = self.applied.load(Ordering::SeqCst);
         let mut last = self.checkpointed.load(Ordering::SeqCst);
+        if when == Checkpointing::IfDue && applied < last + self.checkpoint_every {
+            return Ok(false);
+        }
+        let overdue = |last: u64| applied >= last + 2 * self.checkpoint_every;
+        // Read before the table's change is: a floor lower than it may be, never higher.
+        let floor = match when {
+            Checkpointing::Forced => u64::MAX,
+            _ => fs.data().pool().follower_floor(),
+        };
+        // A due checkpoint waits for a quiet volume (every member has applied this table: a
+        // pause between bursts, when its work slows no change) until it is overdue.
+        if when == Checkpointing::IfDue && !overdue(last) && applied > floor {
+            return Ok(false);
+        }
         let mut _role = None;
         if when != Checkpointing::Forced {
-            if when == Checkpointing::IfDue && applied < last + self.checkpoint_every {
-                return Ok(false);
-            }
             // One client writes it; the others count from the one it wrote.
             match self.engine.take_turn(
                 &self.who,
@@ -362,12 +375,7 @@ impl State {
                 return Ok(false);
             }
         }
-        let overdue = applied >= last + 2 * self.checkpoint_every;
-        // Read before the table's change is: a floor lower than it may be, never higher.
-        let floor = match when {
-            Checkpointing::Forced => u64::MAX,
-            _ => fs.data().pool().follower_floor(),
-        };
+        let overdue = overdue(last);
         let frozen = match (when, overdue) {
             (Checkpointing::IfDue, false) => fs.try_freeze(),
             (Checkpointing::IfDue, true) => Some(freeze_overdue(fs)),
@@ -383,7 +391,9 @@ impl State {
             self.catch_up_alone(fs, true).map_err(|e| e.message)?;
         }
         let lsn = self.applied.load(Ordering::SeqCst);
-        if !self.ahead.lock().is_empty() {
+        if !self.ahead.lock().is_empty()
+            || (when == Checkpointing::IfDue && !overdue && lsn > floor)
+        {
             return Ok(false); // another poll tries again
         }
         let trim = lsn.min(floor);
@@ -480,11 +490,11 @@ impl Drop for CheckpointRole<'_> {
 /// When [`State::checkpoint`] writes one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Checkpointing {
-    /// The poller's: once due, at a moment with no change under way (or waiting for those
-    /// under way once overdue); the log trimmed up to what every member applied.
+    /// The poller's: once due, at a quiet moment (or, once overdue, waiting for changes
+    /// under way); the log trimmed up to what every member applied.
     IfDue,
-    /// Now, as if due (tests): waiting for changes under way; trimmed as `IfDue`; none if
-    /// another client holds the checkpoint's role.
+    /// Now, as if overdue (tests): waiting for changes under way; trimmed as `IfDue`; none
+    /// if another client holds the checkpoint's role.
     Due,
     /// Now, the log trimmed up to the checkpoint whoever lags (tests: clients sent to it).
     Forced,
