@@ -267,6 +267,20 @@ pub const FOLLOW_POLL: Duration = Duration::from_millis(100);
 /// after the image; the image (the whole table) is written once per this many changes.
 pub const SHARED_CHECKPOINT_EVERY: u64 = 20_000;
 
+/// [`SHARED_CHECKPOINT_EVERY`], or in the mount tests' build `RMEMFS_TESTING_CHECKPOINT_EVERY`,
+/// so that a mount test's few thousand changes meet checkpoints, the trims of the log and
+/// versions after them, and clients sent back by those.
+pub fn shared_checkpoint_every() -> u64 {
+    #[cfg(feature = "testing")]
+    if let Some(n) = std::env::var("RMEMFS_TESTING_CHECKPOINT_EVERY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return n;
+    }
+    SHARED_CHECKPOINT_EVERY
+}
+
 /// How often a blocked lock request on a shared volume (`F_SETLKW`, `flock` without
 /// `LOCK_NB`) asks the metadata engine again, at most: tries start at 1 ms and double up to
 /// this, so a lock handed over between two processes is taken within about it, while a long

@@ -34,28 +34,16 @@ start_servers 2 2G
 # (exclusive and shared together) and their bytes, the log's head, the newest checkpoint's
 # change and the versions' floor.
 kept() {
-  python3 - "$REDIS_URL" "$1" <<'PY'
-import socket, sys
-host, port = sys.argv[1].removeprefix("redis://").split(":")
-s = socket.create_connection((host, int(port)))
-f = s.makefile("rb")
-def ask(*args):
-    out = b"*%d\r\n" % len(args)
-    for a in args:
-        a = str(a).encode()
-        out += b"$%d\r\n%s\r\n" % (len(a), a)
-    s.sendall(out)
-    line = f.readline()
-    if line[:1] == b"$":
-        return 0 if int(line[1:]) < 0 else int(f.read(int(line[1:]) + 2)[:-2])
-    return int(line[1:])
-n = b = 0
-key = lambda k: f"rmemfs:{{{sys.argv[2]}}}:{k}"
-for h in ("vers", "svers"):
-    n += ask("HLEN", key(h))
-    b += ask("MEMORY", "USAGE", key(h))
-print(n, b, ask("GET", key("head")), ask("HGET", key("ckpt"), "lsn"), ask("GET", key("vfloor")))
-PY
+  local k="rmemfs:{$1}:" n=0 b=0 h
+  for h in vers svers; do
+    n=$((n + $(redis-cli -u "$REDIS_URL" HLEN "$k$h")))
+    b=$((b + $(redis-cli -u "$REDIS_URL" MEMORY USAGE "$k$h" | sed 's/^$/0/')))
+  done
+  local head ckpt floor
+  head=$(redis-cli -u "$REDIS_URL" GET "${k}head")
+  ckpt=$(redis-cli -u "$REDIS_URL" HGET "${k}ckpt" lsn)
+  floor=$(redis-cli -u "$REDIS_URL" GET "${k}vfloor")
+  echo "$n" "$b" "${head:-0}" "${ckpt:-0}" "${floor:-0}"
 }
 
 # settle VOLUME: waits until the versions kept stop changing (the poller's checkpoint and

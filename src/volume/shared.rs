@@ -139,7 +139,8 @@ struct State {
     applied: AtomicU64,
     /// The last checkpoint this client knows of (loaded or written).
     checkpointed: AtomicU64,
-    /// How many changes past it the next is due ([`checkpoint_every`]).
+    /// How many changes past it the next is due
+    /// ([`crate::config::shared_checkpoint_every`]).
     checkpoint_every: u64,
     /// For loading checkpoints (the root's owner).
     config: FsConfig,
@@ -192,21 +193,6 @@ struct State {
     lost: Mutex<Option<String>>,
 }
 
-/// How many changes a checkpoint follows the last by: [`crate::config::SHARED_CHECKPOINT_EVERY`],
-/// or in the mount tests' build `RMEMFS_TESTING_CHECKPOINT_EVERY`, so that a mount test's few
-/// thousand changes meet checkpoints, the trims of the log and versions after them, and
-/// clients sent back by those.
-fn checkpoint_every() -> u64 {
-    #[cfg(feature = "testing")]
-    if let Some(n) = std::env::var("RMEMFS_TESTING_CHECKPOINT_EVERY")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        return n;
-    }
-    crate::config::SHARED_CHECKPOINT_EVERY
-}
-
 impl State {
     /// A client's state before it catches up: its table holds the log up to `from`.
     fn new(
@@ -224,7 +210,7 @@ impl State {
             locks,
             applied: AtomicU64::new(from),
             checkpointed: AtomicU64::new(from),
-            checkpoint_every: checkpoint_every(),
+            checkpoint_every: crate::config::shared_checkpoint_every(),
             config,
             ahead: Mutex::new(Ahead::default()),
             answered: Condvar::new(),

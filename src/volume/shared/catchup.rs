@@ -349,20 +349,14 @@ impl State {
         if when == Checkpointing::IfDue && !overdue(last) && applied > floor {
             return Ok(false);
         }
-        let mut _role = None;
-        if when != Checkpointing::Forced {
-            // One client writes it; the others count from the one it wrote.
-            match self.engine.take_turn(
-                &self.who,
-                turns::CHECKPOINT_ROLE,
-                turns::CHECKPOINT_ROLE_LEASE,
-                Duration::ZERO,
-            ) {
-                Ok(_) => _role = Some(CheckpointRole(self)),
-                Err(EngineError::TurnBusy { .. }) => return Ok(false),
-                Err(e) => return Err(e.to_string()),
-            }
-        }
+        // One client writes it; the others count from the one it wrote.
+        let _role = match when {
+            Checkpointing::Forced => None,
+            _ => match CheckpointRole::take(self)? {
+                Some(role) => Some(role),
+                None => return Ok(false),
+            },
+        };
         if when == Checkpointing::IfDue {
             // Another client may have written one since (every client counts its own).
             if let Some(newest) = self.engine.checkpoint_lsn().map_err(|e| e.to_string())? {
@@ -476,6 +470,21 @@ fn freeze_overdue(fs: &Fs) -> crate::fs::Frozen<'_> {
 
 /// The checkpoint's role held ([`turns::CHECKPOINT_ROLE`]): given back when dropped.
 struct CheckpointRole<'a>(&'a State);
+
+impl<'a> CheckpointRole<'a> {
+    /// The role, unless another client holds it.
+    fn take(s: &'a State) -> std::result::Result<Option<CheckpointRole<'a>>, String> {
+        let lease = turns::CHECKPOINT_ROLE_LEASE;
+        match s
+            .engine
+            .take_turn(&s.who, turns::CHECKPOINT_ROLE, lease, Duration::ZERO)
+        {
+            Ok(_) => Ok(Some(CheckpointRole(s))),
+            Err(EngineError::TurnBusy { .. }) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
 
 impl Drop for CheckpointRole<'_> {
     fn drop(&mut self) {
