@@ -9,8 +9,8 @@ use common::redis::Redis;
 use rmemfs::engine::mem::MemEngine;
 use rmemfs::engine::redis::RedisEngine;
 use rmemfs::engine::{
-    change_locks, drop_session_locks, Appended, Checkpoint, EngineError, Marks, MetaEngine, Touch,
-    SHARED_FORMAT,
+    change_locks, drop_session_locks, Appended, Checkpoint, EngineError, KeyOp, Marks, MetaEngine,
+    StateDump, Touch, SHARED_FORMAT,
 };
 use rmemfs::meta::locks::{FileLock, LockKind, LockOwner, LockType};
 use rmemfs::volume::shared::server_order;
@@ -25,6 +25,7 @@ const NONE: Marks<'static> = Marks {
     opened: &[],
     dropped: &[],
     checked: &[],
+    state: &[],
 };
 
 fn t(key: u64, seen: u64) -> Touch {
@@ -363,7 +364,7 @@ fn formats(made: &dyn MetaEngine, old: &dyn MetaEngine) {
         Err(e @ EngineError::Format { found: 1, .. }) => {
             let why = e.to_string();
             assert!(
-                why.contains("old-client") && why.contains("format 1") && why.contains("format 6"),
+                why.contains("old-client") && why.contains("format 1") && why.contains("format 7"),
                 "{why}"
             );
         }
@@ -726,6 +727,114 @@ fn trimmed_versions(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     assert_eq!(a.head().unwrap(), after);
 }
 
+/// The state's writes ([`KeyOp`]) run with the append that sends them, in its step, as the
+/// reference ([`rmemfs::engine::state::apply`]) runs them: every kind, binary fields and
+/// values, the change's LSN placed where asked, a count gone at 0, a time only raised; a
+/// refused append writes nothing; [`MetaEngine::put_state`] writes only at the head it
+/// names, and marks the state whole when asked.
+fn state_writes(a: &dyn MetaEngine, b: &dyn MetaEngine) {
+    a.start_session("a", LONG).unwrap();
+    let h = |s: &str| s.to_string();
+    let put = |hash: &str, field: &[u8], value: &[u8]| KeyOp::Put {
+        hash: h(hash),
+        field: field.to_vec(),
+        value: value.to_vec(),
+    };
+    let add = |field: &[u8], by| KeyOp::Add {
+        hash: h("s:n"),
+        field: field.to_vec(),
+        by,
+    };
+    let later = |field: &[u8], secs, nanos| KeyOp::Later {
+        hash: h("s:t"),
+        field: field.to_vec(),
+        secs,
+        nanos,
+    };
+    let rounds = [
+        vec![
+            put("s:one", b"f\x00 1", b"v 1\xff"),
+            put("s:one", b"g", b"gone"),
+            KeyOp::PutPlaced {
+                hash: h("s:two"),
+                field: b"p".to_vec(),
+                value: b"placed".to_vec(),
+            },
+            KeyOp::PutAtPlace {
+                hash: h("s:hist"),
+                value: b"first".to_vec(),
+            },
+            add(b"c", 2),
+            add(b"z", -1),
+            later(b"d", 100, 5),
+            put("s:gone", b"x", b"y"),
+        ],
+        vec![
+            KeyOp::Remove {
+                hash: h("s:one"),
+                field: b"g".to_vec(),
+            },
+            KeyOp::PutAtPlace {
+                hash: h("s:hist"),
+                value: b"second".to_vec(),
+            },
+            add(b"c", -2),
+            add(b"z", -4),
+            later(b"d", 99, 999_999_999),
+            later(b"e", 100, 4),
+            KeyOp::Clear { hash: h("s:gone") },
+        ],
+        vec![later(b"d", 100, 6)],
+    ];
+    let mut reference = StateDump::new();
+    let mut seen = a.head().unwrap();
+    for ops in &rounds {
+        let marks = Marks { state: ops, ..NONE };
+        seen = a
+            .append("a", b"r", &[t(1, seen)], &[], marks, LONG)
+            .unwrap()
+            .lsn;
+        rmemfs::engine::state::apply(&mut reference, seen, ops);
+    }
+    assert_eq!(b.state().unwrap(), reference);
+    let first = seen - 2;
+    assert_eq!(reference["s:one"][b"f\x00 1".as_slice()], b"v 1\xff");
+    assert_eq!(
+        reference["s:two"][b"p".as_slice()],
+        format!("{first} placed").as_bytes()
+    );
+    assert_eq!(reference["s:hist"].len(), 2, "one field per place");
+    assert!(!reference["s:n"].contains_key(b"c".as_slice()), "0: gone");
+    assert_eq!(reference["s:n"][b"z".as_slice()], b"-5");
+    assert_eq!(reference["s:t"][b"d".as_slice()], b"100 6");
+    assert_eq!(reference["s:t"][b"e".as_slice()], b"100 4");
+    assert!(!reference.contains_key("s:gone"));
+    // A refused append (a conflict) writes nothing.
+    let stale = [KeyOp::Clear { hash: h("s:one") }];
+    let marks = Marks {
+        state: &stale,
+        ..NONE
+    };
+    assert!(matches!(
+        a.append("a", b"r", &[t(1, 0)], &[], marks, LONG),
+        Err(EngineError::Conflict { .. })
+    ));
+    assert_eq!(b.state().unwrap(), reference);
+    // An image written only at the head it is of.
+    assert!(
+        !b.state_whole().unwrap(),
+        "a volume not made by this build's create"
+    );
+    let image = [put("s:img", b"k", b"v")];
+    assert!(!b.put_state(seen - 1, &image, true).unwrap());
+    assert_eq!(b.state().unwrap(), reference);
+    assert!(!b.state_whole().unwrap());
+    assert!(b.put_state(seen, &image, true).unwrap());
+    rmemfs::engine::state::apply(&mut reference, seen, &image);
+    assert_eq!(b.state().unwrap(), reference);
+    assert!(b.state_whole().unwrap());
+}
+
 #[test]
 fn the_in_memory_engine_keeps_the_contract() {
     let e = MemEngine::new();
@@ -747,6 +856,11 @@ fn the_in_memory_engine_keeps_the_contract() {
     let e = MemEngine::new();
     trimmed_versions(&e, &e.clone());
     assert_eq!(e.versions_kept(), 1, "the kept key's");
+    let e = MemEngine::new();
+    state_writes(&e, &e.clone());
+    let made = MemEngine::new();
+    assert!(made.create_volume(&["a:1".into()]).unwrap());
+    assert!(made.state_whole().unwrap(), "a new volume's state: whole");
 }
 
 /// A short time away for [`engine_away`].
@@ -780,7 +894,7 @@ fn the_redis_engine_keeps_the_contract() {
             .query(&mut c)
             .unwrap()
     };
-    assert!(raw("f").contains("shared format 6"), "{}", raw("f"));
+    assert!(raw("f").contains("shared format 7"), "{}", raw("f"));
     assert_eq!(l("f").servers().unwrap(), Some(vec!["a:1".to_string()]));
     {
         let mut c = ::redis::Client::open(redis.url.as_str())
@@ -794,7 +908,7 @@ fn the_redis_engine_keeps_the_contract() {
             .unwrap();
     }
     l("h").upgrade("new").unwrap();
-    assert!(raw("h").starts_with("a:1\nb:2\n") && raw("h").contains("shared format 6"));
+    assert!(raw("h").starts_with("a:1\nb:2\n") && raw("h").contains("shared format 7"));
     // A volume of format 2 (made by the build before marks of open files): upgraded once no
     // other client lives, its servers' format line replaced, so a format-2 client refuses it.
     {
@@ -821,7 +935,7 @@ fn the_redis_engine_keeps_the_contract() {
     assert_eq!(v2.format().unwrap(), Some(SHARED_FORMAT));
     assert_eq!(v2.servers().unwrap(), Some(vec!["a:1".to_string()]));
     assert!(
-        !raw("v2").contains("format 2") && raw("v2").contains("format 6"),
+        !raw("v2").contains("format 2") && raw("v2").contains("format 7"),
         "{}",
         raw("v2")
     );
@@ -844,6 +958,10 @@ fn the_redis_engine_keeps_the_contract() {
     removal(&*l("r"));
     shared_touches(&*l("st"), &*l("st"));
     trimmed_versions(&*l("tv"), &*l("tv"));
+    state_writes(&*l("sw"), &*l("sw"));
+    let made = l("made");
+    assert!(made.create_volume(&["a:1".into()]).unwrap());
+    assert!(made.state_whole().unwrap(), "a new volume's state: whole");
     {
         let mut c = ::redis::Client::open(redis.url.as_str())
             .unwrap()
@@ -869,6 +987,7 @@ fn the_redis_engine_keeps_the_contract() {
         .arg("rmemfs:{r}:servers")
         .arg("rmemfs:{r}:format")
         .arg("rmemfs:{r}:turn")
+        .arg("rmemfs:{r}:s:info")
         .query(&mut c)
         .unwrap();
     let left: Vec<String> = ::redis::cmd("KEYS")

@@ -181,6 +181,7 @@ fn two_writers(engine: Arc<dyn MetaEngine>) {
     b.shared.poll_now().unwrap();
     assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
     assert!(rack.free().iter().sum::<u64>() <= free_at_start.iter().sum::<u64>());
+    state_is_every_table(&[&a, &b], "two writers");
 }
 
 #[test]
@@ -346,6 +347,77 @@ fn changes_decided_on_stale_tables_are_decided_again() {
 /// Three clients changing at once, each in a directory of its own and all in one directory,
 /// threads of each at once too: every name made once, every client's table the same, no
 /// inode number given twice.
+/// The engine's state beside its log (shared format 7) holds what every caught-up client's
+/// table holds: checked after each kind of change, from two clients (names made by both in
+/// one directory, whose link count and times the engine adds up; a directory's attributes
+/// set over them; moves of directories; links; extended attributes; truncates; drops).
+fn state_is_every_table(clients: &[&Client], when: &str) {
+    for c in clients {
+        c.shared.poll_now().unwrap();
+    }
+    let state = clients[0].shared.engine_state_digest().unwrap();
+    for c in clients {
+        assert_eq!(
+            c.fs.namespace_digest(),
+            state,
+            "{when}: the engine's state against {}'s table",
+            c.shared.who()
+        );
+    }
+}
+
+#[test]
+fn the_engines_state_holds_every_clients_table() {
+    use rmemfs::fs::SetAttr;
+    let rack = Rack::new(2);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let (a, b) = two_clients(&rack, &engine);
+    state_is_every_table(&[&a, &b], "a new volume");
+    a.mkdir("d").unwrap();
+    b.shared.poll_now().unwrap();
+    for i in 0..4 {
+        a.create(&format!("d/a{i}"), &bytes(i, 100)).unwrap();
+        b.mkdir(&format!("d/b{i}")).unwrap();
+    }
+    a.create("big", &bytes(9, 3 << 20)).unwrap();
+    state_is_every_table(&[&a, &b], "names made by both in one directory");
+    // The directory's attributes set over the stamps of both clients' names; then more.
+    let d = resolve(&b.fs, "d").unwrap();
+    let chmod = SetAttr {
+        mode: Some(0o700),
+        ..Default::default()
+    };
+    b.change(|fs| fs.setattr(d, &chmod, common::ME)).unwrap();
+    a.mkdir("d/after").unwrap();
+    state_is_every_table(&[&a, &b], "a directory's attributes, then a name");
+    b.rename("d/b1", "b1-moved").unwrap();
+    a.rename("d/b2", "d/b0/b2-in").unwrap();
+    let f = resolve(&a.fs, "d/a0").unwrap();
+    a.change(|fs| fs.link(f, ROOT_INO, b"a0-link")).unwrap();
+    b.change(|fs| fs.symlink(ROOT_INO, b"sym", b"d/a1", common::ME))
+        .unwrap();
+    let f1 = resolve(&b.fs, "d/a1").unwrap();
+    b.change(|fs| fs.setxattr(f1, b"user.one", b"1", 0, common::ME))
+        .unwrap();
+    b.change(|fs| fs.setxattr(f1, b"user.two", b"2", 0, common::ME))
+        .unwrap();
+    state_is_every_table(&[&a, &b], "moves, links, extended attributes");
+    b.change(|fs| fs.removexattr(f1, b"user.one")).unwrap();
+    let big = resolve(&b.fs, "big").unwrap();
+    let cut = SetAttr {
+        size: Some((1 << 20) + 7),
+        ..Default::default()
+    };
+    b.change(|fs| fs.setattr(big, &cut, common::ME)).unwrap();
+    a.unlink("d/a2").unwrap();
+    a.unlink("d/a0").unwrap();
+    b.change(|fs| fs.rmdir(d, b"b3")).unwrap();
+    state_is_every_table(&[&a, &b], "a truncate, drops");
+    // A client joining now reads the same.
+    let c = client(&rack, engine.clone(), "c");
+    state_is_every_table(&[&a, &b, &c], "after a join");
+}
+
 #[test]
 fn three_clients_change_at_once() {
     const EACH: usize = 60;
@@ -389,6 +461,8 @@ fn three_clients_change_at_once() {
     for c in &clients[1..] {
         assert_eq!(c.fs.namespace_digest(), digest);
     }
+    let all: Vec<&Client> = clients.iter().map(|c| &**c).collect();
+    state_is_every_table(&all, "three clients at once");
     for (i, c) in clients.iter().enumerate() {
         for t in 0..2 {
             for n in 0..EACH {
@@ -562,6 +636,7 @@ fn format_4_volumes_are_upgraded_and_their_log_read() {
         assert_eq!(root.nlink, 4, "the root's links: . .. old z");
         assert_eq!(c.fs.getattr(made).unwrap().nlink, 4, "old's links");
     }
+    state_is_every_table(&[&a, &b], "a volume upgraded from format 4");
 }
 
 /// A write whose change the engine refused (unreachable) leaves nothing behind on its client:
@@ -1598,6 +1673,7 @@ fn a_server_back_empty_is_forgotten_and_rebuilt_onto() {
             "f{i}"
         );
     }
+    state_is_every_table(&[&a, &b], "copies rebuilt onto a server born again");
 }
 
 /// A memory server that restarted empty while no client saw it go (here: the one client that
@@ -1634,6 +1710,7 @@ fn a_server_restarted_unseen_is_forgotten_by_every_client() {
         }
     }
     assert!(a.fs.replica_health().degraded > 0);
+    state_is_every_table(&[&a, &c], "a server's birth forgetting copies");
 }
 
 /// A change naming a chunk copy on a memory server whose new birth another client appended
@@ -1661,6 +1738,7 @@ fn a_copy_of_an_earlier_birth_is_left_out_of_a_late_change() {
         );
         assert_eq!(read(&client.fs, "f").unwrap(), bytes(7, 1 << 20));
     }
+    state_is_every_table(&[&a, &c], "a copy left out after a birth");
 }
 
 /// A client whose log was trimmed past its table by a checkpoint with nothing appended after

@@ -5,7 +5,8 @@
 //! without a Redis server.
 
 use super::{
-    Appended, Checkpoint, EngineError, Marks, MetaEngine, Touch, ENGINE_AWAY, SHARED_FORMAT,
+    Appended, Checkpoint, EngineError, KeyOp, Marks, MetaEngine, StateDump, Touch, ENGINE_AWAY,
+    SHARED_FORMAT,
 };
 use crate::sync::{Arc, Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -53,6 +54,9 @@ struct State {
     /// ([`MemEngine::hold_claim_answers`]), and how many wait now.
     claims_held_for: Option<String>,
     claims_waiting: usize,
+    /// The namespace's state beside the log ([`super::state`]), and whether it is whole.
+    namespace: StateDump,
+    whole: bool,
 }
 
 impl State {
@@ -226,6 +230,7 @@ impl MetaEngine for MemEngine {
         s.head += 1;
         let lsn = s.head;
         s.log.insert(lsn, record.to_vec());
+        super::state::apply(&mut s.namespace, lsn, marks.state);
         let until = Instant::now() + lease;
         let mut wanted = Vec::new();
         let mut held = Vec::new();
@@ -531,6 +536,7 @@ impl MetaEngine for MemEngine {
         }
         st.servers = Some(servers.to_vec());
         st.format = Some(SHARED_FORMAT);
+        st.whole = true;
         Ok(true)
     }
 
@@ -578,5 +584,26 @@ impl MetaEngine for MemEngine {
 
     fn locked_inodes(&self) -> Result<Vec<u64>, EngineError> {
         Ok(self.state.0.lock().locks.keys().copied().collect())
+    }
+
+    fn state(&self) -> Result<StateDump, EngineError> {
+        let mut s = self.state.0.lock();
+        s.fault("state")?;
+        Ok(s.namespace.clone())
+    }
+
+    fn put_state(&self, at: u64, ops: &[KeyOp], whole: bool) -> Result<bool, EngineError> {
+        let mut s = self.state.0.lock();
+        s.fault("put_state")?;
+        if s.head != at {
+            return Ok(false);
+        }
+        super::state::apply(&mut s.namespace, at, ops);
+        s.whole |= whole;
+        Ok(true)
+    }
+
+    fn state_whole(&self) -> Result<bool, EngineError> {
+        Ok(self.state.0.lock().whole)
     }
 }

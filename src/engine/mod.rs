@@ -38,14 +38,18 @@
 #[cfg(any(test, feature = "testing"))]
 pub mod mem;
 pub mod redis;
+pub mod state;
 
 use crate::meta::locks::LockTable;
+pub use state::{KeyOp, StateDump};
 use std::time::Duration;
 
-/// The shared-volume format this build speaks: 6, versions trimmed
+/// The shared-volume format this build speaks: 7, the namespace's state kept beside the log
+/// ([`state`]: each append writes it, which a format-6 client would not, leaving it behind
+/// the log). Format 6 trimmed versions
 /// ([`MetaEngine::trim_versions`]: a key with no version kept reads as the versions' floor,
 /// where a format-5 client reads it as never touched, and would take a change decided on a
-/// table older than the floor). Format 5 gave names keys of their own and let
+/// table older than the floor), as this format does. Format 5 gave names keys of their own and let
 /// directories be changed by many clients at once ([`Touch`]'s shared versions; a name added
 /// or removed logged with a [`crate::meta::Change::DirStamp`] and no `readdir` cookie),
 /// which a format-4 client can neither read nor check its changes against. Format 4 put
@@ -58,7 +62,7 @@ use std::time::Duration;
 /// change) had no format key. A volume of an older format is upgraded by the first client
 /// of this build once no other client is live ([`MetaEngine::upgrade`]); a client of an
 /// older build then refuses it, naming its format.
-pub const SHARED_FORMAT: u32 = 6;
+pub const SHARED_FORMAT: u32 = 7;
 
 /// No session's heartbeat reached the engine for this long (clients beat every second,
 /// `volume::shared::HEARTBEAT_EVERY`): the engine was away (restarted, failed over,
@@ -241,12 +245,14 @@ impl Touch {
 /// marked open by the appending client), the inodes it drops (refused while open
 /// elsewhere), and the keys it reads without writing (`checked`: refused as a conflict if
 /// a change after `seen` wrote one exclusively; a chunk's copy on a memory server reads that server's
-/// birth, which only a birth writes: see `crate::meta::Change::Born`).
+/// birth, which only a birth writes: see `crate::meta::Change::Born`), and the change's
+/// writes of the namespace's state ([`state`]), run in the same step as the append.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Marks<'a> {
     pub opened: &'a [u64],
     pub dropped: &'a [u64],
     pub checked: &'a [Touch],
+    pub state: &'a [KeyOp],
 }
 
 /// An append the engine took.
@@ -415,6 +421,19 @@ pub trait MetaEngine: Send + Sync {
 
     /// The inodes that have lock tables.
     fn locked_inodes(&self) -> Result<Vec<u64>, EngineError>;
+
+    /// Every hash of the namespace's state beside the log ([`state`]), as of one moment.
+    fn state(&self) -> Result<StateDump, EngineError>;
+
+    /// Runs `ops` on the state if the log's head is still `at` (false, writing nothing, if
+    /// it moved): a table's image as of change `at`, written a part at a time by a client
+    /// that found the state not whole (a volume upgraded from format 6). With `whole`, the
+    /// state is marked whole after them.
+    fn put_state(&self, at: u64, ops: &[KeyOp], whole: bool) -> Result<bool, EngineError>;
+
+    /// Whether the state is whole: made with the volume, or written whole since
+    /// ([`MetaEngine::put_state`]). Appends keep it whole.
+    fn state_whole(&self) -> Result<bool, EngineError>;
 }
 
 /// Changes inode `ino`'s lock table by `change` as session `who`, atomically (compare and

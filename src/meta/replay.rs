@@ -163,6 +163,15 @@ impl Meta {
         self.digest_placed(false).0
     }
 
+    /// [`Meta::digest`] with each directory's entries by name, as a shared volume's clients
+    /// agree on it ([`Meta::digest_of_names`], chunks read): a table built from the engine's
+    /// state against theirs. Takes each file's chunk lock, as [`Meta::digest`].
+    pub fn digest_by_names(&self) -> Digest {
+        let (mut out, files) = self.digest_placed(false);
+        add_chunks(&mut out, &files);
+        out
+    }
+
     fn digest_placed(&self, places: bool) -> (Digest, Vec<(Ino, Arc<FileData>)>) {
         let mut out = BTreeMap::new();
         let mut files = Vec::new();

@@ -44,6 +44,7 @@ mod catchup;
 mod model_tests;
 mod open;
 mod session;
+mod state;
 mod touch;
 mod turns;
 
@@ -56,13 +57,13 @@ use turns::{linger_loop, HeldTurns, SharedTurns};
 use super::{engine_image, read};
 use crate::client::volume::FreeGate;
 use crate::data::DataStore;
-use crate::engine::{EngineError, Marks, MetaEngine, Touch, SHARED_FORMAT};
+use crate::engine::{EngineError, KeyOp, Marks, MetaEngine, Touch, SHARED_FORMAT};
 use crate::error::{Error, Result};
 use crate::fs::{Fs, FsConfig, HeldTurn, Turns};
 use crate::meta::{record, Change, Ino, Meta, TableView};
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 /// Appends of one change that a server's new birth may refuse before it fails: each means
@@ -375,6 +376,10 @@ pub fn join(
         state.engine.describe(),
         fs.inode_count()
     );
+    // A volume upgraded from format 6 has no state beside its log yet.
+    state
+        .make_state_whole(&fs)
+        .map_err(|e| format!("writing the engine's state: {}", e.message))?;
     // Each server's birth in the history before anything is read there.
     state
         .record_births(&fs)
@@ -441,6 +446,13 @@ pub fn join(
 }
 
 impl SharedClient {
+    /// The digest of the table the engine's state holds beside its log
+    /// ([`crate::meta::Meta::digest_by_names`]): once this client is caught up with a volume
+    /// no client changes, its own ([`Fs::namespace_digest`]).
+    pub fn engine_state_digest(&self) -> std::result::Result<crate::meta::Digest, String> {
+        self.state.state_digest().map_err(|e| e.message)
+    }
+
     /// One round of the poller now (tests): it catches up unless a change is under way.
     pub fn poll_now(&self) -> std::result::Result<(), String> {
         let fs = self.fs.upgrade().ok_or("the file system is gone")?;

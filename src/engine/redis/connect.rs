@@ -60,6 +60,8 @@ impl RedisEngine {
                 format: k("format"),
                 nextino: k("nextino"),
                 turn: k("turn"),
+                prefix: k(""),
+                state_info: k(crate::engine::state::INFO_HASH),
             },
             scripts: Scripts::new(),
             away: crate::engine::ENGINE_AWAY,

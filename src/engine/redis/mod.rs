@@ -24,12 +24,15 @@
 //! line), `format` (the shared format, [`super::SHARED_FORMAT`]; absent: format 1), `nextino`
 //! (the last inode number given out), and `turn`, format 1's one write turn, which an
 //! upgraded volume holds for ever ([`super::FORMAT_1_FENCE`]) so that no format-1 client
-//! appends again.
+//! appends again. The namespace's state beside the log ([`super::state`]) is hashes
+//! `s:NAME`, and `s:info` (`whole`), written by the append script (`state.rs`).
 
 mod connect;
 mod scripts;
 mod settings;
+mod state;
 mod turns;
+mod versions;
 
 use super::{
     Appended, Checkpoint, EngineError, Marks, MetaEngine, Touch, FORMAT_1_FENCE, SHARED_FORMAT,
@@ -41,7 +44,7 @@ use std::time::Duration;
 /// A last line of the `servers` key of a volume in shared format 2 or later, which this
 /// build skips: a format-1 client reads it as one more server, so it refuses to mount, naming
 /// the volume's servers with this line among them (its list never matches a mount's).
-const SERVERS_FORMAT_LINE: &str = "(shared format 6: mount with an rmemfs that speaks it)";
+const SERVERS_FORMAT_LINE: &str = "(shared format 7: mount with an rmemfs that speaks it)";
 
 /// How every format line starts (an older one, left by a build that upgraded the volume
 /// before this one, is skipped as well).
@@ -93,6 +96,11 @@ struct Keys {
     nextino: String,
     /// Format 1's one write turn: fenced on an upgraded volume.
     turn: String,
+    /// What every key of the volume starts with (`rmemfs:{VOLUME}:`): the state's hashes
+    /// ([`super::state`]) are named under it.
+    prefix: String,
+    /// The state's own facts (`whole`: [`MetaEngine::state_whole`]).
+    state_info: String,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> EngineError {
@@ -176,6 +184,7 @@ impl MetaEngine for RedisEngine {
                     &self.keys.opened,
                     &self.keys.svers,
                     &self.keys.vfloor,
+                    &self.keys.prefix,
                 ] {
                     script.key(k);
                 }
@@ -199,6 +208,8 @@ impl MetaEngine for RedisEngine {
                 for t in marks.checked {
                     script.arg(t.key).arg(t.seen);
                 }
+                state::push_ops(&mut script, marks.state);
+                script.arg(marks.state.len());
                 script.invoke(c)
             })?;
         let number = |v: &str| {
@@ -228,66 +239,11 @@ impl MetaEngine for RedisEngine {
     }
 
     fn version(&self, key: u64) -> Result<u64, EngineError> {
-        // One transaction: a version trimmed between the two reads would read as an older
-        // floor.
-        let (v, floor): (Option<u64>, Option<u64>) = self.with(|c| {
-            ::redis::pipe()
-                .atomic()
-                .cmd("HGET")
-                .arg(&self.keys.vers)
-                .arg(key)
-                .cmd("GET")
-                .arg(&self.keys.vfloor)
-                .query(c)
-        })?;
-        Ok(v.or(floor).unwrap_or(0))
+        self.read_version(key)
     }
 
     fn trim_versions(&self, upto: u64, kept: u64) -> Result<u64, EngineError> {
-        /// Keys listed, and checked by the script, per call: a call's time in Redis stays
-        /// short (about a millisecond) however many versions the volume keeps.
-        const BATCH: usize = 1000;
-        // Raises the floor, then removes the keys of `stale` in `hash` at or below it.
-        let trim = |hash: &String, stale: &[u64]| -> Result<u64, EngineError> {
-            self.with(|c| {
-                self.scripts
-                    .trim_versions
-                    .key(&self.keys.vfloor)
-                    .key(&self.keys.head)
-                    .key(hash)
-                    .arg(upto)
-                    .arg(stale)
-                    .invoke(c)
-            })
-        };
-        // The floor first, so every key listed below it is one the script may remove.
-        let mut removed = trim(&self.keys.vers, &[])?;
-        for hash in [&self.keys.vers, &self.keys.svers] {
-            let mut cursor = 0u64;
-            loop {
-                let (next, listed): (u64, Vec<(u64, u64)>) = self.with(|c| {
-                    ::redis::cmd("HSCAN")
-                        .arg(hash)
-                        .arg(cursor)
-                        .arg("COUNT")
-                        .arg(BATCH)
-                        .query(c)
-                })?;
-                let stale: Vec<u64> = listed
-                    .iter()
-                    .filter(|(k, v)| *v <= upto && *k < kept)
-                    .map(|(k, _)| *k)
-                    .collect();
-                if !stale.is_empty() {
-                    removed += trim(hash, &stale)?;
-                }
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-            }
-        }
-        Ok(removed)
+        self.trim_versions_upto(upto, kept)
     }
 
     fn read_after(&self, after: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
@@ -543,6 +499,7 @@ impl MetaEngine for RedisEngine {
                 .key(&self.keys.servers)
                 .key(&self.keys.format)
                 .key(&self.keys.turn)
+                .key(&self.keys.state_info)
                 .arg(format!("{}\n{SERVERS_FORMAT_LINE}", servers.join("\n")))
                 .arg(SHARED_FORMAT)
                 .arg(FORMAT_1_FENCE)
@@ -584,6 +541,18 @@ impl MetaEngine for RedisEngine {
             -2 => Err(EngineError::NoSession { who: who.into() }),
             d => Ok(d == 1),
         }
+    }
+
+    fn state(&self) -> Result<super::StateDump, EngineError> {
+        self.state_dump()
+    }
+
+    fn put_state(&self, at: u64, ops: &[super::KeyOp], whole: bool) -> Result<bool, EngineError> {
+        self.put_state_at(at, ops, whole)
+    }
+
+    fn state_whole(&self) -> Result<bool, EngineError> {
+        self.state_whole_mark()
     }
 
     fn locked_inodes(&self) -> Result<Vec<u64>, EngineError> {

@@ -35,6 +35,46 @@ end
     };
 }
 
+/// The state's writes of a change ([`crate::engine::KeyOp`]): ARGV from `first` on, four
+/// each (a code, the hash's name under the prefix `KEYS[prefix]`, the field, the value).
+/// `state_ops_known` says whether every code is one (checked before anything is written:
+/// a script that stops half way keeps what it wrote); `run_state_ops` runs them as change
+/// `lsn`.
+macro_rules! state_ops {
+    () => {
+        r#"
+local function state_ops_known(first, count)
+  for i = first, first + 4 * count - 1, 4 do
+    if not string.find('PLNRCAT', ARGV[i], 1, true) or #ARGV[i] ~= 1 then return false end
+  end
+  return true
+end
+local function later(cur, v)
+  if not cur then return true end
+  local cs, cn = string.match(cur, '(%d+) (%d+)')
+  local s, n = string.match(v, '(%d+) (%d+)')
+  cs, cn, s, n = tonumber(cs), tonumber(cn), tonumber(s), tonumber(n)
+  return cs < s or (cs == s and cn < n)
+end
+local function run_state_ops(prefix, lsn, first, count)
+  for i = first, first + 4 * count - 1, 4 do
+    local op, h, f, v = ARGV[i], prefix .. ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+    if op == 'P' then redis.call('HSET', h, f, v)
+    elseif op == 'L' then redis.call('HSET', h, f, lsn .. ' ' .. v)
+    elseif op == 'N' then redis.call('HSET', h, tostring(lsn), v)
+    elseif op == 'R' then redis.call('HDEL', h, f)
+    elseif op == 'C' then redis.call('DEL', h)
+    elseif op == 'A' then
+      if redis.call('HINCRBY', h, f, v) == 0 then redis.call('HDEL', h, f) end
+    elseif op == 'T' then
+      if later(redis.call('HGET', h, f), v) then redis.call('HSET', h, f, v) end
+    end
+  end
+end
+"#
+    };
+}
+
 /// KEYS: head, log, sessions, vers, turns, wanted, the prefix of holders' queues of asked
 /// inodes (`asked:`; see [`crate::engine::MetaEngine::wanted`]), the prefix of files' open
 /// marks (`open:INO`, a set of clients), the prefix of clients' marks (`opened:NAME`, a set
@@ -43,7 +83,8 @@ end
 /// lease (ms), the counts of touched, claimed, opened and dropped inodes, each touched key,
 /// the version its client saw and `s` (shared) or `x` (exclusive), then the inodes claimed,
 /// opened, dropped, then each key only checked (against its exclusive version) and the
-/// version seen. Returns `{code, a, b, wanted, held}`: 1 appended (a: the LSN, wanted:
+/// version seen, then the state's writes ([`state_ops`]), then how many there are; KEYS also
+/// the prefix of the state's hashes. Returns `{code, a, b, wanted, held}`: 1 appended (a: the LSN, wanted:
 /// turns to give back, held: the keys touched shared whose turn `who` held); -1 a conflict
 /// (a: the key, b: its version); -3 busy (a: the key, b: its holder); -4 held open (a: the
 /// inode, b: a client that has it open); -2 no session. The touched keys' turns and
@@ -51,6 +92,7 @@ end
 const APPEND: &str = concat!(
     live_session!("3", "1", "{-2, '', '', {}, {}}"),
     turn_holder!(),
+    state_ops!(),
     r#"
 -- HMGET of `keys` in `hash`, 500 at a time (Lua's unpack has a limit): each value, or false.
 local function many(hash, keys)
@@ -63,6 +105,9 @@ local function many(hash, keys)
 end
 "#,
     r#"
+local nops = tonumber(ARGV[#ARGV])
+local ofirst = #ARGV - 4 * nops
+if not state_ops_known(ofirst, nops) then return redis.error_reply('an unknown state write') end
 local n = tonumber(ARGV[4])
 local cbase = 8 + 3 * n
 local obase = cbase + tonumber(ARGV[5])
@@ -99,12 +144,13 @@ for i = 1, n do
   if exclusive[i] and tonumber(sv) > seen then return {-1, key, sv, {}, {}} end
 end
 -- Keys only checked (servers' births) are kept by every trim: one not there was never touched.
-for i = dbase + tonumber(ARGV[7]), #ARGV - 1, 2 do
+for i = dbase + tonumber(ARGV[7]), ofirst - 1, 2 do
   local v = redis.call('HGET', KEYS[4], ARGV[i])
   if v and tonumber(v) > tonumber(ARGV[i + 1]) then return {-1, ARGV[i], v, {}, {}} end
 end
 local lsn = redis.call('INCR', KEYS[1])
 redis.call('XADD', KEYS[2], lsn .. '-1', 'r', ARGV[2])
+run_state_ops(KEYS[12], lsn, ofirst, nops)
 local mine = (now + tonumber(ARGV[3])) .. ' ' .. ARGV[1]
 local wanted = {}
 local held = {}
@@ -236,15 +282,33 @@ end
 return redis.call('INCRBY', KEYS[1], ARGV[1]) - tonumber(ARGV[1]) + 1
 "#;
 
-/// KEYS: servers, format, turn. ARGV: the servers, the format, the fence. 1 made, 0 there.
+/// KEYS: servers, format, turn, the state's info hash. ARGV: the servers, the format, the
+/// fence. 1 made (its state whole: empty), 0 there.
 const CREATE_VOLUME: &str = r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
   redis.call('SET', KEYS[2], ARGV[2])
   redis.call('SET', KEYS[3], ARGV[3])
+  redis.call('HSET', KEYS[4], 'whole', '1')
   return 1
 end
 return 0
 "#;
+
+/// KEYS: head, the prefix of the state's hashes, the state's info hash. ARGV: the head the
+/// writes are of, `1` to mark the state whole after them, then the state's writes
+/// ([`state_ops`]). Returns 1 written, 0 the head moved (nothing written).
+const PUT_STATE: &str = concat!(
+    state_ops!(),
+    r#"
+local head = tonumber(redis.call('GET', KEYS[1]) or '0')
+if head ~= tonumber(ARGV[1]) then return 0 end
+local count = (#ARGV - 2) / 4
+if not state_ops_known(3, count) then return redis.error_reply('an unknown state write') end
+run_state_ops(KEYS[2], head, 3, count)
+if ARGV[2] == '1' then redis.call('HSET', KEYS[3], 'whole', '1') end
+return 1
+"#
+);
 
 /// KEYS: format, sessions, turn, servers. ARGV: who, the format, the fence, the servers'
 /// format line. Returns the live sessions other than `who` (none: upgraded, or in a format
@@ -327,6 +391,7 @@ pub(super) struct Scripts {
     pub(super) expired: ::redis::Script,
     pub(super) swap_locks: ::redis::Script,
     pub(super) mark_open: ::redis::Script,
+    pub(super) put_state: ::redis::Script,
 }
 
 impl Scripts {
@@ -344,6 +409,7 @@ impl Scripts {
             expired: ::redis::Script::new(EXPIRED),
             swap_locks: ::redis::Script::new(SWAP_LOCKS),
             mark_open: ::redis::Script::new(MARK_OPEN),
+            put_state: ::redis::Script::new(PUT_STATE),
         }
     }
 }

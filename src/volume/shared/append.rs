@@ -35,9 +35,13 @@ pub(super) struct Appender<'a> {
 impl Appender<'_> {
     /// Appends `record`, touching `keys`: a change not in the table, which a catch-up
     /// applies from the log as it does another client's ([`births`]).
-    pub(super) fn append_unapplied(&self, record: &[u8], keys: &[Ino]) -> Sent {
+    pub(super) fn append_unapplied(&self, record: &[u8], keys: &[Ino], state: &[KeyOp]) -> Sent {
         let keys = touch::Touched::exclusive(keys.to_vec());
-        self.append(record, &keys, &[], Marks::default(), &[], false)
+        let marks = Marks {
+            state,
+            ..Marks::default()
+        };
+        self.append(record, &keys, &[], marks, &[], false)
     }
 
     /// Appends `record` (a change in the table already, if `in_table`), touching `keys`,
@@ -304,11 +308,7 @@ impl State {
             opened,
             dropped,
         } = out;
-        let marks = Marks {
-            opened,
-            dropped,
-            checked: &[],
-        };
+
         // Each server a chunk copy of the change is on: its birth is checked.
         let mut checked: Vec<(Ino, u64)> = touch::servers_named(changes)
             .into_iter()
@@ -324,6 +324,13 @@ impl State {
         let sent = loop {
             // The engine numbers the change: the frame's own LSN is left 0.
             record = record::encode(0, &changes);
+            let ops = state::ops_of(&changes, false);
+            let marks = Marks {
+                opened,
+                dropped,
+                checked: &[],
+                state: &ops,
+            };
             let sent = self
                 .appender()
                 .append(&record, keys, claim, marks, &checked, true);

@@ -80,10 +80,11 @@ impl State {
             birth: birth.into(),
             stale,
         };
-        let record = record::encode(0, &[change]);
+        let record = record::encode(0, std::slice::from_ref(&change));
+        let ops = state::ops_of(&[change], false);
         let sent = self
             .appender()
-            .append_unapplied(&record, &[touch::server_key(server)]);
+            .append_unapplied(&record, &[touch::server_key(server)], &ops);
         let done = sent.answer?;
         self.check_place(done.lsn, sent.applied)
             .map_err(|e| EngineError::Unavailable(e.message))?;

@@ -1,0 +1,356 @@
+//! The namespace's state beside the engine's log (shared format 7, [`crate::engine::state`]):
+//! which hash holds what, each change as writes of them (sent with its append, run by the
+//! engine in the same step), and the changes that build a table from them.
+//!
+//! Why: a client that can read one inode or one directory as of the log's head need not load
+//! the whole namespace to serve (JuiceFS's model; see doc/VOLUMES.md). The hashes are
+//! images, as the log's records are: a change's writes overwrite what it changes, except
+//! where two clients' changes commute (names added to one directory at once: its link
+//! count is a sum, its times a maximum, [`Change::DirStamp`]), which the engine adds up.
+//! A copy of a chunk keeps the LSN of the change that listed it, and a server's births
+//! theirs, so a table built from the state forgets what a birth forgot, in the log's order.
+
+use super::*;
+use crate::engine::state::STATE_PREFIX;
+use crate::engine::{KeyOp, StateDump};
+use crate::meta::Digest;
+use std::time::SystemTime;
+
+/// Inode to its `Make` (its extended attributes apart), as a record.
+const MADE: &str = "s:made";
+/// Inode to its last `Attrs`, as a record (none: the `Make`'s).
+const ATTRS: &str = "s:attrs";
+/// Directory to the directory it sits in, since a move (none: its `Make`'s).
+const PARENT: &str = "s:parent";
+/// Directory to the links its names' stamps moved since its attributes were set.
+const LINKS: &str = "s:links";
+/// Directory to its latest stamp's time since its attributes were set.
+const STAMPED: &str = "s:stamped";
+/// LSN of a server's birth to the birth, as a record.
+const BORN: &str = "s:born";
+/// Inodes' extended attributes, chunks (index to `LSN record`) and names (name to inode).
+const XATTRS: &str = "s:x:";
+const CHUNKS: &str = "s:c:";
+const NAMES: &str = "s:d:";
+
+/// Inodes a table's image is written in at a time ([`State::make_state_whole`]).
+const IMAGE_SLICE: usize = 1_000;
+
+/// Images written before the state is left not whole for the next client that joins (each
+/// refused because another client changed the volume meanwhile).
+const IMAGE_TRIES: usize = 5;
+
+fn hash_of(prefix: &str, ino: Ino) -> String {
+    format!("{prefix}{ino}")
+}
+
+fn number(n: u64) -> Vec<u8> {
+    n.to_string().into_bytes()
+}
+
+/// The state's writes of `changes`. An `image` (a whole table's, [`State::make_state_whole`])
+/// also clears what each inode it makes held: what an earlier image left, which the changes
+/// since did not all overwrite.
+pub(super) fn ops_of(changes: &[Change], image: bool) -> Vec<KeyOp> {
+    let mut ops = Vec::with_capacity(changes.len() * 2);
+    let put = |hash: &str, field: Vec<u8>, value: Vec<u8>| KeyOp::Put {
+        hash: hash.to_string(),
+        field,
+        value,
+    };
+    let remove = |hash: &str, field: Vec<u8>| KeyOp::Remove {
+        hash: hash.to_string(),
+        field,
+    };
+    for c in changes {
+        match c {
+            Change::Make {
+                ino,
+                kind,
+                attrs,
+                seed,
+                xattrs,
+            } => {
+                let made = Change::Make {
+                    ino: *ino,
+                    kind: *kind,
+                    attrs: *attrs,
+                    seed: seed.clone(),
+                    xattrs: None,
+                };
+                ops.push(put(MADE, number(*ino), record::encode(0, &[made])));
+                if image {
+                    for hash in [ATTRS, PARENT, LINKS, STAMPED] {
+                        ops.push(remove(hash, number(*ino)));
+                    }
+                    for prefix in [XATTRS, CHUNKS, NAMES] {
+                        ops.push(KeyOp::Clear {
+                            hash: hash_of(prefix, *ino),
+                        });
+                    }
+                }
+                for (name, value) in xattrs.iter().flatten() {
+                    ops.push(put(&hash_of(XATTRS, *ino), name.to_vec(), value.to_vec()));
+                }
+            }
+            Change::Attrs { ino, .. } => {
+                ops.push(put(
+                    ATTRS,
+                    number(*ino),
+                    record::encode(0, std::slice::from_ref(c)),
+                ));
+                ops.push(remove(LINKS, number(*ino)));
+                ops.push(remove(STAMPED, number(*ino)));
+            }
+            Change::Entry {
+                dir,
+                name,
+                ino: Some(ino),
+            }
+            | Change::EntryAt { dir, name, ino, .. } => {
+                ops.push(put(&hash_of(NAMES, *dir), name.to_vec(), number(*ino)));
+            }
+            Change::Entry {
+                dir,
+                name,
+                ino: None,
+            } => ops.push(remove(&hash_of(NAMES, *dir), name.to_vec())),
+            Change::Parent { dir, parent } => {
+                ops.push(put(PARENT, number(*dir), number(*parent)));
+            }
+            Change::Xattr { ino, name, value } => {
+                let hash = hash_of(XATTRS, *ino);
+                ops.push(match value {
+                    Some(v) => put(&hash, name.to_vec(), v.to_vec()),
+                    None => remove(&hash, name.to_vec()),
+                });
+            }
+            Change::Extent { ino, idx, chunk } => {
+                let hash = hash_of(CHUNKS, *ino);
+                ops.push(match chunk {
+                    Some(_) => KeyOp::PutPlaced {
+                        hash,
+                        field: number(*idx),
+                        value: record::encode(0, std::slice::from_ref(c)),
+                    },
+                    None => remove(&hash, number(*idx)),
+                });
+            }
+            Change::Drop { ino } => {
+                for hash in [MADE, ATTRS, PARENT, LINKS, STAMPED] {
+                    ops.push(remove(hash, number(*ino)));
+                }
+                for prefix in [XATTRS, CHUNKS, NAMES] {
+                    ops.push(KeyOp::Clear {
+                        hash: hash_of(prefix, *ino),
+                    });
+                }
+            }
+            // Each table places the names it holds.
+            Change::Cookies { .. } => {}
+            Change::Born { .. } => ops.push(KeyOp::PutAtPlace {
+                hash: BORN.to_string(),
+                value: record::encode(0, std::slice::from_ref(c)),
+            }),
+            Change::DirStamp { dir, time, links } => {
+                if *links != 0 {
+                    ops.push(KeyOp::Add {
+                        hash: LINKS.to_string(),
+                        field: number(*dir),
+                        by: i64::from(*links),
+                    });
+                }
+                let since = time
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap_or_default();
+                ops.push(KeyOp::Later {
+                    hash: STAMPED.to_string(),
+                    field: number(*dir),
+                    secs: since.as_secs(),
+                    nanos: since.subsec_nanos(),
+                });
+            }
+        }
+    }
+    ops
+}
+
+fn bad(what: impl std::fmt::Display) -> Error {
+    Error::new(libc::EIO, format!("the engine's state: {what}"))
+}
+
+fn parse_number<T: std::str::FromStr>(bytes: &[u8], what: &str) -> Result<T> {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad(format!("{what} '{}'", String::from_utf8_lossy(bytes))))
+}
+
+/// The one change a state value's record holds.
+fn recorded(bytes: &[u8]) -> Result<Vec<Change>> {
+    catchup::entry_changes(0, bytes)
+}
+
+/// The changes that build, from a table holding only the root ([`Meta::new_shared`]), the
+/// table `state` holds: inodes first, then their names, parents, attributes and stamps,
+/// then chunks and servers' births in the log's order (a birth forgets the copies listed
+/// on its server before it).
+pub(super) fn changes_of(state: &StateDump) -> Result<Vec<Change>> {
+    let empty = Default::default();
+    let hash = |name: &str| state.get(name).unwrap_or(&empty);
+    let mut out = Vec::new();
+    for name in [MADE, ATTRS] {
+        for record in hash(name).values() {
+            out.extend(recorded(record)?);
+        }
+    }
+    for (dir, parent) in hash(PARENT) {
+        out.push(Change::Parent {
+            dir: parse_number(dir, "a directory")?,
+            parent: parse_number(parent, "a parent")?,
+        });
+    }
+    let mut placed: Vec<(u64, u8, Change)> = Vec::new();
+    for (name, fields) in state {
+        let of = |prefix: &str| -> Result<Option<Ino>> {
+            name.strip_prefix(prefix)
+                .map(|n| parse_number(n.as_bytes(), "an inode"))
+                .transpose()
+        };
+        if let Some(ino) = of(XATTRS)? {
+            for (n, v) in fields {
+                out.push(Change::Xattr {
+                    ino,
+                    name: n.as_slice().into(),
+                    value: Some(v.as_slice().into()),
+                });
+            }
+        } else if let Some(dir) = of(NAMES)? {
+            for (n, child) in fields {
+                out.push(Change::Entry {
+                    dir,
+                    name: n.as_slice().into(),
+                    ino: Some(parse_number(child, "an entry's inode")?),
+                });
+            }
+        } else if of(CHUNKS)?.is_some() {
+            for placed_chunk in fields.values() {
+                let (lsn, record) = split_place(placed_chunk)?;
+                for c in recorded(record)? {
+                    placed.push((lsn, 1, c));
+                }
+            }
+        } else if !name.starts_with(STATE_PREFIX)
+            || ![MADE, ATTRS, PARENT, LINKS, STAMPED, BORN].contains(&name.as_str())
+        {
+            return Err(bad(format!("a hash '{name}' of no known kind")));
+        }
+    }
+    let mut stamped: BTreeMap<Ino, (SystemTime, i32)> = BTreeMap::new();
+    for (dir, links) in hash(LINKS) {
+        stamped
+            .entry(parse_number(dir, "a directory")?)
+            .or_insert((SystemTime::UNIX_EPOCH, 0))
+            .1 = parse_number(links, "a link count")?;
+    }
+    for (dir, time) in hash(STAMPED) {
+        let (secs, nanos) = crate::engine::state::parse_time(time)
+            .ok_or_else(|| bad(format!("a stamp '{}'", String::from_utf8_lossy(time))))?;
+        stamped
+            .entry(parse_number(dir, "a directory")?)
+            .or_insert((SystemTime::UNIX_EPOCH, 0))
+            .0 = SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
+    }
+    out.extend(
+        stamped
+            .into_iter()
+            .map(|(dir, (time, links))| Change::DirStamp { dir, time, links }),
+    );
+    for (lsn, record) in hash(BORN) {
+        for c in recorded(record)? {
+            placed.push((parse_number(lsn, "a birth's place")?, 0, c));
+        }
+    }
+    // A birth before a copy at one place: an image's births come first.
+    placed.sort_by_key(|(lsn, order, _)| (*lsn, *order));
+    out.extend(placed.into_iter().map(|(_, _, c)| c));
+    Ok(out)
+}
+
+/// A placed value's LSN and record (`LSN record`).
+fn split_place(value: &[u8]) -> Result<(u64, &[u8])> {
+    let space = value
+        .iter()
+        .position(|b| *b == b' ')
+        .ok_or_else(|| bad("a placed value without its place"))?;
+    Ok((
+        parse_number(&value[..space], "a place")?,
+        &value[space + 1..],
+    ))
+}
+
+impl State {
+    /// Writes this client's table, as of its last applied change, to the engine's state
+    /// unless the state is whole already (a volume upgraded from format 6, or one whose
+    /// upgrading client stopped before it was done): at join, before this client changes
+    /// anything. Each part is written only while the log's head is that change: a change
+    /// of another client meanwhile (whose writes land on a state this image had not
+    /// finished) has the image written again, from the table caught up, over what is
+    /// there. After [`IMAGE_TRIES`] the state is left not whole (nothing reads it as whole
+    /// then) for the next client that joins.
+    pub(super) fn make_state_whole(&self, fs: &Fs) -> Result<()> {
+        for _ in 0..IMAGE_TRIES {
+            if self.engine.state_whole().map_err(engine_err)? {
+                return Ok(());
+            }
+            let at = self.applied.load(Ordering::SeqCst);
+            if self.write_image(fs, at)? {
+                log::info!("shared volume: the engine's state written whole, as of change {at}");
+                return Ok(());
+            }
+            self.catch_up(fs, false)?;
+        }
+        log::warn!(
+            "shared volume: the engine's state is not whole (other clients kept changing the \
+             volume while its image was written); the next client to join writes it"
+        );
+        Ok(())
+    }
+
+    /// Writes the table's image as of change `at`, a slice of inodes at a time; false if
+    /// the log's head moved past `at` meanwhile.
+    fn write_image(&self, fs: &Fs, at: u64) -> Result<bool> {
+        let (mut inos, births) = fs.inspect_meta(|m| (m.inode_numbers(), m.births()));
+        inos.sort_unstable();
+        let mut slices: Vec<&[Ino]> = inos.chunks(IMAGE_SLICE).collect();
+        if slices.is_empty() {
+            slices.push(&[]);
+        }
+        let last = slices.len() - 1;
+        for (i, slice) in slices.into_iter().enumerate() {
+            let mut image = fs.inspect_meta(|m| m.image_of(slice));
+            image.add_chunks();
+            let mut changes = if i == 0 { births.clone() } else { Vec::new() };
+            changes.extend(image.changes);
+            let ops = ops_of(&changes, true);
+            if !self
+                .engine
+                .put_state(at, &ops, i == last)
+                .map_err(engine_err)?
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The digest ([`Meta::digest_by_names`]) of the table the engine's state holds.
+    pub(super) fn state_digest(&self) -> Result<Digest> {
+        let dump = self.engine.state().map_err(engine_err)?;
+        let mut meta = Meta::new_shared(0o755, self.config.root_uid, self.config.root_gid);
+        for c in changes_of(&dump)? {
+            meta.apply(&c).map_err(|e| bad(e.message))?;
+        }
+        Ok(meta.digest_by_names())
+    }
+}
