@@ -603,6 +603,22 @@ impl MetaEngine for MemEngine {
         Ok(true)
     }
 
+    fn load_state(&self, dirs: &[u64], inodes: &[u64]) -> Result<(u64, StateDump), EngineError> {
+        let mut s = self.state.0.lock();
+        s.fault("load_state")?;
+        Ok((s.head, super::state::load(&s.namespace, dirs, inodes)))
+    }
+
+    fn state_inodes(&self) -> Result<Vec<u64>, EngineError> {
+        let s = self.state.0.lock();
+        Ok(s.namespace
+            .get(super::state::MADE)
+            .into_iter()
+            .flat_map(|h| h.keys())
+            .filter_map(|k| std::str::from_utf8(k).ok()?.parse().ok())
+            .collect())
+    }
+
     fn state_whole(&self) -> Result<bool, EngineError> {
         Ok(self.state.0.lock().whole)
     }

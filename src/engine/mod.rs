@@ -431,6 +431,16 @@ pub trait MetaEngine: Send + Sync {
     /// state is marked whole after them.
     fn put_state(&self, at: u64, ops: &[KeyOp], whole: bool) -> Result<bool, EngineError>;
 
+    /// The parts of the state a client loads ([`state::load`]: the names of `dirs`, and each
+    /// inode they name and each of `inodes`, with the servers' births), as of one moment,
+    /// and the log's head then: the state is that change's.
+    fn load_state(&self, dirs: &[u64], inodes: &[u64]) -> Result<(u64, StateDump), EngineError>;
+
+    /// Every inode the state holds ([`state::MADE`]'s fields, the root's aside): a client that
+    /// loaded every directory's names looks here for the inodes no name leads to (open on
+    /// some client after their last name went).
+    fn state_inodes(&self) -> Result<Vec<u64>, EngineError>;
+
     /// Whether the state is whole: made with the volume, or written whole since
     /// ([`MetaEngine::put_state`]). Appends keep it whole.
     fn state_whole(&self) -> Result<bool, EngineError>;

@@ -551,6 +551,18 @@ impl MetaEngine for RedisEngine {
         self.put_state_at(at, ops, whole)
     }
 
+    fn load_state(
+        &self,
+        dirs: &[u64],
+        inodes: &[u64],
+    ) -> Result<(u64, super::StateDump), EngineError> {
+        self.load_parts(dirs, inodes)
+    }
+
+    fn state_inodes(&self) -> Result<Vec<u64>, EngineError> {
+        self.made_inodes()
+    }
+
     fn state_whole(&self) -> Result<bool, EngineError> {
         self.state_whole_mark()
     }

@@ -310,6 +310,44 @@ return 1
 "#
 );
 
+/// KEYS: head, the prefix of the state's hashes. ARGV: how many directories, the
+/// directories, then inodes. Returns `{head, triples}`: the log's head, then each hash, field
+/// and value read ([`crate::engine::state::load`]: the directories' names, each inode they
+/// name and each inode given, its fields and its own hashes, the servers' births).
+const LOAD_STATE: &str = r#"
+local p = KEYS[2]
+local out = {}
+local function emit(h, f, v)
+  out[#out + 1] = h
+  out[#out + 1] = f
+  out[#out + 1] = v
+end
+local n = tonumber(ARGV[1])
+local inos = {}
+for i = 2, 1 + n do
+  local h = 's:d:' .. ARGV[i]
+  local names = redis.call('HGETALL', p .. h)
+  for j = 1, #names, 2 do
+    emit(h, names[j], names[j + 1])
+    inos[#inos + 1] = names[j + 1]
+  end
+end
+for i = 2 + n, #ARGV do inos[#inos + 1] = ARGV[i] end
+for _, ino in ipairs(inos) do
+  for _, h in ipairs({'s:made', 's:attrs', 's:parent', 's:links', 's:stamped'}) do
+    local v = redis.call('HGET', p .. h, ino)
+    if v then emit(h, ino, v) end
+  end
+  for _, pre in ipairs({'s:x:', 's:c:'}) do
+    local all = redis.call('HGETALL', p .. pre .. ino)
+    for j = 1, #all, 2 do emit(pre .. ino, all[j], all[j + 1]) end
+  end
+end
+local born = redis.call('HGETALL', p .. 's:born')
+for j = 1, #born, 2 do emit('s:born', born[j], born[j + 1]) end
+return {redis.call('GET', KEYS[1]) or '0', out}
+"#;
+
 /// KEYS: format, sessions, turn, servers. ARGV: who, the format, the fence, the servers'
 /// format line. Returns the live sessions other than `who` (none: upgraded, or in a format
 /// already).
@@ -392,6 +430,7 @@ pub(super) struct Scripts {
     pub(super) swap_locks: ::redis::Script,
     pub(super) mark_open: ::redis::Script,
     pub(super) put_state: ::redis::Script,
+    pub(super) load_state: ::redis::Script,
 }
 
 impl Scripts {
@@ -410,6 +449,7 @@ impl Scripts {
             swap_locks: ::redis::Script::new(SWAP_LOCKS),
             mark_open: ::redis::Script::new(MARK_OPEN),
             put_state: ::redis::Script::new(PUT_STATE),
+            load_state: ::redis::Script::new(LOAD_STATE),
         }
     }
 }

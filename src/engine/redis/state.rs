@@ -3,7 +3,7 @@
 //! from the writes each change sends, four arguments each.
 
 use super::{unavailable, RedisEngine};
-use crate::engine::state::{time_value, INFO_HASH, STATE_PREFIX};
+use crate::engine::state::{time_value, INFO_HASH, MADE, STATE_PREFIX};
 use crate::engine::{EngineError, KeyOp, StateDump};
 
 /// How many state writes one [`RedisEngine::put_state_at`] call sends at most: a table's
@@ -90,6 +90,59 @@ impl RedisEngine {
             }
         }
         Ok(true)
+    }
+
+    /// [`crate::engine::MetaEngine::load_state`]: one script, so one moment.
+    pub(super) fn load_parts(
+        &self,
+        dirs: &[u64],
+        inodes: &[u64],
+    ) -> Result<(u64, StateDump), EngineError> {
+        let (head, flat): (u64, Vec<Vec<u8>>) = self.with(|c| {
+            let mut script = self.scripts.load_state.prepare_invoke();
+            script
+                .key(&self.keys.head)
+                .key(&self.keys.prefix)
+                .arg(dirs.len());
+            for d in dirs.iter().chain(inodes) {
+                script.arg(*d);
+            }
+            script.invoke(c)
+        })?;
+        let mut out = StateDump::new();
+        for t in flat.chunks(3) {
+            let [hash, field, value] = t else {
+                return Err(unavailable("the state's load answered a partial triple"));
+            };
+            let hash = String::from_utf8(hash.clone())
+                .map_err(|_| unavailable("the state's load answered a hash not in UTF-8"))?;
+            out.entry(hash)
+                .or_default()
+                .insert(field.clone(), value.clone());
+        }
+        Ok((head, out))
+    }
+
+    /// [`crate::engine::MetaEngine::state_inodes`]: `HSCAN` of the makes, a batch at a time.
+    pub(super) fn made_inodes(&self) -> Result<Vec<u64>, EngineError> {
+        let hash = format!("{}{MADE}", self.keys.prefix);
+        let mut out = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let (next, listed): (u64, Vec<(u64, Vec<u8>)>) = self.with(|c| {
+                ::redis::cmd("HSCAN")
+                    .arg(&hash)
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query(c)
+            })?;
+            out.extend(listed.into_iter().map(|(ino, _)| ino));
+            if next == 0 {
+                return Ok(out);
+            }
+            cursor = next;
+        }
     }
 
     /// [`crate::engine::MetaEngine::state_whole`].

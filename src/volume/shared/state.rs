@@ -16,22 +16,14 @@ use crate::engine::{KeyOp, StateDump};
 use crate::meta::Digest;
 use std::time::SystemTime;
 
-/// Inode to its `Make` (its extended attributes apart), as a record.
-const MADE: &str = "s:made";
-/// Inode to its last `Attrs`, as a record (none: the `Make`'s).
-const ATTRS: &str = "s:attrs";
-/// Directory to the directory it sits in, since a move (none: its `Make`'s).
-const PARENT: &str = "s:parent";
-/// Directory to the links its names' stamps moved since its attributes were set.
-const LINKS: &str = "s:links";
-/// Directory to its latest stamp's time since its attributes were set.
-const STAMPED: &str = "s:stamped";
-/// LSN of a server's birth to the birth, as a record.
-const BORN: &str = "s:born";
-/// Inodes' extended attributes, chunks (index to `LSN record`) and names (name to inode).
-const XATTRS: &str = "s:x:";
-const CHUNKS: &str = "s:c:";
-const NAMES: &str = "s:d:";
+// Which hash holds what: see the engine's layout (`crate::engine::state`). `MADE`: inode
+// to its `Make` (its extended attributes apart), as a record; `ATTRS`: to its last `Attrs`
+// (none: the `Make`'s); `PARENT`: a directory to the one it sits in since a move (none: its
+// `Make`'s); `LINKS` and `STAMPED`: a directory to the links its names' stamps moved, and
+// their latest time, since its attributes were set; `BORN`: LSN of a server's birth to the
+// birth; `XATTRS`, `CHUNKS` (index to `LSN record`) and `NAMES` (name to inode): each
+// inode's own.
+use crate::engine::state::{ATTRS, BORN, CHUNKS, LINKS, MADE, NAMES, PARENT, STAMPED, XATTRS};
 
 /// Inodes a table's image is written in at a time ([`State::make_state_whole`]).
 const IMAGE_SLICE: usize = 1_000;
