@@ -18,6 +18,10 @@ pub struct Error {
     /// A shared volume's drop of this inode, refused because another client has it open:
     /// that client drops it once it lets go (EBUSY if it ever reached a program).
     pub held_elsewhere: Option<u64>,
+    /// A partial table (a shared client that loads the namespace as it is used) does not
+    /// hold this inode, or this directory's names: loaded, the operation runs again
+    /// (`crate::fs::Fs::loading`); ENOENT if it ever reached a program.
+    pub unloaded: Option<u64>,
 }
 
 impl Error {
@@ -28,6 +32,7 @@ impl Error {
             conflict: None,
             conflict_shared: false,
             held_elsewhere: None,
+            unloaded: None,
         }
     }
 
@@ -48,6 +53,17 @@ impl Error {
         Error {
             held_elsewhere: Some(ino),
             ..Error::new(libc::EBUSY, message)
+        }
+    }
+}
+
+impl Error {
+    /// What a partial table does not hold: inode `ino`, or directory `ino`'s names (see
+    /// [`Error::unloaded`]).
+    pub fn unloaded(ino: u64) -> Error {
+        Error {
+            unloaded: Some(ino),
+            ..Error::new(libc::ENOENT, format!("inode {ino} is not loaded here"))
         }
     }
 }

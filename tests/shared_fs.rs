@@ -278,10 +278,16 @@ fn checkpoints(open: impl Fn() -> Arc<dyn MetaEngine>) {
     assert_eq!(b.shared.applied(), a.shared.applied());
     assert_eq!(read(&b.fs, "d/f3").unwrap(), bytes(3, 5000));
     assert_eq!(a.fs.namespace_digest(), b.fs.namespace_digest());
+    // A client joining now reads the root's names from the engine's state (no checkpoint,
+    // no log), "d"'s when a lookup needs them, the rest in the poller's round.
     let c = client(&rack, open(), "c");
     assert_eq!(c.shared.applied(), a.shared.applied());
-    assert_eq!(c.fs.namespace_digest(), a.fs.namespace_digest());
+    assert!(!c.shared.is_whole());
+    assert_eq!(c.fs.inode_count(), 4, "the root and its three names");
     assert_eq!(read(&c.fs, "d/after").unwrap(), b"after");
+    c.shared.poll_now().unwrap();
+    assert!(c.shared.is_whole());
+    assert_eq!(c.fs.namespace_digest(), a.fs.namespace_digest());
     c.create("d/from-c", b"c").unwrap();
     b.create("d/from-b", b"b").unwrap();
     a.shared.poll_now().unwrap();
@@ -1962,4 +1968,89 @@ fn a_removal_frees_its_memory_though_its_client_goes_right_after() {
         });
         drop(b);
     }
+}
+
+/// A client joining a volume loads what it uses (shared format 7): the root's names at the
+/// join, a directory's when a lookup or a change needs them, the rest in the poller's round;
+/// meanwhile what other clients change is right wherever this client looks: in directories
+/// it had not loaded, in one it had (a name moved in from one it had not, leading to an
+/// inode it did not hold), a directory moved below one it had not loaded (a move making a
+/// cycle refused), a directory filled where it had not loaded it (not removed as empty).
+/// What reads the whole table (the rebuild) waits for the rest.
+#[test]
+fn a_joining_client_loads_what_it_uses_and_the_rest_after() {
+    let rack = Rack::new(2);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client(&rack, engine.clone(), "a");
+    for d in 0..20 {
+        a.mkdir(&format!("d{d}")).unwrap();
+        for f in 0..10 {
+            a.create(&format!("d{d}/f{f}"), format!("{d}/{f}").as_bytes())
+                .unwrap();
+        }
+    }
+    a.mkdir("d11/sub").unwrap();
+    let c = client(&rack, engine.clone(), "c");
+    assert!(!c.shared.is_whole());
+    assert_eq!(c.fs.inode_count(), 21, "the root and its names");
+    assert!(!c.fs.may_rebuild(), "the rebuild waits for the whole table");
+    assert_eq!(read(&c.fs, "d7/f3").unwrap(), b"7/3");
+    assert_eq!(c.fs.inode_count(), 31, "and d7's names");
+    // Changes where c has not looked.
+    a.create("d9/new", b"new").unwrap();
+    a.unlink("d9/f0").unwrap();
+    a.rename("d3/f1", "d4/moved").unwrap();
+    // A name moved into a directory c holds, from one it does not, to an inode it lacks.
+    a.rename("d5/f2", "d7/from-5").unwrap();
+    // A directory moved below one c has not loaded, then c moves the upper one into it
+    // (by inode, as the kernel would: c held d10 from the join).
+    let d10 = resolve(&a.fs, "d10").unwrap();
+    a.rename("d10", "d11/sub/d10").unwrap();
+    // A directory filled where c has not loaded it.
+    a.create("d12/f-late", b"late").unwrap();
+    let names = |fs: &Fs, dir: &str| -> Vec<String> {
+        let ino = resolve(fs, dir).unwrap();
+        let fh = fs.opendir(ino).unwrap();
+        let mut out = Vec::new();
+        // With attributes (as `ls -l`): a name whose inode is not held would be left out.
+        fs.readdirplus(ino, fh, 0, &mut |e, _| {
+            out.push(String::from_utf8(e.name).unwrap());
+            true
+        })
+        .unwrap();
+        fs.releasedir(fh);
+        out.retain(|n| n != "." && n != "..");
+        out.sort();
+        out
+    };
+    c.shared.pause(true);
+    // d7, loaded, now names an inode c did not hold: listed whole, each name once.
+    assert_eq!(names(&c.fs, "d7"), names(&a.fs, "d7"));
+    assert_eq!(names(&c.fs, "d9"), names(&a.fs, "d9"));
+    assert!(names(&c.fs, "d9").contains(&"new".to_string()));
+    assert_eq!(read(&c.fs, "d4/moved").unwrap(), b"3/1");
+    assert_eq!(read(&c.fs, "d7/from-5").unwrap(), b"5/2");
+    assert_eq!(resolve(&c.fs, "d3/f1"), Err(libc::ENOENT));
+    assert_eq!(
+        c.rename("d11", "d10/inside"),
+        Err(libc::ENOENT),
+        "d10 moved"
+    );
+    let cycle = c.change(|fs| {
+        fs.rename(ROOT_INO, b"d11", d10, b"inside", 0, common::ME)
+            .map_err(|e| e.errno)
+    });
+    assert_eq!(cycle, Err(libc::EINVAL), "d10 is below d11 now");
+    assert_eq!(
+        c.change(|fs| fs.rmdir(ROOT_INO, b"d12").map_err(|e| e.errno)),
+        Err(libc::ENOTEMPTY)
+    );
+    assert!(!c.shared.is_whole());
+    // The poller's round loads the rest.
+    c.shared.poll_now().unwrap();
+    a.shared.poll_now().unwrap();
+    assert!(c.shared.is_whole());
+    assert!(c.fs.may_rebuild());
+    assert_eq!(c.fs.namespace_digest(), a.fs.namespace_digest());
+    state_is_every_table(&[&a, &c], "a client that loaded as it went");
 }

@@ -54,9 +54,12 @@ struct State {
     /// ([`MemEngine::hold_claim_answers`]), and how many wait now.
     claims_held_for: Option<String>,
     claims_waiting: usize,
-    /// The namespace's state beside the log ([`super::state`]), and whether it is whole.
+    /// The namespace's state beside the log ([`super::state`]), and whether it is whole;
+    /// the writes that made it, by LSN (a log that loses its last changes loses their
+    /// writes too: [`MemEngine::lose_last`]).
     namespace: StateDump,
     whole: bool,
+    state_writes: Vec<(u64, Vec<KeyOp>)>,
 }
 
 impl State {
@@ -231,6 +234,7 @@ impl MetaEngine for MemEngine {
         let lsn = s.head;
         s.log.insert(lsn, record.to_vec());
         super::state::apply(&mut s.namespace, lsn, marks.state);
+        s.state_writes.push((lsn, marks.state.to_vec()));
         let until = Instant::now() + lease;
         let mut wanted = Vec::new();
         let mut held = Vec::new();
@@ -599,6 +603,7 @@ impl MetaEngine for MemEngine {
             return Ok(false);
         }
         super::state::apply(&mut s.namespace, at, ops);
+        s.state_writes.push((at, ops.to_vec()));
         s.whole |= whole;
         Ok(true)
     }

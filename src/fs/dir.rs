@@ -18,7 +18,7 @@ impl Fs {
         if !self.holds_turn(ino) {
             self.refresh_shared();
         }
-        dir_of(&self.meta.lock(), ino)?;
+        self.loading(|| dir_of(&self.meta.lock(), ino).map(|_| ()))?;
         let fh = self.issue_fh(crate::fs::OpenMode::from_flags(libc::O_RDONLY));
         self.dir_streams.lock().insert(fh, None);
         Ok(fh)
@@ -44,7 +44,7 @@ impl Fs {
         offset: u64,
         add: &mut dyn FnMut(DirEntry) -> bool,
     ) -> Result<()> {
-        self.list(ino, fh, offset, &mut |e, _| add(e), false)
+        self.loading(|| self.list(ino, fh, offset, &mut |e, _| add(e), false))
     }
 
     /// [`Fs::readdir`] with each entry's attributes (FUSE's READDIRPLUS), so `ls -l` needs no
@@ -58,7 +58,7 @@ impl Fs {
         offset: u64,
         add: &mut dyn FnMut(DirEntry, &Attr) -> bool,
     ) -> Result<()> {
-        self.list(ino, fh, offset, &mut |e, a| add(e, a.expect("plus")), true)
+        self.loading(|| self.list(ino, fh, offset, &mut |e, a| add(e, a.expect("plus")), true))
     }
 
     /// The listing behind both: attributes are made (and taken entries counted) with `plus`.

@@ -13,7 +13,7 @@
 
 use super::Fs;
 use crate::error::Result;
-use crate::meta::{Change, FileData, Ino, Meta, Name};
+use crate::meta::{Change, FileData, Ino, Loaded, Meta, Name};
 use crate::sync::Arc;
 use std::collections::{HashMap, HashSet};
 
@@ -67,7 +67,22 @@ impl Fs {
         &self,
         records: &[(u64, Vec<Change>)],
     ) -> Result<Vec<Invalidation>> {
-        let changes: Vec<&Change> = records.iter().flat_map(|(_, c)| c).collect();
+        let changes: Vec<&Change> = {
+            let mut meta = self.meta.lock();
+            match meta.is_partial() {
+                // Of what a partial table holds only (see `meta::partial`).
+                true => {
+                    let mut kept = HashSet::new();
+                    records
+                        .iter()
+                        .flat_map(|(_, c)| {
+                            meta.held_changes(&c.iter().collect::<Vec<_>>(), &mut kept)
+                        })
+                        .collect()
+                }
+                false => records.iter().flat_map(|(_, c)| c).collect(),
+            }
+        };
         let mut out = Vec::new();
         // A server's birth changes every file's map: applied between the changes before it
         // and those after, each part as a whole.
@@ -184,6 +199,22 @@ impl Fs {
             }
         }
         Ok(out)
+    }
+
+    /// Installs what a shared client loaded into its partial table (see
+    /// [`Meta::install`]); nothing once the table is whole (a checkpoint replaced it).
+    pub fn install_loaded(&self, dirs: &[Ino], fresh: &[Ino], loaded: Loaded) -> Result<()> {
+        let mut meta = self.meta.lock();
+        match meta.is_partial() {
+            true => meta.install(dirs, fresh, loaded),
+            false => Ok(()),
+        }
+    }
+
+    /// A partial table that holds every directory's names is whole from now on (see
+    /// [`Meta::finish_partial`]); whether the table is whole.
+    pub fn finish_partial(&self) -> bool {
+        self.meta.lock().finish_partial()
     }
 
     /// Replaces the whole namespace with `fresh` (a follower that fell behind the ring

@@ -196,12 +196,23 @@ fn file_in(meta: &Meta, ino: Ino) -> Result<Arc<FileData>> {
     }
 }
 
+/// Inode `ino`: ENOENT if the table lacks it, or, in a partial table (which may not hold it
+/// yet), [`Error::unloaded`].
 fn inode(meta: &Meta, ino: Ino) -> Result<&Inode> {
-    meta.get(ino).ok_or_else(|| err(libc::ENOENT))
+    meta.get(ino).ok_or_else(|| match meta.is_partial() {
+        true => Error::unloaded(ino),
+        false => err(libc::ENOENT),
+    })
 }
 
+/// Directory `ino` with its names ([`Error::unloaded`] where a partial table does not hold
+/// them).
 fn dir_of(meta: &Meta, ino: Ino) -> Result<&Dir> {
-    inode(meta, ino)?.dir().ok_or_else(|| err(libc::ENOTDIR))
+    let d = inode(meta, ino)?.dir().ok_or_else(|| err(libc::ENOTDIR))?;
+    match meta.names_unloaded(ino) {
+        true => Err(Error::unloaded(ino)),
+        false => Ok(d),
+    }
 }
 
 impl Fs {

@@ -14,7 +14,7 @@ impl Fs {
         // Asked before the table is read: held then, the table's view of the directory was
         // the engine's when it was read.
         let held = self.holds_turn(parent);
-        match self.lookup_here(parent, name) {
+        match self.loading(|| self.lookup_here(parent, name)) {
             // On a shared volume a name another client made may not have reached this table
             // yet: it catches up once before saying there is none (a path another client just
             // made resolves at once), unless this client holds the directory's turn (no
@@ -250,7 +250,7 @@ impl Fs {
         // directory's emptiness is looked at.
         check_mutable(inode(&meta, parent)?)?;
         check_mutable(inode(&meta, ino)?)?;
-        Self::check_removable(inode(&meta, ino)?, want_dir)?;
+        Self::check_removable(&meta, ino, want_dir)?;
         let mut b = meta.batch();
         b.remove_entry(parent, name)?;
         b.stamp_dir(parent, -i32::from(want_dir))?;
@@ -288,8 +288,13 @@ impl Fs {
 
     /// Whether `victim` may go away in favour of (or as) a directory (`as_dir`) or not: the
     /// one rule `unlink`, `rmdir` and a replacing `rename` share.
-    fn check_removable(victim: &Inode, as_dir: bool) -> Result<()> {
-        match (as_dir, victim.dir()) {
+    /// A directory's emptiness is read from its names: a partial table loads them first.
+    fn check_removable(meta: &Meta, victim: Ino, as_dir: bool) -> Result<()> {
+        let victim_dir = inode(meta, victim)?.dir();
+        if victim_dir.is_some() && meta.names_unloaded(victim) {
+            return Err(Error::unloaded(victim));
+        }
+        match (as_dir, victim_dir) {
             (true, None) => Err(err(libc::ENOTDIR)),
             (false, Some(_)) => Err(err(libc::EISDIR)),
             (true, Some(d)) if !d.is_empty() => Err(err(libc::ENOTEMPTY)),
@@ -297,15 +302,16 @@ impl Fs {
         }
     }
 
-    /// True if `ino` is `ancestor` or lies below it.
-    fn is_within(meta: &Meta, mut ino: Ino, ancestor: Ino) -> bool {
+    /// True if `ino` is `ancestor` or lies below it. A partial table loads each directory
+    /// above it that it does not hold ([`Error::unloaded`]): the walk must reach the root.
+    fn is_within(meta: &Meta, mut ino: Ino, ancestor: Ino) -> Result<bool> {
         loop {
             if ino == ancestor {
-                return true;
+                return Ok(true);
             }
-            match meta.get(ino).and_then(Inode::dir) {
+            match inode(meta, ino)?.dir() {
                 Some(d) if d.parent() != ino => ino = d.parent(),
-                _ => return false,
+                _ => return Ok(false),
             }
         }
     }
@@ -368,14 +374,14 @@ impl Fs {
         }
         let src_is_dir = inode(&meta, src)?.kind == Kind::Dir;
         // A directory cannot move below itself.
-        if src_is_dir && Self::is_within(&meta, newparent, src) {
+        if src_is_dir && Self::is_within(&meta, newparent, src)? {
             return Err(err(libc::EINVAL));
         }
         let now = crate::meta::now();
         if flags & RENAME_EXCHANGE != 0 {
             let dst = dst.ok_or_else(|| err(libc::ENOENT))?;
             let dst_is_dir = inode(&meta, dst)?.kind == Kind::Dir;
-            if dst_is_dir && Self::is_within(&meta, parent, dst) {
+            if dst_is_dir && Self::is_within(&meta, parent, dst)? {
                 return Err(err(libc::EINVAL));
             }
             let mut b = meta.batch();
@@ -407,7 +413,7 @@ impl Fs {
             if dst == src {
                 return Ok(()); // two names of one file: nothing to do
             }
-            Self::check_removable(inode(&meta, dst)?, src_is_dir)?;
+            Self::check_removable(&meta, dst, src_is_dir)?;
         }
         // Detach the source, then put it in place of (or beside) the target.
         let mut b = meta.batch();

@@ -92,6 +92,10 @@ pub trait Turns: Send + Sync {
     /// holds it).
     fn rebuild_role(&self) -> bool;
 
+    /// Loads what a partial table lacks ([`crate::error::Error::unloaded`]): inode `ino`,
+    /// or, held, its names (a directory), as of the engine's head, the table caught up to it.
+    fn load(&self, fs: &Fs, ino: Ino) -> Result<()>;
+
     /// Appends every write's changes held back so far ([`crate::meta::Journal::record_write`]):
     /// `fsync`, a close, and anything that must see them in the engine first.
     fn send_writes(&self) -> Result<()>;
@@ -121,6 +125,7 @@ impl Fs {
         // Turns taken after conflicts, in inode order (so that two clients never wait for
         // each other's).
         let mut held: Vec<(Ino, HeldTurn)> = Vec::new();
+        let mut loaded = None;
         loop {
             turns.prepare(self)?;
             let e = match op() {
@@ -128,6 +133,11 @@ impl Fs {
                 // A drop refused for a file open on another client: no catch-up changes
                 // that, the caller decides what goes instead ([`Fs::removing`]).
                 Err(e) if e.held_elsewhere.is_some() => return Err(e),
+                // What a partial table lacks: loaded, the change is decided again.
+                Err(e) if e.unloaded.is_some() => {
+                    loaded = Some(self.load_unloaded(turns, e, loaded)?);
+                    continue;
+                }
                 Err(e) => e,
             };
             match e.conflict {
@@ -166,6 +176,31 @@ impl Fs {
                 None => return Err(e),
             }
         }
+    }
+
+    /// Runs `op` (a read of names: a lookup, a listing) until what it needs of a partial
+    /// table is held: each [`Error::unloaded`] loaded, then `op` again.
+    pub(super) fn loading<T>(&self, mut op: impl FnMut() -> Result<T>) -> Result<T> {
+        let mut loaded = None;
+        loop {
+            match (op(), self.turns.as_deref()) {
+                (Err(e), Some(turns)) if e.unloaded.is_some() => {
+                    loaded = Some(self.load_unloaded(turns, e, loaded)?);
+                }
+                (r, _) => return r,
+            }
+        }
+    }
+
+    /// Loads what `e` says the table lacks; ENOENT if it is what the last load (`last`)
+    /// loaded: the engine's state does not hold it either (gone meanwhile).
+    fn load_unloaded(&self, turns: &dyn Turns, e: Error, last: Option<Ino>) -> Result<Ino> {
+        let ino = e.unloaded.expect("an unloaded error");
+        if last == Some(ino) {
+            return Err(Error::new(libc::ENOENT, e.message));
+        }
+        turns.load(self, ino)?;
+        Ok(ino)
     }
 
     /// On a shared volume, inode `ino`'s turn for a change of its data (see the module doc);

@@ -419,6 +419,7 @@ impl<'m> Batch<'m> {
         let redo = std::mem::take(&mut self.redo);
         let table = super::TableView {
             inodes: &self.meta.inodes,
+            unloaded: self.meta.unloaded.as_ref(),
         };
         let recorded = match write_of {
             Some((ino, then, unsent)) => self

@@ -16,6 +16,7 @@ pub mod extents;
 pub mod image;
 mod journal;
 pub mod locks;
+mod partial;
 pub mod record;
 mod replay;
 mod stripe;
@@ -27,6 +28,7 @@ pub use extents::{
 };
 pub use image::Image;
 pub use journal::{AfterRecord, Journal, SendLater, UnsentWrite};
+pub use partial::Loaded;
 pub use replay::{add_chunks, Digest};
 
 use crate::sync::Arc;
@@ -230,9 +232,16 @@ pub fn now() -> SystemTime {
 /// directories whose state a move's checks read.
 pub struct TableView<'a> {
     inodes: &'a HashMap<Ino, Box<Inode>>,
+    unloaded: Option<&'a std::collections::BTreeSet<Ino>>,
 }
 
 impl TableView<'_> {
+    /// Whether directory `dir`'s names are not held (a partial table: see
+    /// [`Meta::names_unloaded`]): nothing may be decided on them.
+    pub fn names_unloaded(&self, dir: Ino) -> bool {
+        self.unloaded.is_some_and(|u| u.contains(&dir))
+    }
+
     /// Directory `dir` and every directory above it, up to the root.
     pub fn ancestors(&self, mut dir: Ino) -> Vec<Ino> {
         let mut out = vec![dir];
@@ -268,6 +277,9 @@ pub struct Meta {
     /// Batches committed, and the changes they held (`stats`).
     commits: u64,
     changes: u64,
+    /// A partial table's directories whose names it does not hold ([`partial`]); none: the
+    /// table holds the whole namespace.
+    unloaded: Option<std::collections::BTreeSet<Ino>>,
 }
 
 impl std::fmt::Debug for Meta {
@@ -301,6 +313,7 @@ impl Meta {
             births: Default::default(),
             commits: 0,
             changes: 0,
+            unloaded: None,
         }
     }
 

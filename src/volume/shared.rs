@@ -40,6 +40,7 @@ mod append;
 mod behind;
 mod births;
 mod catchup;
+mod load;
 #[cfg(all(test, feature = "shuttle"))]
 mod model_tests;
 mod open;
@@ -162,6 +163,8 @@ struct State {
     /// the request may have been answered (see [`Fs::tell_followed`]).
     notify: crossbeam_channel::Sender<Notice>,
     stop: AtomicBool,
+    /// The table holds the whole namespace (not a partial one still loading: [`load`]).
+    whole: AtomicBool,
     /// The poller's rounds are left to [`SharedClient::poll_now`] (a test freezing a client).
     paused: AtomicBool,
     /// The last change applied, as the engine's log held it (its LSN and bytes): read again
@@ -221,6 +224,7 @@ impl State {
             gate,
             notify,
             stop: AtomicBool::new(false),
+            whole: AtomicBool::new(true),
             tip: Mutex::new(None),
             marked: Mutex::new(HashMap::new()),
             to_settle: Mutex::new(Vec::new()),
@@ -357,16 +361,23 @@ pub fn join(
             );
         }
     }
-    // The newest checkpoint, then the log after it.
-    let (meta, from) = match engine.checkpoint().map_err(|e| e.to_string())? {
-        Some(c) => (engine_image::decode(&c.image, &config)?, c.lsn),
-        None => (Meta::new_shared(0o755, config.root_uid, config.root_gid), 0),
+    // Where the engine's state is whole, the root and its names as of the log's head: the
+    // rest is loaded as it is used ([`load`]). Else the newest checkpoint, then the log
+    // after it.
+    let partial = engine.state_whole().map_err(|e| e.to_string())?;
+    let (meta, from) = match partial {
+        true => join_partial(&*engine, &config)?,
+        false => match engine.checkpoint().map_err(|e| e.to_string())? {
+            Some(c) => (engine_image::decode(&c.image, &config)?, c.lsn),
+            None => (Meta::new_shared(0o755, config.root_uid, config.root_gid), 0),
+        },
     };
     // Shared once the engine's turns and locks are its own (below).
     let fs = Fs::with_meta(data, config.clone(), meta);
     let gate = Arc::new(FreeGate::waiting_for_the_floor());
     let (notify, told) = crossbeam_channel::unbounded::<Notice>();
     let state = Arc::new(State::new(engine, who, config, from, gate.clone(), notify));
+    state.whole.store(!partial, Ordering::SeqCst);
     let replayed = state
         .catch_up(&fs, false)
         .map_err(|e| format!("replaying the engine's log: {}", e.message))?;
@@ -445,6 +456,24 @@ pub fn join(
     ))
 }
 
+/// A partial table holding the root and its names (the inodes they lead to) as of the
+/// engine's head, and that head.
+fn join_partial(
+    engine: &dyn MetaEngine,
+    config: &FsConfig,
+) -> std::result::Result<(Meta, u64), String> {
+    let root = crate::meta::ROOT_INO;
+    let (head, dump) = engine
+        .load_state(&[root], &[root])
+        .map_err(|e| e.to_string())?;
+    let loaded = state::changes_of(&dump).map_err(|e| e.message)?;
+    let mut meta = Meta::new_shared(0o755, config.root_uid, config.root_gid);
+    meta.start_partial();
+    meta.install(&[root], &[root], loaded)
+        .map_err(|e| format!("the engine's state: {}", e.message))?;
+    Ok((meta, head))
+}
+
 impl SharedClient {
     /// The digest of the table the engine's state holds beside its log
     /// ([`crate::meta::Meta::digest_by_names`]): once this client is caught up with a volume
@@ -500,6 +529,7 @@ impl SharedClient {
     /// (tests; the poller writes them on its own).
     pub fn checkpoint_now(&self) -> std::result::Result<(), String> {
         let fs = self.fs.upgrade().ok_or("the file system is gone")?;
+        self.load_whole(&fs)?;
         self.state
             .checkpoint(&fs, catchup::Checkpointing::Forced)
             .map(|_| ())
@@ -509,7 +539,23 @@ impl SharedClient {
     /// to what every member has applied); whether one was written (tests).
     pub fn checkpoint_as_due(&self) -> std::result::Result<bool, String> {
         let fs = self.fs.upgrade().ok_or("the file system is gone")?;
+        self.load_whole(&fs)?;
         self.state.checkpoint(&fs, catchup::Checkpointing::Due)
+    }
+
+    /// Loads the rest of the namespace now, as the poller does over its rounds (a checkpoint
+    /// is of the whole table).
+    fn load_whole(&self, fs: &Fs) -> std::result::Result<(), String> {
+        while !self.state.is_whole() {
+            self.state.load_more(fs).map_err(|e| e.message)?;
+        }
+        Ok(())
+    }
+
+    /// Whether this client's table holds the whole namespace (a client that joined loads it
+    /// as it is used, and the rest in the background).
+    pub fn is_whole(&self) -> bool {
+        self.state.is_whole()
     }
 
     /// Appends a birth of server `server` as a client that found it restarted would (tests:

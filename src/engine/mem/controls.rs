@@ -96,5 +96,12 @@ impl MemEngine {
         s.versions.retain(|_, v| *v <= head);
         s.shared_versions.retain(|_, v| *v <= head);
         s.version_floor = s.version_floor.min(head);
+        // The state as of the new head: its writes after it are lost with the changes.
+        s.state_writes.retain(|(lsn, _)| *lsn <= head);
+        let mut namespace = crate::engine::StateDump::new();
+        for (lsn, ops) in &s.state_writes {
+            crate::engine::state::apply(&mut namespace, *lsn, ops);
+        }
+        s.namespace = namespace;
     }
 }

@@ -254,6 +254,11 @@ impl crate::meta::Journal for EngineRecorder {
         let s = &self.0;
         s.still_whole()?;
         let (mut keys, mut claim) = touch::touched(changes, table);
+        // Never decided on a directory whose names a partial table does not hold (every
+        // path that reads names loads them first: this is the net under them).
+        if let Some(dir) = keys.all().into_iter().find(|k| table.names_unloaded(*k)) {
+            return Err(Error::unloaded(dir));
+        }
         s.claim_quiet_dirs(changes, &mut claim);
         keys.claiming(&claim);
         let (opened, dropped) = touch::opened_and_dropped(changes);

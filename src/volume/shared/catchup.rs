@@ -85,6 +85,17 @@ impl State {
 
     /// [`State::catch_up`], the caller holding `catching`.
     fn catch_up_alone(&self, fs: &Fs, in_request: bool) -> Result<usize> {
+        self.catch_up_through(fs, in_request, u64::MAX)
+    }
+
+    /// [`State::catch_up_alone`], applying no change past `through` (a load, whose state is
+    /// of that change).
+    pub(super) fn catch_up_through(
+        &self,
+        fs: &Fs,
+        in_request: bool,
+        through: u64,
+    ) -> Result<usize> {
         let mut n = 0;
         // Appends of writes held back whose answer was lost before this read: a read to the
         // log's head that did not find them shows the engine never took them.
@@ -98,7 +109,17 @@ impl State {
         loop {
             self.still_whole()?;
             let after = self.applied.load(Ordering::SeqCst);
-            let (got, head) = self.read_past_tip(after)?;
+            if after >= through {
+                return Ok(n);
+            }
+            let (mut got, head) = self.read_past_tip(after)?;
+            let read = got.len();
+            if got.first().is_some_and(|(first, _)| *first > through) {
+                // A checkpoint trimmed changes this table lacks (and past `through`).
+                self.reload(fs, in_request, got[0].0)?;
+                continue;
+            }
+            got.retain(|(lsn, _)| *lsn <= through);
             // Appends sent before the read ended are answered, so those of its changes that
             // are this client's own are known as such (later ones come after what it read).
             // Counted after the read: an append sent while it waited for the engine may be
@@ -135,7 +156,7 @@ impl State {
             }
             self.apply(fs, &got, in_request)?;
             n += got.len();
-            if got.len() < READ_BATCH - 1 {
+            if read < READ_BATCH - 1 && read == got.len() {
                 return at_head(n);
             }
         }
@@ -334,6 +355,10 @@ impl State {
         when: Checkpointing,
     ) -> std::result::Result<bool, String> {
         let applied = self.applied.load(Ordering::SeqCst);
+        // Of the whole table only.
+        if !self.is_whole() {
+            return Ok(false);
+        }
         let mut last = self.checkpointed.load(Ordering::SeqCst);
         if when == Checkpointing::IfDue && applied < last + self.checkpoint_every {
             return Ok(false);
@@ -545,6 +570,12 @@ pub(super) fn poll_once(s: &State, fs: &Fs, wait: bool) -> std::result::Result<(
         },
     };
     r.map_err(|e| e.message)?;
+    if let Err(e) = s.load_more(fs) {
+        log::warn!(
+            "shared volume: loading the namespace (again next round): {}",
+            e.message
+        );
+    }
     s.settle_let_go(fs);
     s.collect_evicted(fs);
     let pool = fs.data().pool();

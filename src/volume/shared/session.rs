@@ -76,6 +76,10 @@ impl State {
     /// freed by that change's client, and may still be read until then). A server that did
     /// not answer is asked again by the next poll. How many extents went.
     pub(super) fn collect_evicted(&self, fs: &Fs) -> usize {
+        // What no change names is read from the whole table: not until this client holds it.
+        if !self.is_whole() {
+            return 0;
+        }
         let gone = std::mem::take(&mut *self.to_collect.lock());
         if gone.is_empty() {
             return 0;

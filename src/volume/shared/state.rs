@@ -13,7 +13,7 @@
 use super::*;
 use crate::engine::state::STATE_PREFIX;
 use crate::engine::{KeyOp, StateDump};
-use crate::meta::Digest;
+use crate::meta::{Digest, Loaded};
 use std::time::SystemTime;
 
 // Which hash holds what: see the engine's layout (`crate::engine::state`). `MADE`: inode
@@ -183,11 +183,10 @@ fn recorded(bytes: &[u8]) -> Result<Vec<Change>> {
     catchup::entry_changes(0, bytes)
 }
 
-/// The changes that build, from a table holding only the root ([`Meta::new_shared`]), the
-/// table `state` holds: inodes first, then their names, parents, attributes and stamps,
-/// then chunks and servers' births in the log's order (a birth forgets the copies listed
-/// on its server before it).
-pub(super) fn changes_of(state: &StateDump) -> Result<Vec<Change>> {
+/// What `state` holds, as changes ([`Loaded`]): inodes first, then their names, parents,
+/// attributes and stamps; apart, chunks and servers' births with their LSNs, in the log's
+/// order (a birth forgets the copies listed on its server before it).
+pub(super) fn changes_of(state: &StateDump) -> Result<Loaded> {
     let empty = Default::default();
     let hash = |name: &str| state.get(name).unwrap_or(&empty);
     let mut out = Vec::new();
@@ -265,8 +264,10 @@ pub(super) fn changes_of(state: &StateDump) -> Result<Vec<Change>> {
     }
     // A birth before a copy at one place: an image's births come first.
     placed.sort_by_key(|(lsn, order, _)| (*lsn, *order));
-    out.extend(placed.into_iter().map(|(_, _, c)| c));
-    Ok(out)
+    Ok(Loaded {
+        changes: out,
+        placed: placed.into_iter().map(|(lsn, _, c)| (lsn, c)).collect(),
+    })
 }
 
 /// A placed value's LSN and record (`LSN record`).
@@ -340,8 +341,13 @@ impl State {
     pub(super) fn state_digest(&self) -> Result<Digest> {
         let dump = self.engine.state().map_err(engine_err)?;
         let mut meta = Meta::new_shared(0o755, self.config.root_uid, self.config.root_gid);
-        for c in changes_of(&dump)? {
-            meta.apply(&c).map_err(|e| bad(e.message))?;
+        let loaded = changes_of(&dump)?;
+        for c in loaded
+            .changes
+            .iter()
+            .chain(loaded.placed.iter().map(|(_, c)| c))
+        {
+            meta.apply(c).map_err(|e| bad(e.message))?;
         }
         Ok(meta.digest_by_names())
     }

@@ -465,8 +465,16 @@ impl Turns for SharedTurns {
         self.refresh(fs);
     }
 
+    fn load(&self, fs: &Fs, ino: Ino) -> Result<()> {
+        self.0.load_for_request(fs, ino)
+    }
+
     fn rebuild_role(&self) -> bool {
         let s = &self.0;
+        // The rebuild reads every file: not until this client holds them all.
+        if !s.is_whole() {
+            return false;
+        }
         match s
             .engine
             .take_turn(&s.who, REBUILD_ROLE, REBUILD_ROLE_LEASE, Duration::ZERO)
