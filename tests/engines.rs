@@ -833,21 +833,18 @@ fn state_writes(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     rmemfs::engine::state::apply(&mut reference, seen, &image);
     assert_eq!(b.state().unwrap(), reference);
     assert!(b.state_whole().unwrap());
-    // A load reads a directory's names, each inode they name and each inode asked for
-    // (fields keyed by it, its own hashes), and the births; nothing else; with the head.
-    use rmemfs::engine::state::{ATTRS, BORN, CHUNKS, MADE, NAMES, XATTRS};
+    // A load reads a directory's names, the hash of each inode they name and of each inode
+    // asked for, and the births; nothing else; with the head.
+    use rmemfs::engine::state::{BORN, INODE, NAMES};
     let layout = [
         put(&format!("{NAMES}1"), b"a", b"10"),
         put(&format!("{NAMES}1"), b"b", b"11"),
         put(&format!("{NAMES}11"), b"deeper", b"12"),
-        put(MADE, b"10", b"m10"),
-        put(MADE, b"11", b"m11"),
-        put(MADE, b"12", b"m12"),
-        put(MADE, b"13", b"m13"),
-        put(ATTRS, b"11", b"a11"),
-        put(&format!("{XATTRS}10"), b"user.x", b"x"),
-        put(&format!("{CHUNKS}13"), b"0", b"c13"),
-        put(&format!("{CHUNKS}12"), b"0", b"c12"),
+        put(&format!("{INODE}10"), b"m", b"m10"),
+        put(&format!("{INODE}10"), b"x:user.x", b"x"),
+        put(&format!("{INODE}11"), b"m", b"m11"),
+        put(&format!("{INODE}12"), b"m", b"m12"),
+        put(&format!("{INODE}13"), b"c:0", b"c13"),
         KeyOp::PutAtPlace {
             hash: h(BORN),
             value: b"born".to_vec(),
@@ -861,10 +858,10 @@ fn state_writes(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     let hashes: Vec<&str> = loaded.keys().map(String::as_str).collect();
     assert_eq!(
         hashes,
-        vec!["s:attrs", "s:born", "s:c:13", "s:d:1", "s:made", "s:x:10"],
-        "not the names below 11, nor 12's chunks"
+        vec!["s:born", "s:d:1", "s:i:10", "s:i:11", "s:i:13"],
+        "not the names below 11, nor 12"
     );
-    assert_eq!(loaded["s:made"].len(), 3, "10, 11 and 13");
+    assert_eq!(loaded["s:i:10"].len(), 2);
     let mut inodes = b.state_inodes().unwrap();
     inodes.sort_unstable();
     assert_eq!(inodes, vec![10, 11, 12, 13]);

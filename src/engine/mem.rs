@@ -615,13 +615,7 @@ impl MetaEngine for MemEngine {
     }
 
     fn state_inodes(&self) -> Result<Vec<u64>, EngineError> {
-        let s = self.state.0.lock();
-        Ok(s.namespace
-            .get(super::state::MADE)
-            .into_iter()
-            .flat_map(|h| h.keys())
-            .filter_map(|k| std::str::from_utf8(k).ok()?.parse().ok())
-            .collect())
+        Ok(super::state::inodes(&self.state.0.lock().namespace))
     }
 
     fn state_whole(&self) -> Result<bool, EngineError> {

@@ -436,9 +436,9 @@ pub trait MetaEngine: Send + Sync {
     /// and the log's head then: the state is that change's.
     fn load_state(&self, dirs: &[u64], inodes: &[u64]) -> Result<(u64, StateDump), EngineError>;
 
-    /// Every inode the state holds ([`state::MADE`]'s fields, the root's aside): a client that
-    /// loaded every directory's names looks here for the inodes no name leads to (open on
-    /// some client after their last name went).
+    /// Every inode the state holds (its hashes, [`state::INODE`]): a client that loaded every
+    /// directory's names looks here for the inodes no name leads to (open on some client
+    /// after their last name went).
     fn state_inodes(&self) -> Result<Vec<u64>, EngineError>;
 
     /// Whether the state is whole: made with the volume, or written whole since

@@ -22,27 +22,18 @@ pub const STATE_PREFIX: &str = "s:";
 /// [`super::MetaEngine::state_whole`]); left out of [`StateDump`]s.
 pub const INFO_HASH: &str = "s:info";
 
-/// The state's layout, as [`super::MetaEngine::load_state`] reads it: hashes keyed by
-/// inode number (an inode's make and attributes, a directory's parent, the links and the
-/// latest time of its names' stamps), hashes of one inode each (its extended attributes,
-/// its chunks, a directory's names: name to inode number), and the servers' births.
-pub const MADE: &str = "s:made";
-pub const ATTRS: &str = "s:attrs";
-pub const PARENT: &str = "s:parent";
-pub const LINKS: &str = "s:links";
-pub const STAMPED: &str = "s:stamped";
-pub const BORN: &str = "s:born";
-pub const XATTRS: &str = "s:x:";
-pub const CHUNKS: &str = "s:c:";
+/// The state's layout, as [`super::MetaEngine::load_state`] reads it: a hash per inode
+/// (`s:i:INO`: its make, attributes, a directory's parent and its names' stamps, extended
+/// attributes, chunks: whatever the volume puts there), a hash per directory of its names
+/// (`s:d:INO`: name to inode number), and the servers' births (`s:born`). One hash per
+/// inode: a load reads each in one call.
+pub const INODE: &str = "s:i:";
 pub const NAMES: &str = "s:d:";
-/// The hashes keyed by inode number.
-pub const BY_INODE: [&str; 5] = [MADE, ATTRS, PARENT, LINKS, STAMPED];
-/// The prefixes of each inode's own hashes.
-pub const OF_INODE: [&str; 2] = [XATTRS, CHUNKS];
+pub const BORN: &str = "s:born";
 
-/// What [`load`] reads of `state`: the names of `dirs`, and for each inode they name and
-/// each of `inodes`, its fields and its own hashes; with the servers' births (the
-/// in-memory engine's [`super::MetaEngine::load_state`], and the reference for Redis's).
+/// What [`load`] reads of `state`: the names of `dirs`, each inode they name and each of
+/// `inodes` (its hash), and the servers' births (the in-memory engine's
+/// [`super::MetaEngine::load_state`], and the reference for Redis's).
 pub fn load(state: &StateDump, dirs: &[u64], inodes: &[u64]) -> StateDump {
     let mut out = StateDump::new();
     let mut inos: Vec<u64> = inodes.to_vec();
@@ -58,25 +49,23 @@ pub fn load(state: &StateDump, dirs: &[u64], inodes: &[u64]) -> StateDump {
         }
     }
     for ino in inos {
-        let field = ino.to_string().into_bytes();
-        for hash in BY_INODE {
-            if let Some(v) = state.get(hash).and_then(|h| h.get(&field)) {
-                out.entry(hash.to_string())
-                    .or_default()
-                    .insert(field.clone(), v.clone());
-            }
-        }
-        for prefix in OF_INODE {
-            let hash = format!("{prefix}{ino}");
-            if let Some(h) = state.get(&hash) {
-                out.insert(hash, h.clone());
-            }
+        let hash = format!("{INODE}{ino}");
+        if let Some(h) = state.get(&hash) {
+            out.insert(hash, h.clone());
         }
     }
     if let Some(born) = state.get(BORN) {
         out.insert(BORN.to_string(), born.clone());
     }
     out
+}
+
+/// The inodes `state` holds (the names of its inode hashes).
+pub fn inodes(state: &StateDump) -> Vec<u64> {
+    state
+        .keys()
+        .filter_map(|k| k.strip_prefix(INODE)?.parse().ok())
+        .collect()
 }
 
 /// One write to a state hash (`hash`: its name, [`STATE_PREFIX`] first).

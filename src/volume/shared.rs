@@ -64,7 +64,7 @@ use crate::fs::{Fs, FsConfig, HeldTurn, Turns};
 use crate::meta::{record, Change, Ino, Meta, TableView};
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// Appends of one change that a server's new birth may refuse before it fails: each means

@@ -312,8 +312,8 @@ return 1
 
 /// KEYS: head, the prefix of the state's hashes. ARGV: how many directories, the
 /// directories, then inodes. Returns `{head, triples}`: the log's head, then each hash, field
-/// and value read ([`crate::engine::state::load`]: the directories' names, each inode they
-/// name and each inode given, its fields and its own hashes, the servers' births).
+/// and value read ([`crate::engine::state::load`]: the directories' names, the hash of each
+/// inode they name and of each inode given, the servers' births).
 const LOAD_STATE: &str = r#"
 local p = KEYS[2]
 local out = {}
@@ -334,14 +334,9 @@ for i = 2, 1 + n do
 end
 for i = 2 + n, #ARGV do inos[#inos + 1] = ARGV[i] end
 for _, ino in ipairs(inos) do
-  for _, h in ipairs({'s:made', 's:attrs', 's:parent', 's:links', 's:stamped'}) do
-    local v = redis.call('HGET', p .. h, ino)
-    if v then emit(h, ino, v) end
-  end
-  for _, pre in ipairs({'s:x:', 's:c:'}) do
-    local all = redis.call('HGETALL', p .. pre .. ino)
-    for j = 1, #all, 2 do emit(pre .. ino, all[j], all[j + 1]) end
-  end
+  local h = 's:i:' .. ino
+  local all = redis.call('HGETALL', p .. h)
+  for j = 1, #all, 2 do emit(h, all[j], all[j + 1]) end
 end
 local born = redis.call('HGETALL', p .. 's:born')
 for j = 1, #born, 2 do emit('s:born', born[j], born[j + 1]) end

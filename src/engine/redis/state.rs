@@ -3,7 +3,7 @@
 //! from the writes each change sends, four arguments each.
 
 use super::{unavailable, RedisEngine};
-use crate::engine::state::{time_value, INFO_HASH, MADE, STATE_PREFIX};
+use crate::engine::state::{time_value, INFO_HASH, INODE, STATE_PREFIX};
 use crate::engine::{EngineError, KeyOp, StateDump};
 
 /// How many state writes one [`RedisEngine::put_state_at`] call sends at most: a table's
@@ -123,26 +123,16 @@ impl RedisEngine {
         Ok((head, out))
     }
 
-    /// [`crate::engine::MetaEngine::state_inodes`]: `HSCAN` of the makes, a batch at a time.
+    /// [`crate::engine::MetaEngine::state_inodes`]: a `SCAN` for the inodes' hashes.
     pub(super) fn made_inodes(&self) -> Result<Vec<u64>, EngineError> {
-        let hash = format!("{}{MADE}", self.keys.prefix);
-        let mut out = Vec::new();
-        let mut cursor = 0u64;
-        loop {
-            let (next, listed): (u64, Vec<(u64, Vec<u8>)>) = self.with(|c| {
-                ::redis::cmd("HSCAN")
-                    .arg(&hash)
-                    .arg(cursor)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query(c)
-            })?;
-            out.extend(listed.into_iter().map(|(ino, _)| ino));
-            if next == 0 {
-                return Ok(out);
-            }
-            cursor = next;
-        }
+        let prefix = format!("{}{INODE}", self.keys.prefix);
+        let names: Vec<String> = self.with(|c| {
+            ::redis::Commands::scan_match::<_, String>(c, format!("{prefix}*"))?.collect()
+        })?;
+        Ok(names
+            .iter()
+            .filter_map(|n| n.strip_prefix(&prefix)?.parse().ok())
+            .collect())
     }
 
     /// [`crate::engine::MetaEngine::state_whole`].

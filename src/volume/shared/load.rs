@@ -15,10 +15,11 @@
 
 use super::*;
 
-/// Directories whose names the poller loads in one step (one script in the engine); their
-/// inodes ride along. A few hundred directories of a typical tree read in about a
-/// millisecond of Redis's time, so requests wait little behind one.
-const LOAD_BATCH: usize = 64;
+/// Directories whose names the poller loads in one step (one script in the engine, which
+/// runs alone there); their inodes ride along, one call each. Four directories of a
+/// thousand names read in a few milliseconds of Redis's time, so other clients' changes
+/// wait little behind one (a directory of a million names is one long step: not split).
+const LOAD_BATCH: usize = 4;
 
 /// Directories the poller loads per round at most: the rest waits for the next round, so
 /// that a round also catches up, beats and settles.

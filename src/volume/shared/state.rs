@@ -11,19 +11,28 @@
 //! theirs, so a table built from the state forgets what a birth forgot, in the log's order.
 
 use super::*;
-use crate::engine::state::STATE_PREFIX;
 use crate::engine::{KeyOp, StateDump};
 use crate::meta::{Digest, Loaded};
 use std::time::SystemTime;
 
-// Which hash holds what: see the engine's layout (`crate::engine::state`). `MADE`: inode
-// to its `Make` (its extended attributes apart), as a record; `ATTRS`: to its last `Attrs`
-// (none: the `Make`'s); `PARENT`: a directory to the one it sits in since a move (none: its
-// `Make`'s); `LINKS` and `STAMPED`: a directory to the links its names' stamps moved, and
-// their latest time, since its attributes were set; `BORN`: LSN of a server's birth to the
-// birth; `XATTRS`, `CHUNKS` (index to `LSN record`) and `NAMES` (name to inode): each
-// inode's own.
-use crate::engine::state::{ATTRS, BORN, CHUNKS, LINKS, MADE, NAMES, PARENT, STAMPED, XATTRS};
+// Which hash holds what (the engine's layout, `crate::engine::state`): an inode's hash
+// holds its `Make` (its extended attributes apart) under `m`, its last `Attrs` under `a`
+// (none: the `Make`'s), a directory's parent since a move under `p` (none: its `Make`'s),
+// the links its names' stamps moved and their latest time since its attributes were set
+// under `l` and `t`, each extended attribute under `x:NAME` and each chunk under `c:INDEX`
+// (`LSN record`); a directory's names hash, name to inode; the births, LSN to birth.
+use crate::engine::state::{BORN, INODE, NAMES};
+const MADE: &[u8] = b"m";
+const ATTRS: &[u8] = b"a";
+const PARENT: &[u8] = b"p";
+const LINKS: &[u8] = b"l";
+const STAMPED: &[u8] = b"t";
+const XATTR: &[u8] = b"x:";
+const CHUNK: &[u8] = b"c:";
+
+fn field(prefix: &[u8], rest: &[u8]) -> Vec<u8> {
+    [prefix, rest].concat()
+}
 
 /// Inodes a table's image is written in at a time ([`State::make_state_whole`]).
 const IMAGE_SLICE: usize = 1_000;
@@ -45,15 +54,9 @@ fn number(n: u64) -> Vec<u8> {
 /// since did not all overwrite.
 pub(super) fn ops_of(changes: &[Change], image: bool) -> Vec<KeyOp> {
     let mut ops = Vec::with_capacity(changes.len() * 2);
-    let put = |hash: &str, field: Vec<u8>, value: Vec<u8>| KeyOp::Put {
-        hash: hash.to_string(),
-        field,
-        value,
-    };
-    let remove = |hash: &str, field: Vec<u8>| KeyOp::Remove {
-        hash: hash.to_string(),
-        field,
-    };
+    let put = |hash: String, field: Vec<u8>, value: Vec<u8>| KeyOp::Put { hash, field, value };
+    let remove = |hash: String, field: Vec<u8>| KeyOp::Remove { hash, field };
+    let clear = |hash: String| KeyOp::Clear { hash };
     for c in changes {
         match c {
             Change::Make {
@@ -70,29 +73,22 @@ pub(super) fn ops_of(changes: &[Change], image: bool) -> Vec<KeyOp> {
                     seed: seed.clone(),
                     xattrs: None,
                 };
-                ops.push(put(MADE, number(*ino), record::encode(0, &[made])));
                 if image {
-                    for hash in [ATTRS, PARENT, LINKS, STAMPED] {
-                        ops.push(remove(hash, number(*ino)));
-                    }
-                    for prefix in [XATTRS, CHUNKS, NAMES] {
-                        ops.push(KeyOp::Clear {
-                            hash: hash_of(prefix, *ino),
-                        });
-                    }
+                    ops.push(clear(hash_of(INODE, *ino)));
+                    ops.push(clear(hash_of(NAMES, *ino)));
                 }
+                let hash = hash_of(INODE, *ino);
+                ops.push(put(hash.clone(), MADE.to_vec(), record::encode(0, &[made])));
                 for (name, value) in xattrs.iter().flatten() {
-                    ops.push(put(&hash_of(XATTRS, *ino), name.to_vec(), value.to_vec()));
+                    ops.push(put(hash.clone(), field(XATTR, name), value.to_vec()));
                 }
             }
             Change::Attrs { ino, .. } => {
-                ops.push(put(
-                    ATTRS,
-                    number(*ino),
-                    record::encode(0, std::slice::from_ref(c)),
-                ));
-                ops.push(remove(LINKS, number(*ino)));
-                ops.push(remove(STAMPED, number(*ino)));
+                let hash = hash_of(INODE, *ino);
+                let one = record::encode(0, std::slice::from_ref(c));
+                ops.push(put(hash.clone(), ATTRS.to_vec(), one));
+                ops.push(remove(hash.clone(), LINKS.to_vec()));
+                ops.push(remove(hash, STAMPED.to_vec()));
             }
             Change::Entry {
                 dir,
@@ -100,43 +96,37 @@ pub(super) fn ops_of(changes: &[Change], image: bool) -> Vec<KeyOp> {
                 ino: Some(ino),
             }
             | Change::EntryAt { dir, name, ino, .. } => {
-                ops.push(put(&hash_of(NAMES, *dir), name.to_vec(), number(*ino)));
+                ops.push(put(hash_of(NAMES, *dir), name.to_vec(), number(*ino)));
             }
             Change::Entry {
                 dir,
                 name,
                 ino: None,
-            } => ops.push(remove(&hash_of(NAMES, *dir), name.to_vec())),
+            } => ops.push(remove(hash_of(NAMES, *dir), name.to_vec())),
             Change::Parent { dir, parent } => {
-                ops.push(put(PARENT, number(*dir), number(*parent)));
+                ops.push(put(hash_of(INODE, *dir), PARENT.to_vec(), number(*parent)));
             }
             Change::Xattr { ino, name, value } => {
-                let hash = hash_of(XATTRS, *ino);
+                let (hash, f) = (hash_of(INODE, *ino), field(XATTR, name));
                 ops.push(match value {
-                    Some(v) => put(&hash, name.to_vec(), v.to_vec()),
-                    None => remove(&hash, name.to_vec()),
+                    Some(v) => put(hash, f, v.to_vec()),
+                    None => remove(hash, f),
                 });
             }
             Change::Extent { ino, idx, chunk } => {
-                let hash = hash_of(CHUNKS, *ino);
+                let (hash, f) = (hash_of(INODE, *ino), field(CHUNK, &number(*idx)));
                 ops.push(match chunk {
                     Some(_) => KeyOp::PutPlaced {
                         hash,
-                        field: number(*idx),
+                        field: f,
                         value: record::encode(0, std::slice::from_ref(c)),
                     },
-                    None => remove(&hash, number(*idx)),
+                    None => remove(hash, f),
                 });
             }
             Change::Drop { ino } => {
-                for hash in [MADE, ATTRS, PARENT, LINKS, STAMPED] {
-                    ops.push(remove(hash, number(*ino)));
-                }
-                for prefix in [XATTRS, CHUNKS, NAMES] {
-                    ops.push(KeyOp::Clear {
-                        hash: hash_of(prefix, *ino),
-                    });
-                }
+                ops.push(clear(hash_of(INODE, *ino)));
+                ops.push(clear(hash_of(NAMES, *ino)));
             }
             // Each table places the names it holds.
             Change::Cookies { .. } => {}
@@ -145,10 +135,11 @@ pub(super) fn ops_of(changes: &[Change], image: bool) -> Vec<KeyOp> {
                 value: record::encode(0, std::slice::from_ref(c)),
             }),
             Change::DirStamp { dir, time, links } => {
+                let hash = hash_of(INODE, *dir);
                 if *links != 0 {
                     ops.push(KeyOp::Add {
-                        hash: LINKS.to_string(),
-                        field: number(*dir),
+                        hash: hash.clone(),
+                        field: LINKS.to_vec(),
                         by: i64::from(*links),
                     });
                 }
@@ -156,8 +147,8 @@ pub(super) fn ops_of(changes: &[Change], image: bool) -> Vec<KeyOp> {
                     .duration_since(SystemTime::UNIX_EPOCH)
                     .unwrap_or_default();
                 ops.push(KeyOp::Later {
-                    hash: STAMPED.to_string(),
-                    field: number(*dir),
+                    hash,
+                    field: STAMPED.to_vec(),
                     secs: since.as_secs(),
                     nanos: since.subsec_nanos(),
                 });
@@ -183,89 +174,86 @@ fn recorded(bytes: &[u8]) -> Result<Vec<Change>> {
     catchup::entry_changes(0, bytes)
 }
 
-/// What `state` holds, as changes ([`Loaded`]): inodes first, then their names, parents,
-/// attributes and stamps; apart, chunks and servers' births with their LSNs, in the log's
-/// order (a birth forgets the copies listed on its server before it).
+/// What `state` holds, as changes ([`Loaded`]): inodes first, then their attributes,
+/// parents, extended attributes, names and stamps; apart, chunks and servers' births with
+/// their LSNs, in the log's order (a birth forgets the copies listed on its server before
+/// it).
 pub(super) fn changes_of(state: &StateDump) -> Result<Loaded> {
-    let empty = Default::default();
-    let hash = |name: &str| state.get(name).unwrap_or(&empty);
-    let mut out = Vec::new();
-    for name in [MADE, ATTRS] {
-        for record in hash(name).values() {
-            out.extend(recorded(record)?);
-        }
-    }
-    for (dir, parent) in hash(PARENT) {
-        out.push(Change::Parent {
-            dir: parse_number(dir, "a directory")?,
-            parent: parse_number(parent, "a parent")?,
-        });
-    }
+    let (mut made, mut attrs, mut rest, mut stamps) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut placed: Vec<(u64, u8, Change)> = Vec::new();
     for (name, fields) in state {
-        let of = |prefix: &str| -> Result<Option<Ino>> {
-            name.strip_prefix(prefix)
-                .map(|n| parse_number(n.as_bytes(), "an inode"))
-                .transpose()
-        };
-        if let Some(ino) = of(XATTRS)? {
-            for (n, v) in fields {
-                out.push(Change::Xattr {
-                    ino,
-                    name: n.as_slice().into(),
-                    value: Some(v.as_slice().into()),
+        if let Some(ino) = name.strip_prefix(INODE) {
+            let ino: Ino = parse_number(ino.as_bytes(), "an inode")?;
+            let (mut links, mut time) = (None, None);
+            for (f, v) in fields {
+                match f.as_slice() {
+                    MADE => made.extend(recorded(v)?),
+                    ATTRS => attrs.extend(recorded(v)?),
+                    PARENT => rest.push(Change::Parent {
+                        dir: ino,
+                        parent: parse_number(v, "a parent")?,
+                    }),
+                    LINKS => links = Some(parse_number::<i32>(v, "a link count")?),
+                    STAMPED => {
+                        let (secs, nanos) =
+                            crate::engine::state::parse_time(v).ok_or_else(|| {
+                                bad(format!("a stamp '{}'", String::from_utf8_lossy(v)))
+                            })?;
+                        time = Some(SystemTime::UNIX_EPOCH + Duration::new(secs, nanos));
+                    }
+                    f if f.starts_with(XATTR) => rest.push(Change::Xattr {
+                        ino,
+                        name: f[XATTR.len()..].into(),
+                        value: Some(v.as_slice().into()),
+                    }),
+                    f if f.starts_with(CHUNK) => {
+                        let (lsn, record) = split_place(v)?;
+                        for c in recorded(record)? {
+                            placed.push((lsn, 1, c));
+                        }
+                    }
+                    f => {
+                        return Err(bad(format!(
+                            "inode {ino}'s field '{}'",
+                            String::from_utf8_lossy(f)
+                        )))
+                    }
+                }
+            }
+            if links.is_some() || time.is_some() {
+                stamps.push(Change::DirStamp {
+                    dir: ino,
+                    time: time.unwrap_or(SystemTime::UNIX_EPOCH),
+                    links: links.unwrap_or(0),
                 });
             }
-        } else if let Some(dir) = of(NAMES)? {
+        } else if let Some(dir) = name.strip_prefix(NAMES) {
+            let dir: Ino = parse_number(dir.as_bytes(), "a directory")?;
             for (n, child) in fields {
-                out.push(Change::Entry {
+                rest.push(Change::Entry {
                     dir,
                     name: n.as_slice().into(),
                     ino: Some(parse_number(child, "an entry's inode")?),
                 });
             }
-        } else if of(CHUNKS)?.is_some() {
-            for placed_chunk in fields.values() {
-                let (lsn, record) = split_place(placed_chunk)?;
+        } else if name == BORN {
+            for (lsn, record) in fields {
                 for c in recorded(record)? {
-                    placed.push((lsn, 1, c));
+                    placed.push((parse_number(lsn, "a birth's place")?, 0, c));
                 }
             }
-        } else if !name.starts_with(STATE_PREFIX)
-            || ![MADE, ATTRS, PARENT, LINKS, STAMPED, BORN].contains(&name.as_str())
-        {
+        } else {
             return Err(bad(format!("a hash '{name}' of no known kind")));
-        }
-    }
-    let mut stamped: BTreeMap<Ino, (SystemTime, i32)> = BTreeMap::new();
-    for (dir, links) in hash(LINKS) {
-        stamped
-            .entry(parse_number(dir, "a directory")?)
-            .or_insert((SystemTime::UNIX_EPOCH, 0))
-            .1 = parse_number(links, "a link count")?;
-    }
-    for (dir, time) in hash(STAMPED) {
-        let (secs, nanos) = crate::engine::state::parse_time(time)
-            .ok_or_else(|| bad(format!("a stamp '{}'", String::from_utf8_lossy(time))))?;
-        stamped
-            .entry(parse_number(dir, "a directory")?)
-            .or_insert((SystemTime::UNIX_EPOCH, 0))
-            .0 = SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
-    }
-    out.extend(
-        stamped
-            .into_iter()
-            .map(|(dir, (time, links))| Change::DirStamp { dir, time, links }),
-    );
-    for (lsn, record) in hash(BORN) {
-        for c in recorded(record)? {
-            placed.push((parse_number(lsn, "a birth's place")?, 0, c));
         }
     }
     // A birth before a copy at one place: an image's births come first.
     placed.sort_by_key(|(lsn, order, _)| (*lsn, *order));
+    made.extend(attrs);
+    made.extend(rest);
+    made.extend(stamps);
     Ok(Loaded {
-        changes: out,
+        changes: made,
         placed: placed.into_iter().map(|(lsn, _, c)| (lsn, c)).collect(),
     })
 }
