@@ -150,6 +150,15 @@ impl Meta {
         out
     }
 
+    /// Whether a load of `ino` (with its names, if a directory) would bring nothing: it is
+    /// held, and a directory's names with it.
+    pub fn holds_whole(&self, ino: Ino) -> bool {
+        match self.inodes.get(&ino) {
+            Some(i) => i.dir().is_none() || !self.names_unloaded(ino),
+            None => false,
+        }
+    }
+
     /// Whether directory `dir` is held with all its names.
     fn names_held(&self, dir: Ino) -> bool {
         self.inodes.get(&dir).is_some_and(|i| i.dir().is_some()) && !self.names_unloaded(dir)

@@ -44,6 +44,17 @@ impl State {
         if self.whole.load(Ordering::SeqCst) {
             return Ok(());
         }
+        // What another load brought meanwhile (the poller's, a request's) is not read again.
+        let (dirs, inodes): (Vec<Ino>, Vec<Ino>) = fs.inspect_meta(|m| {
+            (
+                dirs.iter().copied().filter(|d| !m.holds_whole(*d)).collect(),
+                inodes.iter().copied().filter(|i| m.get(*i).is_none()).collect(),
+            )
+        });
+        if dirs.is_empty() && inodes.is_empty() {
+            return Ok(());
+        }
+        let (dirs, inodes) = (&dirs[..], &inodes[..]);
         let (head, dump) = self.engine.load_state(dirs, inodes).map_err(engine_err)?;
         self.catch_up_through(fs, in_request, head)?;
         let loaded = state::changes_of(&dump)?;
