@@ -53,6 +53,18 @@ world"
   must "rm -rf on B" rm -rf "$mnt2/d"
   must "mkdir on A" mkdir "$MNT/e"
   assert_eq "entries on A after B's rm -rf" "$(ls "$MNT")" "e"
+  # A client joining a filled volume holds the root's names alone at first (the rest is
+  # loaded as it is used, and by its poller): it sees A's tree whole, and B's change to it.
+  for ((i = 0; i < 20; i++)); do
+    mkdir -p "$MNT/e/t$i/u" && echo "$i" >"$MNT/e/t$i/u/f" || fail "tree on A"
+  done
+  local mnt3=$BASE/mnt/volume_shared3
+  mkdir -p "$mnt3"
+  mount_fs "$mnt3" "$ADDRS" --volume sv --meta "$REDIS_URL" || fail "a late mount failed"
+  must "a change on B the late client has not loaded" mv "$mnt2/e/t7/u/f" "$mnt2/e/t8/moved"
+  must "the late client's tree" diff -r "$MNT/e" "$mnt3/e"
+  assert_eq "the moved file on the late client" "$(cat "$mnt3/e/t8/moved")" 7
+  unmount_fs "$mnt3" || fail "unmount of the late client failed"
   unmount_fs "$mnt2" || fail "unmount of B failed"
   unmount_fs "$MNT" || fail "unmount of A failed"
   # The volume's memory stays with the servers until it is removed, with its namespace in
