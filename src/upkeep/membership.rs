@@ -99,6 +99,20 @@ pub fn add_server(
     Ok(id)
 }
 
+/// Refuses what moves or counts every file's copies on a shared client that has not loaded
+/// the whole namespace yet (it joined holding the root alone: `volume::shared`'s loads):
+/// the files it does not hold would be left out.
+fn whole_namespace(fs: &Fs) -> Result<(), String> {
+    match fs.inspect_meta(crate::meta::Meta::is_partial) {
+        true => Err(
+            "this client has not loaded the whole shared namespace yet (it joined \
+                     moments ago and loads it in the background): try again in a moment"
+                .into(),
+        ),
+        false => Ok(()),
+    }
+}
+
 /// Drains the server at `addr`: out of placement now, every copy moved off it (at most
 /// `rate` bytes per second, 0: no limit), the journal and checkpoint too; returns once it
 /// holds nothing of the mount. `progress` hears every [`PROGRESS_EVERY`]; `figures` show
@@ -113,6 +127,7 @@ pub fn drain(
     stop: &Stop,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Drained, String> {
+    whole_namespace(fs)?;
     let pool = fs.data().pool();
     let id = find(fs, addr)?;
     if !pool.is_live(id) {
@@ -259,6 +274,7 @@ pub fn rebalance(
     stop: &Stop,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Rebalanced, String> {
+    whole_namespace(fs)?;
     let pool = fs.data().pool();
     pool.refresh();
     let mut ledger = crate::data::Ledger::of(pool);
@@ -325,6 +341,7 @@ pub fn rebalance(
 /// Forgets drained server `addr`: the volume's root stops naming it (after a checkpoint, so
 /// no record does), then the pool lets it go.
 pub fn remove(fs: &Fs, journal: Option<&VolumeJournal>, addr: SocketAddr) -> Result<(), String> {
+    whole_namespace(fs)?;
     let pool = fs.data().pool();
     let id = find(fs, addr)?;
     // Checked before the journal forgets it, and again by the pool as it lets it go.

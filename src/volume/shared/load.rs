@@ -47,8 +47,15 @@ impl State {
         // What another load brought meanwhile (the poller's, a request's) is not read again.
         let (dirs, inodes): (Vec<Ino>, Vec<Ino>) = fs.inspect_meta(|m| {
             (
-                dirs.iter().copied().filter(|d| !m.holds_whole(*d)).collect(),
-                inodes.iter().copied().filter(|i| m.get(*i).is_none()).collect(),
+                dirs.iter()
+                    .copied()
+                    .filter(|d| !m.holds_whole(*d))
+                    .collect(),
+                inodes
+                    .iter()
+                    .copied()
+                    .filter(|i| m.get(*i).is_none())
+                    .collect(),
             )
         });
         if dirs.is_empty() && inodes.is_empty() {
