@@ -762,7 +762,13 @@ fn state_writes(a: &dyn MetaEngine, b: &dyn MetaEngine) {
             },
             KeyOp::PutAtPlace {
                 hash: h("s:hist"),
+                field: b"a".to_vec(),
                 value: b"first".to_vec(),
+            },
+            KeyOp::PutAtPlace {
+                hash: h("s:hist"),
+                field: b"b".to_vec(),
+                value: b"beside".to_vec(),
             },
             add(b"c", 2),
             add(b"z", -1),
@@ -776,6 +782,7 @@ fn state_writes(a: &dyn MetaEngine, b: &dyn MetaEngine) {
             },
             KeyOp::PutAtPlace {
                 hash: h("s:hist"),
+                field: b"a".to_vec(),
                 value: b"second".to_vec(),
             },
             add(b"c", -2),
@@ -803,7 +810,15 @@ fn state_writes(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         reference["s:two"][b"p".as_slice()],
         format!("{first} placed").as_bytes()
     );
-    assert_eq!(reference["s:hist"].len(), 2, "one field per place");
+    assert_eq!(
+        reference["s:hist"].len(),
+        3,
+        "one field per place and field"
+    );
+    assert_eq!(
+        reference["s:hist"][format!("{first}:b").as_bytes()],
+        b"beside"
+    );
     assert!(!reference["s:n"].contains_key(b"c".as_slice()), "0: gone");
     assert_eq!(reference["s:n"][b"z".as_slice()], b"-5");
     assert_eq!(reference["s:t"][b"d".as_slice()], b"100 6");
@@ -847,6 +862,7 @@ fn state_writes(a: &dyn MetaEngine, b: &dyn MetaEngine) {
         put(&format!("{INODE}13"), b"c:0", b"c13"),
         KeyOp::PutAtPlace {
             hash: h(BORN),
+            field: b"0".to_vec(),
             value: b"born".to_vec(),
         },
     ];

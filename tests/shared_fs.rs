@@ -2008,6 +2008,9 @@ fn a_joining_client_loads_what_it_uses_and_the_rest_after() {
     a.rename("d10", "d11/sub/d10").unwrap();
     // A directory filled where c has not loaded it.
     a.create("d12/f-late", b"late").unwrap();
+    // A directory made and given a name from one c has not loaded, in one catch-up of c's.
+    a.mkdir("fresh").unwrap();
+    a.rename("d13/f4", "fresh/f4").unwrap();
     let names = |fs: &Fs, dir: &str| -> Vec<String> {
         let ino = resolve(fs, dir).unwrap();
         let fh = fs.opendir(ino).unwrap();
@@ -2024,8 +2027,17 @@ fn a_joining_client_loads_what_it_uses_and_the_rest_after() {
         out
     };
     c.shared.pause(true);
-    // d7, loaded, now names an inode c did not hold: listed whole, each name once.
+    // d7, loaded, now names an inode c did not hold: listed whole, each name once; so does
+    // the directory made meanwhile.
     assert_eq!(names(&c.fs, "d7"), names(&a.fs, "d7"));
+    assert_eq!(names(&c.fs, "fresh"), vec!["f4".to_string()]);
+    // A directory's attributes change without its names loaded.
+    let d14 = resolve(&c.fs, "d14").unwrap();
+    let chmod = rmemfs::fs::SetAttr {
+        mode: Some(0o700),
+        ..Default::default()
+    };
+    c.change(|fs| fs.setattr(d14, &chmod, common::ME)).unwrap();
     assert_eq!(names(&c.fs, "d9"), names(&a.fs, "d9"));
     assert!(names(&c.fs, "d9").contains(&"new".to_string()));
     assert_eq!(read(&c.fs, "d4/moved").unwrap(), b"3/1");

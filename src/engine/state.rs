@@ -84,8 +84,13 @@ pub enum KeyOp {
         field: Vec<u8>,
         value: Vec<u8>,
     },
-    /// The field named by the change's LSN is `value` (a history: a server's births).
-    PutAtPlace { hash: String, value: Vec<u8> },
+    /// The field named by the change's LSN, a colon and `field` is `value` (a history: a
+    /// server's births, by place and server).
+    PutAtPlace {
+        hash: String,
+        field: Vec<u8>,
+        value: Vec<u8>,
+    },
     /// `field` is gone.
     Remove { hash: String, field: Vec<u8> },
     /// The whole hash is gone.
@@ -136,11 +141,13 @@ pub fn apply(state: &mut StateDump, lsn: u64, ops: &[KeyOp]) {
                     .or_default()
                     .insert(field.clone(), v);
             }
-            KeyOp::PutAtPlace { hash, value } => {
+            KeyOp::PutAtPlace { hash, field, value } => {
+                let mut f = format!("{lsn}:").into_bytes();
+                f.extend_from_slice(field);
                 state
                     .entry(hash.clone())
                     .or_default()
-                    .insert(lsn.to_string().into_bytes(), value.clone());
+                    .insert(f, value.clone());
             }
             KeyOp::Remove { hash, field } => {
                 if let Some(h) = state.get_mut(hash) {

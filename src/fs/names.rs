@@ -23,7 +23,7 @@ impl Fs {
             Err(e)
                 if e.errno == libc::ENOENT && !held && self.refresh_shared_name(parent, name) =>
             {
-                self.lookup_here(parent, name)
+                self.loading(|| self.lookup_here(parent, name))
             }
             r => r,
         }

@@ -92,6 +92,10 @@ pub trait Turns: Send + Sync {
     /// holds it).
     fn rebuild_role(&self) -> bool;
 
+    /// Loads the rest of a partial table now (what reads every file's chunk map: a server
+    /// back behind or with new keys), waiting until it is whole.
+    fn load_whole(&self, fs: &Fs) -> Result<()>;
+
     /// Loads what a partial table lacks ([`crate::error::Error::unloaded`]): inode `ino`,
     /// or, held, its names (a directory), as of the engine's head, the table caught up to it.
     fn load(&self, fs: &Fs, ino: Ino) -> Result<()>;
@@ -138,7 +142,12 @@ impl Fs {
                     loaded = Some(self.load_unloaded(turns, e, loaded)?);
                     continue;
                 }
-                Err(e) => e,
+                // A catch-up after it may unload what was loaded (another client's name put
+                // there): loaded again then.
+                Err(e) => {
+                    loaded = None;
+                    e
+                }
             };
             match e.conflict {
                 Some(_) if Instant::now() >= deadline => {
@@ -201,6 +210,12 @@ impl Fs {
         }
         turns.load(self, ino)?;
         Ok(ino)
+    }
+
+    /// On a shared volume whose client holds part of the namespace, loads the rest now
+    /// ([`Turns::load_whole`]); nothing elsewhere.
+    pub fn load_whole_shared(&self) -> Result<()> {
+        self.turns.as_deref().map_or(Ok(()), |t| t.load_whole(self))
     }
 
     /// On a shared volume, inode `ino`'s turn for a change of its data (see the module doc);

@@ -108,6 +108,17 @@ impl Meta {
                 }
             }
         }
+        // Once every directory held has its names (a client finishing its load), every
+        // inode made is kept, named or not (a file made with `O_TMPFILE` after the load's
+        // last look at the state's inodes).
+        let all_names = self
+            .unloaded
+            .iter()
+            .flatten()
+            .all(|d| !self.inodes.contains_key(d));
+        if all_names {
+            kept_made.extend(made.iter().copied());
+        }
         let held = |m: &Meta, ino: &Ino| m.inodes.contains_key(ino) || kept_made.contains(ino);
         let mut out = Vec::with_capacity(changes.len());
         let mut now_unloaded = Vec::new();
@@ -124,7 +135,7 @@ impl Meta {
                     dir, ino: Some(x), ..
                 }
                 | Change::EntryAt { dir, ino: x, .. }
-                    if self.names_held(*dir) && !held(self, x) =>
+                    if (self.names_held(*dir) || kept_made.contains(dir)) && !held(self, x) =>
                 {
                     now_unloaded.push(*dir);
                     false

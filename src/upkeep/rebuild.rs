@@ -247,6 +247,10 @@ fn over_chunk_maps(
     server: ServerId,
     mut change: impl FnMut(&mut crate::data::FileIo) -> u64,
 ) -> u64 {
+    // Every file's map: a shared client that holds part of the namespace loads the rest.
+    if let Err(e) = fs.load_whole_shared() {
+        log::error!("the files not loaded here keep their copies on {server} as they are: {e}");
+    }
     let on_server =
         |f: &crate::meta::FileData| fs.data().view(f).values().any(|c| c.on(server.0).is_some());
     fs.files_by_ino()

@@ -546,10 +546,7 @@ impl SharedClient {
     /// Loads the rest of the namespace now, as the poller does over its rounds (a checkpoint
     /// is of the whole table).
     fn load_whole(&self, fs: &Fs) -> std::result::Result<(), String> {
-        while !self.state.is_whole() {
-            self.state.load_more(fs).map_err(|e| e.message)?;
-        }
-        Ok(())
+        self.state.load_whole(fs).map_err(|e| e.message)
     }
 
     /// Whether this client's table holds the whole namespace (a client that joined loads it

@@ -61,7 +61,7 @@ local function run_state_ops(prefix, lsn, first, count)
     local op, h, f, v = ARGV[i], prefix .. ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
     if op == 'P' then redis.call('HSET', h, f, v)
     elseif op == 'L' then redis.call('HSET', h, f, lsn .. ' ' .. v)
-    elseif op == 'N' then redis.call('HSET', h, tostring(lsn), v)
+    elseif op == 'N' then redis.call('HSET', h, lsn .. ':' .. f, v)
     elseif op == 'R' then redis.call('HDEL', h, f)
     elseif op == 'C' then redis.call('DEL', h)
     elseif op == 'A' then

@@ -17,7 +17,7 @@ pub(super) fn push_ops(script: &mut ::redis::ScriptInvocation<'_>, ops: &[KeyOp]
         let (code, hash, field, value): (&str, &str, &[u8], Vec<u8>) = match op {
             KeyOp::Put { hash, field, value } => ("P", hash, field, value.clone()),
             KeyOp::PutPlaced { hash, field, value } => ("L", hash, field, value.clone()),
-            KeyOp::PutAtPlace { hash, value } => ("N", hash, b"", value.clone()),
+            KeyOp::PutAtPlace { hash, field, value } => ("N", hash, field, value.clone()),
             KeyOp::Remove { hash, field } => ("R", hash, field, Vec::new()),
             KeyOp::Clear { hash } => ("C", hash, b"", Vec::new()),
             KeyOp::Add { hash, field, by } => ("A", hash, field, by.to_string().into_bytes()),

@@ -255,8 +255,16 @@ impl crate::meta::Journal for EngineRecorder {
         s.still_whole()?;
         let (mut keys, mut claim) = touch::touched(changes, table);
         // Never decided on a directory whose names a partial table does not hold (every
-        // path that reads names loads them first: this is the net under them).
-        if let Some(dir) = keys.all().into_iter().find(|k| table.names_unloaded(*k)) {
+        // path that reads names loads them first: this is the net under them). A change of
+        // its attributes alone reads none.
+        let names_read = changes.iter().filter_map(|c| match c {
+            Change::Entry { dir, .. }
+            | Change::EntryAt { dir, .. }
+            | Change::Cookies { dir, .. } => Some(*dir),
+            Change::Drop { ino } => Some(*ino),
+            _ => None,
+        });
+        if let Some(dir) = names_read.into_iter().find(|d| table.names_unloaded(*d)) {
             return Err(Error::unloaded(dir));
         }
         s.claim_quiet_dirs(changes, &mut claim);

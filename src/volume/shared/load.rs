@@ -114,6 +114,14 @@ impl State {
         Ok(())
     }
 
+    /// Loads the rest of the namespace now, as the poller does over its rounds.
+    pub(super) fn load_whole(&self, fs: &Fs) -> Result<()> {
+        while !self.is_whole() {
+            self.load_more(fs)?;
+        }
+        Ok(())
+    }
+
     /// Whether this client's table holds the whole namespace (what reads it whole waits).
     pub(super) fn is_whole(&self) -> bool {
         self.whole.load(Ordering::SeqCst)

@@ -68,6 +68,11 @@ impl State {
     /// Settles the inodes whose marks went (this client's, or an evicted client's): a drop
     /// another client tried while they were marked fell to this client.
     pub(super) fn settle_let_go(&self, fs: &Fs) {
+        // An inode a partial table does not hold would be settled as nothing: not until the
+        // table is whole.
+        if !self.is_whole() {
+            return;
+        }
         let inos = std::mem::take(&mut *self.to_settle.lock());
         for ino in inos {
             fs.settle_unused(ino);

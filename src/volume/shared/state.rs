@@ -130,8 +130,10 @@ pub(super) fn ops_of(changes: &[Change], image: bool) -> Vec<KeyOp> {
             }
             // Each table places the names it holds.
             Change::Cookies { .. } => {}
-            Change::Born { .. } => ops.push(KeyOp::PutAtPlace {
+            // By place and server: an image's births all have its one place.
+            Change::Born { server, .. } => ops.push(KeyOp::PutAtPlace {
                 hash: BORN.to_string(),
+                field: number(u64::from(*server)),
                 value: record::encode(0, std::slice::from_ref(c)),
             }),
             Change::DirStamp { dir, time, links } => {
@@ -238,7 +240,8 @@ pub(super) fn changes_of(state: &StateDump) -> Result<Loaded> {
                 });
             }
         } else if name == BORN {
-            for (lsn, record) in fields {
+            for (place, record) in fields {
+                let lsn = place.split(|b| *b == b':').next().unwrap_or_default();
                 for c in recorded(record)? {
                     placed.push((parse_number(lsn, "a birth's place")?, 0, c));
                 }

@@ -469,6 +469,10 @@ impl Turns for SharedTurns {
         self.0.load_for_request(fs, ino)
     }
 
+    fn load_whole(&self, fs: &Fs) -> Result<()> {
+        self.0.load_whole(fs)
+    }
+
     fn rebuild_role(&self) -> bool {
         let s = &self.0;
         // The rebuild reads every file: not until this client holds them all.
