@@ -575,6 +575,42 @@ fn format_2_and_5_volumes_are_upgraded_when_no_old_client_is_live() {
     }
 }
 
+/// A volume of format 6 (no state beside its log), whose history knows both servers'
+/// births and has files on them, is upgraded by the first client of this build: it writes
+/// its table as the state, every server's birth kept (one place, a field each), and a client
+/// joining after holds what the others do.
+#[test]
+fn a_format_6_volume_gets_its_state_from_the_first_new_client() {
+    let rack = Rack::new(2);
+    let mem = MemEngine::new();
+    let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
+    {
+        let old = client(&rack, engine.clone(), "old");
+        old.mkdir("d").unwrap();
+        for i in 0..4 {
+            old.create(&format!("d/f{i}"), &bytes(i, 5000)).unwrap();
+        }
+        old.shared.poll_now().unwrap();
+    }
+    mem.without_state(6);
+    let new = client(&rack, engine.clone(), "new");
+    assert_eq!(
+        engine.format().unwrap(),
+        Some(rmemfs::engine::SHARED_FORMAT)
+    );
+    assert!(engine.state_whole().unwrap());
+    let born = engine.state().unwrap()["s:born"].clone();
+    let servers: std::collections::BTreeSet<Vec<u8>> = born
+        .keys()
+        .map(|k| k.splitn(2, |b| *b == b':').nth(1).unwrap().to_vec())
+        .collect();
+    assert_eq!(servers.len(), 2, "both servers' births: {born:?}");
+    let late = client(&rack, engine, "late");
+    assert!(!late.shared.is_whole());
+    assert_eq!(read(&late.fs, "d/f3").unwrap(), bytes(3, 5000));
+    state_is_every_table(&[&new, &late], "a volume upgraded from format 6");
+}
+
 /// A volume of format 4 (a build before names had keys of their own: its clients check a
 /// change of a directory against its one version, and cannot read a directory's stamp) is
 /// upgraded only once no format-4 client is live, and its log, written as that build wrote

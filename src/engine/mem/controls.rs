@@ -22,6 +22,16 @@ impl MemEngine {
         e
     }
 
+    /// The volume as a build of `format` (before format 7) left it: the log kept, no state
+    /// beside it (tests of the upgrade that writes it).
+    pub fn without_state(&self, format: u32) {
+        let mut s = self.state.0.lock();
+        s.namespace.clear();
+        s.state_writes.clear();
+        s.whole = false;
+        s.format = Some(format);
+    }
+
     /// A mutant of the engine for the model checker to catch: versions trimmed read as
     /// never touched (0), not as the versions' floor.
     pub fn floorless(&self) {
