@@ -92,15 +92,13 @@ impl State {
             budget = budget.saturating_sub(dirs.len());
             self.load(fs, &dirs, &[], true)?;
         }
+        // Listed before `catching` is taken (a scan of Redis's keys, long in a large one,
+        // must not hold catch-ups back): an inode made after the listing is applied by the
+        // catch-ups, every make being kept once every directory's names are held.
+        let listed = self.engine.state_inodes().map_err(engine_err)?;
         let _one = self.catching.lock();
         let held: std::collections::HashSet<Ino> = fs.inspect_meta(|m| m.inos().collect());
-        let unnamed: Vec<Ino> = self
-            .engine
-            .state_inodes()
-            .map_err(engine_err)?
-            .into_iter()
-            .filter(|i| !held.contains(i))
-            .collect();
+        let unnamed: Vec<Ino> = listed.into_iter().filter(|i| !held.contains(i)).collect();
         if !unnamed.is_empty() {
             self.load_alone(fs, &[], &unnamed, true)?;
         }
