@@ -254,17 +254,8 @@ impl crate::meta::Journal for EngineRecorder {
         let s = &self.0;
         s.still_whole()?;
         let (mut keys, mut claim) = touch::touched(changes, table);
-        // Never decided on a directory whose names a partial table does not hold (every
-        // path that reads names loads them first: this is the net under them). A change of
-        // its attributes alone reads none.
-        let names_read = changes.iter().filter_map(|c| match c {
-            Change::Entry { dir, .. }
-            | Change::EntryAt { dir, .. }
-            | Change::Cookies { dir, .. } => Some(*dir),
-            Change::Drop { ino } => Some(*ino),
-            _ => None,
-        });
-        if let Some(dir) = names_read.into_iter().find(|d| table.names_unloaded(*d)) {
+        // The net under every path that loads names before it decides on them.
+        if let Some(dir) = touch::names_read_unloaded(changes, table) {
             return Err(Error::unloaded(dir));
         }
         s.claim_quiet_dirs(changes, &mut claim);

@@ -9,7 +9,9 @@
 //! its check reads; appends that claim to have seen everything; every inode touched shared;
 //! a client's own shared touches counted as having seen the directory; trimmed versions
 //! read as never touched) must be caught. A trim of the engine's versions up to its head
-//! lands somewhere in every run.
+//! lands somewhere in every run. A client that joins on the root alone and loads what it
+//! uses races too ([`lazy`]), with its own mutants (the state and the log's head read in
+//! two steps; what was loaded installed before the table reached that head).
 
 use super::append::{refused, Appender};
 use super::catchup::foreign;
@@ -17,6 +19,10 @@ use super::*;
 use crate::engine::mem::MemEngine;
 use crate::meta::{Body, Dir, Inode, Journal, Kind, ROOT_INO};
 use crate::sync::thread;
+use races::{agree, one_directory, races};
+
+mod lazy;
+mod races;
 
 /// How a model client names what its changes touch (the protocol, or a mutant of it).
 #[derive(Clone, Copy)]
@@ -31,6 +37,10 @@ enum Protocol {
     /// The engine's trimmed versions read as never touched, not as the versions' floor
     /// ([`MemEngine::floorless`]).
     FloorlessTrim,
+    /// A load reads the log's head, then the state, in two steps (not one script).
+    LoadHeadApart,
+    /// A load installs what it read before its table is caught up to the state's head.
+    LoadInstallFirst,
 }
 
 /// The engine a run of `protocol` appends to.
@@ -77,6 +87,10 @@ impl Journal for Recorder {
             _ => touch::Protocol::Real,
         };
         let (keys, claim) = touch::touched_as(changes, table, named);
+        if let Some(dir) = touch::names_read_unloaded(changes, table) {
+            return Err(Error::unloaded(dir));
+        }
+        let state = super::state::ops_of(changes, false);
         let applied = match s.protocol {
             Protocol::SeenEverything => AtomicU64::new(u64::MAX / 2),
             _ => AtomicU64::new(s.applied.load(Ordering::SeqCst)),
@@ -93,7 +107,10 @@ impl Journal for Recorder {
             &record::encode(0, changes),
             &keys,
             &claim,
-            crate::engine::Marks::default(),
+            Marks {
+                state: &state,
+                ..Marks::default()
+            },
             &[],
             true,
         );
@@ -117,7 +134,15 @@ struct Client {
 }
 
 impl Client {
+    /// A client that joined by replaying the whole log.
     fn join(engine: &Arc<MemEngine>, who: &str, protocol: Protocol, inos: u64) -> Client {
+        let c = Client::new(engine, who, protocol, inos);
+        c.catch_up();
+        c
+    }
+
+    /// A client with an empty table and a session, given inode numbers `inos..`.
+    fn new(engine: &Arc<MemEngine>, who: &str, protocol: Protocol, inos: u64) -> Client {
         engine
             .start_session(who, Duration::from_secs(3600))
             .unwrap();
@@ -133,31 +158,53 @@ impl Client {
         let mut meta = Meta::new_shared(0o755, 0, 0);
         meta.set_journal(Box::new(Recorder(shared.clone())));
         meta.give_inos(inos..inos + 100);
-        let c = Client {
+        Client {
             shared,
             meta: Mutex::new(meta),
-        };
-        c.catch_up();
-        c
+        }
     }
 
     /// As the product's catch-up: read after the applied log, skip this client's own.
     fn catch_up(&self) {
+        self.catch_up_through(u64::MAX);
+    }
+
+    /// [`Client::catch_up`] up to change `through` (a load's head) at most; a partial
+    /// table takes the changes of what it holds ([`Meta::held_changes`], every record of
+    /// a read filtered before any is applied, as [`Fs::apply_followed`] does).
+    fn catch_up_through(&self, through: u64) {
         let s = &self.shared;
         loop {
             let after = s.applied.load(Ordering::SeqCst);
-            let got = s.engine.read_after(after, READ_BATCH).unwrap();
+            if after >= through {
+                return;
+            }
+            let mut got = s.engine.read_after(after, READ_BATCH).unwrap();
+            got.retain(|(lsn, _)| *lsn <= through);
             let Some((last, _)) = got.last() else {
                 return;
             };
             let records = foreign(&s.ahead.lock(), &got).unwrap();
             {
                 let mut meta = self.meta.lock();
-                for (_, changes) in &records {
-                    for c in changes {
-                        meta.apply(c).unwrap();
+                let changes: Vec<&Change> = match meta.is_partial() {
+                    true => {
+                        let mut kept = std::collections::HashSet::new();
+                        records
+                            .iter()
+                            .flat_map(|(_, c)| {
+                                meta.held_changes(&c.iter().collect::<Vec<_>>(), &mut kept)
+                            })
+                            .collect()
+                    }
+                    false => records.iter().flat_map(|(_, c)| c).collect(),
+                };
+                for c in changes {
+                    if let Err(e) = meta.apply(c) {
+                        panic!("{}'s table cannot take {c:?}: {e}", s.who);
                     }
                 }
+                self.check_held(&meta);
             }
             s.applied.store(*last, Ordering::SeqCst);
             s.ahead.lock().applied(*last);
@@ -173,43 +220,58 @@ impl Client {
         let mut fresh = false;
         let mut held: Vec<Ino> = Vec::new();
         let mut tries = 0;
+        let mut loaded = None;
         let answer = loop {
             tries += 1;
             assert!(tries < 1000, "a change lost 1000 times in a row");
             let decided = op(&mut self.meta.lock());
             match decided {
                 Ok(()) => break Ok(()),
-                Err(e) => match e.conflict {
-                    // A directory shared with others: passed, as [`Fs::changing`] does.
-                    Some(ino) if e.conflict_shared => {
-                        s.engine.give_turns(&s.who, &held).unwrap();
-                        held.clear();
-                        self.take_turn(ino);
-                        self.catch_up();
-                        s.engine.give_turns(&s.who, &[ino]).unwrap();
+                // What a partial table lacks: loaded, and the change decided again (ENOENT
+                // where the last load brought nothing of it: gone meanwhile).
+                Err(e) if e.unloaded.is_some() => {
+                    let ino = e.unloaded.unwrap();
+                    if loaded == Some(ino) {
+                        break Err(Error::new(libc::ENOENT, e.message));
                     }
-                    Some(ino) => {
-                        if !held.contains(&ino) {
-                            let (again, keys) = crate::fs::turns_in_order(&held, ino);
-                            if again {
-                                s.engine.give_turns(&s.who, &held).unwrap();
-                                held.clear();
-                            }
-                            for key in keys {
-                                if !held.contains(&key) {
-                                    self.take_turn(key);
-                                    held.push(key);
+                    self.load(&[ino], &[ino]);
+                    loaded = Some(ino);
+                }
+                // A catch-up may unload what was loaded (another client's name put there).
+                Err(e) => {
+                    loaded = None;
+                    match e.conflict {
+                        // A directory shared with others: passed, as [`Fs::changing`] does.
+                        Some(ino) if e.conflict_shared => {
+                            s.engine.give_turns(&s.who, &held).unwrap();
+                            held.clear();
+                            self.take_turn(ino);
+                            self.catch_up();
+                            s.engine.give_turns(&s.who, &[ino]).unwrap();
+                        }
+                        Some(ino) => {
+                            if !held.contains(&ino) {
+                                let (again, keys) = crate::fs::turns_in_order(&held, ino);
+                                if again {
+                                    s.engine.give_turns(&s.who, &held).unwrap();
+                                    held.clear();
+                                }
+                                for key in keys {
+                                    if !held.contains(&key) {
+                                        self.take_turn(key);
+                                        held.push(key);
+                                    }
                                 }
                             }
+                            self.catch_up();
                         }
-                        self.catch_up();
+                        None if !fresh => {
+                            self.catch_up();
+                            fresh = true;
+                        }
+                        None => break Err(e),
                     }
-                    None if !fresh => {
-                        self.catch_up();
-                        fresh = true;
-                    }
-                    None => break Err(e),
-                },
+                }
             }
         };
         held.append(&mut s.claimed.lock());
@@ -234,11 +296,7 @@ impl Client {
 
     fn mkdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
         self.change(|meta| {
-            let dir = meta
-                .get(parent)
-                .and_then(Inode::dir)
-                .ok_or_else(|| Error::new(libc::ENOENT, "no parent"))?;
-            if dir.get(name).is_some() {
+            if dir_of(meta, parent)?.get(name).is_some() {
                 return Err(Error::new(libc::EEXIST, "taken"));
             }
             let mut b = meta.batch();
@@ -254,16 +312,11 @@ impl Client {
     fn rename(&self, parent: Ino, name: &[u8], to: Ino, new: &[u8]) -> Result<()> {
         self.change(|meta| {
             let missing = || Error::new(libc::ENOENT, "no such entry");
-            let src = meta
-                .get(parent)
-                .and_then(Inode::dir)
-                .and_then(|d| d.get(name))
-                .ok_or_else(missing)?;
-            let dst = meta.get(to).and_then(Inode::dir).ok_or_else(missing)?;
-            if dst.get(new).is_some() {
+            let src = dir_of(meta, parent)?.get(name).ok_or_else(missing)?;
+            if dir_of(meta, to)?.get(new).is_some() {
                 return Err(Error::new(libc::EEXIST, "taken"));
             }
-            if within(meta, to, src) {
+            if within(meta, to, src)? {
                 return Err(Error::new(libc::EINVAL, "below itself"));
             }
             let mut b = meta.batch();
@@ -282,16 +335,10 @@ impl Client {
 
     fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
         self.change(|meta| {
-            let ino = meta
-                .get(parent)
-                .and_then(Inode::dir)
-                .and_then(|d| d.get(name))
+            let ino = dir_of(meta, parent)?
+                .get(name)
                 .ok_or_else(|| Error::new(libc::ENOENT, "no such entry"))?;
-            if !meta
-                .get(ino)
-                .and_then(Inode::dir)
-                .is_some_and(Dir::is_empty)
-            {
+            if !dir_of(meta, ino)?.is_empty() {
                 return Err(Error::new(libc::ENOTEMPTY, "not empty"));
             }
             let mut b = meta.batch();
@@ -312,18 +359,41 @@ impl Client {
     }
 }
 
-/// Whether `ino` is `ancestor` or below it (the rename's check, as `fs` makes it).
-fn within(meta: &Meta, mut ino: Ino, ancestor: Ino) -> bool {
+/// Whether `ino` is `ancestor` or below it (the rename's check, as `fs` makes it): on a
+/// partial table, loading each directory of the walk it does not hold.
+fn within(meta: &Meta, mut ino: Ino, ancestor: Ino) -> Result<bool> {
     for _ in 0..64 {
         if ino == ancestor {
-            return true;
+            return Ok(true);
         }
-        match meta.get(ino).and_then(Inode::dir) {
+        let Some(i) = meta.get(ino) else {
+            return match meta.is_partial() {
+                true => Err(Error::unloaded(ino)),
+                false => Ok(false),
+            };
+        };
+        match i.dir() {
             Some(d) if d.parent() != ino => ino = d.parent(),
-            _ => return false,
+            _ => return Ok(false),
         }
     }
-    true // a cycle: below everything on it
+    Ok(true) // a cycle: below everything on it
+}
+
+/// Directory `ino` with its names, as the file system reads it: [`Error::unloaded`] where a
+/// partial table does not hold them.
+fn dir_of(meta: &Meta, ino: Ino) -> Result<&Dir> {
+    let i = meta.get(ino).ok_or_else(|| match meta.is_partial() {
+        true => Error::unloaded(ino),
+        false => Error::new(libc::ENOENT, "no such directory"),
+    })?;
+    let d = i
+        .dir()
+        .ok_or_else(|| Error::new(libc::ENOTDIR, "not a directory"))?;
+    match meta.names_unloaded(ino) {
+        true => Err(Error::unloaded(ino)),
+        false => Ok(d),
+    }
 }
 
 /// Every directory of `meta` reaches the root by its parents, and every name leads to an
@@ -333,7 +403,7 @@ fn well_formed(meta: &Meta) -> std::result::Result<(), String> {
         let Some(d) = meta.get(ino).and_then(Inode::dir) else {
             continue;
         };
-        if !within(meta, ino, ROOT_INO) {
+        if !within(meta, ino, ROOT_INO).unwrap_or(false) {
             return Err(format!(
                 "directory {ino} is on a cycle, cut off from the root"
             ));
@@ -368,151 +438,14 @@ fn digest(meta: &Meta) -> crate::meta::Digest {
     meta.digest_of_names()
 }
 
-/// The races, two clients (and a third joining midway): two moves that together would make
-/// a cycle (`/p/a/f/e` and `/q/b/c/d`: one moves `a` into `d`, the other `b` into `e`; no
-/// inode is written by both, only the directories above each new parent are read by the
-/// other's check), two creates of one name, a removal racing a move of the same entry.
-fn races(protocol: Protocol) {
-    let engine = engine_for(protocol);
-    let setup = Client::join(&engine, "setup", REAL, 1000);
-    for path in [
-        &[&b"p"[..]][..],
-        &[b"p", b"a"],
-        &[b"p", b"a", b"f"],
-        &[b"p", b"a", b"f", b"e"],
-        &[b"q"],
-        &[b"q", b"b"],
-        &[b"q", b"b", b"c"],
-        &[b"q", b"b", b"c", b"d"],
-        &[b"gone"],
-    ] {
-        let (name, above) = path.split_last().unwrap();
-        let parent = setup.resolve(above).unwrap();
-        setup.mkdir(parent, name).unwrap();
-    }
-    let at = |path: &[&[u8]]| setup.resolve(path).unwrap();
-    let (p, q) = (at(&[b"p"]), at(&[b"q"]));
-    let d = at(&[b"q", b"b", b"c", b"d"]);
-    let e = at(&[b"p", b"a", b"f", b"e"]);
-    let one = Arc::new(Client::join(&engine, "one", protocol, 2000));
-    let two = Arc::new(Client::join(&engine, "two", protocol, 3000));
-    let t1 = {
-        let c = one.clone();
-        thread::spawn(move || {
-            let moved = c.rename(p, b"a", d, b"a").is_ok();
-            let made = c.mkdir(ROOT_INO, b"same").is_ok();
-            let removed = c.rmdir(ROOT_INO, b"gone").is_ok();
-            (moved, made, removed)
-        })
-    };
-    let t2 = {
-        let c = two.clone();
-        thread::spawn(move || {
-            let moved = c.rename(q, b"b", e, b"b").is_ok();
-            let made = c.mkdir(ROOT_INO, b"same").is_ok();
-            let renamed = c.rename(ROOT_INO, b"gone", ROOT_INO, b"kept").is_ok();
-            (moved, made, renamed)
-        })
-    };
-    // A client joining while the changes land, and the versions trimmed.
-    let late = {
-        let e = engine.clone();
-        thread::spawn(move || Client::join(&e, "late", REAL, 4000))
-    };
-    let trim = trimmer(&engine);
-    let (moved1, made1, removed) = t1.join().unwrap();
-    let (moved2, made2, renamed) = t2.join().unwrap();
-    let late = late.join().unwrap();
-    trim.join().unwrap();
-    let truth = replayed(&engine);
-    assert!(!(moved1 && moved2), "both moves were taken: a cycle");
-    assert!(moved1 || moved2, "neither move was taken");
-    assert!(
-        made1 != made2,
-        "one name made {} times",
-        made1 as u8 + made2 as u8
-    );
-    assert!(removed != renamed, "removed {removed}, moved {renamed}");
-    agree(&[&*one, &*two, &late, &setup], &truth);
-}
-
-/// Every client's table, caught up, holds the log's history.
-fn agree(clients: &[&Client], truth: &Meta) {
-    for c in clients {
-        c.catch_up();
-        let (mine, log) = (digest(&c.meta.lock()), digest(truth));
-        if mine != log {
-            let diff: Vec<_> = mine
-                .iter()
-                .filter(|(ino, d)| log.get(ino) != Some(d))
-                .map(|(ino, d)| (ino, d, log.get(ino)))
-                .collect();
-            panic!(
-                "{}'s table differs from the log's history: {diff:?}",
-                c.shared.who
-            );
-        }
-    }
-}
-
-/// The races of two clients changing directories at once: two names made in one (`/many`:
-/// both taken), a name made in one the other removes (`/box`), and one removed by a client
-/// that made and removed a name of its own there first (`/box2`: its own changes there say
-/// nothing of the other's, which its table may not hold yet).
-fn one_directory(protocol: Protocol) {
-    let engine = engine_for(protocol);
-    let setup = Client::join(&engine, "setup", REAL, 1000);
-    for name in [&b"many"[..], b"box", b"box2"] {
-        setup.mkdir(ROOT_INO, name).unwrap();
-    }
-    let at = |name: &[u8]| setup.resolve(&[name]).unwrap();
-    let (many, boxed, box2) = (at(b"many"), at(b"box"), at(b"box2"));
-    let one = Arc::new(Client::join(&engine, "one", protocol, 2000));
-    let two = Arc::new(Client::join(&engine, "two", protocol, 3000));
-    let t1 = {
-        let c = one.clone();
-        thread::spawn(move || {
-            let in_box2 = c.mkdir(box2, b"u").is_ok();
-            let beside = c.mkdir(many, b"x1").is_ok();
-            let boxed = c.mkdir(boxed, b"in").is_ok();
-            (beside, boxed, in_box2)
-        })
-    };
-    let t2 = {
-        let c = two.clone();
-        thread::spawn(move || {
-            c.mkdir(box2, b"t").unwrap();
-            c.rmdir(box2, b"t").unwrap();
-            let unboxed2 = c.rmdir(ROOT_INO, b"box2").is_ok();
-            let beside = c.mkdir(many, b"x2").is_ok();
-            let unboxed = c.rmdir(ROOT_INO, b"box").is_ok();
-            (beside, unboxed, unboxed2)
-        })
-    };
-    let trim = trimmer(&engine);
-    let (beside1, boxed, in_box2) = t1.join().unwrap();
-    trim.join().unwrap();
-    let (beside2, unboxed, unboxed2) = t2.join().unwrap();
-    let truth = replayed(&engine);
-    assert!(
-        beside1 && beside2,
-        "two names in one directory: {beside1} {beside2}"
-    );
-    assert!(
-        boxed != unboxed,
-        "made in the box {boxed}, the box removed {unboxed}"
-    );
-    assert!(
-        in_box2 != unboxed2,
-        "made in box2 {in_box2}, box2 removed {unboxed2}"
-    );
-    agree(&[&*one, &*two, &setup], &truth);
-}
-
 #[test]
 fn model_shared_changes_are_one_serial_history() {
     shuttle::check_random(|| races(REAL), 1000);
     shuttle::check_random(|| one_directory(REAL), 1000);
+    shuttle::check_random(|| lazy::lazy_join(REAL), 1000);
+    // PCT finds the orders of few preemptions a load's window needs (a change landing
+    // between two of its steps) in far fewer runs than random choices do.
+    shuttle::check_pct(|| lazy::lazy_join(REAL), 1000, 3);
 }
 
 /// The checker has teeth: each mutant of the protocol is caught in some interleaving.
@@ -563,6 +496,16 @@ fn model_shared_protocol_mutants_are_caught() {
                 "removed true, moved true",
             ],
         ),
+        (
+            Protocol::LoadHeadApart,
+            "a load that reads the log's head and the state in two steps",
+            &["cannot take", "differs", "missing inode"],
+        ),
+        (
+            Protocol::LoadInstallFirst,
+            "a load that installs before its table reaches the state's head",
+            &["cannot take", "differs", "missing inode"],
+        ),
     ] {
         let caught = std::panic::catch_unwind(|| {
             shuttle::check_random(
@@ -571,7 +514,8 @@ fn model_shared_protocol_mutants_are_caught() {
                     one_directory(mutant);
                 },
                 300,
-            )
+            );
+            shuttle::check_pct(move || lazy::lazy_join(mutant), 300, 3);
         });
         let why = match caught {
             Ok(()) => panic!("the model missed the mutant: {name}"),

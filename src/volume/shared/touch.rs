@@ -265,6 +265,23 @@ pub(super) fn dirs_named(changes: &[Change]) -> Vec<Ino> {
     dirs
 }
 
+/// A directory whose names `changes` add, remove or renumber (or drop), which a partial
+/// table does not hold: such a change is never decided (a table that does not hold a
+/// directory's names cannot check a name is free, or the directory empty). A change of its
+/// attributes alone reads none.
+pub(super) fn names_read_unloaded(changes: &[Change], table: &TableView<'_>) -> Option<Ino> {
+    changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::Entry { dir, .. }
+            | Change::EntryAt { dir, .. }
+            | Change::Cookies { dir, .. } => Some(*dir),
+            Change::Drop { ino } => Some(*ino),
+            _ => None,
+        })
+        .find(|d| table.names_unloaded(*d))
+}
+
 /// The files `changes` make (marked open by the appending client: a create opens what it
 /// makes; one made and not opened, `mknod`, has its mark taken off by the poller) and the
 /// inodes they drop (refused while another client has them open).
