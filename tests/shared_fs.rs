@@ -2102,3 +2102,95 @@ fn a_joining_client_loads_what_it_uses_and_the_rest_after() {
     assert_eq!(c.fs.namespace_digest(), a.fs.namespace_digest());
     state_is_every_table(&[&a, &c], "a client that loaded as it went");
 }
+
+/// A joining client's last step loads the files no name leads to (open on another client
+/// after their last name went), and keeps a file made with no name (`O_TMPFILE`) after it
+/// listed the state's inodes: the catch-up its last load makes applies that make, every
+/// directory's names being held by then (else the file would be lost to this client).
+#[test]
+fn a_joining_client_holds_the_files_open_elsewhere_with_no_name() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    let b = client(&rack, Arc::new(engine.clone()), "b");
+    a.mkdir("d").unwrap();
+    a.create("d/f", b"open on b").unwrap();
+    b.shared.poll_now().unwrap();
+    let f = resolve(&b.fs, "d/f").unwrap();
+    let fh = b.change(|fs| fs.open(f, libc::O_RDWR)).unwrap();
+    a.unlink("d/f").unwrap();
+    let c = client(&rack, Arc::new(engine.clone()), "c");
+    assert!(!c.shared.is_whole());
+    let d = resolve(&a.fs, "d").unwrap();
+    let (made, tmp) = std::sync::mpsc::channel();
+    let b_fs = b.fs.clone();
+    engine.after_state_listing(move || {
+        let _turn = b_fs.admit_change();
+        let (attr, fh) = b_fs.tmpfile(d, 0o600, libc::O_RDWR, common::ME).unwrap();
+        made.send((attr.ino, fh)).unwrap();
+    });
+    c.shared.poll_now().unwrap();
+    let (tmp, tmp_fh) = tmp.try_recv().expect("c listed the state's inodes");
+    assert!(c.shared.is_whole());
+    assert!(c.fs.getattr(f).is_ok(), "the file open on b, with no name");
+    assert!(c.fs.getattr(tmp).is_ok(), "the file b made with no name");
+    // Both change on c as b changes them.
+    b.change(|fs| fs.write(tmp, tmp_fh, 0, b"tmp", common::ME))
+        .unwrap();
+    b.change(|fs| fs.write(f, fh, 0, b"still", common::ME))
+        .unwrap();
+    b.change(|fs| fs.release(tmp_fh));
+    b.change(|fs| fs.release(fh));
+    for cl in [&a, &b, &c] {
+        cl.shared.poll_now().unwrap();
+    }
+    assert_eq!(c.fs.namespace_digest(), b.fs.namespace_digest());
+    assert_eq!(c.fs.namespace_digest(), a.fs.namespace_digest());
+}
+
+/// A client that evicts another while its table holds part of the namespace settles the
+/// evicted client's open files only once it holds them all: a file unlinked elsewhere and
+/// open on the evicted client only (a table that does not hold it would settle nothing) is
+/// dropped, and its memory given back, once the table is whole.
+#[test]
+fn an_evicted_clients_open_files_are_settled_once_the_table_is_whole() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    let b = client(&rack, Arc::new(engine.clone()), "b");
+    a.mkdir("d").unwrap();
+    let free_at_start = rack.free();
+    a.create("d/f", &bytes(5, 1 << 20)).unwrap();
+    b.shared.poll_now().unwrap();
+    let f = resolve(&b.fs, "d/f").unwrap();
+    let _held = b.change(|fs| fs.open(f, libc::O_RDONLY)).unwrap();
+    a.unlink("d/f").unwrap();
+    a.change(|fs| fs.forget(f, 1));
+    // a's own mark (its create opened the file) goes, and its drop, tried again then, is
+    // refused for b's: the drop is b's to make, and falls to whoever evicts b.
+    eventually("a lets its mark on the file go", || {
+        a.shared.poll_now().unwrap();
+        !engine.marked_by("a").unwrap().contains(&f)
+    });
+    a.shared.poll_now().unwrap();
+    let c = client(&rack, Arc::new(engine.clone()), "c");
+    // b stops; c evicts it in rounds whose loads fail: its table stays partial.
+    engine.heartbeat("b", Duration::ZERO).unwrap();
+    engine.fail_next("load_state", 2);
+    c.shared.poll_now().unwrap();
+    c.shared.poll_now().unwrap();
+    assert!(!c.shared.is_whole(), "the loads failed");
+    assert!(c.fs.getattr(f).is_err(), "c does not hold the file yet");
+    a.shared.poll_now().unwrap();
+    assert_ne!(rack.free(), free_at_start, "the file is not dropped yet");
+    eventually(
+        "the evicted client's file is dropped once c's table is whole",
+        || {
+            c.shared.poll_now().unwrap();
+            a.shared.poll_now().unwrap();
+            rack.free() == free_at_start
+        },
+    );
+    assert!(c.shared.is_whole());
+    assert_eq!(c.fs.namespace_digest(), a.fs.namespace_digest());
+}

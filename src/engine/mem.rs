@@ -60,6 +60,9 @@ struct State {
     namespace: StateDump,
     whole: bool,
     state_writes: Vec<(u64, Vec<KeyOp>)>,
+    /// What runs once the next listing of the state's inodes is made, before it is answered
+    /// ([`MemEngine::after_state_listing`]).
+    after_listing: Option<Box<dyn FnOnce() + Send>>,
 }
 
 mod controls;
@@ -512,7 +515,14 @@ impl MetaEngine for MemEngine {
     }
 
     fn state_inodes(&self) -> Result<Vec<u64>, EngineError> {
-        Ok(super::state::inodes(&self.state.0.lock().namespace))
+        let (listed, then) = {
+            let mut s = self.state.0.lock();
+            (super::state::inodes(&s.namespace), s.after_listing.take())
+        };
+        if let Some(then) = then {
+            then();
+        }
+        Ok(listed)
     }
 
     fn state_whole(&self) -> Result<bool, EngineError> {

@@ -1,5 +1,6 @@
 //! What tests do to the in-memory engine besides using it: volumes as older formats made
-//! them, faults armed on its calls, claims' answers held back, the log shortened as a Redis
+//! them, faults armed on its calls, claims' answers held back, a step run between a
+//! listing and its answer, the log shortened as a Redis
 //! that lost its last writes would, and what a test reads of it (log reads, turn holders).
 
 use super::MemEngine;
@@ -49,6 +50,12 @@ impl MemEngine {
     /// `"append_answer"`: the next appends are taken, but fail as if their answer was lost.
     pub fn fail_next(&self, op: &'static str, times: u32) {
         self.state.0.lock().faults.insert(op, times);
+    }
+
+    /// Runs `then` once the next listing of the state's inodes is made, before it is
+    /// answered (tests of what lands between a client's listing and what it does with it).
+    pub fn after_state_listing(&self, then: impl FnOnce() + Send + 'static) {
+        self.state.0.lock().after_listing = Some(Box::new(then));
     }
 
     /// How many times clients read the log (tests of what needs no catch-up).
