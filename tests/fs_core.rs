@@ -95,6 +95,43 @@ fn small_files_cost_pages_not_chunks() {
     assert_eq!(&t.read_file("s0").unwrap()[4..], &want[..]);
 }
 
+/// A write that grows a file's short first chunk writes the old bytes it does not cover and
+/// itself to the new extents once, in one round (not a move of the whole old chunk and then
+/// the write); a copy that fails in that round sends it back to the move, and the bytes are
+/// right either way (both paths, both write paths, two copies).
+#[test]
+fn a_write_that_grows_the_first_chunk_writes_old_and_new_bytes_once() {
+    use rmemfs::data::WritePath;
+    for path in [WritePath::Serial, WritePath::Frrwp] {
+        let t = TestFs::replicated(2, 16 << 20, 1 << 20, path, 2);
+        let fabric = t.fs.data().pool().fabric().clone();
+        let (first, second) = (bytes(1, 6144), bytes(2, 5015));
+        for (name, fault) in [("f", false), ("g", true)] {
+            t.create(name).unwrap();
+            t.write_file(name, 0, &first).unwrap();
+            let before = fabric.counters();
+            if fault {
+                t.nodes[1].fail_nth(1, false);
+            }
+            t.write_file(name, 6144, &second).unwrap();
+            let after = fabric.counters();
+            let written = after.bytes_written - before.bytes_written;
+            match fault {
+                // Each copy: the first write's 6,144 bytes and the second's 5,015.
+                false => assert_eq!(written, 2 * (6144 + 5015), "{path:?}"),
+                // The move wrote the whole old chunk (8 KiB) to each new copy.
+                true => assert!(written >= 2 * (8192 + 5015), "{path:?}: {written}"),
+            }
+            assert_eq!(after.reads - before.reads, 1 + fault as u64, "{path:?}");
+            assert_eq!(
+                t.read_file(name).unwrap(),
+                [&first[..], &second[..]].concat(),
+                "{path:?} {name}"
+            );
+        }
+    }
+}
+
 /// A small file's extent comes from the pool's stock, refilled at once: the next file of that
 /// length needs no allocation round trip, and the stock is the pool's, not the files'. A
 /// server that refuses an allocation for lack of room gets its stock back first, so the room

@@ -22,6 +22,9 @@ impl DataStore {
         for (w, window) in data.chunks(IO_SIZE).enumerate() {
             let woff = offset + (w * IO_SIZE) as u64;
             let wlen = window.len() as u64;
+            if self.grow_first_writing(chunks, woff, window, stable, b) {
+                continue;
+            }
             // Chunks are made room for before the payload goes into the bounce buffer: growing
             // a short first chunk copies its old bytes through that same buffer. With FRRWP
             // only growth happens here; new chunks are allocated by the conditional path.
@@ -189,6 +192,99 @@ impl DataStore {
         (grown.div_ceil(page) * page)
             .max(current * 2)
             .min(self.chunk_size)
+    }
+
+    /// Grows a short first chunk and writes a window that lies in it alone, in one round of
+    /// writes: its old bytes are read into `b`, then written to the new extents beside the
+    /// window (a read and a write, where a move and then the window's write cost a read and
+    /// two writes). A file written in small appends without the writeback cache (a shared
+    /// volume's `tar x`) grows its first chunk at nearly its second write. False, with
+    /// nothing changed, where it does not apply or a step fails: the caller then moves the
+    /// chunk and writes as before (which takes a failed copy out, or reports the error),
+    /// the old chunk untouched and the new extents given back.
+    fn grow_first_writing(
+        &self,
+        chunks: &mut ChunkMap,
+        woff: u64,
+        window: &[u8],
+        stable: bool,
+        b: &Bounce,
+    ) -> bool {
+        let (wlen, end) = (window.len() as u64, woff + window.len() as u64);
+        let Some(old) = chunks.get(&0).cloned() else {
+            return false;
+        };
+        // The old bytes the window does not cover, and the window unless it is sent from
+        // where it lies, side by side in the buffer.
+        let kept = old.len.min(woff);
+        let in_buffer = kept + if stable { 0 } else { wlen };
+        if end > self.chunk_size
+            || old.len >= end
+            || old.stripe().is_some()
+            || in_buffer > b.buf.len() as u64
+        {
+            return false;
+        }
+        let Ok(regions) = self.place(self.target_len(0, old.len, end)) else {
+            return false;
+        };
+        let base = b.buf.addr();
+        let wrote = (|| -> Result<()> {
+            if kept > 0 {
+                let copy = self.pick(&old, 0, &[]).ok_or_else(|| lost(0))?;
+                let read = RemoteOp {
+                    opcode: Opcode::Read,
+                    local: Sge {
+                        addr: base,
+                        len: kept,
+                        lkey: 0,
+                    },
+                    remote: region(&old, &copy),
+                    offset: 0,
+                };
+                self.run_ops(self.pin(base, kept)?, &[read])?;
+            }
+            let mut pinned = Vec::with_capacity(2);
+            if in_buffer > 0 {
+                pinned.push(self.pin(base, in_buffer)?);
+            }
+            let at = match stable {
+                true => {
+                    pinned.push(self.pin(window.as_ptr() as u64, wlen)?);
+                    window.as_ptr() as u64
+                }
+                false => {
+                    b.buf.write_at(kept as usize, window);
+                    base + kept
+                }
+            };
+            let mut writes = Vec::with_capacity(2 * regions.len());
+            for remote in &regions {
+                let piece = |addr, len, offset| RemoteOp {
+                    opcode: Opcode::Write,
+                    local: Sge { addr, len, lkey: 0 },
+                    remote: *remote,
+                    offset,
+                };
+                if kept > 0 {
+                    writes.push(piece(base, kept, 0));
+                }
+                writes.push(piece(at, wlen, woff));
+            }
+            Ok(self.run_ops_pinned(pinned, &writes)?)
+        })();
+        match wrote {
+            Ok(()) => {
+                self.free_chunk(&old);
+                chunks.insert(0, chunk_of(&regions));
+                true
+            }
+            Err(e) => {
+                log::debug!("growing a first chunk with its write: {e}; moved, then written");
+                self.pool.free_all(&regions);
+                false
+            }
+        }
     }
 
     /// Makes chunk `idx` at least `needed` bytes long: allocates it (every copy), or moves a
