@@ -868,16 +868,60 @@ fn state_writes(a: &dyn MetaEngine, b: &dyn MetaEngine) {
     ];
     assert!(b.put_state(seen, &layout, false).unwrap());
     rmemfs::engine::state::apply(&mut reference, seen, &layout);
-    let (head, loaded) = a.load_state(&[1], &[13]).unwrap();
-    assert_eq!(head, seen);
-    assert_eq!(loaded, rmemfs::engine::state::load(&reference, &[1], &[13]));
-    let hashes: Vec<&str> = loaded.keys().map(String::as_str).collect();
+    let load = a.load_state(&[1], &[13], u64::MAX).unwrap();
+    assert_eq!(load.head, seen);
+    assert!(load.too_big.is_empty());
+    let (want, _) = rmemfs::engine::state::load(&reference, &[1], &[13], u64::MAX);
+    assert_eq!(load.dump, want);
+    let hashes: Vec<&str> = load.dump.keys().map(String::as_str).collect();
     assert_eq!(
         hashes,
         vec!["s:born", "s:d:1", "s:i:10", "s:i:11", "s:i:13"],
         "not the names below 11, nor 12"
     );
-    assert_eq!(loaded["s:i:10"].len(), 2);
+    assert_eq!(load.dump["s:i:10"].len(), 2);
+    // A directory of more names than a load may read is left out, named, and so are the
+    // inodes its names lead to; a smaller one beside it is read.
+    let small = a.load_state(&[1, 11], &[13], 1).unwrap();
+    assert_eq!(small.too_big, vec![1]);
+    let hashes: Vec<&str> = small.dump.keys().map(String::as_str).collect();
+    assert_eq!(hashes, vec!["s:born", "s:d:11", "s:i:12", "s:i:13"]);
+    // Its names a page at a time (every name, however the engine cuts the pages), with its
+    // version; a change of its names moves the version.
+    let pages = |e: &dyn MetaEngine| {
+        let (mut names, mut cursor, mut versions) = (Vec::new(), 0, Vec::new());
+        loop {
+            let page = e.names_page(1, cursor, 1).unwrap();
+            versions.push((page.version, page.head));
+            names.extend(page.names);
+            if page.next == 0 {
+                names.sort();
+                names.dedup();
+                return (names, versions);
+            }
+            cursor = page.next;
+        }
+    };
+    let (names, versions) = pages(b);
+    assert_eq!(names, vec![(b"a".to_vec(), 10), (b"b".to_vec(), 11)]);
+    assert!(versions.iter().all(|v| *v == (seen, seen)), "{versions:?}");
+    let moved = [put(&format!("{NAMES}1"), b"c", b"12")];
+    let marks = Marks {
+        state: &moved,
+        ..NONE
+    };
+    let shared = Touch::shared(1, seen);
+    let lsn = a
+        .append("a", b"r", &[shared], &[], marks, LONG)
+        .unwrap()
+        .lsn;
+    let (names, versions) = pages(b);
+    assert_eq!(names.len(), 3);
+    assert!(versions.iter().all(|v| *v == (lsn, lsn)), "{versions:?}");
+    assert!(
+        b.names_page(99, 0, 10).unwrap().names.is_empty(),
+        "no such directory"
+    );
     let mut inodes = b.state_inodes().unwrap();
     inodes.sort_unstable();
     assert_eq!(inodes, vec![10, 11, 12, 13]);

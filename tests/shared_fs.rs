@@ -2194,3 +2194,102 @@ fn an_evicted_clients_open_files_are_settled_once_the_table_is_whole() {
     assert!(c.shared.is_whole());
     assert_eq!(c.fs.namespace_digest(), a.fs.namespace_digest());
 }
+
+/// The names of a directory too large for one step of the engine are read a page at a
+/// time: read again when one changes between pages (the directory's version moved), and,
+/// when they keep changing, in one step after a few tries. Either way the table holds the
+/// directory whole and equal to the other client's, and a small directory beside it loads
+/// in one step as before.
+#[test]
+fn a_directory_of_many_names_is_loaded_a_page_at_a_time() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = Arc::new(client(&rack, Arc::new(engine.clone()), "a"));
+    for d in ["big", "bigger", "small"] {
+        a.mkdir(d).unwrap();
+    }
+    for i in 0..30 {
+        a.create(&format!("big/f{i}"), b"big").unwrap();
+        a.create(&format!("bigger/f{i}"), b"bigger").unwrap();
+    }
+    a.create("small/only", b"small").unwrap();
+    let c = client(&rack, Arc::new(engine.clone()), "c");
+    c.shared.page_names_over(10);
+    let names = |fs: &Fs, dir: &str| -> Vec<String> {
+        let ino = resolve(fs, dir).unwrap();
+        let fh = fs.opendir(ino).unwrap();
+        let mut out = Vec::new();
+        fs.readdirplus(ino, fh, 0, &mut |e, _| {
+            out.push(String::from_utf8(e.name).unwrap());
+            true
+        })
+        .unwrap();
+        fs.releasedir(fh);
+        out.retain(|n| n != "." && n != "..");
+        out.sort();
+        out
+    };
+    // Once c has read `big`'s first page, a name there is moved to one before it (in every
+    // order of names the pages may follow; the inode stays): read again.
+    let maker = a.clone();
+    engine.after_names_page(move || maker.rename("big/f0", "big/a-moved").unwrap());
+    assert_eq!(names(&c.fs, "big"), names(&a.fs, "big"));
+    assert!(names(&c.fs, "big").contains(&"a-moved".to_string()));
+    assert_eq!(read(&c.fs, "big/a-moved").unwrap(), b"big");
+    // `bigger` changes at every page c reads: after a few tries, read in one step.
+    fn every_page(engine: &MemEngine, maker: Arc<Client>, left: u32) {
+        if left == 0 {
+            return;
+        }
+        let e = engine.clone();
+        engine.after_names_page(move || {
+            maker.create(&format!("bigger/n{left}"), b"n").unwrap();
+            every_page(&e, maker, left - 1);
+        });
+    }
+    every_page(&engine, a.clone(), 40);
+    assert_eq!(names(&c.fs, "bigger"), names(&a.fs, "bigger"));
+    engine.after_names_page(|| {});
+    assert_eq!(names(&c.fs, "small"), vec!["only".to_string()]);
+    assert!(!c.shared.is_whole());
+    c.shared.poll_now().unwrap();
+    a.shared.poll_now().unwrap();
+    assert!(c.shared.is_whole());
+    assert_eq!(c.fs.namespace_digest(), a.fs.namespace_digest());
+    state_is_every_table(&[&a, &c], "a client that read directories a page at a time");
+}
+
+/// On Redis, a directory larger than one step reads (and than a hash Redis keeps packed, so
+/// `HSCAN` returns it in many pages) is loaded a page at a time, whole.
+#[test]
+fn a_directory_of_many_names_is_loaded_a_page_at_a_time_on_redis() {
+    let redis = common::redis::Redis::start();
+    let open = || -> Arc<dyn MetaEngine> {
+        Arc::new(rmemfs::engine::redis::RedisEngine::open(&redis.url, "pg").unwrap())
+    };
+    let rack = Rack::new(2);
+    let a = client(&rack, open(), "a");
+    a.mkdir("big").unwrap();
+    // Redis keeps a hash of up to 512 fields packed (`hash-max-listpack-entries`), and scans
+    // a packed one in one page.
+    for i in 0..600 {
+        a.create(&format!("big/f{i}"), b"").unwrap();
+    }
+    let c = client(&rack, open(), "c");
+    c.shared.page_names_over(10);
+    let big = resolve(&c.fs, "big").unwrap();
+    assert_eq!(resolve(&c.fs, "big/f599"), resolve(&a.fs, "big/f599"));
+    let fh = c.fs.opendir(big).unwrap();
+    let mut listed = 0;
+    c.fs.readdirplus(big, fh, 0, &mut |_, _| {
+        listed += 1;
+        true
+    })
+    .unwrap();
+    c.fs.releasedir(fh);
+    assert_eq!(listed, 602, "600 names, . and ..");
+    c.shared.poll_now().unwrap();
+    a.shared.poll_now().unwrap();
+    assert!(c.shared.is_whole());
+    assert_eq!(c.fs.namespace_digest(), a.fs.namespace_digest());
+}

@@ -5,8 +5,8 @@
 //! without a Redis server.
 
 use super::{
-    Appended, Checkpoint, EngineError, KeyOp, Marks, MetaEngine, StateDump, Touch, ENGINE_AWAY,
-    SHARED_FORMAT,
+    Appended, Checkpoint, EngineError, KeyOp, Marks, MetaEngine, NamesPage, StateDump, StateLoad,
+    Touch, ENGINE_AWAY, SHARED_FORMAT,
 };
 use crate::sync::{Arc, Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -61,8 +61,10 @@ struct State {
     whole: bool,
     state_writes: Vec<(u64, Vec<KeyOp>)>,
     /// What runs once the next listing of the state's inodes is made, before it is answered
-    /// ([`MemEngine::after_state_listing`]).
+    /// ([`MemEngine::after_state_listing`]); the same for a page of names
+    /// ([`MemEngine::after_names_page`]).
     after_listing: Option<Box<dyn FnOnce() + Send>>,
+    after_page: Option<Box<dyn FnOnce() + Send>>,
 }
 
 mod controls;
@@ -508,10 +510,39 @@ impl MetaEngine for MemEngine {
         Ok(true)
     }
 
-    fn load_state(&self, dirs: &[u64], inodes: &[u64]) -> Result<(u64, StateDump), EngineError> {
+    fn load_state(
+        &self,
+        dirs: &[u64],
+        inodes: &[u64],
+        names_at_most: u64,
+    ) -> Result<StateLoad, EngineError> {
         let mut s = self.state.0.lock();
         s.fault("load_state")?;
-        Ok((s.head, super::state::load(&s.namespace, dirs, inodes)))
+        let (dump, too_big) = super::state::load(&s.namespace, dirs, inodes, names_at_most);
+        Ok(StateLoad {
+            head: s.head,
+            dump,
+            too_big,
+        })
+    }
+
+    fn names_page(&self, dir: u64, cursor: u64, count: u64) -> Result<NamesPage, EngineError> {
+        let (page, then) = {
+            let mut s = self.state.0.lock();
+            s.fault("names_page")?;
+            let (names, next) = super::state::names_page(&s.namespace, dir, cursor, count);
+            let page = NamesPage {
+                names,
+                next,
+                version: s.checked_version(dir, false, None),
+                head: s.head,
+            };
+            (page, s.after_page.take())
+        };
+        if let Some(then) = then {
+            then();
+        }
+        Ok(page)
     }
 
     fn state_inodes(&self) -> Result<Vec<u64>, EngineError> {

@@ -41,7 +41,7 @@ pub mod redis;
 pub mod state;
 
 use crate::meta::locks::LockTable;
-pub use state::{KeyOp, StateDump};
+pub use state::{KeyOp, NamesPage, StateDump, StateLoad};
 use std::time::Duration;
 
 /// The shared-volume format this build speaks: 7, the namespace's state kept beside the log
@@ -433,8 +433,22 @@ pub trait MetaEngine: Send + Sync {
 
     /// The parts of the state a client loads ([`state::load`]: the names of `dirs`, and each
     /// inode they name and each of `inodes`, with the servers' births), as of one moment,
-    /// and the log's head then: the state is that change's.
-    fn load_state(&self, dirs: &[u64], inodes: &[u64]) -> Result<(u64, StateDump), EngineError>;
+    /// and the log's head then: the state is that change's. A directory of more than
+    /// `names_at_most` names is left out, named in the answer's `too_big` (one step holds
+    /// the engine alone: a directory of a million names would hold it for seconds); its
+    /// names are read a page at a time ([`MetaEngine::names_page`]).
+    fn load_state(
+        &self,
+        dirs: &[u64],
+        inodes: &[u64],
+        names_at_most: u64,
+    ) -> Result<StateLoad, EngineError>;
+
+    /// About `count` of directory `dir`'s names from `cursor` (0: the first page), with the
+    /// directory's version and the log's head, all of one moment ([`NamesPage`]). Pages read
+    /// while the directory's version stays are of one moment together: a change of a name
+    /// moves it. (A page may repeat names of an earlier one.)
+    fn names_page(&self, dir: u64, cursor: u64, count: u64) -> Result<NamesPage, EngineError>;
 
     /// Every inode the state holds (its hashes, [`state::INODE`]): a client that loaded every
     /// directory's names looks here for the inodes no name leads to (open on some client

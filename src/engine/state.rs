@@ -31,15 +31,48 @@ pub const INODE: &str = "s:i:";
 pub const NAMES: &str = "s:d:";
 pub const BORN: &str = "s:born";
 
-/// What [`load`] reads of `state`: the names of `dirs`, each inode they name and each of
-/// `inodes` (its hash), and the servers' births (the in-memory engine's
-/// [`super::MetaEngine::load_state`], and the reference for Redis's).
-pub fn load(state: &StateDump, dirs: &[u64], inodes: &[u64]) -> StateDump {
+/// What [`super::MetaEngine::load_state`] read: the log's head, the state's parts as of
+/// it, and the directories asked for whose names it did not read (more than it was allowed:
+/// read a page at a time, [`super::MetaEngine::names_page`]).
+#[derive(Debug, Default)]
+pub struct StateLoad {
+    pub head: u64,
+    pub dump: StateDump,
+    pub too_big: Vec<u64>,
+}
+
+/// A page of a directory's names ([`super::MetaEngine::names_page`]): each name and the
+/// inode it leads to; where the next page starts (0: this was the last); the directory's
+/// version (what an append checks: the last change of its names, or the versions' floor);
+/// and the log's head, all of one moment.
+#[derive(Debug, Default)]
+pub struct NamesPage {
+    pub names: Vec<(Vec<u8>, u64)>,
+    pub next: u64,
+    pub version: u64,
+    pub head: u64,
+}
+
+/// What [`load`] reads of `state`: the names of `dirs` (those of at most `names_at_most`
+/// names), each inode they name and each of `inodes` (its hash), and the servers' births
+/// (the in-memory engine's [`super::MetaEngine::load_state`], and the reference for
+/// Redis's); the directories left out.
+pub fn load(
+    state: &StateDump,
+    dirs: &[u64],
+    inodes: &[u64],
+    names_at_most: u64,
+) -> (StateDump, Vec<u64>) {
     let mut out = StateDump::new();
+    let mut too_big = Vec::new();
     let mut inos: Vec<u64> = inodes.to_vec();
     for dir in dirs {
         let hash = format!("{NAMES}{dir}");
         if let Some(names) = state.get(&hash) {
+            if names.len() as u64 > names_at_most {
+                too_big.push(*dir);
+                continue;
+            }
             for child in names.values() {
                 if let Some(ino) = std::str::from_utf8(child).ok().and_then(|s| s.parse().ok()) {
                     inos.push(ino);
@@ -57,7 +90,31 @@ pub fn load(state: &StateDump, dirs: &[u64], inodes: &[u64]) -> StateDump {
     if let Some(born) = state.get(BORN) {
         out.insert(BORN.to_string(), born.clone());
     }
-    out
+    (out, too_big)
+}
+
+/// Up to `count` of directory `dir`'s names in `state` from the `cursor`th (in the names'
+/// order), and the cursor of the next page (0: none).
+pub fn names_page(
+    state: &StateDump,
+    dir: u64,
+    cursor: u64,
+    count: u64,
+) -> (Vec<(Vec<u8>, u64)>, u64) {
+    let Some(names) = state.get(&format!("{NAMES}{dir}")) else {
+        return (Vec::new(), 0);
+    };
+    let page: Vec<(Vec<u8>, u64)> = names
+        .iter()
+        .skip(cursor as usize)
+        .take(count.max(1) as usize)
+        .filter_map(|(name, child)| {
+            let ino = std::str::from_utf8(child).ok()?.parse().ok()?;
+            Some((name.clone(), ino))
+        })
+        .collect();
+    let end = cursor + count.max(1);
+    (page, if end < names.len() as u64 { end } else { 0 })
 }
 
 /// The inodes `state` holds (the names of its inode hashes).

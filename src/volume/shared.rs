@@ -189,6 +189,8 @@ struct State {
     /// How long an append whose answer was lost waits for the engine to tell whether it took
     /// it (ms; [`LOST_ANSWER_WAIT`], tests shorten it).
     lost_answer_wait_ms: AtomicU64,
+    /// The most names a directory may have to be loaded in one step ([`load`]).
+    names_in_one_load: AtomicU64,
     /// Writes answered and not appended yet ([`behind`]). Taken under the table's lock by
     /// an append (never the other way round).
     behind: Mutex<behind::Behind>,
@@ -235,6 +237,7 @@ impl State {
             linger_paused: AtomicBool::new(false),
             linger_rounds: AtomicU64::new(0),
             lost_answer_wait_ms: AtomicU64::new(LOST_ANSWER_WAIT.as_millis() as u64),
+            names_in_one_load: AtomicU64::new(load::NAMES_IN_ONE_LOAD),
             paused: AtomicBool::new(false),
         }
     }
@@ -366,7 +369,7 @@ pub fn join(
     // after it.
     let partial = engine.state_whole().map_err(|e| e.to_string())?;
     let (meta, from) = match partial {
-        true => join_partial(&*engine, &config)?,
+        true => load::join_partial(&*engine, &config)?,
         false => match engine.checkpoint().map_err(|e| e.to_string())? {
             Some(c) => (engine_image::decode(&c.image, &config)?, c.lsn),
             None => (Meta::new_shared(0o755, config.root_uid, config.root_gid), 0),
@@ -454,24 +457,6 @@ pub fn join(
             _notifier: notifier,
         },
     ))
-}
-
-/// A partial table holding the root and its names (the inodes they lead to) as of the
-/// engine's head, and that head.
-fn join_partial(
-    engine: &dyn MetaEngine,
-    config: &FsConfig,
-) -> std::result::Result<(Meta, u64), String> {
-    let root = crate::meta::ROOT_INO;
-    let (head, dump) = engine
-        .load_state(&[root], &[root])
-        .map_err(|e| e.to_string())?;
-    let loaded = state::changes_of(&dump).map_err(|e| e.message)?;
-    let mut meta = Meta::new_shared(0o755, config.root_uid, config.root_gid);
-    meta.start_partial();
-    meta.install(&[root], &[root], loaded)
-        .map_err(|e| format!("the engine's state: {}", e.message))?;
-    Ok((meta, head))
 }
 
 impl SharedClient {

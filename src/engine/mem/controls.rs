@@ -58,6 +58,12 @@ impl MemEngine {
         self.state.0.lock().after_listing = Some(Box::new(then));
     }
 
+    /// Runs `then` once the next page of a directory's names is read, before it is answered
+    /// (tests of a directory changed while its names are read a page at a time).
+    pub fn after_names_page(&self, then: impl FnOnce() + Send + 'static) {
+        self.state.0.lock().after_page = Some(Box::new(then));
+    }
+
     /// How many times clients read the log (tests of what needs no catch-up).
     pub fn reads(&self) -> u64 {
         self.state.0.lock().reads

@@ -555,8 +555,18 @@ impl MetaEngine for RedisEngine {
         &self,
         dirs: &[u64],
         inodes: &[u64],
-    ) -> Result<(u64, super::StateDump), EngineError> {
-        self.load_parts(dirs, inodes)
+        names_at_most: u64,
+    ) -> Result<super::StateLoad, EngineError> {
+        self.load_parts(dirs, inodes, names_at_most)
+    }
+
+    fn names_page(
+        &self,
+        dir: u64,
+        cursor: u64,
+        count: u64,
+    ) -> Result<super::NamesPage, EngineError> {
+        self.names_page_of(dir, cursor, count)
     }
 
     fn state_inodes(&self) -> Result<Vec<u64>, EngineError> {

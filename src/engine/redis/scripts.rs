@@ -310,29 +310,35 @@ return 1
 "#
 );
 
-/// KEYS: head, the prefix of the state's hashes. ARGV: how many directories, the
-/// directories, then inodes. Returns `{head, triples}`: the log's head, then each hash, field
-/// and value read ([`crate::engine::state::load`]: the directories' names, the hash of each
-/// inode they name and of each inode given, the servers' births).
+/// KEYS: head, the prefix of the state's hashes. ARGV: the most names a directory may have
+/// to be read, how many directories, the directories, then inodes. Returns `{head, triples,
+/// too_big}`: the log's head, then each hash, field and value read
+/// ([`crate::engine::state::load`]: the directories' names, the hash of each inode they name
+/// and of each inode given, the servers' births), then the directories left out.
 const LOAD_STATE: &str = r#"
 local p = KEYS[2]
-local out = {}
+local out, too_big = {}, {}
 local function emit(h, f, v)
   out[#out + 1] = h
   out[#out + 1] = f
   out[#out + 1] = v
 end
-local n = tonumber(ARGV[1])
+local most = tonumber(ARGV[1])
+local n = tonumber(ARGV[2])
 local inos = {}
-for i = 2, 1 + n do
+for i = 3, 2 + n do
   local h = 's:d:' .. ARGV[i]
-  local names = redis.call('HGETALL', p .. h)
-  for j = 1, #names, 2 do
-    emit(h, names[j], names[j + 1])
-    inos[#inos + 1] = names[j + 1]
+  if redis.call('HLEN', p .. h) > most then
+    too_big[#too_big + 1] = ARGV[i]
+  else
+    local names = redis.call('HGETALL', p .. h)
+    for j = 1, #names, 2 do
+      emit(h, names[j], names[j + 1])
+      inos[#inos + 1] = names[j + 1]
+    end
   end
 end
-for i = 2 + n, #ARGV do inos[#inos + 1] = ARGV[i] end
+for i = 3 + n, #ARGV do inos[#inos + 1] = ARGV[i] end
 for _, ino in ipairs(inos) do
   local h = 's:i:' .. ino
   local all = redis.call('HGETALL', p .. h)
@@ -340,7 +346,19 @@ for _, ino in ipairs(inos) do
 end
 local born = redis.call('HGETALL', p .. 's:born')
 for j = 1, #born, 2 do emit('s:born', born[j], born[j + 1]) end
-return {redis.call('GET', KEYS[1]) or '0', out}
+return {redis.call('GET', KEYS[1]) or '0', out, too_big}
+"#;
+
+/// KEYS: head, the prefix of the state's hashes, vers, svers, vfloor. ARGV: the directory,
+/// the cursor, about how many names. Returns `{head, next cursor, version, names}`: a page
+/// of the directory's names (`HSCAN`: each name and its inode, flat), and its version as an
+/// append reads it (the larger of its exclusive and shared, the floor where none is kept).
+const NAMES_PAGE: &str = r#"
+local got = redis.call('HSCAN', KEYS[2] .. 's:d:' .. ARGV[1], ARGV[2], 'COUNT', ARGV[3])
+local floor = tonumber(redis.call('GET', KEYS[5]) or '0')
+local v = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or floor)
+local sv = tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or floor)
+return {redis.call('GET', KEYS[1]) or '0', got[1], tostring(math.max(v, sv)), got[2]}
 "#;
 
 /// KEYS: format, sessions, turn, servers. ARGV: who, the format, the fence, the servers'
@@ -426,6 +444,7 @@ pub(super) struct Scripts {
     pub(super) mark_open: ::redis::Script,
     pub(super) put_state: ::redis::Script,
     pub(super) load_state: ::redis::Script,
+    pub(super) names_page: ::redis::Script,
 }
 
 impl Scripts {
@@ -445,6 +464,7 @@ impl Scripts {
             mark_open: ::redis::Script::new(MARK_OPEN),
             put_state: ::redis::Script::new(PUT_STATE),
             load_state: ::redis::Script::new(LOAD_STATE),
+            names_page: ::redis::Script::new(NAMES_PAGE),
         }
     }
 }

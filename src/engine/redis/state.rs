@@ -4,7 +4,7 @@
 
 use super::{unavailable, RedisEngine};
 use crate::engine::state::{time_value, INFO_HASH, INODE, STATE_PREFIX};
-use crate::engine::{EngineError, KeyOp, StateDump};
+use crate::engine::{EngineError, KeyOp, NamesPage, StateDump, StateLoad};
 
 /// How many state writes one [`RedisEngine::put_state_at`] call sends at most: a table's
 /// image goes a part at a time, so no one script holds Redis for long.
@@ -97,30 +97,75 @@ impl RedisEngine {
         &self,
         dirs: &[u64],
         inodes: &[u64],
-    ) -> Result<(u64, StateDump), EngineError> {
-        let (head, flat): (u64, Vec<Vec<u8>>) = self.with(|c| {
+        names_at_most: u64,
+    ) -> Result<StateLoad, EngineError> {
+        let (head, flat, too_big): (u64, Vec<Vec<u8>>, Vec<u64>) = self.with(|c| {
             let mut script = self.scripts.load_state.prepare_invoke();
             script
                 .key(&self.keys.head)
                 .key(&self.keys.prefix)
+                .arg(names_at_most)
                 .arg(dirs.len());
             for d in dirs.iter().chain(inodes) {
                 script.arg(*d);
             }
             script.invoke(c)
         })?;
-        let mut out = StateDump::new();
+        let mut dump = StateDump::new();
         for t in flat.chunks(3) {
             let [hash, field, value] = t else {
                 return Err(unavailable("the state's load answered a partial triple"));
             };
             let hash = String::from_utf8(hash.clone())
                 .map_err(|_| unavailable("the state's load answered a hash not in UTF-8"))?;
-            out.entry(hash)
+            dump.entry(hash)
                 .or_default()
                 .insert(field.clone(), value.clone());
         }
-        Ok((head, out))
+        Ok(StateLoad {
+            head,
+            dump,
+            too_big,
+        })
+    }
+
+    /// [`crate::engine::MetaEngine::names_page`]: one script, so one moment.
+    pub(super) fn names_page_of(
+        &self,
+        dir: u64,
+        cursor: u64,
+        count: u64,
+    ) -> Result<NamesPage, EngineError> {
+        let (head, next, version, flat): (u64, u64, u64, Vec<Vec<u8>>) = self.with(|c| {
+            self.scripts
+                .names_page
+                .key(&self.keys.head)
+                .key(&self.keys.prefix)
+                .key(&self.keys.vers)
+                .key(&self.keys.svers)
+                .key(&self.keys.vfloor)
+                .arg(dir)
+                .arg(cursor)
+                .arg(count.max(1))
+                .invoke(c)
+        })?;
+        let mut names = Vec::with_capacity(flat.len() / 2);
+        for pair in flat.chunks(2) {
+            let [name, child] = pair else {
+                return Err(unavailable("a page of names answered a name alone"));
+            };
+            let ino = std::str::from_utf8(child)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| unavailable("a page of names named no inode"))?;
+            names.push((name.clone(), ino));
+        }
+        Ok(NamesPage {
+            names,
+            next,
+            version,
+            head,
+        })
     }
 
     /// [`crate::engine::MetaEngine::state_inodes`]: a `SCAN` for the inodes' hashes.

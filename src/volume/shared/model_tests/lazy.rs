@@ -18,8 +18,13 @@ impl Client {
         inos: u64,
     ) -> Client {
         let c = Client::new(engine, who, protocol, inos);
-        let (head, dump) = engine.load_state(&[ROOT_INO], &[ROOT_INO]).unwrap();
-        let loaded = super::super::state::changes_of(&dump).unwrap();
+        let load = engine
+            .load_state(&[ROOT_INO], &[ROOT_INO], u64::MAX)
+            .unwrap();
+        let (head, loaded) = (
+            load.head,
+            super::super::state::changes_of(&load.dump).unwrap(),
+        );
         {
             let mut meta = c.meta.lock();
             meta.start_partial();
@@ -69,12 +74,16 @@ impl Client {
         if dirs.is_empty() && inodes.is_empty() {
             return;
         }
+        let load = |dirs: &[Ino], inodes: &[Ino]| {
+            let load = s.engine.load_state(dirs, inodes, u64::MAX).unwrap();
+            (load.head, load.dump)
+        };
         let (head, dump) = match s.protocol {
             Protocol::LoadHeadApart => {
                 let head = s.engine.head().unwrap();
-                (head, s.engine.load_state(&dirs, &inodes).unwrap().1)
+                (head, load(&dirs, &inodes).1)
             }
-            _ => s.engine.load_state(&dirs, &inodes).unwrap(),
+            _ => load(&dirs, &inodes),
         };
         let install_first = matches!(s.protocol, Protocol::LoadInstallFirst);
         if !install_first {
