@@ -97,38 +97,52 @@ fn small_files_cost_pages_not_chunks() {
 
 /// A write that grows a file's short first chunk writes the old bytes it does not cover and
 /// itself to the new extents once, in one round (not a move of the whole old chunk and then
-/// the write); a copy that fails in that round sends it back to the move, and the bytes are
-/// right either way (both paths, both write paths, two copies).
+/// the write): both write paths, two copies, a payload copied or sent where it lies, a write
+/// starting inside the old chunk and one past it (a hole, zeros). A copy that fails in that
+/// round sends the write back to the move, and its bytes are right.
 #[test]
 fn a_write_that_grows_the_first_chunk_writes_old_and_new_bytes_once() {
     use rmemfs::data::WritePath;
+    let (first, second) = (bytes(1, 6144), bytes(2, 5015));
+    let want = |at: u64| {
+        let mut want = first.clone();
+        want.resize(at as usize, 0);
+        want.extend_from_slice(&second);
+        want
+    };
     for path in [WritePath::Serial, WritePath::Frrwp] {
         let t = TestFs::replicated(2, 16 << 20, 1 << 20, path, 2);
         let fabric = t.fs.data().pool().fabric().clone();
-        let (first, second) = (bytes(1, 6144), bytes(2, 5015));
-        for (name, fault) in [("f", false), ("g", true)] {
+        // (name, in place, where the second write starts)
+        for (name, in_place, at) in [
+            ("f", false, 6144),
+            ("g", true, 6144),
+            ("h", false, 4096),
+            ("i", true, 9000),
+        ] {
             t.create(name).unwrap();
             t.write_file(name, 0, &first).unwrap();
             let before = fabric.counters();
-            if fault {
-                t.nodes[1].fail_nth(1, false);
+            match in_place {
+                true => t.write_file_in_place(name, at, &second).unwrap(),
+                false => t.write_file(name, at, &second).unwrap(),
             }
-            t.write_file(name, 6144, &second).unwrap();
             let after = fabric.counters();
+            // Each copy: the old chunk's bytes before the write (it is 8 KiB: 6,144 bytes in
+            // pages), and the write; the old read once.
+            let kept = at.min(8192);
             let written = after.bytes_written - before.bytes_written;
-            match fault {
-                // Each copy: the first write's 6,144 bytes and the second's 5,015.
-                false => assert_eq!(written, 2 * (6144 + 5015), "{path:?}"),
-                // The move wrote the whole old chunk (8 KiB) to each new copy.
-                true => assert!(written >= 2 * (8192 + 5015), "{path:?}: {written}"),
-            }
-            assert_eq!(after.reads - before.reads, 1 + fault as u64, "{path:?}");
-            assert_eq!(
-                t.read_file(name).unwrap(),
-                [&first[..], &second[..]].concat(),
-                "{path:?} {name}"
-            );
+            assert_eq!(written, 2 * (kept + 5015), "{path:?} {name}");
+            assert_eq!(after.reads - before.reads, 1, "{path:?} {name}");
+            assert_eq!(t.read_file(name).unwrap(), want(at), "{path:?} {name}");
         }
+        // A copy's server fails an operation of that round: the move, then the write.
+        let t = TestFs::replicated(2, 16 << 20, 1 << 20, path, 2);
+        t.create("f").unwrap();
+        t.write_file("f", 0, &first).unwrap();
+        t.nodes[1].fail_nth(1, false);
+        t.write_file("f", 6144, &second).unwrap();
+        assert_eq!(t.read_file("f").unwrap(), want(6144), "{path:?}");
     }
 }
 

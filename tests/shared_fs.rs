@@ -2196,12 +2196,14 @@ fn an_evicted_clients_open_files_are_settled_once_the_table_is_whole() {
 }
 
 /// The names of a directory too large for one step of the engine are read a page at a
-/// time: read again when one changes between pages (the directory's version moved), and,
-/// when they keep changing, in one step after a few tries. Either way the table holds the
-/// directory whole and equal to the other client's, and a small directory beside it loads
-/// in one step as before.
+/// time, and the inodes they lead to a batch at a time; what changed there meanwhile is read
+/// from the log and applied to them: a name moved between pages, and names made at every
+/// page read (the last included), which never stop, cost no new pass. The table then holds
+/// the directory whole and equal to the other client's, and a small directory beside it
+/// loads in one step as before.
 #[test]
 fn a_directory_of_many_names_is_loaded_a_page_at_a_time() {
+    use std::sync::atomic::{AtomicU32, Ordering};
     let rack = Rack::new(2);
     let engine = MemEngine::new();
     let a = Arc::new(client(&rack, Arc::new(engine.clone()), "a"));
@@ -2230,27 +2232,37 @@ fn a_directory_of_many_names_is_loaded_a_page_at_a_time() {
         out
     };
     // Once c has read `big`'s first page, a name there is moved to one before it (in every
-    // order of names the pages may follow; the inode stays): read again.
+    // order of names the pages may follow; the inode stays).
     let maker = a.clone();
     engine.after_names_page(move || maker.rename("big/f0", "big/a-moved").unwrap());
     assert_eq!(names(&c.fs, "big"), names(&a.fs, "big"));
     assert!(names(&c.fs, "big").contains(&"a-moved".to_string()));
     assert_eq!(read(&c.fs, "big/a-moved").unwrap(), b"big");
-    // `bigger` changes at every page c reads: after a few tries, read in one step.
-    fn every_page(engine: &MemEngine, maker: Arc<Client>, left: u32) {
-        if left == 0 {
-            return;
-        }
+    // `bigger` gets a new name at every page c reads, for ever.
+    fn every_page(engine: &MemEngine, maker: Arc<Client>, pages: Arc<AtomicU32>) {
         let e = engine.clone();
         engine.after_names_page(move || {
-            maker.create(&format!("bigger/n{left}"), b"n").unwrap();
-            every_page(&e, maker, left - 1);
+            let n = pages.fetch_add(1, Ordering::SeqCst);
+            maker.create(&format!("bigger/n{n}"), b"n").unwrap();
+            every_page(&e, maker, pages);
         });
     }
-    every_page(&engine, a.clone(), 40);
-    assert_eq!(names(&c.fs, "bigger"), names(&a.fs, "bigger"));
+    let pages = Arc::new(AtomicU32::new(0));
+    every_page(&engine, a.clone(), pages.clone());
+    let listed = names(&c.fs, "bigger");
     engine.after_names_page(|| {});
+    let read_pages = pages.load(Ordering::SeqCst);
+    assert_eq!(listed, names(&a.fs, "bigger"));
+    assert!(
+        listed.contains(&format!("n{}", read_pages - 1)),
+        "the last page's"
+    );
+    // One pass: 30 names and those made meanwhile, 10 a page (and a page may repeat).
+    assert!(read_pages <= 6, "{read_pages} pages read");
+    // A small directory: one step, no page.
+    engine.after_names_page(|| panic!("a small directory read a page at a time"));
     assert_eq!(names(&c.fs, "small"), vec!["only".to_string()]);
+    engine.after_names_page(|| {});
     assert!(!c.shared.is_whole());
     c.shared.poll_now().unwrap();
     a.shared.poll_now().unwrap();

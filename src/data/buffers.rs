@@ -20,6 +20,24 @@ impl DataStore {
         Ok(self.cache.acquire(addr, len)?)
     }
 
+    /// [`Self::pin`] of each of `ranges` (address, length), all or none: what was pinned
+    /// before one failed is given back.
+    pub(super) fn pin_all(&self, ranges: &[(u64, u64)]) -> Result<Vec<Pinned>> {
+        let mut out = Vec::with_capacity(ranges.len());
+        for &(addr, len) in ranges {
+            match self.pin(addr, len) {
+                Ok(p) => out.push(p),
+                Err(e) => {
+                    for p in out {
+                        self.cache.release(p);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Splits the local range `[addr, addr+len)` at the boundaries of `pinned`'s
     /// registrations: `(sge, offset into the range, already registered)` for each part.
     pub(super) fn split(pinned: &[Pinned], addr: u64, len: u64) -> Vec<(Sge, u64, bool)> {

@@ -110,17 +110,16 @@ impl DataStore {
                 Some((idx, part)) => self.early_decode(&chunks[idx], *idx, part, b, &avoid)?,
                 None => None,
             };
-            let mut pins = Vec::new();
+            let mut ranges = Vec::with_capacity(2);
             if let Some(e) = early.as_ref().filter(|e| !e.ops.is_empty()) {
-                let (at, n) = e.pinned_range();
-                pins.push(self.pin(at, n)?);
+                ranges.push(e.pinned_range());
                 ops.extend_from_slice(&e.ops);
             }
             let done = match ops.is_empty() {
                 true => Ok(()),
                 false => {
-                    pins.push(self.pin(base, len as u64)?);
-                    self.run_ops_pinned(pins, &ops)
+                    ranges.push((base, len as u64));
+                    self.run_ops_pinned(self.pin_all(&ranges)?, &ops)
                 }
             };
             match done {

@@ -244,20 +244,21 @@ impl DataStore {
                 };
                 self.run_ops(self.pin(base, kept)?, &[read])?;
             }
-            let mut pinned = Vec::with_capacity(2);
-            if in_buffer > 0 {
-                pinned.push(self.pin(base, in_buffer)?);
-            }
             let at = match stable {
-                true => {
-                    pinned.push(self.pin(window.as_ptr() as u64, wlen)?);
-                    window.as_ptr() as u64
-                }
+                true => window.as_ptr() as u64,
                 false => {
                     b.buf.write_at(kept as usize, window);
                     base + kept
                 }
             };
+            let mut ranges = Vec::with_capacity(2);
+            if in_buffer > 0 {
+                ranges.push((base, in_buffer));
+            }
+            if stable {
+                ranges.push((at, wlen));
+            }
+            let pinned = self.pin_all(&ranges)?;
             let mut writes = Vec::with_capacity(2 * regions.len());
             for remote in &regions {
                 let piece = |addr, len, offset| RemoteOp {

@@ -534,7 +534,6 @@ impl MetaEngine for MemEngine {
             let page = NamesPage {
                 names,
                 next,
-                version: s.checked_version(dir, false, None),
                 head: s.head,
             };
             (page, s.after_page.take())

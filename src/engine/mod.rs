@@ -445,9 +445,9 @@ pub trait MetaEngine: Send + Sync {
     ) -> Result<StateLoad, EngineError>;
 
     /// About `count` of directory `dir`'s names from `cursor` (0: the first page), with the
-    /// directory's version and the log's head, all of one moment ([`NamesPage`]). Pages read
-    /// while the directory's version stays are of one moment together: a change of a name
-    /// moves it. (A page may repeat names of an earlier one.)
+    /// log's head, of one moment ([`NamesPage`]). A name the directory holds from the first
+    /// page to the last is in one of them; one that came or went meanwhile may be or not (the
+    /// log says which: `HSCAN`'s promise). A page may repeat names of an earlier one.
     fn names_page(&self, dir: u64, cursor: u64, count: u64) -> Result<NamesPage, EngineError>;
 
     /// Every inode the state holds (its hashes, [`state::INODE`]): a client that loaded every

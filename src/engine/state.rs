@@ -42,14 +42,12 @@ pub struct StateLoad {
 }
 
 /// A page of a directory's names ([`super::MetaEngine::names_page`]): each name and the
-/// inode it leads to; where the next page starts (0: this was the last); the directory's
-/// version (what an append checks: the last change of its names, or the versions' floor);
-/// and the log's head, all of one moment.
+/// inode it leads to; where the next page starts (0: this was the last); and the log's
+/// head, of one moment.
 #[derive(Debug, Default)]
 pub struct NamesPage {
     pub names: Vec<(Vec<u8>, u64)>,
     pub next: u64,
-    pub version: u64,
     pub head: u64,
 }
 

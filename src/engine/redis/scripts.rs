@@ -349,16 +349,12 @@ for j = 1, #born, 2 do emit('s:born', born[j], born[j + 1]) end
 return {redis.call('GET', KEYS[1]) or '0', out, too_big}
 "#;
 
-/// KEYS: head, the prefix of the state's hashes, vers, svers, vfloor. ARGV: the directory,
-/// the cursor, about how many names. Returns `{head, next cursor, version, names}`: a page
-/// of the directory's names (`HSCAN`: each name and its inode, flat), and its version as an
-/// append reads it (the larger of its exclusive and shared, the floor where none is kept).
+/// KEYS: head, the prefix of the state's hashes. ARGV: the directory, the cursor, about
+/// how many names. Returns `{head, next cursor, names}`: a page of the directory's names
+/// (`HSCAN`: each name and its inode, flat), with the log's head.
 const NAMES_PAGE: &str = r#"
 local got = redis.call('HSCAN', KEYS[2] .. 's:d:' .. ARGV[1], ARGV[2], 'COUNT', ARGV[3])
-local floor = tonumber(redis.call('GET', KEYS[5]) or '0')
-local v = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or floor)
-local sv = tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or floor)
-return {redis.call('GET', KEYS[1]) or '0', got[1], tostring(math.max(v, sv)), got[2]}
+return {redis.call('GET', KEYS[1]) or '0', got[1], got[2]}
 "#;
 
 /// KEYS: format, sessions, turn, servers. ARGV: who, the format, the fence, the servers'

@@ -136,14 +136,11 @@ impl RedisEngine {
         cursor: u64,
         count: u64,
     ) -> Result<NamesPage, EngineError> {
-        let (head, next, version, flat): (u64, u64, u64, Vec<Vec<u8>>) = self.with(|c| {
+        let (head, next, flat): (u64, u64, Vec<Vec<u8>>) = self.with(|c| {
             self.scripts
                 .names_page
                 .key(&self.keys.head)
                 .key(&self.keys.prefix)
-                .key(&self.keys.vers)
-                .key(&self.keys.svers)
-                .key(&self.keys.vfloor)
                 .arg(dir)
                 .arg(cursor)
                 .arg(count.max(1))
@@ -160,12 +157,7 @@ impl RedisEngine {
                 .ok_or_else(|| unavailable("a page of names named no inode"))?;
             names.push((name.clone(), ino));
         }
-        Ok(NamesPage {
-            names,
-            next,
-            version,
-            head,
-        })
+        Ok(NamesPage { names, next, head })
     }
 
     /// [`crate::engine::MetaEngine::state_inodes`]: a `SCAN` for the inodes' hashes.

@@ -42,10 +42,9 @@ const NAMES_PAGE: u64 = 1_000;
 /// Inodes a paged directory's names lead to, loaded per step (as many milliseconds).
 const INODES_PER_LOAD: usize = 1_000;
 
-/// Times a directory's names are paged again after one of them changed meanwhile, before
-/// one script reads them however long it takes: names changed faster than pages are read
-/// would otherwise never load.
-const PAGED_TRIES: usize = 5;
+/// Times a directory's names are paged again after the log was trimmed past the first page
+/// (a checkpoint meanwhile), before one script reads them however long it takes.
+const PAGED_TRIES: usize = 3;
 
 /// A partial table holding the root and its names (the inodes they lead to) as of the
 /// engine's head, and that head. A root of more names than one step reads stays unloaded:
@@ -71,6 +70,24 @@ pub(super) fn join_partial(
     Ok((meta, load.head))
 }
 
+/// What the log said of a directory whose names were read a page at a time.
+enum Patched {
+    /// Its name changes up to the head asked for are applied.
+    Applied,
+    /// It went (dropped): nothing to load.
+    Dropped,
+    /// The log no longer holds every change since the first page.
+    Trimmed,
+}
+
+/// Which of `inos` the table does not hold, once each.
+fn not_held(fs: &Fs, mut inos: Vec<Ino>) -> Vec<Ino> {
+    inos.sort_unstable();
+    inos.dedup();
+    fs.inspect_meta(|m| inos.retain(|i| m.get(*i).is_none()));
+    inos
+}
+
 impl State {
     /// Loads `dirs` (their names, and the inodes they name) and `inodes` into a partial
     /// table, as of the engine's head, the table first caught up to it (under `catching`).
@@ -81,14 +98,27 @@ impl State {
         inodes: &[Ino],
         in_request: bool,
     ) -> Result<()> {
-        let _one = self.catching.lock();
-        self.load_alone(fs, dirs, inodes, in_request)
+        let too_big = {
+            let _one = self.catching.lock();
+            self.load_alone(fs, dirs, inodes, in_request)?
+        };
+        for dir in too_big {
+            self.load_names_paged(fs, dir, in_request)?;
+        }
+        Ok(())
     }
 
-    /// [`State::load`], the caller holding `catching`.
-    fn load_alone(&self, fs: &Fs, dirs: &[Ino], inodes: &[Ino], in_request: bool) -> Result<()> {
+    /// [`State::load`], the caller holding `catching`, but for the directories of more names
+    /// than one step reads: those are returned, their names not loaded.
+    fn load_alone(
+        &self,
+        fs: &Fs,
+        dirs: &[Ino],
+        inodes: &[Ino],
+        in_request: bool,
+    ) -> Result<Vec<Ino>> {
         if self.whole.load(Ordering::SeqCst) {
-            return Ok(());
+            return Ok(Vec::new());
         }
         // What another load brought meanwhile (the poller's, a request's) is not read again.
         let (dirs, inodes): (Vec<Ino>, Vec<Ino>) = fs.inspect_meta(|m| {
@@ -105,7 +135,7 @@ impl State {
             )
         });
         if dirs.is_empty() && inodes.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let most = self.names_in_one_load.load(Ordering::SeqCst);
         let load = self
@@ -120,63 +150,71 @@ impl State {
             .filter(|d| !load.too_big.contains(d))
             .collect();
         fs.install_loaded(&whole, &[], loaded)?;
-        for dir in load.too_big {
-            self.load_names_paged(fs, dir, in_request)?;
-        }
-        Ok(())
+        Ok(load.too_big)
     }
 
-    /// Loads directory `dir`'s names a page at a time (more than one step reads), the
-    /// caller holding `catching`: the pages, read while the directory's version stays (no
-    /// name of it changed from the first page to the last); the inodes they lead to, a
-    /// batch a step, each as of its own head; then, if the directory's version is still the
-    /// first page's, its names, the table first brought to the head of that last look (the
-    /// changes of the directory's names before it are in the pages, and none came after
-    /// the first). Paged again if it changed; after [`PAGED_TRIES`], read in one step.
+    /// Loads directory `dir`'s names a page at a time (more than one step reads):
+    /// - the pages (`HSCAN`: a name the directory held from the first page to the last is
+    ///   in them; one that came or went meanwhile may be or not);
+    /// - the inodes they lead to, a batch a step, each as of its own head (the table
+    ///   caught up to it first, as every load);
+    /// - then, holding `catching`: the directory's name changes in the log from the first
+    ///   page's moment to the head now, applied to the names read, in the log's order (a
+    ///   name's last change there decides it; one unchanged is as the pages read it); the
+    ///   inodes of names so added loaded, the log after them applied again, until none is
+    ///   missing; the table brought to that head, and the names installed as of it.
+    ///
+    /// Names changing meanwhile cost the few changes read from the log, not a new pass.
+    /// Read again if the log was trimmed past the first page (a checkpoint); after
+    /// [`PAGED_TRIES`], in one step however long it takes.
     fn load_names_paged(&self, fs: &Fs, dir: Ino, in_request: bool) -> Result<()> {
+        let most = self.names_in_one_load.load(Ordering::SeqCst).max(1);
+        let batch = INODES_PER_LOAD.min(most as usize);
         for _ in 0..PAGED_TRIES {
-            let Some((version, names)) = self.read_names(dir)? else {
-                continue;
-            };
-            let missing: Vec<Ino> = fs.inspect_meta(|m| {
-                let mut out: Vec<Ino> = names
-                    .values()
-                    .copied()
-                    .filter(|i| m.get(*i).is_none())
-                    .collect();
-                out.sort_unstable();
-                out.dedup();
-                out
-            });
-            for batch in missing.chunks(INODES_PER_LOAD) {
-                self.load_alone(fs, &[], batch, in_request)?;
+            let (mut at, mut names) = self.read_names(dir, most)?;
+            let named: Vec<Ino> = names.values().copied().collect();
+            for part in not_held(fs, named).chunks(batch) {
+                let _one = self.catching.lock();
+                self.load_alone(fs, &[], part, in_request)?;
             }
-            let now = self.engine.names_page(dir, 0, 1).map_err(engine_err)?;
-            if now.version != version {
-                continue;
+            let _one = self.catching.lock();
+            loop {
+                if self.whole.load(Ordering::SeqCst) || fs.inspect_meta(|m| m.holds_whole(dir)) {
+                    return Ok(()); // loaded meanwhile
+                }
+                let head = self.engine.head().map_err(engine_err)?;
+                match self.name_changes(dir, at, head, &mut names)? {
+                    Patched::Trimmed => break,
+                    Patched::Dropped => return Ok(()),
+                    Patched::Applied => at = head,
+                }
+                let missing = not_held(fs, names.values().copied().collect());
+                if missing.is_empty() {
+                    self.catch_up_through(fs, in_request, head)?;
+                    let changes = names
+                        .into_iter()
+                        .map(|(name, ino)| Change::Entry {
+                            dir,
+                            name: name.into(),
+                            ino: Some(ino),
+                        })
+                        .collect();
+                    let loaded = crate::meta::Loaded {
+                        changes,
+                        placed: Vec::new(),
+                    };
+                    return fs.install_loaded(&[dir], &[], loaded);
+                }
+                for part in missing.chunks(batch) {
+                    self.load_alone(fs, &[], part, in_request)?;
+                }
             }
-            self.catch_up_through(fs, in_request, now.head)?;
-            if !fs.inspect_meta(|m| names.values().all(|i| m.get(*i).is_some())) {
-                continue;
-            }
-            let changes = names
-                .into_iter()
-                .map(|(name, ino)| Change::Entry {
-                    dir,
-                    name: name.into(),
-                    ino: Some(ino),
-                })
-                .collect();
-            let loaded = crate::meta::Loaded {
-                changes,
-                placed: Vec::new(),
-            };
-            return fs.install_loaded(&[dir], &[], loaded);
         }
         log::warn!(
-            "shared volume: directory {dir}'s names kept changing while read a page at a \
-             time; read in one step"
+            "shared volume: the log was trimmed while directory {dir}'s names were read a page \
+             at a time; read in one step"
         );
+        let _one = self.catching.lock();
         let load = self
             .engine
             .load_state(&[dir], &[], u64::MAX)
@@ -185,27 +223,59 @@ impl State {
         fs.install_loaded(&[dir], &[], state::changes_of(&load.dump)?)
     }
 
-    /// Directory `dir`'s names, a page at a time, and its version, if it stayed from the
-    /// first page to the last (none: a name changed meanwhile).
-    fn read_names(&self, dir: Ino) -> Result<Option<(u64, Names)>> {
-        let mut names = BTreeMap::new();
-        let (mut cursor, mut version) = (0, None);
-        // Never more a page than one step may read.
-        let count = NAMES_PAGE.min(self.names_in_one_load.load(Ordering::SeqCst));
+    /// Directory `dir`'s names, pages of at most `most` names, and the log's head at the
+    /// first page.
+    fn read_names(&self, dir: Ino, most: u64) -> Result<(u64, Names)> {
+        let mut names = Names::new();
+        let (mut cursor, mut from) = (0, None);
         loop {
             let page = self
                 .engine
-                .names_page(dir, cursor, count)
+                .names_page(dir, cursor, NAMES_PAGE.min(most))
                 .map_err(engine_err)?;
-            if *version.get_or_insert(page.version) != page.version {
-                return Ok(None);
-            }
+            let from = *from.get_or_insert(page.head);
             names.extend(page.names);
             if page.next == 0 {
-                return Ok(version.map(|v| (v, names)));
+                return Ok((from, names));
             }
             cursor = page.next;
         }
+    }
+
+    /// Applies to `names` the log's changes of directory `dir`'s names after change `after`,
+    /// up to `through`, in order.
+    fn name_changes(
+        &self,
+        dir: Ino,
+        after: u64,
+        through: u64,
+        names: &mut Names,
+    ) -> Result<Patched> {
+        let mut at = after;
+        while at < through {
+            let got = self.engine.read_after(at, READ_BATCH).map_err(engine_err)?;
+            if got.first().is_none_or(|(first, _)| *first != at + 1) {
+                // Trimmed past `at` (or the log lost its last changes: the catch-up says).
+                return Ok(Patched::Trimmed);
+            }
+            for (lsn, bytes) in got.iter().take_while(|(lsn, _)| *lsn <= through) {
+                for c in super::catchup::entry_changes(*lsn, bytes)? {
+                    match c {
+                        Change::Entry { dir: d, name, ino } if d == dir => match ino {
+                            Some(ino) => names.insert(name.to_vec(), ino),
+                            None => names.remove(&name[..]),
+                        },
+                        Change::EntryAt {
+                            dir: d, name, ino, ..
+                        } if d == dir => names.insert(name.to_vec(), ino),
+                        Change::Drop { ino } if ino == dir => return Ok(Patched::Dropped),
+                        _ => None,
+                    };
+                }
+                at = *lsn;
+            }
+        }
+        Ok(Patched::Applied)
     }
 
     /// Loads what a request found missing: inode `ino`, and its names if a directory.
