@@ -43,7 +43,8 @@ const NAMES_PAGE: u64 = 1_000;
 const INODES_PER_LOAD: usize = 1_000;
 
 /// Times a directory's names are paged again after the log was trimmed past the first page
-/// (a checkpoint meanwhile), before one script reads them however long it takes.
+/// (a checkpoint meanwhile), or a name led to no inode, before one script reads them
+/// however long it takes.
 const PAGED_TRIES: usize = 3;
 
 /// A partial table holding the root and its names (the inodes they lead to) as of the
@@ -178,6 +179,10 @@ impl State {
                 self.load_alone(fs, &[], part, in_request)?;
             }
             let _one = self.catching.lock();
+            // Inodes loaded here and still missing: the state lacks them. Once one is missing
+            // again after the log was read past its load, its name leads nowhere (a state
+            // not whole?): the one step below reads the directory as it is.
+            let mut tried = std::collections::HashSet::new();
             loop {
                 if self.whole.load(Ordering::SeqCst) || fs.inspect_meta(|m| m.holds_whole(dir)) {
                     return Ok(()); // loaded meanwhile
@@ -205,14 +210,18 @@ impl State {
                     };
                     return fs.install_loaded(&[dir], &[], loaded);
                 }
+                if missing.iter().any(|i| tried.contains(i)) {
+                    break;
+                }
                 for part in missing.chunks(batch) {
                     self.load_alone(fs, &[], part, in_request)?;
                 }
+                tried.extend(missing);
             }
         }
         log::warn!(
-            "shared volume: the log was trimmed while directory {dir}'s names were read a page \
-             at a time; read in one step"
+            "shared volume: directory {dir}'s names could not be read a page at a time (the \
+             log trimmed meanwhile, or a name leading to no inode); read in one step"
         );
         let _one = self.catching.lock();
         let load = self
