@@ -56,6 +56,23 @@ fn whole_file_flock() -> FileLock {
     }
 }
 
+/// The names directory `dir` lists on `fs`, sorted, with their attributes (as `ls -l`: a
+/// name whose inode the table does not hold would be left out).
+fn listed(fs: &Fs, dir: &str) -> Vec<String> {
+    let ino = resolve(fs, dir).unwrap();
+    let fh = fs.opendir(ino).unwrap();
+    let mut out = Vec::new();
+    fs.readdirplus(ino, fh, 0, &mut |e, _| {
+        out.push(String::from_utf8(e.name).unwrap());
+        true
+    })
+    .unwrap();
+    fs.releasedir(fh);
+    out.retain(|n| n != "." && n != "..");
+    out.sort();
+    out
+}
+
 /// Clients "a" and "b" of `engine`, over `rack`.
 fn two_clients(rack: &Rack, engine: &Arc<dyn MetaEngine>) -> (Client, Client) {
     (
@@ -2047,26 +2064,11 @@ fn a_joining_client_loads_what_it_uses_and_the_rest_after() {
     // A directory made and given a name from one c has not loaded, in one catch-up of c's.
     a.mkdir("fresh").unwrap();
     a.rename("d13/f4", "fresh/f4").unwrap();
-    let names = |fs: &Fs, dir: &str| -> Vec<String> {
-        let ino = resolve(fs, dir).unwrap();
-        let fh = fs.opendir(ino).unwrap();
-        let mut out = Vec::new();
-        // With attributes (as `ls -l`): a name whose inode is not held would be left out.
-        fs.readdirplus(ino, fh, 0, &mut |e, _| {
-            out.push(String::from_utf8(e.name).unwrap());
-            true
-        })
-        .unwrap();
-        fs.releasedir(fh);
-        out.retain(|n| n != "." && n != "..");
-        out.sort();
-        out
-    };
     c.shared.pause(true);
     // d7, loaded, now names an inode c did not hold: listed whole, each name once; so does
     // the directory made meanwhile.
-    assert_eq!(names(&c.fs, "d7"), names(&a.fs, "d7"));
-    assert_eq!(names(&c.fs, "fresh"), vec!["f4".to_string()]);
+    assert_eq!(listed(&c.fs, "d7"), listed(&a.fs, "d7"));
+    assert_eq!(listed(&c.fs, "fresh"), vec!["f4".to_string()]);
     // A directory's attributes change without its names loaded.
     let d14 = resolve(&c.fs, "d14").unwrap();
     let chmod = rmemfs::fs::SetAttr {
@@ -2074,8 +2076,8 @@ fn a_joining_client_loads_what_it_uses_and_the_rest_after() {
         ..Default::default()
     };
     c.change(|fs| fs.setattr(d14, &chmod, common::ME)).unwrap();
-    assert_eq!(names(&c.fs, "d9"), names(&a.fs, "d9"));
-    assert!(names(&c.fs, "d9").contains(&"new".to_string()));
+    assert_eq!(listed(&c.fs, "d9"), listed(&a.fs, "d9"));
+    assert!(listed(&c.fs, "d9").contains(&"new".to_string()));
     assert_eq!(read(&c.fs, "d4/moved").unwrap(), b"3/1");
     assert_eq!(read(&c.fs, "d7/from-5").unwrap(), b"5/2");
     assert_eq!(resolve(&c.fs, "d3/f1"), Err(libc::ENOENT));
@@ -2217,26 +2219,12 @@ fn a_directory_of_many_names_is_loaded_a_page_at_a_time() {
     a.create("small/only", b"small").unwrap();
     let c = client(&rack, Arc::new(engine.clone()), "c");
     c.shared.page_names_over(10);
-    let names = |fs: &Fs, dir: &str| -> Vec<String> {
-        let ino = resolve(fs, dir).unwrap();
-        let fh = fs.opendir(ino).unwrap();
-        let mut out = Vec::new();
-        fs.readdirplus(ino, fh, 0, &mut |e, _| {
-            out.push(String::from_utf8(e.name).unwrap());
-            true
-        })
-        .unwrap();
-        fs.releasedir(fh);
-        out.retain(|n| n != "." && n != "..");
-        out.sort();
-        out
-    };
     // Once c has read `big`'s first page, a name there is moved to one before it (in every
     // order of names the pages may follow; the inode stays).
     let maker = a.clone();
     engine.after_names_page(move || maker.rename("big/f0", "big/a-moved").unwrap());
-    assert_eq!(names(&c.fs, "big"), names(&a.fs, "big"));
-    assert!(names(&c.fs, "big").contains(&"a-moved".to_string()));
+    assert_eq!(listed(&c.fs, "big"), listed(&a.fs, "big"));
+    assert!(listed(&c.fs, "big").contains(&"a-moved".to_string()));
     assert_eq!(read(&c.fs, "big/a-moved").unwrap(), b"big");
     // `bigger` gets a new name at every page c reads, for ever.
     fn every_page(engine: &MemEngine, maker: Arc<Client>, pages: Arc<AtomicU32>) {
@@ -2249,19 +2237,19 @@ fn a_directory_of_many_names_is_loaded_a_page_at_a_time() {
     }
     let pages = Arc::new(AtomicU32::new(0));
     every_page(&engine, a.clone(), pages.clone());
-    let listed = names(&c.fs, "bigger");
+    let got = listed(&c.fs, "bigger");
     engine.after_names_page(|| {});
     let read_pages = pages.load(Ordering::SeqCst);
-    assert_eq!(listed, names(&a.fs, "bigger"));
+    assert_eq!(got, listed(&a.fs, "bigger"));
     assert!(
-        listed.contains(&format!("n{}", read_pages - 1)),
+        got.contains(&format!("n{}", read_pages - 1)),
         "the last page's"
     );
     // One pass: 30 names and those made meanwhile, 10 a page (and a page may repeat).
     assert!(read_pages <= 6, "{read_pages} pages read");
     // A small directory: one step, no page.
     engine.after_names_page(|| panic!("a small directory read a page at a time"));
-    assert_eq!(names(&c.fs, "small"), vec!["only".to_string()]);
+    assert_eq!(listed(&c.fs, "small"), vec!["only".to_string()]);
     engine.after_names_page(|| {});
     assert!(!c.shared.is_whole());
     c.shared.poll_now().unwrap();

@@ -350,6 +350,28 @@ impl Client {
         })
     }
 
+    /// The trees two moves race in (`/p/a/f/e` and `/q/b/c/d`: moving `a` into `d` and `b`
+    /// into `e` together would make a cycle), and directories `others` in the root.
+    fn cycle_tree(&self, others: &[&[u8]]) {
+        let tree: [&[&[u8]]; 8] = [
+            &[b"p"],
+            &[b"p", b"a"],
+            &[b"p", b"a", b"f"],
+            &[b"p", b"a", b"f", b"e"],
+            &[b"q"],
+            &[b"q", b"b"],
+            &[b"q", b"b", b"c"],
+            &[b"q", b"b", b"c", b"d"],
+        ];
+        for path in tree {
+            let (name, above) = path.split_last().unwrap();
+            self.mkdir(self.resolve(above).unwrap(), name).unwrap();
+        }
+        for name in others {
+            self.mkdir(ROOT_INO, name).unwrap();
+        }
+    }
+
     /// The inode `path` (names from the root) leads to.
     fn resolve(&self, path: &[&[u8]]) -> Option<Ino> {
         let meta = self.meta.lock();

@@ -158,28 +158,14 @@ impl Client {
 /// `/q/b/c/d`; the joiner moves `b` into `e`, and must load `q`, `e` and every directory
 /// above `e` to check it) while the other also makes names in `e` and `f` and moves `/p/g`
 /// (which the joiner does not hold) into `q` (whose names it may hold), a removal of `/box`
-/// (its emptiness loaded) racing a name made in it, and two creates of one name. Then the joiner loads the rest, and every table equals
-/// the log's history.
+/// (its emptiness loaded) racing a name made in it, and two creates of one name. Then the
+/// joiner loads the rest, and every table equals the log's history.
 pub(super) fn lazy_join(protocol: Protocol) {
     let engine = engine_for(protocol);
     let setup = Client::join(&engine, "setup", REAL, 1000);
     setup.write_state_image();
-    for path in [
-        &[&b"p"[..]][..],
-        &[b"p", b"a"],
-        &[b"p", b"a", b"f"],
-        &[b"p", b"a", b"f", b"e"],
-        &[b"q"],
-        &[b"q", b"b"],
-        &[b"q", b"b", b"c"],
-        &[b"q", b"b", b"c", b"d"],
-        &[b"box"],
-        &[b"p", b"g"],
-    ] {
-        let (name, above) = path.split_last().unwrap();
-        let parent = setup.resolve(above).unwrap();
-        setup.mkdir(parent, name).unwrap();
-    }
+    setup.cycle_tree(&[b"box"]);
+    setup.mkdir(setup.resolve(&[b"p"]).unwrap(), b"g").unwrap();
     let at = |path: &[&[u8]]| setup.resolve(path).unwrap();
     let (p, q, boxed) = (at(&[b"p"]), at(&[b"q"]), at(&[b"box"]));
     let d = at(&[b"q", b"b", b"c", b"d"]);

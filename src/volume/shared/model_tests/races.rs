@@ -11,21 +11,7 @@ use super::*;
 pub(super) fn races(protocol: Protocol) {
     let engine = engine_for(protocol);
     let setup = Client::join(&engine, "setup", REAL, 1000);
-    for path in [
-        &[&b"p"[..]][..],
-        &[b"p", b"a"],
-        &[b"p", b"a", b"f"],
-        &[b"p", b"a", b"f", b"e"],
-        &[b"q"],
-        &[b"q", b"b"],
-        &[b"q", b"b", b"c"],
-        &[b"q", b"b", b"c", b"d"],
-        &[b"gone"],
-    ] {
-        let (name, above) = path.split_last().unwrap();
-        let parent = setup.resolve(above).unwrap();
-        setup.mkdir(parent, name).unwrap();
-    }
+    setup.cycle_tree(&[b"gone"]);
     let at = |path: &[&[u8]]| setup.resolve(path).unwrap();
     let (p, q) = (at(&[b"p"]), at(&[b"q"]));
     let d = at(&[b"q", b"b", b"c", b"d"]);
