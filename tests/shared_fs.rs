@@ -2293,3 +2293,30 @@ fn a_directory_of_many_names_is_loaded_a_page_at_a_time_on_redis() {
     assert!(c.shared.is_whole());
     assert_eq!(c.fs.namespace_digest(), a.fs.namespace_digest());
 }
+
+/// A root of more names than one step of the engine reads (10,000: `load.rs`) is not read
+/// at the join, which stays bounded: the joiner holds the root alone, and its first listing
+/// of the root reads the names a page at a time.
+#[test]
+fn a_root_too_large_for_one_step_is_paged_at_its_first_use() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    for i in 0..10_001 {
+        let name = format!("f{i}");
+        let (_, fh) = a
+            .change(|fs| fs.create(ROOT_INO, name.as_bytes(), 0o644, libc::O_WRONLY, common::ME))
+            .unwrap();
+        a.change(|fs| fs.release(fh));
+    }
+    let c = client(&rack, Arc::new(engine.clone()), "c");
+    assert_eq!(c.fs.inode_count(), 1, "the root alone");
+    let paged = Arc::new(AtomicBool::new(false));
+    let seen = paged.clone();
+    engine.after_names_page(move || seen.store(true, Ordering::SeqCst));
+    let got = listed(&c.fs, "");
+    assert!(paged.load(Ordering::SeqCst), "read a page at a time");
+    assert_eq!(got.len(), 10_001);
+    assert_eq!(got, listed(&a.fs, ""));
+}
