@@ -122,26 +122,34 @@ impl State {
             return Ok(Vec::new());
         }
         // What another load brought meanwhile (the poller's, a request's) is not read again.
-        let (dirs, inodes): (Vec<Ino>, Vec<Ino>) = fs.inspect_meta(|m| {
-            (
-                dirs.iter()
-                    .copied()
-                    .filter(|d| !m.holds_whole(*d))
-                    .collect(),
-                inodes
-                    .iter()
-                    .copied()
-                    .filter(|i| m.get(*i).is_none())
-                    .collect(),
-            )
+        let dirs: Vec<Ino> = fs.inspect_meta(|m| {
+            dirs.iter()
+                .copied()
+                .filter(|d| !m.holds_whole(*d))
+                .collect()
         });
+        let inodes = not_held(fs, inodes.to_vec());
         if dirs.is_empty() && inodes.is_empty() {
             return Ok(Vec::new());
         }
         let most = self.names_in_one_load.load(Ordering::SeqCst);
+        self.load_step(fs, &dirs, &inodes, in_request, most)
+    }
+
+    /// One step of a load, the caller holding `catching`: `dirs` (those of at most `most`
+    /// names) and `inodes` read as of the engine's head, the table caught up to it, then
+    /// what was read installed. Returns the directories left out.
+    fn load_step(
+        &self,
+        fs: &Fs,
+        dirs: &[Ino],
+        inodes: &[Ino],
+        in_request: bool,
+        most: u64,
+    ) -> Result<Vec<Ino>> {
         let load = self
             .engine
-            .load_state(&dirs, &inodes, most)
+            .load_state(dirs, inodes, most)
             .map_err(engine_err)?;
         self.catch_up_through(fs, in_request, load.head)?;
         let loaded = state::changes_of(&load.dump)?;
@@ -224,12 +232,8 @@ impl State {
              log trimmed meanwhile, or a name leading to no inode); read in one step"
         );
         let _one = self.catching.lock();
-        let load = self
-            .engine
-            .load_state(&[dir], &[], u64::MAX)
-            .map_err(engine_err)?;
-        self.catch_up_through(fs, in_request, load.head)?;
-        fs.install_loaded(&[dir], &[], state::changes_of(&load.dump)?)
+        self.load_step(fs, &[dir], &[], in_request, u64::MAX)
+            .map(|_| ())
     }
 
     /// Directory `dir`'s names, pages of at most `most` names, and the log's head at the
