@@ -2105,6 +2105,42 @@ fn a_joining_client_loads_what_it_uses_and_the_rest_after() {
     state_is_every_table(&[&a, &c], "a client that loaded as it went");
 }
 
+/// A name another client changes in a directory this client holds without its names (they
+/// went unloaded when a name there came to lead to an inode the client lacks) is still told
+/// to the kernel, which may have looked it up while the names were held: else it would
+/// keep its lookup of a name gone, until its timeout.
+#[test]
+fn names_changed_where_the_table_lost_the_names_are_told_to_the_kernel() {
+    use rmemfs::fs::Invalidation;
+    let rack = Rack::new(2);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client(&rack, engine.clone(), "a");
+    a.mkdir("d").unwrap();
+    a.create("d/x", b"x").unwrap();
+    a.mkdir("elsewhere").unwrap();
+    a.create("elsewhere/y", b"y").unwrap();
+    let c = client(&rack, engine.clone(), "c");
+    let d = resolve(&c.fs, "d").unwrap();
+    assert!(resolve(&c.fs, "d/x").is_ok(), "c's kernel looked x up");
+    let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let t = told.clone();
+    c.fs.on_followed(Box::new(move |i| t.lock().unwrap().extend_from_slice(i)));
+    // An inode c lacks, from a directory it has not loaded: d's names go unloaded on c.
+    a.rename("elsewhere/y", "d/y").unwrap();
+    a.unlink("d/x").unwrap();
+    c.shared.poll_now().unwrap();
+    let told = told.lock().unwrap();
+    for name in ["x", "y"] {
+        assert!(
+            told.iter().any(|i| matches!(i,
+                Invalidation::Entry { dir, name: n } if *dir == d && &n[..] == name.as_bytes())),
+            "d/{name} not told: {told:?}"
+        );
+    }
+    assert_eq!(resolve(&c.fs, "d/x"), Err(libc::ENOENT));
+    assert_eq!(read(&c.fs, "d/y").unwrap(), b"y");
+}
+
 /// A joining client's last step loads the files no name leads to (open on another client
 /// after their last name went), and keeps a file made with no name (`O_TMPFILE`) after it
 /// listed the state's inodes: the catch-up its last load makes applies that make, every

@@ -13,7 +13,7 @@
 
 use super::Fs;
 use crate::error::Result;
-use crate::meta::{Change, FileData, Ino, Loaded, Meta, Name};
+use crate::meta::{Change, FileData, Held, Ino, Loaded, Meta, Name};
 use crate::sync::Arc;
 use std::collections::{HashMap, HashSet};
 
@@ -67,23 +67,18 @@ impl Fs {
         &self,
         records: &[(u64, Vec<Change>)],
     ) -> Result<Vec<Invalidation>> {
-        let changes: Vec<&Change> = {
-            let mut meta = self.meta.lock();
-            match meta.is_partial() {
-                // Of what a partial table holds only (see `meta::partial`).
-                true => {
-                    let mut kept = HashSet::new();
-                    records
-                        .iter()
-                        .flat_map(|(_, c)| {
-                            meta.held_changes(&c.iter().collect::<Vec<_>>(), &mut kept)
-                        })
-                        .collect()
-                }
-                false => records.iter().flat_map(|(_, c)| c).collect(),
-            }
-        };
-        let mut out = Vec::new();
+        let Held {
+            changes,
+            unheld_names,
+        } = self.meta.lock().held_of(records);
+        // Names the table no longer holds may still be in the kernel's cache.
+        let mut out: Vec<Invalidation> = unheld_names
+            .into_iter()
+            .map(|(dir, name)| Invalidation::Entry {
+                dir,
+                name: name.clone(),
+            })
+            .collect();
         // A server's birth changes every file's map: applied between the changes before it
         // and those after, each part as a whole.
         for part in changes.split_inclusive(|c| matches!(c, Change::Born { .. })) {

@@ -28,7 +28,7 @@ pub use extents::{
 };
 pub use image::Image;
 pub use journal::{AfterRecord, Journal, SendLater, UnsentWrite};
-pub use partial::Loaded;
+pub use partial::{Held, Loaded};
 pub use replay::{add_chunks, Digest};
 
 use crate::sync::Arc;

@@ -11,7 +11,7 @@
 //! a load brings the table to the engine's head first, then installs what it read as of
 //! that head ([`Meta::install`]), so both are of one change.
 
-use super::{Change, Ino, Meta, ROOT_INO};
+use super::{Change, Ino, Meta, Name, ROOT_INO};
 use crate::error::Result;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -22,6 +22,13 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 pub struct Loaded {
     pub changes: Vec<Change>,
     pub placed: Vec<(u64, Change)>,
+}
+
+/// What a table applies of other clients' records ([`Meta::held_of`]).
+pub struct Held<'c> {
+    pub changes: Vec<&'c Change>,
+    /// Directory and name of each change the table does not apply to a directory it holds.
+    pub unheld_names: Vec<(Ino, &'c Name)>,
 }
 
 impl Meta {
@@ -66,6 +73,42 @@ impl Meta {
         }
         self.unloaded = None;
         true
+    }
+
+    /// Of other clients' `records` (in the log's order), the changes this table applies: all
+    /// of a whole table's, of a partial one's those [`Meta::held_changes`] keeps, every
+    /// record filtered before any is applied. With them, the names changed in directories
+    /// the table holds without their names (it held them once, or another client's link
+    /// unloaded them in these records): the kernel may hold a lookup of one, which the
+    /// caller tells it to forget, as it does for a name it applies.
+    pub fn held_of<'c>(&mut self, records: &'c [(u64, Vec<Change>)]) -> Held<'c> {
+        if self.unloaded.is_none() {
+            return Held {
+                changes: records.iter().flat_map(|(_, c)| c).collect(),
+                unheld_names: Vec::new(),
+            };
+        }
+        let mut kept = HashSet::new();
+        let changes = records
+            .iter()
+            .flat_map(|(_, c)| self.held_changes(&c.iter().collect::<Vec<_>>(), &mut kept))
+            .collect();
+        let unheld_names = records
+            .iter()
+            .flat_map(|(_, c)| c)
+            .filter_map(|c| match c {
+                Change::Entry { dir, name, .. } | Change::EntryAt { dir, name, .. }
+                    if self.inodes.contains_key(dir) && self.names_unloaded(*dir) =>
+                {
+                    Some((*dir, name))
+                }
+                _ => None,
+            })
+            .collect();
+        Held {
+            changes,
+            unheld_names,
+        }
     }
 
     /// Which of `changes` (one record's, another client's) a partial table applies: those

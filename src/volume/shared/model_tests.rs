@@ -170,8 +170,8 @@ impl Client {
     }
 
     /// [`Client::catch_up`] up to change `through` (a load's head) at most; a partial
-    /// table takes the changes of what it holds ([`Meta::held_changes`], every record of
-    /// a read filtered before any is applied, as [`Fs::apply_followed`] does).
+    /// table takes the changes of what it holds ([`Meta::held_of`], as [`Fs::apply_followed`]
+    /// does).
     fn catch_up_through(&self, through: u64) {
         let s = &self.shared;
         loop {
@@ -187,18 +187,7 @@ impl Client {
             let records = foreign(&s.ahead.lock(), &got).unwrap();
             {
                 let mut meta = self.meta.lock();
-                let changes: Vec<&Change> = match meta.is_partial() {
-                    true => {
-                        let mut kept = std::collections::HashSet::new();
-                        records
-                            .iter()
-                            .flat_map(|(_, c)| {
-                                meta.held_changes(&c.iter().collect::<Vec<_>>(), &mut kept)
-                            })
-                            .collect()
-                    }
-                    false => records.iter().flat_map(|(_, c)| c).collect(),
-                };
+                let changes = meta.held_of(&records).changes;
                 for c in changes {
                     if let Err(e) = meta.apply(c) {
                         panic!("{}'s table cannot take {c:?}: {e}", s.who);
