@@ -2295,6 +2295,46 @@ fn a_directory_of_many_names_is_loaded_a_page_at_a_time() {
     state_is_every_table(&[&a, &c], "a client that read directories a page at a time");
 }
 
+/// A directory read a page at a time whose log was trimmed past its first page (a
+/// checkpoint while the pages were read, the reading client caught up past the trim by its
+/// poll) is read again: the changes between are no longer in the log to patch the names
+/// with. A name made after the first page, sorting before every name the pages read, is
+/// then listed (mutant caught: a trimmed log taken as one with nothing to patch).
+#[test]
+fn a_directory_paged_while_the_log_is_trimmed_is_read_again() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = Arc::new(client(&rack, Arc::new(engine.clone()), "a"));
+    a.mkdir("big").unwrap();
+    for i in 0..30 {
+        a.create(&format!("big/f{i}"), b"big").unwrap();
+    }
+    let c = Arc::new(client(&rack, Arc::new(engine.clone()), "c"));
+    c.shared.page_names_over(10);
+    let (maker, reader, paging) = (a.clone(), c.clone(), engine.clone());
+    engine.after_names_page(move || {
+        // A name before every other (no later page of this pass holds it), c's catch-up
+        // past it (its poll's loads failing), then a checkpoint trimming the log up to a's
+        // table.
+        maker.create("big/a-late", b"late").unwrap();
+        paging.fail_next("load_state", 1);
+        reader.shared.poll_now().unwrap();
+        maker.shared.checkpoint_now().unwrap();
+    });
+    let first = engine.read_after(0, 1).unwrap();
+    assert_eq!(listed(&c.fs, "big"), listed(&a.fs, "big"));
+    assert!(listed(&c.fs, "big").contains(&"a-late".to_string()));
+    assert_eq!(read(&c.fs, "big/a-late").unwrap(), b"late");
+    assert_ne!(
+        engine.read_after(0, 1).unwrap(),
+        first,
+        "the log was trimmed"
+    );
+    c.shared.poll_now().unwrap();
+    a.shared.poll_now().unwrap();
+    assert_eq!(c.fs.namespace_digest(), a.fs.namespace_digest());
+}
+
 /// On Redis, a directory larger than one step reads (and than a hash Redis keeps packed, so
 /// `HSCAN` returns it in many pages) is loaded a page at a time, whole.
 #[test]
