@@ -149,6 +149,13 @@ pub const ATTR_TTL: Duration = Duration::from_secs(60);
 /// default entry and attribute caches do.
 pub const SHARED_CACHE_TTL: Duration = Duration::from_secs(1);
 
+/// A shared volume's client loads the whole namespace in the background (every lookup then
+/// local) while the volume has given out fewer inode numbers than this: a table of some
+/// 64 MB at most (about 640 bytes an inode, measured: doc/VOLUMES.md). Past it, one client
+/// (the volume's keeper, `volume::shared::keeper`) holds the whole table, for the
+/// checkpoints and the rebuild, and every other client holds what it uses.
+pub const SHARED_WHOLE_UNDER: u64 = 100_000;
+
 /// Largest file size rmemfs accepts (what `statfs` and `EFBIG` are measured against): the
 /// kernel's own limit for a file offset, `i64::MAX`.
 pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;

@@ -2141,6 +2141,88 @@ fn names_changed_where_the_table_lost_the_names_are_told_to_the_kernel() {
     assert_eq!(read(&c.fs, "d/y").unwrap(), b"y");
 }
 
+/// On a large volume (here: past 100 inode numbers) one client, the keeper, holds the whole
+/// table, and the others what they use: a client that joins loads what it looks at, and
+/// its poller loads nothing more, while the volume's maker (whole already) keeps. Once the
+/// keeper leaves, the next client to ask keeps, and loads the rest.
+#[test]
+fn on_a_large_volume_one_client_keeps_the_whole_table_and_the_others_what_they_use() {
+    let rack = Rack::new(2);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client(&rack, engine.clone(), "a");
+    for d in 0..20 {
+        a.mkdir(&format!("d{d}")).unwrap();
+        for f in 0..10 {
+            a.create(&format!("d{d}/f{f}"), format!("{d}/{f}").as_bytes())
+                .unwrap();
+        }
+    }
+    a.shared.whole_under(100).unwrap();
+    assert!(
+        a.shared.is_whole() && a.shared.is_keeper(),
+        "the maker keeps"
+    );
+    let c = client(&rack, engine.clone(), "c");
+    c.shared.whole_under(100).unwrap();
+    assert!(!c.shared.is_keeper(), "not before its grace");
+    assert_eq!(c.fs.inode_count(), 21, "the root and its names");
+    c.shared.poll_now().unwrap();
+    assert_eq!(c.fs.inode_count(), 21, "its poller loads nothing more");
+    assert_eq!(read(&c.fs, "d7/f3").unwrap(), b"7/3");
+    assert_eq!(c.fs.inode_count(), 31, "and d7's names");
+    c.shared.beat_now(true).unwrap();
+    assert!(!c.shared.is_keeper(), "a keeps");
+    // Changes where c looked reach it; the rest it does not hold.
+    a.create("d7/new", b"new").unwrap();
+    a.create("d8/new", b"new").unwrap();
+    c.shared.poll_now().unwrap();
+    assert_eq!(c.fs.inode_count(), 32);
+    assert_eq!(read(&c.fs, "d7/new").unwrap(), b"new");
+    assert!(!c.shared.is_whole());
+    assert!(!c.fs.may_rebuild(), "the rebuild is the keeper's");
+    drop(a);
+    c.shared.beat_now(true).unwrap();
+    assert!(c.shared.is_keeper(), "the keeper left: c keeps");
+    c.shared.poll_now().unwrap();
+    assert!(c.shared.is_whole());
+    assert_eq!(c.fs.inode_count(), 223);
+    assert_eq!(
+        c.fs.namespace_digest(),
+        c.shared.engine_state_digest().unwrap()
+    );
+}
+
+/// A file unlinked by another client while open on a client that holds part of the
+/// namespace (and never the whole: a large volume's client other than its keeper) is
+/// dropped once that client closes it, and its memory given back (a drop waiting for a
+/// whole table would wait for ever).
+#[test]
+fn a_file_let_go_on_a_client_that_holds_part_of_the_namespace_is_dropped() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    a.mkdir("d").unwrap();
+    a.shared.whole_under(0).unwrap();
+    let c = client(&rack, Arc::new(engine.clone()), "c");
+    c.shared.whole_under(0).unwrap();
+    let free_at_start = rack.free();
+    a.create("d/f", &bytes(5, 1 << 20)).unwrap();
+    let f = resolve(&c.fs, "d/f").unwrap();
+    let fh = c.change(|fs| fs.open(f, libc::O_RDONLY)).unwrap();
+    a.unlink("d/f").unwrap();
+    a.change(|fs| fs.forget(f, 1));
+    c.change(|fs| fs.release(fh));
+    c.change(|fs| fs.forget(f, 1));
+    assert!(!c.shared.is_whole());
+    eventually("the file is dropped once c lets it go", || {
+        c.shared.poll_now().unwrap();
+        a.shared.poll_now().unwrap();
+        rack.free() == free_at_start
+    });
+    assert!(!c.shared.is_whole());
+    assert_eq!(resolve(&c.fs, "d/f"), Err(libc::ENOENT));
+}
+
 /// A joining client's last step loads the files no name leads to (open on another client
 /// after their last name went), and keeps a file made with no name (`O_TMPFILE`) after it
 /// listed the state's inodes: the catch-up its last load makes applies that make, every

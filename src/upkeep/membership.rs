@@ -99,18 +99,16 @@ pub fn add_server(
     Ok(id)
 }
 
-/// Refuses what moves or counts every file's copies on a shared client that has not loaded
-/// the whole namespace yet (it joined holding the root alone: `volume::shared`'s loads):
-/// the files it does not hold would be left out.
+/// What moves or counts every file's copies needs every file: a shared client that holds
+/// part of the namespace (it joined holding the root alone, or it is not the keeper of a
+/// large volume: `volume::shared`'s loads) loads the rest first, and holds it from then on.
 fn whole_namespace(fs: &Fs) -> Result<(), String> {
-    match fs.inspect_meta(crate::meta::Meta::is_partial) {
-        true => Err(
-            "this client has not loaded the whole shared namespace yet (it joined \
-                     moments ago and loads it in the background): try again in a moment"
-                .into(),
-        ),
-        false => Ok(()),
-    }
+    fs.load_whole_shared().map_err(|e| {
+        format!(
+            "this client could not load the whole shared namespace, which this needs: {}",
+            e.message
+        )
+    })
 }
 
 /// Drains the server at `addr`: out of placement now, every copy moved off it (at most

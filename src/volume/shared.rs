@@ -40,6 +40,7 @@ mod append;
 mod behind;
 mod births;
 mod catchup;
+mod keeper;
 mod load;
 #[cfg(all(test, feature = "shuttle"))]
 mod model_tests;
@@ -165,6 +166,15 @@ struct State {
     stop: AtomicBool,
     /// The table holds the whole namespace (not a partial one still loading: [`load`]).
     whole: AtomicBool,
+    /// The volume gave out more inode numbers than `whole_under`: only its keeper loads the
+    /// whole namespace ([`keeper`]).
+    large: AtomicBool,
+    whole_under: AtomicU64,
+    /// This client holds the keeper's role ([`keeper`]).
+    keeper: AtomicBool,
+    /// When this client joined (a client not whole asks for the keeper's role a moment
+    /// after).
+    joined: Mutex<Instant>,
     /// The poller's rounds are left to [`SharedClient::poll_now`] (a test freezing a client).
     paused: AtomicBool,
     /// The last change applied, as the engine's log held it (its LSN and bytes): read again
@@ -227,6 +237,10 @@ impl State {
             notify,
             stop: AtomicBool::new(false),
             whole: AtomicBool::new(true),
+            large: AtomicBool::new(false),
+            whole_under: AtomicU64::new(crate::config::SHARED_WHOLE_UNDER),
+            keeper: AtomicBool::new(false),
+            joined: Mutex::new(Instant::now()),
             tip: Mutex::new(None),
             marked: Mutex::new(HashMap::new()),
             to_settle: Mutex::new(Vec::new()),
@@ -381,6 +395,8 @@ pub fn join(
     let (notify, told) = crossbeam_channel::unbounded::<Notice>();
     let state = Arc::new(State::new(engine, who, config, from, gate.clone(), notify));
     state.whole.store(!partial, Ordering::SeqCst);
+    // Before the poller starts: whether it loads the rest of the namespace.
+    state.keep_role()?;
     let replayed = state
         .catch_up(&fs, false)
         .map_err(|e| format!("replaying the engine's log: {}", e.message))?;
@@ -574,6 +590,7 @@ impl Drop for SharedClient {
             let _ = t.join();
         }
         self.state.give_all();
+        self.state.give_keeper_role();
         let (engine, who) = (&*self.state.engine, &self.state.who);
         if let Err(e) = crate::engine::drop_session_locks(engine, who, who) {
             log::warn!("leaving the shared volume: its file locks stay until eviction: {e}");

@@ -1,9 +1,10 @@
 //! A client that loads the namespace as it is used (shared format 7): its join reads the
 //! root's names from the engine's state and serves at once; a lookup, a listing or a change
-//! of what its table does not hold loads it ([`crate::fs::Turns::load`]); the poller loads
-//! the rest, a batch of directories a round, then the inodes no name leads to, until the
-//! table is whole. What reads the table whole (a checkpoint, the rebuild, the collection of
-//! what an evicted client left) waits for that.
+//! of what its table does not hold loads it ([`crate::fs::Turns::load`]); where the client
+//! is to hold the whole namespace ([`keeper`]), the poller loads the rest, a batch of
+//! directories a round, then the inodes no name leads to, until the table is whole. What
+//! reads the table whole (a checkpoint, the rebuild, the collection of what an evicted
+//! client left) waits for that.
 //!
 //! Why it is sound: a load reads the state and the log's head in one step (the state is the
 //! log's up to that head), brings the table to that head first (applying, of other clients'

@@ -68,12 +68,21 @@ impl State {
     /// Settles the inodes whose marks went (this client's, or an evicted client's): a drop
     /// another client tried while they were marked fell to this client.
     pub(super) fn settle_let_go(&self, fs: &Fs) {
-        // An inode a partial table does not hold would be settled as nothing: not until the
-        // table is whole.
-        if !self.is_whole() {
+        let inos = std::mem::take(&mut *self.to_settle.lock());
+        if inos.is_empty() {
             return;
         }
-        let inos = std::mem::take(&mut *self.to_settle.lock());
+        // An inode a partial table does not hold would be settled as nothing: loaded first
+        // (one the state no longer holds is gone already). Tried again next round if the
+        // load fails.
+        if let Err(e) = self.load(fs, &[], &inos, false) {
+            log::warn!(
+                "shared volume: files let go settle next round: {}",
+                e.message
+            );
+            self.to_settle.lock().extend(inos);
+            return;
+        }
         for ino in inos {
             fs.settle_unused(ino);
         }

@@ -123,7 +123,8 @@ pub(super) fn give_due(s: &State, asked: Vec<Ino>) {
                 // The rebuilder's role is no inode's turn: asked for by a member refused
                 // it, it stays this member's until its lease runs out (given away here,
                 // two members would rebuild at once, each at the set rate).
-                None if ino == REBUILD_ROLE => {}
+                // Nor is the keeper's: it stays with the client that holds the whole table.
+                None if ino == REBUILD_ROLE || ino == super::super::keeper::KEEPER_ROLE => {}
                 None => unrecorded.push(ino),
             }
         }
