@@ -2192,6 +2192,59 @@ fn on_a_large_volume_one_client_keeps_the_whole_table_and_the_others_what_they_u
     );
 }
 
+/// A client that holds what it uses (a large volume's, not its keeper) forgets what the
+/// kernel let go of: a directory's names and the inodes only they held, depth first, but a
+/// file still open there. Used again, they are loaded again, with what changed meanwhile.
+#[test]
+fn a_client_that_holds_what_it_uses_forgets_what_the_kernel_let_go_of() {
+    let rack = Rack::new(2);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client(&rack, engine.clone(), "a");
+    for d in 0..5 {
+        a.mkdir(&format!("d{d}")).unwrap();
+        for f in 0..10 {
+            a.create(&format!("d{d}/f{f}"), format!("{d}/{f}").as_bytes())
+                .unwrap();
+        }
+    }
+    a.mkdir("d1/sub").unwrap();
+    a.create("d1/sub/deep", b"deep").unwrap();
+    a.shared.whole_under(0).unwrap();
+    let c = client(&rack, engine.clone(), "c");
+    c.shared.whole_under(0).unwrap();
+    assert_eq!(c.fs.inode_count(), 6, "the root and its names");
+    assert_eq!(read(&c.fs, "d1/sub/deep").unwrap(), b"deep");
+    let f1 = resolve(&c.fs, "d1/f1").unwrap();
+    let fh = c.change(|fs| fs.open(f1, libc::O_RDONLY)).unwrap();
+    assert_eq!(c.fs.inode_count(), 6 + 11 + 1, "d1's names and sub's");
+    // The kernel lets the tree go, the names it looked up first.
+    for path in ["d1/sub/deep", "d1/sub", "d1/f1", "d1"] {
+        let ino = resolve(&c.fs, path).unwrap();
+        c.fs.forget(ino, u64::MAX);
+    }
+    c.shared.poll_now().unwrap();
+    assert_eq!(
+        c.fs.inode_count(),
+        6 + 1,
+        "d1 stays (the root names it), f1 is open"
+    );
+    assert_eq!(c.fs.read(f1, fh, 0, 16).unwrap(), b"1/1");
+    // Changed meanwhile, and used again.
+    a.create("d1/new", b"new").unwrap();
+    a.unlink("d1/f2").unwrap();
+    a.create("d1/sub/deeper", b"deeper").unwrap();
+    c.shared.poll_now().unwrap();
+    assert_eq!(listed(&c.fs, "d1"), listed(&a.fs, "d1"));
+    assert_eq!(listed(&c.fs, "d1/sub"), vec!["deep", "deeper"]);
+    assert_eq!(read(&c.fs, "d1/new").unwrap(), b"new");
+    c.change(|fs| fs.release(fh));
+    c.fs.load_whole_shared().unwrap();
+    assert_eq!(
+        c.fs.namespace_digest(),
+        c.shared.engine_state_digest().unwrap()
+    );
+}
+
 /// A file unlinked by another client while open on a client that holds part of the
 /// namespace (and never the whole: a large volume's client other than its keeper) is
 /// dropped once that client closes it, and its memory given back (a drop waiting for a

@@ -206,6 +206,13 @@ impl Fs {
         }
     }
 
+    /// Forgets what a partial table holds below the directories the kernel let go of, but
+    /// what `kept` holds ([`Meta::forget_let_go`]); how many inodes went.
+    pub fn forget_let_go(&self, kept: &dyn Fn(Ino) -> bool) -> usize {
+        let gone = self.meta.lock().forget_let_go(kept);
+        gone.len()
+    }
+
     /// A partial table that holds every directory's names is whole from now on (see
     /// [`Meta::finish_partial`]); whether the table is whole.
     pub fn finish_partial(&self) -> bool {

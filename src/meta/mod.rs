@@ -280,6 +280,9 @@ pub struct Meta {
     /// A partial table's directories whose names it does not hold ([`partial`]); none: the
     /// table holds the whole namespace.
     unloaded: Option<std::collections::BTreeSet<Ino>>,
+    /// A partial table's directories the kernel let go of (no lookup left), for
+    /// [`Meta::forget_let_go`].
+    let_go: Vec<Ino>,
 }
 
 impl std::fmt::Debug for Meta {
@@ -314,6 +317,7 @@ impl Meta {
             commits: 0,
             changes: 0,
             unloaded: None,
+            let_go: Vec::new(),
         }
     }
 
@@ -362,6 +366,9 @@ impl Meta {
     pub fn release_refs(&mut self, ino: Ino, n: u64) {
         if let Some(i) = self.inodes.get_mut(&ino) {
             i.lookups = i.lookups.saturating_sub(n);
+            if i.lookups == 0 && i.kind == Kind::Dir && self.unloaded.is_some() {
+                self.let_go.push(ino);
+            }
         }
     }
 

@@ -11,7 +11,7 @@
 //! a load brings the table to the engine's head first, then installs what it read as of
 //! that head ([`Meta::install`]), so both are of one change.
 
-use super::{Change, Ino, Meta, Name, ROOT_INO};
+use super::{Change, Ino, Inode, Meta, Name, ROOT_INO};
 use crate::error::Result;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -60,6 +60,91 @@ impl Meta {
             .collect()
     }
 
+    /// Forgets what the table holds below the directories the kernel let go of since the
+    /// last call: a partial table that is to hold what its client uses (a large volume's
+    /// client other than its keeper) drops what the kernel dropped. A directory let go of,
+    /// with no handle open and not `kept` (this client's turn on it, say), loses its names,
+    /// and of the inodes they led to, those the kernel, a handle and `kept` do not hold:
+    /// a file with no other name, a directory whose own names go too (depth first; the
+    /// kernel lets a directory go only after every name it looked up there). The directory
+    /// itself goes as well where its parent's names are not held (nothing leads to it).
+    /// What is forgotten is loaded again at its next use, as a join loads it. Returns what
+    /// went.
+    pub fn forget_let_go(&mut self, kept: &dyn Fn(Ino) -> bool) -> Vec<Inode> {
+        let mut gone = Vec::new();
+        for dir in std::mem::take(&mut self.let_go) {
+            if !self.unused(dir, kept) {
+                continue;
+            }
+            self.forget_names(dir, kept, &mut gone);
+            let parent = self.inodes.get(&dir).and_then(|i| Some(i.dir()?.parent()));
+            if parent.is_some_and(|p| !self.names_held(p)) && dir != ROOT_INO {
+                if let Some(i) = self.remove(dir) {
+                    gone.push(i);
+                }
+            }
+        }
+        if let Some(u) = self.unloaded.as_mut() {
+            u.retain(|d| self.inodes.contains_key(d));
+        }
+        gone
+    }
+
+    /// Whether `ino` is held by nothing but the table: no kernel reference, no handle, not
+    /// `kept`, not the root.
+    fn unused(&self, ino: Ino, kept: &dyn Fn(Ino) -> bool) -> bool {
+        ino != ROOT_INO
+            && !kept(ino)
+            && self
+                .inodes
+                .get(&ino)
+                .is_some_and(|i| i.lookups == 0 && i.opens == 0)
+    }
+
+    /// Drops directory `dir`'s names (it is unloaded after), and the inodes only they held
+    /// ([`Meta::forget_let_go`]).
+    fn forget_names(&mut self, dir: Ino, kept: &dyn Fn(Ino) -> bool, gone: &mut Vec<Inode>) {
+        if !self.names_held(dir) {
+            return;
+        }
+        let names: Vec<(Name, Ino)> = match self.inodes.get(&dir).and_then(|i| i.dir()) {
+            Some(d) => d
+                .entries_after(0)
+                .map(|(_, n, i)| (Name::from(n), i))
+                .collect(),
+            None => return,
+        };
+        for (_, child) in &names {
+            let (kind, nlink) = match self.inodes.get(child) {
+                Some(i) => (i.kind, i.nlink),
+                None => continue,
+            };
+            if !self.unused(*child, kept) {
+                continue;
+            }
+            let only_here = match kind {
+                super::Kind::Dir => {
+                    self.forget_names(*child, kept, gone);
+                    !self.names_held(*child)
+                }
+                _ => nlink <= 1,
+            };
+            if only_here {
+                if let Some(i) = self.remove(*child) {
+                    gone.push(i);
+                }
+            }
+        }
+        if let Some(d) = self.get_mut(dir).and_then(Inode::dir_mut) {
+            for (name, _) in &names {
+                d.remove(name);
+            }
+        }
+        if let Some(u) = self.unloaded.as_mut() {
+            u.insert(dir);
+        }
+    }
+
     /// The table holds every directory's names: it is whole from now on (the caller loaded
     /// the inodes no name leads to first). False while a directory's names are not held.
     pub fn finish_partial(&mut self) -> bool {
@@ -72,6 +157,7 @@ impl Meta {
             return false;
         }
         self.unloaded = None;
+        self.let_go.clear();
         true
     }
 

@@ -571,13 +571,13 @@ pub(super) fn poll_once(s: &State, fs: &Fs, wait: bool) -> std::result::Result<(
     };
     r.map_err(|e| e.message)?;
     // A large volume's client other than its keeper holds what it uses (`keeper`).
-    if s.wants_whole() {
-        if let Err(e) = s.load_more(fs) {
-            log::warn!(
-                "shared volume: loading the namespace (again next round): {}",
-                e.message
-            );
-        }
+    if !s.wants_whole() {
+        s.forget_let_go(fs);
+    } else if let Err(e) = s.load_more(fs) {
+        log::warn!(
+            "shared volume: loading the namespace (again next round): {}",
+            e.message
+        );
     }
     s.settle_let_go(fs);
     s.collect_evicted(fs);

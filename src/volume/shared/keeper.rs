@@ -4,7 +4,8 @@
 //! volume's *keeper*: one client, holding a role in the engine (a turn, as the rebuilder's),
 //! that keeps the whole table for what reads it whole (the checkpoints, the rebuild, the
 //! collection of what an evicted client left). So on a large volume one client's memory
-//! grows with the namespace, and every other client's with what it used.
+//! grows with the namespace, and every other client's with what it uses: it loads what it
+//! looks at and forgets what the kernel let go of ([`crate::meta::Meta::forget_let_go`]).
 //!
 //! Why one keeper and not none: a checkpoint is the whole table's image, and without one the
 //! log is never trimmed. Why a role rather than every client whole: with many clients and a
@@ -67,6 +68,19 @@ impl State {
         !self.large.load(Ordering::SeqCst)
             || self.keeper.load(Ordering::SeqCst)
             || !self.to_collect.lock().is_empty()
+    }
+
+    /// Forgets what the kernel let go of, on a client that holds what it uses
+    /// ([`Fs::forget_let_go`]). Under `catching`, so that no catch-up applies changes it
+    /// kept for inodes gone meanwhile; the inodes whose turns this client holds stay (a
+    /// write held back under one is appended later).
+    pub(super) fn forget_let_go(&self, fs: &Fs) {
+        let _one = self.catching.lock();
+        let turns = self.turns.lock().held();
+        let gone = fs.forget_let_go(&|ino| turns.contains(&ino));
+        if gone > 0 {
+            log::debug!("shared volume: {gone} inodes the kernel let go of forgotten");
+        }
     }
 
     /// Gives the keeper's role back (leaving the volume).

@@ -104,6 +104,11 @@ struct GivenBack {
 }
 
 impl HeldTurns {
+    /// The inodes whose turns this client holds.
+    pub(super) fn held(&self) -> std::collections::HashSet<Ino> {
+        self.map.keys().copied().collect()
+    }
+
     /// Another client works on `ino` too: it wanted its turn, changed it first, or held it.
     fn contest(&mut self, ino: Ino) {
         let now = Instant::now();
