@@ -150,7 +150,7 @@ pub const ATTR_TTL: Duration = Duration::from_secs(60);
 pub const SHARED_CACHE_TTL: Duration = Duration::from_secs(1);
 
 /// A shared volume's client loads the whole namespace in the background (every lookup then
-/// local) while the volume has given out fewer inode numbers than this: a table of some
+/// local) while the volume holds fewer inodes than this: a table of some
 /// 64 MB at most (about 640 bytes an inode, measured: doc/VOLUMES.md). Past it, one client
 /// (the volume's keeper, `volume::shared::keeper`) holds the whole table, for the
 /// checkpoints and the rebuild, and every other client holds what it uses.

@@ -950,9 +950,25 @@ fn the_in_memory_engine_keeps_the_contract() {
     assert_eq!(e.versions_kept(), 1, "the kept key's");
     let e = MemEngine::new();
     state_writes(&e, &e.clone());
+    noted_inodes(&MemEngine::new(), &MemEngine::new());
     let made = MemEngine::new();
     assert!(made.create_volume(&["a:1".into()]).unwrap());
     assert!(made.state_whole().unwrap(), "a new volume's state: whole");
+}
+
+/// The count of inodes a client noted is what every client of the volume reads, the last
+/// noted; none before any, and none for another volume. The state's dump leaves it out.
+fn noted_inodes(e: &dyn MetaEngine, other: &dyn MetaEngine) {
+    assert_eq!(e.noted_inodes().unwrap(), None);
+    e.note_inodes(221).unwrap();
+    e.note_inodes(222).unwrap();
+    assert_eq!(e.noted_inodes().unwrap(), Some(222));
+    assert_eq!(other.noted_inodes().unwrap(), None);
+    let dump = e.state().unwrap();
+    assert!(
+        dump.values().all(|h| !h.contains_key(&b"inodes"[..])),
+        "{dump:?}"
+    );
 }
 
 /// A short time away for [`engine_away`].
@@ -1051,6 +1067,7 @@ fn the_redis_engine_keeps_the_contract() {
     shared_touches(&*l("st"), &*l("st"));
     trimmed_versions(&*l("tv"), &*l("tv"));
     state_writes(&*l("sw"), &*l("sw"));
+    noted_inodes(&*l("ni"), &*l("ni-other"));
     let made = l("made");
     assert!(made.create_volume(&["a:1".into()]).unwrap());
     assert!(made.state_whole().unwrap(), "a new volume's state: whole");

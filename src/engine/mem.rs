@@ -59,6 +59,7 @@ struct State {
     /// writes too: [`MemEngine::lose_last`]).
     namespace: StateDump,
     whole: bool,
+    noted_inodes: Option<u64>,
     state_writes: Vec<(u64, Vec<KeyOp>)>,
     /// What runs once the next listing of the state's inodes is made, before it is answered
     /// ([`MemEngine::after_state_listing`]); the same for a page of names
@@ -557,5 +558,16 @@ impl MetaEngine for MemEngine {
 
     fn state_whole(&self) -> Result<bool, EngineError> {
         Ok(self.state.0.lock().whole)
+    }
+
+    fn note_inodes(&self, n: u64) -> Result<(), EngineError> {
+        let mut s = self.state.0.lock();
+        s.fault("note_inodes")?;
+        s.noted_inodes = Some(n);
+        Ok(())
+    }
+
+    fn noted_inodes(&self) -> Result<Option<u64>, EngineError> {
+        Ok(self.state.0.lock().noted_inodes)
     }
 }

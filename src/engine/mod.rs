@@ -458,6 +458,14 @@ pub trait MetaEngine: Send + Sync {
     /// Whether the state is whole: made with the volume, or written whole since
     /// ([`MetaEngine::put_state`]). Appends keep it whole.
     fn state_whole(&self) -> Result<bool, EngineError>;
+
+    /// Notes how many inodes the namespace holds, as a client holding the whole table counts
+    /// them: the clients that hold part of it read here whether the volume is large
+    /// (`volume::shared::keeper`).
+    fn note_inodes(&self, n: u64) -> Result<(), EngineError>;
+
+    /// The count last noted ([`MetaEngine::note_inodes`]); none before any.
+    fn noted_inodes(&self) -> Result<Option<u64>, EngineError>;
 }
 
 /// Changes inode `ino`'s lock table by `change` as session `who`, atomically (compare and

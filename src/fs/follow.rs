@@ -13,7 +13,7 @@
 
 use super::Fs;
 use crate::error::Result;
-use crate::meta::{Change, FileData, Held, Ino, Loaded, Meta, Name};
+use crate::meta::{Applicable, Change, FileData, Ino, Loaded, Meta, Name};
 use crate::sync::Arc;
 use std::collections::{HashMap, HashSet};
 
@@ -67,7 +67,7 @@ impl Fs {
         &self,
         records: &[(u64, Vec<Change>)],
     ) -> Result<Vec<Invalidation>> {
-        let Held {
+        let Applicable {
             changes,
             unheld_names,
         } = self.meta.lock().held_of(records);

@@ -28,7 +28,7 @@ pub use extents::{
 };
 pub use image::Image;
 pub use journal::{AfterRecord, Journal, SendLater, UnsentWrite};
-pub use partial::{Held, Loaded};
+pub use partial::{Applicable, Loaded};
 pub use replay::{add_chunks, Digest};
 
 use crate::sync::Arc;

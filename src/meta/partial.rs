@@ -25,9 +25,10 @@ pub struct Loaded {
 }
 
 /// What a table applies of other clients' records ([`Meta::held_of`]).
-pub struct Held<'c> {
+pub struct Applicable<'c> {
     pub changes: Vec<&'c Change>,
-    /// Directory and name of each change the table does not apply to a directory it holds.
+    /// Each name changed in a directory the table holds without its names, once (a
+    /// directory whose names went unloaded in these records may have some applied too).
     pub unheld_names: Vec<(Ino, &'c Name)>,
 }
 
@@ -167,9 +168,9 @@ impl Meta {
     /// the table holds without their names (it held them once, or another client's link
     /// unloaded them in these records): the kernel may hold a lookup of one, which the
     /// caller tells it to forget, as it does for a name it applies.
-    pub fn held_of<'c>(&mut self, records: &'c [(u64, Vec<Change>)]) -> Held<'c> {
+    pub fn held_of<'c>(&mut self, records: &'c [(u64, Vec<Change>)]) -> Applicable<'c> {
         if self.unloaded.is_none() {
-            return Held {
+            return Applicable {
                 changes: records.iter().flat_map(|(_, c)| c).collect(),
                 unheld_names: Vec::new(),
             };
@@ -179,6 +180,7 @@ impl Meta {
             .iter()
             .flat_map(|(_, c)| self.held_changes(&c.iter().collect::<Vec<_>>(), &mut kept))
             .collect();
+        let mut seen = HashSet::new();
         let unheld_names = records
             .iter()
             .flat_map(|(_, c)| c)
@@ -190,8 +192,9 @@ impl Meta {
                 }
                 _ => None,
             })
+            .filter(|(dir, name)| seen.insert((*dir, &name[..])))
             .collect();
-        Held {
+        Applicable {
             changes,
             unheld_names,
         }

@@ -166,10 +166,14 @@ struct State {
     stop: AtomicBool,
     /// The table holds the whole namespace (not a partial one still loading: [`load`]).
     whole: AtomicBool,
-    /// The volume gave out more inode numbers than `whole_under`: only its keeper loads the
-    /// whole namespace ([`keeper`]).
+    /// The volume holds more inodes than `whole_under`: only its keeper loads the whole
+    /// namespace ([`keeper`]).
     large: AtomicBool,
+    /// The most inodes of a volume every client loads whole
+    /// ([`crate::config::SHARED_WHOLE_UNDER`]; tests lower it).
     whole_under: AtomicU64,
+    /// When the next keeper's round is due ([`keeper`]).
+    keeper_next: Mutex<Instant>,
     /// This client holds the keeper's role ([`keeper`]).
     keeper: AtomicBool,
     /// When this client joined (a client not whole asks for the keeper's role a moment
@@ -240,6 +244,7 @@ impl State {
             large: AtomicBool::new(false),
             whole_under: AtomicU64::new(crate::config::SHARED_WHOLE_UNDER),
             keeper: AtomicBool::new(false),
+            keeper_next: Mutex::new(Instant::now()),
             joined: Mutex::new(Instant::now()),
             tip: Mutex::new(None),
             marked: Mutex::new(HashMap::new()),
@@ -395,8 +400,11 @@ pub fn join(
     let (notify, told) = crossbeam_channel::unbounded::<Notice>();
     let state = Arc::new(State::new(engine, who, config, from, gate.clone(), notify));
     state.whole.store(!partial, Ordering::SeqCst);
-    // Before the poller starts: whether it loads the rest of the namespace.
-    state.keep_role()?;
+    // Before the poller starts: whether it loads the rest of the namespace (a failure:
+    // the poller's next round asks again, loading meanwhile as on a small volume).
+    if let Err(e) = state.claim_keeper_role(&fs) {
+        log::warn!("shared volume: whether it is large (next round): {e}");
+    }
     let replayed = state
         .catch_up(&fs, false)
         .map_err(|e| format!("replaying the engine's log: {}", e.message))?;
@@ -551,7 +559,8 @@ impl SharedClient {
     }
 
     /// Whether this client's table holds the whole namespace (a client that joined loads it
-    /// as it is used, and the rest in the background).
+    /// as it is used, and the rest in the background unless the volume is large and
+    /// another client keeps it: [`keeper`]).
     pub fn is_whole(&self) -> bool {
         self.state.is_whole()
     }

@@ -577,6 +577,25 @@ impl MetaEngine for RedisEngine {
         self.state_whole_mark()
     }
 
+    fn note_inodes(&self, n: u64) -> Result<(), EngineError> {
+        self.with(|c| {
+            ::redis::cmd("HSET")
+                .arg(&self.keys.state_info)
+                .arg("inodes")
+                .arg(n)
+                .query(c)
+        })
+    }
+
+    fn noted_inodes(&self) -> Result<Option<u64>, EngineError> {
+        self.with(|c| {
+            ::redis::cmd("HGET")
+                .arg(&self.keys.state_info)
+                .arg("inodes")
+                .query(c)
+        })
+    }
+
     fn locked_inodes(&self) -> Result<Vec<u64>, EngineError> {
         self.with(|c| ::redis::cmd("HKEYS").arg(&self.keys.locks).query(c))
     }

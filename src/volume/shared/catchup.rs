@@ -330,6 +330,8 @@ impl State {
             fs.tell_followed(&told);
         }
         self.checkpointed.fetch_max(c.lsn, Ordering::SeqCst);
+        // The image is the whole table (a partial one is whole from now on).
+        self.whole.store(true, Ordering::SeqCst);
         Ok(())
     }
 
@@ -571,6 +573,7 @@ pub(super) fn poll_once(s: &State, fs: &Fs, wait: bool) -> std::result::Result<(
     };
     r.map_err(|e| e.message)?;
     // A large volume's client other than its keeper holds what it uses (`keeper`).
+    s.keeper_round(fs);
     if !s.wants_whole() {
         s.forget_let_go(fs);
     } else if let Err(e) = s.load_more(fs) {

@@ -12,34 +12,78 @@
 //! large namespace, each would hold all of it (about 640 bytes an inode here), and read it
 //! all from the engine at its join.
 //!
+//! Large: the namespace holds more inodes than [`crate::config::SHARED_WHOLE_UNDER`], as the
+//! clients holding the whole table count them and note in the engine. (Not the inode
+//! numbers given out: each client takes them a thousand at a time, so a few hundred mounts
+//! that made one file each would count as a large volume.)
+//!
 //! Who keeps: a client that holds the whole table already (the volume's maker, a client that
-//! loaded it) takes the role at its first heartbeat; one that would have to load it waits
+//! loaded it) takes the role at its first round; one that would have to load it waits
 //! [`KEEPER_GRACE`] after its join first, so that such a client takes it before it does. The
-//! keeper renews the role with each heartbeat and gives it back when it leaves; one that
-//! dies hands it on once its lease runs out (the next client to ask then loads the whole
-//! table). A client that evicted another loads the rest too, whoever keeps: the evicted
-//! client's memory is collected from the whole table.
+//! keeper renews the role each second and gives it back when it leaves; one that dies hands
+//! it on once its lease runs out (the next client to ask then loads the whole table).
+//!
+//! A client that loaded the whole table for another reason keeps it until it leaves: the
+//! client that evicted another (the evicted client's memory is collected from the whole
+//! table), one a server came back to with new keys (every file's map is rekeyed), one an
+//! admin's drain or removal ran on, one that fell behind a checkpoint's trim.
 
 use super::*;
 
 /// The keeper's role: a key no inode has, below the checkpoint's role.
 pub(super) const KEEPER_ROLE: Ino = turns::CHECKPOINT_ROLE - 1;
 
-/// The keeper's lease, renewed with each heartbeat ([`session::HEARTBEAT_EVERY`]): as long as
-/// a session's, so a keeper that died hands the role on when it is evicted.
+/// How often a client asks whether the volume is large, and takes or renews the keeper's
+/// role: each second, in the poller's round (not on the heartbeats' thread, which nothing
+/// slow may hold up: a session's lease rests on it).
+const KEEPER_EVERY: Duration = session::HEARTBEAT_EVERY;
+
+/// The keeper's lease, renewed every [`KEEPER_EVERY`]: as long as a session's, so a keeper
+/// that died hands the role on when it is evicted.
 const KEEPER_LEASE: Duration = SESSION_TTL;
 
 /// How long a client that does not hold the whole table waits after its join before it asks
-/// for the keeper's role: three heartbeats, so that a client holding it (which asks at its
-/// first) is the keeper, and no second client loads the whole namespace.
-const KEEPER_GRACE: Duration = Duration::from_secs(3);
+/// for the keeper's role: three of its rounds, so that a client holding it (which asks at
+/// its first) is the keeper, and no second client loads the whole namespace.
+const KEEPER_GRACE: Duration = Duration::from_secs(3 * KEEPER_EVERY.as_secs());
+
+/// Whether one of `roles` is a role's key rather than an inode's turn: the linger thread
+/// keeps a role another client asks for (it goes back when its work is done or its lease
+/// ends, never because it is wanted).
+pub(super) fn is_role(key: Ino) -> bool {
+    key == KEEPER_ROLE || key == turns::CHECKPOINT_ROLE || key == turns::REBUILD_ROLE
+}
 
 impl State {
-    /// Takes or renews the keeper's role if this volume is large enough to have one (with each
-    /// heartbeat). A failure is the next heartbeat's to mend.
-    pub(super) fn keep_role(&self) -> std::result::Result<(), String> {
-        let given = self.engine.alloc_inos(0, 0).map_err(|e| e.to_string())?;
-        let large = given > self.whole_under.load(Ordering::SeqCst);
+    /// Once every [`KEEPER_EVERY`] (the poller's round): a client holding the whole table
+    /// notes how many inodes it holds, one holding part reads that count, and where it
+    /// passes [`crate::config::SHARED_WHOLE_UNDER`] (the volume is large) the client takes or
+    /// renews the keeper's role. A failure is the next round's to mend.
+    pub(super) fn keeper_round(&self, fs: &Fs) {
+        {
+            let mut next = self.keeper_next.lock();
+            if Instant::now() < *next {
+                return;
+            }
+            *next = Instant::now() + KEEPER_EVERY;
+        }
+        if let Err(e) = self.claim_keeper_role(fs) {
+            log::warn!("shared volume: the keeper's role (next round): {e}");
+        }
+    }
+
+    /// [`State::keeper_round`] now.
+    pub(super) fn claim_keeper_role(&self, fs: &Fs) -> std::result::Result<(), String> {
+        let inodes = match self.is_whole() {
+            true => {
+                let n = fs.inode_count() as u64;
+                self.engine.note_inodes(n).map_err(|e| e.to_string())?;
+                Some(n)
+            }
+            false => self.engine.noted_inodes().map_err(|e| e.to_string())?,
+        };
+        // None noted yet: no client held the whole table since this build made it.
+        let large = inodes.is_some_and(|n| n > self.whole_under.load(Ordering::SeqCst));
         self.large.store(large, Ordering::SeqCst);
         if !large || (!self.is_whole() && self.joined.lock().elapsed() < KEEPER_GRACE) {
             return Ok(());
@@ -55,7 +99,9 @@ impl State {
                 Ok(())
             }
             Err(EngineError::TurnBusy { .. }) => {
-                self.keeper.store(false, Ordering::SeqCst);
+                if self.keeper.swap(false, Ordering::SeqCst) {
+                    log::warn!("shared volume: the keeper's role went to another client");
+                }
                 Ok(())
             }
             Err(e) => Err(e.to_string()),
@@ -96,11 +142,10 @@ impl State {
 #[cfg(feature = "testing")]
 impl SharedClient {
     /// The volume counts as large (a keeper holds the whole table, the others what they
-    /// use) past `n` inode numbers given, for this client (tests, on small volumes), and it
-    /// hears so now.
+    /// use) past `n` inodes, for this client (tests, on small volumes), and it hears so now.
     pub fn whole_under(&self, n: u64) -> std::result::Result<(), String> {
         self.state.whole_under.store(n, Ordering::SeqCst);
-        self.state.keep_role()
+        self.keeper_round_now(false)
     }
 
     /// Whether this client holds the keeper's role (tests).
@@ -108,14 +153,14 @@ impl SharedClient {
         self.state.keeper.load(Ordering::SeqCst)
     }
 
-    /// One heartbeat now, with the keeper's role taken or renewed as it would be (tests;
-    /// `after_grace`: as if the client joined long enough ago to ask).
-    pub fn beat_now(&self, after_grace: bool) -> std::result::Result<(), String> {
+    /// The keeper's round now (tests; `after_grace`: as if the client joined long enough
+    /// ago to ask).
+    pub fn keeper_round_now(&self, after_grace: bool) -> std::result::Result<(), String> {
+        let fs = self.fs.upgrade().ok_or("the file system is gone")?;
         if after_grace {
             let now = Instant::now();
             *self.state.joined.lock() = now.checked_sub(KEEPER_GRACE).unwrap_or(now);
         }
-        self.state.beat()?;
-        self.state.keep_role()
+        self.state.claim_keeper_role(&fs)
     }
 }

@@ -75,7 +75,11 @@ impl State {
         // An inode a partial table does not hold would be settled as nothing: loaded first
         // (one the state no longer holds is gone already). Tried again next round if the
         // load fails.
-        if let Err(e) = self.load(fs, &[], &inos, false) {
+        // As a request's load does (`in_request`): the kernel is told of what its catch-up
+        // applies by the notifier thread, never while `catching` is held here (a request
+        // holding a directory's lock the kernel's invalidation waits for may be waiting
+        // for `catching`).
+        if let Err(e) = self.load(fs, &[], &inos, true) {
             log::warn!(
                 "shared volume: files let go settle next round: {}",
                 e.message

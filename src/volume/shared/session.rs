@@ -22,7 +22,7 @@ pub(super) fn beat_loop(s: &State) {
         if s.stop.load(Ordering::SeqCst) || s.paused.load(Ordering::SeqCst) {
             continue;
         }
-        if let Err(e) = s.beat().and_then(|()| s.keep_role()) {
+        if let Err(e) = s.beat() {
             log::warn!("shared volume: {e}");
         }
     }

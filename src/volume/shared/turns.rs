@@ -13,7 +13,7 @@ use super::*;
 use crate::sync::MutexGuard;
 
 /// The turn whose holder is the volume's rebuilder: a key no inode has.
-const REBUILD_ROLE: Ino = u64::MAX;
+pub(super) const REBUILD_ROLE: Ino = u64::MAX;
 
 /// The turn whose holder writes the volume's next checkpoint ([`State::checkpoint`]): every
 /// client counts the changes since the last one it knows, so under steady changes from many

@@ -4,6 +4,7 @@
 //! client (the engine tells it at once), and sends the writes held back too long.
 
 use super::*;
+use crate::volume::shared::keeper;
 
 impl State {
     /// Gives the turns of `inos` (marked `giving`) back, and forgets them; the writes held
@@ -120,11 +121,10 @@ pub(super) fn give_due(s: &State, asked: Vec<Ino>) {
         for ino in asked {
             match t.map.get_mut(&ino) {
                 Some(h) => h.wanted = true,
-                // The rebuilder's role is no inode's turn: asked for by a member refused
-                // it, it stays this member's until its lease runs out (given away here,
-                // two members would rebuild at once, each at the set rate).
-                // Nor is the keeper's: it stays with the client that holds the whole table.
-                None if ino == REBUILD_ROLE || ino == super::super::keeper::KEEPER_ROLE => {}
+                // A role is no inode's turn: asked for by a member refused it, it stays
+                // this member's until its work is done or its lease runs out (given away
+                // here, two members would rebuild, or write a checkpoint, at once).
+                None if keeper::is_role(ino) => {}
                 None => unrecorded.push(ino),
             }
         }
