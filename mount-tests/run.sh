@@ -85,6 +85,7 @@ ALL_TESTS=(
   "volume_shared_check 256M,256M nomount"
   "volume_shared_storm 256M,256M nomount"
   "volume_shared_redis 256M,256M nomount"
+  "volume_shared_by_use 256M,256M nomount"
   "volume_export_s3 256M,256M nomount"
   "volume_export_live 256M,256M nomount"
   "replica_failover 256M,256M,256M mount"

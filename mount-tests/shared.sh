@@ -254,6 +254,61 @@ test_volume_shared_redis() {
   kill "$RR_PID" 2>/dev/null || true
 }
 
+# A large shared volume (past RMEMFS_TESTING_WHOLE_UNDER=100 inodes here, 100,000 in a product
+# build): the maker keeps the whole table; a client that joins holds what it uses, its poller
+# loads nothing more, and it forgets what its kernel lets go of (drop_caches); its listings
+# still show the whole tree.
+test_volume_shared_by_use() {
+  local mnt2=$BASE/mnt/volume_shared_by_use2 i f n
+  start_redis
+  mkdir -p "$mnt2"
+  RMEMFS_TESTING_WHOLE_UNDER=100 mount_fs "$MNT" "$ADDRS" --volume bu --create \
+    --meta "$REDIS_URL" || fail "mount --create --meta failed"
+  for ((i = 0; i < 20; i++)); do
+    mkdir "$MNT/d$i" || fail "mkdir d$i on A"
+    for ((f = 0; f < 10; f++)); do echo "$i/$f" >"$MNT/d$i/f$f" || fail "d$i/f$f on A"; done
+  done
+  # A (whole) notes its count of inodes in Redis each second: B reads there that the volume
+  # is large.
+  for ((i = 0; i < 100; i++)); do
+    n=$(redis-cli -u "$REDIS_URL" HGET 'rmemfs:{bu}:s:info' inodes)
+    [ "${n:-0}" -ge 221 ] && break
+    sleep 0.1
+  done
+  [ "${n:-0}" -ge 221 ] || fail "A noted ${n:-no} inodes in Redis, not its 221"
+  RMEMFS_TESTING_WHOLE_UNDER=100 mount_fs "$mnt2" "$ADDRS" --volume bu --meta "$REDIS_URL" ||
+    fail "second mount --meta failed"
+  assert_eq "a file of A's read on B" "$(cat "$mnt2/d7/f3")" "7/3"
+  # Twenty rounds of B's poller (one each 100 ms), which on a small volume load it all: B
+  # holds the root, its 20 names and d7's 10 still (a few more at most).
+  sleep 2
+  n=$(stats_field "$mnt2" 's["inodes"]') || fail "stats of B"
+  [ "$n" -lt 60 ] || fail "B holds $n inodes: its poller loaded the volume (about 31 expected)"
+  n=$(stats_field "$MNT" 's["inodes"]') || fail "stats of A"
+  [ "$n" -ge 221 ] || fail "A (the keeper) holds $n inodes, not the whole 221"
+  assert_eq "B's tree against A's" "$(cd "$mnt2" && find . | sort | md5sum)" \
+    "$(cd "$MNT" && find . | sort | md5sum)"
+  n=$(stats_field "$mnt2" 's["inodes"]') || fail "stats of B"
+  [ "$n" -ge 221 ] || fail "B holds $n inodes after its find (221 expected)"
+  # B's kernel lets its dentries go: B forgets what they held (within a few polls).
+  sync
+  if echo 2 >/proc/sys/vm/drop_caches 2>/dev/null; then
+    for ((i = 0; i < 100; i++)); do
+      n=$(stats_field "$mnt2" 's["inodes"]') || fail "stats of B"
+      [ "$n" -lt 60 ] && break
+      sleep 0.1
+    done
+    [ "$n" -lt 60 ] || fail "B holds $n inodes after its kernel let them go (about 21 expected)"
+  else
+    echo "SKIPPED (part): B forgetting what its kernel let go of (drop_caches needs root)" >&2
+  fi
+  assert_eq "a file of A's read on B again" "$(cat "$mnt2/d12/f4")" "12/4"
+  must "a change on B" sh -c "echo b >'$mnt2/d12/from-b'"
+  assert_eq "B's change on A" "$(cat "$MNT/d12/from-b")" "b"
+  unmount_fs "$mnt2" || fail "unmount of B failed"
+  unmount_fs "$MNT" || fail "unmount of A failed"
+}
+
 # A storm (tools/shared-storm.sh runs it ROUNDS times under CPU load): four processes, two per
 # mount, make and remove 1,500 files each in one directory with no lock, the mounts writing a
 # checkpoint every 500 changes (RMEMFS_TESTING_CHECKPOINT_EVERY; 20,000 in a product build),

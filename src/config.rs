@@ -156,6 +156,20 @@ pub const SHARED_CACHE_TTL: Duration = Duration::from_secs(1);
 /// checkpoints and the rebuild, and every other client holds what it uses.
 pub const SHARED_WHOLE_UNDER: u64 = 100_000;
 
+/// [`SHARED_WHOLE_UNDER`], or in the mount tests' build `RMEMFS_TESTING_WHOLE_UNDER`, so that
+/// a mount test's few hundred files make a large volume (a keeper, clients holding what they
+/// use).
+pub fn shared_whole_under() -> u64 {
+    #[cfg(feature = "testing")]
+    if let Some(n) = std::env::var("RMEMFS_TESTING_WHOLE_UNDER")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return n;
+    }
+    SHARED_WHOLE_UNDER
+}
+
 /// Largest file size rmemfs accepts (what `statfs` and `EFBIG` are measured against): the
 /// kernel's own limit for a file offset, `i64::MAX`.
 pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;

@@ -170,7 +170,7 @@ struct State {
     /// namespace ([`keeper`]).
     large: AtomicBool,
     /// The most inodes of a volume every client loads whole
-    /// ([`crate::config::SHARED_WHOLE_UNDER`]; tests lower it).
+    /// ([`crate::config::shared_whole_under`]; tests lower it).
     whole_under: AtomicU64,
     /// When the next keeper's round is due ([`keeper`]).
     keeper_next: Mutex<Instant>,
@@ -242,7 +242,7 @@ impl State {
             stop: AtomicBool::new(false),
             whole: AtomicBool::new(true),
             large: AtomicBool::new(false),
-            whole_under: AtomicU64::new(crate::config::SHARED_WHOLE_UNDER),
+            whole_under: AtomicU64::new(crate::config::shared_whole_under()),
             keeper: AtomicBool::new(false),
             keeper_next: Mutex::new(Instant::now()),
             joined: Mutex::new(Instant::now()),
