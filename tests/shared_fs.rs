@@ -2197,7 +2197,7 @@ fn on_a_large_volume_one_client_keeps_the_whole_table_and_the_others_what_they_u
 }
 
 /// A client that holds what it uses (a large volume's, not its keeper) forgets what the
-/// kernel let go of: a directory's names and the inodes only they held, depth first, but a
+/// kernel let go of: a directory's names and the inodes only they held, below it too, but a
 /// file still open there. Used again, they are loaded again, with what changed meanwhile.
 #[test]
 fn a_client_that_holds_what_it_uses_forgets_what_the_kernel_let_go_of() {
@@ -2247,6 +2247,51 @@ fn a_client_that_holds_what_it_uses_forgets_what_the_kernel_let_go_of() {
         c.fs.namespace_digest(),
         c.shared.engine_state_digest().unwrap()
     );
+}
+
+/// What a forgotten directory's names led to stays where something else still holds it: a
+/// file with another name in a directory whose names the table holds, and a directory the
+/// kernel still holds (with what its names lead to), though its parent was let go. What
+/// nothing holds goes.
+#[test]
+fn a_forgotten_directory_keeps_what_else_holds() {
+    let rack = Rack::new(2);
+    let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
+    let a = client(&rack, engine.clone(), "a");
+    for d in ["d1", "d2", "d1/sub"] {
+        a.mkdir(d).unwrap();
+    }
+    for f in ["d1/f0", "d1/f5", "d2/g", "d1/sub/deep"] {
+        a.create(f, f.as_bytes()).unwrap();
+    }
+    let (f5, d2) = (
+        resolve(&a.fs, "d1/f5").unwrap(),
+        resolve(&a.fs, "d2").unwrap(),
+    );
+    a.change(|fs| fs.link(f5, d2, b"linked")).unwrap();
+    a.shared.whole_under(0).unwrap();
+    let c = client(&rack, engine.clone(), "c");
+    c.shared.whole_under(0).unwrap();
+    assert_eq!(read(&c.fs, "d1/sub/deep").unwrap(), b"d1/sub/deep");
+    assert_eq!(listed(&c.fs, "d2"), vec!["g", "linked"]);
+    let ino = |p: &str| resolve(&c.fs, p).unwrap();
+    let (f0, deep, g) = (ino("d1/f0"), ino("d1/sub/deep"), ino("d2/g"));
+    assert_eq!(ino("d1/f5"), f5);
+    // The kernel lets d1 go and what it looked up there, but sub; and d2's g.
+    for p in ["d1/f0", "d1/f5", "d1/sub/deep", "d2/g", "d1"] {
+        let i = ino(p);
+        c.fs.forget(i, u64::MAX);
+    }
+    c.shared.poll_now().unwrap();
+    assert!(c.fs.getattr(f0).is_err(), "nothing holds d1/f0: gone");
+    assert!(c.fs.getattr(f5).is_ok(), "d2, held whole, names it");
+    assert!(c.fs.getattr(g).is_ok(), "d2 was not let go");
+    assert!(
+        c.fs.getattr(deep).is_ok(),
+        "the kernel holds sub, whose names lead to it"
+    );
+    assert_eq!(read(&c.fs, "d1/f0").unwrap(), b"d1/f0");
+    assert_eq!(read(&c.fs, "d2/linked").unwrap(), b"d1/f5");
 }
 
 /// A file unlinked by another client while open on a client that holds part of the

@@ -83,6 +83,12 @@ impl Dir {
         let c = self.by_name.remove(name)?;
         self.by_cookie.remove(&c).map(|(_, ino)| ino)
     }
+    /// Lets go of every name (a directory a partial table forgets), their room too; the
+    /// parent and the next cookie stay (cookies are never reused).
+    pub(super) fn drop_names(&mut self) {
+        self.by_cookie = BTreeMap::new();
+        self.by_name = HashMap::new();
+    }
     pub fn len(&self) -> usize {
         self.by_name.len()
     }

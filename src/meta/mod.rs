@@ -282,7 +282,10 @@ pub struct Meta {
     unloaded: Option<std::collections::BTreeSet<Ino>>,
     /// A partial table's directories the kernel let go of (no lookup left), for
     /// [`Meta::forget_let_go`].
-    let_go: Vec<Ino>,
+    let_go: std::collections::BTreeSet<Ino>,
+    /// The kernel's references were pinned ([`Meta::pin_kernel_refs`]): what it holds is
+    /// not known, so nothing is forgotten.
+    refs_pinned: bool,
 }
 
 impl std::fmt::Debug for Meta {
@@ -317,7 +320,8 @@ impl Meta {
             commits: 0,
             changes: 0,
             unloaded: None,
-            let_go: Vec::new(),
+            let_go: Default::default(),
+            refs_pinned: false,
         }
     }
 
@@ -367,7 +371,7 @@ impl Meta {
         if let Some(i) = self.inodes.get_mut(&ino) {
             i.lookups = i.lookups.saturating_sub(n);
             if i.lookups == 0 && i.kind == Kind::Dir && self.unloaded.is_some() {
-                self.let_go.push(ino);
+                self.let_go.insert(ino);
             }
         }
     }
@@ -377,6 +381,7 @@ impl Meta {
     /// with the daemon that answered those lookups), so nothing is dropped for want of
     /// references until a fresh attach collects orphans. Forgets then count down from here.
     pub fn pin_kernel_refs(&mut self) {
+        self.refs_pinned = true;
         for i in self.inodes.values_mut() {
             i.lookups = i.lookups.max(PINNED_REFS);
         }
@@ -530,6 +535,7 @@ impl Meta {
     }
 
     pub fn carry_refs(&mut self, old: &Meta) {
+        self.refs_pinned |= old.refs_pinned;
         for (ino, i) in self.inodes.iter_mut() {
             if let Some(o) = old.inodes.get(ino) {
                 i.lookups = o.lookups;

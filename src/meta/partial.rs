@@ -64,31 +64,78 @@ impl Meta {
     /// Forgets what the table holds below the directories the kernel let go of since the
     /// last call: a partial table that is to hold what its client uses (a large volume's
     /// client other than its keeper) drops what the kernel dropped. A directory let go of,
-    /// with no handle open and not `kept` (this client's turn on it, say), loses its names,
-    /// and of the inodes they led to, those the kernel, a handle and `kept` do not hold:
-    /// a file with no other name, a directory whose own names go too (depth first; the
-    /// kernel lets a directory go only after every name it looked up there). The directory
-    /// itself goes as well where its parent's names are not held (nothing leads to it).
-    /// What is forgotten is loaded again at its next use, as a join loads it. Returns what
-    /// went.
+    /// with no handle open and not `kept` (this client's turn on it, say), loses its names
+    /// (it is unloaded after); then every inode nothing leads to any more goes
+    /// ([`Meta::sweep`]). What is forgotten is loaded again at its next use, as a join loads
+    /// it. Nothing after the kernel's references were pinned (a connection taken over: the
+    /// counts of what it holds are not known). Returns what went.
     pub fn forget_let_go(&mut self, kept: &dyn Fn(Ino) -> bool) -> Vec<Inode> {
-        let mut gone = Vec::new();
+        if self.let_go.is_empty() || self.refs_pinned {
+            return Vec::new();
+        }
+        let mut forgot = false;
         for dir in std::mem::take(&mut self.let_go) {
             if !self.unused(dir, kept) {
                 continue;
             }
-            self.forget_names(dir, kept, &mut gone);
-            let parent = self.inodes.get(&dir).and_then(|i| Some(i.dir()?.parent()));
-            if parent.is_some_and(|p| !self.names_held(p)) && dir != ROOT_INO {
-                if let Some(i) = self.remove(dir) {
-                    gone.push(i);
+            if let Some(d) = self.get_mut(dir).and_then(Inode::dir_mut) {
+                d.drop_names();
+                forgot = true;
+                if let Some(u) = self.unloaded.as_mut() {
+                    u.insert(dir);
                 }
             }
         }
+        match forgot {
+            true => self.sweep(kept),
+            false => Vec::new(),
+        }
+    }
+
+    /// Takes out every inode nothing holds: the root, what the kernel, a handle or `kept`
+    /// holds, and whatever a directory whose names are held leads to from those, stay (so a
+    /// held directory still leads only to inodes the table holds, hard links included);
+    /// the rest goes (left without a held name by a forgotten directory, a directory whose
+    /// names went unloaded, a file loaded by number). Returns what went. O(the table), in
+    /// a loop of its own (no recursion: a tree may be deep).
+    fn sweep(&mut self, kept: &dyn Fn(Ino) -> bool) -> Vec<Inode> {
+        let mut reached: HashSet<Ino> = HashSet::new();
+        let mut todo: Vec<Ino> = self
+            .inodes
+            .iter()
+            .filter(|(ino, i)| **ino == ROOT_INO || i.lookups > 0 || i.opens > 0 || kept(**ino))
+            .map(|(ino, _)| *ino)
+            .collect();
+        while let Some(ino) = todo.pop() {
+            if !reached.insert(ino) {
+                continue;
+            }
+            if !self.names_held(ino) {
+                continue;
+            }
+            if let Some(d) = self.inodes.get(&ino).and_then(|i| i.dir()) {
+                todo.extend(d.entries_after(0).map(|(_, _, child)| child));
+            }
+        }
+        let unreached: Vec<Ino> = self
+            .inodes
+            .keys()
+            .filter(|i| !reached.contains(i))
+            .copied()
+            .collect();
+        let gone: Vec<Inode> = unreached
+            .into_iter()
+            .filter_map(|i| self.remove(i))
+            .collect();
         if let Some(u) = self.unloaded.as_mut() {
             u.retain(|d| self.inodes.contains_key(d));
         }
         gone
+    }
+
+    /// Whether the kernel let a directory go since the last [`Meta::forget_let_go`].
+    pub fn has_let_go(&self) -> bool {
+        !self.let_go.is_empty()
     }
 
     /// Whether `ino` is held by nothing but the table: no kernel reference, no handle, not
@@ -100,50 +147,6 @@ impl Meta {
                 .inodes
                 .get(&ino)
                 .is_some_and(|i| i.lookups == 0 && i.opens == 0)
-    }
-
-    /// Drops directory `dir`'s names (it is unloaded after), and the inodes only they held
-    /// ([`Meta::forget_let_go`]).
-    fn forget_names(&mut self, dir: Ino, kept: &dyn Fn(Ino) -> bool, gone: &mut Vec<Inode>) {
-        if !self.names_held(dir) {
-            return;
-        }
-        let names: Vec<(Name, Ino)> = match self.inodes.get(&dir).and_then(|i| i.dir()) {
-            Some(d) => d
-                .entries_after(0)
-                .map(|(_, n, i)| (Name::from(n), i))
-                .collect(),
-            None => return,
-        };
-        for (_, child) in &names {
-            let (kind, nlink) = match self.inodes.get(child) {
-                Some(i) => (i.kind, i.nlink),
-                None => continue,
-            };
-            if !self.unused(*child, kept) {
-                continue;
-            }
-            let only_here = match kind {
-                super::Kind::Dir => {
-                    self.forget_names(*child, kept, gone);
-                    !self.names_held(*child)
-                }
-                _ => nlink <= 1,
-            };
-            if only_here {
-                if let Some(i) = self.remove(*child) {
-                    gone.push(i);
-                }
-            }
-        }
-        if let Some(d) = self.get_mut(dir).and_then(Inode::dir_mut) {
-            for (name, _) in &names {
-                d.remove(name);
-            }
-        }
-        if let Some(u) = self.unloaded.as_mut() {
-            u.insert(dir);
-        }
     }
 
     /// The table holds every directory's names: it is whole from now on (the caller loaded
@@ -185,8 +188,10 @@ impl Meta {
             .iter()
             .flat_map(|(_, c)| c)
             .filter_map(|c| match c {
+                // Of a directory the kernel holds: it holds no name under one it let go.
                 Change::Entry { dir, name, .. } | Change::EntryAt { dir, name, .. }
-                    if self.inodes.contains_key(dir) && self.names_unloaded(*dir) =>
+                    if self.inodes.get(dir).is_some_and(|d| d.lookups > 0)
+                        && self.names_unloaded(*dir) =>
                 {
                     Some((*dir, name))
                 }

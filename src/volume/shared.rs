@@ -174,6 +174,8 @@ struct State {
     whole_under: AtomicU64,
     /// When the next keeper's round is due ([`keeper`]).
     keeper_next: Mutex<Instant>,
+    /// Inodes forgotten since the allocator last gave memory back ([`keeper`]).
+    forgotten_since_trim: AtomicU64,
     /// This client holds the keeper's role ([`keeper`]).
     keeper: AtomicBool,
     /// When this client joined (a client not whole asks for the keeper's role a moment
@@ -245,6 +247,7 @@ impl State {
             whole_under: AtomicU64::new(crate::config::shared_whole_under()),
             keeper: AtomicBool::new(false),
             keeper_next: Mutex::new(Instant::now()),
+            forgotten_since_trim: AtomicU64::new(0),
             joined: Mutex::new(Instant::now()),
             tip: Mutex::new(None),
             marked: Mutex::new(HashMap::new()),

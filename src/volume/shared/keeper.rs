@@ -38,20 +38,22 @@ pub(super) const KEEPER_ROLE: Ino = turns::CHECKPOINT_ROLE - 1;
 /// slow may hold up: a session's lease rests on it).
 const KEEPER_EVERY: Duration = session::HEARTBEAT_EVERY;
 
-/// The keeper's lease, renewed every [`KEEPER_EVERY`]: as long as a session's, so a keeper
-/// that died hands the role on when it is evicted.
-const KEEPER_LEASE: Duration = SESSION_TTL;
+/// The keeper's lease, renewed every [`KEEPER_EVERY`] by the poller: longer than the
+/// poller's longest round (a load of 4,096 directories, a checkpoint's image of a million
+/// inodes), so a busy keeper keeps it; a keeper that died hands it on this long after.
+const KEEPER_LEASE: Duration = Duration::from_secs(60);
 
 /// How long a client that does not hold the whole table waits after its join before it asks
 /// for the keeper's role: three of its rounds, so that a client holding it (which asks at
 /// its first) is the keeper, and no second client loads the whole namespace.
 const KEEPER_GRACE: Duration = Duration::from_secs(3 * KEEPER_EVERY.as_secs());
 
-/// Inodes forgotten at once past which the allocator is asked to give its free memory back
-/// to the system ([`give_freed_memory_back`]): glibc keeps what was freed for the process's
-/// next allocations, so a client that forgot 200,000 inodes (some 110 MiB) stayed at its
-/// size; a trim walks the heap (milliseconds), worth it for that much, not for a directory.
-const TRIM_AFTER: usize = 10_000;
+/// Inodes forgotten (since the last trim) past which the allocator is asked to give its free
+/// memory back to the system ([`give_freed_memory_back`]): glibc keeps what was freed for
+/// the process's next allocations, so a client that forgot 200,000 inodes (some 110 MiB)
+/// stayed at its size; a trim walks the heap (milliseconds), worth it for that much, not
+/// for a directory.
+const TRIM_AFTER: u64 = 10_000;
 
 /// Asks the allocator to give the memory freed so far back to the system (glibc's
 /// `malloc_trim`; nothing elsewhere).
@@ -138,13 +140,24 @@ impl State {
     /// kept for inodes gone meanwhile; the inodes whose turns this client holds stay (a
     /// write held back under one is appended later).
     pub(super) fn forget_let_go(&self, fs: &Fs) {
-        let _one = self.catching.lock();
-        let turns = self.turns.lock().held();
-        let gone = fs.forget_let_go(&|ino| turns.contains(&ino));
+        let gone = {
+            let _one = self.catching.lock();
+            if !fs.inspect_meta(crate::meta::Meta::has_let_go) {
+                return;
+            }
+            let turns = self.turns.lock().held();
+            fs.forget_let_go(&|ino| turns.contains(&ino))
+        };
         if gone > 0 {
             log::debug!("shared volume: {gone} inodes the kernel let go of forgotten");
         }
-        if gone >= TRIM_AFTER {
+        // Off the catch-up's lock: the heap's walk holds up no request.
+        let since = self
+            .forgotten_since_trim
+            .fetch_add(gone as u64, Ordering::SeqCst)
+            + gone as u64;
+        if since >= TRIM_AFTER {
+            self.forgotten_since_trim.store(0, Ordering::SeqCst);
             give_freed_memory_back();
         }
     }
