@@ -453,10 +453,13 @@ fn digest(meta: &Meta) -> crate::meta::Digest {
 fn model_shared_changes_are_one_serial_history() {
     shuttle::check_random(|| races(REAL), 1000);
     shuttle::check_random(|| one_directory(REAL), 1000);
-    shuttle::check_random(|| lazy::lazy_join(REAL), 1000);
+    shuttle::check_random(|| lazy::lazy_join(REAL, false), 1000);
     // PCT finds the orders of few preemptions a load's window needs (a change landing
     // between two of its steps) in far fewer runs than random choices do.
-    shuttle::check_pct(|| lazy::lazy_join(REAL), 1000, 3);
+    shuttle::check_pct(|| lazy::lazy_join(REAL, false), 1000, 3);
+    // A joiner that forgets what it loaded between its changes.
+    shuttle::check_random(|| lazy::lazy_join(REAL, true), 500);
+    shuttle::check_pct(|| lazy::lazy_join(REAL, true), 500, 3);
 }
 
 /// The checker has teeth: each mutant of the protocol is caught in some interleaving.
@@ -526,7 +529,7 @@ fn model_shared_protocol_mutants_are_caught() {
                 },
                 300,
             );
-            shuttle::check_pct(move || lazy::lazy_join(mutant), 300, 3);
+            shuttle::check_pct(move || lazy::lazy_join(mutant, false), 300, 3);
         });
         let why = match caught {
             Ok(()) => panic!("the model missed the mutant: {name}"),

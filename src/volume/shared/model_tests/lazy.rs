@@ -128,6 +128,27 @@ impl Client {
         );
     }
 
+    /// The kernel lets every directory go but `kernel_holds` (which it holds from now on):
+    /// the table forgets all it loaded but the root's names and what those directories
+    /// lead to, as a large volume's client other than its keeper does between its requests
+    /// ([`Meta::forget_let_go`], under the catch-up's lock there: one step of this client's
+    /// here).
+    pub(super) fn forget_all(&self, kernel_holds: &[Ino]) {
+        let mut meta = self.meta.lock();
+        let dirs: Vec<Ino> = meta
+            .inos()
+            .filter(|i| meta.get(*i).is_some_and(|n| n.dir().is_some()))
+            .collect();
+        for d in dirs {
+            match kernel_holds.contains(&d) {
+                true => meta.hold(d, 1),
+                false => meta.release_refs(d, u64::MAX),
+            }
+        }
+        meta.forget_let_go(&|_| false);
+        self.check_held(&meta);
+    }
+
     /// What a partial table promises: each directory whose names it holds has them all,
     /// and each leads to an inode it holds.
     pub(super) fn check_held(&self, meta: &Meta) {
@@ -159,8 +180,10 @@ impl Client {
 /// above `e` to check it) while the other also makes names in `e` and `f` and moves `/p/g`
 /// (which the joiner does not hold) into `q` (whose names it may hold), a removal of `/box`
 /// (its emptiness loaded) racing a name made in it, and two creates of one name. Then the
-/// joiner loads the rest, and every table equals the log's history.
-pub(super) fn lazy_join(protocol: Protocol) {
+/// joiner loads the rest, and every table equals the log's history. With `forgets`, the
+/// joiner forgets all it loaded between its changes (its next change loads it again, the
+/// other client's changes landing meanwhile).
+pub(super) fn lazy_join(protocol: Protocol, forgets: bool) {
     let engine = engine_for(protocol);
     let setup = Client::join(&engine, "setup", REAL, 1000);
     setup.write_state_image();
@@ -188,8 +211,17 @@ pub(super) fn lazy_join(protocol: Protocol) {
         let engine = engine.clone();
         thread::spawn(move || {
             let c = Client::join_partial(&engine, "lazy", protocol, 3000);
+            // The kernel holds `e` (a directory below those it lets go): kept, with what
+            // its names lead to.
+            let forget = || {
+                if forgets {
+                    c.forget_all(&[e]);
+                }
+            };
             let moved = c.rename(q, b"b", e, b"b").is_ok();
+            forget();
             let unboxed = c.rmdir(ROOT_INO, b"box").is_ok();
+            forget();
             let made = c.mkdir(ROOT_INO, b"same").is_ok();
             (c, moved, unboxed, made)
         })
@@ -211,9 +243,11 @@ pub(super) fn lazy_join(protocol: Protocol) {
         "made in the box {boxed}, the box removed {unboxed}"
     );
     {
-        // The joiner decided on what it loaded, not on a whole table.
+        // The joiner decided on what it loaded, not on a whole table (and, if it forgets,
+        // kept what its kernel holds).
         let meta = lazy.meta.lock();
-        assert!(meta.is_partial() && meta.holds_whole(e));
+        assert!(meta.is_partial());
+        assert!(meta.holds_whole(e));
     }
     lazy.catch_up();
     lazy.load_whole();
