@@ -286,6 +286,10 @@ test_volume_shared_by_use() {
   [ "$n" -lt 60 ] || fail "B holds $n inodes: its poller loaded the volume (about 31 expected)"
   n=$(stats_field "$MNT" 's["inodes"]') || fail "stats of A"
   [ "$n" -ge 221 ] || fail "A (the keeper) holds $n inodes, not the whole 221"
+  assert_eq "A's standing (keeper, whole, large)" \
+    "$(stats_field "$MNT" '[s["shared"][k] for k in ("keeper", "whole", "large")]')" "[1, 1, 1]"
+  assert_eq "B's standing (keeper, whole, large)" \
+    "$(stats_field "$mnt2" '[s["shared"][k] for k in ("keeper", "whole", "large")]')" "[0, 0, 1]"
   assert_eq "B's tree against A's" "$(cd "$mnt2" && find . | sort | md5sum)" \
     "$(cd "$MNT" && find . | sort | md5sum)"
   n=$(stats_field "$mnt2" 's["inodes"]') || fail "stats of B"

@@ -130,6 +130,8 @@ pub(crate) struct Built {
     pub(crate) follower: Option<Following>,
     /// What a follower has done, for the report.
     pub(crate) follow_counters: Option<Arc<crate::volume::follow::FollowCounters>>,
+    /// Where a shared volume's client stands, for the report.
+    pub(crate) standing: Option<crate::volume::shared::StandingSource>,
 }
 
 /// What keeps a follower's or a shared volume's table in step (dropped at unmount).
@@ -270,6 +272,7 @@ pub(crate) fn build_fs(
         writeback: choices.writeback,
         writeback_low_water: config.writeback_low_water.unwrap_or_else(dirty_allowance),
     };
+    let mut standing = None;
     let (fs, journal, follower, follow_counters) = match namespace {
         Namespace::Shared { .. } => {
             let (engine, _, _) = engine.expect("a shared volume's engine is open");
@@ -280,6 +283,7 @@ pub(crate) fn build_fs(
             // 12 to 16% slower (doc/BENCHMARKING.md).
             let data = write_behind(data, choices, false)?;
             let (fs, client) = crate::volume::shared::join(data, fs_config, engine, holder)?;
+            standing = Some(client.standing());
             (fs, None, Some(Following::Shared { _client: client }), None)
         }
         Namespace::Follower { .. } => {
@@ -323,6 +327,7 @@ pub(crate) fn build_fs(
         journal,
         follower,
         follow_counters,
+        standing,
     })
 }
 

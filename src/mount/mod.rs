@@ -142,6 +142,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         journal,
         follower,
         follow_counters,
+        standing,
     } = build_fs(
         config,
         &mountpoint,
@@ -163,6 +164,7 @@ fn run_mount(mount: Mount, ready: &mut dyn FnMut()) -> Result<(), String> {
         adapter: Default::default(),
         upkeep: Default::default(),
         follower: follow_counters,
+        shared: standing,
         admin_socket: admin_socket
             .as_ref()
             .map(|a| a.path().display().to_string())

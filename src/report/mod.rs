@@ -151,6 +151,23 @@ figures! {
     }
 }
 
+figures! {
+    /// A shared volume's client: whether it holds the whole namespace (see
+    /// `volume::shared::keeper`).
+    pub struct SharedFigures ("shared") {
+        /// 1 if this client keeps the whole table of a large volume (its checkpoints, its rebuild)
+        keeper: Gauge,
+        /// 1 if its table holds the whole namespace (else what it uses)
+        whole: Gauge,
+        /// 1 if the volume holds more inodes than every client loads whole
+        large: Gauge,
+        /// The namespace's inodes as the clients holding it whole last noted (0: none yet)
+        noted_inodes: Gauge,
+        /// The last change of the engine's log this table holds
+        applied: Gauge,
+    }
+}
+
 /// The registration cache (MRRC) of the mount's local buffers: its counters as the cache
 /// keeps them, with its policy and the lookups they add up to.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -285,6 +302,8 @@ pub struct MountReport {
     pub journal: Option<JournalFigures>,
     /// None unless following a volume.
     pub follower: Option<FollowerFigures>,
+    /// None unless a shared volume's client.
+    pub shared: Option<SharedFigures>,
     /// Where `rmemfs admin` reaches the daemon ("" before it listens).
     pub admin_socket: String,
     pub inodes: u64,
@@ -446,6 +465,16 @@ impl MountReport {
                 invalidations: f.invalidations.load(Ordering::Relaxed),
                 errors: f.errors.load(Ordering::Relaxed),
             }),
+            shared: parts.shared.as_ref().map(|standing| {
+                let s = standing();
+                SharedFigures {
+                    keeper: s.keeper as u64,
+                    whole: s.whole as u64,
+                    large: s.large as u64,
+                    noted_inodes: s.noted_inodes,
+                    applied: s.applied,
+                }
+            }),
             inodes: fs.inode_count() as u64,
             admin_socket: parts.admin_socket.clone(),
             contained_panics: adapter.contained_panics.load(Ordering::Relaxed),
@@ -467,6 +496,7 @@ impl MountReport {
         let mut sections = vec![section(&self.namespace), section(&self.encoding)];
         sections.extend(self.journal.as_ref().map(section));
         sections.extend(self.follower.as_ref().map(section));
+        sections.extend(self.shared.as_ref().map(section));
         sections
     }
 }
@@ -486,6 +516,8 @@ pub struct Parts {
     pub upkeep: Arc<UpkeepFigures>,
     /// A follower's counters (none: not a follower).
     pub follower: Option<Arc<FollowCounters>>,
+    /// A shared volume's client's standing (none: not one).
+    pub shared: Option<crate::volume::shared::StandingSource>,
     /// Where the admin socket listens (empty: it does not).
     pub admin_socket: String,
 }
@@ -499,6 +531,7 @@ impl Parts {
             adapter: Default::default(),
             upkeep: Default::default(),
             follower: None,
+            shared: None,
             admin_socket: String::new(),
         }
     }

@@ -6,7 +6,7 @@
 use super::*;
 
 /// A mount's report with every section present: a drain running, a volume's journal, a
-/// follower, a request and a fabric batch of one kind each.
+/// follower, a shared volume's client, a request and a fabric batch of one kind each.
 pub(crate) fn every_section() -> MountReport {
     MountReport {
         fabric_batches: [("read".to_string(), OpFigures::default())].into(),
@@ -17,6 +17,7 @@ pub(crate) fn every_section() -> MountReport {
         }),
         journal: Some(JournalFigures::default()),
         follower: Some(FollowerFigures::default()),
+        shared: Some(SharedFigures::default()),
         upkeep_panics: crate::upkeep::figures::UPKEEP_THREADS
             .map(|t| (t.to_string(), 0))
             .into(),
@@ -198,6 +199,11 @@ const MOUNT_KEYS: &[&str] = &[
     "servers[].state",
     "servers[].stocked_bytes",
     "servers[].total_bytes",
+    "shared.applied",
+    "shared.keeper",
+    "shared.large",
+    "shared.noted_inodes",
+    "shared.whole",
     "upkeep_panics.encode",
     "upkeep_panics.heartbeat",
     "upkeep_panics.rebuild",

@@ -53,6 +53,7 @@ mod turns;
 use ahead::Ahead;
 use append::EngineRecorder;
 use catchup::{poll_loop, poll_once};
+pub use keeper::{Standing, StandingSource};
 pub use turns::CHECKPOINT_ROLE;
 use turns::{linger_loop, HeldTurns, SharedTurns};
 
@@ -176,6 +177,8 @@ struct State {
     keeper_next: Mutex<Instant>,
     /// Inodes forgotten since the allocator last gave memory back ([`keeper`]).
     forgotten_since_trim: AtomicU64,
+    /// The namespace's inodes as this client last noted or read them ([`keeper`]).
+    noted_inodes: AtomicU64,
     /// This client holds the keeper's role ([`keeper`]).
     keeper: AtomicBool,
     /// When this client joined (a client not whole asks for the keeper's role a moment
@@ -248,6 +251,7 @@ impl State {
             keeper: AtomicBool::new(false),
             keeper_next: Mutex::new(Instant::now()),
             forgotten_since_trim: AtomicU64::new(0),
+            noted_inodes: AtomicU64::new(0),
             joined: Mutex::new(Instant::now()),
             tip: Mutex::new(None),
             marked: Mutex::new(HashMap::new()),

@@ -194,6 +194,11 @@ const MOUNT_METRICS: &[&str] = &[
     "rmemfs_server_free_bytes gauge",
     "rmemfs_server_total_bytes gauge",
     "rmemfs_server_up gauge",
+    "rmemfs_shared_applied gauge",
+    "rmemfs_shared_keeper gauge",
+    "rmemfs_shared_large gauge",
+    "rmemfs_shared_noted_inodes gauge",
+    "rmemfs_shared_whole gauge",
     "rmemfs_unpinned_bytes gauge",
     "rmemfs_upkeep_panics_total counter",
 ];

@@ -101,6 +101,8 @@ impl State {
             }
             false => self.engine.noted_inodes().map_err(|e| e.to_string())?,
         };
+        self.noted_inodes
+            .store(inodes.unwrap_or(0), Ordering::SeqCst);
         // None noted yet: no client held the whole table since this build made it.
         let large = inodes.is_some_and(|n| n > self.whole_under.load(Ordering::SeqCst));
         self.large.store(large, Ordering::SeqCst);
@@ -169,6 +171,34 @@ impl State {
                 log::warn!("shared volume: the keeper's role stays until its lease ends: {e}");
             }
         }
+    }
+}
+
+/// Where a client stands on holding the namespace (`rmemfs stats`, its "shared" section).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Standing {
+    pub keeper: bool,
+    pub whole: bool,
+    pub large: bool,
+    /// The namespace's inodes as last noted or read (0: none noted yet).
+    pub noted_inodes: u64,
+    pub applied: u64,
+}
+
+/// Reads a client's [`Standing`] now (for the mount's report, which outlives no client).
+pub type StandingSource = Arc<dyn Fn() -> Standing + Send + Sync>;
+
+impl SharedClient {
+    /// Where this client stands, read each time it is called.
+    pub fn standing(&self) -> StandingSource {
+        let s = self.state.clone();
+        Arc::new(move || Standing {
+            keeper: s.keeper.load(Ordering::SeqCst),
+            whole: s.is_whole(),
+            large: s.large.load(Ordering::SeqCst),
+            noted_inodes: s.noted_inodes.load(Ordering::SeqCst),
+            applied: s.applied.load(Ordering::SeqCst),
+        })
     }
 }
 
