@@ -958,6 +958,7 @@ fn the_in_memory_engine_keeps_the_contract() {
 
 /// The count of inodes a client noted is what every client of the volume reads, the last
 /// noted; none before any, and none for another volume. The state's dump leaves it out.
+/// The evicted sessions owed to the keeper are a set, each gone once collected.
 fn noted_inodes(e: &dyn MetaEngine, other: &dyn MetaEngine) {
     assert_eq!(e.noted_inodes().unwrap(), None);
     e.note_inodes(221).unwrap();
@@ -969,6 +970,18 @@ fn noted_inodes(e: &dyn MetaEngine, other: &dyn MetaEngine) {
         dump.values().all(|h| !h.contains_key(&b"inodes"[..])),
         "{dump:?}"
     );
+    // Evicted sessions' memory owed to the keeper: each once, until collected.
+    assert_eq!(e.owed_collections().unwrap(), Vec::<String>::new());
+    for who in ["b", "a", "b"] {
+        e.owe_collection(who).unwrap();
+    }
+    let mut owed = e.owed_collections().unwrap();
+    owed.sort();
+    assert_eq!(owed, vec!["a".to_string(), "b".to_string()]);
+    e.collected("b").unwrap();
+    e.collected("nobody").unwrap();
+    assert_eq!(e.owed_collections().unwrap(), vec!["a".to_string()]);
+    assert_eq!(other.owed_collections().unwrap(), Vec::<String>::new());
 }
 
 /// A short time away for [`engine_away`].

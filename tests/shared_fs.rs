@@ -1581,6 +1581,44 @@ fn what_an_evicted_client_never_logged_is_collected() {
     assert_eq!(read(&a.fs, "kept").unwrap(), data);
 }
 
+/// On a large volume, a client that holds part of the namespace and evicts another leaves
+/// the collection of what the evicted client never logged to the keeper (through the
+/// engine): it does not load the whole namespace for it, and the memory comes back.
+#[test]
+fn on_a_large_volume_the_keeper_collects_what_an_evicted_client_never_logged() {
+    let rack = Rack::new(2);
+    let engine = MemEngine::new();
+    let a = client(&rack, Arc::new(engine.clone()), "a");
+    a.mkdir("d").unwrap();
+    a.shared.whole_under(0).unwrap();
+    assert!(a.shared.is_keeper());
+    let p = client(&rack, Arc::new(engine.clone()), "p");
+    p.shared.whole_under(0).unwrap();
+    let c = client(&rack, Arc::new(engine.clone()), "c");
+    c.shared.whole_under(0).unwrap();
+    let data = bytes(9, 1 << 20);
+    c.create("kept", &data).unwrap();
+    a.shared.poll_now().unwrap();
+    let before = rack.free();
+    let pool = c.fs.data().pool().clone();
+    for _ in 0..3 {
+        pool.alloc(1 << 20).unwrap();
+    }
+    engine.heartbeat("c", Duration::ZERO).unwrap();
+    // p evicts c first: what c left is owed to the keeper.
+    p.shared.poll_now().unwrap();
+    assert_eq!(engine.owed_collections().unwrap(), vec!["c".to_string()]);
+    eventually("the keeper collects what c left", || {
+        p.shared.poll_now().unwrap();
+        a.shared.poll_now().unwrap();
+        rack.free() == before
+    });
+    assert!(!p.shared.is_whole(), "the evicting client loaded no more");
+    assert_eq!(engine.owed_collections().unwrap(), Vec::<String>::new());
+    assert_eq!(read(&a.fs, "kept").unwrap(), data);
+    assert_eq!(read(&p.fs, "kept").unwrap(), data);
+}
+
 /// Copies lost with a server are made again on a shared volume, by one member at a time
 /// (the rebuilder, chosen through the engine), each file in its turn; every client sees the
 /// new copies, so a second server's loss loses nothing.

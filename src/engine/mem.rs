@@ -60,6 +60,7 @@ struct State {
     namespace: StateDump,
     whole: bool,
     noted_inodes: Option<u64>,
+    owed: std::collections::BTreeSet<String>,
     state_writes: Vec<(u64, Vec<KeyOp>)>,
     /// What runs once the next listing of the state's inodes is made, before it is answered
     /// ([`MemEngine::after_state_listing`]); the same for a page of names
@@ -569,5 +570,21 @@ impl MetaEngine for MemEngine {
 
     fn noted_inodes(&self) -> Result<Option<u64>, EngineError> {
         Ok(self.state.0.lock().noted_inodes)
+    }
+
+    fn owe_collection(&self, who: &str) -> Result<(), EngineError> {
+        let mut s = self.state.0.lock();
+        s.fault("owe_collection")?;
+        s.owed.insert(who.to_string());
+        Ok(())
+    }
+
+    fn owed_collections(&self) -> Result<Vec<String>, EngineError> {
+        Ok(self.state.0.lock().owed.iter().cloned().collect())
+    }
+
+    fn collected(&self, who: &str) -> Result<(), EngineError> {
+        self.state.0.lock().owed.remove(who);
+        Ok(())
     }
 }

@@ -466,6 +466,17 @@ pub trait MetaEngine: Send + Sync {
 
     /// The count last noted ([`MetaEngine::note_inodes`]); none before any.
     fn noted_inodes(&self) -> Result<Option<u64>, EngineError>;
+
+    /// Notes that evicted session `who` left memory to collect, for the large volume's
+    /// keeper (`volume::shared::keeper`): the client that evicted it holds part of the
+    /// namespace, and what no change names is read from the whole table.
+    fn owe_collection(&self, who: &str) -> Result<(), EngineError>;
+
+    /// The evicted sessions whose memory is owed ([`MetaEngine::owe_collection`]).
+    fn owed_collections(&self) -> Result<Vec<String>, EngineError>;
+
+    /// `who`'s memory was collected: no longer owed.
+    fn collected(&self, who: &str) -> Result<(), EngineError>;
 }
 
 /// Changes inode `ino`'s lock table by `change` as session `who`, atomically (compare and

@@ -54,6 +54,7 @@ impl RedisEngine {
                 opened: k("opened:"),
                 ckpt: k("ckpt"),
                 sessions: k("sessions"),
+                owed: k("owed"),
                 beat: k("beat"),
                 locks: k("locks"),
                 servers: k("servers"),

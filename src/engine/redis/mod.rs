@@ -89,6 +89,8 @@ struct Keys {
     opened: String,
     ckpt: String,
     sessions: String,
+    /// Evicted sessions whose memory the keeper is to collect.
+    owed: String,
     beat: String,
     locks: String,
     servers: String,
@@ -585,6 +587,18 @@ impl MetaEngine for RedisEngine {
                 .arg(n)
                 .query(c)
         })
+    }
+
+    fn owe_collection(&self, who: &str) -> Result<(), EngineError> {
+        self.with(|c| ::redis::cmd("SADD").arg(&self.keys.owed).arg(who).query(c))
+    }
+
+    fn owed_collections(&self) -> Result<Vec<String>, EngineError> {
+        self.with(|c| ::redis::cmd("SMEMBERS").arg(&self.keys.owed).query(c))
+    }
+
+    fn collected(&self, who: &str) -> Result<(), EngineError> {
+        self.with(|c| ::redis::cmd("SREM").arg(&self.keys.owed).arg(who).query(c))
     }
 
     fn noted_inodes(&self) -> Result<Option<u64>, EngineError> {

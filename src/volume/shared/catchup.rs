@@ -561,8 +561,10 @@ pub(super) fn poll_once(s: &State, fs: &Fs, wait: bool) -> std::result::Result<(
         // Tests pause the heartbeats' thread with the poller: a round they ask for beats.
         s.beat()?;
     }
-    // Before the catch-up: what it brings (another client's refused drop) is settled after.
+    // Before the catch-up: what it brings (another client's refused drop) is settled after,
+    // and the evicted clients' memory owed to the keeper is collected after.
     s.let_go_marks(fs);
+    s.take_owed();
     let r = match wait {
         true => s.catch_up(fs, true).map(|_| ()),
         // Another catch-up under way does the work.

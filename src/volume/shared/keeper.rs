@@ -23,10 +23,12 @@
 //! keeper renews the role each second and gives it back when it leaves; one that dies hands
 //! it on once its lease runs out (the next client to ask then loads the whole table).
 //!
-//! A client that loaded the whole table for another reason keeps it until it leaves: the
-//! client that evicted another (the evicted client's memory is collected from the whole
-//! table), one a server came back to with new keys (every file's map is rekeyed), one an
-//! admin's drain or removal ran on, one that fell behind a checkpoint's trim.
+//! A client that evicts another while it holds part of a large volume's namespace leaves
+//! the collection of the evicted client's memory (read from the whole table) to the keeper,
+//! through the engine ([`crate::engine::MetaEngine::owe_collection`]). A client that loaded
+//! the whole table for another reason keeps it until it leaves: one a server came back to
+//! with new keys (every file's map is rekeyed), one an admin's drain or removal ran on, one
+//! that fell behind a checkpoint's trim.
 
 use super::*;
 
@@ -130,7 +132,8 @@ impl State {
     }
 
     /// Whether the poller loads the rest of the namespace: on a small volume, on the
-    /// keeper, and on a client with an evicted client's memory to collect.
+    /// keeper, and on a client with an evicted client's memory to collect (one that held
+    /// the whole table when it evicted it, or could not leave it to the keeper).
     pub(super) fn wants_whole(&self) -> bool {
         !self.large.load(Ordering::SeqCst)
             || self.keeper.load(Ordering::SeqCst)
@@ -161,6 +164,27 @@ impl State {
         if since >= TRIM_AFTER {
             self.forgotten_since_trim.store(0, Ordering::SeqCst);
             give_freed_memory_back();
+        }
+    }
+
+    /// On the keeper, the evicted clients whose memory a client holding part of the
+    /// namespace left to it ([`MetaEngine::owe_collection`]): taken before the round's
+    /// catch-up, so that the catch-up that precedes their collection follows their eviction
+    /// (as the evicting client's own collection waits for its next round).
+    pub(super) fn take_owed(&self) {
+        if !self.keeper.load(Ordering::SeqCst) || !self.is_whole() {
+            return;
+        }
+        match self.engine.owed_collections() {
+            Ok(owed) => {
+                let mut c = self.to_collect.lock();
+                for who in owed {
+                    if !c.contains(&who) {
+                        c.push(who);
+                    }
+                }
+            }
+            Err(e) => log::warn!("shared volume: what evicted clients left (next round): {e}"),
         }
     }
 

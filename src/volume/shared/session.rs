@@ -63,8 +63,15 @@ impl State {
             let marked = self.engine.marked_by(&gone).map_err(|e| e.to_string())?;
             self.engine.drop_session(&gone).map_err(|e| e.to_string())?;
             self.to_settle.lock().extend(marked);
-            // What it allocated and never logged: collected after the next catch-up.
-            self.to_collect.lock().push(gone);
+            // What it allocated and never logged: collected after the next catch-up, from
+            // the whole table, by this client if it holds it or will (a small volume), else
+            // by the keeper (`keeper`).
+            if self.is_whole() || !self.large.load(Ordering::SeqCst) {
+                self.to_collect.lock().push(gone);
+            } else if let Err(e) = self.engine.owe_collection(&gone) {
+                log::warn!("shared volume: what '{gone}' left is collected here: {e}");
+                self.to_collect.lock().push(gone);
+            }
         }
         Ok(())
     }
@@ -115,6 +122,8 @@ impl State {
             }
             if !answered {
                 self.to_collect.lock().push(who.clone());
+            } else if let Err(e) = self.engine.collected(&who) {
+                log::warn!("shared volume: '{who}' stays owed (collected again): {e}");
             }
             if freed > 0 {
                 log::warn!(
