@@ -160,14 +160,19 @@ pub const SHARED_WHOLE_UNDER: u64 = 100_000;
 /// a mount test's few hundred files make a large volume (a keeper, clients holding what they
 /// use).
 pub fn shared_whole_under() -> u64 {
+    testing_override("RMEMFS_TESTING_WHOLE_UNDER", SHARED_WHOLE_UNDER)
+}
+
+/// `product`, or in a build with the `testing` feature the number environment variable
+/// `var` gives (the mount tests' way to shrink a threshold to a test's size).
+fn testing_override(var: &str, product: u64) -> u64 {
     #[cfg(feature = "testing")]
-    if let Some(n) = std::env::var("RMEMFS_TESTING_WHOLE_UNDER")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
+    if let Some(n) = std::env::var(var).ok().and_then(|v| v.parse().ok()) {
         return n;
     }
-    SHARED_WHOLE_UNDER
+    #[cfg(not(feature = "testing"))]
+    let _ = var;
+    product
 }
 
 /// Largest file size rmemfs accepts (what `statfs` and `EFBIG` are measured against): the
@@ -292,14 +297,7 @@ pub const SHARED_CHECKPOINT_EVERY: u64 = 20_000;
 /// so that a mount test's few thousand changes meet checkpoints, the trims of the log and
 /// versions after them, and clients sent back by those.
 pub fn shared_checkpoint_every() -> u64 {
-    #[cfg(feature = "testing")]
-    if let Some(n) = std::env::var("RMEMFS_TESTING_CHECKPOINT_EVERY")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        return n;
-    }
-    SHARED_CHECKPOINT_EVERY
+    testing_override("RMEMFS_TESTING_CHECKPOINT_EVERY", SHARED_CHECKPOINT_EVERY)
 }
 
 /// How often a blocked lock request on a shared volume (`F_SETLKW`, `flock` without

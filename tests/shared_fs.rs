@@ -143,6 +143,26 @@ impl Client {
     }
 }
 
+/// Directories `d0`.. (`dirs` of them) of ten files each, `dD/fF` holding `D/F`.
+fn fill_tree(c: &Client, dirs: usize) {
+    for d in 0..dirs {
+        c.mkdir(&format!("d{d}")).unwrap();
+        for f in 0..10 {
+            c.create(&format!("d{d}/f{f}"), format!("{d}/{f}").as_bytes())
+                .unwrap();
+        }
+    }
+}
+
+/// `c`'s table is the engine's state (a whole table, caught up with a volume no client
+/// changes).
+fn table_is_the_state(c: &Client) {
+    assert_eq!(
+        c.fs.namespace_digest(),
+        c.shared.engine_state_digest().unwrap()
+    );
+}
+
 /// Two clients' changes on one history: each sees the other's before its own.
 fn two_writers(engine: Arc<dyn MetaEngine>) {
     let rack = Rack::new(2);
@@ -2073,13 +2093,7 @@ fn a_joining_client_loads_what_it_uses_and_the_rest_after() {
     let rack = Rack::new(2);
     let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
     let a = client(&rack, engine.clone(), "a");
-    for d in 0..20 {
-        a.mkdir(&format!("d{d}")).unwrap();
-        for f in 0..10 {
-            a.create(&format!("d{d}/f{f}"), format!("{d}/{f}").as_bytes())
-                .unwrap();
-        }
-    }
+    fill_tree(&a, 20);
     a.mkdir("d11/sub").unwrap();
     let c = client(&rack, engine.clone(), "c");
     assert!(!c.shared.is_whole());
@@ -2189,13 +2203,7 @@ fn on_a_large_volume_one_client_keeps_the_whole_table_and_the_others_what_they_u
     let rack = Rack::new(2);
     let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
     let a = client(&rack, engine.clone(), "a");
-    for d in 0..20 {
-        a.mkdir(&format!("d{d}")).unwrap();
-        for f in 0..10 {
-            a.create(&format!("d{d}/f{f}"), format!("{d}/{f}").as_bytes())
-                .unwrap();
-        }
-    }
+    fill_tree(&a, 20);
     // a holds the whole table and notes its 221 inodes (large only past u64::MAX for it).
     a.shared.whole_under(u64::MAX).unwrap();
     assert!(!a.shared.is_keeper());
@@ -2228,10 +2236,7 @@ fn on_a_large_volume_one_client_keeps_the_whole_table_and_the_others_what_they_u
     c.shared.poll_now().unwrap();
     assert!(c.shared.is_whole());
     assert_eq!(c.fs.inode_count(), 223);
-    assert_eq!(
-        c.fs.namespace_digest(),
-        c.shared.engine_state_digest().unwrap()
-    );
+    table_is_the_state(&c);
 }
 
 /// A client that holds what it uses (a large volume's, not its keeper) forgets what the
@@ -2242,13 +2247,7 @@ fn a_client_that_holds_what_it_uses_forgets_what_the_kernel_let_go_of() {
     let rack = Rack::new(2);
     let engine: Arc<dyn MetaEngine> = Arc::new(MemEngine::new());
     let a = client(&rack, engine.clone(), "a");
-    for d in 0..5 {
-        a.mkdir(&format!("d{d}")).unwrap();
-        for f in 0..10 {
-            a.create(&format!("d{d}/f{f}"), format!("{d}/{f}").as_bytes())
-                .unwrap();
-        }
-    }
+    fill_tree(&a, 5);
     a.mkdir("d1/sub").unwrap();
     a.create("d1/sub/deep", b"deep").unwrap();
     a.shared.whole_under(0).unwrap();
@@ -2281,10 +2280,7 @@ fn a_client_that_holds_what_it_uses_forgets_what_the_kernel_let_go_of() {
     assert_eq!(read(&c.fs, "d1/new").unwrap(), b"new");
     c.change(|fs| fs.release(fh));
     c.fs.load_whole_shared().unwrap();
-    assert_eq!(
-        c.fs.namespace_digest(),
-        c.shared.engine_state_digest().unwrap()
-    );
+    table_is_the_state(&c);
 }
 
 /// What a forgotten directory's names led to stays where something else still holds it: a
