@@ -2239,6 +2239,29 @@ fn on_a_large_volume_one_client_keeps_the_whole_table_and_the_others_what_they_u
     table_is_the_state(&c);
 }
 
+/// A volume whose inodes no client has counted yet (one of an older build, or whose clients
+/// all hold part of it) is taken for large by the inode numbers given out: a client that
+/// joins it loads what it uses, not the whole namespace.
+#[test]
+fn a_volume_nobody_counted_is_large_by_its_inode_numbers() {
+    let rack = Rack::new(2);
+    let mem = MemEngine::new();
+    mem.fail_next("note_inodes", 1);
+    let engine: Arc<dyn MetaEngine> = Arc::new(mem.clone());
+    let a = client(&rack, engine.clone(), "a");
+    fill_tree(&a, 20);
+    assert_eq!(engine.noted_inodes().unwrap(), None);
+    let c = client(&rack, engine.clone(), "c");
+    c.shared.whole_under(100).unwrap();
+    c.shared.poll_now().unwrap();
+    assert_eq!(c.fs.inode_count(), 21, "the root and its names");
+    // Once a whole client notes its count, that decides: 221 inodes, large past 1,000?
+    a.shared.whole_under(1000).unwrap();
+    c.shared.whole_under(1000).unwrap();
+    c.shared.poll_now().unwrap();
+    assert!(c.shared.is_whole(), "small by the count noted");
+}
+
 /// A client that holds what it uses (a large volume's, not its keeper) forgets what the
 /// kernel let go of: a directory's names and the inodes only they held, below it too, but a
 /// file still open there. Used again, they are loaded again, with what changed meanwhile.

@@ -15,7 +15,8 @@
 //! Large: the namespace holds more inodes than [`crate::config::SHARED_WHOLE_UNDER`], as the
 //! clients holding the whole table count them and note in the engine. (Not the inode
 //! numbers given out: each client takes them a thousand at a time, so a few hundred mounts
-//! that made one file each would count as a large volume.)
+//! that made one file each would count as a large volume. They decide only before any
+//! count is noted.)
 //!
 //! Who keeps: a client that holds the whole table already (the volume's maker, a client that
 //! loaded it) takes the role at its first round; one that would have to load it waits
@@ -95,7 +96,7 @@ impl State {
 
     /// [`State::keeper_round`] now.
     pub(super) fn claim_keeper_role(&self, fs: &Fs) -> std::result::Result<(), String> {
-        let inodes = match self.is_whole() {
+        let noted = match self.is_whole() {
             true => {
                 let n = fs.inode_count() as u64;
                 self.engine.note_inodes(n).map_err(|e| e.to_string())?;
@@ -104,9 +105,16 @@ impl State {
             false => self.engine.noted_inodes().map_err(|e| e.to_string())?,
         };
         self.noted_inodes
-            .store(inodes.unwrap_or(0), Ordering::SeqCst);
-        // None noted yet: no client held the whole table since this build made it.
-        let large = inodes.is_some_and(|n| n > self.whole_under.load(Ordering::SeqCst));
+            .store(noted.unwrap_or(0), Ordering::SeqCst);
+        // None noted yet (a volume of an older build, or one whose clients all hold part of
+        // it): the inode numbers given out, which no count of inodes passes, decide. Taken
+        // for large on them, a volume that is not loses nothing for long: its keeper loads
+        // it and notes the count.
+        let inodes = match noted {
+            Some(n) => n,
+            None => self.engine.alloc_inos(0, 0).map_err(|e| e.to_string())?,
+        };
+        let large = inodes > self.whole_under.load(Ordering::SeqCst);
         self.large.store(large, Ordering::SeqCst);
         if !large || (!self.is_whole() && self.joined.lock().elapsed() < KEEPER_GRACE) {
             return Ok(());
