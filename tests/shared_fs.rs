@@ -143,6 +143,13 @@ impl Client {
     }
 }
 
+/// As [`client`], on a volume it takes for large (past 0 inodes: `keeper`), told so now.
+fn client_of_large(rack: &Rack, engine: Arc<dyn MetaEngine>, who: &str) -> Client {
+    let c = client(rack, engine, who);
+    c.shared.whole_under(0).unwrap();
+    c
+}
+
 /// Directories `d0`.. (`dirs` of them) of ten files each, `dD/fF` holding `D/F`.
 fn fill_tree(c: &Client, dirs: usize) {
     for d in 0..dirs {
@@ -1612,10 +1619,8 @@ fn on_a_large_volume_the_keeper_collects_what_an_evicted_client_never_logged() {
     a.mkdir("d").unwrap();
     a.shared.whole_under(0).unwrap();
     assert!(a.shared.is_keeper());
-    let p = client(&rack, Arc::new(engine.clone()), "p");
-    p.shared.whole_under(0).unwrap();
-    let c = client(&rack, Arc::new(engine.clone()), "c");
-    c.shared.whole_under(0).unwrap();
+    let p = client_of_large(&rack, Arc::new(engine.clone()), "p");
+    let c = client_of_large(&rack, Arc::new(engine.clone()), "c");
     let data = bytes(9, 1 << 20);
     c.create("kept", &data).unwrap();
     a.shared.poll_now().unwrap();
@@ -2274,8 +2279,7 @@ fn a_client_that_holds_what_it_uses_forgets_what_the_kernel_let_go_of() {
     a.mkdir("d1/sub").unwrap();
     a.create("d1/sub/deep", b"deep").unwrap();
     a.shared.whole_under(0).unwrap();
-    let c = client(&rack, engine.clone(), "c");
-    c.shared.whole_under(0).unwrap();
+    let c = client_of_large(&rack, engine.clone(), "c");
     assert_eq!(c.fs.inode_count(), 6, "the root and its names");
     assert_eq!(read(&c.fs, "d1/sub/deep").unwrap(), b"deep");
     let f1 = resolve(&c.fs, "d1/f1").unwrap();
@@ -2327,8 +2331,7 @@ fn a_forgotten_directory_keeps_what_else_holds() {
     );
     a.change(|fs| fs.link(f5, d2, b"linked")).unwrap();
     a.shared.whole_under(0).unwrap();
-    let c = client(&rack, engine.clone(), "c");
-    c.shared.whole_under(0).unwrap();
+    let c = client_of_large(&rack, engine.clone(), "c");
     assert_eq!(read(&c.fs, "d1/sub/deep").unwrap(), b"d1/sub/deep");
     assert_eq!(listed(&c.fs, "d2"), vec!["g", "linked"]);
     let ino = |p: &str| resolve(&c.fs, p).unwrap();
@@ -2362,8 +2365,7 @@ fn a_file_let_go_on_a_client_that_holds_part_of_the_namespace_is_dropped() {
     let a = client(&rack, Arc::new(engine.clone()), "a");
     a.mkdir("d").unwrap();
     a.shared.whole_under(0).unwrap();
-    let c = client(&rack, Arc::new(engine.clone()), "c");
-    c.shared.whole_under(0).unwrap();
+    let c = client_of_large(&rack, Arc::new(engine.clone()), "c");
     let free_at_start = rack.free();
     a.create("d/f", &bytes(5, 1 << 20)).unwrap();
     let f = resolve(&c.fs, "d/f").unwrap();

@@ -22,11 +22,8 @@ check_prereqs mount serve || exit 2
 lib_init benchsharedbigdir
 start_redis --own-trap
 trap 'kill "$REDIS_PID" 2>/dev/null || true; cleanup' EXIT
-addrs=""
-for _ in 1 2; do
-  start_server 2G
-  addrs+=${addrs:+,}$SERVER_ADDR
-done
+start_servers 2 2G
+addrs=$SERVER_ADDRS
 secs() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.3f}')" "$@"; }
 
 echo "# build, names: ls of the directory on a client that joined (s), longest Redis command (ms), commands over 10 ms" >&2

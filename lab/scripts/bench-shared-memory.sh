@@ -28,11 +28,8 @@ lib_init benchsharedmemory
 start_redis --own-trap
 trap 'kill "$REDIS_PID" 2>/dev/null || true; cleanup' EXIT
 
-addrs=""
-for _ in 1 2; do
-  start_server 2G
-  addrs+=${addrs:+,}$SERVER_ADDR
-done
+start_servers 2 2G
+addrs=$SERVER_ADDRS
 
 rss_of() { awk '/^VmRSS/ {print int($2 / 1024)}' "/proc/$(daemon_pids "$1" | head -1)/status"; }
 inodes_of() { # BINARY MOUNT

@@ -29,6 +29,7 @@
 
 mod connect;
 mod scripts;
+mod sessions;
 mod settings;
 mod state;
 mod turns;
@@ -107,27 +108,6 @@ struct Keys {
 
 fn unavailable(e: impl std::fmt::Display) -> EngineError {
     EngineError::Unavailable(e.to_string())
-}
-
-impl RedisEngine {
-    /// Sets `who`'s expiry `ttl` from now (Redis's clock); only if it exists unless `start`.
-    fn session(&self, who: &str, ttl: Duration, start: bool) -> Result<(), EngineError> {
-        let set: i64 = self.with(|c| {
-            self.scripts
-                .heartbeat
-                .key(&self.keys.sessions)
-                .key(&self.keys.beat)
-                .arg(who)
-                .arg(ttl.as_millis() as u64)
-                .arg(if start { "1" } else { "0" })
-                .arg(self.away.as_millis() as u64)
-                .invoke(c)
-        })?;
-        match set {
-            1 => Ok(()),
-            _ => Err(EngineError::NoSession { who: who.into() }),
-        }
-    }
 }
 
 /// A log entry as XRANGE answers it: its id, and its fields (`r`: the record).
@@ -372,27 +352,7 @@ impl MetaEngine for RedisEngine {
     }
 
     fn drop_session(&self, who: &str) -> Result<(), EngineError> {
-        let marked = self.marked_by(who)?;
-        self.with(|c| {
-            let mut p = ::redis::pipe();
-            p.cmd("HDEL")
-                .arg(&self.keys.sessions)
-                .arg(who)
-                .ignore()
-                .cmd("DEL")
-                .arg(format!("{}{who}", self.keys.asked))
-                .ignore()
-                .cmd("DEL")
-                .arg(format!("{}{who}", self.keys.opened))
-                .ignore();
-            for ino in &marked {
-                p.cmd("SREM")
-                    .arg(format!("{}{ino}", self.keys.open))
-                    .arg(who)
-                    .ignore();
-            }
-            p.query::<()>(c)
-        })
+        self.end_session_keys(who)
     }
 
     fn remove_volume(&self) -> Result<(), EngineError> {
@@ -423,60 +383,19 @@ impl MetaEngine for RedisEngine {
     }
 
     fn mark_open(&self, who: &str, ino: u64) -> Result<(), EngineError> {
-        let done: i64 = self.with(|c| {
-            self.scripts
-                .mark_open
-                .key(&self.keys.sessions)
-                .key(&self.keys.open)
-                .key(&self.keys.opened)
-                .arg(who)
-                .arg(ino)
-                .invoke(c)
-        })?;
-        match done {
-            1 => Ok(()),
-            _ => Err(EngineError::NoSession { who: who.into() }),
-        }
+        self.add_open_mark(who, ino)
     }
 
     fn unmark_open(&self, who: &str, inos: &[u64]) -> Result<(), EngineError> {
-        if inos.is_empty() {
-            return Ok(());
-        }
-        self.with(|c| {
-            let mut p = ::redis::pipe();
-            for ino in inos {
-                p.cmd("SREM")
-                    .arg(format!("{}{ino}", self.keys.open))
-                    .arg(who)
-                    .ignore()
-                    .cmd("SREM")
-                    .arg(format!("{}{who}", self.keys.opened))
-                    .arg(*ino)
-                    .ignore();
-            }
-            p.query::<()>(c)
-        })
+        self.remove_open_marks(who, inos)
     }
 
     fn open_elsewhere(&self, who: &str, ino: u64) -> Result<Option<String>, EngineError> {
-        let mut by: Vec<String> = self.with(|c| {
-            ::redis::cmd("SMEMBERS")
-                .arg(format!("{}{ino}", self.keys.open))
-                .query(c)
-        })?;
-        by.sort();
-        Ok(by.into_iter().find(|w| w != who))
+        self.open_by_another(who, ino)
     }
 
     fn marked_by(&self, who: &str) -> Result<Vec<u64>, EngineError> {
-        let mut inos: Vec<u64> = self.with(|c| {
-            ::redis::cmd("SMEMBERS")
-                .arg(format!("{}{who}", self.keys.opened))
-                .query(c)
-        })?;
-        inos.sort_unstable();
-        Ok(inos)
+        self.open_marks_of(who)
     }
 
     fn volumes(&self) -> Result<Vec<String>, EngineError> {
